@@ -6,5 +6,5 @@ mod storage;
 mod types;
 
 pub use params::{Params, ParamsBuilder, ParamsError};
-pub use storage::{Batcher, ReplayEnd, SeqStorage, StorageError};
+pub use storage::{Batcher, ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
 pub use types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId, WsKind};

@@ -5,7 +5,7 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use crate::types::{Number, PLogOffset, SeqId, SeqValue, WsId};
+use crate::types::{Number, PLogOffset, SeqId, SeqValue, WsId, WsKind};
 
 /// A storage call failed. The sequencer never panics on it: it answers busy, retries with
 /// backoff and heals when storage does.
@@ -38,10 +38,21 @@ impl StorageError {
     }
 }
 
-/// Receives the numbers of one replayed event: `(values, offset)`. It answers
-/// `ControlFlow::Break` when replay must stop (shutdown); the storage then returns
-/// [`ReplayEnd::Stopped`] without reading further.
-pub type Batcher<'a> = dyn FnMut(&[SeqValue], PLogOffset) -> ControlFlow<()> + 'a;
+/// The numbers one PLog event used, as replay hands them to the sequencer.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayedEvent<'a> {
+    /// Where the event sits in the PLog.
+    pub offset: PLogOffset,
+    /// The kind of the event's workspace; the sequencer uses it to ignore numbers below a
+    /// sequence's initial value (external or reserved IDs, seed issue #688).
+    pub ws_kind: WsKind,
+    /// Every number the event used, all of the event's workspace; keys may repeat.
+    pub values: &'a [SeqValue],
+}
+
+/// Receives the replayed events one by one. It answers `ControlFlow::Break` when replay must
+/// stop (shutdown); the storage then returns [`ReplayEnd::Stopped`] without reading further.
+pub type Batcher<'a> = dyn FnMut(ReplayedEvent<'_>) -> ControlFlow<()> + 'a;
 
 /// How a replay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,8 +120,8 @@ pub trait SeqStorage: Send + Sync + 'static {
         next_plog_offset: PLogOffset,
     ) -> Result<(), StorageError>;
 
-    /// Scans the PLog from `from` (inclusive) to its end and passes each event's numbers with
-    /// the event's offset to `batcher`. Numbers that must not move a sequence (below its
+    /// Scans the PLog from `from` (inclusive) to its end and passes each event (its offset,
+    /// workspace kind and numbers) to `batcher`. Numbers that must not move a sequence (below its
     /// initial value, seed issue #688) may be left out by the implementation; the sequencer
     /// ignores them anyway.
     ///
