@@ -1,0 +1,153 @@
+//! Errors of the storage contract, one enum per kind of operation: [`KvError`] for storage
+//! faults (every operation), [`WriteError`] for batches, [`CasError`] for compare-and-swap and
+//! [`OpenError`] for opening a backend. A fault is always an error value, never a panic.
+
+use std::path::PathBuf;
+
+use crate::key::KeyBuf;
+
+/// A storage fault: the backend could not do what was asked. Nothing is implied about the
+/// data, except where a variant says so; the operation may be retried.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvError {
+    /// An I/O call failed.
+    #[error("storage I/O failed while {context}: {source}; check the disk and retry")]
+    Io {
+        /// What the backend was doing.
+        context: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The engine stopped accepting work after an earlier fatal failure (typically a failed
+    /// flush to disk); every later call fails the same way.
+    #[error("storage is poisoned by an earlier fatal I/O failure; close and re-open the store")]
+    Poisoned,
+    /// Stored bytes do not decode; the data directory is damaged or was written by something
+    /// else.
+    #[error("stored data is corrupted: {message}; restore the data directory from a backup")]
+    Corrupted {
+        /// What did not decode.
+        message: String,
+    },
+    /// The backend reported a failure the contract has no better name for.
+    #[error("storage backend failed: {message}")]
+    Backend {
+        /// What failed.
+        message: String,
+        /// The backend's own error, when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+impl KvError {
+    /// A backend failure described by a message and caused by `source`.
+    pub fn backend(
+        message: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> KvError {
+        KvError::Backend {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+/// Which part of a write is over its limit (see [`crate::limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Oversized {
+    /// The partition key, limited by [`crate::limits::PARTITION_KEY_BYTES_MAX`].
+    PartitionKey,
+    /// The clustering columns, limited by [`crate::limits::CLUSTERING_BYTES_MAX`].
+    Clustering,
+    /// The value, limited by [`crate::limits::VALUE_BYTES_MAX`].
+    Value,
+}
+
+/// A batch was not applied: nothing of it is visible (see [`crate::KvStore::write`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WriteError {
+    /// An insert-if-absent item found its key present; the batch was not applied.
+    #[error(
+        "key already exists (batch item {index}, {key}); nothing of the batch was written. \
+         Read the key to find out who wrote it"
+    )]
+    Conflict {
+        /// Position of the conflicting item in the batch.
+        index: usize,
+        /// The conflicting key.
+        key: KeyBuf,
+    },
+    /// An item is over a size limit; the batch was not applied.
+    #[error("batch item {index}: {what:?} is {len} bytes, over the limit of {max} bytes")]
+    TooLarge {
+        /// Position of the item in the batch.
+        index: usize,
+        /// Which part is too large.
+        what: Oversized,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A storage fault; the batch was not applied.
+    #[error(transparent)]
+    Storage(#[from] KvError),
+}
+
+/// A compare-and-swap did not swap.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CasError {
+    /// The stored value is not the expected one; nothing was written.
+    #[error("compare-and-swap mismatch: the stored value differs from the expected one")]
+    Mismatch {
+        /// The value stored at the time of the comparison (`None`: the key is absent).
+        current: Option<Vec<u8>>,
+    },
+    /// The new value is over a size limit; nothing was written.
+    #[error("compare-and-swap: {what:?} is {len} bytes, over the limit of {max} bytes")]
+    TooLarge {
+        /// Which part is too large.
+        what: Oversized,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A storage fault; nothing was written.
+    #[error(transparent)]
+    Storage(#[from] KvError),
+}
+
+/// A backend could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// Another process, or another open store in this process, holds the data directory.
+    #[error(
+        "data directory {} is locked by another monoseq store (this process or another); \
+         stop it or use another directory",
+        path.display()
+    )]
+    Locked {
+        /// The data directory.
+        path: PathBuf,
+    },
+    /// An option is out of its allowed range.
+    #[error("invalid storage option: {0}")]
+    InvalidOption(String),
+    /// Opening or recovering failed.
+    #[error("cannot open data directory {}: {source}", path.display())]
+    Storage {
+        /// The data directory.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: KvError,
+    },
+}
