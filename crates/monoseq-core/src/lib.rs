@@ -1,10 +1,32 @@
 //! monoseq core: the sequencing-transaction state machine that hands out monotonic PLog offsets
-//! and per-workspace numbers, over the [`SeqStorage`] trait.
+//! and per-workspace numbers for one partition, over the [`SeqStorage`] trait.
+//!
+//! A [`Sequencer`] answers [`Sequencer::start`] with a [`Transaction`] carrying the PLog offset
+//! of the next event (or [`Busy`]); [`Transaction::next`] hands out numbers;
+//! [`Transaction::flush`] commits once the event is durable; [`Transaction::actualize`] (or
+//! dropping the transaction) rebuilds state from the PLog. A background [`Worker`] persists
+//! committed numbers with their checkpoint and replays the PLog tail after the checkpoint.
+//! [`mem::MemSeqStorage`] is the in-memory reference storage with fault hooks.
 
+mod driver;
+pub mod mem;
 mod params;
+mod sequencer;
+mod shared;
 mod storage;
 mod types;
+mod worker;
 
-pub use params::{Params, ParamsBuilder, ParamsError};
+pub use driver::{BLOCKING_THREADS_DEFAULT, Runtime};
+pub use params::{
+    BACKLOG_VALUES_MAX_DEFAULT, BATCHER_DELAY_DEFAULT, CACHE_WORKSPACES_MAX_DEFAULT,
+    KIND_SEQUENCES_MAX, Params, ParamsBuilder, ParamsError,
+};
+pub use sequencer::{
+    Busy, CacheStats, NextError, Sequencer, SequencerHandle, SequencerStats, ShutdownReport,
+    Start, StartError, Transaction,
+};
+pub use shared::Status;
 pub use storage::{Batcher, ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
 pub use types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId, WsKind};
+pub use worker::{Step, Worker};

@@ -1,0 +1,185 @@
+//! Driver: runs the background workers of many sequencers on one shared tokio runtime. Each
+//! sequencer costs one small async task, not an OS thread; storage calls run on the runtime's
+//! bounded blocking pool. This is the only module that sleeps or reads the clock for the
+//! background work.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::shared::{Shared, Status};
+use crate::storage::SeqStorage;
+use crate::worker::{Step, Worker};
+
+/// Default blocking threads (storage calls in flight at once) per runtime.
+pub const BLOCKING_THREADS_DEFAULT: usize = 8;
+
+/// A shared runtime for the background work of any number of sequencers.
+///
+/// # Example
+///
+/// ```
+/// let runtime = monoseq_core::Runtime::new(2)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct Runtime {
+    handle: tokio::runtime::Handle,
+    _owned: Option<Arc<OwnedRuntime>>,
+}
+
+#[derive(Debug)]
+struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnedRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            // Never block in drop (it may run inside another runtime); abandoned storage calls
+            // finish on their own.
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Runtime {
+    /// A runtime with `worker_threads` async threads (at least 1) and
+    /// [`BLOCKING_THREADS_DEFAULT`] threads for storage calls.
+    ///
+    /// # Errors
+    ///
+    /// The I/O error of creating the threads.
+    pub fn new(worker_threads: usize) -> std::io::Result<Runtime> {
+        Runtime::with_blocking_threads(worker_threads, BLOCKING_THREADS_DEFAULT)
+    }
+
+    /// A runtime with `worker_threads` async threads and at most `blocking_threads` storage
+    /// calls in flight (both at least 1).
+    ///
+    /// # Errors
+    ///
+    /// The I/O error of creating the threads.
+    pub fn with_blocking_threads(
+        worker_threads: usize,
+        blocking_threads: usize,
+    ) -> std::io::Result<Runtime> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads.max(1))
+            .max_blocking_threads(blocking_threads.max(1))
+            .thread_name("monoseq-bg")
+            .enable_time()
+            .build()?;
+        Ok(Runtime {
+            handle: rt.handle().clone(),
+            _owned: Some(Arc::new(OwnedRuntime(Some(rt)))),
+        })
+    }
+
+    /// Uses an existing tokio runtime (it must have time enabled).
+    #[must_use]
+    pub fn from_handle(handle: tokio::runtime::Handle) -> Runtime {
+        Runtime {
+            handle,
+            _owned: None,
+        }
+    }
+
+    pub(crate) fn spawn<S: SeqStorage>(
+        &self,
+        worker: Worker<S>,
+        shared: Arc<Shared<S>>,
+    ) -> DriverHandle {
+        let (done_tx, done_rx) = mpsc::sync_channel(1);
+        self.handle.spawn(async move {
+            drive(worker, &shared).await;
+            let _ = done_tx.send(());
+        });
+        DriverHandle { done: done_rx }
+    }
+}
+
+/// Lets `shutdown` wait, with a bound, for the driver task to end.
+#[derive(Debug)]
+pub(crate) struct DriverHandle {
+    done: mpsc::Receiver<()>,
+}
+
+impl DriverHandle {
+    /// Waits up to `timeout`; answers whether the driver ended.
+    pub(crate) fn wait(self, timeout: Duration) -> bool {
+        self.done.recv_timeout(timeout).is_ok()
+    }
+}
+
+/// Runs one step on the blocking pool. `None` when the step panicked: the worker is lost.
+async fn run_step<S: SeqStorage>(worker: Worker<S>, final_flush: bool) -> Option<(Worker<S>, Step)> {
+    tokio::task::spawn_blocking(move || {
+        let mut worker = worker;
+        let step = if final_flush {
+            let _ = worker.final_flush();
+            Step::Stopped
+        } else {
+            worker.step()
+        };
+        (worker, step)
+    })
+    .await
+    .ok()
+}
+
+async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Shared<S>) {
+    let delay = shared.params.batcher_delay;
+    let half = shared.params.backlog_values_max / 2;
+    'outer: loop {
+        if shared.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let status = shared.status();
+        let actualizing = matches!(status, Status::None | Status::Actualizing);
+        if !actualizing && !delay.is_zero() && shared.backlog_len.load(Ordering::Acquire) < half {
+            // Batching window: gather more transactions, unless the backlog fills up.
+            let _ = tokio::time::timeout(delay, shared.wake.notified()).await;
+            if shared.stop.load(Ordering::Acquire) {
+                break;
+            }
+        }
+        loop {
+            let began = Instant::now();
+            let Some((w, step)) = run_step(worker, false).await else {
+                shared.poisoned.store(true, Ordering::Release);
+                shared.finish();
+                return;
+            };
+            worker = w;
+            if actualizing {
+                shared
+                    .metrics
+                    .last_actualization_micros
+                    .store(began.elapsed().as_micros() as u64, Ordering::Relaxed);
+            }
+            match step {
+                Step::Idle => break,
+                Step::Stopped => break 'outer,
+                Step::RetryAfter(d) => {
+                    let _ = tokio::time::timeout(d, wait_stop(shared)).await;
+                    if shared.stop.load(Ordering::Acquire) {
+                        break 'outer;
+                    }
+                }
+            }
+        }
+        // Sleep until a transaction, an actualization request or shutdown wakes us.
+        shared.wake.notified().await;
+    }
+    // One last attempt to persist what is unflushed; `shutdown` bounds how long it may take.
+    if !shared.poisoned.load(Ordering::Acquire) {
+        let _ = run_step(worker, true).await;
+    }
+}
+
+/// Resolves once shutdown is requested (woken through the same `Notify`).
+async fn wait_stop<S: SeqStorage>(shared: &Shared<S>) {
+    while !shared.stop.load(Ordering::Acquire) {
+        shared.wake.notified().await;
+    }
+}

@@ -1,0 +1,671 @@
+//! The sequencer: hands out PLog offsets and per-workspace numbers in sequencing transactions
+//! (start → next* → flush | actualize). Owns the cache of recent workspaces and the numbers of
+//! the open transaction; shares the backlog with its background worker.
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use lru::LruCache;
+
+use crate::driver::{DriverHandle, Runtime};
+use crate::params::{KindSequences, Params};
+use crate::shared::{Shared, Status};
+use crate::storage::SeqStorage;
+use crate::types::{Number, NumberKey, PLogOffset, SeqId, WsId, WsKind};
+use crate::worker::Worker;
+
+/// Why `start` cannot begin a transaction now. Busy is an answer, not an error: the caller
+/// retries later (the command processor answers 503 "server is busy").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Busy {
+    /// Actualization is running.
+    Actualizing,
+    /// More values wait for the flusher than `backlog_values_max`.
+    BacklogFull,
+    /// Storage is failing (reads, writes or replay); the sequencer retries and heals with it.
+    StorageUnavailable,
+}
+
+impl std::fmt::Display for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Busy::Actualizing => "actualizing sequences from the PLog",
+            Busy::BacklogFull => "too many unflushed sequence values",
+            Busy::StorageUnavailable => "sequence storage is failing",
+        })
+    }
+}
+
+/// `start` was called wrongly, or the sequencer cannot work any more.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The workspace kind is not in [`Params`].
+    #[error("unknown workspace kind {0}: declare it with its sequences in Params")]
+    UnknownWsKind(WsKind),
+    /// The background worker panicked inside storage code; nothing can be handed out safely.
+    #[error(
+        "the sequencer's background worker failed (a storage call panicked); \
+         shut this sequencer down and create a new one"
+    )]
+    Poisoned,
+}
+
+/// `next` was called wrongly.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NextError {
+    /// The sequence is not declared for the transaction's workspace kind.
+    #[error("unknown sequence {seq} for workspace kind {kind}: declare it in Params")]
+    UnknownSequence {
+        /// The workspace kind of the transaction.
+        kind: WsKind,
+        /// The sequence asked for.
+        seq: SeqId,
+    },
+    /// The sequence reached `u64::MAX`.
+    #[error("sequence {seq} of workspace {ws} is exhausted")]
+    Exhausted {
+        /// The workspace.
+        ws: WsId,
+        /// The sequence.
+        seq: SeqId,
+    },
+}
+
+/// The answer of [`Sequencer::start`].
+#[derive(Debug)]
+#[must_use]
+pub enum Start<'a, S: SeqStorage> {
+    /// A transaction began; finish it with [`Transaction::flush`] or
+    /// [`Transaction::actualize`].
+    Began(Transaction<'a, S>),
+    /// No transaction now; retry later.
+    Busy(Busy),
+}
+
+impl<'a, S: SeqStorage> Start<'a, S> {
+    /// The transaction, or `None` when busy.
+    #[must_use]
+    pub fn began(self) -> Option<Transaction<'a, S>> {
+        match self {
+            Start::Began(tx) => Some(tx),
+            Start::Busy(_) => None,
+        }
+    }
+}
+
+/// What [`Sequencer::shutdown`] achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// The background work stopped within the shutdown timeout.
+    pub stopped_in_time: bool,
+    /// Values still unflushed (storage failing); the PLog still holds them, so the next
+    /// actualization recovers them.
+    pub unflushed_values: usize,
+}
+
+/// Cache-hit and miss counts of one sequencer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Starts whose workspace numbers were in memory.
+    pub hits: u64,
+    /// Starts that read the backlog or storage.
+    pub misses: u64,
+}
+
+/// The numbers of one workspace as `start` loaded them: last number per sequence, in the
+/// kind's declaration order.
+struct WsEntry {
+    kind: WsKind,
+    numbers: Box<[Number]>,
+}
+
+/// Hands out PLog offsets and per-workspace numbers for one partition.
+///
+/// Only its owner calls it (methods take `&mut self`); background work runs on a shared
+/// [`Runtime`] or, with [`Sequencer::new_manual`], wherever the caller steps a [`Worker`].
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use monoseq_core::mem::MemSeqStorage;
+/// use monoseq_core::{Number, PLogOffset, Params, Runtime, SeqId, SeqValue, Sequencer, Start, WsId, WsKind};
+///
+/// let storage = MemSeqStorage::new();
+/// storage.append_event(PLogOffset(42), WsKind(1), &[SeqValue::new(WsId(7), SeqId(1), Number(13))])?;
+/// let params = Params::builder().kind(WsKind(1), [(SeqId(1), Number(1))]).build()?;
+/// let runtime = Runtime::new(1)?;
+/// let mut seq = Sequencer::new(params, storage.clone(), &runtime);
+///
+/// let Start::Began(mut tx) = seq.start_wait(WsKind(1), WsId(7), Duration::from_secs(5))? else {
+///     panic!("still busy");
+/// };
+/// assert_eq!(tx.plog_offset(), PLogOffset(43));
+/// assert_eq!(tx.next(SeqId(1))?, Number(14));
+/// // ... write the event durably, then:
+/// tx.flush();
+/// seq.shutdown();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A transaction borrows the sequencer, so a second `start` while one is open does not
+/// compile:
+///
+/// ```compile_fail
+/// # use monoseq_core::{mem::MemSeqStorage, *};
+/// # let params = Params::builder().kind(WsKind(1), [(SeqId(1), Number(1))]).build().unwrap();
+/// # let (mut seq, _w) = Sequencer::new_manual(params, MemSeqStorage::new());
+/// let a = seq.start(WsKind(1), WsId(1)).unwrap();
+/// let b = seq.start(WsKind(1), WsId(2)).unwrap();
+/// drop((a, b));
+/// ```
+///
+/// A finished transaction is consumed, so `next` after `flush` does not compile:
+///
+/// ```compile_fail
+/// # use monoseq_core::{mem::MemSeqStorage, *};
+/// # let params = Params::builder().kind(WsKind(1), [(SeqId(1), Number(1))]).build().unwrap();
+/// # let (mut seq, _w) = Sequencer::new_manual(params, MemSeqStorage::new());
+/// let Start::Began(mut tx) = seq.start(WsKind(1), WsId(1)).unwrap() else { return };
+/// tx.flush();
+/// tx.next(SeqId(1)).unwrap();
+/// ```
+///
+/// `next` exists only on a transaction, so it cannot be called without `start`:
+///
+/// ```compile_fail
+/// # use monoseq_core::{mem::MemSeqStorage, *};
+/// # let params = Params::builder().kind(WsKind(1), [(SeqId(1), Number(1))]).build().unwrap();
+/// # let (mut seq, _w) = Sequencer::new_manual(params, MemSeqStorage::new());
+/// seq.next(SeqId(1));
+/// ```
+///
+/// Shutdown consumes the sequencer, so nothing can start after it:
+///
+/// ```compile_fail
+/// # use monoseq_core::{mem::MemSeqStorage, *};
+/// # let params = Params::builder().kind(WsKind(1), [(SeqId(1), Number(1))]).build().unwrap();
+/// # let (mut seq, _w) = Sequencer::new_manual(params, MemSeqStorage::new());
+/// seq.shutdown();
+/// let _ = seq.start(WsKind(1), WsId(1));
+/// ```
+pub struct Sequencer<S: SeqStorage> {
+    shared: Arc<Shared<S>>,
+    driver: Option<DriverHandle>,
+    cache: LruCache<WsId, WsEntry>,
+    /// The workspace of the last transaction, taken out of the cache: consecutive transactions
+    /// of one workspace touch no hash table.
+    current: Option<(WsId, WsEntry)>,
+    /// Numbers of the open transaction (a copy of `current`'s, advanced by `next`).
+    tx_numbers: Vec<Number>,
+    /// Sequences `next` advanced in the open transaction, one bit per kind index.
+    tx_touched: u64,
+    /// Storage-read scratch.
+    read_buf: Vec<Number>,
+    next_offset: PLogOffset,
+    /// An actualization was requested: before the next transaction, drop cached numbers and
+    /// take the offset the actualization reached.
+    resync: bool,
+    stats: CacheStats,
+}
+
+impl<S: SeqStorage> std::fmt::Debug for Sequencer<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sequencer")
+            .field("status", &self.shared.status())
+            .field("next_offset", &self.next_offset)
+            .field("cached_workspaces", &self.cache.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: SeqStorage> Sequencer<S> {
+    /// Creates a sequencer whose background work runs on `runtime`, and starts actualization:
+    /// `start` answers busy until it has finished.
+    pub fn new(params: Params, storage: S, runtime: &Runtime) -> Sequencer<S> {
+        let shared = Arc::new(Shared::new(params, storage));
+        let driver = runtime.spawn(Worker::new(Arc::clone(&shared)), Arc::clone(&shared));
+        let mut seq = Sequencer::with_shared(shared);
+        seq.driver = Some(driver);
+        seq
+    }
+
+    /// Creates a sequencer whose background work runs only when the caller steps the returned
+    /// [`Worker`] (deterministic simulation, or an embedder's own event loop). Actualization
+    /// is due at once: `start` answers busy until a step has run it.
+    #[must_use]
+    pub fn new_manual(params: Params, storage: S) -> (Sequencer<S>, Worker<S>) {
+        let shared = Arc::new(Shared::new(params, storage));
+        let worker = Worker::new(Arc::clone(&shared));
+        (Sequencer::with_shared(shared), worker)
+    }
+
+    fn with_shared(shared: Arc<Shared<S>>) -> Sequencer<S> {
+        let cap = NonZeroUsize::new(shared.params.cache_workspaces_max)
+            .expect("Params guarantees a non-zero cache capacity");
+        shared.wake.notify_one();
+        Sequencer {
+            shared,
+            driver: None,
+            cache: LruCache::new(cap),
+            current: None,
+            tx_numbers: Vec::new(),
+            tx_touched: 0,
+            read_buf: Vec::new(),
+            next_offset: PLogOffset::FIRST,
+            resync: true,
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// A handle that reads this sequencer's status and counters from any thread.
+    #[must_use]
+    pub fn handle(&self) -> SequencerHandle<S> {
+        SequencerHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// What the sequencer is doing now.
+    #[must_use]
+    pub fn status(&self) -> Status {
+        self.shared.status()
+    }
+
+    /// Cache hits and misses of `start` so far.
+    #[must_use]
+    pub fn cache_stats(&self) -> CacheStats {
+        self.stats
+    }
+
+    /// The storage this sequencer works on.
+    #[must_use]
+    pub fn storage(&self) -> &S {
+        &self.shared.storage
+    }
+
+    /// Begins a sequencing transaction for workspace `ws` of kind `kind`. The transaction
+    /// carries the PLog offset for the event; its numbers come from [`Transaction::next`].
+    ///
+    /// Answers [`Start::Busy`] while actualization runs, while the backlog is over its limit,
+    /// or when storage fails to read the workspace's numbers.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError::UnknownWsKind`] for a kind not in [`Params`];
+    /// [`StartError::Poisoned`] after the background worker panicked.
+    pub fn start(&mut self, kind: WsKind, ws: WsId) -> Result<Start<'_, S>, StartError> {
+        let sh = &*self.shared;
+        let Some(kind_index) = sh.params.kinds.iter().position(|k| k.kind == kind) else {
+            return Err(StartError::UnknownWsKind(kind));
+        };
+        match sh.status() {
+            Status::Ready => {}
+            Status::None | Status::Actualizing => {
+                return Ok(Start::Busy(if sh.actualize_failing.load(Ordering::Acquire) {
+                    Busy::StorageUnavailable
+                } else {
+                    Busy::Actualizing
+                }));
+            }
+            Status::Finished => return Err(StartError::Poisoned),
+            Status::InTransaction => unreachable!("a transaction borrows the sequencer"),
+        }
+        if sh.backlog_len.load(Ordering::Acquire) > sh.params.backlog_values_max {
+            return Ok(Start::Busy(if sh.flush_failing.load(Ordering::Acquire) {
+                Busy::StorageUnavailable
+            } else {
+                Busy::BacklogFull
+            }));
+        }
+        if self.resync {
+            self.resynchronize();
+        }
+        let is_current = matches!(&self.current, Some((w, e)) if *w == ws && e.kind == kind);
+        if is_current {
+            self.stats.hits += 1;
+        } else if self.load(kind_index, ws).is_err() {
+            return Ok(Start::Busy(Busy::StorageUnavailable));
+        }
+        let (_, entry) = self.current.as_ref().expect("loaded above");
+        self.tx_numbers.clear();
+        self.tx_numbers.extend_from_slice(&entry.numbers);
+        self.tx_touched = 0;
+        self.shared.set_status(Status::InTransaction);
+        Ok(Start::Began(Transaction {
+            offset: self.next_offset,
+            kind_index,
+            ws,
+            seq: self,
+            done: false,
+        }))
+    }
+
+    /// Like [`start`](Self::start), but while actualization runs it waits for it up to
+    /// `wait` (seed 002 `StartEvent(wait)`).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_wait(
+        &mut self,
+        kind: WsKind,
+        ws: WsId,
+        wait: Duration,
+    ) -> Result<Start<'_, S>, StartError> {
+        if matches!(self.shared.status(), Status::None | Status::Actualizing) {
+            self.shared.wait_actualized(Instant::now() + wait);
+        }
+        self.start(kind, ws)
+    }
+
+    /// Stops the background work, flushing what it can, and returns within the shutdown
+    /// timeout even while storage is down. Consumes the sequencer: nothing can start after.
+    pub fn shutdown(mut self) -> ShutdownReport {
+        self.shared.finish();
+        let stopped_in_time = match self.driver.take() {
+            Some(d) => d.wait(self.shared.params.shutdown_timeout),
+            None => true,
+        };
+        ShutdownReport {
+            stopped_in_time,
+            unflushed_values: self.shared.backlog_len.load(Ordering::Acquire),
+        }
+    }
+
+    fn resynchronize(&mut self) {
+        let next = self
+            .shared
+            .lock_backlog()
+            .next_offset
+            .expect("actualization sets the in-memory checkpoint before Ready");
+        self.next_offset = next;
+        self.cache.clear();
+        self.current = None;
+        self.resync = false;
+    }
+
+    /// Makes `ws` the current workspace: writes the previous one back to the cache and loads
+    /// the numbers of `ws` from the cache, the backlog, or storage (in that order).
+    fn load(&mut self, kind_index: usize, ws: WsId) -> Result<(), ()> {
+        let sh = Arc::clone(&self.shared);
+        let kind: &KindSequences = &sh.params.kinds[kind_index];
+        let mut spare = None;
+        if let Some((old_ws, old)) = self.current.take()
+            && let Some((_, evicted)) = self.cache.push(old_ws, old)
+        {
+            spare = Some(evicted.numbers);
+        }
+        if let Some(entry) = self.cache.pop(&ws) {
+            if entry.kind == kind.kind {
+                self.stats.hits += 1;
+                self.current = Some((ws, entry));
+                return Ok(());
+            }
+            spare = Some(entry.numbers);
+        }
+        self.stats.misses += 1;
+        let n = kind.seqs.len();
+        let mut numbers = match spare {
+            Some(b) if b.len() == n => b,
+            _ => vec![Number(0); n].into_boxed_slice(),
+        };
+        let mut complete = true;
+        {
+            let b = sh.lock_backlog();
+            for (slot, &seq) in numbers.iter_mut().zip(&kind.seqs) {
+                match b.values.get(&NumberKey { ws, seq }) {
+                    Some(&v) => *slot = v,
+                    None => {
+                        *slot = Number(0);
+                        complete = false;
+                    }
+                }
+            }
+        }
+        if !complete {
+            // Values missing from the backlog were flushed before we looked (the flusher
+            // removes an entry only after writing it), so storage has them.
+            self.read_buf.clear();
+            self.read_buf.resize(n, Number(0));
+            if sh
+                .storage
+                .read_numbers(ws, &kind.seqs, &mut self.read_buf)
+                .is_err()
+            {
+                sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(());
+            }
+            for (slot, &stored) in numbers.iter_mut().zip(&self.read_buf) {
+                *slot = (*slot).max(stored);
+            }
+        }
+        self.current = Some((
+            ws,
+            WsEntry {
+                kind: kind.kind,
+                numbers,
+            },
+        ));
+        Ok(())
+    }
+
+    fn commit(&mut self, ws: WsId, kind_index: usize, offset: PLogOffset) {
+        let sh = &*self.shared;
+        let kind = &sh.params.kinds[kind_index];
+        let next_offset = offset.next();
+        let limit_half = sh.params.backlog_values_max / 2;
+        let (before, after) = {
+            let mut b = sh.lock_backlog();
+            let before = b.values.len();
+            let mut touched = self.tx_touched;
+            while touched != 0 {
+                let i = touched.trailing_zeros() as usize;
+                touched &= touched - 1;
+                b.values
+                    .insert(NumberKey { ws, seq: kind.seqs[i] }, self.tx_numbers[i]);
+            }
+            debug_assert!(b.next_offset == Some(offset));
+            b.next_offset = Some(next_offset);
+            let after = b.values.len();
+            sh.backlog_len.store(after, Ordering::Release);
+            (before, after)
+        };
+        if let Some((_, entry)) = self.current.as_mut() {
+            entry.numbers.copy_from_slice(&self.tx_numbers);
+        }
+        self.next_offset = next_offset;
+        sh.set_status(Status::Ready);
+        if before < limit_half && after >= limit_half {
+            // Half full: skip the batching delay.
+            sh.wake.notify_one();
+        }
+        sh.signal_flush();
+    }
+
+    fn rollback(&mut self) {
+        self.resync = true;
+        self.current = None;
+        let sh = &*self.shared;
+        sh.set_status(Status::Actualizing);
+        sh.wake.notify_one();
+    }
+}
+
+impl<S: SeqStorage> Drop for Sequencer<S> {
+    fn drop(&mut self) {
+        if self.driver.is_some() {
+            // Not shut down explicitly: stop background work without waiting for it.
+            self.shared.finish();
+        }
+    }
+}
+
+/// An open sequencing transaction. Finish it with [`flush`](Self::flush) once the event is
+/// durable, or [`actualize`](Self::actualize) when writing it failed. Dropping it unfinished
+/// actualizes, so its numbers are handed out again unless the PLog shows them used.
+#[must_use = "finish the transaction with flush() or actualize()"]
+pub struct Transaction<'a, S: SeqStorage> {
+    seq: &'a mut Sequencer<S>,
+    offset: PLogOffset,
+    kind_index: usize,
+    ws: WsId,
+    done: bool,
+}
+
+impl<S: SeqStorage> std::fmt::Debug for Transaction<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transaction")
+            .field("offset", &self.offset)
+            .field("ws", &self.ws)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: SeqStorage> Transaction<'_, S> {
+    /// The PLog offset for this transaction's event.
+    #[must_use]
+    pub fn plog_offset(&self) -> PLogOffset {
+        self.offset
+    }
+
+    /// The workspace of the transaction.
+    #[must_use]
+    pub fn ws(&self) -> WsId {
+        self.ws
+    }
+
+    /// Hands out the next number of sequence `seq` of the transaction's workspace.
+    ///
+    /// # Errors
+    ///
+    /// [`NextError::UnknownSequence`] if the workspace kind has no such sequence;
+    /// [`NextError::Exhausted`] if it reached `u64::MAX`. The transaction stays usable.
+    #[inline]
+    pub fn next(&mut self, seq: SeqId) -> Result<Number, NextError> {
+        let kind = &self.seq.shared.params.kinds[self.kind_index];
+        let Some(i) = kind.index_of(seq) else {
+            return Err(NextError::UnknownSequence {
+                kind: kind.kind,
+                seq,
+            });
+        };
+        let last = self.seq.tx_numbers[i];
+        let initial = kind.initial[i];
+        let n = if last < initial {
+            initial
+        } else {
+            Number(last.0.checked_add(1).ok_or(NextError::Exhausted {
+                ws: self.ws,
+                seq,
+            })?)
+        };
+        self.seq.tx_numbers[i] = n;
+        self.seq.tx_touched |= 1 << i;
+        Ok(n)
+    }
+
+    /// Commits the transaction: call it only after the event is durable in the PLog. Its
+    /// numbers and offset become the workspace's last ones; the flusher persists them.
+    pub fn flush(mut self) {
+        self.done = true;
+        self.seq.commit(self.ws, self.kind_index, self.offset);
+    }
+
+    /// Abandons the transaction and starts actualization: the PLog decides which numbers were
+    /// used. `start` answers busy until actualization finishes.
+    pub fn actualize(mut self) {
+        self.done = true;
+        self.seq.rollback();
+    }
+}
+
+impl<S: SeqStorage> Drop for Transaction<'_, S> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.seq.rollback();
+        }
+    }
+}
+
+/// Reads a sequencer's status and counters from any thread.
+pub struct SequencerHandle<S: SeqStorage> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S: SeqStorage> Clone for SequencerHandle<S> {
+    fn clone(&self) -> Self {
+        SequencerHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: SeqStorage> std::fmt::Debug for SequencerHandle<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SequencerHandle")
+            .field("status", &self.status())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A point-in-time reading of a sequencer's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SequencerStats {
+    /// Current status.
+    pub status: Status,
+    /// Values waiting for the flusher.
+    pub backlog_values: usize,
+    /// The last checkpoint written to storage (0 before the first).
+    pub durable_offset: u64,
+    /// Completed actualizations.
+    pub actualizations: u64,
+    /// Events replayed by all actualizations (grows during one: progress).
+    pub replayed_events: u64,
+    /// Successful flushes.
+    pub flushes: u64,
+    /// Failed storage calls.
+    pub storage_errors: u64,
+    /// The last flush or actualization failed and is being retried.
+    pub storage_failing: bool,
+}
+
+impl<S: SeqStorage> SequencerHandle<S> {
+    /// What the sequencer is doing now.
+    #[must_use]
+    pub fn status(&self) -> Status {
+        self.shared.status()
+    }
+
+    /// The counters now.
+    #[must_use]
+    pub fn stats(&self) -> SequencerStats {
+        let sh = &*self.shared;
+        let m = &sh.metrics;
+        SequencerStats {
+            status: sh.status(),
+            backlog_values: sh.backlog_len.load(Ordering::Acquire),
+            durable_offset: m.durable_offset.load(Ordering::Relaxed),
+            actualizations: m.actualizations.load(Ordering::Relaxed),
+            replayed_events: m.replayed_events.load(Ordering::Relaxed),
+            flushes: m.flushes.load(Ordering::Relaxed),
+            storage_errors: m.storage_errors.load(Ordering::Relaxed),
+            storage_failing: sh.flush_failing.load(Ordering::Acquire)
+                || sh.actualize_failing.load(Ordering::Acquire),
+        }
+    }
+
+    /// Blocks until actualization has finished or `wait` passed; answers the status then.
+    #[must_use]
+    pub fn wait_actualized(&self, wait: Duration) -> Status {
+        self.shared.wait_actualized(Instant::now() + wait);
+        self.shared.status()
+    }
+}

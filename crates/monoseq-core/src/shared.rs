@@ -1,0 +1,188 @@
+//! State shared between the thread that owns a sequencer and its background worker: the
+//! status word, the to-be-flushed backlog with its in-memory checkpoint, and the health flags.
+//! Everything here is either an atomic or behind one short-held mutex.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use hashbrown::HashMap;
+
+use crate::params::Params;
+use crate::storage::SeqStorage;
+use crate::types::{Number, NumberKey, PLogOffset};
+
+/// What a sequencer is doing, as seed 002's `SequenceStatus`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Status {
+    /// Created; actualization is queued but no worker has picked it up yet.
+    None,
+    /// Rebuilding state from the checkpoint and the PLog tail; `start` answers busy.
+    Actualizing,
+    /// Ready for a transaction.
+    Ready,
+    /// A transaction is open.
+    InTransaction,
+    /// Shut down; nothing can start.
+    Finished,
+}
+
+impl Status {
+    fn from_u8(v: u8) -> Status {
+        match v {
+            0 => Status::None,
+            1 => Status::Actualizing,
+            2 => Status::Ready,
+            3 => Status::InTransaction,
+            _ => Status::Finished,
+        }
+    }
+
+    fn to_u8(self) -> u8 {
+        match self {
+            Status::None => 0,
+            Status::Actualizing => 1,
+            Status::Ready => 2,
+            Status::InTransaction => 3,
+            Status::Finished => 4,
+        }
+    }
+}
+
+/// Committed numbers not yet durable in the projection, with the checkpoint they reach.
+#[derive(Debug, Default)]
+pub(crate) struct Backlog {
+    /// Last number per key of committed transactions (or replayed events) not yet written.
+    pub(crate) values: HashMap<NumberKey, Number>,
+    /// In-memory checkpoint: storage plus `values` are exact up to here (exclusive). `None`
+    /// until the first actualization has read the stored checkpoint.
+    pub(crate) next_offset: Option<PLogOffset>,
+    /// The checkpoint most recently written to storage.
+    pub(crate) durable_offset: Option<PLogOffset>,
+}
+
+pub(crate) struct Shared<S> {
+    pub(crate) params: Params,
+    pub(crate) storage: S,
+    status: AtomicU8,
+    pub(crate) backlog: Mutex<Backlog>,
+    /// Mirror of `backlog.values.len()`, read without the lock by `start`.
+    pub(crate) backlog_len: AtomicUsize,
+    /// The last flush attempt failed.
+    pub(crate) flush_failing: AtomicBool,
+    /// The last actualization attempt failed.
+    pub(crate) actualize_failing: AtomicBool,
+    /// A flush was requested and the worker has not taken its snapshot yet.
+    pub(crate) flush_signalled: AtomicBool,
+    /// Shutdown was requested: replay stops, the worker exits.
+    pub(crate) stop: AtomicBool,
+    /// A storage call of the worker panicked; the sequencer is poisoned.
+    pub(crate) poisoned: AtomicBool,
+    /// Wakes the background driver.
+    pub(crate) wake: tokio::sync::Notify,
+    /// Signalled when actualization ends, for `start_wait`.
+    status_lock: Mutex<()>,
+    status_changed: Condvar,
+    pub(crate) metrics: Metrics,
+}
+
+/// Counters readable from any thread.
+#[derive(Debug, Default)]
+pub(crate) struct Metrics {
+    pub(crate) actualizations: AtomicU64,
+    pub(crate) replayed_events: AtomicU64,
+    pub(crate) last_actualization_micros: AtomicU64,
+    pub(crate) flushes: AtomicU64,
+    pub(crate) storage_errors: AtomicU64,
+    pub(crate) durable_offset: AtomicU64,
+    pub(crate) next_offset: AtomicU64,
+}
+
+impl<S: SeqStorage> Shared<S> {
+    pub(crate) fn new(params: Params, storage: S) -> Shared<S> {
+        Shared {
+            params,
+            storage,
+            status: AtomicU8::new(Status::None.to_u8()),
+            backlog: Mutex::new(Backlog::default()),
+            backlog_len: AtomicUsize::new(0),
+            flush_failing: AtomicBool::new(false),
+            actualize_failing: AtomicBool::new(false),
+            flush_signalled: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            poisoned: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+            status_lock: Mutex::new(()),
+            status_changed: Condvar::new(),
+            metrics: Metrics::default(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn status(&self) -> Status {
+        Status::from_u8(self.status.load(Ordering::Acquire))
+    }
+
+    #[inline]
+    pub(crate) fn set_status(&self, s: Status) {
+        self.status.store(s.to_u8(), Ordering::Release);
+    }
+
+    /// Moves `from` to `to` unless the status changed meanwhile (shutdown wins every race).
+    pub(crate) fn transition(&self, from: Status, to: Status) -> bool {
+        let done = self
+            .status
+            .compare_exchange(from.to_u8(), to.to_u8(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if done {
+            self.notify_status();
+        }
+        done
+    }
+
+    /// Marks the sequencer finished and wakes everyone waiting on it.
+    pub(crate) fn finish(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.status
+            .store(Status::Finished.to_u8(), Ordering::Release);
+        self.wake.notify_one();
+        self.notify_status();
+    }
+
+    fn notify_status(&self) {
+        let _guard = self.status_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.status_changed.notify_all();
+    }
+
+    /// Blocks until the status is no longer `None`/`Actualizing` or `deadline` passes.
+    pub(crate) fn wait_actualized(&self, deadline: Instant) {
+        let mut guard = self.status_lock.lock().unwrap_or_else(|e| e.into_inner());
+        while matches!(self.status(), Status::None | Status::Actualizing) {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            guard = self
+                .status_changed
+                .wait_timeout(guard, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    #[inline]
+    pub(crate) fn lock_backlog(&self) -> MutexGuard<'_, Backlog> {
+        self.backlog.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks the worker to flush, waking it only when it is not already due to.
+    #[inline]
+    pub(crate) fn signal_flush(&self) {
+        if !self.flush_signalled.load(Ordering::Relaxed)
+            && !self.flush_signalled.swap(true, Ordering::AcqRel)
+        {
+            self.wake.notify_one();
+        }
+    }
+}
