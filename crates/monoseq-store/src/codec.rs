@@ -1,0 +1,572 @@
+//! The versioned binary event encoding (layout in `docs/format.md`): encoding, full decoding,
+//! and the allocation-free scan that replay uses to read an event's sequence numbers.
+//!
+//! Decoding never trusts its input: every length is checked against the bytes left, nesting
+//! is bounded by [`ARG_DEPTH_MAX`], and a CRC-32 over the body rejects damaged bytes, so
+//! corrupted or truncated input gives a [`DecodeError`], never a panic.
+
+use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
+
+use crate::builtin::WLOG_OFFSET_SEQUENCE;
+use crate::event::{ArgObject, Event, Field, Record, RecordId, RecordKind, WLogOffset};
+
+/// The version byte this code writes; it reads this version only.
+pub const FORMAT_VERSION: u8 = 1;
+/// Most nesting levels of an argument object (the root is level 1).
+pub const ARG_DEPTH_MAX: usize = 16;
+/// Largest encoded event, in bytes.
+pub const EVENT_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// Bytes before the body: the version byte and the CRC-32 of the body.
+const HEADER_BYTES: usize = 5;
+
+/// Why an event could not be encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// The argument object (or a child) has a kind other than ODoc/ORecord.
+    #[error(
+        "argument object {id} has kind {kind:?}; argument objects are ODocs with ORecord children"
+    )]
+    ArgumentKind {
+        /// The object's ID.
+        id: RecordId,
+        /// Its kind.
+        kind: RecordKind,
+    },
+    /// The argument object nests deeper than [`ARG_DEPTH_MAX`].
+    #[error("argument object nests deeper than {ARG_DEPTH_MAX} levels; flatten it")]
+    ArgumentTooDeep,
+    /// The encoded event would exceed [`EVENT_BYTES_MAX`].
+    #[error(
+        "event encodes to {len} bytes, more than the {EVENT_BYTES_MAX} allowed; split the command"
+    )]
+    TooLarge {
+        /// The encoded length.
+        len: usize,
+    },
+}
+
+/// Why bytes are not a valid event. Stored bytes that fail to decode are damaged: restore
+/// them from a replica or backup; nothing in them can be trusted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The version byte names a format this code does not read.
+    #[error(
+        "event format version {0} is not supported (this build reads version {FORMAT_VERSION}); upgrade monoseq or check the bytes are an event"
+    )]
+    UnsupportedVersion(u8),
+    /// The body's checksum does not match: the bytes were damaged.
+    #[error(
+        "event checksum mismatch (stored {stored:#010x}, computed {computed:#010x}): the stored event is damaged; restore it from a backup"
+    )]
+    Checksum {
+        /// The checksum in the bytes.
+        stored: u32,
+        /// The checksum of the body as read.
+        computed: u32,
+    },
+    /// The bytes end before the event does.
+    #[error("event truncated while reading {what} at byte {at}: the stored event is incomplete")]
+    Truncated {
+        /// What was being read.
+        what: &'static str,
+        /// Byte position.
+        at: usize,
+    },
+    /// A value is out of its range (an over-long varint, a workspace kind above 65535, a flag
+    /// other than 0 or 1).
+    #[error("event field {what} at byte {at} is out of range: the stored event is damaged")]
+    OutOfRange {
+        /// What was being read.
+        what: &'static str,
+        /// Byte position.
+        at: usize,
+    },
+    /// A record kind byte is unknown, or not allowed where it stands.
+    #[error("invalid record kind {code} at byte {at}: the stored event is damaged")]
+    InvalidKind {
+        /// The byte.
+        code: u8,
+        /// Byte position.
+        at: usize,
+    },
+    /// A name is not UTF-8.
+    #[error("{what} at byte {at} is not UTF-8: the stored event is damaged")]
+    InvalidUtf8 {
+        /// What was being read.
+        what: &'static str,
+        /// Byte position.
+        at: usize,
+    },
+    /// The argument object nests deeper than [`ARG_DEPTH_MAX`].
+    #[error("argument object at byte {at} nests deeper than {ARG_DEPTH_MAX} levels")]
+    TooDeep {
+        /// Byte position.
+        at: usize,
+    },
+    /// Bytes remain after the event.
+    #[error("{extra} unexpected bytes after the event: the stored event is damaged")]
+    TrailingBytes {
+        /// How many.
+        extra: usize,
+    },
+}
+
+/// The place of an event, as [`decode_numbers`] returns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventHead {
+    /// The event's PLog offset.
+    pub plog_offset: PLogOffset,
+    /// Its workspace.
+    pub ws: WsId,
+    /// The workspace's kind.
+    pub ws_kind: WsKind,
+    /// Its WLog offset.
+    pub wlog_offset: WLogOffset,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+impl Event {
+    /// Encodes the event, appending to `out`.
+    ///
+    /// # Errors
+    ///
+    /// [`EncodeError`] when the argument object has a non-operation kind or nests too deep, or
+    /// the event is too large; `out` is then left as it was.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use monoseq_core::{PLogOffset, WsId, WsKind};
+    /// use monoseq_store::{Event, WLogOffset};
+    ///
+    /// let event = Event {
+    ///     plog_offset: PLogOffset(1),
+    ///     ws: WsId(7),
+    ///     ws_kind: WsKind(1),
+    ///     wlog_offset: WLogOffset(1),
+    ///     registered_at_ms: 0,
+    ///     command: "app.Ping".into(),
+    ///     argument: None,
+    ///     created: vec![],
+    ///     updated: vec![],
+    /// };
+    /// let mut bytes = Vec::new();
+    /// event.encode_into(&mut bytes).unwrap();
+    /// assert_eq!(Event::decode(&bytes).unwrap(), event);
+    /// ```
+    pub fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        let start = out.len();
+        let r = self.encode_body(out, start);
+        if r.is_err() {
+            out.truncate(start);
+        }
+        r
+    }
+
+    /// Encodes the event into a new vector.
+    ///
+    /// # Errors
+    ///
+    /// As [`Event::encode_into`].
+    pub fn encode(&self) -> Result<Vec<u8>, EncodeError> {
+        let mut out = Vec::with_capacity(64);
+        self.encode_into(&mut out)?;
+        Ok(out)
+    }
+
+    fn encode_body(&self, out: &mut Vec<u8>, start: usize) -> Result<(), EncodeError> {
+        out.push(FORMAT_VERSION);
+        out.extend_from_slice(&[0; 4]);
+        put_varint(out, self.plog_offset.0);
+        put_varint(out, self.ws.0);
+        put_varint(out, u64::from(self.ws_kind.0));
+        put_varint(out, self.wlog_offset.0);
+        put_varint(out, self.registered_at_ms);
+        put_bytes(out, self.command.as_bytes());
+        match &self.argument {
+            None => out.push(0),
+            Some(arg) => {
+                out.push(1);
+                put_arg(out, arg, 1)?;
+            }
+        }
+        for list in [&self.created, &self.updated] {
+            put_varint(out, list.len() as u64);
+            for r in list {
+                put_record(out, r);
+            }
+        }
+        let len = out.len() - start;
+        if len > EVENT_BYTES_MAX {
+            return Err(EncodeError::TooLarge { len });
+        }
+        let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
+        out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+fn put_fields(out: &mut Vec<u8>, fields: &[Field]) {
+    put_varint(out, fields.len() as u64);
+    for f in fields {
+        put_bytes(out, f.name.as_bytes());
+        put_bytes(out, &f.value);
+    }
+}
+
+fn put_record(out: &mut Vec<u8>, r: &Record) {
+    out.push(r.kind.code());
+    put_varint(out, r.id.0);
+    put_bytes(out, r.name.as_bytes());
+    put_fields(out, &r.fields);
+}
+
+fn put_arg(out: &mut Vec<u8>, a: &ArgObject, depth: usize) -> Result<(), EncodeError> {
+    if depth > ARG_DEPTH_MAX {
+        return Err(EncodeError::ArgumentTooDeep);
+    }
+    if !a.kind.is_operation() {
+        return Err(EncodeError::ArgumentKind {
+            id: a.id,
+            kind: a.kind,
+        });
+    }
+    out.push(a.kind.code());
+    put_varint(out, a.id.0);
+    put_bytes(out, a.name.as_bytes());
+    put_fields(out, &a.fields);
+    put_varint(out, a.children.len() as u64);
+    for c in &a.children {
+        put_arg(out, c, depth + 1)?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// Checks version and checksum and positions the reader at the body.
+    fn open(buf: &'a [u8]) -> Result<Reader<'a>, DecodeError> {
+        let Some(&version) = buf.first() else {
+            return Err(DecodeError::Truncated {
+                what: "version",
+                at: 0,
+            });
+        };
+        if version != FORMAT_VERSION {
+            return Err(DecodeError::UnsupportedVersion(version));
+        }
+        let Some(crc_bytes) = buf.get(1..HEADER_BYTES) else {
+            return Err(DecodeError::Truncated {
+                what: "checksum",
+                at: 1,
+            });
+        };
+        let mut crc = [0u8; 4];
+        crc.copy_from_slice(crc_bytes);
+        let stored = u32::from_le_bytes(crc);
+        let computed = crc32fast::hash(&buf[HEADER_BYTES..]);
+        if stored != computed {
+            return Err(DecodeError::Checksum { stored, computed });
+        }
+        Ok(Reader {
+            buf,
+            pos: HEADER_BYTES,
+        })
+    }
+
+    #[inline]
+    fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+        match self.buf.get(self.pos) {
+            Some(&b) => {
+                self.pos += 1;
+                Ok(b)
+            }
+            None => Err(DecodeError::Truncated { what, at: self.pos }),
+        }
+    }
+
+    #[inline]
+    fn varint(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        let at = self.pos;
+        let mut v: u64 = 0;
+        let mut shift = 0u32;
+        loop {
+            let Some(&b) = self.buf.get(self.pos) else {
+                return Err(DecodeError::Truncated { what, at });
+            };
+            self.pos += 1;
+            if shift == 63 && b > 1 {
+                return Err(DecodeError::OutOfRange { what, at });
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+            shift += 7;
+        }
+    }
+
+    /// A count of items that each take at least one byte: bounded by the bytes left, so a
+    /// damaged count can neither over-allocate nor loop long.
+    #[inline]
+    fn count(&mut self, what: &'static str) -> Result<usize, DecodeError> {
+        let at = self.pos;
+        let n = self.varint(what)?;
+        let left = self.buf.len() - self.pos;
+        if n > left as u64 {
+            return Err(DecodeError::Truncated { what, at });
+        }
+        Ok(n as usize)
+    }
+
+    #[inline]
+    fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        let at = self.pos;
+        let len = self.count(what)?;
+        let end = self.pos + len;
+        let Some(b) = self.buf.get(self.pos..end) else {
+            return Err(DecodeError::Truncated { what, at });
+        };
+        self.pos = end;
+        Ok(b)
+    }
+
+    #[inline]
+    fn str(&mut self, what: &'static str) -> Result<&'a str, DecodeError> {
+        let at = self.pos;
+        let b = self.bytes(what)?;
+        std::str::from_utf8(b).map_err(|_| DecodeError::InvalidUtf8 { what, at })
+    }
+
+    #[inline]
+    fn kind(
+        &mut self,
+        what: &'static str,
+        operation_only: bool,
+    ) -> Result<RecordKind, DecodeError> {
+        let at = self.pos;
+        let code = self.u8(what)?;
+        match RecordKind::from_code(code) {
+            Some(k) if !operation_only || k.is_operation() => Ok(k),
+            _ => Err(DecodeError::InvalidKind { code, at }),
+        }
+    }
+
+    fn head(&mut self) -> Result<(EventHead, u64), DecodeError> {
+        let plog_offset = PLogOffset(self.varint("PLog offset")?);
+        let ws = WsId(self.varint("workspace")?);
+        let at = self.pos;
+        let kind = self.varint("workspace kind")?;
+        let ws_kind = u16::try_from(kind).map_err(|_| DecodeError::OutOfRange {
+            what: "workspace kind",
+            at,
+        })?;
+        let wlog_offset = WLogOffset(self.varint("WLog offset")?);
+        let registered_at_ms = self.varint("registration time")?;
+        Ok((
+            EventHead {
+                plog_offset,
+                ws,
+                ws_kind: WsKind(ws_kind),
+                wlog_offset,
+            },
+            registered_at_ms,
+        ))
+    }
+
+    fn flag(&mut self, what: &'static str) -> Result<bool, DecodeError> {
+        let at = self.pos;
+        match self.u8(what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError::OutOfRange { what, at }),
+        }
+    }
+
+    fn fields(&mut self) -> Result<Vec<Field>, DecodeError> {
+        let n = self.count("field count")?;
+        let mut fields = Vec::with_capacity(n);
+        for _ in 0..n {
+            let name = self.str("field name")?.to_owned();
+            let value = self.bytes("field value")?.to_vec();
+            fields.push(Field { name, value });
+        }
+        Ok(fields)
+    }
+
+    fn skip_fields(&mut self) -> Result<(), DecodeError> {
+        let n = self.count("field count")?;
+        for _ in 0..n {
+            self.str("field name")?;
+            self.bytes("field value")?;
+        }
+        Ok(())
+    }
+
+    fn record(&mut self) -> Result<Record, DecodeError> {
+        let kind = self.kind("record kind", false)?;
+        let id = RecordId(self.varint("record ID")?);
+        let name = self.str("record name")?.to_owned();
+        let fields = self.fields()?;
+        Ok(Record {
+            id,
+            kind,
+            name,
+            fields,
+        })
+    }
+
+    fn arg(&mut self, depth: usize) -> Result<ArgObject, DecodeError> {
+        if depth > ARG_DEPTH_MAX {
+            return Err(DecodeError::TooDeep { at: self.pos });
+        }
+        let kind = self.kind("argument kind", true)?;
+        let id = RecordId(self.varint("argument ID")?);
+        let name = self.str("argument name")?.to_owned();
+        let fields = self.fields()?;
+        let n = self.count("argument children")?;
+        let mut children = Vec::with_capacity(n);
+        for _ in 0..n {
+            children.push(self.arg(depth + 1)?);
+        }
+        Ok(ArgObject {
+            id,
+            kind,
+            name,
+            fields,
+            children,
+        })
+    }
+
+    fn scan_arg(
+        &mut self,
+        depth: usize,
+        ws: WsId,
+        out: &mut Vec<SeqValue>,
+    ) -> Result<(), DecodeError> {
+        if depth > ARG_DEPTH_MAX {
+            return Err(DecodeError::TooDeep { at: self.pos });
+        }
+        let kind = self.kind("argument kind", true)?;
+        let id = self.varint("argument ID")?;
+        out.push(SeqValue::new(ws, kind.id_sequence(), Number(id)));
+        self.str("argument name")?;
+        self.skip_fields()?;
+        let n = self.count("argument children")?;
+        for _ in 0..n {
+            self.scan_arg(depth + 1, ws, out)?;
+        }
+        Ok(())
+    }
+
+    fn end(&self) -> Result<(), DecodeError> {
+        match self.buf.len() - self.pos {
+            0 => Ok(()),
+            extra => Err(DecodeError::TrailingBytes { extra }),
+        }
+    }
+}
+
+impl Event {
+    /// Decodes an event.
+    ///
+    /// # Errors
+    ///
+    /// [`DecodeError`] when the bytes are not a whole, undamaged event of a supported version.
+    pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
+        let mut r = Reader::open(bytes)?;
+        let (head, registered_at_ms) = r.head()?;
+        let command = r.str("command")?.to_owned();
+        let argument = if r.flag("argument flag")? {
+            Some(r.arg(1)?)
+        } else {
+            None
+        };
+        let n = r.count("created count")?;
+        let mut created = Vec::with_capacity(n);
+        for _ in 0..n {
+            created.push(r.record()?);
+        }
+        let n = r.count("updated count")?;
+        let mut updated = Vec::with_capacity(n);
+        for _ in 0..n {
+            updated.push(r.record()?);
+        }
+        r.end()?;
+        Ok(Event {
+            plog_offset: head.plog_offset,
+            ws: head.ws,
+            ws_kind: head.ws_kind,
+            wlog_offset: head.wlog_offset,
+            registered_at_ms,
+            command,
+            argument,
+            created,
+            updated,
+        })
+    }
+}
+
+/// Reads an event's place and appends the sequence numbers it used to `out`, without building
+/// the event: the WLog offset, then the argument object's IDs, then the created records' IDs
+/// (the same numbers as [`Event::for_each_number`]). It validates the bytes exactly as
+/// [`Event::decode`] does, so it accepts the same inputs. Numbers are not filtered here.
+///
+/// # Errors
+///
+/// [`DecodeError`] as [`Event::decode`]; `out` may then hold some of the event's numbers.
+pub fn decode_numbers(bytes: &[u8], out: &mut Vec<SeqValue>) -> Result<EventHead, DecodeError> {
+    let mut r = Reader::open(bytes)?;
+    let (head, _) = r.head()?;
+    out.push(SeqValue::new(
+        head.ws,
+        WLOG_OFFSET_SEQUENCE.id,
+        Number(head.wlog_offset.0),
+    ));
+    r.str("command")?;
+    if r.flag("argument flag")? {
+        r.scan_arg(1, head.ws, out)?;
+    }
+    let n = r.count("created count")?;
+    for _ in 0..n {
+        let kind = r.kind("record kind", false)?;
+        let id = r.varint("record ID")?;
+        out.push(SeqValue::new(head.ws, kind.id_sequence(), Number(id)));
+        r.str("record name")?;
+        r.skip_fields()?;
+    }
+    let n = r.count("updated count")?;
+    for _ in 0..n {
+        r.kind("record kind", false)?;
+        r.varint("record ID")?;
+        r.str("record name")?;
+        r.skip_fields()?;
+    }
+    r.end()?;
+    Ok(head)
+}

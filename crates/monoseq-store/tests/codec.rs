@@ -1,0 +1,305 @@
+//! Event encoding properties: every event round-trips, the allocation-free number scan agrees
+//! with full decoding, and random, mutated or truncated bytes give an error, never a panic.
+
+use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
+use monoseq_store::{
+    ARG_DEPTH_MAX, ArgObject, CRECORD_ID_SEQUENCE, DecodeError, EncodeError, Event, Field,
+    OWRECORD_ID_SEQUENCE, Record, RecordId, RecordKind, WLOG_OFFSET_SEQUENCE, WLogOffset,
+    decode_numbers,
+};
+use proptest::prelude::*;
+
+fn kind() -> impl Strategy<Value = RecordKind> {
+    proptest::sample::select(RecordKind::ALL.to_vec())
+}
+
+fn field() -> impl Strategy<Value = Field> {
+    (
+        "[a-zA-Z_\u{e9}]{0,8}",
+        proptest::collection::vec(any::<u8>(), 0..12),
+    )
+        .prop_map(|(n, v)| Field::new(n, v))
+}
+
+fn record() -> impl Strategy<Value = Record> {
+    (
+        any::<u64>(),
+        kind(),
+        "[a-z.]{0,10}",
+        proptest::collection::vec(field(), 0..4),
+    )
+        .prop_map(|(id, kind, name, fields)| Record {
+            id: RecordId(id),
+            kind,
+            name,
+            fields,
+        })
+}
+
+fn arg() -> impl Strategy<Value = ArgObject> {
+    let leaf = (any::<u64>(), proptest::collection::vec(field(), 0..3)).prop_map(|(id, fields)| {
+        ArgObject {
+            id: RecordId(id),
+            kind: RecordKind::ORecord,
+            name: "app.Line".into(),
+            fields,
+            children: vec![],
+        }
+    });
+    leaf.prop_recursive(4, 16, 3, |inner| {
+        (any::<u64>(), proptest::collection::vec(inner, 0..3)).prop_map(|(id, children)| {
+            ArgObject {
+                id: RecordId(id),
+                kind: RecordKind::ODoc,
+                name: "app.Order".into(),
+                fields: vec![Field::new("n", b"1".to_vec())],
+                children,
+            }
+        })
+    })
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    (
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u16>(),
+            any::<u64>(),
+            any::<u64>(),
+        ),
+        "[a-z.]{0,12}",
+        proptest::option::of(arg()),
+        proptest::collection::vec(record(), 0..4),
+        proptest::collection::vec(record(), 0..3),
+    )
+        .prop_map(
+            |((plog, ws, kind, wlog, at), command, argument, created, updated)| Event {
+                plog_offset: PLogOffset(plog),
+                ws: WsId(ws),
+                ws_kind: WsKind(kind),
+                wlog_offset: WLogOffset(wlog),
+                registered_at_ms: at,
+                command,
+                argument,
+                created,
+                updated,
+            },
+        )
+}
+
+fn numbers_of(e: &Event) -> Vec<SeqValue> {
+    let mut v = Vec::new();
+    e.for_each_number(|seq, n| v.push(SeqValue::new(e.ws, seq, n)));
+    v
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn every_event_round_trips(e in event()) {
+        let bytes = e.encode().unwrap();
+        prop_assert_eq!(Event::decode(&bytes).unwrap(), e.clone());
+        let mut nums = Vec::new();
+        let head = decode_numbers(&bytes, &mut nums).unwrap();
+        prop_assert_eq!(head.plog_offset, e.plog_offset);
+        prop_assert_eq!(head.ws, e.ws);
+        prop_assert_eq!(head.ws_kind, e.ws_kind);
+        prop_assert_eq!(head.wlog_offset, e.wlog_offset);
+        prop_assert_eq!(nums, numbers_of(&e));
+    }
+
+    #[test]
+    fn random_bytes_give_an_error_not_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let full = Event::decode(&bytes);
+        let mut nums = Vec::new();
+        let scan = decode_numbers(&bytes, &mut nums);
+        prop_assert_eq!(full.is_ok(), scan.is_ok());
+    }
+
+    #[test]
+    fn random_body_with_a_valid_checksum_gives_an_error_not_a_panic(
+        body in proptest::collection::vec(any::<u8>(), 0..256)
+    ) {
+        // Past the checksum, the structural checks alone must hold.
+        let mut bytes = vec![1u8];
+        bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        bytes.extend_from_slice(&body);
+        let full = Event::decode(&bytes);
+        let mut nums = Vec::new();
+        let scan = decode_numbers(&bytes, &mut nums);
+        prop_assert_eq!(full.is_ok(), scan.is_ok());
+        if let Ok(e) = full {
+            prop_assert_eq!(e.encode().unwrap(), bytes);
+        }
+    }
+
+    #[test]
+    fn mutated_encoding_is_rejected(e in event(), at in any::<prop::sample::Index>(), xor in 1u8..=255) {
+        let mut bytes = e.encode().unwrap();
+        let i = at.index(bytes.len());
+        bytes[i] ^= xor;
+        prop_assert!(Event::decode(&bytes).is_err());
+        prop_assert!(decode_numbers(&bytes, &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn truncated_encoding_is_rejected(e in event(), at in any::<prop::sample::Index>()) {
+        let bytes = e.encode().unwrap();
+        let cut = &bytes[..at.index(bytes.len())];
+        prop_assert!(Event::decode(cut).is_err());
+        prop_assert!(decode_numbers(cut, &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn mutated_body_with_a_fixed_checksum_never_panics(
+        e in event(),
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let mut bytes = e.encode().unwrap();
+        for (at, b) in edits {
+            let i = 5 + at.index(bytes.len() - 5);
+            bytes[i] = b;
+        }
+        let keep = 5 + cut.index(bytes.len() - 4);
+        bytes.truncate(keep);
+        let crc = crc32fast::hash(&bytes[5..]);
+        bytes[1..5].copy_from_slice(&crc.to_le_bytes());
+        let full = Event::decode(&bytes);
+        let scan = decode_numbers(&bytes, &mut Vec::new());
+        prop_assert_eq!(full.is_ok(), scan.is_ok());
+    }
+}
+
+fn simple_event() -> Event {
+    Event {
+        plog_offset: PLogOffset(5),
+        ws: WsId(1001),
+        ws_kind: WsKind(3),
+        wlog_offset: WLogOffset(2),
+        registered_at_ms: 1_700_000_000_000,
+        command: "app.MakeOrder".into(),
+        argument: Some(ArgObject {
+            id: RecordId(322_680_000_131_072),
+            kind: RecordKind::ODoc,
+            name: "app.Order".into(),
+            fields: vec![Field::new("customer", br#""Ann""#.to_vec())],
+            children: vec![ArgObject {
+                id: RecordId(322_680_000_131_073),
+                kind: RecordKind::ORecord,
+                name: "app.OrderLine".into(),
+                fields: vec![Field::new("qty", b"2".to_vec())],
+                children: vec![],
+            }],
+        }),
+        created: vec![
+            Record {
+                id: RecordId(322_685_000_131_072),
+                kind: RecordKind::CDoc,
+                name: "app.Customer".into(),
+                fields: vec![],
+            },
+            Record {
+                id: RecordId(322_680_000_131_074),
+                kind: RecordKind::WDoc,
+                name: "app.Invoice".into(),
+                fields: vec![],
+            },
+        ],
+        updated: vec![Record {
+            id: RecordId(322_685_000_131_000),
+            kind: RecordKind::CDoc,
+            name: "app.Customer".into(),
+            fields: vec![Field::new("name", br#""Bob""#.to_vec())],
+        }],
+    }
+}
+
+#[test]
+fn numbers_cover_wlog_offset_argument_and_created_records_but_not_updates() {
+    let e = simple_event();
+    let ws = e.ws;
+    let nums = numbers_of(&e);
+    assert_eq!(
+        nums,
+        vec![
+            SeqValue::new(ws, WLOG_OFFSET_SEQUENCE.id, Number(2)),
+            SeqValue::new(ws, OWRECORD_ID_SEQUENCE.id, Number(322_680_000_131_072)),
+            SeqValue::new(ws, OWRECORD_ID_SEQUENCE.id, Number(322_680_000_131_073)),
+            SeqValue::new(ws, CRECORD_ID_SEQUENCE.id, Number(322_685_000_131_072)),
+            SeqValue::new(ws, OWRECORD_ID_SEQUENCE.id, Number(322_680_000_131_074)),
+        ]
+    );
+}
+
+#[test]
+fn encoding_of_a_known_event_is_stable() {
+    // The first bytes pin the header layout of format version 1 (docs/format.md).
+    let bytes = simple_event().encode().unwrap();
+    assert_eq!(bytes[0], 1, "version byte");
+    assert_eq!(
+        &bytes[5..10],
+        &[5, 0xe9, 0x07, 3, 2],
+        "PLog offset, workspace 1001, kind, WLog offset"
+    );
+    assert_eq!(Event::decode(&bytes).unwrap(), simple_event());
+}
+
+#[test]
+fn unknown_version_is_refused_with_the_version_named() {
+    let mut bytes = simple_event().encode().unwrap();
+    bytes[0] = 2;
+    assert_eq!(
+        Event::decode(&bytes).unwrap_err(),
+        DecodeError::UnsupportedVersion(2)
+    );
+}
+
+#[test]
+fn empty_bytes_are_truncated() {
+    assert!(matches!(
+        Event::decode(&[]).unwrap_err(),
+        DecodeError::Truncated { .. }
+    ));
+}
+
+#[test]
+fn argument_of_a_non_operation_kind_is_refused_and_leaves_the_buffer_alone() {
+    let mut e = simple_event();
+    if let Some(a) = &mut e.argument {
+        a.children[0].kind = RecordKind::CRecord;
+    }
+    let mut out = vec![9, 9];
+    let err = e.encode_into(&mut out).unwrap_err();
+    assert!(matches!(err, EncodeError::ArgumentKind { .. }), "{err}");
+    assert_eq!(out, vec![9, 9]);
+}
+
+#[test]
+fn argument_nesting_is_bounded_both_ways() {
+    let mut a = ArgObject {
+        id: RecordId(1),
+        kind: RecordKind::ORecord,
+        name: String::new(),
+        fields: vec![],
+        children: vec![],
+    };
+    for _ in 1..ARG_DEPTH_MAX {
+        a = ArgObject {
+            children: vec![a.clone()],
+            ..a
+        };
+    }
+    let mut e = simple_event();
+    e.argument = Some(a.clone());
+    let bytes = e.encode().unwrap();
+    assert_eq!(Event::decode(&bytes).unwrap(), e);
+
+    e.argument = Some(ArgObject {
+        children: vec![a],
+        ..e.argument.clone().unwrap()
+    });
+    assert_eq!(e.encode().unwrap_err(), EncodeError::ArgumentTooDeep);
+}
