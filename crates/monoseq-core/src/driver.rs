@@ -112,7 +112,10 @@ impl DriverHandle {
 }
 
 /// Runs one step on the blocking pool. `None` when the step panicked: the worker is lost.
-async fn run_step<S: SeqStorage>(worker: Worker<S>, final_flush: bool) -> Option<(Worker<S>, Step)> {
+async fn run_step<S: SeqStorage>(
+    worker: Worker<S>,
+    final_flush: bool,
+) -> Option<(Worker<S>, Step)> {
     tokio::task::spawn_blocking(move || {
         let mut worker = worker;
         let step = if final_flush {

@@ -23,8 +23,8 @@ pub use params::{
     KIND_SEQUENCES_MAX, Params, ParamsBuilder, ParamsError,
 };
 pub use sequencer::{
-    Busy, CacheStats, NextError, Sequencer, SequencerHandle, SequencerStats, ShutdownReport,
-    Start, StartError, Transaction,
+    Busy, CacheStats, NextError, Sequencer, SequencerHandle, SequencerStats, ShutdownReport, Start,
+    StartError, Transaction,
 };
 pub use shared::Status;
 pub use storage::{Batcher, ReplayEnd, ReplayedEvent, SeqStorage, StorageError};

@@ -54,7 +54,9 @@ pub enum ParamsError {
         count: usize,
     },
     /// An initial value of 0: 0 means "nothing handed out yet" in storage, so sequences start at 1 or more.
-    #[error("sequence {seq} of workspace kind {kind} has initial value 0; initial values start at 1")]
+    #[error(
+        "sequence {seq} of workspace kind {kind} has initial value 0; initial values start at 1"
+    )]
     InitialValueZero {
         /// The kind.
         kind: WsKind,

@@ -157,7 +157,7 @@ struct WsEntry {
 /// A transaction borrows the sequencer, so a second `start` while one is open does not
 /// compile:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0499
 /// # use monoseq_core::{mem::MemSeqStorage, *};
 /// # let params = Params::builder().kind(WsKind(1), [(SeqId(1), Number(1))]).build().unwrap();
 /// # let (mut seq, _w) = Sequencer::new_manual(params, MemSeqStorage::new());
@@ -168,7 +168,7 @@ struct WsEntry {
 ///
 /// A finished transaction is consumed, so `next` after `flush` does not compile:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0382
 /// # use monoseq_core::{mem::MemSeqStorage, *};
 /// # let params = Params::builder().kind(WsKind(1), [(SeqId(1), Number(1))]).build().unwrap();
 /// # let (mut seq, _w) = Sequencer::new_manual(params, MemSeqStorage::new());
@@ -179,7 +179,7 @@ struct WsEntry {
 ///
 /// `next` exists only on a transaction, so it cannot be called without `start`:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0599
 /// # use monoseq_core::{mem::MemSeqStorage, *};
 /// # let params = Params::builder().kind(WsKind(1), [(SeqId(1), Number(1))]).build().unwrap();
 /// # let (mut seq, _w) = Sequencer::new_manual(params, MemSeqStorage::new());
@@ -188,7 +188,7 @@ struct WsEntry {
 ///
 /// Shutdown consumes the sequencer, so nothing can start after it:
 ///
-/// ```compile_fail
+/// ```compile_fail,E0382
 /// # use monoseq_core::{mem::MemSeqStorage, *};
 /// # let params = Params::builder().kind(WsKind(1), [(SeqId(1), Number(1))]).build().unwrap();
 /// # let (mut seq, _w) = Sequencer::new_manual(params, MemSeqStorage::new());
@@ -284,6 +284,18 @@ impl<S: SeqStorage> Sequencer<S> {
         self.stats
     }
 
+    /// The parameters this sequencer runs with.
+    #[must_use]
+    pub fn params(&self) -> &Params {
+        &self.shared.params
+    }
+
+    /// Workspaces whose numbers are in memory: the cache plus the current workspace.
+    #[must_use]
+    pub fn cached_workspaces(&self) -> usize {
+        self.cache.len() + usize::from(self.current.is_some())
+    }
+
     /// The storage this sequencer works on.
     #[must_use]
     pub fn storage(&self) -> &S {
@@ -308,11 +320,13 @@ impl<S: SeqStorage> Sequencer<S> {
         match sh.status() {
             Status::Ready => {}
             Status::None | Status::Actualizing => {
-                return Ok(Start::Busy(if sh.actualize_failing.load(Ordering::Acquire) {
-                    Busy::StorageUnavailable
-                } else {
-                    Busy::Actualizing
-                }));
+                return Ok(Start::Busy(
+                    if sh.actualize_failing.load(Ordering::Acquire) {
+                        Busy::StorageUnavailable
+                    } else {
+                        Busy::Actualizing
+                    },
+                ));
             }
             Status::Finished => return Err(StartError::Poisoned),
             Status::InTransaction => unreachable!("a transaction borrows the sequencer"),
@@ -468,8 +482,13 @@ impl<S: SeqStorage> Sequencer<S> {
             while touched != 0 {
                 let i = touched.trailing_zeros() as usize;
                 touched &= touched - 1;
-                b.values
-                    .insert(NumberKey { ws, seq: kind.seqs[i] }, self.tx_numbers[i]);
+                b.values.insert(
+                    NumberKey {
+                        ws,
+                        seq: kind.seqs[i],
+                    },
+                    self.tx_numbers[i],
+                );
             }
             debug_assert!(b.next_offset == Some(offset));
             b.next_offset = Some(next_offset);
@@ -561,10 +580,11 @@ impl<S: SeqStorage> Transaction<'_, S> {
         let n = if last < initial {
             initial
         } else {
-            Number(last.0.checked_add(1).ok_or(NextError::Exhausted {
-                ws: self.ws,
-                seq,
-            })?)
+            Number(
+                last.0
+                    .checked_add(1)
+                    .ok_or(NextError::Exhausted { ws: self.ws, seq })?,
+            )
         };
         self.seq.tx_numbers[i] = n;
         self.seq.tx_touched |= 1 << i;

@@ -133,7 +133,12 @@ impl<S: SeqStorage> Shared<S> {
     pub(crate) fn transition(&self, from: Status, to: Status) -> bool {
         let done = self
             .status
-            .compare_exchange(from.to_u8(), to.to_u8(), Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(
+                from.to_u8(),
+                to.to_u8(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_ok();
         if done {
             self.notify_status();

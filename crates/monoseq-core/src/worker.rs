@@ -5,6 +5,8 @@
 //! shared pool, a simulation runs them in a seeded order.
 
 use std::mem;
+
+use hashbrown::HashMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use crate::shared::{Shared, Status};
 use crate::storage::{ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
-use crate::types::{Number, PLogOffset, SeqValue};
+use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue};
 
 /// How often (in events) replay publishes its progress counter.
 const PROGRESS_EVERY_EVENTS: u64 = 1024;
@@ -33,7 +35,45 @@ pub enum Step {
 pub struct Worker<S: SeqStorage> {
     shared: Arc<Shared<S>>,
     buf: Vec<SeqValue>,
+    stale: Stale,
     failures: u32,
+}
+
+/// Scratch space for dropping replayed values that storage already covers.
+#[derive(Default)]
+struct Stale {
+    keys: Vec<NumberKey>,
+    seqs: Vec<SeqId>,
+    stored: Vec<Number>,
+}
+
+impl Stale {
+    /// Removes from `values` every number storage already holds or exceeds, so a replay of a
+    /// PLog with out-of-order numbers can never lower a stored sequence (SPEC invariant 5).
+    /// Reads storage once per workspace.
+    fn drop_covered<S: SeqStorage>(
+        &mut self,
+        storage: &S,
+        values: &mut HashMap<NumberKey, Number>,
+    ) -> Result<(), StorageError> {
+        self.keys.clear();
+        self.keys.extend(values.keys().copied());
+        self.keys.sort_unstable();
+        for group in self.keys.chunk_by(|a, b| a.ws == b.ws) {
+            let ws = group[0].ws;
+            self.seqs.clear();
+            self.seqs.extend(group.iter().map(|k| k.seq));
+            self.stored.clear();
+            self.stored.resize(group.len(), Number(0));
+            storage.read_numbers(ws, &self.seqs, &mut self.stored)?;
+            for (key, stored) in group.iter().zip(&self.stored) {
+                if values.get(key).is_some_and(|v| v <= stored) {
+                    values.remove(key);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<S: SeqStorage> std::fmt::Debug for Worker<S> {
@@ -49,6 +89,7 @@ impl<S: SeqStorage> Worker<S> {
         Worker {
             shared,
             buf: Vec::new(),
+            stale: Stale::default(),
             failures: 0,
         }
     }
@@ -94,7 +135,11 @@ impl<S: SeqStorage> Worker<S> {
             return None;
         }
         self.buf.clear();
-        self.buf.extend(b.values.iter().map(|(&key, &value)| SeqValue { key, value }));
+        self.buf.extend(
+            b.values
+                .iter()
+                .map(|(&key, &value)| SeqValue { key, value }),
+        );
         Some(offset)
     }
 
@@ -166,6 +211,7 @@ impl<S: SeqStorage> Worker<S> {
         let mut events = 0u64;
         let mut inline_error = None;
         let buf = &mut self.buf;
+        let stale = &mut self.stale;
         let replayed = sh.storage.replay_plog(from, &mut |ev: ReplayedEvent<'_>| {
             if sh.stop.load(Ordering::Relaxed) {
                 return ControlFlow::Break(());
@@ -201,6 +247,10 @@ impl<S: SeqStorage> Worker<S> {
             }
             if values.len() >= limit {
                 // Backlog full: make room by writing it, with the checkpoint it reaches.
+                if let Err(e) = stale.drop_covered(&sh.storage, &mut values) {
+                    inline_error = Some(e);
+                    return ControlFlow::Break(());
+                }
                 buf.clear();
                 buf.extend(values.iter().map(|(&key, &value)| SeqValue { key, value }));
                 if let Err(e) = sh.storage.write_values_and_next_plog_offset(buf, next) {
@@ -215,6 +265,10 @@ impl<S: SeqStorage> Worker<S> {
         sh.metrics
             .replayed_events
             .fetch_add(events % PROGRESS_EVERY_EVENTS, Ordering::Relaxed);
+        let completed = matches!((&replayed, &inline_error), (Ok(ReplayEnd::Completed), None));
+        if completed && let Err(e) = self.stale.drop_covered(&sh.storage, &mut values) {
+            inline_error = Some(e);
+        }
         {
             // Whatever happened, the backlog is exact up to `next`: keep the progress.
             let mut b = sh.lock_backlog();
