@@ -14,8 +14,8 @@ use crate::event::{ArgObject, Event, Field, Record, RecordId, RecordKind, WLogOf
 pub const FORMAT_VERSION: u8 = 1;
 /// Most nesting levels of an argument object (the root is level 1).
 pub const ARG_DEPTH_MAX: usize = 16;
-/// Largest encoded event, in bytes.
-pub const EVENT_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Largest encoded event, in bytes: the largest value the key-value contract stores.
+pub const EVENT_BYTES_MAX: usize = monoseq_kv::limits::VALUE_BYTES_MAX;
 
 /// Bytes before the body: the version byte and the CRC-32 of the body.
 const HEADER_BYTES: usize = 5;
@@ -569,4 +569,26 @@ pub fn decode_numbers(bytes: &[u8], out: &mut Vec<SeqValue>) -> Result<EventHead
     }
     r.end()?;
     Ok(head)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Record values
+
+/// Encodes the stored value of a record (layout in `docs/format.md`, "Record value"), appending
+/// to `out`.
+pub(crate) fn encode_record_value(out: &mut Vec<u8>, r: &Record) {
+    let start = out.len();
+    out.push(FORMAT_VERSION);
+    out.extend_from_slice(&[0; 4]);
+    put_record(out, r);
+    let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
+    out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Decodes the stored value of a record.
+pub(crate) fn decode_record_value(bytes: &[u8]) -> Result<Record, DecodeError> {
+    let mut r = Reader::open(bytes)?;
+    let record = r.record()?;
+    r.end()?;
+    Ok(record)
 }

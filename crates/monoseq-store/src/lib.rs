@@ -1,10 +1,15 @@
 //! monoseq event store: the versioned event encoding, the built-in sequences, the PLog, WLog
-//! and records tables on the key-value contract, and the PLog-backed sequence storage the
-//! sequencer runs on.
+//! and records tables on the key-value contract ([`EventStore`]), and the PLog-backed
+//! sequence storage the sequencer runs on ([`PLogSeqStorage`]).
+//!
+//! Byte layouts of values and keys are in `docs/format.md`.
 
 mod builtin;
 mod codec;
 mod event;
+mod keys;
+mod seqstore;
+mod store;
 
 pub use builtin::{
     BUILT_IN_SEQUENCES, BuiltInSequence, CRECORD_ID_SEQUENCE, OWRECORD_ID_SEQUENCE,
@@ -16,3 +21,8 @@ pub use codec::{
     decode_numbers,
 };
 pub use event::{ArgObject, Event, Field, Record, RecordId, RecordKind, WLogOffset};
+pub use keys::{AppId, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
+pub use seqstore::PLogSeqStorage;
+pub use store::{
+    AppendError, EventStore, InvalidTrustLevel, ReadError, TrustLevel, WLOG_READ_EVENTS_MAX,
+};

@@ -1,0 +1,264 @@
+//! [`PLogSeqStorage`]: the sequence storage of one partition over the event store — numbers per
+//! (application, workspace, sequence), the checkpoint per (application, partition), and replay
+//! by scanning the PLog from the checkpoint (seed 000 `ActualizeSequencesFromPLog`).
+
+use std::ops::{Bound, ControlFlow};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use monoseq_core::{
+    Batcher, Number, PLogOffset, ReplayEnd, ReplayedEvent, SeqId, SeqStorage, SeqValue,
+    StorageError, WsId,
+};
+use monoseq_kv::{Key, KvStore, Order, WriteBatch};
+
+use crate::builtin::built_in_initial;
+use crate::codec::decode_numbers;
+use crate::keys::{
+    self, AppId, LOG_BLOCK_EVENTS, PartitionId, checkpoint_partition, numbers_partition,
+    plog_partition, seq_clustering,
+};
+
+/// The sequence storage of one partition of one application, over a key-value store `S`.
+///
+/// Values and checkpoint are written in one atomic batch, so the checkpoint is never visible
+/// without the values it covers. Replay decodes only the numbers of each event (no
+/// allocation per event) and leaves out numbers below a built-in sequence's initial value
+/// (seed issue #688: external or reserved IDs never move a sequence).
+///
+/// # Example
+///
+/// ```
+/// use std::sync::Arc;
+/// use monoseq_core::{PLogOffset, SeqStorage};
+/// use monoseq_kv::MemoryStore;
+/// use monoseq_store::{AppId, EventStore, PartitionId, TrustLevel};
+///
+/// let store = EventStore::new(Arc::new(MemoryStore::new()), AppId(1), TrustLevel::Level0);
+/// let seq = store.seq_storage(PartitionId(0));
+/// assert_eq!(seq.read_next_plog_offset()?, PLogOffset::FIRST);
+/// # Ok::<(), monoseq_core::StorageError>(())
+/// ```
+#[derive(Debug)]
+pub struct PLogSeqStorage<S> {
+    kv: S,
+    app: AppId,
+    partition: PartitionId,
+    replayed_events: AtomicU64,
+}
+
+impl<S: KvStore> PLogSeqStorage<S> {
+    /// The sequence storage of `partition` of `app` on `kv`.
+    pub fn new(kv: S, app: AppId, partition: PartitionId) -> PLogSeqStorage<S> {
+        PLogSeqStorage {
+            kv,
+            app,
+            partition,
+            replayed_events: AtomicU64::new(0),
+        }
+    }
+
+    /// How many events replays have passed to their batchers since this value was created:
+    /// what a restart cost, in events.
+    pub fn replayed_events(&self) -> u64 {
+        self.replayed_events.load(Ordering::Relaxed)
+    }
+
+    fn replay(
+        &self,
+        from: PLogOffset,
+        batcher: &mut Batcher<'_>,
+    ) -> Result<ReplayEnd, StorageError> {
+        let mut values: Vec<SeqValue> = Vec::with_capacity(16);
+        let mut failure: Option<StorageError> = None;
+        let mut stopped = false;
+        let mut replayed = 0u64;
+        let mut block_first = from.0;
+        loop {
+            let part = plog_partition(self.app, self.partition, PLogOffset(block_first));
+            let lower = block_first.to_be_bytes();
+            let mut seen = 0u64;
+            let mut last = 0u64;
+            let scan = self.kv.scan(
+                part.as_bytes(),
+                Bound::Included(&lower),
+                Bound::Unbounded,
+                Order::Ascending,
+                &mut |clustering, value| {
+                    let Some(offset) = keys::be64(clustering) else {
+                        failure = Some(StorageError::new(format!(
+                            "PLog of partition {} holds a key of {} bytes where an 8-byte offset \
+                             belongs: the PLog is damaged; restore it from a backup",
+                            self.partition,
+                            clustering.len()
+                        )));
+                        return ControlFlow::Break(());
+                    };
+                    values.clear();
+                    let head = match decode_numbers(value, &mut values) {
+                        Ok(head) => head,
+                        Err(e) => {
+                            failure = Some(StorageError::with_source(
+                                format!(
+                                    "event at PLog offset {offset} of partition {} does not \
+                                     decode",
+                                    self.partition
+                                ),
+                                e,
+                            ));
+                            return ControlFlow::Break(());
+                        }
+                    };
+                    if head.plog_offset.0 != offset {
+                        failure = Some(StorageError::new(format!(
+                            "event at PLog offset {offset} of partition {} says it is at offset \
+                             {}: the PLog is damaged; restore it from a backup",
+                            self.partition, head.plog_offset
+                        )));
+                        return ControlFlow::Break(());
+                    }
+                    values.retain(|v| v.value >= initial_value(v.key.seq));
+                    seen += 1;
+                    last = offset;
+                    replayed += 1;
+                    let flow = batcher(ReplayedEvent {
+                        offset: head.plog_offset,
+                        ws_kind: head.ws_kind,
+                        values: &values,
+                    });
+                    if flow.is_break() {
+                        stopped = true;
+                    }
+                    flow
+                },
+            );
+            self.replayed_events.fetch_add(replayed, Ordering::Relaxed);
+            replayed = 0;
+            if let Err(e) = scan {
+                return Err(StorageError::with_source(
+                    format!("reading the PLog of partition {} failed", self.partition),
+                    e,
+                ));
+            }
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            if stopped {
+                return Ok(ReplayEnd::Stopped);
+            }
+            // Offsets are contiguous: a block that is not full is the last one.
+            let block_last = (block_first / LOG_BLOCK_EVENTS + 1) * LOG_BLOCK_EVENTS - 1;
+            if seen == 0 || last < block_last {
+                return Ok(ReplayEnd::Completed);
+            }
+            let Some(next) = block_last.checked_add(1) else {
+                return Ok(ReplayEnd::Completed);
+            };
+            block_first = next;
+        }
+    }
+}
+
+/// The initial value below which a replayed number is left out: the built-in sequence's
+/// initial value, or 1 (only the "never handed out" 0 is left out) for other sequences.
+fn initial_value(seq: SeqId) -> Number {
+    built_in_initial(seq).unwrap_or(Number(1))
+}
+
+fn kv_error(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
+    StorageError::with_source(what.to_owned(), e)
+}
+
+impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
+    fn read_numbers(
+        &self,
+        ws: WsId,
+        seqs: &[SeqId],
+        out: &mut [Number],
+    ) -> Result<(), StorageError> {
+        assert_eq!(seqs.len(), out.len(), "read_numbers: one slot per sequence");
+        out.fill(Number(0));
+        let part = numbers_partition(self.app, ws);
+        let mut failure = None;
+        self.kv
+            .scan(
+                part.as_bytes(),
+                Bound::Unbounded,
+                Bound::Unbounded,
+                Order::Ascending,
+                &mut |clustering, value| {
+                    let (Ok(seq), Some(n)) = (<[u8; 2]>::try_from(clustering), keys::be64(value))
+                    else {
+                        failure = Some(StorageError::new(format!(
+                            "stored number of workspace {ws} is damaged ({} key bytes, {} value \
+                             bytes); restore the projection from a backup or delete it to replay \
+                             the whole PLog",
+                            clustering.len(),
+                            value.len()
+                        )));
+                        return ControlFlow::Break(());
+                    };
+                    let seq = SeqId(u16::from_be_bytes(seq));
+                    if let Some(i) = seqs.iter().position(|&s| s == seq) {
+                        out[i] = Number(n);
+                    }
+                    ControlFlow::Continue(())
+                },
+            )
+            .map_err(|e| kv_error("reading sequence numbers failed", e))?;
+        failure.map_or(Ok(()), Err)
+    }
+
+    fn read_next_plog_offset(&self) -> Result<PLogOffset, StorageError> {
+        let part = checkpoint_partition(self.app, self.partition);
+        let value = self
+            .kv
+            .get(Key::new(part.as_bytes(), &[]))
+            .map_err(|e| kv_error("reading the checkpoint failed", e))?;
+        match value {
+            None => Ok(PLogOffset::FIRST),
+            Some(bytes) => match keys::be64(&bytes) {
+                Some(n) if n >= PLogOffset::FIRST.0 => Ok(PLogOffset(n)),
+                _ => Err(StorageError::new(format!(
+                    "checkpoint of partition {} is damaged; delete it to replay the whole PLog",
+                    self.partition
+                ))),
+            },
+        }
+    }
+
+    fn write_values_and_next_plog_offset(
+        &self,
+        values: &[SeqValue],
+        next_plog_offset: PLogOffset,
+    ) -> Result<(), StorageError> {
+        assert!(
+            next_plog_offset >= PLogOffset::FIRST,
+            "checkpoint below the first PLog offset"
+        );
+        let mut batch = WriteBatch::with_capacity(values.len() + 1, values.len() * 24 + 20);
+        for v in values {
+            let part = numbers_partition(self.app, v.key.ws);
+            batch.put(
+                Key::new(part.as_bytes(), &seq_clustering(v.key.seq)),
+                &v.value.0.to_be_bytes(),
+            );
+        }
+        // Last, and in the same atomic batch: the checkpoint never shows without its values.
+        let part = checkpoint_partition(self.app, self.partition);
+        batch.put(
+            Key::new(part.as_bytes(), &[]),
+            &next_plog_offset.0.to_be_bytes(),
+        );
+        self.kv
+            .write(&batch)
+            .map_err(|e| kv_error("writing sequence numbers and checkpoint failed", e))
+    }
+
+    fn replay_plog(
+        &self,
+        from: PLogOffset,
+        batcher: &mut Batcher<'_>,
+    ) -> Result<ReplayEnd, StorageError> {
+        self.replay(from, batcher)
+    }
+}

@@ -1,0 +1,564 @@
+//! The event store: writes events to the PLog, the WLog and the records table in one atomic
+//! batch per group of events, with the write modes of the trust level, and reads them back.
+//! Owns the trust-level rules and the merging of record updates.
+
+use std::collections::HashMap;
+use std::ops::{Bound, ControlFlow};
+
+use monoseq_core::{PLogOffset, WsId};
+use monoseq_kv::{KeyBuf, KvError, KvStore, Op, Order, Oversized, WriteBatch, WriteError};
+
+use crate::codec::{DecodeError, EncodeError, decode_record_value, encode_record_value};
+use crate::event::{Event, Field, Record, RecordId, WLogOffset};
+use crate::keys::{
+    self, AppId, LOG_BLOCK_EVENTS, PartitionId, Slot, plog_partition, record_partition,
+    wlog_partition,
+};
+use crate::seqstore::PLogSeqStorage;
+
+/// How events and records are written (seed 000 `SequencesTrustLevel`). The lower the level,
+/// the less the store trusts the sequencer: conditional inserts detect a number handed out
+/// twice ("sequence violation") instead of overwriting what is there.
+///
+/// | Level | Events (PLog, WLog) | New records | Updated records |
+/// |-------|---------------------|-------------|-----------------|
+/// | 0     | insert-if-absent    | insert-if-absent | put |
+/// | 1     | insert-if-absent    | put         | put |
+/// | 2     | put                 | put         | put |
+///
+/// At level 0 the conditional inserts of a group of events are one all-or-nothing batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TrustLevel {
+    /// Level 0: events and new records are inserted only where their keys are absent.
+    #[default]
+    Level0,
+    /// Level 1: events are inserted only where absent; records are put.
+    Level1,
+    /// Level 2: everything is put; the sequencer is trusted fully.
+    Level2,
+}
+
+impl TrustLevel {
+    fn event_op(self) -> Op {
+        match self {
+            TrustLevel::Level0 | TrustLevel::Level1 => Op::InsertIfAbsent,
+            TrustLevel::Level2 => Op::Put,
+        }
+    }
+
+    fn new_record_op(self) -> Op {
+        match self {
+            TrustLevel::Level0 => Op::InsertIfAbsent,
+            TrustLevel::Level1 | TrustLevel::Level2 => Op::Put,
+        }
+    }
+}
+
+impl TryFrom<u8> for TrustLevel {
+    type Error = InvalidTrustLevel;
+
+    fn try_from(level: u8) -> Result<TrustLevel, InvalidTrustLevel> {
+        match level {
+            0 => Ok(TrustLevel::Level0),
+            1 => Ok(TrustLevel::Level1),
+            2 => Ok(TrustLevel::Level2),
+            _ => Err(InvalidTrustLevel(level)),
+        }
+    }
+}
+
+/// A trust level other than 0, 1 or 2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("trust level {0} does not exist; use 0, 1 or 2")]
+pub struct InvalidTrustLevel(pub u8);
+
+/// Why a group of events was not written. Whatever the variant, nothing of the group was
+/// written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AppendError {
+    /// A conditional insert found its key present: a number was handed out twice.
+    #[error(
+        "sequence violation: {slot} already exists (event {event_index} of the group, key {key}); \
+         nothing was written. Actualize the sequencer and retry the command"
+    )]
+    SequenceViolation {
+        /// Position of the offending event in the group.
+        event_index: usize,
+        /// What the key stands for.
+        slot: Slot,
+        /// The conflicting key.
+        key: KeyBuf,
+    },
+    /// An event could not be encoded.
+    #[error("event {event_index} of the group cannot be encoded: {source}")]
+    Encode {
+        /// Position of the event in the group.
+        event_index: usize,
+        /// Why.
+        #[source]
+        source: EncodeError,
+    },
+    /// An event updates a record that does not exist.
+    #[error(
+        "event {event_index} of the group updates record {id} of workspace {ws}, which does not \
+         exist; create the record first"
+    )]
+    UnknownRecord {
+        /// Position of the event in the group.
+        event_index: usize,
+        /// The workspace.
+        ws: WsId,
+        /// The record.
+        id: RecordId,
+    },
+    /// An event or record is over a size limit of the storage.
+    #[error(
+        "event {event_index} of the group: {what:?} is {len} bytes, over the storage limit of \
+         {max}; make the command smaller"
+    )]
+    TooLarge {
+        /// Position of the event in the group.
+        event_index: usize,
+        /// Which part is too large.
+        what: Oversized,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A stored record that an update merges into does not decode.
+    #[error("stored record {id} of workspace {ws} is damaged: {source}")]
+    CorruptRecord {
+        /// The workspace.
+        ws: WsId,
+        /// The record.
+        id: RecordId,
+        /// Why it does not decode.
+        #[source]
+        source: DecodeError,
+    },
+    /// A storage fault; retry, and actualize the sequencer if the fault persists.
+    #[error("event store: {0}")]
+    Storage(#[from] KvError),
+}
+
+/// Why a read failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// A stored value does not decode.
+    #[error("{slot} is damaged: {source}")]
+    Corrupt {
+        /// Where the value is stored.
+        slot: Slot,
+        /// Why it does not decode.
+        #[source]
+        source: DecodeError,
+    },
+    /// A stored event says it sits somewhere else than its key.
+    #[error(
+        "{slot} holds an event that says it is at offset {found}: the log is damaged; restore \
+         it from a backup"
+    )]
+    Misplaced {
+        /// Where the event is stored.
+        slot: Slot,
+        /// The offset the event names.
+        found: u64,
+    },
+    /// A storage fault; retry.
+    #[error("event store: {0}")]
+    Storage(#[from] KvError),
+}
+
+/// Most events one [`EventStore::read_wlog`] call returns.
+pub const WLOG_READ_EVENTS_MAX: usize = 65_536;
+
+/// The event store of one application on a key-value store `S` (an `Arc<impl KvStore>` to
+/// share it).
+///
+/// # Example
+///
+/// ```
+/// use std::sync::Arc;
+/// use monoseq_core::{PLogOffset, WsId, WsKind};
+/// use monoseq_kv::MemoryStore;
+/// use monoseq_store::{AppId, Event, EventStore, PartitionId, TrustLevel, WLogOffset};
+///
+/// let store = EventStore::new(Arc::new(MemoryStore::new()), AppId(1), TrustLevel::Level0);
+/// let event = Event {
+///     plog_offset: PLogOffset(1),
+///     ws: WsId(7),
+///     ws_kind: WsKind(1),
+///     wlog_offset: WLogOffset(1),
+///     registered_at_ms: 0,
+///     command: "app.Ping".into(),
+///     argument: None,
+///     created: vec![],
+///     updated: vec![],
+/// };
+/// store.append(PartitionId(0), std::slice::from_ref(&event))?;
+/// assert_eq!(store.read_event(PartitionId(0), PLogOffset(1))?, Some(event.clone()));
+///
+/// // The same PLog offset again is a sequence violation at level 0.
+/// let err = store.append(PartitionId(0), &[event]).unwrap_err();
+/// assert!(err.to_string().contains("sequence violation"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct EventStore<S> {
+    kv: S,
+    app: AppId,
+    trust: TrustLevel,
+}
+
+impl<S: KvStore> EventStore<S> {
+    /// The event store of `app` on `kv`, writing with `trust`.
+    pub fn new(kv: S, app: AppId, trust: TrustLevel) -> EventStore<S> {
+        EventStore { kv, app, trust }
+    }
+
+    /// The application.
+    pub fn app(&self) -> AppId {
+        self.app
+    }
+
+    /// The trust level writes use.
+    pub fn trust_level(&self) -> TrustLevel {
+        self.trust
+    }
+
+    /// The key-value store underneath.
+    pub fn kv(&self) -> &S {
+        &self.kv
+    }
+
+    /// The sequence storage of `partition` over this store, for the sequencer.
+    pub fn seq_storage(&self, partition: PartitionId) -> PLogSeqStorage<S>
+    where
+        S: Clone,
+    {
+        PLogSeqStorage::new(self.kv.clone(), self.app, partition)
+    }
+
+    /// Writes a group of events of `partition` (group commit): each event to the PLog and to
+    /// its workspace's WLog, the records it creates and the records it updates, all in one
+    /// atomic batch, with the write modes of the trust level. Updates merge their fields into
+    /// the stored record (a field of the same name is replaced, a new one added); updates
+    /// always put. Whether the write is durable on return is the key-value store's setting;
+    /// [`EventStore::sync`] makes it durable.
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError`]; whatever the error, nothing of the group was written.
+    /// [`AppendError::SequenceViolation`] (levels 0 and 1) names the key that already existed:
+    /// the caller actualizes its sequencer.
+    pub fn append(&self, partition: PartitionId, events: &[Event]) -> Result<(), AppendError> {
+        let updates = self.read_updated_records(events)?;
+        let mut batch = WriteBatch::new();
+        let mut slots: Vec<(usize, Slot)> = Vec::new();
+        let mut event_bytes = Vec::new();
+        let mut record_bytes = Vec::new();
+        // Records as they stand after the items already in the batch.
+        let mut current: HashMap<(WsId, RecordId), Record> = updates;
+        let event_op = self.trust.event_op();
+        let record_op = self.trust.new_record_op();
+        for (i, e) in events.iter().enumerate() {
+            event_bytes.clear();
+            e.encode_into(&mut event_bytes)
+                .map_err(|source| AppendError::Encode {
+                    event_index: i,
+                    source,
+                })?;
+            let plog = plog_partition(self.app, partition, e.plog_offset);
+            batch.push(
+                event_op,
+                monoseq_kv::Key::new(plog.as_bytes(), &e.plog_offset.0.to_be_bytes()),
+                &event_bytes,
+            );
+            slots.push((
+                i,
+                Slot::PLog {
+                    partition,
+                    offset: e.plog_offset,
+                },
+            ));
+            let wlog = wlog_partition(self.app, e.ws, e.wlog_offset);
+            batch.push(
+                event_op,
+                monoseq_kv::Key::new(wlog.as_bytes(), &e.wlog_offset.0.to_be_bytes()),
+                &event_bytes,
+            );
+            slots.push((
+                i,
+                Slot::WLog {
+                    ws: e.ws,
+                    offset: e.wlog_offset,
+                },
+            ));
+            for r in &e.created {
+                record_bytes.clear();
+                encode_record_value(&mut record_bytes, r);
+                let part = record_partition(self.app, e.ws, r.id);
+                batch.push(
+                    record_op,
+                    monoseq_kv::Key::new(part.as_bytes(), &r.id.0.to_be_bytes()),
+                    &record_bytes,
+                );
+                slots.push((i, Slot::Record { ws: e.ws, id: r.id }));
+                current.insert((e.ws, r.id), r.clone());
+            }
+            for u in &e.updated {
+                let Some(stored) = current.get_mut(&(e.ws, u.id)) else {
+                    return Err(AppendError::UnknownRecord {
+                        event_index: i,
+                        ws: e.ws,
+                        id: u.id,
+                    });
+                };
+                merge_fields(&mut stored.fields, &u.fields);
+                record_bytes.clear();
+                encode_record_value(&mut record_bytes, stored);
+                let part = record_partition(self.app, e.ws, u.id);
+                batch.push(
+                    Op::Put,
+                    monoseq_kv::Key::new(part.as_bytes(), &u.id.0.to_be_bytes()),
+                    &record_bytes,
+                );
+                slots.push((i, Slot::Record { ws: e.ws, id: u.id }));
+            }
+        }
+        match self.kv.write(&batch) {
+            Ok(()) => Ok(()),
+            Err(WriteError::Conflict { index, key }) => {
+                let (event_index, slot) = slots[index];
+                Err(AppendError::SequenceViolation {
+                    event_index,
+                    slot,
+                    key,
+                })
+            }
+            Err(WriteError::TooLarge {
+                index,
+                what,
+                len,
+                max,
+            }) => Err(AppendError::TooLarge {
+                event_index: slots[index].0,
+                what,
+                len,
+                max,
+            }),
+            Err(WriteError::Storage(e)) => Err(AppendError::Storage(e)),
+            Err(other) => Err(AppendError::Storage(KvError::Backend {
+                message: other.to_string(),
+                source: None,
+            })),
+        }
+    }
+
+    /// Reads the stored records that `events` update and that no earlier event of the group
+    /// creates, in one `get_many`.
+    fn read_updated_records(
+        &self,
+        events: &[Event],
+    ) -> Result<HashMap<(WsId, RecordId), Record>, AppendError> {
+        let mut wanted: Vec<(WsId, RecordId)> = Vec::new();
+        let mut created: std::collections::HashSet<(WsId, RecordId)> =
+            std::collections::HashSet::new();
+        for e in events {
+            for u in &e.updated {
+                let k = (e.ws, u.id);
+                if !created.contains(&k) && !wanted.contains(&k) {
+                    wanted.push(k);
+                }
+            }
+            for r in &e.created {
+                created.insert((e.ws, r.id));
+            }
+        }
+        let mut found = HashMap::with_capacity(wanted.len());
+        if wanted.is_empty() {
+            return Ok(found);
+        }
+        let parts: Vec<_> = wanted
+            .iter()
+            .map(|&(ws, id)| (record_partition(self.app, ws, id), id.0.to_be_bytes()))
+            .collect();
+        let keys: Vec<_> = parts
+            .iter()
+            .map(|(p, c)| monoseq_kv::Key::new(p.as_bytes(), c))
+            .collect();
+        let values = self.kv.get_many(&keys)?;
+        for (&(ws, id), value) in wanted.iter().zip(values) {
+            if let Some(bytes) = value {
+                let record = decode_record_value(&bytes)
+                    .map_err(|source| AppendError::CorruptRecord { ws, id, source })?;
+                found.insert((ws, id), record);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Makes every write that returned before this call durable.
+    ///
+    /// # Errors
+    ///
+    /// A [`KvError`] when flushing failed.
+    pub fn sync(&self) -> Result<(), KvError> {
+        self.kv.sync()
+    }
+
+    /// The event at `offset` of `partition`'s PLog, if any.
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError`] when storage fails or the stored event is damaged or misplaced.
+    pub fn read_event(
+        &self,
+        partition: PartitionId,
+        offset: PLogOffset,
+    ) -> Result<Option<Event>, ReadError> {
+        let part = plog_partition(self.app, partition, offset);
+        let Some(bytes) = self.kv.get(monoseq_kv::Key::new(
+            part.as_bytes(),
+            &offset.0.to_be_bytes(),
+        ))?
+        else {
+            return Ok(None);
+        };
+        let slot = Slot::PLog { partition, offset };
+        let event = Event::decode(&bytes).map_err(|source| ReadError::Corrupt { slot, source })?;
+        if event.plog_offset != offset {
+            return Err(ReadError::Misplaced {
+                slot,
+                found: event.plog_offset.0,
+            });
+        }
+        Ok(Some(event))
+    }
+
+    /// Up to `limit` events of `ws`'s WLog from offset `from` on, in offset order (at most
+    /// [`WLOG_READ_EVENTS_MAX`]). Reading stops at the end of the WLog.
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError`] when storage fails or a stored event is damaged or misplaced.
+    pub fn read_wlog(
+        &self,
+        ws: WsId,
+        from: WLogOffset,
+        limit: usize,
+    ) -> Result<Vec<Event>, ReadError> {
+        let limit = limit.min(WLOG_READ_EVENTS_MAX);
+        let mut events = Vec::new();
+        let mut block_start = from;
+        let mut failure: Option<ReadError> = None;
+        while events.len() < limit {
+            let part = wlog_partition(self.app, ws, block_start);
+            let lower = block_start.0.to_be_bytes();
+            let mut seen = 0usize;
+            let mut last = 0u64;
+            self.kv.scan(
+                part.as_bytes(),
+                Bound::Included(&lower),
+                Bound::Unbounded,
+                Order::Ascending,
+                &mut |clustering, value| {
+                    let offset = keys::be64(clustering).unwrap_or(0);
+                    let slot = Slot::WLog {
+                        ws,
+                        offset: WLogOffset(offset),
+                    };
+                    match Event::decode(value) {
+                        Ok(e) if e.wlog_offset.0 == offset && e.ws == ws => {
+                            events.push(e);
+                        }
+                        Ok(e) => {
+                            failure = Some(ReadError::Misplaced {
+                                slot,
+                                found: e.wlog_offset.0,
+                            });
+                            return ControlFlow::Break(());
+                        }
+                        Err(source) => {
+                            failure = Some(ReadError::Corrupt { slot, source });
+                            return ControlFlow::Break(());
+                        }
+                    }
+                    seen += 1;
+                    last = offset;
+                    if events.len() >= limit {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                },
+            )?;
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            let block_last = (block_start.0 / LOG_BLOCK_EVENTS + 1) * LOG_BLOCK_EVENTS - 1;
+            if seen == 0 || last < block_last {
+                break;
+            }
+            block_start = WLogOffset(block_last + 1);
+        }
+        Ok(events)
+    }
+
+    /// The record `id` of `ws`, with all its fields as last written, if it exists.
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError`] when storage fails or the stored record is damaged.
+    pub fn read_record(&self, ws: WsId, id: RecordId) -> Result<Option<Record>, ReadError> {
+        let part = record_partition(self.app, ws, id);
+        let Some(bytes) = self
+            .kv
+            .get(monoseq_kv::Key::new(part.as_bytes(), &id.0.to_be_bytes()))?
+        else {
+            return Ok(None);
+        };
+        let slot = Slot::Record { ws, id };
+        let record =
+            decode_record_value(&bytes).map_err(|source| ReadError::Corrupt { slot, source })?;
+        if record.id != id {
+            return Err(ReadError::Misplaced {
+                slot,
+                found: record.id.0,
+            });
+        }
+        Ok(Some(record))
+    }
+
+    /// The key of the PLog entry at `offset` of `partition` (for tools and tests that inspect
+    /// or repair storage).
+    pub fn plog_key(&self, partition: PartitionId, offset: PLogOffset) -> KeyBuf {
+        let part = plog_partition(self.app, partition, offset);
+        monoseq_kv::Key::new(part.as_bytes(), &offset.0.to_be_bytes()).to_owned()
+    }
+
+    /// The key of the WLog entry at `offset` of `ws`.
+    pub fn wlog_key(&self, ws: WsId, offset: WLogOffset) -> KeyBuf {
+        let part = wlog_partition(self.app, ws, offset);
+        monoseq_kv::Key::new(part.as_bytes(), &offset.0.to_be_bytes()).to_owned()
+    }
+
+    /// The key of record `id` of `ws`.
+    pub fn record_key(&self, ws: WsId, id: RecordId) -> KeyBuf {
+        let part = record_partition(self.app, ws, id);
+        monoseq_kv::Key::new(part.as_bytes(), &id.0.to_be_bytes()).to_owned()
+    }
+}
+
+/// Applies an update's fields: a field of the same name is replaced, a new one appended.
+fn merge_fields(stored: &mut Vec<Field>, changes: &[Field]) {
+    for c in changes {
+        match stored.iter_mut().find(|f| f.name == c.name) {
+            Some(f) => f.value.clone_from(&c.value),
+            None => stored.push(c.clone()),
+        }
+    }
+}
