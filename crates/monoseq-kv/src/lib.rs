@@ -3,13 +3,29 @@
 //! insert-if-absent, compare-and-swap — with its backends and its conformance suite.
 
 mod batch;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+#[cfg(any(feature = "fjall", feature = "redb"))]
+mod encoding;
 mod error;
+#[cfg(feature = "fjall")]
+mod fjall_store;
+#[cfg(any(feature = "fjall", feature = "redb"))]
+mod group_commit;
 mod key;
 mod memory;
+mod options;
+#[cfg(feature = "redb")]
+mod redb_store;
 mod store;
 
 pub use batch::{BatchItem, Op, WriteBatch};
 pub use error::{CasError, KvError, OpenError, Oversized, WriteError};
+#[cfg(feature = "fjall")]
+pub use fjall_store::FjallStore;
 pub use key::{Key, KeyBuf, limits};
 pub use memory::MemoryStore;
+pub use options::{CACHE_BYTES_DEFAULT, Durability, GROUP_COMMIT_DELAY_MAX, Options};
+#[cfg(feature = "redb")]
+pub use redb_store::RedbStore;
 pub use store::{KvStore, Order, Visitor};

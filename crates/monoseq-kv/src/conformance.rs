@@ -1,0 +1,941 @@
+//! The conformance suite: the definition of "a backend". Every check takes a factory of fresh,
+//! empty stores and panics with a description on the first broken obligation. The centre is a
+//! property test that runs random operation sequences against a store and a `BTreeMap` model
+//! side by side; the other checks pin single obligations with readable failures.
+//!
+//! A new backend plugs in with [`conformance_tests!`](crate::conformance_tests), which expands
+//! to one `#[test]` per check:
+//!
+//! ```ignore
+//! monoseq_kv::conformance_tests!(|| MyStore::connect_to_a_fresh_database());
+//! ```
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::ops::{Bound, ControlFlow};
+use std::sync::{Arc, Barrier};
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+use crate::batch::{Op, WriteBatch};
+use crate::error::{CasError, KvError, WriteError};
+use crate::key::{Key, limits};
+use crate::store::{KvStore, Order, Visitor};
+
+/// Cases of the model property test when the caller does not choose (`PROPTEST_CASES`
+/// overrides it).
+pub const MODEL_CASES_DEFAULT: u32 = 64;
+
+/// A store together with something that must outlive it (a temporary directory, a server
+/// handle): the store is dropped first. It is a store itself.
+#[derive(Debug)]
+pub struct WithGuard<S, G> {
+    store: S,
+    _guard: G,
+}
+
+impl<S, G> WithGuard<S, G> {
+    /// `store`, keeping `guard` alive as long as it.
+    pub fn new(store: S, guard: G) -> WithGuard<S, G> {
+        WithGuard {
+            store,
+            _guard: guard,
+        }
+    }
+}
+
+impl<S: KvStore, G: Send + Sync + 'static> KvStore for WithGuard<S, G> {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.store.get(key)
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.store.get_many(keys)
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        self.store.scan(partition, from, to, order, visit)
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+        self.store.write(batch)
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        self.store.compare_and_swap(key, expected, new)
+    }
+
+    fn sync(&self) -> Result<(), KvError> {
+        self.store.sync()
+    }
+}
+
+/// Expands to one `#[test]` per conformance check, each calling `$fresh` (an expression
+/// callable as `FnMut() -> impl KvStore`, giving a fresh empty store) for its stores.
+/// Use it in a test module of the backend's crate, with the `conformance` feature on.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($fresh:expr) => {
+        $crate::conformance_tests!($fresh, $crate::conformance::MODEL_CASES_DEFAULT);
+    };
+    ($fresh:expr, $model_cases:expr) => {
+        #[test]
+        fn behaves_like_the_btreemap_model() {
+            $crate::conformance::behaves_like_the_btreemap_model($fresh, $model_cases);
+        }
+        #[test]
+        fn scans_follow_clustering_order_within_bounds() {
+            $crate::conformance::scans_follow_clustering_order_within_bounds($fresh);
+        }
+        #[test]
+        fn scans_stay_inside_their_partition() {
+            $crate::conformance::scans_stay_inside_their_partition($fresh);
+        }
+        #[test]
+        fn conflicting_batch_writes_nothing() {
+            $crate::conformance::conflicting_batch_writes_nothing($fresh);
+        }
+        #[test]
+        fn batch_items_take_effect_in_order() {
+            $crate::conformance::batch_items_take_effect_in_order($fresh);
+        }
+        #[test]
+        fn compare_and_swap_checks_the_stored_value() {
+            $crate::conformance::compare_and_swap_checks_the_stored_value($fresh);
+        }
+        #[test]
+        fn get_many_answers_in_the_order_asked() {
+            $crate::conformance::get_many_answers_in_the_order_asked($fresh);
+        }
+        #[test]
+        fn oversized_writes_are_rejected_whole() {
+            $crate::conformance::oversized_writes_are_rejected_whole($fresh);
+        }
+        #[test]
+        fn concurrent_inserts_of_one_key_have_one_winner() {
+            $crate::conformance::concurrent_inserts_of_one_key_have_one_winner($fresh);
+        }
+        #[test]
+        fn concurrent_compare_and_swaps_lose_no_update() {
+            $crate::conformance::concurrent_compare_and_swaps_lose_no_update($fresh);
+        }
+    };
+}
+
+/// An owned key as `(partition, clustering)`.
+type OwnedKey = (Vec<u8>, Vec<u8>);
+/// Entries of one partition as `(clustering, value)`.
+type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+type Model = BTreeMap<OwnedKey, Vec<u8>>;
+
+fn fail(message: String) -> TestCaseError {
+    TestCaseError::fail(message)
+}
+
+/// Every entry of `partition` between the bounds, in `order`, at most `limit` of them.
+fn scan_all<S: KvStore + ?Sized>(
+    store: &S,
+    partition: &[u8],
+    from: Bound<&[u8]>,
+    to: Bound<&[u8]>,
+    order: Order,
+    limit: usize,
+) -> Result<Entries, KvError> {
+    let mut out = Vec::new();
+    if limit == 0 {
+        return Ok(out);
+    }
+    store.scan(partition, from, to, order, &mut |clustering, value| {
+        out.push((clustering.to_vec(), value.to_vec()));
+        if out.len() >= limit {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    })?;
+    Ok(out)
+}
+
+fn model_scan(
+    model: &Model,
+    partition: &[u8],
+    from: Bound<&[u8]>,
+    to: Bound<&[u8]>,
+    order: Order,
+    limit: usize,
+) -> Entries {
+    let in_range = |c: &[u8]| {
+        let above = match from {
+            Bound::Included(b) => c >= b,
+            Bound::Excluded(b) => c > b,
+            Bound::Unbounded => true,
+        };
+        let below = match to {
+            Bound::Included(b) => c <= b,
+            Bound::Excluded(b) => c < b,
+            Bound::Unbounded => true,
+        };
+        above && below
+    };
+    let entries = model
+        .iter()
+        .filter(|((p, c), _)| p.as_slice() == partition && in_range(c))
+        .map(|((_, c), v)| (c.clone(), v.clone()));
+    match order {
+        Order::Ascending => entries.take(limit).collect(),
+        Order::Descending => {
+            let mut all: Vec<_> = entries.collect();
+            all.reverse();
+            all.truncate(limit);
+            all
+        }
+    }
+}
+
+/// One step of a model run.
+#[derive(Debug, Clone)]
+enum Step {
+    Write(Vec<(Op, OwnedKey, Vec<u8>)>),
+    Cas {
+        key: (Vec<u8>, Vec<u8>),
+        expect_current: bool,
+        expected: Option<Vec<u8>>,
+        new: Option<Vec<u8>>,
+    },
+    Get((Vec<u8>, Vec<u8>)),
+    GetMany(Vec<(Vec<u8>, Vec<u8>)>),
+    Scan {
+        partition: Vec<u8>,
+        from: Bound<Vec<u8>>,
+        to: Bound<Vec<u8>>,
+        order: Order,
+        limit: usize,
+    },
+}
+
+fn partition_strategy() -> impl Strategy<Value = Vec<u8>> {
+    // Partitions that are prefixes of each other, empty and 0xff-ended ones catch encodings
+    // that let one partition's scan see another's entries.
+    prop::sample::select(vec![
+        vec![],
+        b"a".to_vec(),
+        b"ab".to_vec(),
+        vec![0xff],
+        vec![0x00, 0x01],
+    ])
+}
+
+fn clustering_strategy() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        prop::sample::select(vec![
+            vec![],
+            vec![0],
+            vec![0, 0],
+            vec![0, 1],
+            vec![1],
+            vec![1, 0],
+            vec![0xff],
+            vec![0xff, 0xff],
+        ]),
+        prop::collection::vec(any::<u8>(), 0..3),
+    ]
+}
+
+fn key_strategy() -> impl Strategy<Value = (Vec<u8>, Vec<u8>)> {
+    (partition_strategy(), clustering_strategy())
+}
+
+fn value_strategy() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(any::<u8>(), 0..6)
+}
+
+fn bound_strategy() -> impl Strategy<Value = Bound<Vec<u8>>> {
+    prop_oneof![
+        Just(Bound::Unbounded),
+        clustering_strategy().prop_map(Bound::Included),
+        clustering_strategy().prop_map(Bound::Excluded),
+    ]
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => Just(Op::Put),
+        3 => Just(Op::InsertIfAbsent),
+        1 => Just(Op::Delete),
+    ]
+}
+
+fn step_strategy() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => prop::collection::vec((op_strategy(), key_strategy(), value_strategy()), 0..6)
+            .prop_map(Step::Write),
+        2 => (
+            key_strategy(),
+            any::<bool>(),
+            prop::option::of(value_strategy()),
+            prop::option::of(value_strategy())
+        )
+            .prop_map(|(key, expect_current, expected, new)| Step::Cas {
+                key,
+                expect_current,
+                expected,
+                new,
+            }),
+        1 => key_strategy().prop_map(Step::Get),
+        1 => prop::collection::vec(key_strategy(), 0..5).prop_map(Step::GetMany),
+        3 => (
+            partition_strategy(),
+            bound_strategy(),
+            bound_strategy(),
+            prop_oneof![Just(Order::Ascending), Just(Order::Descending)],
+            prop_oneof![Just(usize::MAX), 0usize..4],
+        )
+            .prop_map(|(partition, from, to, order, limit)| Step::Scan {
+                partition,
+                from,
+                to,
+                order,
+                limit,
+            }),
+    ]
+}
+
+fn key_of((p, c): &(Vec<u8>, Vec<u8>)) -> Key<'_> {
+    Key::new(p, c)
+}
+
+fn as_bound(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
+    bound.as_ref().map(Vec::as_slice)
+}
+
+fn run_step<S: KvStore>(store: &S, model: &mut Model, step: &Step) -> Result<(), TestCaseError> {
+    match step {
+        Step::Write(items) => {
+            let mut batch = WriteBatch::new();
+            for (op, key, value) in items {
+                batch.push(*op, key_of(key), value);
+            }
+            // The model applies items one after another and fails on the first present key.
+            let mut next = model.clone();
+            let mut conflict = None;
+            for (index, (op, key, value)) in items.iter().enumerate() {
+                match op {
+                    Op::InsertIfAbsent if next.contains_key(key) => {
+                        conflict = Some(index);
+                        break;
+                    }
+                    Op::Put | Op::InsertIfAbsent => {
+                        next.insert(key.clone(), value.clone());
+                    }
+                    Op::Delete => {
+                        next.remove(key);
+                    }
+                }
+            }
+            match (store.write(&batch), conflict) {
+                (Ok(()), None) => *model = next,
+                (Err(WriteError::Conflict { index, key }), Some(expected)) => {
+                    prop_assert_eq!(index, expected, "conflict reported at the wrong item");
+                    prop_assert_eq!(&key.partition, &items[expected].1.0);
+                    prop_assert_eq!(&key.clustering, &items[expected].1.1);
+                }
+                (got, expected) => {
+                    return Err(fail(format!(
+                        "write of {items:?}: got {got:?}, the model expects a conflict at {expected:?}"
+                    )));
+                }
+            }
+        }
+        Step::Cas {
+            key,
+            expect_current,
+            expected,
+            new,
+        } => {
+            let current = model.get(key).cloned();
+            let expected = if *expect_current {
+                current.clone()
+            } else {
+                expected.clone()
+            };
+            let got = store.compare_and_swap(key_of(key), expected.as_deref(), new.as_deref());
+            match got {
+                Ok(()) => {
+                    prop_assert_eq!(&expected, &current, "swapped although the value differs");
+                    match new {
+                        Some(value) => model.insert(key.clone(), value.clone()),
+                        None => model.remove(key),
+                    };
+                }
+                Err(CasError::Mismatch { current: reported }) => {
+                    prop_assert_ne!(&expected, &current, "mismatch although the value is equal");
+                    prop_assert_eq!(reported, current, "mismatch reports a wrong current value");
+                }
+                Err(other) => return Err(fail(format!("compare-and-swap failed: {other}"))),
+            }
+        }
+        Step::Get(key) => {
+            let got = store
+                .get(key_of(key))
+                .map_err(|e| fail(format!("get failed: {e}")))?;
+            prop_assert_eq!(got, model.get(key).cloned(), "get {:?}", key);
+        }
+        Step::GetMany(keys) => {
+            let borrowed: Vec<Key<'_>> = keys.iter().map(key_of).collect();
+            let got = store
+                .get_many(&borrowed)
+                .map_err(|e| fail(format!("get_many failed: {e}")))?;
+            let expected: Vec<_> = keys.iter().map(|k| model.get(k).cloned()).collect();
+            prop_assert_eq!(got, expected, "get_many {:?}", keys);
+        }
+        Step::Scan {
+            partition,
+            from,
+            to,
+            order,
+            limit,
+        } => {
+            let (from, to) = (as_bound(from), as_bound(to));
+            let got = scan_all(store, partition, from, to, *order, *limit)
+                .map_err(|e| fail(format!("scan failed: {e}")))?;
+            let expected = model_scan(model, partition, from, to, *order, *limit);
+            prop_assert_eq!(
+                got,
+                expected,
+                "scan of {:?} from {:?} to {:?} {:?} limit {}",
+                partition,
+                from,
+                to,
+                order,
+                limit
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Random sequences of batches (puts, conditional inserts, deletes), compare-and-swaps, gets,
+/// get-manys and bounded scans in both orders give the same answers as a `BTreeMap` model,
+/// including which item of a batch conflicts and that a conflicting batch writes nothing.
+///
+/// # Panics
+///
+/// On the first difference, with the shrunk sequence of steps.
+pub fn behaves_like_the_btreemap_model<S: KvStore>(fresh: impl FnMut() -> S, cases: u32) {
+    let fresh = RefCell::new(fresh);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&prop::collection::vec(step_strategy(), 1..40), |steps| {
+        let store = (fresh.borrow_mut())();
+        let mut model = Model::new();
+        for step in &steps {
+            run_step(&store, &mut model, step)?;
+        }
+        // Whatever the steps did, the whole content matches at the end.
+        for partition in [&b""[..], b"a", b"ab", &[0xff], &[0x00, 0x01]] {
+            let got = scan_all(
+                &store,
+                partition,
+                Bound::Unbounded,
+                Bound::Unbounded,
+                Order::Ascending,
+                usize::MAX,
+            )
+            .map_err(|e| fail(format!("final scan failed: {e}")))?;
+            let expected = model_scan(
+                &model,
+                partition,
+                Bound::Unbounded,
+                Bound::Unbounded,
+                Order::Ascending,
+                usize::MAX,
+            );
+            prop_assert_eq!(got, expected, "final content of partition {:?}", partition);
+        }
+        Ok(())
+    });
+    if let Err(error) = result {
+        panic!("the store differs from the BTreeMap model: {error}");
+    }
+}
+
+fn be(n: u64) -> [u8; 8] {
+    n.to_be_bytes()
+}
+
+fn must<T, E: std::fmt::Display>(what: &str, result: Result<T, E>) -> T {
+    result.unwrap_or_else(|error| panic!("{what} failed: {error}"))
+}
+
+/// Scans visit big-endian numbered entries in increasing or decreasing order, honour
+/// included, excluded and open bounds, stop when the visitor breaks, and see nothing in an
+/// empty or inverted range.
+///
+/// # Panics
+///
+/// On the first broken expectation.
+pub fn scans_follow_clustering_order_within_bounds<S: KvStore>(mut fresh: impl FnMut() -> S) {
+    let store = fresh();
+    let p = b"log";
+    let mut batch = WriteBatch::new();
+    // Written out of order and across batches: order must come from the keys alone.
+    for n in (1..=300u64).rev() {
+        batch.put(Key::new(p, &be(n * 10)), &be(n));
+        if batch.len() == 37 {
+            must("write", store.write(&batch));
+            batch.clear();
+        }
+    }
+    must("write", store.write(&batch));
+    let numbers = |entries: Vec<(Vec<u8>, Vec<u8>)>| -> Vec<u64> {
+        entries
+            .iter()
+            .map(|(c, v)| {
+                let n = u64::from_be_bytes(c.as_slice().try_into().expect("8-byte key"));
+                assert_eq!(v.as_slice(), be(n / 10), "value of entry {n}");
+                n / 10
+            })
+            .collect()
+    };
+    let scan = |from: Bound<&[u8]>, to: Bound<&[u8]>, order: Order, limit: usize| {
+        numbers(must("scan", scan_all(&store, p, from, to, order, limit)))
+    };
+    let (b10, b20, b50) = (be(100), be(200), be(500));
+    use Bound::{Excluded, Included, Unbounded};
+    use Order::{Ascending, Descending};
+    assert_eq!(
+        scan(Unbounded, Unbounded, Ascending, usize::MAX),
+        (1..=300).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        scan(Unbounded, Unbounded, Descending, usize::MAX),
+        (1..=300).rev().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        scan(Included(&b10), Included(&b20), Ascending, usize::MAX),
+        (10..=20).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        scan(Excluded(&b10), Excluded(&b20), Ascending, usize::MAX),
+        (11..20).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        scan(Included(&b10), Excluded(&b20), Descending, usize::MAX),
+        (10..20).rev().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        scan(Excluded(&b50), Unbounded, Ascending, 3),
+        vec![51, 52, 53]
+    );
+    assert_eq!(scan(Unbounded, Included(&b50), Descending, 2), vec![50, 49]);
+    // Bounds between stored keys.
+    assert_eq!(
+        scan(
+            Included(&be(105)),
+            Included(&be(135)),
+            Ascending,
+            usize::MAX
+        ),
+        vec![11, 12, 13]
+    );
+    // Empty and inverted ranges.
+    assert!(scan(Included(&b20), Included(&b10), Ascending, usize::MAX).is_empty());
+    assert!(scan(Excluded(&b10), Excluded(&b10), Ascending, usize::MAX).is_empty());
+    assert!(scan(Included(&b10), Excluded(&b10), Descending, usize::MAX).is_empty());
+    assert_eq!(
+        scan(Included(&b10), Included(&b10), Descending, usize::MAX),
+        vec![10]
+    );
+    // An unknown partition is empty.
+    assert!(
+        must(
+            "scan",
+            scan_all(
+                &store,
+                b"nothing",
+                Unbounded,
+                Unbounded,
+                Ascending,
+                usize::MAX
+            )
+        )
+        .is_empty()
+    );
+}
+
+/// A partition's scan never sees entries of another partition, even one whose key extends
+/// it, is a prefix of it, or ends in `0xff` bytes.
+///
+/// # Panics
+///
+/// On the first entry seen in the wrong partition.
+pub fn scans_stay_inside_their_partition<S: KvStore>(mut fresh: impl FnMut() -> S) {
+    let store = fresh();
+    let partitions: [&[u8]; 7] = [b"", b"a", b"ab", b"b", &[0xff], &[0xff, 0xff], b"a\x00"];
+    let clusterings: [&[u8]; 4] = [b"", b"\x00", b"b", b"\xff\xff"];
+    let mut batch = WriteBatch::new();
+    for p in partitions {
+        for c in clusterings {
+            batch.put(Key::new(p, c), p);
+        }
+    }
+    must("write", store.write(&batch));
+    for p in partitions {
+        for order in [Order::Ascending, Order::Descending] {
+            let got = must(
+                "scan",
+                scan_all(
+                    &store,
+                    p,
+                    Bound::Unbounded,
+                    Bound::Unbounded,
+                    order,
+                    usize::MAX,
+                ),
+            );
+            let mut expected: Vec<(Vec<u8>, Vec<u8>)> = clusterings
+                .iter()
+                .map(|c| (c.to_vec(), p.to_vec()))
+                .collect();
+            expected.sort();
+            if order == Order::Descending {
+                expected.reverse();
+            }
+            assert_eq!(got, expected, "scan of partition {p:?} {order:?}");
+        }
+    }
+}
+
+/// A batch whose insert-if-absent item finds its key present fails with a conflict naming
+/// that item and key, and writes none of its items, in any partition.
+///
+/// # Panics
+///
+/// When the conflict is not reported or part of the batch is visible.
+pub fn conflicting_batch_writes_nothing<S: KvStore>(mut fresh: impl FnMut() -> S) {
+    let store = fresh();
+    must(
+        "insert",
+        store.insert_if_absent(Key::new(b"wlog", &be(7)), b"taken"),
+    );
+    must("put", store.put(Key::new(b"checkpoint", b""), b"old"));
+    let mut batch = WriteBatch::new();
+    batch
+        .put(Key::new(b"checkpoint", b""), b"new")
+        .insert_if_absent(Key::new(b"plog", &be(1)), b"event")
+        .delete(Key::new(b"wlog", &be(7)))
+        .insert_if_absent(Key::new(b"wlog", &be(8)), b"mine")
+        .insert_if_absent(Key::new(b"records", &be(1)), b"record");
+    // Deleting and re-inserting inside the batch is fine; the conflict is elsewhere.
+    batch.insert_if_absent(Key::new(b"wlog", &be(7)), b"again");
+    batch.insert_if_absent(Key::new(b"wlog", &be(8)), b"twice");
+    match store.write(&batch) {
+        Err(WriteError::Conflict { index, key }) => {
+            assert_eq!(
+                index, 6,
+                "the first conflicting item is the second insert of wlog 8"
+            );
+            assert_eq!(key.as_key(), Key::new(b"wlog", &be(8)));
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(
+        must("get", store.get(Key::new(b"checkpoint", b""))),
+        Some(b"old".to_vec())
+    );
+    assert_eq!(
+        must("get", store.get(Key::new(b"wlog", &be(7)))),
+        Some(b"taken".to_vec())
+    );
+    for key in [
+        Key::new(b"plog", &be(1)),
+        Key::new(b"wlog", &be(8)),
+        Key::new(b"records", &be(1)),
+    ] {
+        assert_eq!(
+            must("get", store.get(key)),
+            None,
+            "{key} was written by a failed batch"
+        );
+    }
+    // The conflict-free part alone goes through.
+    let mut batch = WriteBatch::new();
+    batch
+        .insert_if_absent(Key::new(b"plog", &be(1)), b"event")
+        .insert_if_absent(Key::new(b"wlog", &be(8)), b"mine");
+    must("write", store.write(&batch));
+    assert_eq!(
+        must("get", store.get(Key::new(b"plog", &be(1)))),
+        Some(b"event".to_vec())
+    );
+    // One-key insert-if-absent conflicts too.
+    assert!(matches!(
+        store.insert_if_absent(Key::new(b"plog", &be(1)), b"other"),
+        Err(WriteError::Conflict { index: 0, .. })
+    ));
+}
+
+/// Items of one batch take effect in order: a later put wins over an earlier one, a delete
+/// then insert-if-absent of one key succeeds, and an empty batch is fine.
+///
+/// # Panics
+///
+/// When the final values differ.
+pub fn batch_items_take_effect_in_order<S: KvStore>(mut fresh: impl FnMut() -> S) {
+    let store = fresh();
+    must("write", store.write(&WriteBatch::new()));
+    must("put", store.put(Key::new(b"p", b"x"), b"0"));
+    let mut batch = WriteBatch::new();
+    batch
+        .put(Key::new(b"p", b"a"), b"1")
+        .put(Key::new(b"p", b"a"), b"2")
+        .delete(Key::new(b"p", b"x"))
+        .insert_if_absent(Key::new(b"p", b"x"), b"3")
+        .put(Key::new(b"p", b"gone"), b"4")
+        .delete(Key::new(b"p", b"gone"));
+    must("write", store.write(&batch));
+    let got = must(
+        "scan",
+        scan_all(
+            &store,
+            b"p",
+            Bound::Unbounded,
+            Bound::Unbounded,
+            Order::Ascending,
+            usize::MAX,
+        ),
+    );
+    assert_eq!(
+        got,
+        vec![
+            (b"a".to_vec(), b"2".to_vec()),
+            (b"x".to_vec(), b"3".to_vec())
+        ]
+    );
+    must("delete", store.delete(Key::new(b"p", b"never written")));
+}
+
+/// Compare-and-swap swaps only when the stored value (or absence) equals the expected one,
+/// reports the stored value otherwise, can create and delete, and tells an empty value from
+/// an absent key.
+///
+/// # Panics
+///
+/// On the first wrong answer.
+pub fn compare_and_swap_checks_the_stored_value<S: KvStore>(mut fresh: impl FnMut() -> S) {
+    let store = fresh();
+    let key = Key::new(b"counter", b"invoice");
+    must("create", store.compare_and_swap(key, None, Some(b"1")));
+    match store.compare_and_swap(key, None, Some(b"9")) {
+        Err(CasError::Mismatch { current }) => assert_eq!(current, Some(b"1".to_vec())),
+        other => panic!("expected a mismatch, got {other:?}"),
+    }
+    match store.compare_and_swap(key, Some(b"2"), Some(b"3")) {
+        Err(CasError::Mismatch { current }) => assert_eq!(current, Some(b"1".to_vec())),
+        other => panic!("expected a mismatch, got {other:?}"),
+    }
+    must("swap", store.compare_and_swap(key, Some(b"1"), Some(b"2")));
+    assert_eq!(must("get", store.get(key)), Some(b"2".to_vec()));
+    must(
+        "swap to empty",
+        store.compare_and_swap(key, Some(b"2"), Some(b"")),
+    );
+    match store.compare_and_swap(key, None, Some(b"x")) {
+        Err(CasError::Mismatch { current }) => assert_eq!(current, Some(Vec::new())),
+        other => panic!("an empty value is not absence; got {other:?}"),
+    }
+    must("delete", store.compare_and_swap(key, Some(b""), None));
+    assert_eq!(must("get", store.get(key)), None);
+    match store.compare_and_swap(key, Some(b""), None) {
+        Err(CasError::Mismatch { current }) => assert_eq!(current, None),
+        other => panic!("expected a mismatch on an absent key, got {other:?}"),
+    }
+    // Deleting an absent key that is expected absent is a successful no-op.
+    must("delete absent", store.compare_and_swap(key, None, None));
+}
+
+/// `get_many` answers every key, present or not, in the order asked, repeated keys included.
+///
+/// # Panics
+///
+/// When an answer is missing, extra, or out of place.
+pub fn get_many_answers_in_the_order_asked<S: KvStore>(mut fresh: impl FnMut() -> S) {
+    let store = fresh();
+    let mut batch = WriteBatch::new();
+    for n in 0..50u64 {
+        batch.put(Key::new(&be(n % 3), &be(n)), &be(n * 2));
+    }
+    must("write", store.write(&batch));
+    let wanted: Vec<u64> = vec![49, 3, 100, 3, 0, 7, 51];
+    let numbers: Vec<[u8; 8]> = wanted.iter().map(|&n| be(n)).collect();
+    let partitions: Vec<[u8; 8]> = wanted.iter().map(|&n| be(n % 3)).collect();
+    let keys: Vec<Key<'_>> = partitions
+        .iter()
+        .zip(&numbers)
+        .map(|(p, c)| Key::new(p, c))
+        .collect();
+    let got = must("get_many", store.get_many(&keys));
+    let expected: Vec<Option<Vec<u8>>> = wanted
+        .iter()
+        .map(|&n| (n < 50).then(|| be(n * 2).to_vec()))
+        .collect();
+    assert_eq!(got, expected);
+    assert!(must("get_many", store.get_many(&[])).is_empty());
+}
+
+/// Writes over a size limit fail with `TooLarge` and write nothing of their batch; a write
+/// exactly at every limit succeeds.
+///
+/// # Panics
+///
+/// When an oversized write is accepted or a limit-sized one refused.
+pub fn oversized_writes_are_rejected_whole<S: KvStore>(mut fresh: impl FnMut() -> S) {
+    let store = fresh();
+    let p = vec![7u8; limits::PARTITION_KEY_BYTES_MAX];
+    let c = vec![9u8; limits::CLUSTERING_BYTES_MAX];
+    let v = vec![1u8; limits::VALUE_BYTES_MAX];
+    must("write at the limits", store.put(Key::new(&p, &c), &v));
+    assert_eq!(
+        must("get", store.get(Key::new(&p, &c))).map(|v| v.len()),
+        Some(v.len())
+    );
+    let long_p = vec![7u8; limits::PARTITION_KEY_BYTES_MAX + 1];
+    let long_c = vec![9u8; limits::CLUSTERING_BYTES_MAX + 1];
+    let long_v = vec![1u8; limits::VALUE_BYTES_MAX + 1];
+    for (key, value) in [
+        (Key::new(&long_p, b""), &b""[..]),
+        (Key::new(b"", &long_c), &b""[..]),
+        (Key::new(b"p", b"c"), &long_v[..]),
+    ] {
+        let mut batch = WriteBatch::new();
+        batch.put(Key::new(b"ok", b"1"), b"x").put(key, value);
+        assert!(
+            matches!(
+                store.write(&batch),
+                Err(WriteError::TooLarge { index: 1, .. })
+            ),
+            "an oversized item must be refused"
+        );
+        assert_eq!(must("get", store.get(Key::new(b"ok", b"1"))), None);
+        assert!(matches!(
+            store.compare_and_swap(key, None, Some(value)),
+            Err(CasError::TooLarge { .. })
+        ));
+        assert_eq!(must("get", store.get(key)), None);
+    }
+}
+
+const THREADS: usize = 4;
+
+/// Of several threads inserting the same keys at the same time, exactly one wins each key, and
+/// the stored value is the winner's.
+///
+/// # Panics
+///
+/// When two inserts of one key both succeed or none does.
+pub fn concurrent_inserts_of_one_key_have_one_winner<S: KvStore>(mut fresh: impl FnMut() -> S) {
+    const KEYS: u64 = 50;
+    let store = Arc::new(fresh());
+    let start = Arc::new(Barrier::new(THREADS));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|thread| {
+            let (store, start) = (Arc::clone(&store), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                let mut won = Vec::new();
+                for n in 0..KEYS {
+                    let mut batch = WriteBatch::new();
+                    batch
+                        .insert_if_absent(Key::new(b"plog", &be(n)), &[thread as u8])
+                        .insert_if_absent(Key::new(b"wlog", &be(n)), &[thread as u8]);
+                    match store.write(&batch) {
+                        Ok(()) => won.push(n),
+                        Err(WriteError::Conflict { .. }) => {}
+                        Err(other) => panic!("insert failed: {other}"),
+                    }
+                }
+                won
+            })
+        })
+        .collect();
+    let mut winners = BTreeMap::new();
+    for (thread, handle) in threads.into_iter().enumerate() {
+        for n in handle.join().expect("inserting thread panicked") {
+            assert!(
+                winners.insert(n, thread).is_none(),
+                "key {n} was inserted twice"
+            );
+        }
+    }
+    assert_eq!(
+        winners.len() as u64,
+        KEYS,
+        "some key was inserted by nobody"
+    );
+    for (n, thread) in winners {
+        for p in [&b"plog"[..], b"wlog"] {
+            assert_eq!(
+                must("get", store.get(Key::new(p, &be(n)))),
+                Some(vec![thread as u8])
+            );
+        }
+    }
+}
+
+/// Threads incrementing one counter by compare-and-swap, retrying on mismatch, lose no
+/// increment.
+///
+/// # Panics
+///
+/// When the final count differs from the number of successful swaps.
+pub fn concurrent_compare_and_swaps_lose_no_update<S: KvStore>(mut fresh: impl FnMut() -> S) {
+    const INCREMENTS: u64 = 50;
+    let store = Arc::new(fresh());
+    let key = Key::new(b"named", b"counter");
+    let start = Arc::new(Barrier::new(THREADS));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (store, start) = (Arc::clone(&store), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                for _ in 0..INCREMENTS {
+                    let mut current = must("get", store.get(key));
+                    loop {
+                        let next = current
+                            .as_deref()
+                            .map_or(0, |v| u64::from_be_bytes(v.try_into().expect("8 bytes")))
+                            + 1;
+                        match store.compare_and_swap(key, current.as_deref(), Some(&be(next))) {
+                            Ok(()) => break,
+                            Err(CasError::Mismatch { current: stored }) => current = stored,
+                            Err(other) => panic!("compare-and-swap failed: {other}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for handle in threads {
+        handle.join().expect("incrementing thread panicked");
+    }
+    assert_eq!(
+        must("get", store.get(key)),
+        Some(be(INCREMENTS * THREADS as u64).to_vec())
+    );
+}

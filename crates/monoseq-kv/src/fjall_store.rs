@@ -1,0 +1,309 @@
+//! [`FjallStore`]: the embedded backend on fjall (an LSM-tree with a write-ahead journal).
+//! Owns the mapping of the contract onto one fjall keyspace: keys laid out by
+//! [`crate::encoding`], writes serialised by one lock so that conditions are checked and the
+//! batch committed with no write in between, and flushing per [`Durability`].
+
+use std::ops::{Bound, ControlFlow};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+
+use crate::batch::{Op, WriteBatch, first_conflict};
+use crate::encoding;
+use crate::error::{CasError, KvError, OpenError, WriteError};
+use crate::group_commit::{Commits, Flusher, Tick};
+use crate::key::{Key, limits};
+use crate::memory::is_empty_range;
+use crate::options::{Durability, Options};
+use crate::store::{KvStore, Order, Visitor};
+
+const KEYSPACE: &str = "kv";
+
+/// The fjall embedded backend. Its data directory is locked while it is open.
+///
+/// # Example
+///
+/// ```
+/// use monoseq_kv::{FjallStore, Key, KvStore, Options};
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = FjallStore::open(dir.path(), Options::default())?;
+/// store.put(Key::new(b"p", b"a"), b"1")?;
+/// drop(store);
+/// let store = FjallStore::open(dir.path(), Options::default())?;
+/// assert_eq!(store.get(Key::new(b"p", b"a"))?, Some(b"1".to_vec()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct FjallStore {
+    inner: Arc<Inner>,
+    /// Declared after `inner` uses it: stopped first on drop.
+    flusher: Option<Flusher>,
+}
+
+struct Inner {
+    db: Database,
+    kv: Keyspace,
+    durability: Durability,
+    /// Serialises writes: conditions are checked and the batch committed under it.
+    write_lock: Mutex<()>,
+    commits: Commits,
+}
+
+impl std::fmt::Debug for FjallStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FjallStore")
+            .field("durability", &self.inner.durability)
+            .finish_non_exhaustive()
+    }
+}
+
+fn fault(context: &'static str, error: fjall::Error) -> KvError {
+    match error {
+        fjall::Error::Io(source) => KvError::Io { context, source },
+        fjall::Error::Poisoned => KvError::Poisoned,
+        other => KvError::backend(format!("fjall failed while {context}"), FjallError(other)),
+    }
+}
+
+/// fjall's error, carried as a source.
+#[derive(Debug)]
+struct FjallError(fjall::Error);
+
+impl std::fmt::Display for FjallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for FjallError {}
+
+impl FjallStore {
+    /// Opens (creating if needed) the store in directory `path`, recovering after a crash.
+    ///
+    /// # Errors
+    ///
+    /// - [`OpenError::Locked`] when another store (in this or another process) has it open.
+    /// - [`OpenError::InvalidOption`] when `options` are out of range.
+    /// - [`OpenError::Storage`] when the directory cannot be read, created or recovered.
+    pub fn open(path: impl AsRef<Path>, options: Options) -> Result<FjallStore, OpenError> {
+        let path = path.as_ref();
+        options.validate()?;
+        let storage = |source: KvError| OpenError::Storage {
+            path: PathBuf::from(path),
+            source,
+        };
+        let db = Database::builder(path)
+            .cache_size(options.cache_bytes)
+            .open()
+            .map_err(|error| match error {
+                fjall::Error::Locked => OpenError::Locked {
+                    path: PathBuf::from(path),
+                },
+                other => storage(fault("opening the database", other)),
+            })?;
+        let kv = db
+            .keyspace(KEYSPACE, KeyspaceCreateOptions::default)
+            .map_err(|error| storage(fault("opening the keyspace", error)))?;
+        let inner = Arc::new(Inner {
+            db,
+            kv,
+            durability: options.durability,
+            write_lock: Mutex::new(()),
+            commits: Commits::default(),
+        });
+        let flusher = match options.durability {
+            Durability::GroupCommit { max_delay } => {
+                let worker = Arc::clone(&inner);
+                let flusher = Flusher::spawn("monoseq-kv-flush", max_delay, move || {
+                    if worker.commits.dirty() && worker.sync_now().is_err() {
+                        // Poisoned: every later call reports it.
+                        return Tick::Stop;
+                    }
+                    Tick::Continue
+                })
+                .map_err(|source| {
+                    storage(KvError::Io {
+                        context: "starting the flusher thread",
+                        source,
+                    })
+                })?;
+                Some(flusher)
+            }
+            Durability::Sync | Durability::Manual => None,
+        };
+        Ok(FjallStore { inner, flusher })
+    }
+}
+
+impl Inner {
+    fn sync_now(&self) -> Result<(), KvError> {
+        self.commits.sync(|| {
+            self.db
+                .persist(PersistMode::SyncData)
+                .map_err(|error| fault("flushing the journal", error))
+        })
+    }
+
+    fn get(&self, key: Key<'_>, buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>, KvError> {
+        if !encoding::storable(key.partition) {
+            return Ok(None);
+        }
+        encoding::encode_into(key, buf);
+        let value = self
+            .kv
+            .get(&buf[..])
+            .map_err(|error| fault("reading a key", error))?;
+        Ok(value.map(|value| value.to_vec()))
+    }
+
+    fn contains(&self, key: Key<'_>, buf: &mut Vec<u8>) -> Result<bool, KvError> {
+        if !encoding::storable(key.partition) {
+            return Ok(false);
+        }
+        encoding::encode_into(key, buf);
+        self.kv
+            .contains_key(&buf[..])
+            .map_err(|error| fault("reading a key", error))
+    }
+
+    /// Commits `items` as one fjall batch with the configured durability. Caller holds the
+    /// write lock.
+    fn commit<'a>(
+        &self,
+        items: impl Iterator<Item = (Op, Key<'a>, &'a [u8])>,
+    ) -> Result<(), KvError> {
+        self.commits.check()?;
+        let mut batch = self.db.batch();
+        if self.durability == Durability::Sync {
+            batch = batch.durability(Some(PersistMode::SyncData));
+        }
+        for (op, key, value) in items {
+            let encoded = encoding::encode(key);
+            match op {
+                Op::Put | Op::InsertIfAbsent => batch.insert(&self.kv, encoded, value),
+                Op::Delete => batch.remove(&self.kv, encoded),
+            }
+        }
+        batch
+            .commit()
+            .map_err(|error| fault("committing a batch", error))?;
+        self.commits.acknowledged();
+        Ok(())
+    }
+}
+
+impl KvStore for FjallStore {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.inner.get(key, &mut Vec::new())
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        let mut buf = Vec::new();
+        keys.iter()
+            .map(|&key| self.inner.get(key, &mut buf))
+            .collect()
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        if !encoding::storable(partition) || is_empty_range(from, to) {
+            return Ok(());
+        }
+        let range = self.inner.kv.range(encoding::range(partition, from, to));
+        let mut step = |guard: fjall::Guard| -> Result<ControlFlow<()>, KvError> {
+            let (key, value) = guard
+                .into_inner()
+                .map_err(|error| fault("scanning a partition", error))?;
+            Ok(visit(encoding::clustering(partition, &key), &value))
+        };
+        match order {
+            Order::Ascending => {
+                for guard in range {
+                    if step(guard)?.is_break() {
+                        break;
+                    }
+                }
+            }
+            Order::Descending => {
+                for guard in range.rev() {
+                    if step(guard)?.is_break() {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+        batch.check_limits()?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let _writer = self
+            .inner
+            .write_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut buf = Vec::new();
+        if let Some(index) = first_conflict(batch, |key| self.inner.contains(key, &mut buf))? {
+            let key = batch.get(index).map(|item| item.key.to_owned());
+            return Err(WriteError::Conflict {
+                index,
+                key: key.unwrap_or_default(),
+            });
+        }
+        self.inner
+            .commit(batch.iter().map(|item| (item.op, item.key, item.value)))?;
+        Ok(())
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        if let Some((what, len, max)) = limits::exceeded(key, new.unwrap_or_default()) {
+            return Err(CasError::TooLarge { what, len, max });
+        }
+        let _writer = self
+            .inner
+            .write_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let current = self.inner.get(key, &mut Vec::new())?;
+        if current.as_deref() != expected {
+            return Err(CasError::Mismatch { current });
+        }
+        let item = match new {
+            Some(value) => (Op::Put, key, value),
+            None => (Op::Delete, key, &[][..]),
+        };
+        self.inner.commit(std::iter::once(item))?;
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), KvError> {
+        match self.inner.durability {
+            Durability::Sync => self.inner.commits.check(),
+            Durability::GroupCommit { .. } | Durability::Manual => self.inner.sync_now(),
+        }
+    }
+}
+
+impl Drop for FjallStore {
+    fn drop(&mut self) {
+        drop(self.flusher.take());
+        // Best effort: a failure here is reported by the next open's recovery, not lost
+        // silently (fjall recovers the journal up to its last intact batch).
+        let _ = self.sync();
+    }
+}

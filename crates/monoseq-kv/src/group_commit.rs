@@ -1,0 +1,124 @@
+//! Flush bookkeeping shared by the embedded backends: [`Commits`] counts acknowledged writes
+//! and flushes, lets concurrent `sync` callers share one flush, and poisons the store after a
+//! failed flush; [`Flusher`] is the background worker of [`Durability::GroupCommit`].
+//!
+//! [`Durability::GroupCommit`]: crate::Durability::GroupCommit
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::{Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::KvError;
+
+/// Counts writes and flushes of one store.
+#[derive(Debug, Default)]
+pub(crate) struct Commits {
+    /// Writes acknowledged so far.
+    acked: AtomicU64,
+    /// Writes covered by the last successful flush; the lock serialises flushes.
+    flushed: Mutex<u64>,
+    /// Set by a failed flush: after it nothing is known about what reached the disk.
+    poisoned: AtomicBool,
+}
+
+impl Commits {
+    /// Fails when an earlier flush failed.
+    pub(crate) fn check(&self) -> Result<(), KvError> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(KvError::Poisoned);
+        }
+        Ok(())
+    }
+
+    /// Records one more acknowledged write (call after it is visible).
+    pub(crate) fn acknowledged(&self) {
+        self.acked.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Whether some acknowledged write is not flushed yet.
+    pub(crate) fn dirty(&self) -> bool {
+        let flushed = *self.flushed.lock().unwrap_or_else(PoisonError::into_inner);
+        self.acked.load(Ordering::Acquire) > flushed
+    }
+
+    /// Makes every write acknowledged before the call durable with `flush`, unless a flush
+    /// that started after them already did. A failed flush poisons.
+    pub(crate) fn sync(&self, flush: impl FnOnce() -> Result<(), KvError>) -> Result<(), KvError> {
+        self.check()?;
+        let target = self.acked.load(Ordering::Acquire);
+        let mut flushed = self.flushed.lock().unwrap_or_else(PoisonError::into_inner);
+        if *flushed >= target {
+            return Ok(());
+        }
+        self.check()?;
+        // Every write counted here was visible before the flush starts, so the flush covers it.
+        let covered = self.acked.load(Ordering::Acquire);
+        match flush() {
+            Ok(()) => {
+                *flushed = covered;
+                Ok(())
+            }
+            Err(error) => {
+                self.poisoned.store(true, Ordering::Release);
+                Err(error)
+            }
+        }
+    }
+}
+
+/// What a worker does after one tick.
+pub(crate) enum Tick {
+    Continue,
+    Stop,
+}
+
+enum Message {
+    Stop,
+}
+
+/// A named background thread that calls `tick` every interval until stopped.
+#[derive(Debug)]
+pub(crate) struct Flusher {
+    messages: SyncSender<Message>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Flusher {
+    pub(crate) fn spawn(
+        name: &str,
+        interval: Duration,
+        mut tick: impl FnMut() -> Tick + Send + 'static,
+    ) -> std::io::Result<Flusher> {
+        let (messages, inbox) = sync_channel::<Message>(1);
+        let thread = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                loop {
+                    match inbox.recv_timeout(interval) {
+                        Err(RecvTimeoutError::Timeout) => {
+                            if let Tick::Stop = tick() {
+                                return;
+                            }
+                        }
+                        Ok(Message::Stop) | Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+            })?;
+        Ok(Flusher {
+            messages,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        // A full channel means a stop is already queued; a closed one, that the thread ended.
+        let _ = self.messages.try_send(Message::Stop);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
