@@ -1,0 +1,230 @@
+//! Event store reads and record updates: events by PLog offset, WLog ranges, records by ID,
+//! field merging of updates inside and across groups, and data written by format version 1.
+
+use std::sync::Arc;
+
+use monoseq_core::{PLogOffset, WsId, WsKind};
+use monoseq_kv::{KvStore, MemoryStore};
+use monoseq_store::{
+    AppId, AppendError, ArgObject, Event, EventStore, Field, PartitionId, Record, RecordId,
+    RecordKind, TrustLevel, WLogOffset,
+};
+
+const P: PartitionId = PartitionId(3);
+
+fn store() -> EventStore<Arc<MemoryStore>> {
+    EventStore::new(Arc::new(MemoryStore::new()), AppId(9), TrustLevel::Level0)
+}
+
+fn event(plog: u64, ws: u64, wlog: u64) -> Event {
+    Event {
+        plog_offset: PLogOffset(plog),
+        ws: WsId(ws),
+        ws_kind: WsKind(1),
+        wlog_offset: WLogOffset(wlog),
+        registered_at_ms: 42,
+        command: "app.Cmd".into(),
+        argument: None,
+        created: vec![],
+        updated: vec![],
+    }
+}
+
+fn record(id: u64, fields: &[(&str, &str)]) -> Record {
+    Record {
+        id: RecordId(id),
+        kind: RecordKind::CDoc,
+        name: "app.Doc".into(),
+        fields: fields
+            .iter()
+            .map(|(n, v)| Field::new(*n, v.as_bytes().to_vec()))
+            .collect(),
+    }
+}
+
+#[test]
+fn events_read_back_by_plog_offset_and_by_wlog_range() {
+    let s = store();
+    let events = vec![
+        event(1, 10, 1),
+        event(2, 20, 1),
+        event(3, 10, 2),
+        event(4, 10, 3),
+    ];
+    s.append(P, &events[..2]).unwrap();
+    s.append(P, &events[2..]).unwrap();
+    for e in &events {
+        assert_eq!(s.read_event(P, e.plog_offset).unwrap().as_ref(), Some(e));
+    }
+    assert_eq!(s.read_event(P, PLogOffset(5)).unwrap(), None);
+    assert_eq!(s.read_event(PartitionId(4), PLogOffset(1)).unwrap(), None);
+    let wlog = s.read_wlog(WsId(10), WLogOffset(2), 10).unwrap();
+    assert_eq!(wlog, vec![events[2].clone(), events[3].clone()]);
+    assert_eq!(
+        s.read_wlog(WsId(10), WLogOffset(1), 1).unwrap(),
+        vec![events[0].clone()]
+    );
+    assert!(s.read_wlog(WsId(30), WLogOffset(1), 10).unwrap().is_empty());
+}
+
+#[test]
+fn updates_merge_fields_into_the_stored_record() {
+    let s = store();
+    let mut e1 = event(1, 10, 1);
+    e1.created = vec![record(500, &[("a", "1"), ("b", "2")])];
+    s.append(P, &[e1]).unwrap();
+    let mut e2 = event(2, 10, 2);
+    e2.updated = vec![record(500, &[("b", "20"), ("c", "30")])];
+    s.append(P, &[e2.clone()]).unwrap();
+    assert_eq!(
+        s.read_record(WsId(10), RecordId(500)).unwrap(),
+        Some(record(500, &[("a", "1"), ("b", "20"), ("c", "30")]))
+    );
+    // The event keeps the update as written (only the changed fields).
+    assert_eq!(s.read_event(P, PLogOffset(2)).unwrap(), Some(e2));
+}
+
+#[test]
+fn a_record_created_and_updated_in_one_group_ends_merged() {
+    let s = store();
+    let mut e1 = event(1, 10, 1);
+    e1.created = vec![record(7, &[("a", "1")])];
+    let mut e2 = event(2, 10, 2);
+    e2.updated = vec![record(7, &[("a", "2")])];
+    let mut e3 = event(3, 10, 3);
+    e3.updated = vec![record(7, &[("z", "9")])];
+    s.append(P, &[e1, e2, e3]).unwrap();
+    assert_eq!(
+        s.read_record(WsId(10), RecordId(7)).unwrap(),
+        Some(record(7, &[("a", "2"), ("z", "9")]))
+    );
+}
+
+#[test]
+fn updating_an_unknown_record_writes_nothing() {
+    let s = store();
+    let mut e = event(1, 10, 1);
+    e.updated = vec![record(404, &[("a", "1")])];
+    let err = s.append(P, &[e]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AppendError::UnknownRecord {
+                event_index: 0,
+                id: RecordId(404),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("create the record first"));
+    assert_eq!(s.read_event(P, PLogOffset(1)).unwrap(), None);
+}
+
+#[test]
+fn an_invalid_argument_is_refused_before_anything_is_written() {
+    let s = store();
+    let mut e = event(1, 10, 1);
+    e.argument = Some(ArgObject {
+        id: RecordId(1),
+        kind: RecordKind::CDoc,
+        name: "app.Bad".into(),
+        fields: vec![],
+        children: vec![],
+    });
+    let err = s.append(P, &[event(2, 11, 1), e]).unwrap_err();
+    assert!(
+        matches!(err, AppendError::Encode { event_index: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(s.read_event(P, PLogOffset(2)).unwrap(), None);
+}
+
+#[test]
+fn an_oversized_event_is_refused_with_its_index() {
+    let s = store();
+    let mut e = event(1, 10, 1);
+    e.created = vec![record(1, &[])];
+    e.created[0].fields = vec![Field::new(
+        "blob",
+        vec![0u8; monoseq_kv::limits::VALUE_BYTES_MAX],
+    )];
+    let err = s.append(P, &[e]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AppendError::Encode { event_index: 0, .. }
+                | AppendError::TooLarge { event_index: 0, .. }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_misplaced_event_is_reported() {
+    let kv = Arc::new(MemoryStore::new());
+    let s = EventStore::new(Arc::clone(&kv), AppId(9), TrustLevel::Level0);
+    let bytes = event(5, 10, 1).encode().unwrap();
+    kv.put(s.plog_key(P, PLogOffset(1)).as_key(), &bytes)
+        .unwrap();
+    let err = s.read_event(P, PLogOffset(1)).unwrap_err();
+    assert!(err.to_string().contains("offset 5"), "{err}");
+}
+
+/// An event written by format version 1, kept as bytes: every later version must still read it.
+const EVENT_V1: &str = include_str!("fixtures/event_v1.hex");
+
+fn fixture_event() -> Event {
+    Event {
+        plog_offset: PLogOffset(42),
+        ws: WsId(140_737_488_355_328),
+        ws_kind: WsKind(7),
+        wlog_offset: WLogOffset(9),
+        registered_at_ms: 1_767_225_600_000,
+        command: "app.MakeOrder".into(),
+        argument: Some(ArgObject {
+            id: RecordId(322_680_000_131_072),
+            kind: RecordKind::ODoc,
+            name: "app.Order".into(),
+            fields: vec![Field::new("customer", br#""Ann""#.to_vec())],
+            children: vec![ArgObject {
+                id: RecordId(322_680_000_131_073),
+                kind: RecordKind::ORecord,
+                name: "app.Line".into(),
+                fields: vec![Field::new("qty", b"2".to_vec())],
+                children: vec![],
+            }],
+        }),
+        created: vec![Record {
+            id: RecordId(322_685_000_131_072),
+            kind: RecordKind::CDoc,
+            name: "app.Customer".into(),
+            fields: vec![Field::new("name", br#""Ann""#.to_vec())],
+        }],
+        updated: vec![Record {
+            id: RecordId(322_680_000_131_000),
+            kind: RecordKind::WDoc,
+            name: "app.Stock".into(),
+            fields: vec![Field::new("left", b"3".to_vec())],
+        }],
+    }
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    let s: String = s.split_whitespace().collect();
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn an_event_written_by_format_version_1_still_decodes() {
+    let bytes = unhex(EVENT_V1);
+    assert_eq!(Event::decode(&bytes).unwrap(), fixture_event());
+    assert_eq!(
+        fixture_event().encode().unwrap(),
+        bytes,
+        "version 1 encoding changed"
+    );
+}

@@ -1,0 +1,361 @@
+//! The PLog-backed sequence storage: its obligations as the core's `SeqStorage` trait states
+//! them, the sequencer running on it unchanged, built-in initial values, the #688 rule, and a
+//! restart that replays only the tail after the checkpoint.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use common::{APP, Command, Cp, KIND, PARTITION, WS};
+use monoseq_core::{
+    Number, PLogOffset, ReplayEnd, SeqId, SeqStorage, SeqValue, Start, WsId, WsKind,
+};
+use monoseq_kv::{KvStore, MemoryStore};
+use monoseq_store::{
+    CRECORD_ID_SEQUENCE, Event, EventStore, OWRECORD_ID_SEQUENCE, PLOG_OFFSET_SEQUENCE,
+    PartitionId, Record, RecordId, RecordKind, TrustLevel, WLOG_OFFSET_SEQUENCE, WLogOffset,
+};
+
+fn replay_all<S: SeqStorage>(s: &S, from: PLogOffset) -> Vec<(PLogOffset, WsKind, Vec<SeqValue>)> {
+    let mut seen = Vec::new();
+    let end = s
+        .replay_plog(from, &mut |e| {
+            seen.push((e.offset, e.ws_kind, e.values.to_vec()));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(end, ReplayEnd::Completed);
+    seen
+}
+
+fn raw_event(plog: u64, ws: u64, wlog: u64, created: &[(RecordKind, u64)]) -> Event {
+    Event {
+        plog_offset: PLogOffset(plog),
+        ws: WsId(ws),
+        ws_kind: KIND,
+        wlog_offset: WLogOffset(wlog),
+        registered_at_ms: 0,
+        command: "app.Cmd".into(),
+        argument: None,
+        created: created
+            .iter()
+            .map(|&(kind, id)| Record {
+                id: RecordId(id),
+                kind,
+                name: "app.Doc".into(),
+                fields: vec![],
+            })
+            .collect(),
+        updated: vec![],
+    }
+}
+
+#[test]
+fn empty_storage_reads_first_offset_and_zero_numbers() {
+    let store = EventStore::new(Arc::new(MemoryStore::new()), APP, TrustLevel::Level0);
+    let s = store.seq_storage(PARTITION);
+    assert_eq!(s.read_next_plog_offset().unwrap(), PLogOffset::FIRST);
+    let mut out = [Number(9); 3];
+    s.read_numbers(WS, &[SeqId(2), SeqId(3), SeqId(4)], &mut out)
+        .unwrap();
+    assert_eq!(out, [Number(0); 3]);
+    assert!(replay_all(&s, PLogOffset::FIRST).is_empty());
+}
+
+#[test]
+fn values_and_checkpoint_read_back_per_workspace_and_partition() {
+    let kv = Arc::new(MemoryStore::new());
+    let store = EventStore::new(Arc::clone(&kv), APP, TrustLevel::Level0);
+    let p0 = store.seq_storage(PartitionId(0));
+    let p1 = store.seq_storage(PartitionId(1));
+    p0.write_values_and_next_plog_offset(
+        &[
+            SeqValue::new(WsId(1), SeqId(2), Number(5)),
+            SeqValue::new(WsId(1), SeqId(4), Number(322_680_000_131_080)),
+            SeqValue::new(WsId(2), SeqId(2), Number(7)),
+        ],
+        PLogOffset(13),
+    )
+    .unwrap();
+    assert_eq!(p0.read_next_plog_offset().unwrap(), PLogOffset(13));
+    assert_eq!(p1.read_next_plog_offset().unwrap(), PLogOffset::FIRST);
+    let mut out = [Number(0); 3];
+    p0.read_numbers(WsId(1), &[SeqId(4), SeqId(3), SeqId(2)], &mut out)
+        .unwrap();
+    assert_eq!(out, [Number(322_680_000_131_080), Number(0), Number(5)]);
+    // Numbers belong to the workspace, not the partition; another application sees none.
+    let mut one = [Number(0)];
+    p1.read_numbers(WsId(2), &[SeqId(2)], &mut one).unwrap();
+    assert_eq!(one, [Number(7)]);
+    let other_app = EventStore::new(Arc::clone(&kv), monoseq_store::AppId(2), TrustLevel::Level0)
+        .seq_storage(PartitionId(0));
+    other_app
+        .read_numbers(WsId(2), &[SeqId(2)], &mut one)
+        .unwrap();
+    assert_eq!(one, [Number(0)]);
+    assert_eq!(
+        other_app.read_next_plog_offset().unwrap(),
+        PLogOffset::FIRST
+    );
+}
+
+#[test]
+fn replay_passes_each_event_from_the_offset_with_its_numbers() {
+    let store = EventStore::new(Arc::new(MemoryStore::new()), APP, TrustLevel::Level0);
+    let events: Vec<Event> = (1..=5)
+        .map(|i| {
+            raw_event(
+                i,
+                100 + i % 2,
+                i.div_ceil(2),
+                &[(RecordKind::CRecord, 322_685_000_131_071 + i)],
+            )
+        })
+        .collect();
+    store.append(PARTITION, &events).unwrap();
+    let s = store.seq_storage(PARTITION);
+    let seen = replay_all(&s, PLogOffset(3));
+    assert_eq!(seen.len(), 3);
+    for ((offset, kind, values), e) in seen.iter().zip(&events[2..]) {
+        assert_eq!(*offset, e.plog_offset);
+        assert_eq!(*kind, KIND);
+        assert_eq!(
+            values,
+            &vec![
+                SeqValue::new(e.ws, WLOG_OFFSET_SEQUENCE.id, Number(e.wlog_offset.0)),
+                SeqValue::new(e.ws, CRECORD_ID_SEQUENCE.id, Number(e.created[0].id.0)),
+            ]
+        );
+    }
+    assert_eq!(s.replayed_events(), 3);
+}
+
+#[test]
+fn replay_crosses_log_blocks_and_stops_when_asked() {
+    let store = EventStore::new(Arc::new(MemoryStore::new()), APP, TrustLevel::Level2);
+    let n = monoseq_store::LOG_BLOCK_EVENTS * 2 + 10;
+    let events: Vec<Event> = (1..=n).map(|i| raw_event(i, 1, i, &[])).collect();
+    store.append(PARTITION, &events).unwrap();
+    let s = store.seq_storage(PARTITION);
+    let seen = replay_all(&s, PLogOffset(5));
+    assert_eq!(seen.len() as u64, n - 4);
+    assert!(seen.windows(2).all(|w| w[1].0 == w[0].0.next()));
+    assert_eq!(seen.last().unwrap().0, PLogOffset(n));
+
+    let mut count = 0;
+    let end = s
+        .replay_plog(PLogOffset::FIRST, &mut |_| {
+            count += 1;
+            if count == 5000 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+    assert_eq!((end, count), (ReplayEnd::Stopped, 5000));
+    // The WLog reads across its blocks the same way.
+    let wlog = store.read_wlog(WsId(1), WLogOffset(4000), 200).unwrap();
+    assert_eq!(wlog.len(), 200);
+    assert_eq!(wlog[199].wlog_offset, WLogOffset(4199));
+}
+
+#[test]
+fn replay_leaves_out_numbers_below_the_initial_value() {
+    // #688: a singleton or an external ID in the PLog never moves a sequence.
+    let store = EventStore::new(Arc::new(MemoryStore::new()), APP, TrustLevel::Level0);
+    store
+        .append(
+            PARTITION,
+            &[raw_event(
+                1,
+                1,
+                1,
+                &[
+                    (RecordKind::CDoc, 65_538),
+                    (RecordKind::WDoc, 322_679_999_999_999),
+                    (RecordKind::CDoc, 322_685_000_131_072),
+                ],
+            )],
+        )
+        .unwrap();
+    let seen = replay_all(&store.seq_storage(PARTITION), PLogOffset::FIRST);
+    assert_eq!(
+        seen[0].2,
+        vec![
+            SeqValue::new(WsId(1), WLOG_OFFSET_SEQUENCE.id, Number(1)),
+            SeqValue::new(WsId(1), CRECORD_ID_SEQUENCE.id, Number(322_685_000_131_072)),
+        ]
+    );
+}
+
+#[test]
+fn a_damaged_event_in_the_plog_fails_replay_with_a_clear_error() {
+    let kv = Arc::new(MemoryStore::new());
+    let store = EventStore::new(Arc::clone(&kv), APP, TrustLevel::Level0);
+    store
+        .append(
+            PARTITION,
+            &[raw_event(1, 1, 1, &[]), raw_event(2, 1, 2, &[])],
+        )
+        .unwrap();
+    kv.put(
+        store.plog_key(PARTITION, PLogOffset(2)).as_key(),
+        &[1, 2, 3],
+    )
+    .unwrap();
+    let s = store.seq_storage(PARTITION);
+    let mut passed = 0;
+    let err = s
+        .replay_plog(PLogOffset::FIRST, &mut |_| {
+            passed += 1;
+            ControlFlow::Continue(())
+        })
+        .unwrap_err();
+    assert_eq!(passed, 1);
+    assert!(err.to_string().contains("PLog offset 2"), "{err}");
+    assert!(store.read_event(PARTITION, PLogOffset(2)).is_err());
+}
+
+#[test]
+fn built_in_sequences_start_at_their_initial_values() {
+    let kv = Arc::new(MemoryStore::new());
+    let mut cp = Cp::new(&kv, TrustLevel::Level0);
+    let Start::Began(mut tx) = cp.seq.start(KIND, WS).unwrap() else {
+        panic!("busy");
+    };
+    assert_eq!(tx.plog_offset().0, PLOG_OFFSET_SEQUENCE.initial.0);
+    assert_eq!(tx.plog_offset(), PLogOffset(1));
+    assert_eq!(tx.next(WLOG_OFFSET_SEQUENCE.id).unwrap(), Number(1));
+    assert_eq!(
+        tx.next(CRECORD_ID_SEQUENCE.id).unwrap(),
+        Number(322_685_000_131_072)
+    );
+    assert_eq!(
+        tx.next(OWRECORD_ID_SEQUENCE.id).unwrap(),
+        Number(322_680_000_131_072)
+    );
+    tx.actualize();
+    // Through a whole command: a CDoc, a WDoc and an argument with two children.
+    cp.settle();
+    let e = cp.run_ok(
+        WS,
+        &Command {
+            creates: vec![RecordKind::CDoc, RecordKind::WDoc],
+            argument_children: Some(2),
+            updates: vec![],
+        },
+    );
+    assert_eq!(e.plog_offset, PLogOffset(1));
+    assert_eq!(e.wlog_offset, WLogOffset(1));
+    let arg = e.argument.as_ref().unwrap();
+    assert_eq!(arg.id, RecordId(322_680_000_131_072));
+    assert_eq!(arg.children[0].id, RecordId(322_680_000_131_073));
+    assert_eq!(arg.children[1].id, RecordId(322_680_000_131_074));
+    assert_eq!(e.created[0].id, RecordId(322_685_000_131_072));
+    assert_eq!(e.created[1].id, RecordId(322_680_000_131_075));
+}
+
+#[test]
+fn sequencer_runs_on_the_event_store_and_survives_restart() {
+    let kv = Arc::new(MemoryStore::new());
+    let mut cp = Cp::new(&kv, TrustLevel::Level0);
+    let cmd = Command {
+        creates: vec![RecordKind::CRecord, RecordKind::ORecord],
+        argument_children: Some(1),
+        updates: vec![],
+    };
+    let mut last = None;
+    for i in 0..300u64 {
+        last = Some(cp.run_ok(WsId(1 + i % 7), &cmd));
+        if i % 50 == 0 {
+            cp.settle();
+        }
+    }
+    let last = last.unwrap();
+    assert_eq!(last.plog_offset, PLogOffset(300));
+    drop(cp);
+
+    let mut cp = Cp::new(&kv, TrustLevel::Level0);
+    let e = cp.run_ok(last.ws, &cmd);
+    assert_eq!(e.plog_offset, PLogOffset(301));
+    assert_eq!(e.wlog_offset.0, last.wlog_offset.0 + 1);
+    // Numbers continue after the last ones used in that workspace.
+    assert!(e.created[0].id > last.created[0].id);
+    assert!(e.argument.as_ref().unwrap().id > last.created[1].id);
+    // Updates use no number and merge into the stored record.
+    let target = e.created[0].id;
+    let u = cp.run_ok(
+        last.ws,
+        &Command {
+            updates: vec![(
+                target,
+                RecordKind::CRecord,
+                vec![monoseq_store::Field::new("name", br#""y""#.to_vec())],
+            )],
+            ..Command::default()
+        },
+    );
+    assert_eq!(u.wlog_offset.0, e.wlog_offset.0 + 1);
+    let stored = cp.store.read_record(last.ws, target).unwrap().unwrap();
+    assert_eq!(stored.fields[0].value, br#""y""#.to_vec());
+}
+
+#[test]
+fn restart_replays_only_the_events_after_the_checkpoint() {
+    let kv = Arc::new(MemoryStore::new());
+    let mut cp = Cp::new(&kv, TrustLevel::Level0);
+    let cmd = Command::create(RecordKind::CDoc);
+    for i in 0..2_000u64 {
+        cp.run_ok(WsId(1 + i % 100), &cmd);
+        if i % 100 == 99 {
+            cp.settle();
+        }
+    }
+    // Let the checkpoint reach offset 2001, then write a tail it does not cover.
+    cp.settle();
+    assert_eq!(
+        cp.storage.read_next_plog_offset().unwrap(),
+        PLogOffset(2_001)
+    );
+    const TAIL: u64 = 37;
+    for i in 0..TAIL {
+        cp.run_ok(WsId(1 + i % 100), &cmd);
+    }
+    assert_eq!(
+        cp.storage.read_next_plog_offset().unwrap(),
+        PLogOffset(2_001)
+    );
+    drop(cp);
+
+    let mut cp = Cp::new(&kv, TrustLevel::Level0);
+    assert_eq!(cp.storage.replayed_events(), TAIL);
+    let e = cp.run_ok(WsId(1), &cmd);
+    assert_eq!(e.plog_offset, PLogOffset(2_001 + TAIL));
+    // And the checkpoint advanced right after actualization.
+    cp.settle();
+    assert_eq!(
+        cp.storage.read_next_plog_offset().unwrap(),
+        PLogOffset(2_002 + TAIL)
+    );
+}
+
+#[test]
+fn a_sequence_violation_leads_to_actualization_and_then_numbers_continue() {
+    let kv = Arc::new(MemoryStore::new());
+    let mut cp = Cp::new(&kv, TrustLevel::Level0);
+    let first = cp.run_ok(WS, &Command::create(RecordKind::CDoc));
+    cp.settle();
+    // Another writer used the next PLog offset behind the sequencer's back (with a real event).
+    let foreign = raw_event(2, 77, 1, &[]);
+    cp.store.append(PARTITION, &[foreign]).unwrap();
+    let err = cp.run(WS, &Command::create(RecordKind::CDoc)).unwrap_err();
+    assert!(err.to_string().contains("sequence violation"));
+    cp.settle();
+    // Actualization read the foreign event: the next command takes offset 3.
+    let e = cp.run_ok(WS, &Command::create(RecordKind::CDoc));
+    assert_eq!(e.plog_offset, PLogOffset(3));
+    assert_eq!(e.wlog_offset, WLogOffset(2));
+    assert_eq!(e.created[0].id.0, first.created[0].id.0 + 1);
+}
