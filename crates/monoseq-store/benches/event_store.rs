@@ -1,0 +1,229 @@
+//! Event store benchmarks: actualization straight from the embedded stores (the PLog scan
+//! alone, and the sequencer's whole actualization on top of it) with the events of one
+//! workspace and of 100 000 workspaces; durable event appends with group commit; and the
+//! decoding that replay relies on.
+//!
+//! Run: `cargo bench -p monoseq-store --bench event_store`. `MONOSEQ_BENCH_EVENTS` sets the
+//! number of events in the PLog (default 1 000 000); filters such as `-- actualize` pick
+//! groups. Throughput is printed in events per second ("elem/s").
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use monoseq_core::{
+    Number, NumberKey, PLogOffset, ReplayEnd, SeqStorage, SeqValue, Sequencer, Status, WsId, WsKind,
+};
+use monoseq_kv::{Durability, FjallStore, KvStore, Options, RedbStore};
+use monoseq_store::{
+    AppId, Event, EventStore, Field, PartitionId, Record, RecordId, RecordKind, TrustLevel,
+    WLogOffset, built_in_params, decode_numbers,
+};
+
+const APP: AppId = AppId(1);
+const PARTITION: PartitionId = PartitionId(0);
+const KIND: WsKind = WsKind(1);
+const GROUP_EVENTS: usize = 1000;
+
+fn events_in_plog() -> u64 {
+    std::env::var("MONOSEQ_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000)
+}
+
+/// A typical small command: one new CDoc with two fields (about 90 bytes encoded).
+fn event(plog: u64, ws: u64, wlog: u64, id: u64) -> Event {
+    Event {
+        plog_offset: PLogOffset(plog),
+        ws: WsId(ws),
+        ws_kind: KIND,
+        wlog_offset: WLogOffset(wlog),
+        registered_at_ms: 1_767_225_600_000 + plog,
+        command: "app.NewCustomer".into(),
+        argument: None,
+        created: vec![Record {
+            id: RecordId(id),
+            kind: RecordKind::CDoc,
+            name: "app.Customer".into(),
+            fields: vec![
+                Field::new("name", br#""Ann Example""#.to_vec()),
+                Field::new("limit", b"1000".to_vec()),
+            ],
+        }],
+        updated: vec![],
+    }
+}
+
+/// Writes `n` events spread round-robin over `workspaces` into `store`, in groups.
+fn populate<S: KvStore>(store: &EventStore<S>, n: u64, workspaces: u64) {
+    let mut group = Vec::with_capacity(GROUP_EVENTS);
+    for i in 0..n {
+        let ws = 1 + i % workspaces;
+        let k = i / workspaces; // events already in this workspace
+        group.push(event(i + 1, ws, k + 1, 322_685_000_131_072 + k));
+        if group.len() == GROUP_EVENTS {
+            store.append(PARTITION, &group).unwrap();
+            group.clear();
+        }
+    }
+    store.append(PARTITION, &group).unwrap();
+    store.sync().unwrap();
+}
+
+enum Engine {
+    Fjall,
+    Redb,
+}
+
+impl Engine {
+    fn name(&self) -> &'static str {
+        match self {
+            Engine::Fjall => "fjall",
+            Engine::Redb => "redb",
+        }
+    }
+
+    fn open(&self, dir: &std::path::Path, durability: Durability) -> Arc<dyn KvStore> {
+        let options = Options::default().durability(durability);
+        match self {
+            Engine::Fjall => Arc::new(FjallStore::open(dir, options).unwrap()),
+            Engine::Redb => Arc::new(RedbStore::open(dir, options).unwrap()),
+        }
+    }
+}
+
+fn actualize(c: &mut Criterion) {
+    let n = events_in_plog();
+    let mut g = c.benchmark_group("actualize");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(5))
+        .throughput(Throughput::Elements(n));
+    for engine in [Engine::Fjall, Engine::Redb] {
+        for workspaces in [1u64, 100_000] {
+            let dir = tempfile::tempdir().unwrap();
+            let kv = engine.open(dir.path(), Durability::Manual);
+            let store = EventStore::new(Arc::clone(&kv), APP, TrustLevel::Level2);
+            let t = Instant::now();
+            populate(&store, n, workspaces);
+            eprintln!(
+                "populated {} with {n} events over {workspaces} workspaces in {:?}",
+                engine.name(),
+                t.elapsed()
+            );
+            let id = format!("{}/{workspaces}ws", engine.name());
+
+            // The store's part: scan the PLog, decode each event's numbers, merge by maximum.
+            g.bench_function(BenchmarkId::new("replay_plog", &id), |b| {
+                let seq = store.seq_storage(PARTITION);
+                b.iter(|| {
+                    let mut max: HashMap<NumberKey, Number> = HashMap::new();
+                    let end = seq
+                        .replay_plog(PLogOffset::FIRST, &mut |e| {
+                            for v in e.values {
+                                let m = max.entry(v.key).or_insert(Number(0));
+                                *m = (*m).max(v.value);
+                            }
+                            ControlFlow::Continue(())
+                        })
+                        .unwrap();
+                    assert_eq!(end, ReplayEnd::Completed);
+                    max.len()
+                });
+            });
+
+            // The whole actualization of a new sequencer with no checkpoint: replay, merge,
+            // and writing the numbers it found (the projection is reset between iterations).
+            g.bench_function(BenchmarkId::new("sequencer", &id), |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        reset_projection(&store);
+                        let params = built_in_params([KIND]).build().unwrap();
+                        let (seq, mut worker) =
+                            Sequencer::new_manual(params, store.seq_storage(PARTITION));
+                        let t = Instant::now();
+                        while seq.status() != Status::Ready {
+                            worker.step();
+                        }
+                        total += t.elapsed();
+                        assert_eq!(
+                            seq.storage().replayed_events(),
+                            n,
+                            "replayed the whole PLog"
+                        );
+                    }
+                    total
+                });
+            });
+            drop(store);
+            drop(kv);
+        }
+    }
+    g.finish();
+}
+
+/// Resets the checkpoint so that the next actualization replays the whole PLog.
+fn reset_projection<S: KvStore + Clone>(store: &EventStore<S>) {
+    store
+        .seq_storage(PARTITION)
+        .write_values_and_next_plog_offset(&[], PLogOffset::FIRST)
+        .unwrap();
+}
+
+fn append(c: &mut Criterion) {
+    let mut g = c.benchmark_group("append_durable");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(5));
+    for engine in [Engine::Fjall, Engine::Redb] {
+        for trust in [TrustLevel::Level0, TrustLevel::Level2] {
+            for group in [1usize, 100, 1000] {
+                let dir = tempfile::tempdir().unwrap();
+                // Every write is flushed before it returns: one fsync per group.
+                let kv = engine.open(dir.path(), Durability::Sync);
+                let store = EventStore::new(kv, APP, trust);
+                let mut next = 1u64;
+                g.throughput(Throughput::Elements(group as u64));
+                let id = format!("{}/{trust:?}/group{group}", engine.name());
+                g.bench_function(BenchmarkId::new("events", id), |b| {
+                    let mut events = Vec::with_capacity(group);
+                    b.iter(|| {
+                        events.clear();
+                        for _ in 0..group {
+                            let ws = 1 + next % 1000;
+                            let k = next / 1000;
+                            events.push(event(next, ws, k + 1, 322_685_000_131_072 + k));
+                            next += 1;
+                        }
+                        store.append(PARTITION, &events).unwrap();
+                    });
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+fn decode(c: &mut Criterion) {
+    let bytes = event(1, 7, 1, 322_685_000_131_072).encode().unwrap();
+    let mut g = c.benchmark_group("decode");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function(format!("numbers/{}B", bytes.len()), |b| {
+        let mut out: Vec<SeqValue> = Vec::with_capacity(8);
+        b.iter(|| {
+            out.clear();
+            decode_numbers(std::hint::black_box(&bytes), &mut out).unwrap()
+        });
+    });
+    g.bench_function(format!("full/{}B", bytes.len()), |b| {
+        b.iter(|| Event::decode(std::hint::black_box(&bytes)).unwrap());
+    });
+    g.finish();
+}
+
+criterion_group!(benches, decode, actualize, append);
+criterion_main!(benches);
