@@ -1,0 +1,148 @@
+//! Behaviours of the embedded backends beyond the conformance suite: data survives a close and
+//! reopen in every durability mode, a data directory opens once at a time within a process,
+//! options are validated, and group commit flushes on its own.
+
+use std::ops::{Bound, ControlFlow};
+use std::path::Path;
+use std::time::Duration;
+
+use monoseq_kv::{Durability, Key, KvStore, OpenError, Options, Order, WriteBatch};
+
+type Open = fn(&Path, Options) -> Result<Box<dyn KvStore>, OpenError>;
+
+fn engines() -> Vec<(&'static str, Open)> {
+    let mut engines: Vec<(&'static str, Open)> = Vec::new();
+    #[cfg(feature = "fjall")]
+    engines.push(("fjall", |dir, options| {
+        Ok(Box::new(monoseq_kv::FjallStore::open(dir, options)?))
+    }));
+    #[cfg(feature = "redb")]
+    engines.push(("redb", |dir, options| {
+        Ok(Box::new(monoseq_kv::RedbStore::open(dir, options)?))
+    }));
+    engines
+}
+
+const MODES: [Durability; 3] = [
+    Durability::Sync,
+    Durability::GroupCommit {
+        max_delay: Duration::from_millis(5),
+    },
+    Durability::Manual,
+];
+
+fn options(durability: Durability) -> Options {
+    Options::default()
+        .durability(durability)
+        .cache_bytes(4 << 20)
+}
+
+fn count(store: &dyn KvStore, partition: &[u8]) -> usize {
+    let mut n = 0;
+    store
+        .scan(
+            partition,
+            Bound::Unbounded,
+            Bound::Unbounded,
+            Order::Ascending,
+            &mut |_, _| {
+                n += 1;
+                ControlFlow::Continue(())
+            },
+        )
+        .expect("scan");
+    n
+}
+
+#[test]
+fn data_survives_close_and_reopen_in_every_durability_mode() {
+    for (engine, open) in engines() {
+        for mode in MODES {
+            let dir = tempfile::tempdir().expect("temporary directory");
+            {
+                let store = open(dir.path(), options(mode)).expect("open");
+                let mut batch = WriteBatch::new();
+                for n in 0..500u64 {
+                    batch.put(Key::new(b"log", &n.to_be_bytes()), &[7; 50]);
+                }
+                store.write(&batch).expect("write");
+                store
+                    .delete(Key::new(b"log", &0u64.to_be_bytes()))
+                    .expect("delete");
+                store
+                    .compare_and_swap(Key::new(b"counter", b""), None, Some(b"1"))
+                    .expect("cas");
+            }
+            let store = open(dir.path(), options(mode)).expect("reopen");
+            assert_eq!(count(&*store, b"log"), 499, "{engine} {mode:?}");
+            assert_eq!(
+                store.get(Key::new(b"counter", b"")).expect("get"),
+                Some(b"1".to_vec()),
+                "{engine} {mode:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_second_open_in_the_same_process_is_locked_out() {
+    for (engine, open) in engines() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let first = open(dir.path(), options(Durability::Sync)).expect("first open");
+        match open(dir.path(), options(Durability::Sync)) {
+            Err(OpenError::Locked { path }) => assert_eq!(path, dir.path(), "{engine}"),
+            Err(other) => panic!("{engine}: expected Locked, got {other}"),
+            Ok(_) => panic!("{engine}: a data directory opened twice"),
+        }
+        drop(first);
+        open(dir.path(), options(Durability::Sync)).expect("open after close");
+    }
+}
+
+#[test]
+fn group_commit_delay_out_of_range_is_refused() {
+    for (engine, open) in engines() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        for max_delay in [Duration::ZERO, monoseq_kv::GROUP_COMMIT_DELAY_MAX * 2] {
+            let refused = open(dir.path(), options(Durability::GroupCommit { max_delay }));
+            assert!(
+                matches!(refused, Err(OpenError::InvalidOption(_))),
+                "{engine}: max_delay {max_delay:?} accepted"
+            );
+        }
+    }
+}
+
+#[test]
+fn sync_from_many_threads_at_once_succeeds() {
+    for (engine, open) in engines() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store: std::sync::Arc<dyn KvStore> = open(
+            dir.path(),
+            options(Durability::GroupCommit {
+                max_delay: Duration::from_millis(50),
+            }),
+        )
+        .expect("open")
+        .into();
+        let threads: Vec<_> = (0..4u8)
+            .map(|t| {
+                let store = std::sync::Arc::clone(&store);
+                std::thread::spawn(move || {
+                    for n in 0..20u64 {
+                        store
+                            .put(Key::new(&[t], &n.to_be_bytes()), b"v")
+                            .expect("put");
+                        store.sync().expect("sync");
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("writer");
+        }
+        for t in 0..4u8 {
+            assert_eq!(count(&*store, &[t]), 20, "{engine}");
+        }
+    }
+}
