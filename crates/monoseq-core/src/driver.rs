@@ -111,35 +111,48 @@ impl DriverHandle {
     }
 }
 
-/// Runs one step on the blocking pool. `None` when the step panicked: the worker is lost.
-async fn run_step<S: SeqStorage>(
+/// Most steps one blocking call runs back to back while the backlog stays urgent, before
+/// giving other sequencers' workers a turn.
+const STEPS_PER_CALL_MAX: usize = 64;
+
+/// Runs steps on the blocking pool: one, or more while transactions keep the backlog
+/// urgent (saves a thread hand-off per flush under load). `None` when a step panicked: the
+/// worker is lost.
+async fn run_steps<S: SeqStorage>(
     worker: Worker<S>,
+    shared: Arc<Shared<S>>,
     final_flush: bool,
 ) -> Option<(Worker<S>, Step)> {
     tokio::task::spawn_blocking(move || {
         let mut worker = worker;
-        let step = if final_flush {
+        if final_flush {
             let _ = worker.final_flush();
-            Step::Stopped
-        } else {
-            worker.step()
-        };
+            return (worker, Step::Stopped);
+        }
+        let urgent = shared.params.backlog_urgent();
+        let mut step = worker.step();
+        for _ in 1..STEPS_PER_CALL_MAX {
+            if step != Step::Idle || shared.backlog_len.load(Ordering::Acquire) < urgent {
+                break;
+            }
+            step = worker.step();
+        }
         (worker, step)
     })
     .await
     .ok()
 }
 
-async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Shared<S>) {
+async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {
     let delay = shared.params.batcher_delay;
-    let half = shared.params.backlog_values_max / 2;
+    let urgent = shared.params.backlog_urgent();
     'outer: loop {
         if shared.stop.load(Ordering::Acquire) {
             break;
         }
         let status = shared.status();
         let actualizing = matches!(status, Status::None | Status::Actualizing);
-        if !actualizing && !delay.is_zero() && shared.backlog_len.load(Ordering::Acquire) < half {
+        if !actualizing && !delay.is_zero() && shared.backlog_len.load(Ordering::Acquire) < urgent {
             // Batching window: gather more transactions, unless the backlog fills up.
             let _ = tokio::time::timeout(delay, shared.wake.notified()).await;
             if shared.stop.load(Ordering::Acquire) {
@@ -148,7 +161,7 @@ async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Shared<S>) {
         }
         loop {
             let began = Instant::now();
-            let Some((w, step)) = run_step(worker, false).await else {
+            let Some((w, step)) = run_steps(worker, Arc::clone(shared), false).await else {
                 shared.poisoned.store(true, Ordering::Release);
                 shared.finish();
                 return;
@@ -176,7 +189,7 @@ async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Shared<S>) {
     }
     // One last attempt to persist what is unflushed; `shutdown` bounds how long it may take.
     if !shared.poisoned.load(Ordering::Acquire) {
-        let _ = run_step(worker, true).await;
+        let _ = run_steps(worker, Arc::clone(shared), true).await;
     }
 }
 

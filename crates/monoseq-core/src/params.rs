@@ -174,6 +174,13 @@ impl Params {
         })
     }
 
+    /// Backlog size at which the flusher skips its batching delay and keeps flushing back to
+    /// back: a quarter of the limit, so it is running well before `start` turns busy.
+    #[inline]
+    pub(crate) fn backlog_urgent(&self) -> usize {
+        (self.backlog_values_max / 4).max(1)
+    }
+
     #[inline]
     pub(crate) fn kind(&self, kind: WsKind) -> Option<&KindSequences> {
         self.kinds.iter().find(|k| k.kind == kind)

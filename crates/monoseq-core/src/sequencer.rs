@@ -199,11 +199,15 @@ pub struct Sequencer<S: SeqStorage> {
     shared: Arc<Shared<S>>,
     driver: Option<DriverHandle>,
     cache: LruCache<WsId, WsEntry>,
-    /// The workspace of the last transaction, taken out of the cache: consecutive transactions
-    /// of one workspace touch no hash table.
-    current: Option<(WsId, WsEntry)>,
-    /// Numbers of the open transaction (a copy of `current`'s, advanced by `next`).
-    tx_numbers: Vec<Number>,
+    /// The workspace of the last transaction: consecutive transactions of one workspace touch
+    /// no hash table. Its cache entry may be stale while `current_dirty`; it is written back
+    /// before the cache is used for another workspace, so it is never evicted unsaved.
+    current: Option<(WsId, WsKind)>,
+    /// Last numbers of `current`, advanced in place by `next` (a rollback discards them).
+    current_numbers: Vec<Number>,
+    current_dirty: bool,
+    /// An evicted entry's allocation, reused for the next workspace loaded from storage.
+    spare: Option<Box<[Number]>>,
     /// Sequences `next` advanced in the open transaction, one bit per kind index.
     tx_touched: u64,
     /// Storage-read scratch.
@@ -255,7 +259,9 @@ impl<S: SeqStorage> Sequencer<S> {
             driver: None,
             cache: LruCache::new(cap),
             current: None,
-            tx_numbers: Vec::new(),
+            current_numbers: Vec::new(),
+            current_dirty: false,
+            spare: None,
             tx_touched: 0,
             read_buf: Vec::new(),
             next_offset: PLogOffset::FIRST,
@@ -293,7 +299,7 @@ impl<S: SeqStorage> Sequencer<S> {
     /// Workspaces whose numbers are in memory: the cache plus the current workspace.
     #[must_use]
     pub fn cached_workspaces(&self) -> usize {
-        self.cache.len() + usize::from(self.current.is_some())
+        self.cache.len()
     }
 
     /// The storage this sequencer works on.
@@ -341,15 +347,11 @@ impl<S: SeqStorage> Sequencer<S> {
         if self.resync {
             self.resynchronize();
         }
-        let is_current = matches!(&self.current, Some((w, e)) if *w == ws && e.kind == kind);
-        if is_current {
+        if self.current == Some((ws, kind)) {
             self.stats.hits += 1;
         } else if self.load(kind_index, ws).is_err() {
             return Ok(Start::Busy(Busy::StorageUnavailable));
         }
-        let (_, entry) = self.current.as_ref().expect("loaded above");
-        self.tx_numbers.clear();
-        self.tx_numbers.extend_from_slice(&entry.numbers);
         self.tx_touched = 0;
         self.shared.set_status(Status::InTransaction);
         Ok(Start::Began(Transaction {
@@ -408,38 +410,33 @@ impl<S: SeqStorage> Sequencer<S> {
     /// Makes `ws` the current workspace: writes the previous one back to the cache and loads
     /// the numbers of `ws` from the cache, the backlog, or storage (in that order).
     fn load(&mut self, kind_index: usize, ws: WsId) -> Result<(), ()> {
+        if let Some((old_ws, _)) = self.current.take()
+            && std::mem::take(&mut self.current_dirty)
+            && let Some(entry) = self.cache.peek_mut(&old_ws)
+        {
+            entry.numbers.copy_from_slice(&self.current_numbers);
+        }
         let sh = Arc::clone(&self.shared);
         let kind: &KindSequences = &sh.params.kinds[kind_index];
-        let mut spare = None;
-        if let Some((old_ws, old)) = self.current.take()
-            && let Some((_, evicted)) = self.cache.push(old_ws, old)
+        self.current_numbers.clear();
+        if let Some(entry) = self.cache.get(&ws)
+            && entry.kind == kind.kind
         {
-            spare = Some(evicted.numbers);
-        }
-        if let Some(entry) = self.cache.pop(&ws) {
-            if entry.kind == kind.kind {
-                self.stats.hits += 1;
-                self.current = Some((ws, entry));
-                return Ok(());
-            }
-            spare = Some(entry.numbers);
+            self.stats.hits += 1;
+            self.current_numbers.extend_from_slice(&entry.numbers);
+            self.current = Some((ws, kind.kind));
+            return Ok(());
         }
         self.stats.misses += 1;
         let n = kind.seqs.len();
-        let mut numbers = match spare {
-            Some(b) if b.len() == n => b,
-            _ => vec![Number(0); n].into_boxed_slice(),
-        };
+        self.current_numbers.resize(n, Number(0));
         let mut complete = true;
         {
             let b = sh.lock_backlog();
-            for (slot, &seq) in numbers.iter_mut().zip(&kind.seqs) {
+            for (slot, &seq) in self.current_numbers.iter_mut().zip(&kind.seqs) {
                 match b.values.get(&NumberKey { ws, seq }) {
                     Some(&v) => *slot = v,
-                    None => {
-                        *slot = Number(0);
-                        complete = false;
-                    }
+                    None => complete = false,
                 }
             }
         }
@@ -456,17 +453,25 @@ impl<S: SeqStorage> Sequencer<S> {
                 sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
                 return Err(());
             }
-            for (slot, &stored) in numbers.iter_mut().zip(&self.read_buf) {
+            for (slot, &stored) in self.current_numbers.iter_mut().zip(&self.read_buf) {
                 *slot = (*slot).max(stored);
             }
         }
-        self.current = Some((
-            ws,
-            WsEntry {
-                kind: kind.kind,
-                numbers,
-            },
-        ));
+        let numbers = match self.spare.take() {
+            Some(mut b) if b.len() == n => {
+                b.copy_from_slice(&self.current_numbers);
+                b
+            }
+            _ => self.current_numbers.clone().into_boxed_slice(),
+        };
+        let entry = WsEntry {
+            kind: kind.kind,
+            numbers,
+        };
+        if let Some((_, evicted)) = self.cache.push(ws, entry) {
+            self.spare = Some(evicted.numbers);
+        }
+        self.current = Some((ws, kind.kind));
         Ok(())
     }
 
@@ -474,7 +479,7 @@ impl<S: SeqStorage> Sequencer<S> {
         let sh = &*self.shared;
         let kind = &sh.params.kinds[kind_index];
         let next_offset = offset.next();
-        let limit_half = sh.params.backlog_values_max / 2;
+        let urgent = sh.params.backlog_urgent();
         let (before, after) = {
             let mut b = sh.lock_backlog();
             let before = b.values.len();
@@ -487,7 +492,7 @@ impl<S: SeqStorage> Sequencer<S> {
                         ws,
                         seq: kind.seqs[i],
                     },
-                    self.tx_numbers[i],
+                    self.current_numbers[i],
                 );
             }
             debug_assert!(b.next_offset == Some(offset));
@@ -496,13 +501,11 @@ impl<S: SeqStorage> Sequencer<S> {
             sh.backlog_len.store(after, Ordering::Release);
             (before, after)
         };
-        if let Some((_, entry)) = self.current.as_mut() {
-            entry.numbers.copy_from_slice(&self.tx_numbers);
-        }
+        self.current_dirty = true;
         self.next_offset = next_offset;
         sh.set_status(Status::Ready);
-        if before < limit_half && after >= limit_half {
-            // Half full: skip the batching delay.
+        if before < urgent && after >= urgent {
+            // Filling up: cut the batching delay short.
             sh.wake.notify_one();
         }
         sh.signal_flush();
@@ -511,6 +514,7 @@ impl<S: SeqStorage> Sequencer<S> {
     fn rollback(&mut self) {
         self.resync = true;
         self.current = None;
+        self.current_dirty = false;
         let sh = &*self.shared;
         sh.set_status(Status::Actualizing);
         sh.wake.notify_one();
@@ -575,7 +579,7 @@ impl<S: SeqStorage> Transaction<'_, S> {
                 seq,
             });
         };
-        let last = self.seq.tx_numbers[i];
+        let last = self.seq.current_numbers[i];
         let initial = kind.initial[i];
         let n = if last < initial {
             initial
@@ -586,7 +590,7 @@ impl<S: SeqStorage> Transaction<'_, S> {
                     .ok_or(NextError::Exhausted { ws: self.ws, seq })?,
             )
         };
-        self.seq.tx_numbers[i] = n;
+        self.seq.current_numbers[i] = n;
         self.seq.tx_touched |= 1 << i;
         Ok(n)
     }

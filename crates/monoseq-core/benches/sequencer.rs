@@ -1,0 +1,193 @@
+//! Sequencer benchmarks: (a) cycles on one hot workspace, (b) cycles over 1 000 000 workspaces
+//! rotating through the default 100 000-entry cache, (c) actualization of 1 000 000 events
+//! spread over 1, 10 000 and 1 000 000 workspaces. One cycle is start, next(WLog offset),
+//! 2 × next(record ID), flush, on the in-memory storage. A naive mutex-and-hash-map sequencer
+//! runs beside them as a same-machine baseline.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use monoseq_core::mem::MemSeqStorage;
+use monoseq_core::{
+    Number, NumberKey, PLogOffset, Params, Runtime, SeqId, SeqStorage, SeqValue, Sequencer, Start,
+    Status, Step, WsId, WsKind,
+};
+
+const KIND: WsKind = WsKind(1);
+const WLOG: SeqId = SeqId(1);
+const CREC: SeqId = SeqId(2);
+const OWREC: SeqId = SeqId(3);
+
+fn params() -> Params {
+    Params::builder()
+        .kind(
+            KIND,
+            [
+                (WLOG, Number(1)),
+                (CREC, Number(322_685_000_131_072)),
+                (OWREC, Number(322_680_000_131_072)),
+            ],
+        )
+        .build()
+        .unwrap()
+}
+
+/// One cycle; spins while the sequencer answers busy (counted).
+#[inline]
+fn cycle<S: SeqStorage>(seq: &mut Sequencer<S>, ws: WsId, busy: &mut u64) -> Number {
+    loop {
+        match seq.start(KIND, ws).unwrap() {
+            Start::Began(mut tx) => {
+                let w = tx.next(WLOG).unwrap();
+                let a = tx.next(CREC).unwrap();
+                let b = tx.next(CREC).unwrap();
+                tx.flush();
+                return Number(w.0 ^ a.0 ^ b.0);
+            }
+            Start::Busy(_) => {
+                *busy += 1;
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+fn ready<S: SeqStorage>(seq: &Sequencer<S>) {
+    assert_eq!(
+        seq.handle().wait_actualized(Duration::from_secs(600)),
+        Status::Ready
+    );
+}
+
+/// The naive baseline: every number behind one mutex in one hash map, no persistence.
+fn naive_cycle(map: &Mutex<HashMap<NumberKey, u64>>, offset: &mut u64, ws: WsId) -> u64 {
+    let mut m = map.lock().unwrap();
+    *offset += 1;
+    let mut x = *offset;
+    for seq in [WLOG, CREC, CREC] {
+        let e = m.entry(NumberKey { ws, seq }).or_insert(0);
+        *e += 1;
+        x ^= *e;
+    }
+    x
+}
+
+fn hot_workspace(c: &mut Criterion) {
+    let runtime = Runtime::new(1).unwrap();
+    let mut g = c.benchmark_group("a_hot_workspace");
+    g.throughput(Throughput::Elements(1));
+    let storage = MemSeqStorage::new();
+    let mut seq = Sequencer::new(params(), storage, &runtime);
+    ready(&seq);
+    let mut busy = 0;
+    g.bench_function("cycle", |b| {
+        b.iter(|| cycle(&mut seq, black_box(WsId(7)), &mut busy))
+    });
+    let map = Mutex::new(HashMap::new());
+    let mut offset = 0;
+    g.bench_function("naive_baseline", |b| {
+        b.iter(|| naive_cycle(&map, &mut offset, black_box(WsId(7))))
+    });
+    g.finish();
+    eprintln!("a_hot_workspace: busy answers {busy}");
+    seq.shutdown();
+}
+
+fn rotating_workspaces(c: &mut Criterion) {
+    const WORKSPACES: u64 = 1_000_000;
+    let runtime = Runtime::new(1).unwrap();
+    let mut g = c.benchmark_group("b_rotating_1m_workspaces");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(20);
+    let storage = MemSeqStorage::new();
+    let mut seq = Sequencer::new(params(), storage, &runtime);
+    ready(&seq);
+    let mut busy = 0;
+    let mut i = 0u64;
+    // Warm up: one full rotation, so storage holds every workspace and the cache is full.
+    for _ in 0..WORKSPACES {
+        cycle(&mut seq, WsId(i % WORKSPACES), &mut busy);
+        i += 1;
+    }
+    g.bench_function("cycle", |b| {
+        b.iter(|| {
+            i += 1;
+            cycle(&mut seq, WsId(i % WORKSPACES), &mut busy)
+        })
+    });
+    let map = Mutex::new(HashMap::new());
+    let mut offset = 0;
+    let mut j = 0u64;
+    g.bench_function("naive_baseline", |b| {
+        b.iter(|| {
+            j += 1;
+            naive_cycle(&map, &mut offset, WsId(j % WORKSPACES))
+        })
+    });
+    g.finish();
+    let stats = seq.cache_stats();
+    eprintln!(
+        "b_rotating_1m_workspaces: cache hits {} misses {}, busy answers {busy}",
+        stats.hits, stats.misses
+    );
+    seq.shutdown();
+}
+
+/// A PLog of `events` events, each with one WLog offset and two record IDs, spread evenly over
+/// `workspaces` workspaces.
+fn plog(events: u64, workspaces: u64) -> Arc<MemSeqStorage> {
+    let storage = MemSeqStorage::new();
+    for o in 1..=events {
+        let ws = WsId(o % workspaces);
+        let round = o / workspaces + 1;
+        storage
+            .append_event(
+                PLogOffset(o),
+                KIND,
+                &[
+                    SeqValue::new(ws, WLOG, Number(round)),
+                    SeqValue::new(ws, CREC, Number(322_685_000_131_072 + 2 * round)),
+                    SeqValue::new(ws, CREC, Number(322_685_000_131_073 + 2 * round)),
+                ],
+            )
+            .unwrap();
+    }
+    storage
+}
+
+fn actualization(c: &mut Criterion) {
+    const EVENTS: u64 = 1_000_000;
+    let mut g = c.benchmark_group("c_actualize_1m_events");
+    g.throughput(Throughput::Elements(EVENTS));
+    g.sample_size(10);
+    g.measurement_time(Duration::from_secs(20));
+    for workspaces in [1u64, 10_000, 1_000_000] {
+        let pristine = plog(EVENTS, workspaces);
+        g.bench_with_input(
+            BenchmarkId::from_parameter(workspaces),
+            &workspaces,
+            |b, _| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let storage = pristine.snapshot();
+                        let (seq, mut worker) = Sequencer::new_manual(params(), storage);
+                        let began = Instant::now();
+                        assert_eq!(worker.step(), Step::Idle);
+                        total += began.elapsed();
+                        assert_eq!(seq.status(), Status::Ready);
+                        black_box(seq);
+                    }
+                    total
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, hot_workspace, rotating_workspaces, actualization);
+criterion_main!(benches);
