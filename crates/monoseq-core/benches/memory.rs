@@ -1,5 +1,5 @@
 //! Memory benchmark: heap held by a sequencer (cache, backlog, worker buffers) while
-//! 100 000 and then 1 000 000 workspaces rotate through the default 100 000-entry cache. A
+//! 100 000, 1 000 000 and 10 000 000 workspaces rotate through the default 100 000-entry cache. A
 //! counting allocator (`allocation-counter`) measures the peak heap of the thread that owns the
 //! sequencer, where the cache and the backlog grow; the storage is a preallocated array built
 //! before measuring. The figure must stay flat as the workspace count grows 10×.
@@ -114,7 +114,7 @@ fn main() {
     // `cargo bench` passes flags such as `--bench`; this binary takes none.
     let runtime = Runtime::new(1).unwrap();
     let mut results = Vec::new();
-    for workspaces in [100_000usize, 1_000_000] {
+    for workspaces in [100_000usize, 1_000_000, 10_000_000] {
         let (peak, ns) = run(workspaces, &runtime);
         println!(
             "memory: {workspaces:>9} workspaces: sequencer peak heap {:>7.1} MiB, {ns:.0} ns/cycle",
@@ -123,7 +123,8 @@ fn main() {
         results.push(peak);
     }
     println!(
-        "memory: ratio 1 000 000 / 100 000 workspaces = {:.2}",
-        results[1] as f64 / results[0] as f64
+        "memory: ratio 1 000 000 / 100 000 workspaces = {:.2}, 10 000 000 / 1 000 000 = {:.2}",
+        results[1] as f64 / results[0] as f64,
+        results[2] as f64 / results[1] as f64
     );
 }

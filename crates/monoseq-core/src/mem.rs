@@ -3,6 +3,7 @@
 //! block, delay or fail it, and [`MemSeqStorage::snapshot`] takes the image a crash would leave.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::storage::{Batcher, ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
@@ -10,6 +11,8 @@ use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId, WsKind}
 
 /// Events copied out of the lock per replay round, so the batcher runs unlocked.
 const REPLAY_CHUNK_EVENTS: usize = 4096;
+/// Values written per lock hold when no hook is installed, so readers wait briefly.
+const WRITE_CHUNK_VALUES: usize = 64;
 
 /// A point where a hook runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +80,8 @@ struct State {
 pub struct MemSeqStorage {
     state: Mutex<State>,
     hook: RwLock<Option<Arc<Hook>>>,
+    /// A hook is installed; without one, calls skip the hook lock.
+    hooked: AtomicBool,
 }
 
 impl std::fmt::Debug for MemSeqStorage {
@@ -100,11 +105,13 @@ impl MemSeqStorage {
     /// Installs a hook that runs before every operation (replacing any earlier one).
     pub fn set_hook(&self, hook: impl Fn(Op) -> Result<(), StorageError> + Send + Sync + 'static) {
         *self.hook.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(hook));
+        self.hooked.store(true, Ordering::SeqCst);
     }
 
     /// Removes the hook: storage heals.
     pub fn clear_hook(&self) {
         *self.hook.write().unwrap_or_else(|e| e.into_inner()) = None;
+        self.hooked.store(false, Ordering::SeqCst);
     }
 
     /// Makes every operation fail with `message` until [`clear_hook`](Self::clear_hook).
@@ -196,6 +203,7 @@ impl MemSeqStorage {
         Arc::new(MemSeqStorage {
             state: Mutex::new(self.lock().clone()),
             hook: RwLock::new(None),
+            hooked: AtomicBool::new(false),
         })
     }
 
@@ -204,6 +212,9 @@ impl MemSeqStorage {
     }
 
     fn run_hook(&self, op: Op) -> Result<(), StorageError> {
+        if !self.hooked.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let hook = self.hook.read().unwrap_or_else(|e| e.into_inner()).clone();
         match hook {
             Some(h) => h(op),
@@ -241,12 +252,21 @@ impl SeqStorage for MemSeqStorage {
         values: &[SeqValue],
         next_plog_offset: PLogOffset,
     ) -> Result<(), StorageError> {
-        for (index, value) in values.iter().enumerate() {
-            self.run_hook(Op::WriteValue {
-                index,
-                value: *value,
-            })?;
-            self.lock().numbers.insert(value.key, value.value);
+        if self.hooked.load(Ordering::Acquire) {
+            for (index, value) in values.iter().enumerate() {
+                self.run_hook(Op::WriteValue {
+                    index,
+                    value: *value,
+                })?;
+                self.lock().numbers.insert(value.key, value.value);
+            }
+        } else {
+            for chunk in values.chunks(WRITE_CHUNK_VALUES) {
+                let mut st = self.lock();
+                for value in chunk {
+                    st.numbers.insert(value.key, value.value);
+                }
+            }
         }
         self.run_hook(Op::WriteCheckpoint(next_plog_offset))?;
         self.lock().checkpoint = Some(next_plog_offset);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use hashbrown::HashMap;
 use lru::LruCache;
 
 use crate::driver::{DriverHandle, Runtime};
@@ -208,6 +209,11 @@ pub struct Sequencer<S: SeqStorage> {
     current_dirty: bool,
     /// An evicted entry's allocation, reused for the next workspace loaded from storage.
     spare: Option<Box<[Number]>>,
+    /// Numbers of transactions committed before their events are durable (group commit),
+    /// latest per key; they reach the backlog at `mark_durable`, never storage before.
+    pending: HashMap<NumberKey, Number>,
+    /// The offset after the last pending transaction.
+    pending_next_offset: Option<PLogOffset>,
     /// Sequences `next` advanced in the open transaction, one bit per kind index.
     tx_touched: u64,
     /// Storage-read scratch.
@@ -262,6 +268,8 @@ impl<S: SeqStorage> Sequencer<S> {
             current_numbers: Vec::new(),
             current_dirty: false,
             spare: None,
+            pending: HashMap::new(),
+            pending_next_offset: None,
             tx_touched: 0,
             read_buf: Vec::new(),
             next_offset: PLogOffset::FIRST,
@@ -337,7 +345,8 @@ impl<S: SeqStorage> Sequencer<S> {
             Status::Finished => return Err(StartError::Poisoned),
             Status::InTransaction => unreachable!("a transaction borrows the sequencer"),
         }
-        if sh.backlog_len.load(Ordering::Acquire) > sh.params.backlog_values_max {
+        if sh.backlog_len.load(Ordering::Acquire) + self.pending.len() > sh.params.backlog_values_max
+        {
             return Ok(Start::Busy(if sh.flush_failing.load(Ordering::Acquire) {
                 Busy::StorageUnavailable
             } else {
@@ -434,9 +443,10 @@ impl<S: SeqStorage> Sequencer<S> {
         {
             let b = sh.lock_backlog();
             for (slot, &seq) in self.current_numbers.iter_mut().zip(&kind.seqs) {
-                match b.values.get(&NumberKey { ws, seq }) {
-                    Some(&v) => *slot = v,
-                    None => complete = false,
+                let key = NumberKey { ws, seq };
+                match (self.pending.get(&key), b.values.get(&key)) {
+                    (None, None) => complete = false,
+                    (p, b) => *slot = p.copied().max(b.copied()).unwrap_or_default(),
                 }
             }
         }
@@ -475,7 +485,65 @@ impl<S: SeqStorage> Sequencer<S> {
         Ok(())
     }
 
+    /// Commits the open transaction's numbers as pending: handed out, not yet durable.
+    fn commit_pending(&mut self, ws: WsId, kind_index: usize, offset: PLogOffset) {
+        let kind = &self.shared.params.kinds[kind_index];
+        let mut touched = self.tx_touched;
+        while touched != 0 {
+            let i = touched.trailing_zeros() as usize;
+            touched &= touched - 1;
+            self.pending.insert(
+                NumberKey {
+                    ws,
+                    seq: kind.seqs[i],
+                },
+                self.current_numbers[i],
+            );
+        }
+        self.current_dirty = true;
+        self.next_offset = offset.next();
+        self.pending_next_offset = Some(self.next_offset);
+        self.shared.set_status(Status::Ready);
+    }
+
+    /// Declares every pending transaction's event durable: their numbers join the backlog and
+    /// the flusher may persist them. Call it after the group's events were written durably.
+    pub fn mark_durable(&mut self) {
+        let Some(next_offset) = self.pending_next_offset.take() else {
+            return;
+        };
+        let sh = &*self.shared;
+        {
+            let mut b = sh.lock_backlog();
+            for (key, value) in self.pending.drain() {
+                b.values.insert(key, value);
+            }
+            b.next_offset = Some(next_offset);
+            sh.backlog_len.store(b.values.len(), Ordering::Release);
+        }
+        if sh.backlog_len.load(Ordering::Relaxed) >= sh.params.backlog_urgent() {
+            sh.wake.notify_one();
+        }
+        sh.signal_flush();
+    }
+
+    /// Transactions committed with [`Transaction::commit_pending`] and not yet marked durable.
+    #[must_use]
+    pub fn has_pending(&self) -> bool {
+        self.pending_next_offset.is_some()
+    }
+
+    /// Discards every pending transaction and starts actualization: the PLog decides which of
+    /// their numbers were used. Call it when writing a group of events failed. `start`
+    /// answers busy until actualization finishes.
+    pub fn actualize(&mut self) {
+        self.rollback();
+    }
+
     fn commit(&mut self, ws: WsId, kind_index: usize, offset: PLogOffset) {
+        // This event is durable, so are the pending ones before it (one PLog, written in
+        // order).
+        self.mark_durable();
         let sh = &*self.shared;
         let kind = &sh.params.kinds[kind_index];
         let next_offset = offset.next();
@@ -512,6 +580,8 @@ impl<S: SeqStorage> Sequencer<S> {
     }
 
     fn rollback(&mut self) {
+        self.pending.clear();
+        self.pending_next_offset = None;
         self.resync = true;
         self.current = None;
         self.current_dirty = false;
@@ -596,10 +666,20 @@ impl<S: SeqStorage> Transaction<'_, S> {
     }
 
     /// Commits the transaction: call it only after the event is durable in the PLog. Its
-    /// numbers and offset become the workspace's last ones; the flusher persists them.
+    /// numbers and offset become the workspace's last ones; the flusher persists them. Pending
+    /// transactions before it become durable too.
     pub fn flush(mut self) {
         self.done = true;
         self.seq.commit(self.ws, self.kind_index, self.offset);
+    }
+
+    /// Commits the transaction before its event is durable, for group commit: the next
+    /// transaction continues after its numbers and offset, but nothing of it is persisted
+    /// until [`Sequencer::mark_durable`]. If writing the group fails, call
+    /// [`Sequencer::actualize`]: the PLog then decides which numbers were used.
+    pub fn commit_pending(mut self) {
+        self.done = true;
+        self.seq.commit_pending(self.ws, self.kind_index, self.offset);
     }
 
     /// Abandons the transaction and starts actualization: the PLog decides which numbers were

@@ -45,6 +45,8 @@ struct Sim {
     seq: Option<(Sequencer<Arc<MemSeqStorage>>, Worker<Arc<MemSeqStorage>>)>,
     /// The model: every event in the PLog (committed, or written despite a reported error).
     plog: BTreeMap<PLogOffset, (WsKind, Vec<SeqValue>)>,
+    /// Events of transactions committed as pending (group commit), not yet written.
+    pending: Vec<(PLogOffset, WsKind, Vec<SeqValue>)>,
     crashes: u64,
     began: u64,
 }
@@ -73,6 +75,7 @@ impl Sim {
             faults,
             seq: None,
             plog: BTreeMap::new(),
+            pending: Vec::new(),
             crashes: 0,
             began: 0,
         };
@@ -113,6 +116,7 @@ impl Sim {
     /// happened inside a write).
     fn crash_and_restart(&mut self) {
         self.seq = None;
+        self.pending.clear();
         self.crashes += 1;
         let image = self
             .faults
@@ -136,7 +140,9 @@ impl Sim {
         let used = self
             .plog
             .values()
-            .flat_map(|(_, vs)| vs.iter())
+            .map(|(_, vs)| vs)
+            .chain(self.pending.iter().map(|(_, _, vs)| vs))
+            .flat_map(|vs| vs.iter())
             .filter(|v| v.key == key && v.value >= initial)
             .map(|v| v.value)
             .max();
@@ -144,9 +150,12 @@ impl Sim {
     }
 
     fn next_offset(&self) -> PLogOffset {
+        let last = self.pending.last().map(|p| p.0);
         self.plog
             .keys()
             .next_back()
+            .copied()
+            .max(last)
             .map_or(PLogOffset::FIRST, |o| o.next())
     }
 
@@ -242,27 +251,66 @@ impl Sim {
         }
         let offset = tx.plog_offset();
         match outcome {
-            // The event is durable: commit.
-            0..=69 => {
-                if self.storage.append_event(offset, kind, &values).is_ok() {
+            // The event (after the pending ones) is durable: commit.
+            0..=54 => {
+                if write_pending(&self.storage, &mut self.plog, &mut self.pending)
+                    && self.storage.append_event(offset, kind, &values).is_ok()
+                {
                     self.plog.insert(offset, (kind, values));
                     tx.flush();
                 } else {
+                    self.pending.clear();
                     tx.actualize();
                 }
             }
+            // Group commit: handed out now, written with the group later.
+            55..=69 => {
+                self.pending.push((offset, kind, values));
+                tx.commit_pending();
+            }
             // The write failed before reaching the PLog.
-            70..=84 => tx.actualize(),
+            70..=82 => {
+                self.pending.clear();
+                tx.actualize();
+            }
             // The write reached the PLog but the caller saw an error.
-            85..=94 => {
-                if self.storage.append_event(offset, kind, &values).is_ok() {
+            83..=94 => {
+                if write_pending(&self.storage, &mut self.plog, &mut self.pending)
+                    && self.storage.append_event(offset, kind, &values).is_ok()
+                {
                     self.plog.insert(offset, (kind, values));
                 }
+                self.pending.clear();
                 tx.actualize();
             }
             // The caller gave up without finishing.
-            _ => drop(tx),
+            _ => {
+                self.pending.clear();
+                drop(tx);
+            }
         }
+    }
+
+    /// Writes the pending group: all of it (then marks it durable), a prefix, or nothing
+    /// (then actualizes).
+    fn write_group(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let (seq, _) = self.seq.as_mut().unwrap();
+        let outcome = self.rng.random_range(0..100);
+        if outcome < 70 {
+            if write_pending(&self.storage, &mut self.plog, &mut self.pending) {
+                seq.mark_durable();
+                return;
+            }
+        } else if outcome < 85 {
+            let keep = self.rng.random_range(0..self.pending.len());
+            self.pending.truncate(keep);
+            write_pending(&self.storage, &mut self.plog, &mut self.pending);
+        }
+        self.pending.clear();
+        seq.actualize();
     }
 
     fn step_worker(&mut self) {
@@ -279,7 +327,8 @@ impl Sim {
     fn run(&mut self) {
         for _ in 0..ACTIONS_PER_SEED {
             match self.rng.random_range(0..100) {
-                0..=49 => self.transaction(),
+                0..=44 => self.transaction(),
+                45..=49 => self.write_group(),
                 50..=84 => self.step_worker(),
                 85..=89 => {
                     let f = [0, 0, 50, 300, 1000][self.rng.random_range(0..5)];
@@ -302,6 +351,7 @@ impl Sim {
         if self.faults.crashed.load(Ordering::SeqCst) {
             self.crash_and_restart();
         }
+        self.write_group();
         for _ in 0..4 {
             self.step_worker();
         }
@@ -310,6 +360,22 @@ impl Sim {
         let image = self.storage.snapshot();
         self.check_projection(&image);
     }
+}
+
+/// Appends the pending events in order, moving each to the PLog model as it lands; false on the
+/// first failure.
+fn write_pending(
+    storage: &MemSeqStorage,
+    plog: &mut BTreeMap<PLogOffset, (WsKind, Vec<SeqValue>)>,
+    pending: &mut Vec<(PLogOffset, WsKind, Vec<SeqValue>)>,
+) -> bool {
+    for (offset, kind, values) in pending.drain(..).collect::<Vec<_>>() {
+        if storage.append_event(offset, kind, &values).is_err() {
+            return false;
+        }
+        plog.insert(offset, (kind, values));
+    }
+    true
 }
 
 fn run_seed(seed: u64) -> (u64, u64) {
