@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use monoseq_core::{
-    Number, NumberKey, PLogOffset, ReplayEnd, SeqStorage, SeqValue, Sequencer, Status, WsId, WsKind,
+    Number, NumberKey, PLogOffset, ReplayEnd, SeqId, SeqStorage, SeqValue, Sequencer, Status, WsId,
+    WsKind,
 };
 use monoseq_kv::{Durability, FjallStore, KvStore, Options, RedbStore};
 use monoseq_store::{
@@ -225,5 +226,40 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, actualize, append);
+/// Reading a workspace's numbers (what a sequencer's cache miss costs) among 100 000
+/// workspaces' projections.
+fn read_numbers(c: &mut Criterion) {
+    let mut g = c.benchmark_group("read_numbers");
+    g.throughput(Throughput::Elements(1));
+    for engine in [Engine::Fjall, Engine::Redb] {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = engine.open(dir.path(), Durability::Manual);
+        let store = EventStore::new(Arc::clone(&kv), APP, TrustLevel::Level2);
+        let seq = store.seq_storage(PARTITION);
+        let ids = [SeqId(2), SeqId(3), SeqId(4)];
+        let mut values = Vec::new();
+        for ws in 1..=100_000u64 {
+            for (i, &s) in ids[..2].iter().enumerate() {
+                values.push(SeqValue::new(WsId(ws), s, Number(ws + i as u64)));
+            }
+            if values.len() >= 10_000 {
+                seq.write_values_and_next_plog_offset(&values, PLogOffset(2))
+                    .unwrap();
+                values.clear();
+            }
+        }
+        kv.sync().unwrap();
+        let mut ws = 0u64;
+        let mut out = [Number(0); 3];
+        g.bench_function(engine.name(), |b| {
+            b.iter(|| {
+                ws = ws * 6_364_136_223_846_793_005 % 100_000 + 1;
+                seq.read_numbers(WsId(ws), &ids, &mut out).unwrap();
+            });
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decode, read_numbers, actualize, append);
 criterion_main!(benches);
