@@ -126,7 +126,6 @@ pub struct Params {
 
 impl Params {
     /// Starts a builder with the defaults of seed 000 and no workspace kinds.
-    #[must_use]
     pub fn builder() -> ParamsBuilder {
         ParamsBuilder {
             kinds: Vec::new(),

@@ -345,7 +345,8 @@ impl<S: SeqStorage> Sequencer<S> {
             Status::Finished => return Err(StartError::Poisoned),
             Status::InTransaction => unreachable!("a transaction borrows the sequencer"),
         }
-        if sh.backlog_len.load(Ordering::Acquire) + self.pending.len() > sh.params.backlog_values_max
+        if sh.backlog_len.load(Ordering::Acquire) + self.pending.len()
+            > sh.params.backlog_values_max
         {
             return Ok(Start::Busy(if sh.flush_failing.load(Ordering::Acquire) {
                 Busy::StorageUnavailable
@@ -679,7 +680,8 @@ impl<S: SeqStorage> Transaction<'_, S> {
     /// [`Sequencer::actualize`]: the PLog then decides which numbers were used.
     pub fn commit_pending(mut self) {
         self.done = true;
-        self.seq.commit_pending(self.ws, self.kind_index, self.offset);
+        self.seq
+            .commit_pending(self.ws, self.kind_index, self.offset);
     }
 
     /// Abandons the transaction and starts actualization: the PLog decides which numbers were

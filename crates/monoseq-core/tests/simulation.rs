@@ -36,17 +36,20 @@ struct Faults {
     image: Mutex<Option<Arc<MemSeqStorage>>>,
 }
 
+type Store = Arc<MemSeqStorage>;
+type Event = (PLogOffset, WsKind, Vec<SeqValue>);
+
 struct Sim {
     rng: ChaCha8Rng,
     params: Params,
     workspaces: u64,
     storage: Arc<MemSeqStorage>,
     faults: Arc<Faults>,
-    seq: Option<(Sequencer<Arc<MemSeqStorage>>, Worker<Arc<MemSeqStorage>>)>,
+    seq: Option<(Sequencer<Store>, Worker<Store>)>,
     /// The model: every event in the PLog (committed, or written despite a reported error).
     plog: BTreeMap<PLogOffset, (WsKind, Vec<SeqValue>)>,
     /// Events of transactions committed as pending (group commit), not yet written.
-    pending: Vec<(PLogOffset, WsKind, Vec<SeqValue>)>,
+    pending: Vec<Event>,
     crashes: u64,
     began: u64,
 }
@@ -367,9 +370,9 @@ impl Sim {
 fn write_pending(
     storage: &MemSeqStorage,
     plog: &mut BTreeMap<PLogOffset, (WsKind, Vec<SeqValue>)>,
-    pending: &mut Vec<(PLogOffset, WsKind, Vec<SeqValue>)>,
+    pending: &mut Vec<Event>,
 ) -> bool {
-    for (offset, kind, values) in pending.drain(..).collect::<Vec<_>>() {
+    for (offset, kind, values) in std::mem::take(pending) {
         if storage.append_event(offset, kind, &values).is_err() {
             return false;
         }
