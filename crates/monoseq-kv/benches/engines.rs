@@ -4,9 +4,10 @@
 //! (`Manual`); several writers sharing flushes (`GroupCommit` plus `sync` per write); a full
 //! ordered scan; and the time to reopen the store.
 //!
-//! Run: `cargo bench -p monoseq-kv --bench engines [-- --records N --sync-records N]`.
-//! Each case runs once (a million records is long enough to time); read the figures as
-//! ratios between engines, since the machine is shared.
+//! Run: `cargo bench -p monoseq-kv --features fjall,redb --bench engines [-- --records N
+//! --sync-records N --sync-single-records N --writer-records N]`. Each case is cut into rounds
+//! in which the engines take turns, so noise from other work on a shared machine falls on
+//! every engine alike; read the figures as ratios between engines.
 
 use std::ops::{Bound, ControlFlow};
 use std::path::Path;
@@ -108,7 +109,7 @@ fn scan(store: &dyn KvStore, expected: u64) -> Duration {
     elapsed
 }
 
-fn shared_flush(store: Arc<dyn KvStore>, writers: u64, per_writer: u64) -> Duration {
+fn shared_flush(store: Arc<dyn KvStore>, writers: u64, first: u64, per_writer: u64) -> Duration {
     let started = Instant::now();
     let threads: Vec<_> = (0..writers)
         .map(|w| {
@@ -116,7 +117,7 @@ fn shared_flush(store: Arc<dyn KvStore>, writers: u64, per_writer: u64) -> Durat
             std::thread::spawn(move || {
                 let mut buf = [0u8; VALUE_BYTES];
                 let partition = format!("plog/app/{w}");
-                for n in 0..per_writer {
+                for n in first..first + per_writer {
                     value(n, &mut buf);
                     store
                         .put(Key::new(partition.as_bytes(), &n.to_be_bytes()), &buf)
@@ -147,109 +148,190 @@ fn dir_bytes(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn report(engine: &str, case: &str, count: u64, elapsed: Duration) {
-    let per_second = count as f64 / elapsed.as_secs_f64();
-    println!(
-        "{engine:<6} {case:<44} {count:>9} records {:>9.3} s {:>12.0} records/s {:>9.2} µs/record",
-        elapsed.as_secs_f64(),
-        per_second,
-        elapsed.as_secs_f64() * 1e6 / count as f64,
-    );
-}
-
+/// Engines under test, by name.
 type Open = fn(&Path, Options) -> Box<dyn KvStore>;
 
-fn bench_engine(engine: &str, open: Open, args: &Args) {
+fn engines() -> Vec<(&'static str, Open)> {
+    let mut engines: Vec<(&'static str, Open)> = Vec::new();
+    #[cfg(feature = "fjall")]
+    engines.push(("fjall", |path, options| {
+        Box::new(monoseq_kv::FjallStore::open(path, options).expect("open fjall"))
+    }));
+    #[cfg(feature = "redb")]
+    engines.push(("redb", |path, options| {
+        Box::new(monoseq_kv::RedbStore::open(path, options).expect("open redb"))
+    }));
+    engines
+}
+
+/// Rounds each case is cut into; the engines take turns round by round, so that noise from
+/// other work on the machine falls on all of them alike.
+const ROUNDS: u64 = 10;
+
+/// Prints one line per engine: total time, throughput, and time relative to the first engine.
+fn report(case: &str, names: &[&str], count: u64, elapsed: &[Duration]) {
+    let base = elapsed[0].as_secs_f64();
+    for (name, elapsed) in names.iter().zip(elapsed) {
+        let secs = elapsed.as_secs_f64();
+        println!(
+            "{case:<46} {name:<6} {count:>8} records {secs:>8.3} s {:>10.0} records/s {:>8.2} µs/record  time ×{:.2}",
+            count as f64 / secs,
+            secs * 1e6 / count as f64,
+            secs / base,
+        );
+    }
+}
+
+struct Stores {
+    stores: Vec<Box<dyn KvStore>>,
+    dirs: Vec<tempfile::TempDir>,
+}
+
+fn open_all(engines: &[(&'static str, Open)], options: Options) -> Stores {
+    let dirs: Vec<_> = engines
+        .iter()
+        .map(|_| tempfile::tempdir_in(target_dir()).expect("temporary directory"))
+        .collect();
+    let stores = engines
+        .iter()
+        .zip(&dirs)
+        .map(|((_, open), dir)| open(dir.path(), options))
+        .collect();
+    Stores { stores, dirs }
+}
+
+/// Appends `count` records to each engine's store, `ROUNDS` turns each.
+fn append_case(
+    case: &str,
+    names: &[&str],
+    stores: &Stores,
+    first: u64,
+    count: u64,
+    batch_len: u64,
+) {
+    let mut elapsed = vec![Duration::ZERO; stores.stores.len()];
+    let per_round = count / ROUNDS;
+    for round in 0..ROUNDS {
+        for (i, store) in stores.stores.iter().enumerate() {
+            elapsed[i] += append(&**store, first + round * per_round, per_round, batch_len);
+        }
+    }
+    report(case, names, per_round * ROUNDS, &elapsed);
+}
+
+fn run(args: &Args) {
+    let engines = engines();
+    let names: Vec<&str> = engines.iter().map(|(name, _)| *name).collect();
     let manual = Options::default().durability(Durability::Manual);
-    let sync = Options::default().durability(Durability::Sync);
 
-    // Not durable, batches of 100, then scan and reopen over the same data.
-    let dir = tempfile::tempdir_in(target_dir()).expect("temporary directory");
-    let store = open(dir.path(), manual);
-    let elapsed = append(&*store, 0, args.records, 100);
-    report(
-        engine,
+    // Not durable, batches of 100; then scans and reopens of the same data.
+    let stores = open_all(&engines, manual);
+    append_case(
         "append, batch 100, not durable",
+        &names,
+        &stores,
+        0,
         args.records,
-        elapsed,
+        100,
     );
-    let elapsed = scan(&*store, args.records);
-    report(engine, "full ordered scan", args.records, elapsed);
-    drop(store);
-    let started = Instant::now();
-    let store = open(dir.path(), manual);
-    let reopened = started.elapsed();
-    assert!(
-        store
-            .get(Key::new(PARTITION, &0u64.to_be_bytes()))
-            .expect("get")
-            .is_some()
-    );
-    println!(
-        "{engine:<6} {:<44} {:>9.3} s after {} records ({:.0} MiB on disk)",
-        "reopen",
-        reopened.as_secs_f64(),
-        args.records,
-        dir_bytes(dir.path()) as f64 / (1 << 20) as f64
-    );
-    let elapsed = scan(&*store, args.records);
+    let records = args.records / ROUNDS * ROUNDS;
+    let best_of = |f: &mut dyn FnMut(usize) -> Duration| -> Vec<Duration> {
+        let mut best = vec![Duration::MAX; engines.len()];
+        for _ in 0..3 {
+            for (i, b) in best.iter_mut().enumerate() {
+                *b = (*b).min(f(i));
+            }
+        }
+        best
+    };
+    let elapsed = best_of(&mut |i| scan(&*stores.stores[i], records));
+    report("full ordered scan (best of 3)", &names, records, &elapsed);
+    let Stores {
+        stores: open_stores,
+        dirs,
+    } = stores;
+    drop(open_stores);
+    let mut reopened: Vec<Option<Box<dyn KvStore>>> = engines.iter().map(|_| None).collect();
+    let elapsed = best_of(&mut |i| {
+        reopened[i] = None;
+        let started = Instant::now();
+        let store = (engines[i].1)(dirs[i].path(), manual);
+        let elapsed = started.elapsed();
+        reopened[i] = Some(store);
+        elapsed
+    });
+    for (i, name) in names.iter().enumerate() {
+        println!(
+            "{:<46} {name:<6} {:>8.3} s after {records} records, {:.0} MiB on disk  time ×{:.2}",
+            "reopen (best of 3)",
+            elapsed[i].as_secs_f64(),
+            dir_bytes(dirs[i].path()) as f64 / f64::from(1 << 20),
+            elapsed[i].as_secs_f64() / elapsed[0].as_secs_f64(),
+        );
+    }
+    let elapsed = best_of(&mut |i| scan(&**reopened[i].as_ref().expect("reopened"), records));
     report(
-        engine,
-        "full ordered scan after reopen",
-        args.records,
-        elapsed,
+        "full ordered scan after reopen (best of 3)",
+        &names,
+        records,
+        &elapsed,
     );
-    drop(store);
-    drop(dir);
+    drop(reopened);
+    drop(dirs);
 
-    // Not durable, batches of 1.
-    let dir = tempfile::tempdir_in(target_dir()).expect("temporary directory");
-    let store = open(dir.path(), manual);
-    let elapsed = append(&*store, 0, args.records, 1);
-    report(
-        engine,
+    let stores = open_all(&engines, manual);
+    append_case(
         "append, batch 1, not durable",
+        &names,
+        &stores,
+        0,
         args.records,
-        elapsed,
+        1,
     );
-    drop(store);
-    drop(dir);
+    drop(stores);
 
-    // Durable, batches of 100 and of 1.
-    let dir = tempfile::tempdir_in(target_dir()).expect("temporary directory");
-    let store = open(dir.path(), sync);
-    let elapsed = append(&*store, 0, args.sync_records, 100);
-    report(
-        engine,
+    let stores = open_all(&engines, Options::default().durability(Durability::Sync));
+    append_case(
         "append, batch 100, durable",
+        &names,
+        &stores,
+        0,
         args.sync_records,
-        elapsed,
+        100,
     );
-    let elapsed = append(&*store, args.sync_records, args.sync_single_records, 1);
-    report(
-        engine,
+    append_case(
         "append, batch 1, durable",
+        &names,
+        &stores,
+        args.sync_records,
         args.sync_single_records,
-        elapsed,
+        1,
     );
-    drop(store);
-    drop(dir);
+    drop(stores);
 
-    // Four writers, each write made durable by `sync`, flushes shared by group commit.
-    let dir = tempfile::tempdir_in(target_dir()).expect("temporary directory");
+    // Four writers, each write made durable by `sync`; group commit shares the flushes.
     let group = Options::default().durability(Durability::GroupCommit {
         max_delay: Duration::from_millis(5),
     });
-    let store: Arc<dyn KvStore> = Arc::from(open(dir.path(), group));
-    let elapsed = shared_flush(Arc::clone(&store), 4, args.writer_records);
+    let stores = open_all(&engines, group);
+    let mut elapsed = vec![Duration::ZERO; engines.len()];
+    let per_round = args.writer_records / ROUNDS;
+    let Stores {
+        stores: open_stores,
+        dirs: _dirs,
+    } = stores;
+    let shared: Vec<Arc<dyn KvStore>> = open_stores.into_iter().map(Arc::from).collect();
+    for round in 0..ROUNDS {
+        for (i, store) in shared.iter().enumerate() {
+            elapsed[i] += shared_flush(Arc::clone(store), 4, round * per_round, per_round);
+        }
+    }
     report(
-        engine,
         "4 writers, batch 1, each synced (group commit)",
-        4 * args.writer_records,
-        elapsed,
+        &names,
+        4 * per_round * ROUNDS,
+        &elapsed,
     );
-    drop(store);
-    drop(dir);
 }
 
 /// Benchmark data goes under the target directory, on the same disk as the build, never on a
@@ -266,19 +348,9 @@ fn target_dir() -> std::path::PathBuf {
 fn main() {
     let args = args();
     println!(
-        "monoseq-kv engines: {} records of {VALUE_BYTES} bytes, durable batch-1 case {} records",
-        args.records, args.sync_single_records
+        "monoseq-kv engines: {} records of {VALUE_BYTES} bytes ({} durable in batches of 100, {} \
+         durable one by one, {} per writer); engines take turns in {ROUNDS} rounds",
+        args.records, args.sync_records, args.sync_single_records, args.writer_records
     );
-    #[cfg(feature = "fjall")]
-    bench_engine(
-        "fjall",
-        |path, options| Box::new(monoseq_kv::FjallStore::open(path, options).expect("open fjall")),
-        &args,
-    );
-    #[cfg(feature = "redb")]
-    bench_engine(
-        "redb",
-        |path, options| Box::new(monoseq_kv::RedbStore::open(path, options).expect("open redb")),
-        &args,
-    );
+    run(&args);
 }

@@ -4,10 +4,14 @@
 //! side by side; the other checks pin single obligations with readable failures.
 //!
 //! A new backend plugs in with [`conformance_tests!`](crate::conformance_tests), which expands
-//! to one `#[test]` per check:
+//! to one `#[test]` per check; the expression gives a fresh, empty store each time it is
+//! called (wrap the store in [`WithGuard`] to keep a temporary directory or a server alive):
 //!
-//! ```ignore
-//! monoseq_kv::conformance_tests!(|| MyStore::connect_to_a_fresh_database());
+//! ```
+//! mod my_backend_conforms {
+//!     // With a new backend: `|| WithGuard::new(MyStore::open(&dir).unwrap(), dir)`.
+//!     monoseq_kv::conformance_tests!(monoseq_kv::MemoryStore::new);
+//! }
 //! ```
 
 use std::cell::RefCell;

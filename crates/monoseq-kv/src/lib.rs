@@ -1,6 +1,10 @@
 //! monoseq-kv: the ordered key-value storage contract ([`KvStore`]) in the seed's model —
 //! partition key plus clustering columns, ordered range reads, atomic batches with
 //! insert-if-absent, compare-and-swap — with its backends and its conformance suite.
+//!
+//! Backends: [`MemoryStore`] (the reference), [`FjallStore`] (the default embedded engine,
+//! also named [`EmbeddedStore`]) and [`RedbStore`] (the measured alternative). The
+//! `conformance` feature exposes [`conformance`], the suite every backend passes.
 
 mod batch;
 #[cfg(feature = "conformance")]
@@ -23,6 +27,10 @@ pub use batch::{BatchItem, Op, WriteBatch};
 pub use error::{CasError, KvError, OpenError, Oversized, WriteError};
 #[cfg(feature = "fjall")]
 pub use fjall_store::FjallStore;
+/// The default embedded durable backend (chosen by measurement; see DESIGN.md, "Storage
+/// engine").
+#[cfg(feature = "fjall")]
+pub type EmbeddedStore = FjallStore;
 pub use key::{Key, KeyBuf, limits};
 pub use memory::MemoryStore;
 pub use options::{CACHE_BYTES_DEFAULT, Durability, GROUP_COMMIT_DELAY_MAX, Options};
