@@ -122,3 +122,72 @@ impl Drop for Flusher {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Barrier};
+
+    use super::*;
+
+    #[test]
+    fn a_failed_flush_poisons_every_later_call() {
+        let commits = Commits::default();
+        commits.acknowledged();
+        let failed = commits.sync(|| Err(KvError::Poisoned));
+        assert!(failed.is_err());
+        assert!(matches!(commits.check(), Err(KvError::Poisoned)));
+        assert!(matches!(commits.sync(|| Ok(())), Err(KvError::Poisoned)));
+    }
+
+    #[test]
+    fn sync_with_nothing_written_since_the_last_flush_does_not_flush() {
+        let commits = Commits::default();
+        commits.acknowledged();
+        let flushes = AtomicUsize::new(0);
+        let flush = || {
+            flushes.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        };
+        commits.sync(flush).expect("first sync");
+        commits.sync(flush).expect("second sync");
+        assert_eq!(flushes.load(Ordering::Relaxed), 1);
+        assert!(!commits.dirty());
+        commits.acknowledged();
+        assert!(commits.dirty());
+    }
+
+    #[test]
+    fn concurrent_syncs_share_flushes() {
+        const THREADS: usize = 8;
+        let commits = Arc::new(Commits::default());
+        let flushes = Arc::new(AtomicUsize::new(0));
+        let start = Arc::new(Barrier::new(THREADS));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (commits, flushes, start) = (
+                    Arc::clone(&commits),
+                    Arc::clone(&flushes),
+                    Arc::clone(&start),
+                );
+                std::thread::spawn(move || {
+                    commits.acknowledged();
+                    start.wait();
+                    commits
+                        .sync(|| {
+                            flushes.fetch_add(1, Ordering::Relaxed);
+                            std::thread::sleep(Duration::from_millis(20));
+                            Ok(())
+                        })
+                        .expect("sync");
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("syncing thread");
+        }
+        // Every write was acknowledged before any sync began, so the first flush covers all.
+        assert_eq!(flushes.load(Ordering::Relaxed), 1);
+        assert!(!commits.dirty());
+    }
+}
