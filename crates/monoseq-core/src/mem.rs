@@ -48,9 +48,27 @@ struct PlogEntry {
     len: usize,
 }
 
+impl State {
+    fn get(&self, key: NumberKey) -> Number {
+        self.numbers
+            .get(&key.ws)
+            .and_then(|seqs| seqs.iter().find(|(s, _)| *s == key.seq))
+            .map_or(Number(0), |&(_, n)| n)
+    }
+
+    fn set(&mut self, key: NumberKey, value: Number) {
+        let seqs = self.numbers.entry(key.ws).or_default();
+        match seqs.iter_mut().find(|(s, _)| *s == key.seq) {
+            Some(slot) => slot.1 = value,
+            None => seqs.push((key.seq, value)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 struct State {
-    numbers: HashMap<NumberKey, Number>,
+    /// Per workspace, its sequences' numbers: one lookup reads a workspace.
+    numbers: HashMap<WsId, Vec<(SeqId, Number)>>,
     checkpoint: Option<PLogOffset>,
     plog: Vec<PlogEntry>,
     plog_values: Vec<SeqValue>,
@@ -88,7 +106,7 @@ impl std::fmt::Debug for MemSeqStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let st = self.lock();
         f.debug_struct("MemSeqStorage")
-            .field("numbers", &st.numbers.len())
+            .field("workspaces", &st.numbers.len())
             .field("checkpoint", &st.checkpoint)
             .field("events", &st.plog.len())
             .finish()
@@ -171,13 +189,17 @@ impl MemSeqStorage {
     /// The stored number of `key` (0 if none), bypassing hooks.
     #[must_use]
     pub fn number(&self, key: NumberKey) -> Number {
-        self.lock().numbers.get(&key).copied().unwrap_or_default()
+        self.lock().get(key)
     }
 
     /// Every stored number, bypassing hooks.
     #[must_use]
     pub fn numbers(&self) -> HashMap<NumberKey, Number> {
-        self.lock().numbers.clone()
+        let st = self.lock();
+        st.numbers
+            .iter()
+            .flat_map(|(&ws, seqs)| seqs.iter().map(move |&(seq, n)| (NumberKey { ws, seq }, n)))
+            .collect()
     }
 
     /// The stored checkpoint (`None` if never written), bypassing hooks.
@@ -190,7 +212,7 @@ impl MemSeqStorage {
     pub fn seed_projection(&self, values: &[SeqValue], checkpoint: PLogOffset) {
         let mut st = self.lock();
         for v in values {
-            st.numbers.insert(v.key, v.value);
+            st.set(v.key, v.value);
         }
         st.checkpoint = Some(checkpoint);
     }
@@ -232,12 +254,12 @@ impl SeqStorage for MemSeqStorage {
     ) -> Result<(), StorageError> {
         self.run_hook(Op::ReadNumbers(ws))?;
         let st = self.lock();
+        let stored = st.numbers.get(&ws).map_or(&[][..], Vec::as_slice);
         for (seq, out) in seqs.iter().zip(out.iter_mut()) {
-            *out = st
-                .numbers
-                .get(&NumberKey { ws, seq: *seq })
-                .copied()
-                .unwrap_or_default();
+            *out = stored
+                .iter()
+                .find(|(s, _)| s == seq)
+                .map_or(Number(0), |&(_, n)| n);
         }
         Ok(())
     }
@@ -258,13 +280,13 @@ impl SeqStorage for MemSeqStorage {
                     index,
                     value: *value,
                 })?;
-                self.lock().numbers.insert(value.key, value.value);
+                self.lock().set(value.key, value.value);
             }
         } else {
             for chunk in values.chunks(WRITE_CHUNK_VALUES) {
                 let mut st = self.lock();
                 for value in chunk {
-                    st.numbers.insert(value.key, value.value);
+                    st.set(value.key, value.value);
                 }
             }
         }
