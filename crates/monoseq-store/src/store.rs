@@ -2,7 +2,7 @@
 //! batch per group of events, with the write modes of the trust level, and reads them back.
 //! Owns the trust-level rules and the merging of record updates.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
 
 use monoseq_core::{PLogOffset, WsId};
@@ -89,6 +89,17 @@ pub enum AppendError {
         slot: Slot,
         /// The conflicting key.
         key: KeyBuf,
+    },
+    /// An event names PLog or WLog offset 0; offsets start at 1.
+    #[error(
+        "event {event_index} of the group has {what} 0; offsets start at 1: take them from the \
+         sequencer"
+    )]
+    ZeroOffset {
+        /// Position of the event in the group.
+        event_index: usize,
+        /// Which offset.
+        what: &'static str,
     },
     /// An event could not be encoded.
     #[error("event {event_index} of the group cannot be encoded: {source}")]
@@ -255,16 +266,27 @@ impl<S: KvStore> EventStore<S> {
     /// [`AppendError::SequenceViolation`] (levels 0 and 1) names the key that already existed:
     /// the caller actualizes its sequencer.
     pub fn append(&self, partition: PartitionId, events: &[Event]) -> Result<(), AppendError> {
-        let updates = self.read_updated_records(events)?;
+        let UpdateBase {
+            records: mut current,
+            updated,
+        } = self.read_updated_records(events)?;
         let mut batch = WriteBatch::new();
         let mut slots: Vec<(usize, Slot)> = Vec::new();
         let mut event_bytes = Vec::new();
         let mut record_bytes = Vec::new();
-        // Records as they stand after the items already in the batch.
-        let mut current: HashMap<(WsId, RecordId), Record> = updates;
         let event_op = self.trust.event_op();
         let record_op = self.trust.new_record_op();
         for (i, e) in events.iter().enumerate() {
+            if e.plog_offset.0 == 0 || e.wlog_offset.0 == 0 {
+                return Err(AppendError::ZeroOffset {
+                    event_index: i,
+                    what: if e.plog_offset.0 == 0 {
+                        "PLog offset"
+                    } else {
+                        "WLog offset"
+                    },
+                });
+            }
             event_bytes.clear();
             e.encode_into(&mut event_bytes)
                 .map_err(|source| AppendError::Encode {
@@ -307,7 +329,9 @@ impl<S: KvStore> EventStore<S> {
                     &record_bytes,
                 );
                 slots.push((i, Slot::Record { ws: e.ws, id: r.id }));
-                current.insert((e.ws, r.id), r.clone());
+                if updated.contains(&(e.ws, r.id)) {
+                    current.insert((e.ws, r.id), r.clone());
+                }
             }
             for u in &e.updated {
                 let Some(stored) = current.get_mut(&(e.ws, u.id)) else {
@@ -360,17 +384,20 @@ impl<S: KvStore> EventStore<S> {
 
     /// Reads the stored records that `events` update and that no earlier event of the group
     /// creates, in one `get_many`.
-    fn read_updated_records(
-        &self,
-        events: &[Event],
-    ) -> Result<HashMap<(WsId, RecordId), Record>, AppendError> {
+    fn read_updated_records(&self, events: &[Event]) -> Result<UpdateBase, AppendError> {
+        if events.iter().all(|e| e.updated.is_empty()) {
+            return Ok(UpdateBase {
+                records: HashMap::new(),
+                updated: HashSet::new(),
+            });
+        }
         let mut wanted: Vec<(WsId, RecordId)> = Vec::new();
-        let mut created: std::collections::HashSet<(WsId, RecordId)> =
-            std::collections::HashSet::new();
+        let mut seen: HashSet<(WsId, RecordId)> = HashSet::new();
+        let mut created: HashSet<(WsId, RecordId)> = HashSet::new();
         for e in events {
             for u in &e.updated {
                 let k = (e.ws, u.id);
-                if !created.contains(&k) && !wanted.contains(&k) {
+                if seen.insert(k) && !created.contains(&k) {
                     wanted.push(k);
                 }
             }
@@ -380,7 +407,10 @@ impl<S: KvStore> EventStore<S> {
         }
         let mut found = HashMap::with_capacity(wanted.len());
         if wanted.is_empty() {
-            return Ok(found);
+            return Ok(UpdateBase {
+                records: found,
+                updated: seen,
+            });
         }
         let parts: Vec<_> = wanted
             .iter()
@@ -398,7 +428,10 @@ impl<S: KvStore> EventStore<S> {
                 found.insert((ws, id), record);
             }
         }
-        Ok(found)
+        Ok(UpdateBase {
+            records: found,
+            updated: seen,
+        })
     }
 
     /// Makes every write that returned before this call durable.
@@ -551,6 +584,13 @@ impl<S: KvStore> EventStore<S> {
         let part = record_partition(self.app, ws, id);
         monoseq_kv::Key::new(part.as_bytes(), &id.0.to_be_bytes()).to_owned()
     }
+}
+
+/// The records a group's updates apply to: as stored (`records`, filled in as the group is
+/// built with the records it creates), and the keys of every updated record (`updated`).
+struct UpdateBase {
+    records: HashMap<(WsId, RecordId), Record>,
+    updated: HashSet<(WsId, RecordId)>,
 }
 
 /// Applies an update's fields: a field of the same name is replaced, a new one appended.

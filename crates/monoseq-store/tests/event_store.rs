@@ -228,3 +228,18 @@ fn an_event_written_by_format_version_1_still_decodes() {
         "version 1 encoding changed"
     );
 }
+
+#[test]
+fn offset_zero_is_refused() {
+    let s = store();
+    let err = s.append(P, &[event(0, 10, 1)]).unwrap_err();
+    assert!(err.to_string().contains("PLog offset 0"), "{err}");
+    let err = s
+        .append(P, &[event(1, 10, 1), event(2, 10, 0)])
+        .unwrap_err();
+    assert!(
+        matches!(err, AppendError::ZeroOffset { event_index: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(s.read_event(P, PLogOffset(1)).unwrap(), None);
+}
