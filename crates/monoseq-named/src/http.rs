@@ -1,0 +1,332 @@
+//! The HTTP API of named sequences: [`router`], JSON in and out, errors as
+//! `{"code": ..., "message": ...}` with the stable codes of [`crate::code`]. Owns the route
+//! scheme, the request-body parsing (where negative, fractional, zero or oversized numbers
+//! become typed errors) and the mapping of errors to status codes.
+//!
+//! Routes (`{address}` is the textual [`crate::Address`], e.g. `orders/invoice` or
+//! `resource=orders/plugin=backup/run`; the last segment names the operation):
+//!
+//! | method and path | body | answer |
+//! |-----------------|------|--------|
+//! | `POST /v1/sequences/{address}/next` | `{"initial"?, "increment"?, "timeout_ms"?, "metadata"?}` | `{"value": first}` |
+//! | `POST /v1/sequences/{address}/increment` | as `next` | `{"value": after}` |
+//! | `GET /v1/sequences/{address}/value` | | `{"value": n}` or `{"value": null}` |
+//! | `GET /v1/sequences/{address}/data` | | sequence data, or 404 `not_found` |
+//! | `GET /v1/sequences/{address}/exists` | | `{"exists": bool}` |
+//! | `POST /v1/sequences/{address}/reset` (or `/set`) | `{"value", "metadata"?, "timeout_ms"?}` | sequence data |
+//! | `DELETE /v1/sequences/{address}` | | 204 |
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, RawPathParamsRejection};
+use axum::extract::{DefaultBodyLimit, RawPathParams, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use serde_json::{Map, Value, json};
+
+use crate::address::Address;
+use crate::error::{DeleteError, NextError, ReadError, SetError, code};
+use crate::record::{METADATA_BYTES_MAX, Metadata, VALUE_MAX};
+use crate::sequences::{NextOptions, Sequences, SetOptions};
+
+/// Largest request body, in bytes.
+pub const BODY_BYTES_MAX: usize = 64 * 1024;
+
+/// The router of the named-sequence API (paths under `/v1/sequences/`), to serve alone or to
+/// merge into a larger router.
+///
+/// # Example
+///
+/// ```no_run
+/// use monoseq_kv::MemoryStore;
+/// use monoseq_named::{KvBackend, Sequences, router};
+///
+/// # async fn serve() -> std::io::Result<()> {
+/// let sequences = Sequences::new(KvBackend::new(MemoryStore::new()));
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+/// axum::serve(listener, router(sequences)).await
+/// # }
+/// ```
+pub fn router(sequences: Sequences) -> Router {
+    Router::new()
+        .route("/v1/sequences/{*path}", any(dispatch))
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .with_state(sequences)
+}
+
+/// An error answer: status, stable code, message.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, code, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({ "code": self.code, "message": self.message });
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if self.code == code::BUSY || self.code == code::STORAGE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// The status of each stable code.
+pub(crate) fn status_of(code: &str) -> StatusCode {
+    match code {
+        code::NOT_FOUND | code::UNKNOWN_OPERATION => StatusCode::NOT_FOUND,
+        code::OVERFLOW | code::INVALID_STORED => StatusCode::CONFLICT,
+        code::BUSY | code::STORAGE => StatusCode::SERVICE_UNAVAILABLE,
+        code::METHOD_NOT_ALLOWED => StatusCode::METHOD_NOT_ALLOWED,
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
+fn api<E: std::fmt::Display>(code: &'static str, error: E) -> ApiError {
+    ApiError::new(status_of(code), code, error.to_string())
+}
+
+impl From<NextError> for ApiError {
+    fn from(e: NextError) -> ApiError {
+        api(e.code(), e)
+    }
+}
+
+impl From<SetError> for ApiError {
+    fn from(e: SetError) -> ApiError {
+        api(e.code(), e)
+    }
+}
+
+impl From<ReadError> for ApiError {
+    fn from(e: ReadError) -> ApiError {
+        api(e.code(), e)
+    }
+}
+
+impl From<DeleteError> for ApiError {
+    fn from(e: DeleteError) -> ApiError {
+        api(e.code(), e)
+    }
+}
+
+async fn dispatch(
+    State(sequences): State<Sequences>,
+    method: Method,
+    params: Result<RawPathParams, RawPathParamsRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    match handle(&sequences, &method, params, body).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn handle(
+    sequences: &Sequences,
+    method: &Method,
+    params: Result<RawPathParams, RawPathParamsRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let params = params.map_err(|e| ApiError::bad_request(code::BAD_REQUEST, e.body_text()))?;
+    let path = params
+        .iter()
+        .next()
+        .map(|(_, value)| value)
+        .unwrap_or_default();
+    if *method == Method::DELETE {
+        let address = parse_address(path)?;
+        sequences.delete(&address).await?;
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let (address, operation) = path.rsplit_once('/').ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            code::UNKNOWN_OPERATION,
+            format!("{path:?} names no operation; use /v1/sequences/ADDRESS/OPERATION"),
+        )
+    })?;
+    let address = parse_address(address)?;
+    let allowed = match operation {
+        "value" | "data" | "exists" => Method::GET,
+        "next" | "increment" | "reset" | "set" => Method::POST,
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                code::UNKNOWN_OPERATION,
+                format!(
+                    "unknown operation {operation:?}; use next, increment, reset, set (POST), \
+                     value, data, exists (GET) or DELETE on the address"
+                ),
+            ));
+        }
+    };
+    if *method != allowed && !(allowed == Method::GET && *method == Method::HEAD) {
+        return Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            code::METHOD_NOT_ALLOWED,
+            format!("{operation} takes {allowed}, not {method}"),
+        ));
+    }
+    let ok = |value: Value| Ok(axum::Json(value).into_response());
+    match operation {
+        "value" => ok(json!({ "value": sequences.get(&address).await? })),
+        "exists" => ok(json!({ "exists": sequences.exists(&address).await? })),
+        "data" => match sequences.get_data(&address).await? {
+            Some(data) => ok(serde_json::to_value(data).expect("data serializes")),
+            None => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                code::NOT_FOUND,
+                format!("sequence {address} does not exist"),
+            )),
+        },
+        "next" | "increment" => {
+            let body = body_object(body)?;
+            let options = next_options(body)?;
+            let value = if operation == "next" {
+                sequences.next(&address, &options).await?
+            } else {
+                sequences.increment(&address, &options).await?
+            };
+            ok(json!({ "value": value }))
+        }
+        _ => {
+            let mut body = body_object(body)?;
+            let value = body.remove("value").ok_or_else(|| {
+                ApiError::bad_request(code::INVALID_VALUE, "the body needs a \"value\" field")
+            })?;
+            let value = value_u64(&value, "value", code::INVALID_VALUE)?;
+            let options = set_options(body)?;
+            let data = sequences.reset(&address, value, &options).await?;
+            ok(serde_json::to_value(data).expect("data serializes"))
+        }
+    }
+}
+
+fn parse_address(text: &str) -> Result<Address, ApiError> {
+    text.parse()
+        .map_err(|e: crate::AddressError| ApiError::bad_request(e.code(), e.to_string()))
+}
+
+/// The body as a JSON object (an empty body is an empty object).
+fn body_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
+    let body = body.map_err(|e| ApiError::new(e.status(), code::BAD_REQUEST, e.body_text()))?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice(&body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::bad_request(
+            code::BAD_REQUEST,
+            "the body must be a JSON object",
+        )),
+        Err(e) => Err(ApiError::bad_request(
+            code::BAD_REQUEST,
+            format!("the body is not JSON: {e}"),
+        )),
+    }
+}
+
+/// A JSON number as a value in `0..=VALUE_MAX`, or the typed error `code`.
+pub(crate) fn value_u64(value: &Value, field: &str, code: &'static str) -> Result<u64, ApiError> {
+    let problem = match value {
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(v), _) if v <= VALUE_MAX => return Ok(v),
+            (Some(v), _) => format!("{v} is over the largest value {VALUE_MAX}"),
+            (None, Some(v)) => format!("{v} is negative"),
+            (None, None) if n.as_f64().is_some_and(|f| f.fract() == 0.0 && f > 0.0) => {
+                format!("{n} is over the largest value {VALUE_MAX}")
+            }
+            (None, None) => format!("{n} is not a whole number"),
+        },
+        other => format!("{other} is not a number"),
+    };
+    Err(ApiError::bad_request(
+        code,
+        format!("\"{field}\": {problem}"),
+    ))
+}
+
+fn take_timeout(body: &mut Map<String, Value>) -> Result<Option<std::time::Duration>, ApiError> {
+    body.remove("timeout_ms")
+        .map(|v| value_u64(&v, "timeout_ms", code::BAD_REQUEST))
+        .transpose()
+        .map(|ms| ms.map(std::time::Duration::from_millis))
+}
+
+fn take_metadata(body: &mut Map<String, Value>) -> Result<Option<Metadata>, ApiError> {
+    match body.remove("metadata") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(map)) => Ok(Some(map)),
+        Some(_) => Err(ApiError::bad_request(
+            code::INVALID_METADATA,
+            format!("\"metadata\" must be a JSON object of at most {METADATA_BYTES_MAX} bytes"),
+        )),
+    }
+}
+
+fn no_other_fields(body: &Map<String, Value>, allowed: &str) -> Result<(), ApiError> {
+    match body.keys().next() {
+        None => Ok(()),
+        Some(field) => Err(ApiError::bad_request(
+            code::BAD_REQUEST,
+            format!("unknown field {field:?}; the fields are {allowed}"),
+        )),
+    }
+}
+
+fn next_options(mut body: Map<String, Value>) -> Result<NextOptions, ApiError> {
+    let mut options = NextOptions::new();
+    if let Some(initial) = body.remove("initial") {
+        options = options.initial(value_u64(&initial, "initial", code::INVALID_VALUE)?);
+    }
+    if let Some(increment) = body.remove("increment") {
+        let increment = value_u64(&increment, "increment", code::INVALID_INCREMENT)?;
+        let increment = std::num::NonZeroU64::new(increment).ok_or_else(|| {
+            ApiError::bad_request(
+                code::INVALID_INCREMENT,
+                "\"increment\": 0 would hand out the same number twice; use 1 or more",
+            )
+        })?;
+        options = options.increment(increment);
+    }
+    if let Some(timeout) = take_timeout(&mut body)? {
+        options = options.timeout(timeout);
+    }
+    if let Some(metadata) = take_metadata(&mut body)? {
+        options = options.metadata(metadata);
+    }
+    no_other_fields(&body, "initial, increment, timeout_ms, metadata")?;
+    Ok(options)
+}
+
+fn set_options(mut body: Map<String, Value>) -> Result<SetOptions, ApiError> {
+    let mut options = SetOptions::new();
+    if let Some(timeout) = take_timeout(&mut body)? {
+        options = options.timeout(timeout);
+    }
+    if let Some(metadata) = take_metadata(&mut body)? {
+        options = options.metadata(metadata);
+    }
+    no_other_fields(&body, "value, timeout_ms, metadata")?;
+    Ok(options)
+}

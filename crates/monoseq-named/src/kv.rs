@@ -1,0 +1,163 @@
+//! [`KvBackend`]: named sequences on the ordered key-value contract (`monoseq_kv::KvStore`,
+//! embedded or in memory). Owns the key mapping (one partition per sequence, tagged
+//! [`KV_TAG`]) and the rule that a write is synced before it is acknowledged, whatever the
+//! store's durability mode.
+
+use std::sync::Arc;
+
+use monoseq_kv::{CasError, Key, KvStore, WriteError};
+
+use crate::backend::{Backend, BoxFuture, Object, Version, WriteFailure};
+use crate::error::StorageError;
+
+/// First byte of the partition key of every named sequence in a key-value store (the event
+/// store uses tags 0x01 to 0x05). The rest of the partition key is the sequence's storage key
+/// ([`crate::Address::key`]); the clustering columns are empty, so each sequence is its own
+/// small partition.
+pub const KV_TAG: u8 = 0x10;
+
+/// Named sequences on a [`KvStore`]. Versions are the stored bytes: `replace` is a
+/// compare-and-swap of the whole value, `create` an insert-if-absent. Every successful write is
+/// followed by [`KvStore::sync`] before it returns, so a number is never handed out before it
+/// is durable (with group commit, concurrent writers share that flush). Storage calls run on
+/// tokio's blocking pool because the embedded engines block on disk.
+///
+/// # Example
+///
+/// ```
+/// use monoseq_kv::MemoryStore;
+/// use monoseq_named::{KvBackend, NextOptions, Sequences};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// let sequences = Sequences::new(KvBackend::new(MemoryStore::new()));
+/// let address = "orders/invoice".parse()?;
+/// assert_eq!(sequences.next(&address, &NextOptions::new()).await?, 1);
+/// assert_eq!(sequences.get(&address).await?, Some(2));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct KvBackend<S: KvStore> {
+    store: Arc<S>,
+}
+
+impl<S: KvStore> std::fmt::Debug for KvBackend<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvBackend").finish_non_exhaustive()
+    }
+}
+
+impl<S: KvStore> KvBackend<S> {
+    /// A backend on `store`.
+    pub fn new(store: S) -> KvBackend<S> {
+        KvBackend::shared(Arc::new(store))
+    }
+
+    /// A backend on a store shared with other users (the event store, for instance).
+    pub fn shared(store: Arc<S>) -> KvBackend<S> {
+        KvBackend { store }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        context: &'static str,
+        f: impl FnOnce(&S) -> T + Send + 'static,
+    ) -> Result<T, StorageError> {
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| StorageError::new(context, e))
+    }
+}
+
+fn partition(key: &str) -> Vec<u8> {
+    let mut partition = Vec::with_capacity(1 + key.len());
+    partition.push(KV_TAG);
+    partition.extend_from_slice(key.as_bytes());
+    partition
+}
+
+fn sync_after_write<S: KvStore>(store: &S, bytes: Vec<u8>) -> Result<Version, WriteFailure> {
+    store
+        .sync()
+        .map_err(|e| StorageError::new("syncing the sequence", e))?;
+    Ok(Version::new(bytes))
+}
+
+impl<S: KvStore> Backend for KvBackend<S> {
+    fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Object>, StorageError>> {
+        let partition = partition(key);
+        Box::pin(async move {
+            let found = self
+                .blocking("reading the sequence", move |store| {
+                    store.get(Key::new(&partition, b""))
+                })
+                .await?
+                .map_err(|e| StorageError::new("reading the sequence", e))?;
+            Ok(found.map(|bytes| Object {
+                version: Version::new(bytes.clone()),
+                bytes,
+            }))
+        })
+    }
+
+    fn create<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        let partition = partition(key);
+        Box::pin(async move {
+            self.blocking("creating the sequence", move |store| {
+                match store.insert_if_absent(Key::new(&partition, b""), &bytes) {
+                    Ok(()) => sync_after_write(store, bytes),
+                    Err(WriteError::Conflict { .. }) => Err(WriteFailure::Conflict),
+                    Err(e) => Err(StorageError::new("creating the sequence", e).into()),
+                }
+            })
+            .await?
+        })
+    }
+
+    fn replace<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a Version,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        let partition = partition(key);
+        let expected = expected.as_bytes().to_vec();
+        Box::pin(async move {
+            self.blocking("updating the sequence", move |store| {
+                match store.compare_and_swap(
+                    Key::new(&partition, b""),
+                    Some(&expected),
+                    Some(&bytes),
+                ) {
+                    Ok(()) => sync_after_write(store, bytes),
+                    Err(CasError::Mismatch { .. }) => Err(WriteFailure::Conflict),
+                    Err(e) => Err(StorageError::new("updating the sequence", e).into()),
+                }
+            })
+            .await?
+        })
+    }
+
+    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
+        let partition = partition(key);
+        Box::pin(async move {
+            self.blocking("deleting the sequence", move |store| {
+                store.delete(Key::new(&partition, b""))?;
+                store.sync()?;
+                Ok::<(), WriteError>(())
+            })
+            .await?
+            .map_err(|e| StorageError::new("deleting the sequence", e))
+        })
+    }
+}

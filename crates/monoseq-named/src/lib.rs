@@ -1,0 +1,50 @@
+//! monoseq-named: named sequences (seed 003) — counters addressed by scope and name, shared by
+//! many processes, made atomic by conditional writes instead of locks. Owns the operations
+//! ([`Sequences`]), the addresses and key layout ([`Address`], [`Scope`]), the stored format,
+//! the backend contract ([`Backend`]) with its S3 and key-value backends, the reservation mode
+//! ([`Reserver`]), the HTTP API ([`router`]) and its client ([`Client`]), and the functions the
+//! `monoseq seq` command runs ([`cli`]).
+//!
+//! # Example
+//!
+//! ```
+//! use monoseq_kv::MemoryStore;
+//! use monoseq_named::{KvBackend, NextOptions, Sequences};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+//! let sequences = Sequences::new(KvBackend::new(MemoryStore::new()));
+//! let counter = "orders/counter".parse()?;
+//! assert_eq!(sequences.next(&counter, &NextOptions::new()).await?, 1); // stores 2
+//! assert_eq!(sequences.get(&counter).await?, Some(2));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod address;
+mod backend;
+pub mod cli;
+mod client;
+mod error;
+mod http;
+mod kv;
+mod record;
+mod reserve;
+#[cfg(feature = "s3")]
+mod s3;
+mod sequences;
+
+pub use address::{Address, NAME_BYTES_MAX, PREFIX_BYTES_MAX, SCOPE_SEGMENT_BYTES_MAX, Scope};
+pub use backend::{Backend, BoxFuture, Object, Version, WriteFailure};
+pub use client::{Client, ClientError};
+pub use error::{AddressError, DeleteError, NextError, ReadError, SetError, StorageError, code};
+pub use http::router;
+pub use kv::{KV_TAG, KvBackend};
+pub use record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX};
+pub use reserve::{ReserveOptions, Reserver};
+#[cfg(feature = "s3")]
+pub use s3::{S3Backend, S3Config};
+pub use sequences::{
+    BACKOFF_FIRST, BACKOFF_MAX, COMBINE_CALLS_MAX, NextOptions, Sequences, SetOptions,
+    TIMEOUT_DEFAULT, TIMEOUT_MAX,
+};

@@ -1,0 +1,699 @@
+//! [`Sequences`]: every operation of seed 003 on a [`Backend`], made atomic without locks by
+//! optimistic concurrency (read value and version, conditional write, retry with jittered
+//! backoff until the caller's timeout). Owns the options ([`NextOptions`], [`SetOptions`]) and
+//! the in-process combining of concurrent `next` calls on one sequence into one conditional
+//! write (one "lane" per sequence with a leader task), which keeps writers of one process from
+//! racing each other and turns N waiting callers into one storage round trip.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::address::Address;
+use crate::backend::{Backend, Object, WriteFailure};
+use crate::error::{DeleteError, NextError, ReadError, SetError, StorageError};
+use crate::record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX, metadata_len, now_ms};
+
+/// Default timeout of an operation (seed 003's `lockTimeout`).
+pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Longest timeout accepted; longer ones are cut to it.
+pub const TIMEOUT_MAX: Duration = Duration::from_secs(300);
+/// First backoff after a lost race; it doubles per attempt up to [`BACKOFF_MAX`], and each
+/// sleep is drawn uniformly between zero and that bound (full jitter).
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(1);
+/// Largest backoff bound.
+pub const BACKOFF_MAX: Duration = Duration::from_millis(100);
+/// Most concurrent `next` calls of one process served by one conditional write.
+pub const COMBINE_CALLS_MAX: usize = 1024;
+
+/// Options of [`Sequences::next`] and [`Sequences::increment`].
+///
+/// # Example
+///
+/// ```
+/// use std::num::NonZeroU64;
+/// use std::time::Duration;
+/// use monoseq_named::NextOptions;
+///
+/// let options = NextOptions::new()
+///     .initial(1000)
+///     .increment(NonZeroU64::new(100).unwrap()) // reserve 100 numbers at once
+///     .timeout(Duration::from_secs(1));
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct NextOptions {
+    initial: u64,
+    increment: NonZeroU64,
+    timeout: Duration,
+    metadata: Option<Metadata>,
+}
+
+impl Default for NextOptions {
+    fn default() -> NextOptions {
+        NextOptions {
+            initial: 1,
+            increment: NonZeroU64::MIN,
+            timeout: TIMEOUT_DEFAULT,
+            metadata: None,
+        }
+    }
+}
+
+impl NextOptions {
+    /// Initial value 1, increment 1, timeout [`TIMEOUT_DEFAULT`], no metadata.
+    pub fn new() -> NextOptions {
+        NextOptions::default()
+    }
+
+    /// The first number of a sequence that does not exist yet (default 1).
+    #[must_use]
+    pub fn initial(mut self, initial: u64) -> NextOptions {
+        self.initial = initial;
+        self
+    }
+
+    /// How many numbers to take (default 1): `next` returns the first of them, the stored
+    /// value advances by this much (batch reservation).
+    #[must_use]
+    pub fn increment(mut self, increment: NonZeroU64) -> NextOptions {
+        self.increment = increment;
+        self
+    }
+
+    /// How long to keep retrying lost races before answering busy (default
+    /// [`TIMEOUT_DEFAULT`], at most [`TIMEOUT_MAX`]).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> NextOptions {
+        self.timeout = timeout.min(TIMEOUT_MAX);
+        self
+    }
+
+    /// Metadata to store with the sequence, replacing what it had. Calls carrying metadata
+    /// are not combined with others.
+    #[must_use]
+    pub fn metadata(mut self, metadata: Metadata) -> NextOptions {
+        self.metadata = Some(metadata);
+        self
+    }
+
+    /// The increment.
+    pub fn increment_value(&self) -> NonZeroU64 {
+        self.increment
+    }
+
+    /// The timeout.
+    pub fn timeout_value(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The initial value.
+    pub fn initial_value(&self) -> u64 {
+        self.initial
+    }
+
+    /// The metadata, if any.
+    pub fn metadata_value(&self) -> Option<&Metadata> {
+        self.metadata.as_ref()
+    }
+}
+
+/// Options of [`Sequences::reset`] and [`Sequences::set`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SetOptions {
+    timeout: Duration,
+    metadata: Option<Metadata>,
+}
+
+impl Default for SetOptions {
+    fn default() -> SetOptions {
+        SetOptions {
+            timeout: TIMEOUT_DEFAULT,
+            metadata: None,
+        }
+    }
+}
+
+impl SetOptions {
+    /// Timeout [`TIMEOUT_DEFAULT`], metadata kept as stored.
+    pub fn new() -> SetOptions {
+        SetOptions::default()
+    }
+
+    /// How long to keep retrying lost races (default [`TIMEOUT_DEFAULT`], at most
+    /// [`TIMEOUT_MAX`]).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> SetOptions {
+        self.timeout = timeout.min(TIMEOUT_MAX);
+        self
+    }
+
+    /// Metadata replacing the stored one (without it the stored metadata is kept).
+    #[must_use]
+    pub fn metadata(mut self, metadata: Metadata) -> SetOptions {
+        self.metadata = Some(metadata);
+        self
+    }
+
+    /// The timeout.
+    pub fn timeout_value(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The metadata, if any.
+    pub fn metadata_value(&self) -> Option<&Metadata> {
+        self.metadata.as_ref()
+    }
+}
+
+/// Named sequences on one backend: cheap to clone, safe to share between tasks. Needs a tokio
+/// runtime with a timer (`enable_time`) to run its futures.
+///
+/// Atomicity comes from conditional writes only: there is no lock, so nothing can expire
+/// while a caller is stalled, and a caller that resumes after others wrote finds its write
+/// refused and reads again. Within one process, concurrent `next` calls on one sequence queue
+/// behind one leader task that serves them together with one conditional write (numbers in
+/// call order); across processes they race through the backend.
+///
+/// # Example
+///
+/// ```
+/// use monoseq_kv::MemoryStore;
+/// use monoseq_named::{Address, KvBackend, NextOptions, Scope, Sequences, SetOptions};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// let sequences = Sequences::new(KvBackend::new(MemoryStore::new()));
+/// let invoice = Address::new(Scope::resource("invoices")?, "number")?;
+/// let first = sequences.next(&invoice, &NextOptions::new().initial(1000)).await?;
+/// assert_eq!(first, 1000);
+/// assert_eq!(sequences.increment(&invoice, &NextOptions::new()).await?, 1002);
+/// sequences.reset(&invoice, 1, &SetOptions::new()).await?;
+/// assert_eq!(sequences.next(&invoice, &NextOptions::new()).await?, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Sequences {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sequences {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sequences").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    backend: Box<dyn Backend>,
+    /// One lane per sequence with a running leader; the leader removes it when idle.
+    lanes: Mutex<HashMap<String, VecDeque<Waiter>>>,
+}
+
+/// One `next` call waiting in a lane.
+struct Waiter {
+    increment: u64,
+    initial: u64,
+    metadata: Option<Metadata>,
+    started: Instant,
+    deadline: Instant,
+    timeout: Duration,
+    reply: oneshot::Sender<Result<u64, NextError>>,
+}
+
+impl Sequences {
+    /// Sequences stored in `backend`.
+    pub fn new(backend: impl Backend) -> Sequences {
+        Sequences {
+            inner: Arc::new(Inner {
+                backend: Box::new(backend),
+                lanes: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Hands out the sequence's current value and advances it by the increment (seed 003's
+    /// pre-increment `next`). A sequence that does not exist is created at the initial value.
+    /// With increment N the caller owns the N numbers starting at the returned one.
+    ///
+    /// A number is returned only after the write that advanced past it is durable, so it is
+    /// never handed out again (short of a `reset`, `set` or `delete`).
+    ///
+    /// # Errors
+    ///
+    /// - [`NextError::InvalidValue`], [`NextError::MetadataTooLarge`]: bad options.
+    /// - [`NextError::Overflow`]: the sequence would pass [`VALUE_MAX`].
+    /// - [`NextError::InvalidStored`]: the stored object is not a sequence (left unchanged).
+    /// - [`NextError::Busy`]: the timeout passed while other writers won (or storage was too
+    ///   slow); if a write was in flight it may have consumed numbers (a gap, never a
+    ///   duplicate).
+    /// - [`NextError::Storage`]: a storage fault.
+    pub async fn next(&self, address: &Address, options: &NextOptions) -> Result<u64, NextError> {
+        if options.initial > VALUE_MAX {
+            return Err(NextError::InvalidValue {
+                value: options.initial,
+                max: VALUE_MAX,
+            });
+        }
+        if let Some(metadata) = &options.metadata {
+            let len = metadata_len(metadata);
+            if len > METADATA_BYTES_MAX {
+                return Err(NextError::MetadataTooLarge {
+                    len,
+                    max: METADATA_BYTES_MAX,
+                });
+            }
+        }
+        let started = Instant::now();
+        let (reply, answer) = oneshot::channel();
+        let waiter = Waiter {
+            increment: options.increment.get(),
+            initial: options.initial,
+            metadata: options.metadata.clone(),
+            started,
+            deadline: started + options.timeout,
+            timeout: options.timeout,
+            reply,
+        };
+        let lead = {
+            let mut lanes = self
+                .inner
+                .lanes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match lanes.get_mut(address.key()) {
+                Some(lane) => {
+                    lane.push_back(waiter);
+                    false
+                }
+                None => {
+                    lanes.insert(address.key().to_owned(), VecDeque::from([waiter]));
+                    true
+                }
+            }
+        };
+        if lead {
+            // A task of its own, so that a caller dropping its future never strands the
+            // callers queued behind it.
+            tokio::spawn(lead_lane(Arc::clone(&self.inner), address.clone()));
+        }
+        answer.await.unwrap_or_else(|_| {
+            Err(NextError::Storage(StorageError::message(
+                "waiting for the sequence's writer",
+                "the writer task ended without answering (runtime shutting down?)",
+            )))
+        })
+    }
+
+    /// Advances the sequence by the increment and returns the value after it (seed 003's
+    /// post-increment `increment`): `next + increment`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Sequences::next`].
+    pub async fn increment(
+        &self,
+        address: &Address,
+        options: &NextOptions,
+    ) -> Result<u64, NextError> {
+        let first = self.next(address, options).await?;
+        Ok(first + options.increment.get())
+    }
+
+    /// The stored value (what the next `next` returns), `None` if the sequence does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError::InvalidStored`] or [`ReadError::Storage`].
+    pub async fn get(&self, address: &Address) -> Result<Option<u64>, ReadError> {
+        Ok(self.get_data(address).await?.map(|data| data.value))
+    }
+
+    /// The stored sequence (value, name, times, metadata), `None` if it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError::InvalidStored`] or [`ReadError::Storage`].
+    pub async fn get_data(&self, address: &Address) -> Result<Option<SequenceData>, ReadError> {
+        let Some(object) = self.inner.backend.load(address.key()).await? else {
+            return Ok(None);
+        };
+        SequenceData::decode(&object.bytes, address.name())
+            .map(Some)
+            .map_err(|reason| ReadError::InvalidStored {
+                key: address.key().to_owned(),
+                reason,
+            })
+    }
+
+    /// Whether an object exists at the sequence's key (valid or not).
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError::Storage`].
+    pub async fn exists(&self, address: &Address) -> Result<bool, ReadError> {
+        Ok(self.inner.backend.load(address.key()).await?.is_some())
+    }
+
+    /// Sets the stored value to `value` (the next `next` returns it), creating the sequence if
+    /// needed. Numbers handed out before may be handed out again: this is an operator's tool.
+    ///
+    /// # Errors
+    ///
+    /// - [`SetError::InvalidValue`], [`SetError::MetadataTooLarge`]: bad input.
+    /// - [`SetError::InvalidStored`]: the stored object is not a sequence (left unchanged:
+    ///   delete it first).
+    /// - [`SetError::Busy`], [`SetError::Storage`].
+    pub async fn reset(
+        &self,
+        address: &Address,
+        value: u64,
+        options: &SetOptions,
+    ) -> Result<SequenceData, SetError> {
+        if value > VALUE_MAX {
+            return Err(SetError::InvalidValue {
+                value,
+                max: VALUE_MAX,
+            });
+        }
+        if let Some(metadata) = &options.metadata {
+            let len = metadata_len(metadata);
+            if len > METADATA_BYTES_MAX {
+                return Err(SetError::MetadataTooLarge {
+                    len,
+                    max: METADATA_BYTES_MAX,
+                });
+            }
+        }
+        let started = Instant::now();
+        let deadline = started + options.timeout;
+        let backend = &self.inner.backend;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let busy = || SetError::Busy {
+                address: address.to_string(),
+                attempts,
+                waited: started.elapsed(),
+            };
+            let loaded = tokio::time::timeout_at(deadline, backend.load(address.key()))
+                .await
+                .map_err(|_| busy())??;
+            let now = now_ms();
+            let (data, written) = match loaded {
+                None => {
+                    let data = SequenceData {
+                        name: address.name().to_owned(),
+                        value,
+                        created_at_ms: now,
+                        updated_at_ms: now,
+                        revision: 1,
+                        metadata: options.metadata.clone().unwrap_or_default(),
+                    };
+                    let write = backend.create(address.key(), data.encode());
+                    (data, tokio::time::timeout_at(deadline, write).await)
+                }
+                Some(Object { bytes, version }) => {
+                    let old = SequenceData::decode(&bytes, address.name()).map_err(|reason| {
+                        SetError::InvalidStored {
+                            key: address.key().to_owned(),
+                            reason,
+                        }
+                    })?;
+                    let data = SequenceData {
+                        value,
+                        updated_at_ms: now.max(old.created_at_ms),
+                        revision: old.revision + 1,
+                        metadata: options.metadata.clone().unwrap_or(old.metadata),
+                        ..old
+                    };
+                    let write = backend.replace(address.key(), &version, data.encode());
+                    (data, tokio::time::timeout_at(deadline, write).await)
+                }
+            };
+            match written.map_err(|_| busy())? {
+                Ok(_) => return Ok(data),
+                Err(WriteFailure::Storage(e)) => return Err(e.into()),
+                Err(WriteFailure::Conflict) => {
+                    if !backoff(attempts, deadline).await {
+                        return Err(busy());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Seed 003's `set`: [`Sequences::reset`] (with metadata through [`SetOptions`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Sequences::reset`].
+    pub async fn set(
+        &self,
+        address: &Address,
+        value: u64,
+        options: &SetOptions,
+    ) -> Result<SequenceData, SetError> {
+        self.reset(address, value, options).await
+    }
+
+    /// Deletes the sequence (absent is fine). A later `next` starts it over at its initial
+    /// value, so numbers may be handed out again.
+    ///
+    /// # Errors
+    ///
+    /// [`DeleteError::Storage`].
+    pub async fn delete(&self, address: &Address) -> Result<(), DeleteError> {
+        Ok(self.inner.backend.remove(address.key()).await?)
+    }
+}
+
+/// Sleeps a jittered backoff before attempt `attempts + 1`; `false` when the deadline leaves
+/// no time for another attempt.
+async fn backoff(attempts: u32, deadline: Instant) -> bool {
+    let now = Instant::now();
+    if now >= deadline {
+        return false;
+    }
+    let bound = BACKOFF_FIRST
+        .saturating_mul(1 << attempts.saturating_sub(1).min(16))
+        .min(BACKOFF_MAX);
+    let bound_ns = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
+    let sleep = Duration::from_nanos(random() % bound_ns.max(1));
+    tokio::time::sleep_until((now + sleep).min(deadline)).await;
+    Instant::now() < deadline
+}
+
+/// A random number for jitter (no need for quality, only for spread between processes).
+fn random() -> u64 {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u64(std::process::id().into());
+    hasher.finish()
+}
+
+/// The leader of a lane: serves the queued calls of one sequence, batch after batch, until the
+/// lane is empty, then removes it.
+async fn lead_lane(inner: Arc<Inner>, address: Address) {
+    loop {
+        let batch = {
+            let mut lanes = inner.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+            let lane = lanes
+                .get_mut(address.key())
+                .expect("a lane lives while its leader runs");
+            if lane.is_empty() {
+                lanes.remove(address.key());
+                return;
+            }
+            take_batch(lane)
+        };
+        serve_batch(&*inner.backend, &address, batch).await;
+    }
+}
+
+/// The first waiter and the compatible ones right behind it (same initial value, no
+/// metadata), as many as fit below [`VALUE_MAX`] and [`COMBINE_CALLS_MAX`].
+fn take_batch(lane: &mut VecDeque<Waiter>) -> Vec<Waiter> {
+    let first = lane.pop_front().expect("the lane is not empty");
+    let mut total = first.increment;
+    let combinable = first.metadata.is_none();
+    let initial = first.initial;
+    let mut batch = vec![first];
+    while combinable && batch.len() < COMBINE_CALLS_MAX {
+        let Some(next) = lane.front() else { break };
+        if next.metadata.is_some() || next.initial != initial {
+            break;
+        }
+        match total.checked_add(next.increment) {
+            Some(sum) if sum <= VALUE_MAX => total = sum,
+            _ => break,
+        }
+        batch.push(lane.pop_front().expect("front exists"));
+    }
+    batch
+}
+
+/// Serves one batch with one conditional write per attempt: the waiters get consecutive
+/// ranges, in order. Waiters whose deadline passed are answered busy between attempts.
+async fn serve_batch(backend: &dyn Backend, address: &Address, mut batch: Vec<Waiter>) {
+    let mut attempts = 0u32;
+    loop {
+        // Answer the waiters out of time before trying (again).
+        let now = Instant::now();
+        let (expired, live): (Vec<Waiter>, Vec<Waiter>) =
+            batch.into_iter().partition(|w| w.deadline <= now);
+        for waiter in expired {
+            answer_busy(waiter, address, attempts);
+        }
+        batch = live;
+        let Some(deadline) = batch.iter().map(|w| w.deadline).max() else {
+            return;
+        };
+        attempts += 1;
+        match attempt(backend, address, &mut batch, deadline).await {
+            Attempt::Done => return,
+            Attempt::Lost => {
+                // Sleep no later than the earliest deadline; the loop answers it then.
+                let earliest = batch.iter().map(|w| w.deadline).min().unwrap_or(deadline);
+                backoff(attempts, earliest).await;
+            }
+            Attempt::TimedOut => {
+                for waiter in batch {
+                    answer_busy(waiter, address, attempts);
+                }
+                return;
+            }
+            Attempt::Failed(error) => {
+                let mut waiters = batch.into_iter();
+                if let Some(last) = waiters.next_back() {
+                    for waiter in waiters {
+                        let _ = waiter.reply.send(Err(error.clone_lossy()));
+                    }
+                    let _ = last.reply.send(Err(error));
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn answer_busy(waiter: Waiter, address: &Address, attempts: u32) {
+    let _ = waiter.reply.send(Err(NextError::Busy {
+        address: address.to_string(),
+        attempts,
+        waited: waiter.started.elapsed(),
+        timeout: waiter.timeout,
+    }));
+}
+
+enum Attempt {
+    /// Every waiter of the batch was answered.
+    Done,
+    /// Another writer won; retry.
+    Lost,
+    /// Storage did not answer before the latest deadline.
+    TimedOut,
+    /// An error every waiter gets.
+    Failed(NextError),
+}
+
+/// One read + conditional write for the whole batch. On success, answers every waiter and
+/// returns [`Attempt::Done`]; waiters that would overflow are answered with
+/// [`NextError::Overflow`] and dropped from the batch.
+async fn attempt(
+    backend: &dyn Backend,
+    address: &Address,
+    batch: &mut Vec<Waiter>,
+    deadline: Instant,
+) -> Attempt {
+    let loaded = match tokio::time::timeout_at(deadline, backend.load(address.key())).await {
+        Err(_) => return Attempt::TimedOut,
+        Ok(Err(e)) => return Attempt::Failed(NextError::Storage(e)),
+        Ok(Ok(loaded)) => loaded,
+    };
+    let now = now_ms();
+    let (old, version) = match loaded {
+        None => (None, None),
+        Some(Object { bytes, version }) => match SequenceData::decode(&bytes, address.name()) {
+            Ok(old) => (Some(old), Some(version)),
+            Err(reason) => {
+                return Attempt::Failed(NextError::InvalidStored {
+                    key: address.key().to_owned(),
+                    reason,
+                });
+            }
+        },
+    };
+    let start = old.as_ref().map_or(batch[0].initial, |old| old.value);
+    // Keep the prefix of waiters that fits below VALUE_MAX; the others overflow.
+    let mut end = start;
+    let mut fits = 0;
+    for waiter in batch.iter() {
+        match end.checked_add(waiter.increment) {
+            Some(next) if next <= VALUE_MAX => {
+                end = next;
+                fits += 1;
+            }
+            _ => break,
+        }
+    }
+    for waiter in batch.drain(fits..) {
+        let _ = waiter.reply.send(Err(NextError::Overflow {
+            address: address.to_string(),
+            value: end,
+            increment: waiter.increment,
+            max: VALUE_MAX,
+        }));
+    }
+    if batch.is_empty() {
+        return Attempt::Done;
+    }
+    let metadata = batch[0].metadata.clone();
+    let write = match old {
+        None => {
+            let data = SequenceData {
+                name: address.name().to_owned(),
+                value: end,
+                created_at_ms: now,
+                updated_at_ms: now,
+                revision: 1,
+                metadata: metadata.unwrap_or_default(),
+            };
+            tokio::time::timeout_at(deadline, backend.create(address.key(), data.encode())).await
+        }
+        Some(old) => {
+            let version = version.expect("a decoded object has a version");
+            let data = SequenceData {
+                value: end,
+                updated_at_ms: now.max(old.created_at_ms),
+                revision: old.revision + 1,
+                metadata: metadata.unwrap_or(old.metadata),
+                ..old
+            };
+            tokio::time::timeout_at(
+                deadline,
+                backend.replace(address.key(), &version, data.encode()),
+            )
+            .await
+        }
+    };
+    match write {
+        Err(_) => Attempt::TimedOut,
+        Ok(Err(WriteFailure::Conflict)) => Attempt::Lost,
+        Ok(Err(WriteFailure::Storage(e))) => Attempt::Failed(NextError::Storage(e)),
+        Ok(Ok(_)) => {
+            let mut value = start;
+            for waiter in batch.drain(..) {
+                let _ = waiter.reply.send(Ok(value));
+                value += waiter.increment;
+            }
+            debug_assert_eq!(value, end);
+            Attempt::Done
+        }
+    }
+}
