@@ -1,0 +1,396 @@
+//! Named sequences on the key-value backends (in memory, fjall, redb): the behaviour suite,
+//! and the behaviours that need control over timing — a writer stalled between its read and
+//! its conditional write (the failure of seed 003's lock-with-TTL design), timeouts under
+//! endless contention, storage faults, restart of a durable store, and the reservation mode.
+
+#[macro_use]
+mod support {
+    pub mod suite;
+}
+
+use std::collections::BTreeSet;
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use monoseq_kv::{FjallStore, MemoryStore, Options, RedbStore};
+use monoseq_named::{
+    Address, Backend, BoxFuture, KvBackend, NextError, NextOptions, Object, ReserveOptions,
+    Reserver, Sequences, StorageError, Version, WriteFailure,
+};
+use support::suite::Shared;
+use tokio::sync::{Notify, Semaphore};
+
+/// A backend that keeps the temporary directory of its store alive.
+struct InDir<B> {
+    backend: B,
+    _dir: tempfile::TempDir,
+}
+
+impl<B: Backend> Backend for InDir<B> {
+    fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Object>, StorageError>> {
+        self.backend.load(key)
+    }
+    fn create<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        self.backend.create(key, bytes)
+    }
+    fn replace<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a Version,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        self.backend.replace(key, expected, bytes)
+    }
+    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
+        self.backend.remove(key)
+    }
+}
+
+fn memory() -> Shared {
+    Arc::new(KvBackend::new(MemoryStore::new()))
+}
+
+fn fjall() -> Shared {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FjallStore::open(dir.path(), Options::default()).unwrap();
+    Arc::new(InDir {
+        backend: KvBackend::new(store),
+        _dir: dir,
+    })
+}
+
+fn redb() -> Shared {
+    let dir = tempfile::tempdir().unwrap();
+    let store = RedbStore::open(dir.path(), Options::default()).unwrap();
+    Arc::new(InDir {
+        backend: KvBackend::new(store),
+        _dir: dir,
+    })
+}
+
+backend_suite!(on_memory, memory());
+backend_suite!(on_fjall, fjall());
+backend_suite!(on_redb, redb());
+
+fn address(text: &str) -> Address {
+    text.parse().unwrap()
+}
+
+/// A backend whose writes can be held at a gate (a caller stalled between its read and its
+/// conditional write) and that counts refused writes.
+struct Stalling {
+    inner: Shared,
+    armed: AtomicBool,
+    gate: Semaphore,
+    holding: Notify,
+    conflicts: AtomicU32,
+}
+
+impl Stalling {
+    fn new(inner: Shared) -> Arc<Stalling> {
+        Arc::new(Stalling {
+            inner,
+            armed: AtomicBool::new(false),
+            gate: Semaphore::new(0),
+            holding: Notify::new(),
+            conflicts: AtomicU32::new(0),
+        })
+    }
+
+    async fn hold_if_armed(&self) {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            self.holding.notify_one();
+            self.gate.acquire().await.unwrap().forget();
+        }
+    }
+
+    fn count(&self, result: Result<Version, WriteFailure>) -> Result<Version, WriteFailure> {
+        if matches!(result, Err(WriteFailure::Conflict)) {
+            self.conflicts.fetch_add(1, Ordering::SeqCst);
+        }
+        result
+    }
+}
+
+impl Backend for Stalling {
+    fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Object>, StorageError>> {
+        self.inner.load(key)
+    }
+    fn create<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        Box::pin(async move {
+            self.hold_if_armed().await;
+            self.count(self.inner.create(key, bytes).await)
+        })
+    }
+    fn replace<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a Version,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        Box::pin(async move {
+            self.hold_if_armed().await;
+            self.count(self.inner.replace(key, expected, bytes).await)
+        })
+    }
+    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
+        self.inner.remove(key)
+    }
+}
+
+/// Seed 003's failure: a lock holder stalls past the lock's TTL, another process takes the
+/// lock, both write, both hand out the same number. Here the stalled caller's conditional
+/// write is refused, it reads again and hands out a fresh number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_writer_cannot_hand_out_a_number_twice() {
+    let store = Arc::new(MemoryStore::new());
+    let stalling = Stalling::new(Arc::new(KvBackend::shared(Arc::clone(&store))));
+    let stalled = Sequences::new(Arc::clone(&stalling));
+    let other = Sequences::new(KvBackend::shared(store));
+    let a = address("orders/id");
+    assert_eq!(other.next(&a, &NextOptions::new()).await.unwrap(), 1);
+
+    stalling.armed.store(true, Ordering::SeqCst);
+    let slow = {
+        let a = a.clone();
+        tokio::spawn(async move { stalled.next(&a, &NextOptions::new()).await })
+    };
+    // The stalled caller has read value 2 and waits before writing 3.
+    stalling.holding.notified().await;
+    let mut handed = BTreeSet::from([1]);
+    for expected in 2..=101 {
+        let value = other.next(&a, &NextOptions::new()).await.unwrap();
+        assert_eq!(value, expected);
+        handed.insert(value);
+    }
+    stalling.gate.add_permits(1);
+    let late = slow.await.unwrap().unwrap();
+    assert!(handed.insert(late), "{late} handed out twice");
+    assert_eq!(late, 102, "the stalled caller read again");
+    assert_eq!(
+        stalling.conflicts.load(Ordering::SeqCst),
+        1,
+        "its stale write was refused"
+    );
+    assert_eq!(other.next(&a, &NextOptions::new()).await.unwrap(), 103);
+}
+
+/// Stalled longer than its timeout: the caller answers busy (or a fresh number), never a
+/// duplicate, and the sequence is not stuck for anyone else meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_stalled_past_its_timeout_gives_up_and_blocks_no_one() {
+    let store = Arc::new(MemoryStore::new());
+    let stalling = Stalling::new(Arc::new(KvBackend::shared(Arc::clone(&store))));
+    let stalled = Sequences::new(Arc::clone(&stalling));
+    let other = Sequences::new(KvBackend::shared(store));
+    let a = address("orders/id");
+    other.next(&a, &NextOptions::new()).await.unwrap();
+
+    stalling.armed.store(true, Ordering::SeqCst);
+    let slow = {
+        let a = a.clone();
+        let options = NextOptions::new().timeout(Duration::from_millis(100));
+        tokio::spawn(async move { stalled.next(&a, &options).await })
+    };
+    stalling.holding.notified().await;
+    let started = Instant::now();
+    let mut handed = BTreeSet::from([1]);
+    for _ in 0..20 {
+        handed.insert(other.next(&a, &NextOptions::new()).await.unwrap());
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "others were not blocked"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let answer = slow.await.unwrap();
+    assert!(
+        matches!(answer, Err(NextError::Busy { .. })),
+        "the caller's time ran out while it was stalled: {answer:?}"
+    );
+    stalling.gate.add_permits(1);
+    assert_eq!(handed, (1..=21).collect());
+    assert_eq!(other.next(&a, &NextOptions::new()).await.unwrap(), 22);
+}
+
+/// A backend on which every conditional write loses, or every call fails.
+struct Hostile {
+    fail: bool,
+    writes: AtomicU32,
+}
+
+impl Backend for Hostile {
+    fn load<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<Object>, StorageError>> {
+        Box::pin(async move {
+            if self.fail {
+                return Err(StorageError::message("reading", "disk on fire"));
+            }
+            Ok(None)
+        })
+    }
+    fn create<'a>(
+        &'a self,
+        _: &'a str,
+        _: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Err(WriteFailure::Conflict) })
+    }
+    fn replace<'a>(
+        &'a self,
+        _: &'a str,
+        _: &'a Version,
+        _: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Err(WriteFailure::Conflict) })
+    }
+    fn remove<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test]
+async fn endless_contention_ends_busy_at_the_timeout_after_backing_off() {
+    let hostile = Arc::new(Hostile {
+        fail: false,
+        writes: AtomicU32::new(0),
+    });
+    let s = Sequences::new(Arc::clone(&hostile));
+    let started = Instant::now();
+    let options = NextOptions::new().timeout(Duration::from_millis(300));
+    let error = s.next(&address("x"), &options).await.unwrap_err();
+    let waited = started.elapsed();
+    assert!(matches!(error, NextError::Busy { .. }), "{error}");
+    assert_eq!(error.code(), "busy");
+    assert!(error.to_string().contains("busy"), "{error}");
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(2));
+    let writes = hostile.writes.load(Ordering::SeqCst);
+    // Jittered exponential backoff: a handful of attempts, not a spin.
+    assert!((3..60).contains(&writes), "{writes} attempts in {waited:?}");
+}
+
+#[tokio::test]
+async fn storage_faults_are_errors_not_retries() {
+    let s = Sequences::new(Hostile {
+        fail: true,
+        writes: AtomicU32::new(0),
+    });
+    let error = s
+        .next(&address("x"), &NextOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, NextError::Storage(_)), "{error}");
+    assert_eq!(error.code(), "storage_unavailable");
+    assert!(error.to_string().contains("disk on fire"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbers_survive_a_restart_of_the_embedded_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = address("orders/id");
+    for round in 0..3u64 {
+        let store = FjallStore::open(dir.path(), Options::default()).unwrap();
+        let s = Sequences::new(KvBackend::new(store));
+        for i in 0..10 {
+            assert_eq!(
+                s.next(&a, &NextOptions::new()).await.unwrap(),
+                round * 10 + i + 1
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservers_hand_out_unique_numbers_and_hold_at_most_one_block() {
+    let s = Sequences::new(KvBackend::new(MemoryStore::new()));
+    let a = address("orders/reserved");
+    let block = NonZeroU64::new(100).unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let reserver = Reserver::new(s.clone(), a.clone(), ReserveOptions::new(block));
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            for _ in 0..1000 {
+                got.push(reserver.next().await.unwrap());
+                assert!(reserver.held() <= 100);
+            }
+            // Let a prefetch in flight land, then check the bound again.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(reserver.held() <= 100);
+            got
+        }));
+    }
+    let mut all = BTreeSet::new();
+    for task in tasks {
+        let got = task.await.unwrap();
+        assert!(
+            got.windows(2).all(|w| w[0] < w[1]),
+            "increasing per reserver"
+        );
+        for value in got {
+            assert!(all.insert(value), "{value} handed out twice");
+        }
+    }
+    // Each reserver took whole segments of 50; at most one block each is unused.
+    let stored = s.get(&a).await.unwrap().unwrap();
+    assert!(
+        stored - 1 >= 4000 && stored - 1 <= 4000 + 4 * 100,
+        "stored {stored}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserver_prefetches_the_next_segment_before_the_current_runs_out() {
+    let s = Sequences::new(KvBackend::new(MemoryStore::new()));
+    let a = address("orders/prefetched");
+    let reserver = Reserver::new(
+        s.clone(),
+        a.clone(),
+        ReserveOptions::new(NonZeroU64::new(200).unwrap()),
+    );
+    assert_eq!(reserver.next().await.unwrap(), 1);
+    assert_eq!(s.get(&a).await.unwrap(), Some(101), "one segment of 100");
+    for expected in 2..=10 {
+        assert_eq!(reserver.next().await.unwrap(), expected);
+    }
+    // A tenth used: the next segment is fetched in the background.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while reserver.held() != 190 {
+        assert!(Instant::now() < deadline, "no prefetch");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(s.get(&a).await.unwrap(), Some(201));
+    for expected in 11..=300 {
+        assert_eq!(reserver.next().await.unwrap(), expected);
+    }
+}
+
+#[tokio::test]
+async fn a_reserver_reports_a_failed_fetch_and_recovers() {
+    let store = Arc::new(MemoryStore::new());
+    let s = Sequences::new(KvBackend::shared(Arc::clone(&store)));
+    let a = address("orders/failing");
+    s.reset(&a, monoseq_named::VALUE_MAX - 5, &Default::default())
+        .await
+        .unwrap();
+    let reserver = Reserver::new(
+        s.clone(),
+        a.clone(),
+        ReserveOptions::new(NonZeroU64::new(20).unwrap()),
+    );
+    let error = reserver.next().await.unwrap_err();
+    assert!(matches!(error, NextError::Overflow { .. }), "{error}");
+    s.reset(&a, 1, &Default::default()).await.unwrap();
+    assert_eq!(reserver.next().await.unwrap(), 1);
+}
