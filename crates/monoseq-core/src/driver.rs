@@ -94,20 +94,27 @@ impl Runtime {
             drive(worker, &shared).await;
             let _ = done_tx.send(());
         });
-        DriverHandle { done: done_rx }
+        DriverHandle {
+            done: std::sync::Mutex::new(done_rx),
+        }
     }
 }
 
 /// Lets `shutdown` wait, with a bound, for the driver task to end.
 #[derive(Debug)]
 pub(crate) struct DriverHandle {
-    done: mpsc::Receiver<()>,
+    /// In a mutex only so the sequencer is `Sync` (a `Receiver` is not).
+    done: std::sync::Mutex<mpsc::Receiver<()>>,
 }
 
 impl DriverHandle {
     /// Waits up to `timeout`; answers whether the driver ended.
     pub(crate) fn wait(self, timeout: Duration) -> bool {
-        self.done.recv_timeout(timeout).is_ok()
+        self.done
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .recv_timeout(timeout)
+            .is_ok()
     }
 }
 

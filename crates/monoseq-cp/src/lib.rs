@@ -1,0 +1,20 @@
+//! monoseq command processor: validates commands, routes each to its partition
+//! (`workspace ID mod partitions`), runs the sequencing transaction around a group-committed
+//! event write, and answers with the PLog offset, the WLog offset and the real IDs of the
+//! command's raw IDs.
+//!
+//! No client is told "done" before its event is durable, and the persisted sequence state
+//! never gets ahead of the durable PLog: numbers of a group are committed as pending and reach
+//! the sequencer's backlog only once the group's batch is written.
+
+mod command;
+mod processor;
+
+pub use command::{
+    ARG_DEPTH_MAX, COMMAND_RECORDS_MAX, Command, InvalidCommand, KindName, NewArg, NewRecord,
+    RAW_ID_MAX, RAW_REF_KEY, RecordUpdate,
+};
+pub use processor::{
+    CommandError, CommandProcessor, Config, ConfigError, GROUP_COMMANDS_MAX_DEFAULT, Outcome,
+    PARTITIONS_MAX, ProcessorStats, QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS,
+};

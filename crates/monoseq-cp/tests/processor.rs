@@ -1,0 +1,277 @@
+//! The command processor on the in-memory and the embedded store: numbering, raw-ID
+//! resolution, group commit, bad input, sequence violations, and 1 000 partitions in one
+//! process.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use monoseq_core::{PLogOffset, WsId, WsKind};
+use monoseq_cp::{Command, CommandError, CommandProcessor, Config};
+use monoseq_kv::{KvStore, MemoryStore, WriteBatch};
+use monoseq_store::{
+    AppId, CRECORD_ID_SEQUENCE, EventStore, OWRECORD_ID_SEQUENCE, PartitionId, RecordId, TrustLevel,
+};
+use serde_json::json;
+
+fn cmd(v: serde_json::Value) -> Command {
+    serde_json::from_value(v).unwrap()
+}
+
+fn order(ws: u64) -> Command {
+    cmd(json!({
+        "ws": ws, "ws_kind": 1, "command": "app.CreateOrder",
+        "create": [
+            {"raw_id": 1, "kind": "CDoc", "name": "app.Order", "fields": {"number": 5, "customer": {"$raw": 2}}},
+            {"raw_id": 2, "kind": "WDoc", "name": "app.Customer", "fields": {"name": "Ann"}}
+        ],
+        "argument": {"raw_id": 3, "name": "app.Arg", "children": [{"raw_id": 4, "name": "app.Line"}]}
+    }))
+}
+
+type Mem = Arc<MemoryStore>;
+
+fn processor(config: Config) -> (CommandProcessor<Mem>, EventStore<Mem>) {
+    let store = EventStore::new(Arc::new(MemoryStore::new()), config.app, config.trust);
+    let cp = CommandProcessor::start(store.clone(), config).unwrap();
+    (cp, store)
+}
+
+async fn ready<S: KvStore + Clone + Send + Sync + 'static>(cp: &CommandProcessor<S>) {
+    for _ in 0..2000 {
+        if cp.ready() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("processor never became ready");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_gets_offsets_and_real_ids_and_is_stored_with_references_resolved() {
+    let (cp, store) = processor(Config {
+        partitions: 4,
+        ..Config::default()
+    });
+    ready(&cp).await;
+    let out = cp.submit(order(7)).await.unwrap();
+    assert_eq!(out.partition, 3);
+    assert_eq!((out.plog_offset, out.wlog_offset), (1, 1));
+    let crec = CRECORD_ID_SEQUENCE.initial.0;
+    let owrec = OWRECORD_ID_SEQUENCE.initial.0;
+    assert_eq!(
+        out.ids.into_iter().collect::<Vec<_>>(),
+        vec![(1, crec), (2, owrec), (3, owrec + 1), (4, owrec + 2)]
+    );
+    let event = store
+        .read_event(PartitionId(3), PLogOffset(1))
+        .unwrap()
+        .unwrap();
+    assert_eq!(event.ws, WsId(7));
+    let order = store.read_record(WsId(7), RecordId(crec)).unwrap().unwrap();
+    let customer = order.fields.iter().find(|f| f.name == "customer").unwrap();
+    assert_eq!(customer.value, owrec.to_string().into_bytes());
+
+    // The next command continues every sequence; an update merges fields.
+    let upd = cmd(json!({"ws": 7, "ws_kind": 1, "command": "app.Rename",
+        "update": [{"id": crec, "fields": {"number": 6}}]}));
+    let out = cp.submit(upd).await.unwrap();
+    assert_eq!((out.plog_offset, out.wlog_offset), (2, 2));
+    let order = store.read_record(WsId(7), RecordId(crec)).unwrap().unwrap();
+    assert!(
+        order
+            .fields
+            .iter()
+            .any(|f| f.name == "number" && f.value == b"6")
+    );
+    let out = cp.submit(order_again(7)).await.unwrap();
+    assert_eq!(out.ids[&1], crec + 1);
+    assert!(cp.shutdown(Duration::from_secs(10)).await);
+}
+
+fn order_again(ws: u64) -> Command {
+    order(ws)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_error_and_writes_nothing() {
+    let (cp, store) = processor(Config {
+        partitions: 1,
+        ..Config::default()
+    });
+    ready(&cp).await;
+    let cases = [
+        (
+            json!({"ws": 1, "ws_kind": 9, "command": "c"}),
+            "unknown_workspace_kind",
+        ),
+        (
+            json!({"ws": 1, "ws_kind": 1, "command": "c", "create": [
+                {"raw_id": 1, "kind": "CDoc", "name": "a"}, {"raw_id": 1, "kind": "CDoc", "name": "b"}]}),
+            "invalid_command",
+        ),
+        (
+            json!({"ws": 1, "ws_kind": 1, "command": "c", "create": [
+                {"raw_id": 1, "kind": "CDoc", "name": "a", "fields": {"x": {"$raw": 7}}}]}),
+            "invalid_command",
+        ),
+        (
+            json!({"ws": 1, "ws_kind": 1, "command": "c", "update": [{"id": 99, "fields": {}}]}),
+            "unknown_record",
+        ),
+    ];
+    for (c, code) in cases {
+        let err = cp.submit(cmd(c.clone())).await.unwrap_err();
+        assert_eq!(err.code(), code, "{c}: {err}");
+        assert!(err.http_status() >= 400 && err.http_status() < 500, "{err}");
+    }
+    assert_eq!(
+        store.read_event(PartitionId(0), PLogOffset(1)).unwrap(),
+        None
+    );
+    // The next good command still gets offset 1.
+    assert_eq!(cp.submit(order(1)).await.unwrap().plog_offset, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commands_are_group_committed_with_contiguous_offsets() {
+    let (cp, _store) = processor(Config {
+        partitions: 2,
+        ..Config::default()
+    });
+    ready(&cp).await;
+    let mut tasks = Vec::new();
+    for i in 0..2_000u64 {
+        let cp = cp.clone();
+        let ws = i % 50 + 1;
+        tasks.push(tokio::spawn(
+            async move { (ws, cp.submit(order(ws)).await) },
+        ));
+    }
+    let mut offsets = [Vec::new(), Vec::new()];
+    let mut ids = HashSet::new();
+    let mut wlogs = HashSet::new();
+    for t in tasks {
+        let (ws, out) = t.await.unwrap();
+        let out = out.unwrap();
+        offsets[out.partition as usize].push(out.plog_offset);
+        assert!(
+            wlogs.insert((ws, out.wlog_offset)),
+            "WLog offset handed out twice"
+        );
+        for (_, id) in out.ids {
+            assert!(
+                ids.insert((ws, id)),
+                "record ID {id} of workspace {ws} handed out twice"
+            );
+        }
+    }
+    for o in &mut offsets {
+        o.sort();
+        assert_eq!(*o, (1..=o.len() as u64).collect::<Vec<_>>());
+    }
+    let stats = cp.stats();
+    assert_eq!(stats.committed, 2_000);
+    assert!(
+        stats.groups < 2_000,
+        "no group commit: {} groups",
+        stats.groups
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_partitions_run_in_one_process() {
+    let (cp, _store) = processor(Config {
+        partitions: 1_000,
+        cache_workspaces_max: 100,
+        ..Config::default()
+    });
+    ready(&cp).await;
+    let mut tasks = Vec::new();
+    for ws in 1..=2_000u64 {
+        let cp = cp.clone();
+        tasks.push(tokio::spawn(async move { cp.submit(order(ws)).await }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        let out = t.await.unwrap().unwrap();
+        assert_eq!(out.partition, ((i as u64 + 1) % 1_000) as u32);
+        assert!(out.plog_offset <= 2);
+    }
+    assert!(cp.shutdown(Duration::from_secs(30)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_record_id_is_a_sequence_violation_naming_the_key_at_level_0() {
+    let (cp, store) = processor(Config {
+        partitions: 1,
+        trust: TrustLevel::Level0,
+        ..Config::default()
+    });
+    ready(&cp).await;
+    let first = cp.submit(order(3)).await.unwrap();
+    // Corrupt storage: something already sits at the next CRecord ID.
+    let next = RecordId(first.ids[&1] + 1);
+    let key = store.record_key(WsId(3), next);
+    let mut batch = WriteBatch::new();
+    batch.put(key.as_key(), b"x");
+    store.kv().write(&batch).unwrap();
+    let err = cp.submit(order(3)).await.unwrap_err();
+    assert_eq!(err.code(), "sequence_violation", "{err}");
+    assert!(err.to_string().contains("sequence violation"), "{err}");
+    assert_eq!(err.http_status(), 409);
+    // Nothing of it was written: the PLog still ends at offset 1.
+    assert_eq!(
+        store.read_event(PartitionId(0), PLogOffset(2)).unwrap(),
+        None
+    );
+    // Another workspace of the partition is not affected.
+    let ok = cp.submit(order(4)).await.unwrap();
+    assert_eq!(ok.plog_offset, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn level_2_overwrites_a_taken_record_id() {
+    let (cp, store) = processor(Config {
+        partitions: 1,
+        trust: TrustLevel::Level2,
+        ..Config::default()
+    });
+    ready(&cp).await;
+    let first = cp.submit(order(3)).await.unwrap();
+    let next = RecordId(first.ids[&1] + 1);
+    let mut batch = WriteBatch::new();
+    batch.put(store.record_key(WsId(3), next).as_key(), b"x");
+    store.kv().write(&batch).unwrap();
+    let out = cp.submit(order(3)).await.unwrap();
+    assert_eq!(out.ids[&1], next.0);
+    assert!(store.read_record(WsId(3), next).unwrap().is_some());
+}
+
+#[test]
+fn invalid_configuration_is_refused() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _g = rt.enter();
+    let store = EventStore::new(Arc::new(MemoryStore::new()), AppId(1), TrustLevel::Level0);
+    let err = CommandProcessor::start(
+        store.clone(),
+        Config {
+            partitions: 0,
+            ..Config::default()
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("partitions"), "{err}");
+    let err = CommandProcessor::start(
+        store,
+        Config {
+            ws_kinds: vec![],
+            ..Config::default()
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("sequence"), "{err}");
+    let _ = WsKind(1);
+    let _: Option<CommandError> = None;
+}
