@@ -19,11 +19,11 @@ pub enum Durability {
     /// `Ok` survives a power loss.
     #[default]
     Sync,
-    /// Writes return once visible; a background flusher makes them durable within `max_delay`
-    /// (one flush covers every write since the previous one), and
-    /// [`KvStore::sync`](crate::KvStore::sync) makes them durable at once. A crash loses at
-    /// most the writes of the last `max_delay` that no `sync` covered; each batch is lost
-    /// whole or kept whole.
+    /// Writes return once visible; a background flusher flushes every `max_delay` whatever
+    /// was written since its last flush (so a write is durable about `max_delay` plus one
+    /// flush after it returns), and [`KvStore::sync`](crate::KvStore::sync) makes writes
+    /// durable at once. A crash loses at most the writes of that last stretch that no `sync`
+    /// covered; each batch is lost whole or kept whole.
     GroupCommit {
         /// Longest time from a write's return to its flush; at most
         /// [`GROUP_COMMIT_DELAY_MAX`], more than zero.
