@@ -106,8 +106,7 @@ impl S3Backend {
     ///
     /// A [`StorageError`] when the configuration is incomplete or invalid.
     pub fn new(config: &S3Config) -> Result<S3Backend, StorageError> {
-        // HTTPS endpoints need a TLS crypto provider; install ours unless one is already.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::install_tls_provider();
         let mut builder = if config.from_env {
             AmazonS3Builder::from_env()
         } else {

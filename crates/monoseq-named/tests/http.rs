@@ -1,0 +1,351 @@
+//! The HTTP API over real HTTP: a server on 127.0.0.1:0 serving `router`, driven by the
+//! crate's `Client`, by raw requests (for status codes and the `{"code", "message"}` errors of
+//! bad input), and by the `monoseq seq` command functions.
+
+use std::sync::Arc;
+
+use monoseq_kv::{Key, KvStore, MemoryStore};
+use monoseq_named::cli::{Command, Target, run};
+use monoseq_named::{Client, KV_TAG, KvBackend, NextOptions, Sequences, SetOptions, router};
+use serde_json::{Value, json};
+
+struct Server {
+    base: String,
+    store: Arc<MemoryStore>,
+    sequences: Sequences,
+}
+
+async fn serve() -> Server {
+    let store = Arc::new(MemoryStore::new());
+    let sequences = Sequences::new(KvBackend::shared(Arc::clone(&store)));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = router(sequences.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Server {
+        base,
+        store,
+        sequences,
+    }
+}
+
+/// A raw request: (status, JSON body or Null).
+async fn raw(method: &str, url: &str, body: Option<&str>) -> (u16, Value) {
+    monoseq_named::install_tls_provider();
+    let http = reqwest::Client::new();
+    let mut request = http.request(method.parse().unwrap(), url);
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.unwrap();
+    let value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+    };
+    (status, value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_works_through_the_client() {
+    let server = serve().await;
+    let client = Client::new(&server.base).unwrap();
+    let a = "orders/invoice".parse().unwrap();
+    assert!(!client.exists(&a).await.unwrap());
+    assert_eq!(client.get(&a).await.unwrap(), None);
+    assert!(client.get_data(&a).await.unwrap().is_none());
+    let metadata: monoseq_named::Metadata =
+        serde_json::from_value(json!({"format": "INV-%04d"})).unwrap();
+    let options = NextOptions::new().initial(1000).metadata(metadata.clone());
+    assert_eq!(client.next(&a, &options).await.unwrap(), 1000);
+    assert_eq!(
+        client.increment(&a, &NextOptions::new()).await.unwrap(),
+        1002
+    );
+    assert_eq!(client.get(&a).await.unwrap(), Some(1002));
+    assert!(client.exists(&a).await.unwrap());
+    let data = client.get_data(&a).await.unwrap().unwrap();
+    assert_eq!((data.name.as_str(), data.value), ("invoice", 1002));
+    assert_eq!(data.metadata, metadata);
+    let data = client.reset(&a, 5, &SetOptions::new()).await.unwrap();
+    assert_eq!(data.value, 5);
+    let hundred = NextOptions::new().increment(std::num::NonZeroU64::new(100).unwrap());
+    assert_eq!(client.next(&a, &hundred).await.unwrap(), 5);
+    assert_eq!(server.sequences.get(&a).await.unwrap(), Some(105));
+    client.delete(&a).await.unwrap();
+    assert!(!client.exists(&a).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_requests_follow_the_documented_routes() {
+    let server = serve().await;
+    let url = |path: &str| format!("{}/v1/sequences/{path}", server.base);
+    let (status, body) = raw("POST", &url("resource=orders/plugin=backup/run/next"), None).await;
+    assert_eq!((status, body), (200, json!({"value": 1})));
+    let (status, body) = raw(
+        "POST",
+        &url("prefix=tenants/7/counter/next"),
+        Some(r#"{"initial": 10, "increment": 5, "timeout_ms": 1000}"#),
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({"value": 10})));
+    let (status, body) = raw("GET", &url("prefix=tenants/7/counter/value"), None).await;
+    assert_eq!((status, body), (200, json!({"value": 15})));
+    let (status, body) = raw("GET", &url("prefix=tenants/7/counter/data"), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["name"], "counter");
+    assert_eq!(body["value"], 15);
+    assert!(body["created_at_ms"].is_u64() && body["updated_at_ms"].is_u64());
+    let (status, body) = raw(
+        "POST",
+        &url("prefix=tenants/7/counter/set"),
+        Some(r#"{"value": 3, "metadata": {"reason": "migration"}}"#),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["metadata"], json!({"reason": "migration"}));
+    let (status, body) = raw("DELETE", &url("prefix=tenants/7/counter"), None).await;
+    assert_eq!((status, body), (204, Value::Null));
+    let (status, body) = raw("GET", &url("prefix=tenants/7/counter/exists"), None).await;
+    assert_eq!((status, body), (200, json!({"exists": false})));
+    let (status, body) = raw("GET", &url("prefix=tenants/7/counter/value"), None).await;
+    assert_eq!((status, body), (200, json!({"value": null})));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_stable_code_and_changes_nothing() {
+    let server = serve().await;
+    let url = |path: &str| format!("{}/v1/sequences/{path}", server.base);
+    raw("POST", &url("orders/id/reset"), Some(r#"{"value": 50}"#)).await;
+    let long = "n".repeat(129);
+    let cases: Vec<(&str, String, Option<&str>, u16, &str)> = vec![
+        (
+            "POST",
+            url("orders/id/next"),
+            Some(r#"{"increment": 0}"#),
+            400,
+            "invalid_increment",
+        ),
+        (
+            "POST",
+            url("orders/id/next"),
+            Some(r#"{"increment": -2}"#),
+            400,
+            "invalid_increment",
+        ),
+        (
+            "POST",
+            url("orders/id/next"),
+            Some(r#"{"increment": 1.5}"#),
+            400,
+            "invalid_increment",
+        ),
+        (
+            "POST",
+            url("orders/id/next"),
+            Some(r#"{"initial": -1}"#),
+            400,
+            "invalid_value",
+        ),
+        (
+            "POST",
+            url("orders/id/reset"),
+            Some(r#"{"value": -5}"#),
+            400,
+            "invalid_value",
+        ),
+        (
+            "POST",
+            url("orders/id/reset"),
+            Some(r#"{"value": 9223372036854775808}"#),
+            400,
+            "invalid_value",
+        ),
+        (
+            "POST",
+            url("orders/id/reset"),
+            Some(r#"{"value": 1e30}"#),
+            400,
+            "invalid_value",
+        ),
+        (
+            "POST",
+            url("orders/id/reset"),
+            Some(r#"{"value": "7"}"#),
+            400,
+            "invalid_value",
+        ),
+        (
+            "POST",
+            url("orders/id/reset"),
+            Some(r#"{}"#),
+            400,
+            "invalid_value",
+        ),
+        (
+            "POST",
+            url("orders/id/reset"),
+            Some(r#"{"value": 1, "metadata": [1]}"#),
+            400,
+            "invalid_metadata",
+        ),
+        (
+            "POST",
+            url("orders/id/next"),
+            Some(r#"{"incremnt": 2}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            url("orders/id/next"),
+            Some("not json"),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            url("orders/id/next"),
+            Some("[1]"),
+            400,
+            "bad_request",
+        ),
+        // (A bare `..` segment never reaches a server: clients resolve dot segments.)
+        (
+            "POST",
+            url("%2E%2E%2Fid/next"),
+            None,
+            400,
+            "invalid_address",
+        ),
+        ("POST", url(".hidden/next"), None, 400, "invalid_address"),
+        (
+            "POST",
+            url("orders%2F..%2Fid/next"),
+            None,
+            400,
+            "invalid_address",
+        ),
+        (
+            "POST",
+            url(&format!("orders/{long}/next")),
+            None,
+            400,
+            "invalid_address",
+        ),
+        ("POST", url("a/b/c/next"), None, 400, "invalid_address"),
+        (
+            "POST",
+            url("orders/id/jump"),
+            None,
+            404,
+            "unknown_operation",
+        ),
+        (
+            "GET",
+            url("orders/id/next"),
+            None,
+            405,
+            "method_not_allowed",
+        ),
+        ("GET", url("orders/missing/data"), None, 404, "not_found"),
+    ];
+    for (method, url, body, status, code) in cases {
+        let (got_status, got) = raw(method, &url, body).await;
+        assert_eq!(
+            (got_status, got["code"].as_str()),
+            (status, Some(code)),
+            "{method} {url} {body:?}: {got}"
+        );
+        assert!(got["message"].as_str().is_some_and(|m| !m.is_empty()));
+    }
+    let (_, body) = raw("GET", &url("orders/id/value"), None).await;
+    assert_eq!(body, json!({"value": 50}), "nothing changed");
+
+    // Overflow and an invalid stored object: 409, nothing written.
+    raw(
+        "POST",
+        &url("orders/id/reset"),
+        Some(r#"{"value": 9223372036854775807}"#),
+    )
+    .await;
+    let (status, body) = raw("POST", &url("orders/id/next"), None).await;
+    assert_eq!((status, body["code"].as_str()), (409, Some("overflow")));
+    let key = "resource=orders/sequence=broken/value";
+    let partition = [&[KV_TAG][..], key.as_bytes()].concat();
+    server
+        .store
+        .put(Key::new(&partition, b""), b"{\"value\":1}")
+        .unwrap();
+    let (status, body) = raw("POST", &url("orders/broken/next"), None).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("invalid_stored"))
+    );
+    let (status, _) = raw("POST", &url("orders/broken/reset"), Some(r#"{"value": 1}"#)).await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        server
+            .store
+            .get(Key::new(&partition, b""))
+            .unwrap()
+            .unwrap(),
+        b"{\"value\":1}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seq_commands_run_locally_and_through_the_server() {
+    let server = serve().await;
+    let client = Client::new(&server.base).unwrap();
+    let remote = Target::Remote(&client);
+    let local = Target::Local(&server.sequences);
+    let cmd = |words: &str| Command::parse(words.split_whitespace()).unwrap();
+    assert_eq!(
+        run(&cmd("next orders/invoice --initial 100"), remote)
+            .await
+            .unwrap(),
+        "100"
+    );
+    assert_eq!(
+        run(&cmd("next orders/invoice"), local).await.unwrap(),
+        "101"
+    );
+    assert_eq!(
+        run(&cmd("increment orders/invoice --increment 10"), remote)
+            .await
+            .unwrap(),
+        "112"
+    );
+    assert_eq!(
+        run(&cmd("get orders/invoice"), remote).await.unwrap(),
+        "112"
+    );
+    assert_eq!(
+        run(&cmd("exists orders/invoice"), local).await.unwrap(),
+        "true"
+    );
+    let data = run(&cmd("reset orders/invoice 7"), remote).await.unwrap();
+    let data: Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(data["value"], 7);
+    let data = run(&cmd("data orders/invoice"), local).await.unwrap();
+    assert!(data.contains("\"value\": 7"), "{data}");
+    assert_eq!(
+        run(&cmd("delete orders/invoice"), remote).await.unwrap(),
+        "deleted resource=orders/invoice"
+    );
+    let error = run(&cmd("get orders/invoice"), remote).await.unwrap_err();
+    assert_eq!(error.code(), "not_found");
+    run(&cmd("set orders/full 9223372036854775807"), local)
+        .await
+        .unwrap();
+    let error = run(&cmd("next orders/full"), remote).await.unwrap_err();
+    assert_eq!(error.code(), "overflow");
+    let error = run(&cmd("next orders/full"), local).await.unwrap_err();
+    assert_eq!(error.code(), "overflow");
+}
