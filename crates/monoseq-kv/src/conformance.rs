@@ -27,8 +27,8 @@ use crate::error::{CasError, KvError, WriteError};
 use crate::key::{Key, limits};
 use crate::store::{KvStore, Order, Visitor};
 
-/// Cases of the model property test when the caller does not choose (`PROPTEST_CASES`
-/// overrides it).
+/// Cases of the model property test when the caller does not choose. The `PROPTEST_CASES`
+/// environment variable overrides the count the caller gives.
 pub const MODEL_CASES_DEFAULT: u32 = 64;
 
 /// A store together with something that must outlive it (a temporary directory, a server
@@ -221,6 +221,7 @@ enum Step {
     },
     Get((Vec<u8>, Vec<u8>)),
     GetMany(Vec<(Vec<u8>, Vec<u8>)>),
+    Sync,
     Scan {
         partition: Vec<u8>,
         from: Bound<Vec<u8>>,
@@ -300,6 +301,7 @@ fn step_strategy() -> impl Strategy<Value = Step> {
             }),
         1 => key_strategy().prop_map(Step::Get),
         1 => prop::collection::vec(key_strategy(), 0..5).prop_map(Step::GetMany),
+        1 => Just(Step::Sync),
         3 => (
             partition_strategy(),
             bound_strategy(),
@@ -405,6 +407,11 @@ fn run_step<S: KvStore>(store: &S, model: &mut Model, step: &Step) -> Result<(),
             let expected: Vec<_> = keys.iter().map(|k| model.get(k).cloned()).collect();
             prop_assert_eq!(got, expected, "get_many {:?}", keys);
         }
+        Step::Sync => {
+            store
+                .sync()
+                .map_err(|e| fail(format!("sync failed: {e}")))?;
+        }
         Step::Scan {
             partition,
             from,
@@ -432,14 +439,20 @@ fn run_step<S: KvStore>(store: &S, model: &mut Model, step: &Step) -> Result<(),
 }
 
 /// Random sequences of batches (puts, conditional inserts, deletes), compare-and-swaps, gets,
-/// get-manys and bounded scans in both orders give the same answers as a `BTreeMap` model,
+/// get-manys, syncs and bounded scans in both orders give the same answers as a `BTreeMap` model,
 /// including which item of a batch conflicts and that a conflicting batch writes nothing.
+///
+/// Runs `cases` random sequences (`PROPTEST_CASES` overrides it), each on a fresh store.
 ///
 /// # Panics
 ///
 /// On the first difference, with the shrunk sequence of steps.
 pub fn behaves_like_the_btreemap_model<S: KvStore>(fresh: impl FnMut() -> S, cases: u32) {
     let fresh = RefCell::new(fresh);
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
     let mut runner = TestRunner::new(Config {
         cases,
         failure_persistence: None,
