@@ -364,10 +364,20 @@ fn main() {
         run_child(&spec);
         return;
     }
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    // Test names to run, as libtest takes them; flags (and the values of those that take one)
+    // are not names.
+    let mut filter: Vec<String> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if matches!(
+            arg.as_str(),
+            "--skip" | "--test-threads" | "--format" | "--color" | "--logfile" | "-Z"
+        ) {
+            args.next();
+        } else if !arg.starts_with('-') {
+            filter.push(arg);
+        }
+    }
     let seed = std::env::var("MONOSEQ_KV_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
