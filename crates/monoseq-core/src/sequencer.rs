@@ -522,6 +522,9 @@ impl<S: SeqStorage> Sequencer<S> {
             b.next_offset = Some(next_offset);
             sh.backlog_len.store(b.values.len(), Ordering::Release);
         }
+        sh.metrics
+            .next_offset
+            .store(next_offset.0, Ordering::Relaxed);
         if sh.backlog_len.load(Ordering::Relaxed) >= sh.params.backlog_urgent() {
             sh.wake.notify_one();
         }
@@ -572,6 +575,9 @@ impl<S: SeqStorage> Sequencer<S> {
         };
         self.current_dirty = true;
         self.next_offset = next_offset;
+        sh.metrics
+            .next_offset
+            .store(next_offset.0, Ordering::Relaxed);
         sh.set_status(Status::Ready);
         if before < urgent && after >= urgent {
             // Filling up: cut the batching delay short.
@@ -731,6 +737,11 @@ pub struct SequencerStats {
     pub backlog_values: usize,
     /// The last checkpoint written to storage (0 before the first).
     pub durable_offset: u64,
+    /// The PLog offset after the last committed (durable) event; `next_offset -
+    /// durable_offset` is the checkpoint lag in events.
+    pub next_offset: u64,
+    /// How long the last actualization took, in microseconds.
+    pub last_actualization_micros: u64,
     /// Completed actualizations.
     pub actualizations: u64,
     /// Events replayed by all actualizations (grows during one: progress).
@@ -759,6 +770,8 @@ impl<S: SeqStorage> SequencerHandle<S> {
             status: sh.status(),
             backlog_values: sh.backlog_len.load(Ordering::Acquire),
             durable_offset: m.durable_offset.load(Ordering::Relaxed),
+            next_offset: m.next_offset.load(Ordering::Relaxed),
+            last_actualization_micros: m.last_actualization_micros.load(Ordering::Relaxed),
             actualizations: m.actualizations.load(Ordering::Relaxed),
             replayed_events: m.replayed_events.load(Ordering::Relaxed),
             flushes: m.flushes.load(Ordering::Relaxed),

@@ -189,6 +189,10 @@ impl<S: SeqStorage> Worker<S> {
             return Ok(o);
         }
         let stored = self.shared.storage.read_next_plog_offset()?;
+        self.shared
+            .metrics
+            .durable_offset
+            .store(stored.0, Ordering::Relaxed);
         let mut b = self.shared.lock_backlog();
         b.next_offset = Some(stored);
         b.durable_offset = Some(stored);

@@ -1,0 +1,213 @@
+//! `monoseq bench`: a load generator. Against a running server over HTTP (`--url`), or
+//! in-process straight into the command processor on a fresh embedded store. Prints the
+//! throughput and latency percentiles.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use hdrhistogram::Histogram;
+use monoseq_cp::{Command, CommandProcessor};
+use monoseq_store::{EventStore, TrustLevel};
+use serde_json::json;
+
+use crate::config::{APP, Settings, check_partitions, open_store};
+
+/// Load generator flags.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Server to load, e.g. http://127.0.0.1:8080; without it the bench runs in-process.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 64)]
+    pub clients: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// Workspaces the commands spread over.
+    #[arg(long, default_value_t = 1_000)]
+    pub workspaces: u64,
+    /// In-process only: data directory for the fresh store [default: a temporary directory].
+    #[arg(long)]
+    pub bench_dir: Option<std::path::PathBuf>,
+}
+
+/// The command every client sends: one CDoc, an argument ODoc referring to it.
+fn command(ws: u64) -> Command {
+    serde_json::from_value(json!({
+        "ws": ws, "ws_kind": 1, "command": "bench.Create",
+        "create": [{"raw_id": 1, "kind": "CDoc", "name": "bench.Doc", "fields": {"n": ws}}],
+        "argument": {"raw_id": 2, "name": "bench.Arg", "fields": {"doc": {"$raw": 1}}}
+    }))
+    .expect("valid bench command")
+}
+
+/// What the clients measured.
+struct Tally {
+    ok: u64,
+    busy: u64,
+    failed: u64,
+    latency_us: Histogram<u64>,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            ok: 0,
+            busy: 0,
+            failed: 0,
+            latency_us: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+        }
+    }
+
+    fn merge(&mut self, other: &Tally) {
+        self.ok += other.ok;
+        self.busy += other.busy;
+        self.failed += other.failed;
+        let _ = self.latency_us.add(&other.latency_us);
+    }
+}
+
+/// Runs the bench and prints one line of results.
+pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
+    if args.clients == 0 || args.workspaces == 0 {
+        bail!("--clients and --workspaces must be at least 1");
+    }
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let (mode, tally, elapsed) = match &args.url {
+        Some(url) => {
+            let began = Instant::now();
+            let t = http_load(url, &args, deadline).await?;
+            ("http", t, began.elapsed())
+        }
+        None => {
+            let temp;
+            let dir = match &args.bench_dir {
+                Some(d) => d.clone(),
+                None => {
+                    temp = tempfile::tempdir().context("creating a temporary directory")?;
+                    temp.path().to_path_buf()
+                }
+            };
+            let kv = open_store(&dir)?;
+            check_partitions(&*kv, settings.partitions)?;
+            let cp = CommandProcessor::start(
+                EventStore::new(kv, APP, settings.trust),
+                settings.cp_config(),
+            )?;
+            while !cp.ready() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let began = Instant::now();
+            let t = in_process_load(&cp, &args, deadline).await;
+            let elapsed = began.elapsed();
+            cp.shutdown(settings.shutdown_timeout).await;
+            ("in-process", t, elapsed)
+        }
+    };
+    let trust = match settings.trust {
+        TrustLevel::Level0 => 0,
+        TrustLevel::Level1 => 1,
+        _ => 2,
+    };
+    let h = &tally.latency_us;
+    println!(
+        "bench: mode={mode} trust={trust} partitions={} clients={} ok={} busy={} failed={} \
+         throughput={:.0} cmd/s p50={}us p90={}us p99={}us p999={}us max={}us",
+        settings.partitions,
+        args.clients,
+        tally.ok,
+        tally.busy,
+        tally.failed,
+        tally.ok as f64 / elapsed.as_secs_f64(),
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.9),
+        h.value_at_quantile(0.99),
+        h.value_at_quantile(0.999),
+        h.max(),
+    );
+    Ok(())
+}
+
+async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>(
+    cp: &CommandProcessor<S>,
+    args: &BenchArgs,
+    deadline: Instant,
+) -> Tally {
+    let mut tasks = Vec::with_capacity(args.clients);
+    for client in 0..args.clients as u64 {
+        let cp = cp.clone();
+        let workspaces = args.workspaces;
+        tasks.push(tokio::spawn(async move {
+            let mut t = Tally::new();
+            let mut i = client;
+            while Instant::now() < deadline {
+                let ws = i % workspaces + 1;
+                i += 7919;
+                let began = Instant::now();
+                match cp.submit(command(ws)).await {
+                    Ok(_) => {
+                        t.ok += 1;
+                        let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
+                    }
+                    Err(e) if e.http_status() == 503 => {
+                        t.busy += 1;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    Err(_) => t.failed += 1,
+                }
+            }
+            t
+        }));
+    }
+    let mut all = Tally::new();
+    for task in tasks {
+        if let Ok(t) = task.await {
+            all.merge(&t);
+        }
+    }
+    all
+}
+
+async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Result<Tally> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.clients)
+        .build()?;
+    let endpoint: Arc<str> = format!("{}/v1/commands", url.trim_end_matches('/')).into();
+    let mut tasks = Vec::with_capacity(args.clients);
+    for c in 0..args.clients as u64 {
+        let client = client.clone();
+        let endpoint = Arc::clone(&endpoint);
+        let workspaces = args.workspaces;
+        tasks.push(tokio::spawn(async move {
+            let mut t = Tally::new();
+            let mut i = c;
+            while Instant::now() < deadline {
+                let ws = i % workspaces + 1;
+                i += 7919;
+                let began = Instant::now();
+                match client.post(&*endpoint).json(&command(ws)).send().await {
+                    Ok(r) if r.status().is_success() => {
+                        let _ = r.bytes().await;
+                        t.ok += 1;
+                        let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
+                    }
+                    Ok(r) if r.status().as_u16() == 503 => {
+                        let _ = r.bytes().await;
+                        t.busy += 1;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    _ => t.failed += 1,
+                }
+            }
+            t
+        }));
+    }
+    let mut all = Tally::new();
+    for task in tasks {
+        all.merge(&task.await?);
+    }
+    Ok(all)
+}

@@ -1,0 +1,219 @@
+//! Server settings: defaults that just work, overridden by a TOML file, then by environment
+//! variables (`MONOSEQ_*`), then by flags. Also the data directory's own record of the
+//! settings that must never change under existing data (the partition count).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use monoseq_core::WsKind;
+use monoseq_kv::{EmbeddedStore, Key, KvStore, Options};
+use monoseq_store::{AppId, TrustLevel};
+use serde::Deserialize;
+
+/// Default data directory.
+pub const DATA_DIR_DEFAULT: &str = "./data";
+/// Default listen address: loopback only.
+pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
+/// Default partition count.
+pub const PARTITIONS_DEFAULT: u32 = 8;
+/// Default bound on a graceful shutdown.
+pub const SHUTDOWN_TIMEOUT_DEFAULT_SECS: u64 = 10;
+/// Largest accepted request body.
+pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+
+/// Settings flags; each also reads `MONOSEQ_<NAME>` from the environment.
+#[derive(Debug, Clone, Default, Args)]
+pub struct SettingsArgs {
+    /// TOML file with settings (flags and environment override it).
+    #[arg(long, env = "MONOSEQ_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Data directory of the embedded store [default: ./data].
+    #[arg(long, env = "MONOSEQ_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, env = "MONOSEQ_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Partitions; fixed once data exists [default: 8].
+    #[arg(long, env = "MONOSEQ_PARTITIONS")]
+    pub partitions: Option<u32>,
+    /// Sequences trust level 0, 1 or 2 [default: 0].
+    #[arg(long, env = "MONOSEQ_TRUST_LEVEL")]
+    pub trust_level: Option<u8>,
+    /// Workspace kinds, comma separated [default: 1].
+    #[arg(long, env = "MONOSEQ_WS_KINDS", value_delimiter = ',')]
+    pub ws_kinds: Option<Vec<u16>>,
+    /// Most commands per group commit [default: 256].
+    #[arg(long, env = "MONOSEQ_GROUP_COMMANDS_MAX")]
+    pub group_commands_max: Option<usize>,
+    /// Most unflushed sequence values per partition [default: 500].
+    #[arg(long, env = "MONOSEQ_BACKLOG_VALUES_MAX")]
+    pub backlog_values_max: Option<usize>,
+    /// Workspaces cached per partition [default: 100000].
+    #[arg(long, env = "MONOSEQ_CACHE_WORKSPACES_MAX")]
+    pub cache_workspaces_max: Option<usize>,
+    /// Bound on a graceful shutdown, seconds [default: 10].
+    #[arg(long, env = "MONOSEQ_SHUTDOWN_TIMEOUT_SECS")]
+    pub shutdown_timeout_secs: Option<u64>,
+}
+
+/// The same settings as a TOML file spells them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettingsFile {
+    data_dir: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    partitions: Option<u32>,
+    trust_level: Option<u8>,
+    ws_kinds: Option<Vec<u16>>,
+    group_commands_max: Option<usize>,
+    backlog_values_max: Option<usize>,
+    cache_workspaces_max: Option<usize>,
+    shutdown_timeout_secs: Option<u64>,
+}
+
+/// Resolved settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub partitions: u32,
+    pub trust: TrustLevel,
+    pub ws_kinds: Vec<WsKind>,
+    pub group_commands_max: usize,
+    pub backlog_values_max: usize,
+    pub cache_workspaces_max: usize,
+    pub shutdown_timeout: Duration,
+}
+
+impl SettingsArgs {
+    /// Merges flags/environment over the file over the defaults.
+    pub fn resolve(&self) -> anyhow::Result<Settings> {
+        let file = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading config file {}", path.display()))?;
+                toml::from_str::<SettingsFile>(&text)
+                    .with_context(|| format!("parsing config file {}", path.display()))?
+            }
+            None => SettingsFile::default(),
+        };
+        let trust_level = self.trust_level.or(file.trust_level).unwrap_or(0);
+        let trust = TrustLevel::try_from(trust_level)?;
+        let ws_kinds: Vec<WsKind> = self
+            .ws_kinds
+            .clone()
+            .or(file.ws_kinds)
+            .unwrap_or_else(|| vec![1])
+            .into_iter()
+            .map(WsKind)
+            .collect();
+        if ws_kinds.is_empty() {
+            bail!("ws_kinds is empty: declare at least one workspace kind");
+        }
+        let defaults = monoseq_cp::Config::default();
+        Ok(Settings {
+            data_dir: self
+                .data_dir
+                .clone()
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from(DATA_DIR_DEFAULT)),
+            listen: self
+                .listen
+                .or(file.listen)
+                .unwrap_or_else(|| LISTEN_DEFAULT.parse().expect("valid default address")),
+            partitions: self
+                .partitions
+                .or(file.partitions)
+                .unwrap_or(PARTITIONS_DEFAULT),
+            trust,
+            ws_kinds,
+            group_commands_max: self
+                .group_commands_max
+                .or(file.group_commands_max)
+                .unwrap_or(defaults.group_commands_max),
+            backlog_values_max: self
+                .backlog_values_max
+                .or(file.backlog_values_max)
+                .unwrap_or(defaults.backlog_values_max),
+            cache_workspaces_max: self
+                .cache_workspaces_max
+                .or(file.cache_workspaces_max)
+                .unwrap_or(defaults.cache_workspaces_max),
+            shutdown_timeout: Duration::from_secs(
+                self.shutdown_timeout_secs
+                    .or(file.shutdown_timeout_secs)
+                    .unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT_SECS),
+            ),
+        })
+    }
+}
+
+impl Settings {
+    /// The command processor's configuration.
+    pub fn cp_config(&self) -> monoseq_cp::Config {
+        monoseq_cp::Config {
+            app: APP,
+            partitions: self.partitions,
+            trust: self.trust,
+            ws_kinds: self.ws_kinds.clone(),
+            group_commands_max: self.group_commands_max,
+            backlog_values_max: self.backlog_values_max,
+            cache_workspaces_max: self.cache_workspaces_max,
+            ..monoseq_cp::Config::default()
+        }
+    }
+}
+
+/// The application the server runs (one per data directory).
+pub const APP: AppId = AppId(1);
+
+const META_PARTITION: &[u8] = b"monoseq/meta";
+const META_PARTITIONS: &[u8] = b"partitions";
+
+/// Opens the embedded store in `dir` (creating it), durable on every write.
+pub fn open_store(dir: &Path) -> anyhow::Result<Arc<EmbeddedStore>> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating data directory {}", dir.display()))?;
+    let store = EmbeddedStore::open(dir, Options::default())
+        .with_context(|| format!("opening data directory {}", dir.display()))?;
+    Ok(Arc::new(store))
+}
+
+/// Records the partition count in a new data directory, or checks it against the recorded
+/// one: routing (`workspace mod partitions`) must never change under existing data.
+pub fn check_partitions(kv: &impl KvStore, partitions: u32) -> anyhow::Result<()> {
+    let key = Key::new(META_PARTITION, META_PARTITIONS);
+    match kv.get(key)? {
+        Some(v) => {
+            let stored = u32::from_be_bytes(
+                v.as_slice()
+                    .try_into()
+                    .context("the data directory's partition record is damaged")?,
+            );
+            if stored != partitions {
+                bail!(
+                    "the data directory holds {stored} partitions but {partitions} were \
+                     configured; workspaces are routed by `ws mod partitions`, so the count \
+                     cannot change: start with --partitions {stored}"
+                );
+            }
+        }
+        None => {
+            let mut batch = monoseq_kv::WriteBatch::new();
+            batch.insert_if_absent(key, &partitions.to_be_bytes());
+            kv.write(&batch)?;
+        }
+    }
+    Ok(())
+}
+
+/// The partition count recorded in a data directory.
+pub fn recorded_partitions(kv: &impl KvStore) -> anyhow::Result<Option<u32>> {
+    Ok(kv
+        .get(Key::new(META_PARTITION, META_PARTITIONS))?
+        .and_then(|v| v.as_slice().try_into().ok().map(u32::from_be_bytes)))
+}

@@ -1,0 +1,62 @@
+//! The `monoseq` binary: `serve` runs the HTTP server on the embedded store; `inspect`,
+//! `verify` and `bench` are the operator commands.
+
+mod bench;
+mod config;
+mod json;
+mod ops;
+mod server;
+
+use clap::{Parser, Subcommand};
+
+/// monoseq: monotonic sequence numbers for event-sourced, partitioned backends.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the HTTP server (commands, events, records, health, metrics).
+    Serve {
+        #[command(flatten)]
+        settings: config::SettingsArgs,
+    },
+    /// Show each partition's checkpoint against its PLog end (server stopped).
+    Inspect {
+        #[command(flatten)]
+        settings: config::SettingsArgs,
+        /// Also scan whole PLogs to count workspaces.
+        #[arg(long)]
+        full: bool,
+    },
+    /// Scan every PLog and check the invariants against the stored state (server stopped);
+    /// exits non-zero on a violation.
+    Verify {
+        #[command(flatten)]
+        settings: config::SettingsArgs,
+    },
+    /// Generate load against a server (--url) or in-process, and print throughput and latency.
+    Bench {
+        #[command(flatten)]
+        settings: config::SettingsArgs,
+        #[command(flatten)]
+        bench: bench::BenchArgs,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("monoseq")
+        .build()?;
+    match cli.command {
+        Cmd::Serve { settings } => runtime.block_on(server::serve(settings.resolve()?)),
+        Cmd::Inspect { settings, full } => ops::inspect(&settings.resolve()?, full),
+        Cmd::Verify { settings } => ops::verify(&settings.resolve()?),
+        Cmd::Bench { settings, bench } => runtime.block_on(bench::run(bench, settings.resolve()?)),
+    }
+}

@@ -1,0 +1,370 @@
+//! `monoseq serve`: the HTTP API over the command processor — command submission, reading
+//! events, WLog ranges and records back, liveness, readiness and Prometheus metrics — with a
+//! graceful, bounded shutdown. Errors are JSON `{"code", "message"}` with stable codes.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use anyhow::Context;
+use axum::Router;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use monoseq_core::{PLogOffset, WsId};
+use monoseq_cp::{Command, CommandError, CommandProcessor, RETRY_AFTER_SECS};
+use monoseq_kv::EmbeddedStore;
+use monoseq_store::{PartitionId, RecordId, WLogOffset};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, check_partitions, open_store};
+use crate::json;
+
+type Store = Arc<EmbeddedStore>;
+
+/// Most events one WLog read returns.
+const WLOG_PAGE_MAX: usize = 1_000;
+
+struct AppState {
+    cp: CommandProcessor<Store>,
+    metrics: Metrics,
+}
+
+struct Metrics {
+    registry: Registry,
+    commands: Family<Vec<(String, String)>, Counter>,
+    backlog: Gauge,
+    actualizing: Gauge,
+    checkpoint_lag: Gauge,
+    cache_hit_ratio: Gauge<f64, AtomicU64>,
+    replayed: Gauge,
+    actualizations: Gauge,
+    actualization_seconds: Gauge<f64, AtomicU64>,
+    groups: Gauge,
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("monoseq");
+        let m = Metrics {
+            commands: Family::default(),
+            backlog: Gauge::default(),
+            actualizing: Gauge::default(),
+            checkpoint_lag: Gauge::default(),
+            cache_hit_ratio: Gauge::default(),
+            replayed: Gauge::default(),
+            actualizations: Gauge::default(),
+            actualization_seconds: Gauge::default(),
+            groups: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "commands",
+            "Commands answered, by outcome code (ok, busy, ...)",
+            m.commands.clone(),
+        );
+        registry.register(
+            "backlog_values",
+            "Unflushed sequence values, all partitions",
+            m.backlog.clone(),
+        );
+        registry.register(
+            "actualizing_partitions",
+            "Partitions actualizing now",
+            m.actualizing.clone(),
+        );
+        registry.register(
+            "checkpoint_lag_events",
+            "Largest distance between a partition's PLog end and its persisted checkpoint",
+            m.checkpoint_lag.clone(),
+        );
+        registry.register(
+            "cache_hit_ratio",
+            "Share of transactions whose workspace numbers were in memory",
+            m.cache_hit_ratio.clone(),
+        );
+        registry.register(
+            "actualization_replayed_events",
+            "Events replayed by actualizations (grows during one: progress)",
+            m.replayed.clone(),
+        );
+        registry.register(
+            "actualizations",
+            "Completed actualizations",
+            m.actualizations.clone(),
+        );
+        registry.register(
+            "actualization_duration_seconds",
+            "Duration of the longest last actualization among partitions",
+            m.actualization_seconds.clone(),
+        );
+        registry.register("group_commits", "Group commits written", m.groups.clone());
+        Metrics { registry, ..m }
+    }
+}
+
+/// The router, for the server and for tests.
+pub fn router(cp: CommandProcessor<Store>) -> Router {
+    let state = Arc::new(AppState {
+        cp,
+        metrics: Metrics::new(),
+    });
+    Router::new()
+        .route("/v1/commands", post(submit))
+        .route(
+            "/v1/partitions/{partition}/events/{offset}",
+            get(read_event),
+        )
+        .route("/v1/workspaces/{ws}/wlog", get(read_wlog))
+        .route("/v1/workspaces/{ws}/records/{id}", get(read_record))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such endpoint; see README.md",
+            )
+        })
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX_DEFAULT))
+        .with_state(state)
+}
+
+/// Runs the server until SIGTERM or Ctrl-C, then shuts down within the configured bound.
+pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let kv = open_store(&settings.data_dir)?;
+    check_partitions(&*kv, settings.partitions)?;
+    let store = monoseq_store::EventStore::new(kv, crate::config::APP, settings.trust);
+    let cp = CommandProcessor::start(store, settings.cp_config())?;
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("listening on {}", settings.listen))?;
+    // Printed for scripts and tests that start the server on port 0.
+    println!("monoseq listening on http://{}", listener.local_addr()?);
+    let app = router(cp.clone());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    // No new requests; in-flight ones finished. Flush the sequencers and stop.
+    let clean = cp.shutdown(settings.shutdown_timeout).await;
+    if !clean {
+        eprintln!("monoseq: shutdown timed out; unflushed numbers are recovered from the PLog");
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { () = ctrl_c => {}, () = term => {} }
+}
+
+fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
+    (
+        status,
+        axum::Json(json!({"code": code, "message": message.to_string()})),
+    )
+        .into_response()
+}
+
+fn command_error(e: &CommandError) -> Response {
+    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = error(status, e.code(), e);
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    }
+    r
+}
+
+async fn submit(
+    State(st): State<Arc<AppState>>,
+    body: Result<axum::Json<Command>, JsonRejection>,
+) -> Response {
+    let cmd = match body {
+        Ok(axum::Json(c)) => c,
+        Err(rejection) => {
+            let (status, code) = match &rejection {
+                JsonRejection::JsonSyntaxError(_) => (StatusCode::BAD_REQUEST, "malformed_json"),
+                JsonRejection::JsonDataError(_) => (StatusCode::BAD_REQUEST, "invalid_command"),
+                JsonRejection::MissingJsonContentType(_) => {
+                    (StatusCode::UNSUPPORTED_MEDIA_TYPE, "content_type")
+                }
+                _ if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                    (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+                }
+                _ => (StatusCode::BAD_REQUEST, "bad_request"),
+            };
+            st.metrics
+                .commands
+                .get_or_create(&vec![("code".into(), code.into())])
+                .inc();
+            return error(status, code, rejection.body_text());
+        }
+    };
+    let result = st.cp.submit(cmd).await;
+    let code = match &result {
+        Ok(_) => "ok",
+        Err(e) => e.code(),
+    };
+    st.metrics
+        .commands
+        .get_or_create(&vec![("code".into(), code.into())])
+        .inc();
+    match result {
+        Ok(out) => axum::Json(out).into_response(),
+        Err(e) => command_error(&e),
+    }
+}
+
+async fn read_event(
+    State(st): State<Arc<AppState>>,
+    Path((partition, offset)): Path<(u32, u64)>,
+) -> Response {
+    let store = st.cp.store().clone();
+    let read = tokio::task::spawn_blocking(move || {
+        store.read_event(PartitionId(partition), PLogOffset(offset))
+    })
+    .await;
+    match read {
+        Ok(Ok(Some(e))) => axum::Json(json::event(&e)).into_response(),
+        Ok(Ok(None)) => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no event at PLog offset {offset} of partition {partition}"),
+        ),
+        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+    }
+}
+
+#[derive(Deserialize)]
+struct WlogQuery {
+    #[serde(default = "one")]
+    from: u64,
+    #[serde(default = "page")]
+    limit: usize,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn page() -> usize {
+    100
+}
+
+async fn read_wlog(
+    State(st): State<Arc<AppState>>,
+    Path(ws): Path<u64>,
+    query: Result<Query<WlogQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(Query(q)) = query else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "query parameters are from=<WLog offset>&limit=<count>",
+        );
+    };
+    if q.from == 0 || q.limit == 0 || q.limit > WLOG_PAGE_MAX {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("from starts at 1 and limit is 1 to {WLOG_PAGE_MAX}"),
+        );
+    }
+    let store = st.cp.store().clone();
+    let read =
+        tokio::task::spawn_blocking(move || store.read_wlog(WsId(ws), WLogOffset(q.from), q.limit))
+            .await;
+    match read {
+        Ok(Ok(events)) => axum::Json(json!({
+            "events": events.iter().map(json::event).collect::<Vec<_>>()
+        }))
+        .into_response(),
+        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+    }
+}
+
+async fn read_record(
+    State(st): State<Arc<AppState>>,
+    Path((ws, id)): Path<(u64, u64)>,
+) -> Response {
+    let store = st.cp.store().clone();
+    let read = tokio::task::spawn_blocking(move || store.read_record(WsId(ws), RecordId(id))).await;
+    match read {
+        Ok(Ok(Some(r))) => axum::Json(json::record(&r)).into_response(),
+        Ok(Ok(None)) => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no record {id} in workspace {ws}"),
+        ),
+        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+    }
+}
+
+async fn readyz(State(st): State<Arc<AppState>>) -> Response {
+    if st.cp.ready() {
+        "ready".into_response()
+    } else {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "actualizing",
+            "partitions are actualizing their sequences",
+        )
+    }
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let s = st.cp.stats();
+    let m = &st.metrics;
+    m.backlog.set(s.backlog_values as i64);
+    m.actualizing.set(s.actualizing_partitions as i64);
+    m.replayed.set(s.replayed_events as i64);
+    m.actualizations.set(s.actualizations as i64);
+    m.groups.set(s.groups as i64);
+    let lookups = s.cache_hits + s.cache_misses;
+    m.cache_hit_ratio.set(if lookups == 0 {
+        0.0
+    } else {
+        s.cache_hits as f64 / lookups as f64
+    });
+    let (mut lag, mut longest) = (0u64, 0u64);
+    for p in st.cp.partition_stats() {
+        lag = lag.max(p.next_offset.saturating_sub(p.durable_offset));
+        longest = longest.max(p.last_actualization_micros);
+    }
+    m.checkpoint_lag.set(lag as i64);
+    m.actualization_seconds.set(longest as f64 / 1e6);
+    let mut text = String::new();
+    if let Err(e) = encode(&mut text, &m.registry) {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e);
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
