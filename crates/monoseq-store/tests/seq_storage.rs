@@ -359,3 +359,45 @@ fn a_sequence_violation_leads_to_actualization_and_then_numbers_continue() {
     assert_eq!(e.wlog_offset, WLogOffset(2));
     assert_eq!(e.created[0].id.0, first.created[0].id.0 + 1);
 }
+
+#[test]
+fn sequencer_with_background_driver_runs_on_the_event_store() {
+    use std::time::Duration;
+    let kv = Arc::new(MemoryStore::new());
+    let store = EventStore::new(Arc::clone(&kv), APP, TrustLevel::Level0);
+    let storage = Arc::new(store.seq_storage(PARTITION));
+    let runtime = monoseq_core::Runtime::new(1).unwrap();
+    let params = monoseq_store::built_in_params([KIND])
+        .batcher_delay(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let mut seq = monoseq_core::Sequencer::new(params, Arc::clone(&storage), &runtime);
+    for i in 1..=50u64 {
+        let Start::Began(mut tx) = seq.start_wait(KIND, WS, Duration::from_secs(20)).unwrap()
+        else {
+            panic!("busy");
+        };
+        let wlog = tx.next(WLOG_OFFSET_SEQUENCE.id).unwrap();
+        let id = tx.next(CRECORD_ID_SEQUENCE.id).unwrap();
+        assert_eq!(tx.plog_offset(), PLogOffset(i));
+        assert_eq!(wlog, Number(i));
+        assert_eq!(id, Number(322_685_000_131_071 + i));
+        let e = raw_event(i, WS.0, wlog.0, &[(RecordKind::CDoc, id.0)]);
+        store.append(PARTITION, &[e]).unwrap();
+        tx.flush();
+    }
+    let report = seq.shutdown();
+    assert!(report.stopped_in_time);
+    assert_eq!(report.unflushed_values, 0);
+    // Shutdown flushed: the projection covers every event, so a restart replays nothing.
+    assert_eq!(storage.read_next_plog_offset().unwrap(), PLogOffset(51));
+    let mut out = [Number(0); 2];
+    storage
+        .read_numbers(
+            WS,
+            &[WLOG_OFFSET_SEQUENCE.id, CRECORD_ID_SEQUENCE.id],
+            &mut out,
+        )
+        .unwrap();
+    assert_eq!(out, [Number(50), Number(322_685_000_131_121)]);
+}
