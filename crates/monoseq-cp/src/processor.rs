@@ -469,7 +469,14 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionWorker<S> {
         }
         let store = self.store.clone();
         let partition = self.partition;
-        let written = tokio::task::spawn_blocking(move || store.append(partition, &events)).await;
+        // Durable before anyone is told: append, then sync (concurrent partitions share one
+        // flush when the store group-commits; with a store that syncs every write it is a
+        // no-op).
+        let written = tokio::task::spawn_blocking(move || {
+            store.append(partition, &events)?;
+            store.sync().map_err(AppendError::Storage)
+        })
+        .await;
         let result = match written {
             Ok(r) => r,
             Err(join) => Err(AppendError::Storage(monoseq_kv::KvError::Backend {

@@ -174,11 +174,19 @@ pub const APP: AppId = AppId(1);
 const META_PARTITION: &[u8] = b"monoseq/meta";
 const META_PARTITIONS: &[u8] = b"partitions";
 
-/// Opens the embedded store in `dir` (creating it), durable on every write.
+/// Longest time a write of the sequence projection may wait for its flush. Events are never
+/// left waiting: the command processor syncs every group before answering.
+pub const GROUP_COMMIT_DELAY: Duration = Duration::from_millis(5);
+
+/// Opens the embedded store in `dir` (creating it) with group commit: concurrent partitions
+/// share flushes, and the command processor syncs before it acknowledges.
 pub fn open_store(dir: &Path) -> anyhow::Result<Arc<EmbeddedStore>> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating data directory {}", dir.display()))?;
-    let store = EmbeddedStore::open(dir, Options::default())
+    let options = Options::default().durability(monoseq_kv::Durability::GroupCommit {
+        max_delay: GROUP_COMMIT_DELAY,
+    });
+    let store = EmbeddedStore::open(dir, options)
         .with_context(|| format!("opening data directory {}", dir.display()))?;
     Ok(Arc::new(store))
 }
@@ -206,6 +214,7 @@ pub fn check_partitions(kv: &impl KvStore, partitions: u32) -> anyhow::Result<()
             let mut batch = monoseq_kv::WriteBatch::new();
             batch.insert_if_absent(key, &partitions.to_be_bytes());
             kv.write(&batch)?;
+            kv.sync()?;
         }
     }
     Ok(())

@@ -1,0 +1,95 @@
+//! Runs the real `monoseq` binary as a child process for end-to-end tests.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_monoseq");
+
+/// A running `monoseq serve`.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Server {
+    /// Starts `monoseq serve` on `dir` and a free loopback port; waits until it listens.
+    pub fn start(dir: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn monoseq serve");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let url = line
+            .trim()
+            .strip_prefix("monoseq listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Server { child, url }
+    }
+
+    /// Sends SIGTERM and waits for the exit, at most `bound`.
+    pub fn terminate(mut self, bound: Duration) -> ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill -TERM");
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server did not stop within {bound:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn ready(&self, client: &reqwest::Client) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = client.get(format!("{}/readyz", self.url)).send().await
+                && r.status().is_success()
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "server never became ready");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `monoseq <args>` to completion.
+pub fn run(args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(args).output().expect("run monoseq")
+}

@@ -1,0 +1,222 @@
+//! End-to-end over real HTTP with a real client against the real binary: commands and reading
+//! them back, bad input, health, readiness, metrics, graceful shutdown and restart, and the
+//! data directory's guards (lock, fixed partition count).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Server, run};
+use serde_json::{Value, json};
+
+async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let r = client
+        .post(format!("{url}/v1/commands"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> (u16, Value) {
+    let r = client.get(url).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+fn order(ws: u64) -> Value {
+    json!({
+        "ws": ws, "ws_kind": 1, "command": "app.CreateOrder",
+        "create": [{"raw_id": 1, "kind": "CDoc", "name": "app.Order", "fields": {"total": 10}}],
+        "argument": {"raw_id": 2, "name": "app.Arg", "fields": {"order": {"$raw": 1}},
+                     "children": [{"raw_id": 3, "name": "app.Line"}]}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_are_acknowledged_read_back_and_survive_a_graceful_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = Server::start(dir.path(), &["--partitions", "4"]);
+    server.ready(&client).await;
+    let url = server.url.clone();
+
+    let (status, out) = post(&client, &url, &order(6)).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["partition"], 2);
+    assert_eq!(out["plog_offset"], 1);
+    assert_eq!(out["wlog_offset"], 1);
+    let order_id = out["ids"]["1"].as_u64().unwrap();
+    assert_eq!(order_id, 322_685_000_131_072);
+    assert_eq!(out["ids"]["2"], 322_680_000_131_072u64);
+
+    let (status, event) = get(&client, &format!("{url}/v1/partitions/2/events/1")).await;
+    assert_eq!(status, 200);
+    assert_eq!(event["ws"], 6);
+    assert_eq!(event["argument"]["fields"]["order"], order_id);
+    let (status, record) = get(
+        &client,
+        &format!("{url}/v1/workspaces/6/records/{order_id}"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(record["fields"]["total"], 10);
+    let update = json!({"ws": 6, "ws_kind": 1, "command": "app.Pay",
+                        "update": [{"id": order_id, "fields": {"paid": true}}]});
+    let (status, out) = post(&client, &url, &update).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["wlog_offset"], 2);
+    let (_, wlog) = get(
+        &client,
+        &format!("{url}/v1/workspaces/6/wlog?from=1&limit=10"),
+    )
+    .await;
+    let events = wlog["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1]["command"], "app.Pay");
+
+    let (status, _) = get(&client, &format!("{url}/v1/partitions/2/events/99")).await;
+    assert_eq!(status, 404);
+    let health = client.get(format!("{url}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let metrics = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "monoseq_commands_total{code=\"ok\"} 2",
+        "monoseq_backlog_values",
+        "monoseq_checkpoint_lag_events",
+        "monoseq_cache_hit_ratio",
+        "monoseq_actualization_duration_seconds",
+        "monoseq_actualization_replayed_events",
+    ] {
+        assert!(metrics.contains(name), "metrics lack {name}:\n{metrics}");
+    }
+
+    // SIGTERM: a clean, bounded exit; a restart continues every sequence.
+    let status = server.terminate(Duration::from_secs(15));
+    assert!(status.success(), "{status:?}");
+    let server = Server::start(dir.path(), &["--partitions", "4"]);
+    server.ready(&client).await;
+    let (status, out) = post(&client, &server.url, &order(6)).await;
+    assert_eq!(status, 200);
+    assert_eq!(out["plog_offset"], 3);
+    assert_eq!(out["wlog_offset"], 3);
+    assert_eq!(out["ids"]["1"], order_id + 1);
+    server.terminate(Duration::from_secs(15));
+
+    let verify = run(&["verify", "--data-dir", dir.path().to_str().unwrap()]);
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_a_4xx_with_a_clear_message_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = Server::start(dir.path(), &["--partitions", "1"]);
+    server.ready(&client).await;
+    let url = &server.url;
+    let raw = |body: &'static str| {
+        client
+            .post(format!("{url}/v1/commands"))
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    let r = raw("{\"ws\": 1,").send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "malformed_json");
+
+    let big = format!(
+        "{{\"ws\": 1, \"ws_kind\": 1, \"command\": \"{}\"}}",
+        "x".repeat(2 * 1024 * 1024)
+    );
+    // Its own connection: the server answers before reading the whole body, then closes.
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/commands"))
+        .header("content-type", "application/json")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.json::<Value>().await.unwrap()["code"], "too_large");
+
+    let cases = [
+        (
+            json!({"ws": 1, "ws_kind": 42, "command": "c"}),
+            400,
+            "unknown_workspace_kind",
+        ),
+        (json!({"ws": 1, "ws_kind": 1}), 400, "invalid_command"),
+        (
+            json!({"ws": 1, "ws_kind": 1, "command": "c", "create": [
+                {"raw_id": 5, "kind": "CDoc", "name": "a"},
+                {"raw_id": 5, "kind": "CRecord", "name": "b"}]}),
+            400,
+            "invalid_command",
+        ),
+        (
+            json!({"ws": 1, "ws_kind": 1, "command": "c", "create": [
+                {"raw_id": 1, "kind": "CDoc", "name": "a", "fields": {"parent": {"$raw": 9}}}]}),
+            400,
+            "invalid_command",
+        ),
+        (
+            json!({"ws": 1, "ws_kind": 1, "command": "c",
+                   "update": [{"id": 322685000131072u64, "fields": {"x": 1}}]}),
+            404,
+            "unknown_record",
+        ),
+    ];
+    for (body, status, code) in cases {
+        let (got, answer) = post(&client, url, &body).await;
+        assert_eq!(
+            (got, answer["code"].as_str().unwrap()),
+            (status, code),
+            "{body}: {answer}"
+        );
+        assert!(!answer["message"].as_str().unwrap().is_empty());
+    }
+    // Nothing was written: the first good command still gets every first number.
+    let (status, out) = post(&client, url, &order(1)).await;
+    assert_eq!(status, 200);
+    assert_eq!(out["plog_offset"], 1);
+    assert_eq!(out["ids"]["1"], 322_685_000_131_072u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_data_directory_and_a_changed_partition_count_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = Server::start(dir.path(), &["--partitions", "4"]);
+    server.ready(&client).await;
+    let second = run(&["verify", "--data-dir", dir.path().to_str().unwrap()]);
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("locked"), "{err}");
+    server.terminate(Duration::from_secs(15));
+
+    let wrong = run(&[
+        "serve",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--partitions",
+        "5",
+    ]);
+    assert!(!wrong.status.success());
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert!(err.contains("holds 4 partitions"), "{err}");
+}
