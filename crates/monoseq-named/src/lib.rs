@@ -36,14 +36,14 @@ mod sequences;
 
 pub use address::{Address, NAME_BYTES_MAX, PREFIX_BYTES_MAX, SCOPE_SEGMENT_BYTES_MAX, Scope};
 pub use backend::{Backend, BoxFuture, Object, Version, WriteFailure};
-pub use client::{Client, ClientError};
+pub use client::{CLIENT_GRACE, Client, ClientError};
 pub use error::{AddressError, DeleteError, NextError, ReadError, SetError, StorageError, code};
-pub use http::router;
+pub use http::{BODY_BYTES_MAX, router};
 pub use kv::{KV_TAG, KvBackend};
 pub use record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX};
 pub use reserve::{ReserveOptions, Reserver};
 #[cfg(feature = "s3")]
-pub use s3::{S3Backend, S3Config};
+pub use s3::{S3_REQUEST_TIMEOUT, S3_RETRIES_MAX, S3Backend, S3Config};
 pub use sequences::{
     BACKOFF_FIRST, BACKOFF_MAX, COMBINE_CALLS_MAX, NextOptions, Sequences, SetOptions,
     TIMEOUT_DEFAULT, TIMEOUT_MAX,

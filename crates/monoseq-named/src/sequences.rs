@@ -500,6 +500,11 @@ fn random() -> u64 {
 /// The leader of a lane: serves the queued calls of one sequence, batch after batch, until the
 /// lane is empty, then removes it.
 async fn lead_lane(inner: Arc<Inner>, address: Address) {
+    let mut guard = LaneGuard {
+        inner: &inner,
+        key: address.key(),
+        finished: false,
+    };
     loop {
         let batch = {
             let mut lanes = inner.lanes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -508,11 +513,34 @@ async fn lead_lane(inner: Arc<Inner>, address: Address) {
                 .expect("a lane lives while its leader runs");
             if lane.is_empty() {
                 lanes.remove(address.key());
+                guard.finished = true;
                 return;
             }
             take_batch(lane)
         };
         serve_batch(&*inner.backend, &address, batch).await;
+    }
+}
+
+/// Removes a lane whose leader stopped early (its task was cancelled, as when the runtime
+/// shuts down, or it panicked), so that the next call starts a new leader instead of queueing
+/// behind none. The waiters still queued get an error when their reply is dropped.
+struct LaneGuard<'a> {
+    inner: &'a Inner,
+    key: &'a str,
+    finished: bool,
+}
+
+impl Drop for LaneGuard<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            let mut lanes = self
+                .inner
+                .lanes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            lanes.remove(self.key);
+        }
     }
 }
 

@@ -394,3 +394,55 @@ async fn a_reserver_reports_a_failed_fetch_and_recovers() {
     s.reset(&a, 1, &Default::default()).await.unwrap();
     assert_eq!(reserver.next().await.unwrap(), 1);
 }
+
+/// A backend whose reads take a while.
+struct Slow(Shared);
+
+impl Backend for Slow {
+    fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Object>, StorageError>> {
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.0.load(key).await
+        })
+    }
+    fn create<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        self.0.create(key, bytes)
+    }
+    fn replace<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a Version,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        self.0.replace(key, expected, bytes)
+    }
+    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
+        self.0.remove(key)
+    }
+}
+
+/// A `Sequences` outlives runtimes (a CLI may make one per command): a writer task cancelled
+/// mid-operation by its runtime's shutdown does not leave the sequence queued behind it.
+#[test]
+fn a_sequence_keeps_working_after_its_runtime_stopped_mid_operation() {
+    let s = Sequences::new(Slow(memory()));
+    let a = address("orders/id");
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let abandoned = runtime().block_on(async {
+        tokio::time::timeout(Duration::from_millis(10), s.next(&a, &NextOptions::new())).await
+    });
+    assert!(abandoned.is_err(), "the first call was abandoned mid-read");
+    let value = runtime().block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), s.next(&a, &NextOptions::new())).await
+    });
+    assert_eq!(value.expect("no hang").unwrap(), 1);
+}
