@@ -1,0 +1,172 @@
+//! Crash test: the server runs as a child process under concurrent load and is killed with
+//! SIGKILL at random moments, many times, restarting each time. Afterwards `verify` passes,
+//! every PLog offset is contiguous, every acknowledged event is stored as acknowledged, and no
+//! offset or record ID acknowledged to a client was ever handed out twice.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Server, run};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{Value, json};
+
+const ROUNDS: usize = 10;
+const CLIENTS: usize = 12;
+const WORKSPACES: u64 = 30;
+const PARTITIONS: &str = "3";
+
+/// What a client was told.
+#[derive(Debug, Clone)]
+struct Ack {
+    ws: u64,
+    partition: u64,
+    plog: u64,
+    wlog: u64,
+    ids: Vec<u64>,
+}
+
+fn command(ws: u64, n: u64) -> Value {
+    json!({
+        "ws": ws, "ws_kind": 1, "command": "crash.Create",
+        "create": [{"raw_id": 1, "kind": "CDoc", "name": "crash.Doc", "fields": {"n": n}},
+                   {"raw_id": 2, "kind": "WRecord", "name": "crash.Row"}],
+        "argument": {"raw_id": 3, "name": "crash.Arg", "fields": {"doc": {"$raw": 1}}}
+    })
+}
+
+async fn load(url: String, acks: Arc<Mutex<Vec<Ack>>>, client_no: u64) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut n = client_no;
+    loop {
+        let ws = n % WORKSPACES + 1;
+        n += CLIENTS as u64;
+        let Ok(r) = client
+            .post(format!("{url}/v1/commands"))
+            .json(&command(ws, n))
+            .send()
+            .await
+        else {
+            return; // the server is gone
+        };
+        if r.status() == 503 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
+        let status = r.status();
+        let Ok(body) = r.json::<Value>().await else {
+            return;
+        };
+        assert_eq!(status, 200, "{body}");
+        let ids = ["1", "2", "3"]
+            .iter()
+            .map(|k| body["ids"][k].as_u64().unwrap())
+            .collect();
+        acks.lock().unwrap().push(Ack {
+            ws,
+            partition: body["partition"].as_u64().unwrap(),
+            plog: body["plog_offset"].as_u64().unwrap(),
+            wlog: body["wlog_offset"].as_u64().unwrap(),
+            ids,
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_moments_loses_no_acknowledged_event_and_reuses_no_number() {
+    let seed: u64 = std::env::var("MONOSEQ_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0xC0FFEE);
+    eprintln!("crash test seed {seed} (MONOSEQ_CRASH_SEED replays it)");
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
+    let probe = reqwest::Client::new();
+    for round in 0..ROUNDS {
+        let server = Server::start(dir.path(), &["--partitions", PARTITIONS]);
+        server.ready(&probe).await;
+        let clients: Vec<_> = (0..CLIENTS as u64)
+            .map(|c| {
+                tokio::spawn(load(
+                    server.url.clone(),
+                    Arc::clone(&acks),
+                    c + round as u64,
+                ))
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(rng.random_range(150..700))).await;
+        server.kill();
+        for c in clients {
+            c.await.expect("a client saw a wrong answer");
+        }
+    }
+    let acks = acks.lock().unwrap().clone();
+    assert!(acks.len() > 100, "too little load: {} acks", acks.len());
+    eprintln!("{ROUNDS} crashes, {} acknowledged commands", acks.len());
+
+    // No offset or number acknowledged twice.
+    let mut plogs = HashSet::new();
+    let mut wlogs = HashSet::new();
+    let mut ids = HashSet::new();
+    for a in &acks {
+        assert!(
+            plogs.insert((a.partition, a.plog)),
+            "PLog offset twice: {a:?}"
+        );
+        assert!(wlogs.insert((a.ws, a.wlog)), "WLog offset twice: {a:?}");
+        for id in &a.ids {
+            assert!(ids.insert((a.ws, *id)), "record ID twice: {a:?}");
+        }
+    }
+
+    // Every acknowledged event is stored as acknowledged; PLogs are contiguous.
+    let server = Server::start(dir.path(), &["--partitions", PARTITIONS]);
+    server.ready(&probe).await;
+    let mut ends: HashMap<u64, u64> = HashMap::new();
+    for a in &acks {
+        let e: Value = probe
+            .get(format!(
+                "{}/v1/partitions/{}/events/{}",
+                server.url, a.partition, a.plog
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            e["ws"], a.ws,
+            "acknowledged event lost or replaced: {a:?}: {e}"
+        );
+        assert_eq!(e["wlog_offset"], a.wlog);
+        assert_eq!(e["created"][0]["id"], a.ids[0]);
+        let end = ends.entry(a.partition).or_default();
+        *end = (*end).max(a.plog);
+    }
+    for (p, end) in ends {
+        for offset in 1..=end {
+            let r = probe
+                .get(format!("{}/v1/partitions/{p}/events/{offset}", server.url))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "partition {p} has a gap at {offset}");
+        }
+    }
+    server.terminate(Duration::from_secs(15));
+    let verify = run(&["verify", "--data-dir", dir.path().to_str().unwrap()]);
+    assert!(
+        verify.status.success(),
+        "verify failed:\n{}\n{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+}
