@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod scenarios;
+
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
