@@ -485,8 +485,8 @@ fn s3_callers_stopped_or_killed_between_read_and_write_cannot_duplicate() {
     handed.push(line.strip_prefix("v ").unwrap().parse().unwrap());
     assert_eq!(caller.wait_with_output().unwrap().status.code(), Some(0));
 
-    // 2. Stopped for longer than its timeout (300 ms): it gives up busy, writes nothing.
-    let (caller, out) = s3_caller_at_its_write(endpoint, &bucket, 100, 300);
+    // 2. Stopped for longer than its timeout (400 ms): it gives up busy, writes nothing.
+    let (caller, out) = s3_caller_at_its_write(endpoint, &bucket, 250, 400);
     signal(&caller, "STOP");
     for _ in 0..5 {
         handed.push(s3_next(&here).unwrap());

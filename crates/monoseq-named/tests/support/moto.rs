@@ -54,8 +54,8 @@ fn start() -> Server {
         .port();
     let log = std::env::temp_dir().join(format!("monoseq-moto-{port}.log"));
     let script = format!(
-        "moto_server -H 127.0.0.1 -p {port} >{} 2>&1 & pid=$!; read _; kill $pid",
-        log.display()
+        "moto_server -H 127.0.0.1 -p {port} >{log} 2>&1 & pid=$!; read _; kill $pid; rm -f {log}",
+        log = log.display()
     );
     let child = Command::new("sh")
         .args(["-c", &script])
@@ -67,8 +67,8 @@ fn start() -> Server {
     while TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
         assert!(
             started.elapsed() < START_TIMEOUT,
-            "moto_server did not listen on port {port} within {START_TIMEOUT:?}; see {}",
-            log.display()
+            "moto_server did not listen on port {port} within {START_TIMEOUT:?}; its output:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
