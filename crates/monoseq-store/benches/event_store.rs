@@ -4,8 +4,9 @@
 //! decoding that replay relies on.
 //!
 //! Run: `cargo bench -p monoseq-store --bench event_store`. `MONOSEQ_BENCH_EVENTS` sets the
-//! number of events in the PLog (default 1 000 000); filters such as `-- actualize` pick
-//! groups. Throughput is printed in events per second ("elem/s").
+//! number of events in the PLog (default 1 000 000); filters that start with a group's name
+//! (`-- actualize`, `-- append_durable/events/fjall`) pick groups and skip preparing the
+//! others. Throughput is printed in events per second ("elem/s").
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
@@ -96,7 +97,35 @@ impl Engine {
     }
 }
 
+/// Whether the command line selects benchmarks of `group`: no filter, or a filter that starts
+/// with the group's name (or is a prefix of it). Lets a run of other groups skip populating
+/// the PLogs, which takes tens of seconds.
+fn selected(group: &str) -> bool {
+    let mut args = std::env::args().skip(1);
+    let mut filters = Vec::new();
+    while let Some(a) = args.next() {
+        if a.starts_with("--") {
+            // Options that take a value.
+            if matches!(
+                a.as_str(),
+                "--profile-time" | "--save-baseline" | "--baseline" | "--sample-size"
+            ) {
+                args.next();
+            }
+        } else {
+            filters.push(a);
+        }
+    }
+    filters.is_empty()
+        || filters
+            .iter()
+            .any(|f| f.starts_with(group) || group.starts_with(f.as_str()))
+}
+
 fn actualize(c: &mut Criterion) {
+    if !selected("actualize") {
+        return;
+    }
     let n = events_in_plog();
     let mut g = c.benchmark_group("actualize");
     g.sample_size(10)
@@ -238,6 +267,9 @@ fn decode(c: &mut Criterion) {
 /// Reading a workspace's numbers (what a sequencer's cache miss costs) among 100 000
 /// workspaces' projections.
 fn read_numbers(c: &mut Criterion) {
+    if !selected("read_numbers") {
+        return;
+    }
     let mut g = c.benchmark_group("read_numbers");
     g.throughput(Throughput::Elements(1));
     for engine in [Engine::Fjall, Engine::Redb] {

@@ -401,3 +401,33 @@ fn sequencer_with_background_driver_runs_on_the_event_store() {
         .unwrap();
     assert_eq!(out, [Number(50), Number(322_685_000_131_121)]);
 }
+
+#[test]
+fn a_damaged_projection_gives_an_error_that_says_how_to_recover() {
+    let kv = Arc::new(MemoryStore::new());
+    let store = EventStore::new(Arc::clone(&kv), APP, TrustLevel::Level0);
+    let s = store.seq_storage(PARTITION);
+    s.write_values_and_next_plog_offset(&[SeqValue::new(WS, SeqId(2), Number(3))], PLogOffset(4))
+        .unwrap();
+    // Overwrite every stored value of the projection with a byte that is no number.
+    let mut keys = Vec::new();
+    for tag in [4u8, 5] {
+        let mut prefix = vec![tag];
+        prefix.extend_from_slice(&APP.0.to_be_bytes());
+        if tag == 4 {
+            prefix.extend_from_slice(&WS.0.to_be_bytes());
+            keys.push((prefix, 2u16.to_be_bytes().to_vec()));
+        } else {
+            prefix.extend_from_slice(&PARTITION.0.to_be_bytes());
+            keys.push((prefix, Vec::new()));
+        }
+    }
+    for (p, c) in &keys {
+        kv.put(monoseq_kv::Key::new(p, c), &[7]).unwrap();
+    }
+    let err = s.read_next_plog_offset().unwrap_err();
+    assert!(err.to_string().contains("checkpoint"), "{err}");
+    let mut out = [Number(0)];
+    let err = s.read_numbers(WS, &[SeqId(2)], &mut out).unwrap_err();
+    assert!(err.to_string().contains("workspace 1001"), "{err}");
+}
