@@ -74,7 +74,6 @@ impl Client {
     ///
     /// [`ClientError::Transport`] when the HTTP client cannot be built.
     pub fn new(base_url: &str) -> Result<Client, ClientError> {
-        crate::install_tls_provider();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .build()

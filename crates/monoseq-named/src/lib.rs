@@ -48,15 +48,3 @@ pub use sequences::{
     BACKOFF_FIRST, BACKOFF_MAX, COMBINE_CALLS_MAX, NextOptions, Sequences, SetOptions,
     TIMEOUT_DEFAULT, TIMEOUT_MAX,
 };
-
-/// Makes sure reqwest's TLS has a crypto provider: with the `s3` feature reqwest is built with
-/// rustls and no bundled provider (ring instead of aws-lc-rs keeps the build light), so the
-/// process-wide default is set to ring unless something installed one already. Every
-/// constructor of an HTTP client in this crate calls it; other code building a reqwest client
-/// in the same process must call it (or install a provider) first.
-pub fn install_tls_provider() {
-    #[cfg(feature = "s3")]
-    {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}

@@ -106,7 +106,6 @@ impl S3Backend {
     ///
     /// A [`StorageError`] when the configuration is incomplete or invalid.
     pub fn new(config: &S3Config) -> Result<S3Backend, StorageError> {
-        crate::install_tls_provider();
         let mut builder = if config.from_env {
             AmazonS3Builder::from_env()
         } else {

@@ -31,7 +31,6 @@ async fn serve() -> Server {
 
 /// A raw request: (status, JSON body or Null).
 async fn raw(method: &str, url: &str, body: Option<&str>) -> (u16, Value) {
-    monoseq_named::install_tls_provider();
     let http = reqwest::Client::new();
     let mut request = http.request(method.parse().unwrap(), url);
     if let Some(body) = body {
