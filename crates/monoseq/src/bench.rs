@@ -143,11 +143,14 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
         tasks.push(tokio::spawn(async move {
             let mut t = Tally::new();
             let mut i = client;
+            let template = command(1);
             while Instant::now() < deadline {
                 let ws = i % workspaces + 1;
                 i += 7919;
+                let mut cmd = template.clone();
+                cmd.ws = ws;
                 let began = Instant::now();
-                match cp.submit(command(ws)).await {
+                match cp.submit(cmd).await {
                     Ok(_) => {
                         t.ok += 1;
                         let _ = t.latency_us.record(began.elapsed().as_micros() as u64);

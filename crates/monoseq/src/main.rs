@@ -5,9 +5,15 @@ mod bench;
 mod config;
 mod json;
 mod ops;
+mod seq;
 mod server;
 
 use clap::{Parser, Subcommand};
+
+/// mimalloc: the server allocates per command from many threads; measured faster than the
+/// system allocator under `monoseq bench` (see DESIGN.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// monoseq: monotonic sequence numbers for event-sourced, partitioned backends.
 #[derive(Debug, Parser)]
@@ -38,6 +44,12 @@ enum Cmd {
         #[command(flatten)]
         settings: config::SettingsArgs,
     },
+    /// Named sequences: next, increment, get, data, exists, reset, set, delete (run
+    /// `monoseq seq help` for the usage).
+    Seq {
+        #[command(flatten)]
+        args: seq::SeqArgs,
+    },
     /// Generate load against a server (--url) or in-process, and print throughput and latency.
     Bench {
         #[command(flatten)]
@@ -47,8 +59,17 @@ enum Cmd {
     },
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("monoseq: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("monoseq")
@@ -57,6 +78,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Serve { settings } => runtime.block_on(server::serve(settings.resolve()?)),
         Cmd::Inspect { settings, full } => ops::inspect(&settings.resolve()?, full),
         Cmd::Verify { settings } => ops::verify(&settings.resolve()?),
+        Cmd::Seq { args } => runtime.block_on(seq::main(args)),
         Cmd::Bench { settings, bench } => runtime.block_on(bench::run(bench, settings.resolve()?)),
     }
 }

@@ -110,8 +110,11 @@ impl Metrics {
     }
 }
 
-/// The router, for the server and for tests.
+/// The router, for the server and for tests: commands and events, plus the named sequences
+/// (`/v1/sequences/...`) on the same store.
 pub fn router(cp: CommandProcessor<Store>) -> Router {
+    let sequences =
+        monoseq_named::Sequences::new(monoseq_named::KvBackend::new(Arc::clone(cp.store().kv())));
     let state = Arc::new(AppState {
         cp,
         metrics: Metrics::new(),
@@ -136,6 +139,7 @@ pub fn router(cp: CommandProcessor<Store>) -> Router {
         })
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX_DEFAULT))
         .with_state(state)
+        .merge(monoseq_named::router(sequences))
 }
 
 /// Runs the server until SIGTERM or Ctrl-C, then shuts down within the configured bound.

@@ -220,3 +220,72 @@ async fn a_locked_data_directory_and_a_changed_partition_count_are_refused_clear
     let err = String::from_utf8_lossy(&wrong.stderr);
     assert!(err.contains("holds 4 partitions"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_sequences_answer_over_http_and_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = Server::start(dir.path(), &["--partitions", "2"]);
+    server.ready(&client).await;
+    let url = server.url.clone();
+    let seq = |args: &[&str]| {
+        let mut all = vec!["seq", "--url", &url];
+        all.extend_from_slice(args);
+        let out = run(&all);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        )
+    };
+    assert_eq!(
+        seq(&["next", "orders/invoice", "--initial", "1000"]).1,
+        "1000"
+    );
+    assert_eq!(
+        seq(&["next", "orders/invoice", "--increment", "10"]).1,
+        "1001"
+    );
+    assert_eq!(seq(&["increment", "orders/invoice"]).1, "1012");
+    assert_eq!(seq(&["get", "orders/invoice"]).1, "1012");
+    assert_eq!(seq(&["exists", "orders/invoice"]).1, "true");
+    let (ok, _, err) = seq(&["next", "../etc"]);
+    assert!(!ok && err.contains("path"), "{err}");
+    let (ok, _, err) = seq(&["reset", "orders/invoice", "-5"]);
+    assert!(!ok, "a negative reset was accepted: {err}");
+    assert_eq!(
+        seq(&["get", "orders/invoice"]).1,
+        "1012",
+        "a refused reset changed the value"
+    );
+    // The HTTP API of the same server sees the same sequence.
+    let r: Value = client
+        .post(format!("{url}/v1/sequences/orders/invoice/next"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["value"], 1012);
+    let r: Value = client
+        .get(format!("{url}/v1/sequences/orders/invoice/value"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["value"], 1013);
+    server.terminate(Duration::from_secs(15));
+    // Locally on the data directory, with the server stopped.
+    let local = run(&[
+        "seq",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "get",
+        "orders/invoice",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&local.stdout).trim(), "1013");
+}
