@@ -32,6 +32,10 @@ pub const QUEUE_COMMANDS_MAX_DEFAULT: usize = 4_096;
 /// How long a partition waits for its sequencer to finish actualizing before retrying the
 /// commands of a failed group.
 const ACTUALIZE_WAIT: Duration = Duration::from_secs(5);
+/// Default limit of unflushed sequence values per partition. Larger than the sequencer's own
+/// default (seed 000's 500) because a group's pending numbers count against it: a full group
+/// of 256 commands with a WLog offset and a few record IDs each must fit.
+pub const BACKLOG_VALUES_MAX_DEFAULT: usize = 8_192;
 /// Suggested client back-off when the answer is busy.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
@@ -65,7 +69,7 @@ impl Default for Config {
             ws_kinds: vec![WsKind(1)],
             group_commands_max: GROUP_COMMANDS_MAX_DEFAULT,
             queue_commands_max: QUEUE_COMMANDS_MAX_DEFAULT,
-            backlog_values_max: monoseq_core::BACKLOG_VALUES_MAX_DEFAULT,
+            backlog_values_max: BACKLOG_VALUES_MAX_DEFAULT,
             cache_workspaces_max: monoseq_core::CACHE_WORKSPACES_MAX_DEFAULT,
         }
     }

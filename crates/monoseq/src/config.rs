@@ -49,7 +49,7 @@ pub struct SettingsArgs {
     /// Most commands per group commit [default: 256].
     #[arg(long, env = "MONOSEQ_GROUP_COMMANDS_MAX")]
     pub group_commands_max: Option<usize>,
-    /// Most unflushed sequence values per partition [default: 500].
+    /// Most unflushed sequence values per partition [default: 8192].
     #[arg(long, env = "MONOSEQ_BACKLOG_VALUES_MAX")]
     pub backlog_values_max: Option<usize>,
     /// Workspaces cached per partition [default: 100000].
