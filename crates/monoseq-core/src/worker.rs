@@ -6,7 +6,10 @@
 
 use std::mem;
 
+use std::num::NonZeroUsize;
+
 use hashbrown::HashMap;
+use lru::LruCache;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,7 +17,7 @@ use std::time::Duration;
 
 use crate::shared::{Shared, Status};
 use crate::storage::{ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
-use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue};
+use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId};
 
 /// How often (in events) replay publishes its progress counter.
 const PROGRESS_EVERY_EVENTS: u64 = 1024;
@@ -39,18 +42,32 @@ pub struct Worker<S: SeqStorage> {
     failures: u32,
 }
 
-/// Scratch space for dropping replayed values that storage already covers.
+/// Drops replayed values that storage already covers, reading storage as little as possible.
 #[derive(Default)]
 struct Stale {
     keys: Vec<NumberKey>,
     seqs: Vec<SeqId>,
     stored: Vec<Number>,
+    /// During one actualization: per workspace, numbers storage is known to hold at least
+    /// (read from it, or written by this replay). Bounded by the cache capacity; without it,
+    /// every replay flush would read every workspace it touches again.
+    known: Option<LruCache<WsId, Vec<(SeqId, Number)>>>,
 }
 
 impl Stale {
+    fn begin(&mut self, capacity: usize) {
+        let cap = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        self.known = Some(LruCache::new(cap));
+    }
+
+    fn end(&mut self) {
+        self.known = None;
+    }
+
     /// Removes from `values` every number storage already holds or exceeds, so a replay of a
     /// PLog with out-of-order numbers can never lower a stored sequence (SPEC invariant 5).
-    /// Reads storage once per workspace.
+    /// Reads storage at most once per workspace and actualization while the workspace stays
+    /// in the known set.
     fn drop_covered<S: SeqStorage>(
         &mut self,
         storage: &S,
@@ -61,18 +78,53 @@ impl Stale {
         self.keys.sort_unstable();
         for group in self.keys.chunk_by(|a, b| a.ws == b.ws) {
             let ws = group[0].ws;
+            let mut entry = self
+                .known
+                .as_mut()
+                .and_then(|k| k.pop(&ws))
+                .unwrap_or_default();
             self.seqs.clear();
-            self.seqs.extend(group.iter().map(|k| k.seq));
-            self.stored.clear();
-            self.stored.resize(group.len(), Number(0));
-            storage.read_numbers(ws, &self.seqs, &mut self.stored)?;
-            for (key, stored) in group.iter().zip(&self.stored) {
-                if values.get(key).is_some_and(|v| v <= stored) {
+            self.seqs.extend(
+                group
+                    .iter()
+                    .map(|k| k.seq)
+                    .filter(|seq| !entry.iter().any(|(s, _)| s == seq)),
+            );
+            if !self.seqs.is_empty() {
+                self.stored.clear();
+                self.stored.resize(self.seqs.len(), Number(0));
+                storage.read_numbers(ws, &self.seqs, &mut self.stored)?;
+                entry.extend(self.seqs.iter().copied().zip(self.stored.iter().copied()));
+            }
+            for key in group {
+                let stored = entry
+                    .iter()
+                    .find(|(s, _)| *s == key.seq)
+                    .map_or(Number(0), |&(_, n)| n);
+                if values.get(key).is_some_and(|v| *v <= stored) {
                     values.remove(key);
                 }
             }
+            if let Some(known) = self.known.as_mut() {
+                known.put(ws, entry);
+            }
         }
         Ok(())
+    }
+
+    /// Notes values this replay wrote: storage now holds at least them.
+    fn written(&mut self, values: &[SeqValue]) {
+        let Some(known) = self.known.as_mut() else {
+            return;
+        };
+        for v in values {
+            if let Some(entry) = known.get_mut(&v.key.ws) {
+                match entry.iter_mut().find(|(s, _)| *s == v.key.seq) {
+                    Some(slot) => slot.1 = slot.1.max(v.value),
+                    None => entry.push((v.key.seq, v.value)),
+                }
+            }
+        }
     }
 }
 
@@ -214,6 +266,7 @@ impl<S: SeqStorage> Worker<S> {
         let mut durable = None;
         let mut events = 0u64;
         let mut inline_error = None;
+        self.stale.begin(sh.params.cache_workspaces_max);
         let buf = &mut self.buf;
         let stale = &mut self.stale;
         let replayed = sh.storage.replay_plog(from, &mut |ev: ReplayedEvent<'_>| {
@@ -261,6 +314,7 @@ impl<S: SeqStorage> Worker<S> {
                     inline_error = Some(e);
                     return ControlFlow::Break(());
                 }
+                stale.written(buf);
                 values.clear();
                 durable = Some(next);
             }
@@ -273,6 +327,7 @@ impl<S: SeqStorage> Worker<S> {
         if completed && let Err(e) = self.stale.drop_covered(&sh.storage, &mut values) {
             inline_error = Some(e);
         }
+        self.stale.end();
         {
             // Whatever happened, the backlog is exact up to `next`: keep the progress.
             let mut b = sh.lock_backlog();

@@ -182,10 +182,46 @@ impl WriteBatch {
 /// their write lock, right before applying the batch.
 pub(crate) fn first_conflict<E>(
     batch: &WriteBatch,
+    is_present: impl FnMut(Key<'_>) -> Result<bool, E>,
+) -> Result<Option<usize>, E> {
+    first_conflict_ranged(batch, is_present, |_, _, _| Ok(false))
+}
+
+/// The lowest and highest clustering of a partition's insert-if-absent items, and their count.
+type Span<'a> = (&'a [u8], &'a [u8], usize);
+
+/// [`first_conflict`] for backends that can tell cheaply that a clustering range of a
+/// partition holds no stored key (`range_is_empty(partition, lowest, highest)`, inclusive): a
+/// partition with several insert-if-absent keys is probed once over their span, and when the
+/// span is empty none of its keys is looked up one by one. A group of log entries with
+/// consecutive offsets then costs one seek instead of one lookup per entry.
+pub(crate) fn first_conflict_ranged<E>(
+    batch: &WriteBatch,
     mut is_present: impl FnMut(Key<'_>) -> Result<bool, E>,
+    mut range_is_empty: impl FnMut(&[u8], &[u8], &[u8]) -> Result<bool, E>,
 ) -> Result<Option<usize>, E> {
     if !batch.has_conditions() {
         return Ok(None);
+    }
+    // Per partition: the lowest and highest clustering of its insert-if-absent items and how
+    // many there are.
+    let mut spans: std::collections::HashMap<&[u8], Span<'_>> = std::collections::HashMap::new();
+    for item in batch.iter().filter(|i| i.op == Op::InsertIfAbsent) {
+        let c = item.key.clustering;
+        spans
+            .entry(item.key.partition)
+            .and_modify(|(lo, hi, n)| {
+                *lo = (*lo).min(c);
+                *hi = (*hi).max(c);
+                *n += 1;
+            })
+            .or_insert((c, c, 1));
+    }
+    let mut stored_absent: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
+    for (partition, (lo, hi, n)) in spans {
+        if n > 1 && range_is_empty(partition, lo, hi)? {
+            stored_absent.insert(partition);
+        }
     }
     // Keys written by earlier items of this batch: `true` when they end up present.
     let mut written: std::collections::HashMap<Key<'_>, bool> = std::collections::HashMap::new();
@@ -193,6 +229,7 @@ pub(crate) fn first_conflict<E>(
         if item.op == Op::InsertIfAbsent {
             let present = match written.get(&item.key) {
                 Some(&present) => present,
+                None if stored_absent.contains(item.key.partition) => false,
                 None => is_present(item.key)?,
             };
             if present {
@@ -204,4 +241,60 @@ pub(crate) fn first_conflict<E>(
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key<'a>(p: &'a [u8], c: &'a [u8]) -> Key<'a> {
+        Key::new(p, c)
+    }
+
+    #[test]
+    fn an_empty_span_skips_the_lookups_of_its_partition_only() {
+        let mut batch = WriteBatch::new();
+        batch.insert_if_absent(key(b"log", b"\x01"), b"a");
+        batch.insert_if_absent(key(b"log", b"\x02"), b"b");
+        batch.insert_if_absent(key(b"rec", b"\x07"), b"c");
+        let mut looked_up = Vec::new();
+        let conflict = first_conflict_ranged::<()>(
+            &batch,
+            |k| {
+                looked_up.push(k.partition.to_vec());
+                Ok(false)
+            },
+            |p, lo, hi| {
+                assert_eq!((p, lo, hi), (&b"log"[..], &b"\x01"[..], &b"\x02"[..]));
+                Ok(true)
+            },
+        )
+        .unwrap();
+        assert_eq!(conflict, None);
+        assert_eq!(looked_up, vec![b"rec".to_vec()]);
+    }
+
+    #[test]
+    fn a_stored_key_inside_the_span_is_still_found_by_lookup() {
+        let mut batch = WriteBatch::new();
+        batch.insert_if_absent(key(b"log", b"\x01"), b"a");
+        batch.insert_if_absent(key(b"log", b"\x02"), b"b");
+        let conflict = first_conflict_ranged::<()>(
+            &batch,
+            |k| Ok(k.clustering == b"\x02"),
+            |_, _, _| Ok(false),
+        )
+        .unwrap();
+        assert_eq!(conflict, Some(1));
+    }
+
+    #[test]
+    fn an_empty_span_still_sees_keys_written_earlier_in_the_batch() {
+        let mut batch = WriteBatch::new();
+        batch.insert_if_absent(key(b"log", b"\x01"), b"a");
+        batch.insert_if_absent(key(b"log", b"\x01"), b"again");
+        let conflict =
+            first_conflict_ranged::<()>(&batch, |_| Ok(false), |_, _, _| Ok(true)).unwrap();
+        assert_eq!(conflict, Some(1));
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
-use crate::batch::{Op, WriteBatch, first_conflict};
+use crate::batch::{Op, WriteBatch, first_conflict_ranged};
 use crate::encoding;
 use crate::error::{CasError, KvError, OpenError, WriteError};
 use crate::group_commit::{Commits, Flusher, Tick};
@@ -167,6 +167,21 @@ impl Inner {
             .map_err(|error| fault("reading a key", error))
     }
 
+    /// Whether no stored key of `partition` has clustering columns in `lo..=hi`: one seek.
+    fn range_is_empty(&self, partition: &[u8], lo: &[u8], hi: &[u8]) -> Result<bool, KvError> {
+        if !encoding::storable(partition) {
+            return Ok(true);
+        }
+        let range = encoding::range(partition, Bound::Included(lo), Bound::Included(hi));
+        match self.kv.range(range).next() {
+            None => Ok(true),
+            Some(guard) => guard
+                .into_inner()
+                .map(|_| false)
+                .map_err(|error| fault("reading a key range", error)),
+        }
+    }
+
     /// Commits `items` as one fjall batch with the configured durability. Caller holds the
     /// write lock.
     fn commit<'a>(
@@ -253,7 +268,12 @@ impl KvStore for FjallStore {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut buf = Vec::new();
-        if let Some(index) = first_conflict(batch, |key| self.inner.contains(key, &mut buf))? {
+        let conflict = first_conflict_ranged(
+            batch,
+            |key| self.inner.contains(key, &mut buf),
+            |partition, lo, hi| self.inner.range_is_empty(partition, lo, hi),
+        )?;
+        if let Some(index) = conflict {
             let key = batch.get(index).map(|item| item.key.to_owned());
             return Err(WriteError::Conflict {
                 index,
