@@ -48,27 +48,63 @@ struct PlogEntry {
     len: usize,
 }
 
+/// Sequences kept inline per workspace before spilling to the heap.
+const WS_INLINE_SEQS: usize = 4;
+
+/// A workspace's numbers: the first few inline (no allocation per workspace), more spilled.
+#[derive(Debug, Clone, Default)]
+struct WsNumbers {
+    inline: [(SeqId, Number); WS_INLINE_SEQS],
+    len: u8,
+    spill: Vec<(SeqId, Number)>,
+}
+
+impl WsNumbers {
+    fn iter(&self) -> impl Iterator<Item = &(SeqId, Number)> {
+        self.inline[..usize::from(self.len)]
+            .iter()
+            .chain(self.spill.iter())
+    }
+
+    fn get(&self, seq: SeqId) -> Number {
+        self.iter()
+            .find(|(s, _)| *s == seq)
+            .map_or(Number(0), |&(_, n)| n)
+    }
+
+    fn set(&mut self, seq: SeqId, value: Number) {
+        let len = usize::from(self.len);
+        if let Some(slot) = self.inline[..len]
+            .iter_mut()
+            .chain(self.spill.iter_mut())
+            .find(|(s, _)| *s == seq)
+        {
+            slot.1 = value;
+        } else if len < WS_INLINE_SEQS {
+            self.inline[len] = (seq, value);
+            self.len += 1;
+        } else {
+            self.spill.push((seq, value));
+        }
+    }
+}
+
 impl State {
     fn get(&self, key: NumberKey) -> Number {
         self.numbers
             .get(&key.ws)
-            .and_then(|seqs| seqs.iter().find(|(s, _)| *s == key.seq))
-            .map_or(Number(0), |&(_, n)| n)
+            .map_or(Number(0), |seqs| seqs.get(key.seq))
     }
 
     fn set(&mut self, key: NumberKey, value: Number) {
-        let seqs = self.numbers.entry(key.ws).or_default();
-        match seqs.iter_mut().find(|(s, _)| *s == key.seq) {
-            Some(slot) => slot.1 = value,
-            None => seqs.push((key.seq, value)),
-        }
+        self.numbers.entry(key.ws).or_default().set(key.seq, value);
     }
 }
 
 #[derive(Debug, Clone, Default)]
 struct State {
     /// Per workspace, its sequences' numbers: one lookup reads a workspace.
-    numbers: HashMap<WsId, Vec<(SeqId, Number)>>,
+    numbers: HashMap<WsId, WsNumbers>,
     checkpoint: Option<PLogOffset>,
     plog: Vec<PlogEntry>,
     plog_values: Vec<SeqValue>,
@@ -254,12 +290,9 @@ impl SeqStorage for MemSeqStorage {
     ) -> Result<(), StorageError> {
         self.run_hook(Op::ReadNumbers(ws))?;
         let st = self.lock();
-        let stored = st.numbers.get(&ws).map_or(&[][..], Vec::as_slice);
+        let stored = st.numbers.get(&ws);
         for (seq, out) in seqs.iter().zip(out.iter_mut()) {
-            *out = stored
-                .iter()
-                .find(|(s, _)| s == seq)
-                .map_or(Number(0), |&(_, n)| n);
+            *out = stored.map_or(Number(0), |n| n.get(*seq));
         }
         Ok(())
     }

@@ -6,10 +6,7 @@
 
 use std::mem;
 
-use std::num::NonZeroUsize;
-
 use hashbrown::HashMap;
-use lru::LruCache;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -17,7 +14,7 @@ use std::time::Duration;
 
 use crate::shared::{Shared, Status};
 use crate::storage::{ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
-use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId};
+use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue};
 
 /// How often (in events) replay publishes its progress counter.
 const PROGRESS_EVERY_EVENTS: u64 = 1024;
@@ -49,19 +46,22 @@ struct Stale {
     seqs: Vec<SeqId>,
     stored: Vec<Number>,
     /// During one actualization: per workspace, numbers storage is known to hold at least
-    /// (read from it, or written by this replay). Bounded by the cache capacity; without it,
-    /// every replay flush would read every workspace it touches again.
-    known: Option<LruCache<WsId, Vec<(SeqId, Number)>>>,
+    /// (read from it, or written by this replay); without it, every replay flush would read
+    /// every workspace it touches again. Emptied when it reaches `known_max` numbers (the
+    /// cache capacity): a bound, not a recency policy.
+    known: HashMap<NumberKey, Number>,
+    known_max: usize,
 }
 
 impl Stale {
     fn begin(&mut self, capacity: usize) {
-        let cap = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
-        self.known = Some(LruCache::new(cap));
+        self.known.clear();
+        self.known_max = capacity.max(1);
     }
 
     fn end(&mut self) {
-        self.known = None;
+        self.known = HashMap::new();
+        self.known_max = 0;
     }
 
     /// Removes from `values` every number storage already holds or exceeds, so a replay of a
@@ -78,51 +78,42 @@ impl Stale {
         self.keys.sort_unstable();
         for group in self.keys.chunk_by(|a, b| a.ws == b.ws) {
             let ws = group[0].ws;
-            let mut entry = self
-                .known
-                .as_mut()
-                .and_then(|k| k.pop(&ws))
-                .unwrap_or_default();
+            if self.known_max > 0 && self.known.len() >= self.known_max {
+                self.known.clear();
+            }
             self.seqs.clear();
             self.seqs.extend(
                 group
                     .iter()
-                    .map(|k| k.seq)
-                    .filter(|seq| !entry.iter().any(|(s, _)| s == seq)),
+                    .filter(|k| !self.known.contains_key(*k))
+                    .map(|k| k.seq),
             );
             if !self.seqs.is_empty() {
                 self.stored.clear();
                 self.stored.resize(self.seqs.len(), Number(0));
                 storage.read_numbers(ws, &self.seqs, &mut self.stored)?;
-                entry.extend(self.seqs.iter().copied().zip(self.stored.iter().copied()));
+                for (&seq, &n) in self.seqs.iter().zip(&self.stored) {
+                    self.known.insert(NumberKey { ws, seq }, n);
+                }
             }
             for key in group {
-                let stored = entry
-                    .iter()
-                    .find(|(s, _)| *s == key.seq)
-                    .map_or(Number(0), |&(_, n)| n);
+                let stored = self.known.get(key).copied().unwrap_or_default();
                 if values.get(key).is_some_and(|v| *v <= stored) {
                     values.remove(key);
                 }
             }
-            if let Some(known) = self.known.as_mut() {
-                known.put(ws, entry);
-            }
+        }
+        if self.known_max == 0 {
+            self.known.clear();
         }
         Ok(())
     }
 
     /// Notes values this replay wrote: storage now holds at least them.
     fn written(&mut self, values: &[SeqValue]) {
-        let Some(known) = self.known.as_mut() else {
-            return;
-        };
         for v in values {
-            if let Some(entry) = known.get_mut(&v.key.ws) {
-                match entry.iter_mut().find(|(s, _)| *s == v.key.seq) {
-                    Some(slot) => slot.1 = slot.1.max(v.value),
-                    None => entry.push((v.key.seq, v.value)),
-                }
+            if let Some(n) = self.known.get_mut(&v.key) {
+                *n = (*n).max(v.value);
             }
         }
     }
