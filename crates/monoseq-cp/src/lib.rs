@@ -15,6 +15,7 @@ pub use command::{
     RAW_ID_MAX, RAW_REF_KEY, RecordUpdate,
 };
 pub use processor::{
-    BACKLOG_VALUES_MAX_DEFAULT, CommandError, CommandProcessor, Config, ConfigError, GROUP_COMMANDS_MAX_DEFAULT, Outcome,
-    PARTITIONS_MAX, ProcessorStats, QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS,
+    BACKLOG_VALUES_MAX_DEFAULT, CommandError, CommandProcessor, Config, ConfigError,
+    GROUP_COMMANDS_MAX_DEFAULT, Outcome, PARTITIONS_MAX, ProcessorStats,
+    QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS,
 };
