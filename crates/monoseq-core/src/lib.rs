@@ -20,7 +20,7 @@ mod worker;
 pub use driver::{BLOCKING_THREADS_DEFAULT, Runtime};
 pub use params::{
     BACKLOG_VALUES_MAX_DEFAULT, BATCHER_DELAY_DEFAULT, CACHE_WORKSPACES_MAX_DEFAULT,
-    KIND_SEQUENCES_MAX, Params, ParamsBuilder, ParamsError,
+    KIND_SEQUENCES_MAX, Params, ParamsBuilder, ParamsError, REPLAY_VALUES_MAX_DEFAULT,
 };
 pub use sequencer::{
     Busy, CacheStats, NextError, Sequencer, SequencerHandle, SequencerStats, ShutdownReport, Start,

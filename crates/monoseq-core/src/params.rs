@@ -7,6 +7,11 @@ use crate::types::{Number, SeqId, WsKind};
 
 /// Default limit of unflushed values (seed `MaxNumUnflushedValues`).
 pub const BACKLOG_VALUES_MAX_DEFAULT: usize = 500;
+/// Default most distinct values actualization holds before writing them (its memory budget,
+/// about 40 MiB at most). Separate from the live backlog limit: a replay that must write every
+/// few hundred values rewrites the projection of every workspace again and again when the
+/// PLog tail spreads over many workspaces.
+pub const REPLAY_VALUES_MAX_DEFAULT: usize = 1 << 20;
 /// Default number of workspaces whose numbers the cache keeps (seed `LRUCacheSize`).
 pub const CACHE_WORKSPACES_MAX_DEFAULT: usize = 100_000;
 /// Default longest wait of the flusher to gather a batch (seed `BatcherDelay`).
@@ -117,6 +122,7 @@ impl KindSequences {
 pub struct Params {
     pub(crate) kinds: Vec<KindSequences>,
     pub(crate) backlog_values_max: usize,
+    pub(crate) replay_values_max: usize,
     pub(crate) cache_workspaces_max: usize,
     pub(crate) batcher_delay: Duration,
     pub(crate) retry_delay_min: Duration,
@@ -130,6 +136,7 @@ impl Params {
         ParamsBuilder {
             kinds: Vec::new(),
             backlog_values_max: BACKLOG_VALUES_MAX_DEFAULT,
+            replay_values_max: REPLAY_VALUES_MAX_DEFAULT,
             cache_workspaces_max: CACHE_WORKSPACES_MAX_DEFAULT,
             batcher_delay: BATCHER_DELAY_DEFAULT,
             retry_delay_min: RETRY_DELAY_MIN_DEFAULT,
@@ -142,6 +149,12 @@ impl Params {
     #[must_use]
     pub fn backlog_values_max(&self) -> usize {
         self.backlog_values_max
+    }
+
+    /// Most distinct values actualization holds before writing them.
+    #[must_use]
+    pub fn replay_values_max(&self) -> usize {
+        self.replay_values_max
     }
 
     /// Most workspaces whose numbers the cache keeps.
@@ -192,6 +205,7 @@ impl Params {
 pub struct ParamsBuilder {
     kinds: Vec<(WsKind, Vec<(SeqId, Number)>)>,
     backlog_values_max: usize,
+    replay_values_max: usize,
     cache_workspaces_max: usize,
     batcher_delay: Duration,
     retry_delay_min: Duration,
@@ -209,6 +223,12 @@ impl ParamsBuilder {
     /// Most unflushed values before `start` answers busy (seed `MaxNumUnflushedValues`).
     pub fn backlog_values_max(mut self, n: usize) -> Self {
         self.backlog_values_max = n;
+        self
+    }
+
+    /// Most distinct values actualization holds before writing them (its memory budget).
+    pub fn replay_values_max(mut self, n: usize) -> Self {
+        self.replay_values_max = n;
         self
     }
 
@@ -285,6 +305,9 @@ impl ParamsBuilder {
         if self.cache_workspaces_max == 0 {
             return Err(ParamsError::Zero("cache_workspaces_max"));
         }
+        if self.replay_values_max == 0 {
+            return Err(ParamsError::Zero("replay_values_max"));
+        }
         check_range(
             "batcher_delay",
             self.batcher_delay,
@@ -312,6 +335,7 @@ impl ParamsBuilder {
         Ok(Params {
             kinds,
             backlog_values_max: self.backlog_values_max,
+            replay_values_max: self.replay_values_max,
             cache_workspaces_max: self.cache_workspaces_max,
             batcher_delay: self.batcher_delay,
             retry_delay_min: self.retry_delay_min,
@@ -406,6 +430,10 @@ mod tests {
         assert_eq!(
             one_kind().cache_workspaces_max(0).build().unwrap_err(),
             ParamsError::Zero("cache_workspaces_max")
+        );
+        assert_eq!(
+            one_kind().replay_values_max(0).build().unwrap_err(),
+            ParamsError::Zero("replay_values_max")
         );
         let err = one_kind()
             .batcher_delay(Duration::from_secs(11))

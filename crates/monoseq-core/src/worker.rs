@@ -48,7 +48,7 @@ struct Stale {
     /// During one actualization: per workspace, numbers storage is known to hold at least
     /// (read from it, or written by this replay); without it, every replay flush would read
     /// every workspace it touches again. Emptied when it reaches `known_max` numbers (the
-    /// cache capacity): a bound, not a recency policy.
+    /// replay budget): a bound, not a recency policy.
     known: HashMap<NumberKey, Number>,
     known_max: usize,
 }
@@ -251,13 +251,13 @@ impl<S: SeqStorage> Worker<S> {
             Ok(o) => o,
             Err(_) => return self.failed_actualization(),
         };
-        let limit = sh.params.backlog_values_max;
+        let limit = sh.params.replay_values_max;
         let mut values = mem::take(&mut sh.lock_backlog().values);
         let mut next = from;
         let mut durable = None;
         let mut events = 0u64;
         let mut inline_error = None;
-        self.stale.begin(sh.params.cache_workspaces_max);
+        self.stale.begin(sh.params.replay_values_max);
         let buf = &mut self.buf;
         let stale = &mut self.stale;
         let replayed = sh.storage.replay_plog(from, &mut |ev: ReplayedEvent<'_>| {

@@ -196,7 +196,14 @@ fn checkpoint_is_never_persisted_ahead_of_the_values_it_covers_with_slow_writes_
                 Ok(())
             });
         }
-        let mut seq = new_seq(builder().backlog_values_max(8).build().unwrap(), &storage);
+        let mut seq = new_seq(
+            builder()
+                .backlog_values_max(8)
+                .replay_values_max(8)
+                .build()
+                .unwrap(),
+            &storage,
+        );
         drive(&mut seq, &storage, &mut rng, 150, 30);
         seq.shutdown();
         let crashed = image
@@ -259,7 +266,14 @@ fn replay_never_lowers_a_sequence_even_with_numbers_below_the_initial_value() {
     storage
         .append_event(PLogOffset(11), KIND, &[SeqValue::new(ws, WLOG, Number(5))])
         .unwrap();
-    let mut seq = new_seq(builder().backlog_values_max(1).build().unwrap(), &storage);
+    let mut seq = new_seq(
+        builder()
+            .backlog_values_max(1)
+            .replay_values_max(1)
+            .build()
+            .unwrap(),
+        &storage,
+    );
     let mut tx = begin(&mut seq, KIND, ws);
     assert_eq!(tx.next(CREC).unwrap(), Number(CREC_INITIAL.0 + 51));
     assert_eq!(tx.next(WLOG).unwrap(), Number(32));

@@ -59,6 +59,7 @@ impl Sim {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let params = builder()
             .backlog_values_max(rng.random_range(1..=20))
+            .replay_values_max(rng.random_range(1..=20))
             .cache_workspaces_max(rng.random_range(1..=8))
             .build()
             .unwrap();

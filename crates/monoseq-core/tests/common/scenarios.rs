@@ -234,7 +234,11 @@ pub fn long_recovery_gives_correct_numbers_for_any_tail_length() {
                 .unwrap();
         }
         let mut seq = new_seq(
-            builder().backlog_values_max(limit).build().unwrap(),
+            builder()
+                .backlog_values_max(limit)
+                .replay_values_max(limit)
+                .build()
+                .unwrap(),
             &storage,
         );
         for w in 0..7u64 {
@@ -297,7 +301,11 @@ pub fn flush_permanently_failing_makes_start_busy_over_the_limit_and_numbers_con
     let limit = 5;
     let storage = MemSeqStorage::new();
     let mut seq = new_seq(
-        builder().backlog_values_max(limit).build().unwrap(),
+        builder()
+            .backlog_values_max(limit)
+            .replay_values_max(limit)
+            .build()
+            .unwrap(),
         &storage,
     );
     let handle = seq.handle();
