@@ -107,16 +107,21 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
             ("in-process", t, elapsed)
         }
     };
-    let trust = match settings.trust {
-        TrustLevel::Level0 => 0,
-        TrustLevel::Level1 => 1,
-        _ => 2,
+    let trust = match (&args.url, settings.trust) {
+        (Some(_), _) => "server's",
+        (None, TrustLevel::Level0) => "0",
+        (None, TrustLevel::Level1) => "1",
+        (None, _) => "2",
     };
     let h = &tally.latency_us;
     println!(
         "bench: mode={mode} trust={trust} partitions={} clients={} ok={} busy={} failed={} \
          throughput={:.0} cmd/s p50={}us p90={}us p99={}us p999={}us max={}us",
-        settings.partitions,
+        if args.url.is_some() {
+            "server's".to_owned()
+        } else {
+            settings.partitions.to_string()
+        },
         args.clients,
         tally.ok,
         tally.busy,
