@@ -8,10 +8,10 @@ use crate::types::{Number, SeqId, WsKind};
 /// Default limit of unflushed values (seed `MaxNumUnflushedValues`).
 pub const BACKLOG_VALUES_MAX_DEFAULT: usize = 500;
 /// Default most distinct values actualization holds before writing them (its memory budget,
-/// about 40 MiB at most). Separate from the live backlog limit: a replay that must write every
+/// about 10 MiB at most). Separate from the live backlog limit: a replay that must write every
 /// few hundred values rewrites the projection of every workspace again and again when the
 /// PLog tail spreads over many workspaces.
-pub const REPLAY_VALUES_MAX_DEFAULT: usize = 1 << 20;
+pub const REPLAY_VALUES_MAX_DEFAULT: usize = 1 << 18;
 /// Default number of workspaces whose numbers the cache keeps (seed `LRUCacheSize`).
 pub const CACHE_WORKSPACES_MAX_DEFAULT: usize = 100_000;
 /// Default longest wait of the flusher to gather a batch (seed `BatcherDelay`).
