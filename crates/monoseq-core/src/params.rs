@@ -7,8 +7,8 @@ use crate::types::{Number, SeqId, WsKind};
 
 /// Default limit of unflushed values (seed `MaxNumUnflushedValues`).
 pub const BACKLOG_VALUES_MAX_DEFAULT: usize = 500;
-/// Default most distinct values actualization holds before writing them (its memory budget,
-/// about 10 MiB at most). Separate from the live backlog limit: a replay that must write every
+/// Default most distinct values actualization holds before writing them (its memory budget:
+/// these values plus at most twice as many remembered stored numbers, about 20 MiB). Separate from the live backlog limit: a replay that must write every
 /// few hundred values rewrites the projection of every workspace again and again when the
 /// PLog tail spreads over many workspaces.
 pub const REPLAY_VALUES_MAX_DEFAULT: usize = 1 << 18;

@@ -47,8 +47,8 @@ struct Stale {
     stored: Vec<Number>,
     /// During one actualization: per workspace, numbers storage is known to hold at least
     /// (read from it, or written by this replay); without it, every replay flush would read
-    /// every workspace it touches again. Emptied when it reaches `known_max` numbers (the
-    /// replay budget): a bound, not a recency policy.
+    /// every workspace it touches again. Emptied when it reaches `known_max` numbers (twice
+    /// the replay budget): a bound, not a recency policy.
     known: HashMap<NumberKey, Number>,
     known_max: usize,
 }
@@ -257,7 +257,10 @@ impl<S: SeqStorage> Worker<S> {
         let mut durable = None;
         let mut events = 0u64;
         let mut inline_error = None;
-        self.stale.begin(sh.params.replay_values_max);
+        // The known-stored map may hold twice the replay budget: a tail whose workspaces
+        // slightly outnumber one window's then reads each workspace once, not twice.
+        self.stale
+            .begin(sh.params.replay_values_max.saturating_mul(2));
         let buf = &mut self.buf;
         let stale = &mut self.stale;
         let replayed = sh.storage.replay_plog(from, &mut |ev: ReplayedEvent<'_>| {
