@@ -224,7 +224,9 @@ async fn a_taken_record_id_is_a_sequence_violation_naming_the_key_at_level_0() {
         store.read_event(PartitionId(0), PLogOffset(2)).unwrap(),
         None
     );
-    // Another workspace of the partition is not affected.
+    // The partition actualizes (answering busy meanwhile), then another workspace of it is
+    // not affected.
+    ready(&cp).await;
     let ok = cp.submit(order(4)).await.unwrap();
     assert_eq!(ok.plog_offset, 2);
 }
