@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::KvError;
+use crate::options::Durability;
 
 /// Counts writes and flushes of one store.
 #[derive(Debug, Default)]
@@ -121,6 +122,32 @@ impl Drop for Flusher {
             let _ = thread.join();
         }
     }
+}
+
+/// Starts the background flusher that `Durability::GroupCommit` needs (none for the other
+/// modes). Every tick it flushes when `dirty` says writes are unflushed; a failed flush
+/// (`sync` returned an error, which poisons the store) stops it.
+pub(crate) fn start_flusher<T: Send + Sync + 'static>(
+    durability: Durability,
+    store: std::sync::Arc<T>,
+    dirty: fn(&T) -> bool,
+    sync: fn(&T) -> Result<(), KvError>,
+) -> Result<Option<Flusher>, KvError> {
+    let Durability::GroupCommit { max_delay } = durability else {
+        return Ok(None);
+    };
+    Flusher::spawn("monoseq-kv-flush", max_delay, move || {
+        if dirty(&store) && sync(&store).is_err() {
+            // Poisoned: every later call reports it.
+            return Tick::Stop;
+        }
+        Tick::Continue
+    })
+    .map(Some)
+    .map_err(|source| KvError::Io {
+        context: "starting the flusher thread",
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTran
 use crate::batch::{Op, WriteBatch, first_conflict};
 use crate::encoding;
 use crate::error::{CasError, KvError, OpenError, WriteError};
-use crate::group_commit::{Commits, Flusher, Tick};
+use crate::group_commit::{Commits, Flusher, start_flusher};
 use crate::key::{Key, limits};
 use crate::memory::is_empty_range;
 use crate::options::{Durability, Options};
@@ -109,26 +109,13 @@ impl RedbStore {
             durability: options.durability,
             commits: Commits::default(),
         });
-        let flusher = match options.durability {
-            Durability::GroupCommit { max_delay } => {
-                let worker = Arc::clone(&inner);
-                let flusher = Flusher::spawn("monoseq-kv-flush", max_delay, move || {
-                    if worker.commits.dirty() && worker.sync_now().is_err() {
-                        // Poisoned: every later call reports it.
-                        return Tick::Stop;
-                    }
-                    Tick::Continue
-                })
-                .map_err(|source| {
-                    storage(KvError::Io {
-                        context: "starting the flusher thread",
-                        source,
-                    })
-                })?;
-                Some(flusher)
-            }
-            Durability::Sync | Durability::Manual => None,
-        };
+        let flusher = start_flusher(
+            options.durability,
+            Arc::clone(&inner),
+            |i| i.commits.dirty(),
+            Inner::sync_now,
+        )
+        .map_err(storage)?;
         Ok(RedbStore { inner, flusher })
     }
 }
