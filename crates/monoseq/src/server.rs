@@ -53,60 +53,57 @@ struct Metrics {
 impl Metrics {
     fn new() -> Metrics {
         let mut registry = Registry::with_prefix("monoseq");
-        let m = Metrics {
-            commands: Family::default(),
-            backlog: Gauge::default(),
-            actualizing: Gauge::default(),
-            checkpoint_lag: Gauge::default(),
-            cache_hit_ratio: Gauge::default(),
-            replayed: Gauge::default(),
-            actualizations: Gauge::default(),
-            actualization_seconds: Gauge::default(),
-            groups: Gauge::default(),
-            registry: Registry::default(),
-        };
+        let commands: Family<Vec<(String, String)>, Counter> = Family::default();
         registry.register(
             "commands",
             "Commands answered, by outcome code (ok, busy, ...)",
-            m.commands.clone(),
+            commands.clone(),
         );
-        registry.register(
+        let mut gauge = |name: &str, help: &str| {
+            let g = Gauge::default();
+            registry.register(name, help, g.clone());
+            g
+        };
+        let backlog = gauge(
             "backlog_values",
             "Unflushed sequence values, all partitions",
-            m.backlog.clone(),
         );
-        registry.register(
-            "actualizing_partitions",
-            "Partitions actualizing now",
-            m.actualizing.clone(),
-        );
-        registry.register(
+        let actualizing = gauge("actualizing_partitions", "Partitions actualizing now");
+        let checkpoint_lag = gauge(
             "checkpoint_lag_events",
             "Largest distance between a partition's PLog end and its persisted checkpoint",
-            m.checkpoint_lag.clone(),
         );
-        registry.register(
-            "cache_hit_ratio",
-            "Share of transactions whose workspace numbers were in memory",
-            m.cache_hit_ratio.clone(),
-        );
-        registry.register(
+        let replayed = gauge(
             "actualization_replayed_events",
             "Events replayed by actualizations (grows during one: progress)",
-            m.replayed.clone(),
         );
-        registry.register(
-            "actualizations",
-            "Completed actualizations",
-            m.actualizations.clone(),
+        let actualizations = gauge("actualizations", "Completed actualizations");
+        let groups = gauge("group_commits", "Group commits written");
+        let mut ratio = |name: &str, help: &str| {
+            let g: Gauge<f64, AtomicU64> = Gauge::default();
+            registry.register(name, help, g.clone());
+            g
+        };
+        let cache_hit_ratio = ratio(
+            "cache_hit_ratio",
+            "Share of transactions whose workspace numbers were in memory",
         );
-        registry.register(
+        let actualization_seconds = ratio(
             "actualization_duration_seconds",
             "Duration of the longest last actualization among partitions",
-            m.actualization_seconds.clone(),
         );
-        registry.register("group_commits", "Group commits written", m.groups.clone());
-        Metrics { registry, ..m }
+        Metrics {
+            registry,
+            commands,
+            backlog,
+            actualizing,
+            checkpoint_lag,
+            cache_hit_ratio,
+            replayed,
+            actualizations,
+            actualization_seconds,
+            groups,
+        }
     }
 }
 
