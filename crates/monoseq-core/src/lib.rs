@@ -16,6 +16,7 @@ mod shared;
 mod storage;
 mod types;
 mod worker;
+mod ws_numbers;
 
 pub use driver::{BLOCKING_THREADS_DEFAULT, Runtime};
 pub use params::{

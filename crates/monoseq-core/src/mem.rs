@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use crate::storage::{Batcher, ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
 use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId, WsKind};
+use crate::ws_numbers::WsNumbers;
 
 /// Events copied out of the lock per replay round, so the batcher runs unlocked.
 const REPLAY_CHUNK_EVENTS: usize = 4096;
@@ -48,63 +49,34 @@ struct PlogEntry {
     len: usize,
 }
 
-/// Sequences kept inline per workspace before spilling to the heap.
-const WS_INLINE_SEQS: usize = 4;
-
-/// A workspace's numbers: the first few inline (no allocation per workspace), more spilled.
-#[derive(Debug, Clone, Default)]
-struct WsNumbers {
-    inline: [(SeqId, Number); WS_INLINE_SEQS],
-    len: u8,
-    spill: Vec<(SeqId, Number)>,
-}
-
-impl WsNumbers {
-    fn iter(&self) -> impl Iterator<Item = &(SeqId, Number)> {
-        self.inline[..usize::from(self.len)]
-            .iter()
-            .chain(self.spill.iter())
-    }
-
-    fn get(&self, seq: SeqId) -> Number {
-        self.iter()
-            .find(|(s, _)| *s == seq)
-            .map_or(Number(0), |&(_, n)| n)
-    }
-
-    fn set(&mut self, seq: SeqId, value: Number) {
-        let len = usize::from(self.len);
-        if let Some(slot) = self.inline[..len]
-            .iter_mut()
-            .chain(self.spill.iter_mut())
-            .find(|(s, _)| *s == seq)
-        {
-            slot.1 = value;
-        } else if len < WS_INLINE_SEQS {
-            self.inline[len] = (seq, value);
-            self.len += 1;
-        } else {
-            self.spill.push((seq, value));
-        }
-    }
-}
-
 impl State {
     fn get(&self, key: NumberKey) -> Number {
         self.numbers
             .get(&key.ws)
-            .map_or(Number(0), |seqs| seqs.get(key.seq))
+            .and_then(|seqs| seqs.get(key.seq))
+            .unwrap_or_default()
     }
 
     fn set(&mut self, key: NumberKey, value: Number) {
         self.numbers.entry(key.ws).or_default().set(key.seq, value);
     }
+
+    /// Sets `values`, looking each run of one workspace's values up once.
+    fn set_all(&mut self, values: &[SeqValue]) {
+        for run in values.chunk_by(|a, b| a.key.ws == b.key.ws) {
+            let numbers = self.numbers.entry(run[0].key.ws).or_default();
+            for v in run {
+                numbers.set(v.key.seq, v.value);
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
 struct State {
-    /// Per workspace, its sequences' numbers: one lookup reads a workspace.
-    numbers: HashMap<WsId, WsNumbers>,
+    /// Per workspace, its sequences' numbers: one lookup reads a workspace. hashbrown's
+    /// default hasher: SipHash cost a third of a 1 000 000-workspace replay.
+    numbers: hashbrown::HashMap<WsId, WsNumbers>,
     checkpoint: Option<PLogOffset>,
     plog: Vec<PlogEntry>,
     plog_values: Vec<SeqValue>,
@@ -154,6 +126,15 @@ impl MemSeqStorage {
     #[must_use]
     pub fn new() -> Arc<MemSeqStorage> {
         Arc::new(MemSeqStorage::default())
+    }
+
+    /// Empty storage with room for the numbers of `workspaces` workspaces, so filling it does
+    /// not rehash (benchmarks set it up outside what they time; a copy keeps the room).
+    #[must_use]
+    pub fn with_workspaces(workspaces: usize) -> Arc<MemSeqStorage> {
+        let storage = MemSeqStorage::default();
+        storage.lock().numbers.reserve(workspaces);
+        Arc::new(storage)
     }
 
     /// Installs a hook that runs before every operation (replacing any earlier one).
@@ -234,7 +215,7 @@ impl MemSeqStorage {
         let st = self.lock();
         st.numbers
             .iter()
-            .flat_map(|(&ws, seqs)| seqs.iter().map(move |&(seq, n)| (NumberKey { ws, seq }, n)))
+            .flat_map(|(&ws, seqs)| seqs.iter().map(move |(seq, n)| (NumberKey { ws, seq }, n)))
             .collect()
     }
 
@@ -292,7 +273,7 @@ impl SeqStorage for MemSeqStorage {
         let st = self.lock();
         let stored = st.numbers.get(&ws);
         for (seq, out) in seqs.iter().zip(out.iter_mut()) {
-            *out = stored.map_or(Number(0), |n| n.get(*seq));
+            *out = stored.and_then(|n| n.get(*seq)).unwrap_or_default();
         }
         Ok(())
     }
@@ -317,10 +298,7 @@ impl SeqStorage for MemSeqStorage {
             }
         } else {
             for chunk in values.chunks(WRITE_CHUNK_VALUES) {
-                let mut st = self.lock();
-                for value in chunk {
-                    st.set(value.key, value.value);
-                }
+                self.lock().set_all(chunk);
             }
         }
         self.run_hook(Op::WriteCheckpoint(next_plog_offset))?;

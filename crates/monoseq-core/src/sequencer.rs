@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use hashbrown::HashMap;
 use lru::LruCache;
 
 use crate::driver::{DriverHandle, Runtime};
 use crate::params::{KindSequences, Params};
 use crate::shared::{Shared, Status};
 use crate::storage::SeqStorage;
-use crate::types::{Number, NumberKey, PLogOffset, SeqId, WsId, WsKind};
+use crate::types::{Number, PLogOffset, SeqId, WsId, WsKind};
 use crate::worker::Worker;
+use crate::ws_numbers::NumberMap;
 
 /// Why `start` cannot begin a transaction now. Busy is an answer, not an error: the caller
 /// retries later (the command processor answers 503 "server is busy").
@@ -211,7 +211,7 @@ pub struct Sequencer<S: SeqStorage> {
     spare: Option<Box<[Number]>>,
     /// Numbers of transactions committed before their events are durable (group commit),
     /// latest per key; they reach the backlog at `mark_durable`, never storage before.
-    pending: HashMap<NumberKey, Number>,
+    pending: NumberMap,
     /// The offset after the last pending transaction.
     pending_next_offset: Option<PLogOffset>,
     /// Sequences `next` advanced in the open transaction, one bit per kind index.
@@ -268,7 +268,7 @@ impl<S: SeqStorage> Sequencer<S> {
             current_numbers: Vec::new(),
             current_dirty: false,
             spare: None,
-            pending: HashMap::new(),
+            pending: NumberMap::default(),
             pending_next_offset: None,
             tx_touched: 0,
             read_buf: Vec::new(),
@@ -443,11 +443,16 @@ impl<S: SeqStorage> Sequencer<S> {
         let mut complete = true;
         {
             let b = sh.lock_backlog();
-            for (slot, &seq) in self.current_numbers.iter_mut().zip(&kind.seqs) {
-                let key = NumberKey { ws, seq };
-                match (self.pending.get(&key), b.values.get(&key)) {
-                    (None, None) => complete = false,
-                    (p, b) => *slot = p.copied().max(b.copied()).unwrap_or_default(),
+            let (pending, backlog) = (self.pending.get(ws), b.values.get(ws));
+            if pending.is_none() && backlog.is_none() {
+                complete = false;
+            } else {
+                for (slot, &seq) in self.current_numbers.iter_mut().zip(&kind.seqs) {
+                    let p = pending.and_then(|n| n.get(seq));
+                    match p.max(backlog.and_then(|n| n.get(seq))) {
+                        Some(n) => *slot = n,
+                        None => complete = false,
+                    }
                 }
             }
         }
@@ -489,18 +494,10 @@ impl<S: SeqStorage> Sequencer<S> {
     /// Commits the open transaction's numbers as pending: handed out, not yet durable.
     fn commit_pending(&mut self, ws: WsId, kind_index: usize, offset: PLogOffset) {
         let kind = &self.shared.params.kinds[kind_index];
-        let mut touched = self.tx_touched;
-        while touched != 0 {
-            let i = touched.trailing_zeros() as usize;
-            touched &= touched - 1;
-            self.pending.insert(
-                NumberKey {
-                    ws,
-                    seq: kind.seqs[i],
-                },
-                self.current_numbers[i],
-            );
-        }
+        self.pending.set_all(
+            ws,
+            touched(self.tx_touched, &kind.seqs, &self.current_numbers),
+        );
         self.current_dirty = true;
         self.next_offset = offset.next();
         self.pending_next_offset = Some(self.next_offset);
@@ -516,9 +513,7 @@ impl<S: SeqStorage> Sequencer<S> {
         let sh = &*self.shared;
         {
             let mut b = sh.lock_backlog();
-            for (key, value) in self.pending.drain() {
-                b.values.insert(key, value);
-            }
+            b.values.take_from(&mut self.pending);
             b.next_offset = Some(next_offset);
             sh.backlog_len.store(b.values.len(), Ordering::Release);
         }
@@ -555,18 +550,10 @@ impl<S: SeqStorage> Sequencer<S> {
         let (before, after) = {
             let mut b = sh.lock_backlog();
             let before = b.values.len();
-            let mut touched = self.tx_touched;
-            while touched != 0 {
-                let i = touched.trailing_zeros() as usize;
-                touched &= touched - 1;
-                b.values.insert(
-                    NumberKey {
-                        ws,
-                        seq: kind.seqs[i],
-                    },
-                    self.current_numbers[i],
-                );
-            }
+            b.values.set_all(
+                ws,
+                touched(self.tx_touched, &kind.seqs, &self.current_numbers),
+            );
             debug_assert!(b.next_offset == Some(offset));
             b.next_offset = Some(next_offset);
             let after = b.values.len();
@@ -596,6 +583,23 @@ impl<S: SeqStorage> Sequencer<S> {
         sh.set_status(Status::Actualizing);
         sh.wake.notify_one();
     }
+}
+
+/// The sequences a transaction advanced (bits of `touched`, by kind index) with their numbers.
+fn touched<'a>(
+    touched: u64,
+    seqs: &'a [SeqId],
+    numbers: &'a [Number],
+) -> impl Iterator<Item = (SeqId, Number)> + 'a {
+    let mut bits = touched;
+    std::iter::from_fn(move || {
+        if bits == 0 {
+            return None;
+        }
+        let i = bits.trailing_zeros() as usize;
+        bits &= bits - 1;
+        Some((seqs[i], numbers[i]))
+    })
 }
 
 impl<S: SeqStorage> Drop for Sequencer<S> {

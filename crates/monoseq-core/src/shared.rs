@@ -6,11 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use hashbrown::HashMap;
-
 use crate::params::Params;
 use crate::storage::SeqStorage;
-use crate::types::{Number, NumberKey, PLogOffset};
+use crate::types::PLogOffset;
+use crate::ws_numbers::NumberMap;
 
 /// What a sequencer is doing, as seed 002's `SequenceStatus`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,7 +53,7 @@ impl Status {
 #[derive(Debug, Default)]
 pub(crate) struct Backlog {
     /// Last number per key of committed transactions (or replayed events) not yet written.
-    pub(crate) values: HashMap<NumberKey, Number>,
+    pub(crate) values: NumberMap,
     /// In-memory checkpoint: storage plus `values` are exact up to here (exclusive). `None`
     /// until the first actualization has read the stored checkpoint.
     pub(crate) next_offset: Option<PLogOffset>,

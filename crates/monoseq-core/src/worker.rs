@@ -4,17 +4,17 @@
 //! overtake the values it covers. Steps are plain function calls: the driver runs them on a
 //! shared pool, a simulation runs them in a seeded order.
 
-use std::mem;
-
 use hashbrown::HashMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::params::KindSequences;
 use crate::shared::{Shared, Status};
 use crate::storage::{ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
-use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue};
+use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId};
+use crate::ws_numbers::{NumberMap, WsNumbers};
 
 /// How often (in events) replay publishes its progress counter.
 const PROGRESS_EVERY_EVENTS: u64 = 1024;
@@ -37,86 +37,131 @@ pub struct Worker<S: SeqStorage> {
     buf: Vec<SeqValue>,
     stale: Stale,
     failures: u32,
+    /// The last actualization ended before its replay did: the backlog holds replayed numbers
+    /// not yet compared with storage, so they must not be written until a replay completes.
+    replay_unchecked: bool,
+}
+
+/// Merges an event's numbers into `window` by maximum, one lookup per run of one workspace's
+/// numbers. Zeros and numbers below their sequence's initial value are skipped: they never
+/// move a sequence (SPEC invariant 5, seed issue #688).
+fn merge_event(window: &mut NumberMap, kind: Option<&KindSequences>, values: &[SeqValue]) {
+    let counts = |v: &&SeqValue| {
+        let below_initial = kind
+            .and_then(|k| k.index_of(v.key.seq).map(|i| v.value < k.initial[i]))
+            .unwrap_or(false);
+        v.value.0 != 0 && !below_initial
+    };
+    for run in values.chunk_by(|a, b| a.key.ws == b.key.ws) {
+        window.raise_all(
+            run[0].key.ws,
+            run.iter().filter(counts).map(|v| (v.key.seq, v.value)),
+        );
+    }
 }
 
 /// Drops replayed values that storage already covers, reading storage as little as possible.
 #[derive(Default)]
 struct Stale {
-    keys: Vec<NumberKey>,
     seqs: Vec<SeqId>,
     stored: Vec<Number>,
     /// During one actualization: per workspace, numbers storage is known to hold at least
-    /// (read from it, or written by this replay); without it, every replay flush would read
-    /// every workspace it touches again. Emptied when it reaches `known_max` numbers (twice
-    /// the replay budget): a bound, not a recency policy.
-    known: HashMap<NumberKey, Number>,
+    /// (read from it, or about to be written by this replay); without it, every replay flush
+    /// would read every workspace it touches again. Emptied when it holds `known_max` numbers
+    /// (twice the replay budget): a bound, not a recency policy.
+    known: HashMap<WsId, WsNumbers>,
+    known_len: usize,
     known_max: usize,
 }
 
 impl Stale {
     fn begin(&mut self, capacity: usize) {
         self.known.clear();
+        self.known_len = 0;
         self.known_max = capacity.max(1);
     }
 
     fn end(&mut self) {
         self.known = HashMap::new();
-        self.known_max = 0;
+        self.known_len = 0;
     }
 
-    /// Removes from `values` every number storage already holds or exceeds, so a replay of a
-    /// PLog with out-of-order numbers can never lower a stored sequence (SPEC invariant 5).
-    /// Reads storage at most once per workspace and actualization while the workspace stays
-    /// in the known set.
-    fn drop_covered<S: SeqStorage>(
+    /// Puts into `out` every number of `window` that storage does not already hold or
+    /// exceed, so a replay of a PLog with out-of-order numbers can never lower a stored
+    /// sequence (SPEC invariant 5). Reads storage at most once per workspace and actualization
+    /// while the workspace stays in the known set. Counts what `out` holds as written: the
+    /// caller writes it next, or abandons the actualization.
+    fn uncovered<S: SeqStorage>(
         &mut self,
         storage: &S,
-        values: &mut HashMap<NumberKey, Number>,
+        window: &NumberMap,
+        out: &mut Vec<SeqValue>,
     ) -> Result<(), StorageError> {
-        self.keys.clear();
-        self.keys.extend(values.keys().copied());
-        self.keys.sort_unstable();
-        for group in self.keys.chunk_by(|a, b| a.ws == b.ws) {
-            let ws = group[0].ws;
-            if self.known_max > 0 && self.known.len() >= self.known_max {
+        out.clear();
+        // In workspace order: an ordered store then reads (and writes) neighbouring keys one
+        // after the other instead of seeking at random.
+        let mut order: Vec<(WsId, &WsNumbers)> = window.workspaces().collect();
+        order.sort_unstable_by_key(|&(ws, _)| ws);
+        for (ws, numbers) in order {
+            if self.known_len >= self.known_max {
                 self.known.clear();
+                self.known_len = 0;
             }
+            let known = self.known.entry(ws).or_default();
             self.seqs.clear();
             self.seqs.extend(
-                group
+                numbers
                     .iter()
-                    .filter(|k| !self.known.contains_key(*k))
-                    .map(|k| k.seq),
+                    .map(|(seq, _)| seq)
+                    .filter(|&seq| known.get(seq).is_none()),
             );
             if !self.seqs.is_empty() {
                 self.stored.clear();
                 self.stored.resize(self.seqs.len(), Number(0));
                 storage.read_numbers(ws, &self.seqs, &mut self.stored)?;
                 for (&seq, &n) in self.seqs.iter().zip(&self.stored) {
-                    self.known.insert(NumberKey { ws, seq }, n);
+                    known.set(seq, n);
+                }
+                self.known_len += self.seqs.len();
+            }
+            for (seq, value) in numbers.iter() {
+                if known.get(seq).is_some_and(|stored| value > stored) {
+                    known.set(seq, value);
+                    out.push(SeqValue {
+                        key: NumberKey { ws, seq },
+                        value,
+                    });
                 }
             }
-            for key in group {
-                let stored = self.known.get(key).copied().unwrap_or_default();
-                if values.get(key).is_some_and(|v| *v <= stored) {
-                    values.remove(key);
-                }
-            }
-        }
-        if self.known_max == 0 {
-            self.known.clear();
         }
         Ok(())
     }
 
-    /// Notes values this replay wrote: storage now holds at least them.
-    fn written(&mut self, values: &[SeqValue]) {
-        for v in values {
-            if let Some(n) = self.known.get_mut(&v.key) {
-                *n = (*n).max(v.value);
-            }
-        }
+    /// Forgets everything: a write of what `uncovered` answered failed.
+    fn forget(&mut self) {
+        self.known.clear();
+        self.known_len = 0;
     }
+}
+
+/// Writes the numbers of `window` that storage does not already cover, with the checkpoint
+/// `next` that the window reaches. On failure `buf` holds what was to be written (empty if
+/// the compare with storage failed).
+fn write_window<S: SeqStorage>(
+    storage: &S,
+    stale: &mut Stale,
+    window: &NumberMap,
+    buf: &mut Vec<SeqValue>,
+    next: PLogOffset,
+) -> Result<(), StorageError> {
+    if let Err(e) = stale.uncovered(storage, window, buf) {
+        buf.clear();
+        stale.forget();
+        return Err(e);
+    }
+    storage
+        .write_values_and_next_plog_offset(buf, next)
+        .inspect_err(|_| stale.forget())
 }
 
 impl<S: SeqStorage> std::fmt::Debug for Worker<S> {
@@ -134,6 +179,7 @@ impl<S: SeqStorage> Worker<S> {
             buf: Vec::new(),
             stale: Stale::default(),
             failures: 0,
+            replay_unchecked: false,
         }
     }
 
@@ -152,6 +198,9 @@ impl<S: SeqStorage> Worker<S> {
 
     /// One last flush attempt at shutdown, if anything is unflushed and state is exact.
     pub(crate) fn final_flush(&mut self) -> Result<(), StorageError> {
+        if self.replay_unchecked {
+            return Ok(());
+        }
         let Some(offset) = self.snapshot() else {
             return Ok(());
         };
@@ -178,11 +227,7 @@ impl<S: SeqStorage> Worker<S> {
             return None;
         }
         self.buf.clear();
-        self.buf.extend(
-            b.values
-                .iter()
-                .map(|(&key, &value)| SeqValue { key, value }),
-        );
+        self.buf.extend(b.values.values());
         Some(offset)
     }
 
@@ -198,11 +243,7 @@ impl<S: SeqStorage> Worker<S> {
         }
         let mut b = sh.lock_backlog();
         // Keep what changed since the snapshot: it is newer than what was written.
-        for v in &self.buf {
-            if b.values.get(&v.key) == Some(&v.value) {
-                b.values.remove(&v.key);
-            }
-        }
+        b.values.remove_unchanged(&self.buf);
         debug_assert!(b.next_offset >= Some(offset));
         b.durable_offset = Some(offset);
         sh.backlog_len.store(b.values.len(), Ordering::Release);
@@ -252,7 +293,11 @@ impl<S: SeqStorage> Worker<S> {
             Err(_) => return self.failed_actualization(),
         };
         let limit = sh.params.replay_values_max;
-        let mut values = mem::take(&mut sh.lock_backlog().values);
+        // The backlog is exact up to `from`: replay continues from it.
+        let (mut window, stored_checkpoint) = {
+            let mut b = sh.lock_backlog();
+            (std::mem::take(&mut b.values), b.durable_offset)
+        };
         let mut next = from;
         let mut durable = None;
         let mut events = 0u64;
@@ -274,21 +319,7 @@ impl<S: SeqStorage> Worker<S> {
                 )));
                 return ControlFlow::Break(());
             }
-            let kind = sh.params.kind(ev.ws_kind);
-            for v in ev.values {
-                // Numbers below a sequence's initial value (external, reserved or singleton
-                // IDs) must never move it: skip them (SPEC invariant 5, seed issue #688).
-                let below_initial = kind
-                    .and_then(|k| k.index_of(v.key.seq).map(|i| v.value < k.initial[i]))
-                    .unwrap_or(false);
-                if v.value.0 == 0 || below_initial {
-                    continue;
-                }
-                let e = values.entry(v.key).or_insert(Number(0));
-                if v.value > *e {
-                    *e = v.value;
-                }
-            }
+            merge_event(&mut window, sh.params.kind(ev.ws_kind), ev.values);
             next = ev.offset.next();
             events += 1;
             if events.is_multiple_of(PROGRESS_EVERY_EVENTS) {
@@ -296,20 +327,13 @@ impl<S: SeqStorage> Worker<S> {
                     .replayed_events
                     .fetch_add(PROGRESS_EVERY_EVENTS, Ordering::Relaxed);
             }
-            if values.len() >= limit {
-                // Backlog full: make room by writing it, with the checkpoint it reaches.
-                if let Err(e) = stale.drop_covered(&sh.storage, &mut values) {
+            if window.len() >= limit {
+                // Window full: make room by writing it, with the checkpoint it reaches.
+                if let Err(e) = write_window(&sh.storage, stale, &window, buf, next) {
                     inline_error = Some(e);
                     return ControlFlow::Break(());
                 }
-                buf.clear();
-                buf.extend(values.iter().map(|(&key, &value)| SeqValue { key, value }));
-                if let Err(e) = sh.storage.write_values_and_next_plog_offset(buf, next) {
-                    inline_error = Some(e);
-                    return ControlFlow::Break(());
-                }
-                stale.written(buf);
-                values.clear();
+                window.clear();
                 durable = Some(next);
             }
             ControlFlow::Continue(())
@@ -318,14 +342,44 @@ impl<S: SeqStorage> Worker<S> {
             .replayed_events
             .fetch_add(events % PROGRESS_EVERY_EVENTS, Ordering::Relaxed);
         let completed = matches!((&replayed, &inline_error), (Ok(ReplayEnd::Completed), None));
-        if completed && let Err(e) = self.stale.drop_covered(&sh.storage, &mut values) {
-            inline_error = Some(e);
-        }
+        // A completed replay writes its last window at once, so a restart replays as little as
+        // possible (SPEC invariant 7). If storage refuses, the numbers found new go to the
+        // backlog, exact, and the flusher retries them.
+        let mut flushed = true;
+        let up_to_date = window.is_empty() && durable.or(stored_checkpoint) == Some(next);
+        let backlog_values = if completed && !up_to_date {
+            match write_window(&sh.storage, &mut self.stale, &window, &mut self.buf, next) {
+                Ok(()) => {
+                    durable = Some(next);
+                    NumberMap::default()
+                }
+                Err(_) => {
+                    flushed = false;
+                    sh.flush_failing.store(true, Ordering::Release);
+                    sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
+                    if self.buf.is_empty() && !window.is_empty() {
+                        // The compare with storage failed: nothing is known to be new yet.
+                        inline_error = Some(StorageError::new("reading stored numbers failed"));
+                        window
+                    } else {
+                        let mut new = NumberMap::default();
+                        for run in self.buf.chunk_by(|a, b| a.key.ws == b.key.ws) {
+                            new.set_all(run[0].key.ws, run.iter().map(|v| (v.key.seq, v.value)));
+                        }
+                        new
+                    }
+                }
+            }
+        } else {
+            window
+        };
         self.stale.end();
+        let completed = completed && inline_error.is_none();
+        self.replay_unchecked = !completed;
         {
             // Whatever happened, the backlog is exact up to `next`: keep the progress.
             let mut b = sh.lock_backlog();
-            b.values = values;
+            b.values = backlog_values;
             b.next_offset = Some(next);
             if durable.is_some() {
                 b.durable_offset = durable;
@@ -335,18 +389,16 @@ impl<S: SeqStorage> Worker<S> {
         sh.metrics.next_offset.store(next.0, Ordering::Relaxed);
         if let Some(d) = durable {
             sh.metrics.durable_offset.store(d.0, Ordering::Relaxed);
+            sh.metrics.flushes.fetch_add(1, Ordering::Relaxed);
         }
         match (replayed, inline_error) {
             (Ok(ReplayEnd::Completed), None) => {}
             (Ok(ReplayEnd::Stopped), None) => return Step::Stopped,
             _ => return self.failed_actualization(),
         }
-        // Flush promptly, so a restart replays as little as possible; if storage refuses,
-        // the backlog is exact and the flusher retries.
-        let flushed = match self.snapshot() {
-            Some(offset) => self.write_snapshot(offset).is_ok(),
-            None => true,
-        };
+        if flushed {
+            sh.flush_failing.store(false, Ordering::Release);
+        }
         sh.actualize_failing.store(false, Ordering::Release);
         sh.metrics.actualizations.fetch_add(1, Ordering::Relaxed);
         if !sh.transition(Status::Actualizing, Status::Ready) {

@@ -287,6 +287,45 @@ fn replay_never_lowers_a_sequence_even_with_numbers_below_the_initial_value() {
 }
 
 #[test]
+fn shutdown_during_replay_never_writes_numbers_not_yet_compared_with_storage() {
+    let storage = MemSeqStorage::new();
+    let ws = WsId(1);
+    storage.seed_projection(&[SeqValue::new(ws, WLOG, Number(100))], PLogOffset(1));
+    // A PLog tail whose numbers are lower than the stored one (overwritten at trust level 2).
+    for o in 1..=20u64 {
+        storage
+            .append_event(PLogOffset(o), KIND, &[SeqValue::new(ws, WLOG, Number(o))])
+            .unwrap();
+    }
+    let reached = Arc::new(AtomicBool::new(false));
+    let release = Arc::new(AtomicBool::new(false));
+    let (at, gate) = (Arc::clone(&reached), Arc::clone(&release));
+    storage.set_hook(move |op| {
+        if op == Op::ReplayEvent(PLogOffset(10)) {
+            at.store(true, Ordering::Release);
+            while !gate.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    });
+    let seq = new_seq(builder().build().unwrap(), &storage);
+    let handle = seq.handle();
+    while !reached.load(Ordering::Acquire) {
+        std::thread::yield_now();
+    }
+    let shutdown = std::thread::spawn(move || seq.shutdown());
+    while handle.status() != Status::Finished {
+        std::thread::yield_now();
+    }
+    // Replay resumes, sees the stop, and the shutdown's last flush runs.
+    release.store(true, Ordering::Release);
+    assert!(shutdown.join().unwrap().stopped_in_time);
+    storage.clear_hook();
+    assert_eq!(storage.number(NumberKey { ws, seq: WLOG }), Number(100));
+}
+
+#[test]
 fn memory_is_bounded_by_cache_and_backlog_not_by_workspace_count() {
     let storage = MemSeqStorage::new();
     let cache = 100;
