@@ -1,10 +1,15 @@
 //! Key layout of the event store on the key-value contract (documented in `docs/format.md`):
-//! one tag byte per table, then the application, then the table's own columns, integers
-//! big-endian so that byte order is numeric order.
+//! partition keys are one tag byte per table, then the application, then the table's own
+//! columns, as varints; clustering columns are big-endian so that byte order is numeric order.
 
 use monoseq_core::{PLogOffset, SeqId, WsId};
+use monoseq_kv::Key;
 
 use crate::event::{RecordId, WLogOffset};
+
+/// The key layout this build reads and writes (`docs/format.md`, "Event store keys"). Layout 1
+/// wrote fixed-width partition keys and whole offsets and IDs as clustering columns.
+pub const KEY_LAYOUT: u32 = 2;
 
 /// Events per PLog partition key (and per WLog partition key): logs are split into blocks so
 /// that no storage partition grows without bound (a Cassandra or DynamoDB partition must stay
@@ -39,26 +44,60 @@ pub(crate) const TAG_RECORD: u8 = 0x03;
 pub(crate) const TAG_NUMBERS: u8 = 0x04;
 pub(crate) const TAG_CHECKPOINT: u8 = 0x05;
 
-/// A partition key: tag, application, and up to two more big-endian columns.
+/// Longest partition key: the tag and three varints of at most 10 bytes.
+const PART_KEY_BYTES_MAX: usize = 1 + 3 * 10;
+
+/// A partition key: tag, application, and up to two more columns. Partition keys are only
+/// ever compared for equality (no scan crosses partitions), so they need no numeric order:
+/// the logs and records tables write their columns as unsigned LEB128 varints, which keeps a
+/// whole key, with the embedded engines' 2-byte length prefix, within the 20 bytes fjall
+/// stores inline in its memtable (no heap allocation, no pointer to follow per comparison).
+/// The numbers and checkpoint tables keep the fixed-width layout of key layout 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PartKey {
-    buf: [u8; 21],
+    buf: [u8; PART_KEY_BYTES_MAX],
     len: u8,
 }
 
 impl PartKey {
+    /// Tag and application as a varint (logs and records).
     fn new(tag: u8, app: AppId) -> PartKey {
-        let mut buf = [0u8; 21];
-        buf[0] = tag;
-        buf[1..5].copy_from_slice(&app.0.to_be_bytes());
-        PartKey { buf, len: 5 }
+        PartKey::empty().push_byte(tag).push(u64::from(app.0))
     }
 
-    fn push(mut self, bytes: &[u8]) -> PartKey {
+    /// Tag and application as `be32` (numbers and checkpoint).
+    fn fixed(tag: u8, app: AppId) -> PartKey {
+        PartKey::empty()
+            .push_byte(tag)
+            .push_be(&app.0.to_be_bytes())
+    }
+
+    fn empty() -> PartKey {
+        PartKey {
+            buf: [0u8; PART_KEY_BYTES_MAX],
+            len: 0,
+        }
+    }
+
+    fn push_byte(mut self, byte: u8) -> PartKey {
+        self.buf[usize::from(self.len)] = byte;
+        self.len += 1;
+        self
+    }
+
+    fn push_be(mut self, bytes: &[u8]) -> PartKey {
         let at = usize::from(self.len);
         self.buf[at..at + bytes.len()].copy_from_slice(bytes);
         self.len += bytes.len() as u8;
         self
+    }
+
+    fn push(mut self, mut v: u64) -> PartKey {
+        while v >= 0x80 {
+            self = self.push_byte((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.push_byte(v as u8)
     }
 
     pub(crate) fn as_bytes(&self) -> &[u8] {
@@ -66,30 +105,78 @@ impl PartKey {
     }
 }
 
-/// PLog: partition `01 app:be32 partition:be32 block:be64`, clustering `offset:be64`.
+/// The clustering column of a log entry or record inside its block: the position in the block
+/// (`n mod block size`), big-endian.
+pub(crate) fn block_position(n: u64, block: u64) -> [u8; 2] {
+    debug_assert!(block <= 1 << 16);
+    ((n % block) as u16).to_be_bytes()
+}
+
+/// The number whose position in the block starting at `block_first` is `clustering`; `None`
+/// unless `clustering` is 2 bytes.
+pub(crate) fn from_block_position(block_first: u64, clustering: &[u8]) -> Option<u64> {
+    let arr: [u8; 2] = clustering.try_into().ok()?;
+    Some(block_first + u64::from(u16::from_be_bytes(arr)))
+}
+
+/// A whole key of the logs or records tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BlockKey {
+    pub(crate) partition: PartKey,
+    pub(crate) clustering: [u8; 2],
+}
+
+impl BlockKey {
+    pub(crate) fn as_key(&self) -> Key<'_> {
+        Key::new(self.partition.as_bytes(), &self.clustering)
+    }
+}
+
+/// PLog: partition `01 app partition block` (varints; block = offset / 4 096), clustering
+/// `offset mod 4 096` (be16).
 pub(crate) fn plog_partition(app: AppId, partition: PartitionId, offset: PLogOffset) -> PartKey {
     PartKey::new(TAG_PLOG, app)
-        .push(&partition.0.to_be_bytes())
-        .push(&(offset.0 / LOG_BLOCK_EVENTS).to_be_bytes())
+        .push(u64::from(partition.0))
+        .push(offset.0 / LOG_BLOCK_EVENTS)
 }
 
-/// WLog: partition `02 app:be32 ws:be64 block:be64`, clustering `offset:be64`.
+/// The key of the PLog entry at `offset`.
+pub(crate) fn plog_key(app: AppId, partition: PartitionId, offset: PLogOffset) -> BlockKey {
+    BlockKey {
+        partition: plog_partition(app, partition, offset),
+        clustering: block_position(offset.0, LOG_BLOCK_EVENTS),
+    }
+}
+
+/// WLog: partition `02 app ws block` (varints), clustering `offset mod 4 096` (be16).
 pub(crate) fn wlog_partition(app: AppId, ws: WsId, offset: WLogOffset) -> PartKey {
     PartKey::new(TAG_WLOG, app)
-        .push(&ws.0.to_be_bytes())
-        .push(&(offset.0 / LOG_BLOCK_EVENTS).to_be_bytes())
+        .push(ws.0)
+        .push(offset.0 / LOG_BLOCK_EVENTS)
 }
 
-/// Records: partition `03 app:be32 ws:be64 id_block:be64`, clustering `id:be64`.
-pub(crate) fn record_partition(app: AppId, ws: WsId, id: RecordId) -> PartKey {
-    PartKey::new(TAG_RECORD, app)
-        .push(&ws.0.to_be_bytes())
-        .push(&(id.0 / RECORD_BLOCK_IDS).to_be_bytes())
+/// The key of the WLog entry at `offset`.
+pub(crate) fn wlog_key(app: AppId, ws: WsId, offset: WLogOffset) -> BlockKey {
+    BlockKey {
+        partition: wlog_partition(app, ws, offset),
+        clustering: block_position(offset.0, LOG_BLOCK_EVENTS),
+    }
+}
+
+/// The key of record `id`: partition `03 app ws id_block` (varints; id_block = id / 4 096),
+/// clustering `id mod 4 096` (be16).
+pub(crate) fn record_key(app: AppId, ws: WsId, id: RecordId) -> BlockKey {
+    BlockKey {
+        partition: PartKey::new(TAG_RECORD, app)
+            .push(ws.0)
+            .push(id.0 / RECORD_BLOCK_IDS),
+        clustering: block_position(id.0, RECORD_BLOCK_IDS),
+    }
 }
 
 /// Numbers: partition `04 app:be32 ws:be64`, clustering `seq:be16`, value `be64`.
 pub(crate) fn numbers_partition(app: AppId, ws: WsId) -> PartKey {
-    PartKey::new(TAG_NUMBERS, app).push(&ws.0.to_be_bytes())
+    PartKey::fixed(TAG_NUMBERS, app).push_be(&ws.0.to_be_bytes())
 }
 
 /// The clustering columns of one sequence's number.
@@ -99,10 +186,10 @@ pub(crate) fn seq_clustering(seq: SeqId) -> [u8; 2] {
 
 /// Checkpoint: partition `05 app:be32 partition:be32`, empty clustering, value `be64`.
 pub(crate) fn checkpoint_partition(app: AppId, partition: PartitionId) -> PartKey {
-    PartKey::new(TAG_CHECKPOINT, app).push(&partition.0.to_be_bytes())
+    PartKey::fixed(TAG_CHECKPOINT, app).push_be(&partition.0.to_be_bytes())
 }
 
-/// Reads a big-endian `u64` value or clustering column; `None` unless exactly 8 bytes.
+/// Reads a big-endian `u64` value; `None` unless exactly 8 bytes.
 pub(crate) fn be64(bytes: &[u8]) -> Option<u64> {
     let arr: [u8; 8] = bytes.try_into().ok()?;
     Some(u64::from_be_bytes(arr))
@@ -151,30 +238,58 @@ mod tests {
     use super::*;
 
     #[test]
-    fn log_keys_split_into_blocks_and_keep_numeric_order() {
-        let a = plog_partition(AppId(1), PartitionId(2), PLogOffset(4095));
-        let b = plog_partition(AppId(1), PartitionId(2), PLogOffset(4096));
-        assert_ne!(a, b);
-        assert!(a.as_bytes() < b.as_bytes());
-        assert_eq!(
-            a.as_bytes(),
-            &[1, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0]
+    fn log_keys_split_into_blocks_and_keep_numeric_order_inside_one() {
+        let a = plog_key(AppId(1), PartitionId(2), PLogOffset(4095));
+        let b = plog_key(AppId(1), PartitionId(2), PLogOffset(4096));
+        let c = plog_key(AppId(1), PartitionId(2), PLogOffset(4097));
+        assert_ne!(a.partition, b.partition);
+        assert_eq!(b.partition, c.partition);
+        assert!(b.clustering < c.clustering);
+        assert_eq!(a.partition.as_bytes(), &[1, 1, 2, 0]);
+        assert_eq!(a.clustering, [0x0f, 0xff]);
+        assert_eq!(b.partition.as_bytes(), &[1, 1, 2, 1]);
+        assert_eq!(from_block_position(4096, &c.clustering), Some(4097));
+        assert_eq!(from_block_position(4096, &[0, 0, 1]), None);
+    }
+
+    #[test]
+    fn partition_keys_are_varints_and_distinct_per_column() {
+        let w = wlog_partition(AppId(1), WsId(300), WLogOffset(1));
+        assert_eq!(w.as_bytes(), &[2, 1, 0xac, 0x02, 0]);
+        let big = wlog_partition(AppId(u32::MAX), WsId(u64::MAX), WLogOffset(u64::MAX));
+        assert_eq!(big.as_bytes().len(), 1 + 5 + 10 + 8);
+        // Varints are prefix-free, so different columns never give the same partition key.
+        assert_ne!(
+            wlog_partition(AppId(1), WsId(0x80), WLogOffset(1)).as_bytes(),
+            wlog_partition(AppId(0x80), WsId(1), WLogOffset(1)).as_bytes()
         );
-        let w = wlog_partition(AppId(1), WsId(3), WLogOffset(1));
-        assert_eq!(w.as_bytes().len(), 21);
         assert_eq!(numbers_partition(AppId(1), WsId(3)).as_bytes().len(), 13);
         assert_eq!(
-            checkpoint_partition(AppId(1), PartitionId(2))
-                .as_bytes()
-                .len(),
-            9
+            checkpoint_partition(AppId(1), PartitionId(2)).as_bytes(),
+            &[5, 0, 0, 0, 1, 0, 0, 0, 2]
         );
     }
 
     #[test]
+    fn keys_of_realistic_ids_fit_the_inline_size_of_the_embedded_engine() {
+        // Workspace IDs of the reference platform are around 2^47; record IDs start at
+        // 322 680 000 131 072. With the 2-byte partition length the embedded engines add,
+        // the whole key stays within 20 bytes.
+        let ws = WsId(140_737_488_486_400);
+        let record = record_key(AppId(1), ws, RecordId(322_685_000_131_072));
+        let wlog = wlog_key(AppId(1), ws, WLogOffset(1 << 30));
+        let plog = plog_key(AppId(1), PartitionId(1000), PLogOffset(1 << 40));
+        for key in [record, wlog, plog] {
+            let k = key.as_key();
+            assert!(2 + k.partition.len() + k.clustering.len() <= 20, "{k}");
+        }
+    }
+
+    #[test]
     fn records_of_one_workspace_share_a_partition_per_id_block() {
-        let a = record_partition(AppId(1), WsId(3), RecordId(322_685_000_131_072));
-        let b = record_partition(AppId(1), WsId(3), RecordId(322_685_000_131_073));
-        assert_eq!(a, b);
+        let a = record_key(AppId(1), WsId(3), RecordId(322_685_000_131_072));
+        let b = record_key(AppId(1), WsId(3), RecordId(322_685_000_131_073));
+        assert_eq!(a.partition, b.partition);
+        assert!(a.clustering < b.clustering);
     }
 }

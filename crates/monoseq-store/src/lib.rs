@@ -21,7 +21,7 @@ pub use codec::{
     decode_numbers,
 };
 pub use event::{ArgObject, Event, Field, Record, RecordId, RecordKind, WLogOffset};
-pub use keys::{AppId, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
+pub use keys::{AppId, KEY_LAYOUT, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
 pub use seqstore::PLogSeqStorage;
 pub use store::{
     AppendError, EventStore, InvalidTrustLevel, ReadError, TrustLevel, WLOG_READ_EVENTS_MAX,

@@ -14,8 +14,8 @@ use monoseq_kv::{Key, KvStore, Order, WriteBatch};
 use crate::builtin::built_in_initial;
 use crate::codec::decode_numbers;
 use crate::keys::{
-    self, AppId, LOG_BLOCK_EVENTS, PartitionId, checkpoint_partition, numbers_partition,
-    plog_partition, seq_clustering,
+    self, AppId, LOG_BLOCK_EVENTS, PartitionId, block_position, checkpoint_partition,
+    numbers_partition, plog_partition, seq_clustering,
 };
 
 /// The sequence storage of one partition of one application, over a key-value store `S`.
@@ -75,7 +75,8 @@ impl<S: KvStore> PLogSeqStorage<S> {
         let mut block_first = from.0;
         loop {
             let part = plog_partition(self.app, self.partition, PLogOffset(block_first));
-            let lower = block_first.to_be_bytes();
+            let lower = block_position(block_first, LOG_BLOCK_EVENTS);
+            let block_base = block_first / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS;
             let mut seen = 0u64;
             let mut last = 0u64;
             let scan = self.kv.scan(
@@ -84,9 +85,9 @@ impl<S: KvStore> PLogSeqStorage<S> {
                 Bound::Unbounded,
                 Order::Ascending,
                 &mut |clustering, value| {
-                    let Some(offset) = keys::be64(clustering) else {
+                    let Some(offset) = keys::from_block_position(block_base, clustering) else {
                         failure = Some(StorageError::new(format!(
-                            "PLog of partition {} holds a key of {} bytes where an 8-byte offset \
+                            "PLog of partition {} holds a key of {} bytes where a 2-byte position \
                              belongs: the PLog is damaged; restore it from a backup",
                             self.partition,
                             clustering.len()

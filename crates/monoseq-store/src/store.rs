@@ -11,8 +11,8 @@ use monoseq_kv::{KeyBuf, KvError, KvStore, Op, Order, Oversized, WriteBatch, Wri
 use crate::codec::{DecodeError, EncodeError, decode_record_value, encode_record_value};
 use crate::event::{Event, Field, Record, RecordId, WLogOffset};
 use crate::keys::{
-    self, AppId, LOG_BLOCK_EVENTS, PartitionId, Slot, plog_partition, record_partition,
-    wlog_partition,
+    self, AppId, LOG_BLOCK_EVENTS, PartitionId, Slot, block_position, plog_key, record_key,
+    wlog_key, wlog_partition,
 };
 use crate::seqstore::PLogSeqStorage;
 
@@ -293,12 +293,8 @@ impl<S: KvStore> EventStore<S> {
                     event_index: i,
                     source,
                 })?;
-            let plog = plog_partition(self.app, partition, e.plog_offset);
-            batch.push(
-                event_op,
-                monoseq_kv::Key::new(plog.as_bytes(), &e.plog_offset.0.to_be_bytes()),
-                &event_bytes,
-            );
+            let plog = plog_key(self.app, partition, e.plog_offset);
+            batch.push(event_op, plog.as_key(), &event_bytes);
             slots.push((
                 i,
                 Slot::PLog {
@@ -306,12 +302,8 @@ impl<S: KvStore> EventStore<S> {
                     offset: e.plog_offset,
                 },
             ));
-            let wlog = wlog_partition(self.app, e.ws, e.wlog_offset);
-            batch.push(
-                event_op,
-                monoseq_kv::Key::new(wlog.as_bytes(), &e.wlog_offset.0.to_be_bytes()),
-                &event_bytes,
-            );
+            let wlog = wlog_key(self.app, e.ws, e.wlog_offset);
+            batch.push(event_op, wlog.as_key(), &event_bytes);
             slots.push((
                 i,
                 Slot::WLog {
@@ -322,12 +314,8 @@ impl<S: KvStore> EventStore<S> {
             for r in &e.created {
                 record_bytes.clear();
                 encode_record_value(&mut record_bytes, r);
-                let part = record_partition(self.app, e.ws, r.id);
-                batch.push(
-                    record_op,
-                    monoseq_kv::Key::new(part.as_bytes(), &r.id.0.to_be_bytes()),
-                    &record_bytes,
-                );
+                let key = record_key(self.app, e.ws, r.id);
+                batch.push(record_op, key.as_key(), &record_bytes);
                 slots.push((i, Slot::Record { ws: e.ws, id: r.id }));
                 if updated.contains(&(e.ws, r.id)) {
                     current.insert((e.ws, r.id), r.clone());
@@ -344,12 +332,8 @@ impl<S: KvStore> EventStore<S> {
                 merge_fields(&mut stored.fields, &u.fields);
                 record_bytes.clear();
                 encode_record_value(&mut record_bytes, stored);
-                let part = record_partition(self.app, e.ws, u.id);
-                batch.push(
-                    Op::Put,
-                    monoseq_kv::Key::new(part.as_bytes(), &u.id.0.to_be_bytes()),
-                    &record_bytes,
-                );
+                let key = record_key(self.app, e.ws, u.id);
+                batch.push(Op::Put, key.as_key(), &record_bytes);
                 slots.push((i, Slot::Record { ws: e.ws, id: u.id }));
             }
         }
@@ -412,14 +396,11 @@ impl<S: KvStore> EventStore<S> {
                 updated: seen,
             });
         }
-        let parts: Vec<_> = wanted
+        let stored: Vec<_> = wanted
             .iter()
-            .map(|&(ws, id)| (record_partition(self.app, ws, id), id.0.to_be_bytes()))
+            .map(|&(ws, id)| record_key(self.app, ws, id))
             .collect();
-        let keys: Vec<_> = parts
-            .iter()
-            .map(|(p, c)| monoseq_kv::Key::new(p.as_bytes(), c))
-            .collect();
+        let keys: Vec<_> = stored.iter().map(keys::BlockKey::as_key).collect();
         let values = self.kv.get_many(&keys)?;
         for (&(ws, id), value) in wanted.iter().zip(values) {
             if let Some(bytes) = value {
@@ -453,12 +434,8 @@ impl<S: KvStore> EventStore<S> {
         partition: PartitionId,
         offset: PLogOffset,
     ) -> Result<Option<Event>, ReadError> {
-        let part = plog_partition(self.app, partition, offset);
-        let Some(bytes) = self.kv.get(monoseq_kv::Key::new(
-            part.as_bytes(),
-            &offset.0.to_be_bytes(),
-        ))?
-        else {
+        let key = plog_key(self.app, partition, offset);
+        let Some(bytes) = self.kv.get(key.as_key())? else {
             return Ok(None);
         };
         let slot = Slot::PLog { partition, offset };
@@ -490,7 +467,8 @@ impl<S: KvStore> EventStore<S> {
         let mut failure: Option<ReadError> = None;
         while events.len() < limit {
             let part = wlog_partition(self.app, ws, block_start);
-            let lower = block_start.0.to_be_bytes();
+            let lower = block_position(block_start.0, LOG_BLOCK_EVENTS);
+            let block_first = block_start.0 / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS;
             let mut seen = 0usize;
             let mut last = 0u64;
             self.kv.scan(
@@ -499,7 +477,7 @@ impl<S: KvStore> EventStore<S> {
                 Bound::Unbounded,
                 Order::Ascending,
                 &mut |clustering, value| {
-                    let offset = keys::be64(clustering).unwrap_or(0);
+                    let offset = keys::from_block_position(block_first, clustering).unwrap_or(0);
                     let slot = Slot::WLog {
                         ws,
                         offset: WLogOffset(offset),
@@ -547,11 +525,8 @@ impl<S: KvStore> EventStore<S> {
     ///
     /// [`ReadError`] when storage fails or the stored record is damaged.
     pub fn read_record(&self, ws: WsId, id: RecordId) -> Result<Option<Record>, ReadError> {
-        let part = record_partition(self.app, ws, id);
-        let Some(bytes) = self
-            .kv
-            .get(monoseq_kv::Key::new(part.as_bytes(), &id.0.to_be_bytes()))?
-        else {
+        let key = record_key(self.app, ws, id);
+        let Some(bytes) = self.kv.get(key.as_key())? else {
             return Ok(None);
         };
         let slot = Slot::Record { ws, id };
@@ -569,20 +544,17 @@ impl<S: KvStore> EventStore<S> {
     /// The key of the PLog entry at `offset` of `partition` (for tools and tests that inspect
     /// or repair storage).
     pub fn plog_key(&self, partition: PartitionId, offset: PLogOffset) -> KeyBuf {
-        let part = plog_partition(self.app, partition, offset);
-        monoseq_kv::Key::new(part.as_bytes(), &offset.0.to_be_bytes()).to_owned()
+        plog_key(self.app, partition, offset).as_key().to_owned()
     }
 
     /// The key of the WLog entry at `offset` of `ws`.
     pub fn wlog_key(&self, ws: WsId, offset: WLogOffset) -> KeyBuf {
-        let part = wlog_partition(self.app, ws, offset);
-        monoseq_kv::Key::new(part.as_bytes(), &offset.0.to_be_bytes()).to_owned()
+        wlog_key(self.app, ws, offset).as_key().to_owned()
     }
 
     /// The key of record `id` of `ws`.
     pub fn record_key(&self, ws: WsId, id: RecordId) -> KeyBuf {
-        let part = record_partition(self.app, ws, id);
-        monoseq_kv::Key::new(part.as_bytes(), &id.0.to_be_bytes()).to_owned()
+        record_key(self.app, ws, id).as_key().to_owned()
     }
 }
 

@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use monoseq_core::WsKind;
 use monoseq_kv::{EmbeddedStore, Key, KvStore, Options};
-use monoseq_store::{AppId, TrustLevel};
+use monoseq_store::{AppId, KEY_LAYOUT, TrustLevel};
 use serde::Deserialize;
 
 /// Default data directory.
@@ -173,6 +173,7 @@ pub const APP: AppId = AppId(1);
 
 const META_PARTITION: &[u8] = b"monoseq/meta";
 const META_PARTITIONS: &[u8] = b"partitions";
+const META_KEY_LAYOUT: &[u8] = b"key_layout";
 
 /// Longest time a write of the sequence projection may wait for its flush. Events are never
 /// left waiting: the command processor syncs every group before answering.
@@ -191,12 +192,14 @@ pub fn open_store(dir: &Path) -> anyhow::Result<Arc<EmbeddedStore>> {
     Ok(Arc::new(store))
 }
 
-/// Records the partition count in a new data directory, or checks it against the recorded
-/// one: routing (`workspace mod partitions`) must never change under existing data.
+/// Records the partition count and the event store's key layout in a new data directory, or
+/// checks them against the recorded ones: routing (`workspace mod partitions`) must never
+/// change under existing data, and data in another key layout would not be found.
 pub fn check_partitions(kv: &impl KvStore, partitions: u32) -> anyhow::Result<()> {
     let key = Key::new(META_PARTITION, META_PARTITIONS);
     match kv.get(key)? {
         Some(v) => {
+            check_key_layout(kv)?;
             let stored = u32::from_be_bytes(
                 v.as_slice()
                     .try_into()
@@ -213,9 +216,36 @@ pub fn check_partitions(kv: &impl KvStore, partitions: u32) -> anyhow::Result<()
         None => {
             let mut batch = monoseq_kv::WriteBatch::new();
             batch.insert_if_absent(key, &partitions.to_be_bytes());
+            batch.insert_if_absent(
+                Key::new(META_PARTITION, META_KEY_LAYOUT),
+                &KEY_LAYOUT.to_be_bytes(),
+            );
             kv.write(&batch)?;
             kv.sync()?;
         }
+    }
+    Ok(())
+}
+
+/// Fails unless a data directory that holds data was written in this build's key layout. A
+/// directory without a layout record but with a partition count is from before the record
+/// existed (layout 1); an empty directory passes.
+pub fn check_key_layout(kv: &impl KvStore) -> anyhow::Result<()> {
+    let stored = match kv.get(Key::new(META_PARTITION, META_KEY_LAYOUT))? {
+        Some(v) => u32::from_be_bytes(
+            v.as_slice()
+                .try_into()
+                .context("the data directory's key layout record is damaged")?,
+        ),
+        None if recorded_partitions(kv)?.is_some() => 1,
+        None => return Ok(()),
+    };
+    if stored != KEY_LAYOUT {
+        bail!(
+            "the data directory's event store uses key layout {stored}, this build reads layout \
+             {KEY_LAYOUT} (docs/format.md); run the monoseq version that wrote it, or start \
+             with an empty data directory"
+        );
     }
     Ok(())
 }
@@ -225,4 +255,41 @@ pub fn recorded_partitions(kv: &impl KvStore) -> anyhow::Result<Option<u32>> {
     Ok(kv
         .get(Key::new(META_PARTITION, META_PARTITIONS))?
         .and_then(|v| v.as_slice().try_into().ok().map(u32::from_be_bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use monoseq_kv::MemoryStore;
+
+    use super::*;
+
+    #[test]
+    fn a_new_data_directory_records_its_key_layout_and_passes_the_check() {
+        let kv = MemoryStore::new();
+        check_key_layout(&kv).expect("an empty directory passes");
+        check_partitions(&kv, 4).expect("first start");
+        check_key_layout(&kv).expect("recorded layout passes");
+        check_partitions(&kv, 4).expect("second start");
+    }
+
+    #[test]
+    fn a_data_directory_of_key_layout_1_is_refused_with_what_to_do() {
+        let kv = MemoryStore::new();
+        // What a server of layout 1 left: the partition count and no layout record.
+        kv.put(
+            Key::new(META_PARTITION, META_PARTITIONS),
+            &4u32.to_be_bytes(),
+        )
+        .expect("put");
+        for err in [
+            check_key_layout(&kv).unwrap_err(),
+            check_partitions(&kv, 4).unwrap_err(),
+        ] {
+            let err = err.to_string();
+            assert!(
+                err.contains("key layout 1") && err.contains("empty data directory"),
+                "{err}"
+            );
+        }
+    }
 }

@@ -14,7 +14,7 @@ use monoseq_store::{
     WLOG_OFFSET_SEQUENCE,
 };
 
-use crate::config::{APP, Settings, open_store, recorded_partitions};
+use crate::config::{APP, Settings, check_key_layout, open_store, recorded_partitions};
 
 /// What one partition's scan found.
 #[derive(Debug, Default)]
@@ -29,6 +29,7 @@ struct Scan {
 const VIOLATIONS_SHOWN_MAX: usize = 20;
 
 fn partitions(settings: &Settings, kv: &impl KvStore) -> anyhow::Result<u32> {
+    check_key_layout(kv)?;
     Ok(recorded_partitions(kv)?.unwrap_or(settings.partitions))
 }
 
