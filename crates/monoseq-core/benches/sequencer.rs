@@ -181,6 +181,30 @@ fn plog(events: u64, workspaces: u64) -> Arc<MemSeqStorage> {
     storage
 }
 
+fn naive_actualize(storage: &MemSeqStorage) {
+    let mut max: HashMap<NumberKey, Number> = HashMap::new();
+    let mut next = PLogOffset::FIRST;
+    storage
+        .replay_plog(PLogOffset::FIRST, &mut |e: monoseq_core::ReplayedEvent<
+            '_,
+        >| {
+            for v in e.values {
+                let n = max.entry(v.key).or_default();
+                *n = (*n).max(v.value);
+            }
+            next = e.offset.next();
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap();
+    let values: Vec<SeqValue> = max
+        .into_iter()
+        .map(|(key, value)| SeqValue { key, value })
+        .collect();
+    storage
+        .write_values_and_next_plog_offset(&values, next)
+        .unwrap();
+}
+
 fn actualization(c: &mut Criterion) {
     const EVENTS: u64 = 1_000_000;
     let mut g = c.benchmark_group("c_actualize_1m_events");
@@ -189,8 +213,27 @@ fn actualization(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(20));
     for workspaces in [1u64, 10_000, 1_000_000] {
         let pristine = plog(EVENTS, workspaces);
+        // Baseline: the least an actualizer does, folding every event into one hash map by
+        // maximum and writing the result to the same storage at once, with no budget, no
+        // compare with stored numbers and no checkpoint until the end.
         g.bench_with_input(
-            BenchmarkId::from_parameter(workspaces),
+            BenchmarkId::new("naive_baseline", workspaces),
+            &workspaces,
+            |b, _| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let storage = pristine.snapshot();
+                        let began = Instant::now();
+                        naive_actualize(&storage);
+                        total += began.elapsed();
+                    }
+                    total
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("sequencer", workspaces),
             &workspaces,
             |b, _| {
                 b.iter_custom(|iters| {

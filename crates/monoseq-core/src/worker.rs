@@ -86,52 +86,55 @@ impl Stale {
         self.known_len = 0;
     }
 
-    /// Puts into `out` every number of `window` that storage does not already hold or
+    /// Adds to `out` every number of `workspaces` that storage does not already hold or
     /// exceed, so a replay of a PLog with out-of-order numbers can never lower a stored
     /// sequence (SPEC invariant 5). Reads storage at most once per workspace and actualization
-    /// while the workspace stays in the known set. Counts what `out` holds as written: the
-    /// caller writes it next, or abandons the actualization.
+    /// while the workspace stays in the known set; `remember` is false for the last window of
+    /// a replay, which no later window will ask about. Counts what it adds to `out` as
+    /// written: the caller writes it next, or abandons the actualization.
     fn uncovered<S: SeqStorage>(
         &mut self,
         storage: &S,
-        window: &NumberMap,
+        workspaces: &[(WsId, &WsNumbers)],
+        remember: bool,
         out: &mut Vec<SeqValue>,
     ) -> Result<(), StorageError> {
-        out.clear();
-        // In workspace order: an ordered store then reads (and writes) neighbouring keys one
-        // after the other instead of seeking at random.
-        let mut order: Vec<(WsId, &WsNumbers)> = window.workspaces().collect();
-        order.sort_unstable_by_key(|&(ws, _)| ws);
-        for (ws, numbers) in order {
-            if self.known_len >= self.known_max {
-                self.known.clear();
-                self.known_len = 0;
-            }
-            let known = self.known.entry(ws).or_default();
+        for &(ws, numbers) in workspaces {
+            let mut stored = match self.known.is_empty() {
+                true => WsNumbers::default(),
+                false => self.known.get(&ws).cloned().unwrap_or_default(),
+            };
             self.seqs.clear();
             self.seqs.extend(
                 numbers
                     .iter()
                     .map(|(seq, _)| seq)
-                    .filter(|&seq| known.get(seq).is_none()),
+                    .filter(|&seq| stored.get(seq).is_none()),
             );
             if !self.seqs.is_empty() {
                 self.stored.clear();
                 self.stored.resize(self.seqs.len(), Number(0));
                 storage.read_numbers(ws, &self.seqs, &mut self.stored)?;
                 for (&seq, &n) in self.seqs.iter().zip(&self.stored) {
-                    known.set(seq, n);
+                    stored.set(seq, n);
                 }
-                self.known_len += self.seqs.len();
             }
             for (seq, value) in numbers.iter() {
-                if known.get(seq).is_some_and(|stored| value > stored) {
-                    known.set(seq, value);
+                if stored.get(seq).is_some_and(|n| value > n) {
+                    stored.set(seq, value);
                     out.push(SeqValue {
                         key: NumberKey { ws, seq },
                         value,
                     });
                 }
+            }
+            if remember {
+                if self.known_len >= self.known_max {
+                    self.known.clear();
+                    self.known_len = 0;
+                }
+                self.known_len += self.seqs.len();
+                self.known.insert(ws, stored);
             }
         }
         Ok(())
@@ -144,23 +147,56 @@ impl Stale {
     }
 }
 
-/// Writes the numbers of `window` that storage does not already cover, with the checkpoint
-/// `next` that the window reaches. On failure `buf` holds what was to be written (empty if
-/// the compare with storage failed).
+/// Workspaces compared with storage and written back per storage call, so a workspace's stored
+/// data is written while the read brought it close (it is still in the CPU cache, or in the
+/// engine's block cache).
+const WRITE_CHUNK_WORKSPACES: usize = 512;
+
+/// Writes the numbers of `window` that storage does not already cover, in workspace order (an
+/// ordered store then reads and writes neighbouring keys one after the other), with the
+/// checkpoint `next` that the window reaches. Chunks before the last are written with the
+/// checkpoint storage already holds (`stored`), so no checkpoint ever precedes its values.
+/// `last`: no window follows in this replay. On failure `buf` holds every number found new if the window was compared in full (only the
+/// last write failed), and is empty otherwise.
 fn write_window<S: SeqStorage>(
     storage: &S,
     stale: &mut Stale,
     window: &NumberMap,
     buf: &mut Vec<SeqValue>,
+    stored: Option<PLogOffset>,
     next: PLogOffset,
+    last: bool,
 ) -> Result<(), StorageError> {
-    if let Err(e) = stale.uncovered(storage, window, buf) {
-        buf.clear();
-        stale.forget();
-        return Err(e);
+    let mut order: Vec<(WsId, &WsNumbers)> = window.workspaces().collect();
+    order.sort_unstable_by_key(|&(ws, _)| ws);
+    let chunk = if stored.is_some() {
+        WRITE_CHUNK_WORKSPACES
+    } else {
+        order.len().max(1)
+    };
+    buf.clear();
+    let mut written = 0;
+    let mut chunks = order.chunks(chunk).peekable();
+    while let Some(workspaces) = chunks.next() {
+        if let Err(e) = stale.uncovered(storage, workspaces, !last, buf) {
+            buf.clear();
+            stale.forget();
+            return Err(e);
+        }
+        if let Some(stored) = stored
+            && chunks.peek().is_some()
+            && buf.len() > written
+        {
+            if let Err(e) = storage.write_values_and_next_plog_offset(&buf[written..], stored) {
+                buf.clear();
+                stale.forget();
+                return Err(e);
+            }
+            written = buf.len();
+        }
     }
     storage
-        .write_values_and_next_plog_offset(buf, next)
+        .write_values_and_next_plog_offset(&buf[written..], next)
         .inspect_err(|_| stale.forget())
 }
 
@@ -329,7 +365,9 @@ impl<S: SeqStorage> Worker<S> {
             }
             if window.len() >= limit {
                 // Window full: make room by writing it, with the checkpoint it reaches.
-                if let Err(e) = write_window(&sh.storage, stale, &window, buf, next) {
+                let stored = durable.or(stored_checkpoint);
+                if let Err(e) = write_window(&sh.storage, stale, &window, buf, stored, next, false)
+                {
                     inline_error = Some(e);
                     return ControlFlow::Break(());
                 }
@@ -348,7 +386,16 @@ impl<S: SeqStorage> Worker<S> {
         let mut flushed = true;
         let up_to_date = window.is_empty() && durable.or(stored_checkpoint) == Some(next);
         let backlog_values = if completed && !up_to_date {
-            match write_window(&sh.storage, &mut self.stale, &window, &mut self.buf, next) {
+            let stored = durable.or(stored_checkpoint);
+            match write_window(
+                &sh.storage,
+                &mut self.stale,
+                &window,
+                &mut self.buf,
+                stored,
+                next,
+                true,
+            ) {
                 Ok(()) => {
                     durable = Some(next);
                     NumberMap::default()
