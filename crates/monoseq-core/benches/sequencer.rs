@@ -114,6 +114,7 @@ fn rotating_workspaces(c: &mut Criterion) {
         "cycle_server_backlog",
         params_with(Params::builder().backlog_values_max(SERVER_BACKLOG)),
     );
+    rotate_inline_worker(&mut g);
     let map = Mutex::new(HashMap::new());
     let mut offset = 0;
     let mut j = 0u64;
@@ -155,6 +156,42 @@ fn rotate(
         stats.hits, stats.misses
     );
     seq.shutdown();
+}
+
+/// The same rotation with the worker stepped on the benchmark's own thread whenever `start`
+/// answers busy (`Sequencer::new_manual`, as an embedder's single-threaded event loop would):
+/// each cycle then pays its share of flushing itself, with no hand-off between threads.
+fn rotate_inline_worker(g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    let (mut seq, mut worker) = Sequencer::new_manual(params(), MemSeqStorage::new());
+    assert_eq!(worker.step(), Step::Idle);
+    let mut steps = 0u64;
+    let mut cycle_inline = |seq: &mut Sequencer<Arc<MemSeqStorage>>, ws: WsId| loop {
+        match seq.start(KIND, ws).unwrap() {
+            Start::Began(mut tx) => {
+                let w = tx.next(WLOG).unwrap();
+                let a = tx.next(CREC).unwrap();
+                let b = tx.next(CREC).unwrap();
+                tx.flush();
+                return Number(w.0 ^ a.0 ^ b.0);
+            }
+            Start::Busy(_) => {
+                worker.step();
+                steps += 1;
+            }
+        }
+    };
+    let mut i = 0u64;
+    for _ in 0..ROTATING_WORKSPACES {
+        cycle_inline(&mut seq, WsId(i % ROTATING_WORKSPACES));
+        i += 1;
+    }
+    g.bench_function("cycle_inline_worker", |b| {
+        b.iter(|| {
+            i += 1;
+            cycle_inline(&mut seq, WsId(i % ROTATING_WORKSPACES))
+        })
+    });
+    eprintln!("b_rotating_1m_workspaces/cycle_inline_worker: worker steps {steps}");
 }
 
 /// A PLog of `events` events, each with one WLog offset and two record IDs, spread evenly over

@@ -2,12 +2,11 @@
 //! (start → next* → flush | actualize). Owns the cache of recent workspaces and the numbers of
 //! the open transaction; shares the backlog with its background worker.
 
-use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use lru::LruCache;
+use schnellru::{ByLength, LruMap};
 
 use crate::driver::{DriverHandle, Runtime};
 use crate::params::{KindSequences, Params};
@@ -199,7 +198,8 @@ struct WsEntry {
 pub struct Sequencer<S: SeqStorage> {
     shared: Arc<Shared<S>>,
     driver: Option<DriverHandle>,
-    cache: LruCache<WsId, WsEntry>,
+    cache: LruMap<WsId, WsEntry, ByLength, hashbrown::DefaultHashBuilder>,
+    cache_capacity: usize,
     /// The workspace of the last transaction: consecutive transactions of one workspace touch
     /// no hash table. Its cache entry may be stale while `current_dirty`; it is written back
     /// before the cache is used for another workspace, so it is never evicted unsaved.
@@ -257,13 +257,16 @@ impl<S: SeqStorage> Sequencer<S> {
     }
 
     fn with_shared(shared: Arc<Shared<S>>) -> Sequencer<S> {
-        let cap = NonZeroUsize::new(shared.params.cache_workspaces_max)
-            .expect("Params guarantees a non-zero cache capacity");
+        let cap = shared.params.cache_workspaces_max;
         shared.wake.notify_one();
         Sequencer {
             shared,
             driver: None,
-            cache: LruCache::new(cap),
+            cache: LruMap::with_hasher(
+                ByLength::new(u32::try_from(cap).unwrap_or(u32::MAX)),
+                hashbrown::DefaultHashBuilder::default(),
+            ),
+            cache_capacity: cap,
             current: None,
             current_numbers: Vec::new(),
             current_dirty: false,
@@ -429,14 +432,16 @@ impl<S: SeqStorage> Sequencer<S> {
         let sh = Arc::clone(&self.shared);
         let kind: &KindSequences = &sh.params.kinds[kind_index];
         self.current_numbers.clear();
-        if let Some(entry) = self.cache.get(&ws)
-            && entry.kind == kind.kind
-        {
-            self.stats.hits += 1;
-            self.current_numbers.extend_from_slice(&entry.numbers);
-            self.current = Some((ws, kind.kind));
-            return Ok(());
-        }
+        let cached = match self.cache.get(&ws) {
+            Some(entry) if entry.kind == kind.kind => {
+                self.stats.hits += 1;
+                self.current_numbers.extend_from_slice(&entry.numbers);
+                self.current = Some((ws, kind.kind));
+                return Ok(());
+            }
+            Some(_) => true,
+            None => false,
+        };
         self.stats.misses += 1;
         let n = kind.seqs.len();
         self.current_numbers.resize(n, Number(0));
@@ -484,9 +489,13 @@ impl<S: SeqStorage> Sequencer<S> {
             kind: kind.kind,
             numbers,
         };
-        if let Some((_, evicted)) = self.cache.push(ws, entry) {
+        if !cached
+            && self.cache.len() >= self.cache_capacity
+            && let Some((_, evicted)) = self.cache.pop_oldest()
+        {
             self.spare = Some(evicted.numbers);
         }
+        self.cache.insert(ws, entry);
         self.current = Some((ws, kind.kind));
         Ok(())
     }

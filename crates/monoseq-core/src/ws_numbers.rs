@@ -16,17 +16,26 @@ pub(crate) struct WsNumbers {
     seqs: [SeqId; INLINE_SEQS],
     numbers: [Number; INLINE_SEQS],
     len: u8,
-    spill: Vec<(SeqId, Number)>,
+    /// Sequences past the inline ones; boxed so a workspace with none costs one pointer.
+    #[allow(
+        clippy::box_collection,
+        reason = "one pointer instead of three keeps a workspace and its key in 64 bytes"
+    )]
+    spill: Option<Box<Vec<(SeqId, Number)>>>,
 }
 
 impl WsNumbers {
+    fn spilled(&self) -> &[(SeqId, Number)] {
+        self.spill.as_deref().map_or(&[], Vec::as_slice)
+    }
+
     pub(crate) fn iter(&self) -> impl Iterator<Item = (SeqId, Number)> + '_ {
         let len = usize::from(self.len);
         self.seqs[..len]
             .iter()
             .copied()
             .zip(self.numbers[..len].iter().copied())
-            .chain(self.spill.iter().copied())
+            .chain(self.spilled().iter().copied())
     }
 
     fn slot(&mut self, seq: SeqId) -> Option<&mut Number> {
@@ -35,6 +44,7 @@ impl WsNumbers {
             Some(i) => Some(&mut self.numbers[i]),
             None => self
                 .spill
+                .as_deref_mut()?
                 .iter_mut()
                 .find(|(s, _)| *s == seq)
                 .map(|(_, n)| n),
@@ -44,7 +54,7 @@ impl WsNumbers {
     /// How many sequences have a number.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        usize::from(self.len) + self.spill.len()
+        usize::from(self.len) + self.spilled().len()
     }
 
     /// The number of `seq`, if it has one.
@@ -52,7 +62,11 @@ impl WsNumbers {
         let len = usize::from(self.len);
         match self.seqs[..len].iter().position(|&s| s == seq) {
             Some(i) => Some(self.numbers[i]),
-            None => self.spill.iter().find(|(s, _)| *s == seq).map(|&(_, n)| n),
+            None => self
+                .spilled()
+                .iter()
+                .find(|(s, _)| *s == seq)
+                .map(|&(_, n)| n),
         }
     }
 
@@ -87,16 +101,19 @@ impl WsNumbers {
             self.seqs[i] = self.seqs[len - 1];
             self.numbers[i] = self.numbers[len - 1];
             self.len -= 1;
-            if let Some((s, n)) = self.spill.pop() {
+            if let Some((s, n)) = self.spill.as_deref_mut().and_then(Vec::pop) {
                 self.seqs[len - 1] = s;
                 self.numbers[len - 1] = n;
                 self.len += 1;
             }
             return true;
         }
-        match self.spill.iter().position(|&(s, n)| s == seq && n == value) {
+        let Some(spill) = self.spill.as_deref_mut() else {
+            return false;
+        };
+        match spill.iter().position(|&(s, n)| s == seq && n == value) {
             Some(i) => {
-                self.spill.swap_remove(i);
+                spill.swap_remove(i);
                 true
             }
             None => false,
@@ -114,7 +131,7 @@ impl WsNumbers {
             self.numbers[len] = value;
             self.len += 1;
         } else {
-            self.spill.push((seq, value));
+            self.spill.get_or_insert_default().push((seq, value));
         }
     }
 }
@@ -270,6 +287,11 @@ mod tests {
         assert_eq!(m.len(), 2);
         assert!(m.get(WsId(2)).is_none());
         assert_eq!(m.values().count(), 2);
+    }
+
+    #[test]
+    fn a_workspace_with_its_map_key_fits_one_cache_line() {
+        assert!(size_of::<(WsId, WsNumbers)>() <= 64);
     }
 
     #[test]
