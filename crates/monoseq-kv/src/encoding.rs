@@ -34,6 +34,7 @@ pub(crate) fn encode_into(key: Key<'_>, out: &mut Vec<u8>) {
 }
 
 /// The encoding of `key`. Precondition: the partition is [`storable`].
+#[cfg(test)]
 pub(crate) fn encode(key: Key<'_>) -> Vec<u8> {
     let mut out = Vec::new();
     encode_into(key, &mut out);

@@ -169,24 +169,31 @@ impl Inner {
         }
     }
 
-    /// Commits `items` as one fjall batch with the configured durability. Caller holds the
-    /// write lock.
-    fn commit<'a>(
+    /// Builds the fjall batch of `items` with the configured durability. Needs no lock, so
+    /// writers build their batches (key encoding, value copies) concurrently and hold the
+    /// write lock only to check conditions and commit.
+    fn prepare<'a>(
         &self,
         items: impl Iterator<Item = (Op, Key<'a>, &'a [u8])>,
-    ) -> Result<(), KvError> {
-        self.commits.check()?;
+    ) -> fjall::OwnedWriteBatch {
         let mut batch = self.db.batch();
         if self.durability == Durability::Sync {
             batch = batch.durability(Some(PersistMode::SyncData));
         }
-        for (op, key, value) in items {
-            let encoded = encoding::encode(key);
+        let mut key = Vec::new();
+        for (op, k, value) in items {
+            encoding::encode_into(k, &mut key);
             match op {
-                Op::Put | Op::InsertIfAbsent => batch.insert(&self.kv, encoded, value),
-                Op::Delete => batch.remove(&self.kv, encoded),
+                Op::Put | Op::InsertIfAbsent => batch.insert(&self.kv, &key[..], value),
+                Op::Delete => batch.remove(&self.kv, &key[..]),
             }
         }
+        batch
+    }
+
+    /// Commits a batch built by [`Inner::prepare`]. Caller holds the write lock.
+    fn commit(&self, batch: fjall::OwnedWriteBatch) -> Result<(), KvError> {
+        self.commits.check()?;
         batch
             .commit()
             .map_err(|error| fault("committing a batch", error))?;
@@ -249,6 +256,9 @@ impl KvStore for FjallStore {
         if batch.is_empty() {
             return Ok(());
         }
+        let prepared = self
+            .inner
+            .prepare(batch.iter().map(|item| (item.op, item.key, item.value)));
         let _writer = self
             .inner
             .write_lock
@@ -267,8 +277,7 @@ impl KvStore for FjallStore {
                 key: key.unwrap_or_default(),
             });
         }
-        self.inner
-            .commit(batch.iter().map(|item| (item.op, item.key, item.value)))?;
+        self.inner.commit(prepared)?;
         Ok(())
     }
 
@@ -294,7 +303,8 @@ impl KvStore for FjallStore {
             Some(value) => (Op::Put, key, value),
             None => (Op::Delete, key, &[][..]),
         };
-        self.inner.commit(std::iter::once(item))?;
+        self.inner
+            .commit(self.inner.prepare(std::iter::once(item)))?;
         Ok(())
     }
 
