@@ -287,6 +287,54 @@ fn replay_never_lowers_a_sequence_even_with_numbers_below_the_initial_value() {
 }
 
 #[test]
+fn replay_over_many_workspaces_never_lowers_stored_numbers() {
+    // More workspaces than one replay window holds, so windows are written (in chunks) while
+    // the replay goes on, and the known-stored set fills and empties.
+    const WORKSPACES: u64 = 12_000;
+    let storage = MemSeqStorage::new();
+    let seeded: Vec<SeqValue> = (0..WORKSPACES)
+        .filter(|ws| ws % 3 == 0)
+        .map(|ws| SeqValue::new(WsId(ws), WLOG, Number(1_000 + ws)))
+        .collect();
+    storage.seed_projection(&seeded, PLogOffset(1));
+    let mut expected: HashMap<u64, u64> = seeded.iter().map(|v| (v.key.ws.0, v.value.0)).collect();
+    let mut offset = 1;
+    for round in 1..=3u64 {
+        for ws in 0..WORKSPACES {
+            storage
+                .append_event(
+                    PLogOffset(offset),
+                    KIND,
+                    &[SeqValue::new(WsId(ws), WLOG, Number(round * 10))],
+                )
+                .unwrap();
+            offset += 1;
+            let e = expected.entry(ws).or_default();
+            *e = (*e).max(round * 10);
+        }
+    }
+    let mut seq = new_seq(
+        builder().replay_values_max(5_000).build().unwrap(),
+        &storage,
+    );
+    let mut tx = begin(&mut seq, KIND, WsId(3));
+    assert_eq!(tx.next(WLOG).unwrap(), Number(1_004));
+    tx.flush();
+    seq.shutdown();
+    for (ws, n) in expected {
+        let stored = storage.number(NumberKey {
+            ws: WsId(ws),
+            seq: WLOG,
+        });
+        let want = if ws == 3 { 1_004 } else { n };
+        assert!(
+            stored >= Number(n),
+            "workspace {ws}: stored {stored}, expected {want}"
+        );
+    }
+}
+
+#[test]
 fn shutdown_during_replay_never_writes_numbers_not_yet_compared_with_storage() {
     let storage = MemSeqStorage::new();
     let ws = WsId(1);
