@@ -179,20 +179,38 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
 }
 
 async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Result<Tally> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.clients)
-        .tcp_nodelay(true)
-        .build()?;
-    // Parsed once: parsing (and IDNA-checking) the URL per request cost the load generator
-    // as much CPU as serializing the body.
-    let endpoint = reqwest::Url::parse(&format!("{}/v1/commands", url.trim_end_matches('/')))
+    let uri: hyper::Uri = format!("{}/v1/commands", url.trim_end_matches('/'))
+        .parse()
         .with_context(|| format!("parsing --url {url}"))?;
+    if uri.scheme_str() != Some("http") {
+        bail!("--url must start with http:// (the load generator speaks plain HTTP/1.1)");
+    }
+    let authority = uri
+        .authority()
+        .with_context(|| format!("--url {url} names no host"))?
+        .clone();
+    let addr = tokio::net::lookup_host((authority.host(), authority.port_u16().unwrap_or(80)))
+        .await
+        .with_context(|| format!("resolving {authority}"))?
+        .next()
+        .with_context(|| format!("{authority} resolves to no address"))?;
+    let path = uri.path().to_owned();
     let mut tasks = Vec::with_capacity(args.clients);
     for c in 0..args.clients as u64 {
-        let client = client.clone();
-        let endpoint = endpoint.clone();
+        let (path, authority) = (path.clone(), authority.clone());
         let workspaces = args.workspaces;
         tasks.push(tokio::spawn(async move {
+            // One keep-alive connection per client, driven by its own task: no pool to check
+            // out from, no URL to parse per request.
+            let stream = tokio::net::TcpStream::connect(addr)
+                .await
+                .context("connecting to the server")?;
+            stream.set_nodelay(true)?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .context("HTTP handshake")?;
+            tokio::spawn(connection);
             let mut t = Tally::new();
             let mut i = c;
             let mut template = command(1);
@@ -201,31 +219,44 @@ async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Re
                 i += 7919;
                 template.ws = ws;
                 let body = serde_json::to_vec(&template).expect("a command serializes");
+                let request = hyper::Request::post(path.as_str())
+                    .header(hyper::header::HOST, authority.as_str())
+                    .header(hyper::header::CONTENT_TYPE, "application/json")
+                    .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
+                    .expect("a valid request");
                 let began = Instant::now();
-                let request = client
-                    .post(endpoint.clone())
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body);
-                match request.send().await {
-                    Ok(r) if r.status().is_success() => {
-                        let _ = r.bytes().await;
-                        t.ok += 1;
-                        let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
+                if sender.ready().await.is_err() {
+                    t.failed += 1;
+                    break;
+                }
+                match sender.send_request(request).await {
+                    Ok(r) => {
+                        let status = r.status().as_u16();
+                        let _ = http_body_util::BodyExt::collect(r.into_body()).await;
+                        match status {
+                            200..=299 => {
+                                t.ok += 1;
+                                let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
+                            }
+                            503 => {
+                                t.busy += 1;
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                            }
+                            _ => t.failed += 1,
+                        }
                     }
-                    Ok(r) if r.status().as_u16() == 503 => {
-                        let _ = r.bytes().await;
-                        t.busy += 1;
-                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    Err(_) => {
+                        t.failed += 1;
+                        break;
                     }
-                    _ => t.failed += 1,
                 }
             }
-            t
+            anyhow::Ok(t)
         }));
     }
     let mut all = Tally::new();
     for task in tasks {
-        all.merge(&task.await?);
+        all.merge(&task.await??);
     }
     Ok(all)
 }
