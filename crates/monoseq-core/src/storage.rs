@@ -5,7 +5,7 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use crate::types::{Number, PLogOffset, SeqId, SeqValue, WsId, WsKind};
+use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId, WsKind};
 
 /// A storage call failed. The sequencer never panics on it: it answers busy, retries with
 /// backoff and heals when storage does.
@@ -98,6 +98,35 @@ pub trait SeqStorage: Send + Sync + 'static {
         out: &mut [Number],
     ) -> Result<(), StorageError>;
 
+    /// Reads the last numbers of many `keys`, in ascending order (by workspace, then
+    /// sequence), into `out` (same length, same order). Actualization compares whole windows
+    /// of replayed numbers with storage this way; an ordered store can answer neighbouring
+    /// workspaces with one range read instead of a lookup each. The provided implementation
+    /// calls [`read_numbers`](SeqStorage::read_numbers) once per workspace.
+    ///
+    /// # Errors
+    ///
+    /// A [`StorageError`] when storage cannot answer; `out` is then unspecified.
+    fn read_numbers_many(
+        &self,
+        keys: &[NumberKey],
+        out: &mut [Number],
+    ) -> Result<(), StorageError> {
+        debug_assert!(
+            keys.is_sorted(),
+            "read_numbers_many: keys in ascending order"
+        );
+        let mut seqs: Vec<SeqId> = Vec::new();
+        let mut at = 0;
+        for run in keys.chunk_by(|a, b| a.ws == b.ws) {
+            seqs.clear();
+            seqs.extend(run.iter().map(|k| k.seq));
+            self.read_numbers(run[0].ws, &seqs, &mut out[at..at + run.len()])?;
+            at += run.len();
+        }
+        Ok(())
+    }
+
     /// Reads the checkpoint: the PLog offset up to which (exclusive) the stored numbers are
     /// valid. Empty storage answers [`PLogOffset::FIRST`].
     ///
@@ -143,6 +172,14 @@ impl<T: SeqStorage + ?Sized> SeqStorage for Arc<T> {
         out: &mut [Number],
     ) -> Result<(), StorageError> {
         (**self).read_numbers(ws, seqs, out)
+    }
+
+    fn read_numbers_many(
+        &self,
+        keys: &[NumberKey],
+        out: &mut [Number],
+    ) -> Result<(), StorageError> {
+        (**self).read_numbers_many(keys, out)
     }
 
     fn read_next_plog_offset(&self) -> Result<PLogOffset, StorageError> {

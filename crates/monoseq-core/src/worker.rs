@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::params::KindSequences;
 use crate::shared::{Shared, Status};
 use crate::storage::{ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
-use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId};
+use crate::types::{Number, NumberKey, PLogOffset, SeqValue, WsId};
 use crate::ws_numbers::{NumberMap, WsNumbers};
 
 /// How often (in events) replay publishes its progress counter.
@@ -63,7 +63,7 @@ fn merge_event(window: &mut NumberMap, kind: Option<&KindSequences>, values: &[S
 /// Drops replayed values that storage already covers, reading storage as little as possible.
 #[derive(Default)]
 struct Stale {
-    seqs: Vec<SeqId>,
+    keys: Vec<NumberKey>,
     stored: Vec<Number>,
     /// During one actualization: per workspace, numbers storage is known to hold at least
     /// (read from it, or about to be written by this replay); without it, every replay flush
@@ -99,25 +99,38 @@ impl Stale {
         remember: bool,
         out: &mut Vec<SeqValue>,
     ) -> Result<(), StorageError> {
+        // Bound the known set before looking anything up in it, so a workspace found known
+        // below is still known when its numbers are compared.
+        if remember && self.known_len >= self.known_max {
+            self.known.clear();
+            self.known_len = 0;
+        }
+        // Every number not known yet, read in one call, in key order.
+        self.keys.clear();
         for &(ws, numbers) in workspaces {
-            let mut stored = match self.known.is_empty() {
-                true => WsNumbers::default(),
-                false => self.known.get(&ws).cloned().unwrap_or_default(),
-            };
-            self.seqs.clear();
-            self.seqs.extend(
+            let known = self.known.get(&ws);
+            let first = self.keys.len();
+            self.keys.extend(
                 numbers
                     .iter()
                     .map(|(seq, _)| seq)
-                    .filter(|&seq| stored.get(seq).is_none()),
+                    .filter(|&seq| known.and_then(|k| k.get(seq)).is_none())
+                    .map(|seq| NumberKey { ws, seq }),
             );
-            if !self.seqs.is_empty() {
-                self.stored.clear();
-                self.stored.resize(self.seqs.len(), Number(0));
-                storage.read_numbers(ws, &self.seqs, &mut self.stored)?;
-                for (&seq, &n) in self.seqs.iter().zip(&self.stored) {
-                    stored.set(seq, n);
-                }
+            self.keys[first..].sort_unstable();
+        }
+        self.stored.clear();
+        self.stored.resize(self.keys.len(), Number(0));
+        if !self.keys.is_empty() {
+            storage.read_numbers_many(&self.keys, &mut self.stored)?;
+        }
+        let mut at = 0;
+        for &(ws, numbers) in workspaces {
+            let mut stored = self.known.get(&ws).cloned().unwrap_or_default();
+            let first = at;
+            while at < self.keys.len() && self.keys[at].ws == ws {
+                stored.set(self.keys[at].seq, self.stored[at]);
+                at += 1;
             }
             for (seq, value) in numbers.iter() {
                 if stored.get(seq).is_some_and(|n| value > n) {
@@ -129,11 +142,7 @@ impl Stale {
                 }
             }
             if remember {
-                if self.known_len >= self.known_max {
-                    self.known.clear();
-                    self.known_len = 0;
-                }
-                self.known_len += self.seqs.len();
+                self.known_len += at - first;
                 self.known.insert(ws, stored);
             }
         }
