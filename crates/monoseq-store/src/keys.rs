@@ -8,8 +8,9 @@ use monoseq_kv::Key;
 use crate::event::{RecordId, WLogOffset};
 
 /// The key layout this build reads and writes (`docs/format.md`, "Event store keys"). Layout 1
-/// wrote fixed-width partition keys and whole offsets and IDs as clustering columns.
-pub const KEY_LAYOUT: u32 = 2;
+/// wrote fixed-width partition keys and whole offsets and IDs as clustering columns; layout 2
+/// kept one numbers partition per workspace.
+pub const KEY_LAYOUT: u32 = 3;
 
 /// Events per PLog partition key (and per WLog partition key): logs are split into blocks so
 /// that no storage partition grows without bound (a Cassandra or DynamoDB partition must stay
@@ -17,6 +18,9 @@ pub const KEY_LAYOUT: u32 = 2;
 pub const LOG_BLOCK_EVENTS: u64 = 4096;
 /// Record IDs per records partition key; consecutive IDs of a workspace share a partition.
 pub const RECORD_BLOCK_IDS: u64 = 4096;
+/// Workspaces per numbers partition key: neighbouring workspaces' numbers share a partition, so
+/// actualization compares a window of them with stored numbers in one range read.
+pub const NUMBERS_BLOCK_WS: u64 = 4096;
 
 /// An application: the unit whose data the store keeps apart from other applications'.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -52,7 +56,7 @@ const PART_KEY_BYTES_MAX: usize = 1 + 3 * 10;
 /// the logs and records tables write their columns as unsigned LEB128 varints, which keeps a
 /// whole key, with the embedded engines' 2-byte length prefix, within the 20 bytes fjall
 /// stores inline in its memtable (no heap allocation, no pointer to follow per comparison).
-/// The numbers and checkpoint tables keep the fixed-width layout of key layout 1.
+/// The checkpoint table keeps the fixed-width layout of key layout 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PartKey {
     buf: [u8; PART_KEY_BYTES_MAX],
@@ -60,12 +64,12 @@ pub(crate) struct PartKey {
 }
 
 impl PartKey {
-    /// Tag and application as a varint (logs and records).
+    /// Tag and application as a varint (logs, records and numbers).
     fn new(tag: u8, app: AppId) -> PartKey {
         PartKey::empty().push_byte(tag).push(u64::from(app.0))
     }
 
-    /// Tag and application as `be32` (numbers and checkpoint).
+    /// Tag and application as `be32` (checkpoint).
     fn fixed(tag: u8, app: AppId) -> PartKey {
         PartKey::empty()
             .push_byte(tag)
@@ -174,14 +178,38 @@ pub(crate) fn record_key(app: AppId, ws: WsId, id: RecordId) -> BlockKey {
     }
 }
 
-/// Numbers: partition `04 app:be32 ws:be64`, clustering `seq:be16`, value `be64`.
+/// Numbers: partition `04 app ws_block` (varints; ws_block = ws / 4 096), clustering
+/// `ws mod 4 096` (be16) then `seq` (be16), value `be64`.
 pub(crate) fn numbers_partition(app: AppId, ws: WsId) -> PartKey {
-    PartKey::fixed(TAG_NUMBERS, app).push_be(&ws.0.to_be_bytes())
+    PartKey::new(TAG_NUMBERS, app).push(ws.0 / NUMBERS_BLOCK_WS)
 }
 
-/// The clustering columns of one sequence's number.
-pub(crate) fn seq_clustering(seq: SeqId) -> [u8; 2] {
-    seq.0.to_be_bytes()
+/// The clustering columns of the number of `seq` of `ws`, inside its numbers block.
+pub(crate) fn numbers_clustering(ws: WsId, seq: SeqId) -> [u8; 4] {
+    let [a, b] = block_position(ws.0, NUMBERS_BLOCK_WS);
+    let [c, d] = seq.0.to_be_bytes();
+    [a, b, c, d]
+}
+
+/// The lowest clustering of the numbers of workspace position `position` in its block
+/// (`position` may be one past the last, 4 096, as an exclusive bound).
+pub(crate) fn numbers_clustering_from(position: u64) -> [u8; 4] {
+    debug_assert!(position <= NUMBERS_BLOCK_WS);
+    let [a, b] = (position as u16).to_be_bytes();
+    [a, b, 0, 0]
+}
+
+/// The workspace and sequence of a numbers clustering in the block of workspaces starting at
+/// `block_first`; `None` unless it is 4 bytes.
+pub(crate) fn from_numbers_clustering(
+    block_first: u64,
+    clustering: &[u8],
+) -> Option<(WsId, SeqId)> {
+    let [a, b, c, d]: [u8; 4] = clustering.try_into().ok()?;
+    Some((
+        WsId(block_first + u64::from(u16::from_be_bytes([a, b]))),
+        SeqId(u16::from_be_bytes([c, d])),
+    ))
 }
 
 /// Checkpoint: partition `05 app:be32 partition:be32`, empty clustering, value `be64`.
@@ -263,7 +291,7 @@ mod tests {
             wlog_partition(AppId(1), WsId(0x80), WLogOffset(1)).as_bytes(),
             wlog_partition(AppId(0x80), WsId(1), WLogOffset(1)).as_bytes()
         );
-        assert_eq!(numbers_partition(AppId(1), WsId(3)).as_bytes().len(), 13);
+        assert_eq!(numbers_partition(AppId(1), WsId(3)).as_bytes(), &[4, 1, 0]);
         assert_eq!(
             checkpoint_partition(AppId(1), PartitionId(2)).as_bytes(),
             &[5, 0, 0, 0, 1, 0, 0, 0, 2]
@@ -283,6 +311,32 @@ mod tests {
             let k = key.as_key();
             assert!(2 + k.partition.len() + k.clustering.len() <= 20, "{k}");
         }
+    }
+
+    #[test]
+    fn neighbouring_workspaces_share_a_numbers_partition_in_workspace_then_sequence_order() {
+        let (a, b) = (WsId(4095), WsId(4096));
+        assert_ne!(
+            numbers_partition(AppId(1), a),
+            numbers_partition(AppId(1), b)
+        );
+        assert_eq!(
+            numbers_partition(AppId(1), b),
+            numbers_partition(AppId(1), WsId(8191))
+        );
+        let first = numbers_clustering(WsId(4097), SeqId(300));
+        let second = numbers_clustering(WsId(4098), SeqId(1));
+        assert!(first < second);
+        assert!(numbers_clustering_from(1) <= first && first < numbers_clustering_from(2));
+        assert_eq!(
+            from_numbers_clustering(4096, &first),
+            Some((WsId(4097), SeqId(300)))
+        );
+        assert_eq!(from_numbers_clustering(4096, &first[..3]), None);
+        // The whole key of a realistic workspace stays within fjall's inline size.
+        let ws = WsId(140_737_488_486_400);
+        let part = numbers_partition(AppId(1), ws);
+        assert!(2 + part.as_bytes().len() + 4 <= 20);
     }
 
     #[test]

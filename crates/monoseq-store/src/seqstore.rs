@@ -14,8 +14,9 @@ use monoseq_kv::{Key, KvStore, Order, WriteBatch};
 use crate::builtin::built_in_initial;
 use crate::codec::decode_numbers;
 use crate::keys::{
-    self, AppId, LOG_BLOCK_EVENTS, PartitionId, block_position, checkpoint_partition,
-    numbers_partition, plog_partition, seq_clustering,
+    self, AppId, LOG_BLOCK_EVENTS, NUMBERS_BLOCK_WS, PartitionId, block_position,
+    checkpoint_partition, from_numbers_clustering, numbers_clustering, numbers_clustering_from,
+    numbers_partition, plog_partition,
 };
 
 /// The sequence storage of one partition of one application, over a key-value store `S`.
@@ -165,6 +166,24 @@ fn initial_value(seq: SeqId) -> Number {
     built_in_initial(seq).unwrap_or(Number(1))
 }
 
+/// A block of numbers is read with one range read when at least this many keys of it are
+/// asked for ...
+const RANGE_READ_KEYS_MIN: usize = 16;
+/// ... and the workspaces asked for are at least one in this many of the range between the
+/// first and the last (otherwise a lookup each reads less).
+const RANGE_READ_SPAN_MAX: u64 = 4;
+
+/// A stored number's value: `be64`.
+fn stored_number(ws: WsId, seq: SeqId, value: &[u8]) -> Result<Number, StorageError> {
+    keys::be64(value).map(Number).ok_or_else(|| {
+        StorageError::new(format!(
+            "stored number {seq} of workspace {ws} is damaged ({} value bytes); restore the \
+             projection from a backup or delete it to replay the whole PLog",
+            value.len()
+        ))
+    })
+}
+
 fn kv_error(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
     StorageError::with_source(what.to_owned(), e)
 }
@@ -180,7 +199,7 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
         out.fill(Number(0));
         // Point reads of exactly the asked sequences: cheaper than opening a scan.
         let part = numbers_partition(self.app, ws);
-        let clustering: Vec<[u8; 2]> = seqs.iter().map(|&s| seq_clustering(s)).collect();
+        let clustering: Vec<[u8; 4]> = seqs.iter().map(|&s| numbers_clustering(ws, s)).collect();
         let keys: Vec<monoseq_kv::Key<'_>> = clustering
             .iter()
             .map(|c| monoseq_kv::Key::new(part.as_bytes(), c))
@@ -191,14 +210,83 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
             .map_err(|e| kv_error("reading sequence numbers failed", e))?;
         for ((slot, value), &seq) in out.iter_mut().zip(values).zip(seqs) {
             let Some(value) = value else { continue };
-            let Some(n) = keys::be64(&value) else {
-                return Err(StorageError::new(format!(
-                    "stored number {seq} of workspace {ws} is damaged ({} value bytes); restore \
-                     the projection from a backup or delete it to replay the whole PLog",
-                    value.len()
-                )));
-            };
-            *slot = Number(n);
+            *slot = stored_number(ws, seq, &value)?;
+        }
+        Ok(())
+    }
+
+    fn read_numbers_many(
+        &self,
+        keys: &[monoseq_core::NumberKey],
+        out: &mut [Number],
+    ) -> Result<(), StorageError> {
+        assert_eq!(keys.len(), out.len(), "read_numbers_many: one slot per key");
+        out.fill(Number(0));
+        let mut at = 0;
+        for block in keys.chunk_by(|a, b| a.ws.0 / NUMBERS_BLOCK_WS == b.ws.0 / NUMBERS_BLOCK_WS) {
+            let out = &mut out[at..at + block.len()];
+            at += block.len();
+            let (first, last) = (block[0].ws, block[block.len() - 1].ws);
+            let span = last.0 - first.0 + 1;
+            let workspaces = block.chunk_by(|a, b| a.ws == b.ws).count() as u64;
+            if block.len() < RANGE_READ_KEYS_MIN || span > workspaces * RANGE_READ_SPAN_MAX {
+                // Few or scattered workspaces: a lookup each.
+                let mut i = 0;
+                for run in block.chunk_by(|a, b| a.ws == b.ws) {
+                    let seqs: Vec<SeqId> = run.iter().map(|k| k.seq).collect();
+                    self.read_numbers(run[0].ws, &seqs, &mut out[i..i + run.len()])?;
+                    i += run.len();
+                }
+                continue;
+            }
+            // One range read over the block from the first to the last workspace asked,
+            // merged with the (ascending) keys.
+            let block_first = first.0 / NUMBERS_BLOCK_WS * NUMBERS_BLOCK_WS;
+            let part = numbers_partition(self.app, first);
+            let from = numbers_clustering_from(first.0 - block_first);
+            let to = numbers_clustering_from(last.0 - block_first + 1);
+            let mut next = 0;
+            let mut failure = None;
+            self.kv
+                .scan(
+                    part.as_bytes(),
+                    Bound::Included(&from),
+                    Bound::Excluded(&to),
+                    Order::Ascending,
+                    &mut |clustering, value| {
+                        let Some((ws, seq)) = from_numbers_clustering(block_first, clustering)
+                        else {
+                            failure = Some(StorageError::new(format!(
+                                "a stored number of workspaces from {block_first} has a key of {} \
+                                 bytes where 4 belong; restore the projection from a backup or \
+                                 delete it to replay the whole PLog",
+                                clustering.len()
+                            )));
+                            return ControlFlow::Break(());
+                        };
+                        let key = monoseq_core::NumberKey { ws, seq };
+                        while next < block.len() && block[next] < key {
+                            next += 1;
+                        }
+                        if next == block.len() {
+                            return ControlFlow::Break(());
+                        }
+                        if block[next] == key {
+                            match stored_number(ws, seq, value) {
+                                Ok(n) => out[next] = n,
+                                Err(e) => {
+                                    failure = Some(e);
+                                    return ControlFlow::Break(());
+                                }
+                            }
+                        }
+                        ControlFlow::Continue(())
+                    },
+                )
+                .map_err(|e| kv_error("reading sequence numbers failed", e))?;
+            if let Some(e) = failure {
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -234,7 +322,7 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
         for v in values {
             let part = numbers_partition(self.app, v.key.ws);
             batch.put(
-                Key::new(part.as_bytes(), &seq_clustering(v.key.seq)),
+                Key::new(part.as_bytes(), &numbers_clustering(v.key.ws, v.key.seq)),
                 &v.value.0.to_be_bytes(),
             );
         }

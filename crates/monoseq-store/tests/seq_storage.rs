@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::{APP, Command, Cp, KIND, PARTITION, WS};
 use monoseq_core::{
-    Number, PLogOffset, ReplayEnd, SeqId, SeqStorage, SeqValue, Start, WsId, WsKind,
+    Number, NumberKey, PLogOffset, ReplayEnd, SeqId, SeqStorage, SeqValue, Start, WsId, WsKind,
 };
 use monoseq_kv::{KvStore, MemoryStore};
 use monoseq_store::{
@@ -413,11 +413,14 @@ fn a_damaged_projection_gives_an_error_that_says_how_to_recover() {
     let mut keys = Vec::new();
     for tag in [4u8, 5] {
         let mut prefix = vec![tag];
-        prefix.extend_from_slice(&APP.0.to_be_bytes());
         if tag == 4 {
-            prefix.extend_from_slice(&WS.0.to_be_bytes());
-            keys.push((prefix, 2u16.to_be_bytes().to_vec()));
+            // Layout 3: `04 app:varint ws_block:varint`, clustering `ws mod 4096:be16 seq:be16`.
+            assert!(APP.0 < 0x80 && WS.0 < 4096);
+            prefix.extend_from_slice(&[APP.0 as u8, 0]);
+            let [a, b] = (WS.0 as u16).to_be_bytes();
+            keys.push((prefix, vec![a, b, 0, 2]));
         } else {
+            prefix.extend_from_slice(&APP.0.to_be_bytes());
             prefix.extend_from_slice(&PARTITION.0.to_be_bytes());
             keys.push((prefix, Vec::new()));
         }
@@ -430,4 +433,54 @@ fn a_damaged_projection_gives_an_error_that_says_how_to_recover() {
     let mut out = [Number(0)];
     let err = s.read_numbers(WS, &[SeqId(2)], &mut out).unwrap_err();
     assert!(err.to_string().contains("workspace 1001"), "{err}");
+    // The range read of many workspaces meets the same damage and says the same.
+    let many: Vec<NumberKey> = (WS.0 - 20..WS.0 + 20)
+        .map(|ws| NumberKey {
+            ws: WsId(ws),
+            seq: SeqId(2),
+        })
+        .collect();
+    let mut out = vec![Number(0); many.len()];
+    let err = s.read_numbers_many(&many, &mut out).unwrap_err();
+    assert!(err.to_string().contains("workspace 1001"), "{err}");
+}
+
+#[test]
+fn numbers_of_many_workspaces_read_back_as_one_by_one_whether_dense_or_scattered() {
+    let store = EventStore::new(Arc::new(MemoryStore::new()), APP, TrustLevel::Level0);
+    let s = store.seq_storage(PARTITION);
+    // Stored: every third workspace of 0..10 000 (crossing numbers blocks of 4 096), two
+    // sequences each, and a few far-away workspaces.
+    let mut stored = Vec::new();
+    for ws in (0..10_000u64)
+        .step_by(3)
+        .chain([1 << 40, (1 << 40) + 5, u64::MAX])
+    {
+        stored.push(SeqValue::new(WsId(ws), SeqId(2), Number(ws ^ 0xff)));
+        stored.push(SeqValue::new(WsId(ws), SeqId(4), Number(ws ^ 0xf0f)));
+    }
+    s.write_values_and_next_plog_offset(&stored, PLogOffset(9))
+        .unwrap();
+    let dense = (4_000..4_200u64).flat_map(|ws| [2u16, 3, 4].map(|q| (ws, q)));
+    let scattered = (0..10_000u64)
+        .step_by(997)
+        .chain([1 << 40, (1 << 40) + 1, (1 << 40) + 5, u64::MAX])
+        .flat_map(|ws| [2u16, 4].map(|q| (ws, q)));
+    for keys in [dense.collect::<Vec<_>>(), scattered.collect()] {
+        let keys: Vec<NumberKey> = keys
+            .into_iter()
+            .map(|(ws, q)| NumberKey {
+                ws: WsId(ws),
+                seq: SeqId(q),
+            })
+            .collect();
+        let mut many = vec![Number(7); keys.len()];
+        s.read_numbers_many(&keys, &mut many).unwrap();
+        for (key, got) in keys.iter().zip(&many) {
+            let mut one = [Number(7)];
+            s.read_numbers(key.ws, &[key.seq], &mut one).unwrap();
+            assert_eq!(*got, one[0], "{key:?}");
+        }
+        assert!(many.iter().any(|n| n.0 != 0) && many.iter().any(|n| n.0 == 0));
+    }
 }
