@@ -415,7 +415,7 @@ fn a_damaged_projection_gives_an_error_that_says_how_to_recover() {
         let mut prefix = vec![tag];
         if tag == 4 {
             // Layout 3: `04 app:varint ws_block:varint`, clustering `ws mod 4096:be16 seq:be16`.
-            assert!(APP.0 < 0x80 && WS.0 < 4096);
+            const { assert!(APP.0 < 0x80 && WS.0 < 4096) };
             prefix.extend_from_slice(&[APP.0 as u8, 0]);
             let [a, b] = (WS.0 as u16).to_be_bytes();
             keys.push((prefix, vec![a, b, 0, 2]));
