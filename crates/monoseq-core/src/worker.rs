@@ -72,6 +72,14 @@ struct Stale {
     known: HashMap<WsId, WsNumbers>,
     known_len: usize,
     known_max: usize,
+    /// Known numbers of the workspaces being compared, copied out of `known`.
+    copies: Vec<WsNumbers>,
+    /// Windows compared in this replay; workspaces of the current window, and how many of
+    /// them were known; whether the last window's workspaces recurred.
+    windows: u32,
+    seen: usize,
+    hits: usize,
+    recurring: bool,
 }
 
 impl Stale {
@@ -79,6 +87,10 @@ impl Stale {
         self.known.clear();
         self.known_len = 0;
         self.known_max = capacity.max(1);
+        self.windows = 0;
+        self.seen = 0;
+        self.hits = 0;
+        self.recurring = false;
     }
 
     fn end(&mut self) {
@@ -89,9 +101,10 @@ impl Stale {
     /// Adds to `out` every number of `workspaces` that storage does not already hold or
     /// exceed, so a replay of a PLog with out-of-order numbers can never lower a stored
     /// sequence (SPEC invariant 5). Reads storage at most once per workspace and actualization
-    /// while the workspace stays in the known set; `remember` is false for the last window of
-    /// a replay, which no later window will ask about. Counts what it adds to `out` as
-    /// written: the caller writes it next, or abandons the actualization.
+    /// while the workspace stays in the known set; `remember` says whether to add the
+    /// workspaces to it (see [`Stale::remember_window`]; never for the last window of a
+    /// replay, which no later window will ask about). Counts what it adds to `out` as written:
+    /// the caller writes it next, or abandons the actualization.
     fn uncovered<S: SeqStorage>(
         &mut self,
         storage: &S,
@@ -105,28 +118,38 @@ impl Stale {
             self.known.clear();
             self.known_len = 0;
         }
-        // Every number not known yet, read in one call, in key order.
+        // Every number not known yet, read in one call, in key order; what is known is copied
+        // once, so the compare below does not look it up again.
         self.keys.clear();
+        self.copies.clear();
+        let known_any = !self.known.is_empty();
         for &(ws, numbers) in workspaces {
-            let known = self.known.get(&ws);
+            let known = match known_any {
+                true => self.known.get(&ws).cloned().unwrap_or_default(),
+                false => WsNumbers::default(),
+            };
+            self.hits += usize::from(!known.is_empty());
             let first = self.keys.len();
             self.keys.extend(
                 numbers
                     .iter()
                     .map(|(seq, _)| seq)
-                    .filter(|&seq| known.and_then(|k| k.get(seq)).is_none())
+                    .filter(|&seq| known.get(seq).is_none())
                     .map(|seq| NumberKey { ws, seq }),
             );
             self.keys[first..].sort_unstable();
+            self.copies.push(known);
         }
+        self.seen += workspaces.len();
         self.stored.clear();
         self.stored.resize(self.keys.len(), Number(0));
         if !self.keys.is_empty() {
             storage.read_numbers_many(&self.keys, &mut self.stored)?;
         }
         let mut at = 0;
-        for &(ws, numbers) in workspaces {
-            let mut stored = self.known.get(&ws).cloned().unwrap_or_default();
+        for (i, &(ws, numbers)) in workspaces.iter().enumerate() {
+            let mut stored = std::mem::take(&mut self.copies[i]);
+            let was_known = !stored.is_empty();
             let first = at;
             while at < self.keys.len() && self.keys[at].ws == ws {
                 stored.set(self.keys[at].seq, self.stored[at]);
@@ -141,12 +164,32 @@ impl Stale {
                     });
                 }
             }
-            if remember {
+            // A known workspace is updated even when the window is not remembered: a later
+            // window must compare with what this one wrote, not with an older read.
+            if remember || was_known {
                 self.known_len += at - first;
                 self.known.insert(ws, stored);
             }
         }
         Ok(())
+    }
+
+    /// Whether the window about to be compared should add its workspaces to the known set:
+    /// always the first window of a replay, then only while windows keep meeting known
+    /// workspaces (a tail where workspaces recur), and every fourth window to notice when
+    /// they start recurring. A tail of ever new workspaces then costs no bookkeeping.
+    fn remember_window(&self) -> bool {
+        self.windows.is_multiple_of(4) || self.recurring
+    }
+
+    /// A window was compared: the next one decides on this one's hits.
+    fn window_done(&mut self) {
+        self.windows += 1;
+        if self.seen > 0 {
+            self.recurring = self.hits * 16 >= self.seen;
+        }
+        self.hits = 0;
+        self.seen = 0;
     }
 
     /// Forgets everything: a write of what `uncovered` answered failed.
@@ -185,9 +228,10 @@ fn write_window<S: SeqStorage>(
     };
     buf.clear();
     let mut written = 0;
+    let remember = !last && stale.remember_window();
     let mut chunks = order.chunks(chunk).peekable();
     while let Some(workspaces) = chunks.next() {
-        if let Err(e) = stale.uncovered(storage, workspaces, !last, buf) {
+        if let Err(e) = stale.uncovered(storage, workspaces, remember, buf) {
             buf.clear();
             stale.forget();
             return Err(e);
@@ -204,6 +248,7 @@ fn write_window<S: SeqStorage>(
             written = buf.len();
         }
     }
+    stale.window_done();
     storage
         .write_values_and_next_plog_offset(&buf[written..], next)
         .inspect_err(|_| stale.forget())

@@ -335,6 +335,33 @@ fn replay_over_many_workspaces_never_lowers_stored_numbers() {
 }
 
 #[test]
+fn replay_never_lowers_a_number_it_wrote_earlier_in_the_same_replay() {
+    // One value per window: every event is compared and written on its own, and the windows
+    // alternate between workspaces met before and new ones.
+    let storage = MemSeqStorage::new();
+    let (x, y) = (WsId(1), WsId(2));
+    for (o, (ws, n)) in [(x, 10), (y, 5), (x, 20), (x, 15), (y, 3), (x, 12)]
+        .into_iter()
+        .enumerate()
+    {
+        storage
+            .append_event(
+                PLogOffset(o as u64 + 1),
+                KIND,
+                &[SeqValue::new(ws, WLOG, Number(n))],
+            )
+            .unwrap();
+    }
+    let mut seq = new_seq(builder().replay_values_max(1).build().unwrap(), &storage);
+    let mut tx = begin(&mut seq, KIND, x);
+    assert_eq!(tx.next(WLOG).unwrap(), Number(21));
+    tx.actualize();
+    assert_eq!(storage.number(NumberKey { ws: x, seq: WLOG }), Number(20));
+    assert_eq!(storage.number(NumberKey { ws: y, seq: WLOG }), Number(5));
+    seq.shutdown();
+}
+
+#[test]
 fn shutdown_during_replay_never_writes_numbers_not_yet_compared_with_storage() {
     let storage = MemSeqStorage::new();
     let ws = WsId(1);
