@@ -124,9 +124,10 @@ impl Stale {
         self.copies.clear();
         let known_any = !self.known.is_empty();
         for &(ws, numbers) in workspaces {
-            let known = match known_any {
-                true => self.known.get(&ws).cloned().unwrap_or_default(),
-                false => WsNumbers::default(),
+            let known = if known_any {
+                self.known.get(&ws).cloned().unwrap_or_default()
+            } else {
+                WsNumbers::default()
             };
             self.hits += usize::from(!known.is_empty());
             let first = self.keys.len();
