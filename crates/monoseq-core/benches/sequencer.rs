@@ -38,9 +38,18 @@ fn params_with(b: monoseq_core::ParamsBuilder) -> Params {
     .unwrap()
 }
 
-/// One cycle; spins while the sequencer answers busy (counted).
+/// One cycle; spins while the sequencer answers busy (counted), yielding the thread.
 #[inline]
 fn cycle<S: SeqStorage>(seq: &mut Sequencer<S>, ws: WsId, busy: &mut u64) -> Number {
+    cycle_or(seq, ws, || {
+        *busy += 1;
+        std::thread::yield_now();
+    })
+}
+
+/// One cycle; runs `on_busy` each time the sequencer answers busy, then tries again.
+#[inline]
+fn cycle_or<S: SeqStorage>(seq: &mut Sequencer<S>, ws: WsId, mut on_busy: impl FnMut()) -> Number {
     loop {
         match seq.start(KIND, ws).unwrap() {
             Start::Began(mut tx) => {
@@ -50,10 +59,7 @@ fn cycle<S: SeqStorage>(seq: &mut Sequencer<S>, ws: WsId, busy: &mut u64) -> Num
                 tx.flush();
                 return Number(w.0 ^ a.0 ^ b.0);
             }
-            Start::Busy(_) => {
-                *busy += 1;
-                std::thread::yield_now();
-            }
+            Start::Busy(_) => on_busy(),
         }
     }
 }
@@ -165,20 +171,11 @@ fn rotate_inline_worker(g: &mut criterion::BenchmarkGroup<'_, criterion::measure
     let (mut seq, mut worker) = Sequencer::new_manual(params(), MemSeqStorage::new());
     assert_eq!(worker.step(), Step::Idle);
     let mut steps = 0u64;
-    let mut cycle_inline = |seq: &mut Sequencer<Arc<MemSeqStorage>>, ws: WsId| loop {
-        match seq.start(KIND, ws).unwrap() {
-            Start::Began(mut tx) => {
-                let w = tx.next(WLOG).unwrap();
-                let a = tx.next(CREC).unwrap();
-                let b = tx.next(CREC).unwrap();
-                tx.flush();
-                return Number(w.0 ^ a.0 ^ b.0);
-            }
-            Start::Busy(_) => {
-                worker.step();
-                steps += 1;
-            }
-        }
+    let mut cycle_inline = |seq: &mut Sequencer<Arc<MemSeqStorage>>, ws: WsId| {
+        cycle_or(seq, ws, || {
+            worker.step();
+            steps += 1;
+        })
     };
     let mut i = 0u64;
     for _ in 0..ROTATING_WORKSPACES {
