@@ -233,14 +233,7 @@ pub fn long_recovery_gives_correct_numbers_for_any_tail_length() {
                 )
                 .unwrap();
         }
-        let mut seq = new_seq(
-            builder()
-                .backlog_values_max(limit)
-                .replay_values_max(limit)
-                .build()
-                .unwrap(),
-            &storage,
-        );
+        let mut seq = new_seq(with_limit(limit), &storage);
         for w in 0..7u64 {
             // The last event of workspace w is the largest o <= events with o % 7 == w.
             let last = (1..=events).rev().find(|o| o % 7 == w);
@@ -300,14 +293,7 @@ pub fn flush_permanently_failing_makes_start_busy_over_the_limit_and_numbers_con
  {
     let limit = 5;
     let storage = MemSeqStorage::new();
-    let mut seq = new_seq(
-        builder()
-            .backlog_values_max(limit)
-            .replay_values_max(limit)
-            .build()
-            .unwrap(),
-        &storage,
-    );
+    let mut seq = new_seq(with_limit(limit), &storage);
     let handle = seq.handle();
     let commit = |seq: &mut monoseq_core::Sequencer<Arc<MemSeqStorage>>, ws: u64| -> bool {
         match seq.start(KIND, WsId(ws)).unwrap() {
@@ -354,4 +340,14 @@ pub fn flush_permanently_failing_makes_start_busy_over_the_limit_and_numbers_con
     tx.flush();
     let report = seq.shutdown();
     assert!(report.stopped_in_time);
+}
+
+/// Parameters whose live backlog and replay window both hold `limit` values: the seed's tests
+/// run with one limit for both.
+fn with_limit(limit: usize) -> monoseq_core::Params {
+    builder()
+        .backlog_values_max(limit)
+        .replay_values_max(limit)
+        .build()
+        .unwrap()
 }
