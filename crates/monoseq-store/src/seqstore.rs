@@ -223,6 +223,7 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
         assert_eq!(keys.len(), out.len(), "read_numbers_many: one slot per key");
         out.fill(Number(0));
         let mut at = 0;
+        let mut seqs: Vec<SeqId> = Vec::new();
         for block in keys.chunk_by(|a, b| a.ws.0 / NUMBERS_BLOCK_WS == b.ws.0 / NUMBERS_BLOCK_WS) {
             let out = &mut out[at..at + block.len()];
             at += block.len();
@@ -233,7 +234,8 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
                 // Few or scattered workspaces: a lookup each.
                 let mut i = 0;
                 for run in block.chunk_by(|a, b| a.ws == b.ws) {
-                    let seqs: Vec<SeqId> = run.iter().map(|k| k.seq).collect();
+                    seqs.clear();
+                    seqs.extend(run.iter().map(|k| k.seq));
                     self.read_numbers(run[0].ws, &seqs, &mut out[i..i + run.len()])?;
                     i += run.len();
                 }
