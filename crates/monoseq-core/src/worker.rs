@@ -115,8 +115,7 @@ impl Stale {
         // Bound the known set before looking anything up in it, so a workspace found known
         // below is still known when its numbers are compared.
         if remember && self.known_len >= self.known_max {
-            self.known.clear();
-            self.known_len = 0;
+            self.forget();
         }
         // Every number not known yet, read in one call, in key order; what is known is copied
         // once, so the compare below does not look it up again.
@@ -193,7 +192,8 @@ impl Stale {
         self.seen = 0;
     }
 
-    /// Forgets everything: a write of what `uncovered` answered failed.
+    /// Forgets every known number (the set is full, or a write of what `uncovered` answered
+    /// failed).
     fn forget(&mut self) {
         self.known.clear();
         self.known_len = 0;
