@@ -84,8 +84,7 @@ struct Stale {
 
 impl Stale {
     fn begin(&mut self, capacity: usize) {
-        self.known.clear();
-        self.known_len = 0;
+        self.forget();
         self.known_max = capacity.max(1);
         self.windows = 0;
         self.seen = 0;
