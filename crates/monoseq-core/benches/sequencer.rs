@@ -157,8 +157,10 @@ fn rotate(
         })
     });
     let stats = seq.cache_stats();
+    let flushes = seq.handle().stats().flushes;
     eprintln!(
-        "b_rotating_1m_workspaces/{name}: cache hits {} misses {}, busy answers {busy}",
+        "b_rotating_1m_workspaces/{name}: cache hits {} misses {}, busy answers {busy}, \
+         flushes {flushes}",
         stats.hits, stats.misses
     );
     seq.shutdown();

@@ -448,13 +448,19 @@ impl<S: SeqStorage> Sequencer<S> {
         let mut complete = true;
         {
             let b = sh.lock_backlog();
-            let (pending, backlog) = (self.pending.get(ws), b.values.get(ws));
-            if pending.is_none() && backlog.is_none() {
+            let pending = self.pending.get(ws);
+            let backlog = b.values.get(ws);
+            let flushing = b.flushing.as_ref().and_then(|f| f.get(ws));
+            if pending.is_none() && backlog.is_none() && flushing.is_none() {
                 complete = false;
             } else {
                 for (slot, &seq) in self.current_numbers.iter_mut().zip(&kind.seqs) {
-                    let p = pending.and_then(|n| n.get(seq));
-                    match p.max(backlog.and_then(|n| n.get(seq))) {
+                    let newest = [pending, backlog, flushing]
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|n| n.get(seq))
+                        .max();
+                    match newest {
                         Some(n) => *slot = n,
                         None => complete = false,
                     }
@@ -463,7 +469,7 @@ impl<S: SeqStorage> Sequencer<S> {
         }
         if !complete {
             // Values missing from the backlog were flushed before we looked (the flusher
-            // removes an entry only after writing it), so storage has them.
+            // drops the numbers it writes only once they are written), so storage has them.
             self.read_buf.clear();
             self.read_buf.resize(n, Number(0));
             if sh
@@ -524,7 +530,7 @@ impl<S: SeqStorage> Sequencer<S> {
             let mut b = sh.lock_backlog();
             b.values.take_from(&mut self.pending);
             b.next_offset = Some(next_offset);
-            sh.backlog_len.store(b.values.len(), Ordering::Release);
+            sh.backlog_len.store(b.len(), Ordering::Release);
         }
         sh.metrics
             .next_offset
@@ -558,14 +564,14 @@ impl<S: SeqStorage> Sequencer<S> {
         let urgent = sh.params.backlog_urgent();
         let (before, after) = {
             let mut b = sh.lock_backlog();
-            let before = b.values.len();
+            let before = b.len();
             b.values.set_all(
                 ws,
                 touched(self.tx_touched, &kind.seqs, &self.current_numbers),
             );
             debug_assert!(b.next_offset == Some(offset));
             b.next_offset = Some(next_offset);
-            let after = b.values.len();
+            let after = b.len();
             sh.backlog_len.store(after, Ordering::Release);
             (before, after)
         };

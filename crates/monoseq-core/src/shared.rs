@@ -3,7 +3,7 @@
 //! Everything here is either an atomic or behind one short-held mutex.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::params::Params;
@@ -52,8 +52,13 @@ impl Status {
 /// Committed numbers not yet durable in the projection, with the checkpoint they reach.
 #[derive(Debug, Default)]
 pub(crate) struct Backlog {
-    /// Last number per key of committed transactions (or replayed events) not yet written.
+    /// Last number per key of committed transactions (or replayed events) not yet written,
+    /// nor being written.
     pub(crate) values: NumberMap,
+    /// The numbers the flusher is writing now, moved out of `values` whole when it began (so
+    /// the lock is held for a swap, not a copy). For a key in both maps `values` is newer.
+    /// `None` between flushes; a failed write merges them back into `values`.
+    pub(crate) flushing: Option<Arc<NumberMap>>,
     /// In-memory checkpoint: storage plus `values` are exact up to here (exclusive). `None`
     /// until the first actualization has read the stored checkpoint.
     pub(crate) next_offset: Option<PLogOffset>,
@@ -61,12 +66,29 @@ pub(crate) struct Backlog {
     pub(crate) durable_offset: Option<PLogOffset>,
 }
 
+impl Backlog {
+    /// Numbers not yet durable in storage: the limit `start` enforces.
+    pub(crate) fn len(&self) -> usize {
+        self.values.len() + self.flushing.as_ref().map_or(0, |f| f.len())
+    }
+
+    /// Ends the flush in progress: written numbers leave, numbers whose write failed go back
+    /// into `values` (under the numbers committed since, which are newer).
+    pub(crate) fn end_flush(&mut self, written: bool) {
+        if let Some(flushing) = self.flushing.take()
+            && !written
+        {
+            self.values.raise_from(&flushing);
+        }
+    }
+}
+
 pub(crate) struct Shared<S> {
     pub(crate) params: Params,
     pub(crate) storage: S,
     status: AtomicU8,
     pub(crate) backlog: Mutex<Backlog>,
-    /// Mirror of `backlog.values.len()`, read without the lock by `start`.
+    /// Mirror of `backlog.len()`, read without the lock by `start`.
     pub(crate) backlog_len: AtomicUsize,
     /// The last flush attempt failed.
     pub(crate) flush_failing: AtomicBool,

@@ -35,6 +35,9 @@ pub enum Step {
 pub struct Worker<S: SeqStorage> {
     shared: Arc<Shared<S>>,
     buf: Vec<SeqValue>,
+    /// The numbers of the flush in progress (shared with `Backlog::flushing` while it runs);
+    /// between flushes an empty map whose capacity the next flush reuses.
+    flushing: Arc<NumberMap>,
     stale: Stale,
     failures: u32,
     /// The last actualization ended before its replay did: the backlog holds replayed numbers
@@ -267,6 +270,7 @@ impl<S: SeqStorage> Worker<S> {
         Worker {
             shared,
             buf: Vec::new(),
+            flushing: Arc::default(),
             stale: Stale::default(),
             failures: 0,
             replay_unchecked: false,
@@ -308,36 +312,45 @@ impl<S: SeqStorage> Worker<S> {
         }
     }
 
-    /// Copies the backlog into `buf`; answers the checkpoint to write, or `None` when storage
-    /// is already up to date.
+    /// Moves the backlog's numbers to `Backlog::flushing` (a swap under the lock) and copies
+    /// them into `buf`; answers the checkpoint to write, or `None` when storage is already up
+    /// to date.
     fn snapshot(&mut self) -> Option<PLogOffset> {
-        let b = self.shared.lock_backlog();
+        let mut b = self.shared.lock_backlog();
         let offset = b.next_offset?;
+        debug_assert!(b.flushing.is_none(), "one flush at a time");
         if b.values.is_empty() && b.durable_offset == Some(offset) {
             return None;
         }
+        // Unique between flushes (the backlog dropped its clone when the last one ended), so
+        // `make_mut` does not copy.
+        std::mem::swap(Arc::make_mut(&mut self.flushing), &mut b.values);
+        b.flushing = Some(Arc::clone(&self.flushing));
+        drop(b);
         self.buf.clear();
-        self.buf.extend(b.values.values());
+        self.buf.extend(self.flushing.values());
         Some(offset)
     }
 
     fn write_snapshot(&mut self, offset: PLogOffset) -> Result<(), StorageError> {
         let sh = &*self.shared;
-        if let Err(e) = sh
+        let written = sh
             .storage
-            .write_values_and_next_plog_offset(&self.buf, offset)
-        {
+            .write_values_and_next_plog_offset(&self.buf, offset);
+        let mut b = sh.lock_backlog();
+        b.end_flush(written.is_ok());
+        sh.backlog_len.store(b.len(), Ordering::Release);
+        if written.is_ok() {
+            debug_assert!(b.next_offset >= Some(offset));
+            b.durable_offset = Some(offset);
+        }
+        drop(b);
+        Arc::make_mut(&mut self.flushing).clear();
+        if let Err(e) = written {
             sh.flush_failing.store(true, Ordering::Release);
             sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
             return Err(e);
         }
-        let mut b = sh.lock_backlog();
-        // Keep what changed since the snapshot: it is newer than what was written.
-        b.values.remove_unchanged(&self.buf);
-        debug_assert!(b.next_offset >= Some(offset));
-        b.durable_offset = Some(offset);
-        sh.backlog_len.store(b.values.len(), Ordering::Release);
-        drop(b);
         sh.metrics.durable_offset.store(offset.0, Ordering::Relaxed);
         sh.metrics.flushes.fetch_add(1, Ordering::Relaxed);
         sh.flush_failing.store(false, Ordering::Release);
@@ -386,6 +399,7 @@ impl<S: SeqStorage> Worker<S> {
         // The backlog is exact up to `from`: replay continues from it.
         let (mut window, stored_checkpoint) = {
             let mut b = sh.lock_backlog();
+            debug_assert!(b.flushing.is_none(), "flushes end before the next step");
             (std::mem::take(&mut b.values), b.durable_offset)
         };
         let mut next = from;
@@ -485,7 +499,7 @@ impl<S: SeqStorage> Worker<S> {
             if durable.is_some() {
                 b.durable_offset = durable;
             }
-            sh.backlog_len.store(b.values.len(), Ordering::Release);
+            sh.backlog_len.store(b.len(), Ordering::Release);
         }
         sh.metrics.next_offset.store(next.0, Ordering::Relaxed);
         if let Some(d) = durable {

@@ -90,36 +90,6 @@ impl WsNumbers {
         true
     }
 
-    /// Removes the number of `seq` if it equals `value`; answers whether it did.
-    pub(crate) fn remove_if(&mut self, seq: SeqId, value: Number) -> bool {
-        let len = usize::from(self.len);
-        if let Some(i) = self.seqs[..len].iter().position(|&s| s == seq) {
-            if self.numbers[i] != value {
-                return false;
-            }
-            // Keep the inline part dense: move the last inline slot here.
-            self.seqs[i] = self.seqs[len - 1];
-            self.numbers[i] = self.numbers[len - 1];
-            self.len -= 1;
-            if let Some((s, n)) = self.spill.as_deref_mut().and_then(Vec::pop) {
-                self.seqs[len - 1] = s;
-                self.numbers[len - 1] = n;
-                self.len += 1;
-            }
-            return true;
-        }
-        let Some(spill) = self.spill.as_deref_mut() else {
-            return false;
-        };
-        match spill.iter().position(|&(s, n)| s == seq && n == value) {
-            Some(i) => {
-                spill.swap_remove(i);
-                true
-            }
-            None => false,
-        }
-    }
-
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -137,7 +107,7 @@ impl WsNumbers {
 }
 
 /// Numbers by workspace, with the count of numbers in all.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct NumberMap {
     map: HashMap<WsId, WsNumbers>,
     len: usize,
@@ -213,22 +183,10 @@ impl NumberMap {
         other.len = 0;
     }
 
-    /// Removes each of `values` that still holds the same number; values of one workspace
-    /// next to each other cost one lookup.
-    pub(crate) fn remove_unchanged(&mut self, values: &[SeqValue]) {
-        for run in values.chunk_by(|a, b| a.key.ws == b.key.ws) {
-            let ws = run[0].key.ws;
-            let Some(entry) = self.map.get_mut(&ws) else {
-                continue;
-            };
-            for v in run {
-                if entry.remove_if(v.key.seq, v.value) {
-                    self.len -= 1;
-                }
-            }
-            if entry.is_empty() {
-                self.map.remove(&ws);
-            }
+    /// Raises every number here to at least `other`'s (adds those missing).
+    pub(crate) fn raise_from(&mut self, other: &NumberMap) {
+        for (ws, numbers) in other.workspaces() {
+            self.raise_all(ws, numbers.iter());
         }
     }
 }
@@ -251,22 +209,6 @@ mod tests {
     }
 
     #[test]
-    fn remove_if_keeps_changed_numbers_and_the_rest_readable() {
-        let mut n = WsNumbers::default();
-        for s in 1..=6u16 {
-            n.set(SeqId(s), Number(u64::from(s)));
-        }
-        assert!(!n.remove_if(SeqId(2), Number(99)));
-        assert!(n.remove_if(SeqId(2), Number(2)));
-        assert!(n.remove_if(SeqId(6), Number(6)));
-        assert_eq!(n.len(), 4);
-        assert_eq!(n.get(SeqId(2)), None);
-        for s in [1u16, 3, 4, 5] {
-            assert_eq!(n.get(SeqId(s)), Some(Number(u64::from(s))));
-        }
-    }
-
-    #[test]
     fn number_map_counts_numbers_through_every_change() {
         let mut m = NumberMap::default();
         m.set_all(WsId(1), [(SeqId(1), Number(5)), (SeqId(2), Number(6))]);
@@ -279,14 +221,14 @@ mod tests {
         m.take_from(&mut other);
         assert!(other.is_empty());
         assert_eq!(m.len(), 4);
-        m.remove_unchanged(&[
-            SeqValue::new(WsId(1), SeqId(1), Number(5)),
-            SeqValue::new(WsId(1), SeqId(2), Number(7)),
-            SeqValue::new(WsId(2), SeqId(1), Number(10)),
-        ]);
-        assert_eq!(m.len(), 2);
-        assert!(m.get(WsId(2)).is_none());
-        assert_eq!(m.values().count(), 2);
+        let mut older = NumberMap::default();
+        older.set_all(WsId(1), [(SeqId(1), Number(4)), (SeqId(4), Number(2))]);
+        older.set_all(WsId(3), [(SeqId(1), Number(1))]);
+        m.raise_from(&older);
+        assert_eq!(m.len(), 6);
+        assert_eq!(m.get(WsId(1)).unwrap().get(SeqId(1)), Some(Number(5)));
+        assert_eq!(m.get(WsId(1)).unwrap().get(SeqId(4)), Some(Number(2)));
+        assert_eq!(m.values().count(), 6);
     }
 
     #[test]

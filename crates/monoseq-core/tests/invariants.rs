@@ -6,14 +6,14 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use common::*;
 use monoseq_core::mem::{MemSeqStorage, Op};
 use monoseq_core::{
-    Number, NumberKey, PLogOffset, SeqStorage, SeqValue, Sequencer, Start, Status, StorageError,
-    WsId,
+    Number, NumberKey, PLogOffset, SeqStorage, SeqValue, Sequencer, Start, Status, Step,
+    StorageError, WsId,
 };
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -619,4 +619,94 @@ fn flusher_keeps_values_that_changed_during_its_write() {
     for (key, n) in &last {
         assert_eq!(storage.number(*key), *n, "{key:?} lost its last value");
     }
+}
+
+/// Holds the flusher's write at its first value until the test releases it, then lets it
+/// succeed or fail; returns (entered, release).
+fn gate_first_write(storage: &MemSeqStorage, fail: bool) -> (mpsc::Receiver<()>, mpsc::Sender<()>) {
+    let (entered_tx, entered_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let gate = Mutex::new(Some((entered_tx, release_rx)));
+    storage.set_hook(move |op| {
+        if let Op::WriteValue { index: 0, .. } = op
+            && let Some((entered, release)) = gate.lock().unwrap().take()
+        {
+            entered.send(()).unwrap();
+            release.recv().unwrap();
+            if fail {
+                return Err(StorageError::new("disk stalled, then failed"));
+            }
+        }
+        Ok(())
+    });
+    (entered_rx, release_tx)
+}
+
+/// One committed transaction on `ws`: its WLog offset and, when `record`, a record ID.
+fn commit_one(
+    seq: &mut Sequencer<Arc<MemSeqStorage>>,
+    ws: WsId,
+    record: bool,
+) -> (Number, Option<Number>) {
+    let mut tx = seq.start(KIND, ws).unwrap().began().expect("not busy");
+    let wlog = tx.next(WLOG).unwrap();
+    let rec = record.then(|| tx.next(CREC).unwrap());
+    tx.flush();
+    (wlog, rec)
+}
+
+#[test]
+fn numbers_being_written_are_read_back_from_memory_not_from_older_storage() {
+    let storage = MemSeqStorage::new();
+    let params = builder().cache_workspaces_max(1).build().unwrap();
+    let (mut seq, mut worker) = Sequencer::new_manual(params, Arc::clone(&storage));
+    assert_eq!(worker.step(), Step::Idle);
+    let (first, _) = commit_one(&mut seq, WsId(1), false);
+    let (entered, release) = gate_first_write(&storage, false);
+    std::thread::scope(|s| {
+        let flusher = s.spawn(|| worker.step());
+        entered.recv().unwrap();
+        // Workspace 2 evicts workspace 1 from the one-entry cache; while its number is being
+        // written, storage still holds none, so only memory can answer.
+        commit_one(&mut seq, WsId(2), false);
+        let (again, _) = commit_one(&mut seq, WsId(1), false);
+        release.send(()).unwrap();
+        assert_eq!(flusher.join().unwrap(), Step::Idle);
+        assert_eq!(again, Number(first.0 + 1), "a number was handed out twice");
+    });
+    assert_eq!(worker.step(), Step::Idle);
+    assert_eq!(
+        storage.number(NumberKey {
+            ws: WsId(1),
+            seq: WLOG
+        }),
+        Number(first.0 + 1)
+    );
+}
+
+#[test]
+fn a_failed_write_keeps_its_numbers_beside_those_committed_during_it() {
+    let storage = MemSeqStorage::new();
+    let (mut seq, mut worker) = Sequencer::new_manual(params(), Arc::clone(&storage));
+    assert_eq!(worker.step(), Step::Idle);
+    let (_, record) = commit_one(&mut seq, WsId(1), true);
+    commit_one(&mut seq, WsId(2), false);
+    let (entered, release) = gate_first_write(&storage, true);
+    let wlog = std::thread::scope(|s| {
+        let flusher = s.spawn(|| worker.step());
+        entered.recv().unwrap();
+        // Newer than the WLog offset in flight; the record ID in flight has no newer one.
+        let (wlog, _) = commit_one(&mut seq, WsId(1), false);
+        release.send(()).unwrap();
+        assert!(matches!(flusher.join().unwrap(), Step::RetryAfter(_)));
+        wlog
+    });
+    storage.clear_hook();
+    assert_eq!(worker.step(), Step::Idle);
+    let stored = |ws, seq| storage.number(NumberKey { ws: WsId(ws), seq });
+    assert_eq!(stored(1, WLOG), wlog);
+    assert_eq!(stored(1, CREC), record.unwrap());
+    assert_eq!(stored(2, WLOG), Number(1));
+    assert_eq!(seq.handle().stats().backlog_values, 0);
+    assert_eq!(storage.checkpoint(), Some(PLogOffset(4)));
 }
