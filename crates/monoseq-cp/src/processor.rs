@@ -36,6 +36,12 @@ const ACTUALIZE_WAIT: Duration = Duration::from_secs(5);
 /// default (seed 000's 500) because a group's pending numbers count against it: a full group
 /// of 256 commands with a WLog offset and a few record IDs each must fit.
 pub const BACKLOG_VALUES_MAX_DEFAULT: usize = 8_192;
+/// Default longest wait of a partition's sequencer flusher to gather numbers (the sequencer's
+/// batcher delay). Longer than the sequencer's own default (seed 000's 5 ms): a busy
+/// workspace's numbers are then written once per flush rather than once per few commands,
+/// which saved a tenth of the CPU per command at level 0; a restart replays at most this
+/// much more of the PLog.
+pub const FLUSH_DELAY_DEFAULT: Duration = Duration::from_millis(50);
 /// Suggested client back-off when the answer is busy.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
@@ -58,6 +64,8 @@ pub struct Config {
     pub backlog_values_max: usize,
     /// Workspaces cached per partition.
     pub cache_workspaces_max: usize,
+    /// Longest wait of a partition's flusher to gather sequence numbers.
+    pub flush_delay: Duration,
 }
 
 impl Default for Config {
@@ -71,6 +79,7 @@ impl Default for Config {
             queue_commands_max: QUEUE_COMMANDS_MAX_DEFAULT,
             backlog_values_max: BACKLOG_VALUES_MAX_DEFAULT,
             cache_workspaces_max: monoseq_core::CACHE_WORKSPACES_MAX_DEFAULT,
+            flush_delay: FLUSH_DELAY_DEFAULT,
         }
     }
 }
@@ -267,6 +276,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         let params = built_in_params(config.ws_kinds.iter().copied())
             .backlog_values_max(config.backlog_values_max)
             .cache_workspaces_max(config.cache_workspaces_max)
+            .batcher_delay(config.flush_delay)
             .build()?;
         let runtime = Runtime::from_handle(tokio::runtime::Handle::current());
         let counters = Arc::new(Counters::default());

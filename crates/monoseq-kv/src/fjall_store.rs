@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
 use crate::batch::{Op, WriteBatch, first_conflict_ranged};
+use crate::bounds::Bounds;
 use crate::encoding;
 use crate::error::{CasError, KvError, OpenError, WriteError};
 use crate::group_commit::{Commits, Flusher, start_flusher};
@@ -45,8 +46,9 @@ struct Inner {
     db: Database,
     kv: Keyspace,
     durability: Durability,
-    /// Serialises writes: conditions are checked and the batch committed under it.
-    write_lock: Mutex<()>,
+    /// Serialises writes: conditions are checked and the batch committed under it. Guards
+    /// the bounds of the partitions written, which spare most insert-if-absent lookups.
+    write_lock: Mutex<Bounds>,
     commits: Commits,
 }
 
@@ -109,7 +111,7 @@ impl FjallStore {
             db,
             kv,
             durability: options.durability,
-            write_lock: Mutex::new(()),
+            write_lock: Mutex::new(Bounds::default()),
             commits: Commits::default(),
         });
         let flusher = start_flusher(
@@ -167,6 +169,34 @@ impl Inner {
                 .map(|_| false)
                 .map_err(|error| fault("reading a key range", error)),
         }
+    }
+
+    /// The highest clustering stored in `partition`: one seek from its end.
+    fn highest_clustering(&self, partition: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        if !encoding::storable(partition) {
+            return Ok(None);
+        }
+        let range = encoding::range(partition, Bound::Unbounded, Bound::Unbounded);
+        match self.kv.range(range).next_back() {
+            None => Ok(None),
+            Some(guard) => guard
+                .key()
+                .map(|key| Some(encoding::clustering(partition, &key).to_vec()))
+                .map_err(|error| fault("reading a key range", error)),
+        }
+    }
+
+    /// Learns the bound of every partition `batch` inserts into if absent. Caller holds the
+    /// write lock (`bounds`).
+    fn learn_bounds(&self, bounds: &mut Bounds, batch: &WriteBatch) -> Result<(), KvError> {
+        for item in batch.iter().filter(|i| i.op == Op::InsertIfAbsent) {
+            let partition = item.key.partition;
+            if !bounds.knows(partition) {
+                let highest = self.highest_clustering(partition)?;
+                bounds.learn(partition, highest.as_deref());
+            }
+        }
+        Ok(())
     }
 
     /// Builds the fjall batch of `items` with the configured durability. Needs no lock, so
@@ -259,16 +289,27 @@ impl KvStore for FjallStore {
         let prepared = self
             .inner
             .prepare(batch.iter().map(|item| (item.op, item.key, item.value)));
-        let _writer = self
+        let mut bounds = self
             .inner
             .write_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        self.inner.learn_bounds(&mut bounds, batch)?;
         let mut buf = Vec::new();
         let conflict = first_conflict_ranged(
             batch,
-            |key| self.inner.contains(key, &mut buf),
-            |partition, lo, hi| self.inner.range_is_empty(partition, lo, hi),
+            |key| {
+                if bounds.above(key.partition, key.clustering) {
+                    return Ok(false);
+                }
+                self.inner.contains(key, &mut buf)
+            },
+            |partition, lo, hi| {
+                if bounds.above(partition, lo) {
+                    return Ok(true);
+                }
+                self.inner.range_is_empty(partition, lo, hi)
+            },
         )?;
         if let Some(index) = conflict {
             let key = batch.get(index).map(|item| item.key.to_owned());
@@ -276,6 +317,10 @@ impl KvStore for FjallStore {
                 index,
                 key: key.unwrap_or_default(),
             });
+        }
+        // Raised before the commit: a bound too high if it fails is still a bound.
+        for item in batch.iter().filter(|i| i.op != Op::Delete) {
+            bounds.wrote(item.key.partition, item.key.clustering);
         }
         self.inner.commit(prepared)?;
         Ok(())
@@ -290,7 +335,7 @@ impl KvStore for FjallStore {
         if let Some((what, len, max)) = limits::exceeded(key, new.unwrap_or_default()) {
             return Err(CasError::TooLarge { what, len, max });
         }
-        let _writer = self
+        let mut bounds = self
             .inner
             .write_lock
             .lock()
@@ -298,6 +343,9 @@ impl KvStore for FjallStore {
         let current = self.inner.get(key, &mut Vec::new())?;
         if current.as_deref() != expected {
             return Err(CasError::Mismatch { current });
+        }
+        if new.is_some() {
+            bounds.wrote(key.partition, key.clustering);
         }
         let item = match new {
             Some(value) => (Op::Put, key, value),

@@ -7,6 +7,8 @@
 //! `conformance` feature exposes [`conformance`], the suite every backend passes.
 
 mod batch;
+#[cfg(feature = "fjall")]
+mod bounds;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 #[cfg(any(feature = "fjall", feature = "redb"))]

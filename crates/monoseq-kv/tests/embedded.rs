@@ -85,6 +85,52 @@ fn data_survives_close_and_reopen_in_every_durability_mode() {
 }
 
 #[test]
+fn insert_if_absent_after_reopen_finds_keys_written_before_it() {
+    let conflicts = |store: &dyn KvStore, n: u64| {
+        matches!(
+            store.insert_if_absent(Key::new(b"log", &n.to_be_bytes()), b"again"),
+            Err(monoseq_kv::WriteError::Conflict { .. })
+        )
+    };
+    for (engine, open) in engines() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        {
+            let store = open(dir.path(), options(Durability::Manual)).expect("open");
+            // The first insert teaches the store this partition's highest key; later writes,
+            // conditional or not, must keep it true.
+            store
+                .insert_if_absent(Key::new(b"log", &1u64.to_be_bytes()), b"1")
+                .expect("insert");
+            store
+                .put(Key::new(b"log", &9u64.to_be_bytes()), b"9")
+                .expect("put");
+            store
+                .compare_and_swap(Key::new(b"log", &12u64.to_be_bytes()), None, Some(b"12"))
+                .expect("cas");
+            for n in [1, 9, 12] {
+                assert!(
+                    conflicts(&*store, n),
+                    "{engine}: key {n} written, not found"
+                );
+            }
+            store.sync().expect("sync");
+        }
+        let store = open(dir.path(), options(Durability::Manual)).expect("reopen");
+        for n in [12, 9, 1] {
+            assert!(
+                conflicts(&*store, n),
+                "{engine}: key {n} lost its conflict on reopen"
+            );
+        }
+        assert!(!conflicts(&*store, 13), "{engine}: a new key conflicted");
+        assert!(
+            !conflicts(&*store, 5),
+            "{engine}: a key below the highest conflicted"
+        );
+    }
+}
+
+#[test]
 fn a_second_open_in_the_same_process_is_locked_out() {
     for (engine, open) in engines() {
         let dir = tempfile::tempdir().expect("temporary directory");

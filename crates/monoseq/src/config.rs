@@ -55,6 +55,10 @@ pub struct SettingsArgs {
     /// Workspaces cached per partition [default: 100000].
     #[arg(long, env = "MONOSEQ_CACHE_WORKSPACES_MAX")]
     pub cache_workspaces_max: Option<usize>,
+    /// Longest wait of a partition's flusher to gather sequence numbers, milliseconds
+    /// [default: 50].
+    #[arg(long, env = "MONOSEQ_FLUSH_DELAY_MS")]
+    pub flush_delay_ms: Option<u64>,
     /// Bound on a graceful shutdown, seconds [default: 10].
     #[arg(long, env = "MONOSEQ_SHUTDOWN_TIMEOUT_SECS")]
     pub shutdown_timeout_secs: Option<u64>,
@@ -72,6 +76,7 @@ struct SettingsFile {
     group_commands_max: Option<usize>,
     backlog_values_max: Option<usize>,
     cache_workspaces_max: Option<usize>,
+    flush_delay_ms: Option<u64>,
     shutdown_timeout_secs: Option<u64>,
 }
 
@@ -86,6 +91,7 @@ pub struct Settings {
     pub group_commands_max: usize,
     pub backlog_values_max: usize,
     pub cache_workspaces_max: usize,
+    pub flush_delay: Duration,
     pub shutdown_timeout: Duration,
 }
 
@@ -143,6 +149,10 @@ impl SettingsArgs {
                 .cache_workspaces_max
                 .or(file.cache_workspaces_max)
                 .unwrap_or(defaults.cache_workspaces_max),
+            flush_delay: self
+                .flush_delay_ms
+                .or(file.flush_delay_ms)
+                .map_or(defaults.flush_delay, Duration::from_millis),
             shutdown_timeout: Duration::from_secs(
                 self.shutdown_timeout_secs
                     .or(file.shutdown_timeout_secs)
@@ -163,6 +173,7 @@ impl Settings {
             group_commands_max: self.group_commands_max,
             backlog_values_max: self.backlog_values_max,
             cache_workspaces_max: self.cache_workspaces_max,
+            flush_delay: self.flush_delay,
             ..monoseq_cp::Config::default()
         }
     }
