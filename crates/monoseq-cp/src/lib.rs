@@ -16,6 +16,6 @@ pub use command::{
 };
 pub use processor::{
     BACKLOG_VALUES_MAX_DEFAULT, CommandError, CommandProcessor, Config, ConfigError,
-    GROUP_COMMANDS_MAX_DEFAULT, Outcome, PARTITIONS_MAX, ProcessorStats,
+    FLUSH_DELAY_DEFAULT, GROUP_COMMANDS_MAX_DEFAULT, Outcome, PARTITIONS_MAX, ProcessorStats,
     QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS,
 };

@@ -275,6 +275,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn flush_delay_comes_from_the_flag_over_the_file_over_the_default() {
+        let defaults = SettingsArgs::default().resolve().expect("defaults resolve");
+        assert_eq!(defaults.flush_delay, monoseq_cp::FLUSH_DELAY_DEFAULT);
+        assert_eq!(
+            defaults.cp_config().flush_delay,
+            monoseq_cp::FLUSH_DELAY_DEFAULT
+        );
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let file = dir.path().join("monoseq.toml");
+        std::fs::write(&file, "flush_delay_ms = 20\n").expect("write config");
+        let mut args = SettingsArgs {
+            config: Some(file),
+            ..SettingsArgs::default()
+        };
+        let from_file = args.resolve().expect("file resolves");
+        assert_eq!(from_file.cp_config().flush_delay, Duration::from_millis(20));
+        args.flush_delay_ms = Some(0);
+        assert_eq!(
+            args.resolve().expect("flag resolves").flush_delay,
+            Duration::ZERO
+        );
+    }
+
+    #[test]
     fn a_new_data_directory_records_its_key_layout_and_passes_the_check() {
         let kv = MemoryStore::new();
         check_key_layout(&kv).expect("an empty directory passes");
