@@ -161,7 +161,12 @@ async fn run_steps<S: SeqStorage>(
                 steps += 1;
                 polls = 0;
                 polled = usize::MAX;
-            } else if hot && len > 0 && len != polled && polls < HOT_POLLS_MAX {
+            } else if hot
+                && len > 0
+                && len != polled
+                && polls < HOT_POLLS_MAX
+                && !shared.stop.load(Ordering::Acquire)
+            {
                 // Still coming (the backlog grew since the last poll): wait for more here.
                 polled = len;
                 polls += 1;
