@@ -132,8 +132,8 @@ const HOT_POLL: Duration = Duration::from_micros(50);
 const HOT_POLLS_MAX: u32 = 20;
 
 /// Runs steps on the blocking pool: one, or more while transactions keep the backlog
-/// urgent (saves a thread hand-off per flush under load), polling for them between steps. `None` when a step panicked: the
-/// worker is lost.
+/// urgent (saves a thread hand-off per flush under load), polling for them between steps.
+/// `None` when a step panicked: the worker is lost.
 async fn run_steps<S: SeqStorage>(
     worker: Worker<S>,
     shared: Arc<Shared<S>>,
