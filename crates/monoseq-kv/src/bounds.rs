@@ -8,7 +8,8 @@
 //! be too high, never too low) and a bound is learned from the stored data while writes are
 //! held off. Deletes leave bounds alone: what remains is still below them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
 
 /// Partitions whose bounds are kept, about 64 bytes each; reaching it forgets them all (a
 /// bound, not a recency policy: forgotten bounds are learned again by one seek each).
@@ -18,6 +19,11 @@ pub(crate) const PARTITIONS_MAX: usize = 1 << 16;
 #[derive(Debug)]
 pub(crate) struct Bounds {
     highest: HashMap<Box<[u8]>, Option<Vec<u8>>>,
+    /// Hashes of partitions seen once without a bound: a bound is learned on a partition's
+    /// second conditional insert, so partitions written about once each (a workload spread
+    /// over more partitions than the bounds hold) cost no seek. Same capacity and policy.
+    seen: HashSet<u64>,
+    hasher: RandomState,
     capacity: usize,
 }
 
@@ -31,8 +37,24 @@ impl Bounds {
     pub(crate) fn with_capacity(capacity: usize) -> Bounds {
         Bounds {
             highest: HashMap::new(),
+            seen: HashSet::new(),
+            hasher: RandomState::new(),
             capacity: capacity.max(1),
         }
+    }
+
+    /// Whether to learn the bound of `partition`, which has none: on its second visit since
+    /// it was last forgotten (a false positive of the hash only learns a bound early).
+    pub(crate) fn worth_learning(&mut self, partition: &[u8]) -> bool {
+        let hash = self.hasher.hash_one(partition);
+        if self.seen.remove(&hash) {
+            return true;
+        }
+        if self.seen.len() >= self.capacity {
+            self.seen.clear();
+        }
+        self.seen.insert(hash);
+        false
     }
 
     /// Whether the bound of `partition` is known.
@@ -106,6 +128,17 @@ mod tests {
         assert!(b.above(b"p", b"\x08"));
         b.wrote(b"unknown", b"\x01");
         assert!(!b.knows(b"unknown"), "writes do not invent bounds");
+    }
+
+    #[test]
+    fn a_bound_is_worth_learning_on_a_partitions_second_visit() {
+        let mut b = Bounds::with_capacity(2);
+        assert!(!b.worth_learning(b"p"));
+        assert!(!b.worth_learning(b"q"));
+        assert!(b.worth_learning(b"p"));
+        assert!(!b.worth_learning(b"p"), "learning starts the count again");
+        assert!(!b.worth_learning(b"r"), "a full set of visits forgets them");
+        assert!(!b.worth_learning(b"q"));
     }
 
     #[test]

@@ -186,12 +186,12 @@ impl Inner {
         }
     }
 
-    /// Learns the bound of every partition `batch` inserts into if absent. Caller holds the
-    /// write lock (`bounds`).
+    /// Learns the bound of the partitions `batch` inserts into if absent, from their second
+    /// visit on. Caller holds the write lock (`bounds`).
     fn learn_bounds(&self, bounds: &mut Bounds, batch: &WriteBatch) -> Result<(), KvError> {
         for item in batch.iter().filter(|i| i.op == Op::InsertIfAbsent) {
             let partition = item.key.partition;
-            if !bounds.knows(partition) {
+            if !bounds.knows(partition) && bounds.worth_learning(partition) {
                 let highest = self.highest_clustering(partition)?;
                 bounds.learn(partition, highest.as_deref());
             }
