@@ -11,7 +11,7 @@ use monoseq_cp::{Command, CommandProcessor};
 use monoseq_store::{EventStore, TrustLevel};
 use serde_json::json;
 
-use crate::config::{APP, Settings, check_partitions, open_store};
+use crate::config::{APP, Settings, open_store, settle_partitions};
 
 /// Load generator flags.
 #[derive(Debug, Clone, Args)]
@@ -70,7 +70,7 @@ impl Tally {
 }
 
 /// Runs the bench and prints one line of results.
-pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
+pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> {
     if args.clients == 0 || args.workspaces == 0 {
         bail!("--clients and --workspaces must be at least 1");
     }
@@ -91,7 +91,7 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<()> {
                 }
             };
             let kv = open_store(&dir)?;
-            check_partitions(&*kv, settings.partitions)?;
+            settle_partitions(&*kv, &mut settings)?;
             let cp = CommandProcessor::start(
                 EventStore::new(kv, APP, settings.trust),
                 settings.cp_config(),

@@ -37,7 +37,8 @@ pub struct SettingsArgs {
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long, env = "MONOSEQ_LISTEN")]
     pub listen: Option<SocketAddr>,
-    /// Partitions; fixed once data exists [default: 8].
+    /// Partitions; fixed once data exists [default: the count the data directory holds, or 8
+    /// for a new one].
     #[arg(long, env = "MONOSEQ_PARTITIONS")]
     pub partitions: Option<u32>,
     /// Sequences trust level 0, 1 or 2 [default: 0].
@@ -86,6 +87,8 @@ pub struct Settings {
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub partitions: u32,
+    /// `partitions` came from a flag, the environment or the file, not the default.
+    pub partitions_configured: bool,
     pub trust: TrustLevel,
     pub ws_kinds: Vec<WsKind>,
     pub group_commands_max: usize,
@@ -135,6 +138,7 @@ impl SettingsArgs {
                 .partitions
                 .or(file.partitions)
                 .unwrap_or(PARTITIONS_DEFAULT),
+            partitions_configured: self.partitions.or(file.partitions).is_some(),
             trust,
             ws_kinds,
             group_commands_max: self
@@ -206,6 +210,18 @@ pub fn open_store(dir: &Path) -> anyhow::Result<Arc<EmbeddedStore>> {
 /// Records the partition count and the event store's key layout in a new data directory, or
 /// checks them against the recorded ones: routing (`workspace mod partitions`) must never
 /// change under existing data, and data in another key layout would not be found.
+/// The partition count to run with: the configured one, or when none was configured the
+/// count the data directory holds (the default for a new one). Then checks it against the
+/// data directory, recording it in a new one.
+pub fn settle_partitions(kv: &impl KvStore, settings: &mut Settings) -> anyhow::Result<()> {
+    if !settings.partitions_configured
+        && let Some(recorded) = recorded_partitions(kv)?
+    {
+        settings.partitions = recorded;
+    }
+    check_partitions(kv, settings.partitions)
+}
+
 pub fn check_partitions(kv: &impl KvStore, partitions: u32) -> anyhow::Result<()> {
     let key = Key::new(META_PARTITION, META_PARTITIONS);
     match kv.get(key)? {

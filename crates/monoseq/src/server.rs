@@ -24,7 +24,7 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, check_partitions, open_store};
+use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, open_store, settle_partitions};
 use crate::json;
 
 type Store = Arc<EmbeddedStore>;
@@ -147,9 +147,9 @@ pub fn router(cp: CommandProcessor<Store>) -> Router {
 }
 
 /// Runs the server until SIGTERM or Ctrl-C, then shuts down within the configured bound.
-pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
     let kv = open_store(&settings.data_dir)?;
-    check_partitions(&*kv, settings.partitions)?;
+    settle_partitions(&*kv, &mut settings)?;
     let store = monoseq_store::EventStore::new(kv, crate::config::APP, settings.trust);
     let cp = CommandProcessor::start(store, settings.cp_config())?;
     let listener = tokio::net::TcpListener::bind(settings.listen)

@@ -196,6 +196,28 @@ async fn bad_input_is_a_4xx_with_a_clear_message_and_writes_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_a_partition_count_runs_with_the_one_the_data_directory_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = Server::start(dir.path(), &["--partitions", "3"]);
+    server.ready(&client).await;
+    let (status, _) = post(&client, &server.url, &order(5)).await;
+    assert_eq!(status, 200);
+    server.terminate(Duration::from_secs(15));
+
+    // No --partitions: the default (8) would be refused; the recorded 3 routes workspace 5 to
+    // partition 2 again, where its second event follows the first.
+    let server = Server::start(dir.path(), &[]);
+    server.ready(&client).await;
+    let (status, out) = post(&client, &server.url, &order(5)).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["plog_offset"], 2);
+    let (status, _) = get(&client, &format!("{}/v1/partitions/2/events/2", server.url)).await;
+    assert_eq!(status, 200);
+    server.terminate(Duration::from_secs(15));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_data_directory_and_a_changed_partition_count_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
