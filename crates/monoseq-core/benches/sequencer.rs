@@ -217,6 +217,16 @@ fn plog(events: u64, workspaces: u64) -> Arc<MemSeqStorage> {
     storage
 }
 
+/// Times `run` on a fresh copy of `pristine` per iteration; `run` answers the time of its
+/// measured part (the copy is made outside it).
+fn on_copies(
+    b: &mut criterion::Bencher<'_>,
+    pristine: &MemSeqStorage,
+    mut run: impl FnMut(Arc<MemSeqStorage>) -> Duration,
+) {
+    b.iter_custom(|iters| (0..iters).map(|_| run(pristine.snapshot())).sum());
+}
+
 fn naive_actualize(storage: &MemSeqStorage) {
     let mut max: HashMap<NumberKey, Number> = HashMap::new();
     let mut next = PLogOffset::FIRST;
@@ -256,15 +266,10 @@ fn actualization(c: &mut Criterion) {
             BenchmarkId::new("naive_baseline", workspaces),
             &workspaces,
             |b, _| {
-                b.iter_custom(|iters| {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        let storage = pristine.snapshot();
-                        let began = Instant::now();
-                        naive_actualize(&storage);
-                        total += began.elapsed();
-                    }
-                    total
+                on_copies(b, &pristine, |storage| {
+                    let began = Instant::now();
+                    naive_actualize(&storage);
+                    began.elapsed()
                 })
             },
         );
@@ -272,18 +277,14 @@ fn actualization(c: &mut Criterion) {
             BenchmarkId::new("sequencer", workspaces),
             &workspaces,
             |b, _| {
-                b.iter_custom(|iters| {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        let storage = pristine.snapshot();
-                        let (seq, mut worker) = Sequencer::new_manual(params(), storage);
-                        let began = Instant::now();
-                        assert_eq!(worker.step(), Step::Idle);
-                        total += began.elapsed();
-                        assert_eq!(seq.status(), Status::Ready);
-                        black_box(seq);
-                    }
-                    total
+                on_copies(b, &pristine, |storage| {
+                    let (seq, mut worker) = Sequencer::new_manual(params(), storage);
+                    let began = Instant::now();
+                    assert_eq!(worker.step(), Step::Idle);
+                    let elapsed = began.elapsed();
+                    assert_eq!(seq.status(), Status::Ready);
+                    black_box(seq);
+                    elapsed
                 })
             },
         );

@@ -28,6 +28,8 @@ pub use sequencer::{
     StartError, Transaction,
 };
 pub use shared::Status;
-pub use storage::{Batcher, ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
+pub use storage::{
+    Batcher, ReplayEnd, ReplayedEvent, SeqStorage, StorageError, read_numbers_by_workspace,
+};
 pub use types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId, WsKind};
 pub use worker::{Step, Worker};

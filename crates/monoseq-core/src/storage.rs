@@ -116,15 +116,7 @@ pub trait SeqStorage: Send + Sync + 'static {
             keys.is_sorted(),
             "read_numbers_many: keys in ascending order"
         );
-        let mut seqs: Vec<SeqId> = Vec::new();
-        let mut at = 0;
-        for run in keys.chunk_by(|a, b| a.ws == b.ws) {
-            seqs.clear();
-            seqs.extend(run.iter().map(|k| k.seq));
-            self.read_numbers(run[0].ws, &seqs, &mut out[at..at + run.len()])?;
-            at += run.len();
-        }
-        Ok(())
+        read_numbers_by_workspace(self, keys, out, &mut Vec::new())
     }
 
     /// Reads the checkpoint: the PLog offset up to which (exclusive) the stored numbers are
@@ -162,6 +154,29 @@ pub trait SeqStorage: Send + Sync + 'static {
         from: PLogOffset,
         batcher: &mut Batcher<'_>,
     ) -> Result<ReplayEnd, StorageError>;
+}
+
+/// Reads the numbers of `keys` (grouped by workspace) into `out` with one
+/// [`SeqStorage::read_numbers`] per workspace; `seqs` is a scratch buffer. What
+/// [`SeqStorage::read_numbers_many`] does unless an implementation reads better.
+///
+/// # Errors
+///
+/// The first [`StorageError`] of a read; `out` is then unspecified.
+pub fn read_numbers_by_workspace<S: SeqStorage + ?Sized>(
+    storage: &S,
+    keys: &[NumberKey],
+    out: &mut [Number],
+    seqs: &mut Vec<SeqId>,
+) -> Result<(), StorageError> {
+    let mut at = 0;
+    for run in keys.chunk_by(|a, b| a.ws == b.ws) {
+        seqs.clear();
+        seqs.extend(run.iter().map(|k| k.seq));
+        storage.read_numbers(run[0].ws, seqs, &mut out[at..at + run.len()])?;
+        at += run.len();
+    }
+    Ok(())
 }
 
 impl<T: SeqStorage + ?Sized> SeqStorage for Arc<T> {

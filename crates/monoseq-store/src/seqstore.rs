@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use monoseq_core::{
     Batcher, Number, PLogOffset, ReplayEnd, ReplayedEvent, SeqId, SeqStorage, SeqValue,
-    StorageError, WsId,
+    StorageError, WsId, read_numbers_by_workspace,
 };
 use monoseq_kv::{Key, KvStore, Order, WriteBatch};
 
@@ -232,13 +232,7 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
             let workspaces = block.chunk_by(|a, b| a.ws == b.ws).count() as u64;
             if block.len() < RANGE_READ_KEYS_MIN || span > workspaces * RANGE_READ_SPAN_MAX {
                 // Few or scattered workspaces: a lookup each.
-                let mut i = 0;
-                for run in block.chunk_by(|a, b| a.ws == b.ws) {
-                    seqs.clear();
-                    seqs.extend(run.iter().map(|k| k.seq));
-                    self.read_numbers(run[0].ws, &seqs, &mut out[i..i + run.len()])?;
-                    i += run.len();
-                }
+                read_numbers_by_workspace(self, block, out, &mut seqs)?;
                 continue;
             }
             // One range read over the block from the first to the last workspace asked,
