@@ -122,17 +122,15 @@ impl DriverHandle {
 /// giving other sequencers' workers a turn.
 const STEPS_PER_CALL_MAX: usize = 64;
 
-/// While transactions keep filling the backlog faster than its batching delay, the worker
-/// polls it this often instead of going back to sleep: waking a sleeping worker costs the
-/// committing thread a system call, and the wake-up itself takes long on a busy or virtual
-/// machine, while the backlog keeps filling towards its limit.
-const HOT_POLL: Duration = Duration::from_micros(50);
-/// Polls in a row without the backlog reaching its urgent size before the worker goes back to
-/// sleep; it also stops as soon as a poll finds nothing new.
-const HOT_POLLS_MAX: u32 = 20;
+/// While transactions keep filling the backlog to its urgent size faster than this, the
+/// worker stays on its blocking thread between flushes, parked until a commit makes the
+/// backlog urgent, instead of going back to sleep on the runtime: waking a sleeping worker
+/// takes a thread hand-off, long on a busy or virtual machine, while the backlog keeps filling
+/// towards its limit.
+const HOT_WAIT: Duration = Duration::from_millis(1);
 
 /// Runs steps on the blocking pool: one, or more while transactions keep the backlog
-/// urgent (saves a thread hand-off per flush under load), polling for them between steps.
+/// urgent (saves a thread hand-off per flush under load), waiting for them between steps.
 /// `None` when a step panicked: the worker is lost.
 async fn run_steps<S: SeqStorage>(
     worker: Worker<S>,
@@ -146,31 +144,17 @@ async fn run_steps<S: SeqStorage>(
             return (worker, Step::Stopped);
         }
         let urgent = shared.params.backlog_urgent();
-        let backlog = || shared.backlog_len.load(Ordering::Acquire);
         // Hot: the backlog filled up before its batching delay, so transactions come fast.
-        let mut hot = backlog() >= urgent;
+        let mut hot = shared.backlog_len.load(Ordering::Acquire) >= urgent;
         let mut step = worker.step();
         let mut steps = 1;
-        let mut polls = 0;
-        let mut polled = usize::MAX;
         while step == Step::Idle && steps < STEPS_PER_CALL_MAX {
-            let len = backlog();
-            if len >= urgent {
+            if shared.backlog_len.load(Ordering::Acquire) >= urgent
+                || (hot && shared.wait_backlog(urgent, HOT_WAIT))
+            {
                 hot = true;
                 step = worker.step();
                 steps += 1;
-                polls = 0;
-                polled = usize::MAX;
-            } else if hot
-                && len > 0
-                && len != polled
-                && polls < HOT_POLLS_MAX
-                && !shared.stop.load(Ordering::Acquire)
-            {
-                // Still coming (the backlog grew since the last poll): wait for more here.
-                polled = len;
-                polls += 1;
-                std::thread::sleep(HOT_POLL);
             } else {
                 break;
             }

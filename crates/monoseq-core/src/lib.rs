@@ -17,6 +17,7 @@ mod storage;
 mod types;
 mod worker;
 mod ws_numbers;
+mod ws_table;
 
 pub use driver::{BLOCKING_THREADS_DEFAULT, Runtime};
 pub use params::{

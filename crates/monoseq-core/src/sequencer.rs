@@ -530,7 +530,7 @@ impl<S: SeqStorage> Sequencer<S> {
             let mut b = sh.lock_backlog();
             b.values.take_from(&mut self.pending);
             b.next_offset = Some(next_offset);
-            sh.backlog_len.store(b.len(), Ordering::Release);
+            sh.publish_backlog_len(b.len(), sh.params.backlog_urgent());
         }
         sh.metrics
             .next_offset
@@ -572,7 +572,7 @@ impl<S: SeqStorage> Sequencer<S> {
             debug_assert!(b.next_offset == Some(offset));
             b.next_offset = Some(next_offset);
             let after = b.len();
-            sh.backlog_len.store(after, Ordering::Release);
+            sh.publish_backlog_len(after, urgent);
             (before, after)
         };
         self.current_dirty = true;

@@ -83,6 +83,9 @@ impl Backlog {
     }
 }
 
+/// How long [`Shared::wait_backlog`] polls before it parks.
+const BACKLOG_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
 pub(crate) struct Shared<S> {
     pub(crate) params: Params,
     pub(crate) storage: S,
@@ -102,6 +105,10 @@ pub(crate) struct Shared<S> {
     pub(crate) poisoned: AtomicBool,
     /// Wakes the background driver.
     pub(crate) wake: tokio::sync::Notify,
+    /// The worker thread waiting in [`Shared::wait_backlog`] while transactions come fast,
+    /// and whether it waits now: committing threads unpark it, with no system call otherwise.
+    backlog_waiter: Mutex<Option<std::thread::Thread>>,
+    backlog_waiting: AtomicBool,
     /// Signalled when actualization ends, for `start_wait`.
     status_lock: Mutex<()>,
     status_changed: Condvar,
@@ -134,6 +141,8 @@ impl<S: SeqStorage> Shared<S> {
             stop: AtomicBool::new(false),
             poisoned: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
+            backlog_waiter: Mutex::new(None),
+            backlog_waiting: AtomicBool::new(false),
             status_lock: Mutex::new(()),
             status_changed: Condvar::new(),
             metrics: Metrics::default(),
@@ -203,6 +212,59 @@ impl<S: SeqStorage> Shared<S> {
     }
 
     /// Asks the worker to flush, waking it only when it is not already due to.
+    /// Publishes the backlog's length after a commit, and wakes the worker waiting in
+    /// [`wait_backlog`](Shared::wait_backlog) once it reaches `urgent`.
+    #[inline]
+    pub(crate) fn publish_backlog_len(&self, len: usize, urgent: usize) {
+        // Sequentially consistent with the waiter's flag: either it sees this length, or this
+        // thread sees it waiting.
+        self.backlog_len.store(len, Ordering::SeqCst);
+        if len >= urgent
+            && self.backlog_waiting.load(Ordering::SeqCst)
+            && self.backlog_waiting.swap(false, Ordering::SeqCst)
+            && let Some(t) = &*self
+                .backlog_waiter
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+        {
+            t.unpark();
+        }
+    }
+
+    /// Worker side: waits up to `timeout` for committed values to fill the backlog to
+    /// `urgent`, or for shutdown; answers whether the backlog is urgent.
+    pub(crate) fn wait_backlog(&self, urgent: usize, timeout: std::time::Duration) -> bool {
+        let began = Instant::now();
+        let deadline = began + timeout;
+        *self
+            .backlog_waiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
+        self.backlog_waiting.store(true, Ordering::SeqCst);
+        loop {
+            if self.backlog_len.load(Ordering::SeqCst) >= urgent
+                || self.stop.load(Ordering::Acquire)
+            {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            if now - began < BACKLOG_SPIN {
+                // Waking a parked thread takes tens of microseconds on a virtual machine,
+                // while the backlog keeps filling; a short spin that yields the CPU to any
+                // other runnable thread avoids it.
+                std::thread::yield_now();
+            } else {
+                // A stale unpark only ends the park early: the loop checks again.
+                std::thread::park_timeout(deadline - now);
+            }
+        }
+        self.backlog_waiting.store(false, Ordering::SeqCst);
+        self.backlog_len.load(Ordering::Acquire) >= urgent && !self.stop.load(Ordering::Acquire)
+    }
+
     #[inline]
     pub(crate) fn signal_flush(&self) {
         if !self.flush_signalled.load(Ordering::Relaxed)

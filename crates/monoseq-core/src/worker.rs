@@ -77,6 +77,8 @@ struct Stale {
     known_max: usize,
     /// Known numbers of the workspaces being compared, copied out of `known`.
     copies: Vec<WsNumbers>,
+    /// The window being written, copied out of its map and sorted by workspace.
+    order: Vec<(WsId, WsNumbers)>,
     /// Windows compared in this replay; workspaces of the current window, and how many of
     /// them were known; whether the last window's workspaces recurred.
     windows: u32,
@@ -98,6 +100,7 @@ impl Stale {
     fn end(&mut self) {
         self.known = HashMap::new();
         self.known_len = 0;
+        self.order = Vec::new();
     }
 
     /// Adds to `out` every number of `workspaces` that storage does not already hold or
@@ -110,7 +113,7 @@ impl Stale {
     fn uncovered<S: SeqStorage>(
         &mut self,
         storage: &S,
-        workspaces: &[(WsId, &WsNumbers)],
+        workspaces: &[(WsId, WsNumbers)],
         remember: bool,
         out: &mut Vec<SeqValue>,
     ) -> Result<(), StorageError> {
@@ -124,7 +127,8 @@ impl Stale {
         self.keys.clear();
         self.copies.clear();
         let known_any = !self.known.is_empty();
-        for &(ws, numbers) in workspaces {
+        for (ws, numbers) in workspaces {
+            let ws = *ws;
             let known = if known_any {
                 self.known.get(&ws).cloned().unwrap_or_default()
             } else {
@@ -149,7 +153,8 @@ impl Stale {
             storage.read_numbers_many(&self.keys, &mut self.stored)?;
         }
         let mut at = 0;
-        for (i, &(ws, numbers)) in workspaces.iter().enumerate() {
+        for (i, (ws, numbers)) in workspaces.iter().enumerate() {
+            let ws = *ws;
             let mut stored = std::mem::take(&mut self.copies[i]);
             let was_known = !stored.is_empty();
             let first = at;
@@ -184,11 +189,16 @@ impl Stale {
         self.windows.is_multiple_of(4) || self.recurring
     }
 
-    /// A window was compared: the next one decides on this one's hits.
-    fn window_done(&mut self) {
+    /// A window was compared (`remembered`: its workspaces joined the known set): the next
+    /// one decides on this one's hits. Once a window not remembered finds no recurrence, the
+    /// known set is dropped, so the windows until the next remembered one look nothing up.
+    fn window_done(&mut self, remembered: bool) {
         self.windows += 1;
         if self.seen > 0 {
             self.recurring = self.hits * 16 >= self.seen;
+        }
+        if !remembered && !self.recurring {
+            self.forget();
         }
         self.hits = 0;
         self.seen = 0;
@@ -222,8 +232,27 @@ fn write_window<S: SeqStorage>(
     next: PLogOffset,
     last: bool,
 ) -> Result<(), StorageError> {
-    let mut order: Vec<(WsId, &WsNumbers)> = window.workspaces().collect();
+    // Copied out in the table's order (sequential reads), then sorted: comparing in
+    // workspace order straight from the table would miss the CPU cache once per workspace.
+    let mut order = std::mem::take(&mut stale.order);
+    order.clear();
+    order.extend(window.workspaces().map(|(ws, n)| (ws, n.clone())));
     order.sort_unstable_by_key(|&(ws, _)| ws);
+    let written = write_sorted(storage, stale, &order, buf, stored, next, last);
+    stale.order = order;
+    written
+}
+
+/// [`write_window`] of the window's workspaces in ascending order.
+fn write_sorted<S: SeqStorage>(
+    storage: &S,
+    stale: &mut Stale,
+    order: &[(WsId, WsNumbers)],
+    buf: &mut Vec<SeqValue>,
+    stored: Option<PLogOffset>,
+    next: PLogOffset,
+    last: bool,
+) -> Result<(), StorageError> {
     let chunk = if stored.is_some() {
         WRITE_CHUNK_WORKSPACES
     } else {
@@ -251,7 +280,7 @@ fn write_window<S: SeqStorage>(
             written = buf.len();
         }
     }
-    stale.window_done();
+    stale.window_done(remember);
     storage
         .write_values_and_next_plog_offset(&buf[written..], next)
         .inspect_err(|_| stale.forget())
