@@ -152,7 +152,7 @@ async fn run_steps<S: SeqStorage>(
         let mut step = worker.step();
         while step == Step::Idle && began.elapsed() < HOT_RUN_MAX {
             if shared.backlog_len.load(Ordering::Acquire) >= urgent
-                || (hot && shared.wait_backlog(urgent, HOT_WAIT))
+                || (hot && wait_backlog(&shared, urgent))
             {
                 hot = true;
                 step = worker.step();
@@ -164,6 +164,37 @@ async fn run_steps<S: SeqStorage>(
     })
     .await
     .ok()
+}
+
+/// How long [`wait_backlog`] polls before it parks.
+const BACKLOG_SPIN: Duration = Duration::from_micros(50);
+
+/// Waits up to [`HOT_WAIT`] for committed values to fill the backlog to `urgent`, or for
+/// shutdown; answers whether the backlog is urgent.
+fn wait_backlog<S: SeqStorage>(shared: &Shared<S>, urgent: usize) -> bool {
+    let began = Instant::now();
+    let deadline = began + HOT_WAIT;
+    shared.begin_backlog_wait();
+    loop {
+        if shared.backlog_len_now() >= urgent || shared.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        if now - began < BACKLOG_SPIN {
+            // Waking a parked thread takes tens of microseconds on a virtual machine, while
+            // the backlog keeps filling; a short spin that yields the CPU to any other runnable
+            // thread avoids it.
+            std::thread::yield_now();
+        } else {
+            // A stale unpark only ends the park early: the loop checks again.
+            std::thread::park_timeout(deadline - now);
+        }
+    }
+    shared.end_backlog_wait();
+    shared.backlog_len_now() >= urgent && !shared.stop.load(Ordering::Acquire)
 }
 
 async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {

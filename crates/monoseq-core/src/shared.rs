@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crossbeam_utils::CachePadded;
+
 use crate::params::Params;
 use crate::storage::SeqStorage;
 use crate::types::PLogOffset;
@@ -83,16 +85,16 @@ impl Backlog {
     }
 }
 
-/// How long [`Shared::wait_backlog`] polls before it parks.
-const BACKLOG_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
-
 pub(crate) struct Shared<S> {
     pub(crate) params: Params,
     pub(crate) storage: S,
     status: AtomicU8,
     pub(crate) backlog: Mutex<Backlog>,
     /// Mirror of `backlog.len()`, read without the lock by `start`.
-    pub(crate) backlog_len: AtomicUsize,
+    /// Padded to a cache line of its own, as is `stop`: a waiting worker reads both in a loop,
+    /// and the status word and the backlog lock, written several times per transaction, must
+    /// not share their line.
+    pub(crate) backlog_len: CachePadded<AtomicUsize>,
     /// The last flush attempt failed.
     pub(crate) flush_failing: AtomicBool,
     /// The last actualization attempt failed.
@@ -100,12 +102,12 @@ pub(crate) struct Shared<S> {
     /// A flush was requested and the worker has not taken its snapshot yet.
     pub(crate) flush_signalled: AtomicBool,
     /// Shutdown was requested: replay stops, the worker exits.
-    pub(crate) stop: AtomicBool,
+    pub(crate) stop: CachePadded<AtomicBool>,
     /// A storage call of the worker panicked; the sequencer is poisoned.
     pub(crate) poisoned: AtomicBool,
     /// Wakes the background driver.
     pub(crate) wake: tokio::sync::Notify,
-    /// The worker thread waiting in [`Shared::wait_backlog`] while transactions come fast,
+    /// The worker thread waiting for the backlog while transactions come fast,
     /// and whether it waits now: committing threads unpark it, with no system call otherwise.
     backlog_waiter: Mutex<Option<std::thread::Thread>>,
     backlog_waiting: AtomicBool,
@@ -134,11 +136,11 @@ impl<S: SeqStorage> Shared<S> {
             storage,
             status: AtomicU8::new(Status::None.to_u8()),
             backlog: Mutex::new(Backlog::default()),
-            backlog_len: AtomicUsize::new(0),
+            backlog_len: CachePadded::new(AtomicUsize::new(0)),
             flush_failing: AtomicBool::new(false),
             actualize_failing: AtomicBool::new(false),
             flush_signalled: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
+            stop: CachePadded::new(AtomicBool::new(false)),
             poisoned: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
             backlog_waiter: Mutex::new(None),
@@ -211,9 +213,8 @@ impl<S: SeqStorage> Shared<S> {
         self.backlog.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Asks the worker to flush, waking it only when it is not already due to.
     /// Publishes the backlog's length after a commit, and wakes the worker waiting in
-    /// [`wait_backlog`](Shared::wait_backlog) once it reaches `urgent`.
+    /// [`begin_backlog_wait`](Shared::begin_backlog_wait) once it reaches `urgent`.
     #[inline]
     pub(crate) fn publish_backlog_len(&self, len: usize, urgent: usize) {
         // Sequentially consistent with the waiter's flag: either it sees this length, or this
@@ -231,40 +232,27 @@ impl<S: SeqStorage> Shared<S> {
         }
     }
 
-    /// Worker side: waits up to `timeout` for committed values to fill the backlog to
-    /// `urgent`, or for shutdown; answers whether the backlog is urgent.
-    pub(crate) fn wait_backlog(&self, urgent: usize, timeout: std::time::Duration) -> bool {
-        let began = Instant::now();
-        let deadline = began + timeout;
+    /// Worker side: from now until [`end_backlog_wait`](Shared::end_backlog_wait), a commit
+    /// that makes the backlog urgent unparks the calling thread.
+    pub(crate) fn begin_backlog_wait(&self) {
         *self
             .backlog_waiter
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(std::thread::current());
         self.backlog_waiting.store(true, Ordering::SeqCst);
-        loop {
-            if self.backlog_len.load(Ordering::SeqCst) >= urgent
-                || self.stop.load(Ordering::Acquire)
-            {
-                break;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            if now - began < BACKLOG_SPIN {
-                // Waking a parked thread takes tens of microseconds on a virtual machine,
-                // while the backlog keeps filling; a short spin that yields the CPU to any
-                // other runnable thread avoids it.
-                std::thread::yield_now();
-            } else {
-                // A stale unpark only ends the park early: the loop checks again.
-                std::thread::park_timeout(deadline - now);
-            }
-        }
-        self.backlog_waiting.store(false, Ordering::SeqCst);
-        self.backlog_len.load(Ordering::Acquire) >= urgent && !self.stop.load(Ordering::Acquire)
     }
 
+    pub(crate) fn end_backlog_wait(&self) {
+        self.backlog_waiting.store(false, Ordering::SeqCst);
+    }
+
+    /// The backlog's length as last published, ordered with
+    /// [`begin_backlog_wait`](Shared::begin_backlog_wait).
+    pub(crate) fn backlog_len_now(&self) -> usize {
+        self.backlog_len.load(Ordering::SeqCst)
+    }
+
+    /// Asks the worker to flush, waking it only when it is not already due to.
     #[inline]
     pub(crate) fn signal_flush(&self) {
         if !self.flush_signalled.load(Ordering::Relaxed)
