@@ -200,6 +200,9 @@ pub struct Sequencer<S: SeqStorage> {
     driver: Option<DriverHandle>,
     cache: LruMap<WsId, WsEntry, ByLength, hashbrown::DefaultHashBuilder>,
     cache_capacity: usize,
+    /// Tags of workspaces that missed the full cache once (see [`Sequencer::admit`]);
+    /// allocated when the cache first fills.
+    doorkeeper: Vec<u32>,
     /// The workspace of the last transaction: consecutive transactions of one workspace touch
     /// no hash table. Its cache entry may be stale while `current_dirty`; it is written back
     /// before the cache is used for another workspace, so it is never evicted unsaved.
@@ -267,6 +270,7 @@ impl<S: SeqStorage> Sequencer<S> {
                 hashbrown::DefaultHashBuilder::default(),
             ),
             cache_capacity: cap,
+            doorkeeper: Vec::new(),
             current: None,
             current_numbers: Vec::new(),
             current_dirty: false,
@@ -484,6 +488,11 @@ impl<S: SeqStorage> Sequencer<S> {
                 *slot = (*slot).max(stored);
             }
         }
+        if !cached && self.cache.len() >= self.cache_capacity && !self.admit(ws) {
+            // Held only as the current workspace; its numbers go to the backlog on commit.
+            self.current = Some((ws, kind.kind));
+            return Ok(());
+        }
         let numbers = match self.spare.take() {
             Some(mut b) if b.len() == n => {
                 b.copy_from_slice(&self.current_numbers);
@@ -504,6 +513,22 @@ impl<S: SeqStorage> Sequencer<S> {
         self.cache.insert(ws, entry);
         self.current = Some((ws, kind.kind));
         Ok(())
+    }
+
+    /// Whether `ws`, missing from a full cache, may evict an entry: only on its second miss
+    /// while the doorkeeper still remembers the first. A stream of workspaces seen once (a
+    /// scan, or more workspaces in rotation than the cache holds) then costs no eviction and
+    /// does not push out the workspaces in use.
+    fn admit(&mut self, ws: WsId) -> bool {
+        if self.doorkeeper.is_empty() {
+            self.doorkeeper = vec![0; self.cache_capacity.next_power_of_two()];
+        }
+        let h = ws.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let i = (h >> 32) as usize & (self.doorkeeper.len() - 1);
+        let tag = (h as u32) | 1;
+        let seen = self.doorkeeper[i] == tag;
+        self.doorkeeper[i] = if seen { 0 } else { tag };
+        seen
     }
 
     /// Commits the open transaction's numbers as pending: handed out, not yet durable.
