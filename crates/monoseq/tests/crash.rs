@@ -90,8 +90,7 @@ async fn sigkill_at_random_moments_loses_no_acknowledged_event_and_reuses_no_num
     let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
     let probe = reqwest::Client::new();
     for round in 0..ROUNDS {
-        let server = Server::start(dir.path(), &["--partitions", PARTITIONS]);
-        server.ready(&probe).await;
+        let server = Server::start_ready(dir.path(), &["--partitions", PARTITIONS], &probe).await;
         let clients: Vec<_> = (0..CLIENTS as u64)
             .map(|c| {
                 tokio::spawn(load(
@@ -127,8 +126,7 @@ async fn sigkill_at_random_moments_loses_no_acknowledged_event_and_reuses_no_num
     }
 
     // Every acknowledged event is stored as acknowledged; PLogs are contiguous.
-    let server = Server::start(dir.path(), &["--partitions", PARTITIONS]);
-    server.ready(&probe).await;
+    let server = Server::start_ready(dir.path(), &["--partitions", PARTITIONS], &probe).await;
     let mut ends: HashMap<u64, u64> = HashMap::new();
     for a in &acks {
         let e: Value = probe

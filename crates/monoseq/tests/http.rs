@@ -38,8 +38,7 @@ fn order(ws: u64) -> Value {
 async fn commands_are_acknowledged_read_back_and_survive_a_graceful_restart() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let server = Server::start(dir.path(), &["--partitions", "4"]);
-    server.ready(&client).await;
+    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &client).await;
     let url = server.url.clone();
 
     let (status, out) = post(&client, &url, &order(6)).await;
@@ -102,8 +101,7 @@ async fn commands_are_acknowledged_read_back_and_survive_a_graceful_restart() {
     // SIGTERM: a clean, bounded exit; a restart continues every sequence.
     let status = server.terminate(Duration::from_secs(15));
     assert!(status.success(), "{status:?}");
-    let server = Server::start(dir.path(), &["--partitions", "4"]);
-    server.ready(&client).await;
+    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &client).await;
     let (status, out) = post(&client, &server.url, &order(6)).await;
     assert_eq!(status, 200);
     assert_eq!(out["plog_offset"], 3);
@@ -123,8 +121,7 @@ async fn commands_are_acknowledged_read_back_and_survive_a_graceful_restart() {
 async fn bad_input_is_a_4xx_with_a_clear_message_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let server = Server::start(dir.path(), &["--partitions", "1"]);
-    server.ready(&client).await;
+    let server = Server::start_ready(dir.path(), &["--partitions", "1"], &client).await;
     let url = &server.url;
     let raw = |body: &'static str| {
         client
@@ -199,16 +196,14 @@ async fn bad_input_is_a_4xx_with_a_clear_message_and_writes_nothing() {
 async fn a_restart_without_a_partition_count_runs_with_the_one_the_data_directory_holds() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let server = Server::start(dir.path(), &["--partitions", "3"]);
-    server.ready(&client).await;
+    let server = Server::start_ready(dir.path(), &["--partitions", "3"], &client).await;
     let (status, _) = post(&client, &server.url, &order(5)).await;
     assert_eq!(status, 200);
     server.terminate(Duration::from_secs(15));
 
     // No --partitions: the default (8) would be refused; the recorded 3 routes workspace 5 to
     // partition 2 again, where its second event follows the first.
-    let server = Server::start(dir.path(), &[]);
-    server.ready(&client).await;
+    let server = Server::start_ready(dir.path(), &[], &client).await;
     let (status, out) = post(&client, &server.url, &order(5)).await;
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["plog_offset"], 2);
@@ -221,8 +216,7 @@ async fn a_restart_without_a_partition_count_runs_with_the_one_the_data_director
 async fn a_locked_data_directory_and_a_changed_partition_count_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let server = Server::start(dir.path(), &["--partitions", "4"]);
-    server.ready(&client).await;
+    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &client).await;
     let second = run(&["verify", "--data-dir", dir.path().to_str().unwrap()]);
     assert!(!second.status.success());
     let err = String::from_utf8_lossy(&second.stderr);
@@ -247,8 +241,7 @@ async fn a_locked_data_directory_and_a_changed_partition_count_are_refused_clear
 async fn named_sequences_answer_over_http_and_from_the_cli() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let server = Server::start(dir.path(), &["--partitions", "2"]);
-    server.ready(&client).await;
+    let server = Server::start_ready(dir.path(), &["--partitions", "2"], &client).await;
     let url = server.url.clone();
     let seq = |args: &[&str]| {
         let mut all = vec!["seq", "--url", &url];

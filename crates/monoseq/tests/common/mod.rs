@@ -41,6 +41,13 @@ impl Server {
         Server { child, url }
     }
 
+    /// [`start`](Server::start), then [`ready`](Server::ready).
+    pub async fn start_ready(dir: &Path, extra: &[&str], client: &reqwest::Client) -> Server {
+        let server = Server::start(dir, extra);
+        server.ready(client).await;
+        server
+    }
+
     /// Sends SIGTERM and waits for the exit, at most `bound`.
     pub fn terminate(mut self, bound: Duration) -> ExitStatus {
         let pid = self.child.id().to_string();
