@@ -90,6 +90,27 @@ pub fn built_in_params(kinds: impl IntoIterator<Item = WsKind>) -> ParamsBuilder
         })
 }
 
+/// Like [`built_in_params`], with every workspace sequence starting above what `retired` says
+/// was handed out before an accepted loss (numbers at or below it are never handed out again).
+pub fn built_in_params_above(
+    kinds: impl IntoIterator<Item = WsKind>,
+    retired: &crate::marks::Mark,
+) -> ParamsBuilder {
+    let above = |s: BuiltInSequence, handed_out: u64| {
+        (s.id, Number(s.initial.0.max(handed_out.saturating_add(1))))
+    };
+    let seqs = [
+        above(WLOG_OFFSET_SEQUENCE, retired.wlog),
+        above(CRECORD_ID_SEQUENCE, retired.crecord),
+        above(OWRECORD_ID_SEQUENCE, retired.owrecord),
+    ];
+    kinds
+        .into_iter()
+        .fold(monoseq_core::Params::builder(), |b, kind| {
+            b.kind(kind, seqs)
+        })
+}
+
 /// The initial value of a built-in sequence, if `seq` is one.
 #[must_use]
 pub fn built_in_initial(seq: SeqId) -> Option<Number> {

@@ -6,22 +6,30 @@
 
 mod builtin;
 mod codec;
+mod datadir;
 mod event;
+mod identity;
 mod keys;
+mod marks;
 mod seqstore;
 mod store;
 
 pub use builtin::{
     BUILT_IN_SEQUENCES, BuiltInSequence, CRECORD_ID_SEQUENCE, OWRECORD_ID_SEQUENCE,
     PLOG_OFFSET_SEQUENCE, WLOG_OFFSET_SEQUENCE, built_in_initial, built_in_params,
-    workspace_sequences,
+    built_in_params_above, workspace_sequences,
 };
 pub use codec::{
     ARG_DEPTH_MAX, DecodeError, EVENT_BYTES_MAX, EncodeError, EventHead, FORMAT_VERSION,
     decode_numbers,
 };
+pub use datadir::{
+    DataDir, DataDirError, Loss, OpenPolicy, OpenReport, open_data_dir, recorded_partitions,
+};
 pub use event::{ArgObject, Event, Field, Record, RecordId, RecordKind, WLogOffset};
+pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError};
 pub use keys::{AppId, KEY_LAYOUT, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
+pub use marks::{MARKS_FILE, Mark, Marks, MarksError};
 pub use seqstore::PLogSeqStorage;
 pub use store::{
     AppendError, EventStore, InvalidTrustLevel, ReadError, TrustLevel, WLOG_READ_EVENTS_MAX,

@@ -1,0 +1,587 @@
+//! Opening a data directory safely: the engine's own metadata (store ID, partition count, key
+//! layout), checked against our identity file and high-water marks before anything is served.
+//! An engine that came up empty, belongs to another store, or whose PLog ends below an
+//! acknowledged mark is refused with what is missing and what to do; an operator may accept a
+//! named loss, after which every number handed out before it stays retired.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use monoseq_core::{PLogOffset, ReplayedEvent, SeqStorage, Sequencer, Status, Step, WsKind};
+use monoseq_kv::{Key, KvError, KvStore, WriteBatch};
+
+use crate::builtin::{
+    CRECORD_ID_SEQUENCE, OWRECORD_ID_SEQUENCE, WLOG_OFFSET_SEQUENCE, built_in_params,
+};
+use crate::codec::FORMAT_VERSION;
+use crate::identity::{AcceptedLoss, Identity, IdentityError, now_ms};
+use crate::keys::{AppId, KEY_LAYOUT, PartitionId};
+use crate::marks::{Mark, Marks, MarksError};
+use crate::store::{EventStore, TrustLevel};
+
+const META_PARTITION: &[u8] = b"monoseq/meta";
+const META_PARTITIONS: &[u8] = b"partitions";
+const META_KEY_LAYOUT: &[u8] = b"key_layout";
+const META_STORE_ID: &[u8] = b"store_id";
+
+/// Most worker steps one actualization may take while a loss is accepted, so a failing engine
+/// ends in an error rather than a loop.
+const ACTUALIZE_STEPS_MAX: usize = 64;
+
+/// How to open a data directory.
+#[derive(Debug, Clone, Default)]
+pub struct OpenPolicy {
+    /// The partition count the operator configured, if any; a new store takes it (or
+    /// `default_partitions`), an existing one must match it.
+    pub partitions: Option<u32>,
+    /// Partition count of a new store when none is configured.
+    pub default_partitions: u32,
+    /// The operator accepts a detected loss (`--accept-loss`): the loss is recorded and
+    /// named, and numbers handed out before it are retired, instead of refusing to start.
+    pub accept_loss: bool,
+}
+
+/// Acknowledged events missing from one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loss {
+    /// The partition.
+    pub partition: u32,
+    /// The last PLog offset the engine holds (0: none).
+    pub plog_end: u64,
+    /// The high-water mark: what was acknowledged.
+    pub mark: Mark,
+}
+
+impl Loss {
+    /// How many acknowledged events are missing.
+    #[must_use]
+    pub fn events(&self) -> u64 {
+        self.mark.plog - self.plog_end
+    }
+}
+
+impl std::fmt::Display for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "partition {}: the PLog ends at offset {} but events up to {} were acknowledged \
+             ({} missing: offsets {}..={}; WLog offsets up to {}, CRecord IDs up to {} and \
+             ORecord IDs up to {} were handed out)",
+            self.partition,
+            self.plog_end,
+            self.mark.plog,
+            self.events(),
+            self.plog_end + 1,
+            self.mark.plog,
+            self.mark.wlog,
+            self.mark.crecord,
+            self.mark.owrecord
+        )
+    }
+}
+
+/// Why a data directory is not served.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DataDirError {
+    /// The identity file cannot be read or is damaged.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// The marks file cannot be read or is damaged.
+    #[error(transparent)]
+    Marks(#[from] MarksError),
+    /// The engine failed.
+    #[error("reading the engine in {dir}: {source}")]
+    Storage {
+        /// The data directory.
+        dir: PathBuf,
+        /// The engine's error.
+        #[source]
+        source: KvError,
+    },
+    /// The identity says the store holds data but the engine holds nothing.
+    #[error(
+        "the engine in {dir} is empty, but the identity file says it holds store {store_id} with \
+         {partitions} partitions, acknowledged up to PLog offsets {marks}: the engine's files \
+         were lost or replaced. Restore the data directory from a backup; or start with \
+         --accept-loss to serve it empty, numbering above everything handed out before"
+    )]
+    EngineEmpty {
+        /// The data directory.
+        dir: PathBuf,
+        /// The store the identity names.
+        store_id: String,
+        /// Its partitions.
+        partitions: u32,
+        /// Each partition's acknowledged PLog mark, comma separated.
+        marks: String,
+    },
+    /// The engine holds another store.
+    #[error(
+        "the engine in {dir} holds store {found}, but the identity file names store {expected}: \
+         the engine's files belong to another data directory. Put back this directory's own \
+         files"
+    )]
+    ForeignEngine {
+        /// The data directory.
+        dir: PathBuf,
+        /// The identity's store.
+        expected: String,
+        /// The engine's store.
+        found: String,
+    },
+    /// The engine holds a store but its identity file is gone.
+    #[error(
+        "{dir} has no identity file, but its engine holds store {store_id}: the identity file \
+         was deleted, so the store cannot prove it is whole. Restore the file from a backup; or \
+         start with --accept-loss to rebuild it from what the engine holds"
+    )]
+    IdentityMissing {
+        /// The data directory.
+        dir: PathBuf,
+        /// The engine's store.
+        store_id: String,
+    },
+    /// The identity exists but the marks file is gone.
+    #[error(
+        "{dir} has no high-water marks file ({file}), so the store cannot prove it holds every \
+         acknowledged event. Restore it from a backup; or start with --accept-loss to rebuild it \
+         from what the engine holds"
+    )]
+    MarksMissing {
+        /// The data directory.
+        dir: PathBuf,
+        /// The file's name.
+        file: &'static str,
+    },
+    /// The partition count differs from the store's.
+    #[error(
+        "the data directory holds {stored} partitions but {configured} were configured; \
+         workspaces are routed by `ws mod partitions`, so the count cannot change: start with \
+         --partitions {stored}"
+    )]
+    Partitions {
+        /// The store's count.
+        stored: u32,
+        /// The configured count.
+        configured: u32,
+    },
+    /// The engine and the identity disagree on something recorded at creation.
+    #[error("the data directory is inconsistent: {0}; restore it from a backup")]
+    Inconsistent(String),
+    /// Data in a key layout this build does not read.
+    #[error(
+        "the data directory's event store uses key layout {stored}, this build reads layout \
+         {KEY_LAYOUT} (docs/format.md); run the monoseq version that wrote it, or start with an \
+         empty data directory"
+    )]
+    KeyLayout {
+        /// The stored layout.
+        stored: u32,
+    },
+    /// Acknowledged events are missing.
+    #[error(
+        "the store lost acknowledged events and is not served:\n  {}\nRestore the data \
+         directory from a backup; or start with --accept-loss to serve what is left: the \
+         missing events stay lost, and no number handed out before is handed out again",
+        losses.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  ")
+    )]
+    Lost {
+        /// What is missing, per partition.
+        losses: Vec<Loss>,
+    },
+    /// Rebuilding a partition's sequence state while accepting a loss failed.
+    #[error("accepting the loss of partition {partition}: {message}")]
+    Actualize {
+        /// The partition.
+        partition: u32,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// What opening did, for the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OpenReport {
+    /// A new store was created.
+    pub created: bool,
+    /// A directory written before identity files existed got one.
+    pub adopted: bool,
+    /// The identity file was rebuilt from the engine (`--accept-loss`).
+    pub identity_rebuilt: bool,
+    /// The marks file was rebuilt from the engine (`--accept-loss`).
+    pub marks_rebuilt: bool,
+    /// Losses accepted by this open.
+    pub accepted: Vec<Loss>,
+    /// Partitions whose sequence state was moved past an accepted loss by this open.
+    pub retired_partitions: Vec<u32>,
+}
+
+/// An opened, checked data directory.
+#[derive(Debug)]
+pub struct DataDir {
+    /// Its identity.
+    pub identity: Identity,
+    /// Its high-water marks, raised as groups are acknowledged.
+    pub marks: Arc<Marks>,
+    /// What opening did.
+    pub report: OpenReport,
+}
+
+/// What the engine records about itself.
+#[derive(Debug, Default)]
+struct EngineMeta {
+    partitions: Option<u32>,
+    key_layout: Option<u32>,
+    store_id: Option<String>,
+}
+
+fn read_meta(kv: &impl KvStore) -> Result<EngineMeta, KvError> {
+    let get = |c: &[u8]| kv.get(Key::new(META_PARTITION, c));
+    let u32_of =
+        |v: Option<Vec<u8>>| v.and_then(|v| v.as_slice().try_into().ok().map(u32::from_be_bytes));
+    Ok(EngineMeta {
+        partitions: u32_of(get(META_PARTITIONS)?),
+        key_layout: u32_of(get(META_KEY_LAYOUT)?),
+        store_id: get(META_STORE_ID)?.map(|v| String::from_utf8_lossy(&v).into_owned()),
+    })
+}
+
+fn write_meta(kv: &impl KvStore, identity: &Identity) -> Result<(), KvError> {
+    let mut batch = WriteBatch::new();
+    batch.put(
+        Key::new(META_PARTITION, META_PARTITIONS),
+        &identity.partitions.to_be_bytes(),
+    );
+    batch.put(
+        Key::new(META_PARTITION, META_KEY_LAYOUT),
+        &KEY_LAYOUT.to_be_bytes(),
+    );
+    batch.put(
+        Key::new(META_PARTITION, META_STORE_ID),
+        identity.store_id.as_bytes(),
+    );
+    kv.write(&batch)
+        .map_err(|e| KvError::backend(e.to_string(), e))?;
+    kv.sync()
+}
+
+/// The partition count a data directory's engine records, if any (for tools that only read).
+///
+/// # Errors
+///
+/// A [`KvError`] when the engine fails.
+pub fn recorded_partitions(kv: &impl KvStore) -> Result<Option<u32>, KvError> {
+    Ok(read_meta(kv)?.partitions)
+}
+
+/// Opens data directory `dir`, whose engine `kv` is already open, for application `app`:
+/// creates the identity and marks of a new store, or checks an existing store against them.
+///
+/// # Errors
+///
+/// [`DataDirError`] naming what is missing or damaged and what to do.
+pub fn open_data_dir<S: KvStore + Clone>(
+    dir: &Path,
+    kv: &S,
+    app: AppId,
+    policy: &OpenPolicy,
+) -> Result<DataDir, DataDirError> {
+    let storage = |source: KvError| DataDirError::Storage {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let meta = read_meta(kv).map_err(storage)?;
+    if let Some(stored) = meta.key_layout.or(meta.partitions.map(|_| 1))
+        && stored != KEY_LAYOUT
+    {
+        return Err(DataDirError::KeyLayout { stored });
+    }
+    let identity = match Identity::read(dir) {
+        Ok(id) => id,
+        Err(IdentityError::Damaged { .. }) if policy.accept_loss => None,
+        Err(e) => return Err(e.into()),
+    };
+    let mut report = OpenReport::default();
+    let identity = match (identity, &meta.store_id) {
+        (None, None) => {
+            let partitions = meta
+                .partitions
+                .or(policy.partitions)
+                .unwrap_or(policy.default_partitions);
+            check_configured(policy, partitions)?;
+            if meta.partitions.is_some() {
+                report.adopted = true;
+            } else {
+                report.created = true;
+            }
+            let identity = Identity::new(partitions, KEY_LAYOUT, FORMAT_VERSION);
+            write_meta(kv, &identity).map_err(storage)?;
+            let marks = if report.created {
+                Marks::create(dir, partitions)?
+            } else {
+                Marks::create_with(dir, &scan_marks(kv, app, partitions).map_err(storage)?)?
+            };
+            identity.write(dir)?;
+            return Ok(DataDir {
+                identity,
+                marks: Arc::new(marks),
+                report,
+            });
+        }
+        (None, Some(store_id)) => {
+            if !policy.accept_loss {
+                return Err(DataDirError::IdentityMissing {
+                    dir: dir.to_path_buf(),
+                    store_id: store_id.clone(),
+                });
+            }
+            let partitions = meta.partitions.ok_or_else(|| {
+                DataDirError::Inconsistent(
+                    "the engine has a store ID but no partition count".into(),
+                )
+            })?;
+            let mut identity = Identity::new(partitions, KEY_LAYOUT, FORMAT_VERSION);
+            identity.store_id.clone_from(store_id);
+            identity.write(dir)?;
+            report.identity_rebuilt = true;
+            identity
+        }
+        (Some(identity), Some(found)) if *found != identity.store_id => {
+            return Err(DataDirError::ForeignEngine {
+                dir: dir.to_path_buf(),
+                expected: identity.store_id,
+                found: found.clone(),
+            });
+        }
+        (Some(identity), _) => identity,
+    };
+    check_configured(policy, identity.partitions)?;
+    if let Some(p) = meta.partitions
+        && p != identity.partitions
+    {
+        return Err(DataDirError::Inconsistent(format!(
+            "the engine records {p} partitions, the identity file {}",
+            identity.partitions
+        )));
+    }
+    let marks = match Marks::open(dir, identity.partitions) {
+        Ok(Some(m)) => Some(m),
+        Ok(None) if !policy.accept_loss => {
+            return Err(DataDirError::MarksMissing {
+                dir: dir.to_path_buf(),
+                file: crate::marks::MARKS_FILE,
+            });
+        }
+        Err(e) if !policy.accept_loss => return Err(e.into()),
+        Ok(None) | Err(_) => None,
+    };
+    if meta.store_id.is_none() {
+        // The identity names a store the engine does not hold: it came up empty.
+        if !policy.accept_loss {
+            let marks = marks
+                .as_ref()
+                .map(|m| {
+                    m.all()
+                        .iter()
+                        .map(|m| m.plog.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_else(|| "unknown (no marks file)".into());
+            return Err(DataDirError::EngineEmpty {
+                dir: dir.to_path_buf(),
+                store_id: identity.store_id,
+                partitions: identity.partitions,
+                marks,
+            });
+        }
+        write_meta(kv, &identity).map_err(storage)?;
+    }
+    let marks = match marks {
+        Some(m) => m,
+        None => {
+            report.marks_rebuilt = true;
+            let scanned = scan_marks(kv, app, identity.partitions).map_err(storage)?;
+            // Numbers an earlier accepted loss retired stay retired.
+            let merged: Vec<Mark> = scanned
+                .iter()
+                .enumerate()
+                .map(|(p, m)| m.max(&identity.retired(p as u32)))
+                .collect();
+            Marks::create_with(dir, &merged)?
+        }
+    };
+    let mut guarded = DataDir {
+        identity,
+        marks: Arc::new(marks),
+        report,
+    };
+    check_losses(dir, kv, app, policy, &mut guarded)?;
+    Ok(guarded)
+}
+
+fn check_configured(policy: &OpenPolicy, stored: u32) -> Result<(), DataDirError> {
+    match policy.partitions {
+        Some(configured) if configured != stored => {
+            Err(DataDirError::Partitions { stored, configured })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Compares every partition's PLog with its mark; refuses, or accepts and records the losses.
+/// Then moves the sequence state of every partition with an accepted loss past it (again,
+/// if a crash interrupted that last time).
+fn check_losses<S: KvStore + Clone>(
+    dir: &Path,
+    kv: &S,
+    app: AppId,
+    policy: &OpenPolicy,
+    guarded: &mut DataDir,
+) -> Result<(), DataDirError> {
+    let storage = |source: KvError| DataDirError::Storage {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let store = EventStore::new(kv.clone(), app, TrustLevel::Level0);
+    let mut losses = Vec::new();
+    for p in 0..guarded.identity.partitions {
+        let mark = guarded.marks.get(p)?;
+        let retired = guarded.identity.retired(p);
+        if mark.plog <= retired.plog {
+            continue;
+        }
+        let present = matches!(
+            store.read_event(PartitionId(p), PLogOffset(mark.plog)),
+            Ok(Some(_))
+        );
+        if !present {
+            let plog_end = plog_end(&store, p, retired.plog).map_err(storage)?;
+            if plog_end < mark.plog {
+                losses.push(Loss {
+                    partition: p,
+                    plog_end,
+                    mark,
+                });
+            }
+        }
+    }
+    if !losses.is_empty() {
+        if !policy.accept_loss {
+            return Err(DataDirError::Lost { losses });
+        }
+        let at = now_ms();
+        for l in &losses {
+            guarded.identity.losses.push(AcceptedLoss {
+                partition: l.partition,
+                plog_from: l.plog_end + 1,
+                plog_to: l.mark.plog,
+                mark: l.mark,
+                accepted_at_ms: at,
+            });
+        }
+        // The decision is durable before anything acts on it.
+        guarded.identity.write(dir)?;
+        guarded.report.accepted = losses;
+    }
+    for p in 0..guarded.identity.partitions {
+        let retired = guarded.identity.retired(p);
+        if retired.plog == 0 {
+            continue;
+        }
+        let seq = store.seq_storage(PartitionId(p));
+        let checkpoint = seq
+            .read_next_plog_offset()
+            .map_err(|e| DataDirError::Actualize {
+                partition: p,
+                message: e.to_string(),
+            })?;
+        if checkpoint.0 > retired.plog {
+            continue;
+        }
+        retire(seq, p, retired)?;
+        guarded.report.retired_partitions.push(p);
+    }
+    Ok(())
+}
+
+/// The last PLog offset of partition `p` that the engine holds, scanning from just after
+/// `from` (an offset known to be retired, or 0).
+fn plog_end<S: KvStore + Clone>(store: &EventStore<S>, p: u32, from: u64) -> Result<u64, KvError> {
+    let seq = store.seq_storage(PartitionId(p));
+    let mut end = from;
+    let scanned = seq.replay_plog(PLogOffset(from + 1), &mut |e: ReplayedEvent<'_>| {
+        end = e.offset.0;
+        ControlFlow::Continue(())
+    });
+    match scanned {
+        Ok(_) => Ok(end),
+        // A damaged event ends what can be trusted.
+        Err(_) => Ok(end),
+    }
+}
+
+/// Brings partition `p`'s projection up to its PLog end, then sets its checkpoint after the
+/// retired mark, so the next event takes the offset after everything handed out before.
+fn retire<S: KvStore + Clone>(
+    seq: crate::PLogSeqStorage<S>,
+    p: u32,
+    retired: Mark,
+) -> Result<(), DataDirError> {
+    let failed = |message: String| DataDirError::Actualize {
+        partition: p,
+        message,
+    };
+    let params = built_in_params([WsKind(1)])
+        .build()
+        .map_err(|e| failed(e.to_string()))?;
+    let seq = Arc::new(seq);
+    let (sequencer, mut worker) = Sequencer::new_manual(params, Arc::clone(&seq));
+    let mut steps = 0;
+    while matches!(sequencer.status(), Status::None | Status::Actualizing) {
+        steps += 1;
+        match worker.step() {
+            Step::RetryAfter(_) if steps >= ACTUALIZE_STEPS_MAX => {
+                return Err(failed("the engine keeps failing while actualizing".into()));
+            }
+            Step::Stopped => return Err(failed("actualization stopped".into())),
+            _ => {}
+        }
+    }
+    drop(sequencer);
+    seq.write_values_and_next_plog_offset(&[], PLogOffset(retired.plog + 1))
+        .map_err(|e| failed(e.to_string()))
+}
+
+/// Marks rebuilt from what the engine holds: per partition, the PLog end and the highest
+/// numbers its events used.
+fn scan_marks<S: KvStore + Clone>(
+    kv: &S,
+    app: AppId,
+    partitions: u32,
+) -> Result<Vec<Mark>, KvError> {
+    let store = EventStore::new(kv.clone(), app, TrustLevel::Level0);
+    let mut marks = Vec::with_capacity(partitions as usize);
+    for p in 0..partitions {
+        let seq = store.seq_storage(PartitionId(p));
+        let mut mark = Mark::default();
+        let _ = seq.replay_plog(PLogOffset::FIRST, &mut |e: ReplayedEvent<'_>| {
+            mark.plog = e.offset.0;
+            for v in e.values {
+                let slot = match v.key.seq {
+                    s if s == WLOG_OFFSET_SEQUENCE.id => &mut mark.wlog,
+                    s if s == CRECORD_ID_SEQUENCE.id => &mut mark.crecord,
+                    s if s == OWRECORD_ID_SEQUENCE.id => &mut mark.owrecord,
+                    _ => continue,
+                };
+                *slot = (*slot).max(v.value.0);
+            }
+            ControlFlow::Continue(())
+        });
+        marks.push(mark);
+    }
+    Ok(marks)
+}

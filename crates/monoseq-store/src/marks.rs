@@ -1,0 +1,461 @@
+//! High-water marks (`monoseq.marks`): per partition, the highest acknowledged PLog offset and
+//! the highest WLog offset and record IDs handed out with acknowledged events, kept outside the
+//! engine and made durable before the acknowledgement they cover. A store whose PLog ends below
+//! its mark lost acknowledged events (a cut journal, lost files, a rolled-back copy); the mark
+//! also says which numbers must never be handed out again if that loss is accepted.
+//!
+//! Layout (all integers little-endian): a 64-byte header (`MSQMARKS`, format, partition count,
+//! CRC-32 of the header), then per partition two 64-byte slots holding a sequence number, the
+//! four marks and a CRC-32. A raise writes the slot not holding the newest copy, so a torn
+//! write damages at most the copy being written; reading takes the valid slot with the highest
+//! sequence. Raises of all partitions share `fdatasync` calls (group commit).
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+/// The marks file's name inside the data directory.
+pub const MARKS_FILE: &str = "monoseq.marks";
+
+const MAGIC: &[u8; 8] = b"MSQMARKS";
+const MARKS_FORMAT: u32 = 1;
+const HEADER_BYTES: u64 = 64;
+const SLOT_BYTES: u64 = 64;
+const CRC_AT: usize = 60;
+
+/// The high-water mark of one partition. Every field only grows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mark {
+    /// Highest acknowledged PLog offset (0: none).
+    pub plog: u64,
+    /// Highest WLog offset of an acknowledged event, over the partition's workspaces.
+    pub wlog: u64,
+    /// Highest CRecord ID created by an acknowledged event.
+    pub crecord: u64,
+    /// Highest ORecord/WRecord ID created by an acknowledged event.
+    pub owrecord: u64,
+}
+
+impl Mark {
+    /// The field-wise maximum.
+    #[must_use]
+    pub fn max(&self, other: &Mark) -> Mark {
+        Mark {
+            plog: self.plog.max(other.plog),
+            wlog: self.wlog.max(other.wlog),
+            crecord: self.crecord.max(other.crecord),
+            owrecord: self.owrecord.max(other.owrecord),
+        }
+    }
+
+    /// Whether every field of `self` is at least `other`'s.
+    #[must_use]
+    pub fn covers(&self, other: &Mark) -> bool {
+        self.max(other) == *self
+    }
+}
+
+/// The marks file could not be opened, read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MarksError {
+    /// An I/O call failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a valid marks file for this store.
+    #[error(
+        "high-water marks file {path} is damaged ({reason}); the store cannot prove it holds \
+         every acknowledged event: restore the data directory from a backup, or start with \
+         --accept-loss to rebuild the marks from what the engine holds"
+    )]
+    Damaged {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A partition outside the file.
+    #[error("partition {partition} is not in the marks file ({partitions} partitions)")]
+    NoSuchPartition {
+        /// The partition asked for.
+        partition: u32,
+        /// Partitions in the file.
+        partitions: u32,
+    },
+}
+
+/// The open marks file of a data directory.
+#[derive(Debug)]
+pub struct Marks {
+    path: PathBuf,
+    file: File,
+    /// Newest copy per partition: its sequence number and mark.
+    slots: Mutex<Vec<(u64, Mark)>>,
+    /// Raises written so far, and raises made durable by a completed `fdatasync`.
+    written: AtomicU64,
+    synced: AtomicU64,
+    /// One `fdatasync` at a time; a raise that finds its write already covered returns.
+    sync_lock: Mutex<()>,
+}
+
+impl Marks {
+    /// The path of the marks file in `dir`.
+    #[must_use]
+    pub fn path(dir: &Path) -> PathBuf {
+        dir.join(MARKS_FILE)
+    }
+
+    /// Creates the marks file of a new store in `dir` (every mark 0), durably.
+    ///
+    /// # Errors
+    ///
+    /// [`MarksError::Io`] when the file cannot be written.
+    pub fn create(dir: &Path, partitions: u32) -> Result<Marks, MarksError> {
+        Marks::create_with(dir, &vec![Mark::default(); partitions as usize])
+    }
+
+    /// Creates the marks file in `dir` holding `marks` (one per partition), durably,
+    /// replacing any.
+    ///
+    /// # Errors
+    ///
+    /// [`MarksError::Io`] when the file cannot be written.
+    pub fn create_with(dir: &Path, marks: &[Mark]) -> Result<Marks, MarksError> {
+        let path = Marks::path(dir);
+        let tmp = dir.join(format!("{MARKS_FILE}.tmp"));
+        let partitions = u32::try_from(marks.len()).unwrap_or(u32::MAX);
+        let mut bytes = vec![0u8; (HEADER_BYTES + 2 * SLOT_BYTES * u64::from(partitions)) as usize];
+        bytes[..HEADER_BYTES as usize].copy_from_slice(&header(partitions));
+        for (p, mark) in marks.iter().enumerate() {
+            let at = (HEADER_BYTES + 2 * SLOT_BYTES * p as u64) as usize;
+            bytes[at..at + SLOT_BYTES as usize].copy_from_slice(&encode_slot(1, mark));
+        }
+        std::fs::write(&tmp, &bytes).map_err(io("writing", &tmp))?;
+        File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(io("syncing", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io("renaming into place", &path))?;
+        crate::identity::sync_dir(dir).map_err(io("syncing directory", dir))?;
+        Marks::open(dir, partitions)?.ok_or_else(|| MarksError::Damaged {
+            path,
+            reason: "vanished after creation".into(),
+        })
+    }
+
+    /// Opens the marks file in `dir`, checking it holds `partitions` partitions; `None` when
+    /// there is none.
+    ///
+    /// # Errors
+    ///
+    /// [`MarksError`] when it cannot be read, is damaged or holds another partition count.
+    pub fn open(dir: &Path, partitions: u32) -> Result<Option<Marks>, MarksError> {
+        let path = Marks::path(dir);
+        let file = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(MarksError::Io {
+                    what: "opening",
+                    path,
+                    source,
+                });
+            }
+        };
+        let damaged = |reason: String| MarksError::Damaged {
+            path: path.clone(),
+            reason,
+        };
+        let len = file.metadata().map_err(io("reading", &path))?.len();
+        let want = HEADER_BYTES + 2 * SLOT_BYTES * u64::from(partitions);
+        let mut head = [0u8; HEADER_BYTES as usize];
+        if len < HEADER_BYTES {
+            return Err(damaged(format!("{len} bytes, shorter than its header")));
+        }
+        file.read_exact_at(&mut head, 0)
+            .map_err(io("reading", &path))?;
+        if head != header(u32::from_le_bytes(word(&head, 12))) {
+            return Err(damaged("the header does not check out".into()));
+        }
+        let stored = u32::from_le_bytes(word(&head, 12));
+        if stored != partitions {
+            return Err(damaged(format!(
+                "it holds {stored} partitions, the store has {partitions}"
+            )));
+        }
+        if len != want {
+            return Err(damaged(format!("{len} bytes where {want} belong")));
+        }
+        let mut slots = Vec::with_capacity(partitions as usize);
+        let mut pair = vec![0u8; 2 * SLOT_BYTES as usize];
+        for p in 0..partitions {
+            file.read_exact_at(&mut pair, HEADER_BYTES + 2 * SLOT_BYTES * u64::from(p))
+                .map_err(io("reading", &path))?;
+            let (a, b) = pair.split_at(SLOT_BYTES as usize);
+            let newest = [decode_slot(a), decode_slot(b)]
+                .into_iter()
+                .flatten()
+                .max_by_key(|(seq, _)| *seq)
+                .ok_or_else(|| {
+                    damaged(format!("both copies of partition {p}'s mark are damaged"))
+                })?;
+            slots.push(newest);
+        }
+        Ok(Some(Marks {
+            path,
+            file,
+            slots: Mutex::new(slots),
+            written: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
+            sync_lock: Mutex::new(()),
+        }))
+    }
+
+    /// Partitions in the file.
+    #[must_use]
+    pub fn partitions(&self) -> u32 {
+        self.lock().len() as u32
+    }
+
+    /// The mark of `partition` as last raised.
+    ///
+    /// # Errors
+    ///
+    /// [`MarksError::NoSuchPartition`] for a partition outside the file.
+    pub fn get(&self, partition: u32) -> Result<Mark, MarksError> {
+        let slots = self.lock();
+        slots
+            .get(partition as usize)
+            .map(|(_, m)| *m)
+            .ok_or(MarksError::NoSuchPartition {
+                partition,
+                partitions: slots.len() as u32,
+            })
+    }
+
+    /// Every partition's mark.
+    #[must_use]
+    pub fn all(&self) -> Vec<Mark> {
+        self.lock().iter().map(|(_, m)| *m).collect()
+    }
+
+    /// Raises the mark of `partition` to at least `mark` (field-wise) and returns once that is
+    /// durable. Concurrent raises share one `fdatasync`. A raise that changes nothing returns
+    /// at once.
+    ///
+    /// # Errors
+    ///
+    /// [`MarksError`] when writing or syncing failed: the mark may not be durable, so the
+    /// caller must not acknowledge what it covers.
+    pub fn raise(&self, partition: u32, mark: &Mark) -> Result<(), MarksError> {
+        let ticket = {
+            let mut slots = self.lock();
+            let partitions = slots.len() as u32;
+            let (seq, old) =
+                slots
+                    .get_mut(partition as usize)
+                    .ok_or(MarksError::NoSuchPartition {
+                        partition,
+                        partitions,
+                    })?;
+            let new = old.max(mark);
+            if new == *old {
+                None
+            } else {
+                let next = *seq + 1;
+                let at =
+                    HEADER_BYTES + 2 * SLOT_BYTES * u64::from(partition) + (next % 2) * SLOT_BYTES;
+                self.file
+                    .write_all_at(&encode_slot(next, &new), at)
+                    .map_err(io("writing", &self.path))?;
+                *seq = next;
+                *old = new;
+                Some(self.written.fetch_add(1, Ordering::AcqRel) + 1)
+            }
+        };
+        match ticket {
+            Some(t) => self.sync_through(t),
+            None => self.sync_through(self.written.load(Ordering::Acquire)),
+        }
+    }
+
+    /// Returns once every raise up to `ticket` is durable.
+    fn sync_through(&self, ticket: u64) -> Result<(), MarksError> {
+        if self.synced.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let _one = self.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.synced.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        // Everything written before this load is covered by the sync below.
+        let target = self.written.load(Ordering::Acquire);
+        self.file.sync_data().map_err(io("syncing", &self.path))?;
+        self.synced.fetch_max(target, Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Mark)>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> MarksError {
+    let path = path.to_path_buf();
+    move |source| MarksError::Io { what, path, source }
+}
+
+fn word(bytes: &[u8], at: usize) -> [u8; 4] {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&bytes[at..at + 4]);
+    w
+}
+
+fn header(partitions: u32) -> [u8; HEADER_BYTES as usize] {
+    let mut h = [0u8; HEADER_BYTES as usize];
+    h[..8].copy_from_slice(MAGIC);
+    h[8..12].copy_from_slice(&MARKS_FORMAT.to_le_bytes());
+    h[12..16].copy_from_slice(&partitions.to_le_bytes());
+    let crc = crc32fast::hash(&h[..CRC_AT]);
+    h[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+fn encode_slot(seq: u64, mark: &Mark) -> [u8; SLOT_BYTES as usize] {
+    let mut s = [0u8; SLOT_BYTES as usize];
+    for (i, v) in [seq, mark.plog, mark.wlog, mark.crecord, mark.owrecord]
+        .into_iter()
+        .enumerate()
+    {
+        s[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    let crc = crc32fast::hash(&s[..CRC_AT]);
+    s[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+    s
+}
+
+/// A slot's sequence number and mark, or `None` when it was never written or is damaged.
+fn decode_slot(s: &[u8]) -> Option<(u64, Mark)> {
+    let crc = u32::from_le_bytes(word(s, CRC_AT));
+    if crc != crc32fast::hash(&s[..CRC_AT]) {
+        return None;
+    }
+    let at = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&s[i * 8..i * 8 + 8]);
+        u64::from_le_bytes(w)
+    };
+    let seq = at(0);
+    (seq > 0).then(|| {
+        (
+            seq,
+            Mark {
+                plog: at(1),
+                wlog: at(2),
+                crecord: at(3),
+                owrecord: at(4),
+            },
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(plog: u64) -> Mark {
+        Mark {
+            plog,
+            wlog: plog / 2,
+            crecord: 100 + plog,
+            owrecord: 200 + plog,
+        }
+    }
+
+    #[test]
+    fn raised_marks_survive_reopening() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        assert!(Marks::open(dir.path(), 4).expect("open").is_none());
+        let marks = Marks::create(dir.path(), 4).expect("create");
+        for plog in 1..=5 {
+            marks.raise(2, &mark(plog)).expect("raise");
+        }
+        marks
+            .raise(2, &mark(3))
+            .expect("a lower mark changes nothing");
+        drop(marks);
+        let marks = Marks::open(dir.path(), 4).expect("open").expect("present");
+        assert_eq!(marks.get(2).expect("partition 2"), mark(5));
+        assert_eq!(marks.get(0).expect("partition 0"), Mark::default());
+        assert!(marks.get(4).is_err());
+    }
+
+    #[test]
+    fn a_torn_newest_copy_falls_back_to_the_older_one() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let marks = Marks::create(dir.path(), 2).expect("create");
+        marks.raise(1, &mark(7)).expect("raise");
+        marks.raise(1, &mark(8)).expect("raise");
+        drop(marks);
+        // Sequence 3 (mark 8) sits in slot 1 of partition 1: damage it.
+        let path = Marks::path(dir.path());
+        let mut bytes = std::fs::read(&path).expect("read");
+        let at = (HEADER_BYTES + 2 * SLOT_BYTES + SLOT_BYTES + 10) as usize;
+        bytes[at] ^= 0xff;
+        std::fs::write(&path, &bytes).expect("write");
+        let marks = Marks::open(dir.path(), 2).expect("open").expect("present");
+        assert_eq!(marks.get(1).expect("partition 1"), mark(7));
+    }
+
+    #[test]
+    fn a_damaged_or_foreign_marks_file_is_refused() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        Marks::create(dir.path(), 2).expect("create");
+        let err = Marks::open(dir.path(), 3).unwrap_err().to_string();
+        assert!(err.contains("holds 2 partitions"), "{err}");
+        let path = Marks::path(dir.path());
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[3] ^= 1;
+        std::fs::write(&path, &bytes).expect("write");
+        let err = Marks::open(dir.path(), 2).unwrap_err().to_string();
+        assert!(
+            err.contains("damaged") && err.contains("--accept-loss"),
+            "{err}"
+        );
+        std::fs::write(&path, b"short").expect("write");
+        assert!(Marks::open(dir.path(), 2).is_err());
+    }
+
+    #[test]
+    fn concurrent_raises_all_become_durable() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let marks = std::sync::Arc::new(Marks::create(dir.path(), 8).expect("create"));
+        let threads: Vec<_> = (0..8u32)
+            .map(|p| {
+                let marks = std::sync::Arc::clone(&marks);
+                std::thread::spawn(move || {
+                    for plog in 1..=50 {
+                        marks.raise(p, &mark(plog)).expect("raise");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        drop(marks);
+        let marks = Marks::open(dir.path(), 8).expect("open").expect("present");
+        assert!(marks.all().iter().all(|m| *m == mark(50)));
+    }
+}
