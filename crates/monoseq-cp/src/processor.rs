@@ -15,8 +15,8 @@ use monoseq_core::{
 };
 use monoseq_kv::KvStore;
 use monoseq_store::{
-    AppId, AppendError, Event, EventStore, PLogSeqStorage, PartitionId, RecordKind, TrustLevel,
-    WLOG_OFFSET_SEQUENCE, WLogOffset, built_in_params,
+    AppId, AppendError, Event, EventStore, Mark, Marks, PLogSeqStorage, PartitionId, RecordKind,
+    TrustLevel, WLOG_OFFSET_SEQUENCE, WLogOffset, built_in_params_above,
 };
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
@@ -66,6 +66,12 @@ pub struct Config {
     pub cache_workspaces_max: usize,
     /// Longest wait of a partition's flusher to gather sequence numbers.
     pub flush_delay: Duration,
+    /// High-water marks raised, durably, beside each group's sync and before its answer
+    /// (`None`: not kept, as for stores without a data directory).
+    pub marks: Option<Arc<Marks>>,
+    /// Per partition, numbers retired by accepted losses: sequences continue above them.
+    /// Missing entries retire nothing.
+    pub retired: Vec<Mark>,
 }
 
 impl Default for Config {
@@ -80,6 +86,8 @@ impl Default for Config {
             backlog_values_max: BACKLOG_VALUES_MAX_DEFAULT,
             cache_workspaces_max: monoseq_core::CACHE_WORKSPACES_MAX_DEFAULT,
             flush_delay: FLUSH_DELAY_DEFAULT,
+            marks: None,
+            retired: Vec::new(),
         }
     }
 }
@@ -97,6 +105,9 @@ pub enum ConfigError {
     /// The sequencer refused its parameters.
     #[error("sequencer parameters: {0}")]
     Params(#[from] ParamsError),
+    /// The high-water marks do not fit the partitions.
+    #[error("high-water marks: {0}")]
+    Marks(String),
 }
 
 /// The answer to a successful command.
@@ -273,16 +284,21 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         if config.queue_commands_max == 0 {
             return Err(ConfigError::Zero("queue_commands_max"));
         }
-        let params = built_in_params(config.ws_kinds.iter().copied())
-            .backlog_values_max(config.backlog_values_max)
-            .cache_workspaces_max(config.cache_workspaces_max)
-            .batcher_delay(config.flush_delay)
-            .build()?;
         let runtime = Runtime::from_handle(tokio::runtime::Handle::current());
         let counters = Arc::new(Counters::default());
         let mut partitions = Vec::with_capacity(config.partitions as usize);
         let mut tasks = Vec::with_capacity(config.partitions as usize);
         for p in 0..config.partitions {
+            let retired = config.retired.get(p as usize).copied().unwrap_or_default();
+            let params = built_in_params_above(config.ws_kinds.iter().copied(), &retired)
+                .backlog_values_max(config.backlog_values_max)
+                .cache_workspaces_max(config.cache_workspaces_max)
+                .batcher_delay(config.flush_delay)
+                .build()?;
+            let mark = match &config.marks {
+                Some(m) => m.get(p).map_err(|e| ConfigError::Marks(e.to_string()))?,
+                None => Mark::default(),
+            };
             let (queue, rx) = mpsc::channel(config.queue_commands_max);
             let seq = Sequencer::new(params.clone(), store.seq_storage(PartitionId(p)), &runtime);
             let handle = seq.handle();
@@ -293,6 +309,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
                 group_max: config.group_commands_max,
                 counters: Arc::clone(&counters),
                 reported: (0, 0),
+                marks: config.marks.clone(),
+                mark,
             };
             tasks.push(tokio::spawn(worker.run(rx)));
             partitions.push(Partition { queue, handle });
@@ -416,6 +434,9 @@ struct PartitionWorker<S: KvStore + Clone> {
     counters: Arc<Counters>,
     /// Cache counters already added to `counters`.
     reported: (u64, u64),
+    /// Where the partition's high-water mark is kept, and the mark as last made durable.
+    marks: Option<Arc<Marks>>,
+    mark: Mark,
 }
 
 /// A command that got its numbers and waits for its group's write.
@@ -481,25 +502,11 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionWorker<S> {
         if accepted.is_empty() {
             return Vec::new();
         }
-        let store = self.store.clone();
-        let partition = self.partition;
-        // Durable before anyone is told: append, then sync (concurrent partitions share one
-        // flush when the store group-commits; with a store that syncs every write it is a
-        // no-op).
-        let written = tokio::task::spawn_blocking(move || {
-            store.append(partition, &events)?;
-            store.sync().map_err(AppendError::Storage)
-        })
-        .await;
-        let result = match written {
-            Ok(r) => r,
-            Err(join) => Err(AppendError::Storage(monoseq_kv::KvError::Backend {
-                message: format!("event write panicked: {join}"),
-                source: None,
-            })),
-        };
+        let mark = group_mark(self.mark, &events);
+        let result = self.write_group(events, mark).await;
         match result {
             Ok(()) => {
+                self.mark = mark;
                 self.seq.mark_durable();
                 self.counters.groups.fetch_add(1, Ordering::Relaxed);
                 for a in accepted {
@@ -523,6 +530,41 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionWorker<S> {
                 retry
             }
         }
+    }
+
+    /// Makes a group of events durable before anyone is told: appends it, then syncs the
+    /// store (concurrent partitions share one flush when the store group-commits; with a store
+    /// that syncs every write it is a no-op) while raising the partition's high-water mark
+    /// beside it.
+    async fn write_group(&self, events: Vec<Event>, mark: Mark) -> Result<(), AppendError> {
+        let store = self.store.clone();
+        let partition = self.partition;
+        let appended = tokio::task::spawn_blocking(move || store.append(partition, &events)).await;
+        flatten(appended, "event write")?;
+        let store = self.store.clone();
+        let synced = tokio::task::spawn_blocking(move || store.sync());
+        let raised = self.marks.clone().map(|marks| {
+            tokio::task::spawn_blocking(move || marks.raise(partition.0, &mark))
+        });
+        let raised = match raised {
+            Some(r) => flatten(
+                r.await.map(|r| {
+                    r.map_err(|e| {
+                        AppendError::Storage(monoseq_kv::KvError::backend(
+                            "raising the high-water mark failed".to_owned(),
+                            e,
+                        ))
+                    })
+                }),
+                "raising the high-water mark",
+            ),
+            None => Ok(()),
+        };
+        let synced = flatten(
+            synced.await.map(|r| r.map_err(AppendError::Storage)),
+            "syncing the store",
+        );
+        synced.and(raised)
     }
 
     /// Runs the sequencing transaction of one command, committed as pending.
@@ -603,6 +645,39 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionWorker<S> {
             .fetch_add(s.misses - m, Ordering::Relaxed);
         self.reported = (s.hits, s.misses);
     }
+}
+
+/// The result of a blocking storage call, with a panic in it as a storage error.
+fn flatten<T>(
+    joined: Result<Result<T, AppendError>, tokio::task::JoinError>,
+    what: &str,
+) -> Result<T, AppendError> {
+    joined.unwrap_or_else(|join| {
+        Err(AppendError::Storage(monoseq_kv::KvError::Backend {
+            message: format!("{what} panicked: {join}"),
+            source: None,
+        }))
+    })
+}
+
+/// The partition's high-water mark once `events` are acknowledged: `mark` raised by the
+/// last PLog offset and the highest WLog offset and record IDs of the group.
+fn group_mark(mark: Mark, events: &[Event]) -> Mark {
+    use monoseq_store::{CRECORD_ID_SEQUENCE, OWRECORD_ID_SEQUENCE};
+    let mut m = mark;
+    for e in events {
+        m.plog = m.plog.max(e.plog_offset.0);
+        e.for_each_number(|seq, n| {
+            let slot = match seq {
+                s if s == WLOG_OFFSET_SEQUENCE.id => &mut m.wlog,
+                s if s == CRECORD_ID_SEQUENCE.id => &mut m.crecord,
+                s if s == OWRECORD_ID_SEQUENCE.id => &mut m.owrecord,
+                _ => return,
+            };
+            *slot = (*slot).max(n.0);
+        });
+    }
+    m
 }
 
 fn busy(b: Busy) -> CommandError {

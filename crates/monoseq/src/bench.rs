@@ -11,7 +11,7 @@ use monoseq_cp::{Command, CommandProcessor};
 use monoseq_store::{EventStore, TrustLevel};
 use serde_json::json;
 
-use crate::config::{APP, Settings, open_store, settle_partitions};
+use crate::config::{APP, Settings, open_data_dir};
 
 /// Load generator flags.
 #[derive(Debug, Clone, Args)]
@@ -31,6 +31,10 @@ pub struct BenchArgs {
     /// In-process only: data directory for the fresh store [default: a temporary directory].
     #[arg(long)]
     pub bench_dir: Option<std::path::PathBuf>,
+    /// In-process only: keep no high-water marks, to measure what they cost (a store run so
+    /// is not protected against an undetected loss).
+    #[arg(long)]
+    pub no_marks: bool,
 }
 
 /// The command every client sends: one CDoc, an argument ODoc referring to it.
@@ -90,12 +94,13 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
                     temp.path().to_path_buf()
                 }
             };
-            let kv = open_store(&dir)?;
-            settle_partitions(&*kv, &mut settings)?;
-            let cp = CommandProcessor::start(
-                EventStore::new(kv, APP, settings.trust),
-                settings.cp_config(),
-            )?;
+            settings.data_dir = dir;
+            let (kv, opened) = open_data_dir(&mut settings)?;
+            let mut config = settings.cp_config();
+            if !args.no_marks {
+                config.marks = Some(opened.marks);
+            }
+            let cp = CommandProcessor::start(EventStore::new(kv, APP, settings.trust), config)?;
             while !cp.ready() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }

@@ -63,6 +63,11 @@ pub struct SettingsArgs {
     /// Bound on a graceful shutdown, seconds [default: 10].
     #[arg(long, env = "MONOSEQ_SHUTDOWN_TIMEOUT_SECS")]
     pub shutdown_timeout_secs: Option<u64>,
+    /// Serve a store that lost acknowledged events (a cut journal, lost engine files, a lost
+    /// identity or marks file): the loss is logged and recorded, and no number handed out
+    /// before it is handed out again. Without it such a store is refused.
+    #[arg(long, env = "MONOSEQ_ACCEPT_LOSS")]
+    pub accept_loss: bool,
 }
 
 /// The same settings as a TOML file spells them.
@@ -96,6 +101,8 @@ pub struct Settings {
     pub cache_workspaces_max: usize,
     pub flush_delay: Duration,
     pub shutdown_timeout: Duration,
+    /// Serve a store with a detected loss (`--accept-loss`).
+    pub accept_loss: bool,
 }
 
 impl SettingsArgs {
@@ -162,6 +169,7 @@ impl SettingsArgs {
                     .or(file.shutdown_timeout_secs)
                     .unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT_SECS),
             ),
+            accept_loss: self.accept_loss,
         })
     }
 }
@@ -187,12 +195,15 @@ impl Settings {
 pub const APP: AppId = AppId(1);
 
 const META_PARTITION: &[u8] = b"monoseq/meta";
-const META_PARTITIONS: &[u8] = b"partitions";
 const META_KEY_LAYOUT: &[u8] = b"key_layout";
 
 /// Longest time a write of the sequence projection may wait for its flush. Events are never
 /// left waiting: the command processor syncs every group before answering.
 pub const GROUP_COMMIT_DELAY: Duration = Duration::from_millis(5);
+
+/// What the embedded engine does with a damaged journal when it opens, named in the log at
+/// every start.
+pub const ENGINE_RECOVERY_POLICY: &str = "fjall journal recovery TolerateCorruptTail: a damaged      last batch of the journal is dropped silently; the high-water marks catch an acknowledged      one";
 
 /// Opens the embedded store in `dir` (creating it) with group commit: concurrent partitions
 /// share flushes, and the command processor syncs before it acknowledges.
@@ -207,51 +218,21 @@ pub fn open_store(dir: &Path) -> anyhow::Result<Arc<EmbeddedStore>> {
     Ok(Arc::new(store))
 }
 
-/// Records the partition count and the event store's key layout in a new data directory, or
-/// checks them against the recorded ones: routing (`workspace mod partitions`) must never
-/// change under existing data, and data in another key layout would not be found.
-/// The partition count to run with: the configured one, or when none was configured the
-/// count the data directory holds (the default for a new one). Then checks it against the
-/// data directory, recording it in a new one.
-pub fn settle_partitions(kv: &impl KvStore, settings: &mut Settings) -> anyhow::Result<()> {
-    if !settings.partitions_configured
-        && let Some(recorded) = recorded_partitions(kv)?
-    {
-        settings.partitions = recorded;
-    }
-    check_partitions(kv, settings.partitions)
-}
-
-pub fn check_partitions(kv: &impl KvStore, partitions: u32) -> anyhow::Result<()> {
-    let key = Key::new(META_PARTITION, META_PARTITIONS);
-    match kv.get(key)? {
-        Some(v) => {
-            check_key_layout(kv)?;
-            let stored = u32::from_be_bytes(
-                v.as_slice()
-                    .try_into()
-                    .context("the data directory's partition record is damaged")?,
-            );
-            if stored != partitions {
-                bail!(
-                    "the data directory holds {stored} partitions but {partitions} were \
-                     configured; workspaces are routed by `ws mod partitions`, so the count \
-                     cannot change: start with --partitions {stored}"
-                );
-            }
-        }
-        None => {
-            let mut batch = monoseq_kv::WriteBatch::new();
-            batch.insert_if_absent(key, &partitions.to_be_bytes());
-            batch.insert_if_absent(
-                Key::new(META_PARTITION, META_KEY_LAYOUT),
-                &KEY_LAYOUT.to_be_bytes(),
-            );
-            kv.write(&batch)?;
-            kv.sync()?;
-        }
-    }
-    Ok(())
+/// Opens the data directory for serving: the engine, then its identity and high-water marks
+/// (`monoseq_store::open_data_dir`), which refuse a store that lost or damaged acknowledged
+/// data unless `settings.accept_loss`. Settles `settings.partitions` on the store's count.
+pub fn open_data_dir(
+    settings: &mut Settings,
+) -> anyhow::Result<(Arc<EmbeddedStore>, monoseq_store::DataDir)> {
+    let kv = open_store(&settings.data_dir)?;
+    let policy = monoseq_store::OpenPolicy {
+        partitions: settings.partitions_configured.then_some(settings.partitions),
+        default_partitions: settings.partitions,
+        accept_loss: settings.accept_loss,
+    };
+    let dir = monoseq_store::open_data_dir(&settings.data_dir, &kv, APP, &policy)?;
+    settings.partitions = dir.identity.partitions;
+    Ok((kv, dir))
 }
 
 /// Fails unless a data directory that holds data was written in this build's key layout. A
@@ -279,9 +260,7 @@ pub fn check_key_layout(kv: &impl KvStore) -> anyhow::Result<()> {
 
 /// The partition count recorded in a data directory.
 pub fn recorded_partitions(kv: &impl KvStore) -> anyhow::Result<Option<u32>> {
-    Ok(kv
-        .get(Key::new(META_PARTITION, META_PARTITIONS))?
-        .and_then(|v| v.as_slice().try_into().ok().map(u32::from_be_bytes)))
+    Ok(monoseq_store::recorded_partitions(kv)?)
 }
 
 #[cfg(test)]
@@ -315,32 +294,36 @@ mod tests {
     }
 
     #[test]
-    fn a_new_data_directory_records_its_key_layout_and_passes_the_check() {
-        let kv = MemoryStore::new();
-        check_key_layout(&kv).expect("an empty directory passes");
-        check_partitions(&kv, 4).expect("first start");
-        check_key_layout(&kv).expect("recorded layout passes");
-        check_partitions(&kv, 4).expect("second start");
+    fn a_new_data_directory_gets_an_identity_and_a_second_start_passes() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mut settings = SettingsArgs {
+            data_dir: Some(dir.path().join("data")),
+            partitions: Some(4),
+            ..SettingsArgs::default()
+        }
+        .resolve()
+        .expect("settings");
+        let (kv, opened) = open_data_dir(&mut settings).expect("first start");
+        assert!(opened.report.created);
+        check_key_layout(&*kv).expect("recorded layout passes");
+        drop((kv, opened));
+        settings.partitions_configured = false;
+        settings.partitions = 8;
+        let (_kv, opened) = open_data_dir(&mut settings).expect("second start");
+        assert!(!opened.report.created);
+        assert_eq!(settings.partitions, 4, "the store's count wins when none is configured");
     }
 
     #[test]
     fn a_data_directory_of_key_layout_1_is_refused_with_what_to_do() {
         let kv = MemoryStore::new();
         // What a server of layout 1 left: the partition count and no layout record.
-        kv.put(
-            Key::new(META_PARTITION, META_PARTITIONS),
-            &4u32.to_be_bytes(),
-        )
-        .expect("put");
-        for err in [
-            check_key_layout(&kv).unwrap_err(),
-            check_partitions(&kv, 4).unwrap_err(),
-        ] {
-            let err = err.to_string();
-            assert!(
-                err.contains("key layout 1") && err.contains("empty data directory"),
-                "{err}"
-            );
-        }
+        kv.put(Key::new(META_PARTITION, b"partitions"), &4u32.to_be_bytes())
+            .expect("put");
+        let err = check_key_layout(&kv).unwrap_err().to_string();
+        assert!(
+            err.contains("key layout 1") && err.contains("empty data directory"),
+            "{err}"
+        );
     }
 }

@@ -21,8 +21,31 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Cli {
+    /// Log format on standard error: text or json. What is logged is chosen with `RUST_LOG`
+    /// (default: info for `serve`, warn otherwise).
+    #[arg(long, global = true, env = "MONOSEQ_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Cmd,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs to standard error, filtered by `RUST_LOG` (or `default` when unset).
+fn init_logging(format: LogFormat, default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -62,8 +85,15 @@ enum Cmd {
 }
 
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    let serving = matches!(cli.command, Cmd::Serve { .. });
+    init_logging(cli.log_format, if serving { "info" } else { "warn" });
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if serving => {
+            tracing::error!("refusing to start: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("monoseq: {e:#}");
             std::process::ExitCode::FAILURE

@@ -24,7 +24,7 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, open_store, settle_partitions};
+use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, open_data_dir};
 use crate::json;
 
 type Store = Arc<EmbeddedStore>;
@@ -51,6 +51,10 @@ struct Metrics {
     actualizations: Gauge,
     actualization_seconds: Gauge<f64, AtomicU64>,
     groups: Gauge,
+    /// Reads (and commands) that found corrupt bytes in storage.
+    corrupted: Counter,
+    /// Corrupt places already logged, so each is logged once (bounded).
+    corrupted_logged: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Metrics {
@@ -82,6 +86,12 @@ impl Metrics {
         );
         let actualizations = gauge("actualizations", "Completed actualizations");
         let groups = gauge("group_commits", "Group commits written");
+        let corrupted = Counter::default();
+        registry.register(
+            "corrupted_reads",
+            "Reads that found corrupt bytes in storage (answered 500 corrupted)",
+            corrupted.clone(),
+        );
         let mut ratio = |name: &str, help: &str| {
             let g: Gauge<f64, AtomicU64> = Gauge::default();
             registry.register(name, help, g.clone());
@@ -110,6 +120,8 @@ impl Metrics {
             actualizations,
             actualization_seconds,
             groups,
+            corrupted,
+            corrupted_logged: std::sync::Mutex::default(),
         }
     }
 }
@@ -148,25 +160,74 @@ pub fn router(cp: CommandProcessor<Store>) -> Router {
 
 /// Runs the server until SIGTERM or Ctrl-C, then shuts down within the configured bound.
 pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
-    let kv = open_store(&settings.data_dir)?;
-    settle_partitions(&*kv, &mut settings)?;
+    let (kv, dir) = open_data_dir(&mut settings)?;
+    log_opened(&settings, &dir);
     let store = monoseq_store::EventStore::new(kv, crate::config::APP, settings.trust);
-    let cp = CommandProcessor::start(store, settings.cp_config())?;
+    let mut config = settings.cp_config();
+    config.retired = (0..dir.identity.partitions)
+        .map(|p| dir.identity.retired(p))
+        .collect();
+    config.marks = Some(Arc::clone(&dir.marks));
+    let cp = CommandProcessor::start(store, config)?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("listening on {}", settings.listen))?;
+    let local = listener.local_addr()?;
+    tracing::info!(address = %local, "listening");
     // Printed for scripts and tests that start the server on port 0.
-    println!("monoseq listening on http://{}", listener.local_addr()?);
+    println!("monoseq listening on http://{local}");
     let app = router(cp.clone());
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     // No new requests; in-flight ones finished. Flush the sequencers and stop.
+    tracing::info!(timeout = ?settings.shutdown_timeout, "shutting down: finishing queued commands and flushing sequence numbers");
     let clean = cp.shutdown(settings.shutdown_timeout).await;
-    if !clean {
-        eprintln!("monoseq: shutdown timed out; unflushed numbers are recovered from the PLog");
+    if clean {
+        tracing::info!("stopped");
+    } else {
+        tracing::warn!(
+            "shutdown timed out; unflushed numbers are recovered from the PLog at the next start"
+        );
     }
     Ok(())
+}
+
+/// One line for the opened store, then one per loss accepted or partition moved past one.
+fn log_opened(settings: &Settings, dir: &monoseq_store::DataDir) {
+    let id = &dir.identity;
+    let r = &dir.report;
+    tracing::info!(
+        data_dir = %settings.data_dir.display(),
+        store_id = %id.store_id,
+        partitions = id.partitions,
+        key_layout = id.key_layout,
+        created = r.created,
+        adopted = r.adopted,
+        accepted_losses = id.losses.len(),
+        recovery_policy = crate::config::ENGINE_RECOVERY_POLICY,
+        "store opened"
+    );
+    if r.identity_rebuilt {
+        tracing::warn!("identity file rebuilt from the engine (--accept-loss)");
+    }
+    if r.marks_rebuilt {
+        tracing::warn!("high-water marks rebuilt from the engine (--accept-loss)");
+    }
+    for loss in &r.accepted {
+        tracing::warn!(
+            partition = loss.partition,
+            lost_events = loss.events(),
+            "loss accepted (--accept-loss): {loss}; numbers handed out before it stay retired"
+        );
+    }
+    for p in &r.retired_partitions {
+        tracing::info!(
+            partition = p,
+            next_plog_offset = id.retired(*p).plog + 1,
+            "sequence state moved past the accepted loss"
+        );
+    }
 }
 
 async fn shutdown_signal() {
@@ -190,6 +251,47 @@ fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Res
         axum::Json(json!({"code": code, "message": message.to_string()})),
     )
         .into_response()
+}
+
+/// Corrupt places remembered for logging once; past it, each is logged again.
+const CORRUPTED_LOGGED_MAX: usize = 1024;
+
+/// Answers a failed read: corrupt bytes are a 500 `corrupted` naming the key (logged once per
+/// place and counted), a storage fault a 503 with `Retry-After`.
+fn read_error(st: &AppState, e: &monoseq_store::ReadError) -> Response {
+    use monoseq_store::ReadError;
+    match e {
+        ReadError::Corrupt { slot, .. } | ReadError::Misplaced { slot, .. } => {
+            st.metrics.corrupted.inc();
+            let place = slot.to_string();
+            let first = {
+                let mut logged = st
+                    .metrics
+                    .corrupted_logged
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if logged.len() >= CORRUPTED_LOGGED_MAX {
+                    logged.clear();
+                }
+                logged.insert(place.clone())
+            };
+            if first {
+                tracing::error!(place = %place, "corrupt data in storage: {e}");
+            }
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                axum::Json(json!({"code": "corrupted", "key": place, "message": e.to_string()})),
+            )
+                .into_response()
+        }
+        _ => {
+            tracing::warn!("storage read failed: {e}");
+            let mut r = error(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", e);
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            r
+        }
+    }
 }
 
 fn command_error(e: &CommandError) -> Response {
@@ -258,7 +360,7 @@ async fn read_event(
             "not_found",
             format!("no event at PLog offset {offset} of partition {partition}"),
         ),
-        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", e),
+        Ok(Err(e)) => read_error(&st, &e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
     }
 }
@@ -307,7 +409,7 @@ async fn read_wlog(
             "events": events.iter().map(json::event).collect::<Vec<_>>()
         }))
         .into_response(),
-        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", e),
+        Ok(Err(e)) => read_error(&st, &e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
     }
 }
@@ -325,7 +427,7 @@ async fn read_record(
             "not_found",
             format!("no record {id} in workspace {ws}"),
         ),
-        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", e),
+        Ok(Err(e)) => read_error(&st, &e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
     }
 }
