@@ -61,9 +61,27 @@ impl std::fmt::Debug for FjallStore {
 }
 
 fn fault(context: &'static str, error: fjall::Error) -> KvError {
+    use fjall::LsmError;
     match error {
         fjall::Error::Io(source) => KvError::Io { context, source },
         fjall::Error::Poisoned => KvError::Poisoned,
+        // Bytes that fail their checksum or do not decode: damage, not a passing fault.
+        fjall::Error::Storage(
+            e @ (LsmError::ChecksumMismatch { .. }
+            | LsmError::Decompress(_)
+            | LsmError::InvalidTag(_)
+            | LsmError::InvalidTrailer
+            | LsmError::InvalidHeader(_)
+            | LsmError::Utf8(_)),
+        ) => KvError::Corrupted {
+            message: format!("fjall found damaged bytes while {context}: {e}"),
+        },
+        e @ (fjall::Error::Decompress(_)
+        | fjall::Error::InvalidTrailer
+        | fjall::Error::InvalidTag(_)
+        | fjall::Error::JournalRecovery(_)) => KvError::Corrupted {
+            message: format!("fjall found damaged bytes while {context}: {e}"),
+        },
         other => KvError::backend(format!("fjall failed while {context}"), FjallError(other)),
     }
 }
@@ -122,6 +140,19 @@ impl FjallStore {
         )
         .map_err(storage)?;
         Ok(FjallStore { inner, flusher })
+    }
+
+    /// Writes what the journal holds into table files and waits for it, so the next open
+    /// replays no journal (a clean shutdown calls it; a restart is then faster).
+    ///
+    /// # Errors
+    ///
+    /// A [`KvError`] when writing the tables failed; the journal still holds everything.
+    pub fn flush_memtables(&self) -> Result<(), KvError> {
+        self.inner
+            .kv
+            .rotate_memtable_and_wait()
+            .map_err(|error| fault("writing the memtable to a table file", error))
     }
 }
 

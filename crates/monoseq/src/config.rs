@@ -203,7 +203,10 @@ pub const GROUP_COMMIT_DELAY: Duration = Duration::from_millis(5);
 
 /// What the embedded engine does with a damaged journal when it opens, named in the log at
 /// every start.
-pub const ENGINE_RECOVERY_POLICY: &str = "fjall journal recovery TolerateCorruptTail: a damaged      last batch of the journal is dropped silently; the high-water marks catch an acknowledged      one";
+pub const ENGINE_RECOVERY_POLICY: &str = concat!(
+    "fjall journal recovery TolerateCorruptTail: a damaged last batch of the journal is ",
+    "dropped silently; the high-water marks catch an acknowledged one"
+);
 
 /// Opens the embedded store in `dir` (creating it) with group commit: concurrent partitions
 /// share flushes, and the command processor syncs before it acknowledges.

@@ -182,7 +182,11 @@ pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
         .await?;
     // No new requests; in-flight ones finished. Flush the sequencers and stop.
     tracing::info!(timeout = ?settings.shutdown_timeout, "shutting down: finishing queued commands and flushing sequence numbers");
+    let kv = Arc::clone(cp.store().kv());
     let clean = cp.shutdown(settings.shutdown_timeout).await;
+    if clean && let Err(e) = tokio::task::spawn_blocking(move || kv.flush_memtables()).await? {
+        tracing::warn!("writing the journal into table files at shutdown failed: {e}");
+    }
     if clean {
         tracing::info!("stopped");
     } else {
@@ -258,12 +262,16 @@ const CORRUPTED_LOGGED_MAX: usize = 1024;
 
 /// Answers a failed read: corrupt bytes are a 500 `corrupted` naming the key (logged once per
 /// place and counted), a storage fault a 503 with `Retry-After`.
-fn read_error(st: &AppState, e: &monoseq_store::ReadError) -> Response {
+fn read_error(st: &AppState, asked: impl FnOnce() -> String, e: &monoseq_store::ReadError) -> Response {
     use monoseq_store::ReadError;
-    match e {
-        ReadError::Corrupt { slot, .. } | ReadError::Misplaced { slot, .. } => {
+    let place = match e {
+        ReadError::Corrupt { slot, .. } | ReadError::Misplaced { slot, .. } => Some(slot.to_string()),
+        ReadError::Storage(monoseq_kv::KvError::Corrupted { .. }) => Some(asked()),
+        _ => None,
+    };
+    match place {
+        Some(place) => {
             st.metrics.corrupted.inc();
-            let place = slot.to_string();
             let first = {
                 let mut logged = st
                     .metrics
@@ -284,7 +292,7 @@ fn read_error(st: &AppState, e: &monoseq_store::ReadError) -> Response {
             )
                 .into_response()
         }
-        _ => {
+        None => {
             tracing::warn!("storage read failed: {e}");
             let mut r = error(StatusCode::SERVICE_UNAVAILABLE, "storage_unavailable", e);
             r.headers_mut()
@@ -360,7 +368,7 @@ async fn read_event(
             "not_found",
             format!("no event at PLog offset {offset} of partition {partition}"),
         ),
-        Ok(Err(e)) => read_error(&st, &e),
+        Ok(Err(e)) => read_error(&st, || format!("PLog offset {offset} of partition {partition}"), &e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
     }
 }
@@ -409,7 +417,7 @@ async fn read_wlog(
             "events": events.iter().map(json::event).collect::<Vec<_>>()
         }))
         .into_response(),
-        Ok(Err(e)) => read_error(&st, &e),
+        Ok(Err(e)) => read_error(&st, || format!("WLog of workspace {ws} from offset {}", q.from), &e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
     }
 }
@@ -427,7 +435,7 @@ async fn read_record(
             "not_found",
             format!("no record {id} in workspace {ws}"),
         ),
-        Ok(Err(e)) => read_error(&st, &e),
+        Ok(Err(e)) => read_error(&st, || format!("record {id} of workspace {ws}"), &e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
     }
 }

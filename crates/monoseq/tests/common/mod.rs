@@ -41,6 +41,40 @@ impl Server {
         Server { child, url }
     }
 
+    /// Starts `monoseq serve` on `dir` (stderr to `log`); answers the server once it listens,
+    /// or what it wrote to stderr when it exits first (a refused start).
+    pub fn try_start(dir: &Path, extra: &[&str], log: &Path) -> Result<Server, String> {
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log).expect("create the log file"))
+            .spawn()
+            .expect("spawn monoseq serve");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        match line.trim().strip_prefix("monoseq listening on ") {
+            Some(url) => Ok(Server {
+                child,
+                url: url.to_owned(),
+            }),
+            None => {
+                let status = child.wait().expect("reap");
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                assert!(!status.success(), "a server that never listened exited 0: {log}");
+                Err(log)
+            }
+        }
+    }
+
     /// [`start`](Server::start), then [`ready`](Server::ready).
     pub async fn start_ready(dir: &Path, extra: &[&str], client: &reqwest::Client) -> Server {
         let server = Server::start(dir, extra);
