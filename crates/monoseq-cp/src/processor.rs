@@ -611,6 +611,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionWorker<S> {
             argument,
             created,
             updated,
+            idempotency: None,
         };
         tx.commit_pending();
         Ok((

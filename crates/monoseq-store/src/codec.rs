@@ -8,10 +8,16 @@
 use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
 
 use crate::builtin::WLOG_OFFSET_SEQUENCE;
-use crate::event::{ArgObject, Event, Field, Record, RecordId, RecordKind, WLogOffset};
+use crate::event::{
+    ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset,
+};
 
-/// The version byte this code writes; it reads this version only.
+/// The version byte of records and of events without an idempotency section.
 pub const FORMAT_VERSION: u8 = 1;
+/// The version byte of an event that carries an idempotency section (`docs/format.md`): the
+/// body of version 1 followed by the key, the request fingerprint and the raw-to-real ID
+/// pairs. Events without a key keep version 1, byte for byte.
+pub const FORMAT_VERSION_KEYED: u8 = 2;
 /// Most nesting levels of an argument object (the root is level 1).
 pub const ARG_DEPTH_MAX: usize = 16;
 /// Largest encoded event, in bytes: the largest value the key-value contract stores.
@@ -54,7 +60,7 @@ pub enum EncodeError {
 pub enum DecodeError {
     /// The version byte names a format this code does not read.
     #[error(
-        "event format version {0} is not supported (this build reads version {FORMAT_VERSION}); upgrade monoseq or check the bytes are an event"
+        "event format version {0} is not supported (this build reads versions {FORMAT_VERSION} and {FORMAT_VERSION_KEYED}); upgrade monoseq or check the bytes are an event"
     )]
     UnsupportedVersion(u8),
     /// The body's checksum does not match: the bytes were damaged.
@@ -154,6 +160,7 @@ impl Event {
     ///     argument: None,
     ///     created: vec![],
     ///     updated: vec![],
+    ///     idempotency: None,
     /// };
     /// let mut bytes = Vec::new();
     /// event.encode_into(&mut bytes).unwrap();
@@ -180,7 +187,11 @@ impl Event {
     }
 
     fn encode_body(&self, out: &mut Vec<u8>, start: usize) -> Result<(), EncodeError> {
-        out.push(FORMAT_VERSION);
+        out.push(if self.idempotency.is_some() {
+            FORMAT_VERSION_KEYED
+        } else {
+            FORMAT_VERSION
+        });
         out.extend_from_slice(&[0; 4]);
         put_varint(out, self.plog_offset.0);
         put_varint(out, self.ws.0);
@@ -199,6 +210,15 @@ impl Event {
             put_varint(out, list.len() as u64);
             for r in list {
                 put_record(out, r);
+            }
+        }
+        if let Some(k) = &self.idempotency {
+            put_bytes(out, k.key.as_bytes());
+            out.extend_from_slice(&k.fingerprint.to_le_bytes());
+            put_varint(out, k.raw_ids.len() as u64);
+            for &(raw, real) in &k.raw_ids {
+                put_varint(out, raw);
+                put_varint(out, real);
             }
         }
         let len = out.len() - start;
@@ -266,6 +286,7 @@ fn put_arg(out: &mut Vec<u8>, a: &ArgObject, depth: usize) -> Result<(), EncodeE
 struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
+    version: u8,
 }
 
 impl<'a> Reader<'a> {
@@ -277,7 +298,7 @@ impl<'a> Reader<'a> {
                 at: 0,
             });
         };
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_VERSION_KEYED {
             return Err(DecodeError::UnsupportedVersion(version));
         }
         let Some(crc_bytes) = buf.get(1..HEADER_BYTES) else {
@@ -296,6 +317,7 @@ impl<'a> Reader<'a> {
         Ok(Reader {
             buf,
             pos: HEADER_BYTES,
+            version,
         })
     }
 
@@ -485,6 +507,34 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    /// The idempotency section of a keyed event (version 2), if the event has one.
+    fn idempotency(&mut self) -> Result<Option<Idempotency>, DecodeError> {
+        if self.version != FORMAT_VERSION_KEYED {
+            return Ok(None);
+        }
+        let key = self.str("idempotency key")?.to_owned();
+        let Some(bytes) = self.buf.get(self.pos..self.pos + 8) else {
+            return Err(DecodeError::Truncated {
+                what: "request fingerprint",
+                at: self.pos,
+            });
+        };
+        let mut f = [0u8; 8];
+        f.copy_from_slice(bytes);
+        self.pos += 8;
+        let n = self.count("raw ID count")?;
+        let mut raw_ids = Vec::with_capacity(n);
+        for _ in 0..n {
+            let raw = self.varint("raw ID")?;
+            raw_ids.push((raw, self.varint("real ID")?));
+        }
+        Ok(Some(Idempotency {
+            key,
+            fingerprint: u64::from_le_bytes(f),
+            raw_ids,
+        }))
+    }
+
     fn end(&self) -> Result<(), DecodeError> {
         match self.buf.len() - self.pos {
             0 => Ok(()),
@@ -518,6 +568,7 @@ impl Event {
         for _ in 0..n {
             updated.push(r.record()?);
         }
+        let idempotency = r.idempotency()?;
         r.end()?;
         Ok(Event {
             plog_offset: head.plog_offset,
@@ -529,6 +580,7 @@ impl Event {
             argument,
             created,
             updated,
+            idempotency,
         })
     }
 }
@@ -571,6 +623,7 @@ pub fn decode_numbers(bytes: &[u8], out: &mut Vec<SeqValue>) -> Result<EventHead
         r.bytes("record name")?;
         r.skip_fields()?;
     }
+    r.idempotency()?;
     r.end()?;
     Ok(head)
 }
@@ -592,6 +645,9 @@ pub(crate) fn encode_record_value(out: &mut Vec<u8>, r: &Record) {
 /// Decodes the stored value of a record.
 pub(crate) fn decode_record_value(bytes: &[u8]) -> Result<Record, DecodeError> {
     let mut r = Reader::open(bytes)?;
+    if r.version != FORMAT_VERSION {
+        return Err(DecodeError::UnsupportedVersion(r.version));
+    }
     let record = r.record()?;
     r.end()?;
     Ok(record)

@@ -159,6 +159,23 @@ pub struct Event {
     pub created: Vec<Record>,
     /// Records the event updates. Updates use no sequence number.
     pub updated: Vec<Record>,
+    /// The client's idempotency key with what answering a retry needs, for a command that
+    /// carried one.
+    pub idempotency: Option<Idempotency>,
+}
+
+/// What a command sent with an idempotency key keeps in its event, so that a retry with the
+/// same key gets the original answer, also after a restart (the window is rebuilt from the
+/// PLog).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Idempotency {
+    /// The key the client sent.
+    pub key: String,
+    /// A fingerprint of the request body: a retry with the same key and another body is
+    /// refused.
+    pub fingerprint: u64,
+    /// The command's raw IDs with the real IDs they got, as answered.
+    pub raw_ids: Vec<(u64, u64)>,
 }
 
 impl Event {

@@ -208,6 +208,7 @@ pub const WLOG_READ_EVENTS_MAX: usize = 65_536;
 ///     argument: None,
 ///     created: vec![],
 ///     updated: vec![],
+///     idempotency: None,
 /// };
 /// store.append(PartitionId(0), std::slice::from_ref(&event))?;
 /// assert_eq!(store.read_event(PartitionId(0), PLogOffset(1))?, Some(event.clone()));

@@ -3,7 +3,7 @@
 
 use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
 use monoseq_store::{
-    ARG_DEPTH_MAX, ArgObject, CRECORD_ID_SEQUENCE, DecodeError, EncodeError, Event, Field,
+    ARG_DEPTH_MAX, ArgObject, CRECORD_ID_SEQUENCE, DecodeError, EncodeError, Event, Field, Idempotency,
     OWRECORD_ID_SEQUENCE, Record, RecordId, RecordKind, WLOG_OFFSET_SEQUENCE, WLogOffset,
     decode_numbers,
 };
@@ -72,9 +72,14 @@ fn event() -> impl Strategy<Value = Event> {
         proptest::option::of(arg()),
         proptest::collection::vec(record(), 0..4),
         proptest::collection::vec(record(), 0..3),
+        proptest::option::of((
+            "[ -~]{1,40}",
+            any::<u64>(),
+            proptest::collection::vec((1..65_536u64, any::<u64>()), 0..4),
+        )),
     )
         .prop_map(
-            |((plog, ws, kind, wlog, at), command, argument, created, updated)| Event {
+            |((plog, ws, kind, wlog, at), command, argument, created, updated, key)| Event {
                 plog_offset: PLogOffset(plog),
                 ws: WsId(ws),
                 ws_kind: WsKind(kind),
@@ -84,6 +89,11 @@ fn event() -> impl Strategy<Value = Event> {
                 argument,
                 created,
                 updated,
+                idempotency: key.map(|(key, fingerprint, raw_ids)| Idempotency {
+                    key,
+                    fingerprint,
+                    raw_ids,
+                }),
             },
         )
 }
@@ -215,6 +225,7 @@ fn simple_event() -> Event {
             name: "app.Customer".into(),
             fields: vec![Field::new("name", br#""Bob""#.to_vec())],
         }],
+        idempotency: None,
     }
 }
 
@@ -251,11 +262,29 @@ fn encoding_of_a_known_event_is_stable() {
 #[test]
 fn unknown_version_is_refused_with_the_version_named() {
     let mut bytes = simple_event().encode().unwrap();
-    bytes[0] = 2;
+    bytes[0] = 3;
     assert_eq!(
         Event::decode(&bytes).unwrap_err(),
-        DecodeError::UnsupportedVersion(2)
+        DecodeError::UnsupportedVersion(3)
     );
+}
+
+#[test]
+fn an_event_without_a_key_keeps_version_1_and_a_keyed_one_round_trips_as_version_2() {
+    let plain = simple_event();
+    assert_eq!(plain.encode().unwrap()[0], 1);
+    let mut keyed = simple_event();
+    keyed.idempotency = Some(Idempotency {
+        key: "order-42/attempt".into(),
+        fingerprint: 0xfeed_beef,
+        raw_ids: vec![(1, 322_685_000_131_072), (2, 322_680_000_131_074)],
+    });
+    let bytes = keyed.encode().unwrap();
+    assert_eq!(bytes[0], 2);
+    assert_eq!(Event::decode(&bytes).unwrap(), keyed);
+    let mut scanned = Vec::new();
+    decode_numbers(&bytes, &mut scanned).unwrap();
+    assert_eq!(scanned, numbers_of(&keyed));
 }
 
 #[test]

@@ -27,6 +27,7 @@ fn event(plog: u64, ws: u64, wlog: u64) -> Event {
         argument: None,
         created: vec![],
         updated: vec![],
+        idempotency: None,
     }
 }
 
@@ -207,6 +208,7 @@ fn fixture_event() -> Event {
             name: "app.Stock".into(),
             fields: vec![Field::new("left", b"3".to_vec())],
         }],
+        idempotency: None,
     }
 }
 

@@ -48,6 +48,7 @@ fn raw_event(plog: u64, ws: u64, wlog: u64, created: &[(RecordKind, u64)]) -> Ev
             })
             .collect(),
         updated: vec![],
+        idempotency: None,
     }
 }
 

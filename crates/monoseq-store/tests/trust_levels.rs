@@ -193,6 +193,7 @@ fn level0_conflict_in_a_group_writes_no_event_of_the_group() {
             fields: vec![],
         }],
         updated: vec![],
+        idempotency: None,
     };
     let taken = cp.store.record_key(WsId(3), RecordId(322_685_000_131_072));
     kv.put(taken.as_key(), JUNK).unwrap();

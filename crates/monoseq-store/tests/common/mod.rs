@@ -130,6 +130,7 @@ impl Cp {
             argument,
             created,
             updated,
+            idempotency: None,
         };
         match self.store.append(PARTITION, std::slice::from_ref(&event)) {
             Ok(()) => {
