@@ -257,7 +257,7 @@ fn raw_ref(field: &str, value: &Value) -> Result<Option<u64>, InvalidCommand> {
 }
 
 /// Builds the stored fields: references replaced by real IDs, values kept as JSON text.
-fn fields(map: &serde_json::Map<String, Value>, ids: &BTreeMap<u64, u64>) -> Vec<Field> {
+pub(crate) fn fields(map: &serde_json::Map<String, Value>, ids: &BTreeMap<u64, u64>) -> Vec<Field> {
     map.iter()
         .map(|(name, value)| {
             let value = match raw_ref(name, value) {

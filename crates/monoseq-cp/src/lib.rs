@@ -8,14 +8,22 @@
 //! the sequencer's backlog only once the group's batch is written.
 
 mod command;
+mod error;
+mod idempotency;
+mod partition;
 mod processor;
 
 pub use command::{
     ARG_DEPTH_MAX, COMMAND_RECORDS_MAX, Command, InvalidCommand, KindName, NewArg, NewRecord,
     RAW_ID_MAX, RAW_REF_KEY, RecordUpdate,
 };
+pub use error::{CommandError, ConfigError};
+pub use idempotency::{
+    IDEMPOTENCY_KEY_BYTES_MAX, IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey,
+};
+pub use partition::{PartitionState, REBUILD_DELAY_MAX, REBUILD_DELAY_MIN};
 pub use processor::{
-    BACKLOG_VALUES_MAX_DEFAULT, CommandError, CommandProcessor, Config, ConfigError,
-    FLUSH_DELAY_DEFAULT, GROUP_COMMANDS_MAX_DEFAULT, Outcome, PARTITIONS_MAX, ProcessorStats,
+    BACKLOG_VALUES_MAX_DEFAULT, CommandProcessor, Config, FLUSH_DELAY_DEFAULT,
+    GROUP_COMMANDS_MAX_DEFAULT, Outcome, PARTITIONS_MAX, ProcessorStats,
     QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS,
 };

@@ -1,27 +1,30 @@
 //! The command processor: routes each command to its partition (`workspace ID mod partitions`),
-//! where one task per partition — the partition's single writer — runs the sequencing
-//! transactions of a group of queued commands, writes their events in one atomic batch (group
-//! commit), and only then tells the clients. Partitions are async tasks on a shared runtime,
-//! so a process hosts thousands of them without a thread each.
+//! where one task per partition — the partition's single writer (`partition.rs`) — sequences
+//! and writes groups of queued commands (group commit) and only then tells the clients.
+//! Partitions are async tasks on a shared runtime, so a process hosts thousands of them without
+//! a thread each. A command is checked in full (validity, sizes, encodability) before it is
+//! queued, so a bad command never costs its partition an actualization.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use monoseq_core::{
-    Busy, ParamsError, Runtime, Sequencer, SequencerHandle, SequencerStats, Start, StartError,
-    Status, WsId, WsKind,
-};
+use monoseq_core::{Runtime, Sequencer, SequencerStats, Status, WsId, WsKind};
 use monoseq_kv::KvStore;
 use monoseq_store::{
-    AppId, AppendError, Event, EventStore, Mark, Marks, PLogSeqStorage, PartitionId, RecordKind,
-    TrustLevel, WLOG_OFFSET_SEQUENCE, WLogOffset, built_in_params_above,
+    AppId, Event, EventStore, Idempotency, Mark, Marks, PartitionId, TrustLevel, WLogOffset,
+    built_in_params_above,
 };
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::command::{Command, InvalidCommand, Plan, plan, resolve};
+use crate::command::{Command, Plan, plan, resolve};
+use crate::error::{CommandError, ConfigError};
+use crate::idempotency::{IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey, Window, fingerprint};
+use crate::partition::{
+    Job, PartitionShared, PartitionState, PartitionTask, Writer, WriterTemplate,
+};
 
 /// Most partitions one processor hosts.
 pub const PARTITIONS_MAX: u32 = 65_536;
@@ -29,9 +32,6 @@ pub const PARTITIONS_MAX: u32 = 65_536;
 pub const GROUP_COMMANDS_MAX_DEFAULT: usize = 256;
 /// Default commands queued per partition before submissions are answered busy.
 pub const QUEUE_COMMANDS_MAX_DEFAULT: usize = 4_096;
-/// How long a partition waits for its sequencer to finish actualizing before retrying the
-/// commands of a failed group.
-const ACTUALIZE_WAIT: Duration = Duration::from_secs(5);
 /// Default limit of unflushed sequence values per partition. Larger than the sequencer's own
 /// default (seed 000's 500) because a group's pending numbers count against it: a full group
 /// of 256 commands with a WLog offset and a few record IDs each must fit.
@@ -72,6 +72,8 @@ pub struct Config {
     /// Per partition, numbers retired by accepted losses: sequences continue above them.
     /// Missing entries retire nothing.
     pub retired: Vec<Mark>,
+    /// Keys of a partition's last this many events are remembered for retries.
+    pub idempotency_window_events: u64,
 }
 
 impl Default for Config {
@@ -88,26 +90,9 @@ impl Default for Config {
             flush_delay: FLUSH_DELAY_DEFAULT,
             marks: None,
             retired: Vec::new(),
+            idempotency_window_events: IDEMPOTENCY_WINDOW_EVENTS_DEFAULT,
         }
     }
-}
-
-/// Why the processor could not be built.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// The partition count is 0 or above [`PARTITIONS_MAX`].
-    #[error("partitions must be between 1 and {PARTITIONS_MAX}, got {0}")]
-    Partitions(u32),
-    /// A zero group size or queue depth.
-    #[error("{0} must be at least 1")]
-    Zero(&'static str),
-    /// The sequencer refused its parameters.
-    #[error("sequencer parameters: {0}")]
-    Params(#[from] ParamsError),
-    /// The high-water marks do not fit the partitions.
-    #[error("high-water marks: {0}")]
-    Marks(String),
 }
 
 /// The answer to a successful command.
@@ -121,89 +106,22 @@ pub struct Outcome {
     pub wlog_offset: u64,
     /// Real IDs of the command's raw IDs.
     pub ids: BTreeMap<u64, u64>,
-}
-
-/// Why a command was not done. Nothing of it was written, except where said.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum CommandError {
-    /// The command is malformed.
-    #[error("{0}")]
-    Invalid(#[from] InvalidCommand),
-    /// The workspace kind is not one of the application's.
-    #[error("unknown workspace kind {0}: the application declares its workspace kinds")]
-    UnknownWsKind(u16),
-    /// An update names a record that does not exist.
-    #[error("record {id} of workspace {ws} does not exist; create it first")]
-    UnknownRecord {
-        /// The workspace.
-        ws: u64,
-        /// The record.
-        id: u64,
-    },
-    /// The command is too large for storage.
-    #[error("{0}")]
-    TooLarge(String),
-    /// The partition cannot take commands now (actualizing, backlog full, queue full, or its
-    /// group failed because of another command); retry after a short wait.
-    #[error("server is busy: {0}; retry later")]
-    Busy(String),
-    /// A key the command needed already existed (trust levels 0 and 1): the partition
-    /// actualized; the key is named.
-    #[error("{0}")]
-    SequenceViolation(String),
-    /// Storage failed; nothing was acknowledged. Retry later.
-    #[error("storage unavailable: {0}; retry later")]
-    Storage(String),
-    /// The processor is shutting down.
-    #[error("the server is shutting down")]
-    ShuttingDown,
-}
-
-impl CommandError {
-    /// A stable machine-readable code.
-    #[must_use]
-    pub fn code(&self) -> &'static str {
-        match self {
-            CommandError::Invalid(_) => "invalid_command",
-            CommandError::UnknownWsKind(_) => "unknown_workspace_kind",
-            CommandError::UnknownRecord { .. } => "unknown_record",
-            CommandError::TooLarge(_) => "too_large",
-            CommandError::Busy(_) => "busy",
-            CommandError::SequenceViolation(_) => "sequence_violation",
-            CommandError::Storage(_) => "storage_unavailable",
-            CommandError::ShuttingDown => "shutting_down",
-        }
-    }
-
-    /// The HTTP status that fits.
-    #[must_use]
-    pub fn http_status(&self) -> u16 {
-        match self {
-            CommandError::Invalid(_) | CommandError::UnknownWsKind(_) => 400,
-            CommandError::UnknownRecord { .. } => 404,
-            CommandError::SequenceViolation(_) => 409,
-            CommandError::TooLarge(_) => 413,
-            CommandError::Busy(_) | CommandError::Storage(_) | CommandError::ShuttingDown => 503,
-        }
-    }
-}
-
-struct Job {
-    cmd: Command,
-    plan: Plan,
-    reply: oneshot::Sender<Result<Outcome, CommandError>>,
+    /// The answer repeats the original one of a command with the same idempotency key;
+    /// nothing was written now.
+    #[serde(skip)]
+    pub replayed: bool,
 }
 
 /// Counters of the whole processor.
 #[derive(Debug, Default)]
-struct Counters {
-    committed: AtomicU64,
-    busy: AtomicU64,
-    failed: AtomicU64,
-    groups: AtomicU64,
-    cache_hits: AtomicU64,
-    cache_misses: AtomicU64,
+pub(crate) struct Counters {
+    pub(crate) committed: AtomicU64,
+    pub(crate) replayed: AtomicU64,
+    pub(crate) busy: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) groups: AtomicU64,
+    pub(crate) cache_hits: AtomicU64,
+    pub(crate) cache_misses: AtomicU64,
 }
 
 /// A point-in-time reading of the processor, for metrics and readiness.
@@ -212,6 +130,12 @@ struct Counters {
 pub struct ProcessorStats {
     /// Commands committed.
     pub committed: u64,
+    /// Retries answered from their original event.
+    pub replayed: u64,
+    /// Partitions rebuilt after a failure, all time.
+    pub rebuilds: u64,
+    /// Partitions not serving now (starting or being rebuilt).
+    pub unavailable_partitions: u64,
     /// Commands answered busy.
     pub busy: u64,
     /// Commands that failed otherwise.
@@ -236,7 +160,7 @@ pub struct ProcessorStats {
 
 struct Partition<S: KvStore + Clone> {
     queue: mpsc::Sender<Job>,
-    handle: SequencerHandle<PLogSeqStorage<S>>,
+    shared: Arc<PartitionShared<S>>,
 }
 
 /// Runs commands against an event store. Cheap to clone; every clone submits to the same
@@ -257,7 +181,7 @@ struct Inner<S: KvStore + Clone> {
     config: Config,
     store: EventStore<S>,
     partitions: Vec<Partition<S>>,
-    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     counters: Arc<Counters>,
 }
 
@@ -284,43 +208,28 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         if config.queue_commands_max == 0 {
             return Err(ConfigError::Zero("queue_commands_max"));
         }
+        if config.idempotency_window_events == 0 {
+            return Err(ConfigError::Zero("idempotency_window_events"));
+        }
         let runtime = Runtime::from_handle(tokio::runtime::Handle::current());
         let counters = Arc::new(Counters::default());
         let mut partitions = Vec::with_capacity(config.partitions as usize);
         let mut tasks = Vec::with_capacity(config.partitions as usize);
         for p in 0..config.partitions {
-            let retired = config.retired.get(p as usize).copied().unwrap_or_default();
-            let params = built_in_params_above(config.ws_kinds.iter().copied(), &retired)
-                .backlog_values_max(config.backlog_values_max)
-                .cache_workspaces_max(config.cache_workspaces_max)
-                .batcher_delay(config.flush_delay)
-                .build()?;
-            let mark = match &config.marks {
-                Some(m) => m.get(p).map_err(|e| ConfigError::Marks(e.to_string()))?,
-                None => Mark::default(),
-            };
+            let (task, partition) = start_partition(&store, &config, p, &runtime, &counters)?;
             let (queue, rx) = mpsc::channel(config.queue_commands_max);
-            let seq = Sequencer::new(params.clone(), store.seq_storage(PartitionId(p)), &runtime);
-            let handle = seq.handle();
-            let worker = PartitionWorker {
-                partition: PartitionId(p),
-                store: store.clone(),
-                seq,
-                group_max: config.group_commands_max,
-                counters: Arc::clone(&counters),
-                reported: (0, 0),
-                marks: config.marks.clone(),
-                mark,
-            };
-            tasks.push(tokio::spawn(worker.run(rx)));
-            partitions.push(Partition { queue, handle });
+            tasks.push(tokio::spawn(task.run(rx)));
+            partitions.push(Partition {
+                queue,
+                shared: partition,
+            });
         }
         Ok(CommandProcessor {
             inner: Arc::new(Inner {
                 config,
                 store,
                 partitions,
-                tasks: std::sync::Mutex::new(tasks),
+                tasks: Mutex::new(tasks),
                 counters,
             }),
         })
@@ -351,13 +260,40 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     ///
     /// [`CommandError`]; its `http_status` and `code` say how to answer a client.
     pub async fn submit(&self, cmd: Command) -> Result<Outcome, CommandError> {
+        self.submit_keyed(cmd, None).await
+    }
+
+    /// Like [`submit`](Self::submit), with an idempotency key: a retry with the same key and
+    /// the same command gets the original answer (with [`Outcome::replayed`]) and writes
+    /// nothing, within the window of the partition's last
+    /// [`Config::idempotency_window_events`] events, also across restarts; the same key with
+    /// another command is refused.
+    ///
+    /// # Errors
+    ///
+    /// As [`submit`](Self::submit), and [`CommandError::KeyReused`].
+    pub async fn submit_keyed(
+        &self,
+        cmd: Command,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Outcome, CommandError> {
         let plan = plan(&cmd)?;
         if !self.inner.config.ws_kinds.contains(&plan.ws_kind) {
             return Err(CommandError::UnknownWsKind(cmd.ws_kind));
         }
+        let key = key.map(|k| {
+            let f = fingerprint(&cmd);
+            (k, f)
+        });
+        self.check_storable(&cmd, &plan, key.as_ref())?;
         let p = &self.inner.partitions[self.partition_of(plan.ws) as usize];
         let (reply, answer) = oneshot::channel();
-        let job = Job { cmd, plan, reply };
+        let job = Job {
+            cmd,
+            plan,
+            key,
+            reply,
+        };
         match p.queue.try_send(job) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -369,18 +305,79 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         answer.await.unwrap_or(Err(CommandError::ShuttingDown))
     }
 
-    /// Whether every partition has finished actualizing.
+    /// Refuses, before it takes any number, a command whose event or records would not fit
+    /// the storage's limits: the event is built with the largest possible numbers and encoded.
+    fn check_storable(
+        &self,
+        cmd: &Command,
+        plan: &Plan,
+        key: Option<&(IdempotencyKey, u64)>,
+    ) -> Result<(), CommandError> {
+        let ids: BTreeMap<u64, u64> = plan.raw_ids.iter().map(|&(r, _)| (r, u64::MAX)).collect();
+        let kinds = vec![(monoseq_store::RecordKind::CDoc, String::new()); cmd.update.len()];
+        let (created, updated, argument) = resolve(cmd, &ids, &kinds);
+        let probe = Event {
+            plog_offset: monoseq_core::PLogOffset(u64::MAX),
+            ws: plan.ws,
+            ws_kind: plan.ws_kind,
+            wlog_offset: WLogOffset(u64::MAX),
+            registered_at_ms: u64::MAX,
+            command: cmd.command.clone(),
+            argument,
+            created,
+            updated,
+            idempotency: key.map(|(k, f)| Idempotency {
+                key: k.as_str().to_owned(),
+                fingerprint: *f,
+                raw_ids: ids.iter().map(|(&r, &i)| (r, i)).collect(),
+            }),
+        };
+        self.inner.store.check_storable(&probe).map_err(|e| {
+            CommandError::TooLarge(e.to_string().replace("event 0 of the group", "the command"))
+        })
+    }
+
+    /// Whether every partition serves and has finished actualizing.
     #[must_use]
     pub fn ready(&self) -> bool {
-        self.inner
-            .partitions
-            .iter()
-            .all(|p| !matches!(p.handle.status(), Status::None | Status::Actualizing))
+        self.unready().is_empty()
+    }
+
+    /// Partitions that do not serve now, each with why: starting, actualizing, storage
+    /// failing, or being rebuilt after a failure.
+    #[must_use]
+    pub fn unready(&self) -> Vec<(u32, String)> {
+        let mut out = Vec::new();
+        for (p, part) in self.inner.partitions.iter().enumerate() {
+            let why = match part.shared.state() {
+                PartitionState::Starting => Some("starting".to_owned()),
+                PartitionState::Rebuilding { reason } => Some(format!("rebuilding: {reason}")),
+                PartitionState::Stopped => Some("stopped".to_owned()),
+                _ => {
+                    let st = part.shared.handle().stats();
+                    match st.status {
+                        Status::None | Status::Actualizing if st.storage_failing => {
+                            Some("actualizing: storage is failing".to_owned())
+                        }
+                        Status::None | Status::Actualizing => Some("actualizing".to_owned()),
+                        Status::Finished => Some("failed".to_owned()),
+                        _ => None,
+                    }
+                }
+            };
+            if let Some(why) = why {
+                out.push((p as u32, why));
+            }
+        }
+        out
     }
 
     /// The sequencer counters of each partition.
     pub fn partition_stats(&self) -> impl Iterator<Item = SequencerStats> + '_ {
-        self.inner.partitions.iter().map(|p| p.handle.stats())
+        self.inner
+            .partitions
+            .iter()
+            .map(|p| p.shared.handle().stats())
     }
 
     /// The counters now.
@@ -389,6 +386,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         let c = &self.inner.counters;
         let mut s = ProcessorStats {
             committed: c.committed.load(Ordering::Relaxed),
+            replayed: c.replayed.load(Ordering::Relaxed),
             busy: c.busy.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
             groups: c.groups.load(Ordering::Relaxed),
@@ -396,7 +394,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             cache_misses: c.cache_misses.load(Ordering::Relaxed),
             ..ProcessorStats::default()
         };
-        for st in self.partition_stats() {
+        for part in &self.inner.partitions {
+            s.rebuilds += part.shared.rebuilds.load(Ordering::Relaxed);
+            if !matches!(part.shared.state(), PartitionState::Serving) {
+                s.unavailable_partitions += 1;
+            }
+            let st = part.shared.handle().stats();
             if matches!(st.status, Status::None | Status::Actualizing) {
                 s.actualizing_partitions += 1;
             }
@@ -425,287 +428,58 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     }
 }
 
-/// The single writer of one partition.
-struct PartitionWorker<S: KvStore + Clone> {
-    partition: PartitionId,
-    store: EventStore<S>,
-    seq: Sequencer<PLogSeqStorage<S>>,
-    group_max: usize,
-    counters: Arc<Counters>,
-    /// Cache counters already added to `counters`.
-    reported: (u64, u64),
-    /// Where the partition's high-water mark is kept, and the mark as last made durable.
-    marks: Option<Arc<Marks>>,
-    mark: Mark,
-}
-
-/// A command that got its numbers and waits for its group's write.
-struct Accepted {
-    job: Job,
-    outcome: Outcome,
-}
-
-impl<S: KvStore + Clone + Send + Sync + 'static> PartitionWorker<S> {
-    async fn run(mut self, mut rx: mpsc::Receiver<Job>) {
-        let mut jobs: Vec<Job> = Vec::with_capacity(self.group_max);
-        let mut retry: Vec<Job> = Vec::new();
-        loop {
-            if retry.is_empty() {
-                match rx.recv().await {
-                    Some(j) => jobs.push(j),
-                    None => break,
-                }
-            } else {
-                jobs.append(&mut retry);
-            }
-            while jobs.len() < self.group_max {
-                match rx.try_recv() {
-                    Ok(j) => jobs.push(j),
-                    Err(_) => break,
-                }
-            }
-            retry = self.run_group(&mut jobs).await;
-            if !retry.is_empty() {
-                self.wait_actualized().await;
-            }
-        }
-        for j in retry {
-            let _ = j.reply.send(Err(CommandError::ShuttingDown));
-        }
-        let seq = self.seq;
-        let _ = tokio::task::spawn_blocking(move || seq.shutdown()).await;
-    }
-
-    async fn wait_actualized(&self) {
-        let handle = self.seq.handle();
-        let _ = tokio::task::spawn_blocking(move || handle.wait_actualized(ACTUALIZE_WAIT)).await;
-    }
-
-    /// Sequences and writes one group; answers every job except those to retry, which it
-    /// returns (they were innocent members of a group that failed).
-    async fn run_group(&mut self, jobs: &mut Vec<Job>) -> Vec<Job> {
-        let mut accepted: Vec<Accepted> = Vec::with_capacity(jobs.len());
-        let mut events: Vec<Event> = Vec::with_capacity(jobs.len());
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        for job in jobs.drain(..) {
-            match self.sequence(&job, now_ms) {
-                Ok((event, outcome)) => {
-                    events.push(event);
-                    accepted.push(Accepted { job, outcome });
-                }
-                Err(e) => self.answer(job, Err(e)),
-            }
-        }
-        self.report_cache();
-        if accepted.is_empty() {
-            return Vec::new();
-        }
-        let mark = group_mark(self.mark, &events);
-        let result = self.write_group(events, mark).await;
-        match result {
-            Ok(()) => {
-                self.mark = mark;
-                self.seq.mark_durable();
-                self.counters.groups.fetch_add(1, Ordering::Relaxed);
-                for a in accepted {
-                    self.answer(a.job, Ok(a.outcome));
-                }
-                Vec::new()
-            }
-            Err(e) => {
-                // Nothing of the group was written (or a storage fault left it unknown): the
-                // PLog decides which numbers were used.
-                self.seq.actualize();
-                let (culprit, error) = blame(&e);
-                let mut retry = Vec::new();
-                for (i, a) in accepted.into_iter().enumerate() {
-                    match (culprit, &error) {
-                        (Some(c), Some(err)) if c == i => self.answer(a.job, Err(err.clone())),
-                        (Some(_), _) => retry.push(a.job),
-                        (None, _) => self.answer(a.job, Err(CommandError::Storage(e.to_string()))),
-                    }
-                }
-                retry
-            }
-        }
-    }
-
-    /// Makes a group of events durable before anyone is told: appends it, then syncs the
-    /// store (concurrent partitions share one flush when the store group-commits; with a store
-    /// that syncs every write it is a no-op) while raising the partition's high-water mark
-    /// beside it.
-    async fn write_group(&self, events: Vec<Event>, mark: Mark) -> Result<(), AppendError> {
-        let store = self.store.clone();
-        let partition = self.partition;
-        let appended = tokio::task::spawn_blocking(move || store.append(partition, &events)).await;
-        flatten(appended, "event write")?;
-        let store = self.store.clone();
-        let synced = tokio::task::spawn_blocking(move || store.sync());
-        let raised = self.marks.clone().map(|marks| {
-            tokio::task::spawn_blocking(move || marks.raise(partition.0, &mark))
-        });
-        let raised = match raised {
-            Some(r) => flatten(
-                r.await.map(|r| {
-                    r.map_err(|e| {
-                        AppendError::Storage(monoseq_kv::KvError::backend(
-                            "raising the high-water mark failed".to_owned(),
-                            e,
-                        ))
-                    })
-                }),
-                "raising the high-water mark",
-            ),
-            None => Ok(()),
-        };
-        let synced = flatten(
-            synced.await.map(|r| r.map_err(AppendError::Storage)),
-            "syncing the store",
-        );
-        synced.and(raised)
-    }
-
-    /// Runs the sequencing transaction of one command, committed as pending.
-    fn sequence(&mut self, job: &Job, now_ms: u64) -> Result<(Event, Outcome), CommandError> {
-        let plan = &job.plan;
-        let mut updated = Vec::with_capacity(job.cmd.update.len());
-        for u in &job.cmd.update {
-            match self
-                .store
-                .read_record(plan.ws, monoseq_store::RecordId(u.id))
-            {
-                Ok(Some(r)) => updated.push((r.kind, r.name)),
-                Ok(None) => {
-                    return Err(CommandError::UnknownRecord {
-                        ws: plan.ws.0,
-                        id: u.id,
-                    });
-                }
-                Err(e) => return Err(CommandError::Storage(e.to_string())),
-            }
-        }
-        let mut tx = match self.seq.start(plan.ws_kind, plan.ws) {
-            Ok(Start::Began(tx)) => tx,
-            Ok(Start::Busy(b)) => return Err(busy(b)),
-            Err(StartError::UnknownWsKind(k)) => return Err(CommandError::UnknownWsKind(k.0)),
-            Err(e) => return Err(CommandError::Storage(e.to_string())),
-        };
-        let internal = |e: monoseq_core::NextError| CommandError::Storage(e.to_string());
-        let wlog = tx.next(WLOG_OFFSET_SEQUENCE.id).map_err(internal)?;
-        let mut ids = BTreeMap::new();
-        for &(raw, kind) in &plan.raw_ids {
-            let n = tx.next(RecordKind::id_sequence(kind)).map_err(internal)?;
-            ids.insert(raw, n.0);
-        }
-        let plog = tx.plog_offset();
-        let (created, updated, argument) = resolve(&job.cmd, &ids, &updated);
-        let event = Event {
-            plog_offset: plog,
-            ws: plan.ws,
-            ws_kind: plan.ws_kind,
-            wlog_offset: WLogOffset(wlog.0),
-            registered_at_ms: now_ms,
-            command: job.cmd.command.clone(),
-            argument,
-            created,
-            updated,
-            idempotency: None,
-        };
-        tx.commit_pending();
-        Ok((
-            event,
-            Outcome {
-                partition: self.partition.0,
-                plog_offset: plog.0,
-                wlog_offset: wlog.0,
-                ids,
-            },
-        ))
-    }
-
-    fn answer(&self, job: Job, result: Result<Outcome, CommandError>) {
-        let counter = match &result {
-            Ok(_) => &self.counters.committed,
-            Err(CommandError::Busy(_)) => &self.counters.busy,
-            Err(_) => &self.counters.failed,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        let _ = job.reply.send(result);
-    }
-
-    fn report_cache(&mut self) {
-        let s = self.seq.cache_stats();
-        let (h, m) = self.reported;
-        self.counters
-            .cache_hits
-            .fetch_add(s.hits - h, Ordering::Relaxed);
-        self.counters
-            .cache_misses
-            .fetch_add(s.misses - m, Ordering::Relaxed);
-        self.reported = (s.hits, s.misses);
-    }
-}
-
-/// The result of a blocking storage call, with a panic in it as a storage error.
-fn flatten<T>(
-    joined: Result<Result<T, AppendError>, tokio::task::JoinError>,
-    what: &str,
-) -> Result<T, AppendError> {
-    joined.unwrap_or_else(|join| {
-        Err(AppendError::Storage(monoseq_kv::KvError::Backend {
-            message: format!("{what} panicked: {join}"),
-            source: None,
-        }))
-    })
-}
-
-/// The partition's high-water mark once `events` are acknowledged: `mark` raised by the
-/// last PLog offset and the highest WLog offset and record IDs of the group.
-fn group_mark(mark: Mark, events: &[Event]) -> Mark {
-    use monoseq_store::{CRECORD_ID_SEQUENCE, OWRECORD_ID_SEQUENCE};
-    let mut m = mark;
-    for e in events {
-        m.plog = m.plog.max(e.plog_offset.0);
-        e.for_each_number(|seq, n| {
-            let slot = match seq {
-                s if s == WLOG_OFFSET_SEQUENCE.id => &mut m.wlog,
-                s if s == CRECORD_ID_SEQUENCE.id => &mut m.crecord,
-                s if s == OWRECORD_ID_SEQUENCE.id => &mut m.owrecord,
-                _ => return,
-            };
-            *slot = (*slot).max(n.0);
-        });
-    }
-    m
-}
-
-fn busy(b: Busy) -> CommandError {
-    CommandError::Busy(b.to_string())
-}
-
-/// Which command of a failed group caused the failure, and its error; `(None, None)` for a
-/// storage fault that concerns the whole group.
-fn blame(e: &AppendError) -> (Option<usize>, Option<CommandError>) {
-    match e {
-        AppendError::SequenceViolation { event_index, .. } => (
-            Some(*event_index),
-            Some(CommandError::SequenceViolation(e.to_string())),
-        ),
-        AppendError::TooLarge { event_index, .. } | AppendError::Encode { event_index, .. } => (
-            Some(*event_index),
-            Some(CommandError::TooLarge(e.to_string())),
-        ),
-        AppendError::UnknownRecord {
-            event_index,
-            ws,
-            id,
-            ..
-        } => (
-            Some(*event_index),
-            Some(CommandError::UnknownRecord { ws: ws.0, id: id.0 }),
-        ),
-        _ => (None, None),
-    }
+/// Builds partition `p`: its sequencer (actualizing from the start), its writer and its task.
+fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
+    store: &EventStore<S>,
+    config: &Config,
+    p: u32,
+    runtime: &Runtime,
+    counters: &Arc<Counters>,
+) -> Result<(PartitionTask<S>, Arc<PartitionShared<S>>), ConfigError> {
+    let retired = config.retired.get(p as usize).copied().unwrap_or_default();
+    let params = built_in_params_above(config.ws_kinds.iter().copied(), &retired)
+        .backlog_values_max(config.backlog_values_max)
+        .cache_workspaces_max(config.cache_workspaces_max)
+        .batcher_delay(config.flush_delay)
+        .build()?;
+    let mark = match &config.marks {
+        Some(m) => m.get(p).map_err(|e| ConfigError::Marks(e.to_string()))?,
+        None => Mark::default(),
+    };
+    let storage = Arc::new(store.seq_storage(PartitionId(p)));
+    let seq = Sequencer::new(params.clone(), Arc::clone(&storage), runtime);
+    let shared = Arc::new(PartitionShared {
+        handle: Mutex::new(seq.handle()),
+        state: Mutex::new(PartitionState::Starting),
+        rebuilds: AtomicU64::new(0),
+    });
+    let template = WriterTemplate {
+        partition: PartitionId(p),
+        store: store.clone(),
+        marks: config.marks.clone(),
+        mark,
+        counters: Arc::clone(counters),
+    };
+    let writer = Writer {
+        partition: PartitionId(p),
+        store: store.clone(),
+        seq,
+        window: Window::new(config.idempotency_window_events),
+        marks: config.marks.clone(),
+        mark,
+        counters: Arc::clone(counters),
+        reported: (0, 0),
+        failed: None,
+    };
+    let task = PartitionTask {
+        writer: Some(writer),
+        storage,
+        params,
+        runtime: runtime.clone(),
+        shared: Arc::clone(&shared),
+        group_max: config.group_commands_max,
+        window_events: config.idempotency_window_events,
+        template,
+    };
+    Ok((task, shared))
 }

@@ -21,15 +21,12 @@ pub use builtin::{
 };
 pub use codec::{
     ARG_DEPTH_MAX, DecodeError, EVENT_BYTES_MAX, EncodeError, EventHead, FORMAT_VERSION,
-    FORMAT_VERSION_KEYED,
-    decode_numbers,
+    FORMAT_VERSION_KEYED, decode_numbers,
 };
 pub use datadir::{
     DataDir, DataDirError, Loss, OpenPolicy, OpenReport, open_data_dir, recorded_partitions,
 };
-pub use event::{
-    ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset,
-};
+pub use event::{ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset};
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError};
 pub use keys::{AppId, KEY_LAYOUT, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
 pub use marks::{MARKS_FILE, Mark, Marks, MarksError};

@@ -367,6 +367,135 @@ impl<S: KvStore> EventStore<S> {
         }
     }
 
+    /// Checks, without writing, that `event` and the records it creates and updates encode
+    /// within the storage's limits; what [`EventStore::append`] would refuse as
+    /// [`AppendError::Encode`] or [`AppendError::TooLarge`] (with `event_index` 0). A caller
+    /// checks a command this way before it takes numbers for it.
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError::Encode`] or [`AppendError::TooLarge`].
+    pub fn check_storable(&self, event: &Event) -> Result<(), AppendError> {
+        let max = monoseq_kv::limits::VALUE_BYTES_MAX;
+        let bytes = event.encode().map_err(|source| match source {
+            EncodeError::TooLarge { len } => AppendError::TooLarge {
+                event_index: 0,
+                what: Oversized::Value,
+                len,
+                max,
+            },
+            source => AppendError::Encode {
+                event_index: 0,
+                source,
+            },
+        })?;
+        debug_assert!(bytes.len() <= max);
+        let mut record = Vec::new();
+        for r in event.created.iter().chain(&event.updated) {
+            record.clear();
+            encode_record_value(&mut record, r);
+            if record.len() > max {
+                return Err(AppendError::TooLarge {
+                    event_index: 0,
+                    what: Oversized::Value,
+                    len: record.len(),
+                    max,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks, without writing, that applying `update` (its fields) to the stored record
+    /// `stored` gives a record within the storage's limits.
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError::TooLarge`] (with `event_index` 0).
+    pub fn check_update_storable(
+        &self,
+        stored: &Record,
+        update: &Record,
+    ) -> Result<(), AppendError> {
+        let mut merged = stored.clone();
+        merge_fields(&mut merged.fields, &update.fields);
+        let mut bytes = Vec::new();
+        encode_record_value(&mut bytes, &merged);
+        let max = monoseq_kv::limits::VALUE_BYTES_MAX;
+        if bytes.len() > max {
+            return Err(AppendError::TooLarge {
+                event_index: 0,
+                what: Oversized::Value,
+                len: bytes.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Calls `visit` with every event of `partition`'s PLog from offset `from` to `to`
+    /// (exclusive), in offset order, reading block by block; stops at the first missing offset.
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError`] when storage fails or a stored event is damaged or misplaced.
+    pub fn for_each_event(
+        &self,
+        partition: PartitionId,
+        from: PLogOffset,
+        to: PLogOffset,
+        visit: &mut dyn FnMut(Event),
+    ) -> Result<(), ReadError> {
+        let mut next = from.0.max(1);
+        while next < to.0 {
+            let part = keys::plog_partition(self.app, partition, PLogOffset(next));
+            let lower = block_position(next, LOG_BLOCK_EVENTS);
+            let block_first = next / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS;
+            let mut failure = None;
+            let start = next;
+            self.kv.scan(
+                part.as_bytes(),
+                Bound::Included(&lower),
+                Bound::Unbounded,
+                Order::Ascending,
+                &mut |clustering, value| {
+                    let offset = keys::from_block_position(block_first, clustering).unwrap_or(0);
+                    if offset != next || offset >= to.0 {
+                        return ControlFlow::Break(());
+                    }
+                    let slot = Slot::PLog {
+                        partition,
+                        offset: PLogOffset(offset),
+                    };
+                    match Event::decode(value) {
+                        Ok(e) if e.plog_offset.0 == offset => visit(e),
+                        Ok(e) => {
+                            failure = Some(ReadError::Misplaced {
+                                slot,
+                                found: e.plog_offset.0,
+                            });
+                            return ControlFlow::Break(());
+                        }
+                        Err(source) => {
+                            failure = Some(ReadError::Corrupt { slot, source });
+                            return ControlFlow::Break(());
+                        }
+                    }
+                    next += 1;
+                    ControlFlow::Continue(())
+                },
+            )?;
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            let block_end = block_first + LOG_BLOCK_EVENTS;
+            if next == start || next < block_end {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Reads the stored records that `events` update and that no earlier event of the group
     /// creates, in one `get_many`.
     fn read_updated_records(&self, events: &[Event]) -> Result<UpdateBase, AppendError> {

@@ -3,9 +3,9 @@
 
 use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
 use monoseq_store::{
-    ARG_DEPTH_MAX, ArgObject, CRECORD_ID_SEQUENCE, DecodeError, EncodeError, Event, Field, Idempotency,
-    OWRECORD_ID_SEQUENCE, Record, RecordId, RecordKind, WLOG_OFFSET_SEQUENCE, WLogOffset,
-    decode_numbers,
+    ARG_DEPTH_MAX, ArgObject, CRECORD_ID_SEQUENCE, DecodeError, EncodeError, Event, Field,
+    Idempotency, OWRECORD_ID_SEQUENCE, Record, RecordId, RecordKind, WLOG_OFFSET_SEQUENCE,
+    WLogOffset, decode_numbers,
 };
 use proptest::prelude::*;
 

@@ -63,6 +63,10 @@ pub struct SettingsArgs {
     /// Bound on a graceful shutdown, seconds [default: 10].
     #[arg(long, env = "MONOSEQ_SHUTDOWN_TIMEOUT_SECS")]
     pub shutdown_timeout_secs: Option<u64>,
+    /// A retry with the same `Idempotency-Key` is recognised while its original is among the
+    /// partition's last this many events [default: 100000].
+    #[arg(long, env = "MONOSEQ_IDEMPOTENCY_WINDOW_EVENTS")]
+    pub idempotency_window_events: Option<u64>,
     /// Serve a store that lost acknowledged events (a cut journal, lost engine files, a lost
     /// identity or marks file): the loss is logged and recorded, and no number handed out
     /// before it is handed out again. Without it such a store is refused.
@@ -84,6 +88,7 @@ struct SettingsFile {
     cache_workspaces_max: Option<usize>,
     flush_delay_ms: Option<u64>,
     shutdown_timeout_secs: Option<u64>,
+    idempotency_window_events: Option<u64>,
 }
 
 /// Resolved settings.
@@ -101,6 +106,7 @@ pub struct Settings {
     pub cache_workspaces_max: usize,
     pub flush_delay: Duration,
     pub shutdown_timeout: Duration,
+    pub idempotency_window_events: u64,
     /// Serve a store with a detected loss (`--accept-loss`).
     pub accept_loss: bool,
 }
@@ -169,6 +175,10 @@ impl SettingsArgs {
                     .or(file.shutdown_timeout_secs)
                     .unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT_SECS),
             ),
+            idempotency_window_events: self
+                .idempotency_window_events
+                .or(file.idempotency_window_events)
+                .unwrap_or(defaults.idempotency_window_events),
             accept_loss: self.accept_loss,
         })
     }
@@ -186,6 +196,7 @@ impl Settings {
             backlog_values_max: self.backlog_values_max,
             cache_workspaces_max: self.cache_workspaces_max,
             flush_delay: self.flush_delay,
+            idempotency_window_events: self.idempotency_window_events,
             ..monoseq_cp::Config::default()
         }
     }
@@ -229,7 +240,9 @@ pub fn open_data_dir(
 ) -> anyhow::Result<(Arc<EmbeddedStore>, monoseq_store::DataDir)> {
     let kv = open_store(&settings.data_dir)?;
     let policy = monoseq_store::OpenPolicy {
-        partitions: settings.partitions_configured.then_some(settings.partitions),
+        partitions: settings
+            .partitions_configured
+            .then_some(settings.partitions),
         default_partitions: settings.partitions,
         accept_loss: settings.accept_loss,
     };
@@ -314,7 +327,10 @@ mod tests {
         settings.partitions = 8;
         let (_kv, opened) = open_data_dir(&mut settings).expect("second start");
         assert!(!opened.report.created);
-        assert_eq!(settings.partitions, 4, "the store's count wins when none is configured");
+        assert_eq!(
+            settings.partitions, 4,
+            "the store's count wins when none is configured"
+        );
     }
 
     #[test]

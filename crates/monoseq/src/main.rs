@@ -23,7 +23,12 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     /// Log format on standard error: text or json. What is logged is chosen with `RUST_LOG`
     /// (default: info for `serve`, warn otherwise).
-    #[arg(long, global = true, env = "MONOSEQ_LOG_FORMAT", default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        env = "MONOSEQ_LOG_FORMAT",
+        default_value = "text"
+    )]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Cmd,

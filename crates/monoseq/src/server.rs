@@ -13,7 +13,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use monoseq_core::{PLogOffset, WsId};
-use monoseq_cp::{Command, CommandError, CommandProcessor, RETRY_AFTER_SECS};
+use monoseq_cp::{Command, CommandError, CommandProcessor, IdempotencyKey, RETRY_AFTER_SECS};
 use monoseq_kv::EmbeddedStore;
 use monoseq_store::{PartitionId, RecordId, WLogOffset};
 use prometheus_client::encoding::text::encode;
@@ -51,6 +51,9 @@ struct Metrics {
     actualizations: Gauge,
     actualization_seconds: Gauge<f64, AtomicU64>,
     groups: Gauge,
+    rebuilds: Gauge,
+    unavailable: Gauge,
+    replayed_commands: Gauge,
     /// Reads (and commands) that found corrupt bytes in storage.
     corrupted: Counter,
     /// Corrupt places already logged, so each is logged once (bounded).
@@ -86,6 +89,18 @@ impl Metrics {
         );
         let actualizations = gauge("actualizations", "Completed actualizations");
         let groups = gauge("group_commits", "Group commits written");
+        let rebuilds = gauge(
+            "partition_rebuilds",
+            "Partitions rebuilt after their sequencer failed, since start",
+        );
+        let unavailable = gauge(
+            "unavailable_partitions",
+            "Partitions not serving now (starting or being rebuilt)",
+        );
+        let replayed_commands = gauge(
+            "idempotent_replays",
+            "Retries answered from the original event of their idempotency key",
+        );
         let corrupted = Counter::default();
         registry.register(
             "corrupted_reads",
@@ -120,6 +135,9 @@ impl Metrics {
             actualizations,
             actualization_seconds,
             groups,
+            rebuilds,
+            unavailable,
+            replayed_commands,
             corrupted,
             corrupted_logged: std::sync::Mutex::default(),
         }
@@ -262,10 +280,16 @@ const CORRUPTED_LOGGED_MAX: usize = 1024;
 
 /// Answers a failed read: corrupt bytes are a 500 `corrupted` naming the key (logged once per
 /// place and counted), a storage fault a 503 with `Retry-After`.
-fn read_error(st: &AppState, asked: impl FnOnce() -> String, e: &monoseq_store::ReadError) -> Response {
+fn read_error(
+    st: &AppState,
+    asked: impl FnOnce() -> String,
+    e: &monoseq_store::ReadError,
+) -> Response {
     use monoseq_store::ReadError;
     let place = match e {
-        ReadError::Corrupt { slot, .. } | ReadError::Misplaced { slot, .. } => Some(slot.to_string()),
+        ReadError::Corrupt { slot, .. } | ReadError::Misplaced { slot, .. } => {
+            Some(slot.to_string())
+        }
         ReadError::Storage(monoseq_kv::KvError::Corrupted { .. }) => Some(asked()),
         _ => None,
     };
@@ -305,15 +329,21 @@ fn read_error(st: &AppState, asked: impl FnOnce() -> String, e: &monoseq_store::
 fn command_error(e: &CommandError) -> Response {
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut r = error(status, e.code(), e);
-    if status == StatusCode::SERVICE_UNAVAILABLE {
+    if e.is_transient() {
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
     }
     r
 }
 
+/// The request header that makes a retry safe (IETF httpapi idempotency-key draft).
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Set on an answer repeated for a retry with the same key.
+const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
+
 async fn submit(
     State(st): State<Arc<AppState>>,
+    headers: axum::http::HeaderMap,
     body: Result<axum::Json<Command>, JsonRejection>,
 ) -> Response {
     let cmd = match body {
@@ -337,10 +367,25 @@ async fn submit(
             return error(status, code, rejection.body_text());
         }
     };
-    match st.cp.submit(cmd).await {
+    let key = match headers.get(IDEMPOTENCY_KEY).map(|v| {
+        v.to_str()
+            .map_err(|_| CommandError::InvalidKey("the idempotency key is not ASCII".into()))
+            .and_then(IdempotencyKey::new)
+    }) {
+        None => None,
+        Some(Ok(k)) => Some(k),
+        Some(Err(e)) => return command_error(&e),
+    };
+    match st.cp.submit_keyed(cmd, key).await {
         Ok(out) => {
             st.metrics.commands_ok.inc();
-            axum::Json(out).into_response()
+            let replayed = out.replayed;
+            let mut r = axum::Json(out).into_response();
+            if replayed {
+                r.headers_mut()
+                    .insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
+            }
+            r
         }
         Err(e) => {
             st.metrics
@@ -368,7 +413,11 @@ async fn read_event(
             "not_found",
             format!("no event at PLog offset {offset} of partition {partition}"),
         ),
-        Ok(Err(e)) => read_error(&st, || format!("PLog offset {offset} of partition {partition}"), &e),
+        Ok(Err(e)) => read_error(
+            &st,
+            || format!("PLog offset {offset} of partition {partition}"),
+            &e,
+        ),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
     }
 }
@@ -417,7 +466,11 @@ async fn read_wlog(
             "events": events.iter().map(json::event).collect::<Vec<_>>()
         }))
         .into_response(),
-        Ok(Err(e)) => read_error(&st, || format!("WLog of workspace {ws} from offset {}", q.from), &e),
+        Ok(Err(e)) => read_error(
+            &st,
+            || format!("WLog of workspace {ws} from offset {}", q.from),
+            &e,
+        ),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
     }
 }
@@ -441,15 +494,26 @@ async fn read_record(
 }
 
 async fn readyz(State(st): State<Arc<AppState>>) -> Response {
-    if st.cp.ready() {
-        "ready".into_response()
-    } else {
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "actualizing",
-            "partitions are actualizing their sequences",
-        )
+    let unready = st.cp.unready();
+    if unready.is_empty() {
+        return "ready".into_response();
     }
+    let partitions: Vec<_> = unready
+        .iter()
+        .map(|(p, why)| json!({"partition": p, "reason": why}))
+        .collect();
+    let mut r = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        axum::Json(json!({
+            "code": "not_ready",
+            "message": format!("{} partitions do not serve yet", unready.len()),
+            "partitions": partitions,
+        })),
+    )
+        .into_response();
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    r
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
@@ -460,6 +524,9 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     m.replayed.set(s.replayed_events as i64);
     m.actualizations.set(s.actualizations as i64);
     m.groups.set(s.groups as i64);
+    m.rebuilds.set(s.rebuilds as i64);
+    m.unavailable.set(s.unavailable_partitions as i64);
+    m.replayed_commands.set(s.replayed as i64);
     let lookups = s.cache_hits + s.cache_misses;
     m.cache_hit_ratio.set(if lookups == 0 {
         0.0

@@ -77,13 +77,17 @@ async fn submit(client: &reqwest::Client, url: &str, ws: u64) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
-/// A data directory with acknowledged events in table files and in the journal.
+/// A data directory with acknowledged events in table files and in the journal. The second
+/// phase flushes no sequence numbers (a long flush delay), so its journal ends with the last
+/// acknowledged event.
 async fn base(dir: &Path) -> Acked {
     let client = client();
     let mut acked = Acked::default();
     let partitions = PARTITIONS.to_string();
     for phase in 0..2 {
-        let server = Server::start_ready(dir, &["--partitions", &partitions], &client).await;
+        let delay = if phase == 0 { "50" } else { "10000" };
+        let args = ["--partitions", &partitions, "--flush-delay-ms", delay];
+        let server = Server::start_ready(dir, &args, &client).await;
         for n in 0..PHASE_COMMANDS {
             let ws = n % WORKSPACES + 1;
             let (status, answer) = submit(&client, &server.url, ws).await;
@@ -149,7 +153,10 @@ fn data_keyspace(dir: &Path) -> PathBuf {
 /// Bytes of the journal in use (it is preallocated with zeros).
 fn journal_used(path: &Path) -> u64 {
     let bytes = std::fs::read(path).expect("read journal");
-    bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i as u64 + 1)
+    bytes
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |i| i as u64 + 1)
 }
 
 fn journal(dir: &Path) -> PathBuf {
@@ -214,7 +221,9 @@ fn deletions() -> Vec<Damage> {
         damage("delete the data keyspace's current pointer", false, |d| {
             remove(vec![data_keyspace(d).join("current")]);
         }),
-        damage("delete the lock file", false, |d| remove(vec![d.join("lock")])),
+        damage("delete the lock file", false, |d| {
+            remove(vec![d.join("lock")])
+        }),
         damage("delete the identity file", true, |d| {
             remove(vec![d.join("monoseq.identity")]);
         }),

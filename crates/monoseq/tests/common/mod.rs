@@ -69,7 +69,10 @@ impl Server {
             None => {
                 let status = child.wait().expect("reap");
                 let log = std::fs::read_to_string(log).unwrap_or_default();
-                assert!(!status.success(), "a server that never listened exited 0: {log}");
+                assert!(
+                    !status.success(),
+                    "a server that never listened exited 0: {log}"
+                );
                 Err(log)
             }
         }

@@ -1,0 +1,161 @@
+//! Why a command was not done, as a typed error with a stable code: what the caller can fix,
+//! what heals on retry, and what is permanent. Nothing of a failed command was written, except
+//! where a variant says the outcome is unknown.
+
+use monoseq_core::ParamsError;
+use monoseq_store::AppendError;
+
+use crate::command::InvalidCommand;
+
+/// Why a command was not done.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// The command is malformed.
+    #[error("{0}")]
+    Invalid(#[from] InvalidCommand),
+    /// The workspace kind is not one of the application's.
+    #[error("unknown workspace kind {0}: the application declares its workspace kinds")]
+    UnknownWsKind(u16),
+    /// An update names a record that does not exist.
+    #[error("record {id} of workspace {ws} does not exist; create it first")]
+    UnknownRecord {
+        /// The workspace.
+        ws: u64,
+        /// The record.
+        id: u64,
+    },
+    /// The command is too large for storage; refused before it took any number.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The partition cannot take commands now (actualizing, backlog full, queue full, or its
+    /// group failed because of another command); retry after a short wait.
+    #[error("server is busy: {0}; retry later")]
+    Busy(String),
+    /// The partition failed and is being rebuilt; it heals on its own; retry after a short wait.
+    #[error("partition {partition} is unavailable: {reason}; it is being rebuilt, retry later")]
+    Unavailable {
+        /// The partition.
+        partition: u32,
+        /// What failed.
+        reason: String,
+    },
+    /// A key the command needed already existed (trust levels 0 and 1): the partition
+    /// actualized; the key is named.
+    #[error("{0}")]
+    SequenceViolation(String),
+    /// A sequence reached its largest number: permanent, a retry cannot help.
+    #[error("{0}; no more numbers can be handed out there")]
+    Exhausted(String),
+    /// Stored bytes the command needed are damaged: permanent until restored.
+    #[error("{0}")]
+    Corrupted(String),
+    /// The idempotency key was used before with another request body.
+    #[error(
+        "idempotency key {key:?} was already used with a different request; use a new key for \
+         a new request"
+    )]
+    KeyReused {
+        /// The key.
+        key: String,
+    },
+    /// The idempotency key is not acceptable.
+    #[error("{0}")]
+    InvalidKey(String),
+    /// Storage failed; nothing was acknowledged, though the event may have been written (a
+    /// retry with the same idempotency key is safe). Retry later.
+    #[error("storage unavailable: {0}; retry later")]
+    Storage(String),
+    /// The processor is shutting down.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+impl CommandError {
+    /// A stable machine-readable code.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            CommandError::Invalid(_) => "invalid_command",
+            CommandError::UnknownWsKind(_) => "unknown_workspace_kind",
+            CommandError::UnknownRecord { .. } => "unknown_record",
+            CommandError::TooLarge(_) => "too_large",
+            CommandError::Busy(_) => "busy",
+            CommandError::Unavailable { .. } => "partition_unavailable",
+            CommandError::SequenceViolation(_) => "sequence_violation",
+            CommandError::Exhausted(_) => "sequence_exhausted",
+            CommandError::Corrupted(_) => "corrupted",
+            CommandError::KeyReused { .. } => "idempotency_key_reused",
+            CommandError::InvalidKey(_) => "invalid_idempotency_key",
+            CommandError::Storage(_) => "storage_unavailable",
+            CommandError::ShuttingDown => "shutting_down",
+        }
+    }
+
+    /// The HTTP status that fits.
+    #[must_use]
+    pub fn http_status(&self) -> u16 {
+        match self {
+            CommandError::Invalid(_)
+            | CommandError::UnknownWsKind(_)
+            | CommandError::InvalidKey(_) => 400,
+            CommandError::UnknownRecord { .. } => 404,
+            CommandError::SequenceViolation(_) | CommandError::Exhausted(_) => 409,
+            CommandError::TooLarge(_) => 413,
+            CommandError::KeyReused { .. } => 422,
+            CommandError::Corrupted(_) => 500,
+            CommandError::Busy(_)
+            | CommandError::Unavailable { .. }
+            | CommandError::Storage(_)
+            | CommandError::ShuttingDown => 503,
+        }
+    }
+
+    /// Whether retrying the same command later can succeed (the answer carries
+    /// `Retry-After`).
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        self.http_status() == 503
+    }
+
+    /// The error for a group write that failed because of this command, or `None` when the
+    /// failure concerns the whole group (a storage fault).
+    pub(crate) fn of_append(e: &AppendError) -> Option<(usize, CommandError)> {
+        match e {
+            AppendError::SequenceViolation { event_index, .. } => {
+                Some((*event_index, CommandError::SequenceViolation(e.to_string())))
+            }
+            AppendError::TooLarge { event_index, .. } | AppendError::Encode { event_index, .. } => {
+                Some((*event_index, CommandError::TooLarge(e.to_string())))
+            }
+            AppendError::UnknownRecord {
+                event_index,
+                ws,
+                id,
+                ..
+            } => Some((
+                *event_index,
+                CommandError::UnknownRecord { ws: ws.0, id: id.0 },
+            )),
+            _ => None,
+        }
+    }
+}
+
+/// Why the processor could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The partition count is 0 or above [`crate::PARTITIONS_MAX`].
+    #[error("partitions must be between 1 and {max}, got {0}", max = crate::PARTITIONS_MAX)]
+    Partitions(u32),
+    /// A zero group size, queue depth or window.
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    /// The sequencer refused its parameters.
+    #[error("sequencer parameters: {0}")]
+    Params(#[from] ParamsError),
+    /// The high-water marks do not fit the partitions.
+    #[error("high-water marks: {0}")]
+    Marks(String),
+}

@@ -1,0 +1,720 @@
+//! The single writer of one partition: an async task that takes groups of queued commands and
+//! hands each group to a blocking thread, where it runs every command's sequencing transaction
+//! (reading records and stored numbers there, never on the async runtime), writes the group's
+//! events in one atomic batch, syncs the store while raising the partition's high-water mark,
+//! and only then answers the clients. Retries with a known idempotency key are answered from
+//! their original event. A partition whose sequencer fails is rebuilt with bounded backoff.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use monoseq_core::{
+    Busy, NextError, Params, Runtime, Sequencer, SequencerHandle, Start, StartError, Status,
+};
+use monoseq_kv::{KvError, KvStore};
+use monoseq_store::{
+    AppendError, CRECORD_ID_SEQUENCE, Event, EventStore, Idempotency, Mark, Marks,
+    OWRECORD_ID_SEQUENCE, PLogSeqStorage, PartitionId, ReadError, RecordId, RecordKind,
+    WLOG_OFFSET_SEQUENCE, WLogOffset,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::command::{Command, Plan, resolve};
+use crate::error::CommandError;
+use crate::idempotency::{IdempotencyKey, Window};
+use crate::processor::{Counters, Outcome};
+
+/// How long a partition waits for its sequencer to finish actualizing before it answers the
+/// queued commands busy and waits again.
+const ACTUALIZE_WAIT: Duration = Duration::from_secs(1);
+/// First and longest delay before rebuilding a failed partition.
+pub const REBUILD_DELAY_MIN: Duration = Duration::from_millis(20);
+/// See [`REBUILD_DELAY_MIN`].
+pub const REBUILD_DELAY_MAX: Duration = Duration::from_secs(5);
+
+pub(crate) type Storage<S> = Arc<PLogSeqStorage<S>>;
+
+/// A queued command.
+pub(crate) struct Job {
+    pub(crate) cmd: Command,
+    pub(crate) plan: Plan,
+    /// The idempotency key and the request's fingerprint.
+    pub(crate) key: Option<(IdempotencyKey, u64)>,
+    pub(crate) reply: oneshot::Sender<Result<Outcome, CommandError>>,
+}
+
+/// Whether a partition serves, as the processor reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PartitionState {
+    /// Starting: actualizing and rebuilding its idempotency window.
+    Starting,
+    /// Serving commands (its sequencer may still answer busy).
+    Serving,
+    /// Its sequencer failed; being rebuilt.
+    Rebuilding {
+        /// What failed.
+        reason: String,
+    },
+    /// Stopped.
+    Stopped,
+}
+
+/// What the processor and a partition's task share.
+pub(crate) struct PartitionShared<S: KvStore + Clone> {
+    pub(crate) handle: Mutex<SequencerHandle<Storage<S>>>,
+    pub(crate) state: Mutex<PartitionState>,
+    pub(crate) rebuilds: AtomicU64,
+}
+
+impl<S: KvStore + Clone> PartitionShared<S> {
+    pub(crate) fn handle(&self) -> SequencerHandle<Storage<S>> {
+        self.handle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn state(&self) -> PartitionState {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_state(&self, state: PartitionState) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = state;
+    }
+}
+
+/// Everything a group needs, moved to a blocking thread for the group and back.
+pub(crate) struct Writer<S: KvStore + Clone> {
+    pub(crate) partition: PartitionId,
+    pub(crate) store: EventStore<S>,
+    pub(crate) seq: Sequencer<Storage<S>>,
+    pub(crate) window: Window,
+    pub(crate) marks: Option<Arc<Marks>>,
+    pub(crate) mark: Mark,
+    pub(crate) counters: Arc<Counters>,
+    /// Cache counters already added to `counters`.
+    pub(crate) reported: (u64, u64),
+    /// Set when the sequencer failed beyond healing: the task rebuilds it.
+    pub(crate) failed: Option<String>,
+}
+
+/// The async side of a partition.
+pub(crate) struct PartitionTask<S: KvStore + Clone> {
+    /// `None` only while a group runs on a blocking thread, or after that thread was lost.
+    pub(crate) writer: Option<Writer<S>>,
+    pub(crate) storage: Storage<S>,
+    pub(crate) params: Params,
+    pub(crate) runtime: Runtime,
+    pub(crate) shared: Arc<PartitionShared<S>>,
+    pub(crate) group_max: usize,
+    pub(crate) window_events: u64,
+    pub(crate) template: WriterTemplate<S>,
+}
+
+/// A command that got its numbers and waits for its group's write.
+struct Accepted {
+    job: Job,
+    outcome: Outcome,
+}
+
+impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
+    pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Job>) {
+        if !self.start(&mut rx).await {
+            return self.stop(rx).await;
+        }
+        let mut jobs: Vec<Job> = Vec::with_capacity(self.group_max);
+        let mut retry: Vec<Job> = Vec::new();
+        loop {
+            if retry.is_empty() {
+                match rx.recv().await {
+                    Some(j) => jobs.push(j),
+                    None => break,
+                }
+            } else {
+                jobs.append(&mut retry);
+            }
+            while jobs.len() < self.group_max {
+                match rx.try_recv() {
+                    Ok(j) => jobs.push(j),
+                    Err(_) => break,
+                }
+            }
+            retry = self.group(std::mem::take(&mut jobs)).await;
+            let failed = match &mut self.writer {
+                Some(w) => w.failed.take(),
+                None => Some("a group's thread was lost".into()),
+            };
+            if let Some(reason) = failed {
+                self.heal(reason, &mut rx).await;
+            } else if !retry.is_empty() {
+                self.wait_actualized().await;
+            }
+        }
+        for j in retry {
+            let _ = j.reply.send(Err(CommandError::ShuttingDown));
+        }
+        self.stop(rx).await;
+    }
+
+    fn writer(&self) -> &Writer<S> {
+        self.writer
+            .as_ref()
+            .expect("the writer is back from its blocking thread, or healed")
+    }
+
+    /// Waits for the first actualization, answering queued commands busy meanwhile, then
+    /// rebuilds the idempotency window from the PLog tail. False when the queue closed first.
+    async fn start(&mut self, rx: &mut mpsc::Receiver<Job>) -> bool {
+        loop {
+            match self.wait_actualized().await {
+                Status::None | Status::Actualizing => {
+                    if !answer_queued(rx, &|| busy(Busy::Actualizing)) {
+                        return false;
+                    }
+                }
+                Status::Finished => {
+                    self.heal("the sequencer failed while actualizing".into(), rx)
+                        .await;
+                    break;
+                }
+                _ => break,
+            }
+        }
+        self.rebuild_window().await;
+        self.shared.set_state(PartitionState::Serving);
+        true
+    }
+
+    async fn stop(self, rx: mpsc::Receiver<Job>) {
+        drop(rx);
+        self.shared.set_state(PartitionState::Stopped);
+        if let Some(w) = self.writer {
+            let seq = w.seq;
+            let _ = tokio::task::spawn_blocking(move || seq.shutdown()).await;
+        }
+    }
+
+    /// Waits up to [`ACTUALIZE_WAIT`] for the sequencer to finish actualizing; its status.
+    async fn wait_actualized(&self) -> Status {
+        let handle = self.shared.handle();
+        tokio::task::spawn_blocking(move || handle.wait_actualized(ACTUALIZE_WAIT))
+            .await
+            .unwrap_or(Status::Finished)
+    }
+
+    /// Remembers the keys of the PLog tail's events (the window's span before the PLog end).
+    async fn rebuild_window(&mut self) {
+        let w = self.writer();
+        let store = w.store.clone();
+        let partition = w.partition;
+        let next = self.shared.handle().stats().next_offset;
+        let from = w.window.start(next);
+        let keys = tokio::task::spawn_blocking(move || {
+            let mut keys = Vec::new();
+            let read = store.for_each_event(
+                partition,
+                monoseq_core::PLogOffset(from),
+                monoseq_core::PLogOffset(next),
+                &mut |e: Event| {
+                    if let Some(i) = e.idempotency {
+                        keys.push((i.key, e.plog_offset.0));
+                    }
+                },
+            );
+            (keys, read)
+        })
+        .await;
+        let Ok((keys, read)) = keys else { return };
+        if let Err(e) = read {
+            tracing::warn!(
+                partition = partition.0,
+                "rebuilding the idempotency window stopped early: {e}; retries of older \
+                 commands are not recognised"
+            );
+        }
+        if let Some(w) = &mut self.writer {
+            for (key, offset) in keys {
+                if let Ok(k) = IdempotencyKey::new(&key) {
+                    w.window.insert(k.hash(), offset);
+                }
+            }
+        }
+    }
+
+    /// Runs one group on a blocking thread; the jobs to retry.
+    async fn group(&mut self, jobs: Vec<Job>) -> Vec<Job> {
+        let handle = tokio::runtime::Handle::current();
+        let Some(mut writer) = self.writer.take() else {
+            return jobs;
+        };
+        let ran = tokio::task::spawn_blocking(move || {
+            let retry = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                writer.run_group(jobs, &handle)
+            }));
+            (writer, retry)
+        })
+        .await;
+        let Ok((mut writer, retry)) = ran else {
+            return Vec::new();
+        };
+        let retry = retry.unwrap_or_else(|_| {
+            writer.failed = Some("processing a group panicked".into());
+            Vec::new()
+        });
+        self.writer = Some(writer);
+        retry
+    }
+
+    /// A new sequencer on the same storage (which fences the old one's writes), and a new
+    /// writer around it when the old writer was lost.
+    fn replace_sequencer(&mut self, template: &WriterTemplate<S>) -> bool {
+        let seq = Sequencer::new(
+            self.params.clone(),
+            Arc::clone(&self.storage),
+            &self.runtime,
+        );
+        *self.shared.handle.lock().unwrap_or_else(|e| e.into_inner()) = seq.handle();
+        let lost = self.writer.is_none();
+        match &mut self.writer {
+            Some(w) => {
+                let old = std::mem::replace(&mut w.seq, seq);
+                drop(old);
+            }
+            None => {
+                let mark = template
+                    .marks
+                    .as_ref()
+                    .and_then(|m| m.get(template.partition.0).ok())
+                    .unwrap_or(template.mark);
+                self.writer = Some(Writer {
+                    partition: template.partition,
+                    store: template.store.clone(),
+                    seq,
+                    window: Window::new(self.window_events),
+                    marks: template.marks.clone(),
+                    mark,
+                    counters: Arc::clone(&template.counters),
+                    reported: (0, 0),
+                    failed: None,
+                });
+            }
+        }
+        lost
+    }
+
+    /// Rebuilds a failed partition: a new sequencer on the same storage, actualized from the
+    /// PLog, with bounded exponential backoff; commands that arrive meanwhile are answered
+    /// "unavailable".
+    async fn heal(&mut self, reason: String, rx: &mut mpsc::Receiver<Job>) {
+        let template = self.template.clone();
+        let partition = template.partition.0;
+        let began = Instant::now();
+        tracing::error!(partition, "partition failed: {reason}; rebuilding it");
+        self.shared.set_state(PartitionState::Rebuilding {
+            reason: reason.clone(),
+        });
+        let unavailable = || CommandError::Unavailable {
+            partition,
+            reason: reason.clone(),
+        };
+        let mut delay = REBUILD_DELAY_MIN;
+        let mut attempts = 0u32;
+        let mut lost = false;
+        loop {
+            attempts += 1;
+            let _ = tokio::time::timeout(delay, drain(rx, &unavailable)).await;
+            lost |= self.replace_sequencer(&template);
+            let status = loop {
+                match self.wait_actualized().await {
+                    Status::None | Status::Actualizing => {
+                        answer_queued(rx, &unavailable);
+                    }
+                    s => break s,
+                }
+            };
+            if status != Status::Finished {
+                break;
+            }
+            tracing::error!(
+                partition,
+                attempts,
+                "rebuilding the partition failed; retrying"
+            );
+            delay = (delay * 2).min(REBUILD_DELAY_MAX);
+        }
+        if lost {
+            self.rebuild_window().await;
+        }
+        self.shared.rebuilds.fetch_add(1, Ordering::Relaxed);
+        self.shared.set_state(PartitionState::Serving);
+        tracing::info!(
+            partition,
+            attempts,
+            elapsed_ms = began.elapsed().as_millis() as u64,
+            "partition rebuilt; serving again"
+        );
+    }
+}
+
+/// What a partition needs to build a writer again: everything but its sequencer and window.
+#[derive(Clone)]
+pub(crate) struct WriterTemplate<S: KvStore + Clone> {
+    pub(crate) partition: PartitionId,
+    pub(crate) store: EventStore<S>,
+    pub(crate) marks: Option<Arc<Marks>>,
+    pub(crate) mark: Mark,
+    pub(crate) counters: Arc<Counters>,
+}
+
+/// Answers every command queued now with `error`; false when the queue is closed.
+fn answer_queued(rx: &mut mpsc::Receiver<Job>, error: &(dyn Fn() -> CommandError + Sync)) -> bool {
+    loop {
+        match rx.try_recv() {
+            Ok(j) => {
+                let _ = j.reply.send(Err(error()));
+            }
+            Err(mpsc::error::TryRecvError::Empty) => return true,
+            Err(mpsc::error::TryRecvError::Disconnected) => return false,
+        }
+    }
+}
+
+/// Answers every command that arrives with `error` until the queue closes (or the caller's
+/// timeout ends the wait).
+async fn drain(rx: &mut mpsc::Receiver<Job>, error: &(dyn Fn() -> CommandError + Sync)) {
+    while let Some(j) = rx.recv().await {
+        let _ = j.reply.send(Err(error()));
+    }
+}
+
+pub(crate) fn busy(b: Busy) -> CommandError {
+    CommandError::Busy(b.to_string())
+}
+
+impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
+    /// Sequences a group, writes it and answers its commands; the innocent commands of a group
+    /// that failed because of one of them, to retry.
+    fn run_group(&mut self, jobs: Vec<Job>, rt: &tokio::runtime::Handle) -> Vec<Job> {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut accepted: Vec<Accepted> = Vec::with_capacity(jobs.len());
+        let mut events: Vec<Event> = Vec::with_capacity(jobs.len());
+        // Commands repeating a key of this group wait for its first command's answer.
+        let mut in_group: HashMap<u64, usize> = HashMap::new();
+        let mut followers: Vec<(Job, usize)> = Vec::new();
+        for job in jobs {
+            if let Some((key, fingerprint)) = &job.key {
+                if let Some(&i) = in_group.get(&key.hash()) {
+                    let same = matches!(&accepted[i].job.key, Some((_, f)) if f == fingerprint);
+                    if same {
+                        followers.push((job, i));
+                    } else {
+                        let e = key_reused(key);
+                        answer(&self.counters, job, Err(e));
+                    }
+                    continue;
+                }
+                if let Some(result) = self.replay(key, *fingerprint) {
+                    answer(&self.counters, job, result);
+                    continue;
+                }
+            }
+            match self.sequence(&job, now_ms) {
+                Ok((event, outcome)) => {
+                    if let Some((key, _)) = &job.key {
+                        self.window.insert(key.hash(), outcome.plog_offset);
+                        in_group.insert(key.hash(), accepted.len());
+                    }
+                    events.push(event);
+                    accepted.push(Accepted { job, outcome });
+                }
+                Err(e) => answer(&self.counters, job, Err(e)),
+            }
+        }
+        self.report_cache();
+        if accepted.is_empty() {
+            return Vec::new();
+        }
+        let first = accepted[0].outcome.plog_offset;
+        let mark = group_mark(self.mark, &events);
+        match self.write(events, mark, rt) {
+            Ok(()) => {
+                self.seq.mark_durable();
+                self.mark = mark;
+                self.counters.groups.fetch_add(1, Ordering::Relaxed);
+                for (job, i) in followers {
+                    let mut outcome = accepted[i].outcome.clone();
+                    outcome.replayed = true;
+                    answer(&self.counters, job, Ok(outcome));
+                }
+                for a in accepted {
+                    answer(&self.counters, a.job, Ok(a.outcome));
+                }
+                Vec::new()
+            }
+            Err(e) => {
+                self.window.forget_from(first);
+                self.failed_group(&e, accepted, followers)
+            }
+        }
+    }
+
+    /// After a failed group write: the PLog decides which numbers were used. The command that
+    /// caused it gets its error, the others are retried; a storage fault fails them all.
+    fn failed_group(
+        &mut self,
+        e: &AppendError,
+        accepted: Vec<Accepted>,
+        followers: Vec<(Job, usize)>,
+    ) -> Vec<Job> {
+        self.seq.actualize();
+        let blamed = CommandError::of_append(e);
+        if blamed.is_none() {
+            tracing::warn!(
+                partition = self.partition.0,
+                "writing a group of {} commands failed: {e}",
+                accepted.len()
+            );
+        }
+        let mut retry = Vec::new();
+        for (i, a) in accepted.into_iter().enumerate() {
+            match &blamed {
+                Some((c, err)) if *c == i => answer(&self.counters, a.job, Err(err.clone())),
+                Some(_) => retry.push(a.job),
+                None => answer(&self.counters, a.job, Err(storage_error(e))),
+            }
+        }
+        for (job, _) in followers {
+            match &blamed {
+                Some(_) => retry.push(job),
+                None => answer(&self.counters, job, Err(storage_error(e))),
+            }
+        }
+        retry
+    }
+
+    /// Makes a group durable before anyone is told: appends it, then syncs the store while
+    /// raising the partition's high-water mark on another blocking thread.
+    fn write(
+        &self,
+        events: Vec<Event>,
+        mark: Mark,
+        rt: &tokio::runtime::Handle,
+    ) -> Result<(), AppendError> {
+        self.store.append(self.partition, &events)?;
+        let partition = self.partition.0;
+        let raised = self
+            .marks
+            .clone()
+            .map(|marks| rt.spawn_blocking(move || marks.raise(partition, &mark)));
+        let synced = self.store.sync().map_err(AppendError::Storage);
+        let raised = match raised {
+            None => Ok(()),
+            Some(r) => match rt.block_on(r) {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(AppendError::Storage(KvError::backend(
+                    "raising the high-water mark failed",
+                    e,
+                ))),
+                Err(join) => Err(AppendError::Storage(KvError::backend(
+                    "raising the high-water mark panicked",
+                    join.to_string(),
+                ))),
+            },
+        };
+        synced.and(raised)
+    }
+
+    /// The answer to a retry of a command whose event carries the same key: the original
+    /// answer, or a refusal if the body differs. `None` when the key is not known (never seen,
+    /// or its event is gone).
+    fn replay(
+        &self,
+        key: &IdempotencyKey,
+        fingerprint: u64,
+    ) -> Option<Result<Outcome, CommandError>> {
+        let offset = self.window.get(key.hash())?;
+        let event = match self
+            .store
+            .read_event(self.partition, monoseq_core::PLogOffset(offset))
+        {
+            Ok(Some(e)) => e,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(read_error(&e))),
+        };
+        let recorded = event.idempotency.as_ref()?;
+        if recorded.key != key.as_str() {
+            return None;
+        }
+        if recorded.fingerprint != fingerprint {
+            return Some(Err(key_reused(key)));
+        }
+        Some(Ok(Outcome {
+            partition: self.partition.0,
+            plog_offset: event.plog_offset.0,
+            wlog_offset: event.wlog_offset.0,
+            ids: recorded.raw_ids.iter().copied().collect(),
+            replayed: true,
+        }))
+    }
+
+    /// Runs the sequencing transaction of one command, committed as pending.
+    fn sequence(&mut self, job: &Job, now_ms: u64) -> Result<(Event, Outcome), CommandError> {
+        let plan = &job.plan;
+        let updated = self.read_updated(job)?;
+        let mut tx = match self.seq.start(plan.ws_kind, plan.ws) {
+            Ok(Start::Began(tx)) => tx,
+            Ok(Start::Busy(b)) => return Err(busy(b)),
+            Err(StartError::UnknownWsKind(k)) => return Err(CommandError::UnknownWsKind(k.0)),
+            Err(e) => {
+                self.failed = Some(e.to_string());
+                return Err(CommandError::Unavailable {
+                    partition: self.partition.0,
+                    reason: e.to_string(),
+                });
+            }
+        };
+        let wlog = tx.next(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
+        let mut ids = BTreeMap::new();
+        for &(raw, kind) in &plan.raw_ids {
+            let n = tx.next(RecordKind::id_sequence(kind)).map_err(next_error)?;
+            ids.insert(raw, n.0);
+        }
+        let plog = tx.plog_offset();
+        let kinds: Vec<(RecordKind, String)> =
+            updated.iter().map(|r| (r.kind, r.name.clone())).collect();
+        let (created, updated, argument) = resolve(&job.cmd, &ids, &kinds);
+        let event = Event {
+            plog_offset: plog,
+            ws: plan.ws,
+            ws_kind: plan.ws_kind,
+            wlog_offset: WLogOffset(wlog.0),
+            registered_at_ms: now_ms,
+            command: job.cmd.command.clone(),
+            argument,
+            created,
+            updated,
+            idempotency: job.key.as_ref().map(|(key, fingerprint)| Idempotency {
+                key: key.as_str().to_owned(),
+                fingerprint: *fingerprint,
+                raw_ids: ids.iter().map(|(&r, &i)| (r, i)).collect(),
+            }),
+        };
+        tx.commit_pending();
+        let outcome = Outcome {
+            partition: self.partition.0,
+            plog_offset: plog.0,
+            wlog_offset: wlog.0,
+            ids,
+            replayed: false,
+        };
+        Ok((event, outcome))
+    }
+
+    /// The stored records the command updates, each checked to stay within the storage's
+    /// limits once updated (before any number is taken).
+    fn read_updated(&self, job: &Job) -> Result<Vec<monoseq_store::Record>, CommandError> {
+        let ws = job.plan.ws;
+        let mut out = Vec::with_capacity(job.cmd.update.len());
+        let probe_ids: BTreeMap<u64, u64> = job
+            .plan
+            .raw_ids
+            .iter()
+            .map(|&(raw, _)| (raw, u64::MAX))
+            .collect();
+        for u in &job.cmd.update {
+            let stored = match self.store.read_record(ws, RecordId(u.id)) {
+                Ok(Some(r)) => r,
+                Ok(None) => return Err(CommandError::UnknownRecord { ws: ws.0, id: u.id }),
+                Err(e) => return Err(read_error(&e)),
+            };
+            let change = monoseq_store::Record {
+                fields: crate::command::fields(&u.fields, &probe_ids),
+                ..stored.clone()
+            };
+            self.store
+                .check_update_storable(&stored, &change)
+                .map_err(|e| CommandError::TooLarge(e.to_string()))?;
+            out.push(stored);
+        }
+        Ok(out)
+    }
+
+    fn report_cache(&mut self) {
+        let s = self.seq.cache_stats();
+        let (h, m) = self.reported;
+        self.counters
+            .cache_hits
+            .fetch_add(s.hits - h, Ordering::Relaxed);
+        self.counters
+            .cache_misses
+            .fetch_add(s.misses - m, Ordering::Relaxed);
+        self.reported = (s.hits, s.misses);
+    }
+}
+
+fn answer(counters: &Counters, job: Job, result: Result<Outcome, CommandError>) {
+    let counter = match &result {
+        Ok(o) if o.replayed => &counters.replayed,
+        Ok(_) => &counters.committed,
+        Err(CommandError::Busy(_)) => &counters.busy,
+        Err(_) => &counters.failed,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    let _ = job.reply.send(result);
+}
+
+fn key_reused(key: &IdempotencyKey) -> CommandError {
+    CommandError::KeyReused {
+        key: key.as_str().to_owned(),
+    }
+}
+
+fn next_error(e: NextError) -> CommandError {
+    match e {
+        NextError::Exhausted { .. } => CommandError::Exhausted(e.to_string()),
+        other => CommandError::Storage(other.to_string()),
+    }
+}
+
+/// A failed read: damaged bytes are corruption, anything else a storage fault.
+pub(crate) fn read_error(e: &ReadError) -> CommandError {
+    match e {
+        ReadError::Corrupt { .. }
+        | ReadError::Misplaced { .. }
+        | ReadError::Storage(KvError::Corrupted { .. }) => CommandError::Corrupted(e.to_string()),
+        _ => CommandError::Storage(e.to_string()),
+    }
+}
+
+fn storage_error(e: &AppendError) -> CommandError {
+    match e {
+        AppendError::CorruptRecord { .. } | AppendError::Storage(KvError::Corrupted { .. }) => {
+            CommandError::Corrupted(e.to_string())
+        }
+        _ => CommandError::Storage(e.to_string()),
+    }
+}
+
+/// The partition's high-water mark once `events` are acknowledged: `mark` raised by the
+/// last PLog offset and the highest WLog offset and record IDs of the group.
+fn group_mark(mark: Mark, events: &[Event]) -> Mark {
+    let mut m = mark;
+    for e in events {
+        m.plog = m.plog.max(e.plog_offset.0);
+        e.for_each_number(|seq, n| {
+            let slot = match seq {
+                s if s == WLOG_OFFSET_SEQUENCE.id => &mut m.wlog,
+                s if s == CRECORD_ID_SEQUENCE.id => &mut m.crecord,
+                s if s == OWRECORD_ID_SEQUENCE.id => &mut m.owrecord,
+                _ => return,
+            };
+            *slot = (*slot).max(n.0);
+        });
+    }
+    m
+}
