@@ -282,6 +282,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             Some(w) => {
                 let old = std::mem::replace(&mut w.seq, seq);
                 drop(old);
+                w.reported = (0, 0);
             }
             None => {
                 let mark = template
@@ -649,10 +650,10 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         let (h, m) = self.reported;
         self.counters
             .cache_hits
-            .fetch_add(s.hits - h, Ordering::Relaxed);
+            .fetch_add(s.hits.saturating_sub(h), Ordering::Relaxed);
         self.counters
             .cache_misses
-            .fetch_add(s.misses - m, Ordering::Relaxed);
+            .fetch_add(s.misses.saturating_sub(m), Ordering::Relaxed);
         self.reported = (s.hits, s.misses);
     }
 }

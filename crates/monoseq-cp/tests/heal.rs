@@ -1,0 +1,403 @@
+//! The command processor when things go wrong, on the real embedded engine: safe retries with
+//! idempotency keys (also across a restart), bad commands refused before they take numbers,
+//! a slow storage call that stalls no other partition, a permanent condition that is not
+//! "retry later", and a partition whose sequencer fails (a storage call panics) rebuilt under
+//! load while readiness says so.
+
+use std::collections::HashSet;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use monoseq_core::{Number, PLogOffset, SeqStorage, SeqValue, WsId};
+use monoseq_cp::{Command, CommandError, CommandProcessor, Config, IdempotencyKey};
+use monoseq_kv::{CasError, EmbeddedStore, Key, KvError, KvStore, Options, Order, Visitor};
+use monoseq_kv::{WriteBatch, WriteError};
+use monoseq_store::{AppId, EventStore, PartitionId, RecordId, TrustLevel, WLOG_OFFSET_SEQUENCE};
+use serde_json::json;
+
+/// The embedded engine with hooks: reads of one partition key can be slowed down, and writes
+/// of the sequence checkpoint can be made to panic (a broken storage call).
+struct Hooked {
+    inner: EmbeddedStore,
+    slow: Mutex<Option<(Vec<u8>, Duration)>>,
+    checkpoint_panics: AtomicU32,
+}
+
+type Store = Arc<Hooked>;
+
+impl Hooked {
+    fn open(dir: &std::path::Path) -> Store {
+        Arc::new(Hooked {
+            inner: EmbeddedStore::open(dir, Options::default()).expect("open the embedded store"),
+            slow: Mutex::new(None),
+            checkpoint_panics: AtomicU32::new(0),
+        })
+    }
+
+    fn pause_if_slow(&self, partition: &[u8]) {
+        let slow = self.slow.lock().unwrap().clone();
+        if let Some((p, d)) = slow
+            && p == partition
+        {
+            std::thread::sleep(d);
+        }
+    }
+}
+
+/// The checkpoint table's tag (`docs/format.md`).
+const TAG_CHECKPOINT: u8 = 0x05;
+
+impl KvStore for Hooked {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.pause_if_slow(key.partition);
+        self.inner.get(key)
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        for k in keys {
+            self.pause_if_slow(k.partition);
+        }
+        self.inner.get_many(keys)
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        self.inner.scan(partition, from, to, order, visit)
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+        let checkpoint = batch
+            .iter()
+            .any(|i| i.key.partition.first() == Some(&TAG_CHECKPOINT));
+        if checkpoint
+            && self
+                .checkpoint_panics
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            panic!("injected: the checkpoint write panics");
+        }
+        self.inner.write(batch)
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        self.inner.compare_and_swap(key, expected, new)
+    }
+
+    fn sync(&self) -> Result<(), KvError> {
+        self.inner.sync()
+    }
+}
+
+fn order(ws: u64, n: u64) -> Command {
+    serde_json::from_value(json!({
+        "ws": ws, "ws_kind": 1, "command": "heal.Create",
+        "create": [{"raw_id": 1, "kind": "CDoc", "name": "heal.Doc", "fields": {"n": n}}],
+    }))
+    .expect("command")
+}
+
+fn config(partitions: u32) -> Config {
+    Config {
+        partitions,
+        flush_delay: Duration::from_millis(5),
+        ..Config::default()
+    }
+}
+
+fn processor(kv: &Store, partitions: u32) -> CommandProcessor<Store> {
+    let store = EventStore::new(Arc::clone(kv), AppId(1), TrustLevel::Level0);
+    CommandProcessor::start(store, config(partitions)).expect("start")
+}
+
+async fn ready(cp: &CommandProcessor<Store>) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cp.ready() {
+        assert!(Instant::now() < deadline, "never ready: {:?}", cp.unready());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn key(k: &str) -> Option<IdempotencyKey> {
+    Some(IdempotencyKey::new(k).expect("valid key"))
+}
+
+/// Events of workspace `ws` in its WLog.
+fn wlog_len(cp: &CommandProcessor<Store>, ws: u64) -> usize {
+    cp.store()
+        .read_wlog(WsId(ws), monoseq_store::WLogOffset(1), 1_000)
+        .expect("read WLog")
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_the_same_key_gets_the_original_answer_and_writes_nothing() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = Hooked::open(dir.path());
+    let cp = processor(&kv, 2);
+    ready(&cp).await;
+    let first = cp
+        .submit_keyed(order(7, 1), key("k-1"))
+        .await
+        .expect("first");
+    assert!(!first.replayed);
+    let again = cp
+        .submit_keyed(order(7, 1), key("\"k-1\""))
+        .await
+        .expect("retry");
+    assert!(
+        again.replayed,
+        "the retry is answered from the original event"
+    );
+    assert_eq!(
+        (again.plog_offset, again.wlog_offset),
+        (first.plog_offset, first.wlog_offset)
+    );
+    assert_eq!(again.ids, first.ids);
+    assert_eq!(wlog_len(&cp, 7), 1, "one event per key");
+    let other = cp.submit_keyed(order(7, 2), key("k-1")).await.unwrap_err();
+    assert!(matches!(other, CommandError::KeyReused { .. }), "{other}");
+    assert_eq!(
+        (other.http_status(), other.code()),
+        (422, "idempotency_key_reused")
+    );
+    // Without a key the same command is a new command.
+    let plain = cp.submit(order(7, 1)).await.expect("plain");
+    assert_eq!(plain.wlog_offset, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_retries_of_one_key_write_one_event() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = Hooked::open(dir.path());
+    let cp = processor(&kv, 1);
+    ready(&cp).await;
+    let tries: Vec<_> = (0..24)
+        .map(|_| {
+            let cp = cp.clone();
+            tokio::spawn(async move { cp.submit_keyed(order(3, 9), key("same")).await })
+        })
+        .collect();
+    let mut answers = HashSet::new();
+    for t in tries {
+        let o = t.await.expect("task").expect("answer");
+        answers.insert((o.plog_offset, o.wlog_offset, o.ids));
+    }
+    assert_eq!(answers.len(), 1, "every try got the same answer");
+    assert_eq!(wlog_len(&cp, 3), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_are_recognised_after_a_restart() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = Hooked::open(dir.path());
+    let cp = processor(&kv, 2);
+    ready(&cp).await;
+    let mut first = Vec::new();
+    for n in 0..20 {
+        let o = cp
+            .submit_keyed(order(n % 4 + 1, n), key(&format!("r-{n}")))
+            .await
+            .expect("submit");
+        first.push(o);
+    }
+    assert!(cp.shutdown(Duration::from_secs(5)).await);
+    drop(kv);
+    let kv = Hooked::open(dir.path());
+    let cp = processor(&kv, 2);
+    ready(&cp).await;
+    for (n, o) in first.iter().enumerate() {
+        let n = n as u64;
+        let again = cp
+            .submit_keyed(order(n % 4 + 1, n), key(&format!("r-{n}")))
+            .await
+            .expect("retry");
+        assert!(again.replayed);
+        assert_eq!((again.plog_offset, &again.ids), (o.plog_offset, &o.ids));
+    }
+    for ws in 1..=4 {
+        assert_eq!(wlog_len(&cp, ws), 5);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_too_large_to_store_is_refused_before_it_takes_numbers() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = Hooked::open(dir.path());
+    let cp = processor(&kv, 1);
+    ready(&cp).await;
+    let big = "x".repeat(monoseq_kv::limits::VALUE_BYTES_MAX);
+    let cmd: Command = serde_json::from_value(json!({
+        "ws": 5, "ws_kind": 1, "command": "heal.Big",
+        "create": [{"raw_id": 1, "kind": "CDoc", "name": "heal.Doc", "fields": {"b": big}}],
+    }))
+    .expect("command");
+    let before = cp.stats().actualizations;
+    let err = cp.submit(cmd).await.unwrap_err();
+    assert_eq!((err.http_status(), err.code()), (413, "too_large"), "{err}");
+    assert!(err.to_string().contains("the command"), "{err}");
+    // Nothing was sequenced: no actualization, and the next command gets offset 1.
+    let next = cp.submit(order(5, 1)).await.expect("next command");
+    assert_eq!((next.plog_offset, next.wlog_offset), (1, 1));
+    assert_eq!(cp.stats().actualizations, before);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_slow_storage_read_in_one_partition_does_not_stall_another() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = Hooked::open(dir.path());
+    let cp = processor(&kv, 2);
+    ready(&cp).await;
+    let doc = cp
+        .submit(order(2, 1))
+        .await
+        .expect("create a record in partition 0");
+    let id = doc.ids[&1];
+    let record_key = cp.store().record_key(WsId(2), RecordId(id));
+    *kv.slow.lock().unwrap() = Some((record_key.partition.clone(), Duration::from_millis(1500)));
+    let update: Command = serde_json::from_value(json!({
+        "ws": 2, "ws_kind": 1, "command": "heal.Update",
+        "update": [{"id": id, "fields": {"n": 2}}],
+    }))
+    .expect("command");
+    let slow = tokio::spawn({
+        let cp = cp.clone();
+        async move { cp.submit(update).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let began = Instant::now();
+    for n in 0..5 {
+        cp.submit(order(3, n)).await.expect("partition 1 serves");
+    }
+    let took = began.elapsed();
+    assert!(
+        took < Duration::from_millis(1000),
+        "partition 1 waited {took:?} for partition 0's slow read"
+    );
+    *kv.slow.lock().unwrap() = None;
+    slow.await
+        .expect("task")
+        .expect("the slow update ends well");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_sequence_is_a_permanent_error_not_busy() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = Hooked::open(dir.path());
+    {
+        let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+        store
+            .seq_storage(PartitionId(0))
+            .write_values_and_next_plog_offset(
+                &[SeqValue::new(
+                    WsId(4),
+                    WLOG_OFFSET_SEQUENCE.id,
+                    Number(u64::MAX),
+                )],
+                PLogOffset::FIRST,
+            )
+            .expect("seed an exhausted WLog");
+    }
+    let cp = processor(&kv, 1);
+    ready(&cp).await;
+    let err = cp.submit(order(4, 1)).await.unwrap_err();
+    assert_eq!(
+        (err.http_status(), err.code()),
+        (409, "sequence_exhausted"),
+        "{err}"
+    );
+    assert!(!err.is_transient());
+    cp.submit(order(5, 1))
+        .await
+        .expect("other workspaces still work");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_partition_is_rebuilt_under_load_and_readiness_says_so() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = Hooked::open(dir.path());
+    let cp = processor(&kv, 2);
+    ready(&cp).await;
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4u64)
+        .map(|c| {
+            let (cp, acked, stop) = (cp.clone(), Arc::clone(&acked), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    match cp.submit(order(c % 2 + 2, n)).await {
+                        Ok(o) => acked
+                            .lock()
+                            .unwrap()
+                            .push((o.partition, o.plog_offset, o.ids)),
+                        Err(e) => assert!(e.is_transient(), "not transient: {e}"),
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Every checkpoint write panics for a while: the partition's sequencer is poisoned,
+    // and each rebuild fails too until storage works again.
+    kv.checkpoint_panics.store(6, Ordering::Release);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen_rebuilding = false;
+    while kv.checkpoint_panics.load(Ordering::Acquire) > 0 || !cp.ready() {
+        seen_rebuilding |= cp
+            .unready()
+            .iter()
+            .any(|(_, why)| why.starts_with("rebuilding"));
+        assert!(
+            Instant::now() < deadline,
+            "never healed: {:?}",
+            cp.unready()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let after = acked.lock().unwrap().len();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while acked.lock().unwrap().len() < after + 20 {
+        assert!(
+            Instant::now() < deadline,
+            "no command succeeded after the rebuild"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.expect("client");
+    }
+    assert!(
+        seen_rebuilding,
+        "readiness named the partition being rebuilt"
+    );
+    assert!(cp.stats().rebuilds >= 1);
+    let acked = acked.lock().unwrap();
+    let mut offsets = HashSet::new();
+    let mut ids = HashSet::new();
+    for (p, plog, got) in acked.iter() {
+        assert!(
+            offsets.insert((*p, *plog)),
+            "PLog offset {plog} of {p} handed out twice"
+        );
+        for id in got.values() {
+            assert!(ids.insert((*p, *id)), "record ID {id} handed out twice");
+        }
+    }
+}
