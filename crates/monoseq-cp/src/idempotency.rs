@@ -1,5 +1,5 @@
 //! Safe retries (SPEC invariant 12): a command may carry an idempotency key (the IETF httpapi
-//! draft's `Idempotency-Key`). Each partition remembers the keys of its last
+//! draft's `Idempotency-Key`), scoped to the command's workspace. Each partition remembers the keys of its last
 //! `idempotency_window_events` events — a hash of the key and the event's PLog offset, not the
 //! answer — and a retry with a remembered key is answered from the event itself, which holds
 //! the key, a fingerprint of the request and the raw-to-real IDs. The window is rebuilt from
@@ -52,9 +52,13 @@ impl IdempotencyKey {
         &self.0
     }
 
-    /// The key's 64-bit hash, what the window remembers.
-    pub(crate) fn hash(&self) -> u64 {
-        fnv1a(self.0.as_bytes())
+    /// The 64-bit hash of the key in workspace `ws`, what the window remembers: a key is
+    /// scoped to its workspace (the same key in another workspace is another key).
+    pub(crate) fn hash_in(&self, ws: u64) -> u64 {
+        let mut h = Fnv1a::default();
+        h.write(&ws.to_le_bytes());
+        h.write(self.0.as_bytes());
+        h.finish()
     }
 }
 
@@ -65,12 +69,6 @@ pub(crate) fn fingerprint(cmd: &Command) -> u64 {
     // Serializing a plain struct of strings, numbers and JSON values cannot fail; a failure
     // would only weaken the check to the bytes written so far.
     let _ = serde_json::to_writer(HashWriter(&mut h), cmd);
-    h.finish()
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h = Fnv1a::default();
-    h.write(bytes);
     h.finish()
 }
 

@@ -220,7 +220,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 monoseq_core::PLogOffset(next),
                 &mut |e: Event| {
                     if let Some(i) = e.idempotency {
-                        keys.push((i.key, e.plog_offset.0));
+                        keys.push((i.key, e.ws.0, e.plog_offset.0));
                     }
                 },
             );
@@ -236,9 +236,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             );
         }
         if let Some(w) = &mut self.writer {
-            for (key, offset) in keys {
+            for (key, ws, offset) in keys {
                 if let Ok(k) = IdempotencyKey::new(&key) {
-                    w.window.insert(k.hash(), offset);
+                    w.window.insert(k.hash_in(ws), offset);
                 }
             }
         }
@@ -409,7 +409,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         let mut followers: Vec<(Job, usize)> = Vec::new();
         for job in jobs {
             if let Some((key, fingerprint)) = &job.key {
-                if let Some(&i) = in_group.get(&key.hash()) {
+                let hash = key.hash_in(job.plan.ws.0);
+                if let Some(&i) = in_group.get(&hash) {
                     let same = matches!(&accepted[i].job.key, Some((_, f)) if f == fingerprint);
                     if same {
                         followers.push((job, i));
@@ -419,7 +420,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                     }
                     continue;
                 }
-                if let Some(result) = self.replay(key, *fingerprint) {
+                if let Some(result) = self.replay(key, hash, job.plan.ws, *fingerprint) {
                     answer(&self.counters, job, result);
                     continue;
                 }
@@ -427,8 +428,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             match self.sequence(&job, now_ms) {
                 Ok((event, outcome)) => {
                     if let Some((key, _)) = &job.key {
-                        self.window.insert(key.hash(), outcome.plog_offset);
-                        in_group.insert(key.hash(), accepted.len());
+                        let hash = key.hash_in(job.plan.ws.0);
+                        self.window.insert(hash, outcome.plog_offset);
+                        in_group.insert(hash, accepted.len());
                     }
                     events.push(event);
                     accepted.push(Accepted { job, outcome });
@@ -536,9 +538,11 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     fn replay(
         &self,
         key: &IdempotencyKey,
+        hash: u64,
+        ws: monoseq_core::WsId,
         fingerprint: u64,
     ) -> Option<Result<Outcome, CommandError>> {
-        let offset = self.window.get(key.hash())?;
+        let offset = self.window.get(hash)?;
         let event = match self
             .store
             .read_event(self.partition, monoseq_core::PLogOffset(offset))
@@ -548,7 +552,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             Err(e) => return Some(Err(read_error(&e))),
         };
         let recorded = event.idempotency.as_ref()?;
-        if recorded.key != key.as_str() {
+        if recorded.key != key.as_str() || event.ws != ws {
             return None;
         }
         if recorded.fingerprint != fingerprint {

@@ -51,5 +51,6 @@ pub fn event(e: &Event) -> Value {
         "argument": e.argument.as_ref().map(arg),
         "created": e.created.iter().map(record).collect::<Vec<_>>(),
         "updated": e.updated.iter().map(record).collect::<Vec<_>>(),
+        "idempotency_key": e.idempotency.as_ref().map(|i| i.key.as_str()),
     })
 }
