@@ -35,6 +35,9 @@ pub struct BenchArgs {
     /// is not protected against an undetected loss).
     #[arg(long)]
     pub no_marks: bool,
+    /// Send every command with its own `Idempotency-Key`, to measure what keys cost.
+    #[arg(long)]
+    pub idempotency_keys: bool,
 }
 
 /// The command every client sends: one CDoc, an argument ODoc referring to it.
@@ -149,22 +152,29 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
     for client in 0..args.clients as u64 {
         let cp = cp.clone();
         let workspaces = args.workspaces;
+        let keys = args.idempotency_keys;
         tasks.push(tokio::spawn(async move {
             let mut t = Tally::new();
             let mut i = client;
             let template = command(1);
+            let mut n = 0u64;
             while Instant::now() < deadline {
                 let ws = i % workspaces + 1;
                 i += 7919;
+                n += 1;
                 let mut cmd = template.clone();
                 cmd.ws = ws;
+                let key = keys.then(|| {
+                    monoseq_cp::IdempotencyKey::new(&format!("bench-{client}-{n}"))
+                        .expect("a valid key")
+                });
                 let began = Instant::now();
-                match cp.submit(cmd).await {
+                match cp.submit_keyed(cmd, key).await {
                     Ok(_) => {
                         t.ok += 1;
                         let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
                     }
-                    Err(e) if e.http_status() == 503 => {
+                    Err(e) if e.is_transient() => {
                         t.busy += 1;
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
@@ -204,6 +214,7 @@ async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Re
     for c in 0..args.clients as u64 {
         let (path, authority) = (path.clone(), authority.clone());
         let workspaces = args.workspaces;
+        let keys = args.idempotency_keys;
         tasks.push(tokio::spawn(async move {
             // One keep-alive connection per client, driven by its own task: no pool to check
             // out from, no URL to parse per request.
@@ -219,14 +230,20 @@ async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Re
             let mut t = Tally::new();
             let mut i = c;
             let mut template = command(1);
+            let mut n = 0u64;
             while Instant::now() < deadline {
                 let ws = i % workspaces + 1;
                 i += 7919;
+                n += 1;
                 template.ws = ws;
                 let body = serde_json::to_vec(&template).expect("a command serializes");
-                let request = hyper::Request::post(path.as_str())
+                let mut request = hyper::Request::post(path.as_str())
                     .header(hyper::header::HOST, authority.as_str())
-                    .header(hyper::header::CONTENT_TYPE, "application/json")
+                    .header(hyper::header::CONTENT_TYPE, "application/json");
+                if keys {
+                    request = request.header("idempotency-key", format!("bench-{c}-{n}"));
+                }
+                let request = request
                     .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
                     .expect("a valid request");
                 let began = Instant::now();

@@ -72,6 +72,10 @@ pub struct SettingsArgs {
     /// before it is handed out again. Without it such a store is refused.
     #[arg(long, env = "MONOSEQ_ACCEPT_LOSS")]
     pub accept_loss: bool,
+    /// Benchmarks only: keep no high-water marks, to measure what they cost. A store served
+    /// so is not protected against an undetected loss of acknowledged events.
+    #[arg(long, hide = true)]
+    pub no_marks: bool,
 }
 
 /// The same settings as a TOML file spells them.
@@ -109,6 +113,8 @@ pub struct Settings {
     pub idempotency_window_events: u64,
     /// Serve a store with a detected loss (`--accept-loss`).
     pub accept_loss: bool,
+    /// Keep no high-water marks (benchmarks only).
+    pub no_marks: bool,
 }
 
 impl SettingsArgs {
@@ -180,6 +186,7 @@ impl SettingsArgs {
                 .or(file.idempotency_window_events)
                 .unwrap_or(defaults.idempotency_window_events),
             accept_loss: self.accept_loss,
+            no_marks: self.no_marks,
         })
     }
 }

@@ -185,7 +185,14 @@ pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
     config.retired = (0..dir.identity.partitions)
         .map(|p| dir.identity.retired(p))
         .collect();
-    config.marks = Some(Arc::clone(&dir.marks));
+    if settings.no_marks {
+        tracing::warn!(
+            "--no-marks: high-water marks are not kept; a loss of acknowledged events would go \
+             unnoticed (benchmarks only)"
+        );
+    } else {
+        config.marks = Some(Arc::clone(&dir.marks));
+    }
     let cp = CommandProcessor::start(store, config)?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
