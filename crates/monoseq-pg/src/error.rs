@@ -49,17 +49,33 @@ impl Failure {
         }
     }
 
+    /// Whether a write that failed this way may still have been applied: the connection was
+    /// lost or timed out after the request left, so the commit's outcome is unknown.
+    pub(crate) fn outcome_unknown(&self) -> bool {
+        match self {
+            Failure::Postgres(e) => e.as_db_error().is_none(),
+            Failure::Timeout(_) => true,
+            Failure::Pool(_) | Failure::Corrupted(_) => false,
+        }
+    }
+
     /// The contract's error, for an operation described by `context`.
     pub(crate) fn into_kv(self, context: &'static str) -> KvError {
         match self {
             Failure::Postgres(e) => {
                 let hint = hint(&e);
-                KvError::backend(format!("PostgreSQL failed while {context}{hint}"), e)
+                KvError::backend(
+                    format!("PostgreSQL failed while {context} ({}){hint}", describe(&e)),
+                    e,
+                )
             }
             Failure::Pool(PoolError::Backend(e)) => {
                 let hint = hint(&e);
                 KvError::backend(
-                    format!("cannot connect to PostgreSQL while {context}{hint}"),
+                    format!(
+                        "cannot connect to PostgreSQL while {context} ({}){hint}",
+                        describe(&e)
+                    ),
                     e,
                 )
             }
@@ -106,6 +122,18 @@ pub(crate) fn storage_open_error(location: &str, source: KvError) -> OpenError {
     }
 }
 
+/// `e` with its causes (the driver's own message names only the kind of failure).
+fn describe(e: &tokio_postgres::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// What the user can do about `e`, as a sentence to append.
 fn hint(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
@@ -129,10 +157,10 @@ fn hint(e: &tokio_postgres::Error) -> String {
         } else {
             "see the server's message"
         };
-        return format!(" (SQLSTATE {}): {advice}", code.code());
+        return format!("; SQLSTATE {}: {advice}", code.code());
     }
     if e.is_closed() || std::error::Error::source(e).is_some() {
-        return ": the connection failed or was lost; check that the server runs and is \
+        return "; the connection failed or was lost: check that the server runs and is \
                 reachable at the connection string's host and port (the store reconnects by \
                 itself)"
             .to_owned();

@@ -79,6 +79,7 @@ pub struct PgStore {
     /// Drives the connections; `None` only while dropping.
     runtime: Option<Runtime>,
     location: String,
+    schema: String,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -198,9 +199,15 @@ impl PgStore {
             },
             runtime: Some(runtime),
             location,
+            schema: options.schema.clone(),
         };
         store.migrate(&options.schema)?;
         Ok(store)
+    }
+
+    /// The schema that holds the store's tables.
+    pub fn schema(&self) -> &str {
+        &self.schema
     }
 
     fn migrate(&self, schema: &str) -> Result<(), OpenError> {
@@ -407,10 +414,14 @@ impl KvStore for PgStore {
                     attempt += 1;
                 }
                 Err(failure) => {
-                    return Err(WriteError::Storage(failure.into_kv(
-                        "writing a batch (after a lost connection the batch may or may not be \
-                         written: read it back)",
-                    )));
+                    let context = match failure.outcome_unknown() {
+                        true => {
+                            "writing a batch, which may or may not have been written (read it \
+                             back)"
+                        }
+                        false => "writing a batch, which was not written",
+                    };
+                    return Err(WriteError::Storage(failure.into_kv(context)));
                 }
             }
         }
@@ -439,10 +450,14 @@ impl KvStore for PgStore {
                     attempt += 1;
                 }
                 Err(failure) => {
-                    return Err(CasError::Storage(failure.into_kv(
-                        "compare-and-swap (after a lost connection the swap may or may not \
-                         have happened: read the key back)",
-                    )));
+                    let context = match failure.outcome_unknown() {
+                        true => {
+                            "a compare-and-swap, which may or may not have swapped (read the key \
+                             back)"
+                        }
+                        false => "a compare-and-swap, which did not swap",
+                    };
+                    return Err(CasError::Storage(failure.into_kv(context)));
                 }
             }
         }

@@ -230,6 +230,29 @@ impl PgCluster {
         )
     }
 
+    /// Stops the server the way a crash would (immediate shutdown: no checkpoint, recovery
+    /// from the write-ahead log at the next start).
+    ///
+    /// # Errors
+    ///
+    /// When `pg_ctl stop` fails.
+    pub fn crash_server(&self) -> Result<(), ClusterError> {
+        let _serial = self.control.lock().unwrap_or_else(PoisonError::into_inner);
+        let data = self.data_dir()?;
+        self.pg_ctl(
+            &[
+                "stop",
+                "-m",
+                "immediate",
+                "-w",
+                "-t",
+                PG_CTL_WAIT_SECONDS,
+                "-D",
+            ],
+            &data,
+        )
+    }
+
     /// Starts the server again (or the first time), waiting until it accepts connections.
     ///
     /// # Errors
