@@ -1,0 +1,26 @@
+//! monoseq-pg: the PostgreSQL backend of the ordered key-value contract
+//! ([`monoseq_kv::KvStore`]), for deployments that outgrow one machine's disk: [`PgStore`] keeps
+//! every partition in one table, writes each batch in one transaction of a few multi-row
+//! statements, and reads scans page by page.
+//!
+//! Its SQL keeps to what the distributed engines that speak PostgreSQL's protocol also run
+//! (`INSERT … ON CONFLICT`, conditional `UPDATE`/`DELETE`, `unnest` of arrays). The feature
+//! `testing` adds [`testing::PgCluster`], a private server for tests.
+
+mod error;
+mod exec;
+mod options;
+mod plan;
+mod scan;
+mod schema;
+mod sql;
+mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+mod write;
+
+pub use options::{
+    CONNECT_TIMEOUT_DEFAULT, POOL_CONNECTIONS_DEFAULT, POOL_CONNECTIONS_MAX, PgOptions,
+    SCHEMA_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, TIMEOUT_MAX,
+};
+pub use store::PgStore;

@@ -1,0 +1,123 @@
+//! Creates or checks the store's tables at open, in one transaction: the schema, the meta
+//! table with the recorded schema version, and the key-value table. Owns the rule that a
+//! database written by a newer build (a higher schema version) is refused, never used.
+
+use monoseq_kv::{KvError, OpenError};
+use tokio_postgres::error::SqlState;
+
+use crate::error::{Failure, storage_open_error};
+use crate::exec::Conn;
+use crate::sql::{SCHEMA_VERSION, Sql, VERSION_ROW};
+
+/// Attempts of the whole migration: two stores opening a new schema at once may race in the
+/// catalog (`CREATE … IF NOT EXISTS` is not atomic there); the loser finds the tables on its
+/// next attempt.
+const MIGRATION_ATTEMPTS_MAX: u32 = 3;
+
+/// Creates what is missing and checks the recorded version. The outer error is a fault (may be
+/// retried), the inner one a refusal.
+pub(crate) async fn migrate(
+    conn: &Conn,
+    sql: &Sql,
+    schema: &str,
+    location: &str,
+) -> Result<Result<(), OpenError>, Failure> {
+    let mut attempt = 1;
+    loop {
+        match migrate_once(conn, sql, schema, location).await {
+            Err(failure) if attempt < MIGRATION_ATTEMPTS_MAX && is_catalog_race(&failure) => {
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn is_catalog_race(failure: &Failure) -> bool {
+    match failure {
+        Failure::Postgres(e) => {
+            matches!(
+                e.code(),
+                Some(code) if *code == SqlState::UNIQUE_VIOLATION
+                    || *code == SqlState::DUPLICATE_TABLE
+                    || *code == SqlState::DUPLICATE_SCHEMA
+                    || *code == SqlState::DUPLICATE_OBJECT
+            ) || failure.is_retryable()
+        }
+        _ => false,
+    }
+}
+
+async fn migrate_once(
+    conn: &Conn,
+    sql: &Sql,
+    schema: &str,
+    location: &str,
+) -> Result<Result<(), OpenError>, Failure> {
+    let client = conn.client()?;
+    client.batch_execute("BEGIN").await?;
+    let result = versioned(conn, sql, schema, location).await;
+    match &result {
+        Ok(Ok(())) => client.batch_execute("COMMIT").await?,
+        _ => client.batch_execute("ROLLBACK").await?,
+    }
+    result
+}
+
+async fn versioned(
+    conn: &Conn,
+    sql: &Sql,
+    schema: &str,
+    location: &str,
+) -> Result<Result<(), OpenError>, Failure> {
+    let client = conn.client()?;
+    // CREATE SCHEMA needs the CREATE privilege on the database even when the schema exists:
+    // only ask for it when it is missing.
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM information_schema.schemata WHERE schema_name = $1",
+            &[&schema],
+        )
+        .await?
+        .is_some();
+    if !exists {
+        client.batch_execute(&sql.create_schema).await?;
+    }
+    client.batch_execute(&sql.create_meta).await?;
+    let row = client.query_opt(&sql.read_version, &[&VERSION_ROW]).await?;
+    let found: Option<i64> = row.map(|r| r.try_get(0)).transpose()?;
+    match found {
+        Some(version) if version == SCHEMA_VERSION => {}
+        Some(version) if version > SCHEMA_VERSION => {
+            return Ok(Err(storage_open_error(
+                location,
+                KvError::Backend {
+                    message: format!(
+                        "the database holds monoseq schema version {version}, newer than \
+                         version {SCHEMA_VERSION} that this build reads; open it with the newer \
+                         monoseq build that wrote it (downgrades are not supported)"
+                    ),
+                    source: None,
+                },
+            )));
+        }
+        Some(version) => {
+            return Ok(Err(storage_open_error(
+                location,
+                KvError::Corrupted {
+                    message: format!(
+                        "the meta table records schema version {version}, which no monoseq \
+                         build wrote (the first is 1); the schema was changed by something else"
+                    ),
+                },
+            )));
+        }
+        None => {
+            client.batch_execute(&sql.create_kv).await?;
+            client
+                .execute(&sql.write_version, &[&VERSION_ROW, &SCHEMA_VERSION])
+                .await?;
+        }
+    }
+    Ok(Ok(()))
+}

@@ -1,0 +1,165 @@
+//! The SQL a store runs, written once per schema at open: the table layout, the schema
+//! version, and one statement text per operation (prepared and cached per connection). Owns
+//! the rule that only constructs PostgreSQL-compatible distributed engines also run are used:
+//! `INSERT … ON CONFLICT DO NOTHING`, `INSERT … ON CONFLICT … DO UPDATE`, conditional
+//! `UPDATE`/`DELETE … WHERE`, and `unnest` of arrays; no advisory locks, no `LISTEN`, no
+//! procedural functions.
+
+use std::ops::Bound;
+
+use monoseq_kv::Order;
+
+/// The schema version this build writes and reads. A database holding a newer one is refused.
+pub(crate) const SCHEMA_VERSION: i64 = 1;
+
+/// Name of the row of the meta table that holds the schema version.
+pub(crate) const VERSION_ROW: &str = "schema_version";
+
+/// Statement texts of one store (one schema).
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) create_schema: String,
+    pub(crate) create_meta: String,
+    pub(crate) create_kv: String,
+    pub(crate) read_version: String,
+    pub(crate) write_version: String,
+    pub(crate) get: String,
+    pub(crate) get_many: String,
+    /// Inserts where absent; returns the keys it inserted.
+    pub(crate) insert_absent: String,
+    pub(crate) upsert: String,
+    pub(crate) delete: String,
+    /// The keys of a list that are stored.
+    pub(crate) stored_keys: String,
+    pub(crate) cas_update: String,
+    pub(crate) cas_delete: String,
+    /// Inserts one key where absent (compare-and-swap from absence).
+    pub(crate) cas_insert: String,
+    /// Scans by `[lower][upper][descending]`, lower and upper as [`bound_index`] gives them.
+    scans: [[[String; 2]; 3]; 3],
+}
+
+/// 0 unbounded, 1 included, 2 excluded.
+fn bound_index<T>(bound: &Bound<T>) -> usize {
+    match bound {
+        Bound::Unbounded => 0,
+        Bound::Included(_) => 1,
+        Bound::Excluded(_) => 2,
+    }
+}
+
+impl Sql {
+    /// The statements of a store whose tables live in `schema` (a plain identifier, checked
+    /// by the options).
+    pub(crate) fn new(schema: &str) -> Sql {
+        let kv = format!("{schema}.monoseq_kv");
+        let meta = format!("{schema}.monoseq_meta");
+        let keys = "unnest($1::bytea[], $2::bytea[])";
+        let rows = "unnest($1::bytea[], $2::bytea[], $3::bytea[])";
+        Sql {
+            create_schema: format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
+            create_meta: format!(
+                "CREATE TABLE IF NOT EXISTS {meta} (name text PRIMARY KEY, value bigint NOT NULL)"
+            ),
+            create_kv: format!(
+                "CREATE TABLE IF NOT EXISTS {kv} (partition bytea NOT NULL, clustering bytea NOT \
+                 NULL, value bytea NOT NULL, PRIMARY KEY (partition, clustering))"
+            ),
+            read_version: format!("SELECT value FROM {meta} WHERE name = $1 FOR UPDATE"),
+            write_version: format!(
+                "INSERT INTO {meta} (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE \
+                 SET value = EXCLUDED.value"
+            ),
+            get: format!("SELECT value FROM {kv} WHERE partition = $1 AND clustering = $2"),
+            get_many: format!(
+                "SELECT k.n, t.value FROM {keys} WITH ORDINALITY AS k (p, c, n) JOIN {kv} t ON \
+                 t.partition = k.p AND t.clustering = k.c"
+            ),
+            insert_absent: format!(
+                "INSERT INTO {kv} (partition, clustering, value) SELECT * FROM {rows} ON CONFLICT \
+                 (partition, clustering) DO NOTHING RETURNING partition, clustering"
+            ),
+            upsert: format!(
+                "INSERT INTO {kv} (partition, clustering, value) SELECT * FROM {rows} ON CONFLICT \
+                 (partition, clustering) DO UPDATE SET value = EXCLUDED.value"
+            ),
+            delete: format!(
+                "DELETE FROM {kv} WHERE (partition, clustering) IN (SELECT * FROM {keys})"
+            ),
+            stored_keys: format!(
+                "SELECT partition, clustering FROM {kv} WHERE (partition, clustering) IN (SELECT \
+                 * FROM {keys})"
+            ),
+            cas_update: format!(
+                "UPDATE {kv} SET value = $4 WHERE partition = $1 AND clustering = $2 AND value = $3"
+            ),
+            cas_delete: format!(
+                "DELETE FROM {kv} WHERE partition = $1 AND clustering = $2 AND value = $3"
+            ),
+            cas_insert: format!(
+                "INSERT INTO {kv} (partition, clustering, value) VALUES ($1, $2, $3) ON CONFLICT \
+                 (partition, clustering) DO NOTHING"
+            ),
+            scans: std::array::from_fn(|lower| {
+                std::array::from_fn(|upper| {
+                    std::array::from_fn(|descending| scan_sql(&kv, lower, upper, descending == 1))
+                })
+            }),
+        }
+    }
+
+    /// The scan statement for these bounds and order. Its parameters: the partition, then the
+    /// lower bound's clustering if bounded, then the upper's if bounded, then the row limit.
+    pub(crate) fn scan<T>(&self, lower: &Bound<T>, upper: &Bound<T>, order: Order) -> &str {
+        let [l, u] = [bound_index(lower), bound_index(upper)];
+        let descending = usize::from(order == Order::Descending);
+        self.scans
+            .get(l)
+            .and_then(|s| s.get(u))
+            .and_then(|s| s.get(descending))
+            .map_or("", String::as_str)
+    }
+}
+
+fn scan_sql(kv: &str, lower: usize, upper: usize, descending: bool) -> String {
+    let mut sql = format!("SELECT clustering, value FROM {kv} WHERE partition = $1");
+    let mut param = 1;
+    for (index, ops) in [(lower, [">=", ">"]), (upper, ["<=", "<"])] {
+        if index > 0 {
+            param += 1;
+            let op = if index == 1 { ops[0] } else { ops[1] };
+            sql.push_str(&format!(" AND clustering {op} ${param}"));
+        }
+    }
+    let order = if descending { "DESC" } else { "ASC" };
+    sql.push_str(&format!(
+        " ORDER BY clustering {order} LIMIT ${}",
+        param + 1
+    ));
+    sql
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_statements_number_their_parameters_by_the_bounds_present() {
+        let sql = Sql::new("s");
+        assert_eq!(
+            sql.scan::<&[u8]>(&Bound::Unbounded, &Bound::Unbounded, Order::Ascending),
+            "SELECT clustering, value FROM s.monoseq_kv WHERE partition = $1 ORDER BY clustering \
+             ASC LIMIT $2"
+        );
+        assert_eq!(
+            sql.scan(&Bound::Excluded(1), &Bound::Included(2), Order::Descending),
+            "SELECT clustering, value FROM s.monoseq_kv WHERE partition = $1 AND clustering > $2 \
+             AND clustering <= $3 ORDER BY clustering DESC LIMIT $4"
+        );
+        assert_eq!(
+            sql.scan(&Bound::Unbounded, &Bound::Excluded(2), Order::Ascending),
+            "SELECT clustering, value FROM s.monoseq_kv WHERE partition = $1 AND clustering < $2 \
+             ORDER BY clustering ASC LIMIT $3"
+        );
+    }
+}

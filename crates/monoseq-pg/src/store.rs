@@ -1,0 +1,470 @@
+//! [`PgStore`]: the key-value contract on a PostgreSQL table. Owns opening (connection string,
+//! pool, runtime, schema check), point reads, compare-and-swap, and the dispatch of every call
+//! onto the store's runtime with its time limit; batches are in `write.rs`, scans in
+//! `scan.rs`.
+
+use std::ops::Bound;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use monoseq_kv::{
+    CasError, Key, KvError, KvStore, OpenError, Order, Visitor, WriteBatch, WriteError, limits,
+};
+use tokio::runtime::Runtime;
+use tokio_postgres::NoTls;
+use tokio_postgres::config::Host;
+
+use crate::error::{Failure, storage_open_error};
+use crate::exec::{self, Conn, within};
+use crate::options::PgOptions;
+use crate::plan::Plan;
+use crate::sql::Sql;
+use crate::write::{self, Outcome};
+
+/// Attempts of a batch that the server rolled back for a serialization failure or a deadlock
+/// (nothing of it was written, so it runs again).
+const WRITE_ATTEMPTS_MAX: u32 = 5;
+/// Attempts of a compare-and-swap whose comparison failed while a read right after found the
+/// expected value again (a concurrent writer changed it back in between).
+const CAS_ATTEMPTS_MAX: u32 = 64;
+
+/// What every operation needs: the pool, the statements and the time limits.
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) sql: Sql,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) statement_timeout: Duration,
+}
+
+impl Inner {
+    /// Longest a call that is not a scan may take: a connection, then its statements.
+    pub(crate) fn call_timeout(&self) -> Duration {
+        self.connect_timeout + self.statement_timeout
+    }
+
+    pub(crate) async fn conn(&self) -> Result<Conn, Failure> {
+        within(self.connect_timeout, Conn::get(&self.pool)).await
+    }
+}
+
+/// The PostgreSQL backend: one table `monoseq_kv (partition bytea, clustering bytea, value
+/// bytea, primary key (partition, clustering))` in the schema of [`PgOptions::schema`], reached
+/// through a pool of connections.
+///
+/// Every write is durable when it returns: the store's sessions run with
+/// `synchronous_commit = on`, so a commit returns after the server flushed its write-ahead log
+/// (and, where the server has synchronous standbys, after they confirmed it); [`KvStore::sync`]
+/// therefore does nothing. The server's own `fsync` setting must stay on.
+///
+/// The calls block the calling thread. From async code call them through
+/// `tokio::task::spawn_blocking`, as for any blocking store; called on an async task they do
+/// not panic, but they hold that task's thread until the server answers.
+///
+/// # Example
+///
+/// ```no_run
+/// use monoseq_kv::{Key, KvStore};
+/// use monoseq_pg::{PgOptions, PgStore};
+///
+/// let store = PgStore::open(
+///     "postgresql://monoseq:secret@db.example:5432/monoseq",
+///     PgOptions::default().schema("monoseq"),
+/// )?;
+/// store.put(Key::new(b"p", b"a"), b"1")?;
+/// assert_eq!(store.get(Key::new(b"p", b"a"))?, Some(b"1".to_vec()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct PgStore {
+    inner: Inner,
+    /// Drives the connections; `None` only while dropping.
+    runtime: Option<Runtime>,
+    location: String,
+    schema: String,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("location", &self.location)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            // Never blocks, so dropping the store on an async task cannot panic.
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// The connection string without its password, and the schema: what error messages name.
+fn location(config: &tokio_postgres::Config, schema: &str) -> String {
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(name)) => name.clone(),
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => String::new(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "postgresql://{}@{host}:{port}/{} (schema {schema})",
+        config.get_user().unwrap_or_default(),
+        config.get_dbname().unwrap_or_default()
+    )
+}
+
+impl PgStore {
+    /// Connects to the database of `url` (`postgresql://user:password@host:port/database`, or
+    /// the `host=… user=…` form), creates the store's schema and tables when they are missing,
+    /// and checks the schema version recorded there. Connections are made without TLS.
+    ///
+    /// # Errors
+    ///
+    /// - [`OpenError::InvalidOption`] when `url` does not parse or names no host or user, or
+    ///   when `options` are out of range.
+    /// - [`OpenError::Storage`] when the server cannot be reached or refuses the credentials
+    ///   (within [`PgOptions::connect_timeout`]), when the schema or tables cannot be created,
+    ///   or when the database holds a schema version newer than this build reads (the message
+    ///   names both versions).
+    pub fn open(url: &str, options: PgOptions) -> Result<PgStore, OpenError> {
+        options.validate()?;
+        let pool_size = options.pool_size()?;
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+            OpenError::InvalidOption(format!(
+                "the PostgreSQL connection string is malformed ({e}); expected \
+                 postgresql://user:password@host:port/database or host=… user=… dbname=…"
+            ))
+        })?;
+        if config.get_hosts().is_empty() {
+            return Err(OpenError::InvalidOption(
+                "the PostgreSQL connection string names no host".to_owned(),
+            ));
+        }
+        if config.get_user().is_none() {
+            return Err(OpenError::InvalidOption(
+                "the PostgreSQL connection string names no user".to_owned(),
+            ));
+        }
+        let statement_ms = options.statement_timeout.as_millis();
+        let session = format!(
+            "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout=\
+             {statement_ms} -c synchronous_commit=on"
+        );
+        let session = match config.get_options() {
+            Some(given) if !given.is_empty() => format!("{given} {session}"),
+            _ => session,
+        };
+        config.options(session);
+        config.connect_timeout(options.connect_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("monoseq");
+        }
+        let location = location(&config, &options.schema);
+        let runtime = exec::runtime().map_err(|source| {
+            storage_open_error(
+                &location,
+                KvError::Io {
+                    context: "starting the PostgreSQL driver's runtime",
+                    source,
+                },
+            )
+        })?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size.get())
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(options.connect_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.connect_timeout))
+            .build()
+            .map_err(|e| {
+                storage_open_error(
+                    &location,
+                    KvError::backend("building the connection pool failed", e.to_string()),
+                )
+            })?;
+        let store = PgStore {
+            inner: Inner {
+                pool,
+                sql: Sql::new(&options.schema),
+                connect_timeout: options.connect_timeout,
+                statement_timeout: options.statement_timeout,
+            },
+            runtime: Some(runtime),
+            location,
+            schema: options.schema.clone(),
+        };
+        store.migrate(&options.schema)?;
+        Ok(store)
+    }
+
+    /// The schema that holds the store's tables.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    fn migrate(&self, schema: &str) -> Result<(), OpenError> {
+        let inner = &self.inner;
+        let location = self.location.as_str();
+        let migrated = self.run(inner.call_timeout(), async {
+            let conn = inner.conn().await?;
+            let result = crate::schema::migrate(&conn, &inner.sql, schema, location).await?;
+            conn.release();
+            Ok(result)
+        });
+        match migrated {
+            Ok(result) => result,
+            Err(failure) => Err(failure.into_open(location, "opening the store")),
+        }
+    }
+
+    /// Runs `future` on the store's runtime, failing after `limit`.
+    fn run<T>(
+        &self,
+        limit: Duration,
+        future: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        self.run_unlimited(within(limit, future))
+    }
+
+    /// Runs `future` on the store's runtime; its own steps bound its time.
+    fn run_unlimited<T>(
+        &self,
+        future: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        match &self.runtime {
+            Some(runtime) => exec::block_on(runtime, future),
+            None => Err(Failure::Corrupted(
+                "the store was used while being dropped".to_owned(),
+            )),
+        }
+    }
+}
+
+async fn get(inner: &Inner, key: Key<'_>) -> Result<Option<Vec<u8>>, Failure> {
+    let conn = inner.conn().await?;
+    let client = conn.client()?;
+    let statement = client.prepare_cached(&inner.sql.get).await?;
+    let row = client
+        .query_opt(&statement, &[&key.partition, &key.clustering])
+        .await?;
+    let value = row.map(|row| row.try_get::<_, Vec<u8>>(0)).transpose()?;
+    conn.release();
+    Ok(value)
+}
+
+async fn get_many(inner: &Inner, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, Failure> {
+    let mut values = vec![None; keys.len()];
+    if keys.is_empty() {
+        return Ok(values);
+    }
+    let partitions: Vec<&[u8]> = keys.iter().map(|k| k.partition).collect();
+    let clusterings: Vec<&[u8]> = keys.iter().map(|k| k.clustering).collect();
+    let conn = inner.conn().await?;
+    let client = conn.client()?;
+    let statement = client.prepare_cached(&inner.sql.get_many).await?;
+    let rows = client
+        .query(&statement, &[&partitions, &clusterings])
+        .await?;
+    for row in rows {
+        let ordinal: i64 = row.try_get(0)?;
+        let slot = usize::try_from(ordinal - 1)
+            .ok()
+            .and_then(|i| values.get_mut(i))
+            .ok_or_else(|| {
+                Failure::Corrupted(format!(
+                    "get_many: the server answered key number {ordinal}"
+                ))
+            })?;
+        *slot = Some(row.try_get::<_, Vec<u8>>(1)?);
+    }
+    conn.release();
+    Ok(values)
+}
+
+/// One compare-and-swap attempt: `Ok(true)` swapped, `Ok(false)` the statement found another
+/// value (or the key present or absent against expectations).
+async fn cas_attempt(
+    inner: &Inner,
+    conn: &Conn,
+    key: Key<'_>,
+    expected: Option<&[u8]>,
+    new: Option<&[u8]>,
+) -> Result<bool, Failure> {
+    let client = conn.client()?;
+    let (p, c) = (key.partition, key.clustering);
+    let changed = match (expected, new) {
+        (Some(expected), Some(new)) => {
+            let statement = client.prepare_cached(&inner.sql.cas_update).await?;
+            client
+                .execute(&statement, &[&p, &c, &expected, &new])
+                .await?
+        }
+        (Some(expected), None) => {
+            let statement = client.prepare_cached(&inner.sql.cas_delete).await?;
+            client.execute(&statement, &[&p, &c, &expected]).await?
+        }
+        (None, Some(new)) => {
+            let statement = client.prepare_cached(&inner.sql.cas_insert).await?;
+            client.execute(&statement, &[&p, &c, &new]).await?
+        }
+        (None, None) => 0,
+    };
+    Ok(changed == 1)
+}
+
+/// Compare-and-swap: `Ok(Err(current))` on a mismatch.
+///
+/// Each statement is one conditional write that locks its row, so READ COMMITTED is enough:
+/// an `UPDATE`/`DELETE … WHERE value = $expected` that meets a row changed by a concurrent
+/// committed transaction re-checks its condition on the newest version, under the row lock,
+/// before writing. On a mismatch the stored value is read right after; if that read finds the
+/// expected value again (a concurrent writer changed it back), the swap is tried again.
+async fn compare_and_swap(
+    inner: &Inner,
+    key: Key<'_>,
+    expected: Option<&[u8]>,
+    new: Option<&[u8]>,
+) -> Result<Result<(), Option<Vec<u8>>>, Failure> {
+    let conn = inner.conn().await?;
+    for _ in 0..CAS_ATTEMPTS_MAX {
+        if cas_attempt(inner, &conn, key, expected, new).await? {
+            conn.release();
+            return Ok(Ok(()));
+        }
+        let client = conn.client()?;
+        let statement = client.prepare_cached(&inner.sql.get).await?;
+        let row = client
+            .query_opt(&statement, &[&key.partition, &key.clustering])
+            .await?;
+        let current = row.map(|row| row.try_get::<_, Vec<u8>>(0)).transpose()?;
+        if current.as_deref() != expected {
+            conn.release();
+            return Ok(Err(current));
+        }
+        if new.is_none() && expected.is_none() {
+            // Expected absent, asked to delete: the read found it absent.
+            conn.release();
+            return Ok(Ok(()));
+        }
+    }
+    conn.release();
+    Err(Failure::Corrupted(format!(
+        "compare-and-swap lost {CAS_ATTEMPTS_MAX} races in a row against writers that kept \
+         restoring the expected value; retry later"
+    )))
+}
+
+impl KvStore for PgStore {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.run(self.inner.call_timeout(), get(&self.inner, key))
+            .map_err(|f| f.into_kv("reading a key"))
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.run(self.inner.call_timeout(), get_many(&self.inner, keys))
+            .map_err(|f| f.into_kv("reading keys"))
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        self.run_unlimited(crate::scan::scan(
+            &self.inner,
+            partition,
+            from,
+            to,
+            order,
+            visit,
+        ))
+        .map_err(|f| f.into_kv("scanning a partition"))
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+        batch.check_limits()?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let plan = Plan::new(batch);
+        let mut attempt = 1;
+        loop {
+            match self.run(self.inner.call_timeout(), write::apply(&self.inner, &plan)) {
+                Ok(Outcome::Written) => return Ok(()),
+                Ok(Outcome::Conflict(index)) => {
+                    let key = batch.get(index).map(|item| item.key.to_owned());
+                    return Err(WriteError::Conflict {
+                        index,
+                        key: key.unwrap_or_default(),
+                    });
+                }
+                Err(failure) if failure.is_retryable() && attempt < WRITE_ATTEMPTS_MAX => {
+                    std::thread::sleep(Duration::from_millis(1 << attempt));
+                    attempt += 1;
+                }
+                Err(failure) => {
+                    let context = match failure.outcome_unknown() {
+                        true => {
+                            "writing a batch, which may or may not have been written (read it \
+                             back)"
+                        }
+                        false => "writing a batch, which was not written",
+                    };
+                    return Err(WriteError::Storage(failure.into_kv(context)));
+                }
+            }
+        }
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        if let Some((what, len, max)) = limits::exceeded(key, new.unwrap_or_default()) {
+            return Err(CasError::TooLarge { what, len, max });
+        }
+        let mut attempt = 1;
+        loop {
+            let result = self.run(
+                self.inner.call_timeout(),
+                compare_and_swap(&self.inner, key, expected, new),
+            );
+            match result {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(current)) => return Err(CasError::Mismatch { current }),
+                Err(failure) if failure.is_retryable() && attempt < WRITE_ATTEMPTS_MAX => {
+                    std::thread::sleep(Duration::from_millis(1 << attempt));
+                    attempt += 1;
+                }
+                Err(failure) => {
+                    let context = match failure.outcome_unknown() {
+                        true => {
+                            "a compare-and-swap, which may or may not have swapped (read the key \
+                             back)"
+                        }
+                        false => "a compare-and-swap, which did not swap",
+                    };
+                    return Err(CasError::Storage(failure.into_kv(context)));
+                }
+            }
+        }
+    }
+
+    /// Does nothing: every commit returned is already durable (`synchronous_commit = on`).
+    fn sync(&self) -> Result<(), KvError> {
+        Ok(())
+    }
+}
