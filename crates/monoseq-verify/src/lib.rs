@@ -306,18 +306,17 @@ pub enum VerifyDirError {
     /// The directory could not be copied.
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
-    /// The engine's files could not be listed (they are damaged or not fjall's).
-    #[error("the engine's files are damaged: {0}")]
-    List(#[from] ListError),
     /// The engine could not be opened on the copy.
-    #[error("the engine's files are damaged: opening them failed: {0}")]
+    #[error("the engine's files are damaged: opening them failed")]
     Open(#[from] monoseq_kv::OpenError),
 }
 
 /// Verifies data directory `dir` of the embedded engine (fjall) for `app`, reading a
 /// [`Snapshot`] copy so that no byte of `dir` changes, with a [`PartitionList`] of the copy so
-/// that every block is read. `partitions` is used only when neither the engine nor the
-/// identity records a partition count.
+/// that every block is read. When the engine's keys cannot all be read (damaged files), that
+/// is a problem and verification goes on without the list, reporting what each read finds.
+/// `partitions` is used only when neither the engine nor the identity records a partition
+/// count.
 ///
 /// # Errors
 ///
@@ -330,15 +329,28 @@ pub fn verify_data_dir(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Report, VerifyDirError> {
     let snapshot = Snapshot::copy(dir)?;
-    let list = PartitionList::from_fjall(snapshot.path(), app)?;
+    let list = PartitionList::from_fjall(snapshot.path(), app);
     let kv = monoseq_kv::FjallStore::open(snapshot.path(), monoseq_kv::Options::default())?;
     let engine_partitions = monoseq_store::recorded_partitions(&kv).ok().flatten();
     let files = DirFiles::read(snapshot.path(), engine_partitions);
-    let mut verifier = Verifier::new(&kv, app).files(&files).partition_list(&list);
+    let mut verifier = Verifier::new(&kv, app).files(&files);
+    if let Ok(list) = &list {
+        verifier = verifier.partition_list(list);
+    }
     if let Some(p) = partitions {
         verifier = verifier.partitions(p);
     }
-    let report = verifier.run(progress);
+    let mut report = verifier.run(progress);
+    if let Err(e) = list {
+        report.problems.insert(
+            0,
+            Problem::Unreadable {
+                what: "the engine's keys (verified without a list of its blocks)".into(),
+                message: e.to_string(),
+            },
+        );
+        report.problems_total += 1;
+    }
     drop(kv);
     drop(snapshot);
     Ok(report)

@@ -33,10 +33,8 @@ pub struct PartitionList {
 #[non_exhaustive]
 pub enum ListError {
     /// The engine could not be opened or read.
-    #[error("listing the engine's partitions in {path}: {message}")]
+    #[error("reading every key of the engine: {message}")]
     Engine {
-        /// The engine's directory.
-        path: std::path::PathBuf,
         /// The engine's error.
         message: String,
     },
@@ -64,7 +62,6 @@ impl PartitionList {
     /// [`ListError`] when the engine cannot be opened or read.
     pub fn from_fjall(dir: &Path, app: AppId) -> Result<PartitionList, ListError> {
         let fail = |e: fjall::Error| ListError::Engine {
-            path: dir.to_path_buf(),
             message: e.to_string(),
         };
         let db = fjall::Database::builder(dir).open().map_err(fail)?;
