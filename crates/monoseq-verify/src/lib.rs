@@ -241,9 +241,9 @@ impl<'a, S: KvStore> Verifier<'a, S> {
                 });
             }
         }
+        let mark_plog = |p: u32| marks.and_then(|m| m.get(p as usize)).map_or(0, |m| m.plog);
         for p in 0..n {
-            let mark_plog = marks.and_then(|m| m.get(p as usize)).map_or(0, |m| m.plog);
-            PLogPass::new(&src, p, &mut state, &mut problems, progress).run(mark_plog);
+            PLogPass::new(&src, p, &mut state, &mut problems, progress).run(mark_plog(p));
         }
         for (p, part) in state.partitions.iter().enumerate() {
             let plog_next = (part.plog_last + 1).max(part.retired.plog + 1);
@@ -261,7 +261,18 @@ impl<'a, S: KvStore> Verifier<'a, S> {
         report.events = state.events;
         report.workspaces = state.workspaces.len() as u64;
         report.records = state.records.len() as u64;
-        passes::wlog_orphans(&src, &state, &mut problems, progress);
+        let differing = passes::wlog_entries(&src, &mut state, &mut problems, progress);
+        if !differing.is_empty() {
+            let parts: std::collections::BTreeSet<u32> = differing
+                .iter()
+                .filter_map(|ws| state.workspaces.get(ws).map(|w| w.partition))
+                .collect();
+            for p in parts {
+                PLogPass::new(&src, p, &mut state, &mut problems, progress)
+                    .comparing(&differing)
+                    .run(mark_plog(p));
+            }
+        }
         passes::records(&src, &mut state, &mut problems, progress);
         report.numbers = passes::numbers(&src, &state, &mut problems, progress);
         finish(report, problems)

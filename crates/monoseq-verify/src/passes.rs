@@ -3,7 +3,7 @@
 //! event; no record without an event) and the numbers table (SPEC invariants 4 and 5: stored
 //! numbers cover every event before the checkpoint and are never ahead of the PLog).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
 
 use monoseq_kv::{KvError, KvStore, Order};
@@ -13,7 +13,7 @@ use crate::keys;
 use crate::plog::{PROGRESS_EVERY, Source, describe_entry};
 use crate::problem::Problem;
 use crate::record::{StoredRecord, decode_record};
-use crate::state::{Problems, RecordState, SEQUENCES, State, initial, mark_of, slot};
+use crate::state::{Problems, RecordState, SEQUENCES, State, entry_hash, initial, mark_of, slot};
 use crate::{Progress, Stage};
 
 /// Reads a whole partition, calling `visit` with each entry's clustering and value.
@@ -52,14 +52,16 @@ fn report(progress: &mut dyn FnMut(Progress), stage: Stage, done: u64, total: u6
     }
 }
 
-/// WLog entries that no PLog event names: in the blocks up to (and one past) each
-/// workspace's last WLog offset, and in every listed WLog block.
-pub(crate) fn wlog_orphans<S: KvStore>(
+/// Reads the WLogs: in the blocks up to (and one past) each workspace's last WLog offset, or
+/// in every listed WLog block. Reports entries no PLog event names, and subtracts the entries
+/// events name from their workspace's digest. Returns the workspaces whose digests do not come
+/// to 0: an entry of theirs is missing or differs from its event.
+pub(crate) fn wlog_entries<S: KvStore>(
     src: &Source<'_, S>,
-    state: &State,
+    state: &mut State,
     problems: &mut Problems,
     progress: &mut dyn FnMut(Progress),
-) {
+) -> HashSet<u64> {
     let blocks: Vec<(u64, u64)> = match src.list {
         Some(list) => list.wlog.clone(),
         None => {
@@ -75,8 +77,8 @@ pub(crate) fn wlog_orphans<S: KvStore>(
     };
     let total = blocks.len() as u64;
     for (done, (ws, block)) in blocks.into_iter().enumerate() {
-        let w = state.workspaces.get(&ws);
         let retired = mark_of(&state.retired_of(ws), 0);
+        let mut w = state.workspaces.get_mut(&ws);
         let part = keys::wlog_block(src.app, ws, block);
         let mut found: Vec<Problem> = Vec::new();
         let read = scan_all(src.kv, &part, &mut |clustering, value| {
@@ -91,7 +93,13 @@ pub(crate) fn wlog_orphans<S: KvStore>(
                 });
                 return;
             };
-            if w.is_some_and(|w| w.names_wlog(offset)) || offset <= retired {
+            if let Some(w) = w.as_deref_mut()
+                && w.names_wlog(offset)
+            {
+                w.wlog_digest = w.wlog_digest.wrapping_sub(entry_hash(offset, value));
+                return;
+            }
+            if offset <= retired {
                 return;
             }
             found.push(Problem::WLogOrphan {
@@ -108,6 +116,12 @@ pub(crate) fn wlog_orphans<S: KvStore>(
         }
         report(progress, Stage::WLog, done as u64 + 1, total);
     }
+    state
+        .workspaces
+        .iter()
+        .filter(|(_, w)| w.wlog_digest != 0)
+        .map(|(&ws, _)| ws)
+        .collect()
 }
 
 /// The records table against the records the events created and updated. Consumes the

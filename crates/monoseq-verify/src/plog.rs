@@ -1,8 +1,13 @@
 //! The PLog pass: reads every PLog block of a partition (past gaps, unlike replay, which stops
 //! at the first block that is not full), decodes every event, checks it sits at its own offset
 //! and that offsets are contiguous except at accepted losses, checks the numbers it uses
-//! (SPEC invariants 1–3 and 10), compares its WLog entry byte for byte, and remembers per
-//! workspace and per record what the later passes need.
+//! (SPEC invariants 1–3 and 10), and remembers per workspace and per record what the later
+//! passes need, among them a digest of the workspace's events that the WLog pass compares
+//! with its entries. The same pass, in comparison mode, reads the PLog again for the few
+//! workspaces whose digests differ and compares their WLog entries byte for byte, to name
+//! each entry that is missing or different.
+
+use std::collections::HashSet;
 
 use std::ops::{Bound, ControlFlow};
 
@@ -12,7 +17,9 @@ use monoseq_store::{AppId, Event, LOG_BLOCK_EVENTS};
 use crate::keys;
 use crate::listing::PartitionList;
 use crate::problem::Problem;
-use crate::state::{Problems, RecordState, SEQUENCES, State, WsState, initial, mark_of, slot};
+use crate::state::{
+    Problems, RecordState, SEQUENCES, State, WsState, entry_hash, initial, mark_of, slot,
+};
 use crate::{Progress, Stage};
 
 /// Empty PLog blocks read past the last block holding an event (and past every offset the
@@ -49,6 +56,8 @@ pub(crate) struct PLogPass<'s, 'a, S> {
     problems: &'s mut Problems,
     progress: &'s mut dyn FnMut(Progress),
     partitions: u32,
+    /// Comparison mode: only the WLog entries of these workspaces' events are compared.
+    compare: Option<&'s HashSet<u64>>,
     /// The next PLog offset expected.
     next: u64,
     pending: Vec<Pending>,
@@ -71,10 +80,18 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
             problems,
             progress,
             partitions,
+            compare: None,
             next: 1,
             pending: Vec::new(),
             pending_bytes: Vec::new(),
         }
+    }
+
+    /// Comparison mode: reads the PLog again only to compare the WLog entries of the events
+    /// of `workspaces` with the events.
+    pub(crate) fn comparing(mut self, workspaces: &'s HashSet<u64>) -> Self {
+        self.compare = Some(workspaces);
+        self
     }
 
     /// Reads the partition's PLog; `mark_plog` is the acknowledged end its marks name (0:
@@ -114,8 +131,10 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
             }
         }
         self.flush_wlog();
-        let now = self.progress_now();
-        (self.progress)(now);
+        if self.compare.is_none() {
+            let now = self.progress_now();
+            (self.progress)(now);
+        }
     }
 
     fn progress_now(&self) -> Progress {
@@ -177,6 +196,16 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
 
     fn entry(&mut self, block: u64, clustering: &[u8], value: &[u8]) {
         let partition = self.partition;
+        if let Some(workspaces) = self.compare {
+            if let Some(offset) = keys::at_position(block, clustering)
+                && let Ok(e) = Event::decode(value)
+                && e.plog_offset.0 == offset
+                && workspaces.contains(&e.ws.0)
+            {
+                self.push_pending(e.ws.0, e.wlog_offset.0, offset, value);
+            }
+            return;
+        }
         let Some(offset) = keys::at_position(block, clustering) else {
             self.problems.push(Problem::PLogBadKey {
                 partition,
@@ -215,11 +244,19 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
         }
         self.numbers(&event);
         self.records(&event);
+        if let Some(w) = self.state.workspaces.get_mut(&event.ws.0) {
+            w.wlog_digest = w
+                .wlog_digest
+                .wrapping_add(entry_hash(event.wlog_offset.0, value));
+        }
+    }
+
+    fn push_pending(&mut self, ws: u64, wlog: u64, offset: u64, value: &[u8]) {
         let at = self.pending_bytes.len();
         self.pending_bytes.extend_from_slice(value);
         self.pending.push(Pending {
-            ws: event.ws.0,
-            wlog: event.wlog_offset.0,
+            ws,
+            wlog,
             offset,
             bytes: at..self.pending_bytes.len(),
         });

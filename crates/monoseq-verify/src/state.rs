@@ -66,6 +66,9 @@ pub(crate) struct WsState {
     pub(crate) last_plog: u64,
     /// WLog offset, CRecord ID, OWRecord ID.
     pub(crate) seqs: [SeqState; 3],
+    /// The sum of [`entry_hash`] over the workspace's PLog events, less the sum over the WLog
+    /// entries those events name: 0 when every entry is there and holds its event's bytes.
+    pub(crate) wlog_digest: u64,
     /// WLog offsets at or below the last one that no event names (jumps and skips), as
     /// inclusive ranges; `None` in the usual case of none (a boxed slice: 8 bytes per
     /// workspace, reallocated on the rare push).
@@ -88,6 +91,15 @@ impl WsState {
         holes.push((from, to));
         self.wlog_holes = Some(holes.into_boxed_slice());
     }
+}
+
+/// The hash of a log entry at WLog offset `offset` holding `bytes`, for [`WsState::wlog_digest`].
+pub(crate) fn entry_hash(offset: u64, bytes: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::hash::DefaultHasher::new();
+    h.write_u64(offset);
+    h.write(bytes);
+    h.finish()
 }
 
 /// A record some event created or updated.
