@@ -69,11 +69,15 @@ enum Cmd {
         #[arg(long)]
         full: bool,
     },
-    /// Scan every PLog and check the invariants against the stored state (server stopped);
-    /// exits non-zero on a violation.
+    /// Read a copy of the data directory whole (PLogs, WLogs, records, stored numbers,
+    /// identity and marks) and report every problem; changes nothing in the directory. Exits
+    /// non-zero on a problem (server stopped).
     Verify {
         #[command(flatten)]
         settings: config::SettingsArgs,
+        /// Problems printed; the rest are counted.
+        #[arg(long, default_value_t = 20)]
+        show: usize,
     },
     /// Named sequences: next, increment, get, data, exists, reset, set, delete (run
     /// `monoseq seq help` for the usage).
@@ -115,7 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Cmd::Serve { settings } => runtime.block_on(server::serve(settings.resolve()?)),
         Cmd::Inspect { settings, full } => ops::inspect(&settings.resolve()?, full),
-        Cmd::Verify { settings } => ops::verify(&settings.resolve()?),
+        Cmd::Verify { settings, show } => ops::verify(&settings.resolve()?, show),
         Cmd::Seq { args } => runtime.block_on(seq::main(args)),
         Cmd::Bench { settings, bench } => runtime.block_on(bench::run(bench, settings.resolve()?)),
     }

@@ -1,32 +1,18 @@
 //! Operator commands over a data directory (the server must be stopped: the directory is
-//! locked): `inspect` shows each partition's checkpoint against its PLog end; `verify` scans
-//! every PLog and checks SPEC invariants 1–5 against the stored projection.
+//! locked): `inspect` shows each partition's checkpoint against its PLog end; `verify` prints
+//! what the `monoseq-verify` library finds in a copy of the directory.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use monoseq_core::{Number, NumberKey, PLogOffset, ReplayedEvent, SeqId, SeqStorage, WsId};
+use monoseq_core::{PLogOffset, ReplayedEvent, SeqStorage};
 use monoseq_kv::KvStore;
-use monoseq_store::{
-    CRECORD_ID_SEQUENCE, EventStore, LOG_BLOCK_EVENTS, OWRECORD_ID_SEQUENCE, PartitionId,
-    WLOG_OFFSET_SEQUENCE,
-};
+use monoseq_store::{EventStore, PartitionId};
+use monoseq_verify::{Progress, Stage};
 
 use crate::config::{APP, Settings, check_key_layout, open_store, recorded_partitions};
-
-/// What one partition's scan found.
-#[derive(Debug, Default)]
-struct Scan {
-    /// The PLog offset after the last event.
-    end: u64,
-    events: u64,
-    violations: Vec<String>,
-}
-
-/// Violations listed before the rest are only counted.
-const VIOLATIONS_SHOWN_MAX: usize = 20;
 
 fn partitions(settings: &Settings, kv: &impl KvStore) -> anyhow::Result<u32> {
     check_key_layout(kv)?;
@@ -79,179 +65,78 @@ pub fn inspect(settings: &Settings, full: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `monoseq verify`: exits non-zero when an invariant is violated.
-pub fn verify(settings: &Settings) -> anyhow::Result<()> {
-    let kv = open_store(&settings.data_dir)?;
-    let n = partitions(settings, &*kv)?;
-    let store = EventStore::new(kv, APP, settings.trust);
+/// `monoseq verify`: reads a copy of the data directory (the directory itself is never
+/// opened by the engine, so no byte of it changes), prints every problem the
+/// `monoseq-verify` library finds (the first `shown`, then a count) and exits non-zero when
+/// there is one.
+pub fn verify(settings: &Settings, shown: usize) -> anyhow::Result<()> {
+    let dir = &settings.data_dir;
     let bar = ProgressBar::new_spinner();
     bar.set_style(
-        ProgressStyle::with_template("{spinner} partition {msg} — {pos} events ({per_sec})")
-            .expect("valid template"),
+        ProgressStyle::with_template("{spinner} {msg}: {pos} ({per_sec}, {elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
-    let mut total_events = 0u64;
-    let mut violations = Vec::new();
-    for p in 0..n {
-        bar.set_message(format!("{p}/{n}"));
-        let scan = verify_partition(&store, PartitionId(p), &bar)?;
-        total_events += scan.events;
-        violations.extend(
-            scan.violations
-                .into_iter()
-                .map(|v| format!("partition {p}: {v}")),
-        );
-    }
+    bar.set_message("copying the data directory");
+    let mut stage = None;
+    let partitions = settings
+        .partitions_configured
+        .then_some(settings.partitions);
+    let report = monoseq_verify::verify_data_dir(dir, APP, partitions, &mut |p: Progress| {
+        if stage != Some(p.stage) {
+            stage = Some(p.stage);
+            bar.reset();
+            bar.set_message(match p.stage {
+                Stage::PLog {
+                    partition,
+                    partitions,
+                } => format!("PLog of partition {partition}/{partitions}, events"),
+                Stage::WLog => "WLog blocks".to_owned(),
+                Stage::Records => "records blocks".to_owned(),
+                Stage::Numbers => "numbers blocks".to_owned(),
+                _ => "verifying".to_owned(),
+            });
+        }
+        bar.set_position(p.done);
+    })
+    .with_context(|| format!("verifying {}", dir.display()))?;
     bar.finish_and_clear();
-    println!("verified {n} partitions, {total_events} events");
-    if violations.is_empty() {
-        println!("ok: invariants 1-5 hold");
+    println!(
+        "verified {}: {} partitions, {} events, {} workspaces, {} records, {} stored numbers",
+        dir.display(),
+        report.partitions,
+        report.events,
+        report.workspaces,
+        report.records,
+        report.numbers
+    );
+    if report.is_ok() {
+        println!(
+            "ok: no problems (PLogs whole, invariants 1-5 and 10 hold, every WLog entry, record \
+             and stored number matches the PLog)"
+        );
         return Ok(());
     }
-    for v in violations.iter().take(VIOLATIONS_SHOWN_MAX) {
-        println!("VIOLATION {v}");
+    for p in report.problems.iter().take(shown) {
+        println!("PROBLEM {p}");
     }
-    if violations.len() > VIOLATIONS_SHOWN_MAX {
-        println!("... and {} more", violations.len() - VIOLATIONS_SHOWN_MAX);
+    let listed = report.problems.len().min(shown) as u64;
+    if report.problems_total > listed {
+        println!("... and {} more", report.problems_total - listed);
     }
-    bail!("{} invariant violations", violations.len())
-}
-
-/// Per (workspace, sequence): the largest number of events before the checkpoint, and of all
-/// events.
-#[derive(Default, Clone, Copy)]
-struct KeyState {
-    last: Number,
-    before_checkpoint: Number,
-}
-
-fn verify_partition<S: KvStore + Clone>(
-    store: &EventStore<S>,
-    partition: PartitionId,
-    bar: &ProgressBar,
-) -> anyhow::Result<Scan> {
-    let seq = store.seq_storage(partition);
-    let checkpoint = seq
-        .read_next_plog_offset()
-        .context("reading the checkpoint")?;
-    let mut scan = Scan {
-        end: 1,
-        ..Scan::default()
-    };
-    let mut keys: HashMap<NumberKey, KeyState> = HashMap::new();
-    let mut event_min: HashMap<NumberKey, Number> = HashMap::new();
-    seq.replay_plog(PLogOffset::FIRST, &mut |e: ReplayedEvent<'_>| {
-        // Invariant 3: offsets contiguous from 1, each once.
-        if e.offset.0 != scan.end {
-            scan.violations.push(format!(
-                "PLog offset {} follows {}: offsets must be contiguous from 1",
-                e.offset,
-                scan.end - 1
-            ));
-        }
-        scan.end = e.offset.0 + 1;
-        scan.events += 1;
-        if scan.events.is_multiple_of(4096) {
-            bar.set_position(scan.events);
-        }
-        event_min.clear();
-        for v in e.values {
-            let m = event_min.entry(v.key).or_insert(v.value);
-            *m = (*m).min(v.value);
-        }
-        for (&key, &min) in &event_min {
-            let max = e
-                .values
-                .iter()
-                .filter(|v| v.key == key)
-                .map(|v| v.value)
-                .max()
-                .unwrap_or(min);
-            let st = keys.entry(key).or_default();
-            // Invariants 1 and 2: numbers of committed events increase strictly, so no
-            // number is used twice.
-            if min <= st.last {
-                scan.violations.push(format!(
-                    "event {} uses number {min} of {key:?} after {} was used",
-                    e.offset, st.last
-                ));
-            }
-            // WLog offsets are contiguous per workspace.
-            if key.seq == WLOG_OFFSET_SEQUENCE.id && min.0 != st.last.0 + 1 {
-                scan.violations.push(format!(
-                    "event {} has WLog offset {min} of workspace {} after {}",
-                    e.offset, key.ws, st.last
-                ));
-            }
-            st.last = st.last.max(max);
-            if e.offset < checkpoint {
-                st.before_checkpoint = st.before_checkpoint.max(max);
-            }
-        }
-        ControlFlow::Continue(())
-    })
-    .context("scanning the PLog")?;
-    // A gap at a block boundary ends the scan early: nothing may follow the end.
-    let next_block = (scan.end - 1) / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS + LOG_BLOCK_EVENTS;
-    for probe in [scan.end, next_block] {
-        if store
-            .read_event(partition, PLogOffset(probe))
-            .context("reading the PLog")?
-            .is_some()
-        {
-            scan.violations.push(format!(
-                "an event sits at PLog offset {probe}, after a gap at {}",
-                scan.end
-            ));
-        }
+    let mut kinds: BTreeMap<&str, u64> = BTreeMap::new();
+    for p in &report.problems {
+        *kinds.entry(p.kind()).or_default() += 1;
     }
-    // Invariant 4: the checkpoint is not ahead of the PLog, and the stored numbers cover every
-    // event before it. Invariant 5 (and the durable-PLog rule): no stored number is ahead of
-    // the PLog either.
-    if checkpoint.0 > scan.end {
-        scan.violations.push(format!(
-            "checkpoint {checkpoint} is ahead of the PLog end {}",
-            scan.end
-        ));
-    }
-    let mut by_ws: HashMap<WsId, Vec<(SeqId, KeyState)>> = HashMap::new();
-    for (k, st) in keys {
-        by_ws.entry(k.ws).or_default().push((k.seq, st));
-    }
-    let mut stored = Vec::new();
-    for (ws, seqs) in by_ws {
-        let ids: Vec<SeqId> = seqs.iter().map(|s| s.0).collect();
-        stored.clear();
-        stored.resize(ids.len(), Number(0));
-        seq.read_numbers(ws, &ids, &mut stored)
-            .context("reading stored numbers")?;
-        for ((id, st), &have) in seqs.iter().zip(&stored) {
-            if have < st.before_checkpoint {
-                scan.violations.push(format!(
-                    "checkpoint {checkpoint} covers number {} of sequence {} of workspace {ws}, \
-                     but only {have} is stored",
-                    st.before_checkpoint,
-                    name(*id)
-                ));
-            }
-            if have > st.last {
-                scan.violations.push(format!(
-                    "sequence {} of workspace {ws} is stored as {have}, ahead of the PLog's {}",
-                    name(*id),
-                    st.last
-                ));
-            }
+    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+    bail!(
+        "{} problems in {}: {}{}",
+        report.problems_total,
+        dir.display(),
+        kinds.join(", "),
+        if report.problems_total > report.problems.len() as u64 {
+            " (counted among the listed ones)"
+        } else {
+            ""
         }
-    }
-    Ok(scan)
-}
-
-fn name(seq: SeqId) -> String {
-    [
-        WLOG_OFFSET_SEQUENCE,
-        CRECORD_ID_SEQUENCE,
-        OWRECORD_ID_SEQUENCE,
-    ]
-    .iter()
-    .find(|s| s.id == seq)
-    .map_or_else(|| seq.to_string(), |s| s.name.to_owned())
+    )
 }

@@ -1,0 +1,151 @@
+//! [`PartitionList`]: which blocks of the logs, records and numbers a store holds. The
+//! key-value contract has no way to list partitions (a scan stays inside one), so without a
+//! list verification finds only what the PLogs lead to; with one it also finds WLog entries,
+//! records and numbers of workspaces no event names, and PLog blocks past a gap or of unknown
+//! partitions. A list comes from the engine's files ([`PartitionList::from_fjall`]) or from
+//! known partition keys ([`PartitionList::from_keys`]).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use monoseq_store::AppId;
+
+use crate::keys::{self, Listed};
+
+/// The keyspace `monoseq_kv::FjallStore` keeps everything in (private there; see the report's
+/// note on a listing method for the contract).
+const FJALL_KEYSPACE: &str = "kv";
+/// Bytes of the partition length that `monoseq_kv`'s embedded backends put before each
+/// partition key (`crates/monoseq-kv/src/encoding.rs`).
+const FJALL_LEN_BYTES: usize = 2;
+
+/// The blocks of one application's event store that a store holds, by table, sorted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PartitionList {
+    pub(crate) plog: BTreeMap<u32, Vec<u64>>,
+    pub(crate) wlog: Vec<(u64, u64)>,
+    pub(crate) records: Vec<(u64, u64)>,
+    pub(crate) numbers: Vec<u64>,
+}
+
+/// Why listing an engine's partitions failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ListError {
+    /// The engine could not be opened or read.
+    #[error("reading every key of the engine: {message}")]
+    Engine {
+        /// The engine's error.
+        message: String,
+    },
+}
+
+impl PartitionList {
+    /// The list of the partition keys `keys` (each once or more, any order); keys of other
+    /// tables or applications are left out.
+    pub fn from_keys<'k>(app: AppId, keys: impl IntoIterator<Item = &'k [u8]>) -> PartitionList {
+        let mut list = PartitionList::default();
+        for key in keys {
+            list.add(app, key);
+        }
+        list.finish();
+        list
+    }
+
+    /// Lists the partitions of `app` in the fjall engine in `dir` by reading every key once.
+    /// Opens the engine, which recovers and may write: call it on a copy (see
+    /// [`crate::Snapshot`]), never on a directory a server uses, and not while a
+    /// `monoseq_kv::FjallStore` has it open (the engine is locked).
+    ///
+    /// # Errors
+    ///
+    /// [`ListError`] when the engine cannot be opened or read.
+    pub fn from_fjall(dir: &Path, app: AppId) -> Result<PartitionList, ListError> {
+        let fail = |e: fjall::Error| ListError::Engine {
+            message: e.to_string(),
+        };
+        let db = fjall::Database::builder(dir).open().map_err(fail)?;
+        let kv = db
+            .keyspace(FJALL_KEYSPACE, fjall::KeyspaceCreateOptions::default)
+            .map_err(fail)?;
+        let mut list = PartitionList::default();
+        let mut last: Vec<u8> = Vec::new();
+        for guard in kv.iter() {
+            let key = guard.key().map_err(fail)?;
+            let Some(len) = key
+                .get(..FJALL_LEN_BYTES)
+                .map(|l| usize::from(u16::from_be_bytes([l[0], l[1]])))
+            else {
+                continue;
+            };
+            let Some(partition) = key.get(FJALL_LEN_BYTES..FJALL_LEN_BYTES + len) else {
+                continue;
+            };
+            if partition != last.as_slice() {
+                last.clear();
+                last.extend_from_slice(partition);
+                list.add(app, partition);
+            }
+        }
+        list.finish();
+        Ok(list)
+    }
+
+    fn add(&mut self, app: AppId, key: &[u8]) {
+        match keys::parse(app, key) {
+            Some(Listed::PLog(p, block)) => self.plog.entry(p).or_default().push(block),
+            Some(Listed::WLog(ws, block)) => self.wlog.push((ws, block)),
+            Some(Listed::Record(ws, block)) => self.records.push((ws, block)),
+            Some(Listed::Numbers(block)) => self.numbers.push(block),
+            None => {}
+        }
+    }
+
+    fn finish(&mut self) {
+        for blocks in self.plog.values_mut() {
+            blocks.sort_unstable();
+            blocks.dedup();
+        }
+        for v in [&mut self.wlog, &mut self.records] {
+            v.sort_unstable();
+            v.dedup();
+        }
+        self.numbers.sort_unstable();
+        self.numbers.dedup();
+    }
+
+    /// How many blocks the list holds, over all tables.
+    #[must_use]
+    pub fn blocks(&self) -> usize {
+        self.plog.values().map(Vec::len).sum::<usize>()
+            + self.wlog.len()
+            + self.records.len()
+            + self.numbers.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_sorted_into_their_tables_once_each() {
+        let app = AppId(1);
+        let keys = [
+            keys::plog_block(app, 2, 1),
+            keys::plog_block(app, 2, 0),
+            keys::plog_block(app, 2, 0),
+            keys::wlog_block(app, 9, 0),
+            keys::record_block(app, 9, 78),
+            keys::numbers_block(app, 0),
+            keys::plog_block(AppId(2), 0, 0),
+            keys::META_PARTITION.to_vec(),
+        ];
+        let list = PartitionList::from_keys(app, keys.iter().map(Vec::as_slice));
+        assert_eq!(list.plog.get(&2), Some(&vec![0, 1]));
+        assert_eq!(list.wlog, vec![(9, 0)]);
+        assert_eq!(list.records, vec![(9, 78)]);
+        assert_eq!(list.numbers, vec![0]);
+        assert_eq!(list.blocks(), 5);
+    }
+}

@@ -1,0 +1,362 @@
+//! The passes after the PLogs, block by block in key order: the WLogs (entries no event
+//! names), the records table (every record created or updated exists, decodes and matches its
+//! event; no record without an event) and the numbers table (SPEC invariants 4 and 5: stored
+//! numbers cover every event before the checkpoint and are never ahead of the PLog).
+
+use std::collections::{HashMap, HashSet};
+use std::ops::{Bound, ControlFlow};
+
+use monoseq_kv::{KvError, KvStore, Order};
+use monoseq_store::{DecodeError, RecordKind};
+
+use crate::keys;
+use crate::plog::{PROGRESS_EVERY, Source, describe_entry};
+use crate::problem::Problem;
+use crate::record::{StoredRecord, decode_record};
+use crate::state::{Problems, RecordState, SEQUENCES, State, entry_hash, initial, mark_of, slot};
+use crate::{Progress, Stage};
+
+/// Reads a whole partition, calling `visit` with each entry's clustering and value.
+fn scan_all<S: KvStore>(
+    kv: &S,
+    partition: &[u8],
+    visit: &mut dyn FnMut(&[u8], &[u8]),
+) -> Result<(), KvError> {
+    kv.scan(
+        partition,
+        Bound::Unbounded,
+        Bound::Unbounded,
+        Order::Ascending,
+        &mut |c, v| {
+            visit(c, v);
+            ControlFlow::Continue(())
+        },
+    )
+}
+
+/// The sorted union of two sorted sequences, each element once.
+fn union<T: Ord + Copy>(a: impl IntoIterator<Item = T>, b: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut all: Vec<T> = a.into_iter().chain(b).collect();
+    all.sort_unstable();
+    all.dedup();
+    all
+}
+
+fn report(progress: &mut dyn FnMut(Progress), stage: Stage, done: u64, total: u64) {
+    if done.is_multiple_of(PROGRESS_EVERY) || done == total {
+        progress(Progress {
+            stage,
+            done,
+            total: Some(total),
+        });
+    }
+}
+
+/// Reads the WLogs: in the blocks up to (and one past) each workspace's last WLog offset, or
+/// in every listed WLog block. Reports entries no PLog event names, and subtracts the entries
+/// events name from their workspace's digest. Returns the workspaces whose digests do not come
+/// to 0: an entry of theirs is missing or differs from its event.
+pub(crate) fn wlog_entries<S: KvStore>(
+    src: &Source<'_, S>,
+    state: &mut State,
+    problems: &mut Problems,
+    progress: &mut dyn FnMut(Progress),
+) -> HashSet<u64> {
+    let blocks: Vec<(u64, u64)> = match src.list {
+        Some(list) => list.wlog.clone(),
+        None => {
+            let mut wss: Vec<u64> = state.workspaces.keys().copied().collect();
+            wss.sort_unstable();
+            wss.iter()
+                .flat_map(|&ws| {
+                    let last = state.workspaces.get(&ws).map_or(0, |w| w.seqs[0].last);
+                    (0..=keys::log_block_of(last) + 1).map(move |b| (ws, b))
+                })
+                .collect()
+        }
+    };
+    let total = blocks.len() as u64;
+    for (done, (ws, block)) in blocks.into_iter().enumerate() {
+        let retired = mark_of(&state.retired_of(ws), 0);
+        let mut w = state.workspaces.get_mut(&ws);
+        let part = keys::wlog_block(src.app, ws, block);
+        let mut found: Vec<Problem> = Vec::new();
+        let read = scan_all(src.kv, &part, &mut |clustering, value| {
+            let Some(offset) = keys::at_position(block, clustering) else {
+                found.push(Problem::WLogOrphan {
+                    ws,
+                    wlog: block * monoseq_store::LOG_BLOCK_EVENTS,
+                    detail: format!(
+                        "a key in block {block} with {} clustering bytes where 2 belong",
+                        clustering.len()
+                    ),
+                });
+                return;
+            };
+            if let Some(w) = w.as_deref_mut()
+                && w.names_wlog(offset)
+            {
+                w.wlog_digest = w.wlog_digest.wrapping_sub(entry_hash(offset, value));
+                return;
+            }
+            if offset <= retired {
+                return;
+            }
+            found.push(Problem::WLogOrphan {
+                ws,
+                wlog: offset,
+                detail: describe_entry(value),
+            });
+        });
+        for p in found {
+            problems.push(p);
+        }
+        if let Err(e) = read {
+            problems.unreadable(format!("WLog block {block} of workspace {ws}"), &e);
+        }
+        report(progress, Stage::WLog, done as u64 + 1, total);
+    }
+    state
+        .workspaces
+        .iter()
+        .filter(|(_, w)| w.wlog_digest != 0)
+        .map(|(&ws, _)| ws)
+        .collect()
+}
+
+/// The records table against the records the events created and updated. Consumes the
+/// records map.
+pub(crate) fn records<S: KvStore>(
+    src: &Source<'_, S>,
+    state: &mut State,
+    problems: &mut Problems,
+    progress: &mut dyn FnMut(Progress),
+) {
+    let mut expected: Vec<((u64, u64), RecordState)> = state.records.drain().collect();
+    expected.shrink_to_fit();
+    expected.sort_unstable_by_key(|(k, _)| *k);
+    let derived = expected
+        .iter()
+        .map(|&((ws, id), _)| (ws, keys::record_block_of(id)));
+    let blocks = union(
+        derived,
+        src.list.map(|l| l.records.clone()).unwrap_or_default(),
+    );
+    let total = blocks.len() as u64;
+    let mut next = 0usize;
+    let mut stored: Vec<(u64, Result<StoredRecord, DecodeError>)> = Vec::new();
+    for (done, &(ws, block)) in blocks.iter().enumerate() {
+        let part = keys::record_block(src.app, ws, block);
+        stored.clear();
+        let mut bad_keys = 0usize;
+        let read = scan_all(
+            src.kv,
+            &part,
+            &mut |clustering, value| match keys::at_position(block, clustering) {
+                Some(id) => stored.push((id, decode_record(value))),
+                None => bad_keys += 1,
+            },
+        );
+        if bad_keys > 0 {
+            problems.push(Problem::RecordMismatch {
+                ws,
+                id: block * monoseq_store::RECORD_BLOCK_IDS,
+                detail: format!(
+                    "block {block} holds {bad_keys} keys whose clustering is not 2 bytes"
+                ),
+            });
+        }
+        if let Err(e) = read {
+            problems.unreadable(format!("records block {block} of workspace {ws}"), &e);
+        }
+        // The expected records of this block: a run of `expected`, sorted by ID as `stored`.
+        let start = next;
+        while expected
+            .get(next)
+            .is_some_and(|&((w, id), _)| (w, keys::record_block_of(id)) <= (ws, block))
+        {
+            next += 1;
+        }
+        let run = expected.get(start..next).unwrap_or_default();
+        check_block(state, ws, run, &stored, problems);
+        report(progress, Stage::Records, done as u64 + 1, total);
+    }
+}
+
+/// Merges one block's stored records with the expected ones (both sorted by ID).
+fn check_block(
+    state: &State,
+    ws: u64,
+    run: &[((u64, u64), RecordState)],
+    stored: &[(u64, Result<StoredRecord, DecodeError>)],
+    problems: &mut Problems,
+) {
+    let retired = state.retired_of(ws);
+    let partition = state.workspaces.get(&ws).map_or(0, |w| w.partition);
+    let mut s = stored.iter().peekable();
+    let mut e = run.iter().peekable();
+    loop {
+        match (s.peek(), e.peek()) {
+            (None, None) => break,
+            (Some(&&(id, ref got)), exp) if exp.is_none_or(|&&((_, eid), _)| id < eid) => {
+                s.next();
+                // Stored, but no event created it: fine only below a retired mark.
+                let below = |kind: RecordKind| {
+                    slot(kind.id_sequence()).is_some_and(|i| id <= mark_of(&retired, i))
+                };
+                let explained = match got {
+                    Ok(r) => below(r.kind),
+                    Err(_) => below(RecordKind::CDoc) || below(RecordKind::ODoc),
+                };
+                if let Err(error) = got {
+                    problems.push(Problem::RecordCorrupt {
+                        ws,
+                        id,
+                        error: error.clone(),
+                    });
+                } else if !explained {
+                    problems.push(Problem::RecordOrphan { ws, id });
+                }
+            }
+            (stored_now, Some(&&((_, id), rs))) if stored_now.is_none_or(|&&(sid, _)| id < sid) => {
+                e.next();
+                let below = [1usize, 2].iter().any(|&i| id <= mark_of(&retired, i));
+                if !(rs.kind == 0 && below) {
+                    problems.push(Problem::RecordMissing {
+                        ws,
+                        id,
+                        partition,
+                        offset: rs.offset,
+                        verb: if rs.kind == 0 { "updated" } else { "created" },
+                    });
+                }
+            }
+            (Some(&&(id, ref got)), Some(&&(_, rs))) => {
+                s.next();
+                e.next();
+                match got {
+                    Err(error) => problems.push(Problem::RecordCorrupt {
+                        ws,
+                        id,
+                        error: error.clone(),
+                    }),
+                    Ok(r) if r.id != id => problems.push(Problem::RecordMismatch {
+                        ws,
+                        id,
+                        detail: format!("says it is record {}", r.id),
+                    }),
+                    Ok(r) if rs.kind != 0 && r.kind.code() != rs.kind => {
+                        problems.push(Problem::RecordMismatch {
+                            ws,
+                            id,
+                            detail: format!(
+                                "is a {:?}, but the event at PLog offset {} created a {}",
+                                r.kind,
+                                rs.offset,
+                                RecordKind::from_code(rs.kind)
+                                    .map_or_else(|| rs.kind.to_string(), |k| format!("{k:?}"))
+                            ),
+                        });
+                    }
+                    Ok(_) => {}
+                }
+            }
+            _ => break,
+        }
+    }
+}
+
+/// The numbers table against the numbers the events used.
+pub(crate) fn numbers<S: KvStore>(
+    src: &Source<'_, S>,
+    state: &State,
+    problems: &mut Problems,
+    progress: &mut dyn FnMut(Progress),
+) -> u64 {
+    let mut wss: Vec<u64> = state.workspaces.keys().copied().collect();
+    wss.sort_unstable();
+    let blocks = union(
+        wss.iter().map(|&ws| ws / keys::NUMBERS_BLOCK_WS),
+        src.list.map(|l| l.numbers.clone()).unwrap_or_default(),
+    );
+    let total = blocks.len() as u64;
+    let mut stored_count = 0u64;
+    let mut next = 0usize;
+    let mut stored: HashMap<(u64, usize), u64> = HashMap::new();
+    for (done, &block) in blocks.iter().enumerate() {
+        stored.clear();
+        let part = keys::numbers_block(src.app, block);
+        let mut damaged: Vec<String> = Vec::new();
+        let read = scan_all(src.kv, &part, &mut |clustering, value| {
+            let Some((ws, seq)) = keys::numbers_at(block, clustering) else {
+                damaged.push(format!(
+                    "a key with {} clustering bytes where 4 belong",
+                    clustering.len()
+                ));
+                return;
+            };
+            let Ok(v) = <[u8; 8]>::try_from(value) else {
+                damaged.push(format!(
+                    "the number of sequence {seq} of workspace {ws} has {} bytes where 8 belong",
+                    value.len()
+                ));
+                return;
+            };
+            if let Some(i) = slot(monoseq_core::SeqId(seq)) {
+                stored.insert((ws, i), u64::from_be_bytes(v));
+            }
+        });
+        stored_count += stored.len() as u64;
+        for what in damaged {
+            problems.push(Problem::NumberDamaged { block, what });
+        }
+        if let Err(e) = read {
+            problems.unreadable(format!("numbers block {block}"), &e);
+        }
+        // Stored numbers ahead of the PLog.
+        let mut ahead: Vec<(u64, usize, u64)> =
+            stored.iter().map(|(&(ws, i), &v)| (ws, i, v)).collect();
+        ahead.sort_unstable();
+        for (ws, i, value) in ahead {
+            let last = state.workspaces.get(&ws).map_or(0, |w| w.seqs[i].last);
+            let retired = mark_of(&state.retired_of(ws), i);
+            if value > last && value > retired && value >= initial(i) {
+                problems.push(Problem::NumberAhead {
+                    ws,
+                    sequence: SEQUENCES[i],
+                    stored: value,
+                    plog_last: last,
+                });
+            }
+        }
+        // Numbers the checkpoint covers but the table does not hold.
+        while let Some(&ws) = wss.get(next) {
+            if ws / keys::NUMBERS_BLOCK_WS > block {
+                break;
+            }
+            next += 1;
+            let Some(w) = state.workspaces.get(&ws) else {
+                continue;
+            };
+            let checkpoint = state
+                .partitions
+                .get(w.partition as usize)
+                .map_or(1, |p| p.checkpoint);
+            for (i, st) in w.seqs.iter().enumerate() {
+                let have = stored.get(&(ws, i)).copied().unwrap_or(0);
+                if st.covered > have {
+                    problems.push(Problem::NumberNotCovered {
+                        ws,
+                        partition: w.partition,
+                        sequence: SEQUENCES[i],
+                        stored: have,
+                        covered: st.covered,
+                        checkpoint,
+                    });
+                }
+            }
+        }
+        report(progress, Stage::Numbers, done as u64 + 1, total);
+    }
+    stored_count
+}

@@ -1,0 +1,512 @@
+//! The PLog pass: reads every PLog block of a partition (past gaps, unlike replay, which stops
+//! at the first block that is not full), decodes every event, checks it sits at its own offset
+//! and that offsets are contiguous except at accepted losses, checks the numbers it uses
+//! (SPEC invariants 1–3 and 10), and remembers per workspace and per record what the later
+//! passes need, among them a digest of the workspace's events that the WLog pass compares
+//! with its entries. The same pass, in comparison mode, reads the PLog again for the few
+//! workspaces whose digests differ and compares their WLog entries byte for byte, to name
+//! each entry that is missing or different.
+
+use std::collections::HashSet;
+
+use std::ops::{Bound, ControlFlow};
+
+use monoseq_kv::{Key, KvStore, Order};
+use monoseq_store::{AppId, Event, LOG_BLOCK_EVENTS};
+
+use crate::keys;
+use crate::listing::PartitionList;
+use crate::problem::Problem;
+use crate::state::{
+    Problems, RecordState, SEQUENCES, State, WsState, entry_hash, initial, mark_of, slot,
+};
+use crate::{Progress, Stage};
+
+/// Empty PLog blocks read past the last block holding an event (and past every offset the
+/// checkpoint, the marks or an accepted loss name) before the scan of a partition ends, when
+/// no partition list says which blocks exist: events after a gap this long are not found.
+pub const PLOG_EMPTY_BLOCKS_PROBED: u64 = 4;
+/// Most events whose WLog entries are compared in one `get_many`.
+const WLOG_COMPARE_EVENTS_MAX: usize = 1024;
+/// Most event bytes held for one WLog comparison.
+const WLOG_COMPARE_BYTES_MAX: usize = 4 << 20;
+/// Events between two progress reports.
+pub(crate) const PROGRESS_EVERY: u64 = 4096;
+
+/// What the passes read from.
+pub(crate) struct Source<'a, S> {
+    pub(crate) kv: &'a S,
+    pub(crate) app: AppId,
+    pub(crate) list: Option<&'a PartitionList>,
+}
+
+/// An event whose WLog entry is yet to be compared.
+struct Pending {
+    ws: u64,
+    wlog: u64,
+    offset: u64,
+    bytes: std::ops::Range<usize>,
+}
+
+/// The PLog pass over one partition.
+pub(crate) struct PLogPass<'s, 'a, S> {
+    src: &'s Source<'a, S>,
+    partition: u32,
+    state: &'s mut State,
+    problems: &'s mut Problems,
+    progress: &'s mut dyn FnMut(Progress),
+    partitions: u32,
+    /// Comparison mode: only the WLog entries of these workspaces' events are compared.
+    compare: Option<&'s HashSet<u64>>,
+    /// The next PLog offset expected.
+    next: u64,
+    pending: Vec<Pending>,
+    pending_bytes: Vec<u8>,
+}
+
+impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
+    pub(crate) fn new(
+        src: &'s Source<'a, S>,
+        partition: u32,
+        state: &'s mut State,
+        problems: &'s mut Problems,
+        progress: &'s mut dyn FnMut(Progress),
+    ) -> Self {
+        let partitions = state.partitions.len() as u32;
+        PLogPass {
+            src,
+            partition,
+            state,
+            problems,
+            progress,
+            partitions,
+            compare: None,
+            next: 1,
+            pending: Vec::new(),
+            pending_bytes: Vec::new(),
+        }
+    }
+
+    /// Comparison mode: reads the PLog again only to compare the WLog entries of the events
+    /// of `workspaces` with the events.
+    pub(crate) fn comparing(mut self, workspaces: &'s HashSet<u64>) -> Self {
+        self.compare = Some(workspaces);
+        self
+    }
+
+    /// Reads the partition's PLog; `mark_plog` is the acknowledged end its marks name (0:
+    /// none), so that a scan without a partition list reads at least that far.
+    pub(crate) fn run(mut self, mark_plog: u64) {
+        let p = self.partition as usize;
+        let Some(part) = self.state.partitions.get(p) else {
+            return;
+        };
+        let listed: Option<Vec<u64>> = self
+            .src
+            .list
+            .map(|l| l.plog.get(&self.partition).cloned().unwrap_or_default());
+        match listed {
+            Some(blocks) => {
+                for block in blocks {
+                    self.scan_block(block);
+                }
+            }
+            None => {
+                let bound = [part.checkpoint, mark_plog]
+                    .into_iter()
+                    .chain(part.losses.iter().map(|l| l.plog_to.saturating_add(1)))
+                    .map(keys::log_block_of)
+                    .max()
+                    .unwrap_or(0);
+                let mut block = 0u64;
+                let mut empty_run = 0u64;
+                while block <= bound || empty_run < PLOG_EMPTY_BLOCKS_PROBED {
+                    if self.scan_block(block) == 0 {
+                        empty_run += 1;
+                    } else {
+                        empty_run = 0;
+                    }
+                    block += 1;
+                }
+            }
+        }
+        self.flush_wlog();
+        if self.compare.is_none() {
+            let now = self.progress_now();
+            (self.progress)(now);
+        }
+    }
+
+    fn progress_now(&self) -> Progress {
+        Progress {
+            stage: Stage::PLog {
+                partition: self.partition,
+                partitions: self.partitions,
+            },
+            done: self.state.events,
+            total: None,
+        }
+    }
+
+    /// Reads one block; returns how many entries it holds.
+    fn scan_block(&mut self, block: u64) -> u64 {
+        let part = keys::plog_block(self.src.app, self.partition, block);
+        let mut after: Option<Vec<u8>> = None;
+        let mut entries = 0u64;
+        loop {
+            let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+            let mut batch_bytes = 0usize;
+            let from = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+            let read = self.src.kv.scan(
+                &part,
+                from,
+                Bound::Unbounded,
+                Order::Ascending,
+                &mut |clustering, value| {
+                    batch.push((clustering.to_vec(), value.to_vec()));
+                    batch_bytes += value.len();
+                    if batch.len() >= WLOG_COMPARE_EVENTS_MAX
+                        || batch_bytes >= WLOG_COMPARE_BYTES_MAX
+                    {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    }
+                },
+            );
+            let full =
+                batch.len() >= WLOG_COMPARE_EVENTS_MAX || batch_bytes >= WLOG_COMPARE_BYTES_MAX;
+            after = batch.last().map(|(c, _)| c.clone());
+            entries += batch.len() as u64;
+            for (clustering, value) in &batch {
+                self.entry(block, clustering, value);
+            }
+            if let Err(e) = read {
+                self.problems.unreadable(
+                    format!("PLog block {block} of partition {}", self.partition),
+                    &e,
+                );
+                return entries;
+            }
+            if !full {
+                return entries;
+            }
+        }
+    }
+
+    fn entry(&mut self, block: u64, clustering: &[u8], value: &[u8]) {
+        let partition = self.partition;
+        if let Some(workspaces) = self.compare {
+            if let Some(offset) = keys::at_position(block, clustering)
+                && let Ok(e) = Event::decode(value)
+                && e.plog_offset.0 == offset
+                && workspaces.contains(&e.ws.0)
+            {
+                self.push_pending(e.ws.0, e.wlog_offset.0, offset, value);
+            }
+            return;
+        }
+        let Some(offset) = keys::at_position(block, clustering) else {
+            self.problems.push(Problem::PLogBadKey {
+                partition,
+                block,
+                len: clustering.len(),
+            });
+            return;
+        };
+        self.state.events += 1;
+        if self.state.events.is_multiple_of(PROGRESS_EVERY) {
+            let now = self.progress_now();
+            (self.progress)(now);
+        }
+        self.contiguity(offset);
+        if let Some(part) = self.state.partitions.get_mut(partition as usize) {
+            part.plog_last = part.plog_last.max(offset);
+        }
+        let event = match Event::decode(value) {
+            Ok(e) => e,
+            Err(error) => {
+                self.problems.push(Problem::PLogCorrupt {
+                    partition,
+                    offset,
+                    error,
+                });
+                return;
+            }
+        };
+        if event.plog_offset.0 != offset {
+            self.problems.push(Problem::PLogMisplaced {
+                partition,
+                offset,
+                found: event.plog_offset.0,
+            });
+            return;
+        }
+        self.numbers(&event);
+        self.records(&event);
+        if let Some(w) = self.state.workspaces.get_mut(&event.ws.0) {
+            w.wlog_digest = w
+                .wlog_digest
+                .wrapping_add(entry_hash(event.wlog_offset.0, value));
+        }
+    }
+
+    fn push_pending(&mut self, ws: u64, wlog: u64, offset: u64, value: &[u8]) {
+        let at = self.pending_bytes.len();
+        self.pending_bytes.extend_from_slice(value);
+        self.pending.push(Pending {
+            ws,
+            wlog,
+            offset,
+            bytes: at..self.pending_bytes.len(),
+        });
+        if self.pending.len() >= WLOG_COMPARE_EVENTS_MAX
+            || self.pending_bytes.len() >= WLOG_COMPARE_BYTES_MAX
+        {
+            self.flush_wlog();
+        }
+    }
+
+    /// Offsets are contiguous from 1 except across accepted losses.
+    fn contiguity(&mut self, offset: u64) {
+        let partition = self.partition;
+        let Some(part) = self.state.partitions.get(partition as usize) else {
+            return;
+        };
+        if let Some(loss) = part.loss_at(offset) {
+            self.problems.push(Problem::PLogInAcceptedLoss {
+                partition,
+                offset,
+                from: loss.plog_from,
+                to: loss.plog_to,
+            });
+        } else if offset > self.next {
+            // The missing range, less the parts accepted losses name.
+            let mut from = self.next;
+            while from < offset {
+                match part.loss_at(from) {
+                    Some(loss) => from = loss.plog_to.saturating_add(1),
+                    None => {
+                        let to = part
+                            .losses
+                            .iter()
+                            .filter(|l| l.plog_from > from && l.plog_from < offset)
+                            .map(|l| l.plog_from - 1)
+                            .min()
+                            .unwrap_or(offset - 1);
+                        self.problems.push(Problem::PLogGap {
+                            partition,
+                            from,
+                            to,
+                        });
+                        from = to + 1;
+                    }
+                }
+            }
+        }
+        self.next = self.next.max(offset.saturating_add(1));
+    }
+
+    /// SPEC invariants 1, 2 and 10 for the numbers of one event.
+    fn numbers(&mut self, event: &Event) {
+        let partition = self.partition;
+        let offset = event.plog_offset.0;
+        let ws = event.ws.0;
+        let mut used: [Vec<u64>; 3] = Default::default();
+        event.for_each_number(|seq, n| {
+            if let Some(i) = slot(seq)
+                && n.0 >= initial(i)
+                && let Some(v) = used.get_mut(i)
+            {
+                v.push(n.0);
+            }
+        });
+        let Some(part) = self.state.partitions.get_mut(partition as usize) else {
+            return;
+        };
+        let checkpoint = part.checkpoint;
+        let retired = if part.losses.is_empty() {
+            Default::default()
+        } else {
+            part.retired_before(offset)
+        };
+        let w = self.state.workspaces.entry(ws).or_insert_with(|| WsState {
+            partition,
+            ..WsState::default()
+        });
+        if w.partition != partition {
+            self.problems.push(Problem::WorkspaceInTwoPartitions {
+                ws,
+                first: w.partition,
+                second: partition,
+                offset,
+            });
+        }
+        w.last_plog = offset;
+        for (i, numbers) in used.iter_mut().enumerate() {
+            if numbers.is_empty() {
+                continue;
+            }
+            numbers.sort_unstable();
+            let sequence = SEQUENCES[i];
+            let st = &mut w.seqs[i];
+            let (min, max) = (numbers[0], numbers[numbers.len() - 1]);
+            for pair in numbers.windows(2) {
+                if pair[0] == pair[1] {
+                    self.problems.push(Problem::NumberReused {
+                        partition,
+                        offset,
+                        ws,
+                        sequence,
+                        number: pair[1],
+                        last: pair[0],
+                    });
+                }
+            }
+            let retired_value = mark_of(&retired, i);
+            if min <= st.last {
+                self.problems.push(Problem::NumberReused {
+                    partition,
+                    offset,
+                    ws,
+                    sequence,
+                    number: min,
+                    last: st.last,
+                });
+            } else if min <= retired_value {
+                self.problems.push(Problem::RetiredNumberUsed {
+                    partition,
+                    offset,
+                    ws,
+                    sequence,
+                    number: min,
+                    retired: retired_value,
+                });
+            }
+            if i == 0 {
+                let expected = (st.last + 1).max(retired_value + 1);
+                if min > expected {
+                    self.problems.push(Problem::WLogOffsetSkipped {
+                        partition,
+                        offset,
+                        ws,
+                        wlog: min,
+                        last: st.last,
+                    });
+                }
+                if min > st.last + 1 {
+                    let from = st.last + 1;
+                    w.add_hole(from, min - 1);
+                }
+            }
+            let st = &mut w.seqs[i];
+            st.last = st.last.max(max);
+            if offset < checkpoint {
+                st.covered = st.covered.max(max);
+            }
+            if let Some(m) = part.max.get_mut(i) {
+                *m = (*m).max(max);
+            }
+        }
+    }
+
+    /// Remembers the records the event creates and updates.
+    fn records(&mut self, event: &Event) {
+        let ws = event.ws.0;
+        let offset = event.plog_offset.0;
+        for r in &event.created {
+            let e = self
+                .state
+                .records
+                .entry((ws, r.id.0))
+                .or_insert(RecordState { offset, kind: 0 });
+            if e.kind == 0 {
+                *e = RecordState {
+                    offset,
+                    kind: r.kind.code(),
+                };
+            }
+        }
+        for r in &event.updated {
+            self.state
+                .records
+                .entry((ws, r.id.0))
+                .or_insert(RecordState { offset, kind: 0 });
+        }
+    }
+
+    /// Compares the pending events with their WLog entries.
+    fn flush_wlog(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let app = self.src.app;
+        let parts: Vec<Vec<u8>> = self
+            .pending
+            .iter()
+            .map(|p| keys::wlog_block(app, p.ws, keys::log_block_of(p.wlog)))
+            .collect();
+        let positions: Vec<[u8; 2]> = self
+            .pending
+            .iter()
+            .map(|p| keys::position(p.wlog))
+            .collect();
+        let wanted: Vec<Key<'_>> = parts
+            .iter()
+            .zip(&positions)
+            .map(|(p, c)| Key::new(p, c))
+            .collect();
+        let partition = self.partition;
+        match self.src.kv.get_many(&wanted) {
+            Err(e) => {
+                let (first, last) = (
+                    self.pending.first().map_or(0, |p| p.offset),
+                    self.pending.last().map_or(0, |p| p.offset),
+                );
+                self.problems.unreadable(
+                    format!(
+                        "the WLog entries of PLog offsets {first}..={last} of partition \
+                         {partition}"
+                    ),
+                    &e,
+                );
+            }
+            Ok(values) => {
+                for (p, value) in self.pending.iter().zip(values) {
+                    let plog = self.pending_bytes.get(p.bytes.clone()).unwrap_or_default();
+                    match value {
+                        None => self.problems.push(Problem::WLogMissing {
+                            ws: p.ws,
+                            wlog: p.wlog,
+                            partition,
+                            offset: p.offset,
+                        }),
+                        Some(v) if v == plog => {}
+                        Some(v) => self.problems.push(Problem::WLogDiffers {
+                            ws: p.ws,
+                            wlog: p.wlog,
+                            partition,
+                            offset: p.offset,
+                            detail: describe_entry(&v),
+                        }),
+                    }
+                }
+            }
+        }
+        self.pending.clear();
+        self.pending_bytes.clear();
+    }
+}
+
+/// What a log entry that is not the expected event holds, for messages.
+pub(crate) fn describe_entry(bytes: &[u8]) -> String {
+    match Event::decode(bytes) {
+        Ok(e) => format!(
+            "it holds the event of PLog offset {} of workspace {} at WLog offset {}",
+            e.plog_offset, e.ws, e.wlog_offset
+        ),
+        Err(e) => format!("it does not decode: {e}"),
+    }
+}
+
+const _: () = assert!(LOG_BLOCK_EVENTS <= 1 << 16);

@@ -1,0 +1,481 @@
+//! [`Problem`]: everything verification can find wrong in a store, one variant per kind of
+//! damage, each message naming the partition, workspace, offset or key and what it means.
+
+use monoseq_store::{DecodeError, Mark};
+
+/// The numbered sequences events use, as messages name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Sequence {
+    /// WLog offsets.
+    WLog,
+    /// CDoc and CRecord IDs.
+    CRecord,
+    /// ODoc, ORecord, WDoc and WRecord IDs (and argument objects).
+    OWRecord,
+}
+
+impl std::fmt::Display for Sequence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Sequence::WLog => "WLogOffset",
+            Sequence::CRecord => "CRecordID",
+            Sequence::OWRecord => "OWRecordID",
+        })
+    }
+}
+
+/// Which file of the data directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DirFile {
+    /// `monoseq.identity`.
+    Identity,
+    /// `monoseq.marks`.
+    Marks,
+}
+
+impl std::fmt::Display for DirFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DirFile::Identity => monoseq_store::IDENTITY_FILE,
+            DirFile::Marks => monoseq_store::MARKS_FILE,
+        })
+    }
+}
+
+/// One thing found wrong. [`crate::Report::problems`] lists every one found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Problem {
+    // -- The data directory's files and the engine's metadata --------------------------------
+    /// A file of the data directory cannot be read or is damaged.
+    #[error("{file} cannot be used: {message}")]
+    FileUnreadable {
+        /// Which file.
+        file: DirFile,
+        /// Why.
+        message: String,
+    },
+    /// A file of the data directory is missing although the store holds data.
+    #[error(
+        "{file} is missing, but the engine holds store {store_id}: the store cannot prove it is \
+         whole"
+    )]
+    FileMissing {
+        /// Which file.
+        file: DirFile,
+        /// The store the engine holds.
+        store_id: String,
+    },
+    /// The identity names a store the engine does not hold.
+    #[error(
+        "the identity file names store {identity}, but the engine holds {}",
+        engine.as_deref().map_or_else(|| "no store at all (its files were lost or replaced)".to_owned(), |e| format!("store {e} (files of another data directory)"))
+    )]
+    ForeignEngine {
+        /// The identity's store ID.
+        identity: String,
+        /// The engine's store ID, if any.
+        engine: Option<String>,
+    },
+    /// The identity and the engine (or the marks file) disagree on something fixed at
+    /// creation.
+    #[error("the {what} differs: {a_name} says {a}, {b_name} says {b}")]
+    Inconsistent {
+        /// What differs ("partition count", "key layout", "event format").
+        what: &'static str,
+        /// The first source.
+        a_name: &'static str,
+        /// Its value.
+        a: String,
+        /// The second source.
+        b_name: &'static str,
+        /// Its value.
+        b: String,
+    },
+    /// A server-metadata value does not decode.
+    #[error("the engine's metadata record `{key}` is damaged ({len} bytes where 4 belong)")]
+    MetaDamaged {
+        /// Which record.
+        key: &'static str,
+        /// Its length.
+        len: usize,
+    },
+    /// Neither the engine nor the identity records the partition count, and none was given.
+    #[error(
+        "no partition count is recorded (no engine metadata, no identity file): pass the \
+         partition count to verify"
+    )]
+    NoPartitionCount,
+    /// A partition's PLog ends below what its high-water mark says was acknowledged.
+    #[error(
+        "partition {partition}: the PLog holds {what} up to {found}, but {mark_value} was \
+         acknowledged (high-water mark {mark:?}): acknowledged events are lost"
+    )]
+    BelowMark {
+        /// The partition.
+        partition: u32,
+        /// Which mark ("events", "WLog offsets", …).
+        what: &'static str,
+        /// The highest the PLog holds.
+        found: u64,
+        /// The mark's value.
+        mark_value: u64,
+        /// The whole mark.
+        mark: Mark,
+    },
+
+    // -- Reading ------------------------------------------------------------------------------
+    /// Storage failed while reading; what it covers is unverified.
+    #[error("reading {what} failed: {message}; it is unverified")]
+    Unreadable {
+        /// What was being read.
+        what: String,
+        /// The storage error.
+        message: String,
+    },
+
+    // -- PLog ---------------------------------------------------------------------------------
+    /// A PLog key whose clustering is not a 2-byte position.
+    #[error(
+        "partition {partition}: PLog block {block} holds a key with {len} clustering bytes where \
+         2 belong"
+    )]
+    PLogBadKey {
+        /// The partition.
+        partition: u32,
+        /// The block.
+        block: u64,
+        /// Clustering length.
+        len: usize,
+    },
+    /// A PLog value does not decode.
+    #[error("partition {partition}: the event at PLog offset {offset} does not decode: {error}")]
+    PLogCorrupt {
+        /// The partition.
+        partition: u32,
+        /// Its offset.
+        offset: u64,
+        /// Why.
+        error: DecodeError,
+    },
+    /// A PLog event names another offset than its key.
+    #[error("partition {partition}: the event at PLog offset {offset} says it is at {found}")]
+    PLogMisplaced {
+        /// The partition.
+        partition: u32,
+        /// Where it is stored.
+        offset: u64,
+        /// The offset it names.
+        found: u64,
+    },
+    /// PLog offsets are missing and no accepted loss names them.
+    #[error(
+        "partition {partition}: PLog offsets {from}..={to} are missing ({} events), and the \
+         event at {next} follows them; no accepted loss names the gap",
+        to - from + 1,
+        next = to + 1
+    )]
+    PLogGap {
+        /// The partition.
+        partition: u32,
+        /// First missing offset.
+        from: u64,
+        /// Last missing offset.
+        to: u64,
+    },
+    /// An event sits inside a range recorded as an accepted loss.
+    #[error(
+        "partition {partition}: an event sits at PLog offset {offset}, inside the accepted loss \
+         {from}..={to}"
+    )]
+    PLogInAcceptedLoss {
+        /// The partition.
+        partition: u32,
+        /// Its offset.
+        offset: u64,
+        /// The loss's first offset.
+        from: u64,
+        /// The loss's last offset.
+        to: u64,
+    },
+    /// A PLog of a partition the store does not have.
+    #[error(
+        "a PLog block of partition {partition} exists, but the store has {partitions} partitions"
+    )]
+    PLogUnknownPartition {
+        /// The partition.
+        partition: u32,
+        /// The store's count.
+        partitions: u32,
+    },
+    /// One workspace's events sit in two partitions' PLogs.
+    #[error(
+        "workspace {ws} has events in partition {first} and in partition {second} (PLog offset \
+         {offset}): a workspace belongs to one partition"
+    )]
+    WorkspaceInTwoPartitions {
+        /// The workspace.
+        ws: u64,
+        /// The partition of its first event.
+        first: u32,
+        /// The other partition.
+        second: u32,
+        /// The offset of the event in `second`.
+        offset: u64,
+    },
+
+    // -- Numbers (SPEC invariants 1-5) ---------------------------------------------------------
+    /// A number is not above the last one of its sequence: handed out twice or backwards.
+    #[error(
+        "partition {partition}: the event at PLog offset {offset} uses {sequence} {number} of \
+         workspace {ws}, but {last} was already used: numbers must increase strictly"
+    )]
+    NumberReused {
+        /// The partition.
+        partition: u32,
+        /// The event's offset.
+        offset: u64,
+        /// The workspace.
+        ws: u64,
+        /// The sequence.
+        sequence: Sequence,
+        /// The number.
+        number: u64,
+        /// The last number before.
+        last: u64,
+    },
+    /// An event after an accepted loss uses a number the loss retired (SPEC invariant 10).
+    #[error(
+        "partition {partition}: the event at PLog offset {offset} uses {sequence} {number} of \
+         workspace {ws}, but an accepted loss retired every number up to {retired}"
+    )]
+    RetiredNumberUsed {
+        /// The partition.
+        partition: u32,
+        /// The event's offset.
+        offset: u64,
+        /// The workspace.
+        ws: u64,
+        /// The sequence.
+        sequence: Sequence,
+        /// The number.
+        number: u64,
+        /// The retired mark of the sequence.
+        retired: u64,
+    },
+    /// A workspace's WLog offsets skip numbers (not explained by an accepted loss).
+    #[error(
+        "partition {partition}: the event at PLog offset {offset} has WLog offset {wlog} of \
+         workspace {ws}, after {last}: WLog offsets must be contiguous"
+    )]
+    WLogOffsetSkipped {
+        /// The partition.
+        partition: u32,
+        /// The event's offset.
+        offset: u64,
+        /// The workspace.
+        ws: u64,
+        /// Its WLog offset.
+        wlog: u64,
+        /// The WLog offset before.
+        last: u64,
+    },
+    /// The checkpoint value does not decode.
+    #[error("partition {partition}: the checkpoint is damaged ({len} bytes, value {value:?})")]
+    CheckpointDamaged {
+        /// The partition.
+        partition: u32,
+        /// Its length.
+        len: usize,
+        /// Its value when 8 bytes.
+        value: Option<u64>,
+    },
+    /// The checkpoint claims events the PLog does not hold.
+    #[error(
+        "partition {partition}: the checkpoint {checkpoint} is ahead of the PLog, whose next \
+         offset is {plog_next}"
+    )]
+    CheckpointAhead {
+        /// The partition.
+        partition: u32,
+        /// The checkpoint (next PLog offset it claims).
+        checkpoint: u64,
+        /// The PLog's next offset.
+        plog_next: u64,
+    },
+    /// A stored number is below what the checkpoint claims it covers.
+    #[error(
+        "workspace {ws}: {sequence} is stored as {stored}, but the checkpoint {checkpoint} of \
+         partition {partition} covers {covered}"
+    )]
+    NumberNotCovered {
+        /// The workspace.
+        ws: u64,
+        /// Its partition.
+        partition: u32,
+        /// The sequence.
+        sequence: Sequence,
+        /// The stored number.
+        stored: u64,
+        /// The highest number of the events before the checkpoint.
+        covered: u64,
+        /// The checkpoint.
+        checkpoint: u64,
+    },
+    /// A stored number is ahead of every event.
+    #[error(
+        "workspace {ws}: {sequence} is stored as {stored}, ahead of the PLog, whose events use \
+         at most {plog_last}"
+    )]
+    NumberAhead {
+        /// The workspace.
+        ws: u64,
+        /// The sequence.
+        sequence: Sequence,
+        /// The stored number.
+        stored: u64,
+        /// The highest number the PLog's events use (0: none).
+        plog_last: u64,
+    },
+    /// A stored number's key or value does not decode.
+    #[error("numbers block {block}: {what}")]
+    NumberDamaged {
+        /// The numbers block (workspaces `block × 4096 ..`).
+        block: u64,
+        /// What is wrong and where.
+        what: String,
+    },
+
+    // -- WLog ---------------------------------------------------------------------------------
+    /// A PLog event has no WLog entry.
+    #[error(
+        "workspace {ws}: WLog offset {wlog} is missing, but partition {partition}'s PLog holds \
+         its event at offset {offset}"
+    )]
+    WLogMissing {
+        /// The workspace.
+        ws: u64,
+        /// The WLog offset.
+        wlog: u64,
+        /// The partition.
+        partition: u32,
+        /// The event's PLog offset.
+        offset: u64,
+    },
+    /// A WLog entry differs from its PLog event.
+    #[error(
+        "workspace {ws}: WLog offset {wlog} differs from its event at PLog offset {offset} of \
+         partition {partition} ({detail})"
+    )]
+    WLogDiffers {
+        /// The workspace.
+        ws: u64,
+        /// The WLog offset.
+        wlog: u64,
+        /// The partition.
+        partition: u32,
+        /// The event's PLog offset.
+        offset: u64,
+        /// What the WLog holds instead.
+        detail: String,
+    },
+    /// A WLog entry no PLog event names.
+    #[error("workspace {ws}: WLog offset {wlog} holds an entry no PLog event names ({detail})")]
+    WLogOrphan {
+        /// The workspace.
+        ws: u64,
+        /// The WLog offset.
+        wlog: u64,
+        /// What it holds.
+        detail: String,
+    },
+
+    // -- Records ------------------------------------------------------------------------------
+    /// A record value does not decode.
+    #[error("workspace {ws}: record {id} does not decode: {error}")]
+    RecordCorrupt {
+        /// The workspace.
+        ws: u64,
+        /// The record ID (from its key).
+        id: u64,
+        /// Why.
+        error: DecodeError,
+    },
+    /// A stored record says another ID or kind than its key and creating event.
+    #[error("workspace {ws}: record {id} {detail}")]
+    RecordMismatch {
+        /// The workspace.
+        ws: u64,
+        /// The record ID (from its key).
+        id: u64,
+        /// What differs.
+        detail: String,
+    },
+    /// A record an event created or updated is missing.
+    #[error(
+        "workspace {ws}: record {id} is missing, but the event at PLog offset {offset} of \
+         partition {partition} {verb} it"
+    )]
+    RecordMissing {
+        /// The workspace.
+        ws: u64,
+        /// The record ID.
+        id: u64,
+        /// The partition.
+        partition: u32,
+        /// The event's offset.
+        offset: u64,
+        /// "created" or "updated".
+        verb: &'static str,
+    },
+    /// A record no event created.
+    #[error("workspace {ws}: record {id} exists, but no event created it")]
+    RecordOrphan {
+        /// The workspace.
+        ws: u64,
+        /// The record ID.
+        id: u64,
+    },
+}
+
+impl Problem {
+    /// A short stable name of the kind of problem (`plog-gap`, `wlog-missing`, …), for
+    /// counting and for scripts.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Problem::FileUnreadable { .. } => "file-unreadable",
+            Problem::FileMissing { .. } => "file-missing",
+            Problem::ForeignEngine { .. } => "foreign-engine",
+            Problem::Inconsistent { .. } => "inconsistent",
+            Problem::MetaDamaged { .. } => "meta-damaged",
+            Problem::NoPartitionCount => "no-partition-count",
+            Problem::BelowMark { .. } => "below-mark",
+            Problem::Unreadable { .. } => "unreadable",
+            Problem::PLogBadKey { .. } => "plog-bad-key",
+            Problem::PLogCorrupt { .. } => "plog-corrupt",
+            Problem::PLogMisplaced { .. } => "plog-misplaced",
+            Problem::PLogGap { .. } => "plog-gap",
+            Problem::PLogInAcceptedLoss { .. } => "plog-in-accepted-loss",
+            Problem::PLogUnknownPartition { .. } => "plog-unknown-partition",
+            Problem::WorkspaceInTwoPartitions { .. } => "workspace-in-two-partitions",
+            Problem::NumberReused { .. } => "number-reused",
+            Problem::RetiredNumberUsed { .. } => "retired-number-used",
+            Problem::WLogOffsetSkipped { .. } => "wlog-offset-skipped",
+            Problem::CheckpointDamaged { .. } => "checkpoint-damaged",
+            Problem::CheckpointAhead { .. } => "checkpoint-ahead",
+            Problem::NumberNotCovered { .. } => "number-not-covered",
+            Problem::NumberAhead { .. } => "number-ahead",
+            Problem::NumberDamaged { .. } => "number-damaged",
+            Problem::WLogMissing { .. } => "wlog-missing",
+            Problem::WLogDiffers { .. } => "wlog-differs",
+            Problem::WLogOrphan { .. } => "wlog-orphan",
+            Problem::RecordCorrupt { .. } => "record-corrupt",
+            Problem::RecordMismatch { .. } => "record-mismatch",
+            Problem::RecordMissing { .. } => "record-missing",
+            Problem::RecordOrphan { .. } => "record-orphan",
+        }
+    }
+}

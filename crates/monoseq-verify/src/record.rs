@@ -1,0 +1,171 @@
+//! Decoding a records-table value ("Record value, format version 1" in `docs/format.md`):
+//! version, CRC-32 of the rest, then kind, ID, name and fields, ending exactly at the end.
+//! `monoseq-store` keeps its decoder private and its public reader looks one key up at a time,
+//! so the records pass, which scans whole blocks, decodes here. A unit test checks it against
+//! values the event store writes.
+
+use monoseq_store::{DecodeError, FORMAT_VERSION, RecordKind};
+
+/// What the checks need of a stored record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoredRecord {
+    pub(crate) kind: RecordKind,
+    pub(crate) id: u64,
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+        let b = *self
+            .buf
+            .get(self.pos)
+            .ok_or(DecodeError::Truncated { what, at: self.pos })?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        let at = self.pos;
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self
+                .u8(what)
+                .map_err(|_| DecodeError::Truncated { what, at })?;
+            if shift == 63 && b > 1 {
+                return Err(DecodeError::OutOfRange { what, at });
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(DecodeError::OutOfRange { what, at })
+    }
+
+    fn bytes(&mut self, what: &'static str) -> Result<&[u8], DecodeError> {
+        let at = self.pos;
+        let len = self.varint(what)?;
+        let left = (self.buf.len() - self.pos) as u64;
+        if len > left {
+            return Err(DecodeError::Truncated { what, at });
+        }
+        let end = self.pos + len as usize;
+        let b = self
+            .buf
+            .get(self.pos..end)
+            .ok_or(DecodeError::Truncated { what, at })?;
+        self.pos = end;
+        Ok(b)
+    }
+
+    fn str(&mut self, what: &'static str) -> Result<(), DecodeError> {
+        let at = self.pos;
+        let b = self.bytes(what)?;
+        std::str::from_utf8(b).map_err(|_| DecodeError::InvalidUtf8 { what, at })?;
+        Ok(())
+    }
+}
+
+/// Decodes and fully checks a stored record value.
+pub(crate) fn decode_record(buf: &[u8]) -> Result<StoredRecord, DecodeError> {
+    let version = *buf.first().ok_or(DecodeError::Truncated {
+        what: "version",
+        at: 0,
+    })?;
+    if version != FORMAT_VERSION {
+        return Err(DecodeError::UnsupportedVersion(version));
+    }
+    let crc: [u8; 4] =
+        buf.get(1..5)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(DecodeError::Truncated {
+                what: "checksum",
+                at: 1,
+            })?;
+    let stored = u32::from_le_bytes(crc);
+    let computed = crc32fast::hash(buf.get(5..).unwrap_or_default());
+    if stored != computed {
+        return Err(DecodeError::Checksum { stored, computed });
+    }
+    let mut r = Reader { buf, pos: 5 };
+    let at = r.pos;
+    let code = r.u8("record kind")?;
+    let kind = RecordKind::from_code(code).ok_or(DecodeError::InvalidKind { code, at })?;
+    let id = r.varint("record ID")?;
+    r.str("record name")?;
+    let count = r.varint("field count")?;
+    if count > (buf.len() - r.pos) as u64 {
+        return Err(DecodeError::Truncated {
+            what: "field count",
+            at: r.pos,
+        });
+    }
+    for _ in 0..count {
+        r.str("field name")?;
+        r.bytes("field value")?;
+    }
+    match buf.len() - r.pos {
+        0 => Ok(StoredRecord { kind, id }),
+        extra => Err(DecodeError::TrailingBytes { extra }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use monoseq_core::{PLogOffset, WsId, WsKind};
+    use monoseq_kv::{KvStore, MemoryStore};
+    use monoseq_store::{
+        AppId, Event, EventStore, Field, PartitionId, Record, RecordId, TrustLevel, WLogOffset,
+    };
+
+    use super::*;
+
+    #[test]
+    fn record_values_the_event_store_writes_decode_and_damaged_ones_do_not() {
+        let kv = Arc::new(MemoryStore::new());
+        let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+        let id = RecordId(322_685_000_131_072 + 300);
+        let event = Event {
+            plog_offset: PLogOffset(1),
+            ws: WsId(5),
+            ws_kind: WsKind(1),
+            wlog_offset: WLogOffset(1),
+            registered_at_ms: 0,
+            command: "app.New".into(),
+            argument: None,
+            created: vec![Record {
+                id,
+                kind: RecordKind::CRecord,
+                name: "app.Line".into(),
+                fields: vec![
+                    Field::new("qty", b"3".to_vec()),
+                    Field::new("é", vec![0xff]),
+                ],
+            }],
+            updated: vec![],
+        };
+        store.append(PartitionId(0), &[event]).expect("append");
+        let key = store.record_key(WsId(5), id);
+        let value = kv.get(key.as_key()).expect("get").expect("present");
+        assert_eq!(
+            decode_record(&value),
+            Ok(StoredRecord {
+                kind: RecordKind::CRecord,
+                id: id.0
+            })
+        );
+        for i in 0..value.len() {
+            let mut bad = value.clone();
+            bad[i] ^= 0x5a;
+            assert!(decode_record(&bad).is_err(), "byte {i} flipped");
+        }
+        assert!(decode_record(&value[..value.len() - 1]).is_err());
+        assert!(decode_record(&[]).is_err());
+    }
+}

@@ -1,0 +1,204 @@
+//! What verification remembers between its passes, bounded per key and never whole events:
+//! per workspace its partition and, per numbered sequence, the last number its events used
+//! and the last one before the checkpoint; per record its creating (or first updating) event;
+//! per partition its PLog end, checkpoint and accepted losses. Also the sink that keeps the
+//! first problems and counts the rest.
+
+use std::collections::HashMap;
+
+use monoseq_core::SeqId;
+use monoseq_store::{
+    AcceptedLoss, CRECORD_ID_SEQUENCE, Mark, OWRECORD_ID_SEQUENCE, WLOG_OFFSET_SEQUENCE,
+};
+
+use crate::problem::{Problem, Sequence};
+
+/// The three sequences events use, in the order of [`WsState::seqs`].
+pub(crate) const SEQUENCES: [Sequence; 3] = [Sequence::WLog, Sequence::CRecord, Sequence::OWRecord];
+
+/// The slot of a sequence in [`WsState::seqs`]; `None` for sequences events do not use.
+pub(crate) fn slot(seq: SeqId) -> Option<usize> {
+    match seq {
+        s if s == WLOG_OFFSET_SEQUENCE.id => Some(0),
+        s if s == CRECORD_ID_SEQUENCE.id => Some(1),
+        s if s == OWRECORD_ID_SEQUENCE.id => Some(2),
+        _ => None,
+    }
+}
+
+/// The initial value of the sequence in slot `i`: numbers below it are external or reserved
+/// IDs that never move a sequence (SPEC invariant 5), so the checks leave them out as replay
+/// does.
+pub(crate) fn initial(i: usize) -> u64 {
+    [
+        WLOG_OFFSET_SEQUENCE.initial.0,
+        CRECORD_ID_SEQUENCE.initial.0,
+        OWRECORD_ID_SEQUENCE.initial.0,
+    ]
+    .get(i)
+    .copied()
+    .unwrap_or(1)
+}
+
+/// The value of a mark for the sequence in slot `i`.
+pub(crate) fn mark_of(mark: &Mark, i: usize) -> u64 {
+    [mark.wlog, mark.crecord, mark.owrecord]
+        .get(i)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// One sequence of one workspace.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SeqState {
+    /// The highest number its events used (0: none).
+    pub(crate) last: u64,
+    /// The highest number its events before the partition's checkpoint used.
+    pub(crate) covered: u64,
+}
+
+/// One workspace.
+#[derive(Debug, Default)]
+pub(crate) struct WsState {
+    /// The partition whose PLog holds its first event.
+    pub(crate) partition: u32,
+    /// The PLog offset of its last event.
+    pub(crate) last_plog: u64,
+    /// WLog offset, CRecord ID, OWRecord ID.
+    pub(crate) seqs: [SeqState; 3],
+    /// The sum of [`entry_hash`] over the workspace's PLog events, less the sum over the WLog
+    /// entries those events name: 0 when every entry is there and holds its event's bytes.
+    pub(crate) wlog_digest: u64,
+    /// WLog offsets at or below the last one that no event names (jumps and skips), as
+    /// inclusive ranges; `None` in the usual case of none (a boxed slice: 8 bytes per
+    /// workspace, reallocated on the rare push).
+    pub(crate) wlog_holes: Option<Box<[(u64, u64)]>>,
+}
+
+impl WsState {
+    /// Whether an event names WLog offset `offset` of this workspace.
+    pub(crate) fn names_wlog(&self, offset: u64) -> bool {
+        offset >= 1
+            && offset <= self.seqs[0].last
+            && !self
+                .wlog_holes
+                .as_deref()
+                .is_some_and(|h| h.iter().any(|&(a, b)| a <= offset && offset <= b))
+    }
+
+    pub(crate) fn add_hole(&mut self, from: u64, to: u64) {
+        let mut holes = self.wlog_holes.take().map(Vec::from).unwrap_or_default();
+        holes.push((from, to));
+        self.wlog_holes = Some(holes.into_boxed_slice());
+    }
+}
+
+/// The hash of a log entry at WLog offset `offset` holding `bytes`, for [`WsState::wlog_digest`].
+pub(crate) fn entry_hash(offset: u64, bytes: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::hash::DefaultHasher::new();
+    h.write_u64(offset);
+    h.write(bytes);
+    h.finish()
+}
+
+/// A record some event created or updated.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecordState {
+    /// The PLog offset of the event that created it (or first updated it).
+    pub(crate) offset: u64,
+    /// The created kind's code; 0 when only updates name it.
+    pub(crate) kind: u8,
+}
+
+/// One partition.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct PartitionState {
+    /// The checkpoint: the first PLog offset the stored numbers do not cover.
+    pub(crate) checkpoint: u64,
+    /// The highest PLog offset holding an event (0: none).
+    pub(crate) plog_last: u64,
+    /// Highest numbers the partition's events use: WLog, CRecord, OWRecord.
+    pub(crate) max: [u64; 3],
+    /// Accepted losses, oldest first.
+    pub(crate) losses: Vec<AcceptedLoss>,
+    /// The mark below which numbers are retired by its losses.
+    pub(crate) retired: Mark,
+}
+
+impl PartitionState {
+    /// The mark retired by the losses that end before PLog offset `offset`.
+    pub(crate) fn retired_before(&self, offset: u64) -> Mark {
+        self.losses
+            .iter()
+            .filter(|l| l.plog_to < offset)
+            .fold(Mark::default(), |m, l| m.max(&l.mark))
+    }
+
+    /// The accepted loss that contains `offset`, if any.
+    pub(crate) fn loss_at(&self, offset: u64) -> Option<&AcceptedLoss> {
+        self.losses
+            .iter()
+            .find(|l| l.plog_from <= offset && offset <= l.plog_to)
+    }
+}
+
+/// Everything the passes share.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    pub(crate) partitions: Vec<PartitionState>,
+    pub(crate) workspaces: HashMap<u64, WsState>,
+    pub(crate) records: HashMap<(u64, u64), RecordState>,
+    pub(crate) events: u64,
+}
+
+impl State {
+    /// The retired mark of `ws`'s partition, or for a workspace no event names the highest of
+    /// every partition's.
+    pub(crate) fn retired_of(&self, ws: u64) -> Mark {
+        match self.workspaces.get(&ws) {
+            Some(w) => self
+                .partitions
+                .get(w.partition as usize)
+                .map(|p| p.retired)
+                .unwrap_or_default(),
+            None => self
+                .partitions
+                .iter()
+                .fold(Mark::default(), |m, p| m.max(&p.retired)),
+        }
+    }
+}
+
+/// Keeps the first `max` problems and counts all.
+#[derive(Debug)]
+pub(crate) struct Problems {
+    pub(crate) list: Vec<Problem>,
+    pub(crate) total: u64,
+    max: usize,
+}
+
+impl Problems {
+    pub(crate) fn new(max: usize) -> Problems {
+        Problems {
+            list: Vec::new(),
+            total: 0,
+            max,
+        }
+    }
+
+    pub(crate) fn push(&mut self, p: Problem) {
+        self.total += 1;
+        if self.list.len() < self.max {
+            self.list.push(p);
+        }
+    }
+
+    /// Records a storage fault while reading `what`.
+    pub(crate) fn unreadable(&mut self, what: impl Into<String>, e: &dyn std::fmt::Display) {
+        self.push(Problem::Unreadable {
+            what: what.into(),
+            message: e.to_string(),
+        });
+    }
+}

@@ -1,0 +1,862 @@
+//! Unit tests of the checks on the in-memory reference store: a whole store built through the
+//! event store and the sequence storage has no problems; each test then damages it one way
+//! through the key-value API and expects the problem that names that damage.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex};
+
+use monoseq_core::{Number, PLogOffset, SeqStorage, SeqValue, WsId, WsKind};
+use monoseq_kv::{
+    CasError, Key, KvError, KvStore, MemoryStore, Op, Order, Visitor, WriteBatch, WriteError,
+};
+use monoseq_store::{
+    AcceptedLoss, AppId, ArgObject, Event, EventStore, FORMAT_VERSION, Field, Identity, KEY_LAYOUT,
+    Mark, PartitionId, Record, RecordId, RecordKind, TrustLevel, WLogOffset,
+};
+
+use crate::{DirFiles, PartitionList, Problem, Report, Verifier, keys};
+
+const APP: AppId = AppId(1);
+const PARTITIONS: u32 = 2;
+const STORE_ID: &str = "0123456789abcdef0123456789abcdef";
+const CRECORD_FIRST: u64 = 322_685_000_131_072;
+const OWRECORD_FIRST: u64 = 322_680_000_131_072;
+
+/// The in-memory store, remembering every partition key written, so tests can list them.
+#[derive(Debug, Default)]
+struct Recording {
+    inner: MemoryStore,
+    parts: Mutex<BTreeSet<Vec<u8>>>,
+}
+
+impl KvStore for Recording {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.inner.get(key)
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.inner.get_many(keys)
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        self.inner.scan(partition, from, to, order, visit)
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+        let mut parts = self.parts.lock().unwrap();
+        for item in batch.iter().filter(|i| i.op != Op::Delete) {
+            parts.insert(item.key.partition.to_vec());
+        }
+        self.inner.write(batch)
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        self.parts.lock().unwrap().insert(key.partition.to_vec());
+        self.inner.compare_and_swap(key, expected, new)
+    }
+
+    fn sync(&self) -> Result<(), KvError> {
+        self.inner.sync()
+    }
+}
+
+/// A store under construction: events of workspaces 2 and 4 (partition 0) and 3 (partition
+/// 1), each creating a CDoc with an argument object and one child, later ones updating the
+/// first CDoc of their workspace.
+struct Fixture {
+    kv: Arc<Recording>,
+    store: EventStore<Arc<Recording>>,
+    /// Per workspace: next WLog offset, CRecord ID, OWRecord ID.
+    next: HashMap<u64, [u64; 3]>,
+    first_record: HashMap<u64, u64>,
+    plog_next: [u64; PARTITIONS as usize],
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let kv = Arc::new(Recording::default());
+        let store = EventStore::new(Arc::clone(&kv), APP, TrustLevel::Level0);
+        let meta = |c: &[u8], v: &[u8]| kv.put(Key::new(keys::META_PARTITION, c), v).unwrap();
+        meta(keys::META_PARTITIONS, &PARTITIONS.to_be_bytes());
+        meta(keys::META_KEY_LAYOUT, &KEY_LAYOUT.to_be_bytes());
+        meta(keys::META_STORE_ID, STORE_ID.as_bytes());
+        Fixture {
+            kv,
+            store,
+            next: HashMap::new(),
+            first_record: HashMap::new(),
+            plog_next: [1; PARTITIONS as usize],
+        }
+    }
+
+    /// Three rounds of one event per workspace, then the projection: partition 0 covered
+    /// whole, partition 1 up to its first event only (the tail is replayed after a restart).
+    fn good() -> Fixture {
+        let mut f = Fixture::new();
+        for _ in 0..3 {
+            f.append(&[2, 4]);
+            f.append(&[3]);
+        }
+        f.flush(0, f.plog_next[0]);
+        f.flush(1, 2);
+        f
+    }
+
+    fn partition(ws: u64) -> u32 {
+        (ws % u64::from(PARTITIONS)) as u32
+    }
+
+    /// The next event of `ws`.
+    fn event(&mut self, ws: u64) -> Event {
+        let p = Fixture::partition(ws) as usize;
+        let next = self
+            .next
+            .entry(ws)
+            .or_insert([1, CRECORD_FIRST, OWRECORD_FIRST]);
+        let [wlog, c, o] = *next;
+        *next = [wlog + 1, c + 1, o + 2];
+        let plog = self.plog_next[p];
+        self.plog_next[p] += 1;
+        let updated = match self.first_record.get(&ws) {
+            Some(&id) => vec![Record {
+                id: RecordId(id),
+                kind: RecordKind::CDoc,
+                name: "app.Order".into(),
+                fields: vec![Field::new("paid", format!("{plog}").into_bytes())],
+            }],
+            None => {
+                self.first_record.insert(ws, c);
+                vec![]
+            }
+        };
+        Event {
+            plog_offset: PLogOffset(plog),
+            ws: WsId(ws),
+            ws_kind: WsKind(1),
+            wlog_offset: WLogOffset(wlog),
+            registered_at_ms: 1_767_225_600_000 + plog,
+            command: "app.NewOrder".into(),
+            argument: Some(ArgObject {
+                id: RecordId(o),
+                kind: RecordKind::ODoc,
+                name: "app.Arg".into(),
+                fields: vec![Field::new("note", b"\"hi\"".to_vec())],
+                children: vec![ArgObject {
+                    id: RecordId(o + 1),
+                    kind: RecordKind::ORecord,
+                    name: "app.ArgLine".into(),
+                    fields: vec![],
+                    children: vec![],
+                }],
+            }),
+            created: vec![Record {
+                id: RecordId(c),
+                kind: RecordKind::CDoc,
+                name: "app.Order".into(),
+                fields: vec![Field::new("total", b"10".to_vec())],
+            }],
+            updated,
+        }
+    }
+
+    /// Appends one event of each of `wss` (all of one partition) as one group.
+    fn append(&mut self, wss: &[u64]) -> Vec<Event> {
+        let events: Vec<Event> = wss.iter().map(|&ws| self.event(ws)).collect();
+        let p = Fixture::partition(wss[0]);
+        self.store.append(PartitionId(p), &events).unwrap();
+        events
+    }
+
+    /// Writes the numbers of partition `p`'s events before `checkpoint`, and the checkpoint.
+    fn flush(&self, p: u32, checkpoint: u64) {
+        let mut last: HashMap<(u64, u16), u64> = HashMap::new();
+        for offset in 1..checkpoint {
+            let Some(e) = self
+                .store
+                .read_event(PartitionId(p), PLogOffset(offset))
+                .unwrap()
+            else {
+                continue;
+            };
+            e.for_each_number(|seq, n| {
+                let v = last.entry((e.ws.0, seq.0)).or_default();
+                *v = (*v).max(n.0);
+            });
+        }
+        let values: Vec<SeqValue> = last
+            .iter()
+            .map(|(&(ws, seq), &n)| SeqValue::new(WsId(ws), monoseq_core::SeqId(seq), Number(n)))
+            .collect();
+        self.store
+            .seq_storage(PartitionId(p))
+            .write_values_and_next_plog_offset(&values, PLogOffset(checkpoint))
+            .unwrap();
+    }
+
+    fn list(&self) -> PartitionList {
+        let parts = self.kv.parts.lock().unwrap();
+        PartitionList::from_keys(APP, parts.iter().map(Vec::as_slice))
+    }
+
+    /// Verifies without and with a partition list; both must find the same.
+    fn verify_both(&self, files: Option<&DirFiles>) -> Vec<Problem> {
+        let plain = self.verify(files, false);
+        let listed = self.verify(files, true);
+        assert_eq!(plain.problems, listed.problems, "with and without a list");
+        plain.problems
+    }
+
+    fn verify(&self, files: Option<&DirFiles>, listed: bool) -> Report {
+        let list = self.list();
+        let mut v = Verifier::new(&self.kv, APP);
+        if let Some(files) = files {
+            v = v.files(files);
+        }
+        if listed {
+            v = v.partition_list(&list);
+        }
+        v.run(&mut |_| {})
+    }
+
+    fn delete(&self, key: monoseq_kv::KeyBuf) {
+        self.kv.delete(key.as_key()).unwrap();
+    }
+
+    fn put(&self, key: monoseq_kv::KeyBuf, value: &[u8]) {
+        self.kv.put(key.as_key(), value).unwrap();
+    }
+
+    fn plog_key(&self, p: u32, offset: u64) -> monoseq_kv::KeyBuf {
+        self.store.plog_key(PartitionId(p), PLogOffset(offset))
+    }
+
+    fn wlog_key(&self, ws: u64, offset: u64) -> monoseq_kv::KeyBuf {
+        self.store.wlog_key(WsId(ws), WLogOffset(offset))
+    }
+
+    fn number_key(ws: u64, seq: u16) -> monoseq_kv::KeyBuf {
+        let [a, b] = ((ws % keys::NUMBERS_BLOCK_WS) as u16).to_be_bytes();
+        let [c, d] = seq.to_be_bytes();
+        monoseq_kv::KeyBuf {
+            partition: keys::numbers_block(APP, ws / keys::NUMBERS_BLOCK_WS),
+            clustering: vec![a, b, c, d],
+        }
+    }
+}
+
+fn identity(losses: Vec<AcceptedLoss>) -> Identity {
+    let mut id = Identity::new(PARTITIONS, KEY_LAYOUT, FORMAT_VERSION);
+    id.store_id = STORE_ID.into();
+    id.losses = losses;
+    id
+}
+
+fn files(identity: Identity, marks: Vec<Mark>) -> DirFiles {
+    DirFiles {
+        identity: Ok(Some(identity)),
+        marks: Ok(Some(marks)),
+    }
+}
+
+fn kinds(problems: &[Problem]) -> Vec<&'static str> {
+    problems.iter().map(Problem::kind).collect()
+}
+
+#[test]
+fn a_whole_store_has_no_problems() {
+    let f = Fixture::good();
+    assert_eq!(f.verify_both(None), vec![]);
+    let marks = vec![
+        Mark {
+            plog: 6,
+            wlog: 3,
+            crecord: CRECORD_FIRST + 2,
+            owrecord: OWRECORD_FIRST + 5,
+        },
+        Mark::default(),
+    ];
+    let files = files(identity(vec![]), marks);
+    assert_eq!(f.verify_both(Some(&files)), vec![]);
+    let report = f.verify(Some(&files), true);
+    assert_eq!(report.events, 9);
+    assert_eq!(report.workspaces, 3);
+    assert_eq!(report.records, 9);
+    assert!(report.numbers > 0 && report.is_ok() && report.listed);
+    let mut stages = Vec::new();
+    Verifier::new(&f.kv, APP).run(&mut |p| stages.push(p.stage));
+    stages.dedup();
+    assert_eq!(
+        stages,
+        [
+            crate::Stage::PLog {
+                partition: 0,
+                partitions: 2
+            },
+            crate::Stage::PLog {
+                partition: 1,
+                partitions: 2
+            },
+            crate::Stage::WLog,
+            crate::Stage::Records,
+            crate::Stage::Numbers
+        ]
+    );
+}
+
+#[test]
+fn a_deleted_plog_event_in_the_middle_is_a_gap() {
+    let f = Fixture::good();
+    f.delete(f.plog_key(0, 3));
+    let problems = f.verify_both(None);
+    assert!(
+        problems.contains(&Problem::PLogGap {
+            partition: 0,
+            from: 3,
+            to: 3
+        }),
+        "{problems:#?}"
+    );
+    // Its WLog entry and record now belong to no event, and its numbers skip.
+    let k = kinds(&problems);
+    assert!(
+        k.contains(&"wlog-orphan") && k.contains(&"record-orphan"),
+        "{k:?}"
+    );
+}
+
+#[test]
+fn events_after_a_gap_across_a_block_end_are_found() {
+    let mut f = Fixture::new();
+    for _ in 0..(monoseq_store::LOG_BLOCK_EVENTS + 3) {
+        f.append(&[3]);
+    }
+    // Block 0 ends early; block 1 still holds events 4096.. (replay would stop at block 0).
+    for offset in 4000..4096 {
+        f.delete(f.plog_key(1, offset));
+    }
+    let problems = f.verify_both(None);
+    assert!(
+        problems.contains(&Problem::PLogGap {
+            partition: 1,
+            from: 4000,
+            to: 4095
+        }),
+        "{:?}",
+        problems.first()
+    );
+}
+
+#[test]
+fn garbage_in_a_plog_value_is_a_corrupt_event() {
+    let f = Fixture::good();
+    f.put(f.plog_key(0, 2), b"\x01garbage");
+    let problems = f.verify_both(None);
+    assert!(
+        problems.iter().any(|p| matches!(
+            p,
+            Problem::PLogCorrupt {
+                partition: 0,
+                offset: 2,
+                ..
+            }
+        )),
+        "{problems:#?}"
+    );
+    assert!(!kinds(&problems).contains(&"plog-gap"), "{problems:#?}");
+}
+
+#[test]
+fn an_event_at_another_offset_is_misplaced() {
+    let f = Fixture::good();
+    let bytes = f.kv.get(f.plog_key(0, 2).as_key()).unwrap().unwrap();
+    f.put(f.plog_key(0, 7), &bytes);
+    let problems = f.verify_both(None);
+    assert!(
+        problems.contains(&Problem::PLogMisplaced {
+            partition: 0,
+            offset: 7,
+            found: 2
+        }),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn garbage_in_a_wlog_value_differs_from_its_event() {
+    let f = Fixture::good();
+    f.put(f.wlog_key(4, 2), b"garbage");
+    let problems = f.verify_both(None);
+    assert!(
+        problems.iter().any(|p| matches!(
+            p,
+            Problem::WLogDiffers {
+                ws: 4,
+                wlog: 2,
+                partition: 0,
+                ..
+            }
+        )),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn another_event_in_a_wlog_entry_differs_from_its_event() {
+    let f = Fixture::good();
+    let other = f.kv.get(f.wlog_key(4, 3).as_key()).unwrap().unwrap();
+    f.put(f.wlog_key(4, 2), &other);
+    let problems = f.verify_both(None);
+    let found = problems.iter().find_map(|p| match p {
+        Problem::WLogDiffers {
+            ws: 4,
+            wlog: 2,
+            detail,
+            ..
+        } => Some(detail.clone()),
+        _ => None,
+    });
+    assert!(
+        found.is_some_and(|d| d.contains("WLog offset 3")),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_deleted_wlog_entry_is_missing() {
+    let f = Fixture::good();
+    f.delete(f.wlog_key(3, 2));
+    let problems = f.verify_both(None);
+    assert_eq!(
+        problems,
+        vec![Problem::WLogMissing {
+            ws: 3,
+            wlog: 2,
+            partition: 1,
+            offset: 2
+        }]
+    );
+}
+
+#[test]
+fn a_wlog_entry_without_a_plog_event_is_an_orphan() {
+    let f = Fixture::good();
+    let bytes = f.kv.get(f.wlog_key(2, 3).as_key()).unwrap().unwrap();
+    f.put(f.wlog_key(2, 4), &bytes);
+    let problems = f.verify_both(None);
+    assert_eq!(kinds(&problems), ["wlog-orphan"], "{problems:#?}");
+    assert!(
+        problems[0]
+            .to_string()
+            .contains("workspace 2: WLog offset 4")
+    );
+}
+
+#[test]
+fn a_wlog_of_a_workspace_no_event_names_is_found_with_a_partition_list() {
+    let f = Fixture::good();
+    let bytes = f.kv.get(f.wlog_key(2, 1).as_key()).unwrap().unwrap();
+    f.put(f.wlog_key(99, 1), &bytes);
+    let listed = f.verify(None, true).problems;
+    assert_eq!(kinds(&listed), ["wlog-orphan"], "{listed:#?}");
+    // FIXME: without a list the key-value contract cannot find workspaces no event names.
+    assert!(f.verify(None, false).is_ok());
+}
+
+#[test]
+fn garbage_in_a_record_value_is_a_corrupt_record() {
+    let f = Fixture::good();
+    f.put(
+        f.store.record_key(WsId(3), RecordId(CRECORD_FIRST + 1)),
+        b"\x01\0\0\0\0garbage",
+    );
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(
+            problems.as_slice(),
+            [Problem::RecordCorrupt { ws: 3, id, .. }] if *id == CRECORD_FIRST + 1
+        ),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_deleted_record_is_missing() {
+    let f = Fixture::good();
+    f.delete(f.store.record_key(WsId(2), RecordId(CRECORD_FIRST + 2)));
+    let problems = f.verify_both(None);
+    assert_eq!(
+        problems,
+        vec![Problem::RecordMissing {
+            ws: 2,
+            id: CRECORD_FIRST + 2,
+            partition: 0,
+            offset: 5,
+            verb: "created"
+        }]
+    );
+}
+
+#[test]
+fn a_record_of_another_kind_or_id_is_a_mismatch() {
+    let f = Fixture::good();
+    let store = EventStore::new(Arc::clone(&f.kv), APP, TrustLevel::Level2);
+    let mut e = f
+        .store
+        .read_event(PartitionId(1), PLogOffset(1))
+        .unwrap()
+        .unwrap();
+    // Rewrite the record of workspace 3's first event as a CRecord through a put.
+    e.created[0].kind = RecordKind::CRecord;
+    e.updated.clear();
+    store.append(PartitionId(1), &[e.clone()]).unwrap();
+    // Put the original event back so that only the record differs.
+    e.created[0].kind = RecordKind::CDoc;
+    let bytes = e.encode().unwrap();
+    f.put(f.plog_key(1, 1), &bytes);
+    f.put(f.wlog_key(3, 1), &bytes);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(), [Problem::RecordMismatch { ws: 3, detail, .. }] if detail.contains("CRecord")),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_record_no_event_created_is_an_orphan() {
+    let f = Fixture::good();
+    let record =
+        f.kv.get(
+            f.store
+                .record_key(WsId(2), RecordId(CRECORD_FIRST))
+                .as_key(),
+        )
+        .unwrap()
+        .unwrap();
+    // The same block as the workspace's records: found with or without a list.
+    f.put(
+        f.store.record_key(WsId(2), RecordId(CRECORD_FIRST + 9)),
+        &record,
+    );
+    let problems = f.verify_both(None);
+    assert!(
+        problems
+            .iter()
+            .any(|p| matches!(p, Problem::RecordOrphan { ws: 2, id } if *id == CRECORD_FIRST + 9)),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_stored_number_ahead_of_the_plog_is_reported() {
+    let f = Fixture::good();
+    let key = Fixture::number_key(4, 3);
+    f.put(key, &(CRECORD_FIRST + 50).to_be_bytes());
+    let problems = f.verify_both(None);
+    assert_eq!(
+        problems,
+        vec![Problem::NumberAhead {
+            ws: 4,
+            sequence: crate::Sequence::CRecord,
+            stored: CRECORD_FIRST + 50,
+            plog_last: CRECORD_FIRST + 2
+        }]
+    );
+}
+
+#[test]
+fn a_stored_number_below_what_the_checkpoint_covers_is_reported() {
+    let f = Fixture::good();
+    f.delete(Fixture::number_key(2, 2));
+    let problems = f.verify_both(None);
+    assert_eq!(
+        problems,
+        vec![Problem::NumberNotCovered {
+            ws: 2,
+            partition: 0,
+            sequence: crate::Sequence::WLog,
+            stored: 0,
+            covered: 3,
+            checkpoint: 7
+        }]
+    );
+}
+
+#[test]
+fn a_checkpoint_ahead_of_the_plog_is_reported() {
+    let f = Fixture::good();
+    f.flush(1, 9);
+    let problems = f.verify_both(None);
+    assert_eq!(
+        problems,
+        vec![Problem::CheckpointAhead {
+            partition: 1,
+            checkpoint: 9,
+            plog_next: 4
+        }]
+    );
+}
+
+#[test]
+fn a_damaged_checkpoint_is_reported() {
+    let f = Fixture::good();
+    let key = keys::checkpoint(APP, 1);
+    f.kv.put(Key::new(&key, &[]), b"\0\0\x01").unwrap();
+    let problems = f.verify_both(None);
+    assert_eq!(kinds(&problems), ["checkpoint-damaged"], "{problems:#?}");
+}
+
+#[test]
+fn a_number_used_twice_is_reported() {
+    let mut f = Fixture::good();
+    // A blind put (trust level 2) of an event that creates workspace 3's first CDoc again.
+    let mut e = f.event(3);
+    e.created[0].id = RecordId(CRECORD_FIRST);
+    let store = EventStore::new(Arc::clone(&f.kv), APP, TrustLevel::Level2);
+    store.append(PartitionId(1), &[e]).unwrap();
+    let problems = f.verify_both(None);
+    assert!(
+        problems.contains(&Problem::NumberReused {
+            partition: 1,
+            offset: 4,
+            ws: 3,
+            sequence: crate::Sequence::CRecord,
+            number: CRECORD_FIRST,
+            last: CRECORD_FIRST + 2
+        }),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_skipped_wlog_offset_is_reported() {
+    let mut f = Fixture::good();
+    f.next.get_mut(&3).unwrap()[0] += 1;
+    f.append(&[3]);
+    let problems = f.verify_both(None);
+    assert_eq!(
+        problems,
+        vec![Problem::WLogOffsetSkipped {
+            partition: 1,
+            offset: 4,
+            ws: 3,
+            wlog: 5,
+            last: 3
+        }]
+    );
+}
+
+/// Partition 0 loses its last round (offsets 5 and 6) with their WLog entries and records; an
+/// operator accepts the loss; two more events follow, numbered above the retired mark.
+fn lost_and_accepted() -> (Fixture, AcceptedLoss) {
+    let mut f = Fixture::good();
+    for (offset, ws) in [(5, 2), (6, 4)] {
+        f.delete(f.plog_key(0, offset));
+        f.delete(f.wlog_key(ws, 3));
+        f.delete(f.store.record_key(WsId(ws), RecordId(CRECORD_FIRST + 2)));
+    }
+    let mark = Mark {
+        plog: 6,
+        wlog: 3,
+        crecord: CRECORD_FIRST + 2,
+        owrecord: OWRECORD_FIRST + 5,
+    };
+    for ws in [2, 4] {
+        f.next
+            .insert(ws, [mark.wlog + 1, mark.crecord + 1, mark.owrecord + 1]);
+    }
+    f.flush(0, 7);
+    f.append(&[2, 4]);
+    let loss = AcceptedLoss {
+        partition: 0,
+        plog_from: 5,
+        plog_to: 6,
+        mark,
+        accepted_at_ms: 1,
+    };
+    (f, loss)
+}
+
+#[test]
+fn a_plog_gap_recorded_as_an_accepted_loss_is_fine() {
+    let (f, loss) = lost_and_accepted();
+    let marks = vec![loss.mark, Mark::default()];
+    let files = files(identity(vec![loss]), marks);
+    assert_eq!(f.verify_both(Some(&files)), vec![]);
+}
+
+#[test]
+fn a_plog_gap_no_accepted_loss_names_is_a_problem() {
+    let (f, loss) = lost_and_accepted();
+    let files = files(identity(vec![]), vec![loss.mark, Mark::default()]);
+    let problems = f.verify_both(Some(&files));
+    assert!(
+        problems.contains(&Problem::PLogGap {
+            partition: 0,
+            from: 5,
+            to: 6
+        }),
+        "{problems:#?}"
+    );
+    // The jump of the WLog offsets is not explained either.
+    assert!(
+        kinds(&problems).contains(&"wlog-offset-skipped"),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_number_at_or_below_a_retired_mark_after_the_loss_is_reported() {
+    let (mut f, loss) = lost_and_accepted();
+    // Workspace 2 goes on from its own last WLog offset as if nothing was retired.
+    let wlog = f.next.get(&2).unwrap()[0];
+    f.next.get_mut(&2).unwrap()[0] = 3;
+    f.append(&[2]);
+    let files = files(identity(vec![loss]), vec![loss.mark, Mark::default()]);
+    let problems = f.verify_both(Some(&files));
+    assert!(
+        problems.iter().any(|p| matches!(
+            p,
+            Problem::NumberReused {
+                ws: 2,
+                number: 3,
+                ..
+            }
+        )),
+        "{problems:#?} (next was {wlog})"
+    );
+}
+
+#[test]
+fn a_plog_that_ends_below_its_mark_lost_acknowledged_events() {
+    let f = Fixture::good();
+    let mark = Mark {
+        plog: 8,
+        ..Mark::default()
+    };
+    let files = files(identity(vec![]), vec![mark, Mark::default()]);
+    let problems = f.verify_both(Some(&files));
+    assert!(
+        matches!(
+            problems.as_slice(),
+            [Problem::BelowMark {
+                partition: 0,
+                found: 6,
+                mark_value: 8,
+                ..
+            }]
+        ),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn identity_and_engine_disagreements_are_reported() {
+    let f = Fixture::good();
+    let mut other = identity(vec![]);
+    other.store_id = "another".into();
+    other.partitions = 3;
+    let files = DirFiles {
+        identity: Ok(Some(other)),
+        marks: Ok(None),
+    };
+    let problems = f.verify_both(Some(&files));
+    assert_eq!(
+        kinds(&problems),
+        ["foreign-engine", "inconsistent", "file-missing"],
+        "{problems:#?}"
+    );
+    let missing = DirFiles {
+        identity: Ok(None),
+        marks: Ok(None),
+    };
+    let problems = f.verify_both(Some(&missing));
+    assert_eq!(
+        kinds(&problems),
+        ["file-missing", "file-missing"],
+        "{problems:#?}"
+    );
+    assert!(problems[0].to_string().contains("monoseq.identity"));
+}
+
+#[test]
+fn a_store_of_another_key_layout_is_reported_and_not_read() {
+    let f = Fixture::good();
+    f.kv.put(
+        Key::new(keys::META_PARTITION, keys::META_KEY_LAYOUT),
+        &1u32.to_be_bytes(),
+    )
+    .unwrap();
+    let report = f.verify(None, false);
+    assert_eq!(kinds(&report.problems), ["inconsistent"]);
+    assert_eq!(report.events, 0);
+}
+
+#[test]
+fn a_workspace_in_two_partitions_is_reported() {
+    let mut f = Fixture::good();
+    // Workspace 2's next event, routed to partition 1.
+    let mut e = f.event(2);
+    e.plog_offset = PLogOffset(f.plog_next[1]);
+    f.store.append(PartitionId(1), &[e]).unwrap();
+    let problems = f.verify_both(None);
+    assert!(
+        kinds(&problems).contains(&"workspace-in-two-partitions"),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn the_report_lists_the_first_problems_and_counts_all() {
+    let f = Fixture::good();
+    for offset in 1..=3 {
+        f.delete(f.wlog_key(2, offset));
+    }
+    let report = Verifier::new(&f.kv, APP).problems_max(2).run(&mut |_| {});
+    assert_eq!(report.problems.len(), 2);
+    assert_eq!(report.problems_total, 3);
+    assert!(!report.is_ok());
+}
+
+#[test]
+fn verification_writes_nothing() {
+    let f = Fixture::good();
+    f.delete(f.plog_key(0, 3));
+    let before = f.kv.parts.lock().unwrap().clone();
+    let snapshot = dump(&f);
+    let _ = f.verify(None, true);
+    let _ = f.verify(None, false);
+    assert_eq!(dump(&f), snapshot);
+    assert_eq!(*f.kv.parts.lock().unwrap(), before);
+}
+
+/// Every entry of every partition the fixture wrote.
+fn dump(f: &Fixture) -> Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> {
+    let mut all = Vec::new();
+    for part in f.kv.parts.lock().unwrap().iter() {
+        f.kv.scan(
+            part,
+            Bound::Unbounded,
+            Bound::Unbounded,
+            Order::Ascending,
+            &mut |c, v| {
+                all.push((part.clone(), c.to_vec(), v.to_vec()));
+                std::ops::ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
+    }
+    all
+}
