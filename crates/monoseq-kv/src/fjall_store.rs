@@ -113,15 +113,29 @@ impl FjallStore {
             path: PathBuf::from(path),
             source,
         };
-        let db = Database::builder(path)
-            .cache_size(options.cache_bytes)
-            .open()
-            .map_err(|error| match error {
-                fjall::Error::Locked => OpenError::Locked {
-                    path: PathBuf::from(path),
-                },
-                other => storage(fault("opening the database", other)),
-            })?;
+        // fjall's journal recovery asserts on some damaged entries instead of answering an
+        // error; a damaged directory must be refused, not crash the process.
+        let opened = std::panic::catch_unwind(|| {
+            Database::builder(path)
+                .cache_size(options.cache_bytes)
+                .open()
+        })
+        .map_err(|panic| {
+            let why = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            storage(KvError::Corrupted {
+                message: format!("fjall panicked while recovering the database ({why})"),
+            })
+        })?;
+        let db = opened.map_err(|error| match error {
+            fjall::Error::Locked => OpenError::Locked {
+                path: PathBuf::from(path),
+            },
+            other => storage(fault("opening the database", other)),
+        })?;
         let kv = db
             .keyspace(KEYSPACE, KeyspaceCreateOptions::default)
             .map_err(|error| storage(fault("opening the keyspace", error)))?;

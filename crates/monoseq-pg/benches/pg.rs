@@ -134,6 +134,7 @@ fn event(plog: u64, ws: u64, wlog: u64, id: u64) -> Event {
             ],
         }],
         updated: vec![],
+        idempotency: None,
     }
 }
 

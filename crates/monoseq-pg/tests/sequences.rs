@@ -77,6 +77,7 @@ impl Cp {
                 fields: vec![],
             }],
             updated: vec![],
+            idempotency: None,
         };
         self.store
             .append(PARTITION, std::slice::from_ref(&event))

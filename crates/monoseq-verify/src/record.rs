@@ -149,6 +149,7 @@ mod tests {
                 ],
             }],
             updated: vec![],
+            idempotency: None,
         };
         store.append(PartitionId(0), &[event]).expect("append");
         let key = store.record_key(WsId(5), id);

@@ -169,6 +169,7 @@ impl Fixture {
                 fields: vec![Field::new("total", b"10".to_vec())],
             }],
             updated,
+            idempotency: None,
         }
     }
 

@@ -5,7 +5,7 @@
 //! damage, or serves correct data (an acknowledged event is read back as acknowledged or
 //! answered `corrupted`, never missing); and whether it runs as it is or after an operator's
 //! `--accept-loss`, no PLog offset, WLog offset or record ID acknowledged before is handed out
-//! again.
+//! again. `verify` reports every damage that the server refuses or finds corrupt.
 
 mod common;
 
@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{Server, run};
 use serde_json::{Value, json};
 
 const PARTITIONS: u64 = 4;
@@ -314,8 +314,9 @@ async fn settle(client: &reqwest::Client, url: &str) {
 }
 
 /// Every acknowledged event reads back as acknowledged, or is answered `corrupted`; never
-/// "not found" and never other data.
-async fn check_reads(client: &reqwest::Client, url: &str, acked: &Acked, case: &str) {
+/// "not found" and never other data. Answers how many were `corrupted`.
+async fn check_reads(client: &reqwest::Client, url: &str, acked: &Acked, case: &str) -> usize {
+    let mut corrupted = 0;
     for (&(p, plog), &(ws, wlog)) in &acked.events {
         let r = client
             .get(format!("{url}/v1/partitions/{p}/events/{plog}"))
@@ -330,7 +331,10 @@ async fn check_reads(client: &reqwest::Client, url: &str, acked: &Acked, case: &
                 "{case}: event {plog} of partition {p} reads back as {body}, acknowledged as \
                  workspace {ws} WLog offset {wlog}"
             ),
-            500 => assert_eq!(body["code"], "corrupted", "{case}: {body}"),
+            500 => {
+                assert_eq!(body["code"], "corrupted", "{case}: {body}");
+                corrupted += 1;
+            }
             503 => {}
             _ => panic!(
                 "{case}: acknowledged event {plog} of partition {p} answered {status} {body}: \
@@ -338,6 +342,7 @@ async fn check_reads(client: &reqwest::Client, url: &str, acked: &Acked, case: &
             ),
         }
     }
+    corrupted
 }
 
 /// New commands to every workspace: whatever succeeds gets numbers above everything
@@ -392,8 +397,14 @@ async fn run_cases(cases: Vec<Damage>) {
         let dir = root.path().join(format!("case{i}"));
         copy_dir(&base_dir, &dir);
         (case.apply)(&dir);
-        let log = root.path().join(format!("case{i}.log"));
         let name = &case.name;
+        let verified = run(&["verify", "--data-dir", &dir.to_string_lossy()]);
+        let verify_out = format!(
+            "{}{}",
+            String::from_utf8_lossy(&verified.stdout),
+            String::from_utf8_lossy(&verified.stderr)
+        );
+        let log = root.path().join(format!("case{i}.log"));
         match Server::try_start(&dir, &[], &log) {
             Ok(server) => {
                 assert!(
@@ -401,7 +412,12 @@ async fn run_cases(cases: Vec<Damage>) {
                     "{name}: the server started on a store that lost acknowledged data"
                 );
                 settle(&client, &server.url).await;
-                check_reads(&client, &server.url, &acked, name).await;
+                let corrupted = check_reads(&client, &server.url, &acked, name).await;
+                assert!(
+                    corrupted == 0 || !verified.status.success(),
+                    "{name}: the server found {corrupted} corrupt events, verify none: \
+                     {verify_out}"
+                );
                 check_no_reissue(&client, &server.url, &acked, name).await;
                 server.kill();
             }
@@ -409,6 +425,10 @@ async fn run_cases(cases: Vec<Damage>) {
                 assert!(
                     stderr.contains("refusing to start"),
                     "{name}: a refused start must say so: {stderr}"
+                );
+                assert!(
+                    !verified.status.success(),
+                    "{name}: the server refused the store but verify passed it: {verify_out}"
                 );
                 let log = root.path().join(format!("case{i}.accept.log"));
                 match Server::try_start(&dir, &["--accept-loss"], &log) {

@@ -70,16 +70,8 @@ async fn served_dir() -> tempfile::TempDir {
     }
     let status = server.terminate(Duration::from_secs(15));
     assert!(status.success(), "{status:?}");
-    // FIXME: once the server writes the identity file and marks itself, this is a no-op.
-    let kv = std::sync::Arc::new(
-        monoseq_kv::FjallStore::open(dir.path(), monoseq_kv::Options::default()).unwrap(),
-    );
-    let policy = monoseq_store::OpenPolicy {
-        default_partitions: 2,
-        ..Default::default()
-    };
-    monoseq_store::open_data_dir(dir.path(), &kv, monoseq_store::AppId(1), &policy).unwrap();
-    drop(kv);
+    assert!(dir.path().join("monoseq.identity").exists());
+    assert!(dir.path().join("monoseq.marks").exists());
     dir
 }
 
