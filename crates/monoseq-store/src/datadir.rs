@@ -423,6 +423,38 @@ pub fn open_data_dir<S: KvStore + Clone>(
     Ok(guarded)
 }
 
+/// Opens a store that has no data directory of ours (a database server): creates the engine's
+/// metadata (store ID, partition count, key layout) in a new store, or checks an existing one
+/// against the policy. The store's own durability and replication answer for losses there;
+/// no identity or marks file is kept.
+///
+/// # Errors
+///
+/// [`DataDirError`]: another partition count or key layout, or an engine failure.
+pub fn open_database<S: KvStore>(kv: &S, policy: &OpenPolicy) -> Result<Identity, DataDirError> {
+    let storage = |source: KvError| DataDirError::Storage {
+        dir: PathBuf::from("the database"),
+        source,
+    };
+    let meta = read_meta(kv).map_err(storage)?;
+    if let Some(stored) = meta.key_layout.or(meta.partitions.map(|_| 1))
+        && stored != KEY_LAYOUT
+    {
+        return Err(DataDirError::KeyLayout { stored });
+    }
+    let partitions = meta
+        .partitions
+        .or(policy.partitions)
+        .unwrap_or(policy.default_partitions);
+    check_configured(policy, partitions)?;
+    let mut identity = Identity::new(partitions, KEY_LAYOUT, FORMAT_VERSION);
+    match meta.store_id {
+        Some(id) => identity.store_id = id,
+        None => write_meta(kv, &identity).map_err(storage)?,
+    }
+    Ok(identity)
+}
+
 fn check_configured(policy: &OpenPolicy, stored: u32) -> Result<(), DataDirError> {
     match policy.partitions {
         Some(configured) if configured != stored => {

@@ -24,7 +24,8 @@ pub use codec::{
     FORMAT_VERSION_KEYED, decode_numbers,
 };
 pub use datadir::{
-    DataDir, DataDirError, Loss, OpenPolicy, OpenReport, open_data_dir, recorded_partitions,
+    DataDir, DataDirError, Loss, OpenPolicy, OpenReport, open_data_dir, open_database,
+    recorded_partitions,
 };
 pub use event::{ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset};
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError};

@@ -27,6 +27,7 @@
 //!     argument: None,
 //!     created: vec![],
 //!     updated: vec![],
+//!     idempotency: None,
 //! };
 //! store.append(PartitionId(0), &[event(1, 1), event(2, 2)])?;
 //! let report = Verifier::new(&kv, AppId(1)).partitions(1).run(&mut |_| {});

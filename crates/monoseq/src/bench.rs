@@ -11,7 +11,7 @@ use monoseq_cp::{Command, CommandProcessor};
 use monoseq_store::{EventStore, TrustLevel};
 use serde_json::json;
 
-use crate::config::{APP, Settings, open_data_dir};
+use crate::config::{APP, Settings, open_storage};
 
 /// Load generator flags.
 #[derive(Debug, Clone, Args)]
@@ -98,12 +98,12 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
                 }
             };
             settings.data_dir = dir;
-            let (kv, opened) = open_data_dir(&mut settings)?;
+            let opened = open_storage(&mut settings)?;
             let mut config = settings.cp_config();
             if !args.no_marks {
-                config.marks = Some(opened.marks);
+                config.marks = opened.marks;
             }
-            let cp = CommandProcessor::start(EventStore::new(kv, APP, settings.trust), config)?;
+            let cp = CommandProcessor::start(EventStore::new(opened.kv, APP, settings.trust), config)?;
             while !cp.ready() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }

@@ -31,6 +31,10 @@ pub struct SettingsArgs {
     /// TOML file with settings (flags and environment override it).
     #[arg(long, env = "MONOSEQ_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Storage: `embedded` (the embedded engine in --data-dir) or a PostgreSQL connection
+    /// string, `postgres://user:password@host:port/database` [default: embedded].
+    #[arg(long, env = "MONOSEQ_STORAGE")]
+    pub storage: Option<String>,
     /// Data directory of the embedded store [default: ./data].
     #[arg(long, env = "MONOSEQ_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -82,6 +86,7 @@ pub struct SettingsArgs {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SettingsFile {
+    storage: Option<String>,
     data_dir: Option<PathBuf>,
     listen: Option<SocketAddr>,
     partitions: Option<u32>,
@@ -98,6 +103,7 @@ struct SettingsFile {
 /// Resolved settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    pub storage: Storage,
     pub data_dir: PathBuf,
     pub listen: SocketAddr,
     pub partitions: u32,
@@ -143,7 +149,9 @@ impl SettingsArgs {
             bail!("ws_kinds is empty: declare at least one workspace kind");
         }
         let defaults = monoseq_cp::Config::default();
+        let storage = Storage::parse(self.storage.as_deref().or(file.storage.as_deref()))?;
         Ok(Settings {
+            storage,
             data_dir: self
                 .data_dir
                 .clone()
@@ -209,6 +217,117 @@ impl Settings {
     }
 }
 
+/// Where the data lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Storage {
+    /// The embedded engine in the data directory.
+    Embedded,
+    /// A PostgreSQL database (connection string).
+    Postgres(String),
+}
+
+impl Storage {
+    fn parse(text: Option<&str>) -> anyhow::Result<Storage> {
+        match text {
+            None | Some("embedded") => Ok(Storage::Embedded),
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Ok(Storage::Postgres(url.to_owned()))
+            }
+            Some(other) => bail!(
+                "unknown storage {other:?}: use `embedded` (the embedded engine in --data-dir) \
+                 or a PostgreSQL connection string such as postgres://user@127.0.0.1:5432/db"
+            ),
+        }
+    }
+
+    /// What the storage is, for logs and `/v1/info`, without credentials.
+    pub fn describe(&self) -> String {
+        match self {
+            Storage::Embedded => "embedded".to_owned(),
+            Storage::Postgres(url) => {
+                let host = url
+                    .split_once("://")
+                    .map(|(_, rest)| rest.rsplit_once('@').map_or(rest, |(_, h)| h))
+                    .unwrap_or(url);
+                format!("postgres://{host}")
+            }
+        }
+    }
+}
+
+/// A key-value store of either kind, as the server and the tools use it.
+pub type Store = Arc<dyn KvStore>;
+
+/// An opened storage: the store, the embedded engine when it is one (for its maintenance
+/// calls), and what opening found.
+pub struct Opened {
+    pub kv: Store,
+    pub embedded: Option<Arc<EmbeddedStore>>,
+    pub identity: monoseq_store::Identity,
+    /// High-water marks (embedded storage only: they live in the data directory).
+    pub marks: Option<Arc<monoseq_store::Marks>>,
+    pub report: monoseq_store::OpenReport,
+}
+
+/// Opens the configured storage for serving: the embedded engine through its data
+/// directory's identity and high-water marks ([`open_data_dir`]), or a PostgreSQL database
+/// through its recorded metadata. Settles `settings.partitions` on the store's count.
+pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
+    match settings.storage.clone() {
+        Storage::Embedded => {
+            let (kv, dir) = open_data_dir(settings)?;
+            Ok(Opened {
+                kv: kv.clone(),
+                embedded: Some(kv),
+                identity: dir.identity,
+                marks: Some(dir.marks),
+                report: dir.report,
+            })
+        }
+        Storage::Postgres(url) => {
+            let kv = open_postgres(&url)?;
+            let policy = monoseq_store::OpenPolicy {
+                partitions: settings.partitions_configured.then_some(settings.partitions),
+                default_partitions: settings.partitions,
+                accept_loss: settings.accept_loss,
+            };
+            let identity = monoseq_store::open_database(&kv, &policy)?;
+            settings.partitions = identity.partitions;
+            Ok(Opened {
+                kv,
+                embedded: None,
+                identity,
+                marks: None,
+                report: monoseq_store::OpenReport::default(),
+            })
+        }
+    }
+}
+
+/// Opens a PostgreSQL store (schema created or migrated).
+pub fn open_postgres(url: &str) -> anyhow::Result<Store> {
+    let store = monoseq_pg::PgStore::open(url, monoseq_pg::PgOptions::default())
+        .with_context(|| format!("opening PostgreSQL storage {}", Storage::Postgres(url.to_owned()).describe()))?;
+    Ok(Arc::new(store))
+}
+
+/// Opens the configured storage for a tool (no identity check, nothing created): the
+/// embedded engine in an existing data directory, or the PostgreSQL database.
+pub fn open_for_tool(settings: &Settings) -> anyhow::Result<Store> {
+    match &settings.storage {
+        Storage::Embedded => {
+            if !settings.data_dir.exists() {
+                bail!(
+                    "data directory {} does not exist; give the right --data-dir",
+                    settings.data_dir.display()
+                );
+            }
+            Ok(open_store(&settings.data_dir)?)
+        }
+        Storage::Postgres(url) => open_postgres(url),
+    }
+}
+
 /// The application the server runs (one per data directory).
 pub const APP: AppId = AppId(1);
 
@@ -224,6 +343,12 @@ pub const GROUP_COMMIT_DELAY: Duration = Duration::from_millis(5);
 pub const ENGINE_RECOVERY_POLICY: &str = concat!(
     "fjall journal recovery TolerateCorruptTail: a damaged last batch of the journal is ",
     "dropped silently; the high-water marks catch an acknowledged one"
+);
+
+/// What a PostgreSQL store relies on after a crash, named in the log at every start.
+pub const POSTGRES_RECOVERY_POLICY: &str = concat!(
+    "PostgreSQL: every commit is durable on return (synchronous_commit on); its write-ahead log ",
+    "recovers acknowledged groups; no high-water marks are kept on this node"
 );
 
 /// Opens the embedded store in `dir` (creating it) with group commit: concurrent partitions

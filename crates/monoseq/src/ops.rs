@@ -12,7 +12,7 @@ use monoseq_kv::KvStore;
 use monoseq_store::{EventStore, PartitionId};
 use monoseq_verify::{Progress, Stage};
 
-use crate::config::{APP, Settings, check_key_layout, open_store, recorded_partitions};
+use crate::config::{APP, Settings, Storage, check_key_layout, open_for_tool, recorded_partitions};
 
 fn partitions(settings: &Settings, kv: &impl KvStore) -> anyhow::Result<u32> {
     check_key_layout(kv)?;
@@ -21,10 +21,13 @@ fn partitions(settings: &Settings, kv: &impl KvStore) -> anyhow::Result<u32> {
 
 /// `monoseq inspect`.
 pub fn inspect(settings: &Settings, full: bool) -> anyhow::Result<()> {
-    let kv = open_store(&settings.data_dir)?;
-    let n = partitions(settings, &*kv)?;
+    let kv = open_for_tool(settings)?;
+    let n = partitions(settings, &kv)?;
     let store = EventStore::new(kv, APP, settings.trust);
-    println!("data directory: {}", settings.data_dir.display());
+    match settings.storage {
+        Storage::Embedded => println!("data directory: {}", settings.data_dir.display()),
+        Storage::Postgres(_) => println!("storage: {}", settings.storage.describe()),
+    }
     println!("partitions: {n}");
     println!(
         "{:>9} {:>12} {:>12} {:>10}{}",
@@ -71,6 +74,10 @@ pub fn inspect(settings: &Settings, full: bool) -> anyhow::Result<()> {
 /// there is one.
 pub fn verify(settings: &Settings, shown: usize) -> anyhow::Result<()> {
     let dir = &settings.data_dir;
+    let where_ = match settings.storage {
+        Storage::Embedded => dir.display().to_string(),
+        Storage::Postgres(_) => settings.storage.describe(),
+    };
     let bar = ProgressBar::new_spinner();
     bar.set_style(
         ProgressStyle::with_template("{spinner} {msg}: {pos} ({per_sec}, {elapsed})")
@@ -81,7 +88,7 @@ pub fn verify(settings: &Settings, shown: usize) -> anyhow::Result<()> {
     let partitions = settings
         .partitions_configured
         .then_some(settings.partitions);
-    let report = monoseq_verify::verify_data_dir(dir, APP, partitions, &mut |p: Progress| {
+    let mut progress = |p: Progress| {
         if stage != Some(p.stage) {
             stage = Some(p.stage);
             bar.reset();
@@ -97,12 +104,23 @@ pub fn verify(settings: &Settings, shown: usize) -> anyhow::Result<()> {
             });
         }
         bar.set_position(p.done);
-    })
-    .with_context(|| format!("verifying {}", dir.display()))?;
+    };
+    let report = match &settings.storage {
+        Storage::Embedded => monoseq_verify::verify_data_dir(dir, APP, partitions, &mut progress)
+            .with_context(|| format!("verifying {where_}"))?,
+        Storage::Postgres(_) => {
+            // Reads only: a database needs no private copy.
+            let kv = open_for_tool(settings)?;
+            let n = self::partitions(settings, &kv)?;
+            monoseq_verify::Verifier::new(&kv, APP)
+                .partitions(n)
+                .run(&mut progress)
+        }
+    };
     bar.finish_and_clear();
     println!(
         "verified {}: {} partitions, {} events, {} workspaces, {} records, {} stored numbers",
-        dir.display(),
+        where_,
         report.partitions,
         report.events,
         report.workspaces,

@@ -8,14 +8,17 @@ use clap::Args;
 use monoseq_named::cli::{Command, Target, USAGE, run};
 use monoseq_named::{Client, KvBackend, S3Backend, S3Config, Sequences};
 
-use crate::config::{DATA_DIR_DEFAULT, open_store};
+use crate::config::{DATA_DIR_DEFAULT, open_postgres, open_store};
 
 /// Where `monoseq seq` works.
 #[derive(Debug, Clone, Args)]
 pub struct SeqArgs {
     /// A running server, e.g. http://127.0.0.1:8080.
-    #[arg(long, env = "MONOSEQ_URL", conflicts_with_all = ["data_dir", "s3_bucket"])]
+    #[arg(long, env = "MONOSEQ_URL", conflicts_with_all = ["data_dir", "s3_bucket", "storage"])]
     pub url: Option<String>,
+    /// A PostgreSQL database, postgres://user:password@host:port/database.
+    #[arg(long, env = "MONOSEQ_STORAGE", conflicts_with_all = ["data_dir", "s3_bucket"])]
+    pub storage: Option<String>,
     /// Data directory of the embedded store [default: ./data].
     #[arg(long, env = "MONOSEQ_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -36,6 +39,10 @@ pub async fn main(args: SeqArgs) -> anyhow::Result<()> {
     let out = if let Some(url) = &args.url {
         let client = Client::new(url).context("connecting to the server")?;
         run(&command, Target::Remote(&client)).await
+    } else if let Some(storage) = args.storage.as_deref().filter(|s| *s != "embedded") {
+        let kv = open_postgres(storage)?;
+        let sequences = Sequences::new(KvBackend::new(kv));
+        run(&command, Target::Local(&sequences)).await
     } else if let Some(bucket) = &args.s3_bucket {
         let mut config = S3Config::new(bucket);
         if let Some(endpoint) = &args.s3_endpoint {

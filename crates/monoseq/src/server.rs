@@ -14,7 +14,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use monoseq_core::{PLogOffset, WsId};
 use monoseq_cp::{Command, CommandError, CommandProcessor, IdempotencyKey, RETRY_AFTER_SECS};
-use monoseq_kv::EmbeddedStore;
 use monoseq_store::{PartitionId, RecordId, WLogOffset};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -24,16 +23,17 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, open_data_dir};
+use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, Store, open_storage};
 use crate::json;
 
-type Store = Arc<EmbeddedStore>;
 
 /// Most events one WLog read returns.
 const WLOG_PAGE_MAX: usize = 1_000;
 
 struct AppState {
     cp: CommandProcessor<Store>,
+    /// What `GET /v1/info` answers.
+    info: serde_json::Value,
     metrics: Metrics,
 }
 
@@ -146,14 +146,18 @@ impl Metrics {
 
 /// The router, for the server and for tests: commands and events, plus the named sequences
 /// (`/v1/sequences/...`) on the same store.
-pub fn router(cp: CommandProcessor<Store>) -> Router {
+pub fn router(cp: CommandProcessor<Store>, info: serde_json::Value) -> Router {
     let sequences =
         monoseq_named::Sequences::new(monoseq_named::KvBackend::new(Arc::clone(cp.store().kv())));
     let state = Arc::new(AppState {
         cp,
         metrics: Metrics::new(),
+        info,
     });
     Router::new()
+        .route("/v1/info", get(|State(st): State<Arc<AppState>>| async move {
+            axum::Json(st.info.clone())
+        }))
         .route("/v1/commands", post(submit))
         .route(
             "/v1/partitions/{partition}/events/{offset}",
@@ -178,12 +182,22 @@ pub fn router(cp: CommandProcessor<Store>) -> Router {
 
 /// Runs the server until SIGTERM or Ctrl-C, then shuts down within the configured bound.
 pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
-    let (kv, dir) = open_data_dir(&mut settings)?;
-    log_opened(&settings, &dir);
-    let store = monoseq_store::EventStore::new(kv, crate::config::APP, settings.trust);
+    let opened = {
+        let mut s = settings.clone();
+        let opened = tokio::task::spawn_blocking(move || open_storage(&mut s).map(|o| (o, s)))
+            .await??;
+        settings = opened.1;
+        opened.0
+    };
+    log_opened(&settings, &opened);
+    let store = monoseq_store::EventStore::new(
+        Arc::clone(&opened.kv),
+        crate::config::APP,
+        settings.trust,
+    );
     let mut config = settings.cp_config();
-    config.retired = (0..dir.identity.partitions)
-        .map(|p| dir.identity.retired(p))
+    config.retired = (0..opened.identity.partitions)
+        .map(|p| opened.identity.retired(p))
         .collect();
     if settings.no_marks {
         tracing::warn!(
@@ -191,7 +205,7 @@ pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
              unnoticed (benchmarks only)"
         );
     } else {
-        config.marks = Some(Arc::clone(&dir.marks));
+        config.marks = opened.marks.clone();
     }
     let cp = CommandProcessor::start(store, config)?;
     let listener = tokio::net::TcpListener::bind(settings.listen)
@@ -201,15 +215,29 @@ pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
     tracing::info!(address = %local, "listening");
     // Printed for scripts and tests that start the server on port 0.
     println!("monoseq listening on http://{local}");
-    let app = router(cp.clone());
+    let info = json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "partitions": settings.partitions,
+        "trust_level": match settings.trust {
+            monoseq_store::TrustLevel::Level0 => 0,
+            monoseq_store::TrustLevel::Level1 => 1,
+            _ => 2,
+        },
+        "storage": settings.storage.describe(),
+        "store_id": opened.identity.store_id,
+        "idempotency_window_events": settings.idempotency_window_events,
+    });
+    let app = router(cp.clone(), info);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     // No new requests; in-flight ones finished. Flush the sequencers and stop.
     tracing::info!(timeout = ?settings.shutdown_timeout, "shutting down: finishing queued commands and flushing sequence numbers");
-    let kv = Arc::clone(cp.store().kv());
     let clean = cp.shutdown(settings.shutdown_timeout).await;
-    if clean && let Err(e) = tokio::task::spawn_blocking(move || kv.flush_memtables()).await? {
+    if clean
+        && let Some(kv) = opened.embedded
+        && let Err(e) = tokio::task::spawn_blocking(move || kv.flush_memtables()).await?
+    {
         tracing::warn!("writing the journal into table files at shutdown failed: {e}");
     }
     if clean {
@@ -223,10 +251,15 @@ pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
 }
 
 /// One line for the opened store, then one per loss accepted or partition moved past one.
-fn log_opened(settings: &Settings, dir: &monoseq_store::DataDir) {
+fn log_opened(settings: &Settings, dir: &crate::config::Opened) {
     let id = &dir.identity;
     let r = &dir.report;
+    let recovery_policy = match settings.storage {
+        crate::config::Storage::Embedded => crate::config::ENGINE_RECOVERY_POLICY,
+        crate::config::Storage::Postgres(_) => crate::config::POSTGRES_RECOVERY_POLICY,
+    };
     tracing::info!(
+        storage = %settings.storage.describe(),
         data_dir = %settings.data_dir.display(),
         store_id = %id.store_id,
         partitions = id.partitions,
@@ -234,7 +267,7 @@ fn log_opened(settings: &Settings, dir: &monoseq_store::DataDir) {
         created = r.created,
         adopted = r.adopted,
         accepted_losses = id.losses.len(),
-        recovery_policy = crate::config::ENGINE_RECOVERY_POLICY,
+        recovery_policy,
         "store opened"
     );
     if r.identity_rebuilt {

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Server, run};
+use common::{Backend, Server};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Value, json};
@@ -80,6 +80,18 @@ async fn load(url: String, acks: Arc<Mutex<Vec<Ack>>>, client_no: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_moments_loses_no_acknowledged_event_and_reuses_no_number() {
+    crash_rounds(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_sigkill_at_random_moments_loses_no_acknowledged_event_and_reuses_no_number() {
+    crash_rounds(Backend::postgres()).await;
+}
+
+async fn crash_rounds(backend: Backend) {
+    let mut args: Vec<String> = vec!["--partitions".into(), PARTITIONS.into()];
+    args.extend(backend.args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let seed: u64 = std::env::var("MONOSEQ_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -90,7 +102,7 @@ async fn sigkill_at_random_moments_loses_no_acknowledged_event_and_reuses_no_num
     let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
     let probe = reqwest::Client::new();
     for round in 0..ROUNDS {
-        let server = Server::start_ready(dir.path(), &["--partitions", PARTITIONS], &probe).await;
+        let server = Server::start_ready(dir.path(), &args, &probe).await;
         let clients: Vec<_> = (0..CLIENTS as u64)
             .map(|c| {
                 tokio::spawn(load(
@@ -126,7 +138,7 @@ async fn sigkill_at_random_moments_loses_no_acknowledged_event_and_reuses_no_num
     }
 
     // Every acknowledged event is stored as acknowledged; PLogs are contiguous.
-    let server = Server::start_ready(dir.path(), &["--partitions", PARTITIONS], &probe).await;
+    let server = Server::start_ready(dir.path(), &args, &probe).await;
     let mut ends: HashMap<u64, u64> = HashMap::new();
     for a in &acks {
         let e: Value = probe
@@ -160,7 +172,7 @@ async fn sigkill_at_random_moments_loses_no_acknowledged_event_and_reuses_no_num
         }
     }
     server.terminate(Duration::from_secs(15));
-    let verify = run(&["verify", "--data-dir", dir.path().to_str().unwrap()]);
+    let verify = backend.verify(dir.path());
     assert!(
         verify.status.success(),
         "verify failed:\n{}\n{}",

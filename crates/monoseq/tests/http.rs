@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Server, run};
+use common::{Backend, Server, run};
 use serde_json::{Value, json};
 
 async fn post(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
@@ -36,9 +36,21 @@ fn order(ws: u64) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_are_acknowledged_read_back_and_survive_a_graceful_restart() {
+    acknowledged_read_back_and_restarted(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_commands_are_acknowledged_read_back_and_survive_a_graceful_restart() {
+    acknowledged_read_back_and_restarted(Backend::postgres()).await;
+}
+
+async fn acknowledged_read_back_and_restarted(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &client).await;
+    let mut args: Vec<String> = vec!["--partitions".into(), "4".into()];
+    args.extend(backend.args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start_ready(dir.path(), &args, &client).await;
     let url = server.url.clone();
 
     let (status, out) = post(&client, &url, &order(6)).await;
@@ -101,15 +113,23 @@ async fn commands_are_acknowledged_read_back_and_survive_a_graceful_restart() {
     // SIGTERM: a clean, bounded exit; a restart continues every sequence.
     let status = server.terminate(Duration::from_secs(15));
     assert!(status.success(), "{status:?}");
-    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &client).await;
+    let server = Server::start_ready(dir.path(), &args, &client).await;
     let (status, out) = post(&client, &server.url, &order(6)).await;
     assert_eq!(status, 200);
     assert_eq!(out["plog_offset"], 3);
     assert_eq!(out["wlog_offset"], 3);
     assert_eq!(out["ids"]["1"], order_id + 1);
+    let (status, info) = get(&client, &format!("{}/v1/info", server.url)).await;
+    assert_eq!(status, 200);
+    assert_eq!(info["partitions"], 4);
+    let kind = match backend {
+        Backend::Embedded => "embedded",
+        Backend::Postgres(_) => "postgres://",
+    };
+    assert!(info["storage"].as_str().unwrap().starts_with(kind), "{info}");
     server.terminate(Duration::from_secs(15));
 
-    let verify = run(&["verify", "--data-dir", dir.path().to_str().unwrap()]);
+    let verify = backend.verify(dir.path());
     assert!(
         verify.status.success(),
         "{}",

@@ -9,6 +9,45 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_monoseq");
 
+/// Where a test's server keeps its data.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// The embedded engine in the test's data directory.
+    Embedded,
+    /// A fresh database of this test binary's private PostgreSQL cluster.
+    Postgres(String),
+}
+
+impl Backend {
+    /// A fresh database on the test binary's private PostgreSQL cluster (started on first
+    /// use; PostgreSQL must be installed: `apt-get install postgresql`).
+    pub fn postgres() -> Backend {
+        let cluster = monoseq_pg::testing::PgCluster::shared()
+            .unwrap_or_else(|e| panic!("a private PostgreSQL cluster: {e}"));
+        let url = cluster
+            .create_database()
+            .unwrap_or_else(|e| panic!("a fresh database: {e}"));
+        Backend::Postgres(url)
+    }
+
+    /// The flags that select this backend (`serve`, `verify`, `inspect`, `seq`).
+    pub fn args(&self) -> Vec<String> {
+        match self {
+            Backend::Embedded => Vec::new(),
+            Backend::Postgres(url) => vec!["--storage".into(), url.clone()],
+        }
+    }
+
+    /// `monoseq verify` of this backend with data directory `dir`.
+    pub fn verify(&self, dir: &Path) -> std::process::Output {
+        let dir = dir.to_string_lossy().into_owned();
+        let mut args = vec!["verify".to_owned(), "--data-dir".to_owned(), dir];
+        args.extend(self.args());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args)
+    }
+}
+
 /// A running `monoseq serve`.
 pub struct Server {
     pub child: Child,
