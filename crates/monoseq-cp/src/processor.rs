@@ -361,9 +361,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
                         }
                         Status::None | Status::Actualizing => Some("actualizing".to_owned()),
                         Status::Finished => Some("failed".to_owned()),
-                        _ if st.storage_failing => {
-                            Some("storage is failing: sequence numbers cannot be flushed".to_owned())
-                        }
+                        _ if st.storage_failing => Some(
+                            "storage is failing: sequence numbers cannot be flushed".to_owned(),
+                        ),
                         _ => None,
                     }
                 }

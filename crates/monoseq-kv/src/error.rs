@@ -142,7 +142,7 @@ pub enum OpenError {
     #[error("invalid storage option: {0}")]
     InvalidOption(String),
     /// Opening or recovering failed.
-    #[error("cannot open data directory {}: {source}", path.display())]
+    #[error("cannot open the store at {}: {source}", path.display())]
     Storage {
         /// The data directory.
         path: PathBuf,

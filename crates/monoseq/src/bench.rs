@@ -103,7 +103,8 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
             if !args.no_marks {
                 config.marks = opened.marks;
             }
-            let cp = CommandProcessor::start(EventStore::new(opened.kv, APP, settings.trust), config)?;
+            let cp =
+                CommandProcessor::start(EventStore::new(opened.kv, APP, settings.trust), config)?;
             while !cp.ready() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }

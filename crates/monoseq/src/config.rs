@@ -287,7 +287,9 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
         Storage::Postgres(url) => {
             let kv = open_postgres(&url)?;
             let policy = monoseq_store::OpenPolicy {
-                partitions: settings.partitions_configured.then_some(settings.partitions),
+                partitions: settings
+                    .partitions_configured
+                    .then_some(settings.partitions),
                 default_partitions: settings.partitions,
                 accept_loss: settings.accept_loss,
             };
@@ -306,8 +308,13 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
 
 /// Opens a PostgreSQL store (schema created or migrated).
 pub fn open_postgres(url: &str) -> anyhow::Result<Store> {
-    let store = monoseq_pg::PgStore::open(url, monoseq_pg::PgOptions::default())
-        .with_context(|| format!("opening PostgreSQL storage {}", Storage::Postgres(url.to_owned()).describe()))?;
+    let store =
+        monoseq_pg::PgStore::open(url, monoseq_pg::PgOptions::default()).with_context(|| {
+            format!(
+                "opening PostgreSQL storage {}",
+                Storage::Postgres(url.to_owned()).describe()
+            )
+        })?;
     Ok(Arc::new(store))
 }
 

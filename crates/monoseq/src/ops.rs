@@ -120,12 +120,7 @@ pub fn verify(settings: &Settings, shown: usize) -> anyhow::Result<()> {
     bar.finish_and_clear();
     println!(
         "verified {}: {} partitions, {} events, {} workspaces, {} records, {} stored numbers",
-        where_,
-        report.partitions,
-        report.events,
-        report.workspaces,
-        report.records,
-        report.numbers
+        where_, report.partitions, report.events, report.workspaces, report.records, report.numbers
     );
     if report.is_ok() {
         println!(

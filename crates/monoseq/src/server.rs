@@ -26,7 +26,6 @@ use serde_json::json;
 use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, Store, open_storage};
 use crate::json;
 
-
 /// Most events one WLog read returns.
 const WLOG_PAGE_MAX: usize = 1_000;
 
@@ -155,9 +154,10 @@ pub fn router(cp: CommandProcessor<Store>, info: serde_json::Value) -> Router {
         info,
     });
     Router::new()
-        .route("/v1/info", get(|State(st): State<Arc<AppState>>| async move {
-            axum::Json(st.info.clone())
-        }))
+        .route(
+            "/v1/info",
+            get(|State(st): State<Arc<AppState>>| async move { axum::Json(st.info.clone()) }),
+        )
         .route("/v1/commands", post(submit))
         .route(
             "/v1/partitions/{partition}/events/{offset}",
@@ -184,17 +184,14 @@ pub fn router(cp: CommandProcessor<Store>, info: serde_json::Value) -> Router {
 pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
     let opened = {
         let mut s = settings.clone();
-        let opened = tokio::task::spawn_blocking(move || open_storage(&mut s).map(|o| (o, s)))
-            .await??;
+        let opened =
+            tokio::task::spawn_blocking(move || open_storage(&mut s).map(|o| (o, s))).await??;
         settings = opened.1;
         opened.0
     };
     log_opened(&settings, &opened);
-    let store = monoseq_store::EventStore::new(
-        Arc::clone(&opened.kv),
-        crate::config::APP,
-        settings.trust,
-    );
+    let store =
+        monoseq_store::EventStore::new(Arc::clone(&opened.kv), crate::config::APP, settings.trust);
     let mut config = settings.cp_config();
     config.retired = (0..opened.identity.partitions)
         .map(|p| opened.identity.retired(p))

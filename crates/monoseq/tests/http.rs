@@ -126,7 +126,10 @@ async fn acknowledged_read_back_and_restarted(backend: Backend) {
         Backend::Embedded => "embedded",
         Backend::Postgres(_) => "postgres://",
     };
-    assert!(info["storage"].as_str().unwrap().starts_with(kind), "{info}");
+    assert!(
+        info["storage"].as_str().unwrap().starts_with(kind),
+        "{info}"
+    );
     server.terminate(Duration::from_secs(15));
 
     let verify = backend.verify(dir.path());
