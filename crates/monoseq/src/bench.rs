@@ -31,10 +31,6 @@ pub struct BenchArgs {
     /// In-process only: data directory for the fresh store [default: a temporary directory].
     #[arg(long)]
     pub bench_dir: Option<std::path::PathBuf>,
-    /// In-process only: keep no high-water marks, to measure what they cost (a store run so
-    /// is not protected against an undetected loss).
-    #[arg(long)]
-    pub no_marks: bool,
     /// Send every command with its own `Idempotency-Key`, to measure what keys cost.
     #[arg(long)]
     pub idempotency_keys: bool,
@@ -100,7 +96,7 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
             settings.data_dir = dir;
             let opened = open_storage(&mut settings)?;
             let mut config = settings.cp_config();
-            if !args.no_marks {
+            if !settings.no_marks {
                 config.marks = opened.marks;
             }
             let cp =

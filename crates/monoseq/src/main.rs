@@ -124,3 +124,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Bench { settings, bench } => runtime.block_on(bench::run(bench, settings.resolve()?)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_command_line_is_well_formed() {
+        // Clap's own checks: unique argument names, valid defaults, no conflicting flags.
+        super::Cli::command().debug_assert();
+    }
+}
