@@ -112,14 +112,14 @@ async fn crash_rounds(backend: Backend) {
                 ))
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(rng.random_range(150..700))).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(300..900))).await;
         server.kill();
         for c in clients {
             c.await.expect("a client saw a wrong answer");
         }
     }
     let acks = acks.lock().unwrap().clone();
-    assert!(acks.len() > 100, "too little load: {} acks", acks.len());
+    assert!(acks.len() > 30, "too little load: {} acks", acks.len());
     eprintln!("{ROUNDS} crashes, {} acknowledged commands", acks.len());
 
     // No offset or number acknowledged twice.
