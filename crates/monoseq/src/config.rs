@@ -308,13 +308,14 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
 
 /// Opens a PostgreSQL store (schema created or migrated).
 pub fn open_postgres(url: &str) -> anyhow::Result<Store> {
-    let store =
-        monoseq_pg::PgStore::open(url, monoseq_pg::PgOptions::default()).with_context(|| {
-            format!(
-                "opening PostgreSQL storage {}",
-                Storage::Postgres(url.to_owned()).describe()
-            )
-        })?;
+    // The store's errors name their causes in their own text: no chain, so nothing is said
+    // twice.
+    let store = monoseq_pg::PgStore::open(url, monoseq_pg::PgOptions::default()).map_err(|e| {
+        anyhow::anyhow!(
+            "opening PostgreSQL storage {}: {e}",
+            Storage::Postgres(url.to_owned()).describe()
+        )
+    })?;
     Ok(Arc::new(store))
 }
 

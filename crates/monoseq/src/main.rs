@@ -101,14 +101,28 @@ fn main() -> std::process::ExitCode {
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) if serving => {
-            tracing::error!("refusing to start: {e:#}");
+            tracing::error!("refusing to start: {}", describe(&e));
             std::process::ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("monoseq: {e:#}");
+            eprintln!("monoseq: {}", describe(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// An error with its causes, each said once: many errors already name their cause in their
+/// own text, so a cause whose text is already there is left out.
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -128,6 +142,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    #[test]
+    fn an_error_names_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("inner failed")]
+        struct Inner;
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer: {0}")]
+        struct Outer(#[source] Inner);
+        let e = anyhow::Error::new(Outer(Inner)).context("opening");
+        assert_eq!(super::describe(&e), "opening: outer: inner failed");
+    }
 
     #[test]
     fn every_command_line_is_well_formed() {

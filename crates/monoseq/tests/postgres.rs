@@ -249,8 +249,12 @@ async fn inspect_seq_and_bench_work_on_postgres() {
     let url = cluster.create_database().expect("a database");
     let dir = tempfile::tempdir().expect("temporary directory");
     let client = client();
-    let server =
-        Server::start_ready(dir.path(), &["--partitions", "2", "--storage", &url], &client).await;
+    let server = Server::start_ready(
+        dir.path(),
+        &["--partitions", "2", "--storage", &url],
+        &client,
+    )
+    .await;
     for ws in 1..=4 {
         let r = client
             .post(format!("{}/v1/commands", server.url))
@@ -263,15 +267,27 @@ async fn inspect_seq_and_bench_work_on_postgres() {
     assert!(server.terminate(Duration::from_secs(20)).success());
     let (ok, text) = monoseq(&["inspect", "--storage", &url, "--full"]);
     assert!(ok, "{text}");
-    assert!(text.contains("partitions: 2") && text.contains("postgres://"), "{text}");
-    assert!(!text.contains(monoseq_pg::testing::PASSWORD), "no password shown: {text}");
+    assert!(
+        text.contains("partitions: 2") && text.contains("postgres://"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(monoseq_pg::testing::PASSWORD),
+        "no password shown: {text}"
+    );
     let (ok, text) = monoseq(&["seq", "--storage", &url, "next", "orders/invoice"]);
     assert!(ok, "{text}");
     assert_eq!(text.trim(), "1");
     let (ok, text) = monoseq(&["seq", "--storage", &url, "get", "orders/invoice"]);
     assert_eq!((ok, text.trim()), (true, "2"));
     let (ok, text) = monoseq(&[
-        "bench", "--storage", &url, "--seconds", "1", "--clients", "4",
+        "bench",
+        "--storage",
+        &url,
+        "--seconds",
+        "1",
+        "--clients",
+        "4",
     ]);
     assert!(ok && text.contains("mode=in-process"), "{text}");
     let (ok, text) = monoseq(&["verify", "--storage", &url]);
