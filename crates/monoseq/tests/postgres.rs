@@ -134,9 +134,12 @@ async fn the_database_going_away_under_load_loses_nothing_and_the_server_heals_a
     for c in clients {
         c.await.expect("a client saw a wrong answer");
     }
-    let seen = seen.lock().unwrap();
+    let (unavailable, retry_after) = {
+        let seen = seen.lock().unwrap();
+        (seen.unavailable, seen.retry_after)
+    };
     assert!(
-        seen.unavailable > 0 && seen.retry_after,
+        unavailable > 0 && retry_after,
         "busy answers carry Retry-After"
     );
     let acks = acks.lock().unwrap().clone();
