@@ -1,6 +1,9 @@
 //! `monoseq bench`: a load generator. Against a running server over HTTP (`--url`), or
 //! in-process straight into the command processor on a fresh embedded store. Prints the
 //! throughput and latency percentiles.
+//!
+//! In-process, the shared (hidden) `--no-marks` setting runs the command processor without
+//! high-water marks, to measure what they cost; against a server, start the server with it.
 
 use std::time::{Duration, Instant};
 
@@ -31,10 +34,6 @@ pub struct BenchArgs {
     /// In-process only: data directory for the fresh store [default: a temporary directory].
     #[arg(long)]
     pub bench_dir: Option<std::path::PathBuf>,
-    /// In-process only: keep no high-water marks, to measure what they cost (a store run so
-    /// is not protected against an undetected loss).
-    #[arg(long)]
-    pub no_marks: bool,
     /// Send every command with its own `Idempotency-Key`, to measure what keys cost.
     #[arg(long)]
     pub idempotency_keys: bool,
@@ -100,7 +99,9 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
             settings.data_dir = dir;
             let (kv, opened) = open_data_dir(&mut settings)?;
             let mut config = settings.cp_config();
-            if !args.no_marks {
+            // `--no-marks` is the shared settings flag (`SettingsArgs`), not a bench flag: one
+            // argument id per command line.
+            if !settings.no_marks {
                 config.marks = Some(opened.marks);
             }
             let cp = CommandProcessor::start(EventStore::new(kv, APP, settings.trust), config)?;
