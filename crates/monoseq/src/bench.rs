@@ -1,6 +1,9 @@
 //! `monoseq bench`: a load generator. Against a running server over HTTP (`--url`), or
 //! in-process straight into the command processor on a fresh embedded store. Prints the
 //! throughput and latency percentiles.
+//!
+//! In-process, the shared (hidden) `--no-marks` setting runs the command processor without
+//! high-water marks, to measure what they cost; against a server, start the server with it.
 
 use std::time::{Duration, Instant};
 
@@ -96,6 +99,8 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
             settings.data_dir = dir;
             let opened = open_storage(&mut settings)?;
             let mut config = settings.cp_config();
+            // `--no-marks` is the shared settings flag (`SettingsArgs`), not a bench flag: one
+            // argument id per command line.
             if !settings.no_marks {
                 config.marks = opened.marks;
             }
