@@ -28,9 +28,10 @@ pub use sequencer::{
     Busy, CacheStats, NextError, Sequencer, SequencerHandle, SequencerStats, ShutdownReport, Start,
     StartError, Transaction,
 };
-pub use shared::Status;
+pub use shared::{PoisonReason, Status};
 pub use storage::{
-    Batcher, ReplayEnd, ReplayedEvent, SeqStorage, StorageError, read_numbers_by_workspace,
+    Batcher, Claim, Fence, Generation, ReplayEnd, ReplayedEvent, SeqStorage, StorageError,
+    StorageErrorKind, check_out_len, read_numbers_by_workspace,
 };
 pub use types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId, WsKind};
 pub use worker::{Step, Worker};
