@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -225,8 +226,11 @@ fn a_claim_waits_for_the_old_generations_write_in_flight() {
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let reached = Mutex::new(reached_tx);
     let release = Mutex::new(release_rx);
+    let armed = AtomicBool::new(true);
     storage.set_hook(move |op| {
-        if let Op::WriteCheckpoint(_) = op {
+        if let Op::WriteCheckpoint(_) = op
+            && armed.swap(false, Ordering::SeqCst)
+        {
             let _ = reached.lock().unwrap().send(());
             let _ = release.lock().unwrap().recv();
         }
