@@ -6,8 +6,11 @@
 //! [`Transaction::flush`] commits once the event is durable; [`Transaction::actualize`] (or
 //! dropping the transaction) rebuilds state from the PLog. A background [`Worker`] persists
 //! committed numbers with their checkpoint and replays the PLog tail after the checkpoint.
-//! [`mem::MemSeqStorage`] is the in-memory reference storage with fault hooks.
+//! [`mem::MemSeqStorage`] is the in-memory reference storage with fault hooks; the
+//! `conformance` feature exposes `conformance`, the suite every [`SeqStorage`] passes.
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod driver;
 pub mod mem;
 mod params;
