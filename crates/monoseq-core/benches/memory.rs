@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use monoseq_core::{
-    Batcher, Number, PLogOffset, Params, ReplayEnd, Runtime, SeqId, SeqStorage, SeqValue,
+    Batcher, Fence, Number, PLogOffset, Params, ReplayEnd, Runtime, SeqId, SeqStorage, SeqValue,
     Sequencer, Start, Status, StorageError, WsId, WsKind,
 };
 
@@ -18,6 +18,7 @@ const KIND: WsKind = WsKind(1);
 struct ArrayStorage {
     numbers: Vec<[AtomicUsize; 3]>,
     checkpoint: AtomicUsize,
+    fence: Fence,
 }
 
 impl SeqStorage for ArrayStorage {
@@ -53,6 +54,10 @@ impl SeqStorage for ArrayStorage {
         Ok(())
     }
 
+    fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
     fn replay_plog(
         &self,
         _from: PLogOffset,
@@ -66,6 +71,7 @@ fn run(workspaces: usize, runtime: &Runtime) -> (usize, f64) {
     let storage = ArrayStorage {
         numbers: (0..workspaces).map(|_| Default::default()).collect(),
         checkpoint: AtomicUsize::new(0),
+        fence: Fence::new(),
     };
     let params = Params::builder()
         .kind(

@@ -1,14 +1,14 @@
 //! Driver: runs the background workers of many sequencers on one shared tokio runtime. Each
 //! sequencer costs one small async task, not an OS thread; storage calls run on the runtime's
 //! bounded blocking pool. This is the only module that sleeps or reads the clock for the
-//! background work.
+//! background work, and the one that logs it (actualizations, poison, fencing).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::shared::{Shared, Status};
+use crate::shared::{PoisonReason, Shared, Status};
 use crate::storage::SeqStorage;
 use crate::worker::{Step, Worker};
 
@@ -215,21 +215,41 @@ async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {
         }
         loop {
             let began = Instant::now();
+            let replayed_before = shared.metrics.replayed_events.load(Ordering::Relaxed);
+            if actualizing {
+                tracing::info!(
+                    checkpoint = shared.metrics.durable_offset.load(Ordering::Relaxed),
+                    "sequencer actualization started"
+                );
+            }
             let Some((w, step)) = run_steps(worker, Arc::clone(shared), false).await else {
-                shared.poisoned.store(true, Ordering::Release);
-                shared.finish();
+                shared.poison(PoisonReason::WorkerPanicked);
+                log_poison(shared);
                 return;
             };
             worker = w;
             if actualizing {
+                let elapsed = began.elapsed();
                 shared
                     .metrics
                     .last_actualization_micros
-                    .store(began.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    .store(elapsed.as_micros() as u64, Ordering::Relaxed);
+                let replayed =
+                    shared.metrics.replayed_events.load(Ordering::Relaxed) - replayed_before;
+                tracing::info!(
+                    events_replayed = replayed,
+                    duration_ms = elapsed.as_secs_f64() * 1e3,
+                    next_offset = shared.metrics.next_offset.load(Ordering::Relaxed),
+                    outcome = ?step,
+                    "sequencer actualization ended"
+                );
             }
             match step {
                 Step::Idle => break,
-                Step::Stopped => break 'outer,
+                Step::Stopped => {
+                    log_poison(shared);
+                    break 'outer;
+                }
                 Step::RetryAfter(d) => {
                     let _ = tokio::time::timeout(d, wait_stop(shared)).await;
                     if shared.stop.load(Ordering::Acquire) {
@@ -244,6 +264,19 @@ async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {
     // One last attempt to persist what is unflushed; `shutdown` bounds how long it may take.
     if !shared.poisoned.load(Ordering::Acquire) {
         let _ = run_steps(worker, Arc::clone(shared), true).await;
+    }
+}
+
+/// Logs why the sequencer is poisoned, if it is: a fenced write at warn (a newer sequencer
+/// took over, as intended), anything else at error.
+fn log_poison<S: SeqStorage>(shared: &Shared<S>) {
+    match shared.poison_reason() {
+        None => {}
+        Some(PoisonReason::Fenced) => tracing::warn!(
+            reason = %PoisonReason::Fenced,
+            "sequencer write refused by the fence; its worker stops"
+        ),
+        Some(reason) => tracing::error!(%reason, "sequencer poisoned; its worker stops"),
     }
 }
 

@@ -6,8 +6,11 @@
 //! [`Transaction::flush`] commits once the event is durable; [`Transaction::actualize`] (or
 //! dropping the transaction) rebuilds state from the PLog. A background [`Worker`] persists
 //! committed numbers with their checkpoint and replays the PLog tail after the checkpoint.
-//! [`mem::MemSeqStorage`] is the in-memory reference storage with fault hooks.
+//! [`mem::MemSeqStorage`] is the in-memory reference storage with fault hooks; the
+//! `conformance` feature exposes `conformance`, the suite every [`SeqStorage`] passes.
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod driver;
 pub mod mem;
 mod params;
@@ -28,9 +31,10 @@ pub use sequencer::{
     Busy, CacheStats, NextError, Sequencer, SequencerHandle, SequencerStats, ShutdownReport, Start,
     StartError, Transaction,
 };
-pub use shared::Status;
+pub use shared::{PoisonReason, Status};
 pub use storage::{
-    Batcher, ReplayEnd, ReplayedEvent, SeqStorage, StorageError, read_numbers_by_workspace,
+    Batcher, Claim, Fence, Generation, ReplayEnd, ReplayedEvent, SeqStorage, StorageError,
+    StorageErrorKind, check_out_len, read_numbers_by_workspace,
 };
 pub use types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId, WsKind};
 pub use worker::{Step, Worker};

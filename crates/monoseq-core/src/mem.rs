@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use crate::storage::{Batcher, ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
+use crate::storage::{
+    Batcher, Fence, ReplayEnd, ReplayedEvent, SeqStorage, StorageError, check_out_len,
+};
 use crate::types::{Number, NumberKey, PLogOffset, SeqId, SeqValue, WsId, WsKind};
 use crate::ws_table::WsTable;
 
@@ -106,6 +108,8 @@ pub struct MemSeqStorage {
     hook: RwLock<Option<Arc<Hook>>>,
     /// A hook is installed; without one, calls skip the hook lock.
     hooked: AtomicBool,
+    /// Orders the writer generations of the sequencers sharing this storage.
+    fence: Fence,
 }
 
 impl std::fmt::Debug for MemSeqStorage {
@@ -234,13 +238,15 @@ impl MemSeqStorage {
 
     /// A copy of everything stored, without the hook: what a restart after a crash at this
     /// moment would find. Every write is applied when its hook passes, so the copy holds every
-    /// value and checkpoint written so far and nothing else.
+    /// value and checkpoint written so far and nothing else. The copy has a fence of its own,
+    /// claimed by nobody: a restarted process starts its generations afresh.
     #[must_use]
     pub fn snapshot(&self) -> Arc<MemSeqStorage> {
         Arc::new(MemSeqStorage {
             state: Mutex::new(self.lock().clone()),
             hook: RwLock::new(None),
             hooked: AtomicBool::new(false),
+            fence: Fence::new(),
         })
     }
 
@@ -267,6 +273,7 @@ impl SeqStorage for MemSeqStorage {
         seqs: &[SeqId],
         out: &mut [Number],
     ) -> Result<(), StorageError> {
+        check_out_len(seqs.len(), out.len())?;
         self.run_hook(Op::ReadNumbers(ws))?;
         let st = self.lock();
         let stored = st.numbers.get(ws);
@@ -286,6 +293,11 @@ impl SeqStorage for MemSeqStorage {
         values: &[SeqValue],
         next_plog_offset: PLogOffset,
     ) -> Result<(), StorageError> {
+        if next_plog_offset < PLogOffset::FIRST {
+            return Err(StorageError::new(format!(
+                "checkpoint {next_plog_offset} is below the first PLog offset; nothing was written"
+            )));
+        }
         if self.hooked.load(Ordering::Acquire) {
             for (index, value) in values.iter().enumerate() {
                 self.run_hook(Op::WriteValue {
@@ -302,6 +314,10 @@ impl SeqStorage for MemSeqStorage {
         self.run_hook(Op::WriteCheckpoint(next_plog_offset))?;
         self.lock().checkpoint = Some(next_plog_offset);
         Ok(())
+    }
+
+    fn fence(&self) -> &Fence {
+        &self.fence
     }
 
     fn replay_plog(
@@ -329,7 +345,8 @@ impl SeqStorage for MemSeqStorage {
             let Some(last) = entries.last() else {
                 return Ok(ReplayEnd::Completed);
             };
-            next = last.offset.next();
+            // An event at `u64::MAX` is the last one there can be.
+            let after = last.offset.0.checked_add(1);
             for e in &entries {
                 self.run_hook(Op::ReplayEvent(e.offset))?;
                 let event = ReplayedEvent {
@@ -340,6 +357,10 @@ impl SeqStorage for MemSeqStorage {
                 if batcher(event).is_break() {
                     return Ok(ReplayEnd::Stopped);
                 }
+            }
+            match after {
+                Some(after) => next = PLogOffset(after),
+                None => return Ok(ReplayEnd::Completed),
             }
         }
     }

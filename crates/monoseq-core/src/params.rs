@@ -68,6 +68,20 @@ pub enum ParamsError {
         /// The sequence.
         seq: SeqId,
     },
+    /// The backlog limit cannot hold one transaction of a kind: `start` keeps room for every
+    /// sequence of the kind, so it would answer busy for ever.
+    #[error(
+        "backlog_values_max {backlog_values_max} is below the {sequences} sequences of \
+         workspace kind {kind}: raise it to at least {sequences}"
+    )]
+    BacklogBelowKindSequences {
+        /// The limit given.
+        backlog_values_max: usize,
+        /// A kind with more sequences.
+        kind: WsKind,
+        /// How many sequences it declares.
+        sequences: usize,
+    },
     /// A zero limit or capacity.
     #[error("{0} must be at least 1")]
     Zero(&'static str),
@@ -263,7 +277,7 @@ impl ParamsBuilder {
     ///
     /// [`ParamsError`] names the first invalid parameter: no kinds, a kind without sequences
     /// or declared twice, a duplicate sequence, an initial value of 0, a zero limit or
-    /// capacity, or a delay out of range.
+    /// capacity, a backlog limit below a kind's sequence count, or a delay out of range.
     pub fn build(self) -> Result<Params, ParamsError> {
         if self.kinds.is_empty() {
             return Err(ParamsError::NoSequenceTypes);
@@ -301,6 +315,16 @@ impl ParamsBuilder {
         }
         if self.backlog_values_max == 0 {
             return Err(ParamsError::Zero("backlog_values_max"));
+        }
+        if let Some(k) = kinds
+            .iter()
+            .find(|k| k.seqs.len() > self.backlog_values_max)
+        {
+            return Err(ParamsError::BacklogBelowKindSequences {
+                backlog_values_max: self.backlog_values_max,
+                kind: k.kind,
+                sequences: k.seqs.len(),
+            });
         }
         if self.cache_workspaces_max == 0 {
             return Err(ParamsError::Zero("cache_workspaces_max"));
@@ -426,6 +450,18 @@ mod tests {
         assert_eq!(
             one_kind().backlog_values_max(0).build().unwrap_err(),
             ParamsError::Zero("backlog_values_max")
+        );
+        assert_eq!(
+            Params::builder()
+                .kind(WsKind(1), [(SeqId(1), Number(1)), (SeqId(2), Number(1))])
+                .backlog_values_max(1)
+                .build()
+                .unwrap_err(),
+            ParamsError::BacklogBelowKindSequences {
+                backlog_values_max: 1,
+                kind: WsKind(1),
+                sequences: 2,
+            }
         );
         assert_eq!(
             one_kind().cache_workspaces_max(0).build().unwrap_err(),

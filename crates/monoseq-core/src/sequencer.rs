@@ -10,7 +10,7 @@ use schnellru::{ByLength, LruMap};
 
 use crate::driver::{DriverHandle, Runtime};
 use crate::params::{KindSequences, Params};
-use crate::shared::{Shared, Status};
+use crate::shared::{PoisonReason, Shared, Status};
 use crate::storage::SeqStorage;
 use crate::types::{Number, PLogOffset, SeqId, WsId, WsKind};
 use crate::worker::Worker;
@@ -46,12 +46,18 @@ pub enum StartError {
     /// The workspace kind is not in [`Params`].
     #[error("unknown workspace kind {0}: declare it with its sequences in Params")]
     UnknownWsKind(WsKind),
-    /// The background worker panicked inside storage code; nothing can be handed out safely.
+    /// The sequencer stopped working for the reason given (its worker panicked, a newer
+    /// sequencer fenced it off, or a release-build invariant check failed); nothing can be
+    /// handed out safely. Permanent for this sequencer: drop it and create a new one on the
+    /// same storage value, which claims a newer generation and actualizes.
     #[error(
-        "the sequencer's background worker failed (a storage call panicked); \
-         shut this sequencer down and create a new one"
+        "the sequencer is poisoned: {0}; drop it and create a new sequencer on the same storage"
     )]
-    Poisoned,
+    Poisoned(PoisonReason),
+    /// The PLog reached `u64::MAX`: the next event's offset could not be followed by another.
+    /// Permanent; nothing was handed out.
+    #[error("the PLog of this partition is exhausted at offset {0}; no more events can be written")]
+    PLogExhausted(PLogOffset),
 }
 
 /// `next` was called wrongly.
@@ -66,14 +72,24 @@ pub enum NextError {
         /// The sequence asked for.
         seq: SeqId,
     },
-    /// The sequence reached `u64::MAX`.
-    #[error("sequence {seq} of workspace {ws} is exhausted")]
+    /// The sequence reached `u64::MAX`. Permanent: retrying never helps; answer the command
+    /// with an error that says so (not busy, not a storage failure).
+    #[error("sequence {seq} of workspace {ws} is exhausted: it reached the largest number")]
     Exhausted {
         /// The workspace.
         ws: WsId,
         /// The sequence.
         seq: SeqId,
     },
+}
+
+impl NextError {
+    /// Whether the sequence reached its largest number: a permanent condition, unlike a
+    /// storage failure (see [`NextError::Exhausted`]).
+    #[must_use]
+    pub fn is_exhausted(&self) -> bool {
+        matches!(self, NextError::Exhausted { .. })
+    }
 }
 
 /// The answer of [`Sequencer::start`].
@@ -326,13 +342,16 @@ impl<S: SeqStorage> Sequencer<S> {
     /// Begins a sequencing transaction for workspace `ws` of kind `kind`. The transaction
     /// carries the PLog offset for the event; its numbers come from [`Transaction::next`].
     ///
-    /// Answers [`Start::Busy`] while actualization runs, while the backlog is over its limit,
-    /// or when storage fails to read the workspace's numbers.
+    /// Answers [`Start::Busy`] while actualization runs, while the backlog has no room for
+    /// what this transaction may add (the kind's sequence count) within
+    /// `backlog_values_max`, or when storage fails to read the workspace's numbers.
     ///
     /// # Errors
     ///
     /// [`StartError::UnknownWsKind`] for a kind not in [`Params`];
-    /// [`StartError::Poisoned`] after the background worker panicked.
+    /// [`StartError::Poisoned`] once the sequencer is poisoned (its worker panicked or was
+    /// fenced off, or an invariant check failed), whatever happened to the transaction open
+    /// at that moment; [`StartError::PLogExhausted`] when the PLog offset reached `u64::MAX`.
     pub fn start(&mut self, kind: WsKind, ws: WsId) -> Result<Start<'_, S>, StartError> {
         let sh = &*self.shared;
         let Some(kind_index) = sh.params.kinds.iter().position(|k| k.kind == kind) else {
@@ -349,10 +368,18 @@ impl<S: SeqStorage> Sequencer<S> {
                     },
                 ));
             }
-            Status::Finished => return Err(StartError::Poisoned),
+            // Only a poison finishes a sequencer its owner still holds (shutdown and drop
+            // consume it); a reason is always recorded before the stop flag.
+            Status::Finished => {
+                return Err(StartError::Poisoned(
+                    sh.poison_reason().unwrap_or(PoisonReason::WorkerPanicked),
+                ));
+            }
             Status::InTransaction => unreachable!("a transaction borrows the sequencer"),
         }
-        if sh.backlog_len.load(Ordering::Acquire) + self.pending.len()
+        // Room for every sequence of the kind: one transaction adds at most that many values.
+        let may_add = sh.params.kinds[kind_index].seqs.len();
+        if sh.backlog_len.load(Ordering::Acquire) + self.pending.len() + may_add
             > sh.params.backlog_values_max
         {
             return Ok(Start::Busy(if sh.flush_failing.load(Ordering::Acquire) {
@@ -363,6 +390,11 @@ impl<S: SeqStorage> Sequencer<S> {
         }
         if self.resync {
             self.resynchronize();
+        }
+        if self.next_offset.0 == u64::MAX {
+            // Its event could be written, but no offset would follow it: refuse now rather
+            // than fail after the event is durable.
+            return Err(StartError::PLogExhausted(self.next_offset));
         }
         if self.current == Some((ws, kind)) {
             self.stats.hits += 1;
@@ -589,12 +621,23 @@ impl<S: SeqStorage> Sequencer<S> {
         let urgent = sh.params.backlog_urgent();
         let (before, after) = {
             let mut b = sh.lock_backlog();
+            if b.next_offset != Some(offset) {
+                // Paired with the check where actualization reads the checkpoint back: a
+                // checkpoint that skipped or repeated an event would let a flush cover numbers
+                // it does not hold, and a restart hand them out again.
+                let backlog = b.next_offset.unwrap_or(PLogOffset(0));
+                drop(b);
+                sh.poison(PoisonReason::BacklogOffsetMismatch {
+                    backlog,
+                    committing: offset,
+                });
+                return;
+            }
             let before = b.len();
             b.values.set_all(
                 ws,
                 touched(self.tx_touched, &kind.seqs, &self.current_numbers),
             );
-            debug_assert!(b.next_offset == Some(offset));
             b.next_offset = Some(next_offset);
             let after = b.len();
             sh.publish_backlog_len(after, urgent);
@@ -796,6 +839,11 @@ pub struct SequencerStats {
     pub storage_errors: u64,
     /// The last flush or actualization failed and is being retried.
     pub storage_failing: bool,
+    /// The sequencer is poisoned: `start` answers [`StartError::Poisoned`]; replace it with
+    /// a new sequencer on the same storage value.
+    pub poisoned: bool,
+    /// Why it is poisoned.
+    pub poison: Option<PoisonReason>,
 }
 
 impl<S: SeqStorage> SequencerHandle<S> {
@@ -822,6 +870,8 @@ impl<S: SeqStorage> SequencerHandle<S> {
             storage_errors: m.storage_errors.load(Ordering::Relaxed),
             storage_failing: sh.flush_failing.load(Ordering::Acquire)
                 || sh.actualize_failing.load(Ordering::Acquire),
+            poisoned: sh.poisoned.load(Ordering::Acquire),
+            poison: sh.poison_reason(),
         }
     }
 
@@ -830,5 +880,43 @@ impl<S: SeqStorage> SequencerHandle<S> {
     pub fn wait_actualized(&self, wait: Duration) -> Status {
         self.shared.wait_actualized(Instant::now() + wait);
         self.shared.status()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::MemSeqStorage;
+    use crate::worker::Step;
+
+    fn params() -> Params {
+        Params::builder()
+            .kind(WsKind(1), [(SeqId(1), Number(1))])
+            .build()
+            .expect("valid parameters")
+    }
+
+    #[test]
+    fn a_commit_at_an_offset_the_backlog_did_not_reach_poisons_instead_of_panicking() {
+        let (mut seq, mut worker) = Sequencer::new_manual(params(), MemSeqStorage::new());
+        assert_eq!(worker.step(), Step::Idle);
+        let shared = Arc::clone(&seq.shared);
+        let Ok(Start::Began(mut tx)) = seq.start(WsKind(1), WsId(1)) else {
+            panic!("no transaction");
+        };
+        assert_eq!(tx.next(SeqId(1)), Ok(Number(1)));
+        // Broken state: the backlog's checkpoint skipped ahead of the open transaction.
+        shared.lock_backlog().next_offset = Some(PLogOffset(5));
+        tx.flush();
+        let reason = PoisonReason::BacklogOffsetMismatch {
+            backlog: PLogOffset(5),
+            committing: PLogOffset(1),
+        };
+        assert_eq!(
+            seq.start(WsKind(1), WsId(1)).map(|_| ()),
+            Err(StartError::Poisoned(reason))
+        );
+        assert!(shared.lock_backlog().values.is_empty(), "nothing committed");
+        assert_eq!(worker.step(), Step::Stopped);
     }
 }

@@ -3,7 +3,7 @@
 //! Everything here is either an atomic or behind one short-held mutex.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use crossbeam_utils::CachePadded;
@@ -47,6 +47,69 @@ impl Status {
             Status::Ready => 2,
             Status::InTransaction => 3,
             Status::Finished => 4,
+        }
+    }
+}
+
+/// Why a sequencer stopped working (it is poisoned): `start` answers
+/// [`StartError::Poisoned`](crate::StartError::Poisoned) with it from then on. The partition
+/// heals with a new sequencer on the same storage value, which claims a newer generation and
+/// actualizes from storage and the PLog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PoisonReason {
+    /// A storage call of the background worker panicked.
+    WorkerPanicked,
+    /// Storage refused a write because a newer sequencer claimed it (SPEC invariant 11).
+    Fenced,
+    /// The checkpoint read back at actualization is below one written through the same
+    /// storage value: storage lost acknowledged data (SPEC invariant 10).
+    CheckpointWentBack {
+        /// The checkpoint written before.
+        written: PLogOffset,
+        /// The checkpoint read back.
+        read: PLogOffset,
+    },
+    /// A flush was about to write a checkpoint below the one already written.
+    CheckpointWouldGoBack {
+        /// The checkpoint storage holds.
+        durable: PLogOffset,
+        /// The checkpoint about to be written.
+        writing: PLogOffset,
+    },
+    /// A committing transaction's offset is not the offset the backlog's checkpoint reached.
+    BacklogOffsetMismatch {
+        /// The backlog's checkpoint (0: none).
+        backlog: PLogOffset,
+        /// The committing transaction's offset.
+        committing: PLogOffset,
+    },
+}
+
+impl std::fmt::Display for PoisonReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoisonReason::WorkerPanicked => {
+                f.write_str("a storage call of the background worker panicked")
+            }
+            PoisonReason::Fenced => f.write_str(
+                "a newer sequencer claimed this partition's storage; this one's writes are refused",
+            ),
+            PoisonReason::CheckpointWentBack { written, read } => write!(
+                f,
+                "the stored checkpoint went back from {written} to {read}: storage lost acknowledged data"
+            ),
+            PoisonReason::CheckpointWouldGoBack { durable, writing } => write!(
+                f,
+                "a flush was about to lower the checkpoint from {durable} to {writing}"
+            ),
+            PoisonReason::BacklogOffsetMismatch {
+                backlog,
+                committing,
+            } => write!(
+                f,
+                "a transaction at PLog offset {committing} committed where the backlog's checkpoint is {backlog}"
+            ),
         }
     }
 }
@@ -103,8 +166,10 @@ pub(crate) struct Shared<S> {
     pub(crate) flush_signalled: AtomicBool,
     /// Shutdown was requested: replay stops, the worker exits.
     pub(crate) stop: CachePadded<AtomicBool>,
-    /// A storage call of the worker panicked; the sequencer is poisoned.
+    /// The sequencer is poisoned (see `poison`); `start` answers an error.
     pub(crate) poisoned: AtomicBool,
+    /// Why, set once by the first poison.
+    poison: OnceLock<PoisonReason>,
     /// Wakes the background driver.
     pub(crate) wake: tokio::sync::Notify,
     /// The worker thread waiting for the backlog while transactions come fast,
@@ -142,6 +207,7 @@ impl<S: SeqStorage> Shared<S> {
             flush_signalled: AtomicBool::new(false),
             stop: CachePadded::new(AtomicBool::new(false)),
             poisoned: AtomicBool::new(false),
+            poison: OnceLock::new(),
             wake: tokio::sync::Notify::new(),
             backlog_waiter: Mutex::new(None),
             backlog_waiting: AtomicBool::new(false),
@@ -151,14 +217,40 @@ impl<S: SeqStorage> Shared<S> {
         }
     }
 
+    /// The status. `Finished` is final: once the stop flag is set (shutdown, drop or poison)
+    /// nothing the owner or the worker writes into the status word can bring it back.
     #[inline]
     pub(crate) fn status(&self) -> Status {
+        if self.stop.load(Ordering::Acquire) {
+            return Status::Finished;
+        }
         Status::from_u8(self.status.load(Ordering::Acquire))
     }
 
+    /// Owner side: records the status of the owner's own progress (a transaction began,
+    /// ended, or asked for actualization). Never overrides `Finished`: [`status`](Self::status)
+    /// answers `Finished` whatever this word holds once the stop flag is set, so a poison
+    /// that lands while a transaction is open stays visible.
     #[inline]
     pub(crate) fn set_status(&self, s: Status) {
         self.status.store(s.to_u8(), Ordering::Release);
+    }
+
+    /// Marks the sequencer poisoned for `reason` (the first reason wins) and stops it:
+    /// `start` answers [`StartError::Poisoned`](crate::StartError::Poisoned) from now on.
+    pub(crate) fn poison(&self, reason: PoisonReason) {
+        let _ = self.poison.set(reason);
+        self.poisoned.store(true, Ordering::Release);
+        self.finish();
+    }
+
+    /// Why the sequencer is poisoned, if it is.
+    pub(crate) fn poison_reason(&self) -> Option<PoisonReason> {
+        if self.poisoned.load(Ordering::Acquire) {
+            self.poison.get().copied()
+        } else {
+            None
+        }
     }
 
     /// Moves `from` to `to` unless the status changed meanwhile (shutdown wins every race).

@@ -11,8 +11,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::params::KindSequences;
-use crate::shared::{Shared, Status};
-use crate::storage::{ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
+use crate::shared::{PoisonReason, Shared, Status};
+use crate::storage::{Generation, ReplayEnd, ReplayedEvent, SeqStorage, StorageError};
 use crate::types::{Number, NumberKey, PLogOffset, SeqValue, WsId};
 use crate::ws_numbers::{NumberMap, WsNumbers};
 
@@ -27,7 +27,8 @@ pub enum Step {
     Idle,
     /// Storage failed; call again after this delay (exponential backoff).
     RetryAfter(Duration),
-    /// The sequencer was shut down; do not call again.
+    /// The sequencer was shut down or is poisoned (a newer sequencer fenced its writes off,
+    /// or an invariant check failed); do not call again.
     Stopped,
 }
 
@@ -43,6 +44,9 @@ pub struct Worker<S: SeqStorage> {
     /// The last actualization ended before its replay did: the backlog holds replayed numbers
     /// not yet compared with storage, so they must not be written until a replay completes.
     replay_unchecked: bool,
+    /// The writer generation claimed at the first actualization; `Generation(0)` (which
+    /// storage always fences off) until then.
+    generation: Generation,
 }
 
 /// Merges an event's numbers into `window` by maximum, one lookup per run of one workspace's
@@ -223,8 +227,13 @@ const WRITE_CHUNK_WORKSPACES: usize = 512;
 /// checkpoint storage already holds (`stored`), so no checkpoint ever precedes its values.
 /// `last`: no window follows in this replay. On failure `buf` holds every number found new if the window was compared in full (only the
 /// last write failed), and is empty otherwise.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site per window kind, all named"
+)]
 fn write_window<S: SeqStorage>(
     storage: &S,
+    generation: Generation,
     stale: &mut Stale,
     window: &NumberMap,
     buf: &mut Vec<SeqValue>,
@@ -238,14 +247,19 @@ fn write_window<S: SeqStorage>(
     order.clear();
     order.extend(window.workspaces().map(|(ws, n)| (ws, n.clone())));
     order.sort_unstable_by_key(|&(ws, _)| ws);
-    let written = write_sorted(storage, stale, &order, buf, stored, next, last);
+    let written = write_sorted(storage, generation, stale, &order, buf, stored, next, last);
     stale.order = order;
     written
 }
 
 /// [`write_window`] of the window's workspaces in ascending order.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "write_window's arguments, passed on"
+)]
 fn write_sorted<S: SeqStorage>(
     storage: &S,
+    generation: Generation,
     stale: &mut Stale,
     order: &[(WsId, WsNumbers)],
     buf: &mut Vec<SeqValue>,
@@ -272,7 +286,7 @@ fn write_sorted<S: SeqStorage>(
             && chunks.peek().is_some()
             && buf.len() > written
         {
-            if let Err(e) = storage.write_values_and_next_plog_offset(&buf[written..], stored) {
+            if let Err(e) = storage.write_fenced(generation, &buf[written..], stored) {
                 buf.clear();
                 stale.forget();
                 return Err(e);
@@ -282,7 +296,7 @@ fn write_sorted<S: SeqStorage>(
     }
     stale.window_done(remember);
     storage
-        .write_values_and_next_plog_offset(&buf[written..], next)
+        .write_fenced(generation, &buf[written..], next)
         .inspect_err(|_| stale.forget())
 }
 
@@ -303,6 +317,7 @@ impl<S: SeqStorage> Worker<S> {
             stale: Stale::default(),
             failures: 0,
             replay_unchecked: false,
+            generation: Generation(0),
         }
     }
 
@@ -333,11 +348,16 @@ impl<S: SeqStorage> Worker<S> {
     fn flush(&mut self) -> Step {
         self.shared.flush_signalled.store(false, Ordering::Release);
         let Some(offset) = self.snapshot() else {
-            return Step::Idle;
+            // Nothing to write, or a failed check poisoned the sequencer.
+            return if self.shared.stop.load(Ordering::Acquire) {
+                Step::Stopped
+            } else {
+                Step::Idle
+            };
         };
         match self.write_snapshot(offset) {
             Ok(()) => Step::Idle,
-            Err(_) => self.failed(),
+            Err(e) => self.failed_with(&e),
         }
     }
 
@@ -349,6 +369,18 @@ impl<S: SeqStorage> Worker<S> {
         let offset = b.next_offset?;
         debug_assert!(b.flushing.is_none(), "one flush at a time");
         if b.values.is_empty() && b.durable_offset == Some(offset) {
+            return None;
+        }
+        if let Some(durable) = b.durable_offset
+            && offset < durable
+        {
+            // Paired with the check where actualization reads the checkpoint back: a lower
+            // checkpoint would make a restart replay from before numbers this one covers.
+            drop(b);
+            self.shared.poison(PoisonReason::CheckpointWouldGoBack {
+                durable,
+                writing: offset,
+            });
             return None;
         }
         // Unique between flushes (the backlog dropped its clone when the last one ended), so
@@ -363,14 +395,11 @@ impl<S: SeqStorage> Worker<S> {
 
     fn write_snapshot(&mut self, offset: PLogOffset) -> Result<(), StorageError> {
         let sh = &*self.shared;
-        let written = sh
-            .storage
-            .write_values_and_next_plog_offset(&self.buf, offset);
+        let written = sh.storage.write_fenced(self.generation, &self.buf, offset);
         let mut b = sh.lock_backlog();
         b.end_flush(written.is_ok());
         sh.backlog_len.store(b.len(), Ordering::Release);
         if written.is_ok() {
-            debug_assert!(b.next_offset >= Some(offset));
             b.durable_offset = Some(offset);
         }
         drop(b);
@@ -387,6 +416,16 @@ impl<S: SeqStorage> Worker<S> {
         Ok(())
     }
 
+    /// A storage call failed with `e`: a fenced write stops the worker for good (a newer
+    /// sequencer owns the storage), anything else is retried with backoff.
+    fn failed_with(&mut self, e: &StorageError) -> Step {
+        if e.is_fenced() {
+            self.shared.poison(PoisonReason::Fenced);
+            return Step::Stopped;
+        }
+        self.failed()
+    }
+
     fn failed(&mut self) -> Step {
         self.failures = self.failures.saturating_add(1);
         let p = &self.shared.params;
@@ -400,11 +439,39 @@ impl<S: SeqStorage> Worker<S> {
 
     /// Reads the checkpoint to replay from: the in-memory one when state is exact up to it,
     /// otherwise the stored one.
-    fn replay_start(&self) -> Result<PLogOffset, StorageError> {
+    ///
+    /// The first call claims a writer generation before reading anything, so no write of an
+    /// earlier sequencer on this storage lands after this one read the checkpoint. `Ok(None)`:
+    /// the sequencer is poisoned (storage lost a checkpoint it acknowledged).
+    fn replay_start(&mut self) -> Result<Option<PLogOffset>, StorageError> {
         if let Some(o) = self.shared.lock_backlog().next_offset {
-            return Ok(o);
+            return Ok(Some(o));
         }
+        let written = if self.generation == Generation(0) {
+            let claim = self.shared.storage.claim()?;
+            self.generation = claim.generation;
+            claim.checkpoint_written
+        } else {
+            None
+        };
         let stored = self.shared.storage.read_next_plog_offset()?;
+        if stored < PLogOffset::FIRST {
+            return Err(StorageError::corrupted(format!(
+                "the stored checkpoint is {stored}, below the first PLog offset: the projection \
+                 is damaged; delete it to replay the whole PLog"
+            )));
+        }
+        if let Some(written) = written
+            && stored < written
+        {
+            // Paired with the checks where checkpoints are written (never lower than the one
+            // stored): storage lost what it acknowledged (SPEC invariant 10).
+            self.shared.poison(PoisonReason::CheckpointWentBack {
+                written,
+                read: stored,
+            });
+            return Ok(None);
+        }
         self.shared
             .metrics
             .durable_offset
@@ -412,7 +479,7 @@ impl<S: SeqStorage> Worker<S> {
         let mut b = self.shared.lock_backlog();
         b.next_offset = Some(stored);
         b.durable_offset = Some(stored);
-        Ok(stored)
+        Ok(Some(stored))
     }
 
     fn actualize(&mut self) -> Step {
@@ -421,9 +488,11 @@ impl<S: SeqStorage> Worker<S> {
             return Step::Stopped;
         }
         let from = match self.replay_start() {
-            Ok(o) => o,
-            Err(_) => return self.failed_actualization(),
+            Ok(Some(o)) => o,
+            Ok(None) => return Step::Stopped,
+            Err(e) => return self.failed_actualization(&e),
         };
+        let generation = self.generation;
         let limit = sh.params.replay_values_max;
         // The backlog is exact up to `from`: replay continues from it.
         let (mut window, stored_checkpoint) = {
@@ -452,8 +521,15 @@ impl<S: SeqStorage> Worker<S> {
                 )));
                 return ControlFlow::Break(());
             }
+            let Some(after) = ev.offset.0.checked_add(1) else {
+                inline_error = Some(StorageError::corrupted(format!(
+                    "the PLog holds an event at offset {}, which nothing can follow",
+                    ev.offset
+                )));
+                return ControlFlow::Break(());
+            };
             merge_event(&mut window, sh.params.kind(ev.ws_kind), ev.values);
-            next = ev.offset.next();
+            next = PLogOffset(after);
             events += 1;
             if events.is_multiple_of(PROGRESS_EVERY_EVENTS) {
                 sh.metrics
@@ -463,8 +539,16 @@ impl<S: SeqStorage> Worker<S> {
             if window.len() >= limit {
                 // Window full: make room by writing it, with the checkpoint it reaches.
                 let stored = durable.or(stored_checkpoint);
-                if let Err(e) = write_window(&sh.storage, stale, &window, buf, stored, next, false)
-                {
+                if let Err(e) = write_window(
+                    &sh.storage,
+                    generation,
+                    stale,
+                    &window,
+                    buf,
+                    stored,
+                    next,
+                    false,
+                ) {
                     inline_error = Some(e);
                     return ControlFlow::Break(());
                 }
@@ -481,11 +565,13 @@ impl<S: SeqStorage> Worker<S> {
         // possible (SPEC invariant 7). If storage refuses, the numbers found new go to the
         // backlog, exact, and the flusher retries them.
         let mut flushed = true;
+        let mut fenced = false;
         let up_to_date = window.is_empty() && durable.or(stored_checkpoint) == Some(next);
         let backlog_values = if completed && !up_to_date {
             let stored = durable.or(stored_checkpoint);
             match write_window(
                 &sh.storage,
+                generation,
                 &mut self.stale,
                 &window,
                 &mut self.buf,
@@ -497,8 +583,9 @@ impl<S: SeqStorage> Worker<S> {
                     durable = Some(next);
                     NumberMap::default()
                 }
-                Err(_) => {
+                Err(e) => {
                     flushed = false;
+                    fenced = e.is_fenced();
                     sh.flush_failing.store(true, Ordering::Release);
                     sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
                     if self.buf.is_empty() && !window.is_empty() {
@@ -535,10 +622,14 @@ impl<S: SeqStorage> Worker<S> {
             sh.metrics.durable_offset.store(d.0, Ordering::Relaxed);
             sh.metrics.flushes.fetch_add(1, Ordering::Relaxed);
         }
+        if fenced {
+            sh.poison(PoisonReason::Fenced);
+            return Step::Stopped;
+        }
         match (replayed, inline_error) {
             (Ok(ReplayEnd::Completed), None) => {}
             (Ok(ReplayEnd::Stopped), None) => return Step::Stopped,
-            _ => return self.failed_actualization(),
+            (Err(e), _) | (_, Some(e)) => return self.failed_actualization(&e),
         }
         if flushed {
             sh.flush_failing.store(false, Ordering::Release);
@@ -556,10 +647,51 @@ impl<S: SeqStorage> Worker<S> {
         }
     }
 
-    fn failed_actualization(&mut self) -> Step {
+    fn failed_actualization(&mut self, e: &StorageError) -> Step {
         let sh = &self.shared;
         sh.actualize_failing.store(true, Ordering::Release);
         sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
-        self.failed()
+        self.failed_with(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem::MemSeqStorage;
+    use crate::params::Params;
+    use crate::sequencer::{Sequencer, Start, StartError};
+    use crate::types::{SeqId, WsKind};
+
+    #[test]
+    fn a_flush_that_would_lower_the_checkpoint_poisons_and_writes_nothing() {
+        let params = Params::builder()
+            .kind(WsKind(1), [(SeqId(1), Number(1))])
+            .build()
+            .expect("valid parameters");
+        let storage = MemSeqStorage::new();
+        let (mut seq, mut worker) = Sequencer::new_manual(params, Arc::clone(&storage));
+        assert_eq!(worker.step(), Step::Idle);
+        {
+            // Broken state: the backlog's checkpoint is below the one already written.
+            let mut b = worker.shared.lock_backlog();
+            b.values.set_all(WsId(1), [(SeqId(1), Number(3))]);
+            b.durable_offset = Some(PLogOffset(9));
+            b.next_offset = Some(PLogOffset(4));
+        }
+        assert_eq!(worker.step(), Step::Stopped);
+        assert_eq!(storage.checkpoint(), None, "nothing was written");
+        let reason = PoisonReason::CheckpointWouldGoBack {
+            durable: PLogOffset(9),
+            writing: PLogOffset(4),
+        };
+        assert_eq!(
+            seq.start(WsKind(1), WsId(1)).map(|_| ()),
+            Err(StartError::Poisoned(reason))
+        );
+        assert!(!matches!(
+            seq.start(WsKind(1), WsId(1)),
+            Ok(Start::Began(_))
+        ));
     }
 }

@@ -268,7 +268,7 @@ fn replay_never_lowers_a_sequence_even_with_numbers_below_the_initial_value() {
         .unwrap();
     let mut seq = new_seq(
         builder()
-            .backlog_values_max(1)
+            .backlog_values_max(3)
             .replay_values_max(1)
             .build()
             .unwrap(),

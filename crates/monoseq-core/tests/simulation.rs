@@ -58,7 +58,7 @@ impl Sim {
     fn new(seed: u64) -> Sim {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let params = builder()
-            .backlog_values_max(rng.random_range(1..=20))
+            .backlog_values_max(rng.random_range(3..=20))
             .replay_values_max(rng.random_range(1..=20))
             .cache_workspaces_max(rng.random_range(1..=8))
             .build()
@@ -218,7 +218,7 @@ impl Sim {
                 return;
             }
             Ok(Start::Busy(other)) => panic!("unexpected busy reason {other:?}"),
-            Err(StartError::Poisoned) => panic!("poisoned without a panic in storage"),
+            Err(StartError::Poisoned(r)) => panic!("poisoned without a panic in storage: {r}"),
             Err(e) => panic!("{e}"),
         };
         self.began += 1;

@@ -4,7 +4,8 @@
 //!
 //! Backends: [`MemoryStore`] (the reference), [`FjallStore`] (the default embedded engine,
 //! also named [`EmbeddedStore`]) and [`RedbStore`] (the measured alternative). The
-//! `conformance` feature exposes [`conformance`], the suite every backend passes.
+//! `conformance` feature exposes [`conformance`], the suite every backend passes; the
+//! `testing` feature exposes `FaultyStore`, a wrapper that fails chosen calls on demand.
 
 mod batch;
 #[cfg(feature = "fjall")]
@@ -14,6 +15,8 @@ pub mod conformance;
 #[cfg(any(feature = "fjall", feature = "redb"))]
 mod encoding;
 mod error;
+#[cfg(feature = "testing")]
+mod faulty;
 #[cfg(feature = "fjall")]
 mod fjall_store;
 #[cfg(any(feature = "fjall", feature = "redb"))]
@@ -27,6 +30,8 @@ mod store;
 
 pub use batch::{BatchItem, Op, WriteBatch};
 pub use error::{CasError, KvError, OpenError, Oversized, WriteError};
+#[cfg(feature = "testing")]
+pub use faulty::{FaultOp, FaultyStore};
 #[cfg(feature = "fjall")]
 pub use fjall_store::FjallStore;
 /// The default embedded durable backend (chosen by measurement; see DESIGN.md, "Storage

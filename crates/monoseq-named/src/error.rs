@@ -154,6 +154,20 @@ pub enum NextError {
         /// The timeout given.
         timeout: Duration,
     },
+    /// Too many calls of this process already wait for this sequence
+    /// ([`crate::LANE_CALLS_MAX`]); nothing was tried: retry later.
+    #[error(
+        "sequence {address} is busy: {waiting} calls of this process already wait for it, the \
+         most allowed is {max}; retry later"
+    )]
+    LaneFull {
+        /// The sequence.
+        address: String,
+        /// Calls waiting.
+        waiting: usize,
+        /// The bound.
+        max: usize,
+    },
     /// A storage fault.
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -280,7 +294,7 @@ impl NextError {
             NextError::MetadataTooLarge { .. } => code::INVALID_METADATA,
             NextError::Overflow { .. } => code::OVERFLOW,
             NextError::InvalidStored { .. } => code::INVALID_STORED,
-            NextError::Busy { .. } => code::BUSY,
+            NextError::Busy { .. } | NextError::LaneFull { .. } => code::BUSY,
             NextError::Storage(_) => code::STORAGE,
         }
     }
@@ -324,6 +338,15 @@ impl NextError {
                 attempts: *attempts,
                 waited: *waited,
                 timeout: *timeout,
+            },
+            NextError::LaneFull {
+                address,
+                waiting,
+                max,
+            } => NextError::LaneFull {
+                address: address.clone(),
+                waiting: *waiting,
+                max: *max,
             },
             NextError::Storage(e) => NextError::Storage(StorageError {
                 context: e.context,

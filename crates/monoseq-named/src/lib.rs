@@ -45,6 +45,6 @@ pub use reserve::{ReserveOptions, Reserver};
 #[cfg(feature = "s3")]
 pub use s3::{S3_REQUEST_TIMEOUT, S3_RETRIES_MAX, S3Backend, S3Config};
 pub use sequences::{
-    BACKOFF_FIRST, BACKOFF_MAX, COMBINE_CALLS_MAX, NextOptions, Sequences, SetOptions,
-    TIMEOUT_DEFAULT, TIMEOUT_MAX,
+    BACKOFF_FIRST, BACKOFF_MAX, COMBINE_CALLS_MAX, LANE_CALLS_MAX, NextOptions, Sequences,
+    SetOptions, TIMEOUT_DEFAULT, TIMEOUT_MAX,
 };

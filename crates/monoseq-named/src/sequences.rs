@@ -31,6 +31,10 @@ pub const BACKOFF_FIRST: Duration = Duration::from_millis(1);
 pub const BACKOFF_MAX: Duration = Duration::from_millis(100);
 /// Most concurrent `next` calls of one process served by one conditional write.
 pub const COMBINE_CALLS_MAX: usize = 1024;
+/// Most `next` calls of one process waiting in one sequence's lane (besides the batch being
+/// written); a call past it answers [`NextError::LaneFull`] at once instead of queueing, so
+/// memory stays bounded while storage is slow.
+pub const LANE_CALLS_MAX: usize = 16 * COMBINE_CALLS_MAX;
 
 /// Options of [`Sequences::next`] and [`Sequences::increment`].
 ///
@@ -253,6 +257,8 @@ impl Sequences {
     /// - [`NextError::Busy`]: the timeout passed while other writers won (or storage was too
     ///   slow); if a write was in flight it may have consumed numbers (a gap, never a
     ///   duplicate).
+    /// - [`NextError::LaneFull`]: [`LANE_CALLS_MAX`] calls of this process already wait for
+    ///   this sequence; nothing was tried.
     /// - [`NextError::Storage`]: a storage fault.
     pub async fn next(&self, address: &Address, options: &NextOptions) -> Result<u64, NextError> {
         if options.initial > VALUE_MAX {
@@ -288,6 +294,13 @@ impl Sequences {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             match lanes.get_mut(address.key()) {
+                Some(lane) if lane.len() >= LANE_CALLS_MAX => {
+                    return Err(NextError::LaneFull {
+                        address: address.to_string(),
+                        waiting: lane.len(),
+                        max: LANE_CALLS_MAX,
+                    });
+                }
                 Some(lane) => {
                     lane.push_back(waiter);
                     false
@@ -309,6 +322,17 @@ impl Sequences {
                 "the writer task ended without answering (runtime shutting down?)",
             )))
         })
+    }
+
+    /// How many `next` calls of this process wait in the lane of `address` (not counting the
+    /// batch being written): the queue that [`LANE_CALLS_MAX`] bounds.
+    pub fn waiting_calls(&self, address: &Address) -> usize {
+        self.inner
+            .lanes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(address.key())
+            .map_or(0, VecDeque::len)
     }
 
     /// Advances the sequence by the increment and returns the value after it (seed 003's

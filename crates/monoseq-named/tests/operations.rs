@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use monoseq_kv::{FjallStore, MemoryStore, Options, RedbStore};
 use monoseq_named::{
-    Address, Backend, BoxFuture, KvBackend, NextError, NextOptions, Object, ReserveOptions,
-    Reserver, Sequences, StorageError, Version, WriteFailure,
+    Address, Backend, BoxFuture, KvBackend, LANE_CALLS_MAX, NextError, NextOptions, Object,
+    ReserveOptions, Reserver, Sequences, StorageError, Version, WriteFailure, code,
 };
 use support::suite::Shared;
 use tokio::sync::{Notify, Semaphore};
@@ -445,4 +445,54 @@ fn a_sequence_keeps_working_after_its_runtime_stopped_mid_operation() {
         tokio::time::timeout(Duration::from_secs(5), s.next(&a, &NextOptions::new())).await
     });
     assert_eq!(value.expect("no hang").unwrap(), 1);
+}
+
+/// While a sequence's writer is stalled, calls of this process queue in its lane up to
+/// `LANE_CALLS_MAX`; the next one answers busy at once (a typed error, code "busy"), and the
+/// queued ones are all served, each with its own number, once the writer moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_past_the_lane_bound_answer_busy_at_once_and_the_queued_ones_are_served() {
+    let store = Arc::new(MemoryStore::new());
+    let stalling = Stalling::new(Arc::new(KvBackend::shared(store)));
+    let seqs = Sequences::new(Arc::clone(&stalling));
+    let a = address("orders/id");
+    let options = NextOptions::new().timeout(Duration::from_secs(120));
+    stalling.armed.store(true, Ordering::SeqCst);
+    let spawn = |seqs: &Sequences| {
+        let (seqs, a, options) = (seqs.clone(), a.clone(), options.clone());
+        tokio::spawn(async move { seqs.next(&a, &options).await })
+    };
+    // The lane's leader takes the first call and stalls in its write.
+    let mut calls = vec![spawn(&seqs)];
+    stalling.holding.notified().await;
+    calls.extend((0..LANE_CALLS_MAX).map(|_| spawn(&seqs)));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seqs.waiting_calls(&a) < LANE_CALLS_MAX {
+        assert!(Instant::now() < deadline, "the calls never queued");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let started = Instant::now();
+    let error = tokio::time::timeout(Duration::from_secs(5), seqs.next(&a, &options))
+        .await
+        .expect("a call past the bound is answered at once, not queued")
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            NextError::LaneFull { waiting, max, .. } if waiting == LANE_CALLS_MAX && max == LANE_CALLS_MAX
+        ),
+        "{error}"
+    );
+    assert_eq!(error.code(), code::BUSY);
+    assert!(error.to_string().contains("retry later"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(1), "it waited");
+    assert_eq!(seqs.waiting_calls(&a), LANE_CALLS_MAX, "nothing was queued");
+    stalling.gate.add_permits(1);
+    let mut handed = BTreeSet::new();
+    for call in calls {
+        let n = call.await.unwrap().unwrap();
+        assert!(handed.insert(n), "{n} handed out twice");
+    }
+    assert_eq!(handed, (1..=LANE_CALLS_MAX as u64 + 1).collect());
+    assert_eq!(seqs.waiting_calls(&a), 0);
 }

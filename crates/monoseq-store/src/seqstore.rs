@@ -6,8 +6,8 @@ use std::ops::{Bound, ControlFlow};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use monoseq_core::{
-    Batcher, Number, PLogOffset, ReplayEnd, ReplayedEvent, SeqId, SeqStorage, SeqValue,
-    StorageError, WsId, read_numbers_by_workspace,
+    Batcher, Fence, Number, PLogOffset, ReplayEnd, ReplayedEvent, SeqId, SeqStorage, SeqValue,
+    StorageError, StorageErrorKind, WsId, check_out_len, read_numbers_by_workspace,
 };
 use monoseq_kv::{Key, KvStore, Order, WriteBatch};
 
@@ -22,7 +22,9 @@ use crate::keys::{
 /// The sequence storage of one partition of one application, over a key-value store `S`.
 ///
 /// Values and checkpoint are written in one atomic batch, so the checkpoint is never visible
-/// without the values it covers. Replay decodes only the numbers of each event (no
+/// without the values it covers. The value embeds the [`Fence`] of its partition's writer
+/// generations: keep one value per partition (an `Arc`) and give a clone to every sequencer
+/// that takes the partition over, so a late write of an earlier one is refused. Replay decodes only the numbers of each event (no
 /// allocation per event) and leaves out numbers below a built-in sequence's initial value
 /// (seed issue #688: external or reserved IDs never move a sequence).
 ///
@@ -45,6 +47,7 @@ pub struct PLogSeqStorage<S> {
     app: AppId,
     partition: PartitionId,
     replayed_events: AtomicU64,
+    fence: Fence,
 }
 
 impl<S: KvStore> PLogSeqStorage<S> {
@@ -55,6 +58,7 @@ impl<S: KvStore> PLogSeqStorage<S> {
             app,
             partition,
             replayed_events: AtomicU64::new(0),
+            fence: Fence::new(),
         }
     }
 
@@ -87,7 +91,7 @@ impl<S: KvStore> PLogSeqStorage<S> {
                 Order::Ascending,
                 &mut |clustering, value| {
                     let Some(offset) = keys::from_block_position(block_base, clustering) else {
-                        failure = Some(StorageError::new(format!(
+                        failure = Some(StorageError::corrupted(format!(
                             "PLog of partition {} holds a key of {} bytes where a 2-byte position \
                              belongs: the PLog is damaged; restore it from a backup",
                             self.partition,
@@ -99,19 +103,22 @@ impl<S: KvStore> PLogSeqStorage<S> {
                     let head = match decode_numbers(value, &mut values) {
                         Ok(head) => head,
                         Err(e) => {
-                            failure = Some(StorageError::with_source(
-                                format!(
-                                    "event at PLog offset {offset} of partition {} does not \
-                                     decode",
-                                    self.partition
-                                ),
-                                e,
-                            ));
+                            failure = Some(
+                                StorageError::with_source(
+                                    format!(
+                                        "event at PLog offset {offset} of partition {} does not \
+                                         decode",
+                                        self.partition
+                                    ),
+                                    e,
+                                )
+                                .with_kind(StorageErrorKind::Corrupted),
+                            );
                             return ControlFlow::Break(());
                         }
                     };
                     if head.plog_offset.0 != offset {
-                        failure = Some(StorageError::new(format!(
+                        failure = Some(StorageError::corrupted(format!(
                             "event at PLog offset {offset} of partition {} says it is at offset \
                              {}: the PLog is damaged; restore it from a backup",
                             self.partition, head.plog_offset
@@ -176,7 +183,7 @@ const RANGE_READ_SPAN_MAX: u64 = 4;
 /// A stored number's value: `be64`.
 fn stored_number(ws: WsId, seq: SeqId, value: &[u8]) -> Result<Number, StorageError> {
     keys::be64(value).map(Number).ok_or_else(|| {
-        StorageError::new(format!(
+        StorageError::corrupted(format!(
             "stored number {seq} of workspace {ws} is damaged ({} value bytes); restore the \
              projection from a backup or delete it to replay the whole PLog",
             value.len()
@@ -195,7 +202,7 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
         seqs: &[SeqId],
         out: &mut [Number],
     ) -> Result<(), StorageError> {
-        assert_eq!(seqs.len(), out.len(), "read_numbers: one slot per sequence");
+        check_out_len(seqs.len(), out.len())?;
         out.fill(Number(0));
         // Point reads of exactly the asked sequences: cheaper than opening a scan.
         let part = numbers_partition(self.app, ws);
@@ -220,7 +227,7 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
         keys: &[monoseq_core::NumberKey],
         out: &mut [Number],
     ) -> Result<(), StorageError> {
-        assert_eq!(keys.len(), out.len(), "read_numbers_many: one slot per key");
+        check_out_len(keys.len(), out.len())?;
         out.fill(Number(0));
         let mut at = 0;
         let mut seqs: Vec<SeqId> = Vec::new();
@@ -252,7 +259,7 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
                     &mut |clustering, value| {
                         let Some((ws, seq)) = from_numbers_clustering(block_first, clustering)
                         else {
-                            failure = Some(StorageError::new(format!(
+                            failure = Some(StorageError::corrupted(format!(
                                 "a stored number of workspaces from {block_first} has a key of {} \
                                  bytes where 4 belong; restore the projection from a backup or \
                                  delete it to replay the whole PLog",
@@ -297,7 +304,7 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
             None => Ok(PLogOffset::FIRST),
             Some(bytes) => match keys::be64(&bytes) {
                 Some(n) if n >= PLogOffset::FIRST.0 => Ok(PLogOffset(n)),
-                _ => Err(StorageError::new(format!(
+                _ => Err(StorageError::corrupted(format!(
                     "checkpoint of partition {} is damaged; delete it to replay the whole PLog",
                     self.partition
                 ))),
@@ -310,10 +317,11 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
         values: &[SeqValue],
         next_plog_offset: PLogOffset,
     ) -> Result<(), StorageError> {
-        assert!(
-            next_plog_offset >= PLogOffset::FIRST,
-            "checkpoint below the first PLog offset"
-        );
+        if next_plog_offset < PLogOffset::FIRST {
+            return Err(StorageError::new(format!(
+                "checkpoint {next_plog_offset} is below the first PLog offset; nothing was written"
+            )));
+        }
         let mut batch = WriteBatch::with_capacity(values.len() + 1, values.len() * 24 + 20);
         for v in values {
             let part = numbers_partition(self.app, v.key.ws);
@@ -331,6 +339,10 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
         self.kv
             .write(&batch)
             .map_err(|e| kv_error("writing sequence numbers and checkpoint failed", e))
+    }
+
+    fn fence(&self) -> &Fence {
+        &self.fence
     }
 
     fn replay_plog(

@@ -58,8 +58,13 @@ pub fn new_seq(params: Params, storage: &Arc<MemSeqStorage>) -> Sequencer<Arc<Me
 pub fn begin<S: SeqStorage>(seq: &mut Sequencer<S>, kind: WsKind, ws: WsId) -> Transaction<'_, S> {
     let handle = seq.handle();
     let limit = seq.params().backlog_values_max();
+    let room = seq
+        .params()
+        .kinds()
+        .find(|(k, _)| *k == kind)
+        .map_or(0, |(_, seqs)| seqs.count());
     wait_until("the backlog has room", || {
-        handle.stats().backlog_values <= limit
+        handle.stats().backlog_values + room <= limit
     });
     match seq.start_wait(kind, ws, PATIENCE).unwrap() {
         Start::Began(tx) => tx,

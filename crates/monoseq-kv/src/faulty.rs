@@ -1,0 +1,301 @@
+//! [`FaultyStore`]: a [`KvStore`] wrapper that fails chosen kinds of calls on demand (switched
+//! on until switched off, or the next N calls), for tests of the code above the contract. Every
+//! failure is an error value, as from a real backend; nothing panics.
+
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::batch::WriteBatch;
+use crate::error::{CasError, KvError, WriteError};
+use crate::key::Key;
+use crate::store::{KvStore, Order, Visitor};
+
+/// A kind of [`KvStore`] call a [`FaultyStore`] can fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FaultOp {
+    /// [`KvStore::get`] and [`KvStore::get_many`].
+    Read,
+    /// [`KvStore::scan`].
+    Scan,
+    /// [`KvStore::write`] (and the one-item writes built on it) and
+    /// [`KvStore::compare_and_swap`].
+    Write,
+    /// [`KvStore::sync`].
+    Sync,
+}
+
+impl FaultOp {
+    /// Every kind, in declaration order.
+    pub const ALL: [FaultOp; 4] = [FaultOp::Read, FaultOp::Scan, FaultOp::Write, FaultOp::Sync];
+
+    fn index(self) -> usize {
+        match self {
+            FaultOp::Read => 0,
+            FaultOp::Scan => 1,
+            FaultOp::Write => 2,
+            FaultOp::Sync => 3,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            FaultOp::Read => "read",
+            FaultOp::Scan => "scan",
+            FaultOp::Write => "write",
+            FaultOp::Sync => "sync",
+        }
+    }
+}
+
+/// The switches and counters of one kind of call.
+#[derive(Debug, Default)]
+struct Switch {
+    /// Fail every call until switched off.
+    on: AtomicBool,
+    /// Fail this many more calls.
+    next: AtomicU64,
+    calls: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// A [`KvStore`] that passes every call to `S` unless told to fail it: a failed call answers a
+/// [`KvError::Backend`] (inside the operation's error) whose message names the injected
+/// fault, and does not reach `S` (a failed write writes nothing, as the contract requires).
+///
+/// # Example
+///
+/// ```
+/// use monoseq_kv::{FaultOp, FaultyStore, Key, KvStore, MemoryStore};
+///
+/// let store = FaultyStore::new(MemoryStore::new());
+/// store.fail_next(FaultOp::Write, 1);
+/// assert!(store.put(Key::new(b"p", b"a"), b"1").is_err());
+/// assert!(store.put(Key::new(b"p", b"a"), b"1").is_ok());
+/// store.fail(FaultOp::Read, true);
+/// assert!(store.get(Key::new(b"p", b"a")).is_err());
+/// store.heal();
+/// assert_eq!(store.get(Key::new(b"p", b"a"))?, Some(b"1".to_vec()));
+/// assert_eq!(store.failed(FaultOp::Read), 1);
+/// # Ok::<(), monoseq_kv::KvError>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct FaultyStore<S> {
+    inner: S,
+    switches: [Switch; 4],
+}
+
+impl<S> FaultyStore<S> {
+    /// `inner`, failing nothing yet.
+    pub fn new(inner: S) -> FaultyStore<S> {
+        FaultyStore {
+            inner,
+            switches: Default::default(),
+        }
+    }
+
+    /// The wrapped store (calls on it are never failed).
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    fn switch(&self, op: FaultOp) -> &Switch {
+        &self.switches[op.index()]
+    }
+
+    /// Fails every call of kind `op` while `on` (until switched off or [`heal`](Self::heal)).
+    pub fn fail(&self, op: FaultOp, on: bool) {
+        self.switch(op).on.store(on, Ordering::SeqCst);
+    }
+
+    /// Fails the next `calls` calls of kind `op` (replacing any count left), then heals it.
+    pub fn fail_next(&self, op: FaultOp, calls: u64) {
+        self.switch(op).next.store(calls, Ordering::SeqCst);
+    }
+
+    /// Stops failing anything.
+    pub fn heal(&self) {
+        for s in &self.switches {
+            s.on.store(false, Ordering::SeqCst);
+            s.next.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Calls of kind `op` so far, failed or not.
+    pub fn calls(&self, op: FaultOp) -> u64 {
+        self.switch(op).calls.load(Ordering::SeqCst)
+    }
+
+    /// Calls of kind `op` failed so far.
+    pub fn failed(&self, op: FaultOp) -> u64 {
+        self.switch(op).failed.load(Ordering::SeqCst)
+    }
+
+    /// Counts a call of kind `op`; answers the injected error when it must fail.
+    fn check(&self, op: FaultOp) -> Result<(), KvError> {
+        let s = self.switch(op);
+        s.calls.fetch_add(1, Ordering::SeqCst);
+        let fail = s.on.load(Ordering::SeqCst)
+            || s.next
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if !fail {
+            return Ok(());
+        }
+        s.failed.fetch_add(1, Ordering::SeqCst);
+        Err(KvError::Backend {
+            message: format!("injected {} fault (FaultyStore)", op.name()),
+            source: None,
+        })
+    }
+}
+
+impl<S: KvStore> KvStore for FaultyStore<S> {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.check(FaultOp::Read)?;
+        self.inner.get(key)
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.check(FaultOp::Read)?;
+        self.inner.get_many(keys)
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        self.check(FaultOp::Scan)?;
+        self.inner.scan(partition, from, to, order, visit)
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+        self.check(FaultOp::Write)?;
+        self.inner.write(batch)
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        self.check(FaultOp::Write)?;
+        self.inner.compare_and_swap(key, expected, new)
+    }
+
+    fn sync(&self) -> Result<(), KvError> {
+        self.check(FaultOp::Sync)?;
+        self.inner.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::ControlFlow;
+
+    use super::*;
+    use crate::memory::MemoryStore;
+
+    fn key(c: &[u8]) -> Key<'_> {
+        Key::new(b"p", c)
+    }
+
+    fn scan_count(s: &FaultyStore<MemoryStore>) -> Result<usize, KvError> {
+        let mut n = 0;
+        s.scan(
+            b"p",
+            Bound::Unbounded,
+            Bound::Unbounded,
+            Order::Ascending,
+            &mut |_, _| {
+                n += 1;
+                ControlFlow::Continue(())
+            },
+        )?;
+        Ok(n)
+    }
+
+    #[test]
+    fn a_healthy_faulty_store_passes_every_call_through() {
+        let s = FaultyStore::new(MemoryStore::new());
+        s.put(key(b"a"), b"1").unwrap();
+        s.compare_and_swap(key(b"a"), Some(b"1"), Some(b"2"))
+            .unwrap();
+        assert_eq!(s.get(key(b"a")).unwrap(), Some(b"2".to_vec()));
+        assert_eq!(s.get_many(&[key(b"a"), key(b"b")]).unwrap().len(), 2);
+        assert_eq!(scan_count(&s).unwrap(), 1);
+        s.sync().unwrap();
+        for op in FaultOp::ALL {
+            assert_eq!(s.failed(op), 0, "{op:?}");
+        }
+        assert_eq!(s.calls(FaultOp::Write), 2);
+        assert_eq!(s.calls(FaultOp::Read), 2);
+    }
+
+    #[test]
+    fn a_switched_on_fault_fails_every_call_of_its_kind_and_only_those() {
+        let s = FaultyStore::new(MemoryStore::new());
+        s.put(key(b"a"), b"1").unwrap();
+        s.fail(FaultOp::Write, true);
+        for _ in 0..3 {
+            assert!(matches!(
+                s.put(key(b"b"), b"2"),
+                Err(WriteError::Storage(KvError::Backend { .. }))
+            ));
+        }
+        assert!(matches!(
+            s.compare_and_swap(key(b"a"), Some(b"1"), Some(b"3")),
+            Err(CasError::Storage(_))
+        ));
+        assert_eq!(
+            s.get(key(b"a")).unwrap(),
+            Some(b"1".to_vec()),
+            "reads still work"
+        );
+        assert_eq!(
+            s.get(key(b"b")).unwrap(),
+            None,
+            "a failed write wrote nothing"
+        );
+        s.fail(FaultOp::Write, false);
+        s.put(key(b"b"), b"2").unwrap();
+        assert_eq!(s.failed(FaultOp::Write), 4);
+    }
+
+    #[test]
+    fn the_next_n_calls_fail_then_the_store_heals() {
+        let s = FaultyStore::new(MemoryStore::new());
+        s.put(key(b"a"), b"1").unwrap();
+        s.fail_next(FaultOp::Scan, 2);
+        assert!(scan_count(&s).is_err());
+        assert!(scan_count(&s).is_err());
+        assert_eq!(scan_count(&s).unwrap(), 1);
+        s.fail_next(FaultOp::Sync, 1);
+        assert!(s.sync().is_err());
+        s.sync().unwrap();
+        s.fail_next(FaultOp::Read, 1);
+        let err = s.get_many(&[key(b"a")]).unwrap_err();
+        assert!(err.to_string().contains("injected read fault"), "{err}");
+        assert!(s.get(key(b"a")).is_ok());
+        assert_eq!((s.failed(FaultOp::Scan), s.calls(FaultOp::Scan)), (2, 3));
+    }
+
+    #[test]
+    fn heal_clears_every_switch_and_count_left() {
+        let s = FaultyStore::new(MemoryStore::new());
+        for op in FaultOp::ALL {
+            s.fail(op, true);
+        }
+        s.fail_next(FaultOp::Read, 10);
+        s.heal();
+        s.put(key(b"a"), b"1").unwrap();
+        assert!(s.get(key(b"a")).is_ok());
+        assert!(scan_count(&s).is_ok());
+        assert!(s.sync().is_ok());
+    }
+}
