@@ -11,7 +11,7 @@ use schnellru::{ByLength, LruMap};
 use crate::driver::{DriverHandle, Runtime};
 use crate::params::{KindSequences, Params};
 use crate::shared::{PoisonReason, Shared, Status};
-use crate::storage::SeqStorage;
+use crate::storage::{SeqStorage, StorageErrorKind};
 use crate::types::{Number, PLogOffset, SeqId, WsId, WsKind};
 use crate::worker::Worker;
 use crate::ws_numbers::NumberMap;
@@ -58,6 +58,14 @@ pub enum StartError {
     /// Permanent; nothing was handed out.
     #[error("the PLog of this partition is exhausted at offset {0}; no more events can be written")]
     PLogExhausted(PLogOffset),
+    /// Stored data the sequencer needs is damaged (a PLog event or a stored number that does
+    /// not decode): corrupt bytes are an error, never "busy". The worker keeps retrying, so
+    /// the sequencer heals once an operator repairs the store.
+    #[error(
+        "stored sequence data is damaged (see the storage errors in the log); repair or restore \
+         the store"
+    )]
+    Corrupted,
 }
 
 /// `next` was called wrongly.
@@ -360,6 +368,11 @@ impl<S: SeqStorage> Sequencer<S> {
         match sh.status() {
             Status::Ready => {}
             Status::None | Status::Actualizing => {
+                if sh.actualize_failing.load(Ordering::Acquire)
+                    && sh.storage_corrupted.load(Ordering::Acquire)
+                {
+                    return Err(StartError::Corrupted);
+                }
                 return Ok(Start::Busy(
                     if sh.actualize_failing.load(Ordering::Acquire) {
                         Busy::StorageUnavailable
@@ -398,7 +411,10 @@ impl<S: SeqStorage> Sequencer<S> {
         }
         if self.current == Some((ws, kind)) {
             self.stats.hits += 1;
-        } else if self.load(kind_index, ws).is_err() {
+        } else if let Err(kind) = self.load(kind_index, ws) {
+            if kind == StorageErrorKind::Corrupted {
+                return Err(StartError::Corrupted);
+            }
             return Ok(Start::Busy(Busy::StorageUnavailable));
         }
         self.tx_touched = 0;
@@ -458,7 +474,7 @@ impl<S: SeqStorage> Sequencer<S> {
 
     /// Makes `ws` the current workspace: writes the previous one back to the cache and loads
     /// the numbers of `ws` from the cache, the backlog, or storage (in that order).
-    fn load(&mut self, kind_index: usize, ws: WsId) -> Result<(), ()> {
+    fn load(&mut self, kind_index: usize, ws: WsId) -> Result<(), StorageErrorKind> {
         if let Some((old_ws, _)) = self.current.take()
             && std::mem::take(&mut self.current_dirty)
             && let Some(entry) = self.cache.peek_mut(&old_ws)
@@ -508,13 +524,9 @@ impl<S: SeqStorage> Sequencer<S> {
             // drops the numbers it writes only once they are written), so storage has them.
             self.read_buf.clear();
             self.read_buf.resize(n, Number(0));
-            if sh
-                .storage
-                .read_numbers(ws, &kind.seqs, &mut self.read_buf)
-                .is_err()
-            {
+            if let Err(e) = sh.storage.read_numbers(ws, &kind.seqs, &mut self.read_buf) {
                 sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(());
+                return Err(e.kind());
             }
             for (slot, &stored) in self.current_numbers.iter_mut().zip(&self.read_buf) {
                 *slot = (*slot).max(stored);
@@ -842,6 +854,8 @@ pub struct SequencerStats {
     /// The sequencer is poisoned: `start` answers [`StartError::Poisoned`]; replace it with
     /// a new sequencer on the same storage value.
     pub poisoned: bool,
+    /// The last failed storage call found damaged bytes.
+    pub storage_corrupted: bool,
     /// Why it is poisoned.
     pub poison: Option<PoisonReason>,
 }
@@ -871,6 +885,7 @@ impl<S: SeqStorage> SequencerHandle<S> {
             storage_failing: sh.flush_failing.load(Ordering::Acquire)
                 || sh.actualize_failing.load(Ordering::Acquire),
             poisoned: sh.poisoned.load(Ordering::Acquire),
+            storage_corrupted: sh.storage_corrupted.load(Ordering::Acquire),
             poison: sh.poison_reason(),
         }
     }

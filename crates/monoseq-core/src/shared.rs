@@ -162,6 +162,8 @@ pub(crate) struct Shared<S> {
     pub(crate) flush_failing: AtomicBool,
     /// The last actualization attempt failed.
     pub(crate) actualize_failing: AtomicBool,
+    /// The last failed storage call of the worker found damaged bytes.
+    pub(crate) storage_corrupted: AtomicBool,
     /// A flush was requested and the worker has not taken its snapshot yet.
     pub(crate) flush_signalled: AtomicBool,
     /// Shutdown was requested: replay stops, the worker exits.
@@ -204,6 +206,7 @@ impl<S: SeqStorage> Shared<S> {
             backlog_len: CachePadded::new(AtomicUsize::new(0)),
             flush_failing: AtomicBool::new(false),
             actualize_failing: AtomicBool::new(false),
+            storage_corrupted: AtomicBool::new(false),
             flush_signalled: AtomicBool::new(false),
             stop: CachePadded::new(AtomicBool::new(false)),
             poisoned: AtomicBool::new(false),

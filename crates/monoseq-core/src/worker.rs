@@ -635,6 +635,7 @@ impl<S: SeqStorage> Worker<S> {
             sh.flush_failing.store(false, Ordering::Release);
         }
         sh.actualize_failing.store(false, Ordering::Release);
+        sh.storage_corrupted.store(false, Ordering::Release);
         sh.metrics.actualizations.fetch_add(1, Ordering::Relaxed);
         if !sh.transition(Status::Actualizing, Status::Ready) {
             return Step::Stopped;
@@ -650,6 +651,10 @@ impl<S: SeqStorage> Worker<S> {
     fn failed_actualization(&mut self, e: &StorageError) -> Step {
         let sh = &self.shared;
         sh.actualize_failing.store(true, Ordering::Release);
+        sh.storage_corrupted.store(
+            e.kind() == crate::storage::StorageErrorKind::Corrupted,
+            Ordering::Release,
+        );
         sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
         self.failed_with(e)
     }

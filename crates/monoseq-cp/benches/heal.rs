@@ -101,7 +101,11 @@ fn command(ws: u64) -> Command {
 }
 
 /// One poison and heal: returns (panic → first success, first failure → first success).
-async fn poison_and_heal(cp: &CommandProcessor<Store>, kv: &Hooked, ws: &mut u64) -> (Duration, Duration) {
+async fn poison_and_heal(
+    cp: &CommandProcessor<Store>,
+    kv: &Hooked,
+    ws: &mut u64,
+) -> (Duration, Duration) {
     *kv.panicked_at.lock().expect("not poisoned") = None;
     kv.checkpoint_panics.store(1, Ordering::Release);
     let armed = Instant::now();
@@ -111,7 +115,11 @@ async fn poison_and_heal(cp: &CommandProcessor<Store>, kv: &Hooked, ws: &mut u64
             break Instant::now();
         }
         if armed.elapsed() > HEAL_BOUND {
-            let fired = kv.panicked_at.lock().expect("not poisoned").map(|t| t - armed);
+            let fired = kv
+                .panicked_at
+                .lock()
+                .expect("not poisoned")
+                .map(|t| t - armed);
             let trace = LAST_PANIC.lock().expect("not poisoned").take();
             panic!(
                 "no command failed after the panic was armed (panic fired {fired:?} after \
@@ -126,10 +134,17 @@ async fn poison_and_heal(cp: &CommandProcessor<Store>, kv: &Hooked, ws: &mut u64
         *ws = *ws % 100 + 1;
         if cp.submit(command(*ws)).await.is_ok() {
             let served = Instant::now();
-            let panicked = kv.panicked_at.lock().expect("not poisoned").expect("the panic fired");
+            let panicked = kv
+                .panicked_at
+                .lock()
+                .expect("not poisoned")
+                .expect("the panic fired");
             return (served - panicked, served - failed_at);
         }
-        assert!(failed_at.elapsed() < HEAL_BOUND, "the partition never served again");
+        assert!(
+            failed_at.elapsed() < HEAL_BOUND,
+            "the partition never served again"
+        );
         tokio::time::sleep(RETRY_PAUSE).await;
     }
 }

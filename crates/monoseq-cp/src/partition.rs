@@ -171,7 +171,21 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         loop {
             match self.wait_actualized().await {
                 Status::None | Status::Actualizing => {
-                    if !answer_queued(rx, &|| busy(Busy::Actualizing)) {
+                    let st = self.shared.handle().stats();
+                    let why = move || {
+                        if st.storage_corrupted {
+                            CommandError::Corrupted(
+                                "stored data this partition needs to actualize is damaged; \
+                                 repair or restore the store"
+                                    .into(),
+                            )
+                        } else if st.storage_failing {
+                            busy(Busy::StorageUnavailable)
+                        } else {
+                            busy(Busy::Actualizing)
+                        }
+                    };
+                    if !answer_queued(rx, &why) {
                         return false;
                     }
                 }
@@ -575,6 +589,10 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             Ok(Start::Began(tx)) => tx,
             Ok(Start::Busy(b)) => return Err(busy(b)),
             Err(StartError::UnknownWsKind(k)) => return Err(CommandError::UnknownWsKind(k.0)),
+            Err(e @ StartError::PLogExhausted(_)) => {
+                return Err(CommandError::Exhausted(e.to_string()));
+            }
+            Err(e @ StartError::Corrupted) => return Err(CommandError::Corrupted(e.to_string())),
             Err(e) => {
                 self.failed = Some(e.to_string());
                 return Err(CommandError::Unavailable {

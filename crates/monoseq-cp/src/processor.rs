@@ -349,24 +349,14 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     pub fn unready(&self) -> Vec<(u32, String)> {
         let mut out = Vec::new();
         for (p, part) in self.inner.partitions.iter().enumerate() {
+            let st = part.shared.handle().stats();
             let why = match part.shared.state() {
-                PartitionState::Starting => Some("starting".to_owned()),
                 PartitionState::Rebuilding { reason } => Some(format!("rebuilding: {reason}")),
                 PartitionState::Stopped => Some("stopped".to_owned()),
-                _ => {
-                    let st = part.shared.handle().stats();
-                    match st.status {
-                        Status::None | Status::Actualizing if st.storage_failing => {
-                            Some("actualizing: storage is failing".to_owned())
-                        }
-                        Status::None | Status::Actualizing => Some("actualizing".to_owned()),
-                        Status::Finished => Some("failed".to_owned()),
-                        _ if st.storage_failing => Some(
-                            "storage is failing: sequence numbers cannot be flushed".to_owned(),
-                        ),
-                        _ => None,
-                    }
+                PartitionState::Starting => {
+                    Some(sequencer_unready(&st).unwrap_or_else(|| "starting".to_owned()))
                 }
+                _ => sequencer_unready(&st),
             };
             if let Some(why) = why {
                 out.push((p as u32, why));
@@ -428,6 +418,27 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         })
         .await
         .is_ok()
+    }
+}
+
+/// Why a partition's sequencer does not serve, if it does not.
+fn sequencer_unready(st: &SequencerStats) -> Option<String> {
+    match st.status {
+        Status::None | Status::Actualizing if st.storage_corrupted => {
+            Some("corrupted: stored data the partition needs is damaged".to_owned())
+        }
+        Status::None | Status::Actualizing if st.storage_failing => {
+            Some("actualizing: storage is failing".to_owned())
+        }
+        Status::None | Status::Actualizing => Some("actualizing".to_owned()),
+        Status::Finished => Some(match st.poison {
+            Some(reason) => format!("failed: {reason}"),
+            None => "failed".to_owned(),
+        }),
+        _ if st.storage_failing => {
+            Some("storage is failing: sequence numbers cannot be flushed".to_owned())
+        }
+        _ => None,
     }
 }
 

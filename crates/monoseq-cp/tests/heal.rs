@@ -411,3 +411,39 @@ async fn a_failed_partition_is_rebuilt_under_load_and_readiness_says_so() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_event_in_the_replayed_tail_is_corrupted_not_busy() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = Hooked::open(dir.path());
+    let cp = processor(&kv, 1);
+    ready(&cp).await;
+    let last = cp.submit(order(6, 1)).await.expect("submit").plog_offset;
+    assert!(cp.shutdown(Duration::from_secs(5)).await);
+    // An event after the checkpoint (its numbers not flushed yet), whose bytes are damaged.
+    let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+    let key = store.plog_key(PartitionId(0), PLogOffset(last + 1));
+    kv.put(key.as_key(), b"\x01garbage")
+        .expect("put damaged bytes");
+    let cp = processor(&kv, 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        match cp.submit(order(6, 2)).await {
+            Err(e) if e.code() == "corrupted" => break e,
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => panic!("a damaged PLog must answer corrupted, got {other:?}"),
+        }
+    };
+    assert_eq!(err.http_status(), 500);
+    assert!(
+        !err.is_transient(),
+        "corrupt bytes are an error, never busy"
+    );
+    let unready = cp.unready();
+    assert!(
+        unready.iter().any(|(_, why)| why.starts_with("corrupted")),
+        "{unready:?}"
+    );
+}

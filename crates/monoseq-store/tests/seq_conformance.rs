@@ -75,6 +75,7 @@ impl<K: KvStore + Clone> Harness for PLogHarness<K> {
             argument: None,
             created,
             updated: vec![],
+            idempotency: None,
         };
         self.events
             .append(PARTITION, &[event])
