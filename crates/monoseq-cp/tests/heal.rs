@@ -447,3 +447,84 @@ async fn a_damaged_event_in_the_replayed_tail_is_corrupted_not_busy() {
         "{unready:?}"
     );
 }
+
+type Faulty = Arc<monoseq_kv::FaultyStore<EmbeddedStore>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_outage_answers_503_and_the_partition_heals_with_storage() {
+    use monoseq_kv::FaultOp;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv: Faulty = Arc::new(monoseq_kv::FaultyStore::new(
+        EmbeddedStore::open(dir.path(), Options::default()).expect("open"),
+    ));
+    let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+    let cp = CommandProcessor::start(store.clone(), config(1)).expect("start");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cp.ready() {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let before = cp.submit(order(9, 0)).await.expect("before the outage");
+    kv.fail(FaultOp::Write, true);
+    kv.fail(FaultOp::Sync, true);
+    for n in 1..=5 {
+        let e = cp.submit(order(9, n)).await.unwrap_err();
+        assert!(e.is_transient(), "an outage is retryable: {e}");
+        assert_eq!(e.http_status(), 503, "{e}");
+    }
+    kv.heal();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        match cp.submit(order(9, 9)).await {
+            Ok(o) => break o,
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("the partition did not heal with storage: {e}"),
+        }
+    };
+    // Nothing of the failed commands was written; numbering continues right after.
+    assert_eq!(after.plog_offset, before.plog_offset + 1);
+    assert_eq!(after.wlog_offset, before.wlog_offset + 1);
+    assert_eq!(
+        store
+            .read_wlog(WsId(9), monoseq_store::WLogOffset(1), 100)
+            .expect("read")
+            .len(),
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_failing_for_one_command_answers_it_and_retries_the_others() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = Hooked::open(dir.path());
+    let cp = processor(&kv, 1);
+    ready(&cp).await;
+    let taken = cp.submit(order(11, 0)).await.expect("first");
+    // The next CRecord ID of workspace 11 is taken behind the sequencer's back: at trust level
+    // 0 the command that gets it conflicts, and only that one.
+    let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+    let next_id = taken.ids[&1] + 1;
+    kv.put(
+        store.record_key(WsId(11), RecordId(next_id)).as_key(),
+        b"\x01taken",
+    )
+    .expect("put");
+    let tries: Vec<_> = (1..=8u64)
+        .map(|n| {
+            let cp = cp.clone();
+            tokio::spawn(async move { cp.submit(order(if n == 1 { 11 } else { 12 }, n)).await })
+        })
+        .collect();
+    let mut violations = 0;
+    let mut ok = 0;
+    for t in tries {
+        match t.await.expect("task") {
+            Ok(_) => ok += 1,
+            Err(e) if e.code() == "sequence_violation" => violations += 1,
+            Err(e) => panic!("an innocent command failed: {e}"),
+        }
+    }
+    assert_eq!((violations, ok), (1, 7), "the culprit alone is refused");
+}
