@@ -6,6 +6,8 @@
 
 mod builtin;
 mod codec;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod datadir;
 mod event;
 mod identity;

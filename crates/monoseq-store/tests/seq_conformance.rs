@@ -3,85 +3,8 @@
 
 use std::sync::Arc;
 
-use monoseq_core::conformance::{EventShape, Harness};
-use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
-use monoseq_kv::{Durability, FjallStore, KvStore, MemoryStore, Options};
-use monoseq_store::{
-    AppId, CRECORD_ID_SEQUENCE, Event, EventStore, PLogSeqStorage, PartitionId, Record, RecordId,
-    RecordKind, TrustLevel, WLOG_OFFSET_SEQUENCE, WLogOffset,
-};
-
-const APP: AppId = AppId(1);
-const PARTITION: PartitionId = PartitionId(3);
-const KIND: WsKind = WsKind(1);
-
-/// A `PLogSeqStorage` on a fresh key-value store, with the event store that writes its PLog.
-/// `_dir` (a temporary directory of an embedded store) is dropped last.
-struct PLogHarness<K: KvStore + Clone> {
-    storage: PLogSeqStorage<K>,
-    events: EventStore<K>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl<K: KvStore + Clone> PLogHarness<K> {
-    fn on(kv: K, dir: Option<tempfile::TempDir>) -> PLogHarness<K> {
-        // Level 2 writes blindly, so the suite's events need no record table checks.
-        let events = EventStore::new(kv, APP, TrustLevel::Level2);
-        PLogHarness {
-            storage: events.seq_storage(PARTITION),
-            events,
-            _dir: dir,
-        }
-    }
-}
-
-impl<K: KvStore + Clone> Harness for PLogHarness<K> {
-    type Storage = PLogSeqStorage<K>;
-
-    fn storage(&self) -> &PLogSeqStorage<K> {
-        &self.storage
-    }
-
-    fn shape(&self) -> EventShape {
-        EventShape {
-            kind: KIND,
-            one: (WLOG_OFFSET_SEQUENCE.id, WLOG_OFFSET_SEQUENCE.initial),
-            many: (CRECORD_ID_SEQUENCE.id, CRECORD_ID_SEQUENCE.initial),
-        }
-    }
-
-    fn append(&self, offset: PLogOffset, ws: WsId, values: &[SeqValue]) {
-        let mut wlog = None;
-        let mut created = Vec::new();
-        for v in values {
-            if v.key.seq == WLOG_OFFSET_SEQUENCE.id {
-                wlog = Some(v.value);
-            } else {
-                created.push(Record {
-                    id: RecordId(v.value.0),
-                    kind: RecordKind::CDoc,
-                    name: "app.Doc".into(),
-                    fields: vec![],
-                });
-            }
-        }
-        let event = Event {
-            plog_offset: offset,
-            ws,
-            ws_kind: KIND,
-            wlog_offset: WLogOffset(wlog.unwrap_or(Number(0)).0),
-            registered_at_ms: 0,
-            command: "app.Cmd".into(),
-            argument: None,
-            created,
-            updated: vec![],
-            idempotency: None,
-        };
-        self.events
-            .append(PARTITION, &[event])
-            .expect("the event store takes the event");
-    }
-}
+use monoseq_kv::{Durability, FjallStore, MemoryStore, Options};
+use monoseq_store::conformance::PLogHarness;
 
 fn memory() -> PLogHarness<Arc<MemoryStore>> {
     PLogHarness::on(Arc::new(MemoryStore::new()), None)
@@ -93,7 +16,7 @@ fn fjall() -> PLogHarness<Arc<FjallStore>> {
         .durability(Durability::Manual)
         .cache_bytes(4 << 20);
     let kv = FjallStore::open(dir.path(), options).expect("open fjall store");
-    PLogHarness::on(Arc::new(kv), Some(dir))
+    PLogHarness::on(Arc::new(kv), Some(Box::new(dir)))
 }
 
 mod on_memory_store {

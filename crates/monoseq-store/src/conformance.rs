@@ -1,0 +1,86 @@
+//! The sequence-storage conformance harness for [`PLogSeqStorage`] on any key-value store
+//! (feature `conformance`): what `monoseq_core::conformance` needs to drive the suite —
+//! the storage, and events appended to its PLog through the event store. Every backend's
+//! tests run the suite through it.
+
+use monoseq_core::conformance::{EventShape, Harness};
+use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
+use monoseq_kv::KvStore;
+
+use crate::{
+    AppId, CRECORD_ID_SEQUENCE, Event, EventStore, PLogSeqStorage, PartitionId, Record, RecordId,
+    RecordKind, TrustLevel, WLOG_OFFSET_SEQUENCE, WLogOffset,
+};
+
+const APP: AppId = AppId(1);
+const PARTITION: PartitionId = PartitionId(3);
+const KIND: WsKind = WsKind(1);
+
+/// A `PLogSeqStorage` on a fresh key-value store, with the event store that writes its PLog.
+/// `_dir` (a temporary directory of an embedded store) is dropped last.
+pub struct PLogHarness<K: KvStore + Clone> {
+    storage: PLogSeqStorage<K>,
+    events: EventStore<K>,
+    _dir: Option<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl<K: KvStore + Clone> PLogHarness<K> {
+    /// The harness on `kv`; `dir` is a directory to keep until the harness is dropped.
+    pub fn on(kv: K, dir: Option<Box<dyn std::any::Any + Send + Sync>>) -> PLogHarness<K> {
+        // Level 2 writes blindly, so the suite's events need no record table checks.
+        let events = EventStore::new(kv, APP, TrustLevel::Level2);
+        PLogHarness {
+            storage: events.seq_storage(PARTITION),
+            events,
+            _dir: dir,
+        }
+    }
+}
+
+impl<K: KvStore + Clone> Harness for PLogHarness<K> {
+    type Storage = PLogSeqStorage<K>;
+
+    fn storage(&self) -> &PLogSeqStorage<K> {
+        &self.storage
+    }
+
+    fn shape(&self) -> EventShape {
+        EventShape {
+            kind: KIND,
+            one: (WLOG_OFFSET_SEQUENCE.id, WLOG_OFFSET_SEQUENCE.initial),
+            many: (CRECORD_ID_SEQUENCE.id, CRECORD_ID_SEQUENCE.initial),
+        }
+    }
+
+    fn append(&self, offset: PLogOffset, ws: WsId, values: &[SeqValue]) {
+        let mut wlog = None;
+        let mut created = Vec::new();
+        for v in values {
+            if v.key.seq == WLOG_OFFSET_SEQUENCE.id {
+                wlog = Some(v.value);
+            } else {
+                created.push(Record {
+                    id: RecordId(v.value.0),
+                    kind: RecordKind::CDoc,
+                    name: "app.Doc".into(),
+                    fields: vec![],
+                });
+            }
+        }
+        let event = Event {
+            plog_offset: offset,
+            ws,
+            ws_kind: KIND,
+            wlog_offset: WLogOffset(wlog.unwrap_or(Number(0)).0),
+            registered_at_ms: 0,
+            command: "app.Cmd".into(),
+            argument: None,
+            created,
+            updated: vec![],
+            idempotency: None,
+        };
+        self.events
+            .append(PARTITION, &[event])
+            .expect("the event store takes the event");
+    }
+}
