@@ -10,15 +10,13 @@
 //! the first failure after the panic and the time from it to the next success are printed to
 //! standard error for each iteration when `MONOSEQ_BENCH_HEAL_TRACE` is set.
 
-use std::ops::Bound;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use monoseq_cp::{Command, CommandProcessor, Config, REBUILD_DELAY_MIN};
-use monoseq_kv::{CasError, EmbeddedStore, Key, KvError, KvStore, Options, Order, Visitor};
-use monoseq_kv::{WriteBatch, WriteError};
+use monoseq_kv::{EmbeddedStore, FaultyStore, Options};
 use monoseq_store::{AppId, EventStore, TrustLevel};
 use serde_json::json;
 
@@ -32,65 +30,37 @@ const RETRY_PAUSE: Duration = Duration::from_millis(1);
 /// Bound on one heal; a longer one fails the bench.
 const HEAL_BOUND: Duration = Duration::from_secs(30);
 
-/// The embedded store, forwarding every call; the next write holding a checkpoint key
-/// panics when armed, and the moment of that panic is recorded.
-struct Hooked {
-    inner: EmbeddedStore,
+/// When the next write holding a checkpoint key must panic, and when the last one did.
+#[derive(Default)]
+struct Trap {
     checkpoint_panics: AtomicU32,
     panicked_at: Mutex<Option<Instant>>,
 }
 
-impl KvStore for Hooked {
-    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
-        self.inner.get(key)
-    }
+type Store = Arc<FaultyStore<EmbeddedStore>>;
 
-    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
-        self.inner.get_many(keys)
-    }
-
-    fn scan(
-        &self,
-        partition: &[u8],
-        from: Bound<&[u8]>,
-        to: Bound<&[u8]>,
-        order: Order,
-        visit: &mut Visitor<'_>,
-    ) -> Result<(), KvError> {
-        self.inner.scan(partition, from, to, order, visit)
-    }
-
-    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+/// The embedded store behind a fault-injecting wrapper whose write hook springs `trap`.
+fn store(dir: &std::path::Path, trap: &Arc<Trap>) -> Store {
+    let kv = Arc::new(FaultyStore::new(
+        EmbeddedStore::open(dir, Options::default()).expect("open the store"),
+    ));
+    let trap = Arc::clone(trap);
+    kv.on_write(move |batch| {
         let checkpoint = batch
             .iter()
             .any(|i| i.key.partition.first() == Some(&TAG_CHECKPOINT));
         if checkpoint
-            && self
+            && trap
                 .checkpoint_panics
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
                 .is_ok()
         {
-            *self.panicked_at.lock().expect("not poisoned") = Some(Instant::now());
+            *trap.panicked_at.lock().expect("not poisoned") = Some(Instant::now());
             panic!("injected: the checkpoint write panics");
         }
-        self.inner.write(batch)
-    }
-
-    fn compare_and_swap(
-        &self,
-        key: Key<'_>,
-        expected: Option<&[u8]>,
-        new: Option<&[u8]>,
-    ) -> Result<(), CasError> {
-        self.inner.compare_and_swap(key, expected, new)
-    }
-
-    fn sync(&self) -> Result<(), KvError> {
-        self.inner.sync()
-    }
+    });
+    kv
 }
-
-type Store = Arc<Hooked>;
 
 fn command(ws: u64) -> Command {
     serde_json::from_value(json!({
@@ -103,7 +73,7 @@ fn command(ws: u64) -> Command {
 /// One poison and heal: returns (panic → first success, first failure → first success).
 async fn poison_and_heal(
     cp: &CommandProcessor<Store>,
-    kv: &Hooked,
+    kv: &Trap,
     ws: &mut u64,
 ) -> (Duration, Duration) {
     *kv.panicked_at.lock().expect("not poisoned") = None;
@@ -156,11 +126,8 @@ fn heal(c: &mut Criterion) {
         .build()
         .expect("a runtime");
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let kv: Store = Arc::new(Hooked {
-        inner: EmbeddedStore::open(dir.path(), Options::default()).expect("open the store"),
-        checkpoint_panics: AtomicU32::new(0),
-        panicked_at: Mutex::new(None),
-    });
+    let trap = Arc::new(Trap::default());
+    let kv = store(dir.path(), &trap);
     let config = Config {
         partitions: 1,
         ..Config::default()
@@ -204,7 +171,7 @@ fn heal(c: &mut Criterion) {
             runtime.block_on(async {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
-                    let (from_panic, from_failure) = poison_and_heal(&cp, &kv, &mut ws).await;
+                    let (from_panic, from_failure) = poison_and_heal(&cp, &trap, &mut ws).await;
                     if trace {
                         eprintln!(
                             "heal: panic to serving {:.1} ms, first failure to serving {:.1} ms",

@@ -5,101 +5,53 @@
 //! load while readiness says so.
 
 use std::collections::HashSet;
-use std::ops::Bound;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use monoseq_core::{Number, PLogOffset, SeqStorage, SeqValue, WsId};
 use monoseq_cp::{Command, CommandError, CommandProcessor, Config, IdempotencyKey};
-use monoseq_kv::{CasError, EmbeddedStore, Key, KvError, KvStore, Options, Order, Visitor};
-use monoseq_kv::{WriteBatch, WriteError};
+use monoseq_kv::{EmbeddedStore, FaultyStore, KvStore, Options};
 use monoseq_store::{AppId, EventStore, PartitionId, RecordId, TrustLevel, WLOG_OFFSET_SEQUENCE};
 use serde_json::json;
 
-/// The embedded engine with hooks: reads of one partition key can be slowed down, and writes
-/// of the sequence checkpoint can be made to panic (a broken storage call).
-struct Hooked {
-    inner: EmbeddedStore,
-    slow: Mutex<Option<(Vec<u8>, Duration)>>,
-    checkpoint_panics: AtomicU32,
-}
+/// The embedded engine behind a fault-injecting wrapper whose hooks slow reads down or make
+/// checkpoint writes panic (a broken storage call).
+type Store = Arc<FaultyStore<EmbeddedStore>>;
 
-type Store = Arc<Hooked>;
-
-impl Hooked {
-    fn open(dir: &std::path::Path) -> Store {
-        Arc::new(Hooked {
-            inner: EmbeddedStore::open(dir, Options::default()).expect("open the embedded store"),
-            slow: Mutex::new(None),
-            checkpoint_panics: AtomicU32::new(0),
-        })
-    }
-
-    fn pause_if_slow(&self, partition: &[u8]) {
-        let slow = self.slow.lock().unwrap().clone();
-        if let Some((p, d)) = slow
-            && p == partition
-        {
-            std::thread::sleep(d);
-        }
-    }
+fn open(dir: &std::path::Path) -> Store {
+    Arc::new(FaultyStore::new(
+        EmbeddedStore::open(dir, Options::default()).expect("open the embedded store"),
+    ))
 }
 
 /// The checkpoint table's tag (`docs/format.md`).
 const TAG_CHECKPOINT: u8 = 0x05;
 
-impl KvStore for Hooked {
-    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
-        self.pause_if_slow(key.partition);
-        self.inner.get(key)
-    }
-
-    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
-        for k in keys {
-            self.pause_if_slow(k.partition);
-        }
-        self.inner.get_many(keys)
-    }
-
-    fn scan(
-        &self,
-        partition: &[u8],
-        from: Bound<&[u8]>,
-        to: Bound<&[u8]>,
-        order: Order,
-        visit: &mut Visitor<'_>,
-    ) -> Result<(), KvError> {
-        self.inner.scan(partition, from, to, order, visit)
-    }
-
-    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+/// Makes the next `panics` writes of a checkpoint panic.
+fn panic_on_checkpoints(kv: &Store, panics: &Arc<AtomicU32>) {
+    let left = Arc::clone(panics);
+    kv.on_write(move |batch| {
         let checkpoint = batch
             .iter()
             .any(|i| i.key.partition.first() == Some(&TAG_CHECKPOINT));
         if checkpoint
-            && self
-                .checkpoint_panics
+            && left
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
                 .is_ok()
         {
             panic!("injected: the checkpoint write panics");
         }
-        self.inner.write(batch)
-    }
+    });
+}
 
-    fn compare_and_swap(
-        &self,
-        key: Key<'_>,
-        expected: Option<&[u8]>,
-        new: Option<&[u8]>,
-    ) -> Result<(), CasError> {
-        self.inner.compare_and_swap(key, expected, new)
-    }
-
-    fn sync(&self) -> Result<(), KvError> {
-        self.inner.sync()
-    }
+/// Makes every read of partition key `partition` take `pause`.
+fn slow_reads_of(kv: &Store, partition: Vec<u8>, pause: Duration) {
+    kv.on_read(move |p| {
+        if p == partition.as_slice() {
+            std::thread::sleep(pause);
+        }
+    });
 }
 
 fn order(ws: u64, n: u64) -> Command {
@@ -146,7 +98,7 @@ fn wlog_len(cp: &CommandProcessor<Store>, ws: u64) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_with_the_same_key_gets_the_original_answer_and_writes_nothing() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let kv = Hooked::open(dir.path());
+    let kv = open(dir.path());
     let cp = processor(&kv, 2);
     ready(&cp).await;
     let first = cp
@@ -182,7 +134,7 @@ async fn a_retry_with_the_same_key_gets_the_original_answer_and_writes_nothing()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_retries_of_one_key_write_one_event() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let kv = Hooked::open(dir.path());
+    let kv = open(dir.path());
     let cp = processor(&kv, 1);
     ready(&cp).await;
     let tries: Vec<_> = (0..24)
@@ -203,7 +155,7 @@ async fn concurrent_retries_of_one_key_write_one_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_are_recognised_after_a_restart() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let kv = Hooked::open(dir.path());
+    let kv = open(dir.path());
     let cp = processor(&kv, 2);
     ready(&cp).await;
     let mut first = Vec::new();
@@ -216,7 +168,7 @@ async fn retries_are_recognised_after_a_restart() {
     }
     assert!(cp.shutdown(Duration::from_secs(5)).await);
     drop(kv);
-    let kv = Hooked::open(dir.path());
+    let kv = open(dir.path());
     let cp = processor(&kv, 2);
     ready(&cp).await;
     for (n, o) in first.iter().enumerate() {
@@ -236,7 +188,7 @@ async fn retries_are_recognised_after_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_too_large_to_store_is_refused_before_it_takes_numbers() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let kv = Hooked::open(dir.path());
+    let kv = open(dir.path());
     let cp = processor(&kv, 1);
     ready(&cp).await;
     let big = "x".repeat(monoseq_kv::limits::VALUE_BYTES_MAX);
@@ -258,7 +210,7 @@ async fn a_command_too_large_to_store_is_refused_before_it_takes_numbers() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_slow_storage_read_in_one_partition_does_not_stall_another() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let kv = Hooked::open(dir.path());
+    let kv = open(dir.path());
     let cp = processor(&kv, 2);
     ready(&cp).await;
     let doc = cp
@@ -267,7 +219,11 @@ async fn a_slow_storage_read_in_one_partition_does_not_stall_another() {
         .expect("create a record in partition 0");
     let id = doc.ids[&1];
     let record_key = cp.store().record_key(WsId(2), RecordId(id));
-    *kv.slow.lock().unwrap() = Some((record_key.partition.clone(), Duration::from_millis(1500)));
+    slow_reads_of(
+        &kv,
+        record_key.partition.clone(),
+        Duration::from_millis(1500),
+    );
     let update: Command = serde_json::from_value(json!({
         "ws": 2, "ws_kind": 1, "command": "heal.Update",
         "update": [{"id": id, "fields": {"n": 2}}],
@@ -287,7 +243,7 @@ async fn a_slow_storage_read_in_one_partition_does_not_stall_another() {
         took < Duration::from_millis(1000),
         "partition 1 waited {took:?} for partition 0's slow read"
     );
-    *kv.slow.lock().unwrap() = None;
+    kv.clear_hooks();
     slow.await
         .expect("task")
         .expect("the slow update ends well");
@@ -296,7 +252,7 @@ async fn a_slow_storage_read_in_one_partition_does_not_stall_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_sequence_is_a_permanent_error_not_busy() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let kv = Hooked::open(dir.path());
+    let kv = open(dir.path());
     {
         let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
         store
@@ -338,7 +294,7 @@ async fn an_exhausted_sequence_is_a_permanent_error_not_busy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_partition_is_rebuilt_under_load_and_readiness_says_so() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let kv = Hooked::open(dir.path());
+    let kv = open(dir.path());
     let cp = processor(&kv, 2);
     ready(&cp).await;
     let acked = Arc::new(Mutex::new(Vec::new()));
@@ -365,10 +321,11 @@ async fn a_failed_partition_is_rebuilt_under_load_and_readiness_says_so() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     // Every checkpoint write panics for a while: the partition's sequencer is poisoned,
     // and each rebuild fails too until storage works again.
-    kv.checkpoint_panics.store(6, Ordering::Release);
+    let panics = Arc::new(AtomicU32::new(6));
+    panic_on_checkpoints(&kv, &panics);
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut seen_rebuilding = false;
-    while kv.checkpoint_panics.load(Ordering::Acquire) > 0 || !cp.ready() {
+    while panics.load(Ordering::Acquire) > 0 || !cp.ready() {
         seen_rebuilding |= cp
             .unready()
             .iter()
@@ -415,7 +372,7 @@ async fn a_failed_partition_is_rebuilt_under_load_and_readiness_says_so() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_event_in_the_replayed_tail_is_corrupted_not_busy() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let kv = Hooked::open(dir.path());
+    let kv = open(dir.path());
     let cp = processor(&kv, 1);
     ready(&cp).await;
     let last = cp.submit(order(6, 1)).await.expect("submit").plog_offset;
@@ -448,15 +405,11 @@ async fn a_damaged_event_in_the_replayed_tail_is_corrupted_not_busy() {
     );
 }
 
-type Faulty = Arc<monoseq_kv::FaultyStore<EmbeddedStore>>;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storage_outage_answers_503_and_the_partition_heals_with_storage() {
     use monoseq_kv::FaultOp;
     let dir = tempfile::tempdir().expect("temporary directory");
-    let kv: Faulty = Arc::new(monoseq_kv::FaultyStore::new(
-        EmbeddedStore::open(dir.path(), Options::default()).expect("open"),
-    ));
+    let kv = open(dir.path());
     let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
     let cp = CommandProcessor::start(store.clone(), config(1)).expect("start");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -498,7 +451,7 @@ async fn a_storage_outage_answers_503_and_the_partition_heals_with_storage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_failing_for_one_command_answers_it_and_retries_the_others() {
     let dir = tempfile::tempdir().expect("temporary directory");
-    let kv = Hooked::open(dir.path());
+    let kv = open(dir.path());
     let cp = processor(&kv, 1);
     ready(&cp).await;
     let taken = cp.submit(order(11, 0)).await.expect("first");

@@ -79,10 +79,31 @@ struct Switch {
 /// assert_eq!(store.failed(FaultOp::Read), 1);
 /// # Ok::<(), monoseq_kv::KvError>(())
 /// ```
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct FaultyStore<S> {
     inner: S,
     switches: [Switch; 4],
+    hooks: std::sync::RwLock<Hooks>,
+}
+
+/// Code run before calls, to slow them down or make them panic (a broken storage call).
+#[derive(Default)]
+struct Hooks {
+    read: Option<ReadHook>,
+    write: Option<WriteHook>,
+}
+
+/// Called with the partition key of every key a read asks for.
+type ReadHook = Box<dyn Fn(&[u8]) + Send + Sync>;
+/// Called with every batch about to be written.
+type WriteHook = Box<dyn Fn(&WriteBatch) + Send + Sync>;
+
+impl<S: std::fmt::Debug> std::fmt::Debug for FaultyStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultyStore")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S> FaultyStore<S> {
@@ -91,6 +112,37 @@ impl<S> FaultyStore<S> {
         FaultyStore {
             inner,
             switches: Default::default(),
+            hooks: Default::default(),
+        }
+    }
+
+    /// Runs `hook` with the partition key of every key a read (`get`, `get_many`) asks for,
+    /// before the read; it may sleep (a slow read) or panic (a broken call). Replaces any.
+    pub fn on_read(&self, hook: impl Fn(&[u8]) + Send + Sync + 'static) {
+        self.hooks.write().unwrap_or_else(|e| e.into_inner()).read = Some(Box::new(hook));
+    }
+
+    /// Runs `hook` with every batch before it is written; it may sleep or panic. Replaces any.
+    pub fn on_write(&self, hook: impl Fn(&WriteBatch) + Send + Sync + 'static) {
+        self.hooks.write().unwrap_or_else(|e| e.into_inner()).write = Some(Box::new(hook));
+    }
+
+    /// Removes the hooks.
+    pub fn clear_hooks(&self) {
+        *self.hooks.write().unwrap_or_else(|e| e.into_inner()) = Hooks::default();
+    }
+
+    fn before_read(&self, partitions: &mut dyn Iterator<Item = &[u8]>) {
+        let hooks = self.hooks.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = &hooks.read {
+            partitions.for_each(h);
+        }
+    }
+
+    fn before_write(&self, batch: &WriteBatch) {
+        let hooks = self.hooks.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = &hooks.write {
+            h(batch);
         }
     }
 
@@ -153,11 +205,13 @@ impl<S> FaultyStore<S> {
 impl<S: KvStore> KvStore for FaultyStore<S> {
     fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
         self.check(FaultOp::Read)?;
+        self.before_read(&mut std::iter::once(key.partition));
         self.inner.get(key)
     }
 
     fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
         self.check(FaultOp::Read)?;
+        self.before_read(&mut keys.iter().map(|k| k.partition));
         self.inner.get_many(keys)
     }
 
@@ -175,6 +229,7 @@ impl<S: KvStore> KvStore for FaultyStore<S> {
 
     fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
         self.check(FaultOp::Write)?;
+        self.before_write(batch);
         self.inner.write(batch)
     }
 
@@ -218,6 +273,33 @@ mod tests {
             },
         )?;
         Ok(n)
+    }
+
+    #[test]
+    fn hooks_see_every_read_partition_and_every_batch_until_cleared() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicUsize;
+        let s = FaultyStore::new(MemoryStore::new());
+        let (reads, writes) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let r = Arc::clone(&reads);
+        s.on_read(move |p| {
+            assert_eq!(p, b"p");
+            r.fetch_add(1, Ordering::SeqCst);
+        });
+        let w = Arc::clone(&writes);
+        s.on_write(move |b| {
+            w.fetch_add(b.len(), Ordering::SeqCst);
+        });
+        s.put(key(b"a"), b"1").expect("put");
+        s.get(key(b"a")).expect("get");
+        s.get_many(&[key(b"a"), key(b"b")]).expect("get_many");
+        assert_eq!(
+            (reads.load(Ordering::SeqCst), writes.load(Ordering::SeqCst)),
+            (3, 1)
+        );
+        s.clear_hooks();
+        s.get(key(b"a")).expect("get");
+        assert_eq!(reads.load(Ordering::SeqCst), 3);
     }
 
     #[test]
