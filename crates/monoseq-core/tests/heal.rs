@@ -298,10 +298,8 @@ fn an_event_at_the_last_offset_fails_replay_without_a_panic() {
         .unwrap();
     let (mut seq, mut worker) = Sequencer::new_manual(params(), Arc::clone(&storage));
     assert!(matches!(worker.step(), Step::RetryAfter(_)));
-    assert!(matches!(
-        seq.start(KIND, WsId(1)).unwrap(),
-        Start::Busy(Busy::StorageUnavailable)
-    ));
+    // Damaged stored data is an error, never "busy".
+    assert_eq!(seq.start(KIND, WsId(1)).unwrap_err(), StartError::Corrupted);
 }
 
 #[test]
@@ -311,13 +309,15 @@ fn a_stored_checkpoint_of_zero_is_refused_and_offset_zero_never_handed_out() {
     let (mut seq, mut worker) = Sequencer::new_manual(params(), Arc::clone(&storage));
     for _ in 0..3 {
         assert!(matches!(worker.step(), Step::RetryAfter(_)));
-        match seq.start(KIND, WsId(1)).unwrap() {
-            Start::Busy(Busy::StorageUnavailable) => {}
-            Start::Busy(b) => panic!("busy for another reason: {b}"),
-            Start::Began(tx) => panic!("began at offset {}", tx.plog_offset()),
+        match seq.start(KIND, WsId(1)) {
+            Err(StartError::Corrupted) => {}
+            Err(e) => panic!("another error: {e}"),
+            Ok(Start::Busy(b)) => panic!("busy, not an error: {b}"),
+            Ok(Start::Began(tx)) => panic!("began at offset {}", tx.plog_offset()),
         }
     }
-    assert!(seq.handle().stats().storage_failing);
+    let stats = seq.handle().stats();
+    assert!(stats.storage_failing && stats.storage_corrupted);
     // Repaired: the sequencer heals.
     storage.seed_projection(&[], PLogOffset(1));
     assert_eq!(worker.step(), Step::Idle);
