@@ -467,7 +467,18 @@ async fn a_group_failing_for_one_command_answers_it_and_retries_the_others() {
     let tries: Vec<_> = (1..=8u64)
         .map(|n| {
             let cp = cp.clone();
-            tokio::spawn(async move { cp.submit(order(if n == 1 { 11 } else { 12 }, n)).await })
+            tokio::spawn(async move {
+                // Innocent commands may meet the partition actualizing (busy): they retry.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                loop {
+                    match cp.submit(order(if n == 1 { 11 } else { 12 }, n)).await {
+                        Err(e) if e.is_transient() && Instant::now() < deadline => {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        answer => break answer,
+                    }
+                }
+            })
         })
         .collect();
     let mut violations = 0;
