@@ -26,9 +26,12 @@ use crate::error::CommandError;
 use crate::idempotency::{IdempotencyKey, Window};
 use crate::processor::{Counters, Outcome};
 
-/// How long a partition waits for its sequencer to finish actualizing before it answers the
-/// queued commands busy and waits again.
+/// How long a starting or rebuilt partition waits for its sequencer to finish actualizing
+/// before it answers the queued commands and waits again.
 const ACTUALIZE_WAIT: Duration = Duration::from_secs(1);
+/// How long a partition waits for the actualization after a failed group before it retries
+/// the group's innocent commands.
+const RETRY_WAIT: Duration = Duration::from_secs(5);
 /// First and longest delay before rebuilding a failed partition.
 pub const REBUILD_DELAY_MIN: Duration = Duration::from_millis(20);
 /// See [`REBUILD_DELAY_MIN`].
@@ -150,7 +153,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             if let Some(reason) = failed {
                 self.heal(reason, &mut rx).await;
             } else if !retry.is_empty() {
-                self.wait_actualized().await;
+                self.wait_actualized_for(RETRY_WAIT).await;
             }
         }
         for j in retry {
@@ -213,8 +216,13 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
 
     /// Waits up to [`ACTUALIZE_WAIT`] for the sequencer to finish actualizing; its status.
     async fn wait_actualized(&self) -> Status {
+        self.wait_actualized_for(ACTUALIZE_WAIT).await
+    }
+
+    /// Waits up to `wait` for the sequencer to finish actualizing; its status.
+    async fn wait_actualized_for(&self, wait: Duration) -> Status {
         let handle = self.shared.handle();
-        tokio::task::spawn_blocking(move || handle.wait_actualized(ACTUALIZE_WAIT))
+        tokio::task::spawn_blocking(move || handle.wait_actualized(wait))
             .await
             .unwrap_or(Status::Finished)
     }
