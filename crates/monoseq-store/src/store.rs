@@ -447,53 +447,43 @@ impl<S: KvStore> EventStore<S> {
         visit: &mut dyn FnMut(Event),
     ) -> Result<(), ReadError> {
         let mut next = from.0.max(1);
-        while next < to.0 {
-            let part = keys::plog_partition(self.app, partition, PLogOffset(next));
-            let lower = block_position(next, LOG_BLOCK_EVENTS);
-            let block_first = next / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS;
-            let mut failure = None;
-            let start = next;
-            self.kv.scan(
-                part.as_bytes(),
-                Bound::Included(&lower),
-                Bound::Unbounded,
-                Order::Ascending,
-                &mut |clustering, value| {
-                    let offset = keys::from_block_position(block_first, clustering).unwrap_or(0);
-                    if offset != next || offset >= to.0 {
+        if next >= to.0 {
+            return Ok(());
+        }
+        let mut failure = None;
+        self.scan_log(
+            next,
+            &|first| keys::plog_partition(self.app, partition, PLogOffset(first)),
+            &mut |offset, value| {
+                if offset != next || offset >= to.0 {
+                    return ControlFlow::Break(());
+                }
+                let slot = Slot::PLog {
+                    partition,
+                    offset: PLogOffset(offset),
+                };
+                match Event::decode(value) {
+                    Ok(e) if e.plog_offset.0 == offset => visit(e),
+                    Ok(e) => {
+                        failure = Some(ReadError::Misplaced {
+                            slot,
+                            found: e.plog_offset.0,
+                        });
                         return ControlFlow::Break(());
                     }
-                    let slot = Slot::PLog {
-                        partition,
-                        offset: PLogOffset(offset),
-                    };
-                    match Event::decode(value) {
-                        Ok(e) if e.plog_offset.0 == offset => visit(e),
-                        Ok(e) => {
-                            failure = Some(ReadError::Misplaced {
-                                slot,
-                                found: e.plog_offset.0,
-                            });
-                            return ControlFlow::Break(());
-                        }
-                        Err(source) => {
-                            failure = Some(ReadError::Corrupt { slot, source });
-                            return ControlFlow::Break(());
-                        }
+                    Err(source) => {
+                        failure = Some(ReadError::Corrupt { slot, source });
+                        return ControlFlow::Break(());
                     }
-                    next += 1;
-                    ControlFlow::Continue(())
-                },
-            )?;
-            if let Some(e) = failure {
-                return Err(e);
-            }
-            let block_end = block_first + LOG_BLOCK_EVENTS;
-            if next == start || next < block_end {
-                break;
-            }
+                }
+                next += 1;
+                ControlFlow::Continue(())
+            },
+        )?;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Reads the stored records that `events` update and that no earlier event of the group
@@ -593,60 +583,78 @@ impl<S: KvStore> EventStore<S> {
     ) -> Result<Vec<Event>, ReadError> {
         let limit = limit.min(WLOG_READ_EVENTS_MAX);
         let mut events = Vec::new();
-        let mut block_start = from;
+        if limit == 0 {
+            return Ok(events);
+        }
         let mut failure: Option<ReadError> = None;
-        while events.len() < limit {
-            let part = wlog_partition(self.app, ws, block_start);
-            let lower = block_position(block_start.0, LOG_BLOCK_EVENTS);
-            let block_first = block_start.0 / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS;
-            let mut seen = 0usize;
-            let mut last = 0u64;
+        self.scan_log(
+            from.0,
+            &|first| wlog_partition(self.app, ws, WLogOffset(first)),
+            &mut |offset, value| {
+                let slot = Slot::WLog {
+                    ws,
+                    offset: WLogOffset(offset),
+                };
+                match Event::decode(value) {
+                    Ok(e) if e.wlog_offset.0 == offset && e.ws == ws => events.push(e),
+                    Ok(e) => {
+                        failure = Some(ReadError::Misplaced {
+                            slot,
+                            found: e.wlog_offset.0,
+                        });
+                        return ControlFlow::Break(());
+                    }
+                    Err(source) => {
+                        failure = Some(ReadError::Corrupt { slot, source });
+                        return ControlFlow::Break(());
+                    }
+                }
+                if events.len() >= limit {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            },
+        )?;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(events),
+        }
+    }
+
+    /// Visits a log (PLog or WLog, split into blocks of [`LOG_BLOCK_EVENTS`] whose partition
+    /// keys `part` gives for a block's first offset) from offset `from` on, in offset order,
+    /// until `visit` breaks or a block is not full (offsets are contiguous: it is the last).
+    fn scan_log(
+        &self,
+        from: u64,
+        part: &dyn Fn(u64) -> keys::PartKey,
+        visit: &mut dyn FnMut(u64, &[u8]) -> ControlFlow<()>,
+    ) -> Result<(), KvError> {
+        let mut block_start = from;
+        loop {
+            let block_first = block_start / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS;
+            let lower = block_position(block_start, LOG_BLOCK_EVENTS);
+            let (mut last, mut stopped) = (None, false);
             self.kv.scan(
-                part.as_bytes(),
+                part(block_start).as_bytes(),
                 Bound::Included(&lower),
                 Bound::Unbounded,
                 Order::Ascending,
                 &mut |clustering, value| {
                     let offset = keys::from_block_position(block_first, clustering).unwrap_or(0);
-                    let slot = Slot::WLog {
-                        ws,
-                        offset: WLogOffset(offset),
-                    };
-                    match Event::decode(value) {
-                        Ok(e) if e.wlog_offset.0 == offset && e.ws == ws => {
-                            events.push(e);
-                        }
-                        Ok(e) => {
-                            failure = Some(ReadError::Misplaced {
-                                slot,
-                                found: e.wlog_offset.0,
-                            });
-                            return ControlFlow::Break(());
-                        }
-                        Err(source) => {
-                            failure = Some(ReadError::Corrupt { slot, source });
-                            return ControlFlow::Break(());
-                        }
-                    }
-                    seen += 1;
-                    last = offset;
-                    if events.len() >= limit {
-                        ControlFlow::Break(())
-                    } else {
-                        ControlFlow::Continue(())
-                    }
+                    last = Some(offset);
+                    let flow = visit(offset, value);
+                    stopped = flow.is_break();
+                    flow
                 },
             )?;
-            if let Some(e) = failure {
-                return Err(e);
+            let block_last = block_first + LOG_BLOCK_EVENTS - 1;
+            match last {
+                Some(l) if !stopped && l >= block_last => block_start = block_last + 1,
+                _ => return Ok(()),
             }
-            let block_last = (block_start.0 / LOG_BLOCK_EVENTS + 1) * LOG_BLOCK_EVENTS - 1;
-            if seen == 0 || last < block_last {
-                break;
-            }
-            block_start = WLogOffset(block_last + 1);
         }
-        Ok(events)
     }
 
     /// The record `id` of `ws`, with all its fields as last written, if it exists.
