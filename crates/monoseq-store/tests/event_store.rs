@@ -245,3 +245,31 @@ fn offset_zero_is_refused() {
     );
     assert_eq!(s.read_event(P, PLogOffset(1)).unwrap(), None);
 }
+
+#[test]
+fn wlog_reads_and_plog_walks_cross_blocks_and_stop_at_the_end() {
+    let s = store();
+    let n = monoseq_store::LOG_BLOCK_EVENTS * 2 + 10;
+    let events: Vec<Event> = (1..=n).map(|i| event(i, 7, i)).collect();
+    for chunk in events.chunks(1_000) {
+        s.append(P, chunk).unwrap();
+    }
+    let all = s.read_wlog(WsId(7), WLogOffset(1), usize::MAX).unwrap();
+    assert_eq!(all.len() as u64, n);
+    assert!(all.iter().zip(1..).all(|(e, i)| e.wlog_offset.0 == i));
+    let mid = s.read_wlog(WsId(7), WLogOffset(4_090), 20).unwrap();
+    let offsets: Vec<u64> = mid.iter().map(|e| e.wlog_offset.0).collect();
+    assert_eq!(offsets, (4_090..4_110).collect::<Vec<_>>());
+    let mut walked = Vec::new();
+    s.for_each_event(P, PLogOffset(4_000), PLogOffset(n + 100), &mut |e| {
+        walked.push(e.plog_offset.0)
+    })
+    .unwrap();
+    assert_eq!(walked, (4_000..=n).collect::<Vec<_>>());
+    walked.clear();
+    s.for_each_event(P, PLogOffset(10), PLogOffset(12), &mut |e| {
+        walked.push(e.plog_offset.0)
+    })
+    .unwrap();
+    assert_eq!(walked, vec![10, 11], "the walk ends before `to`");
+}
