@@ -230,10 +230,7 @@ async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {
                     began,
                     shared.metrics.replayed_events.load(Ordering::Relaxed),
                 ));
-                tracing::info!(
-                    checkpoint = shared.metrics.durable_offset.load(Ordering::Relaxed),
-                    "sequencer actualization started"
-                );
+                tracing::info!("sequencer actualization started");
             }
             let Some((w, step)) = run_steps(worker, Arc::clone(shared), false).await else {
                 shared.poison(PoisonReason::WorkerPanicked);
@@ -258,6 +255,7 @@ async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {
                         events_replayed = replayed,
                         duration_ms = first.elapsed().as_secs_f64() * 1e3,
                         next_offset = shared.metrics.next_offset.load(Ordering::Relaxed),
+                        checkpoint = shared.metrics.durable_offset.load(Ordering::Relaxed),
                         outcome = ?step,
                         "sequencer actualization ended"
                     );
