@@ -128,6 +128,10 @@ macro_rules! seq_storage_conformance_tests {
             $crate::conformance::replay_stops_when_the_batcher_asks($fresh);
         }
         #[test]
+        fn the_batcher_may_read_and_write_the_storage_during_replay() {
+            $crate::conformance::the_batcher_may_read_and_write_the_storage_during_replay($fresh);
+        }
+        #[test]
         fn a_newer_generation_fences_off_older_writes() {
             $crate::conformance::a_newer_generation_fences_off_older_writes($fresh);
         }
@@ -390,6 +394,43 @@ pub fn replay_stops_when_the_batcher_asks<H: Harness>(mut fresh: impl FnMut() ->
             .expect("replaying");
         assert_eq!((end, seen), (ReplayEnd::Stopped, stop_after));
     }
+}
+
+/// The batcher may read and write the storage while replay runs (actualization writes a full
+/// window from inside it): replay holds no lock across a batcher call. A deadlock fails the
+/// check after a while instead of hanging.
+pub fn the_batcher_may_read_and_write_the_storage_during_replay<H: Harness + 'static>(
+    mut fresh: impl FnMut() -> H,
+) {
+    let h = Arc::new(fresh());
+    append_all(&*h, &events(h.shape(), 50));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let replaying = Arc::clone(&h);
+    std::thread::spawn(move || {
+        let s = replaying.storage();
+        let seq = replaying.shape().many.0;
+        let generation = s.claim().expect("claiming").generation;
+        let mut seen = 0u64;
+        let end = s
+            .replay_plog(PLogOffset(1), &mut |e: ReplayedEvent<'_>| {
+                seen += 1;
+                let values = [SeqValue::new(WsId(99), seq, Number(seen))];
+                s.write_fenced(generation, &values, e.offset)
+                    .expect("writing from the batcher");
+                assert_eq!(read(s, key(99, seq)), Number(seen));
+                ControlFlow::Continue(())
+            })
+            .expect("replaying");
+        let _ = done_tx.send((end, seen));
+    });
+    match done_rx.recv_timeout(std::time::Duration::from_secs(30)) {
+        Ok((end, seen)) => assert_eq!((end, seen), (ReplayEnd::Completed, 50)),
+        Err(_) => panic!(
+            "replay did not finish within 30 s while its batcher wrote to the storage: a lock \
+             held across the batcher call deadlocks actualization"
+        ),
+    }
+    assert_eq!(read(h.storage(), key(99, h.shape().many.0)), Number(50));
 }
 
 /// Once a newer generation claimed the storage, a write of an older one fails with

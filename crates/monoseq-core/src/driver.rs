@@ -142,7 +142,15 @@ async fn run_steps<S: SeqStorage>(
     tokio::task::spawn_blocking(move || {
         let mut worker = worker;
         if final_flush {
-            let _ = worker.final_flush();
+            if let Err(e) = worker.final_flush()
+                && e.is_fenced()
+            {
+                tracing::warn!(
+                    error = %e,
+                    "last flush of a stopped sequencer refused by the fence: a newer sequencer \
+                     owns the storage"
+                );
+            }
             return (worker, Step::Stopped);
         }
         let urgent = shared.params.backlog_urgent();
@@ -200,6 +208,8 @@ fn wait_backlog<S: SeqStorage>(shared: &Shared<S>, urgent: usize) -> bool {
 async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {
     let delay = shared.params.batcher_delay;
     let urgent = shared.params.backlog_urgent();
+    // The actualization under way (across its retries): when it began, events replayed before.
+    let mut actualization: Option<(Instant, u64)> = None;
     'outer: loop {
         if shared.stop.load(Ordering::Acquire) {
             break;
@@ -215,12 +225,12 @@ async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {
         }
         loop {
             let began = Instant::now();
-            let replayed_before = shared.metrics.replayed_events.load(Ordering::Relaxed);
-            if actualizing {
-                tracing::info!(
-                    checkpoint = shared.metrics.durable_offset.load(Ordering::Relaxed),
-                    "sequencer actualization started"
-                );
+            if actualizing && actualization.is_none() {
+                actualization = Some((
+                    began,
+                    shared.metrics.replayed_events.load(Ordering::Relaxed),
+                ));
+                tracing::info!("sequencer actualization started");
             }
             let Some((w, step)) = run_steps(worker, Arc::clone(shared), false).await else {
                 shared.poison(PoisonReason::WorkerPanicked);
@@ -229,20 +239,27 @@ async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {
             };
             worker = w;
             if actualizing {
-                let elapsed = began.elapsed();
                 shared
                     .metrics
                     .last_actualization_micros
-                    .store(elapsed.as_micros() as u64, Ordering::Relaxed);
-                let replayed =
-                    shared.metrics.replayed_events.load(Ordering::Relaxed) - replayed_before;
-                tracing::info!(
-                    events_replayed = replayed,
-                    duration_ms = elapsed.as_secs_f64() * 1e3,
-                    next_offset = shared.metrics.next_offset.load(Ordering::Relaxed),
-                    outcome = ?step,
-                    "sequencer actualization ended"
-                );
+                    .store(began.elapsed().as_micros() as u64, Ordering::Relaxed);
+                if let Some((first, replayed_before)) = actualization
+                    && !matches!(step, Step::RetryAfter(_))
+                {
+                    // Ended (done, stopped or poisoned); a failed attempt is retried silently,
+                    // its storage errors counted in the sequencer's stats.
+                    actualization = None;
+                    let replayed =
+                        shared.metrics.replayed_events.load(Ordering::Relaxed) - replayed_before;
+                    tracing::info!(
+                        events_replayed = replayed,
+                        duration_ms = first.elapsed().as_secs_f64() * 1e3,
+                        next_offset = shared.metrics.next_offset.load(Ordering::Relaxed),
+                        checkpoint = shared.metrics.durable_offset.load(Ordering::Relaxed),
+                        outcome = ?step,
+                        "sequencer actualization ended"
+                    );
+                }
             }
             match step {
                 Step::Idle => break,

@@ -178,6 +178,16 @@ struct WsEntry {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
+/// # Poison and replacement
+///
+/// A sequencer whose worker panicked, whose writes a newer sequencer on the same storage fenced
+/// off, or whose release-build invariant check failed is poisoned: from then on `start`
+/// answers [`StartError::Poisoned`] with the [`PoisonReason`] (also in
+/// [`SequencerStats::poison`]), however the transaction open at that moment ends. Replace it
+/// with a new sequencer on the same storage value (a clone of the same `Arc`): its first
+/// actualization claims a newer writer generation ([`SeqStorage::claim`]) before it reads
+/// anything, so no write the old worker still makes can land after that.
+///
 /// A transaction borrows the sequencer, so a second `start` while one is open does not
 /// compile:
 ///
@@ -264,7 +274,9 @@ impl<S: SeqStorage> std::fmt::Debug for Sequencer<S> {
 
 impl<S: SeqStorage> Sequencer<S> {
     /// Creates a sequencer whose background work runs on `runtime`, and starts actualization:
-    /// `start` answers busy until it has finished.
+    /// `start` answers busy until it has finished. The actualization first claims a new writer
+    /// generation of `storage`, which fences off every earlier sequencer on the same storage
+    /// value.
     pub fn new(params: Params, storage: S, runtime: &Runtime) -> Sequencer<S> {
         let shared = Arc::new(Shared::new(params, storage));
         let driver = runtime.spawn(Worker::new(Arc::clone(&shared)), Arc::clone(&shared));

@@ -262,6 +262,9 @@ pub enum ReplayEnd {
 /// - **Replay order.** [`replay_plog`] passes events in increasing offset order, each once,
 ///   starting at the given offset, with every sequence number the event used. Values inside one
 ///   call are unordered and keys may repeat across events.
+/// - **Reentrant replay.** The batcher may call every other method of the storage, writes
+///   included (actualization writes a full window from inside it): replay holds no lock
+///   across a batcher call.
 ///
 /// [`write_values_and_next_plog_offset`]: SeqStorage::write_values_and_next_plog_offset
 /// [`write_fenced`]: SeqStorage::write_fenced

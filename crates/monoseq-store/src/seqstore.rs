@@ -68,95 +68,43 @@ impl<S: KvStore> PLogSeqStorage<S> {
         self.replayed_events.load(Ordering::Relaxed)
     }
 
+    /// Scans the PLog block by block (one scan per [`LOG_BLOCK_EVENTS`] offsets), copying each
+    /// block's events out of the scan before passing them to the batcher: the batcher may read
+    /// and write this storage (actualization writes full windows inline), and a backend may
+    /// hold a lock for the length of a scan.
     fn replay(
         &self,
         from: PLogOffset,
         batcher: &mut Batcher<'_>,
     ) -> Result<ReplayEnd, StorageError> {
-        let mut values: Vec<SeqValue> = Vec::with_capacity(16);
-        let mut failure: Option<StorageError> = None;
-        let mut stopped = false;
-        let mut replayed = 0u64;
+        let mut block = ReplayBlock::default();
         let mut block_first = from.0;
         loop {
-            let part = plog_partition(self.app, self.partition, PLogOffset(block_first));
-            let lower = block_position(block_first, LOG_BLOCK_EVENTS);
-            let block_base = block_first / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS;
-            let mut seen = 0u64;
-            let mut last = 0u64;
-            let scan = self.kv.scan(
-                part.as_bytes(),
-                Bound::Included(&lower),
-                Bound::Unbounded,
-                Order::Ascending,
-                &mut |clustering, value| {
-                    let Some(offset) = keys::from_block_position(block_base, clustering) else {
-                        failure = Some(StorageError::corrupted(format!(
-                            "PLog of partition {} holds a key of {} bytes where a 2-byte position \
-                             belongs: the PLog is damaged; restore it from a backup",
-                            self.partition,
-                            clustering.len()
-                        )));
-                        return ControlFlow::Break(());
-                    };
-                    values.clear();
-                    let head = match decode_numbers(value, &mut values) {
-                        Ok(head) => head,
-                        Err(e) => {
-                            failure = Some(
-                                StorageError::with_source(
-                                    format!(
-                                        "event at PLog offset {offset} of partition {} does not \
-                                         decode",
-                                        self.partition
-                                    ),
-                                    e,
-                                )
-                                .with_kind(StorageErrorKind::Corrupted),
-                            );
-                            return ControlFlow::Break(());
-                        }
-                    };
-                    if head.plog_offset.0 != offset {
-                        failure = Some(StorageError::corrupted(format!(
-                            "event at PLog offset {offset} of partition {} says it is at offset \
-                             {}: the PLog is damaged; restore it from a backup",
-                            self.partition, head.plog_offset
-                        )));
-                        return ControlFlow::Break(());
-                    }
-                    values.retain(|v| v.value >= initial_value(v.key.seq));
-                    seen += 1;
-                    last = offset;
-                    replayed += 1;
-                    let flow = batcher(ReplayedEvent {
-                        offset: head.plog_offset,
-                        ws_kind: head.ws_kind,
-                        values: &values,
-                    });
-                    if flow.is_break() {
-                        stopped = true;
-                    }
-                    flow
-                },
-            );
-            self.replayed_events.fetch_add(replayed, Ordering::Relaxed);
-            replayed = 0;
-            if let Err(e) = scan {
-                return Err(StorageError::with_source(
-                    format!("reading the PLog of partition {} failed", self.partition),
-                    e,
-                ));
+            let failure = self.read_block(block_first, &mut block);
+            let mut passed = 0u64;
+            let mut stopped = false;
+            for e in &block.events {
+                passed += 1;
+                let flow = batcher(ReplayedEvent {
+                    offset: e.offset,
+                    ws_kind: e.ws_kind,
+                    values: &block.values[e.start..e.start + e.len],
+                });
+                if flow.is_break() {
+                    stopped = true;
+                    break;
+                }
             }
-            if let Some(e) = failure {
-                return Err(e);
-            }
+            self.replayed_events.fetch_add(passed, Ordering::Relaxed);
             if stopped {
                 return Ok(ReplayEnd::Stopped);
             }
+            // Events read before a failure were passed: they stay valid.
+            failure?;
             // Offsets are contiguous: a block that is not full is the last one.
             let block_last = (block_first / LOG_BLOCK_EVENTS + 1) * LOG_BLOCK_EVENTS - 1;
-            if seen == 0 || last < block_last {
+            let last = block.events.last().map(|e| e.offset.0);
+            if last.is_none_or(|last| last < block_last) {
                 return Ok(ReplayEnd::Completed);
             }
             let Some(next) = block_last.checked_add(1) else {
@@ -165,6 +113,100 @@ impl<S: KvStore> PLogSeqStorage<S> {
             block_first = next;
         }
     }
+
+    /// Reads the events of the PLog block holding `block_first`, from it on, into `block`.
+    /// On a failure `block` holds the events read before it.
+    fn read_block(&self, block_first: u64, block: &mut ReplayBlock) -> Result<(), StorageError> {
+        block.events.clear();
+        block.values.clear();
+        let part = plog_partition(self.app, self.partition, PLogOffset(block_first));
+        let lower = block_position(block_first, LOG_BLOCK_EVENTS);
+        let block_base = block_first / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS;
+        let mut failure: Option<StorageError> = None;
+        let ReplayBlock { events, values } = block;
+        let scan = self.kv.scan(
+            part.as_bytes(),
+            Bound::Included(&lower),
+            Bound::Unbounded,
+            Order::Ascending,
+            &mut |clustering, value| {
+                let Some(offset) = keys::from_block_position(block_base, clustering) else {
+                    failure = Some(StorageError::corrupted(format!(
+                        "PLog of partition {} holds a key of {} bytes where a 2-byte position \
+                         belongs: the PLog is damaged; restore it from a backup",
+                        self.partition,
+                        clustering.len()
+                    )));
+                    return ControlFlow::Break(());
+                };
+                let start = values.len();
+                let head = match decode_numbers(value, values) {
+                    Ok(head) => head,
+                    Err(e) => {
+                        values.truncate(start);
+                        failure = Some(
+                            StorageError::with_source(
+                                format!(
+                                    "event at PLog offset {offset} of partition {} does not \
+                                     decode",
+                                    self.partition
+                                ),
+                                e,
+                            )
+                            .with_kind(StorageErrorKind::Corrupted),
+                        );
+                        return ControlFlow::Break(());
+                    }
+                };
+                if head.plog_offset.0 != offset {
+                    values.truncate(start);
+                    failure = Some(StorageError::corrupted(format!(
+                        "event at PLog offset {offset} of partition {} says it is at offset \
+                         {}: the PLog is damaged; restore it from a backup",
+                        self.partition, head.plog_offset
+                    )));
+                    return ControlFlow::Break(());
+                }
+                let mut kept = start;
+                for i in start..values.len() {
+                    if values[i].value >= initial_value(values[i].key.seq) {
+                        values[kept] = values[i];
+                        kept += 1;
+                    }
+                }
+                values.truncate(kept);
+                events.push(BlockEvent {
+                    offset: head.plog_offset,
+                    ws_kind: head.ws_kind,
+                    start,
+                    len: kept - start,
+                });
+                ControlFlow::Continue(())
+            },
+        );
+        if let Err(e) = scan {
+            return Err(StorageError::with_source(
+                format!("reading the PLog of partition {} failed", self.partition),
+                e,
+            ));
+        }
+        failure.map_or(Ok(()), Err)
+    }
+}
+
+/// One PLog block's events as replay copies them out of the scan.
+#[derive(Default)]
+struct ReplayBlock {
+    events: Vec<BlockEvent>,
+    values: Vec<SeqValue>,
+}
+
+/// An event of a [`ReplayBlock`]: its numbers are `values[start..start + len]`.
+struct BlockEvent {
+    offset: PLogOffset,
+    ws_kind: monoseq_core::WsKind,
+    start: usize,
+    len: usize,
 }
 
 /// The initial value below which a replayed number is left out: the built-in sequence's
