@@ -98,22 +98,22 @@ fn actualize(c: &mut Criterion) {
         Arc::new(PgStore::open(&cluster.url(DATABASE), PgOptions::default()).unwrap());
     let dir = tempfile::tempdir().unwrap();
     let embedded: Arc<dyn KvStore> = Arc::new(
-        EmbeddedStore::open(dir.path(), Options::default().durability(Durability::Sync))
-            .unwrap(),
+        EmbeddedStore::open(dir.path(), Options::default().durability(Durability::Sync)).unwrap(),
     );
-    let stores: Vec<(&str, EventStore<Arc<dyn KvStore>>)> = [("postgres", pg), ("embedded", embedded)]
-        .into_iter()
-        .map(|(name, kv)| {
-            let store = EventStore::new(kv, APP, TrustLevel::Level2);
-            let t = Instant::now();
-            populate(&store, n, workspaces);
-            eprintln!(
-                "populated {name} with {n} events over {workspaces} workspaces in {:?}",
-                t.elapsed()
-            );
-            (name, store)
-        })
-        .collect();
+    let stores: Vec<(&str, EventStore<Arc<dyn KvStore>>)> =
+        [("postgres", pg), ("embedded", embedded)]
+            .into_iter()
+            .map(|(name, kv)| {
+                let store = EventStore::new(kv, APP, TrustLevel::Level2);
+                let t = Instant::now();
+                populate(&store, n, workspaces);
+                eprintln!(
+                    "populated {name} with {n} events over {workspaces} workspaces in {:?}",
+                    t.elapsed()
+                );
+                (name, store)
+            })
+            .collect();
 
     let mut g = c.benchmark_group("actualize");
     g.sample_size(10)
@@ -121,7 +121,11 @@ fn actualize(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(5))
         .throughput(Throughput::Elements(n));
     for round in 1..=rounds {
-        let order: Vec<usize> = if round % 2 == 1 { vec![0, 1] } else { vec![1, 0] };
+        let order: Vec<usize> = if round % 2 == 1 {
+            vec![0, 1]
+        } else {
+            vec![1, 0]
+        };
         for i in order {
             let (name, store) = &stores[i];
             let id = format!("{name}/{workspaces}ws/r{round}");

@@ -178,6 +178,25 @@ pub fn router(cp: CommandProcessor<Store>, info: serde_json::Value) -> Router {
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX_DEFAULT))
         .with_state(state)
         .merge(monoseq_named::router(sequences))
+        .method_not_allowed_fallback(|| async {
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method; see README.md",
+            )
+        })
+}
+
+/// A path whose parameters do not parse: 400 with a JSON error, like every other error.
+fn path_error(rejection: &axum::extract::rejection::PathRejection) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+        format!(
+            "the path's parameters are unsigned integers: {}",
+            rejection.body_text()
+        ),
+    )
 }
 
 /// Runs the server until SIGTERM or Ctrl-C, then shuts down within the configured bound.
@@ -436,8 +455,23 @@ async fn submit(
 
 async fn read_event(
     State(st): State<Arc<AppState>>,
-    Path((partition, offset)): Path<(u32, u64)>,
+    path: Result<Path<(u32, u64)>, axum::extract::rejection::PathRejection>,
 ) -> Response {
+    let (partition, offset) = match path {
+        Ok(Path(p)) => p,
+        Err(e) => return path_error(&e),
+    };
+    let partitions = st.cp.config().partitions;
+    if partition >= partitions {
+        return error(
+            StatusCode::NOT_FOUND,
+            "no_such_partition",
+            format!(
+                "partition {partition} does not exist: the server has partitions 0 to {}",
+                partitions - 1
+            ),
+        );
+    }
     let store = st.cp.store().clone();
     let read = tokio::task::spawn_blocking(move || {
         store.read_event(PartitionId(partition), PLogOffset(offset))
@@ -477,9 +511,13 @@ fn page() -> usize {
 
 async fn read_wlog(
     State(st): State<Arc<AppState>>,
-    Path(ws): Path<u64>,
+    path: Result<Path<u64>, axum::extract::rejection::PathRejection>,
     query: Result<Query<WlogQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
+    let ws = match path {
+        Ok(Path(ws)) => ws,
+        Err(e) => return path_error(&e),
+    };
     let Ok(Query(q)) = query else {
         return error(
             StatusCode::BAD_REQUEST,
@@ -514,8 +552,12 @@ async fn read_wlog(
 
 async fn read_record(
     State(st): State<Arc<AppState>>,
-    Path((ws, id)): Path<(u64, u64)>,
+    path: Result<Path<(u64, u64)>, axum::extract::rejection::PathRejection>,
 ) -> Response {
+    let (ws, id) = match path {
+        Ok(Path(p)) => p,
+        Err(e) => return path_error(&e),
+    };
     let store = st.cp.store().clone();
     let read = tokio::task::spawn_blocking(move || store.read_record(WsId(ws), RecordId(id))).await;
     match read {

@@ -213,6 +213,28 @@ async fn bad_input_is_a_4xx_with_a_clear_message_and_writes_nothing() {
     assert_eq!(status, 200);
     assert_eq!(out["plog_offset"], 1);
     assert_eq!(out["ids"]["1"], 322_685_000_131_072u64);
+    // Bad paths, a partition that does not exist and a wrong method are JSON errors too.
+    for (path, status, code) in [
+        ("/v1/partitions/x/events/1", 400, "bad_request"),
+        ("/v1/workspaces/-1/records/5", 400, "bad_request"),
+        ("/v1/workspaces/seven/wlog", 400, "bad_request"),
+        ("/v1/partitions/999/events/1", 404, "no_such_partition"),
+    ] {
+        let (got, answer) = get(&client, &format!("{url}{path}")).await;
+        assert_eq!(
+            (got, answer["code"].as_str()),
+            (status, Some(code)),
+            "{path}: {answer}"
+        );
+    }
+    let r = client
+        .get(format!("{url}/v1/commands"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    let answer: Value = r.json().await.expect("a JSON error");
+    assert_eq!(answer["code"], "method_not_allowed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
