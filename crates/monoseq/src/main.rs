@@ -100,6 +100,8 @@ fn main() -> std::process::ExitCode {
     init_logging(cli.log_format, if serving { "info" } else { "warn" });
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // The reader of our output went away (`monoseq inspect | head`): nothing to report.
+        Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) if serving => {
             tracing::error!("refusing to start: {}", describe(&e));
             std::process::ExitCode::FAILURE
@@ -109,6 +111,13 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// An error with its causes, each said once: many errors already name their cause in their

@@ -3,6 +3,7 @@
 //! what the `monoseq-verify` library finds in a copy of the directory.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::ops::ControlFlow;
 
 use anyhow::{Context, bail};
@@ -24,19 +25,22 @@ pub fn inspect(settings: &Settings, full: bool) -> anyhow::Result<()> {
     let kv = open_for_tool(settings)?;
     let n = partitions(settings, &kv)?;
     let store = EventStore::new(kv, APP, settings.trust);
+    // Written with `?`: a closed pipe (`inspect | head`) ends the command quietly.
+    let mut out = std::io::stdout().lock();
     match settings.storage {
-        Storage::Embedded => println!("data directory: {}", settings.data_dir.display()),
-        Storage::Postgres(_) => println!("storage: {}", settings.storage.describe()),
+        Storage::Embedded => writeln!(out, "data directory: {}", settings.data_dir.display())?,
+        Storage::Postgres(_) => writeln!(out, "storage: {}", settings.storage.describe())?,
     }
-    println!("partitions: {n}");
-    println!(
+    writeln!(out, "partitions: {n}")?;
+    writeln!(
+        out,
         "{:>9} {:>12} {:>12} {:>10}{}",
         "partition",
         "checkpoint",
         "plog_end",
         "tail",
         if full { "  workspaces" } else { "" }
-    );
+    )?;
     for p in 0..n {
         let seq = store.seq_storage(PartitionId(p));
         let checkpoint = seq
@@ -54,16 +58,17 @@ pub fn inspect(settings: &Settings, full: bool) -> anyhow::Result<()> {
         })
         .context("scanning the PLog")?;
         let end = last + 1;
-        print!(
+        write!(
+            out,
             "{p:>9} {:>12} {:>12} {:>10}",
             checkpoint.0,
             end,
             end.saturating_sub(checkpoint.0)
-        );
+        )?;
         if full {
-            print!("  {:>10}", workspaces.len());
+            write!(out, "  {:>10}", workspaces.len())?;
         }
-        println!();
+        writeln!(out)?;
     }
     Ok(())
 }
