@@ -38,9 +38,9 @@ pub struct SettingsArgs {
     /// Data directory of the embedded store [default: ./data].
     #[arg(long, env = "MONOSEQ_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:8080].
+    /// Address to listen on, an IP or a host name with a port [default: 127.0.0.1:8080].
     #[arg(long, env = "MONOSEQ_LISTEN")]
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<String>,
     /// Partitions; fixed once data exists [default: the count the data directory holds, or 8
     /// for a new one].
     #[arg(long, env = "MONOSEQ_PARTITIONS")]
@@ -88,7 +88,7 @@ pub struct SettingsArgs {
 struct SettingsFile {
     storage: Option<String>,
     data_dir: Option<PathBuf>,
-    listen: Option<SocketAddr>,
+    listen: Option<String>,
     partitions: Option<u32>,
     trust_level: Option<u8>,
     ws_kinds: Option<Vec<u16>>,
@@ -157,10 +157,12 @@ impl SettingsArgs {
                 .clone()
                 .or(file.data_dir)
                 .unwrap_or_else(|| PathBuf::from(DATA_DIR_DEFAULT)),
-            listen: self
-                .listen
-                .or(file.listen)
-                .unwrap_or_else(|| LISTEN_DEFAULT.parse().expect("valid default address")),
+            listen: listen_address(
+                self.listen
+                    .as_deref()
+                    .or(file.listen.as_deref())
+                    .unwrap_or(LISTEN_DEFAULT),
+            )?,
             partitions: self
                 .partitions
                 .or(file.partitions)
@@ -215,6 +217,15 @@ impl Settings {
             ..monoseq_cp::Config::default()
         }
     }
+}
+
+/// The first address `text` (`IP:port` or `host:port`) resolves to.
+fn listen_address(text: &str) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    text.to_socket_addrs()
+        .with_context(|| format!("--listen {text}: give an address and port, e.g. 127.0.0.1:8080"))?
+        .next()
+        .with_context(|| format!("--listen {text} resolves to no address"))
 }
 
 /// Where the data lives.
@@ -471,6 +482,17 @@ mod tests {
             settings.partitions, 4,
             "the store's count wins when none is configured"
         );
+    }
+
+    #[test]
+    fn listen_takes_a_host_name_or_an_address_with_a_port() {
+        assert!(listen_address("localhost:8080").unwrap().ip().is_loopback());
+        assert_eq!(
+            listen_address("127.0.0.1:9").unwrap(),
+            "127.0.0.1:9".parse::<SocketAddr>().unwrap()
+        );
+        let err = listen_address("localhost").unwrap_err().to_string();
+        assert!(err.contains("e.g. 127.0.0.1:8080"), "{err}");
     }
 
     #[test]

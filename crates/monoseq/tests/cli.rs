@@ -19,7 +19,11 @@ fn inspect_into_a_closed_pipe_ends_quietly() {
         "--clients",
         "2",
     ]);
-    assert!(bench.status.success(), "{}", String::from_utf8_lossy(&bench.stderr));
+    assert!(
+        bench.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
     let mut child = Command::new(BIN)
         .args(["inspect", "--data-dir", data.to_str().unwrap(), "--full"])
         .stdout(Stdio::piped())
