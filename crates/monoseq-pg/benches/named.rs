@@ -79,7 +79,7 @@ fn next(c: &mut Criterion) {
     let root = tempfile::tempdir().unwrap();
     let embedded = |dir: &str, durability: Durability| {
         let store = EmbeddedStore::open(
-            &root.path().join(dir),
+            root.path().join(dir),
             Options::default().durability(durability),
         )
         .unwrap();
