@@ -35,6 +35,10 @@ pub struct SeqArgs {
 
 /// Runs the command and prints its result; an error exits non-zero with its code.
 pub async fn main(args: SeqArgs) -> anyhow::Result<()> {
+    if matches!(args.words.first().map(String::as_str), Some("help" | "--help" | "-h")) {
+        println!("{USAGE}");
+        return Ok(());
+    }
     let command = Command::parse(&args.words).map_err(|e| anyhow::anyhow!("{e}\n\n{USAGE}"))?;
     let out = if let Some(url) = &args.url {
         let client = Client::new(url).context("connecting to the server")?;
