@@ -35,7 +35,10 @@ pub struct SeqArgs {
 
 /// Runs the command and prints its result; an error exits non-zero with its code.
 pub async fn main(args: SeqArgs) -> anyhow::Result<()> {
-    if matches!(args.words.first().map(String::as_str), Some("help" | "--help" | "-h")) {
+    if matches!(
+        args.words.first().map(String::as_str),
+        Some("help" | "--help" | "-h")
+    ) {
         println!("{USAGE}");
         return Ok(());
     }

@@ -56,6 +56,10 @@ fn inspect_of_a_mistyped_directory_fails_and_creates_nothing() {
 fn seq_help_prints_the_usage_and_succeeds() {
     let out = run(&["seq", "help"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(text.contains("usage: monoseq seq"), "{text}");
 }
