@@ -201,32 +201,21 @@ fn path_error(rejection: &axum::extract::rejection::PathRejection) -> Response {
 
 /// Runs the server until SIGTERM or Ctrl-C, then shuts down within the configured bound.
 pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
-    let opened = {
-        let mut s = settings.clone();
-        let opened =
-            tokio::task::spawn_blocking(move || open_storage(&mut s).map(|o| (o, s))).await??;
-        settings = opened.1;
-        opened.0
-    };
-    log_opened(&settings, &opened);
-    let store =
-        monoseq_store::EventStore::new(Arc::clone(&opened.kv), crate::config::APP, settings.trust);
-    let mut config = settings.cp_config();
-    config.retired = (0..opened.identity.partitions)
-        .map(|p| opened.identity.retired(p))
-        .collect();
-    if settings.no_marks {
-        tracing::warn!(
-            "--no-marks: high-water marks are not kept; a loss of acknowledged events would go \
-             unnoticed (benchmarks only)"
-        );
-    } else {
-        config.marks = opened.marks.clone();
-    }
-    let cp = CommandProcessor::start(store, config)?;
+    // The address first: a busy port refuses the start before any storage is touched.
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("listening on {}", settings.listen))?;
+    let fresh = settings.storage == crate::config::Storage::Embedded && !settings.data_dir.exists();
+    let (opened, cp) = match start(&mut settings).await {
+        Ok(started) => started,
+        Err(e) => {
+            if fresh {
+                // A start that failed leaves no new, empty data directory behind.
+                let _ = std::fs::remove_dir_all(&settings.data_dir);
+            }
+            return Err(e);
+        }
+    };
     let local = listener.local_addr()?;
     tracing::info!(address = %local, "listening");
     // Printed for scripts and tests that start the server on port 0.
@@ -264,6 +253,36 @@ pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Opens the storage and starts the command processor on it.
+async fn start(
+    settings: &mut Settings,
+) -> anyhow::Result<(crate::config::Opened, CommandProcessor<Store>)> {
+    let opened = {
+        let mut s = settings.clone();
+        let opened =
+            tokio::task::spawn_blocking(move || open_storage(&mut s).map(|o| (o, s))).await??;
+        *settings = opened.1;
+        opened.0
+    };
+    log_opened(settings, &opened);
+    let store =
+        monoseq_store::EventStore::new(Arc::clone(&opened.kv), crate::config::APP, settings.trust);
+    let mut config = settings.cp_config();
+    config.retired = (0..opened.identity.partitions)
+        .map(|p| opened.identity.retired(p))
+        .collect();
+    if settings.no_marks {
+        tracing::warn!(
+            "--no-marks: high-water marks are not kept; a loss of acknowledged events would go \
+             unnoticed (benchmarks only)"
+        );
+    } else {
+        config.marks = opened.marks.clone();
+    }
+    let cp = CommandProcessor::start(store, config)?;
+    Ok((opened, cp))
 }
 
 /// One line for the opened store, then one per loss accepted or partition moved past one.

@@ -63,3 +63,42 @@ fn seq_help_prints_the_usage_and_succeeds() {
     );
     assert!(text.contains("usage: monoseq seq"), "{text}");
 }
+
+#[test]
+fn a_failed_start_leaves_no_new_data_directory_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let fresh = dir.path().join("fresh");
+    let out = run(&[
+        "serve",
+        "--data-dir",
+        fresh.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--partitions",
+        "0",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("partitions"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!fresh.exists(), "a refused start left {fresh:?} behind");
+    // A busy port refuses the start before the storage is touched.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let out = run(&[
+        "serve",
+        "--data-dir",
+        fresh.to_str().unwrap(),
+        "--listen",
+        &address,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("listening on"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!fresh.exists());
+}
