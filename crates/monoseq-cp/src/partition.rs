@@ -649,6 +649,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// The stored records the command updates, each checked to stay within the storage's
     /// limits once updated (before any number is taken).
     fn read_updated(&self, job: &Job) -> Result<Vec<monoseq_store::Record>, CommandError> {
+        if job.cmd.update.is_empty() {
+            return Ok(Vec::new());
+        }
         let ws = job.plan.ws;
         let mut out = Vec::with_capacity(job.cmd.update.len());
         let probe_ids: BTreeMap<u64, u64> = job
