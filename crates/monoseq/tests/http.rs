@@ -352,7 +352,10 @@ async fn named_sequences_answer_over_http_and_from_the_cli() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grafana_dashboard_queries_only_exported_metrics() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/grafana/monoseq.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/grafana/monoseq.json"
+    );
     let dashboard: Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("the dashboard")).unwrap();
     let dir = tempfile::tempdir().unwrap();
