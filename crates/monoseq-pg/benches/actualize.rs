@@ -18,14 +18,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use monoseq_core::{PLogOffset, ReplayEnd, SeqStorage, Sequencer, Status, WsId, WsKind};
+use monoseq_core::{PLogOffset, ReplayEnd, SeqStorage, Sequencer, Status, WsKind};
 use monoseq_kv::{Durability, EmbeddedStore, KvStore, Options};
 use monoseq_pg::testing::{DATABASE, PgCluster};
 use monoseq_pg::{PgOptions, PgStore};
-use monoseq_store::{
-    AppId, Event, EventStore, Field, PartitionId, Record, RecordId, RecordKind, TrustLevel,
-    WLogOffset, built_in_params,
-};
+use monoseq_store::{AppId, Event, EventStore, PartitionId, TrustLevel, built_in_params};
 
 const APP: AppId = AppId(1);
 const PARTITION: PartitionId = PartitionId(0);
@@ -39,28 +36,9 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// A typical small command: one new CDoc with two fields (about 90 bytes encoded).
+/// The benchmarks' typical small event (`monoseq_store::conformance::sample_event`).
 fn event(plog: u64, ws: u64, wlog: u64, id: u64) -> Event {
-    Event {
-        plog_offset: PLogOffset(plog),
-        ws: WsId(ws),
-        ws_kind: KIND,
-        wlog_offset: WLogOffset(wlog),
-        registered_at_ms: 1_767_225_600_000 + plog,
-        command: "app.NewCustomer".into(),
-        argument: None,
-        created: vec![Record {
-            id: RecordId(id),
-            kind: RecordKind::CDoc,
-            name: "app.Customer".into(),
-            fields: vec![
-                Field::new("name", br#""Ann Example""#.to_vec()),
-                Field::new("limit", b"1000".to_vec()),
-            ],
-        }],
-        updated: vec![],
-        idempotency: None,
-    }
+    monoseq_store::conformance::sample_event(plog, ws, KIND, wlog, id)
 }
 
 /// Writes `n` events spread round-robin over `workspaces`, in groups of 1 000.

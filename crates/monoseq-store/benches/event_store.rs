@@ -18,8 +18,7 @@ use monoseq_core::{
 };
 use monoseq_kv::{Durability, FjallStore, KvStore, Options, RedbStore};
 use monoseq_store::{
-    AppId, Event, EventStore, Field, PartitionId, Record, RecordId, RecordKind, TrustLevel,
-    WLogOffset, built_in_params, decode_numbers,
+    AppId, Event, EventStore, PartitionId, TrustLevel, built_in_params, decode_numbers,
 };
 
 const APP: AppId = AppId(1);
@@ -34,28 +33,9 @@ fn events_in_plog() -> u64 {
         .unwrap_or(1_000_000)
 }
 
-/// A typical small command: one new CDoc with two fields (about 90 bytes encoded).
+/// The benchmarks' typical small event (`monoseq_store::conformance::sample_event`).
 fn event(plog: u64, ws: u64, wlog: u64, id: u64) -> Event {
-    Event {
-        plog_offset: PLogOffset(plog),
-        ws: WsId(ws),
-        ws_kind: KIND,
-        wlog_offset: WLogOffset(wlog),
-        registered_at_ms: 1_767_225_600_000 + plog,
-        command: "app.NewCustomer".into(),
-        argument: None,
-        created: vec![Record {
-            id: RecordId(id),
-            kind: RecordKind::CDoc,
-            name: "app.Customer".into(),
-            fields: vec![
-                Field::new("name", br#""Ann Example""#.to_vec()),
-                Field::new("limit", b"1000".to_vec()),
-            ],
-        }],
-        updated: vec![],
-        idempotency: None,
-    }
+    monoseq_store::conformance::sample_event(plog, ws, KIND, wlog, id)
 }
 
 /// Writes `n` events spread round-robin over `workspaces` into `store`, in groups.

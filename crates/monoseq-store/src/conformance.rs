@@ -1,7 +1,8 @@
 //! The sequence-storage conformance harness for [`PLogSeqStorage`] on any key-value store
 //! (feature `conformance`): what `monoseq_core::conformance` needs to drive the suite —
 //! the storage, and events appended to its PLog through the event store. Every backend's
-//! tests run the suite through it.
+//! tests run the suite through it. Also [`sample_event`], the typical small event the
+//! benchmarks of every backend write.
 
 use monoseq_core::conformance::{EventShape, Harness};
 use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
@@ -82,5 +83,32 @@ impl<K: KvStore + Clone> Harness for PLogHarness<K> {
         self.events
             .append(PARTITION, &[event])
             .expect("the event store takes the event");
+    }
+}
+
+/// A typical small command's event, as benchmarks write it: one new CDoc with two fields
+/// (about 90 bytes encoded), at PLog offset `plog` and WLog offset `wlog` of workspace `ws`
+/// (kind `kind`), creating record `id`.
+#[must_use]
+pub fn sample_event(plog: u64, ws: u64, kind: WsKind, wlog: u64, id: u64) -> Event {
+    Event {
+        plog_offset: PLogOffset(plog),
+        ws: WsId(ws),
+        ws_kind: kind,
+        wlog_offset: WLogOffset(wlog),
+        registered_at_ms: 1_767_225_600_000 + plog,
+        command: "app.NewCustomer".into(),
+        argument: None,
+        created: vec![Record {
+            id: RecordId(id),
+            kind: RecordKind::CDoc,
+            name: "app.Customer".into(),
+            fields: vec![
+                crate::Field::new("name", br#""Ann Example""#.to_vec()),
+                crate::Field::new("limit", b"1000".to_vec()),
+            ],
+        }],
+        updated: vec![],
+        idempotency: None,
     }
 }
