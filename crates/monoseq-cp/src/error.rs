@@ -69,6 +69,13 @@ pub enum CommandError {
     /// The processor is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// This processor does not serve the command's partition (another node owns it, or its
+    /// ownership is moving); nothing was written. Send it to the owner.
+    #[error("partition {partition} is not served by this node; send the command to its owner")]
+    NotOwner {
+        /// The partition.
+        partition: u32,
+    },
 }
 
 impl CommandError {
@@ -89,6 +96,7 @@ impl CommandError {
             CommandError::InvalidKey(_) => "invalid_idempotency_key",
             CommandError::Storage(_) => "storage_unavailable",
             CommandError::ShuttingDown => "shutting_down",
+            CommandError::NotOwner { .. } => "not_owner",
         }
     }
 
@@ -107,7 +115,8 @@ impl CommandError {
             CommandError::Busy(_)
             | CommandError::Unavailable { .. }
             | CommandError::Storage(_)
-            | CommandError::ShuttingDown => 503,
+            | CommandError::ShuttingDown
+            | CommandError::NotOwner { .. } => 503,
         }
     }
 

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use monoseq_core::{
-    Busy, NextError, Params, Runtime, Sequencer, SequencerHandle, Start, StartError, Status,
+    Busy, NextError, Params, PoisonReason, Runtime, Sequencer, SequencerHandle, Start, StartError,
+    Status,
 };
 use monoseq_kv::{KvError, KvStore};
 use monoseq_store::{
@@ -63,6 +64,9 @@ pub enum PartitionState {
     },
     /// Stopped.
     Stopped,
+    /// The storage refused its writes: another node owns the partition now. Commands answer
+    /// [`CommandError::NotOwner`] until the partition is released.
+    Fenced,
 }
 
 /// What the processor and a partition's task share.
@@ -102,6 +106,9 @@ pub(crate) struct Writer<S: KvStore + Clone> {
     pub(crate) reported: (u64, u64),
     /// Set when the sequencer failed beyond healing: the task rebuilds it.
     pub(crate) failed: Option<String>,
+    /// Set when the storage refused a write because another node owns the partition now:
+    /// the task stops serving.
+    pub(crate) fenced: bool,
 }
 
 /// The async side of a partition.
@@ -128,6 +135,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         if !self.start(&mut rx).await {
             return self.stop(rx).await;
         }
+        if self.writer.as_ref().is_some_and(|w| w.fenced) {
+            return self.fenced(Vec::new(), rx).await;
+        }
         let mut jobs: Vec<Job> = Vec::with_capacity(self.group_max);
         let mut retry: Vec<Job> = Vec::new();
         loop {
@@ -146,12 +156,18 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 }
             }
             retry = self.group(std::mem::take(&mut jobs)).await;
+            if self.writer.as_ref().is_some_and(|w| w.fenced) {
+                return self.fenced(retry, rx).await;
+            }
             let failed = match &mut self.writer {
                 Some(w) => w.failed.take(),
                 None => Some("a group's thread was lost".into()),
             };
             if let Some(reason) = failed {
                 self.heal(reason, &mut rx).await;
+                if self.writer.as_ref().is_some_and(|w| w.fenced) {
+                    return self.fenced(retry, rx).await;
+                }
             } else if !retry.is_empty() {
                 self.wait_actualized_for(RETRY_WAIT).await;
             }
@@ -160,6 +176,29 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             let _ = j.reply.send(Err(CommandError::ShuttingDown));
         }
         self.stop(rx).await;
+    }
+
+    /// Another node owns the partition now: answers every command [`CommandError::NotOwner`]
+    /// (so the server sends it to the owner) until the processor releases the partition.
+    async fn fenced(self, retry: Vec<Job>, mut rx: mpsc::Receiver<Job>) {
+        let partition = self.template.partition.0;
+        tracing::warn!(
+            partition,
+            "the storage refused this node's write: another node owns the partition now; \
+             it stops serving it here"
+        );
+        self.shared.set_state(PartitionState::Fenced);
+        let not_owner = || CommandError::NotOwner { partition };
+        for j in retry {
+            let _ = j.reply.send(Err(not_owner()));
+        }
+        drain(&mut rx, &not_owner).await;
+        self.stop(rx).await;
+    }
+
+    /// Whether the current sequencer stopped because the storage fenced its writes off.
+    fn sequencer_fenced(&self) -> bool {
+        self.shared.handle().stats().poison == Some(PoisonReason::Fenced)
     }
 
     fn writer(&self) -> &Writer<S> {
@@ -191,6 +230,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                     if !answer_queued(rx, &why) {
                         return false;
                     }
+                }
+                Status::Finished if self.sequencer_fenced() => {
+                    if let Some(w) = &mut self.writer {
+                        w.fenced = true;
+                    }
+                    break;
                 }
                 Status::Finished => {
                     self.heal("the sequencer failed while actualizing".into(), rx)
@@ -322,6 +367,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                     counters: Arc::clone(&template.counters),
                     reported: (0, 0),
                     failed: None,
+                    fenced: false,
                 });
             }
         }
@@ -360,6 +406,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             };
             if status != Status::Finished {
                 break;
+            }
+            if self.sequencer_fenced() {
+                if let Some(w) = &mut self.writer {
+                    w.fenced = true;
+                }
+                return;
             }
             tracing::error!(
                 partition,
@@ -496,6 +548,26 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         accepted: Vec<Accepted>,
         followers: Vec<(Job, usize)>,
     ) -> Vec<Job> {
+        if matches!(e, AppendError::Storage(KvError::Fenced { .. })) {
+            // Nothing of the group was written, so its commands may go to the new owner.
+            self.fenced = true;
+            let partition = self.partition.0;
+            for a in accepted {
+                answer(
+                    &self.counters,
+                    a.job,
+                    Err(CommandError::NotOwner { partition }),
+                );
+            }
+            for (job, _) in followers {
+                answer(
+                    &self.counters,
+                    job,
+                    Err(CommandError::NotOwner { partition }),
+                );
+            }
+            return Vec::new();
+        }
         self.seq.actualize();
         let blamed = CommandError::of_append(e);
         if blamed.is_none() {
@@ -601,6 +673,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 return Err(CommandError::Exhausted(e.to_string()));
             }
             Err(e @ StartError::Corrupted) => return Err(CommandError::Corrupted(e.to_string())),
+            Err(StartError::Poisoned(PoisonReason::Fenced)) => {
+                self.fenced = true;
+                return Err(CommandError::NotOwner {
+                    partition: self.partition.0,
+                });
+            }
             Err(e) => {
                 self.failed = Some(e.to_string());
                 return Err(CommandError::Unavailable {

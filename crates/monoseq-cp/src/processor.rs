@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use monoseq_core::{Runtime, Sequencer, SequencerStats, Status, WsId, WsKind};
@@ -158,10 +158,16 @@ pub struct ProcessorStats {
     pub storage_failing: bool,
 }
 
+/// A partition this processor serves now.
 struct Partition<S: KvStore + Clone> {
     queue: mpsc::Sender<Job>,
     shared: Arc<PartitionShared<S>>,
+    task: tokio::task::JoinHandle<()>,
 }
+
+/// Where partition `p` lives: `None` while this processor does not serve it (another node
+/// owns it, or it was never acquired).
+type Slot<S> = RwLock<Option<Partition<S>>>;
 
 /// Runs commands against an event store. Cheap to clone; every clone submits to the same
 /// partitions.
@@ -180,8 +186,8 @@ impl<S: KvStore + Clone> Clone for CommandProcessor<S> {
 struct Inner<S: KvStore + Clone> {
     config: Config,
     store: EventStore<S>,
-    partitions: Vec<Partition<S>>,
-    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    partitions: Vec<Slot<S>>,
+    runtime: Runtime,
     counters: Arc<Counters>,
 }
 
@@ -199,6 +205,29 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     ///
     /// Outside a tokio runtime.
     pub fn start(store: EventStore<S>, config: Config) -> Result<CommandProcessor<S>, ConfigError> {
+        let cp = CommandProcessor::start_unowned(store.clone(), config)?;
+        for p in 0..cp.inner.config.partitions {
+            cp.acquire(p, store.clone())?;
+        }
+        Ok(cp)
+    }
+
+    /// A processor that serves no partition yet: each starts when [`acquire`](Self::acquire)d
+    /// (with the store view its writes go through, fenced by the partition's lease when
+    /// several nodes share the storage) and stops when released; a command for a partition
+    /// not served here answers [`CommandError::NotOwner`].
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn start_unowned(
+        store: EventStore<S>,
+        config: Config,
+    ) -> Result<CommandProcessor<S>, ConfigError> {
         if config.partitions == 0 || config.partitions > PARTITIONS_MAX {
             return Err(ConfigError::Partitions(config.partitions));
         }
@@ -211,28 +240,101 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         if config.idempotency_window_events == 0 {
             return Err(ConfigError::Zero("idempotency_window_events"));
         }
+        // The parameters are checked once here, so that acquiring a partition later cannot
+        // fail on them.
+        built_in_params_above(config.ws_kinds.iter().copied(), &Mark::default())
+            .backlog_values_max(config.backlog_values_max)
+            .cache_workspaces_max(config.cache_workspaces_max)
+            .batcher_delay(config.flush_delay)
+            .build()?;
         let runtime = Runtime::from_handle(tokio::runtime::Handle::current());
-        let counters = Arc::new(Counters::default());
-        let mut partitions = Vec::with_capacity(config.partitions as usize);
-        let mut tasks = Vec::with_capacity(config.partitions as usize);
-        for p in 0..config.partitions {
-            let (task, partition) = start_partition(&store, &config, p, &runtime, &counters)?;
-            let (queue, rx) = mpsc::channel(config.queue_commands_max);
-            tasks.push(tokio::spawn(task.run(rx)));
-            partitions.push(Partition {
-                queue,
-                shared: partition,
-            });
-        }
+        let partitions = (0..config.partitions).map(|_| RwLock::new(None)).collect();
         Ok(CommandProcessor {
             inner: Arc::new(Inner {
                 config,
                 store,
                 partitions,
-                tasks: Mutex::new(tasks),
-                counters,
+                runtime,
+                counters: Arc::new(Counters::default()),
             }),
         })
+    }
+
+    /// Starts serving partition `p` with its writes going through `store` (a view of the
+    /// processor's store: fenced by the partition's lease when nodes share the storage). Its
+    /// sequencer actualizes from the PLog first; commands answer busy until it is done. A
+    /// partition served already is left as it is.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Partitions`] for a partition the processor does not have; as
+    /// [`start`](Self::start) otherwise.
+    pub fn acquire(&self, p: u32, store: EventStore<S>) -> Result<(), ConfigError> {
+        let inner = &self.inner;
+        let slot = inner
+            .partitions
+            .get(p as usize)
+            .ok_or(ConfigError::Partitions(p))?;
+        let mut slot = slot.write().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() {
+            return Ok(());
+        }
+        let (task, shared) =
+            start_partition(&store, &inner.config, p, &inner.runtime, &inner.counters)?;
+        let (queue, rx) = mpsc::channel(inner.config.queue_commands_max);
+        *slot = Some(Partition {
+            queue,
+            shared,
+            task: tokio::spawn(task.run(rx)),
+        });
+        Ok(())
+    }
+
+    /// Stops serving partition `p`: new commands for it answer [`CommandError::NotOwner`] at
+    /// once, queued ones are finished (or refused by the storage's fence if another node took
+    /// the partition over), and its sequencer flushes its numbers. Answers whether it stopped
+    /// within `timeout` (after which its storage writes may still be in flight: only a fence
+    /// keeps them from landing).
+    pub async fn release(&self, p: u32, timeout: Duration) -> bool {
+        let Some(slot) = self.inner.partitions.get(p as usize) else {
+            return true;
+        };
+        let partition = slot.write().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(partition) = partition else {
+            return true;
+        };
+        let Partition { queue, task, .. } = partition;
+        drop(queue);
+        tokio::time::timeout(timeout, task).await.is_ok()
+    }
+
+    /// The partitions this processor serves now, in order.
+    #[must_use]
+    pub fn owned(&self) -> Vec<u32> {
+        self.served().map(|(p, _)| p).collect()
+    }
+
+    /// The partitions whose storage refused a write because another node took them over:
+    /// they answer [`CommandError::NotOwner`] and wait to be released.
+    #[must_use]
+    pub fn fenced(&self) -> Vec<u32> {
+        self.served()
+            .filter(|(_, s)| s.state() == PartitionState::Fenced)
+            .map(|(p, _)| p)
+            .collect()
+    }
+
+    /// Each served partition's number and shared state.
+    fn served(&self) -> impl Iterator<Item = (u32, Arc<PartitionShared<S>>)> + '_ {
+        self.inner
+            .partitions
+            .iter()
+            .enumerate()
+            .filter_map(|(p, slot)| {
+                let slot = slot.read().unwrap_or_else(|e| e.into_inner());
+                slot.as_ref()
+                    .map(|part| (p as u32, Arc::clone(&part.shared)))
+            })
     }
 
     /// The partition that runs commands of workspace `ws`: `ws mod partitions`.
@@ -286,7 +388,17 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             (k, f)
         });
         self.check_storable(&cmd, &plan, key.as_ref())?;
-        let p = &self.inner.partitions[self.partition_of(plan.ws) as usize];
+        let partition = self.partition_of(plan.ws);
+        let not_owner = || CommandError::NotOwner { partition };
+        let queue = {
+            let slot = self.inner.partitions[partition as usize]
+                .read()
+                .unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref() {
+                Some(p) if p.shared.state() != PartitionState::Fenced => p.queue.clone(),
+                _ => return Err(not_owner()),
+            }
+        };
         let (reply, answer) = oneshot::channel();
         let job = Job {
             cmd,
@@ -294,13 +406,13 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             key,
             reply,
         };
-        match p.queue.try_send(job) {
+        match queue.try_send(job) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.inner.counters.busy.fetch_add(1, Ordering::Relaxed);
                 return Err(CommandError::Busy("the partition's queue is full".into()));
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(CommandError::ShuttingDown),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(not_owner()),
         }
         answer.await.unwrap_or(Err(CommandError::ShuttingDown))
     }
@@ -348,18 +460,19 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     #[must_use]
     pub fn unready(&self) -> Vec<(u32, String)> {
         let mut out = Vec::new();
-        for (p, part) in self.inner.partitions.iter().enumerate() {
-            let st = part.shared.handle().stats();
-            let why = match part.shared.state() {
+        for (p, shared) in self.served() {
+            let st = shared.handle().stats();
+            let why = match shared.state() {
                 PartitionState::Rebuilding { reason } => Some(format!("rebuilding: {reason}")),
                 PartitionState::Stopped => Some("stopped".to_owned()),
+                PartitionState::Fenced => Some("fenced: another node took it over".to_owned()),
                 PartitionState::Starting => {
                     Some(sequencer_unready(&st).unwrap_or_else(|| "starting".to_owned()))
                 }
                 _ => sequencer_unready(&st),
             };
             if let Some(why) = why {
-                out.push((p as u32, why));
+                out.push((p, why));
             }
         }
         out
@@ -367,10 +480,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
 
     /// The sequencer counters of each partition.
     pub fn partition_stats(&self) -> impl Iterator<Item = SequencerStats> + '_ {
-        self.inner
-            .partitions
-            .iter()
-            .map(|p| p.shared.handle().stats())
+        self.served().map(|(_, s)| s.handle().stats())
     }
 
     /// The counters now.
@@ -387,12 +497,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             cache_misses: c.cache_misses.load(Ordering::Relaxed),
             ..ProcessorStats::default()
         };
-        for part in &self.inner.partitions {
-            s.rebuilds += part.shared.rebuilds.load(Ordering::Relaxed);
-            if !matches!(part.shared.state(), PartitionState::Serving) {
+        for (_, shared) in self.served() {
+            s.rebuilds += shared.rebuilds.load(Ordering::Relaxed);
+            if !matches!(shared.state(), PartitionState::Serving) {
                 s.unavailable_partitions += 1;
             }
-            let st = part.shared.handle().stats();
+            let st = shared.handle().stats();
             if matches!(st.status, Status::None | Status::Actualizing) {
                 s.actualizing_partitions += 1;
             }
@@ -407,9 +517,14 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     /// Stops accepting commands, finishes the queued ones, flushes every sequencer and waits
     /// for the partitions to stop, at most `timeout`. Answers whether all stopped in time.
     pub async fn shutdown(self, timeout: Duration) -> bool {
-        let tasks =
-            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|e| e.into_inner()));
-        // Dropping the last sender closes each queue; the workers drain it and stop.
+        let tasks: Vec<_> = self
+            .inner
+            .partitions
+            .iter()
+            .filter_map(|slot| slot.write().unwrap_or_else(|e| e.into_inner()).take())
+            .map(|p| p.task)
+            .collect();
+        // Dropping the senders closes each queue; the workers drain it and stop.
         drop(self);
         tokio::time::timeout(timeout, async {
             for t in tasks {
@@ -484,6 +599,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         counters: Arc::clone(counters),
         reported: (0, 0),
         failed: None,
+        fenced: false,
     };
     let task = PartitionTask {
         writer: Some(writer),

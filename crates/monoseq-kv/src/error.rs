@@ -31,6 +31,17 @@ pub enum KvError {
         /// What did not decode.
         message: String,
     },
+    /// The write was refused because this node no longer holds the lease of the partition it
+    /// writes (a newer owner took it over, with a higher epoch); nothing was written. Only
+    /// fenced views of a shared backend answer it.
+    #[error(
+        "this node no longer holds the partition's lease: {message}; nothing was written, the \
+         partition is served by its new owner"
+    )]
+    Fenced {
+        /// Which lease and epochs.
+        message: String,
+    },
     /// The backend reported a failure the contract has no better name for.
     #[error("storage backend failed: {message}")]
     Backend {

@@ -9,7 +9,7 @@ use monoseq_core::{
     Batcher, Fence, Number, PLogOffset, ReplayEnd, ReplayedEvent, SeqId, SeqStorage, SeqValue,
     StorageError, StorageErrorKind, WsId, check_out_len, read_numbers_by_workspace,
 };
-use monoseq_kv::{Key, KvStore, Order, WriteBatch};
+use monoseq_kv::{Key, KvError, KvStore, Order, WriteBatch};
 
 use crate::builtin::built_in_initial;
 use crate::codec::decode_numbers;
@@ -251,8 +251,40 @@ fn stored_number(ws: WsId, seq: SeqId, value: &[u8]) -> Result<Number, StorageEr
     })
 }
 
-fn kv_error(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
-    StorageError::with_source(what.to_owned(), e)
+fn kv_error(what: &str, e: impl Into<WriteFailure>) -> StorageError {
+    let e = e.into();
+    let fenced = e.fenced;
+    let error = StorageError::with_source(what.to_owned(), e.source);
+    if fenced {
+        // Another node owns the partition now: this writer must stop, not retry.
+        error.with_kind(StorageErrorKind::Fenced)
+    } else {
+        error
+    }
+}
+
+/// A key-value error with whether it was a lease fence.
+struct WriteFailure {
+    fenced: bool,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl From<KvError> for WriteFailure {
+    fn from(e: KvError) -> WriteFailure {
+        WriteFailure {
+            fenced: matches!(e, KvError::Fenced { .. }),
+            source: Box::new(e),
+        }
+    }
+}
+
+impl From<monoseq_kv::WriteError> for WriteFailure {
+    fn from(e: monoseq_kv::WriteError) -> WriteFailure {
+        WriteFailure {
+            fenced: matches!(e, monoseq_kv::WriteError::Storage(KvError::Fenced { .. })),
+            source: Box::new(e),
+        }
+    }
 }
 
 impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {

@@ -1,0 +1,249 @@
+//! Partition ownership in the command processor: a processor serves only the partitions it
+//! acquired, hands one over cleanly, and a partition whose storage fences its writes (another
+//! node took it over) stops serving it and writes nothing. The fence here is a small model of
+//! the database's lease epoch (the real one is tested against PostgreSQL in `monoseq-pg` and
+//! with real processes in the server's cluster tests).
+
+use std::collections::HashSet;
+use std::ops::Bound;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use monoseq_cp::{Command, CommandError, CommandProcessor, Config, Outcome};
+use monoseq_kv::{
+    CasError, Key, KvError, KvStore, MemoryStore, Order, Visitor, WriteBatch, WriteError,
+};
+use monoseq_store::{AppId, EventStore, PartitionId, TrustLevel};
+use serde_json::json;
+
+/// A view of a shared store whose writes succeed only while `lease` still holds `epoch`
+/// (`None`: an unfenced view, for reads).
+#[derive(Clone)]
+struct Leased {
+    inner: Arc<MemoryStore>,
+    lease: Arc<AtomicU64>,
+    epoch: Option<u64>,
+}
+
+impl Leased {
+    fn check(&self) -> Result<(), KvError> {
+        match self.epoch {
+            Some(e) if self.lease.load(Ordering::SeqCst) != e => Err(KvError::Fenced {
+                message: format!("epoch {e} was taken over"),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl KvStore for Leased {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.inner.get(key)
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.inner.get_many(keys)
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        self.inner.scan(partition, from, to, order, visit)
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+        self.check().map_err(WriteError::Storage)?;
+        self.inner.write(batch)
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        self.check().map_err(CasError::Storage)?;
+        self.inner.compare_and_swap(key, expected, new)
+    }
+
+    fn sync(&self) -> Result<(), KvError> {
+        self.inner.sync()
+    }
+}
+
+struct Shared {
+    kv: Arc<MemoryStore>,
+    lease: Arc<AtomicU64>,
+}
+
+impl Shared {
+    fn new() -> Shared {
+        Shared {
+            kv: Arc::new(MemoryStore::new()),
+            lease: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The event store through a view fenced at `epoch` (`None`: unfenced). Trust level 2
+    /// writes with plain puts, so only the fence keeps an old owner from overwriting events.
+    fn store(&self, epoch: Option<u64>) -> EventStore<Leased> {
+        let view = Leased {
+            inner: Arc::clone(&self.kv),
+            lease: Arc::clone(&self.lease),
+            epoch,
+        };
+        EventStore::new(view, AppId(1), TrustLevel::Level2)
+    }
+
+    /// A new owner takes the lease over: the next epoch.
+    fn take_over(&self) -> u64 {
+        self.lease.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn node(&self) -> CommandProcessor<Leased> {
+        let config = Config {
+            partitions: 2,
+            flush_delay: Duration::from_millis(5),
+            ..Config::default()
+        };
+        CommandProcessor::start_unowned(self.store(None), config).expect("start")
+    }
+}
+
+fn order(ws: u64, n: u64) -> Command {
+    serde_json::from_value(json!({
+        "ws": ws, "ws_kind": 1, "command": "own.Create",
+        "create": [{"raw_id": 1, "kind": "CDoc", "name": "own.Doc", "fields": {"n": n}}],
+    }))
+    .expect("command")
+}
+
+/// Submits until the partition answers (it answers busy while it actualizes).
+async fn submit(cp: &CommandProcessor<Leased>, cmd: Command) -> Result<Outcome, CommandError> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match cp.submit(cmd.clone()).await {
+            Err(CommandError::Busy(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_processor_serves_only_the_partitions_it_acquired() {
+    let shared = Shared::new();
+    let cp = shared.node();
+    let e = submit(&cp, order(2, 1)).await.unwrap_err();
+    assert!(matches!(e, CommandError::NotOwner { partition: 0 }), "{e}");
+    assert_eq!(e.code(), "not_owner");
+    assert!(cp.owned().is_empty());
+
+    cp.acquire(0, shared.store(Some(0))).expect("acquire");
+    assert_eq!(cp.owned(), vec![0]);
+    let first = submit(&cp, order(2, 1)).await.expect("served");
+    assert_eq!((first.partition, first.plog_offset), (0, 1));
+    let other = submit(&cp, order(3, 1)).await.unwrap_err();
+    assert!(matches!(other, CommandError::NotOwner { partition: 1 }));
+
+    assert!(
+        cp.release(0, Duration::from_secs(10)).await,
+        "stopped in time"
+    );
+    assert!(cp.owned().is_empty());
+    let after = submit(&cp, order(2, 2)).await.unwrap_err();
+    assert!(matches!(after, CommandError::NotOwner { partition: 0 }));
+
+    // Acquired again, it continues after what it wrote before.
+    cp.acquire(0, shared.store(Some(0))).expect("acquire again");
+    let next = submit(&cp, order(2, 3)).await.expect("served again");
+    assert_eq!((next.plog_offset, next.wlog_offset), (2, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_handed_over_continues_on_its_new_owner_without_reissuing_numbers() {
+    let shared = Shared::new();
+    let (a, b) = (shared.node(), shared.node());
+    a.acquire(0, shared.store(Some(0))).expect("a acquires");
+    let mut seen = HashSet::new();
+    for n in 0..20 {
+        let out = submit(&a, order(2 * (n % 3) + 2, n))
+            .await
+            .expect("a serves");
+        assert!(seen.insert(out.plog_offset));
+    }
+    assert!(a.release(0, Duration::from_secs(10)).await);
+    let epoch = shared.take_over();
+    b.acquire(0, shared.store(Some(epoch))).expect("b acquires");
+    for n in 0..20 {
+        let out = submit(&b, order(2 * (n % 3) + 2, n))
+            .await
+            .expect("b serves");
+        assert!(
+            seen.insert(out.plog_offset),
+            "PLog offset {} reissued",
+            out.plog_offset
+        );
+    }
+    assert_eq!(seen.len(), 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_owner_whose_writes_are_fenced_stops_serving_and_overwrites_nothing() {
+    let shared = Shared::new();
+    let (a, b) = (shared.node(), shared.node());
+    a.acquire(0, shared.store(Some(0))).expect("a acquires");
+    for n in 0..5 {
+        submit(&a, order(2, n)).await.expect("a serves");
+    }
+    // B takes the partition over while A still believes it owns it (a paused node).
+    let epoch = shared.take_over();
+    b.acquire(0, shared.store(Some(epoch))).expect("b acquires");
+    let mut acked = Vec::new();
+    for n in 0..5 {
+        acked.push(submit(&b, order(4, 100 + n)).await.expect("b serves"));
+    }
+    let before: Vec<_> = acked
+        .iter()
+        .map(|o| {
+            b.store()
+                .read_event(PartitionId(0), monoseq_core::PLogOffset(o.plog_offset))
+                .expect("read")
+                .expect("acknowledged event")
+        })
+        .collect();
+
+    // A wakes up and writes: refused by the fence, answered "not the owner".
+    let e = submit(&a, order(2, 99)).await.unwrap_err();
+    assert!(matches!(e, CommandError::NotOwner { partition: 0 }), "{e}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.fenced().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "A never noticed it lost the partition"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(a.fenced(), vec![0]);
+    let again = submit(&a, order(2, 98)).await.unwrap_err();
+    assert!(matches!(again, CommandError::NotOwner { partition: 0 }));
+    assert!(a.release(0, Duration::from_secs(10)).await);
+
+    for (o, e) in acked.iter().zip(&before) {
+        let now = b
+            .store()
+            .read_event(PartitionId(0), monoseq_core::PLogOffset(o.plog_offset))
+            .expect("read")
+            .expect("still there");
+        assert_eq!(&now, e, "B's acknowledged event is unchanged");
+    }
+    let next = submit(&b, order(4, 200)).await.expect("b still serves");
+    assert_eq!(next.plog_offset, acked[4].plog_offset + 1);
+}
