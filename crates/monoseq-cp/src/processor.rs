@@ -308,6 +308,17 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         tokio::time::timeout(timeout, task).await.is_ok()
     }
 
+    /// Whether this processor serves partition `p` now (acquired and not fenced off).
+    #[must_use]
+    pub fn serves(&self, p: u32) -> bool {
+        self.inner.partitions.get(p as usize).is_some_and(|slot| {
+            slot.read()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|part| part.shared.state() != PartitionState::Fenced)
+        })
+    }
+
     /// The partitions this processor serves now, in order.
     #[must_use]
     pub fn owned(&self) -> Vec<u32> {

@@ -98,6 +98,7 @@ struct SettingsFile {
     flush_delay_ms: Option<u64>,
     shutdown_timeout_secs: Option<u64>,
     idempotency_window_events: Option<u64>,
+    cluster: Option<crate::cluster::ClusterFile>,
 }
 
 /// Resolved settings.
@@ -121,6 +122,8 @@ pub struct Settings {
     pub accept_loss: bool,
     /// Keep no high-water marks (benchmarks only).
     pub no_marks: bool,
+    /// The settings file's `[cluster]` table (resolved with the cluster flags by `serve`).
+    pub cluster: crate::cluster::ClusterFile,
 }
 
 impl SettingsArgs {
@@ -197,6 +200,7 @@ impl SettingsArgs {
                 .unwrap_or(defaults.idempotency_window_events),
             accept_loss: self.accept_loss,
             no_marks: self.no_marks,
+            cluster: file.cluster.unwrap_or_default(),
         })
     }
 }
@@ -274,6 +278,8 @@ pub type Store = Arc<dyn KvStore>;
 pub struct Opened {
     pub kv: Store,
     pub embedded: Option<Arc<EmbeddedStore>>,
+    /// The database, when the storage is PostgreSQL (its leases and fenced views).
+    pub postgres: Option<Arc<monoseq_pg::PgStore>>,
     pub identity: monoseq_store::Identity,
     /// High-water marks (embedded storage only: they live in the data directory).
     pub marks: Option<Arc<monoseq_store::Marks>>,
@@ -290,13 +296,15 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
             Ok(Opened {
                 kv: kv.clone(),
                 embedded: Some(kv),
+                postgres: None,
                 identity: dir.identity,
                 marks: Some(dir.marks),
                 report: dir.report,
             })
         }
         Storage::Postgres(url) => {
-            let kv = open_postgres(&url)?;
+            let pg = open_pg(&url)?;
+            let kv: Store = pg.clone();
             let policy = monoseq_store::OpenPolicy {
                 partitions: settings
                     .partitions_configured
@@ -309,6 +317,7 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
             Ok(Opened {
                 kv,
                 embedded: None,
+                postgres: Some(pg),
                 identity,
                 marks: None,
                 report: monoseq_store::OpenReport::default(),
@@ -319,6 +328,11 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
 
 /// Opens a PostgreSQL store (schema created or migrated).
 pub fn open_postgres(url: &str) -> anyhow::Result<Store> {
+    Ok(open_pg(url)?)
+}
+
+/// Opens a PostgreSQL store (schema created or migrated), as itself.
+fn open_pg(url: &str) -> anyhow::Result<Arc<monoseq_pg::PgStore>> {
     // The store's errors name their causes in their own text: no chain, so nothing is said
     // twice.
     let store = monoseq_pg::PgStore::open(url, monoseq_pg::PgOptions::default()).map_err(|e| {

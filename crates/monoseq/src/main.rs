@@ -2,7 +2,9 @@
 //! `verify` and `bench` are the operator commands.
 
 mod bench;
+mod cluster;
 mod config;
+mod forward;
 mod json;
 mod ops;
 mod seq;
@@ -60,6 +62,8 @@ enum Cmd {
     Serve {
         #[command(flatten)]
         settings: config::SettingsArgs,
+        #[command(flatten)]
+        cluster: cluster::ClusterArgs,
     },
     /// Show each partition's checkpoint against its PLog end (server stopped).
     Inspect {
@@ -84,6 +88,12 @@ enum Cmd {
     Seq {
         #[command(flatten)]
         args: seq::SeqArgs,
+    },
+    /// Several nodes on one database: `monoseq cluster status --url U` shows the nodes, their
+    /// partitions, epochs and lease ages.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster::ClusterCmd,
     },
     /// Generate load against a server (--url) or in-process, and print throughput and latency.
     Bench {
@@ -140,10 +150,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .thread_name("monoseq")
         .build()?;
     match cli.command {
-        Cmd::Serve { settings } => runtime.block_on(server::serve(settings.resolve()?)),
+        Cmd::Serve { settings, cluster } => {
+            runtime.block_on(server::serve(settings.resolve()?, cluster))
+        }
         Cmd::Inspect { settings, full } => ops::inspect(&settings.resolve()?, full),
         Cmd::Verify { settings, show } => ops::verify(&settings.resolve()?, show),
         Cmd::Seq { args } => runtime.block_on(seq::main(args)),
+        Cmd::Cluster { command } => runtime.block_on(cluster::run_command(command)),
         Cmd::Bench { settings, bench } => runtime.block_on(bench::run(bench, settings.resolve()?)),
     }
 }

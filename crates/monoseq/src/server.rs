@@ -9,7 +9,7 @@ use anyhow::Context;
 use axum::Router;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use monoseq_core::{PLogOffset, WsId};
@@ -23,7 +23,9 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::cluster::{Cluster, ClusterArgs, Owner};
 use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, Store, open_storage};
+use crate::forward::Forwarder;
 use crate::json;
 
 /// Most events one WLog read returns.
@@ -31,6 +33,8 @@ const WLOG_PAGE_MAX: usize = 1_000;
 
 struct AppState {
     cp: CommandProcessor<Store>,
+    /// This node's cluster membership and its forwarder (PostgreSQL storage only).
+    cluster: Option<(Arc<Cluster>, Forwarder)>,
     /// What `GET /v1/info` answers.
     info: serde_json::Value,
     metrics: Metrics,
@@ -55,6 +59,10 @@ struct Metrics {
     replayed_commands: Gauge,
     /// Reads (and commands) that found corrupt bytes in storage.
     corrupted: Counter,
+    /// Commands forwarded to the node owning their partition.
+    forwarded: Counter,
+    /// Partitions this node serves now.
+    owned: Gauge,
     /// Corrupt places already logged, so each is logged once (bounded).
     corrupted_logged: std::sync::Mutex<std::collections::HashSet<String>>,
 }
@@ -106,6 +114,18 @@ impl Metrics {
             "Reads that found corrupt bytes in storage (answered 500 corrupted)",
             corrupted.clone(),
         );
+        let forwarded = Counter::default();
+        registry.register(
+            "forwarded_commands",
+            "Commands forwarded to (or redirected to) the node owning their partition",
+            forwarded.clone(),
+        );
+        let owned = Gauge::default();
+        registry.register(
+            "owned_partitions",
+            "Partitions this node serves now",
+            owned.clone(),
+        );
         let mut ratio = |name: &str, help: &str| {
             let g: Gauge<f64, AtomicU64> = Gauge::default();
             registry.register(name, help, g.clone());
@@ -138,6 +158,8 @@ impl Metrics {
             unavailable,
             replayed_commands,
             corrupted,
+            forwarded,
+            owned,
             corrupted_logged: std::sync::Mutex::default(),
         }
     }
@@ -145,11 +167,16 @@ impl Metrics {
 
 /// The router, for the server and for tests: commands and events, plus the named sequences
 /// (`/v1/sequences/...`) on the same store.
-pub fn router(cp: CommandProcessor<Store>, info: serde_json::Value) -> Router {
+pub fn router(
+    cp: CommandProcessor<Store>,
+    info: serde_json::Value,
+    cluster: Option<(Arc<Cluster>, Forwarder)>,
+) -> Router {
     let sequences =
         monoseq_named::Sequences::new(monoseq_named::KvBackend::new(Arc::clone(cp.store().kv())));
     let state = Arc::new(AppState {
         cp,
+        cluster,
         metrics: Metrics::new(),
         info,
     });
@@ -159,6 +186,7 @@ pub fn router(cp: CommandProcessor<Store>, info: serde_json::Value) -> Router {
             get(|State(st): State<Arc<AppState>>| async move { axum::Json(st.info.clone()) }),
         )
         .route("/v1/commands", post(submit))
+        .route("/v1/cluster", get(cluster_status))
         .route(
             "/v1/partitions/{partition}/events/{offset}",
             get(read_event),
@@ -200,7 +228,7 @@ fn path_error(rejection: &axum::extract::rejection::PathRejection) -> Response {
 }
 
 /// Runs the server until SIGTERM or Ctrl-C, then shuts down within the configured bound.
-pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
+pub async fn serve(mut settings: Settings, cluster_args: ClusterArgs) -> anyhow::Result<()> {
     // The address first: a busy port refuses the start before any storage is touched.
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -217,6 +245,13 @@ pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
         }
     };
     let local = listener.local_addr()?;
+    let cluster = match join_cluster(&settings, &cluster_args, &opened, &cp, local).await {
+        Ok(c) => c,
+        Err(e) => {
+            cp.shutdown(settings.shutdown_timeout).await;
+            return Err(e);
+        }
+    };
     tracing::info!(address = %local, "listening");
     // Printed for scripts and tests that start the server on port 0.
     println!("monoseq listening on http://{local}");
@@ -232,10 +267,15 @@ pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
         "store_id": opened.identity.store_id,
         "idempotency_window_events": settings.idempotency_window_events,
     });
-    let app = router(cp.clone(), info);
+    let members = cluster.as_ref().map(|(c, _)| Arc::clone(c));
+    let app = router(cp.clone(), info, cluster);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
+    if let Some(cluster) = members {
+        // Every partition finished and handed over at once, not when its lease expires.
+        cluster.leave().await;
+    }
     // No new requests; in-flight ones finished. Flush the sequencers and stop.
     tracing::info!(timeout = ?settings.shutdown_timeout, "shutting down: finishing queued commands and flushing sequence numbers");
     let clean = cp.shutdown(settings.shutdown_timeout).await;
@@ -281,8 +321,34 @@ async fn start(
     } else {
         config.marks = opened.marks.clone();
     }
-    let cp = CommandProcessor::start(store, config)?;
+    let cp = if opened.postgres.is_some() {
+        // Partitions start as their leases are taken (`join_cluster`).
+        CommandProcessor::start_unowned(store, config)?
+    } else {
+        CommandProcessor::start(store, config)?
+    };
     Ok((opened, cp))
+}
+
+/// On PostgreSQL, joins the nodes sharing the database: takes a fair share of the partitions'
+/// leases and forwards commands for the others.
+async fn join_cluster(
+    settings: &Settings,
+    args: &ClusterArgs,
+    opened: &crate::config::Opened,
+    cp: &CommandProcessor<Store>,
+    local: std::net::SocketAddr,
+) -> anyhow::Result<Option<(Arc<Cluster>, Forwarder)>> {
+    let Some(pg) = &opened.postgres else {
+        return Ok(None);
+    };
+    let cluster = args.resolve(&settings.cluster, settings.listen, local, "http")?;
+    let forwarder = Forwarder::new(&cluster.node_id, cluster.redirect, None)?;
+    let table: Arc<dyn crate::cluster::LeaseTable> =
+        { let _ = pg; todo!() };
+    let members =
+        Cluster::join(cluster, table, cp.clone(), Arc::clone(&opened.kv), settings.trust).await?;
+    Ok(Some((members, forwarder)))
 }
 
 /// One line for the opened store, then one per loss accepted or partition moved past one.
@@ -342,7 +408,8 @@ async fn shutdown_signal() {
     tokio::select! { () = ctrl_c => {}, () = term => {} }
 }
 
-fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
+/// A JSON error answer `{"code", "message"}`.
+pub(crate) fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
     (
         status,
         axum::Json(json!({"code": code, "message": message.to_string()})),
@@ -451,6 +518,9 @@ async fn submit(
         Some(Ok(k)) => Some(k),
         Some(Err(e)) => return command_error(&e),
     };
+    if let Some(answer) = route_elsewhere(&st, &cmd, &headers).await {
+        return answer;
+    }
     match st.cp.submit_keyed(cmd, key).await {
         Ok(out) => {
             st.metrics.commands_ok.inc();
@@ -591,6 +661,65 @@ async fn read_record(
     }
 }
 
+/// With several nodes: the answer for a command whose partition this node does not serve
+/// (the owner's answer, a redirect to it, or "unavailable" while the partition moves); `None`
+/// when it is served here.
+async fn route_elsewhere(st: &AppState, cmd: &Command, headers: &HeaderMap) -> Option<Response> {
+    let (cluster, forwarder) = st.cluster.as_ref()?;
+    let partition = st.cp.partition_of(WsId(cmd.ws));
+    if st.cp.serves(partition) {
+        return None;
+    }
+    let answer = match cluster.owner(partition) {
+        Owner::Node { url, .. } if !Forwarder::was_forwarded(headers) => {
+            st.metrics.forwarded.inc();
+            forwarder.command(&url, cmd, headers).await
+        }
+        _ => {
+            let mut r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "partition_unavailable",
+                format!(
+                    "partition {partition} is moving between nodes (no live lease, or its owner \
+                     changed just now); retry"
+                ),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            r
+        }
+    };
+    Some(answer)
+}
+
+/// `GET /v1/cluster`: the nodes, their partitions, epochs and lease ages.
+async fn cluster_status(State(st): State<Arc<AppState>>) -> Response {
+    let Some((cluster, _)) = &st.cluster else {
+        return axum::Json(json!({
+            "clustered": false,
+            "message": "one node on embedded storage serves every partition",
+            "partitions": st.cp.owned(),
+        }))
+        .into_response();
+    };
+    match cluster.status_json().await {
+        Ok(mut v) => {
+            v["clustered"] = json!(true);
+            axum::Json(v).into_response()
+        }
+        Err(e) => {
+            let mut r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "storage_unavailable",
+                format!("reading the leases failed: {e:#}"),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+            r
+        }
+    }
+}
+
 async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let unready = st.cp.unready();
     if unready.is_empty() {
@@ -625,6 +754,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     m.rebuilds.set(s.rebuilds as i64);
     m.unavailable.set(s.unavailable_partitions as i64);
     m.replayed_commands.set(s.replayed as i64);
+    m.owned.set(st.cp.owned().len() as i64);
     let lookups = s.cache_hits + s.cache_misses;
     m.cache_hit_ratio.set(if lookups == 0 {
         0.0

@@ -1,0 +1,139 @@
+//! Any node answers: a command for a partition another node owns is forwarded to that node
+//! (or, with `--redirect`, answered with a redirect naming it), so clients can sit behind one
+//! load balancer. A forwarded request carries this node's name; a node never forwards a
+//! forwarded request again, so a stale view of the owners cannot make requests loop.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use monoseq_cp::{Command, RETRY_AFTER_SECS};
+
+/// The header naming the node that forwarded a request.
+pub const FORWARDED_BY: &str = "x-monoseq-forwarded-by";
+/// Longest wait for the owner's answer. A command is answered once durable, which takes
+/// milliseconds; an owner that does not answer in this time is treated as gone.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+/// Headers of a command request that go with it to the owner.
+const PASSED_ON: [&str; 1] = ["idempotency-key"];
+/// Headers of the owner's answer that go back to the client.
+const PASSED_BACK: [&str; 3] = ["content-type", "retry-after", "idempotency-replayed"];
+
+/// Sends commands on to the nodes that own their partitions.
+pub struct Forwarder {
+    client: reqwest::Client,
+    node_id: HeaderValue,
+    redirect: bool,
+    /// What this node presents to its peers (`Authorization`), when they require a token.
+    authorization: Option<HeaderValue>,
+}
+
+impl Forwarder {
+    /// A forwarder for node `node_id`; `redirect` answers with a redirect instead.
+    ///
+    /// # Errors
+    ///
+    /// When the HTTP client cannot be built (its TLS roots).
+    pub fn new(
+        node_id: &str,
+        redirect: bool,
+        authorization: Option<HeaderValue>,
+    ) -> anyhow::Result<Forwarder> {
+        let client = reqwest::Client::builder()
+            .timeout(FORWARD_TIMEOUT)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()?;
+        Ok(Forwarder {
+            client,
+            node_id: HeaderValue::from_str(node_id)?,
+            redirect,
+            authorization,
+        })
+    }
+
+    /// Whether this request was already forwarded by a node.
+    #[must_use]
+    pub fn was_forwarded(headers: &HeaderMap) -> bool {
+        headers.contains_key(FORWARDED_BY)
+    }
+
+    /// The answer of the node at `url` to `cmd` (or a redirect to it).
+    pub async fn command(&self, url: &str, cmd: &Command, headers: &HeaderMap) -> Response {
+        let target = format!("{url}/v1/commands");
+        if self.redirect {
+            return redirect(&target);
+        }
+        let mut request = self
+            .client
+            .post(&target)
+            .header(FORWARDED_BY, self.node_id.clone())
+            .json(cmd);
+        for name in PASSED_ON {
+            if let Some(v) = headers.get(name) {
+                request = request.header(name, v.clone());
+            }
+        }
+        if let Some(auth) = &self.authorization {
+            request = request.header(header::AUTHORIZATION, auth.clone());
+        }
+        match request.send().await {
+            Ok(answer) => relay(answer).await,
+            Err(e) => owner_unreachable(url, &e),
+        }
+    }
+}
+
+fn redirect(target: &str) -> Response {
+    match HeaderValue::from_str(target) {
+        Ok(location) => {
+            let mut r = StatusCode::TEMPORARY_REDIRECT.into_response();
+            r.headers_mut().insert(header::LOCATION, location);
+            r
+        }
+        Err(_) => crate::server::error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "the owner's URL is not a valid header value",
+        ),
+    }
+}
+
+/// The owner's answer, status, body and the headers a client needs, unchanged.
+async fn relay(answer: reqwest::Response) -> Response {
+    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let mut headers = HeaderMap::new();
+    for name in PASSED_BACK {
+        if let Some(v) = answer.headers().get(name)
+            && let Ok(v) = HeaderValue::from_bytes(v.as_bytes())
+        {
+            headers.insert(HeaderName::from_static(name), v);
+        }
+    }
+    match answer.bytes().await {
+        Ok(body) => {
+            let mut r = Response::new(Body::from(body));
+            *r.status_mut() = status;
+            *r.headers_mut() = headers;
+            r
+        }
+        Err(e) => owner_unreachable("the owner", &e),
+    }
+}
+
+/// The owner could not be reached or did not answer in time. The command may have been
+/// applied if the request reached it: a retry with the same `Idempotency-Key` is safe.
+fn owner_unreachable(url: &str, e: &reqwest::Error) -> Response {
+    tracing::warn!(owner = %url, "forwarding a command failed: {e}");
+    let mut r = crate::server::error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "owner_unreachable",
+        format!(
+            "the node owning the partition ({url}) did not answer: {e}; retry (with the same \
+             Idempotency-Key, the command is applied at most once)"
+        ),
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    r
+}
