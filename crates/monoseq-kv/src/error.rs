@@ -31,15 +31,18 @@ pub enum KvError {
         /// What did not decode.
         message: String,
     },
-    /// The write was refused because this node no longer holds the lease of the partition it
-    /// writes (a newer owner took it over, with a higher epoch); nothing was written. Only
-    /// fenced views of a shared backend answer it.
+    /// The write was refused because this node no longer owns the partition it writes for: it
+    /// was fenced by the epoch of a lease that another node took over (the backend checks the
+    /// epoch in the same transaction as the write). Nothing of the write was stored, and no
+    /// later write through the same fenced view can succeed: stop serving the partition and
+    /// forward its work to the new owner. Retrying does not help.
     #[error(
-        "this node no longer holds the partition's lease: {message}; nothing was written, the \
-         partition is served by its new owner"
+        "this node no longer holds the lease of {message}; nothing was written. The partition \
+         is served by its new owner: stop writing for it here"
     )]
     Fenced {
-        /// Which lease and epochs.
+        /// Which partition and epoch were fenced, and what the lease now holds (for example
+        /// "partition 3 (epoch 7; a newer owner has epoch 8, node b)").
         message: String,
     },
     /// The backend reported a failure the contract has no better name for.

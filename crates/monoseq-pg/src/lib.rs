@@ -4,11 +4,18 @@
 //! statements, and reads scans page by page.
 //!
 //! Its SQL keeps to what the distributed engines that speak PostgreSQL's protocol also run
-//! (`INSERT … ON CONFLICT`, conditional `UPDATE`/`DELETE`, `unnest` of arrays). The feature
-//! `testing` adds [`testing::PgCluster`], a private server for tests.
+//! (`INSERT … ON CONFLICT`, conditional `UPDATE`/`DELETE`, `unnest` of arrays).
+//!
+//! Several nodes share one database through [`Leases`] (partition ownership with epochs, by
+//! the database's clock) and write through [`FencedPgStore`], whose every write commits only
+//! while its partition's lease keeps the writer's epoch. The feature `testing` adds
+//! [`testing::PgCluster`], a private server for tests, and [`testing::PgPair`], a primary with
+//! a synchronous standby for failover tests.
 
 mod error;
 mod exec;
+mod fenced;
+mod lease;
 mod options;
 mod plan;
 mod scan;
@@ -19,6 +26,10 @@ mod store;
 pub mod testing;
 mod write;
 
+pub use fenced::FencedPgStore;
+pub use lease::{
+    ClusterStatus, LEASE_DURATION_MAX, LEASE_PARTITIONS_MAX, LeaseStatus, Leases, NodeStatus,
+};
 pub use options::{
     CONNECT_TIMEOUT_DEFAULT, POOL_CONNECTIONS_DEFAULT, POOL_CONNECTIONS_MAX, PgOptions,
     SCHEMA_DEFAULT, STATEMENT_TIMEOUT_DEFAULT, TIMEOUT_MAX,

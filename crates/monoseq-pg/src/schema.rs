@@ -1,13 +1,15 @@
 //! Creates or checks the store's tables at open, in one transaction: the schema, the meta
-//! table with the recorded schema version, and the key-value table. Owns the rule that a
-//! database written by a newer build (a higher schema version) is refused, never used.
+//! table with the recorded schema version, the key-value table, and the lease and node
+//! tables. Owns the rules that a database of an older version is migrated in place (version
+//! 1 gains the lease and node tables) and that one written by a newer build (a higher schema
+//! version) is refused, never used.
 
 use monoseq_kv::{KvError, OpenError};
 use tokio_postgres::error::SqlState;
 
 use crate::error::{Failure, storage_open_error};
 use crate::exec::Conn;
-use crate::sql::{SCHEMA_VERSION, Sql, VERSION_ROW};
+use crate::sql::{SCHEMA_VERSION, SCHEMA_VERSION_KV_ONLY, Sql, VERSION_ROW};
 
 /// Attempts of the whole migration: two stores opening a new schema at once may race in the
 /// catalog (`CREATE … IF NOT EXISTS` is not atomic there); the loser finds the tables on its
@@ -88,6 +90,10 @@ async fn versioned(
     let found: Option<i64> = row.map(|r| r.try_get(0)).transpose()?;
     match found {
         Some(version) if version == SCHEMA_VERSION => {}
+        Some(SCHEMA_VERSION_KV_ONLY) => {
+            create_lease_tables(conn, sql).await?;
+            write_version(conn, sql).await?;
+        }
         Some(version) if version > SCHEMA_VERSION => {
             return Ok(Err(storage_open_error(
                 location,
@@ -114,10 +120,23 @@ async fn versioned(
         }
         None => {
             client.batch_execute(&sql.create_kv).await?;
-            client
-                .execute(&sql.write_version, &[&VERSION_ROW, &SCHEMA_VERSION])
-                .await?;
+            create_lease_tables(conn, sql).await?;
+            write_version(conn, sql).await?;
         }
     }
     Ok(Ok(()))
+}
+
+async fn create_lease_tables(conn: &Conn, sql: &Sql) -> Result<(), Failure> {
+    let client = conn.client()?;
+    client.batch_execute(&sql.create_leases).await?;
+    client.batch_execute(&sql.create_nodes).await?;
+    Ok(())
+}
+
+async fn write_version(conn: &Conn, sql: &Sql) -> Result<(), Failure> {
+    conn.client()?
+        .execute(&sql.write_version, &[&VERSION_ROW, &SCHEMA_VERSION])
+        .await?;
+    Ok(())
 }

@@ -10,7 +10,12 @@ use std::ops::Bound;
 use monoseq_kv::Order;
 
 /// The schema version this build writes and reads. A database holding a newer one is refused.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+/// Version 1: the key-value table. Version 2 adds the lease and node tables; a database at
+/// version 1 is migrated in place.
+pub(crate) const SCHEMA_VERSION: i64 = 2;
+
+/// The schema version that had only the key-value table.
+pub(crate) const SCHEMA_VERSION_KV_ONLY: i64 = 1;
 
 /// Name of the row of the meta table that holds the schema version.
 pub(crate) const VERSION_ROW: &str = "schema_version";
@@ -21,6 +26,8 @@ pub(crate) struct Sql {
     pub(crate) create_schema: String,
     pub(crate) create_meta: String,
     pub(crate) create_kv: String,
+    pub(crate) create_leases: String,
+    pub(crate) create_nodes: String,
     pub(crate) read_version: String,
     pub(crate) write_version: String,
     pub(crate) get: String,
@@ -35,6 +42,25 @@ pub(crate) struct Sql {
     pub(crate) cas_delete: String,
     /// Inserts one key where absent (compare-and-swap from absence).
     pub(crate) cas_insert: String,
+    /// Divides by zero unless the lease of partition $1 has epoch $2; share-locks its row.
+    pub(crate) fence: String,
+    /// The epoch and node of a lease.
+    pub(crate) lease_holder: String,
+    /// Creates the free lease rows of partitions 0..$1.
+    pub(crate) lease_ensure: String,
+    /// Takes lease $1 for node $2 for $3 ms when it is free or expired; returns its new epoch.
+    pub(crate) lease_acquire: String,
+    /// Extends for $4 ms the leases of node $1 among partitions $2 with epochs $3; returns the
+    /// partitions extended.
+    pub(crate) lease_renew: String,
+    /// Frees lease $1 when node $2 holds it with epoch $3.
+    pub(crate) lease_release: String,
+    /// Every lease: partition, epoch, node, milliseconds to expiry by the database's clock.
+    pub(crate) lease_status: String,
+    pub(crate) node_heartbeat: String,
+    pub(crate) node_leave: String,
+    /// Every node: id, URL, milliseconds since its last heartbeat by the database's clock.
+    pub(crate) node_status: String,
     /// Scans by `[lower][upper][descending]`, lower and upper as [`bound_index`] gives them.
     scans: [[[String; 2]; 3]; 3],
 }
@@ -54,6 +80,12 @@ impl Sql {
     pub(crate) fn new(schema: &str) -> Sql {
         let kv = format!("{schema}.monoseq_kv");
         let meta = format!("{schema}.monoseq_meta");
+        let leases = format!("{schema}.monoseq_leases");
+        let nodes = format!("{schema}.monoseq_nodes");
+        // Milliseconds from the database's clock to a timestamp (negative when it is past).
+        let ms_until = |column: &str| {
+            format!("CAST(floor(extract(epoch FROM ({column} - now())) * 1000) AS bigint)")
+        };
         let keys = "unnest($1::bytea[], $2::bytea[])";
         let rows = "unnest($1::bytea[], $2::bytea[], $3::bytea[])";
         Sql {
@@ -64,6 +96,51 @@ impl Sql {
             create_kv: format!(
                 "CREATE TABLE IF NOT EXISTS {kv} (partition bytea NOT NULL, clustering bytea NOT \
                  NULL, value bytea NOT NULL, PRIMARY KEY (partition, clustering))"
+            ),
+            create_leases: format!(
+                "CREATE TABLE IF NOT EXISTS {leases} (partition integer PRIMARY KEY, epoch bigint \
+                 NOT NULL, node_id text NULL, expires_at timestamptz NOT NULL)"
+            ),
+            create_nodes: format!(
+                "CREATE TABLE IF NOT EXISTS {nodes} (node_id text PRIMARY KEY, url text NOT NULL, \
+                 seen_at timestamptz NOT NULL)"
+            ),
+            fence: format!(
+                "SELECT 1 / count(*) FROM (SELECT 1 FROM {leases} WHERE partition = $1 AND epoch = \
+                 $2 FOR SHARE) AS held"
+            ),
+            lease_holder: format!("SELECT epoch, node_id FROM {leases} WHERE partition = $1"),
+            lease_ensure: format!(
+                "INSERT INTO {leases} (partition, epoch, node_id, expires_at) SELECT p, 0, NULL, \
+                 now() FROM generate_series(0, $1::integer - 1) AS p ORDER BY p ON CONFLICT \
+                 (partition) DO NOTHING"
+            ),
+            lease_acquire: format!(
+                "UPDATE {leases} SET epoch = epoch + 1, node_id = $2, expires_at = now() + \
+                 $3::bigint * interval '1 millisecond' WHERE partition = $1 AND (node_id IS NULL \
+                 OR expires_at <= now()) RETURNING epoch"
+            ),
+            lease_renew: format!(
+                "UPDATE {leases} SET expires_at = now() + $4::bigint * interval '1 millisecond' \
+                 WHERE node_id = $1 AND (partition, epoch) IN (SELECT * FROM \
+                 unnest($2::integer[], $3::bigint[])) RETURNING partition"
+            ),
+            lease_release: format!(
+                "UPDATE {leases} SET node_id = NULL, expires_at = now() WHERE partition = $1 AND \
+                 node_id = $2 AND epoch = $3"
+            ),
+            lease_status: format!(
+                "SELECT partition, epoch, node_id, {} FROM {leases} ORDER BY partition",
+                ms_until("expires_at")
+            ),
+            node_heartbeat: format!(
+                "INSERT INTO {nodes} (node_id, url, seen_at) VALUES ($1, $2, now()) ON CONFLICT \
+                 (node_id) DO UPDATE SET url = EXCLUDED.url, seen_at = EXCLUDED.seen_at"
+            ),
+            node_leave: format!("DELETE FROM {nodes} WHERE node_id = $1"),
+            node_status: format!(
+                "SELECT node_id, url, -{} FROM {nodes} ORDER BY node_id",
+                ms_until("seen_at")
             ),
             read_version: format!("SELECT value FROM {meta} WHERE name = $1 FOR UPDATE"),
             write_version: format!(

@@ -4,6 +4,7 @@
 //! `scan.rs`.
 
 use std::ops::Bound;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -14,8 +15,14 @@ use tokio::runtime::Runtime;
 use tokio_postgres::NoTls;
 use tokio_postgres::config::Host;
 
+use futures_util::future::join4;
+use tokio_postgres::Statement;
+use tokio_postgres::types::ToSql;
+
 use crate::error::{Failure, storage_open_error};
 use crate::exec::{self, Conn, within};
+use crate::fenced::{Fence, FencedPgStore};
+use crate::lease::Leases;
 use crate::options::PgOptions;
 use crate::plan::Plan;
 use crate::sql::Sql;
@@ -75,22 +82,28 @@ impl Inner {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct PgStore {
-    inner: Inner,
+    core: Arc<Core>,
+}
+
+/// What a store and its views ([`crate::Leases`], [`crate::FencedPgStore`]) share: the
+/// connections, the runtime that drives them, and what error messages name.
+pub(crate) struct Core {
+    pub(crate) inner: Inner,
     /// Drives the connections; `None` only while dropping.
     runtime: Option<Runtime>,
-    location: String,
+    pub(crate) location: String,
     schema: String,
 }
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
-            .field("location", &self.location)
+            .field("location", &self.core.location)
             .finish_non_exhaustive()
     }
 }
 
-impl Drop for PgStore {
+impl Drop for Core {
     fn drop(&mut self) {
         if let Some(runtime) = self.runtime.take() {
             // Never blocks, so dropping the store on an async task cannot panic.
@@ -190,7 +203,7 @@ impl PgStore {
                     KvError::backend("building the connection pool failed", e.to_string()),
                 )
             })?;
-        let store = PgStore {
+        let core = Core {
             inner: Inner {
                 pool,
                 sql: Sql::new(&options.schema),
@@ -201,15 +214,33 @@ impl PgStore {
             location,
             schema: options.schema.clone(),
         };
-        store.migrate(&options.schema)?;
-        Ok(store)
+        core.migrate(&options.schema)?;
+        Ok(PgStore {
+            core: Arc::new(core),
+        })
     }
 
     /// The schema that holds the store's tables.
     pub fn schema(&self) -> &str {
-        &self.schema
+        &self.core.schema
     }
 
+    /// The partition leases and node registry of this database (tables `monoseq_leases` and
+    /// `monoseq_nodes` in the store's schema), on the store's connections. Cheap to clone;
+    /// usable from any thread.
+    pub fn leases(&self) -> Leases {
+        Leases::new(Arc::clone(&self.core))
+    }
+
+    /// A view of this store whose every batch write and compare-and-swap commits only while
+    /// the lease of `partition` still has `epoch` (checked in the write's own transaction; see
+    /// [`FencedPgStore`]). Reads pass through unchanged. Cheap; shares the store's connections.
+    pub fn fenced(&self, partition: u32, epoch: u64) -> FencedPgStore {
+        FencedPgStore::new(Arc::clone(&self.core), partition, epoch)
+    }
+}
+
+impl Core {
     fn migrate(&self, schema: &str) -> Result<(), OpenError> {
         let inner = &self.inner;
         let location = self.location.as_str();
@@ -226,7 +257,7 @@ impl PgStore {
     }
 
     /// Runs `future` on the store's runtime, failing after `limit`.
-    fn run<T>(
+    pub(crate) fn run<T>(
         &self,
         limit: Duration,
         future: impl Future<Output = Result<T, Failure>>,
@@ -235,7 +266,7 @@ impl PgStore {
     }
 
     /// Runs `future` on the store's runtime; its own steps bound its time.
-    fn run_unlimited<T>(
+    pub(crate) fn run_unlimited<T>(
         &self,
         future: impl Future<Output = Result<T, Failure>>,
     ) -> Result<T, Failure> {
@@ -289,38 +320,93 @@ async fn get_many(inner: &Inner, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>
     Ok(values)
 }
 
-/// One compare-and-swap attempt: `Ok(true)` swapped, `Ok(false)` the statement found another
-/// value (or the key present or absent against expectations).
+/// How one compare-and-swap attempt ended when the server answered.
+enum Attempt {
+    Swapped,
+    /// The statement found another value (or the key present or absent against expectations).
+    NotSwapped,
+    /// The fence found another epoch; nothing was written.
+    Fenced,
+}
+
+/// How a compare-and-swap ended when the server answered.
+enum Swap {
+    Swapped,
+    /// The stored value at the time of the comparison.
+    Mismatch(Option<Vec<u8>>),
+    Fenced,
+}
+
+/// The conditional statement of a compare-and-swap with its parameters; `None` when there is
+/// nothing to write (expected absent, asked to delete).
+async fn cas_statement(
+    inner: &Inner,
+    conn: &Conn,
+    expected: Option<&[u8]>,
+    new: Option<&[u8]>,
+) -> Result<Option<Statement>, Failure> {
+    let client = conn.client()?;
+    let text = match (expected, new) {
+        (Some(_), Some(_)) => &inner.sql.cas_update,
+        (Some(_), None) => &inner.sql.cas_delete,
+        (None, Some(_)) => &inner.sql.cas_insert,
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(client.prepare_cached(text).await?))
+}
+
+/// One compare-and-swap attempt. Without a fence it is one conditional statement in
+/// autocommit; with one, `BEGIN`, the fence, the statement and `COMMIT` go in one round trip
+/// (when the fence fails the transaction is aborted and `COMMIT` rolls it back).
 async fn cas_attempt(
     inner: &Inner,
     conn: &Conn,
     key: Key<'_>,
     expected: Option<&[u8]>,
     new: Option<&[u8]>,
-) -> Result<bool, Failure> {
+    fence: Option<Fence>,
+) -> Result<Attempt, Failure> {
+    let Some(statement) = cas_statement(inner, conn, expected, new).await? else {
+        return Ok(Attempt::NotSwapped);
+    };
     let client = conn.client()?;
     let (p, c) = (key.partition, key.clustering);
-    let changed = match (expected, new) {
-        (Some(expected), Some(new)) => {
-            let statement = client.prepare_cached(&inner.sql.cas_update).await?;
-            client
-                .execute(&statement, &[&p, &c, &expected, &new])
-                .await?
+    // $3 is the expected value when there is one, then the new value.
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&p, &c];
+    if let Some(expected) = &expected {
+        params.push(expected);
+    }
+    if let Some(new) = &new {
+        params.push(new);
+    }
+    let changed = match fence {
+        None => client.execute(&statement, &params).await?,
+        Some(fence) => {
+            let check = fence.statement(inner, conn).await?;
+            let (begin, held, changed, commit) = join4(
+                client.batch_execute("BEGIN"),
+                fence.check(conn, &check),
+                client.execute(&statement, &params),
+                client.batch_execute("COMMIT"),
+            )
+            .await;
+            begin?;
+            if !held? {
+                commit?;
+                return Ok(Attempt::Fenced);
+            }
+            let changed = changed?;
+            commit?;
+            changed
         }
-        (Some(expected), None) => {
-            let statement = client.prepare_cached(&inner.sql.cas_delete).await?;
-            client.execute(&statement, &[&p, &c, &expected]).await?
-        }
-        (None, Some(new)) => {
-            let statement = client.prepare_cached(&inner.sql.cas_insert).await?;
-            client.execute(&statement, &[&p, &c, &new]).await?
-        }
-        (None, None) => 0,
     };
-    Ok(changed == 1)
+    Ok(match changed == 1 {
+        true => Attempt::Swapped,
+        false => Attempt::NotSwapped,
+    })
 }
 
-/// Compare-and-swap: `Ok(Err(current))` on a mismatch.
+/// Compare-and-swap.
 ///
 /// Each statement is one conditional write that locks its row, so READ COMMITTED is enough:
 /// an `UPDATE`/`DELETE … WHERE value = $expected` that meets a row changed by a concurrent
@@ -332,12 +418,20 @@ async fn compare_and_swap(
     key: Key<'_>,
     expected: Option<&[u8]>,
     new: Option<&[u8]>,
-) -> Result<Result<(), Option<Vec<u8>>>, Failure> {
+    fence: Option<Fence>,
+) -> Result<Swap, Failure> {
     let conn = inner.conn().await?;
     for _ in 0..CAS_ATTEMPTS_MAX {
-        if cas_attempt(inner, &conn, key, expected, new).await? {
-            conn.release();
-            return Ok(Ok(()));
+        match cas_attempt(inner, &conn, key, expected, new, fence).await? {
+            Attempt::Swapped => {
+                conn.release();
+                return Ok(Swap::Swapped);
+            }
+            Attempt::Fenced => {
+                conn.release();
+                return Ok(Swap::Fenced);
+            }
+            Attempt::NotSwapped => {}
         }
         let client = conn.client()?;
         let statement = client.prepare_cached(&inner.sql.get).await?;
@@ -347,12 +441,12 @@ async fn compare_and_swap(
         let current = row.map(|row| row.try_get::<_, Vec<u8>>(0)).transpose()?;
         if current.as_deref() != expected {
             conn.release();
-            return Ok(Err(current));
+            return Ok(Swap::Mismatch(current));
         }
         if new.is_none() && expected.is_none() {
             // Expected absent, asked to delete: the read found it absent.
             conn.release();
-            return Ok(Ok(()));
+            return Ok(Swap::Swapped);
         }
     }
     conn.release();
@@ -362,18 +456,19 @@ async fn compare_and_swap(
     )))
 }
 
-impl KvStore for PgStore {
-    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+/// The contract's operations, shared by [`PgStore`] (no fence) and [`FencedPgStore`].
+impl Core {
+    pub(crate) fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
         self.run(self.inner.call_timeout(), get(&self.inner, key))
             .map_err(|f| f.into_kv("reading a key"))
     }
 
-    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+    pub(crate) fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
         self.run(self.inner.call_timeout(), get_many(&self.inner, keys))
             .map_err(|f| f.into_kv("reading keys"))
     }
 
-    fn scan(
+    pub(crate) fn scan(
         &self,
         partition: &[u8],
         from: Bound<&[u8]>,
@@ -392,7 +487,8 @@ impl KvStore for PgStore {
         .map_err(|f| f.into_kv("scanning a partition"))
     }
 
-    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+    /// Writes `batch`, in a transaction that first checks `fence` when there is one.
+    pub(crate) fn write(&self, batch: &WriteBatch, fence: Option<Fence>) -> Result<(), WriteError> {
         batch.check_limits()?;
         if batch.is_empty() {
             return Ok(());
@@ -400,7 +496,11 @@ impl KvStore for PgStore {
         let plan = Plan::new(batch);
         let mut attempt = 1;
         loop {
-            match self.run(self.inner.call_timeout(), write::apply(&self.inner, &plan)) {
+            let applied = self.run(
+                self.inner.call_timeout(),
+                write::apply(&self.inner, &plan, fence),
+            );
+            match applied {
                 Ok(Outcome::Written) => return Ok(()),
                 Ok(Outcome::Conflict(index)) => {
                     let key = batch.get(index).map(|item| item.key.to_owned());
@@ -408,6 +508,9 @@ impl KvStore for PgStore {
                         index,
                         key: key.unwrap_or_default(),
                     });
+                }
+                Ok(Outcome::Fenced) => {
+                    return Err(WriteError::Storage(self.fenced_error(fence)));
                 }
                 Err(failure) if failure.is_retryable() && attempt < WRITE_ATTEMPTS_MAX => {
                     std::thread::sleep(Duration::from_millis(1 << attempt));
@@ -427,11 +530,13 @@ impl KvStore for PgStore {
         }
     }
 
-    fn compare_and_swap(
+    /// Compare-and-swap, in a transaction that first checks `fence` when there is one.
+    pub(crate) fn compare_and_swap(
         &self,
         key: Key<'_>,
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
+        fence: Option<Fence>,
     ) -> Result<(), CasError> {
         if let Some((what, len, max)) = limits::exceeded(key, new.unwrap_or_default()) {
             return Err(CasError::TooLarge { what, len, max });
@@ -440,11 +545,12 @@ impl KvStore for PgStore {
         loop {
             let result = self.run(
                 self.inner.call_timeout(),
-                compare_and_swap(&self.inner, key, expected, new),
+                compare_and_swap(&self.inner, key, expected, new, fence),
             );
             match result {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(current)) => return Err(CasError::Mismatch { current }),
+                Ok(Swap::Swapped) => return Ok(()),
+                Ok(Swap::Mismatch(current)) => return Err(CasError::Mismatch { current }),
+                Ok(Swap::Fenced) => return Err(CasError::Storage(self.fenced_error(fence))),
                 Err(failure) if failure.is_retryable() && attempt < WRITE_ATTEMPTS_MAX => {
                     std::thread::sleep(Duration::from_millis(1 << attempt));
                     attempt += 1;
@@ -461,6 +567,50 @@ impl KvStore for PgStore {
                 }
             }
         }
+    }
+
+    /// The error of a write that `fence` refused, naming the lease's current holder.
+    fn fenced_error(&self, fence: Option<Fence>) -> KvError {
+        match fence {
+            Some(fence) => fence.error(self),
+            None => KvError::Corrupted {
+                message: "an unfenced write was reported as fenced".to_owned(),
+            },
+        }
+    }
+}
+
+impl KvStore for PgStore {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.core.get(key)
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.core.get_many(keys)
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        self.core.scan(partition, from, to, order, visit)
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+        self.core.write(batch, None)
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        self.core.compare_and_swap(key, expected, new, None)
     }
 
     /// Does nothing: every commit returned is already durable (`synchronous_commit = on`).

@@ -241,11 +241,19 @@ pub trait LeaseTable: Send + Sync + 'static {
     /// Forgets `node_id`.
     fn leave(&self, node_id: &str) -> Result<(), KvError>;
     /// Takes `partition` if it is free or expired, raising its epoch; the new epoch.
-    fn acquire(&self, partition: u32, node_id: &str, lease: Duration)
-    -> Result<Option<u64>, KvError>;
+    fn acquire(
+        &self,
+        partition: u32,
+        node_id: &str,
+        lease: Duration,
+    ) -> Result<Option<u64>, KvError>;
     /// Extends every lease of `held` still held with its epoch; the partitions renewed.
-    fn renew(&self, node_id: &str, held: &[(u32, u64)], lease: Duration)
-    -> Result<Vec<u32>, KvError>;
+    fn renew(
+        &self,
+        node_id: &str,
+        held: &[(u32, u64)],
+        lease: Duration,
+    ) -> Result<Vec<u32>, KvError>;
     /// Frees `partition` at once if still held with `epoch`.
     fn release(&self, node_id: &str, partition: u32, epoch: u64) -> Result<bool, KvError>;
     /// Every lease and node.
@@ -350,12 +358,6 @@ impl Cluster {
         tokio::spawn(Arc::clone(&cluster).rounds());
         tokio::spawn(Arc::clone(&cluster).watchdog());
         Ok(cluster)
-    }
-
-    /// The settings.
-    #[must_use]
-    pub fn settings(&self) -> &ClusterSettings {
-        &self.settings
     }
 
     /// Where partition `p` is served, by the last status read.
@@ -517,8 +519,11 @@ impl Cluster {
     async fn round(self: &Arc<Self>) -> anyhow::Result<()> {
         let began = Instant::now();
         let c = Arc::clone(self);
-        blocking(move || c.table.heartbeat(&c.settings.node_id, &c.settings.advertise_url))
-            .await?;
+        blocking(move || {
+            c.table
+                .heartbeat(&c.settings.node_id, &c.settings.advertise_url)
+        })
+        .await?;
         self.renew(began).await?;
         self.drop_fenced();
         let c = Arc::clone(self);
@@ -548,11 +553,8 @@ impl Cluster {
         }
         let c = Arc::clone(self);
         let asked = held.clone();
-        let renewed = blocking(move || {
-            c.table
-                .renew(&c.settings.node_id, &asked, c.settings.lease)
-        })
-        .await?;
+        let renewed =
+            blocking(move || c.table.renew(&c.settings.node_id, &asked, c.settings.lease)).await?;
         let valid_until = self.valid_until(began);
         let mut lost = Vec::new();
         {
@@ -651,11 +653,8 @@ impl Cluster {
                 blocking(move || c.table.release(&c.settings.node_id, p, epoch)).await?;
             }
             let (c, p) = (Arc::clone(self), row.partition);
-            let epoch = blocking(move || {
-                c.table
-                    .acquire(p, &c.settings.node_id, c.settings.lease)
-            })
-            .await?;
+            let epoch =
+                blocking(move || c.table.acquire(p, &c.settings.node_id, c.settings.lease)).await?;
             if let Some(epoch) = epoch {
                 self.serve(p, epoch, began)?;
                 taken += 1;
@@ -673,10 +672,15 @@ impl Cluster {
             .leases
             .iter()
             .filter(|l| !held.contains_key(&l.partition))
-            .filter(|l| l.node_id.is_none() || l.expires_in_ms <= 0 || l.node_id.as_ref() == Some(me))
+            .filter(|l| {
+                l.node_id.is_none() || l.expires_in_ms <= 0 || l.node_id.as_ref() == Some(me)
+            })
             .collect();
         let start = name_hash(me) % u64::from(self.partitions.max(1));
-        rows.sort_by_key(|l| (u64::from(l.partition) + u64::from(self.partitions) - start) % u64::from(self.partitions));
+        rows.sort_by_key(|l| {
+            (u64::from(l.partition) + u64::from(self.partitions) - start)
+                % u64::from(self.partitions)
+        });
         rows
     }
 
@@ -696,7 +700,11 @@ impl Cluster {
             },
         );
         self.cp.acquire(p, store)?;
-        tracing::info!(partition = p, epoch, "took the partition's lease; actualizing it");
+        tracing::info!(
+            partition = p,
+            epoch,
+            "took the partition's lease; actualizing it"
+        );
         Ok(())
     }
 
@@ -704,7 +712,10 @@ impl Cluster {
     async fn give_back_one(self: &Arc<Self>) {
         let last = self.held().iter().next_back().map(|(p, h)| (*p, h.epoch));
         if let Some((p, epoch)) = last {
-            tracing::info!(partition = p, "giving the partition back to balance the nodes");
+            tracing::info!(
+                partition = p,
+                "giving the partition back to balance the nodes"
+            );
             self.hand_back(p, epoch).await;
         }
     }
@@ -721,19 +732,20 @@ impl Cluster {
         }
         let c = Arc::clone(self);
         if let Err(e) = blocking(move || c.table.release(&c.settings.node_id, p, epoch)).await {
-            tracing::warn!(partition = p, "giving the lease back failed: {e}; it expires on its own");
+            tracing::warn!(
+                partition = p,
+                "giving the lease back failed: {e}; it expires on its own"
+            );
         }
     }
 }
 
 /// The leases of a PostgreSQL database.
-#[cfg(any())]
 pub struct PgLeaseTable {
     store: Arc<monoseq_pg::PgStore>,
     leases: monoseq_pg::Leases,
 }
 
-#[cfg(any())]
 impl PgLeaseTable {
     /// The lease table of `store`'s database.
     #[must_use]
@@ -743,7 +755,6 @@ impl PgLeaseTable {
     }
 }
 
-#[cfg(any())]
 impl LeaseTable for PgLeaseTable {
     fn ensure_partitions(&self, partitions: u32) -> Result<(), KvError> {
         self.leases.ensure_partitions(partitions)
@@ -867,7 +878,10 @@ fn print_status(v: &serde_json::Value) {
         println!("one node on embedded storage serves every partition");
         return;
     }
-    println!("{:<24} {:<32} {:>8} {:>6}  partitions", "node", "url", "seen ms", "alive");
+    println!(
+        "{:<24} {:<32} {:>8} {:>6}  partitions",
+        "node", "url", "seen ms", "alive"
+    );
     for n in v["nodes"].as_array().into_iter().flatten() {
         println!(
             "{:<24} {:<32} {:>8} {:>6}  {}",
@@ -879,7 +893,10 @@ fn print_status(v: &serde_json::Value) {
         );
     }
     println!();
-    println!("{:>9} {:<24} {:>6} {:>12}", "partition", "owner", "epoch", "lease age ms");
+    println!(
+        "{:>9} {:<24} {:>6} {:>12}",
+        "partition", "owner", "epoch", "lease age ms"
+    );
     for p in v["partitions"].as_array().into_iter().flatten() {
         println!(
             "{:>9} {:<24} {:>6} {:>12}",
@@ -928,6 +945,9 @@ mod tests {
         assert!(check_url("ftp://x").is_err());
         assert!(check_url("http://x/path").is_err());
         let any: SocketAddr = "0.0.0.0:8080".parse().unwrap();
-        assert!(default_url(any, "http").is_err(), "an unspecified address is not a URL");
+        assert!(
+            default_url(any, "http").is_err(),
+            "an unspecified address is not a URL"
+        );
     }
 }

@@ -345,9 +345,15 @@ async fn join_cluster(
     let cluster = args.resolve(&settings.cluster, settings.listen, local, "http")?;
     let forwarder = Forwarder::new(&cluster.node_id, cluster.redirect, None)?;
     let table: Arc<dyn crate::cluster::LeaseTable> =
-        { let _ = pg; todo!() };
-    let members =
-        Cluster::join(cluster, table, cp.clone(), Arc::clone(&opened.kv), settings.trust).await?;
+        Arc::new(crate::cluster::PgLeaseTable::new(Arc::clone(pg)));
+    let members = Cluster::join(
+        cluster,
+        table,
+        cp.clone(),
+        Arc::clone(&opened.kv),
+        settings.trust,
+    )
+    .await?;
     Ok(Some((members, forwarder)))
 }
 

@@ -1,0 +1,221 @@
+//! [`FencedPgStore`]: a view of a store whose every write commits only while the lease of one
+//! partition still has the epoch the view was made with. Owns the fence check that rides in
+//! each write's own transaction, and the error that names the lease's new holder.
+//!
+//! The check is one statement, sent in the same pipeline as the write (no extra round trip):
+//!
+//! ```sql
+//! SELECT 1 / count(*) FROM (SELECT 1 FROM monoseq_leases
+//!     WHERE partition = $1 AND epoch = $2 FOR SHARE) AS held
+//! ```
+//!
+//! When the lease has another epoch (or no row) it divides by zero: the error aborts the
+//! transaction, every statement after it fails without writing, and the `COMMIT` sent with
+//! them rolls back. Plain SQL, no procedural code, as the crate's other statements.
+//!
+//! Why READ COMMITTED with `FOR SHARE` is enough: `acquire` changes the epoch with an `UPDATE`
+//! of the lease row, which conflicts with the share lock. A write that locked the row first
+//! keeps it until its commit, so the takeover waits for that write to commit and its
+//! `UPDATE` then sees the lease as the write left it. A write whose check meets a takeover in
+//! flight waits for it; PostgreSQL then re-evaluates the `WHERE` on the newest committed row
+//! version (as for `UPDATE`), finds the new epoch and refuses. A write that starts after the
+//! takeover committed reads the new epoch in its statement's snapshot. So once `acquire`
+//! returned, no write of an earlier epoch can commit, and every earlier one that committed
+//! did so before the takeover: the new owner reads it.
+
+use std::sync::Arc;
+
+use monoseq_kv::{CasError, Key, KvError, KvStore, Order, Visitor, WriteBatch, WriteError};
+use tokio_postgres::Statement;
+use tokio_postgres::error::SqlState;
+
+use crate::error::Failure;
+use crate::exec::Conn;
+use crate::store::{Core, Inner};
+
+/// The lease epoch a write needs: partition and epoch as the lease table stores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fence {
+    partition: u32,
+    epoch: u64,
+}
+
+impl Fence {
+    /// The partition as the table's `integer` column takes it. No lease row has a negative
+    /// partition ([`crate::LEASE_PARTITIONS_MAX`]), so an out-of-range one is always fenced.
+    fn partition_param(self) -> i32 {
+        i32::try_from(self.partition).unwrap_or(-1)
+    }
+
+    /// The epoch as the table's `bigint` column takes it. No lease has a negative epoch, so an
+    /// out-of-range one is always fenced.
+    fn epoch_param(self) -> i64 {
+        i64::try_from(self.epoch).unwrap_or(-1)
+    }
+
+    /// The fence check, prepared (or found in the connection's cache).
+    pub(crate) async fn statement(self, inner: &Inner, conn: &Conn) -> Result<Statement, Failure> {
+        Ok(conn.client()?.prepare_cached(&inner.sql.fence).await?)
+    }
+
+    /// Runs the check inside the caller's open transaction: `Ok(true)` when the lease still
+    /// has the epoch (its row is then share-locked to the commit), `Ok(false)` when it does
+    /// not (the transaction is aborted and nothing after it writes).
+    pub(crate) async fn check(self, conn: &Conn, statement: &Statement) -> Result<bool, Failure> {
+        let client = conn.client()?;
+        let result = client
+            .execute(statement, &[&self.partition_param(), &self.epoch_param()])
+            .await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(e) if e.code() == Some(&SqlState::DIVISION_BY_ZERO) => Ok(false),
+            Err(e) => Err(Failure::Postgres(e)),
+        }
+    }
+
+    /// The error of a write this fence refused, naming who holds the lease now (read after
+    /// the refusal; best effort).
+    pub(crate) fn error(self, core: &Core) -> KvError {
+        let (partition, epoch) = (self.partition, self.epoch);
+        let holder = core.run(
+            core.inner.call_timeout(),
+            crate::lease::holder(&core.inner, self.partition_param()),
+        );
+        let now = match holder {
+            Ok(Some((held, Some(node)))) if held > self.epoch_param() => {
+                format!("a newer owner has epoch {held}: node {node:?}")
+            }
+            Ok(Some((held, None))) if held > self.epoch_param() => {
+                format!("a newer owner had epoch {held} and released it")
+            }
+            Ok(Some((held, _))) => format!(
+                "the lease has epoch {held}, which is not newer: this view's epoch did not come \
+                 from Leases::acquire"
+            ),
+            Ok(None) => "the lease row is missing: call Leases::ensure_partitions".to_owned(),
+            Err(failure) => format!(
+                "the current holder could not be read: {}",
+                failure.into_kv("reading a lease")
+            ),
+        };
+        KvError::Fenced {
+            message: format!("partition {partition} with epoch {epoch} ({now})"),
+        }
+    }
+}
+
+/// A view of a [`crate::PgStore`] that writes for one partition under one lease epoch (from
+/// [`crate::Leases::acquire`]), made by [`crate::PgStore::fenced`].
+///
+/// Guarantee: every [`KvStore::write`] batch and every [`KvStore::compare_and_swap`] checks,
+/// in its own transaction and before writing, that the lease of the partition still has this
+/// epoch, and share-locks the lease row to the commit. Once another node's `acquire` of the
+/// partition returned, every write through this view fails with
+/// `WriteError::Storage(KvError::Fenced { .. })` / `CasError::Storage(KvError::Fenced { .. })`
+/// and writes nothing; every write that returned `Ok` committed before that takeover, so the
+/// new owner reads it. The check looks at the epoch only: a lease that expired but was not
+/// taken over still admits its owner's writes, which is safe because nobody else wrote.
+///
+/// Reads (`get`, `get_many`, `scan`) pass through without a check; [`KvStore::sync`] does
+/// nothing, as on the store. A batch that conflicts within itself writes nothing and is
+/// answered `Conflict` without the check.
+///
+/// The fence costs no extra round trip: `BEGIN`, the check, the batch's statements and
+/// `COMMIT` travel together (a batch with insert-if-absent conditions on several keys still
+/// takes two round trips, as without a fence). Writes of one partition wait for a takeover or
+/// a renewal of its lease in flight, and those wait for the writes in flight.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use monoseq_kv::{Key, KvError, KvStore, WriteError};
+/// use monoseq_pg::{PgOptions, PgStore};
+///
+/// let store = PgStore::open("postgresql://monoseq:secret@db.example/monoseq", PgOptions::default())?;
+/// let leases = store.leases();
+/// leases.ensure_partitions(8)?;
+/// if let Some(epoch) = leases.acquire(3, "node-a", Duration::from_secs(10))? {
+///     let partition = store.fenced(3, epoch);
+///     match partition.put(Key::new(b"p3", b"k"), b"v") {
+///         Ok(()) => {}
+///         Err(WriteError::Storage(KvError::Fenced { .. })) => { /* stop serving partition 3 */ }
+///         Err(other) => return Err(other.into()),
+///     }
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct FencedPgStore {
+    core: Arc<Core>,
+    fence: Fence,
+}
+
+impl FencedPgStore {
+    pub(crate) fn new(core: Arc<Core>, partition: u32, epoch: u64) -> FencedPgStore {
+        FencedPgStore {
+            core,
+            fence: Fence { partition, epoch },
+        }
+    }
+
+    /// The partition whose lease fences the writes.
+    pub fn partition(&self) -> u32 {
+        self.fence.partition
+    }
+
+    /// The epoch the lease must still have for a write to commit.
+    pub fn epoch(&self) -> u64 {
+        self.fence.epoch
+    }
+}
+
+impl std::fmt::Debug for FencedPgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedPgStore")
+            .field("location", &self.core.location)
+            .field("partition", &self.fence.partition)
+            .field("epoch", &self.fence.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KvStore for FencedPgStore {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.core.get(key)
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.core.get_many(keys)
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: std::ops::Bound<&[u8]>,
+        to: std::ops::Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        self.core.scan(partition, from, to, order, visit)
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+        self.core.write(batch, Some(self.fence))
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        self.core
+            .compare_and_swap(key, expected, new, Some(self.fence))
+    }
+
+    /// Does nothing: every commit returned is already durable (`synchronous_commit = on`).
+    fn sync(&self) -> Result<(), KvError> {
+        Ok(())
+    }
+}
