@@ -615,8 +615,8 @@ impl Cluster {
         (self.partitions as usize).div_ceil(live)
     }
 
-    /// Whether a live node other than this one holds fewer than `target - 1` partitions, or
-    /// some partition has no live lease (so giving one back helps balance).
+    /// Whether a live node other than this one holds fewer than `target` partitions (so
+    /// giving one back helps balance).
     fn others_want(&self, status: &TableStatus, target: usize) -> bool {
         let lease_ms = self.settings.lease.as_millis() as u64;
         status.nodes.iter().any(|n| {
@@ -626,7 +626,7 @@ impl Cluster {
                     .iter()
                     .filter(|l| l.node_id.as_ref() == Some(&n.node_id) && l.expires_in_ms > 0)
                     .count();
-                holds + 1 < target
+                holds < target
             }
         })
     }

@@ -30,6 +30,14 @@ impl Backend {
         Backend::Postgres(url)
     }
 
+    /// The connection string of a fresh database on the test binary's private cluster.
+    pub fn postgres_url() -> String {
+        match Backend::postgres() {
+            Backend::Postgres(url) => url,
+            Backend::Embedded => unreachable!("postgres() gives a database"),
+        }
+    }
+
     /// The flags that select this backend (`serve`, `verify`, `inspect`, `seq`).
     pub fn args(&self) -> Vec<String> {
         match self {
@@ -175,4 +183,24 @@ impl Drop for Server {
 /// Runs `monoseq <args>` to completion.
 pub fn run(args: &[&str]) -> std::process::Output {
     Command::new(BIN).args(args).output().expect("run monoseq")
+}
+
+/// The URL a started `monoseq serve` printed on its first line of output; panics with its log
+/// when it exits first (a refused start).
+pub fn listening_url(child: &mut Child, log: &Path) -> String {
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the listening line");
+    match line.trim().strip_prefix("monoseq listening on ") {
+        Some(url) => url.to_owned(),
+        None => {
+            let _ = child.wait();
+            panic!(
+                "the server did not start: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        }
+    }
 }

@@ -1,0 +1,492 @@
+//! Several `monoseq serve` processes on one PostgreSQL database: each partition is served by
+//! exactly one node at a time, commands sent to any node reach the owner, and losing a node
+//! (SIGKILL), pausing one past its lease (SIGSTOP) or restarting every node in turn loses no
+//! acknowledged event and hands out no number twice.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{BIN, Backend};
+use serde_json::{Value, json};
+
+const LEASE_MS: u64 = 1_500;
+const RENEW_MS: u64 = 300;
+/// Longest a client retries one command (same idempotency key) before the test fails.
+const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
+
+/// One `monoseq serve` of the cluster.
+struct Node {
+    id: String,
+    child: Child,
+    url: String,
+    log: PathBuf,
+}
+
+impl Node {
+    /// Starts node `id` on database `db`; waits until it listens.
+    fn start(db: &str, id: &str, dir: &Path, extra: &[&str]) -> Node {
+        let log = dir.join(format!("{id}.log"));
+        let lease = LEASE_MS.to_string();
+        let renew = RENEW_MS.to_string();
+        let mut child = Command::new(BIN)
+            .args(["serve", "--storage", db, "--listen", "127.0.0.1:0"])
+            .args([
+                "--node-id",
+                id,
+                "--lease-ms",
+                &lease,
+                "--lease-renew-ms",
+                &renew,
+            ])
+            .args(["--partitions", "6"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .expect("open the node's log"),
+            )
+            .spawn()
+            .expect("spawn monoseq serve");
+        let url = common::listening_url(&mut child, &log);
+        Node {
+            id: id.to_owned(),
+            child,
+            url,
+            log,
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    fn kill(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    /// SIGTERM, and the exit within `bound`.
+    fn terminate(mut self, bound: Duration) {
+        self.signal("-TERM");
+        let deadline = Instant::now() + bound;
+        while self.child.try_wait().expect("wait").is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "{} did not stop in time",
+                self.id
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a client was told for one command.
+#[derive(Debug, Clone)]
+struct Ack {
+    ws: u64,
+    partition: u64,
+    plog: u64,
+    wlog: u64,
+    id: u64,
+}
+
+fn command(ws: u64, n: u64) -> Value {
+    json!({
+        "ws": ws, "ws_kind": 1, "command": "cluster.Create",
+        "create": [{"raw_id": 1, "kind": "CDoc", "name": "cluster.Doc", "fields": {"n": n}}],
+    })
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client")
+}
+
+/// The URLs clients may use now (a load balancer's view).
+type Urls = Arc<Mutex<Vec<String>>>;
+
+/// Sends one command with an idempotency key until a node acknowledges it, trying the nodes
+/// in turn; a wrong answer (anything but 200 or a retryable 503) fails the test.
+async fn send(client: &reqwest::Client, urls: &Urls, ws: u64, key: &str, n: u64) -> Ack {
+    let began = Instant::now();
+    let mut attempt = n as usize;
+    loop {
+        assert!(
+            began.elapsed() < COMMAND_DEADLINE,
+            "command {key} never acknowledged"
+        );
+        attempt += 1;
+        let url = {
+            let urls = urls.lock().unwrap();
+            urls[attempt % urls.len()].clone()
+        };
+        let answer = client
+            .post(format!("{url}/v1/commands"))
+            .header("idempotency-key", key)
+            .json(&command(ws, n))
+            .send()
+            .await;
+        let Ok(answer) = answer else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let status = answer.status().as_u16();
+        let Ok(body) = answer.json::<Value>().await else {
+            continue;
+        };
+        match status {
+            200 => {
+                return Ack {
+                    ws,
+                    partition: body["partition"].as_u64().unwrap(),
+                    plog: body["plog_offset"].as_u64().unwrap(),
+                    wlog: body["wlog_offset"].as_u64().unwrap(),
+                    id: body["ids"]["1"].as_u64().unwrap(),
+                };
+            }
+            503 => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => panic!("a client got a wrong answer {other}: {body}"),
+        }
+    }
+}
+
+/// A client sending commands to workspaces `1..=30` until `stop`.
+async fn load(urls: Urls, acks: Arc<Mutex<Vec<Ack>>>, stop: Arc<AtomicBool>, client_no: u64) {
+    let client = client();
+    let mut n = 0u64;
+    while !stop.load(Ordering::SeqCst) && n < 100_000 {
+        n += 1;
+        let ws = (client_no * 7 + n) % 30 + 1;
+        let key = format!("c{client_no}-{n}");
+        let ack = send(&client, &urls, ws, &key, n).await;
+        acks.lock().unwrap().push(ack);
+    }
+}
+
+fn start_load(
+    urls: &Urls,
+    clients: u64,
+) -> (
+    Arc<Mutex<Vec<Ack>>>,
+    Arc<AtomicBool>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = (0..clients)
+        .map(|c| {
+            tokio::spawn(load(
+                Arc::clone(urls),
+                Arc::clone(&acks),
+                Arc::clone(&stop),
+                c,
+            ))
+        })
+        .collect();
+    (acks, stop, tasks)
+}
+
+async fn stop_load(stop: &AtomicBool, tasks: Vec<tokio::task::JoinHandle<()>>) {
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("a client saw a wrong answer");
+    }
+}
+
+async fn cluster(client: &reqwest::Client, url: &str) -> Value {
+    client
+        .get(format!("{url}/v1/cluster"))
+        .send()
+        .await
+        .expect("GET /v1/cluster")
+        .json()
+        .await
+        .expect("cluster JSON")
+}
+
+/// The live owner of each partition, by `url`'s reading.
+async fn owners(client: &reqwest::Client, url: &str) -> HashMap<u64, (String, u64)> {
+    let v = cluster(client, url).await;
+    v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| {
+            let owner = p["owner"].as_str()?;
+            Some((
+                p["partition"].as_u64().unwrap(),
+                (owner.to_owned(), p["epoch"].as_u64().unwrap()),
+            ))
+        })
+        .collect()
+}
+
+/// Waits until every partition has a live owner and each of `nodes` holds its fair share.
+async fn balanced(
+    client: &reqwest::Client,
+    url: &str,
+    nodes: &[&str],
+) -> HashMap<u64, (String, u64)> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let owners = owners(client, url).await;
+        let share = 6usize.div_ceil(nodes.len());
+        let fair = owners.len() == 6
+            && nodes.iter().all(|n| {
+                let holds = owners.values().filter(|(o, _)| o == n).count();
+                holds + 1 >= share && holds <= share
+            });
+        if fair {
+            return owners;
+        }
+        assert!(Instant::now() < deadline, "never balanced: {owners:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// No PLog offset, WLog offset or record ID acknowledged twice; every acknowledged event
+/// reads back as acknowledged from `url`.
+async fn check_acks(client: &reqwest::Client, url: &str, acks: &[Ack]) {
+    let (mut plogs, mut wlogs, mut ids) = (HashSet::new(), HashSet::new(), HashSet::new());
+    for a in acks {
+        assert!(
+            plogs.insert((a.partition, a.plog)),
+            "PLog offset twice: {a:?}"
+        );
+        assert!(wlogs.insert((a.ws, a.wlog)), "WLog offset twice: {a:?}");
+        assert!(ids.insert((a.ws, a.id)), "record ID twice: {a:?}");
+    }
+    for a in acks {
+        let e: Value = client
+            .get(format!(
+                "{url}/v1/partitions/{}/events/{}",
+                a.partition, a.plog
+            ))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            e["ws"], a.ws,
+            "acknowledged event lost or replaced: {a:?}: {e}"
+        );
+        assert_eq!(e["wlog_offset"], a.wlog, "{a:?}: {e}");
+        assert_eq!(e["created"][0]["id"], a.id, "{a:?}: {e}");
+    }
+}
+
+fn verify(db: &str, dir: &Path) {
+    let out = Backend::Postgres(db.to_owned()).verify(dir);
+    assert!(
+        out.status.success(),
+        "verify failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A workspace of partition `p` (of 6).
+fn ws_of(p: u64, k: u64) -> u64 {
+    if p == 0 { 6 * (k + 1) } else { p + 6 * k }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_is_lost() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    let n1 = Node::start(&db, "n1", dir.path(), &[]);
+    let n2 = Node::start(&db, "n2", dir.path(), &[]);
+    let n3 = Node::start(&db, "n3", dir.path(), &[]);
+    let before = balanced(&client, &n1.url, &["n1", "n2", "n3"]).await;
+    let urls: Urls = Arc::new(Mutex::new(vec![
+        n1.url.clone(),
+        n2.url.clone(),
+        n3.url.clone(),
+    ]));
+    let (acks, stop, tasks) = start_load(&urls, 6);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+
+    let moved: Vec<u64> = before
+        .iter()
+        .filter(|(_, (o, _))| o == "n2")
+        .map(|(p, _)| *p)
+        .collect();
+    urls.lock().unwrap().retain(|u| *u != n2.url);
+    let killed = Instant::now();
+    n2.kill();
+    // Each moved partition answers again through a surviving node within the lease plus
+    // actualization.
+    let probe_urls: Urls = Arc::new(Mutex::new(vec![n1.url.clone(), n3.url.clone()]));
+    let probes = AtomicU64::new(0);
+    for &p in &moved {
+        let n = probes.fetch_add(1, Ordering::SeqCst);
+        let ack = send(&client, &probe_urls, ws_of(p, 0), &format!("probe-{p}"), n).await;
+        assert_eq!(ack.partition, p);
+        acks.lock().unwrap().push(ack);
+    }
+    let failover = killed.elapsed();
+    eprintln!("failover: {failover:?} from SIGKILL to the last moved partition's first answer");
+    assert!(
+        failover < Duration::from_millis(LEASE_MS) + Duration::from_secs(10),
+        "moved partitions served again only after {failover:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    stop_load(&stop, tasks).await;
+
+    let after = owners(&client, &n1.url).await;
+    for p in &moved {
+        let (owner, epoch) = &after[p];
+        assert!(
+            owner == "n1" || owner == "n3",
+            "partition {p} owned by {owner}"
+        );
+        assert!(*epoch > before[p].1, "partition {p} kept epoch {epoch}");
+    }
+    let acks = acks.lock().unwrap().clone();
+    assert!(acks.len() > 50, "too little load: {}", acks.len());
+    check_acks(&client, &n1.url, &acks).await;
+    n1.terminate(Duration::from_secs(20));
+    n3.terminate(Duration::from_secs(20));
+    verify(&db, dir.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_paused_past_its_lease_writes_nothing_and_steps_down() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    // Trust level 2 writes events with plain puts: only the lease's fence keeps a paused
+    // owner's late writes from replacing the new owner's events.
+    let a = Node::start(&db, "a", dir.path(), &["--trust-level", "2"]);
+    let b = Node::start(&db, "b", dir.path(), &["--trust-level", "2"]);
+    let before = balanced(&client, &a.url, &["a", "b"]).await;
+    let (&p, _) = before.iter().find(|(_, (o, _))| o == "a").unwrap();
+
+    // Load on A's partition, through A only, while A is paused past its lease.
+    let to_a: Urls = Arc::new(Mutex::new(vec![a.url.clone()]));
+    let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..8u64)
+        .map(|c| {
+            let (urls, acks, stop) = (Arc::clone(&to_a), Arc::clone(&acks), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let client = self::client();
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    n += 1;
+                    let ack = send(&client, &urls, ws_of(p, c), &format!("a{c}-{n}"), n).await;
+                    acks.lock().unwrap().push(ack);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    a.signal("-STOP");
+    // B takes the partition over and writes to it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = owners(&client, &b.url).await;
+        if now
+            .get(&p)
+            .is_some_and(|(o, e)| o == "b" && *e > before[&p].1)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B never took partition {p} over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let to_b: Urls = Arc::new(Mutex::new(vec![b.url.clone()]));
+    let mut written_by_b = Vec::new();
+    for k in 0..20 {
+        written_by_b.push(send(&client, &to_b, ws_of(p, 20 + k), &format!("b-{k}"), k).await);
+    }
+    // A wakes up: its queued commands are sequenced on its stale state and written late.
+    a.signal("-CONT");
+    // Its clients move on to B once A steps down.
+    to_a.lock().unwrap().push(b.url.clone());
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("a client saw a wrong answer");
+    }
+
+    let now = owners(&client, &a.url).await;
+    assert_eq!(now[&p].0, "b", "A stepped down and B owns partition {p}");
+    let mut all = acks.lock().unwrap().clone();
+    all.extend(written_by_b.iter().cloned());
+    check_acks(&client, &b.url, &all).await;
+    // A attempted writes after it woke up, and the database refused them.
+    let log = a.log();
+    assert!(
+        log.contains("the storage refused this node's write"),
+        "A never attempted a write after its lease was taken over:\n{log}"
+    );
+    a.terminate(Duration::from_secs(20));
+    b.terminate(Duration::from_secs(20));
+    verify(&db, dir.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_every_node_in_turn_under_load_gives_no_client_a_wrong_answer() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    let ids = ["r1", "r2", "r3"];
+    let mut nodes: Vec<Node> = ids
+        .iter()
+        .map(|id| Node::start(&db, id, dir.path(), &[]))
+        .collect();
+    balanced(&client, &nodes[0].url, &ids).await;
+    let urls: Urls = Arc::new(Mutex::new(nodes.iter().map(|n| n.url.clone()).collect()));
+    let (acks, stop, tasks) = start_load(&urls, 6);
+    for i in 0..nodes.len() {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let old = nodes.remove(i);
+        urls.lock().unwrap().retain(|u| *u != old.url);
+        old.terminate(Duration::from_secs(20));
+        let new = Node::start(&db, ids[i], dir.path(), &[]);
+        urls.lock().unwrap().push(new.url.clone());
+        nodes.insert(i, new);
+    }
+    balanced(&client, &nodes[0].url, &ids).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_load(&stop, tasks).await;
+    let acks = acks.lock().unwrap().clone();
+    assert!(acks.len() > 50, "too little load: {}", acks.len());
+    check_acks(&client, &nodes[0].url, &acks).await;
+    for n in nodes {
+        n.terminate(Duration::from_secs(20));
+    }
+    verify(&db, dir.path());
+}
