@@ -191,14 +191,14 @@ async fn load(urls: Urls, acks: Arc<Mutex<Vec<Ack>>>, stop: Arc<AtomicBool>, cli
     }
 }
 
-fn start_load(
-    urls: &Urls,
-    clients: u64,
-) -> (
-    Arc<Mutex<Vec<Ack>>>,
-    Arc<AtomicBool>,
-    Vec<tokio::task::JoinHandle<()>>,
-) {
+/// Clients under way: what they were told, the switch that stops them, their tasks.
+struct Load {
+    acks: Arc<Mutex<Vec<Ack>>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn start_load(urls: &Urls, clients: u64) -> Load {
     let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let tasks = (0..clients)
@@ -211,7 +211,7 @@ fn start_load(
             ))
         })
         .collect();
-    (acks, stop, tasks)
+    Load { acks, stop, tasks }
 }
 
 async fn stop_load(stop: &AtomicBool, tasks: Vec<tokio::task::JoinHandle<()>>) {
@@ -334,7 +334,7 @@ async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_i
         n2.url.clone(),
         n3.url.clone(),
     ]));
-    let (acks, stop, tasks) = start_load(&urls, 6);
+    let Load { acks, stop, tasks } = start_load(&urls, 6);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
     let moved: Vec<u64> = before
@@ -469,13 +469,13 @@ async fn restarting_every_node_in_turn_under_load_gives_no_client_a_wrong_answer
         .collect();
     balanced(&client, &nodes[0].url, &ids).await;
     let urls: Urls = Arc::new(Mutex::new(nodes.iter().map(|n| n.url.clone()).collect()));
-    let (acks, stop, tasks) = start_load(&urls, 6);
-    for i in 0..nodes.len() {
+    let Load { acks, stop, tasks } = start_load(&urls, 6);
+    for (i, id) in ids.iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(700)).await;
         let old = nodes.remove(i);
         urls.lock().unwrap().retain(|u| *u != old.url);
         old.terminate(Duration::from_secs(20));
-        let new = Node::start(&db, ids[i], dir.path(), &[]);
+        let new = Node::start(&db, id, dir.path(), &[]);
         urls.lock().unwrap().push(new.url.clone());
         nodes.insert(i, new);
     }
