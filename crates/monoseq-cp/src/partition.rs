@@ -67,6 +67,13 @@ pub enum PartitionState {
     /// The storage refused its writes: another node owns the partition now. Commands answer
     /// [`CommandError::NotOwner`] until the partition is released.
     Fenced,
+    /// The storage lost events this partition acknowledged (its PLog now ends before them):
+    /// serving would hand their numbers out again, so commands answer
+    /// [`CommandError::Corrupted`] until an operator restores the storage.
+    Lost {
+        /// What was lost.
+        reason: String,
+    },
 }
 
 /// What the processor and a partition's task share.
@@ -109,6 +116,11 @@ pub(crate) struct Writer<S: KvStore + Clone> {
     /// Set when the storage refused a write because another node owns the partition now:
     /// the task stops serving.
     pub(crate) fenced: bool,
+    /// Set when the storage no longer holds events this partition acknowledged: the task
+    /// stops serving.
+    pub(crate) lost: Option<String>,
+    /// The processor's memory of this partition's acknowledged numbers.
+    pub(crate) acked: Arc<Mutex<Mark>>,
 }
 
 /// The async side of a partition.
@@ -159,6 +171,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             if self.writer.as_ref().is_some_and(|w| w.fenced) {
                 return self.fenced(retry, rx).await;
             }
+            if let Some(reason) = self.writer.as_mut().and_then(|w| w.lost.take()) {
+                return self.lost(reason, retry, rx).await;
+            }
             let failed = match &mut self.writer {
                 Some(w) => w.failed.take(),
                 None => Some("a group's thread was lost".into()),
@@ -193,6 +208,27 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             let _ = j.reply.send(Err(not_owner()));
         }
         drain(&mut rx, &not_owner).await;
+        self.stop(rx).await;
+    }
+
+    /// The storage went back behind what this partition acknowledged: refuses every command
+    /// (handing out the lost events' numbers again would break the sequences) until the
+    /// processor releases the partition or stops.
+    async fn lost(self, reason: String, retry: Vec<Job>, mut rx: mpsc::Receiver<Job>) {
+        let partition = self.template.partition.0;
+        tracing::error!(
+            partition,
+            "{reason}; the partition stops serving so that no number is handed out twice. \
+             Restore the storage (or, to accept the loss, restart the server)"
+        );
+        self.shared.set_state(PartitionState::Lost {
+            reason: reason.clone(),
+        });
+        let refused = || CommandError::Corrupted(reason.clone());
+        for j in retry {
+            let _ = j.reply.send(Err(refused()));
+        }
+        drain(&mut rx, &refused).await;
         self.stop(rx).await;
     }
 
@@ -352,11 +388,17 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 w.reported = (0, 0);
             }
             None => {
-                let mark = template
+                let stored = template
                     .marks
                     .as_ref()
                     .and_then(|m| m.get(template.partition.0).ok())
                     .unwrap_or(template.mark);
+                let acked = *template.acked.lock().unwrap_or_else(|e| e.into_inner());
+                let mark = if acked.plog > stored.plog {
+                    acked
+                } else {
+                    stored
+                };
                 self.writer = Some(Writer {
                     partition: template.partition,
                     store: template.store.clone(),
@@ -368,6 +410,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                     reported: (0, 0),
                     failed: None,
                     fenced: false,
+                    lost: None,
+                    acked: Arc::clone(&template.acked),
                 });
             }
         }
@@ -442,6 +486,7 @@ pub(crate) struct WriterTemplate<S: KvStore + Clone> {
     pub(crate) marks: Option<Arc<Marks>>,
     pub(crate) mark: Mark,
     pub(crate) counters: Arc<Counters>,
+    pub(crate) acked: Arc<Mutex<Mark>>,
 }
 
 /// Answers every command queued now with `error`; false when the queue is closed.
@@ -522,6 +567,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             Ok(()) => {
                 self.seq.mark_durable();
                 self.mark = mark;
+                *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = mark;
                 self.counters.groups.fetch_add(1, Ordering::Relaxed);
                 for (job, i) in followers {
                     let mut outcome = accepted[i].outcome.clone();
@@ -694,6 +740,21 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             ids.insert(raw, n.0);
         }
         let plog = tx.plog_offset();
+        if plog.0 <= self.mark.plog {
+            // The PLog was re-read (an actualization) and ends before events this partition
+            // acknowledged: the storage lost them.
+            tx.actualize();
+            let reason = format!(
+                "the storage lost acknowledged events of partition {}: PLog offsets up to {} \
+                 were acknowledged, the stored PLog now ends at {} (a database failover to a \
+                 standby that was behind, or a restored backup?)",
+                self.partition.0,
+                self.mark.plog,
+                plog.0 - 1
+            );
+            self.lost = Some(reason.clone());
+            return Err(CommandError::Corrupted(reason));
+        }
         let kinds: Vec<(RecordKind, String)> =
             updated.iter().map(|r| (r.kind, r.name.clone())).collect();
         let (created, updated, argument) = resolve(&job.cmd, &ids, &kinds);

@@ -189,6 +189,9 @@ struct Inner<S: KvStore + Clone> {
     partitions: Vec<Slot<S>>,
     runtime: Runtime,
     counters: Arc<Counters>,
+    /// Per partition, the highest numbers acknowledged by this process, kept while the
+    /// partition is released: acquired again, it refuses to serve a storage that lost them.
+    acked: Vec<Arc<Mutex<Mark>>>,
 }
 
 impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
@@ -249,6 +252,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             .build()?;
         let runtime = Runtime::from_handle(tokio::runtime::Handle::current());
         let partitions = (0..config.partitions).map(|_| RwLock::new(None)).collect();
+        let acked = (0..config.partitions).map(|_| Arc::default()).collect();
         Ok(CommandProcessor {
             inner: Arc::new(Inner {
                 config,
@@ -256,6 +260,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
                 partitions,
                 runtime,
                 counters: Arc::new(Counters::default()),
+                acked,
             }),
         })
     }
@@ -279,8 +284,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         if slot.is_some() {
             return Ok(());
         }
-        let (task, shared) =
-            start_partition(&store, &inner.config, p, &inner.runtime, &inner.counters)?;
+        let context = (&inner.runtime, &inner.counters, &inner.acked[p as usize]);
+        let (task, shared) = start_partition(&store, &inner.config, p, context)?;
         let (queue, rx) = mpsc::channel(inner.config.queue_commands_max);
         *slot = Some(Partition {
             queue,
@@ -477,6 +482,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
                 PartitionState::Rebuilding { reason } => Some(format!("rebuilding: {reason}")),
                 PartitionState::Stopped => Some("stopped".to_owned()),
                 PartitionState::Fenced => Some("fenced: another node took it over".to_owned()),
+                PartitionState::Lost { reason } => Some(format!("refused: {reason}")),
                 PartitionState::Starting => {
                     Some(sequencer_unready(&st).unwrap_or_else(|| "starting".to_owned()))
                 }
@@ -573,8 +579,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
     store: &EventStore<S>,
     config: &Config,
     p: u32,
-    runtime: &Runtime,
-    counters: &Arc<Counters>,
+    (runtime, counters, acked): (&Runtime, &Arc<Counters>, &Arc<Mutex<Mark>>),
 ) -> Result<(PartitionTask<S>, Arc<PartitionShared<S>>), ConfigError> {
     let retired = config.retired.get(p as usize).copied().unwrap_or_default();
     let params = built_in_params_above(config.ws_kinds.iter().copied(), &retired)
@@ -582,10 +587,11 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         .cache_workspaces_max(config.cache_workspaces_max)
         .batcher_delay(config.flush_delay)
         .build()?;
-    let mark = match &config.marks {
+    let stored = match &config.marks {
         Some(m) => m.get(p).map_err(|e| ConfigError::Marks(e.to_string()))?,
         None => Mark::default(),
     };
+    let mark = higher(stored, *acked.lock().unwrap_or_else(|e| e.into_inner()));
     let storage = Arc::new(store.seq_storage(PartitionId(p)));
     let seq = Sequencer::new(params.clone(), Arc::clone(&storage), runtime);
     let shared = Arc::new(PartitionShared {
@@ -599,6 +605,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         marks: config.marks.clone(),
         mark,
         counters: Arc::clone(counters),
+        acked: Arc::clone(acked),
     };
     let writer = Writer {
         partition: PartitionId(p),
@@ -611,6 +618,8 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         reported: (0, 0),
         failed: None,
         fenced: false,
+        lost: None,
+        acked: Arc::clone(acked),
     };
     let task = PartitionTask {
         writer: Some(writer),
@@ -623,4 +632,9 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         template,
     };
     Ok((task, shared))
+}
+
+/// The mark with the higher PLog offset (marks only grow, so it is the later one).
+fn higher(a: Mark, b: Mark) -> Mark {
+    if b.plog > a.plog { b } else { a }
 }

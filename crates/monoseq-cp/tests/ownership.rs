@@ -247,3 +247,127 @@ async fn an_old_owner_whose_writes_are_fenced_stops_serving_and_overwrites_nothi
     let next = submit(&b, order(4, 200)).await.expect("b still serves");
     assert_eq!(next.plog_offset, acked[4].plog_offset + 1);
 }
+
+/// A primary and an asynchronous standby: writes reach the standby only while `replicating`;
+/// after `failed_over` every call goes to the standby (a promoted standby that was behind).
+#[derive(Default)]
+struct Replicated {
+    primary: MemoryStore,
+    standby: MemoryStore,
+    replicating: std::sync::atomic::AtomicBool,
+    failed_over: std::sync::atomic::AtomicBool,
+}
+
+impl Replicated {
+    fn serving(&self) -> &MemoryStore {
+        if self.failed_over.load(Ordering::SeqCst) {
+            &self.standby
+        } else {
+            &self.primary
+        }
+    }
+}
+
+impl KvStore for Replicated {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.serving().get(key)
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.serving().get_many(keys)
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        self.serving().scan(partition, from, to, order, visit)
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+        self.serving().write(batch)?;
+        if self.replicating.load(Ordering::SeqCst) && !self.failed_over.load(Ordering::SeqCst) {
+            self.standby.write(batch)?;
+        }
+        Ok(())
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        self.serving().compare_and_swap(key, expected, new)?;
+        if self.replicating.load(Ordering::SeqCst) && !self.failed_over.load(Ordering::SeqCst) {
+            let _ = self.standby.compare_and_swap(key, expected, new);
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), KvError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_whose_storage_lost_acknowledged_events_refuses_to_hand_their_numbers_out_again()
+ {
+    let kv = Arc::new(Replicated::default());
+    kv.replicating.store(true, Ordering::SeqCst);
+    let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+    let config = Config {
+        partitions: 1,
+        flush_delay: Duration::from_millis(5),
+        ..Config::default()
+    };
+    let cp = CommandProcessor::start_unowned(store.clone(), config).expect("start");
+    cp.acquire(0, store.clone()).expect("acquire");
+    let busy_retry = |cp: CommandProcessor<Arc<Replicated>>, cmd: Command| async move {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match cp.submit(cmd.clone()).await {
+                Err(CommandError::Busy(_)) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                other => return other,
+            }
+        }
+    };
+    for n in 0..5 {
+        busy_retry(cp.clone(), order(1, n))
+            .await
+            .expect("replicated");
+    }
+    // The standby falls behind: these are acknowledged on the primary only.
+    kv.replicating.store(false, Ordering::SeqCst);
+    let mut last = 0;
+    for n in 5..8 {
+        last = busy_retry(cp.clone(), order(1, n))
+            .await
+            .expect("acknowledged")
+            .plog_offset;
+    }
+    assert_eq!(last, 8);
+    // The partition stops (its lease could not be renewed while the primary was lost), the
+    // standby is promoted, the partition starts again and reads its PLog there.
+    assert!(cp.release(0, Duration::from_secs(10)).await);
+    kv.failed_over.store(true, Ordering::SeqCst);
+    cp.acquire(0, store.clone()).expect("acquire again");
+    let e = busy_retry(cp.clone(), order(1, 99)).await.unwrap_err();
+    assert!(matches!(e, CommandError::Corrupted(_)), "{e}");
+    assert!(e.to_string().contains("up to 8"), "{e}");
+    let again = busy_retry(cp.clone(), order(1, 98)).await.unwrap_err();
+    assert!(matches!(again, CommandError::Corrupted(_)), "{again}");
+    assert!(
+        cp.unready()
+            .iter()
+            .any(|(p, why)| *p == 0 && why.contains("lost")),
+        "{:?}",
+        cp.unready()
+    );
+}
