@@ -98,6 +98,7 @@ struct SettingsFile {
     flush_delay_ms: Option<u64>,
     shutdown_timeout_secs: Option<u64>,
     idempotency_window_events: Option<u64>,
+    security: Option<crate::auth::SecurityFile>,
 }
 
 /// Resolved settings.
@@ -121,6 +122,9 @@ pub struct Settings {
     pub accept_loss: bool,
     /// Keep no high-water marks (benchmarks only).
     pub no_marks: bool,
+    /// The settings file's `[security]` table, resolved with the flags by
+    /// `auth::SecurityArgs::resolve`.
+    pub security: crate::auth::SecurityFile,
 }
 
 impl SettingsArgs {
@@ -197,6 +201,7 @@ impl SettingsArgs {
                 .unwrap_or(defaults.idempotency_window_events),
             accept_loss: self.accept_loss,
             no_marks: self.no_marks,
+            security: file.security.unwrap_or_default(),
         })
     }
 }

@@ -1,12 +1,14 @@
 //! The `monoseq` binary: `serve` runs the HTTP server on the embedded store; `inspect`,
 //! `verify` and `bench` are the operator commands.
 
+mod auth;
 mod bench;
 mod config;
 mod json;
 mod ops;
 mod seq;
 mod server;
+mod tls;
 
 use clap::{Parser, Subcommand};
 
@@ -60,6 +62,8 @@ enum Cmd {
     Serve {
         #[command(flatten)]
         settings: config::SettingsArgs,
+        #[command(flatten)]
+        security: auth::SecurityArgs,
     },
     /// Show each partition's checkpoint against its PLog end (server stopped).
     Inspect {
@@ -140,7 +144,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .thread_name("monoseq")
         .build()?;
     match cli.command {
-        Cmd::Serve { settings } => runtime.block_on(server::serve(settings.resolve()?)),
+        Cmd::Serve { settings, security } => {
+            let settings = settings.resolve()?;
+            let security = security.resolve(&settings.security, settings.listen)?;
+            runtime.block_on(server::serve(settings, security))
+        }
         Cmd::Inspect { settings, full } => ops::inspect(&settings.resolve()?, full),
         Cmd::Verify { settings, show } => ops::verify(&settings.resolve()?, show),
         Cmd::Seq { args } => runtime.block_on(seq::main(args)),

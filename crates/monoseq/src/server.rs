@@ -34,6 +34,13 @@ struct AppState {
     /// What `GET /v1/info` answers.
     info: serde_json::Value,
     metrics: Metrics,
+    /// The tokens: checked on every request by the router's layer; the forwarding code takes
+    /// `auth.outbound_authorization()` from here.
+    #[allow(
+        dead_code,
+        reason = "for the forwarding of requests to other nodes (issue 14)"
+    )]
+    pub(crate) auth: Arc<crate::auth::Auth>,
 }
 
 struct Metrics {
@@ -144,14 +151,20 @@ impl Metrics {
 }
 
 /// The router, for the server and for tests: commands and events, plus the named sequences
-/// (`/v1/sequences/...`) on the same store.
-pub fn router(cp: CommandProcessor<Store>, info: serde_json::Value) -> Router {
+/// (`/v1/sequences/...`) on the same store, every route and the fallbacks behind the token
+/// check of `auth`.
+pub fn router(
+    cp: CommandProcessor<Store>,
+    info: serde_json::Value,
+    auth: Arc<crate::auth::Auth>,
+) -> Router {
     let sequences =
         monoseq_named::Sequences::new(monoseq_named::KvBackend::new(Arc::clone(cp.store().kv())));
     let state = Arc::new(AppState {
         cp,
         metrics: Metrics::new(),
         info,
+        auth: Arc::clone(&auth),
     });
     Router::new()
         .route(
@@ -185,6 +198,11 @@ pub fn router(cp: CommandProcessor<Store>, info: serde_json::Value) -> Router {
                 "this endpoint does not take that method; see README.md",
             )
         })
+        // Last, so that it wraps every route, the merged ones and both fallbacks.
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            crate::auth::require_token,
+        ))
 }
 
 /// A path whose parameters do not parse: 400 with a JSON error, like every other error.
@@ -200,7 +218,7 @@ fn path_error(rejection: &axum::extract::rejection::PathRejection) -> Response {
 }
 
 /// Runs the server until SIGTERM or Ctrl-C, then shuts down within the configured bound.
-pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
+pub async fn serve(mut settings: Settings, security: crate::auth::Security) -> anyhow::Result<()> {
     // The address first: a busy port refuses the start before any storage is touched.
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -219,7 +237,8 @@ pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
     let local = listener.local_addr()?;
     tracing::info!(address = %local, "listening");
     // Printed for scripts and tests that start the server on port 0.
-    println!("monoseq listening on http://{local}");
+    println!("monoseq listening on {}://{local}", security.scheme());
+    security.log_start(local);
     let info = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "partitions": settings.partitions,
@@ -232,10 +251,19 @@ pub async fn serve(mut settings: Settings) -> anyhow::Result<()> {
         "store_id": opened.identity.store_id,
         "idempotency_window_events": settings.idempotency_window_events,
     });
-    let app = router(cp.clone(), info);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    let app = router(cp.clone(), info, Arc::clone(&security.auth));
+    match security.tls {
+        Some(tls) => {
+            axum::serve(crate::tls::TlsListener::new(listener, tls), app)
+                .with_graceful_shutdown(shutdown_signal())
+                .await?;
+        }
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown_signal())
+                .await?;
+        }
+    }
     // No new requests; in-flight ones finished. Flush the sequencers and stop.
     tracing::info!(timeout = ?settings.shutdown_timeout, "shutting down: finishing queued commands and flushing sequence numbers");
     let clean = cp.shutdown(settings.shutdown_timeout).await;
@@ -342,7 +370,8 @@ async fn shutdown_signal() {
     tokio::select! { () = ctrl_c => {}, () = term => {} }
 }
 
-fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
+/// The JSON error answer `{"code", "message"}` of every endpoint.
+pub(crate) fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
     (
         status,
         axum::Json(json!({"code": code, "message": message.to_string()})),
