@@ -287,6 +287,39 @@ impl std::str::FromStr for Token {
     }
 }
 
+/// A token given as a flag or an environment variable, checked only when used
+/// ([`TokenArg::token`]): clap quotes the text of a value that fails to parse, and a token's
+/// text must not reach an error. Its `Debug` shows nothing of it.
+#[derive(Clone)]
+pub struct TokenArg(String);
+
+impl fmt::Debug for TokenArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TokenArg(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for TokenArg {
+    type Err = std::convert::Infallible;
+
+    fn from_str(text: &str) -> Result<TokenArg, Self::Err> {
+        Ok(TokenArg(text.to_owned()))
+    }
+}
+
+impl TokenArg {
+    /// The token, checked as [`Token`]'s `from_str` does.
+    ///
+    /// # Errors
+    ///
+    /// The text is no valid token; the error names `setting`, not the text.
+    pub fn token(&self, setting: &str) -> anyhow::Result<Token> {
+        self.0
+            .parse::<Token>()
+            .map_err(|e| anyhow::anyhow!("{setting}: {e}"))
+    }
+}
+
 impl Token {
     fn digest(&self) -> [u8; 32] {
         digest(self.0.as_bytes())
@@ -817,6 +850,46 @@ mod tests {
         };
         let err = resolve(&args, "127.0.0.1:1", both).unwrap_err().to_string();
         assert!(err.contains("given twice"), "{err}");
+    }
+
+    #[test]
+    fn the_settings_file_holds_a_security_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, format!("write {W}\n")).unwrap();
+        let file = dir.path().join("monoseq.toml");
+        let toml = format!(
+            "listen = \"0.0.0.0:8080\"\n[security]\ntokens_file = {:?}\nopen_health = true\n",
+            tokens.display().to_string()
+        );
+        std::fs::write(&file, toml).unwrap();
+        let settings = crate::config::SettingsArgs {
+            config: Some(file),
+            ..crate::config::SettingsArgs::default()
+        }
+        .resolve()
+        .expect("the file resolves");
+        let security = SecurityArgs::default()
+            .resolve_with(&settings.security, settings.listen, EnvSecrets::default())
+            .expect("tokens from the file's tokens file");
+        assert_eq!(security.auth.count(Kind::Write), 1);
+        assert!(security.auth.open_health);
+    }
+
+    #[test]
+    fn a_token_argument_is_checked_when_used_and_never_quoted() {
+        let short: TokenArg = "tiny1".parse().unwrap();
+        let err = short.token("--token").unwrap_err().to_string();
+        assert!(
+            err.starts_with("--token: ") && !err.contains("tiny1"),
+            "{err}"
+        );
+        assert_eq!(format!("{short:?}"), "TokenArg(<redacted>)");
+        let good: TokenArg = W.parse().unwrap();
+        assert_eq!(
+            good.token("--token").unwrap().authorization().as_bytes(),
+            format!("Bearer {W}").as_bytes()
+        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub struct BenchArgs {
     /// Bearer token sent with every command (a write token of the server); prefer the
     /// environment variable, which other users cannot see in the process list.
     #[arg(long, env = "MONOSEQ_TOKEN", hide_env_values = true)]
-    pub token: Option<crate::auth::Token>,
+    pub token: Option<crate::auth::TokenArg>,
     /// PEM file of the CA certificate(s) to trust for an https --url [default: the system's
     /// trusted CAs].
     #[arg(long, requires = "url")]
@@ -261,7 +261,10 @@ impl Target {
             path: uri.path().to_owned(),
             authority,
             tls,
-            authorization: args.token.as_ref().map(crate::auth::Token::authorization),
+            authorization: match &args.token {
+                Some(token) => Some(token.token("--token (MONOSEQ_TOKEN)")?.authorization()),
+                None => None,
+            },
         })
     }
 
