@@ -243,4 +243,32 @@ mod tests {
             "{err}"
         );
     }
+
+    #[tokio::test]
+    async fn a_silent_client_does_not_hold_up_the_next_handshake() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let mut listener = TlsListener::new(tcp, acceptor(&cert, &key).unwrap());
+        // Connected, and never says a word.
+        let _silent = TcpStream::connect(addr).await.unwrap();
+        let client = async {
+            let stream = TcpStream::connect(addr).await.unwrap();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            tokio_rustls::TlsConnector::from(client_config(Some(&cert)).unwrap())
+                .connect(name, stream)
+                .await
+                .expect("the handshake succeeds")
+        };
+        let accepted = axum::serve::Listener::accept(&mut listener);
+        let both = async { tokio::join!(client, accepted) };
+        let (_, (_, peer)) = tokio::time::timeout(HANDSHAKE_TIMEOUT / 2, both)
+            .await
+            .expect("the second client's handshake finished while the first stays silent");
+        assert!(peer.ip().is_loopback());
+    }
 }
