@@ -142,8 +142,7 @@ impl SecurityArgs {
         let tokens_file = self.tokens_file.as_ref().or(file.tokens_file.as_ref());
         let mut tokens = Vec::new();
         if let Some(path) = tokens_file {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading the tokens file {}", path.display()))?;
+            let text = read_secret_file(path, "tokens file")?;
             let origin = format!("tokens file {}", path.display());
             tokens.extend(parse_tokens_file(&text, &origin)?);
         }
@@ -199,7 +198,7 @@ impl Security {
                 write_tokens = write,
                 read_tokens = read,
                 open_health = a.open_health,
-                node_token = a.outbound.is_some(),
+                presents_token_to_peers = a.outbound.is_some(),
                 "authentication on: every request needs a bearer token"
             );
         } else if self.allow_unauthenticated && !listen.ip().is_loopback() {
@@ -348,6 +347,22 @@ struct Configured {
     origin: String,
 }
 
+/// Reads a file of secrets, warning when users other than its owner may read it.
+fn read_secret_file(path: &std::path::Path, what: &str) -> anyhow::Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the {what} {}", path.display()))?;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            "the {what} {} may be read by other users; restrict it with `chmod 600`",
+            path.display()
+        );
+    }
+    Ok(text)
+}
+
 /// Parses a tokens file: `write <token>` or `read <token>` a line, blank lines and lines
 /// starting with `#` skipped. Errors name `origin` and the line number, never the text.
 fn parse_tokens_file(text: &str, origin: &str) -> anyhow::Result<Vec<Configured>> {
@@ -427,8 +442,7 @@ fn node_token(file: Option<&PathBuf>, env: Option<&str>) -> anyhow::Result<Optio
             "the node token is given twice, by --node-token-file and by {NODE_TOKEN_ENV}: give one"
         ),
         (Some(path), None) => (
-            std::fs::read_to_string(path)
-                .with_context(|| format!("reading the node token file {}", path.display()))?,
+            read_secret_file(path, "node token file")?,
             format!("node token file {}", path.display()),
         ),
         (None, Some(text)) => (text.to_owned(), NODE_TOKEN_ENV.to_owned()),
