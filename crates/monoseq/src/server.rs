@@ -29,7 +29,7 @@ use crate::json;
 /// Most events one WLog read returns.
 const WLOG_PAGE_MAX: usize = 1_000;
 
-struct AppState {
+pub(crate) struct AppState {
     cp: CommandProcessor<Store>,
     /// What `GET /v1/info` answers.
     info: serde_json::Value,
