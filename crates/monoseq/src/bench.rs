@@ -1,6 +1,6 @@
-//! `monoseq bench`: a load generator. Against a running server over HTTP (`--url`), or
-//! in-process straight into the command processor on a fresh embedded store. Prints the
-//! throughput and latency percentiles.
+//! `monoseq bench`: a load generator. Against a running server over HTTP or HTTPS (`--url`,
+//! with `--token` and `--ca-cert`), or in-process straight into the command processor on a
+//! fresh embedded store. Prints the throughput and latency percentiles.
 //!
 //! In-process, the shared (hidden) `--no-marks` setting runs the command processor without
 //! high-water marks, to measure what they cost; against a server, start the server with it.
@@ -19,9 +19,18 @@ use crate::config::{APP, Settings, open_storage};
 /// Load generator flags.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Server to load, e.g. http://127.0.0.1:8080; without it the bench runs in-process.
+    /// Server to load, e.g. http://127.0.0.1:8080 or https://…; without it the bench runs
+    /// in-process.
     #[arg(long)]
     pub url: Option<String>,
+    /// Bearer token sent with every command (a write token of the server); prefer the
+    /// environment variable, which other users cannot see in the process list.
+    #[arg(long, env = "MONOSEQ_TOKEN", hide_env_values = true)]
+    pub token: Option<crate::auth::TokenArg>,
+    /// PEM file of the CA certificate(s) to trust for an https --url [default: the system's
+    /// trusted CAs].
+    #[arg(long, requires = "url")]
+    pub ca_cert: Option<std::path::PathBuf>,
     /// Concurrent clients.
     #[arg(long, default_value_t = 64)]
     pub clients: usize,
@@ -195,40 +204,112 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
     all
 }
 
-async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Result<Tally> {
-    let uri: hyper::Uri = format!("{}/v1/commands", url.trim_end_matches('/'))
-        .parse()
-        .with_context(|| format!("parsing --url {url}"))?;
-    if uri.scheme_str() != Some("http") {
-        bail!("--url must start with http:// (the load generator speaks plain HTTP/1.1)");
+/// Where the HTTP clients connect, and how.
+#[derive(Clone)]
+struct Target {
+    addr: std::net::SocketAddr,
+    authority: hyper::http::uri::Authority,
+    path: String,
+    /// For https: the TLS client and the name the server's certificate must carry.
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        rustls::pki_types::ServerName<'static>,
+    )>,
+    /// `Bearer <token>`, marked sensitive.
+    authorization: Option<hyper::header::HeaderValue>,
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<hyper::body::Bytes>>;
+
+impl Target {
+    async fn new(url: &str, args: &BenchArgs) -> anyhow::Result<Target> {
+        let uri: hyper::Uri = format!("{}/v1/commands", url.trim_end_matches('/'))
+            .parse()
+            .with_context(|| format!("parsing --url {url}"))?;
+        let https = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => bail!("--url must start with http:// or https://"),
+        };
+        if args.ca_cert.is_some() && !https {
+            bail!("--ca-cert is for an https:// --url");
+        }
+        let authority = uri
+            .authority()
+            .with_context(|| format!("--url {url} names no host"))?
+            .clone();
+        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let addr = tokio::net::lookup_host((authority.host(), port))
+            .await
+            .with_context(|| format!("resolving {authority}"))?
+            .next()
+            .with_context(|| format!("{authority} resolves to no address"))?;
+        let tls = if https {
+            let config = crate::tls::client_config(args.ca_cert.as_deref())?;
+            let host = authority
+                .host()
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+                .with_context(|| format!("{host} is not a valid TLS server name"))?;
+            Some((tokio_rustls::TlsConnector::from(config), name))
+        } else {
+            None
+        };
+        Ok(Target {
+            addr,
+            path: uri.path().to_owned(),
+            authority,
+            tls,
+            authorization: match &args.token {
+                Some(token) => Some(token.token("--token (MONOSEQ_TOKEN)")?.authorization()),
+                None => None,
+            },
+        })
     }
-    let authority = uri
-        .authority()
-        .with_context(|| format!("--url {url} names no host"))?
-        .clone();
-    let addr = tokio::net::lookup_host((authority.host(), authority.port_u16().unwrap_or(80)))
-        .await
-        .with_context(|| format!("resolving {authority}"))?
-        .next()
-        .with_context(|| format!("{authority} resolves to no address"))?;
-    let path = uri.path().to_owned();
+
+    /// One keep-alive HTTP/1.1 connection, driven by its own task.
+    async fn connect(&self) -> anyhow::Result<Sender> {
+        let stream = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .context("connecting to the server")?;
+        stream.set_nodelay(true)?;
+        match &self.tls {
+            None => handshake(stream).await,
+            Some((connector, name)) => {
+                let stream = connector
+                    .connect(name.clone(), stream)
+                    .await
+                    .with_context(|| format!("TLS handshake with {}", self.authority))?;
+                handshake(stream).await
+            }
+        }
+    }
+}
+
+async fn handshake<S>(stream: S) -> anyhow::Result<Sender>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .context("HTTP handshake")?;
+    tokio::spawn(connection);
+    Ok(sender)
+}
+
+async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Result<Tally> {
+    let target = Target::new(url, args).await?;
     let mut tasks = Vec::with_capacity(args.clients);
     for c in 0..args.clients as u64 {
-        let (path, authority) = (path.clone(), authority.clone());
+        let target = target.clone();
         let workspaces = args.workspaces;
         let keys = args.idempotency_keys;
         tasks.push(tokio::spawn(async move {
             // One keep-alive connection per client, driven by its own task: no pool to check
             // out from, no URL to parse per request.
-            let stream = tokio::net::TcpStream::connect(addr)
-                .await
-                .context("connecting to the server")?;
-            stream.set_nodelay(true)?;
-            let (mut sender, connection) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .context("HTTP handshake")?;
-            tokio::spawn(connection);
+            let mut sender = target.connect().await?;
             let mut t = Tally::new();
             let mut i = c;
             let mut template = command(1);
@@ -239,9 +320,12 @@ async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Re
                 n += 1;
                 template.ws = ws;
                 let body = serde_json::to_vec(&template).expect("a command serializes");
-                let mut request = hyper::Request::post(path.as_str())
-                    .header(hyper::header::HOST, authority.as_str())
+                let mut request = hyper::Request::post(target.path.as_str())
+                    .header(hyper::header::HOST, target.authority.as_str())
                     .header(hyper::header::CONTENT_TYPE, "application/json");
+                if let Some(authorization) = &target.authorization {
+                    request = request.header(hyper::header::AUTHORIZATION, authorization.clone());
+                }
                 if keys {
                     request = request.header("idempotency-key", format!("bench-{c}-{n}"));
                 }

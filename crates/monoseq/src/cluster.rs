@@ -60,6 +60,10 @@ pub struct ClusterArgs {
     /// instead of forwarding it.
     #[arg(long, env = "MONOSEQ_REDIRECT")]
     pub redirect: bool,
+    /// CA certificates trusted when forwarding to other nodes over HTTPS [default: this node's
+    /// own --tls-cert, else the system's CAs].
+    #[arg(long, env = "MONOSEQ_PEER_CA_CERT")]
+    pub peer_ca_cert: Option<std::path::PathBuf>,
     /// Benchmarks only: write without the lease epoch condition, to measure what fencing
     /// costs. Nodes served so can overwrite each other's events.
     #[arg(long, hide = true)]
@@ -75,6 +79,7 @@ pub struct ClusterFile {
     lease_ms: Option<u64>,
     lease_renew_ms: Option<u64>,
     redirect: Option<bool>,
+    peer_ca_cert: Option<std::path::PathBuf>,
 }
 
 /// Resolved cluster settings.
@@ -90,6 +95,8 @@ pub struct ClusterSettings {
     pub renew: Duration,
     /// Redirect instead of forwarding.
     pub redirect: bool,
+    /// CA certificates trusted when forwarding over HTTPS.
+    pub peer_ca_cert: Option<std::path::PathBuf>,
     /// Write without the epoch condition (benchmarks only).
     pub no_fencing: bool,
 }
@@ -135,6 +142,10 @@ impl ClusterArgs {
             lease: Duration::from_millis(lease_ms),
             renew: Duration::from_millis(renew_ms),
             redirect: self.redirect || file.redirect.unwrap_or(false),
+            peer_ca_cert: self
+                .peer_ca_cert
+                .clone()
+                .or_else(|| file.peer_ca_cert.clone()),
             no_fencing: self.no_fencing,
         })
     }

@@ -99,6 +99,7 @@ struct SettingsFile {
     shutdown_timeout_secs: Option<u64>,
     idempotency_window_events: Option<u64>,
     cluster: Option<crate::cluster::ClusterFile>,
+    security: Option<crate::auth::SecurityFile>,
 }
 
 /// Resolved settings.
@@ -124,6 +125,9 @@ pub struct Settings {
     pub no_marks: bool,
     /// The settings file's `[cluster]` table (resolved with the cluster flags by `serve`).
     pub cluster: crate::cluster::ClusterFile,
+    /// The settings file's `[security]` table, resolved with the flags by
+    /// `auth::SecurityArgs::resolve`.
+    pub security: crate::auth::SecurityFile,
 }
 
 impl SettingsArgs {
@@ -201,6 +205,7 @@ impl SettingsArgs {
             accept_loss: self.accept_loss,
             no_marks: self.no_marks,
             cluster: file.cluster.unwrap_or_default(),
+            security: file.security.unwrap_or_default(),
         })
     }
 }

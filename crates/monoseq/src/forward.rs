@@ -30,7 +30,9 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    /// A forwarder for node `node_id`; `redirect` answers with a redirect instead.
+    /// A forwarder for node `node_id`; `redirect` answers with a redirect instead. It presents
+    /// `authorization` to its peers and, over HTTPS, trusts the CA certificates of
+    /// `peer_ca` (the system's without it).
     ///
     /// # Errors
     ///
@@ -39,11 +41,18 @@ impl Forwarder {
         node_id: &str,
         redirect: bool,
         authorization: Option<HeaderValue>,
+        peer_ca: Option<&std::path::Path>,
     ) -> anyhow::Result<Forwarder> {
-        let client = reqwest::Client::builder()
+        let tls = crate::tls::client_config(peer_ca);
+        let mut client = reqwest::Client::builder()
             .timeout(FORWARD_TIMEOUT)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build()?;
+            .pool_idle_timeout(Duration::from_secs(60));
+        // Without trusted roots (no CA given and none on the system) only plain HTTP peers
+        // are reachable.
+        if let Ok(tls) = tls {
+            client = client.tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls));
+        }
+        let client = client.build()?;
         Ok(Forwarder {
             client,
             node_id: HeaderValue::from_str(node_id)?,

@@ -1,6 +1,7 @@
 //! The `monoseq` binary: `serve` runs the HTTP server on the embedded store; `inspect`,
 //! `verify` and `bench` are the operator commands.
 
+mod auth;
 mod bench;
 mod cluster;
 mod config;
@@ -9,6 +10,7 @@ mod json;
 mod ops;
 mod seq;
 mod server;
+mod tls;
 
 use clap::{Parser, Subcommand};
 
@@ -64,6 +66,8 @@ enum Cmd {
         settings: config::SettingsArgs,
         #[command(flatten)]
         cluster: cluster::ClusterArgs,
+        #[command(flatten)]
+        security: auth::SecurityArgs,
     },
     /// Show each partition's checkpoint against its PLog end (server stopped).
     Inspect {
@@ -150,8 +154,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .thread_name("monoseq")
         .build()?;
     match cli.command {
-        Cmd::Serve { settings, cluster } => {
-            runtime.block_on(server::serve(settings.resolve()?, cluster))
+        Cmd::Serve {
+            settings,
+            security,
+            cluster,
+        } => {
+            let settings = settings.resolve()?;
+            let security = security.resolve(&settings.security, settings.listen)?;
+            runtime.block_on(server::serve(settings, security, cluster))
         }
         Cmd::Inspect { settings, full } => ops::inspect(&settings.resolve()?, full),
         Cmd::Verify { settings, show } => ops::verify(&settings.resolve()?, show),

@@ -31,7 +31,7 @@ use crate::json;
 /// Most events one WLog read returns.
 const WLOG_PAGE_MAX: usize = 1_000;
 
-struct AppState {
+pub(crate) struct AppState {
     cp: CommandProcessor<Store>,
     /// This node's cluster membership and its forwarder (PostgreSQL storage only).
     cluster: Option<(Arc<Cluster>, Forwarder)>,
@@ -166,10 +166,12 @@ impl Metrics {
 }
 
 /// The router, for the server and for tests: commands and events, plus the named sequences
-/// (`/v1/sequences/...`) on the same store.
+/// (`/v1/sequences/...`) on the same store, every route and the fallbacks behind the token
+/// check of `auth`.
 pub fn router(
     cp: CommandProcessor<Store>,
     info: serde_json::Value,
+    auth: Arc<crate::auth::Auth>,
     cluster: Option<(Arc<Cluster>, Forwarder)>,
 ) -> Router {
     let sequences =
@@ -213,6 +215,11 @@ pub fn router(
                 "this endpoint does not take that method; see README.md",
             )
         })
+        // Last, so that it wraps every route, the merged ones and both fallbacks.
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            crate::auth::require_token,
+        ))
 }
 
 /// A path whose parameters do not parse: 400 with a JSON error, like every other error.
@@ -228,7 +235,11 @@ fn path_error(rejection: &axum::extract::rejection::PathRejection) -> Response {
 }
 
 /// Runs the server until SIGTERM or Ctrl-C, then shuts down within the configured bound.
-pub async fn serve(mut settings: Settings, cluster_args: ClusterArgs) -> anyhow::Result<()> {
+pub async fn serve(
+    mut settings: Settings,
+    security: crate::auth::Security,
+    cluster_args: ClusterArgs,
+) -> anyhow::Result<()> {
     // The address first: a busy port refuses the start before any storage is touched.
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -245,7 +256,13 @@ pub async fn serve(mut settings: Settings, cluster_args: ClusterArgs) -> anyhow:
         }
     };
     let local = listener.local_addr()?;
-    let cluster = match join_cluster(&settings, &cluster_args, &opened, &cp, local).await {
+    let joining = Joining {
+        settings: &settings,
+        args: &cluster_args,
+        security: &security,
+        opened: &opened,
+    };
+    let cluster = match join_cluster(joining, &cp, local).await {
         Ok(c) => c,
         Err(e) => {
             cp.shutdown(settings.shutdown_timeout).await;
@@ -254,7 +271,8 @@ pub async fn serve(mut settings: Settings, cluster_args: ClusterArgs) -> anyhow:
     };
     tracing::info!(address = %local, "listening");
     // Printed for scripts and tests that start the server on port 0.
-    println!("monoseq listening on http://{local}");
+    println!("monoseq listening on {}://{local}", security.scheme());
+    security.log_start(local);
     let info = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "partitions": settings.partitions,
@@ -268,10 +286,19 @@ pub async fn serve(mut settings: Settings, cluster_args: ClusterArgs) -> anyhow:
         "idempotency_window_events": settings.idempotency_window_events,
     });
     let members = cluster.as_ref().map(|(c, _)| Arc::clone(c));
-    let app = router(cp.clone(), info, cluster);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    let app = router(cp.clone(), info, Arc::clone(&security.auth), cluster);
+    match security.tls {
+        Some(tls) => {
+            axum::serve(crate::tls::TlsListener::new(listener, tls), app)
+                .with_graceful_shutdown(shutdown_signal())
+                .await?;
+        }
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown_signal())
+                .await?;
+        }
+    }
     if let Some(cluster) = members {
         // Every partition finished and handed over at once, not when its lease expires.
         cluster.leave().await;
@@ -330,20 +357,37 @@ async fn start(
     Ok((opened, cp))
 }
 
+/// What joining the cluster needs of the server's settings.
+struct Joining<'a> {
+    settings: &'a Settings,
+    args: &'a ClusterArgs,
+    security: &'a crate::auth::Security,
+    opened: &'a crate::config::Opened,
+}
+
 /// On PostgreSQL, joins the nodes sharing the database: takes a fair share of the partitions'
 /// leases and forwards commands for the others.
 async fn join_cluster(
-    settings: &Settings,
-    args: &ClusterArgs,
-    opened: &crate::config::Opened,
+    joining: Joining<'_>,
     cp: &CommandProcessor<Store>,
     local: std::net::SocketAddr,
 ) -> anyhow::Result<Option<(Arc<Cluster>, Forwarder)>> {
+    let Joining {
+        settings,
+        args,
+        security,
+        opened,
+    } = joining;
     let Some(pg) = &opened.postgres else {
         return Ok(None);
     };
-    let cluster = args.resolve(&settings.cluster, settings.listen, local, "http")?;
-    let forwarder = Forwarder::new(&cluster.node_id, cluster.redirect, None)?;
+    let cluster = args.resolve(&settings.cluster, settings.listen, local, security.scheme())?;
+    let forwarder = Forwarder::new(
+        &cluster.node_id,
+        cluster.redirect,
+        security.auth.outbound_authorization(),
+        cluster.peer_ca_cert.as_deref().or(security.tls_cert()),
+    )?;
     let table: Arc<dyn crate::cluster::LeaseTable> =
         Arc::new(crate::cluster::PgLeaseTable::new(Arc::clone(pg)));
     let members = Cluster::join(
@@ -414,7 +458,7 @@ async fn shutdown_signal() {
     tokio::select! { () = ctrl_c => {}, () = term => {} }
 }
 
-/// A JSON error answer `{"code", "message"}`.
+/// The JSON error answer `{"code", "message"}` of every endpoint.
 pub(crate) fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
     (
         status,
