@@ -108,9 +108,23 @@ fn redirect(target: &str) -> Response {
     }
 }
 
-/// The owner's answer, status, body and the headers a client needs, unchanged.
+/// The owner's answer, status, body and the headers a client needs, unchanged; but the
+/// owner refusing this node's own token is this node's misconfiguration, not the client's.
 async fn relay(answer: reqwest::Response) -> Response {
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+        tracing::error!(
+            status = status.as_u16(),
+            "the partition's owner refused this node's token; nothing was written. Give every \
+             node a --node-token-file holding a write token the others accept"
+        );
+        return crate::server::error(
+            StatusCode::BAD_GATEWAY,
+            "node_unauthorized",
+            "the node owning the partition refused this node's token (a configuration error \
+             of the cluster); nothing was written",
+        );
+    }
     let mut headers = HeaderMap::new();
     for name in PASSED_BACK {
         if let Some(v) = answer.headers().get(name)

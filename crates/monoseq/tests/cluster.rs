@@ -4,6 +4,7 @@
 //! acknowledged event and hands out no number twice.
 
 mod common;
+mod security;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -31,6 +32,11 @@ struct Node {
 impl Node {
     /// Starts node `id` on database `db`; waits until it listens.
     fn start(db: &str, id: &str, dir: &Path, extra: &[&str]) -> Node {
+        Node::start_with(db, id, dir, extra, &[])
+    }
+
+    /// [`start`](Node::start) with environment variables.
+    fn start_with(db: &str, id: &str, dir: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Node {
         let log = dir.join(format!("{id}.log"));
         let lease = LEASE_MS.to_string();
         let renew = RENEW_MS.to_string();
@@ -48,6 +54,7 @@ impl Node {
             .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
+            .envs(envs.iter().copied())
             .stdout(Stdio::piped())
             .stderr(
                 std::fs::OpenOptions::new()
@@ -489,4 +496,159 @@ async fn restarting_every_node_in_turn_under_load_gives_no_client_a_wrong_answer
         n.terminate(Duration::from_secs(20));
     }
     verify(&db, dir.path());
+}
+
+/// A client that trusts `pki`'s CA and presents `token` on every request.
+fn client_with(pki: &security::Pki, token: &str) -> reqwest::Client {
+    let pem = std::fs::read(&pki.ca).expect("read ca.pem");
+    let ca = reqwest::Certificate::from_pem(&pem).expect("a PEM certificate");
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("a header value"),
+    );
+    reqwest::Client::builder()
+        .tls_certs_only([ca])
+        .default_headers(headers)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("an https client")
+}
+
+/// A workspace of a partition that `owner` serves, by `url`'s reading.
+async fn ws_owned_by(client: &reqwest::Client, url: &str, owner: &str) -> u64 {
+    let owners = owners(client, url).await;
+    let (&p, _) = owners
+        .iter()
+        .find(|(_, (o, _))| o == owner)
+        .unwrap_or_else(|| panic!("{owner} owns nothing: {owners:?}"));
+    ws_of(p, 0)
+}
+
+async fn forwarded_count(client: &reqwest::Client, url: &str) -> u64 {
+    let text = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|l| l.strip_prefix("monoseq_forwarded_commands_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_forward_over_https_with_their_own_token_and_a_refused_token_writes_nothing() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = security::Pki::new(dir.path());
+    let tokens = security::both_tokens(dir.path());
+    let (cert, key, ca, tokens) = (
+        pki.cert.to_str().unwrap(),
+        pki.key.to_str().unwrap(),
+        pki.ca.to_str().unwrap(),
+        tokens.to_str().unwrap(),
+    );
+    let tls = [
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        key,
+        "--peer-ca-cert",
+        ca,
+        "--tokens-file",
+        tokens,
+    ];
+    let a = Node::start(&db, "a", dir.path(), &tls);
+    let b = Node::start(&db, "b", dir.path(), &tls);
+    assert!(a.url.starts_with("https://"), "{}", a.url);
+    let writer = client_with(&pki, security::WRITE);
+    balanced(&writer, &a.url, &["a", "b"]).await;
+    let ws = ws_owned_by(&writer, &a.url, "b").await;
+
+    // A read token is refused by the node it reaches; nothing goes on to the owner.
+    let reader = client_with(&pki, security::READ);
+    let refused = reader
+        .post(format!("{}/v1/commands", a.url))
+        .json(&command(ws, 1))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(refused.status(), 403);
+    assert_eq!(forwarded_count(&writer, &a.url).await, 0);
+
+    // A write token: A forwards to B over HTTPS, presenting its own token.
+    let urls: Urls = Arc::new(Mutex::new(vec![a.url.clone()]));
+    let ack = send(&writer, &urls, ws, "fwd-1", 1).await;
+    assert!(forwarded_count(&writer, &a.url).await >= 1);
+    check_acks(&writer, &b.url, std::slice::from_ref(&ack)).await;
+
+    // A node whose own token the others do not accept cannot write through them.
+    let c = Node::start_with(
+        &db,
+        "c",
+        dir.path(),
+        &tls,
+        &[("MONOSEQ_NODE_TOKEN", "not-a-token-the-others-know")],
+    );
+    balanced(&writer, &a.url, &["a", "b", "c"]).await;
+    let ws_b = ws_owned_by(&writer, &a.url, "b").await;
+    let answer = writer
+        .post(format!("{}/v1/commands", c.url))
+        .json(&command(ws_b, 2))
+        .send()
+        .await
+        .expect("answer");
+    let status = answer.status().as_u16();
+    let body: Value = answer.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["code"], "node_unauthorized", "{body}");
+    assert!(!c.log().contains("not-a-token-the-others-know"));
+    let wlog: Value = writer
+        .get(format!("{}/v1/workspaces/{ws_b}/wlog", b.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        wlog["events"].as_array().map_or(0, Vec::len),
+        usize::from(ws_b == ws),
+        "nothing written for the refused forward: {wlog}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redirect_a_node_answers_a_command_it_does_not_own_with_the_owners_address() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let a = Node::start(&db, "a", dir.path(), &["--redirect"]);
+    let b = Node::start(&db, "b", dir.path(), &["--redirect"]);
+    balanced(&client, &a.url, &["a", "b"]).await;
+    let ws = ws_owned_by(&client, &a.url, "b").await;
+    let answer = client
+        .post(format!("{}/v1/commands", a.url))
+        .json(&command(ws, 1))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(answer.status(), 307);
+    let location = answer.headers()["location"].to_str().unwrap().to_owned();
+    assert_eq!(location, format!("{}/v1/commands", b.url));
+    // A client that follows it gets its answer from the owner.
+    let followed = reqwest::Client::new()
+        .post(format!("{}/v1/commands", a.url))
+        .json(&command(ws, 2))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(followed.status(), 200);
 }
