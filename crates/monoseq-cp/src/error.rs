@@ -100,31 +100,31 @@ impl CommandError {
         }
     }
 
-    /// The HTTP status that fits.
+    /// What kind of failure this is, for a caller choosing how to answer (the server maps it
+    /// to an HTTP status).
     #[must_use]
-    pub fn http_status(&self) -> u16 {
+    pub fn class(&self) -> ErrorClass {
         match self {
             CommandError::Invalid(_)
             | CommandError::UnknownWsKind(_)
-            | CommandError::InvalidKey(_) => 400,
-            CommandError::UnknownRecord { .. } => 404,
-            CommandError::SequenceViolation(_) | CommandError::Exhausted(_) => 409,
-            CommandError::TooLarge(_) => 413,
-            CommandError::KeyReused { .. } => 422,
-            CommandError::Corrupted(_) => 500,
+            | CommandError::InvalidKey(_) => ErrorClass::Invalid,
+            CommandError::UnknownRecord { .. } => ErrorClass::NotFound,
+            CommandError::SequenceViolation(_) | CommandError::Exhausted(_) => ErrorClass::Conflict,
+            CommandError::TooLarge(_) => ErrorClass::TooLarge,
+            CommandError::KeyReused { .. } => ErrorClass::Unprocessable,
+            CommandError::Corrupted(_) => ErrorClass::Damaged,
             CommandError::Busy(_)
             | CommandError::Unavailable { .. }
             | CommandError::Storage(_)
             | CommandError::ShuttingDown
-            | CommandError::NotOwner { .. } => 503,
+            | CommandError::NotOwner { .. } => ErrorClass::Transient,
         }
     }
 
-    /// Whether retrying the same command later can succeed (the answer carries
-    /// `Retry-After`).
+    /// Whether retrying the same command later can succeed.
     #[must_use]
     pub fn is_transient(&self) -> bool {
-        self.http_status() == 503
+        self.class() == ErrorClass::Transient
     }
 
     /// The error for a group write that failed because of this command, or `None` when the
@@ -149,6 +149,27 @@ impl CommandError {
             _ => None,
         }
     }
+}
+
+/// The kinds of [`CommandError`], by what the caller can do about them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorClass {
+    /// The command is malformed: fix it.
+    Invalid,
+    /// Something the command names does not exist.
+    NotFound,
+    /// The command conflicts with stored state (a sequence violation or an exhausted
+    /// sequence); retrying the same command does not help.
+    Conflict,
+    /// The command is over a limit.
+    TooLarge,
+    /// Well-formed but refused (an idempotency key reused with another command).
+    Unprocessable,
+    /// Stored data is damaged.
+    Damaged,
+    /// Retrying later can succeed.
+    Transient,
 }
 
 /// Why the processor could not be built.

@@ -17,7 +17,7 @@ pub use command::{
     ARG_DEPTH_MAX, COMMAND_RECORDS_MAX, Command, InvalidCommand, KindName, NewArg, NewRecord,
     RAW_ID_MAX, RAW_REF_KEY, RecordUpdate,
 };
-pub use error::{CommandError, ConfigError};
+pub use error::{CommandError, ConfigError, ErrorClass};
 pub use idempotency::{
     IDEMPOTENCY_KEY_BYTES_MAX, IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey,
 };

@@ -376,7 +376,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     ///
     /// # Errors
     ///
-    /// [`CommandError`]; its `http_status` and `code` say how to answer a client.
+    /// [`CommandError`]; its `class` and `code` say how to answer a client.
     pub async fn submit(&self, cmd: Command) -> Result<Outcome, CommandError> {
         self.submit_keyed(cmd, None).await
     }

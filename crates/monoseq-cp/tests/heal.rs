@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use monoseq_core::{Number, PLogOffset, SeqStorage, SeqValue, WsId};
-use monoseq_cp::{Command, CommandError, CommandProcessor, Config, IdempotencyKey};
+use monoseq_cp::{Command, CommandError, CommandProcessor, Config, ErrorClass, IdempotencyKey};
 use monoseq_kv::{EmbeddedStore, FaultyStore, KvStore, Options};
 use monoseq_store::{AppId, EventStore, PartitionId, RecordId, TrustLevel, WLOG_OFFSET_SEQUENCE};
 use serde_json::json;
@@ -123,8 +123,8 @@ async fn a_retry_with_the_same_key_gets_the_original_answer_and_writes_nothing()
     let other = cp.submit_keyed(order(7, 2), key("k-1")).await.unwrap_err();
     assert!(matches!(other, CommandError::KeyReused { .. }), "{other}");
     assert_eq!(
-        (other.http_status(), other.code()),
-        (422, "idempotency_key_reused")
+        (other.class(), other.code()),
+        (ErrorClass::Unprocessable, "idempotency_key_reused")
     );
     // Without a key the same command is a new command.
     let plain = cp.submit(order(7, 1)).await.expect("plain");
@@ -199,7 +199,11 @@ async fn a_command_too_large_to_store_is_refused_before_it_takes_numbers() {
     .expect("command");
     let before = cp.stats().actualizations;
     let err = cp.submit(cmd).await.unwrap_err();
-    assert_eq!((err.http_status(), err.code()), (413, "too_large"), "{err}");
+    assert_eq!(
+        (err.class(), err.code()),
+        (ErrorClass::TooLarge, "too_large"),
+        "{err}"
+    );
     assert!(err.to_string().contains("the command"), "{err}");
     // Nothing was sequenced: no actualization, and the next command gets offset 1.
     let next = cp.submit(order(5, 1)).await.expect("next command");
@@ -271,8 +275,8 @@ async fn an_exhausted_sequence_is_a_permanent_error_not_busy() {
     ready(&cp).await;
     let err = cp.submit(order(4, 1)).await.unwrap_err();
     assert_eq!(
-        (err.http_status(), err.code()),
-        (409, "sequence_exhausted"),
+        (err.class(), err.code()),
+        (ErrorClass::Conflict, "sequence_exhausted"),
         "{err}"
     );
     assert!(!err.is_transient());
@@ -393,7 +397,7 @@ async fn a_damaged_event_in_the_replayed_tail_is_corrupted_not_busy() {
             other => panic!("a damaged PLog must answer corrupted, got {other:?}"),
         }
     };
-    assert_eq!(err.http_status(), 500);
+    assert_eq!(err.class(), ErrorClass::Damaged);
     assert!(
         !err.is_transient(),
         "corrupt bytes are an error, never busy"
@@ -423,7 +427,7 @@ async fn a_storage_outage_answers_503_and_the_partition_heals_with_storage() {
     for n in 1..=5 {
         let e = cp.submit(order(9, n)).await.unwrap_err();
         assert!(e.is_transient(), "an outage is retryable: {e}");
-        assert_eq!(e.http_status(), 503, "{e}");
+        assert_eq!(e.class(), ErrorClass::Transient, "{e}");
     }
     kv.heal();
     let deadline = Instant::now() + Duration::from_secs(20);

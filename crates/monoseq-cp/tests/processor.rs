@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use monoseq_core::{PLogOffset, WsId, WsKind};
-use monoseq_cp::{Command, CommandError, CommandProcessor, Config};
+use monoseq_cp::{Command, CommandError, CommandProcessor, Config, ErrorClass};
 use monoseq_kv::{KvStore, MemoryStore, WriteBatch};
 use monoseq_store::{
     AppId, CRECORD_ID_SEQUENCE, EventStore, OWRECORD_ID_SEQUENCE, PartitionId, RecordId, TrustLevel,
@@ -123,7 +123,13 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
     for (c, code) in cases {
         let err = cp.submit(cmd(c.clone())).await.unwrap_err();
         assert_eq!(err.code(), code, "{c}: {err}");
-        assert!(err.http_status() >= 400 && err.http_status() < 500, "{err}");
+        assert!(
+            matches!(
+                err.class(),
+                ErrorClass::Invalid | ErrorClass::NotFound | ErrorClass::TooLarge
+            ),
+            "{err}"
+        );
     }
     assert_eq!(
         store.read_event(PartitionId(0), PLogOffset(1)).unwrap(),
@@ -218,7 +224,7 @@ async fn a_taken_record_id_is_a_sequence_violation_naming_the_key_at_level_0() {
     let err = cp.submit(order(3)).await.unwrap_err();
     assert_eq!(err.code(), "sequence_violation", "{err}");
     assert!(err.to_string().contains("sequence violation"), "{err}");
-    assert_eq!(err.http_status(), 409);
+    assert_eq!(err.class(), ErrorClass::Conflict);
     // Nothing of it was written: the PLog still ends at offset 1.
     assert_eq!(
         store.read_event(PartitionId(0), PLogOffset(2)).unwrap(),

@@ -13,7 +13,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use monoseq_core::{PLogOffset, WsId};
-use monoseq_cp::{Command, CommandError, CommandProcessor, IdempotencyKey, RETRY_AFTER_SECS};
+use monoseq_cp::{
+    Command, CommandError, CommandProcessor, ErrorClass, IdempotencyKey, RETRY_AFTER_SECS,
+};
 use monoseq_store::{PartitionId, RecordId, WLogOffset};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -519,13 +521,26 @@ fn read_error(
 }
 
 fn command_error(e: &CommandError) -> Response {
-    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let status = status_of(e.class());
     let mut r = error(status, e.code(), e);
     if e.is_transient() {
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
     }
     r
+}
+
+/// The HTTP status of each kind of command error (the README lists them with their codes).
+fn status_of(class: ErrorClass) -> StatusCode {
+    match class {
+        ErrorClass::Invalid => StatusCode::BAD_REQUEST,
+        ErrorClass::NotFound => StatusCode::NOT_FOUND,
+        ErrorClass::Conflict => StatusCode::CONFLICT,
+        ErrorClass::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorClass::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorClass::Transient => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
 }
 
 /// The request header that makes a retry safe (IETF httpapi idempotency-key draft).
