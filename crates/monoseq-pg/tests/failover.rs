@@ -83,12 +83,11 @@ fn acknowledged_writes_and_leases_survive_a_killed_primary_and_the_store_reconne
         // The standby lags, then the primary dies: with synchronous replication nothing was
         // acknowledged meanwhile (with asynchronous replication, writes acknowledged in this
         // window would be missing on the promoted standby).
-        pair.pause_replication().unwrap();
+        pair.stall_replication().unwrap();
         thread::sleep(Duration::from_millis(300));
         pair.kill_primary().unwrap();
         killed.store(true, Ordering::SeqCst);
         let before_kill = log.lock().unwrap().acknowledged.clone();
-        pair.resume_replication().unwrap();
         thread::sleep(Duration::from_millis(300));
         pair.promote_standby().unwrap();
         let promoted_at = Instant::now();

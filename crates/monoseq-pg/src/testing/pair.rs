@@ -160,43 +160,31 @@ impl PgPair {
         Ok(())
     }
 
-    /// Stops the standby's WAL receiver (SIGSTOP), as a network partition between the two
-    /// would: the standby confirms nothing more, so the primary's commits wait (they would
-    /// return unconfirmed with asynchronous replication). [`PgPair::resume_replication`]
-    /// undoes it.
+    /// Stops the primary's WAL senders (SIGSTOP) for the rest of its life, as a network
+    /// partition between the servers would: the standby receives nothing more. With
+    /// synchronous replication the primary's commits then wait for a confirmation that never
+    /// comes; with asynchronous replication they would return, and a promoted standby would
+    /// lack them.
     ///
     /// # Errors
     ///
-    /// When the standby has no WAL receiver or the signal fails.
-    pub fn pause_replication(&self) -> Result<(), ClusterError> {
-        self.signal_wal_receiver("-STOP")
-    }
-
-    /// Lets the standby's WAL receiver run again (SIGCONT); call it before
-    /// [`PgPair::promote_standby`] after [`PgPair::pause_replication`].
-    ///
-    /// # Errors
-    ///
-    /// When the standby has no WAL receiver or the signal fails.
-    pub fn resume_replication(&self) -> Result<(), ClusterError> {
-        self.signal_wal_receiver("-CONT")
-    }
-
-    fn signal_wal_receiver(&self, signal: &str) -> Result<(), ClusterError> {
-        let pid = self
-            .standby
-            .psql("postgres", "SELECT pid FROM pg_stat_wal_receiver")?;
-        if pid.is_empty() {
-            return Err(error("the standby runs no WAL receiver"));
+    /// When the primary has no WAL sender or the signal fails.
+    pub fn stall_replication(&self) -> Result<(), ClusterError> {
+        let pids = self
+            .primary
+            .psql("postgres", "SELECT pid FROM pg_stat_replication")?;
+        if pids.is_empty() {
+            return Err(error("the primary runs no WAL sender"));
         }
         let status = Command::new("kill")
-            .args([signal, &pid])
+            .arg("-STOP")
+            .args(pids.lines())
             .stdin(Stdio::null())
             .status()
             .map_err(|e| error(format!("cannot run kill: {e}")))?;
         match status.success() {
             true => Ok(()),
-            false => Err(error(format!("kill {signal} {pid} failed ({status})"))),
+            false => Err(error(format!("kill -STOP {pids} failed ({status})"))),
         }
     }
 
