@@ -1,7 +1,8 @@
 //! PostgreSQL store benchmarks, each beside the same measurement on the embedded store
 //! (fjall, flushed on every write so both are durable on return) in the same run: single-row
 //! puts and gets, batches of 100 items (conditional inserts, the event store's level-0 path, and puts),
-//! and a PLog replay through `PLogSeqStorage::replay_plog`.
+//! and a PLog replay through `PLogSeqStorage::replay_plog`. The group `fence` measures the
+//! same batches through the plain store and through a `FencedPgStore` holding its lease.
 //!
 //! Run: `cargo bench -p monoseq-pg --bench pg`. The server is a private cluster in a temporary
 //! directory on the same disk as the embedded store, `fsync` and `synchronous_commit` on.
@@ -111,6 +112,51 @@ fn writes(c: &mut Criterion) {
     g.finish();
 }
 
+/// Writes through the plain store and through a fenced view of it, case by case: a single
+/// put, a command-like batch of 3 insert-if-absent items, and 100 of them.
+fn fence(c: &mut Criterion) {
+    let cluster = PgCluster::start().unwrap_or_else(|e| panic!("{e}"));
+    let store = PgStore::open(&cluster.url(DATABASE), PgOptions::default()).unwrap();
+    let leases = store.leases();
+    leases.ensure_partitions(1).unwrap();
+    let epoch = leases
+        .acquire(0, "bench", Duration::from_secs(3600))
+        .unwrap()
+        .unwrap();
+    let fenced = store.fenced(0, epoch);
+    let views: [(&str, &dyn KvStore); 2] = [("plain", &store), ("fenced", &fenced)];
+    let mut g = c.benchmark_group("fence");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+    let mut next = 0u64;
+    let mut batch = WriteBatch::with_capacity(100, 100 * 120);
+    for (case, items) in [
+        ("put_single", 0),
+        ("batch3_insert_if_absent", 3),
+        ("batch100_insert_if_absent", 100),
+    ] {
+        g.throughput(Throughput::Elements(items.max(1)));
+        for (name, view) in views {
+            g.bench_function(BenchmarkId::new(case, name), |b| {
+                b.iter(|| {
+                    batch.clear();
+                    next += 1;
+                    if items == 0 {
+                        batch.put(Key::new(b"single", &next.to_be_bytes()), &[7; 100]);
+                    }
+                    for i in 0..items {
+                        let clustering = [next.to_be_bytes(), i.to_be_bytes()].concat();
+                        batch.insert_if_absent(Key::new(b"batch", &clustering), &[7; 100]);
+                    }
+                    view.write(&batch).unwrap();
+                });
+            });
+        }
+    }
+    g.finish();
+}
+
 /// The benchmarks' typical small event (`monoseq_store::conformance::sample_event`).
 fn event(plog: u64, ws: u64, wlog: u64, id: u64) -> Event {
     monoseq_store::conformance::sample_event(plog, ws, KIND, wlog, id)
@@ -163,5 +209,5 @@ fn replay(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, writes, replay);
+criterion_group!(benches, writes, replay, fence);
 criterion_main!(benches);

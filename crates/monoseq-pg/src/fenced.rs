@@ -81,11 +81,13 @@ impl Fence {
             core.inner.call_timeout(),
             crate::lease::holder(&core.inner, self.partition_param()),
         );
+        // Compared as the view's epoch, not as its parameter (an epoch past i64::MAX is -1).
+        let newer = |held: i64| u64::try_from(held).is_ok_and(|held| held > epoch);
         let now = match holder {
-            Ok(Some((held, Some(node)))) if held > self.epoch_param() => {
+            Ok(Some((held, Some(node)))) if newer(held) => {
                 format!("a newer owner has epoch {held}: node {node:?}")
             }
-            Ok(Some((held, None))) if held > self.epoch_param() => {
+            Ok(Some((held, None))) if newer(held) => {
                 format!("a newer owner had epoch {held} and released it")
             }
             Ok(Some((held, _))) => format!(

@@ -2,8 +2,9 @@
 //! version, and one statement text per operation (prepared and cached per connection). Owns
 //! the rule that only constructs PostgreSQL-compatible distributed engines also run are used:
 //! `INSERT … ON CONFLICT DO NOTHING`, `INSERT … ON CONFLICT … DO UPDATE`, conditional
-//! `UPDATE`/`DELETE … WHERE`, and `unnest` of arrays; no advisory locks, no `LISTEN`, no
-//! procedural functions.
+//! `UPDATE`/`DELETE … WHERE`, `unnest` of arrays and `generate_series`, and `SELECT … FOR SHARE`
+//! (the fence); no advisory locks, no `LISTEN`, no procedural functions. Every lease time is
+//! the database's `now()`.
 
 use std::ops::Bound;
 

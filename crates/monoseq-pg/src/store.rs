@@ -114,15 +114,25 @@ impl Drop for Core {
 
 /// The connection string without its password, and the schema: what error messages name.
 fn location(config: &tokio_postgres::Config, schema: &str) -> String {
-    let host = match config.get_hosts().first() {
-        Some(Host::Tcp(name)) => name.clone(),
-        Some(Host::Unix(path)) => path.display().to_string(),
-        None => String::new(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let host = match host {
+                Host::Tcp(name) => name.clone(),
+                Host::Unix(path) => path.display().to_string(),
+            };
+            // One port for every host, or one each.
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            format!("{host}:{port}")
+        })
+        .collect();
     format!(
-        "postgresql://{}@{host}:{port}/{} (schema {schema})",
+        "postgresql://{}@{}/{} (schema {schema})",
         config.get_user().unwrap_or_default(),
+        hosts.join(","),
         config.get_dbname().unwrap_or_default()
     )
 }

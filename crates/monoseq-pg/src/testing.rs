@@ -2,7 +2,7 @@
 //! directory, started with the installed binaries (`initdb`, `pg_ctl`), listening on a free
 //! port of 127.0.0.1 with `fsync` on, and removed when dropped or when the test process ends.
 //! Owns the rule that a missing PostgreSQL installation fails the test with instructions,
-//! never skips it.
+//! never skips it. [`PgPair`] (`pair.rs`) adds a synchronous standby for failover tests.
 
 use std::fmt;
 use std::net::TcpListener;
@@ -14,6 +14,10 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use tempfile::TempDir;
 
 use crate::{PgOptions, PgStore};
+
+mod pair;
+
+pub use pair::PgPair;
 
 /// The superuser of a test cluster.
 pub const SUPERUSER: &str = "postgres";
@@ -110,6 +114,16 @@ impl PgCluster {
     }
 
     fn start_once(bin: &Path, as_postgres: bool) -> Result<PgCluster, ClusterError> {
+        let cluster = PgCluster::prepared(bin, as_postgres)?;
+        cluster.init()?;
+        cluster.start_server()?;
+        cluster.psql("postgres", &format!("CREATE DATABASE {DATABASE}"))?;
+        Ok(cluster)
+    }
+
+    /// A cluster's directory (with its socket directory, owned by the server's user), a free
+    /// port and the cleanup watchdog; no data directory yet.
+    fn prepared(bin: &Path, as_postgres: bool) -> Result<PgCluster, ClusterError> {
         let dir = tempfile::Builder::new()
             .prefix("monoseq-pg-")
             .tempdir()
@@ -123,10 +137,42 @@ impl PgCluster {
             control: Mutex::new(()),
         };
         cluster.watch_for_exit()?;
-        cluster.init()?;
-        cluster.start_server()?;
-        cluster.psql("postgres", &format!("CREATE DATABASE {DATABASE}"))?;
+        let socket = cluster.socket_dir()?;
+        std::fs::create_dir(&socket)
+            .map_err(|e| error(format!("cannot create {}: {e}", socket.display())))?;
+        cluster.give_to_server_user(&[cluster.dir()?, &socket])?;
         Ok(cluster)
+    }
+
+    /// Makes `paths` owned by the `postgres` user when the server's commands run as it.
+    fn give_to_server_user(&self, paths: &[&Path]) -> Result<(), ClusterError> {
+        if !self.as_postgres {
+            return Ok(());
+        }
+        let (uid, gid) = (id_of("-u")?, id_of("-g")?);
+        for path in paths {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                .map_err(|e| error(format!("cannot chown {}: {e}", path.display())))?;
+        }
+        Ok(())
+    }
+
+    /// The server's settings for this cluster's port and socket, appended to its
+    /// `postgresql.conf` (later lines win).
+    fn append_config(&self, extra: &str) -> Result<(), ClusterError> {
+        let config = format!(
+            "\n# monoseq test cluster\nport = {}\nlisten_addresses = '127.0.0.1'\n\
+             unix_socket_directories = '{}'\nfsync = on\nsynchronous_commit = on\n\
+             max_connections = 200\n{extra}",
+            self.port,
+            self.socket_dir()?.display()
+        );
+        let conf = self.data_dir()?.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf)
+            .map_err(|e| error(format!("cannot read {}: {e}", conf.display())))?;
+        text.push_str(&config);
+        std::fs::write(&conf, text)
+            .map_err(|e| error(format!("cannot write {}: {e}", conf.display())))
     }
 
     fn dir(&self) -> Result<&Path, ClusterError> {
@@ -284,19 +330,10 @@ impl PgCluster {
 
     fn init(&self) -> Result<(), ClusterError> {
         let dir = self.dir()?;
-        let socket = self.socket_dir()?;
-        std::fs::create_dir(&socket)
-            .map_err(|e| error(format!("cannot create {}: {e}", socket.display())))?;
         let password_file = dir.join("password");
         std::fs::write(&password_file, PASSWORD)
             .map_err(|e| error(format!("cannot write {}: {e}", password_file.display())))?;
-        if self.as_postgres {
-            let (uid, gid) = (id_of("-u")?, id_of("-g")?);
-            for path in [dir, &socket, &password_file] {
-                std::os::unix::fs::chown(path, Some(uid), Some(gid))
-                    .map_err(|e| error(format!("cannot chown {}: {e}", path.display())))?;
-            }
-        }
+        self.give_to_server_user(&[&password_file])?;
         let data = self.data_dir()?;
         let mut args: Vec<String> = vec!["-D".into(), data.to_string_lossy().into_owned()];
         args.extend(
@@ -315,19 +352,7 @@ impl PgCluster {
         );
         args.push(format!("--pwfile={}", password_file.display()));
         self.run("initdb", &args)?;
-        let config = format!(
-            "\n# monoseq test cluster\nport = {}\nlisten_addresses = '127.0.0.1'\n\
-             unix_socket_directories = '{}'\nfsync = on\nsynchronous_commit = on\n\
-             max_connections = 200\n",
-            self.port,
-            socket.display()
-        );
-        let conf = data.join("postgresql.conf");
-        let mut text = std::fs::read_to_string(&conf)
-            .map_err(|e| error(format!("cannot read {}: {e}", conf.display())))?;
-        text.push_str(&config);
-        std::fs::write(&conf, text)
-            .map_err(|e| error(format!("cannot write {}: {e}", conf.display())))
+        self.append_config("")
     }
 
     fn pg_ctl(&self, args: &[&str], data: &Path) -> Result<(), ClusterError> {

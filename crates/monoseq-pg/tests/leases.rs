@@ -1,0 +1,281 @@
+//! `Leases` on a real server: a lease is taken only when free or expired (by the database's
+//! clock), every takeover increments the epoch, renewal needs the held epoch and names what
+//! was lost, release frees at once, the status shows leases and nodes in one snapshot, and of
+//! concurrent takeovers exactly one wins. Also the schema migration that adds the tables.
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use monoseq_kv::{Key, KvStore};
+use monoseq_pg::testing::{DATABASE, PgCluster};
+use monoseq_pg::{LEASE_DURATION_MAX, LEASE_PARTITIONS_MAX, PgOptions, PgStore};
+
+const SHORT: Duration = Duration::from_millis(300);
+const LONG: Duration = Duration::from_secs(60);
+/// Longer than [`SHORT`], with a margin for a slow machine.
+const PAST_SHORT: Duration = Duration::from_millis(450);
+
+fn shared() -> &'static PgCluster {
+    PgCluster::shared().unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn fresh() -> PgStore {
+    shared()
+        .fresh_store(PgOptions::default().pool_connections(4))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn a_lease_is_taken_only_when_free_or_expired_and_every_takeover_increments_the_epoch() {
+    let leases = fresh().leases();
+    leases.ensure_partitions(2).unwrap();
+    assert_eq!(leases.acquire(0, "a", SHORT).unwrap(), Some(1));
+    // Live: neither another node nor the holder itself takes it.
+    assert_eq!(leases.acquire(0, "b", SHORT).unwrap(), None);
+    assert_eq!(leases.acquire(0, "a", SHORT).unwrap(), None);
+    // Another partition is independent.
+    assert_eq!(leases.acquire(1, "b", LONG).unwrap(), Some(1));
+    thread::sleep(PAST_SHORT);
+    assert_eq!(leases.acquire(0, "b", SHORT).unwrap(), Some(2));
+    assert_eq!(leases.acquire(1, "a", SHORT).unwrap(), None, "a live lease");
+    thread::sleep(PAST_SHORT);
+    // The former holder takes it back with a new epoch too.
+    assert_eq!(leases.acquire(0, "a", SHORT).unwrap(), Some(3));
+    let status = leases.status().unwrap();
+    let lease = status.lease(0).unwrap();
+    assert_eq!((lease.epoch, lease.node_id.as_deref()), (3, Some("a")));
+}
+
+#[test]
+fn a_partition_without_a_lease_row_cannot_be_acquired() {
+    let leases = fresh().leases();
+    leases.ensure_partitions(2).unwrap();
+    assert_eq!(leases.acquire(2, "a", SHORT).unwrap(), None);
+}
+
+#[test]
+fn renewal_extends_only_leases_held_with_their_epoch_and_omits_the_lost_ones() {
+    let leases = fresh().leases();
+    leases.ensure_partitions(3).unwrap();
+    let e0 = leases.acquire(0, "a", SHORT).unwrap().unwrap();
+    let e1 = leases.acquire(1, "a", SHORT).unwrap().unwrap();
+    let held = [(0, e0), (1, e1)];
+    for _ in 0..3 {
+        thread::sleep(Duration::from_millis(150));
+        assert_eq!(leases.renew("a", &held, SHORT).unwrap(), vec![0, 1]);
+    }
+    // 450 ms after the acquire the leases live on through the renewals.
+    assert_eq!(leases.acquire(0, "b", SHORT).unwrap(), None);
+    // A wrong epoch, another node, or a partition never held renews nothing.
+    assert!(leases.renew("a", &[(0, e0 + 1)], SHORT).unwrap().is_empty());
+    assert!(leases.renew("b", &held, SHORT).unwrap().is_empty());
+    assert!(leases.renew("a", &[(2, 0)], SHORT).unwrap().is_empty());
+    // Partition 1 expires and is taken over: its renewal is refused, partition 0's is not.
+    leases.renew("a", &[(0, e0)], LONG).unwrap();
+    thread::sleep(PAST_SHORT);
+    assert_eq!(leases.acquire(1, "b", LONG).unwrap(), Some(e1 + 1));
+    assert_eq!(leases.renew("a", &held, SHORT).unwrap(), vec![0]);
+    let status = leases.status().unwrap();
+    assert_eq!(status.lease(1).unwrap().node_id.as_deref(), Some("b"));
+    assert!(status.lease(1).unwrap().expires_in_ms > 50_000);
+}
+
+#[test]
+fn an_expired_lease_not_taken_over_is_renewed_with_its_epoch() {
+    let leases = fresh().leases();
+    leases.ensure_partitions(1).unwrap();
+    let epoch = leases.acquire(0, "a", SHORT).unwrap().unwrap();
+    thread::sleep(PAST_SHORT);
+    assert_eq!(leases.renew("a", &[(0, epoch)], LONG).unwrap(), vec![0]);
+    assert_eq!(leases.acquire(0, "b", SHORT).unwrap(), None);
+}
+
+#[test]
+fn release_frees_the_lease_at_once_only_for_its_holder_and_epoch() {
+    let leases = fresh().leases();
+    leases.ensure_partitions(1).unwrap();
+    let epoch = leases.acquire(0, "a", LONG).unwrap().unwrap();
+    assert!(!leases.release("b", 0, epoch).unwrap(), "another node");
+    assert!(!leases.release("a", 0, epoch + 1).unwrap(), "another epoch");
+    assert_eq!(leases.acquire(0, "b", LONG).unwrap(), None);
+    assert!(leases.release("a", 0, epoch).unwrap());
+    let status = leases.status().unwrap();
+    let lease = status.lease(0).unwrap();
+    assert_eq!(lease.node_id, None);
+    assert_eq!(lease.epoch, epoch, "a release keeps the epoch");
+    assert!(lease.expires_in_ms <= 0, "{lease:?}");
+    assert_eq!(leases.acquire(0, "b", LONG).unwrap(), Some(epoch + 1));
+    assert!(!leases.release("a", 0, epoch).unwrap(), "released twice");
+}
+
+#[test]
+fn status_shows_leases_and_nodes_with_ages_by_the_database_clock() {
+    let leases = fresh().leases();
+    leases.ensure_partitions(3).unwrap();
+    leases.heartbeat("a", "http://a:1").unwrap();
+    leases.heartbeat("b", "http://b:1").unwrap();
+    leases.acquire(0, "a", LONG).unwrap().unwrap();
+    leases.acquire(2, "b", SHORT).unwrap().unwrap();
+    thread::sleep(PAST_SHORT);
+    leases.heartbeat("a", "http://a:2").unwrap();
+    let status = leases.status().unwrap();
+    let partitions: Vec<u32> = status.leases.iter().map(|l| l.partition).collect();
+    assert_eq!(partitions, [0, 1, 2]);
+    let [p0, p1, p2] = [0, 1, 2].map(|p| status.lease(p).unwrap().clone());
+    assert_eq!((p0.epoch, p0.node_id.as_deref()), (1, Some("a")));
+    assert!((50_000..=60_000).contains(&p0.expires_in_ms), "{p0:?}");
+    assert_eq!(p0.live_owner(), Some("a"));
+    assert_eq!(
+        (p1.epoch, p1.node_id.as_deref(), p1.live_owner()),
+        (0, None, None)
+    );
+    assert_eq!((p2.epoch, p2.node_id.as_deref()), (1, Some("b")));
+    assert!(p2.expires_in_ms < 0, "{p2:?}");
+    assert_eq!(p2.live_owner(), None, "expired");
+    let (a, b) = (status.node("a").unwrap(), status.node("b").unwrap());
+    assert_eq!(a.url, "http://a:2", "a heartbeat updates the URL");
+    assert!((0..250).contains(&a.seen_ago_ms), "{a:?}");
+    assert!(b.seen_ago_ms >= 400, "{b:?}");
+    leases.leave("b").unwrap();
+    let status = leases.status().unwrap();
+    assert!(status.node("b").is_none());
+    assert_eq!(status.nodes.len(), 1);
+    assert_eq!(
+        status.lease(2).unwrap().node_id.as_deref(),
+        Some("b"),
+        "leave keeps leases"
+    );
+}
+
+#[test]
+fn of_concurrent_takeovers_of_one_partition_exactly_one_wins() {
+    const THREADS: usize = 12;
+    const ROUNDS: u64 = 5;
+    let leases = fresh().leases();
+    leases.ensure_partitions(1).unwrap();
+    for round in 1..=ROUNDS {
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let won: Vec<(String, u64)> = thread::scope(|s| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|i| {
+                    let (leases, barrier) = (leases.clone(), Arc::clone(&barrier));
+                    s.spawn(move || {
+                        let node = format!("n{i}");
+                        barrier.wait();
+                        let epoch = leases.acquire(0, &node, LONG).unwrap();
+                        epoch.map(|epoch| (node, epoch))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().unwrap())
+                .collect()
+        });
+        assert_eq!(won.len(), 1, "round {round}: winners {won:?}");
+        let (node, epoch) = &won[0];
+        assert_eq!(*epoch, round);
+        assert!(leases.release(node, 0, *epoch).unwrap());
+    }
+}
+
+#[test]
+fn ensure_partitions_is_idempotent_under_concurrent_callers_and_keeps_existing_leases() {
+    let leases = fresh().leases();
+    thread::scope(|s| {
+        for _ in 0..6 {
+            let leases = leases.clone();
+            s.spawn(move || leases.ensure_partitions(200).unwrap());
+        }
+    });
+    let epoch = leases.acquire(7, "a", LONG).unwrap().unwrap();
+    leases.ensure_partitions(200).unwrap();
+    leases.ensure_partitions(10).unwrap();
+    let status = leases.status().unwrap();
+    assert_eq!(status.leases.len(), 200);
+    assert!(
+        status
+            .leases
+            .iter()
+            .all(|l| l.partition == 7 || l.epoch == 0)
+    );
+    assert_eq!(status.lease(7).unwrap().epoch, epoch);
+    assert_eq!(status.lease(7).unwrap().node_id.as_deref(), Some("a"));
+}
+
+#[test]
+fn out_of_range_partitions_and_leases_are_errors_that_say_the_range() {
+    let leases = fresh().leases();
+    leases.ensure_partitions(1).unwrap();
+    for (e, says) in [
+        (
+            leases.ensure_partitions(LEASE_PARTITIONS_MAX + 1),
+            "at most",
+        ),
+        (
+            leases.acquire(LEASE_PARTITIONS_MAX, "a", SHORT).map(drop),
+            "partitions go",
+        ),
+        (
+            leases.acquire(u32::MAX, "a", SHORT).map(drop),
+            "partitions go",
+        ),
+        (
+            leases.acquire(0, "a", Duration::ZERO).map(drop),
+            "at least 1 ms",
+        ),
+        (
+            leases
+                .acquire(0, "a", LEASE_DURATION_MAX + Duration::from_secs(1))
+                .map(drop),
+            "at most",
+        ),
+        (
+            leases.renew("a", &[(0, 1)], Duration::ZERO).map(drop),
+            "at least 1 ms",
+        ),
+    ] {
+        let message = e.unwrap_err().to_string();
+        assert!(message.contains(says), "{message}");
+    }
+    assert_eq!(leases.acquire(0, "a", SHORT).unwrap(), Some(1));
+}
+
+#[test]
+fn a_version_1_database_is_migrated_in_place_and_keeps_its_data() {
+    let cluster = shared();
+    let store = fresh();
+    let schema = store.schema().to_owned();
+    store.put(Key::new(b"p", b"a"), b"1").unwrap();
+    drop(store);
+    // What a version-1 build left: the key-value table only.
+    cluster
+        .psql(
+            DATABASE,
+            &format!(
+                "DROP TABLE {schema}.monoseq_leases; DROP TABLE {schema}.monoseq_nodes; UPDATE \
+                 {schema}.monoseq_meta SET value = 1 WHERE name = 'schema_version'"
+            ),
+        )
+        .unwrap();
+    let store = PgStore::open(
+        &cluster.url(DATABASE),
+        PgOptions::default().schema(schema.clone()),
+    )
+    .unwrap();
+    assert_eq!(
+        store.get(Key::new(b"p", b"a")).unwrap(),
+        Some(b"1".to_vec())
+    );
+    let version = cluster
+        .psql(
+            DATABASE,
+            &format!("SELECT value FROM {schema}.monoseq_meta WHERE name = 'schema_version'"),
+        )
+        .unwrap();
+    assert_eq!(version, "2");
+    let leases = store.leases();
+    leases.ensure_partitions(1).unwrap();
+    assert_eq!(leases.acquire(0, "a", SHORT).unwrap(), Some(1));
+}
