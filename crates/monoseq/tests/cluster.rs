@@ -652,3 +652,48 @@ async fn with_redirect_a_node_answers_a_command_it_does_not_own_with_the_owners_
         .expect("answer");
     assert_eq!(followed.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_failover_to_its_synchronous_standby_loses_nothing_and_nodes_reconnect_alone() {
+    let pair = tokio::task::spawn_blocking(|| {
+        monoseq_pg::testing::PgPair::start().unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await
+    .unwrap();
+    let pair = Arc::new(pair);
+    let db = pair.url(monoseq_pg::testing::DATABASE);
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    let f1 = Node::start(&db, "f1", dir.path(), &[]);
+    let f2 = Node::start(&db, "f2", dir.path(), &[]);
+    balanced(&client, &f1.url, &["f1", "f2"]).await;
+    let urls: Urls = Arc::new(Mutex::new(vec![f1.url.clone(), f2.url.clone()]));
+    let Load { acks, stop, tasks } = start_load(&urls, 6);
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let before = acks.lock().unwrap().len();
+
+    let p = Arc::clone(&pair);
+    tokio::task::spawn_blocking(move || {
+        p.kill_primary().unwrap_or_else(|e| panic!("{e}"));
+        p.promote_standby().unwrap_or_else(|e| panic!("{e}"));
+    })
+    .await
+    .unwrap();
+    // The nodes reconnect by themselves and serve again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let resumed = loop {
+        let now = acks.lock().unwrap().len();
+        if now > before + 200 {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "the nodes never served again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("{before} commands before the failover, {resumed} once serving again");
+    stop_load(&stop, tasks).await;
+    let acks = acks.lock().unwrap().clone();
+    check_acks(&client, &f1.url, &acks).await;
+    f1.terminate(Duration::from_secs(20));
+    f2.terminate(Duration::from_secs(20));
+    verify(&db, dir.path());
+}
