@@ -293,6 +293,12 @@ pub struct Cluster {
     held: Mutex<BTreeMap<u32, Held>>,
     view: RwLock<Arc<View>>,
     stopping: AtomicBool,
+    /// The highest epoch seen of each partition: epochs only grow, so a lower one means the
+    /// database went back in time (it lost acknowledged writes).
+    epochs: Mutex<BTreeMap<u32, u64>>,
+    /// Partitions whose lease went back: never served by this node again (a restart clears
+    /// it, accepting the loss).
+    went_back: Mutex<std::collections::BTreeSet<u32>>,
 }
 
 /// The last status read, with when.
@@ -346,6 +352,8 @@ impl Cluster {
                 read_at: Instant::now(),
             })),
             stopping: AtomicBool::new(false),
+            epochs: Mutex::new(BTreeMap::new()),
+            went_back: Mutex::new(std::collections::BTreeSet::new()),
         });
         let c = Arc::clone(&cluster);
         blocking(move || c.table.ensure_partitions(c.partitions))
@@ -539,6 +547,7 @@ impl Cluster {
         self.drop_fenced();
         let c = Arc::clone(self);
         let status = blocking(move || c.table.status()).await?;
+        self.check_epochs(&status);
         *self.view.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(View {
             status: status.clone(),
             read_at: Instant::now(),
@@ -593,6 +602,41 @@ impl Cluster {
 
     fn valid_until(&self, began: Instant) -> Instant {
         began + self.settings.lease - self.settings.renew
+    }
+
+    /// Refuses, for good, every partition whose lease epoch is lower than one seen before:
+    /// the database lost acknowledged writes (a failover to a standby that was behind, or a
+    /// restored backup), and serving the partition could hand its lost numbers out again.
+    fn check_epochs(self: &Arc<Self>, status: &TableStatus) {
+        let mut newly = Vec::new();
+        {
+            let mut seen = self.epochs.lock().unwrap_or_else(|e| e.into_inner());
+            let mut refused = self.went_back.lock().unwrap_or_else(|e| e.into_inner());
+            for l in &status.leases {
+                let highest = seen.entry(l.partition).or_insert(l.epoch);
+                if l.epoch < *highest {
+                    if refused.insert(l.partition) {
+                        newly.push((l.partition, *highest, l.epoch));
+                    }
+                } else {
+                    *highest = l.epoch;
+                }
+            }
+        }
+        for (p, was, now) in newly {
+            tracing::error!(
+                partition = p,
+                epoch_seen = was,
+                epoch_now = now,
+                "the database's lease of the partition went back in time: the database lost \
+                 acknowledged writes (a failover to a standby that was behind, or a restored \
+                 backup?). This node no longer serves the partition, so that no number is \
+                 handed out twice; restore the database, or restart the node to accept the loss"
+            );
+            if self.held().remove(&p).is_some() {
+                self.stop_serving(p);
+            }
+        }
     }
 
     /// Partitions whose storage refused a write (another node owns them) are released here.
@@ -684,6 +728,13 @@ impl Cluster {
             .iter()
             .filter(|l| !held.contains_key(&l.partition))
             .filter(|l| {
+                !self
+                    .went_back
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .contains(&l.partition)
+            })
+            .filter(|l| {
                 l.node_id.is_none() || l.expires_in_ms <= 0 || l.node_id.as_ref() == Some(me)
             })
             .collect();
@@ -703,6 +754,10 @@ impl Cluster {
             self.table.fenced(p, epoch)
         };
         let store = EventStore::new(view, APP, self.trust);
+        self.epochs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(p, epoch);
         self.held().insert(
             p,
             Held {

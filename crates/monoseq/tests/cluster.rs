@@ -697,3 +697,43 @@ async fn a_database_failover_to_its_synchronous_standby_loses_nothing_and_nodes_
     f2.terminate(Duration::from_secs(20));
     verify(&db, dir.path());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_epoch_went_back_is_never_served_again_by_a_node_that_saw_it_higher() {
+    let db = Backend::postgres_url();
+    let name = db.rsplit('/').next().unwrap().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    let node = Node::start(&db, "solo", dir.path(), &[]);
+    let before = balanced(&client, &node.url, &["solo"]).await;
+    assert_eq!(before[&0].1, 1);
+    let urls: Urls = Arc::new(Mutex::new(vec![node.url.clone()]));
+    send(&client, &urls, ws_of(0, 0), "before", 1).await;
+
+    // The database goes back to before the node took partition 0 (a failover to a standby
+    // that was behind, as far as the lease table shows it).
+    let cluster = monoseq_pg::testing::PgCluster::shared().unwrap();
+    cluster
+        .psql(
+            &name,
+            "UPDATE monoseq_leases SET epoch = 0, node_id = NULL, expires_at = now() \
+             WHERE partition = 0",
+        )
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(LEASE_MS * 3)).await;
+    let answer = client
+        .post(format!("{}/v1/commands", node.url))
+        .json(&command(ws_of(0, 0), 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503, "the partition is not served");
+    let now = owners(&client, &node.url).await;
+    assert!(
+        !now.contains_key(&0),
+        "partition 0 was taken again: {now:?}"
+    );
+    assert!(node.log().contains("went back in time"), "{}", node.log());
+    // The other partitions are served as before.
+    send(&client, &urls, ws_of(1, 0), "other", 3).await;
+}
