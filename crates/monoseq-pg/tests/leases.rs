@@ -150,8 +150,9 @@ fn status_shows_leases_and_nodes_with_ages_by_the_database_clock() {
     assert_eq!(p2.live_owner(), None, "expired");
     let (a, b) = (status.node("a").unwrap(), status.node("b").unwrap());
     assert_eq!(a.url, "http://a:2", "a heartbeat updates the URL");
-    assert!((0..250).contains(&a.seen_ago_ms), "{a:?}");
+    assert!(a.seen_ago_ms >= 0, "{a:?}");
     assert!(b.seen_ago_ms >= 400, "{b:?}");
+    assert!(b.seen_ago_ms - a.seen_ago_ms >= 400, "{a:?} {b:?}");
     leases.leave("b").unwrap();
     let status = leases.status().unwrap();
     assert!(status.node("b").is_none());
