@@ -2,7 +2,8 @@
 //! (fjall, flushed on every write so both are durable on return) in the same run: single-row
 //! puts and gets, batches of 100 items (conditional inserts, the event store's level-0 path, and puts),
 //! and a PLog replay through `PLogSeqStorage::replay_plog`. The group `fence` measures the
-//! same batches through the plain store and through a `FencedPgStore` holding its lease.
+//! same batches through the plain store and through a `FencedPgStore` holding its lease,
+//! durable and with the server's `fsync` off.
 //!
 //! Run: `cargo bench -p monoseq-pg --bench pg`. The server is a private cluster in a temporary
 //! directory on the same disk as the embedded store, `fsync` and `synchronous_commit` on.
@@ -112,8 +113,57 @@ fn writes(c: &mut Criterion) {
     g.finish();
 }
 
+/// The `fence` cases: name and insert-if-absent items (0: a single put).
+const FENCE_CASES: [(&str, u64); 3] = [
+    ("put_single", 0),
+    ("batch3_insert_if_absent", 3),
+    ("batch100_insert_if_absent", 100),
+];
+/// Pairs of writes (one plain, one fenced, alternating) of the interleaved comparison.
+const INTERLEAVED_PAIRS: usize = 300;
+
+/// Refills `batch` with write number `n` of a `fence` case.
+fn fence_batch(batch: &mut WriteBatch, n: u64, items: u64) {
+    batch.clear();
+    if items == 0 {
+        batch.put(Key::new(b"single", &n.to_be_bytes()), &[7; 100]);
+    }
+    for i in 0..items {
+        let clustering = [n.to_be_bytes(), i.to_be_bytes()].concat();
+        batch.insert_if_absent(Key::new(b"batch", &clustering), &[7; 100]);
+    }
+}
+
+/// Alternates plain and fenced writes of one case and prints both medians and their ratio:
+/// on a loaded machine, the load drifts between criterion's separate measurements, while
+/// alternating writes share it.
+fn interleaved(views: &[(&str, &dyn KvStore); 2], case: &str, items: u64, next: &mut u64) {
+    let mut batch = WriteBatch::with_capacity(100, 100 * 120);
+    let mut times = [Vec::new(), Vec::new()];
+    for _ in 0..INTERLEAVED_PAIRS {
+        for ((_, view), times) in views.iter().zip(&mut times) {
+            *next += 1;
+            fence_batch(&mut batch, *next, items);
+            let began = Instant::now();
+            view.write(&batch).unwrap();
+            times.push(began.elapsed());
+        }
+    }
+    let [plain, fenced] = times.map(|mut t| {
+        t.sort();
+        t[t.len() / 2]
+    });
+    eprintln!(
+        "fence/{case} interleaved ({INTERLEAVED_PAIRS} pairs): plain median {plain:?}, fenced \
+         median {fenced:?}, fenced/plain {:.2}",
+        fenced.as_secs_f64() / plain.as_secs_f64()
+    );
+}
+
 /// Writes through the plain store and through a fenced view of it, case by case: a single
-/// put, a command-like batch of 3 insert-if-absent items, and 100 of them.
+/// put, a command-like batch of 3 insert-if-absent items, and 100 of them; first durable,
+/// then with the server's `fsync` off, which takes the disk's flush (whose latency varies
+/// tenfold on a shared machine) out of both sides and leaves the fence's own cost.
 fn fence(c: &mut Criterion) {
     let cluster = PgCluster::start().unwrap_or_else(|e| panic!("{e}"));
     let store = PgStore::open(&cluster.url(DATABASE), PgOptions::default()).unwrap();
@@ -131,27 +181,23 @@ fn fence(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(5));
     let mut next = 0u64;
     let mut batch = WriteBatch::with_capacity(100, 100 * 120);
-    for (case, items) in [
-        ("put_single", 0),
-        ("batch3_insert_if_absent", 3),
-        ("batch100_insert_if_absent", 100),
-    ] {
-        g.throughput(Throughput::Elements(items.max(1)));
-        for (name, view) in views {
-            g.bench_function(BenchmarkId::new(case, name), |b| {
-                b.iter(|| {
-                    batch.clear();
-                    next += 1;
-                    if items == 0 {
-                        batch.put(Key::new(b"single", &next.to_be_bytes()), &[7; 100]);
-                    }
-                    for i in 0..items {
-                        let clustering = [next.to_be_bytes(), i.to_be_bytes()].concat();
-                        batch.insert_if_absent(Key::new(b"batch", &clustering), &[7; 100]);
-                    }
-                    view.write(&batch).unwrap();
+    for (disk, fsync) in [("durable", "on"), ("fsync_off", "off")] {
+        cluster
+            .psql(DATABASE, &format!("ALTER SYSTEM SET fsync = {fsync}"))
+            .unwrap();
+        cluster.psql(DATABASE, "SELECT pg_reload_conf()").unwrap();
+        for (case, items) in FENCE_CASES {
+            interleaved(&views, &format!("{case}/{disk}"), items, &mut next);
+            g.throughput(Throughput::Elements(items.max(1)));
+            for (name, view) in views {
+                g.bench_function(BenchmarkId::new(format!("{case}/{disk}"), name), |b| {
+                    b.iter(|| {
+                        next += 1;
+                        fence_batch(&mut batch, next, items);
+                        view.write(&batch).unwrap();
+                    });
                 });
-            });
+            }
         }
     }
     g.finish();

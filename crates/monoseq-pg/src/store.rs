@@ -1,23 +1,22 @@
 //! [`PgStore`]: the key-value contract on a PostgreSQL table. Owns opening (connection string,
 //! pool, runtime, schema check), point reads, compare-and-swap, and the dispatch of every call
-//! onto the store's runtime with its time limit; batches are in `write.rs`, scans in
-//! `scan.rs`.
+//! onto the store's runtime with its time limit, for the store and for its fenced views
+//! (`fenced.rs`, which passes the lease epoch every write checks); batches are in `write.rs`,
+//! scans in `scan.rs`, leases in `lease.rs`.
 
 use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::future::join4;
 use monoseq_kv::{
     CasError, Key, KvError, KvStore, OpenError, Order, Visitor, WriteBatch, WriteError, limits,
 };
 use tokio::runtime::Runtime;
-use tokio_postgres::NoTls;
 use tokio_postgres::config::Host;
-
-use futures_util::future::join4;
-use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Statement};
 
 use crate::error::{Failure, storage_open_error};
 use crate::exec::{self, Conn, within};

@@ -27,6 +27,21 @@ fn fresh() -> PgStore {
 }
 
 #[test]
+fn leases_and_fenced_views_are_cheap_handles_for_any_thread() {
+    fn shareable<T: Clone + Send + Sync + std::fmt::Debug + 'static>() {}
+    shareable::<monoseq_pg::Leases>();
+    shareable::<monoseq_pg::FencedPgStore>();
+    // A view outlives the store it was made from.
+    let store = fresh();
+    let leases = store.leases();
+    leases.ensure_partitions(1).unwrap();
+    let view = store.fenced(0, leases.acquire(0, "a", LONG).unwrap().unwrap());
+    drop(store);
+    view.put(Key::new(b"p", b"k"), b"v").unwrap();
+    assert_eq!(leases.status().unwrap().lease(0).unwrap().epoch, 1);
+}
+
+#[test]
 fn a_lease_is_taken_only_when_free_or_expired_and_every_takeover_increments_the_epoch() {
     let leases = fresh().leases();
     leases.ensure_partitions(2).unwrap();
@@ -135,8 +150,9 @@ fn status_shows_leases_and_nodes_with_ages_by_the_database_clock() {
     assert_eq!(p2.live_owner(), None, "expired");
     let (a, b) = (status.node("a").unwrap(), status.node("b").unwrap());
     assert_eq!(a.url, "http://a:2", "a heartbeat updates the URL");
-    assert!((0..250).contains(&a.seen_ago_ms), "{a:?}");
+    assert!(a.seen_ago_ms >= 0, "{a:?}");
     assert!(b.seen_ago_ms >= 400, "{b:?}");
+    assert!(b.seen_ago_ms - a.seen_ago_ms >= 400, "{a:?} {b:?}");
     leases.leave("b").unwrap();
     let status = leases.status().unwrap();
     assert!(status.node("b").is_none());
