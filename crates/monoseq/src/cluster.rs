@@ -806,6 +806,9 @@ impl Cluster {
     }
 }
 
+/// Connections of the lease calls' own pool.
+pub const LEASE_POOL_CONNECTIONS: usize = 2;
+
 /// The leases of a PostgreSQL database.
 pub struct PgLeaseTable {
     store: Arc<monoseq_pg::PgStore>,
@@ -813,11 +816,14 @@ pub struct PgLeaseTable {
 }
 
 impl PgLeaseTable {
-    /// The lease table of `store`'s database.
+    /// The lease table of `store`'s database, reached through `own`: a store with a pool of
+    /// its own, so that renewals never wait behind the partitions' writes for a connection.
     #[must_use]
-    pub fn new(store: Arc<monoseq_pg::PgStore>) -> PgLeaseTable {
-        let leases = store.leases();
-        PgLeaseTable { store, leases }
+    pub fn new(store: Arc<monoseq_pg::PgStore>, own: &monoseq_pg::PgStore) -> PgLeaseTable {
+        PgLeaseTable {
+            store,
+            leases: own.leases(),
+        }
     }
 }
 

@@ -359,6 +359,17 @@ async fn start(
     Ok((opened, cp))
 }
 
+/// A second connection pool to the database, for the lease calls alone.
+fn lease_pool(settings: &Settings) -> anyhow::Result<monoseq_pg::PgStore> {
+    let crate::config::Storage::Postgres(url) = &settings.storage else {
+        anyhow::bail!("leases are kept only in a PostgreSQL database");
+    };
+    let options =
+        monoseq_pg::PgOptions::default().pool_connections(crate::cluster::LEASE_POOL_CONNECTIONS);
+    monoseq_pg::PgStore::open(url, options)
+        .map_err(|e| anyhow::anyhow!("opening the lease calls' connections: {e}"))
+}
+
 /// What joining the cluster needs of the server's settings.
 struct Joining<'a> {
     settings: &'a Settings,
@@ -390,8 +401,10 @@ async fn join_cluster(
         security.auth.outbound_authorization(),
         cluster.peer_ca_cert.as_deref().or(security.tls_cert()),
     )?;
-    let table: Arc<dyn crate::cluster::LeaseTable> =
-        Arc::new(crate::cluster::PgLeaseTable::new(Arc::clone(pg)));
+    let table: Arc<dyn crate::cluster::LeaseTable> = Arc::new(crate::cluster::PgLeaseTable::new(
+        Arc::clone(pg),
+        &lease_pool(settings)?,
+    ));
     let members = Cluster::join(
         cluster,
         table,
