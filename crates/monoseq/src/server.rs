@@ -360,13 +360,14 @@ async fn start(
 }
 
 /// A second connection pool to the database, for the lease calls alone.
-fn lease_pool(settings: &Settings) -> anyhow::Result<monoseq_pg::PgStore> {
-    let crate::config::Storage::Postgres(url) = &settings.storage else {
+async fn lease_pool(settings: &Settings) -> anyhow::Result<monoseq_pg::PgStore> {
+    let crate::config::Storage::Postgres(url) = settings.storage.clone() else {
         anyhow::bail!("leases are kept only in a PostgreSQL database");
     };
     let options =
         monoseq_pg::PgOptions::default().pool_connections(crate::cluster::LEASE_POOL_CONNECTIONS);
-    monoseq_pg::PgStore::open(url, options)
+    tokio::task::spawn_blocking(move || monoseq_pg::PgStore::open(&url, options))
+        .await?
         .map_err(|e| anyhow::anyhow!("opening the lease calls' connections: {e}"))
 }
 
@@ -403,7 +404,7 @@ async fn join_cluster(
     )?;
     let table: Arc<dyn crate::cluster::LeaseTable> = Arc::new(crate::cluster::PgLeaseTable::new(
         Arc::clone(pg),
-        &lease_pool(settings)?,
+        &lease_pool(settings).await?,
     ));
     let members = Cluster::join(
         cluster,

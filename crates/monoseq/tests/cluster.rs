@@ -634,12 +634,21 @@ async fn with_redirect_a_node_answers_a_command_it_does_not_own_with_the_owners_
     let b = Node::start(&db, "b", dir.path(), &["--redirect"]);
     balanced(&client, &a.url, &["a", "b"]).await;
     let ws = ws_owned_by(&client, &a.url, "b").await;
-    let answer = client
-        .post(format!("{}/v1/commands", a.url))
-        .json(&command(ws, 1))
-        .send()
-        .await
-        .expect("answer");
+    // A's view of the owners follows the database within a renewal interval: until then it
+    // answers 503 (the partition is moving).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let answer = loop {
+        let answer = client
+            .post(format!("{}/v1/commands", a.url))
+            .json(&command(ws, 1))
+            .send()
+            .await
+            .expect("answer");
+        if answer.status() != 503 || Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(answer.status(), 307);
     let location = answer.headers()["location"].to_str().unwrap().to_owned();
     assert_eq!(location, format!("{}/v1/commands", b.url));
