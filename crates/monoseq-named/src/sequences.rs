@@ -5,13 +5,12 @@
 //! write (one "lane" per sequence with a leader task), which keeps writers of one process from
 //! racing each other and turns N waiting callers into one storage round trip.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hasher};
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use monoseq_backoff::Backoff;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -498,6 +497,9 @@ impl Sequences {
     }
 }
 
+/// The backoff after a lost race: [`BACKOFF_FIRST`] doubling to [`BACKOFF_MAX`].
+const BACKOFF: Backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MAX);
+
 /// Sleeps a jittered backoff before attempt `attempts + 1`; `false` when the deadline leaves
 /// no time for another attempt.
 async fn backoff(attempts: u32, deadline: Instant) -> bool {
@@ -505,20 +507,8 @@ async fn backoff(attempts: u32, deadline: Instant) -> bool {
     if now >= deadline {
         return false;
     }
-    let bound = BACKOFF_FIRST
-        .saturating_mul(1 << attempts.saturating_sub(1).min(16))
-        .min(BACKOFF_MAX);
-    let bound_ns = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
-    let sleep = Duration::from_nanos(random() % bound_ns.max(1));
-    tokio::time::sleep_until((now + sleep).min(deadline)).await;
+    tokio::time::sleep_until((now + BACKOFF.jittered(attempts)).min(deadline)).await;
     Instant::now() < deadline
-}
-
-/// A random number for jitter (no need for quality, only for spread between processes).
-fn random() -> u64 {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(std::process::id().into());
-    hasher.finish()
 }
 
 /// The leader of a lane: serves the queued calls of one sequence, batch after batch, until the
