@@ -1,9 +1,9 @@
 //! The HTTP API of named sequences: [`router`], JSON in and out, errors as
-//! `{"code": ..., "message": ...}` with the stable codes of [`crate::code`]. Owns the route
+//! `{"code": ..., "message": ...}` with the stable codes of [`monoseq_named::code`]. Owns the route
 //! scheme, the request-body parsing (where negative, fractional, zero or oversized numbers
 //! become typed errors) and the mapping of errors to status codes.
 //!
-//! Routes (`{address}` is the textual [`crate::Address`], e.g. `orders/invoice` or
+//! Routes (`{address}` is the textual [`monoseq_named::Address`], e.g. `orders/invoice` or
 //! `resource=orders/plugin=backup/run`; the last segment names the operation):
 //!
 //! | method and path | body | answer |
@@ -25,10 +25,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use serde_json::{Map, Value, json};
 
-use crate::address::Address;
-use crate::error::{DeleteError, NextError, ReadError, SetError, code};
-use crate::record::{METADATA_BYTES_MAX, Metadata, VALUE_MAX};
-use crate::sequences::{NextOptions, Sequences, SetOptions};
+use monoseq_named::{
+    Address, AddressError, DeleteError, METADATA_BYTES_MAX, Metadata, NextError, NextOptions,
+    ReadError, Sequences, SetError, SetOptions, VALUE_MAX, code,
+};
 
 /// Largest request body, in bytes.
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
@@ -40,7 +40,8 @@ pub const BODY_BYTES_MAX: usize = 64 * 1024;
 ///
 /// ```no_run
 /// use monoseq_kv::MemoryStore;
-/// use monoseq_named::{KvBackend, Sequences, router};
+/// use monoseq_named::{KvBackend, Sequences};
+/// use monoseq_named_http::router;
 ///
 /// # async fn serve() -> std::io::Result<()> {
 /// let sequences = Sequences::new(KvBackend::new(MemoryStore::new()));
@@ -57,14 +58,14 @@ pub fn router(sequences: Sequences) -> Router {
 
 /// An error answer: status, stable code, message.
 #[derive(Debug)]
-pub(crate) struct ApiError {
+struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
 }
 
 impl ApiError {
-    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
             code,
@@ -91,7 +92,7 @@ impl IntoResponse for ApiError {
 }
 
 /// The status of each stable code.
-pub(crate) fn status_of(code: &str) -> StatusCode {
+fn status_of(code: &str) -> StatusCode {
     match code {
         code::NOT_FOUND | code::UNKNOWN_OPERATION => StatusCode::NOT_FOUND,
         code::OVERFLOW | code::INVALID_STORED => StatusCode::CONFLICT,
@@ -224,7 +225,7 @@ async fn handle(
 
 fn parse_address(text: &str) -> Result<Address, ApiError> {
     text.parse()
-        .map_err(|e: crate::AddressError| ApiError::bad_request(e.code(), e.to_string()))
+        .map_err(|e: AddressError| ApiError::bad_request(e.code(), e.to_string()))
 }
 
 /// The body as a JSON object (an empty body is an empty object).
@@ -247,7 +248,7 @@ fn body_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>
 }
 
 /// A JSON number as a value in `0..=VALUE_MAX`, or the typed error `code`.
-pub(crate) fn value_u64(value: &Value, field: &str, code: &'static str) -> Result<u64, ApiError> {
+fn value_u64(value: &Value, field: &str, code: &'static str) -> Result<u64, ApiError> {
     let problem = match value {
         Value::Number(n) => match (n.as_u64(), n.as_i64()) {
             (Some(v), _) if v <= VALUE_MAX => return Ok(v),

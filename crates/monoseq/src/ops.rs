@@ -73,6 +73,9 @@ pub fn inspect(settings: &Settings, full: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Problems `verify` prints by default; the rest are counted.
+pub const VERIFY_SHOWN_DEFAULT: usize = 20;
+
 /// `monoseq verify`: reads a copy of the data directory (the directory itself is never
 /// opened by the engine, so no byte of it changes), prints every problem the
 /// `monoseq-verify` library finds (the first `shown`, then a count) and exits non-zero when
