@@ -14,6 +14,8 @@ mod bounds;
 pub mod conformance;
 #[cfg(any(feature = "fjall", feature = "redb"))]
 mod encoding;
+#[cfg(any(feature = "fjall", feature = "redb"))]
+mod engine;
 mod error;
 #[cfg(feature = "testing")]
 mod faulty;
