@@ -159,6 +159,38 @@ async fn handle(
         sequences.delete(&address).await?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
+    let (address, operation) = route(path, method)?;
+    let ok = |value: Value| Ok(axum::Json(value).into_response());
+    match operation {
+        "value" => ok(json!({ "value": sequences.get(&address).await? })),
+        "exists" => ok(json!({ "exists": sequences.exists(&address).await? })),
+        "data" => match sequences.get_data(&address).await? {
+            Some(data) => ok(serde_json::to_value(data).expect("data serializes")),
+            None => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                code::NOT_FOUND,
+                format!("sequence {address} does not exist"),
+            )),
+        },
+        "next" | "increment" => {
+            let options = next_options(body_object(body)?)?;
+            let value = if operation == "next" {
+                sequences.next(&address, &options).await?
+            } else {
+                sequences.increment(&address, &options).await?
+            };
+            ok(json!({ "value": value }))
+        }
+        _ => {
+            let (value, options) = reset_body(body_object(body)?)?;
+            let data = sequences.reset(&address, value, &options).await?;
+            ok(serde_json::to_value(data).expect("data serializes"))
+        }
+    }
+}
+
+/// The address and operation a path names (`ADDRESS/OPERATION`), checked against `method`.
+fn route<'p>(path: &'p str, method: &Method) -> Result<(Address, &'p str), ApiError> {
     let (address, operation) = path.rsplit_once('/').ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -188,39 +220,16 @@ async fn handle(
             format!("{operation} takes {allowed}, not {method}"),
         ));
     }
-    let ok = |value: Value| Ok(axum::Json(value).into_response());
-    match operation {
-        "value" => ok(json!({ "value": sequences.get(&address).await? })),
-        "exists" => ok(json!({ "exists": sequences.exists(&address).await? })),
-        "data" => match sequences.get_data(&address).await? {
-            Some(data) => ok(serde_json::to_value(data).expect("data serializes")),
-            None => Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                code::NOT_FOUND,
-                format!("sequence {address} does not exist"),
-            )),
-        },
-        "next" | "increment" => {
-            let body = body_object(body)?;
-            let options = next_options(body)?;
-            let value = if operation == "next" {
-                sequences.next(&address, &options).await?
-            } else {
-                sequences.increment(&address, &options).await?
-            };
-            ok(json!({ "value": value }))
-        }
-        _ => {
-            let mut body = body_object(body)?;
-            let value = body.remove("value").ok_or_else(|| {
-                ApiError::bad_request(code::INVALID_VALUE, "the body needs a \"value\" field")
-            })?;
-            let value = value_u64(&value, "value", code::INVALID_VALUE)?;
-            let options = set_options(body)?;
-            let data = sequences.reset(&address, value, &options).await?;
-            ok(serde_json::to_value(data).expect("data serializes"))
-        }
-    }
+    Ok((address, operation))
+}
+
+/// The body of `reset` / `set`: the value and the options.
+fn reset_body(mut body: Map<String, Value>) -> Result<(u64, SetOptions), ApiError> {
+    let value = body.remove("value").ok_or_else(|| {
+        ApiError::bad_request(code::INVALID_VALUE, "the body needs a \"value\" field")
+    })?;
+    let value = value_u64(&value, "value", code::INVALID_VALUE)?;
+    Ok((value, set_options(body)?))
 }
 
 fn parse_address(text: &str) -> Result<Address, ApiError> {

@@ -203,86 +203,13 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
 }
 
 async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Result<Tally> {
-    let uri: hyper::Uri = format!("{}/v1/commands", url.trim_end_matches('/'))
-        .parse()
-        .with_context(|| format!("parsing --url {url}"))?;
-    if uri.scheme_str() != Some("http") {
-        bail!("--url must start with http:// (the load generator speaks plain HTTP/1.1)");
-    }
-    let authority = uri
-        .authority()
-        .with_context(|| format!("--url {url} names no host"))?
-        .clone();
-    let addr = tokio::net::lookup_host((authority.host(), authority.port_u16().unwrap_or(80)))
-        .await
-        .with_context(|| format!("resolving {authority}"))?
-        .next()
-        .with_context(|| format!("{authority} resolves to no address"))?;
-    let path = uri.path().to_owned();
+    let target = Target::resolve(url).await?;
     let mut tasks = Vec::with_capacity(args.clients);
-    for c in 0..args.clients as u64 {
-        let (path, authority) = (path.clone(), authority.clone());
-        let workspaces = args.workspaces;
-        let keys = args.idempotency_keys;
+    for client in 0..args.clients as u64 {
+        let target = target.clone();
+        let (workspaces, keys) = (args.workspaces, args.idempotency_keys);
         tasks.push(tokio::spawn(async move {
-            // One keep-alive connection per client, driven by its own task: no pool to check
-            // out from, no URL to parse per request.
-            let stream = tokio::net::TcpStream::connect(addr)
-                .await
-                .context("connecting to the server")?;
-            stream.set_nodelay(true)?;
-            let (mut sender, connection) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .context("HTTP handshake")?;
-            tokio::spawn(connection);
-            let mut t = Tally::new();
-            let mut i = c;
-            let mut template = command(1);
-            let mut n = 0u64;
-            while Instant::now() < deadline {
-                let ws = i % workspaces + 1;
-                i += 7919;
-                n += 1;
-                template.ws = ws;
-                let body = serde_json::to_vec(&template).expect("a command serializes");
-                let mut request = hyper::Request::post(path.as_str())
-                    .header(hyper::header::HOST, authority.as_str())
-                    .header(hyper::header::CONTENT_TYPE, "application/json");
-                if keys {
-                    request = request.header("idempotency-key", format!("bench-{c}-{n}"));
-                }
-                let request = request
-                    .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
-                    .expect("a valid request");
-                let began = Instant::now();
-                if sender.ready().await.is_err() {
-                    t.failed += 1;
-                    break;
-                }
-                match sender.send_request(request).await {
-                    Ok(r) => {
-                        let status = r.status().as_u16();
-                        let _ = http_body_util::BodyExt::collect(r.into_body()).await;
-                        match status {
-                            200..=299 => {
-                                t.ok += 1;
-                                let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
-                            }
-                            503 => {
-                                t.busy += 1;
-                                tokio::time::sleep(Duration::from_millis(1)).await;
-                            }
-                            _ => t.failed += 1,
-                        }
-                    }
-                    Err(_) => {
-                        t.failed += 1;
-                        break;
-                    }
-                }
-            }
-            anyhow::Ok(t)
+            http_client(target, client, workspaces, keys, deadline).await
         }));
     }
     let mut all = Tally::new();
@@ -290,4 +217,100 @@ async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Re
         all.merge(&task.await??);
     }
     Ok(all)
+}
+
+/// Where the HTTP load goes: the address to connect to, and the request's path and host.
+#[derive(Clone)]
+struct Target {
+    addr: std::net::SocketAddr,
+    path: String,
+    authority: hyper::http::uri::Authority,
+}
+
+impl Target {
+    /// The commands endpoint of the server at `url` (plain `http://`), resolved once.
+    async fn resolve(url: &str) -> anyhow::Result<Target> {
+        let uri: hyper::Uri = format!("{}/v1/commands", url.trim_end_matches('/'))
+            .parse()
+            .with_context(|| format!("parsing --url {url}"))?;
+        if uri.scheme_str() != Some("http") {
+            bail!("--url must start with http:// (the load generator speaks plain HTTP/1.1)");
+        }
+        let authority = uri
+            .authority()
+            .with_context(|| format!("--url {url} names no host"))?
+            .clone();
+        let addr = tokio::net::lookup_host((authority.host(), authority.port_u16().unwrap_or(80)))
+            .await
+            .with_context(|| format!("resolving {authority}"))?
+            .next()
+            .with_context(|| format!("{authority} resolves to no address"))?;
+        Ok(Target {
+            addr,
+            path: uri.path().to_owned(),
+            authority,
+        })
+    }
+}
+
+/// One client: one keep-alive connection driven by its own task (no pool to check out from,
+/// no URL to parse per request), commands one after another until `deadline`.
+async fn http_client(
+    target: Target,
+    client: u64,
+    workspaces: u64,
+    keys: bool,
+    deadline: Instant,
+) -> anyhow::Result<Tally> {
+    let stream = tokio::net::TcpStream::connect(target.addr)
+        .await
+        .context("connecting to the server")?;
+    stream.set_nodelay(true)?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .context("HTTP handshake")?;
+    tokio::spawn(connection);
+    let mut t = Tally::new();
+    let mut i = client;
+    let mut template = command(1);
+    let mut n = 0u64;
+    while Instant::now() < deadline {
+        template.ws = i % workspaces + 1;
+        i += 7919;
+        n += 1;
+        let body = serde_json::to_vec(&template).expect("a command serializes");
+        let mut request = hyper::Request::post(target.path.as_str())
+            .header(hyper::header::HOST, target.authority.as_str())
+            .header(hyper::header::CONTENT_TYPE, "application/json");
+        if keys {
+            request = request.header("idempotency-key", format!("bench-{client}-{n}"));
+        }
+        let request = request
+            .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
+            .expect("a valid request");
+        let began = Instant::now();
+        if sender.ready().await.is_err() {
+            t.failed += 1;
+            break;
+        }
+        let Ok(response) = sender.send_request(request).await else {
+            t.failed += 1;
+            break;
+        };
+        let status = response.status().as_u16();
+        let _ = http_body_util::BodyExt::collect(response.into_body()).await;
+        match status {
+            200..=299 => {
+                t.ok += 1;
+                let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
+            }
+            503 => {
+                t.busy += 1;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            _ => t.failed += 1,
+        }
+    }
+    Ok(t)
 }
