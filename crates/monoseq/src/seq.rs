@@ -55,8 +55,12 @@ pub struct SeqBackend {
     pub url: Option<String>,
     /// A PostgreSQL database, postgres://user:password@host:port/database (`embedded` means
     /// the data directory).
-    #[arg(long, global = true, env = "MONOSEQ_STORAGE",
-          conflicts_with_all = ["data_dir", "s3_bucket"])]
+    #[arg(
+        long,
+        global = true,
+        env = "MONOSEQ_STORAGE",
+        conflicts_with = "s3_bucket"
+    )]
     pub storage: Option<String>,
     #[arg(long, global = true, env = "MONOSEQ_DATA_DIR", conflicts_with = "s3_bucket",
           help = format!("Data directory of the embedded store [default: {DATA_DIR_DEFAULT}]"))]
@@ -243,6 +247,12 @@ async fn open_target(backend: &SeqBackend, timeout: Duration) -> anyhow::Result<
         ));
     }
     if let Some(storage) = backend.storage.as_deref().filter(|s| *s != "embedded") {
+        if backend.data_dir.is_some() {
+            anyhow::bail!(
+                "--data-dir is the embedded store's and --storage names a database: give one \
+                 of them"
+            );
+        }
         let kv = open_postgres(storage)?;
         return Ok(Target::Local(Sequences::new(KvBackend::new(kv))));
     }
