@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use monoseq_kv::{EmbeddedStore, OpenError};
-use monoseq_named::{KvBackend, Metadata, S3Backend, S3Config, Sequences, TIMEOUT_DEFAULT};
+use monoseq_named::{KvBackend, Metadata, Sequences, TIMEOUT_DEFAULT};
 use monoseq_named_http::Client;
 
 use crate::config::{DATA_DIR_DEFAULT, open_postgres, open_store};
@@ -257,11 +257,10 @@ async fn open_target(backend: &SeqBackend, timeout: Duration) -> anyhow::Result<
         return Ok(Target::Local(Sequences::new(KvBackend::new(kv))));
     }
     if let Some(bucket) = &backend.s3_bucket {
-        let mut config = S3Config::new(bucket);
-        if let Some(endpoint) = &backend.s3_endpoint {
-            config = config.endpoint(endpoint);
-        }
-        return Ok(Target::Local(Sequences::new(S3Backend::new(&config)?)));
+        return Ok(Target::Local(open_s3(
+            bucket,
+            backend.s3_endpoint.as_deref(),
+        )?));
     }
     let dir = match &backend.data_dir {
         Some(dir) => dir.clone(),
@@ -275,6 +274,25 @@ async fn open_target(backend: &SeqBackend, timeout: Duration) -> anyhow::Result<
     };
     let store = open_waiting(&dir, timeout).await?;
     Ok(Target::Local(Sequences::new(KvBackend::new(store))))
+}
+
+/// Named sequences in an S3 bucket (credentials from the AWS environment variables).
+#[cfg(feature = "s3")]
+fn open_s3(bucket: &str, endpoint: Option<&str>) -> anyhow::Result<Sequences> {
+    let mut config = monoseq_named::S3Config::new(bucket);
+    if let Some(endpoint) = endpoint {
+        config = config.endpoint(endpoint);
+    }
+    Ok(Sequences::new(monoseq_named::S3Backend::new(&config)?))
+}
+
+/// This build has no S3 support (feature `s3`).
+#[cfg(not(feature = "s3"))]
+fn open_s3(_bucket: &str, _endpoint: Option<&str>) -> anyhow::Result<Sequences> {
+    anyhow::bail!(
+        "this monoseq was built without S3 support; build it with the default features \
+         (feature `s3`)"
+    )
 }
 
 /// Opens the embedded store in `dir`, waiting up to `timeout` while another process holds it.
