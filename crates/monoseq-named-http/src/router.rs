@@ -1,5 +1,5 @@
 //! The HTTP API of named sequences: [`router`], JSON in and out, errors as
-//! `{"code": ..., "message": ...}` with the stable codes of [`monoseq_named::code`]. Owns the route
+//! `{"code": ..., "message": ...}` with the stable codes of [`crate::code`]. Owns the route
 //! scheme, the request-body parsing (where negative, fractional, zero or oversized numbers
 //! become typed errors) and the mapping of errors to status codes.
 //!
@@ -27,8 +27,10 @@ use serde_json::{Map, Value, json};
 
 use monoseq_named::{
     Address, AddressError, DeleteError, METADATA_BYTES_MAX, Metadata, NextError, NextOptions,
-    ReadError, Sequences, SetError, SetOptions, VALUE_MAX, code,
+    ReadError, Sequences, SetError, SetOptions, VALUE_MAX,
 };
+
+use crate::code;
 
 /// Largest request body, in bytes.
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
@@ -239,7 +241,14 @@ fn parse_address(text: &str) -> Result<Address, ApiError> {
 
 /// The body as a JSON object (an empty body is an empty object).
 fn body_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
-    let body = body.map_err(|e| ApiError::new(e.status(), code::BAD_REQUEST, e.body_text()))?;
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            let message = format!("the body is over the limit of {BODY_BYTES_MAX} bytes");
+            ApiError::new(e.status(), code::TOO_LARGE, message)
+        } else {
+            ApiError::new(e.status(), code::BAD_REQUEST, e.body_text())
+        }
+    })?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
@@ -263,10 +272,7 @@ fn value_u64(value: &Value, field: &str, code: &'static str) -> Result<u64, ApiE
             (Some(v), _) if v <= VALUE_MAX => return Ok(v),
             (Some(v), _) => format!("{v} is over the largest value {VALUE_MAX}"),
             (None, Some(v)) => format!("{v} is negative"),
-            (None, None) if n.as_f64().is_some_and(|f| f.fract() == 0.0 && f > 0.0) => {
-                format!("{n} is over the largest value {VALUE_MAX}")
-            }
-            (None, None) => format!("{n} is not a whole number"),
+            (None, None) => float_problem(n),
         },
         other => format!("{other} is not a number"),
     };
@@ -274,6 +280,21 @@ fn value_u64(value: &Value, field: &str, code: &'static str) -> Result<u64, ApiE
         code,
         format!("\"{field}\": {problem}"),
     ))
+}
+
+/// What is wrong with a number serde_json holds as a float (a fraction, or too large or too
+/// negative for an integer).
+fn float_problem(n: &serde_json::Number) -> String {
+    match n.as_f64() {
+        Some(f) if f.fract() != 0.0 || !f.is_finite() => format!("{n} is not a whole number"),
+        Some(f) if f < 0.0 => format!("{n} is negative"),
+        // Compared as floats: VALUE_MAX (2^63 − 1) rounds up to 2^63, past which a float
+        // always overflows.
+        Some(f) if f >= VALUE_MAX as f64 => format!("{n} is over the largest value {VALUE_MAX}"),
+        _ => format!(
+            "{n} is a whole number written with a fraction; write it without a decimal point"
+        ),
+    }
 }
 
 fn take_timeout(body: &mut Map<String, Value>) -> Result<Option<std::time::Duration>, ApiError> {

@@ -318,3 +318,35 @@ async fn a_reserver_takes_its_blocks_through_the_server() {
         .unwrap();
     assert!(other > 60 + ids.held(), "{other}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_number_written_as_a_fraction_is_named_as_such() {
+    let server = serve().await;
+    let url = format!("{}/v1/sequences/orders/id/reset", server.base);
+    let (status, body) = raw("POST", &url, Some(r#"{"value": 5.0}"#)).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("invalid_value"))
+    );
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("without a decimal point"), "{message}");
+    let (_, body) = raw("POST", &url, Some(r#"{"value": -3.0}"#)).await;
+    assert!(
+        body["message"].as_str().unwrap().contains("negative"),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_is_answered_too_large() {
+    let server = serve().await;
+    let url = format!("{}/v1/sequences/orders/id/next", server.base);
+    let metadata = "x".repeat(monoseq_named_http::BODY_BYTES_MAX + 1);
+    let body = format!(r#"{{"metadata": {{"note": "{metadata}"}}}}"#);
+    let (status, body) = raw("POST", &url, Some(&body)).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (413, Some("too_large")),
+        "{body}"
+    );
+}
