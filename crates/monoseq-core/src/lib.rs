@@ -6,12 +6,18 @@
 //! [`Transaction::flush`] commits once the event is durable; [`Transaction::actualize`] (or
 //! dropping the transaction) rebuilds state from the PLog. A background [`Worker`] persists
 //! committed numbers with their checkpoint and replays the PLog tail after the checkpoint.
-//! [`mem::MemSeqStorage`] is the in-memory reference storage with fault hooks; the
-//! `conformance` feature exposes `conformance`, the suite every [`SeqStorage`] passes.
+//!
+//! Features: `tokio` adds the driver (`Runtime`, `Sequencer::new`) that steps the workers of
+//! many sequencers on one shared tokio runtime; `testing` adds `mem::MemSeqStorage`, the
+//! in-memory reference storage with fault hooks; `conformance` adds `conformance`, the suite
+//! every [`SeqStorage`] passes. Without features the crate is the state machine alone,
+//! stepped by hand through [`Sequencer::new_manual`] and [`Worker::step`].
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "tokio")]
 mod driver;
+#[cfg(feature = "testing")]
 pub mod mem;
 mod params;
 mod sequencer;
@@ -20,8 +26,10 @@ mod storage;
 mod types;
 mod worker;
 mod ws_numbers;
+#[cfg(feature = "testing")]
 mod ws_table;
 
+#[cfg(feature = "tokio")]
 pub use driver::{BLOCKING_THREADS_DEFAULT, Runtime};
 pub use params::{
     BACKLOG_VALUES_MAX_DEFAULT, BATCHER_DELAY_DEFAULT, CACHE_WORKSPACES_MAX_DEFAULT,

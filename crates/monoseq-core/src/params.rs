@@ -141,6 +141,7 @@ pub struct Params {
     pub(crate) batcher_delay: Duration,
     pub(crate) retry_delay_min: Duration,
     pub(crate) retry_delay_max: Duration,
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the driver
     pub(crate) shutdown_timeout: Duration,
 }
 

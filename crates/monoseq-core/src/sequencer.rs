@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use schnellru::{ByLength, LruMap};
 
+#[cfg(feature = "tokio")]
 use crate::driver::{DriverHandle, Runtime};
 use crate::params::{KindSequences, Params};
 use crate::shared::{PoisonReason, Shared, Status};
@@ -231,6 +232,7 @@ struct WsEntry {
 /// ```
 pub struct Sequencer<S: SeqStorage> {
     shared: Arc<Shared<S>>,
+    #[cfg(feature = "tokio")]
     driver: Option<DriverHandle>,
     cache: LruMap<WsId, WsEntry, ByLength, hashbrown::DefaultHashBuilder>,
     cache_capacity: usize,
@@ -276,7 +278,8 @@ impl<S: SeqStorage> Sequencer<S> {
     /// Creates a sequencer whose background work runs on `runtime`, and starts actualization:
     /// `start` answers busy until it has finished. The actualization first claims a new writer
     /// generation of `storage`, which fences off every earlier sequencer on the same storage
-    /// value.
+    /// value. (Feature `tokio`.)
+    #[cfg(feature = "tokio")]
     pub fn new(params: Params, storage: S, runtime: &Runtime) -> Sequencer<S> {
         let shared = Arc::new(Shared::new(params, storage));
         let driver = runtime.spawn(Worker::new(Arc::clone(&shared)), Arc::clone(&shared));
@@ -300,6 +303,7 @@ impl<S: SeqStorage> Sequencer<S> {
         shared.wake.notify_one();
         Sequencer {
             shared,
+            #[cfg(feature = "tokio")]
             driver: None,
             cache: LruMap::with_hasher(
                 ByLength::new(u32::try_from(cap).unwrap_or(u32::MAX)),
@@ -460,12 +464,16 @@ impl<S: SeqStorage> Sequencer<S> {
 
     /// Stops the background work, flushing what it can, and returns within the shutdown
     /// timeout even while storage is down. Consumes the sequencer: nothing can start after.
+    #[cfg_attr(not(feature = "tokio"), allow(unused_mut))] // the driver is taken out of it
     pub fn shutdown(mut self) -> ShutdownReport {
         self.shared.finish();
+        #[cfg(feature = "tokio")]
         let stopped_in_time = match self.driver.take() {
             Some(d) => d.wait(self.shared.params.shutdown_timeout),
             None => true,
         };
+        #[cfg(not(feature = "tokio"))]
+        let stopped_in_time = true;
         ShutdownReport {
             stopped_in_time,
             unflushed_values: self.shared.backlog_len.load(Ordering::Acquire),
@@ -709,6 +717,7 @@ fn touched<'a>(
     })
 }
 
+#[cfg(feature = "tokio")]
 impl<S: SeqStorage> Drop for Sequencer<S> {
     fn drop(&mut self) {
         if self.driver.is_some() {

@@ -329,6 +329,7 @@ impl<S: SeqStorage> Shared<S> {
 
     /// Worker side: from now until [`end_backlog_wait`](Shared::end_backlog_wait), a commit
     /// that makes the backlog urgent unparks the calling thread.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the driver
     pub(crate) fn begin_backlog_wait(&self) {
         *self
             .backlog_waiter
@@ -337,12 +338,14 @@ impl<S: SeqStorage> Shared<S> {
         self.backlog_waiting.store(true, Ordering::SeqCst);
     }
 
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the driver
     pub(crate) fn end_backlog_wait(&self) {
         self.backlog_waiting.store(false, Ordering::SeqCst);
     }
 
     /// The backlog's length as last published, ordered with
     /// [`begin_backlog_wait`](Shared::begin_backlog_wait).
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the driver
     pub(crate) fn backlog_len_now(&self) -> usize {
         self.backlog_len.load(Ordering::SeqCst)
     }

@@ -335,6 +335,7 @@ impl<S: SeqStorage> Worker<S> {
     }
 
     /// One last flush attempt at shutdown, if anything is unflushed and state is exact.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))] // used by the driver
     pub(crate) fn final_flush(&mut self) -> Result<(), StorageError> {
         if self.replay_unchecked {
             return Ok(());

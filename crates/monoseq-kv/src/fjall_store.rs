@@ -1,20 +1,23 @@
 //! [`FjallStore`]: the embedded backend on fjall (an LSM-tree with a write-ahead journal).
 //! Owns the mapping of the contract onto one fjall keyspace: keys laid out by
 //! [`crate::encoding`], writes serialised by one lock so that conditions are checked and the
-//! batch committed with no write in between, and flushing per [`Durability`].
+//! batch committed with no write in between ([`FjallSession`]), per-partition bounds that
+//! spare lookups, and flushing per [`Durability`]. The contract's control flow around these
+//! is shared with redb (`crate::engine`).
 
-use std::ops::{Bound, ControlFlow};
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
-use crate::batch::{Op, WriteBatch, first_conflict_ranged};
+use crate::batch::{Op, WriteBatch};
 use crate::bounds::Bounds;
 use crate::encoding;
+use crate::engine::{self, Entry, WriteSession};
 use crate::error::{CasError, KvError, OpenError, WriteError};
 use crate::group_commit::{Commits, Flusher, start_flusher};
-use crate::key::{Key, limits};
+use crate::key::Key;
 use crate::memory::is_empty_range;
 use crate::options::{Durability, Options};
 use crate::store::{KvStore, Order, Visitor};
@@ -231,19 +234,6 @@ impl Inner {
         }
     }
 
-    /// Learns the bound of the partitions `batch` inserts into if absent, from their second
-    /// visit on. Caller holds the write lock (`bounds`).
-    fn learn_bounds(&self, bounds: &mut Bounds, batch: &WriteBatch) -> Result<(), KvError> {
-        for item in batch.iter().filter(|i| i.op == Op::InsertIfAbsent) {
-            let partition = item.key.partition;
-            if !bounds.knows(partition) && bounds.worth_learning(partition) {
-                let highest = self.highest_clustering(partition)?;
-                bounds.learn(partition, highest.as_deref());
-            }
-        }
-        Ok(())
-    }
-
     /// Builds the fjall batch of `items` with the configured durability. Needs no lock, so
     /// writers build their batches (key encoding, value copies) concurrently and hold the
     /// write lock only to check conditions and commit.
@@ -266,7 +256,8 @@ impl Inner {
         batch
     }
 
-    /// Commits a batch built by [`Inner::prepare`]. Caller holds the write lock.
+    /// Commits a batch built by [`Inner::prepare`]. Caller holds the write lock (a
+    /// [`FjallSession`]).
     fn commit(&self, batch: fjall::OwnedWriteBatch) -> Result<(), KvError> {
         self.commits.check()?;
         batch
@@ -301,73 +292,25 @@ impl KvStore for FjallStore {
             return Ok(());
         }
         let range = self.inner.kv.range(encoding::range(partition, from, to));
-        let mut step = |guard: fjall::Guard| -> Result<ControlFlow<()>, KvError> {
-            let (key, value) = guard
+        let entries = range.map(|guard| {
+            guard
                 .into_inner()
-                .map_err(|error| fault("scanning a partition", error))?;
-            Ok(visit(encoding::clustering(partition, &key), &value))
-        };
-        match order {
-            Order::Ascending => {
-                for guard in range {
-                    if step(guard)?.is_break() {
-                        break;
-                    }
-                }
-            }
-            Order::Descending => {
-                for guard in range.rev() {
-                    if step(guard)?.is_break() {
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(())
+                .map_err(|error| fault("scanning a partition", error))
+        });
+        engine::scan_entries(partition, entries, order, visit)
     }
 
     fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
-        batch.check_limits()?;
-        if batch.is_empty() {
+        if engine::nothing_to_write(batch)? {
             return Ok(());
         }
         let prepared = self
             .inner
             .prepare(batch.iter().map(|item| (item.op, item.key, item.value)));
-        let mut bounds = self
-            .inner
-            .write_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        self.inner.learn_bounds(&mut bounds, batch)?;
-        let mut buf = Vec::new();
-        let conflict = first_conflict_ranged(
-            batch,
-            |key| {
-                if bounds.above(key.partition, key.clustering) {
-                    return Ok(false);
-                }
-                self.inner.contains(key, &mut buf)
-            },
-            |partition, lo, hi| {
-                if bounds.above(partition, lo) {
-                    return Ok(true);
-                }
-                self.inner.range_is_empty(partition, lo, hi)
-            },
-        )?;
-        if let Some(index) = conflict {
-            let key = batch.get(index).map(|item| item.key.to_owned());
-            return Err(WriteError::Conflict {
-                index,
-                key: key.unwrap_or_default(),
-            });
-        }
-        // Raised before the commit: a bound too high if it fails is still a bound.
-        for item in batch.iter().filter(|i| i.op != Op::Delete) {
-            bounds.wrote(item.key.partition, item.key.clustering);
-        }
-        self.inner.commit(prepared)?;
+        let mut session = self.inner.session(prepared);
+        session.learn_bounds(batch)?;
+        engine::apply_checked(&mut session, batch)?;
+        session.commit()?;
         Ok(())
     }
 
@@ -377,35 +320,109 @@ impl KvStore for FjallStore {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<(), CasError> {
-        if let Some((what, len, max)) = limits::exceeded(key, new.unwrap_or_default()) {
-            return Err(CasError::TooLarge { what, len, max });
-        }
-        let mut bounds = self
-            .inner
-            .write_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let current = self.inner.get(key, &mut Vec::new())?;
-        if current.as_deref() != expected {
-            return Err(CasError::Mismatch { current });
-        }
-        if new.is_some() {
-            bounds.wrote(key.partition, key.clustering);
-        }
+        engine::check_swap(key, new)?;
         let item = match new {
             Some(value) => (Op::Put, key, value),
             None => (Op::Delete, key, &[][..]),
         };
-        self.inner
-            .commit(self.inner.prepare(std::iter::once(item)))?;
+        let mut session = self
+            .inner
+            .session(self.inner.prepare(std::iter::once(item)));
+        engine::swap_checked(&mut session, key, expected, new)?;
+        session.commit()?;
         Ok(())
     }
 
     fn sync(&self) -> Result<(), KvError> {
-        match self.inner.durability {
-            Durability::Sync => self.inner.commits.check(),
-            Durability::GroupCommit { .. } | Durability::Manual => self.inner.sync_now(),
+        engine::sync(self.inner.durability, &self.inner.commits, || {
+            self.inner.sync_now()
+        })
+    }
+}
+
+/// A fjall entry as its range yields it.
+impl Entry for fjall::KvPair {
+    fn key(&self) -> &[u8] {
+        &self.0
+    }
+
+    fn value(&self) -> &[u8] {
+        &self.1
+    }
+}
+
+/// A write under the store's write lock. The fjall batch is built before the lock (key
+/// encoding and value copies run concurrently between writers) and holds exactly the items
+/// the session applies; applying an item raises its partition's bound, committing commits
+/// the batch.
+struct FjallSession<'a> {
+    inner: &'a Inner,
+    bounds: MutexGuard<'a, Bounds>,
+    prepared: fjall::OwnedWriteBatch,
+    buf: Vec<u8>,
+}
+
+impl Inner {
+    /// Takes the write lock for `prepared` (built by [`Inner::prepare`]).
+    fn session(&self, prepared: fjall::OwnedWriteBatch) -> FjallSession<'_> {
+        let bounds = self
+            .write_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        FjallSession {
+            inner: self,
+            bounds,
+            prepared,
+            buf: Vec::new(),
         }
+    }
+}
+
+impl FjallSession<'_> {
+    /// Learns the bound of the partitions `batch` inserts into if absent, from their second
+    /// visit on.
+    fn learn_bounds(&mut self, batch: &WriteBatch) -> Result<(), KvError> {
+        for item in batch.iter().filter(|i| i.op == Op::InsertIfAbsent) {
+            let partition = item.key.partition;
+            if !self.bounds.knows(partition) && self.bounds.worth_learning(partition) {
+                let highest = self.inner.highest_clustering(partition)?;
+                self.bounds.learn(partition, highest.as_deref());
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(self) -> Result<(), KvError> {
+        self.inner.commit(self.prepared)
+    }
+}
+
+impl WriteSession for FjallSession<'_> {
+    fn contains(&mut self, key: Key<'_>) -> Result<bool, KvError> {
+        if self.bounds.above(key.partition, key.clustering) {
+            return Ok(false);
+        }
+        self.inner.contains(key, &mut self.buf)
+    }
+
+    fn range_is_empty(&mut self, partition: &[u8], lo: &[u8], hi: &[u8]) -> Result<bool, KvError> {
+        if self.bounds.above(partition, lo) {
+            return Ok(true);
+        }
+        self.inner.range_is_empty(partition, lo, hi)
+    }
+
+    fn read(&mut self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.inner.get(key, &mut self.buf)
+    }
+
+    /// The item is in the prepared batch already; its bound is raised before the commit (a
+    /// bound too high if the commit fails is still a bound).
+    fn apply(&mut self, op: Op, key: Key<'_>, _value: &[u8]) -> Result<(), KvError> {
+        if op != Op::Delete {
+            self.bounds.wrote(key.partition, key.clustering);
+        }
+        Ok(())
     }
 }
 

@@ -4,7 +4,7 @@
 //!
 //! Backends: [`MemoryStore`] (the reference), [`FjallStore`] (the default embedded engine,
 //! also named [`EmbeddedStore`]) and [`RedbStore`] (the measured alternative). The
-//! `conformance` feature exposes [`conformance`], the suite every backend passes; the
+//! `conformance` feature exposes `conformance`, the suite every backend passes; the
 //! `testing` feature exposes `FaultyStore`, a wrapper that fails chosen calls on demand.
 
 mod batch;
@@ -14,6 +14,8 @@ mod bounds;
 pub mod conformance;
 #[cfg(any(feature = "fjall", feature = "redb"))]
 mod encoding;
+#[cfg(any(feature = "fjall", feature = "redb"))]
+mod engine;
 mod error;
 #[cfg(feature = "testing")]
 mod faulty;

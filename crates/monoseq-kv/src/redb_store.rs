@@ -1,20 +1,25 @@
 //! [`RedbStore`]: the embedded backend on redb (a copy-on-write B-tree in one file).
 //! Owns the mapping of the contract onto one redb table: keys laid out by
 //! [`crate::encoding`], one redb write transaction per batch (redb runs one at a time, so
-//! conditions are checked and the batch committed with no write in between), and flushing per
-//! [`Durability`] (non-durable commits made durable by a later durable one).
+//! conditions are checked and the batch committed with no write in between: [`RedbSession`]),
+//! and flushing per [`Durability`] (non-durable commits made durable by a later durable one).
+//! The contract's control flow around these is shared with fjall (`crate::engine`).
 
-use std::ops::{Bound, ControlFlow};
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{
+    AccessGuard, Database, ReadableDatabase, ReadableTable, Table, TableDefinition,
+    WriteTransaction,
+};
 
-use crate::batch::{Op, WriteBatch, first_conflict};
+use crate::batch::{Op, WriteBatch};
 use crate::encoding;
+use crate::engine::{self, Entry, WriteSession};
 use crate::error::{CasError, KvError, OpenError, WriteError};
 use crate::group_commit::{Commits, Flusher, start_flusher};
-use crate::key::{Key, limits};
+use crate::key::Key;
 use crate::memory::is_empty_range;
 use crate::options::{Durability, Options};
 use crate::store::{KvStore, Order, Visitor};
@@ -223,73 +228,17 @@ impl KvStore for RedbStore {
         let range = table
             .range::<&[u8]>(as_slices(&bounds))
             .map_err(|error| fault("scanning a partition", error))?;
-        type Entry = redb::Result<(
-            redb::AccessGuard<'static, &'static [u8]>,
-            redb::AccessGuard<'static, &'static [u8]>,
-        )>;
-        let mut step = |entry: Entry| -> Result<ControlFlow<()>, KvError> {
-            let (key, value) = entry.map_err(|error| fault("scanning a partition", error))?;
-            Ok(visit(
-                encoding::clustering(partition, key.value()),
-                value.value(),
-            ))
-        };
-        match order {
-            Order::Ascending => {
-                for entry in range {
-                    if step(entry)?.is_break() {
-                        break;
-                    }
-                }
-            }
-            Order::Descending => {
-                for entry in range.rev() {
-                    if step(entry)?.is_break() {
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(())
+        let entries =
+            range.map(|entry| entry.map_err(|error| fault("scanning a partition", error)));
+        engine::scan_entries(partition, entries, order, visit)
     }
 
     fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
-        batch.check_limits()?;
-        if batch.is_empty() {
+        if engine::nothing_to_write(batch)? {
             return Ok(());
         }
         let tx = self.inner.begin_write()?;
-        {
-            let mut table = tx
-                .open_table(TABLE)
-                .map_err(|error| fault("opening the table", error))?;
-            let mut buf = Vec::new();
-            let conflict = first_conflict(batch, |key| {
-                read_value(&table, key, &mut buf).map(|value| value.is_some())
-            })?;
-            if let Some(index) = conflict {
-                let key = batch.get(index).map(|item| item.key.to_owned());
-                return Err(WriteError::Conflict {
-                    index,
-                    key: key.unwrap_or_default(),
-                });
-            }
-            for item in batch.iter() {
-                encoding::encode_into(item.key, &mut buf);
-                match item.op {
-                    Op::Put | Op::InsertIfAbsent => {
-                        table
-                            .insert(&buf[..], item.value)
-                            .map_err(|error| fault("writing a key", error))?;
-                    }
-                    Op::Delete => {
-                        table
-                            .remove(&buf[..])
-                            .map_err(|error| fault("deleting a key", error))?;
-                    }
-                }
-            }
-        }
+        engine::apply_checked(&mut RedbSession::open(&tx)?, batch)?;
         self.inner.commit(tx)?;
         Ok(())
     }
@@ -300,41 +249,84 @@ impl KvStore for RedbStore {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<(), CasError> {
-        if let Some((what, len, max)) = limits::exceeded(key, new.unwrap_or_default()) {
-            return Err(CasError::TooLarge { what, len, max });
-        }
+        engine::check_swap(key, new)?;
         let tx = self.inner.begin_write()?;
-        {
-            let mut table = tx
-                .open_table(TABLE)
-                .map_err(|error| fault("opening the table", error))?;
-            let mut buf = Vec::new();
-            let current = read_value(&table, key, &mut buf)?;
-            if current.as_deref() != expected {
-                return Err(CasError::Mismatch { current });
-            }
-            match new {
-                Some(value) => {
-                    table
-                        .insert(&buf[..], value)
-                        .map_err(|error| fault("writing a key", error))?;
-                }
-                None => {
-                    table
-                        .remove(&buf[..])
-                        .map_err(|error| fault("deleting a key", error))?;
-                }
-            }
-        }
+        engine::swap_checked(&mut RedbSession::open(&tx)?, key, expected, new)?;
         self.inner.commit(tx)?;
         Ok(())
     }
 
     fn sync(&self) -> Result<(), KvError> {
-        match self.inner.durability {
-            Durability::Sync => self.inner.commits.check(),
-            Durability::GroupCommit { .. } | Durability::Manual => self.inner.sync_now(),
+        engine::sync(self.inner.durability, &self.inner.commits, || {
+            self.inner.sync_now()
+        })
+    }
+}
+
+/// A redb entry as its range yields it.
+impl Entry
+    for (
+        AccessGuard<'_, &'static [u8]>,
+        AccessGuard<'_, &'static [u8]>,
+    )
+{
+    fn key(&self) -> &[u8] {
+        self.0.value()
+    }
+
+    fn value(&self) -> &[u8] {
+        self.1.value()
+    }
+}
+
+/// A write inside a redb write transaction (redb runs one at a time). Items are inserted into
+/// or removed from the table as they are applied; the caller commits the transaction.
+struct RedbSession<'tx> {
+    table: Table<'tx, &'static [u8], &'static [u8]>,
+    buf: Vec<u8>,
+}
+
+impl<'tx> RedbSession<'tx> {
+    fn open(tx: &'tx WriteTransaction) -> Result<RedbSession<'tx>, KvError> {
+        let table = tx
+            .open_table(TABLE)
+            .map_err(|error| fault("opening the table", error))?;
+        Ok(RedbSession {
+            table,
+            buf: Vec::new(),
+        })
+    }
+}
+
+impl WriteSession for RedbSession<'_> {
+    fn contains(&mut self, key: Key<'_>) -> Result<bool, KvError> {
+        read_value(&self.table, key, &mut self.buf).map(|value| value.is_some())
+    }
+
+    /// Not probed: redb looks the keys up one by one.
+    fn range_is_empty(&mut self, _: &[u8], _: &[u8], _: &[u8]) -> Result<bool, KvError> {
+        Ok(false)
+    }
+
+    fn read(&mut self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        read_value(&self.table, key, &mut self.buf)
+    }
+
+    fn apply(&mut self, op: Op, key: Key<'_>, value: &[u8]) -> Result<(), KvError> {
+        encoding::encode_into(key, &mut self.buf);
+        match op {
+            Op::Put | Op::InsertIfAbsent => {
+                self.table
+                    .insert(&self.buf[..], value)
+                    .map_err(|error| fault("writing a key", error))?;
+            }
+            Op::Delete => {
+                self.table
+                    .remove(&self.buf[..])
+                    .map_err(|error| fault("deleting a key", error))?;
+            }
         }
+        Ok(())
     }
 }
 

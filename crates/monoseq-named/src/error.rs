@@ -1,7 +1,7 @@
 //! Errors of named sequences, one enum per kind of operation ([`NextError`], [`SetError`],
 //! [`ReadError`], [`DeleteError`]) plus [`AddressError`] for addresses and [`StorageError`] for
-//! backend faults. Every error has a stable [`code`](NextError::code), which the HTTP API
-//! returns as `{"code": ..., "message": ...}`.
+//! backend faults. Every error has a stable [`code`](NextError::code), which the edges (the HTTP
+//! API, `monoseq seq`) report beside its message.
 
 use std::time::Duration;
 
@@ -251,7 +251,8 @@ pub enum DeleteError {
     Storage(#[from] StorageError),
 }
 
-/// Stable error codes, as the HTTP API reports them.
+/// Stable error codes of the operations, as the edges report them (the HTTP API adds its own
+/// for requests it cannot route: `monoseq_named_http::code`).
 pub mod code {
     /// The address is not allowed ([`crate::AddressError`]).
     pub const INVALID_ADDRESS: &str = "invalid_address";
@@ -269,10 +270,6 @@ pub mod code {
     pub const INVALID_STORED: &str = "invalid_stored";
     /// The sequence does not exist.
     pub const NOT_FOUND: &str = "not_found";
-    /// The path names no known operation.
-    pub const UNKNOWN_OPERATION: &str = "unknown_operation";
-    /// The operation exists but takes another HTTP method.
-    pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
     /// Contention outlasted the timeout.
     pub const BUSY: &str = "busy";
     /// Storage failed.

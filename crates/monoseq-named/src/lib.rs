@@ -1,9 +1,9 @@
 //! monoseq-named: named sequences (seed 003) — counters addressed by scope and name, shared by
 //! many processes, made atomic by conditional writes instead of locks. Owns the operations
 //! ([`Sequences`]), the addresses and key layout ([`Address`], [`Scope`]), the stored format,
-//! the backend contract ([`Backend`]) with its S3 and key-value backends, the reservation mode
-//! ([`Reserver`]), the HTTP API ([`router`]) and its client ([`Client`]), and the functions the
-//! `monoseq seq` command runs ([`cli`]).
+//! the backend contract ([`Backend`]) with its S3 and key-value backends, and the reservation mode
+//! ([`Reserver`], over any [`BlockSource`]). The domain only: the HTTP API and its client are
+//! the edge crate `monoseq-named-http`, the command line is the `monoseq` binary's.
 //!
 //! # Example
 //!
@@ -23,10 +23,7 @@
 
 mod address;
 mod backend;
-pub mod cli;
-mod client;
 mod error;
-mod http;
 mod kv;
 mod record;
 mod reserve;
@@ -36,12 +33,10 @@ mod sequences;
 
 pub use address::{Address, NAME_BYTES_MAX, PREFIX_BYTES_MAX, SCOPE_SEGMENT_BYTES_MAX, Scope};
 pub use backend::{Backend, BoxFuture, Object, Version, WriteFailure};
-pub use client::{CLIENT_GRACE, Client, ClientError};
 pub use error::{AddressError, DeleteError, NextError, ReadError, SetError, StorageError, code};
-pub use http::{BODY_BYTES_MAX, router};
 pub use kv::{KV_TAG, KvBackend};
 pub use record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX};
-pub use reserve::{ReserveOptions, Reserver};
+pub use reserve::{BlockSource, ReserveOptions, Reserver};
 #[cfg(feature = "s3")]
 pub use s3::{S3_REQUEST_TIMEOUT, S3_RETRIES_MAX, S3Backend, S3Config};
 pub use sequences::{

@@ -1,7 +1,9 @@
 //! [`Reserver`]: the optional client-side reservation mode (Leaf-style segments). Numbers are
 //! taken from storage a segment at a time with one `next` of increment = segment size, and the
 //! next segment is fetched in the background once a tenth of the current one is used, so that
-//! callers rarely wait for storage. Owns the two-segment buffer and its crash bound.
+//! callers rarely wait for storage. Owns the two-segment buffer and its crash bound, and the
+//! [`BlockSource`] contract a reserver takes its segments from ([`Sequences`] on storage, or
+//! a client of a running server).
 
 use std::num::NonZeroU64;
 use std::ops::Range;
@@ -11,8 +13,40 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::address::Address;
+use crate::backend::BoxFuture;
 use crate::error::NextError;
 use crate::sequences::{NextOptions, Sequences, TIMEOUT_DEFAULT};
+
+/// Where a [`Reserver`] takes its segments: one atomic `next` of `options.increment_value()`
+/// numbers at a time.
+///
+/// Obligation: `take` hands out the numbers `first..first + increment` to this caller alone,
+/// across every process of the sequence, or fails having handed out none to it.
+/// [`Sequences`] does so with one conditional write; an HTTP client does so through the
+/// server's `next`.
+pub trait BlockSource: Send + Sync + 'static {
+    /// Takes `options.increment_value()` numbers of `address`; answers the first of them.
+    ///
+    /// # Errors
+    ///
+    /// A [`NextError`] when no number was taken (busy, storage fault, overflow, an invalid
+    /// stored object, or a server that could not be reached).
+    fn take<'a>(
+        &'a self,
+        address: &'a Address,
+        options: &'a NextOptions,
+    ) -> BoxFuture<'a, Result<u64, NextError>>;
+}
+
+impl BlockSource for Sequences {
+    fn take<'a>(
+        &'a self,
+        address: &'a Address,
+        options: &'a NextOptions,
+    ) -> BoxFuture<'a, Result<u64, NextError>> {
+        Box::pin(self.next(address, options))
+    }
+}
 
 /// Options of a [`Reserver`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +132,7 @@ impl std::fmt::Debug for Reserver {
 }
 
 struct Shared {
-    sequences: Sequences,
+    source: Box<dyn BlockSource>,
     address: Address,
     fetch: NextOptions,
     segment: u64,
@@ -120,12 +154,14 @@ struct State {
 }
 
 impl Reserver {
-    /// A reserver for `address`; it fetches its first segment on the first `next`.
-    pub fn new(sequences: Sequences, address: Address, options: ReserveOptions) -> Reserver {
+    /// A reserver for `address` that takes its segments from `source` ([`Sequences`] on
+    /// storage, or a client of a running server); it fetches its first segment on the first
+    /// `next`.
+    pub fn new(source: impl BlockSource, address: Address, options: ReserveOptions) -> Reserver {
         let (segment, prefetch) = options.segment();
         Reserver {
             inner: Arc::new(Shared {
-                sequences,
+                source: Box::new(source),
                 address,
                 fetch: NextOptions::new()
                     .initial(options.initial)
@@ -203,7 +239,7 @@ impl Reserver {
         let fetch = state.fetches;
         let shared = Arc::clone(&self.inner);
         tokio::spawn(async move {
-            let result = shared.sequences.next(&shared.address, &shared.fetch).await;
+            let result = shared.source.take(&shared.address, &shared.fetch).await;
             {
                 let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
                 state.fetching = false;

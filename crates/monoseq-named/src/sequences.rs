@@ -5,18 +5,17 @@
 //! write (one "lane" per sequence with a leader task), which keeps writers of one process from
 //! racing each other and turns N waiting callers into one storage round trip.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hasher};
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use monoseq_backoff::Backoff;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::address::Address;
-use crate::backend::{Backend, Object, WriteFailure};
+use crate::backend::{Backend, Object, Version, WriteFailure};
 use crate::error::{DeleteError, NextError, ReadError, SetError, StorageError};
 use crate::record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX, metadata_len, now_ms};
 
@@ -498,6 +497,9 @@ impl Sequences {
     }
 }
 
+/// The backoff after a lost race: [`BACKOFF_FIRST`] doubling to [`BACKOFF_MAX`].
+const BACKOFF: Backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MAX);
+
 /// Sleeps a jittered backoff before attempt `attempts + 1`; `false` when the deadline leaves
 /// no time for another attempt.
 async fn backoff(attempts: u32, deadline: Instant) -> bool {
@@ -505,20 +507,8 @@ async fn backoff(attempts: u32, deadline: Instant) -> bool {
     if now >= deadline {
         return false;
     }
-    let bound = BACKOFF_FIRST
-        .saturating_mul(1 << attempts.saturating_sub(1).min(16))
-        .min(BACKOFF_MAX);
-    let bound_ns = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
-    let sleep = Duration::from_nanos(random() % bound_ns.max(1));
-    tokio::time::sleep_until((now + sleep).min(deadline)).await;
+    tokio::time::sleep_until((now + BACKOFF.jittered(attempts)).min(deadline)).await;
     Instant::now() < deadline
-}
-
-/// A random number for jitter (no need for quality, only for spread between processes).
-fn random() -> u64 {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(std::process::id().into());
-    hasher.finish()
 }
 
 /// The leader of a lane: serves the queued calls of one sequence, batch after batch, until the
@@ -663,26 +653,83 @@ async fn attempt(
     batch: &mut Vec<Waiter>,
     deadline: Instant,
 ) -> Attempt {
-    let loaded = match tokio::time::timeout_at(deadline, backend.load(address.key())).await {
-        Err(_) => return Attempt::TimedOut,
-        Ok(Err(e)) => return Attempt::Failed(NextError::Storage(e)),
-        Ok(Ok(loaded)) => loaded,
-    };
-    let now = now_ms();
-    let (old, version) = match loaded {
-        None => (None, None),
-        Some(Object { bytes, version }) => match SequenceData::decode(&bytes, address.name()) {
-            Ok(old) => (Some(old), Some(version)),
-            Err(reason) => {
-                return Attempt::Failed(NextError::InvalidStored {
-                    key: address.key().to_owned(),
-                    reason,
-                });
-            }
-        },
+    let (old, version) = match load_stored(backend, address, deadline).await {
+        Ok(stored) => stored,
+        Err(failed) => return failed,
     };
     let start = old.as_ref().map_or(batch[0].initial, |old| old.value);
-    // Keep the prefix of waiters that fits below VALUE_MAX; the others overflow.
+    let end = keep_fitting(batch, address, start);
+    if batch.is_empty() {
+        return Attempt::Done;
+    }
+    let metadata = batch[0].metadata.clone();
+    let now = now_ms();
+    let write = match (old, version) {
+        (Some(old), Some(version)) => {
+            let data = SequenceData {
+                value: end,
+                updated_at_ms: now.max(old.created_at_ms),
+                revision: old.revision + 1,
+                metadata: metadata.unwrap_or(old.metadata),
+                ..old
+            };
+            let write = backend.replace(address.key(), &version, data.encode());
+            tokio::time::timeout_at(deadline, write).await
+        }
+        _ => {
+            let data = SequenceData {
+                name: address.name().to_owned(),
+                value: end,
+                created_at_ms: now,
+                updated_at_ms: now,
+                revision: 1,
+                metadata: metadata.unwrap_or_default(),
+            };
+            tokio::time::timeout_at(deadline, backend.create(address.key(), data.encode())).await
+        }
+    };
+    match write {
+        Err(_) => Attempt::TimedOut,
+        Ok(Err(WriteFailure::Conflict)) => Attempt::Lost,
+        Ok(Err(WriteFailure::Storage(e))) => Attempt::Failed(NextError::Storage(e)),
+        Ok(Ok(_)) => {
+            let mut value = start;
+            for waiter in batch.drain(..) {
+                let _ = waiter.reply.send(Ok(value));
+                value += waiter.increment;
+            }
+            debug_assert_eq!(value, end);
+            Attempt::Done
+        }
+    }
+}
+
+/// The stored sequence and its version (both `None` when absent), or how the attempt ends.
+async fn load_stored(
+    backend: &dyn Backend,
+    address: &Address,
+    deadline: Instant,
+) -> Result<(Option<SequenceData>, Option<Version>), Attempt> {
+    let loaded = match tokio::time::timeout_at(deadline, backend.load(address.key())).await {
+        Err(_) => return Err(Attempt::TimedOut),
+        Ok(Err(e)) => return Err(Attempt::Failed(NextError::Storage(e))),
+        Ok(Ok(loaded)) => loaded,
+    };
+    match loaded {
+        None => Ok((None, None)),
+        Some(Object { bytes, version }) => match SequenceData::decode(&bytes, address.name()) {
+            Ok(old) => Ok((Some(old), Some(version))),
+            Err(reason) => Err(Attempt::Failed(NextError::InvalidStored {
+                key: address.key().to_owned(),
+                reason,
+            })),
+        },
+    }
+}
+
+/// Keeps the prefix of `batch` whose numbers, from `start`, stay at or below [`VALUE_MAX`];
+/// answers the others [`NextError::Overflow`]. Returns the value after the kept prefix.
+fn keep_fitting(batch: &mut Vec<Waiter>, address: &Address, start: u64) -> u64 {
     let mut end = start;
     let mut fits = 0;
     for waiter in batch.iter() {
@@ -702,50 +749,5 @@ async fn attempt(
             max: VALUE_MAX,
         }));
     }
-    if batch.is_empty() {
-        return Attempt::Done;
-    }
-    let metadata = batch[0].metadata.clone();
-    let write = match old {
-        None => {
-            let data = SequenceData {
-                name: address.name().to_owned(),
-                value: end,
-                created_at_ms: now,
-                updated_at_ms: now,
-                revision: 1,
-                metadata: metadata.unwrap_or_default(),
-            };
-            tokio::time::timeout_at(deadline, backend.create(address.key(), data.encode())).await
-        }
-        Some(old) => {
-            let version = version.expect("a decoded object has a version");
-            let data = SequenceData {
-                value: end,
-                updated_at_ms: now.max(old.created_at_ms),
-                revision: old.revision + 1,
-                metadata: metadata.unwrap_or(old.metadata),
-                ..old
-            };
-            tokio::time::timeout_at(
-                deadline,
-                backend.replace(address.key(), &version, data.encode()),
-            )
-            .await
-        }
-    };
-    match write {
-        Err(_) => Attempt::TimedOut,
-        Ok(Err(WriteFailure::Conflict)) => Attempt::Lost,
-        Ok(Err(WriteFailure::Storage(e))) => Attempt::Failed(NextError::Storage(e)),
-        Ok(Ok(_)) => {
-            let mut value = start;
-            for waiter in batch.drain(..) {
-                let _ = waiter.reply.send(Ok(value));
-                value += waiter.increment;
-            }
-            debug_assert_eq!(value, end);
-            Attempt::Done
-        }
-    }
+    end
 }

@@ -9,8 +9,8 @@
 //! Several nodes share one database through [`Leases`] (partition ownership with epochs, by
 //! the database's clock) and write through [`FencedPgStore`], whose every write commits only
 //! while its partition's lease keeps the writer's epoch. The feature `testing` adds
-//! [`testing::PgCluster`], a private server for tests, and [`testing::PgPair`], a primary with
-//! a synchronous standby for failover tests.
+//! `testing::PgCluster`, a private server for tests, and `testing::PgPair`, a primary with a
+//! synchronous standby for failover tests.
 
 mod error;
 mod exec;

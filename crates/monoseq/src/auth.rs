@@ -36,7 +36,7 @@ const HEALTH_PATHS: [&str; 2] = ["/healthz", "/readyz"];
 pub struct SecurityArgs {
     /// File of bearer tokens, one `write <token>` or `read <token>` a line (`#` starts a
     /// comment line). More tokens come from the environment only, as
-    /// MONOSEQ_TOKENS=write:<token>,read:<token>. A write token may send every request, a read
+    /// MONOSEQ_TOKENS=write:TOKEN,read:TOKEN. A write token may send every request, a read
     /// token only GET (and HEAD). Without any token nothing is authenticated.
     #[arg(long, env = "MONOSEQ_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
@@ -884,9 +884,12 @@ mod tests {
             tokens.display().to_string()
         );
         std::fs::write(&file, toml).unwrap();
-        let settings = crate::config::SettingsArgs {
-            config: Some(file),
-            ..crate::config::SettingsArgs::default()
+        let settings = crate::config::ServeArgs {
+            storage: crate::config::StorageArgs {
+                config: Some(file),
+                ..crate::config::StorageArgs::default()
+            },
+            ..crate::config::ServeArgs::default()
         }
         .resolve()
         .expect("the file resolves");

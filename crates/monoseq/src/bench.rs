@@ -16,6 +16,13 @@ use serde_json::json;
 
 use crate::config::{APP, Settings, open_storage};
 
+/// Default of `--clients`.
+pub const CLIENTS_DEFAULT: usize = 64;
+/// Default of `--seconds`.
+pub const SECONDS_DEFAULT: u64 = 10;
+/// Default of `--workspaces`.
+pub const WORKSPACES_DEFAULT: u64 = 1_000;
+
 /// Load generator flags.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
@@ -32,13 +39,13 @@ pub struct BenchArgs {
     #[arg(long, requires = "url")]
     pub ca_cert: Option<std::path::PathBuf>,
     /// Concurrent clients.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = CLIENTS_DEFAULT)]
     pub clients: usize,
     /// Seconds to run.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = SECONDS_DEFAULT)]
     pub seconds: u64,
     /// Workspaces the commands spread over.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, default_value_t = WORKSPACES_DEFAULT)]
     pub workspaces: u64,
     /// In-process only: data directory for the fresh store [default: a temporary directory].
     #[arg(long)]
@@ -108,7 +115,7 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
             settings.data_dir = dir;
             let opened = open_storage(&mut settings)?;
             let mut config = settings.cp_config();
-            // `--no-marks` is the shared settings flag (`SettingsArgs`), not a bench flag: one
+            // `--no-marks` is the processor settings flag (`ProcessorArgs`), not a bench flag: one
             // argument id per command line.
             if !settings.no_marks {
                 config.marks = opened.marks;

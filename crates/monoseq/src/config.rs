@@ -20,14 +20,19 @@ pub const DATA_DIR_DEFAULT: &str = "./data";
 pub const LISTEN_DEFAULT: &str = "127.0.0.1:8080";
 /// Default partition count.
 pub const PARTITIONS_DEFAULT: u32 = 8;
+/// Default trust level of the built-in sequences.
+pub const TRUST_LEVEL_DEFAULT: u8 = 0;
+/// The workspace kind declared when none is given.
+pub const WS_KIND_DEFAULT: u16 = 1;
 /// Default bound on a graceful shutdown.
 pub const SHUTDOWN_TIMEOUT_DEFAULT_SECS: u64 = 10;
 /// Largest accepted request body.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
 
-/// Settings flags; each also reads `MONOSEQ_<NAME>` from the environment.
+/// Which storage a command opens; every command that opens the store flattens it. Each flag
+/// also reads `MONOSEQ_<NAME>` from the environment.
 #[derive(Debug, Clone, Default, Args)]
-pub struct SettingsArgs {
+pub struct StorageArgs {
     /// TOML file with settings (flags and environment override it).
     #[arg(long, env = "MONOSEQ_CONFIG")]
     pub config: Option<PathBuf>,
@@ -35,51 +40,94 @@ pub struct SettingsArgs {
     /// string, `postgres://user:password@host:port/database` [default: embedded].
     #[arg(long, env = "MONOSEQ_STORAGE")]
     pub storage: Option<String>,
-    /// Data directory of the embedded store [default: ./data].
-    #[arg(long, env = "MONOSEQ_DATA_DIR")]
+    #[arg(long, env = "MONOSEQ_DATA_DIR",
+          help = format!("Data directory of the embedded store [default: {DATA_DIR_DEFAULT}]"))]
     pub data_dir: Option<PathBuf>,
-    /// Address to listen on, an IP or a host name with a port [default: 127.0.0.1:8080].
-    #[arg(long, env = "MONOSEQ_LISTEN")]
-    pub listen: Option<String>,
-    /// Partitions; fixed once data exists [default: the count the data directory holds, or 8
-    /// for a new one].
-    #[arg(long, env = "MONOSEQ_PARTITIONS")]
+}
+
+/// What the store holds: its partition count, trust level and workspace kinds (serve, bench,
+/// inspect, verify).
+#[derive(Debug, Clone, Default, Args)]
+pub struct StoreArgs {
+    #[arg(long, env = "MONOSEQ_PARTITIONS", help = format!(
+        "Partitions; fixed once data exists [default: the count the store holds, or \
+         {PARTITIONS_DEFAULT} for a new one]"))]
     pub partitions: Option<u32>,
-    /// Sequences trust level 0, 1 or 2 [default: 0].
-    #[arg(long, env = "MONOSEQ_TRUST_LEVEL")]
+    #[arg(long, env = "MONOSEQ_TRUST_LEVEL",
+          help = format!("Sequences trust level 0, 1 or 2 [default: {TRUST_LEVEL_DEFAULT}]"))]
     pub trust_level: Option<u8>,
-    /// Workspace kinds, comma separated [default: 1].
-    #[arg(long, env = "MONOSEQ_WS_KINDS", value_delimiter = ',')]
+    #[arg(long, env = "MONOSEQ_WS_KINDS", value_delimiter = ',',
+          help = format!("Workspace kinds, comma separated [default: {WS_KIND_DEFAULT}]"))]
     pub ws_kinds: Option<Vec<u16>>,
-    /// Most commands per group commit [default: 256].
-    #[arg(long, env = "MONOSEQ_GROUP_COMMANDS_MAX")]
+}
+
+/// How the command processor runs the store (serve, and bench in-process).
+#[derive(Debug, Clone, Default, Args)]
+pub struct ProcessorArgs {
+    #[arg(long, env = "MONOSEQ_GROUP_COMMANDS_MAX", help = format!(
+        "Most commands per group commit [default: {}]", monoseq_cp::GROUP_COMMANDS_MAX_DEFAULT))]
     pub group_commands_max: Option<usize>,
-    /// Most unflushed sequence values per partition [default: 8192].
-    #[arg(long, env = "MONOSEQ_BACKLOG_VALUES_MAX")]
+    #[arg(long, env = "MONOSEQ_BACKLOG_VALUES_MAX", help = format!(
+        "Most unflushed sequence values per partition [default: {}]",
+        monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT))]
     pub backlog_values_max: Option<usize>,
-    /// Workspaces cached per partition [default: 100000].
-    #[arg(long, env = "MONOSEQ_CACHE_WORKSPACES_MAX")]
+    #[arg(long, env = "MONOSEQ_CACHE_WORKSPACES_MAX", help = format!(
+        "Workspaces cached per partition [default: {}]",
+        monoseq_core::CACHE_WORKSPACES_MAX_DEFAULT))]
     pub cache_workspaces_max: Option<usize>,
-    /// Longest wait of a partition's flusher to gather sequence numbers, milliseconds
-    /// [default: 50].
-    #[arg(long, env = "MONOSEQ_FLUSH_DELAY_MS")]
+    #[arg(long, env = "MONOSEQ_FLUSH_DELAY_MS", help = format!(
+        "Longest wait of a partition's flusher to gather sequence numbers, milliseconds \
+         [default: {}]", monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis()))]
     pub flush_delay_ms: Option<u64>,
-    /// Bound on a graceful shutdown, seconds [default: 10].
-    #[arg(long, env = "MONOSEQ_SHUTDOWN_TIMEOUT_SECS")]
+    #[arg(long, env = "MONOSEQ_SHUTDOWN_TIMEOUT_SECS", help = format!(
+        "Bound on a graceful shutdown, seconds [default: {SHUTDOWN_TIMEOUT_DEFAULT_SECS}]"))]
     pub shutdown_timeout_secs: Option<u64>,
-    /// A retry with the same `Idempotency-Key` is recognised while its original is among the
-    /// partition's last this many events [default: 100000].
-    #[arg(long, env = "MONOSEQ_IDEMPOTENCY_WINDOW_EVENTS")]
+    #[arg(long, env = "MONOSEQ_IDEMPOTENCY_WINDOW_EVENTS", help = format!(
+        "A retry with the same `Idempotency-Key` is recognised while its original is among \
+         the partition's last this many events [default: {}]",
+        monoseq_cp::IDEMPOTENCY_WINDOW_EVENTS_DEFAULT))]
     pub idempotency_window_events: Option<u64>,
+    /// Benchmarks only: keep no high-water marks, to measure what they cost. A store served
+    /// so is not protected against an undetected loss of acknowledged events.
+    #[arg(long, hide = true)]
+    pub no_marks: bool,
+}
+
+/// Settings of `serve` alone: where to listen, and whether to serve a store with a loss.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ListenArgs {
+    #[arg(long, env = "MONOSEQ_LISTEN", help = format!(
+        "Address to listen on, an IP or a host name with a port [default: {LISTEN_DEFAULT}]"))]
+    pub listen: Option<String>,
     /// Serve a store that lost acknowledged events (a cut journal, lost engine files, a lost
     /// identity or marks file): the loss is logged and recorded, and no number handed out
     /// before it is handed out again. Without it such a store is refused.
     #[arg(long, env = "MONOSEQ_ACCEPT_LOSS")]
     pub accept_loss: bool,
-    /// Benchmarks only: keep no high-water marks, to measure what they cost. A store served
-    /// so is not protected against an undetected loss of acknowledged events.
-    #[arg(long, hide = true)]
-    pub no_marks: bool,
+}
+
+/// Every flag of `serve`, group by group; a new group is one more flattened field.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub storage: StorageArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    #[command(flatten)]
+    pub processor: ProcessorArgs,
+    #[command(flatten)]
+    pub listen: ListenArgs,
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
+    #[command(flatten)]
+    pub security: crate::auth::SecurityArgs,
+}
+
+impl ServeArgs {
+    /// Merges flags/environment over the file over the defaults.
+    pub fn resolve(&self) -> anyhow::Result<Settings> {
+        resolve(&self.storage, &self.store, &self.processor, &self.listen)
+    }
 }
 
 /// The same settings as a TOML file spells them.
@@ -130,87 +178,137 @@ pub struct Settings {
     pub security: crate::auth::SecurityFile,
 }
 
-impl SettingsArgs {
-    /// Merges flags/environment over the file over the defaults.
-    pub fn resolve(&self) -> anyhow::Result<Settings> {
-        let file = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading config file {}", path.display()))?;
-                toml::from_str::<SettingsFile>(&text)
-                    .with_context(|| format!("parsing config file {}", path.display()))?
-            }
-            None => SettingsFile::default(),
-        };
-        let trust_level = self.trust_level.or(file.trust_level).unwrap_or(0);
-        let trust = TrustLevel::try_from(trust_level)?;
-        let ws_kinds: Vec<WsKind> = self
-            .ws_kinds
-            .clone()
-            .or(file.ws_kinds)
-            .unwrap_or_else(|| vec![1])
-            .into_iter()
-            .map(WsKind)
-            .collect();
-        if ws_kinds.is_empty() {
-            bail!("ws_kinds is empty: declare at least one workspace kind");
-        }
-        let defaults = monoseq_cp::Config::default();
-        let storage = Storage::parse(self.storage.as_deref().or(file.storage.as_deref()))?;
-        Ok(Settings {
-            storage,
-            data_dir: self
-                .data_dir
-                .clone()
-                .or(file.data_dir)
-                .unwrap_or_else(|| PathBuf::from(DATA_DIR_DEFAULT)),
-            listen: listen_address(
-                self.listen
-                    .as_deref()
-                    .or(file.listen.as_deref())
-                    .unwrap_or(LISTEN_DEFAULT),
-            )?,
-            partitions: self
-                .partitions
-                .or(file.partitions)
-                .unwrap_or(PARTITIONS_DEFAULT),
-            partitions_configured: self.partitions.or(file.partitions).is_some(),
-            trust,
-            ws_kinds,
-            group_commands_max: self
-                .group_commands_max
-                .or(file.group_commands_max)
-                .unwrap_or(defaults.group_commands_max),
-            backlog_values_max: self
-                .backlog_values_max
-                .or(file.backlog_values_max)
-                .unwrap_or(defaults.backlog_values_max),
-            cache_workspaces_max: self
-                .cache_workspaces_max
-                .or(file.cache_workspaces_max)
-                .unwrap_or(defaults.cache_workspaces_max),
-            flush_delay: self
-                .flush_delay_ms
-                .or(file.flush_delay_ms)
-                .map_or(defaults.flush_delay, Duration::from_millis),
-            shutdown_timeout: Duration::from_secs(
-                self.shutdown_timeout_secs
-                    .or(file.shutdown_timeout_secs)
-                    .unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT_SECS),
-            ),
-            idempotency_window_events: self
-                .idempotency_window_events
-                .or(file.idempotency_window_events)
-                .unwrap_or(defaults.idempotency_window_events),
-            accept_loss: self.accept_loss,
-            no_marks: self.no_marks,
-            cluster: file.cluster.unwrap_or_default(),
-            security: file.security.unwrap_or_default(),
-        })
+/// The groups a command flattens, merged over the file over the defaults; a command passes
+/// `Default::default()` for the groups it does not take.
+pub fn resolve(
+    storage: &StorageArgs,
+    store: &StoreArgs,
+    processor: &ProcessorArgs,
+    listen: &ListenArgs,
+) -> anyhow::Result<Settings> {
+    let file = read_file(storage.config.as_deref())?;
+    let trust_level = store
+        .trust_level
+        .or(file.trust_level)
+        .unwrap_or(TRUST_LEVEL_DEFAULT);
+    let trust = TrustLevel::try_from(trust_level).context("--trust-level")?;
+    let ws_kinds: Vec<WsKind> = store
+        .ws_kinds
+        .clone()
+        .or(file.ws_kinds)
+        .unwrap_or_else(|| vec![WS_KIND_DEFAULT])
+        .into_iter()
+        .map(WsKind)
+        .collect();
+    if ws_kinds.is_empty() {
+        bail!("--ws-kinds is empty: declare at least one workspace kind");
     }
+    let storage_kind = Storage::parse(storage.storage.as_deref().or(file.storage.as_deref()))?;
+    let listen_text = listen.listen.as_deref().or(file.listen.as_deref());
+    let settings = Settings {
+        storage: storage_kind,
+        data_dir: storage
+            .data_dir
+            .clone()
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from(DATA_DIR_DEFAULT)),
+        listen: listen_address(listen_text.unwrap_or(LISTEN_DEFAULT))?,
+        partitions: store
+            .partitions
+            .or(file.partitions)
+            .unwrap_or(PARTITIONS_DEFAULT),
+        partitions_configured: store.partitions.or(file.partitions).is_some(),
+        trust,
+        ws_kinds,
+        group_commands_max: processor
+            .group_commands_max
+            .or(file.group_commands_max)
+            .unwrap_or(monoseq_cp::GROUP_COMMANDS_MAX_DEFAULT),
+        backlog_values_max: processor
+            .backlog_values_max
+            .or(file.backlog_values_max)
+            .unwrap_or(monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT),
+        cache_workspaces_max: processor
+            .cache_workspaces_max
+            .or(file.cache_workspaces_max)
+            .unwrap_or(monoseq_core::CACHE_WORKSPACES_MAX_DEFAULT),
+        flush_delay: processor
+            .flush_delay_ms
+            .or(file.flush_delay_ms)
+            .map_or(monoseq_cp::FLUSH_DELAY_DEFAULT, Duration::from_millis),
+        shutdown_timeout: Duration::from_secs(
+            processor
+                .shutdown_timeout_secs
+                .or(file.shutdown_timeout_secs)
+                .unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT_SECS),
+        ),
+        idempotency_window_events: processor
+            .idempotency_window_events
+            .or(file.idempotency_window_events)
+            .unwrap_or(monoseq_cp::IDEMPOTENCY_WINDOW_EVENTS_DEFAULT),
+        accept_loss: listen.accept_loss,
+        no_marks: processor.no_marks,
+        cluster: file.cluster.unwrap_or_default(),
+        security: file.security.unwrap_or_default(),
+    };
+    settings.validate()?;
+    Ok(settings)
+}
+
+/// The settings file, or no settings when none is given.
+fn read_file(path: Option<&Path>) -> anyhow::Result<SettingsFile> {
+    let Some(path) = path else {
+        return Ok(SettingsFile::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    toml::from_str::<SettingsFile>(&text)
+        .with_context(|| format!("parsing config file {}", path.display()))
 }
 
 impl Settings {
+    /// Checks the limits the command processor and the sequencer would refuse, naming the
+    /// flag (and the settings-file key) rather than the library's parameter.
+    fn validate(&self) -> anyhow::Result<()> {
+        let at_least_one = [
+            ("--group-commands-max", self.group_commands_max as u64),
+            ("--backlog-values-max", self.backlog_values_max as u64),
+            ("--cache-workspaces-max", self.cache_workspaces_max as u64),
+            (
+                "--idempotency-window-events",
+                self.idempotency_window_events,
+            ),
+        ];
+        if let Some((flag, _)) = at_least_one.iter().find(|(_, value)| *value == 0) {
+            bail!("{flag} must be at least 1");
+        }
+        if self.partitions_configured
+            && !(1..=monoseq_cp::PARTITIONS_MAX).contains(&self.partitions)
+        {
+            bail!(
+                "--partitions must be between 1 and {}, got {}",
+                monoseq_cp::PARTITIONS_MAX,
+                self.partitions
+            );
+        }
+        let delay = monoseq_core::Params::builder()
+            .kind(
+                WsKind(1),
+                [(monoseq_core::SeqId(1), monoseq_core::Number(1))],
+            )
+            .batcher_delay(self.flush_delay)
+            .build();
+        if let Err(monoseq_core::ParamsError::DurationOutOfRange { min, max, got, .. }) = delay {
+            bail!(
+                "--flush-delay-ms must be between {} and {} milliseconds, got {}",
+                min.as_millis(),
+                max.as_millis(),
+                got.as_millis()
+            );
+        }
+        Ok(())
+    }
+
     /// The command processor's configuration.
     pub fn cp_config(&self) -> monoseq_cp::Config {
         monoseq_cp::Config {
@@ -457,7 +555,7 @@ mod tests {
 
     #[test]
     fn flush_delay_comes_from_the_flag_over_the_file_over_the_default() {
-        let defaults = SettingsArgs::default().resolve().expect("defaults resolve");
+        let defaults = ServeArgs::default().resolve().expect("defaults resolve");
         assert_eq!(defaults.flush_delay, monoseq_cp::FLUSH_DELAY_DEFAULT);
         assert_eq!(
             defaults.cp_config().flush_delay,
@@ -466,13 +564,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("temporary directory");
         let file = dir.path().join("monoseq.toml");
         std::fs::write(&file, "flush_delay_ms = 20\n").expect("write config");
-        let mut args = SettingsArgs {
-            config: Some(file),
-            ..SettingsArgs::default()
-        };
+        let mut args = ServeArgs::default();
+        args.storage.config = Some(file);
         let from_file = args.resolve().expect("file resolves");
         assert_eq!(from_file.cp_config().flush_delay, Duration::from_millis(20));
-        args.flush_delay_ms = Some(0);
+        args.processor.flush_delay_ms = Some(0);
         assert_eq!(
             args.resolve().expect("flag resolves").flush_delay,
             Duration::ZERO
@@ -482,13 +578,10 @@ mod tests {
     #[test]
     fn a_new_data_directory_gets_an_identity_and_a_second_start_passes() {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let mut settings = SettingsArgs {
-            data_dir: Some(dir.path().join("data")),
-            partitions: Some(4),
-            ..SettingsArgs::default()
-        }
-        .resolve()
-        .expect("settings");
+        let mut args = ServeArgs::default();
+        args.storage.data_dir = Some(dir.path().join("data"));
+        args.store.partitions = Some(4);
+        let mut settings = args.resolve().expect("settings");
         let (kv, opened) = open_data_dir(&mut settings).expect("first start");
         assert!(opened.report.created);
         check_key_layout(&*kv).expect("recorded layout passes");
@@ -501,6 +594,23 @@ mod tests {
             settings.partitions, 4,
             "the store's count wins when none is configured"
         );
+    }
+
+    #[test]
+    fn a_refused_setting_is_named_by_its_flag() {
+        let mut args = ServeArgs::default();
+        args.processor.flush_delay_ms = Some(60_000);
+        let err = args.resolve().unwrap_err().to_string();
+        assert!(err.contains("--flush-delay-ms"), "{err}");
+        assert!(!err.contains("batcher_delay"), "{err}");
+        let mut args = ServeArgs::default();
+        args.processor.group_commands_max = Some(0);
+        let err = args.resolve().unwrap_err().to_string();
+        assert!(err.contains("--group-commands-max"), "{err}");
+        let mut args = ServeArgs::default();
+        args.store.ws_kinds = Some(Vec::new());
+        let err = args.resolve().unwrap_err().to_string();
+        assert!(err.contains("--ws-kinds"), "{err}");
     }
 
     #[test]

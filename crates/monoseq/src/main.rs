@@ -1,5 +1,7 @@
 //! The `monoseq` binary: `serve` runs the HTTP server on the embedded store; `inspect`,
-//! `verify` and `bench` are the operator commands.
+//! `verify` and `bench` are the operator commands; `seq` runs named-sequence operations.
+//! Owns the command line (each command flattens only the setting groups it uses) and the exit
+//! codes.
 
 mod auth;
 mod bench;
@@ -9,10 +11,11 @@ mod forward;
 mod json;
 mod ops;
 mod seq;
+mod seq_command;
 mod server;
 mod tls;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// mimalloc: the server allocates per command from many threads; measured faster than the
 /// system allocator under `monoseq bench`. Built with `no_thp`: it does not ask for
@@ -63,16 +66,14 @@ enum Cmd {
     /// Run the HTTP server (commands, events, records, health, metrics).
     Serve {
         #[command(flatten)]
-        settings: config::SettingsArgs,
-        #[command(flatten)]
-        cluster: cluster::ClusterArgs,
-        #[command(flatten)]
-        security: auth::SecurityArgs,
+        args: config::ServeArgs,
     },
     /// Show each partition's checkpoint against its PLog end (server stopped).
     Inspect {
         #[command(flatten)]
-        settings: config::SettingsArgs,
+        storage: config::StorageArgs,
+        #[command(flatten)]
+        store: config::StoreArgs,
         /// Also scan whole PLogs to count workspaces.
         #[arg(long)]
         full: bool,
@@ -82,13 +83,15 @@ enum Cmd {
     /// non-zero on a problem (server stopped).
     Verify {
         #[command(flatten)]
-        settings: config::SettingsArgs,
+        storage: config::StorageArgs,
+        #[command(flatten)]
+        store: config::StoreArgs,
         /// Problems printed; the rest are counted.
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = ops::VERIFY_SHOWN_DEFAULT)]
         show: usize,
     },
-    /// Named sequences: next, increment, get, data, exists, reset, set, delete (run
-    /// `monoseq seq help` for the usage).
+    /// Named sequences: next, increment, reserve, get, data, exists, reset, delete, on a data
+    /// directory, a database, a bucket or through a server (`monoseq seq help`).
     Seq {
         #[command(flatten)]
         args: seq::SeqArgs,
@@ -102,7 +105,11 @@ enum Cmd {
     /// Generate load against a server (--url) or in-process, and print throughput and latency.
     Bench {
         #[command(flatten)]
-        settings: config::SettingsArgs,
+        storage: config::StorageArgs,
+        #[command(flatten)]
+        store: config::StoreArgs,
+        #[command(flatten)]
+        processor: config::ProcessorArgs,
         #[command(flatten)]
         bench: bench::BenchArgs,
     },
@@ -110,6 +117,13 @@ enum Cmd {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Cmd::Seq { .. })
+        && let Err(message) = seq::reject_repeated(std::env::args_os())
+    {
+        Cli::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit();
+    }
     let serving = matches!(cli.command, Cmd::Serve { .. });
     init_logging(cli.log_format, if serving { "info" } else { "warn" });
     match run(cli) {
@@ -148,26 +162,46 @@ fn describe(e: &anyhow::Error) -> String {
     out
 }
 
+/// The settings of a tool that reads the store (`inspect`, `verify`).
+fn tool_settings(
+    storage: &config::StorageArgs,
+    store: &config::StoreArgs,
+) -> anyhow::Result<config::Settings> {
+    config::resolve(storage, store, &Default::default(), &Default::default())
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("monoseq")
         .build()?;
     match cli.command {
-        Cmd::Serve {
-            settings,
-            security,
-            cluster,
-        } => {
-            let settings = settings.resolve()?;
-            let security = security.resolve(&settings.security, settings.listen)?;
-            runtime.block_on(server::serve(settings, security, cluster))
+        Cmd::Serve { args } => {
+            let settings = args.resolve()?;
+            let security = args.security.resolve(&settings.security, settings.listen)?;
+            runtime.block_on(server::serve(settings, security, args.cluster))
         }
-        Cmd::Inspect { settings, full } => ops::inspect(&settings.resolve()?, full),
-        Cmd::Verify { settings, show } => ops::verify(&settings.resolve()?, show),
-        Cmd::Seq { args } => runtime.block_on(seq::main(args)),
         Cmd::Cluster { command } => runtime.block_on(cluster::run_command(command)),
-        Cmd::Bench { settings, bench } => runtime.block_on(bench::run(bench, settings.resolve()?)),
+        Cmd::Inspect {
+            storage,
+            store,
+            full,
+        } => ops::inspect(&tool_settings(&storage, &store)?, full),
+        Cmd::Verify {
+            storage,
+            store,
+            show,
+        } => ops::verify(&tool_settings(&storage, &store)?, show),
+        Cmd::Seq { args } => runtime.block_on(seq::main(args)),
+        Cmd::Bench {
+            storage,
+            store,
+            processor,
+            bench,
+        } => {
+            let settings = config::resolve(&storage, &store, &processor, &Default::default())?;
+            runtime.block_on(bench::run(bench, settings))
+        }
     }
 }
 
@@ -185,6 +219,47 @@ mod tests {
         struct Outer(#[source] Inner);
         let e = anyhow::Error::new(Outer(Inner)).context("opening");
         assert_eq!(super::describe(&e), "opening: outer: inner failed");
+    }
+
+    /// The help text of `monoseq <command>`.
+    fn help(command: &str) -> String {
+        let mut cli = super::Cli::command();
+        cli.find_subcommand_mut(command)
+            .expect("the command exists")
+            .render_long_help()
+            .to_string()
+    }
+
+    #[test]
+    fn each_command_lists_only_its_own_flags() {
+        let verify = help("verify");
+        assert!(!verify.contains("--listen"), "{verify}");
+        assert!(!verify.contains("--group-commands-max"), "{verify}");
+        let inspect = help("inspect");
+        assert!(!inspect.contains("--listen"), "{inspect}");
+        let bench = help("bench");
+        assert!(!bench.contains("--accept-loss"), "{bench}");
+        assert!(help("serve").contains("--listen"));
+    }
+
+    #[test]
+    fn help_defaults_come_from_the_constants() {
+        let serve = help("serve");
+        for default in [
+            format!("[default: {}]", crate::config::LISTEN_DEFAULT),
+            format!("[default: {}]", monoseq_cp::GROUP_COMMANDS_MAX_DEFAULT),
+            format!("[default: {}]", monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis()),
+            format!("or {} for a new one", crate::config::PARTITIONS_DEFAULT),
+        ] {
+            assert!(serve.contains(&default), "{default} missing from: {serve}");
+        }
+        assert!(
+            help("verify").contains(&format!("[default: {}]", crate::ops::VERIFY_SHOWN_DEFAULT))
+        );
+        assert!(help("seq").contains(&format!(
+            "[default: {}]",
+            crate::seq::SEQ_TIMEOUT_DEFAULT_MS
+        )));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use monoseq_core::{PLogOffset, ReplayedEvent, SeqStorage};
 use monoseq_kv::KvStore;
 use monoseq_store::{EventStore, PartitionId};
-use monoseq_verify::{Progress, Stage};
+use monoseq_verify::{Progress, Report, Stage};
 
 use crate::config::{APP, Settings, Storage, check_key_layout, open_for_tool, recorded_partitions};
 
@@ -73,6 +73,9 @@ pub fn inspect(settings: &Settings, full: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Problems `verify` prints by default; the rest are counted.
+pub const VERIFY_SHOWN_DEFAULT: usize = 20;
+
 /// `monoseq verify`: reads a copy of the data directory (the directory itself is never
 /// opened by the engine, so no byte of it changes), prints every problem the
 /// `monoseq-verify` library finds (the first `shown`, then a count) and exits non-zero when
@@ -97,16 +100,7 @@ pub fn verify(settings: &Settings, shown: usize) -> anyhow::Result<()> {
         if stage != Some(p.stage) {
             stage = Some(p.stage);
             bar.reset();
-            bar.set_message(match p.stage {
-                Stage::PLog {
-                    partition,
-                    partitions,
-                } => format!("PLog of partition {partition}/{partitions}, events"),
-                Stage::WLog => "WLog blocks".to_owned(),
-                Stage::Records => "records blocks".to_owned(),
-                Stage::Numbers => "numbers blocks".to_owned(),
-                _ => "verifying".to_owned(),
-            });
+            bar.set_message(stage_name(p.stage));
         }
         bar.set_position(p.done);
     };
@@ -123,6 +117,26 @@ pub fn verify(settings: &Settings, shown: usize) -> anyhow::Result<()> {
         }
     };
     bar.finish_and_clear();
+    print_report(&report, &where_, shown)
+}
+
+/// What the progress bar says during `stage`.
+fn stage_name(stage: Stage) -> String {
+    match stage {
+        Stage::PLog {
+            partition,
+            partitions,
+        } => format!("PLog of partition {partition}/{partitions}, events"),
+        Stage::WLog => "WLog blocks".to_owned(),
+        Stage::Records => "records blocks".to_owned(),
+        Stage::Numbers => "numbers blocks".to_owned(),
+        _ => "verifying".to_owned(),
+    }
+}
+
+/// Prints what `verify` found (the first `shown` problems, then a count); an error when it
+/// found a problem.
+fn print_report(report: &Report, where_: &str, shown: usize) -> anyhow::Result<()> {
     println!(
         "verified {}: {} partitions, {} events, {} workspaces, {} records, {} stored numbers",
         where_, report.partitions, report.events, report.workspaces, report.records, report.numbers
@@ -149,7 +163,7 @@ pub fn verify(settings: &Settings, shown: usize) -> anyhow::Result<()> {
     bail!(
         "{} problems in {}: {}{}",
         report.problems_total,
-        dir.display(),
+        where_,
         kinds.join(", "),
         if report.problems_total > report.problems.len() as u64 {
             " (counted among the listed ones)"

@@ -1,75 +1,328 @@
-//! `monoseq seq …`: named sequences from the command line, on the local data directory (server
-//! stopped), on an S3-compatible bucket, or through a running server (`--url`).
+//! `monoseq seq …`: named sequences from the command line. Owns the command line of `seq` (one
+//! clap subcommand per operation, the backend options accepted anywhere on the line) and the
+//! choice of backend: a running server (`--url`), a PostgreSQL database (`--storage`), an
+//! S3-compatible bucket (`--s3-bucket`), or the embedded store's data directory (the default,
+//! for one process at a time: a directory held by another process is waited for up to
+//! `--timeout-ms`). The operations themselves are in `seq_command.rs`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::Args;
-use monoseq_named::cli::{Command, Target, USAGE, run};
-use monoseq_named::{Client, KvBackend, S3Backend, S3Config, Sequences};
+use clap::{Args, Subcommand};
+use monoseq_kv::{EmbeddedStore, OpenError};
+use monoseq_named::{KvBackend, Metadata, Sequences, TIMEOUT_DEFAULT};
+use monoseq_named_http::Client;
 
 use crate::config::{DATA_DIR_DEFAULT, open_postgres, open_store};
+use crate::seq_command::{Target, run};
 
-/// Where `monoseq seq` works.
+/// Default of `--timeout-ms`: the library's own operation timeout.
+pub const SEQ_TIMEOUT_DEFAULT_MS: u64 = TIMEOUT_DEFAULT.as_millis() as u64;
+
+/// How often a locked data directory is tried again while `seq` waits for it.
+const LOCK_RETRY_INTERVAL: Duration = Duration::from_millis(50);
+
+/// `monoseq seq`: the backend options (accepted before or after the operation) and the
+/// operation.
 #[derive(Debug, Clone, Args)]
+#[command(after_help = format!(
+    "ADDRESS is [SCOPE/]NAME: invoice, orders/invoice (resource orders), plugin=audit/events, \
+     resource=orders/plugin=backup/run, prefix=my-app/counter.\n\
+     Without --url, --storage or --s3-bucket, seq opens the data directory (--data-dir, default \
+     {DATA_DIR_DEFAULT}), which one process at a time may hold; with a server running on it, \
+     use --url."
+))]
 pub struct SeqArgs {
-    /// A running server, e.g. http://127.0.0.1:8080.
-    #[arg(long, env = "MONOSEQ_URL", conflicts_with_all = ["data_dir", "s3_bucket", "storage"])]
-    pub url: Option<String>,
-    /// A PostgreSQL database, postgres://user:password@host:port/database.
-    #[arg(long, env = "MONOSEQ_STORAGE", conflicts_with_all = ["data_dir", "s3_bucket"])]
-    pub storage: Option<String>,
-    /// Data directory of the embedded store [default: ./data].
-    #[arg(long, env = "MONOSEQ_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// An S3 bucket (credentials from the AWS environment variables).
-    #[arg(long, env = "MONOSEQ_S3_BUCKET")]
-    pub s3_bucket: Option<String>,
-    /// The S3-compatible endpoint of the bucket, e.g. http://127.0.0.1:5000.
-    #[arg(long, env = "MONOSEQ_S3_ENDPOINT", requires = "s3_bucket")]
-    pub s3_endpoint: Option<String>,
-    /// The operation and its arguments: next ADDRESS [--initial N] [--increment N] …
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
-    pub words: Vec<String>,
+    #[command(flatten)]
+    pub backend: SeqBackend,
+    /// Longest wait, in milliseconds, for the operation (retries of a contended write) and for
+    /// a data directory held by another process.
+    #[arg(long, global = true, default_value_t = SEQ_TIMEOUT_DEFAULT_MS)]
+    pub timeout_ms: u64,
+    #[command(subcommand)]
+    pub operation: Operation,
 }
 
-/// Runs the command and prints its result; an error exits non-zero with its code.
-pub async fn main(args: SeqArgs) -> anyhow::Result<()> {
-    if matches!(
-        args.words.first().map(String::as_str),
-        Some("help" | "--help" | "-h")
-    ) {
-        println!("{USAGE}");
-        return Ok(());
-    }
-    let command = Command::parse(&args.words).map_err(|e| anyhow::anyhow!("{e}\n\n{USAGE}"))?;
-    let out = if let Some(url) = &args.url {
-        let client = Client::new(url).context("connecting to the server")?;
-        run(&command, Target::Remote(&client)).await
-    } else if let Some(storage) = args.storage.as_deref().filter(|s| *s != "embedded") {
-        let kv = open_postgres(storage)?;
-        let sequences = Sequences::new(KvBackend::new(kv));
-        run(&command, Target::Local(&sequences)).await
-    } else if let Some(bucket) = &args.s3_bucket {
-        let mut config = S3Config::new(bucket);
-        if let Some(endpoint) = &args.s3_endpoint {
-            config = config.endpoint(endpoint);
+/// Where `monoseq seq` works: at most one of a server, a database, a bucket or a data
+/// directory.
+#[derive(Debug, Clone, Args)]
+pub struct SeqBackend {
+    /// A running server, e.g. http://127.0.0.1:8080.
+    #[arg(long, global = true, env = "MONOSEQ_URL",
+          conflicts_with_all = ["data_dir", "s3_bucket", "storage"])]
+    pub url: Option<String>,
+    /// A PostgreSQL database, postgres://user:password@host:port/database (`embedded` means
+    /// the data directory).
+    #[arg(
+        long,
+        global = true,
+        env = "MONOSEQ_STORAGE",
+        conflicts_with = "s3_bucket"
+    )]
+    pub storage: Option<String>,
+    #[arg(long, global = true, env = "MONOSEQ_DATA_DIR", conflicts_with = "s3_bucket",
+          help = format!("Data directory of the embedded store [default: {DATA_DIR_DEFAULT}]"))]
+    pub data_dir: Option<PathBuf>,
+    /// An S3 bucket (credentials from the AWS environment variables).
+    #[arg(long, global = true, env = "MONOSEQ_S3_BUCKET")]
+    pub s3_bucket: Option<String>,
+    /// The S3-compatible endpoint of the bucket, e.g. http://127.0.0.1:5000.
+    #[arg(
+        long,
+        global = true,
+        env = "MONOSEQ_S3_ENDPOINT",
+        requires = "s3_bucket"
+    )]
+    pub s3_endpoint: Option<String>,
+}
+
+/// Options of the operations that take numbers.
+#[derive(Debug, Clone, Args)]
+pub struct TakeArgs {
+    /// The sequence, [SCOPE/]NAME.
+    #[arg(value_parser = parse_address)]
+    pub address: monoseq_named::Address,
+    /// The first number if the sequence does not exist yet.
+    #[arg(long, value_parser = parse_value)]
+    pub initial: Option<u64>,
+    /// How many numbers to take (the sequence moves on by this much).
+    #[arg(long, value_parser = parse_increment)]
+    pub increment: Option<std::num::NonZeroU64>,
+    /// Metadata to store with the sequence, a JSON object.
+    #[arg(long, value_parser = parse_metadata)]
+    pub metadata: Option<Metadata>,
+}
+
+/// An operation of `monoseq seq`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Operation {
+    /// Print the current value and advance it (the first of --increment numbers).
+    Next(TakeArgs),
+    /// Advance the value and print the value after it.
+    Increment(TakeArgs),
+    /// Take a block of COUNT numbers at once and print its first and last number.
+    Reserve {
+        /// The sequence, [SCOPE/]NAME.
+        #[arg(value_parser = parse_address)]
+        address: monoseq_named::Address,
+        /// How many numbers the block holds.
+        #[arg(value_parser = parse_increment)]
+        count: std::num::NonZeroU64,
+        /// The first number if the sequence does not exist yet.
+        #[arg(long, value_parser = parse_value)]
+        initial: Option<u64>,
+    },
+    /// Print the stored value (the next `next` returns it).
+    Get {
+        /// The sequence, [SCOPE/]NAME.
+        #[arg(value_parser = parse_address)]
+        address: monoseq_named::Address,
+    },
+    /// Print value, name, times and metadata as JSON.
+    Data {
+        /// The sequence, [SCOPE/]NAME.
+        #[arg(value_parser = parse_address)]
+        address: monoseq_named::Address,
+    },
+    /// Print true or false.
+    Exists {
+        /// The sequence, [SCOPE/]NAME.
+        #[arg(value_parser = parse_address)]
+        address: monoseq_named::Address,
+    },
+    /// Set the stored value (numbers may be handed out again).
+    #[command(alias = "set")]
+    Reset {
+        /// The sequence, [SCOPE/]NAME.
+        #[arg(value_parser = parse_address)]
+        address: monoseq_named::Address,
+        /// The new stored value.
+        #[arg(value_parser = parse_value, allow_hyphen_values = true)]
+        value: u64,
+        /// Metadata to store with the sequence, a JSON object.
+        #[arg(long, value_parser = parse_metadata)]
+        metadata: Option<Metadata>,
+    },
+    /// Delete the sequence.
+    Delete {
+        /// The sequence, [SCOPE/]NAME.
+        #[arg(value_parser = parse_address)]
+        address: monoseq_named::Address,
+    },
+}
+
+/// The options of `seq` accepted on both sides of the operation.
+const GLOBAL_FLAGS: [&str; 6] = [
+    "--url",
+    "--storage",
+    "--data-dir",
+    "--s3-bucket",
+    "--s3-endpoint",
+    "--timeout-ms",
+];
+
+/// Refuses an option of `seq` given both before and after the operation (`--data-dir a next x
+/// --data-dir b`), which clap would let the second override: on one side clap itself refuses
+/// a repetition.
+///
+/// # Errors
+///
+/// A clap error naming the option, to print and exit with as clap does.
+pub fn reject_repeated(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<(), String> {
+    let args: Vec<String> = args
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    for flag in GLOBAL_FLAGS {
+        let given = args
+            .iter()
+            .filter(|a| *a == flag || a.starts_with(&format!("{flag}=")))
+            .count();
+        if given > 1 {
+            return Err(format!(
+                "the argument '{flag}' cannot be used multiple times"
+            ));
         }
-        let sequences = Sequences::new(S3Backend::new(&config)?);
-        run(&command, Target::Local(&sequences)).await
-    } else {
-        let dir = args
-            .data_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(DATA_DIR_DEFAULT));
-        let sequences = Sequences::new(KvBackend::new(open_store(&dir)?));
-        run(&command, Target::Local(&sequences)).await
-    };
-    match out {
+    }
+    Ok(())
+}
+
+fn parse_address(text: &str) -> Result<monoseq_named::Address, String> {
+    text.parse()
+        .map_err(|e: monoseq_named::AddressError| e.to_string())
+}
+
+/// A stored value: `0..=VALUE_MAX`, digits only.
+fn parse_value(text: &str) -> Result<u64, String> {
+    use monoseq_named::VALUE_MAX;
+    if text.starts_with('-') {
+        return Err(format!("{text} is negative"));
+    }
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{text:?} is not a whole number"));
+    }
+    match text.parse::<u64>() {
+        Ok(value) if value <= VALUE_MAX => Ok(value),
+        _ => Err(format!("{text} is over the largest value {VALUE_MAX}")),
+    }
+}
+
+fn parse_increment(text: &str) -> Result<std::num::NonZeroU64, String> {
+    std::num::NonZeroU64::new(parse_value(text)?)
+        .ok_or_else(|| "0 would hand out the same number twice; use 1 or more".to_owned())
+}
+
+fn parse_metadata(text: &str) -> Result<Metadata, String> {
+    serde_json::from_str(text).map_err(|e| format!("metadata must be a JSON object: {e}"))
+}
+
+/// Runs the operation and prints its result; an error exits non-zero naming its code once.
+pub async fn main(args: SeqArgs) -> anyhow::Result<()> {
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let target = open_target(&args.backend, timeout).await?;
+    match run(&args.operation, &target, timeout).await {
         Ok(text) => {
             println!("{text}");
             Ok(())
         }
-        Err(e) => Err(anyhow::anyhow!("{} ({})", e, e.code())),
+        Err(e) => {
+            let (message, code) = (e.to_string(), e.code());
+            if message.ends_with(&format!("({code})")) {
+                Err(anyhow::anyhow!(message))
+            } else {
+                Err(anyhow::anyhow!("{message} ({code})"))
+            }
+        }
     }
+}
+
+/// Opens the backend the options name; with none named, the data directory, saying so on
+/// standard error.
+async fn open_target(backend: &SeqBackend, timeout: Duration) -> anyhow::Result<Target> {
+    if let Some(url) = &backend.url {
+        return Ok(Target::Remote(
+            Client::new(url).context("connecting to the server")?,
+        ));
+    }
+    if let Some(storage) = backend.storage.as_deref().filter(|s| *s != "embedded") {
+        if backend.data_dir.is_some() {
+            anyhow::bail!(
+                "--data-dir is the embedded store's and --storage names a database: give one \
+                 of them"
+            );
+        }
+        let kv = open_postgres(storage)?;
+        return Ok(Target::Local(Sequences::new(KvBackend::new(kv))));
+    }
+    if let Some(bucket) = &backend.s3_bucket {
+        return Ok(Target::Local(open_s3(
+            bucket,
+            backend.s3_endpoint.as_deref(),
+        )?));
+    }
+    let dir = match &backend.data_dir {
+        Some(dir) => dir.clone(),
+        None => {
+            eprintln!(
+                "monoseq seq: using the data directory {DATA_DIR_DEFAULT} (give --url, \
+                 --storage, --s3-bucket or --data-dir to choose)"
+            );
+            PathBuf::from(DATA_DIR_DEFAULT)
+        }
+    };
+    let store = open_waiting(&dir, timeout).await?;
+    Ok(Target::Local(Sequences::new(KvBackend::new(store))))
+}
+
+/// Named sequences in an S3 bucket (credentials from the AWS environment variables).
+#[cfg(feature = "s3")]
+fn open_s3(bucket: &str, endpoint: Option<&str>) -> anyhow::Result<Sequences> {
+    let mut config = monoseq_named::S3Config::new(bucket);
+    if let Some(endpoint) = endpoint {
+        config = config.endpoint(endpoint);
+    }
+    Ok(Sequences::new(monoseq_named::S3Backend::new(&config)?))
+}
+
+/// This build has no S3 support (feature `s3`).
+#[cfg(not(feature = "s3"))]
+fn open_s3(_bucket: &str, _endpoint: Option<&str>) -> anyhow::Result<Sequences> {
+    anyhow::bail!(
+        "this monoseq was built without S3 support; build it with the default features \
+         (feature `s3`)"
+    )
+}
+
+/// Opens the embedded store in `dir`, waiting up to `timeout` while another process holds it.
+async fn open_waiting(
+    dir: &std::path::Path,
+    timeout: Duration,
+) -> anyhow::Result<Arc<EmbeddedStore>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match open_store(dir) {
+            Ok(store) => return Ok(store),
+            Err(e) if is_locked(&e) && Instant::now() < deadline => {
+                tokio::time::sleep(LOCK_RETRY_INTERVAL).await;
+            }
+            Err(e) if is_locked(&e) => anyhow::bail!(
+                "the data directory {} is in use by another process (a running server?); use \
+                 `--url` to go through it (waited {} ms, --timeout-ms)",
+                dir.display(),
+                timeout.as_millis()
+            ),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn is_locked(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<OpenError>(),
+            Some(OpenError::Locked { .. })
+        )
+    })
 }

@@ -209,7 +209,7 @@ pub fn router(
         })
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX_DEFAULT))
         .with_state(state)
-        .merge(monoseq_named::router(sequences))
+        .merge(monoseq_named_http::router(sequences))
         .method_not_allowed_fallback(|| async {
             error(
                 StatusCode::METHOD_NOT_ALLOWED,

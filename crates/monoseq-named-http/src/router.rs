@@ -3,7 +3,7 @@
 //! scheme, the request-body parsing (where negative, fractional, zero or oversized numbers
 //! become typed errors) and the mapping of errors to status codes.
 //!
-//! Routes (`{address}` is the textual [`crate::Address`], e.g. `orders/invoice` or
+//! Routes (`{address}` is the textual [`monoseq_named::Address`], e.g. `orders/invoice` or
 //! `resource=orders/plugin=backup/run`; the last segment names the operation):
 //!
 //! | method and path | body | answer |
@@ -25,10 +25,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use serde_json::{Map, Value, json};
 
-use crate::address::Address;
-use crate::error::{DeleteError, NextError, ReadError, SetError, code};
-use crate::record::{METADATA_BYTES_MAX, Metadata, VALUE_MAX};
-use crate::sequences::{NextOptions, Sequences, SetOptions};
+use monoseq_named::{
+    Address, AddressError, DeleteError, METADATA_BYTES_MAX, Metadata, NextError, NextOptions,
+    ReadError, Sequences, SetError, SetOptions, VALUE_MAX,
+};
+
+use crate::code;
 
 /// Largest request body, in bytes.
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
@@ -40,7 +42,8 @@ pub const BODY_BYTES_MAX: usize = 64 * 1024;
 ///
 /// ```no_run
 /// use monoseq_kv::MemoryStore;
-/// use monoseq_named::{KvBackend, Sequences, router};
+/// use monoseq_named::{KvBackend, Sequences};
+/// use monoseq_named_http::router;
 ///
 /// # async fn serve() -> std::io::Result<()> {
 /// let sequences = Sequences::new(KvBackend::new(MemoryStore::new()));
@@ -57,14 +60,14 @@ pub fn router(sequences: Sequences) -> Router {
 
 /// An error answer: status, stable code, message.
 #[derive(Debug)]
-pub(crate) struct ApiError {
+struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
 }
 
 impl ApiError {
-    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
             code,
@@ -91,7 +94,7 @@ impl IntoResponse for ApiError {
 }
 
 /// The status of each stable code.
-pub(crate) fn status_of(code: &str) -> StatusCode {
+fn status_of(code: &str) -> StatusCode {
     match code {
         code::NOT_FOUND | code::UNKNOWN_OPERATION => StatusCode::NOT_FOUND,
         code::OVERFLOW | code::INVALID_STORED => StatusCode::CONFLICT,
@@ -158,6 +161,38 @@ async fn handle(
         sequences.delete(&address).await?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
+    let (address, operation) = route(path, method)?;
+    let ok = |value: Value| Ok(axum::Json(value).into_response());
+    match operation {
+        "value" => ok(json!({ "value": sequences.get(&address).await? })),
+        "exists" => ok(json!({ "exists": sequences.exists(&address).await? })),
+        "data" => match sequences.get_data(&address).await? {
+            Some(data) => ok(serde_json::to_value(data).expect("data serializes")),
+            None => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                code::NOT_FOUND,
+                format!("sequence {address} does not exist"),
+            )),
+        },
+        "next" | "increment" => {
+            let options = next_options(body_object(body)?)?;
+            let value = if operation == "next" {
+                sequences.next(&address, &options).await?
+            } else {
+                sequences.increment(&address, &options).await?
+            };
+            ok(json!({ "value": value }))
+        }
+        _ => {
+            let (value, options) = reset_body(body_object(body)?)?;
+            let data = sequences.reset(&address, value, &options).await?;
+            ok(serde_json::to_value(data).expect("data serializes"))
+        }
+    }
+}
+
+/// The address and operation a path names (`ADDRESS/OPERATION`), checked against `method`.
+fn route<'p>(path: &'p str, method: &Method) -> Result<(Address, &'p str), ApiError> {
     let (address, operation) = path.rsplit_once('/').ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
@@ -187,49 +222,33 @@ async fn handle(
             format!("{operation} takes {allowed}, not {method}"),
         ));
     }
-    let ok = |value: Value| Ok(axum::Json(value).into_response());
-    match operation {
-        "value" => ok(json!({ "value": sequences.get(&address).await? })),
-        "exists" => ok(json!({ "exists": sequences.exists(&address).await? })),
-        "data" => match sequences.get_data(&address).await? {
-            Some(data) => ok(serde_json::to_value(data).expect("data serializes")),
-            None => Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                code::NOT_FOUND,
-                format!("sequence {address} does not exist"),
-            )),
-        },
-        "next" | "increment" => {
-            let body = body_object(body)?;
-            let options = next_options(body)?;
-            let value = if operation == "next" {
-                sequences.next(&address, &options).await?
-            } else {
-                sequences.increment(&address, &options).await?
-            };
-            ok(json!({ "value": value }))
-        }
-        _ => {
-            let mut body = body_object(body)?;
-            let value = body.remove("value").ok_or_else(|| {
-                ApiError::bad_request(code::INVALID_VALUE, "the body needs a \"value\" field")
-            })?;
-            let value = value_u64(&value, "value", code::INVALID_VALUE)?;
-            let options = set_options(body)?;
-            let data = sequences.reset(&address, value, &options).await?;
-            ok(serde_json::to_value(data).expect("data serializes"))
-        }
-    }
+    Ok((address, operation))
+}
+
+/// The body of `reset` / `set`: the value and the options.
+fn reset_body(mut body: Map<String, Value>) -> Result<(u64, SetOptions), ApiError> {
+    let value = body.remove("value").ok_or_else(|| {
+        ApiError::bad_request(code::INVALID_VALUE, "the body needs a \"value\" field")
+    })?;
+    let value = value_u64(&value, "value", code::INVALID_VALUE)?;
+    Ok((value, set_options(body)?))
 }
 
 fn parse_address(text: &str) -> Result<Address, ApiError> {
     text.parse()
-        .map_err(|e: crate::AddressError| ApiError::bad_request(e.code(), e.to_string()))
+        .map_err(|e: AddressError| ApiError::bad_request(e.code(), e.to_string()))
 }
 
 /// The body as a JSON object (an empty body is an empty object).
 fn body_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
-    let body = body.map_err(|e| ApiError::new(e.status(), code::BAD_REQUEST, e.body_text()))?;
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            let message = format!("the body is over the limit of {BODY_BYTES_MAX} bytes");
+            ApiError::new(e.status(), code::TOO_LARGE, message)
+        } else {
+            ApiError::new(e.status(), code::BAD_REQUEST, e.body_text())
+        }
+    })?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }
@@ -247,16 +266,13 @@ fn body_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>
 }
 
 /// A JSON number as a value in `0..=VALUE_MAX`, or the typed error `code`.
-pub(crate) fn value_u64(value: &Value, field: &str, code: &'static str) -> Result<u64, ApiError> {
+fn value_u64(value: &Value, field: &str, code: &'static str) -> Result<u64, ApiError> {
     let problem = match value {
         Value::Number(n) => match (n.as_u64(), n.as_i64()) {
             (Some(v), _) if v <= VALUE_MAX => return Ok(v),
             (Some(v), _) => format!("{v} is over the largest value {VALUE_MAX}"),
             (None, Some(v)) => format!("{v} is negative"),
-            (None, None) if n.as_f64().is_some_and(|f| f.fract() == 0.0 && f > 0.0) => {
-                format!("{n} is over the largest value {VALUE_MAX}")
-            }
-            (None, None) => format!("{n} is not a whole number"),
+            (None, None) => float_problem(n),
         },
         other => format!("{other} is not a number"),
     };
@@ -264,6 +280,21 @@ pub(crate) fn value_u64(value: &Value, field: &str, code: &'static str) -> Resul
         code,
         format!("\"{field}\": {problem}"),
     ))
+}
+
+/// What is wrong with a number serde_json holds as a float (a fraction, or too large or too
+/// negative for an integer).
+fn float_problem(n: &serde_json::Number) -> String {
+    match n.as_f64() {
+        Some(f) if f.fract() != 0.0 || !f.is_finite() => format!("{n} is not a whole number"),
+        Some(f) if f < 0.0 => format!("{n} is negative"),
+        // Compared as floats: VALUE_MAX (2^63 − 1) rounds up to 2^63, past which a float
+        // always overflows.
+        Some(f) if f >= VALUE_MAX as f64 => format!("{n} is over the largest value {VALUE_MAX}"),
+        _ => format!(
+            "{n} is a whole number written with a fraction; write it without a decimal point"
+        ),
+    }
 }
 
 fn take_timeout(body: &mut Map<String, Value>) -> Result<Option<std::time::Duration>, ApiError> {

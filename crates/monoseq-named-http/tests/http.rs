@@ -1,12 +1,12 @@
 //! The HTTP API over real HTTP: a server on 127.0.0.1:0 serving `router`, driven by the
-//! crate's `Client`, by raw requests (for status codes and the `{"code", "message"}` errors of
-//! bad input), and by the `monoseq seq` command functions.
+//! crate's `Client`, and by raw requests (for status codes and the `{"code", "message"}` errors
+//! of bad input).
 
 use std::sync::Arc;
 
 use monoseq_kv::{Key, KvStore, MemoryStore};
-use monoseq_named::cli::{Command, Target, run};
-use monoseq_named::{Client, KV_TAG, KvBackend, NextOptions, Sequences, SetOptions, router};
+use monoseq_named::{KV_TAG, KvBackend, NextOptions, Sequences, SetOptions};
+use monoseq_named_http::{Client, router};
 use serde_json::{Value, json};
 
 struct Server {
@@ -299,52 +299,54 @@ async fn bad_input_gets_a_stable_code_and_changes_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn seq_commands_run_locally_and_through_the_server() {
+async fn a_reserver_takes_its_blocks_through_the_server() {
+    use monoseq_named::{ReserveOptions, Reserver};
     let server = serve().await;
     let client = Client::new(&server.base).unwrap();
-    let remote = Target::Remote(&client);
-    let local = Target::Local(&server.sequences);
-    let cmd = |words: &str| Command::parse(words.split_whitespace()).unwrap();
-    assert_eq!(
-        run(&cmd("next orders/invoice --initial 100"), remote)
-            .await
-            .unwrap(),
-        "100"
-    );
-    assert_eq!(
-        run(&cmd("next orders/invoice"), local).await.unwrap(),
-        "101"
-    );
-    assert_eq!(
-        run(&cmd("increment orders/invoice --increment 10"), remote)
-            .await
-            .unwrap(),
-        "112"
-    );
-    assert_eq!(
-        run(&cmd("get orders/invoice"), remote).await.unwrap(),
-        "112"
-    );
-    assert_eq!(
-        run(&cmd("exists orders/invoice"), local).await.unwrap(),
-        "true"
-    );
-    let data = run(&cmd("reset orders/invoice 7"), remote).await.unwrap();
-    let data: Value = serde_json::from_str(&data).unwrap();
-    assert_eq!(data["value"], 7);
-    let data = run(&cmd("data orders/invoice"), local).await.unwrap();
-    assert!(data.contains("\"value\": 7"), "{data}");
-    assert_eq!(
-        run(&cmd("delete orders/invoice"), remote).await.unwrap(),
-        "deleted resource=orders/invoice"
-    );
-    let error = run(&cmd("get orders/invoice"), remote).await.unwrap_err();
-    assert_eq!(error.code(), "not_found");
-    run(&cmd("set orders/full 9223372036854775807"), local)
+    let address: monoseq_named::Address = "orders/id".parse().unwrap();
+    let block = std::num::NonZeroU64::new(100).unwrap();
+    let ids = Reserver::new(client, address.clone(), ReserveOptions::new(block));
+    for expected in 1..=60 {
+        assert_eq!(ids.next().await.unwrap(), expected);
+    }
+    // The server's sequence is past everything the reserver holds: another caller gets a
+    // number no reserver handed out.
+    let other = server
+        .sequences
+        .next(&address, &NextOptions::new())
         .await
         .unwrap();
-    let error = run(&cmd("next orders/full"), remote).await.unwrap_err();
-    assert_eq!(error.code(), "overflow");
-    let error = run(&cmd("next orders/full"), local).await.unwrap_err();
-    assert_eq!(error.code(), "overflow");
+    assert!(other > 60 + ids.held(), "{other}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_number_written_as_a_fraction_is_named_as_such() {
+    let server = serve().await;
+    let url = format!("{}/v1/sequences/orders/id/reset", server.base);
+    let (status, body) = raw("POST", &url, Some(r#"{"value": 5.0}"#)).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("invalid_value"))
+    );
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("without a decimal point"), "{message}");
+    let (_, body) = raw("POST", &url, Some(r#"{"value": -3.0}"#)).await;
+    assert!(
+        body["message"].as_str().unwrap().contains("negative"),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_is_answered_too_large() {
+    let server = serve().await;
+    let url = format!("{}/v1/sequences/orders/id/next", server.base);
+    let metadata = "x".repeat(monoseq_named_http::BODY_BYTES_MAX + 1);
+    let body = format!(r#"{{"metadata": {{"note": "{metadata}"}}}}"#);
+    let (status, body) = raw("POST", &url, Some(&body)).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (413, Some("too_large")),
+        "{body}"
+    );
 }

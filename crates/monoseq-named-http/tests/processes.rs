@@ -13,10 +13,10 @@
 //!   duplicate. moto is not atomic under simultaneous conditional writes, so these tests keep
 //!   one writer active at a time.
 
+/// The moto harness of `monoseq-named`'s own S3 tests, shared rather than copied.
 #[allow(dead_code)]
-mod support {
-    pub mod moto;
-}
+#[path = "../../monoseq-named/tests/support/moto.rs"]
+mod moto;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
@@ -29,9 +29,10 @@ use std::time::{Duration, Instant};
 
 use monoseq_kv::{Durability, FjallStore, Options};
 use monoseq_named::{
-    Address, Backend, BoxFuture, Client, KvBackend, NextError, NextOptions, Object, S3Backend,
-    S3Config, Sequences, StorageError, Version, WriteFailure, router,
+    Address, Backend, BoxFuture, KvBackend, NextError, NextOptions, Object, S3Backend, S3Config,
+    Sequences, StorageError, Version, WriteFailure,
 };
+use monoseq_named_http::{Client, router};
 
 const ROLE_VAR: &str = "MONOSEQ_NAMED_ROLE";
 const ADDRESS: &str = "orders/invoice";
@@ -347,7 +348,7 @@ fn assert_unique(values: &[u64]) -> BTreeSet<u64> {
     seen
 }
 
-fn client_next(url: &str) -> Result<u64, monoseq_named::ClientError> {
+fn client_next(url: &str) -> Result<u64, monoseq_named_http::ClientError> {
     runtime().block_on(async {
         Client::new(url)
             .unwrap()
@@ -461,9 +462,9 @@ fn s3_next(sequences: &Sequences) -> Result<u64, NextError> {
 }
 
 fn s3_callers_stopped_or_killed_between_read_and_write_cannot_duplicate() {
-    let endpoint = support::moto::endpoint();
-    let bucket = support::moto::unique_bucket("processes");
-    support::moto::create_bucket(&bucket);
+    let endpoint = moto::endpoint();
+    let bucket = moto::unique_bucket("processes");
+    moto::create_bucket(&bucket);
     let here = Sequences::new(Arc::new(s3_backend(endpoint, &bucket)));
     let mut handed = vec![s3_next(&here).unwrap()];
     assert_eq!(handed, [1]);

@@ -1,14 +1,15 @@
 //! [`Client`]: the named-sequence operations over the HTTP API of [`crate::router`], for the
 //! `monoseq seq` command, for other processes and for the tests. Owns the request building and
-//! the decoding of answers and `{"code", "message"}` errors.
+//! the decoding of answers and `{"code", "message"}` errors. A client is also a
+//! [`BlockSource`], so a [`monoseq_named::Reserver`] can take its blocks through a server.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::address::Address;
-use crate::record::SequenceData;
-use crate::sequences::{NextOptions, SetOptions};
+use monoseq_named::{
+    Address, BlockSource, BoxFuture, NextError, NextOptions, SequenceData, SetOptions, StorageError,
+};
 
 /// Time a request may take beyond the operation's own timeout.
 pub const CLIENT_GRACE: Duration = Duration::from_secs(2);
@@ -22,7 +23,7 @@ pub enum ClientError {
     Api {
         /// The HTTP status.
         status: u16,
-        /// The stable error code (see [`crate::code`]).
+        /// The stable error code (see [`monoseq_named::code`]).
         code: String,
         /// The server's message.
         message: String,
@@ -52,7 +53,8 @@ impl ClientError {
 /// # Example
 ///
 /// ```no_run
-/// use monoseq_named::{Client, NextOptions};
+/// use monoseq_named::NextOptions;
+/// use monoseq_named_http::Client;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = Client::new("http://127.0.0.1:8080")?;
@@ -172,7 +174,7 @@ impl Client {
             .ok_or_else(|| ClientError::Protocol("\"value\" is null".to_owned()))
     }
 
-    /// [`crate::Sequences::next`] on the server.
+    /// [`monoseq_named::Sequences::next`] on the server.
     ///
     /// # Errors
     ///
@@ -182,7 +184,7 @@ impl Client {
         self.advance(address, options, "next").await
     }
 
-    /// [`crate::Sequences::increment`] on the server.
+    /// [`monoseq_named::Sequences::increment`] on the server.
     ///
     /// # Errors
     ///
@@ -195,7 +197,7 @@ impl Client {
         self.advance(address, options, "increment").await
     }
 
-    /// [`crate::Sequences::get`] on the server.
+    /// [`monoseq_named::Sequences::get`] on the server.
     ///
     /// # Errors
     ///
@@ -206,7 +208,7 @@ impl Client {
         Client::field_u64(answer, "value")
     }
 
-    /// [`crate::Sequences::get_data`] on the server.
+    /// [`monoseq_named::Sequences::get_data`] on the server.
     ///
     /// # Errors
     ///
@@ -217,12 +219,14 @@ impl Client {
             Ok(answer) => serde_json::from_value(answer.unwrap_or_default())
                 .map(Some)
                 .map_err(|e| ClientError::Protocol(e.to_string())),
-            Err(ClientError::Api { code, .. }) if code == crate::code::NOT_FOUND => Ok(None),
+            Err(ClientError::Api { code, .. }) if code == monoseq_named::code::NOT_FOUND => {
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
     }
 
-    /// [`crate::Sequences::exists`] on the server.
+    /// [`monoseq_named::Sequences::exists`] on the server.
     ///
     /// # Errors
     ///
@@ -237,7 +241,7 @@ impl Client {
             .ok_or_else(|| ClientError::Protocol("no boolean \"exists\"".to_owned()))
     }
 
-    /// [`crate::Sequences::reset`] on the server.
+    /// [`monoseq_named::Sequences::reset`] on the server.
     ///
     /// # Errors
     ///
@@ -263,7 +267,7 @@ impl Client {
             .map_err(|e| ClientError::Protocol(e.to_string()))
     }
 
-    /// [`crate::Sequences::delete`] on the server.
+    /// [`monoseq_named::Sequences::delete`] on the server.
     ///
     /// # Errors
     ///
@@ -272,5 +276,43 @@ impl Client {
         let request = self.http.delete(self.url(address, None));
         self.call(request, None, Duration::from_secs(10)).await?;
         Ok(())
+    }
+}
+
+/// Blocks for a [`monoseq_named::Reserver`] through the server's `next`, so a process that
+/// cannot open the storage itself (the embedded store admits one process) still reserves
+/// blocks. Every failure, the server's answer included, is a [`NextError::Storage`] whose
+/// message carries the server's code: the reserver's caller retries either way.
+///
+/// # Example
+///
+/// ```no_run
+/// use std::num::NonZeroU64;
+/// use monoseq_named::{ReserveOptions, Reserver};
+/// use monoseq_named_http::Client;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = Client::new("http://127.0.0.1:8080")?;
+/// let options = ReserveOptions::new(NonZeroU64::new(10_000).unwrap());
+/// let ids = Reserver::new(client, "orders/id".parse()?, options);
+/// let id = ids.next().await?; // one request per 5 000 numbers
+/// # let _ = id;
+/// # Ok(())
+/// # }
+/// ```
+impl BlockSource for Client {
+    fn take<'a>(
+        &'a self,
+        address: &'a Address,
+        options: &'a NextOptions,
+    ) -> BoxFuture<'a, Result<u64, NextError>> {
+        Box::pin(async move {
+            self.next(address, options).await.map_err(|e| {
+                NextError::Storage(StorageError::new(
+                    "taking a block from the sequence server",
+                    e,
+                ))
+            })
+        })
     }
 }

@@ -1,0 +1,41 @@
+//! monoseq-named-http: the HTTP edge of named sequences. [`router`] serves the
+//! `/v1/sequences/…` API over a [`monoseq_named::Sequences`]; [`Client`] calls it from another
+//! process. Owns the route scheme, the JSON bodies on the wire, and the mapping of the domain's
+//! stable error codes ([`monoseq_named::code`]) to HTTP status codes; `monoseq-named` knows
+//! nothing of HTTP.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use monoseq_kv::MemoryStore;
+//! use monoseq_named::{KvBackend, NextOptions, Sequences};
+//! use monoseq_named_http::{Client, router};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let sequences = Sequences::new(KvBackend::new(MemoryStore::new()));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! tokio::spawn(async move { axum::serve(listener, router(sequences)).await });
+//! let client = Client::new("http://127.0.0.1:8080")?;
+//! assert_eq!(client.next(&"orders/invoice".parse()?, &NextOptions::new()).await?, 1);
+//! # Ok(())
+//! # }
+//! ```
+
+mod client;
+mod router;
+
+/// Stable error codes of the HTTP API: every code of the operations
+/// ([`monoseq_named::code`]) and the API's own for requests it cannot serve.
+pub mod code {
+    pub use monoseq_named::code::*;
+
+    /// The path names no known operation (404).
+    pub const UNKNOWN_OPERATION: &str = "unknown_operation";
+    /// The operation exists but takes another HTTP method (405).
+    pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
+    /// The request body is over [`crate::BODY_BYTES_MAX`] (413).
+    pub const TOO_LARGE: &str = "too_large";
+}
+
+pub use client::{CLIENT_GRACE, Client, ClientError};
+pub use router::{BODY_BYTES_MAX, router};

@@ -1,0 +1,208 @@
+//! The operations of `monoseq seq`, run against a [`Target`] (storage opened by this process,
+//! or a running server), and what each prints. Owns [`CommandError`], whose code is the
+//! library's stable code or the server's.
+
+use std::time::Duration;
+
+use monoseq_named::{
+    Address, DeleteError, NextError, NextOptions, ReadError, SequenceData, Sequences, SetError,
+    SetOptions, code,
+};
+use monoseq_named_http::{Client, ClientError};
+
+use crate::seq::{Operation, TakeArgs};
+
+/// Where a command runs.
+pub enum Target {
+    /// Directly on storage (a data directory or a bucket) from this process.
+    Local(Sequences),
+    /// Through a running server's HTTP API.
+    Remote(Client),
+}
+
+/// A command failed. [`CommandError::code`] is the stable code.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// `next` / `increment` failed.
+    #[error(transparent)]
+    Next(#[from] NextError),
+    /// `reset` / `set` failed.
+    #[error(transparent)]
+    Set(#[from] SetError),
+    /// A read failed.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// `delete` failed.
+    #[error(transparent)]
+    Delete(#[from] DeleteError),
+    /// The server answered an error or could not be reached.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// `get` or `data` of a sequence that does not exist.
+    #[error("sequence {address} does not exist")]
+    NotFound {
+        /// The sequence.
+        address: String,
+    },
+}
+
+impl CommandError {
+    /// The stable code (see [`monoseq_named::code`]; `transport` or `protocol` for a server that
+    /// could not be talked to).
+    pub fn code(&self) -> &str {
+        match self {
+            CommandError::Next(e) => e.code(),
+            CommandError::Set(e) => e.code(),
+            CommandError::Read(e) => e.code(),
+            CommandError::Delete(e) => e.code(),
+            CommandError::Client(e) => e.code(),
+            CommandError::NotFound { .. } => code::NOT_FOUND,
+        }
+    }
+}
+
+fn data_json(data: &SequenceData) -> String {
+    serde_json::to_string_pretty(data).expect("data serializes")
+}
+
+/// The options of `next`, `increment` and `reserve`.
+fn next_options(take: &TakeArgs, timeout: Duration) -> NextOptions {
+    let mut options = NextOptions::new().timeout(timeout);
+    if let Some(initial) = take.initial {
+        options = options.initial(initial);
+    }
+    if let Some(increment) = take.increment {
+        options = options.increment(increment);
+    }
+    if let Some(metadata) = &take.metadata {
+        options = options.metadata(metadata.clone());
+    }
+    options
+}
+
+impl Target {
+    async fn next(&self, address: &Address, options: &NextOptions) -> Result<u64, CommandError> {
+        Ok(match self {
+            Target::Local(s) => s.next(address, options).await?,
+            Target::Remote(c) => c.next(address, options).await?,
+        })
+    }
+
+    async fn increment(
+        &self,
+        address: &Address,
+        options: &NextOptions,
+    ) -> Result<u64, CommandError> {
+        Ok(match self {
+            Target::Local(s) => s.increment(address, options).await?,
+            Target::Remote(c) => c.increment(address, options).await?,
+        })
+    }
+
+    async fn get(&self, address: &Address) -> Result<Option<u64>, CommandError> {
+        Ok(match self {
+            Target::Local(s) => s.get(address).await?,
+            Target::Remote(c) => c.get(address).await?,
+        })
+    }
+
+    async fn data(&self, address: &Address) -> Result<Option<SequenceData>, CommandError> {
+        Ok(match self {
+            Target::Local(s) => s.get_data(address).await?,
+            Target::Remote(c) => c.get_data(address).await?,
+        })
+    }
+
+    async fn exists(&self, address: &Address) -> Result<bool, CommandError> {
+        Ok(match self {
+            Target::Local(s) => s.exists(address).await?,
+            Target::Remote(c) => c.exists(address).await?,
+        })
+    }
+
+    async fn reset(
+        &self,
+        address: &Address,
+        value: u64,
+        options: &SetOptions,
+    ) -> Result<SequenceData, CommandError> {
+        Ok(match self {
+            Target::Local(s) => s.reset(address, value, options).await?,
+            Target::Remote(c) => c.reset(address, value, options).await?,
+        })
+    }
+
+    async fn delete(&self, address: &Address) -> Result<(), CommandError> {
+        match self {
+            Target::Local(s) => s.delete(address).await?,
+            Target::Remote(c) => c.delete(address).await?,
+        }
+        Ok(())
+    }
+}
+
+/// Runs `operation` and returns what to print (one line, or pretty JSON for `data` and
+/// `reset`); `timeout` bounds the operation's retries.
+///
+/// # Errors
+///
+/// A [`CommandError`] with the operation's error; `get` and `data` of an absent sequence are
+/// [`CommandError::NotFound`].
+pub async fn run(
+    operation: &Operation,
+    target: &Target,
+    timeout: Duration,
+) -> Result<String, CommandError> {
+    let not_found = |address: &Address| CommandError::NotFound {
+        address: address.to_string(),
+    };
+    Ok(match operation {
+        Operation::Next(take) => {
+            let options = next_options(take, timeout);
+            target.next(&take.address, &options).await?.to_string()
+        }
+        Operation::Increment(take) => {
+            let options = next_options(take, timeout);
+            target.increment(&take.address, &options).await?.to_string()
+        }
+        Operation::Reserve {
+            address,
+            count,
+            initial,
+        } => {
+            let mut options = NextOptions::new().timeout(timeout).increment(*count);
+            if let Some(initial) = initial {
+                options = options.initial(*initial);
+            }
+            let first = target.next(address, &options).await?;
+            format!("{first} {}", first + (count.get() - 1))
+        }
+        Operation::Get { address } => target
+            .get(address)
+            .await?
+            .ok_or_else(|| not_found(address))?
+            .to_string(),
+        Operation::Data { address } => data_json(
+            &target
+                .data(address)
+                .await?
+                .ok_or_else(|| not_found(address))?,
+        ),
+        Operation::Exists { address } => target.exists(address).await?.to_string(),
+        Operation::Reset {
+            address,
+            value,
+            metadata,
+        } => {
+            let mut options = SetOptions::new().timeout(timeout);
+            if let Some(metadata) = metadata {
+                options = options.metadata(metadata.clone());
+            }
+            data_json(&target.reset(address, *value, &options).await?)
+        }
+        Operation::Delete { address } => {
+            target.delete(address).await?;
+            format!("deleted {address}")
+        }
+    })
+}
