@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use monoseq_backoff::Backoff;
 use monoseq_core::{
     Busy, NextError, Params, PoisonReason, Runtime, Sequencer, SequencerHandle, Start, StartError,
     Status,
@@ -433,11 +434,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             partition,
             reason: reason.clone(),
         };
-        let mut delay = REBUILD_DELAY_MIN;
+        let backoff = Backoff::new(REBUILD_DELAY_MIN, REBUILD_DELAY_MAX);
         let mut attempts = 0u32;
         let mut lost = false;
         loop {
             attempts += 1;
+            let delay = backoff.delay(attempts);
             let _ = tokio::time::timeout(delay, drain(rx, &unavailable)).await;
             lost |= self.replace_sequencer(&template);
             let status = loop {
@@ -462,7 +464,6 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 attempts,
                 "rebuilding the partition failed; retrying"
             );
-            delay = (delay * 2).min(REBUILD_DELAY_MAX);
         }
         if lost {
             self.rebuild_window().await;

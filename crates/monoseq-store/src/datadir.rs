@@ -268,13 +268,29 @@ fn write_meta(kv: &impl KvStore, identity: &Identity) -> Result<(), KvError> {
     kv.sync()
 }
 
-/// The partition count a data directory's engine records, if any (for tools that only read).
+/// The partition count a store records, if any, for tools that only read it; an empty store
+/// answers `None`. The store must be in this build's key layout (one without a layout record
+/// but with a partition count is from before the record existed: layout 1).
 ///
 /// # Errors
 ///
-/// A [`KvError`] when the engine fails.
-pub fn recorded_partitions(kv: &impl KvStore) -> Result<Option<u32>, KvError> {
-    Ok(read_meta(kv)?.partitions)
+/// [`DataDirError::KeyLayout`] for another layout, [`DataDirError::Storage`] when the store
+/// fails (`place` names it).
+pub fn recorded_partitions(kv: &impl KvStore, place: &Path) -> Result<Option<u32>, DataDirError> {
+    let meta = read_meta(kv).map_err(|source| DataDirError::Storage {
+        dir: place.to_path_buf(),
+        source,
+    })?;
+    check_layout(&meta)?;
+    Ok(meta.partitions)
+}
+
+/// Fails unless the store is empty or in this build's key layout.
+fn check_layout(meta: &EngineMeta) -> Result<(), DataDirError> {
+    match meta.key_layout.or(meta.partitions.map(|_| 1)) {
+        Some(stored) if stored != KEY_LAYOUT => Err(DataDirError::KeyLayout { stored }),
+        _ => Ok(()),
+    }
 }
 
 /// Opens data directory `dir`, whose engine `kv` is already open, for application `app`:
@@ -294,11 +310,7 @@ pub fn open_data_dir<S: KvStore + Clone>(
         source,
     };
     let meta = read_meta(kv).map_err(storage)?;
-    if let Some(stored) = meta.key_layout.or(meta.partitions.map(|_| 1))
-        && stored != KEY_LAYOUT
-    {
-        return Err(DataDirError::KeyLayout { stored });
-    }
+    check_layout(&meta)?;
     let identity = match Identity::read(dir) {
         Ok(id) => id,
         Err(IdentityError::Damaged { .. }) if policy.accept_loss => None,
@@ -616,4 +628,44 @@ fn scan_marks<S: KvStore + Clone>(
         marks.push(mark);
     }
     Ok(marks)
+}
+
+#[cfg(test)]
+mod tests {
+    use monoseq_kv::MemoryStore;
+
+    use super::*;
+
+    #[test]
+    fn a_store_of_key_layout_1_is_refused_with_what_to_do() {
+        let kv = MemoryStore::new();
+        // What a server of layout 1 left: the partition count and no layout record.
+        kv.put(
+            Key::new(META_PARTITION, META_PARTITIONS),
+            &4u32.to_be_bytes(),
+        )
+        .expect("put");
+        let err = recorded_partitions(&kv, Path::new("d"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("key layout 1") && err.contains("empty data directory"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_empty_store_records_no_partitions_and_a_current_one_its_count() {
+        let kv = MemoryStore::new();
+        assert_eq!(
+            recorded_partitions(&kv, Path::new("d")).expect("empty"),
+            None
+        );
+        let identity = Identity::new(6, KEY_LAYOUT, FORMAT_VERSION);
+        write_meta(&kv, &identity).expect("meta");
+        assert_eq!(
+            recorded_partitions(&kv, Path::new("d")).expect("current"),
+            Some(6)
+        );
+    }
 }

@@ -343,7 +343,7 @@ pub fn verify_data_dir(
     let snapshot = Snapshot::copy(dir)?;
     let list = PartitionList::from_fjall(snapshot.path(), app);
     let kv = monoseq_kv::FjallStore::open(snapshot.path(), monoseq_kv::Options::default())?;
-    let engine_partitions = monoseq_store::recorded_partitions(&kv).ok().flatten();
+    let engine_partitions = monoseq_store::recorded_partitions(&kv, dir).ok().flatten();
     let files = DirFiles::read(snapshot.path(), engine_partitions);
     let mut verifier = Verifier::new(&kv, app).files(&files);
     if let Ok(list) = &list {

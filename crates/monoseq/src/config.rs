@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use monoseq_core::WsKind;
-use monoseq_kv::{EmbeddedStore, Key, KvStore, Options};
-use monoseq_store::{AppId, KEY_LAYOUT, TrustLevel};
+use monoseq_kv::{EmbeddedStore, KvStore, Options};
+use monoseq_store::{AppId, TrustLevel};
 use serde::Deserialize;
 
 /// Default data directory.
@@ -467,9 +467,6 @@ pub fn open_for_tool(settings: &Settings) -> anyhow::Result<Store> {
 /// The application the server runs (one per data directory).
 pub const APP: AppId = AppId(1);
 
-const META_PARTITION: &[u8] = b"monoseq/meta";
-const META_KEY_LAYOUT: &[u8] = b"key_layout";
-
 /// Longest time a write of the sequence projection may wait for its flush. Events are never
 /// left waiting: the command processor syncs every group before answering.
 pub const GROUP_COMMIT_DELAY: Duration = Duration::from_millis(5);
@@ -519,38 +516,8 @@ pub fn open_data_dir(
     Ok((kv, dir))
 }
 
-/// Fails unless a data directory that holds data was written in this build's key layout. A
-/// directory without a layout record but with a partition count is from before the record
-/// existed (layout 1); an empty directory passes.
-pub fn check_key_layout(kv: &impl KvStore) -> anyhow::Result<()> {
-    let stored = match kv.get(Key::new(META_PARTITION, META_KEY_LAYOUT))? {
-        Some(v) => u32::from_be_bytes(
-            v.as_slice()
-                .try_into()
-                .context("the data directory's key layout record is damaged")?,
-        ),
-        None if recorded_partitions(kv)?.is_some() => 1,
-        None => return Ok(()),
-    };
-    if stored != KEY_LAYOUT {
-        bail!(
-            "the data directory's event store uses key layout {stored}, this build reads layout \
-             {KEY_LAYOUT} (docs/format.md); run the monoseq version that wrote it, or start \
-             with an empty data directory"
-        );
-    }
-    Ok(())
-}
-
-/// The partition count recorded in a data directory.
-pub fn recorded_partitions(kv: &impl KvStore) -> anyhow::Result<Option<u32>> {
-    Ok(monoseq_store::recorded_partitions(kv)?)
-}
-
 #[cfg(test)]
 mod tests {
-    use monoseq_kv::MemoryStore;
-
     use super::*;
 
     #[test]
@@ -584,7 +551,7 @@ mod tests {
         let mut settings = args.resolve().expect("settings");
         let (kv, opened) = open_data_dir(&mut settings).expect("first start");
         assert!(opened.report.created);
-        check_key_layout(&*kv).expect("recorded layout passes");
+        monoseq_store::recorded_partitions(&*kv, dir.path()).expect("recorded layout passes");
         drop((kv, opened));
         settings.partitions_configured = false;
         settings.partitions = 8;
@@ -622,18 +589,5 @@ mod tests {
         );
         let err = listen_address("localhost").unwrap_err().to_string();
         assert!(err.contains("e.g. 127.0.0.1:8080"), "{err}");
-    }
-
-    #[test]
-    fn a_data_directory_of_key_layout_1_is_refused_with_what_to_do() {
-        let kv = MemoryStore::new();
-        // What a server of layout 1 left: the partition count and no layout record.
-        kv.put(Key::new(META_PARTITION, b"partitions"), &4u32.to_be_bytes())
-            .expect("put");
-        let err = check_key_layout(&kv).unwrap_err().to_string();
-        assert!(
-            err.contains("key layout 1") && err.contains("empty data directory"),
-            "{err}"
-        );
     }
 }

@@ -13,11 +13,15 @@ use monoseq_kv::KvStore;
 use monoseq_store::{EventStore, PartitionId};
 use monoseq_verify::{Progress, Report, Stage};
 
-use crate::config::{APP, Settings, Storage, check_key_layout, open_for_tool, recorded_partitions};
+use crate::config::{APP, Settings, Storage, open_for_tool};
 
 fn partitions(settings: &Settings, kv: &impl KvStore) -> anyhow::Result<u32> {
-    check_key_layout(kv)?;
-    Ok(recorded_partitions(kv)?.unwrap_or(settings.partitions))
+    let place = match settings.storage {
+        Storage::Embedded => settings.data_dir.clone(),
+        Storage::Postgres(_) => settings.storage.describe().into(),
+    };
+    let recorded = monoseq_store::recorded_partitions(kv, &place)?;
+    Ok(recorded.unwrap_or(settings.partitions))
 }
 
 /// `monoseq inspect`.
