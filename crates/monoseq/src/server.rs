@@ -224,6 +224,68 @@ pub fn router(
         ))
 }
 
+/// The answers while the storage opens (and the node joins its cluster): `/healthz` is alive,
+/// `/readyz` and every other route answer 503 with `Retry-After`, behind the same token check.
+fn opening_router(auth: Arc<crate::auth::Auth>) -> Router {
+    let opening = || async {
+        let mut r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "the server is opening its storage; retry",
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        r
+    };
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .fallback(opening)
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            crate::auth::require_token,
+        ))
+}
+
+/// The server of [`opening_router`], on a second handle of the listening socket, until the
+/// storage is open; the real router then takes over the same socket.
+struct Opening {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Opening {
+    fn serve(
+        listener: tokio::net::TcpListener,
+        security: &crate::auth::Security,
+    ) -> anyhow::Result<(tokio::net::TcpListener, Opening)> {
+        let socket = listener.into_std()?;
+        let second = tokio::net::TcpListener::from_std(socket.try_clone()?)?;
+        let listener = tokio::net::TcpListener::from_std(socket)?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = opening_router(Arc::clone(&security.auth));
+        let until = async {
+            let _ = stopped.await;
+        };
+        let task = match security.tls.clone() {
+            Some(tls) => tokio::spawn(async move {
+                let listener = crate::tls::TlsListener::new(second, tls);
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(until)
+                    .await;
+            }),
+            None => tokio::spawn(async move {
+                let _ = axum::serve(second, app).with_graceful_shutdown(until).await;
+            }),
+        };
+        Ok((listener, Opening { stop, task }))
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
 /// A path whose parameters do not parse: 400 with a JSON error, like every other error.
 fn path_error(rejection: &axum::extract::rejection::PathRejection) -> Response {
     error(
@@ -247,9 +309,11 @@ pub async fn serve(
         .await
         .with_context(|| format!("listening on {}", settings.listen))?;
     let fresh = settings.storage == crate::config::Storage::Embedded && !settings.data_dir.exists();
+    let (listener, opening) = Opening::serve(listener, &security)?;
     let (opened, cp) = match start(&mut settings).await {
         Ok(started) => started,
         Err(e) => {
+            opening.stop().await;
             if fresh {
                 // A start that failed leaves no new, empty data directory behind.
                 let _ = std::fs::remove_dir_all(&settings.data_dir);
@@ -267,10 +331,12 @@ pub async fn serve(
     let cluster = match join_cluster(joining, &cp, local).await {
         Ok(c) => c,
         Err(e) => {
+            opening.stop().await;
             cp.shutdown(settings.shutdown_timeout).await;
             return Err(e);
         }
     };
+    opening.stop().await;
     tracing::info!(address = %local, "listening");
     // Printed for scripts and tests that start the server on port 0.
     println!("monoseq listening on {}://{local}", security.scheme());

@@ -296,3 +296,77 @@ async fn inspect_seq_and_bench_work_on_postgres() {
     let (ok, text) = monoseq(&["verify", "--storage", &url]);
     assert!(ok, "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_while_the_storage_opens_and_readiness_says_it_is_not_ready() {
+    let cluster = PgCluster::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = cluster.url(monoseq_pg::testing::DATABASE);
+    let pid: String = std::fs::read_to_string(cluster.data_dir().unwrap().join("postmaster.pid"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    // A paused database: the server's connection waits in its handshake, so opening lasts.
+    let signal = |s: &str| {
+        assert!(
+            std::process::Command::new("kill")
+                .args([s, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    signal("-STOP");
+    let port = monoseq_pg::testing::free_port().unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(common::BIN)
+        .args(["serve", "--storage", &url, "--listen", &listen])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .current_dir(dir.path())
+        .spawn()
+        .unwrap();
+    let base = format!("http://{listen}");
+    let client = client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let health = loop {
+        if let Ok(r) = client.get(format!("{base}/healthz")).send().await {
+            break r.status();
+        }
+        assert!(Instant::now() < deadline, "no answer while opening");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(health, 200);
+    let (status, body) = readyz(&client, &base).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["code"], "not_ready", "{body}");
+    let refused = client
+        .post(format!("{base}/v1/commands"))
+        .json(&command(1, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+
+    signal("-CONT");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while readyz(&client, &base).await.0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "never ready once the database answered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ok = client
+        .post(format!("{base}/v1/commands"))
+        .json(&command(1, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let _ = child.kill();
+    let _ = child.wait();
+}
