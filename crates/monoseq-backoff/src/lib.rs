@@ -16,6 +16,9 @@
 //! assert!(backoff.jittered(3) < Duration::from_millis(80));
 //! ```
 
+// Library code answers errors; an `expect` states why it cannot fail.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;

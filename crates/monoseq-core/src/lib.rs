@@ -13,6 +13,9 @@
 //! every [`SeqStorage`] passes. Without features the crate is the state machine alone,
 //! stepped by hand through [`Sequencer::new_manual`] and [`Worker::step`].
 
+// Library code answers errors; an `expect` states why it cannot fail.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 #[cfg(feature = "conformance")]
 pub mod conformance;
 #[cfg(feature = "tokio")]

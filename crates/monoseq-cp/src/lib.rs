@@ -7,6 +7,9 @@
 //! never gets ahead of the durable PLog: numbers of a group are committed as pending and reach
 //! the sequencer's backlog only once the group's batch is written.
 
+// Library code answers errors; an `expect` states why it cannot fail.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod command;
 mod error;
 mod idempotency;

@@ -7,6 +7,9 @@
 //! `conformance` feature exposes `conformance`, the suite every backend passes; the
 //! `testing` feature exposes `FaultyStore`, a wrapper that fails chosen calls on demand.
 
+// Library code answers errors; an `expect` states why it cannot fail.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod batch;
 #[cfg(feature = "fjall")]
 mod bounds;

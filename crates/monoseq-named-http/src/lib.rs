@@ -21,6 +21,9 @@
 //! # }
 //! ```
 
+// Library code answers errors; an `expect` states why it cannot fail.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod client;
 mod router;
 

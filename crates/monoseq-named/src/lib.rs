@@ -21,6 +21,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// Library code answers errors; an `expect` states why it cannot fail.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod address;
 mod backend;
 mod error;

@@ -12,6 +12,9 @@
 //! `testing::PgCluster`, a private server for tests, and `testing::PgPair`, a primary with a
 //! synchronous standby for failover tests.
 
+// Library code answers errors; an `expect` states why it cannot fail.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod error;
 mod exec;
 mod fenced;

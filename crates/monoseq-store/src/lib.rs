@@ -4,6 +4,9 @@
 //!
 //! Byte layouts of values and keys are in `docs/format.md`.
 
+// Library code answers errors; an `expect` states why it cannot fail.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod builtin;
 mod codec;
 #[cfg(feature = "conformance")]
