@@ -96,6 +96,9 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
     if args.clients == 0 || args.workspaces == 0 {
         bail!("--clients and --workspaces must be at least 1");
     }
+    if let Some(url) = &args.url {
+        print_server_info(url, &args).await?;
+    }
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
     let (mode, tally, elapsed) = match &args.url {
         Some(url) => {
@@ -304,6 +307,39 @@ where
             .context("HTTP handshake")?;
     tokio::spawn(connection);
     Ok(sender)
+}
+
+/// Prints what the server says of itself (`GET /v1/info`: version, partitions, trust level,
+/// storage), so that a figure names what it measured.
+async fn print_server_info(url: &str, args: &BenchArgs) -> anyhow::Result<()> {
+    let mut client = reqwest::Client::builder().timeout(Duration::from_secs(10));
+    if url.starts_with("https://") {
+        let tls = crate::tls::client_config(args.ca_cert.as_deref())?;
+        client = client.tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls));
+    }
+    let target = format!("{}/v1/info", url.trim_end_matches('/'));
+    let mut request = client.build()?.get(&target);
+    if let Some(token) = &args.token {
+        let authorization = token.token("--token (MONOSEQ_TOKEN)")?.authorization();
+        request = request.header(reqwest::header::AUTHORIZATION, authorization);
+    }
+    let info: serde_json::Value = request
+        .send()
+        .await
+        .with_context(|| format!("asking {target}"))?
+        .error_for_status()
+        .with_context(|| format!("asking {target}"))?
+        .json()
+        .await
+        .with_context(|| format!("reading the answer of {target}"))?;
+    println!(
+        "server: version={} partitions={} trust_level={} storage={}",
+        info["version"].as_str().unwrap_or("?"),
+        info["partitions"],
+        info["trust_level"],
+        info["storage"].as_str().unwrap_or("?"),
+    );
+    Ok(())
 }
 
 async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Result<Tally> {

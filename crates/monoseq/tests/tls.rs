@@ -191,6 +191,10 @@ async fn bench_loads_the_server_over_https_with_a_token() {
             "{stdout}{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        assert!(
+            stdout.contains("server: version=") && stdout.contains(" partitions=8 "),
+            "bench names the server it measured (GET /v1/info): {stdout}"
+        );
         let field = |name: &str| -> u64 {
             stdout
                 .split_whitespace()
