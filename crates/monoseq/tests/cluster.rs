@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 const LEASE_MS: u64 = 1_500;
 const RENEW_MS: u64 = 300;
 /// Longest a client retries one command (same idempotency key) before the test fails.
-const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
+const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
 
 /// One `monoseq serve` of the cluster.
 struct Node {
@@ -145,10 +145,11 @@ type Urls = Arc<Mutex<Vec<String>>>;
 async fn send(client: &reqwest::Client, urls: &Urls, ws: u64, key: &str, n: u64) -> Ack {
     let began = Instant::now();
     let mut attempt = n as usize;
+    let mut last = String::new();
     loop {
         assert!(
             began.elapsed() < COMMAND_DEADLINE,
-            "command {key} never acknowledged"
+            "command {key} never acknowledged; last answer: {last}"
         );
         attempt += 1;
         let url = {
@@ -161,12 +162,17 @@ async fn send(client: &reqwest::Client, urls: &Urls, ws: u64, key: &str, n: u64)
             .json(&command(ws, n))
             .send()
             .await;
-        let Ok(answer) = answer else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                last = format!("{url}: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
         };
         let status = answer.status().as_u16();
         let Ok(body) = answer.json::<Value>().await else {
+            last = format!("{url}: {status} without a JSON body");
             continue;
         };
         match status {
@@ -179,7 +185,10 @@ async fn send(client: &reqwest::Client, urls: &Urls, ws: u64, key: &str, n: u64)
                     id: body["ids"]["1"].as_u64().unwrap(),
                 };
             }
-            503 => tokio::time::sleep(Duration::from_millis(20)).await,
+            503 => {
+                last = format!("{url}: 503 {body}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             other => panic!("a client got a wrong answer {other}: {body}"),
         }
     }
