@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use monoseq_core::{WsId, WsKind};
 use monoseq_store::{ArgObject, Field, Record, RecordId, RecordKind};
-use serde::{Deserialize, Serialize};
+#[cfg(feature = "json")]
+use serde::Deserialize;
+use serde::Serialize;
 use serde_json::Value;
 
 /// Largest raw ID a command may use (raw IDs are small client-side placeholders).
@@ -17,8 +19,12 @@ pub const ARG_DEPTH_MAX: usize = monoseq_store::ARG_DEPTH_MAX;
 /// The JSON key that marks a reference to a raw ID inside a field value: `{"$raw": 1}`.
 pub const RAW_REF_KEY: &str = "$raw";
 
-/// A command: the records it creates and updates and its argument object.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A command: the records it creates and updates and its argument object. Its serialized JSON
+/// is the canonical form an idempotency fingerprint hashes (stored with every keyed event), not
+/// the wire format: the server reads its own request bodies (feature `json` reads this type
+/// from JSON, for tests and tools).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "json", derive(Deserialize))]
 #[serde(deny_unknown_fields)]
 pub struct Command {
     /// The workspace the command runs in.
@@ -39,7 +45,8 @@ pub struct Command {
 }
 
 /// A record to create.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "json", derive(Deserialize))]
 #[serde(deny_unknown_fields)]
 pub struct NewRecord {
     /// The client's placeholder ID, unique in the command, 1 to [`RAW_ID_MAX`].
@@ -54,7 +61,8 @@ pub struct NewRecord {
 }
 
 /// An update of an existing record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "json", derive(Deserialize))]
 #[serde(deny_unknown_fields)]
 pub struct RecordUpdate {
     /// The record's real ID.
@@ -64,7 +72,8 @@ pub struct RecordUpdate {
 }
 
 /// The argument object or one of its children.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "json", derive(Deserialize))]
 #[serde(deny_unknown_fields)]
 pub struct NewArg {
     /// The client's placeholder ID, unique in the command.
@@ -80,7 +89,8 @@ pub struct NewArg {
 }
 
 /// A record kind as clients spell it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "json", derive(Deserialize))]
 pub enum KindName {
     /// Configuration document.
     CDoc,

@@ -96,7 +96,7 @@ impl Default for Config {
 }
 
 /// The answer to a successful command.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
     /// The partition that ran it.
     pub partition: u32,
@@ -108,7 +108,6 @@ pub struct Outcome {
     pub ids: BTreeMap<u64, u64>,
     /// The answer repeats the original one of a command with the same idempotency key;
     /// nothing was written now.
-    #[serde(skip)]
     pub replayed: bool,
 }
 

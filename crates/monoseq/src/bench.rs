@@ -15,6 +15,7 @@ use monoseq_store::{EventStore, TrustLevel};
 use serde_json::json;
 
 use crate::config::{APP, Settings, open_storage};
+use crate::wire::CommandBody;
 
 /// Default of `--clients`.
 pub const CLIENTS_DEFAULT: usize = 64;
@@ -56,7 +57,7 @@ pub struct BenchArgs {
 }
 
 /// The command every client sends: one CDoc, an argument ODoc referring to it.
-fn command(ws: u64) -> Command {
+fn command(ws: u64) -> CommandBody {
     serde_json::from_value(json!({
         "ws": ws, "ws_kind": 1, "command": "bench.Create",
         "create": [{"raw_id": 1, "kind": "CDoc", "name": "bench.Doc", "fields": {"n": ws}}],
@@ -183,7 +184,7 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
                 let ws = i % workspaces + 1;
                 i += 7919;
                 n += 1;
-                let mut cmd = template.clone();
+                let mut cmd = Command::from(template.clone());
                 cmd.ws = ws;
                 let key = keys.then(|| {
                     monoseq_cp::IdempotencyKey::new(&format!("bench-{client}-{n}"))

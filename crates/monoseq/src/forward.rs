@@ -8,7 +8,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use monoseq_cp::{Command, RETRY_AFTER_SECS};
+use monoseq_cp::RETRY_AFTER_SECS;
+
+use crate::wire::CommandBody;
 
 /// The header naming the node that forwarded a request.
 pub const FORWARDED_BY: &str = "x-monoseq-forwarded-by";
@@ -68,7 +70,7 @@ impl Forwarder {
     }
 
     /// The answer of the node at `url` to `cmd` (or a redirect to it).
-    pub async fn command(&self, url: &str, cmd: &Command, headers: &HeaderMap) -> Response {
+    pub async fn command(&self, url: &str, cmd: &CommandBody, headers: &HeaderMap) -> Response {
         let target = format!("{url}/v1/commands");
         if self.redirect {
             return redirect(&target);

@@ -14,6 +14,7 @@ mod seq;
 mod seq_command;
 mod server;
 mod tls;
+mod wire;
 
 use clap::{CommandFactory, Parser, Subcommand};
 

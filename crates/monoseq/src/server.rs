@@ -13,9 +13,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use monoseq_core::{PLogOffset, WsId};
-use monoseq_cp::{
-    Command, CommandError, CommandProcessor, ErrorClass, IdempotencyKey, RETRY_AFTER_SECS,
-};
+use monoseq_cp::{CommandError, CommandProcessor, ErrorClass, IdempotencyKey, RETRY_AFTER_SECS};
 use monoseq_store::{PartitionId, RecordId, WLogOffset};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -29,6 +27,7 @@ use crate::cluster::{Cluster, ClusterArgs, Owner};
 use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, Store, open_storage};
 use crate::forward::Forwarder;
 use crate::json;
+use crate::wire::{CommandBody, OutcomeBody};
 
 /// Most events one WLog read returns.
 const WLOG_PAGE_MAX: usize = 1_000;
@@ -631,7 +630,7 @@ const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
 async fn submit(
     State(st): State<Arc<AppState>>,
     headers: axum::http::HeaderMap,
-    body: Result<axum::Json<Command>, JsonRejection>,
+    body: Result<axum::Json<CommandBody>, JsonRejection>,
 ) -> Response {
     let cmd = match body {
         Ok(axum::Json(c)) => c,
@@ -666,11 +665,11 @@ async fn submit(
     if let Some(answer) = route_elsewhere(&st, &cmd, &headers).await {
         return answer;
     }
-    match st.cp.submit_keyed(cmd, key).await {
+    match st.cp.submit_keyed(cmd.into(), key).await {
         Ok(out) => {
             st.metrics.commands_ok.inc();
             let replayed = out.replayed;
-            let mut r = axum::Json(out).into_response();
+            let mut r = axum::Json(OutcomeBody::from(&out)).into_response();
             if replayed {
                 r.headers_mut()
                     .insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
@@ -809,7 +808,11 @@ async fn read_record(
 /// With several nodes: the answer for a command whose partition this node does not serve
 /// (the owner's answer, a redirect to it, or "unavailable" while the partition moves); `None`
 /// when it is served here.
-async fn route_elsewhere(st: &AppState, cmd: &Command, headers: &HeaderMap) -> Option<Response> {
+async fn route_elsewhere(
+    st: &AppState,
+    cmd: &CommandBody,
+    headers: &HeaderMap,
+) -> Option<Response> {
     let (cluster, forwarder) = st.cluster.as_ref()?;
     let partition = st.cp.partition_of(WsId(cmd.ws));
     if st.cp.serves(partition) {
