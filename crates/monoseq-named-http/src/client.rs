@@ -35,15 +35,19 @@ pub enum ClientError {
     /// The answer is not what the API documents.
     #[error("unexpected answer from the sequence server: {0}")]
     Protocol(String),
+    /// The bearer token cannot be sent in a header (it holds characters a header cannot).
+    #[error("the token is not acceptable in an HTTP header; use printable ASCII characters")]
+    InvalidToken,
 }
 
 impl ClientError {
-    /// The stable code: the server's, or `transport` / `protocol`.
+    /// The stable code: the server's, or `transport` / `protocol` / `invalid_token`.
     pub fn code(&self) -> &str {
         match self {
             ClientError::Api { code, .. } => code,
             ClientError::Transport(_) => "transport",
             ClientError::Protocol(_) => "protocol",
+            ClientError::InvalidToken => "invalid_token",
         }
     }
 }
@@ -76,8 +80,29 @@ impl Client {
     ///
     /// [`ClientError::Transport`] when the HTTP client cannot be built.
     pub fn new(base_url: &str) -> Result<Client, ClientError> {
+        Client::build(base_url, reqwest::header::HeaderMap::new())
+    }
+
+    /// A client of the server at `base_url` that presents `token` as a bearer token on every
+    /// request (a server with tokens configured answers `unauthorized` without one).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::InvalidToken`] when the token is not a valid header value,
+    /// [`ClientError::Transport`] when the HTTP client cannot be built.
+    pub fn with_token(base_url: &str, token: &str) -> Result<Client, ClientError> {
+        let mut value = reqwest::header::HeaderValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| ClientError::InvalidToken)?;
+        value.set_sensitive(true);
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+        Client::build(base_url, headers)
+    }
+
+    fn build(base_url: &str, headers: reqwest::header::HeaderMap) -> Result<Client, ClientError> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
+            .default_headers(headers)
             .build()
             .map_err(ClientError::Transport)?;
         Ok(Client {

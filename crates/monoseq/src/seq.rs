@@ -53,6 +53,10 @@ pub struct SeqBackend {
     #[arg(long, global = true, env = "MONOSEQ_URL",
           conflicts_with_all = ["data_dir", "s3_bucket", "storage"])]
     pub url: Option<String>,
+    /// A bearer token for a server (--url) that requires one; prefer the environment variable,
+    /// which other users cannot see in the process list.
+    #[arg(long, global = true, env = "MONOSEQ_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// A PostgreSQL database, postgres://user:password@host:port/database (`embedded` means
     /// the data directory).
     #[arg(
@@ -242,9 +246,11 @@ pub async fn main(args: SeqArgs) -> anyhow::Result<()> {
 /// standard error.
 async fn open_target(backend: &SeqBackend, timeout: Duration) -> anyhow::Result<Target> {
     if let Some(url) = &backend.url {
-        return Ok(Target::Remote(
-            Client::new(url).context("connecting to the server")?,
-        ));
+        let client = match &backend.token {
+            Some(token) => Client::with_token(url, token),
+            None => Client::new(url),
+        };
+        return Ok(Target::Remote(client.context("connecting to the server")?));
     }
     if let Some(storage) = backend.storage.as_deref().filter(|s| *s != "embedded") {
         if backend.data_dir.is_some() {

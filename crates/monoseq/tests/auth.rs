@@ -450,3 +450,34 @@ fn a_non_loopback_listener_without_tokens_refuses_the_start() {
     .expect("with tokens it starts");
     drop(server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seq_through_a_server_with_tokens_sends_its_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server, _client) = secured(dir.path(), &[]).await;
+    let seq = |extra: &[&str], env: &[(&str, &str)]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_monoseq"))
+            .args(["seq", "next", "orders/invoice", "--url", &server.url])
+            .args(extra)
+            .env_remove("MONOSEQ_TOKEN")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run monoseq seq");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, _, err) = seq(&[], &[]);
+    assert!(!ok && err.contains("unauthorized"), "{err}");
+    let (ok, out, err) = seq(&["--token", WRITE], &[]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "1");
+    let (ok, out, err) = seq(&[], &[("MONOSEQ_TOKEN", WRITE)]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "2");
+    let (ok, _, err) = seq(&["--token", READ], &[]);
+    assert!(!ok && err.contains("forbidden"), "{err}");
+    assert!(!err.contains(READ), "the token is never printed: {err}");
+}
