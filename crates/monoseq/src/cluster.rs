@@ -950,6 +950,12 @@ fn print_status(v: &serde_json::Value) {
         println!("one node on embedded storage serves every partition");
         return;
     }
+    // `Value`'s own formatting ignores widths: every cell becomes a string first.
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "(none)".to_owned(),
+        other => other.to_string(),
+    };
     println!(
         "{:<24} {:<32} {:>8} {:>6}  partitions",
         "node", "url", "seen ms", "alive"
@@ -957,11 +963,11 @@ fn print_status(v: &serde_json::Value) {
     for n in v["nodes"].as_array().into_iter().flatten() {
         println!(
             "{:<24} {:<32} {:>8} {:>6}  {}",
-            n["node_id"].as_str().unwrap_or("?"),
-            n["url"].as_str().unwrap_or("?"),
-            n["seen_ms_ago"],
-            n["alive"],
-            n["partitions"]
+            text(&n["node_id"]),
+            text(&n["url"]),
+            text(&n["seen_ms_ago"]),
+            text(&n["alive"]),
+            text(&n["partitions"])
         );
     }
     println!();
@@ -972,10 +978,10 @@ fn print_status(v: &serde_json::Value) {
     for p in v["partitions"].as_array().into_iter().flatten() {
         println!(
             "{:>9} {:<24} {:>6} {:>12}",
-            p["partition"],
-            p["owner"].as_str().unwrap_or("(none)"),
-            p["epoch"],
-            p["lease_age_ms"]
+            text(&p["partition"]),
+            text(&p["owner"]),
+            text(&p["epoch"]),
+            text(&p["lease_age_ms"])
         );
     }
 }

@@ -632,7 +632,7 @@ async fn nodes_forward_over_https_with_their_own_token_and_a_refused_token_write
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_redirect_a_node_answers_a_command_it_does_not_own_with_the_owners_address() {
+async fn cluster_status_names_every_owner_and_with_redirect_a_node_points_to_the_owner() {
     let db = Backend::postgres_url();
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::builder()
@@ -641,7 +641,29 @@ async fn with_redirect_a_node_answers_a_command_it_does_not_own_with_the_owners_
         .unwrap();
     let a = Node::start(&db, "a", dir.path(), &["--redirect"]);
     let b = Node::start(&db, "b", dir.path(), &["--redirect"]);
-    balanced(&client, &a.url, &["a", "b"]).await;
+    let owners_now = balanced(&client, &a.url, &["a", "b"]).await;
+
+    // `monoseq cluster status` shows both nodes and every partition with its owner and epoch.
+    let status = common::run(&["cluster", "status", "--url", &b.url]);
+    let table = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(status.status.success(), "{table}");
+    for (node, url) in [("a", &a.url), ("b", &b.url)] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(node) && l.contains(url.as_str())),
+            "{table}"
+        );
+    }
+    let json = common::run(&["cluster", "status", "--url", &a.url, "--json"]);
+    let v: Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(v["partitions"].as_array().map(Vec::len), Some(6), "{v}");
+    for p in v["partitions"].as_array().unwrap() {
+        let n = p["partition"].as_u64().unwrap();
+        assert_eq!(p["owner"].as_str(), Some(owners_now[&n].0.as_str()), "{v}");
+        assert!(p["epoch"].as_u64().unwrap() >= 1, "{v}");
+    }
+
     let ws = ws_owned_by(&client, &a.url, "b").await;
     // A's view of the owners follows the database within a renewal interval: until then it
     // answers 503 (the partition is moving).
