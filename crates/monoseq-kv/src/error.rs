@@ -42,7 +42,7 @@ pub enum KvError {
     )]
     Fenced {
         /// Which partition and epoch were fenced, and what the lease now holds (for example
-        /// "partition 3 (epoch 7; a newer owner has epoch 8, node b)").
+        /// `partition 3 with epoch 7 (a newer owner has epoch 8: node "b")`).
         message: String,
     },
     /// The backend reported a failure the contract has no better name for.
