@@ -321,6 +321,35 @@ async fn check_acks(client: &reqwest::Client, url: &str, acks: &[Ack]) {
     }
 }
 
+/// Reads every partition's PLog from `url` (up to its first missing offset) and checks that
+/// no idempotency key was written twice: a retry that reached another node after a failover
+/// or a handover was answered from the original event, not applied again.
+async fn check_applied_once(client: &reqwest::Client, url: &str) {
+    let mut keys = HashSet::new();
+    for p in 0..6 {
+        let mut offset = 1;
+        loop {
+            let r = client
+                .get(format!("{url}/v1/partitions/{p}/events/{offset}"))
+                .send()
+                .await
+                .unwrap();
+            if r.status() == 404 {
+                break;
+            }
+            assert_eq!(r.status(), 200, "partition {p} offset {offset}");
+            let e: Value = r.json().await.unwrap();
+            if let Some(key) = e["idempotency_key"].as_str() {
+                assert!(
+                    keys.insert((e["ws"].as_u64(), key.to_owned())),
+                    "command {key} applied twice (partition {p}, offset {offset})"
+                );
+            }
+            offset += 1;
+        }
+    }
+}
+
 fn verify(db: &str, dir: &Path) {
     let out = Backend::Postgres(db.to_owned()).verify(dir);
     assert!(
@@ -392,6 +421,7 @@ async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_i
     let acks = acks.lock().unwrap().clone();
     assert!(acks.len() > 50, "too little load: {}", acks.len());
     check_acks(&client, &n1.url, &acks).await;
+    check_applied_once(&client, &n1.url).await;
     n1.terminate(Duration::from_secs(20));
     n3.terminate(Duration::from_secs(20));
     verify(&db, dir.path());
@@ -462,6 +492,7 @@ async fn a_node_paused_past_its_lease_writes_nothing_and_steps_down() {
     let mut all = acks.lock().unwrap().clone();
     all.extend(written_by_b.iter().cloned());
     check_acks(&client, &b.url, &all).await;
+    check_applied_once(&client, &b.url).await;
     // A attempted writes after it woke up, and the database refused them.
     let log = a.log();
     assert!(
@@ -501,6 +532,7 @@ async fn restarting_every_node_in_turn_under_load_gives_no_client_a_wrong_answer
     let acks = acks.lock().unwrap().clone();
     assert!(acks.len() > 50, "too little load: {}", acks.len());
     check_acks(&client, &nodes[0].url, &acks).await;
+    check_applied_once(&client, &nodes[0].url).await;
     for n in nodes {
         n.terminate(Duration::from_secs(20));
     }
@@ -733,6 +765,7 @@ async fn a_database_failover_to_its_synchronous_standby_loses_nothing_and_nodes_
     stop_load(&stop, tasks).await;
     let acks = acks.lock().unwrap().clone();
     check_acks(&client, &f1.url, &acks).await;
+    check_applied_once(&client, &f1.url).await;
     f1.terminate(Duration::from_secs(20));
     f2.terminate(Duration::from_secs(20));
     verify(&db, dir.path());
