@@ -6,7 +6,7 @@
 //! their original event. A partition whose sequencer fails is rebuilt with bounded backoff.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -82,6 +82,9 @@ pub(crate) struct PartitionShared<S: KvStore + Clone> {
     pub(crate) handle: Mutex<SequencerHandle<Storage<S>>>,
     pub(crate) state: Mutex<PartitionState>,
     pub(crate) rebuilds: AtomicU64,
+    /// Set once the state is [`PartitionState::Fenced`]: read by every submission, without
+    /// a lock.
+    pub(crate) fenced: AtomicBool,
 }
 
 impl<S: KvStore + Clone> PartitionShared<S> {
@@ -94,6 +97,11 @@ impl<S: KvStore + Clone> PartitionShared<S> {
 
     pub(crate) fn state(&self) -> PartitionState {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether another node owns the partition now.
+    pub(crate) fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
     }
 
     fn set_state(&self, state: PartitionState) {
@@ -204,6 +212,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
              it stops serving it here"
         );
         self.shared.set_state(PartitionState::Fenced);
+        self.shared.fenced.store(true, Ordering::Release);
         let not_owner = || CommandError::NotOwner { partition };
         for j in retry {
             let _ = j.reply.send(Err(not_owner()));

@@ -6,7 +6,7 @@
 //! queued, so a bad command never costs its partition an actualization.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -244,11 +244,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         }
         // The parameters are checked once here, so that acquiring a partition later cannot
         // fail on them.
-        built_in_params_above(config.ws_kinds.iter().copied(), &Mark::default())
-            .backlog_values_max(config.backlog_values_max)
-            .cache_workspaces_max(config.cache_workspaces_max)
-            .batcher_delay(config.flush_delay)
-            .build()?;
+        sequencer_params(&config, &Mark::default())?;
         let runtime = Runtime::from_handle(tokio::runtime::Handle::current());
         let partitions = (0..config.partitions).map(|_| RwLock::new(None)).collect();
         let acked = (0..config.partitions).map(|_| Arc::default()).collect();
@@ -319,7 +315,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             slot.read()
                 .unwrap_or_else(|e| e.into_inner())
                 .as_ref()
-                .is_some_and(|part| part.shared.state() != PartitionState::Fenced)
+                .is_some_and(|part| !part.shared.is_fenced())
         })
     }
 
@@ -334,7 +330,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     #[must_use]
     pub fn fenced(&self) -> Vec<u32> {
         self.served()
-            .filter(|(_, s)| s.state() == PartitionState::Fenced)
+            .filter(|(_, s)| s.is_fenced())
             .map(|(p, _)| p)
             .collect()
     }
@@ -405,15 +401,6 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         self.check_storable(&cmd, &plan, key.as_ref())?;
         let partition = self.partition_of(plan.ws);
         let not_owner = || CommandError::NotOwner { partition };
-        let queue = {
-            let slot = self.inner.partitions[partition as usize]
-                .read()
-                .unwrap_or_else(|e| e.into_inner());
-            match slot.as_ref() {
-                Some(p) if p.shared.state() != PartitionState::Fenced => p.queue.clone(),
-                _ => return Err(not_owner()),
-            }
-        };
         let (reply, answer) = oneshot::channel();
         let job = Job {
             cmd,
@@ -421,7 +408,16 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             key,
             reply,
         };
-        match queue.try_send(job) {
+        let sent = {
+            let slot = self.inner.partitions[partition as usize]
+                .read()
+                .unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref() {
+                Some(p) if !p.shared.is_fenced() => p.queue.try_send(job),
+                _ => return Err(not_owner()),
+            }
+        };
+        match sent {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.inner.counters.busy.fetch_add(1, Ordering::Relaxed);
@@ -573,6 +569,18 @@ fn sequencer_unready(st: &SequencerStats) -> Option<String> {
     }
 }
 
+/// A partition's sequencer parameters: the built-in sequences of every workspace kind,
+/// continuing above `retired`, and the configured limits.
+fn sequencer_params(config: &Config, retired: &Mark) -> Result<monoseq_core::Params, ConfigError> {
+    Ok(
+        built_in_params_above(config.ws_kinds.iter().copied(), retired)
+            .backlog_values_max(config.backlog_values_max)
+            .cache_workspaces_max(config.cache_workspaces_max)
+            .batcher_delay(config.flush_delay)
+            .build()?,
+    )
+}
+
 /// Builds partition `p`: its sequencer (actualizing from the start), its writer and its task.
 fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
     store: &EventStore<S>,
@@ -581,11 +589,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
     (runtime, counters, acked): (&Runtime, &Arc<Counters>, &Arc<Mutex<Mark>>),
 ) -> Result<(PartitionTask<S>, Arc<PartitionShared<S>>), ConfigError> {
     let retired = config.retired.get(p as usize).copied().unwrap_or_default();
-    let params = built_in_params_above(config.ws_kinds.iter().copied(), &retired)
-        .backlog_values_max(config.backlog_values_max)
-        .cache_workspaces_max(config.cache_workspaces_max)
-        .batcher_delay(config.flush_delay)
-        .build()?;
+    let params = sequencer_params(config, &retired)?;
     let stored = match &config.marks {
         Some(m) => m.get(p).map_err(|e| ConfigError::Marks(e.to_string()))?,
         None => Mark::default(),
@@ -597,6 +601,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         handle: Mutex::new(seq.handle()),
         state: Mutex::new(PartitionState::Starting),
         rebuilds: AtomicU64::new(0),
+        fenced: AtomicBool::new(false),
     });
     let template = WriterTemplate {
         partition: PartitionId(p),
