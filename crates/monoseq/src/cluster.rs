@@ -722,18 +722,12 @@ impl Cluster {
     /// depends on the node's name (so that nodes starting together try different ones first).
     fn candidates<'a>(&'a self, status: &'a TableStatus) -> Vec<&'a LeaseRow> {
         let held = self.held();
+        let went_back = self.went_back.lock().unwrap_or_else(|e| e.into_inner());
         let me = &self.settings.node_id;
         let mut rows: Vec<&LeaseRow> = status
             .leases
             .iter()
-            .filter(|l| !held.contains_key(&l.partition))
-            .filter(|l| {
-                !self
-                    .went_back
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .contains(&l.partition)
-            })
+            .filter(|l| !held.contains_key(&l.partition) && !went_back.contains(&l.partition))
             .filter(|l| {
                 l.node_id.is_none() || l.expires_in_ms <= 0 || l.node_id.as_ref() == Some(me)
             })

@@ -194,13 +194,23 @@ async fn send(client: &reqwest::Client, urls: &Urls, ws: u64, key: &str, n: u64)
     }
 }
 
-/// A client sending commands to workspaces `1..=30` until `stop`.
-async fn load(urls: Urls, acks: Arc<Mutex<Vec<Ack>>>, stop: Arc<AtomicBool>, client_no: u64) {
+/// A client sending commands until `stop`: to workspaces `1..=30`, or to one workspace of
+/// `partition`.
+async fn load(
+    urls: Urls,
+    acks: Arc<Mutex<Vec<Ack>>>,
+    stop: Arc<AtomicBool>,
+    client_no: u64,
+    partition: Option<u64>,
+) {
     let client = client();
     let mut n = 0u64;
     while !stop.load(Ordering::SeqCst) && n < 100_000 {
         n += 1;
-        let ws = (client_no * 7 + n) % 30 + 1;
+        let ws = match partition {
+            Some(p) => ws_of(p, client_no),
+            None => (client_no * 7 + n) % 30 + 1,
+        };
         let key = format!("c{client_no}-{n}");
         let ack = send(&client, &urls, ws, &key, n).await;
         acks.lock().unwrap().push(ack);
@@ -215,6 +225,11 @@ struct Load {
 }
 
 fn start_load(urls: &Urls, clients: u64) -> Load {
+    start_load_on(urls, clients, None)
+}
+
+/// [`start_load`], every client on its own workspace of `partition` when one is given.
+fn start_load_on(urls: &Urls, clients: u64, partition: Option<u64>) -> Load {
     let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let tasks = (0..clients)
@@ -224,6 +239,7 @@ fn start_load(urls: &Urls, clients: u64) -> Load {
                 Arc::clone(&acks),
                 Arc::clone(&stop),
                 c,
+                partition,
             ))
         })
         .collect();
@@ -350,6 +366,23 @@ async fn check_applied_once(client: &reqwest::Client, url: &str) {
     }
 }
 
+/// After the load: every acknowledgement checked through `url`, no command applied twice, the
+/// nodes stopped gracefully, and `verify` passing on the database.
+async fn check_and_stop(
+    client: &reqwest::Client,
+    url: &str,
+    acks: &[Ack],
+    nodes: Vec<Node>,
+    (db, dir): (&str, &Path),
+) {
+    check_acks(client, url, acks).await;
+    check_applied_once(client, url).await;
+    for n in nodes {
+        n.terminate(Duration::from_secs(20));
+    }
+    verify(db, dir);
+}
+
 fn verify(db: &str, dir: &Path) {
     let out = Backend::Postgres(db.to_owned()).verify(dir);
     assert!(
@@ -420,11 +453,8 @@ async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_i
     }
     let acks = acks.lock().unwrap().clone();
     assert!(acks.len() > 50, "too little load: {}", acks.len());
-    check_acks(&client, &n1.url, &acks).await;
-    check_applied_once(&client, &n1.url).await;
-    n1.terminate(Duration::from_secs(20));
-    n3.terminate(Duration::from_secs(20));
-    verify(&db, dir.path());
+    let url = n1.url.clone();
+    check_and_stop(&client, &url, &acks, vec![n1, n3], (&db, dir.path())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,22 +471,7 @@ async fn a_node_paused_past_its_lease_writes_nothing_and_steps_down() {
 
     // Load on A's partition, through A only, while A is paused past its lease.
     let to_a: Urls = Arc::new(Mutex::new(vec![a.url.clone()]));
-    let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks: Vec<_> = (0..8u64)
-        .map(|c| {
-            let (urls, acks, stop) = (Arc::clone(&to_a), Arc::clone(&acks), Arc::clone(&stop));
-            tokio::spawn(async move {
-                let client = self::client();
-                let mut n = 0;
-                while !stop.load(Ordering::SeqCst) {
-                    n += 1;
-                    let ack = send(&client, &urls, ws_of(p, c), &format!("a{c}-{n}"), n).await;
-                    acks.lock().unwrap().push(ack);
-                }
-            })
-        })
-        .collect();
+    let Load { acks, stop, tasks } = start_load_on(&to_a, 8, Some(p));
     tokio::time::sleep(Duration::from_millis(500)).await;
     a.signal("-STOP");
     // B takes the partition over and writes to it.
@@ -482,26 +497,20 @@ async fn a_node_paused_past_its_lease_writes_nothing_and_steps_down() {
     // Its clients move on to B once A steps down.
     to_a.lock().unwrap().push(b.url.clone());
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    stop.store(true, Ordering::SeqCst);
-    for t in tasks {
-        t.await.expect("a client saw a wrong answer");
-    }
+    stop_load(&stop, tasks).await;
 
     let now = owners(&client, &a.url).await;
     assert_eq!(now[&p].0, "b", "A stepped down and B owns partition {p}");
     let mut all = acks.lock().unwrap().clone();
     all.extend(written_by_b.iter().cloned());
-    check_acks(&client, &b.url, &all).await;
-    check_applied_once(&client, &b.url).await;
-    // A attempted writes after it woke up, and the database refused them.
     let log = a.log();
+    let url = b.url.clone();
+    check_and_stop(&client, &url, &all, vec![a, b], (&db, dir.path())).await;
+    // A attempted writes after it woke up, and the database refused them.
     assert!(
         log.contains("the storage refused this node's write"),
         "A never attempted a write after its lease was taken over:\n{log}"
     );
-    a.terminate(Duration::from_secs(20));
-    b.terminate(Duration::from_secs(20));
-    verify(&db, dir.path());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -531,12 +540,8 @@ async fn restarting_every_node_in_turn_under_load_gives_no_client_a_wrong_answer
     stop_load(&stop, tasks).await;
     let acks = acks.lock().unwrap().clone();
     assert!(acks.len() > 50, "too little load: {}", acks.len());
-    check_acks(&client, &nodes[0].url, &acks).await;
-    check_applied_once(&client, &nodes[0].url).await;
-    for n in nodes {
-        n.terminate(Duration::from_secs(20));
-    }
-    verify(&db, dir.path());
+    let url = nodes[0].url.clone();
+    check_and_stop(&client, &url, &acks, nodes, (&db, dir.path())).await;
 }
 
 /// A client that trusts `pki`'s CA and presents `token` on every request.
@@ -764,11 +769,8 @@ async fn a_database_failover_to_its_synchronous_standby_loses_nothing_and_nodes_
     eprintln!("{before} commands before the failover, {resumed} once serving again");
     stop_load(&stop, tasks).await;
     let acks = acks.lock().unwrap().clone();
-    check_acks(&client, &f1.url, &acks).await;
-    check_applied_once(&client, &f1.url).await;
-    f1.terminate(Duration::from_secs(20));
-    f2.terminate(Duration::from_secs(20));
-    verify(&db, dir.path());
+    let url = f1.url.clone();
+    check_and_stop(&client, &url, &acks, vec![f1, f2], (&db, dir.path())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
