@@ -130,6 +130,10 @@ pub(crate) struct Writer<S: KvStore + Clone> {
     pub(crate) lost: Option<String>,
     /// The processor's memory of this partition's acknowledged numbers.
     pub(crate) acked: Arc<Mutex<Mark>>,
+    /// The first PLog offset of a group whose write failed: the PLog from there may hold
+    /// events of that group (a write whose answer was lost may have landed). Until it is read
+    /// back, no command is taken (see `PartitionTask::read_back`).
+    pub(crate) unresolved: Option<u64>,
 }
 
 /// The async side of a partition.
@@ -194,6 +198,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 }
             } else if !retry.is_empty() {
                 self.wait_actualized_for(RETRY_WAIT).await;
+            }
+            if self.writer.as_ref().is_some_and(|w| w.unresolved.is_some()) {
+                self.read_back(&mut rx).await;
+                if self.writer.as_ref().is_some_and(|w| w.fenced) {
+                    return self.fenced(retry, rx).await;
+                }
             }
         }
         for j in retry {
@@ -320,17 +330,29 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
 
     /// Remembers the keys of the PLog tail's events (the window's span before the PLog end).
     async fn rebuild_window(&mut self) {
+        let next = self.shared.handle().stats().next_offset;
+        let from = self.writer().window.start(next);
+        if let Err(e) = self.learn_keys(from, next).await {
+            tracing::warn!(
+                partition = self.template.partition.0,
+                "rebuilding the idempotency window stopped early: {e}; retries of older \
+                 commands are not recognised"
+            );
+        }
+    }
+
+    /// Remembers the idempotency keys of the events at PLog offsets `from..to`; the keys read
+    /// before an error are kept.
+    async fn learn_keys(&mut self, from: u64, to: u64) -> Result<(), String> {
         let w = self.writer();
         let store = w.store.clone();
         let partition = w.partition;
-        let next = self.shared.handle().stats().next_offset;
-        let from = w.window.start(next);
-        let keys = tokio::task::spawn_blocking(move || {
+        let read = tokio::task::spawn_blocking(move || {
             let mut keys = Vec::new();
             let read = store.for_each_event(
                 partition,
                 monoseq_core::PLogOffset(from),
-                monoseq_core::PLogOffset(next),
+                monoseq_core::PLogOffset(to),
                 &mut |e: Event| {
                     if let Some(i) = e.idempotency {
                         keys.push((i.key, e.ws.0, e.plog_offset.0));
@@ -340,14 +362,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             (keys, read)
         })
         .await;
-        let Ok((keys, read)) = keys else { return };
-        if let Err(e) = read {
-            tracing::warn!(
-                partition = partition.0,
-                "rebuilding the idempotency window stopped early: {e}; retries of older \
-                 commands are not recognised"
-            );
-        }
+        let (keys, read) = read.map_err(|e| format!("the reading thread was lost: {e}"))?;
         if let Some(w) = &mut self.writer {
             for (key, ws, offset) in keys {
                 if let Ok(k) = IdempotencyKey::new(&key) {
@@ -355,6 +370,79 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 }
             }
         }
+        read.map_err(|e| e.to_string())
+    }
+
+    /// After a failed group write, before any command is taken: waits for the sequencer's
+    /// actualization (which re-reads the PLog's end), then reads back the PLog from the failed
+    /// group's first offset and remembers the keys found there. A write whose answer was lost
+    /// may have landed; a retry of one of its commands then gets the original answer instead
+    /// of being applied a second time. Commands that arrive meanwhile are answered
+    /// "unavailable" (retry); a failing read is retried with backoff.
+    async fn read_back(&mut self, rx: &mut mpsc::Receiver<Job>) {
+        let Some(from) = self.writer.as_ref().and_then(|w| w.unresolved) else {
+            return;
+        };
+        let partition = self.template.partition.0;
+        let reason = "reading back a group whose write failed".to_owned();
+        self.shared.set_state(PartitionState::Rebuilding {
+            reason: reason.clone(),
+        });
+        let unavailable = || CommandError::Unavailable {
+            partition,
+            reason: reason.clone(),
+        };
+        let backoff = Backoff::new(REBUILD_DELAY_MIN, REBUILD_DELAY_MAX);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let status = self.wait_actualized().await;
+            if matches!(status, Status::None | Status::Actualizing) {
+                answer_queued(rx, &unavailable);
+                continue;
+            }
+            if status == Status::Finished {
+                // The sequencer stopped (fenced, or failed): fencing or healing takes over.
+                if self.sequencer_fenced() {
+                    if let Some(w) = &mut self.writer {
+                        w.fenced = true;
+                    }
+                    return;
+                }
+                self.heal("the sequencer failed after a group write failed".into(), rx)
+                    .await;
+                if self.writer.as_ref().is_some_and(|w| w.fenced) {
+                    return;
+                }
+                continue;
+            }
+            let to = self.shared.handle().stats().next_offset;
+            match self.learn_keys(from, to).await {
+                Ok(()) => {
+                    if let Some(w) = &mut self.writer {
+                        w.unresolved = None;
+                    }
+                    tracing::info!(
+                        partition,
+                        from,
+                        to,
+                        attempts,
+                        "read back the PLog after a failed group write; serving again"
+                    );
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        partition,
+                        attempts,
+                        "reading back the PLog after a failed group write failed: {e}; retrying"
+                    );
+                    let _ = tokio::time::timeout(backoff.delay(attempts), drain(rx, &unavailable))
+                        .await;
+                }
+            }
+        }
+        self.shared.set_state(PartitionState::Serving);
     }
 
     /// Runs one group on a blocking thread; the jobs to retry.
@@ -422,6 +510,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                     fenced: false,
                     lost: None,
                     acked: Arc::clone(&template.acked),
+                    unresolved: None,
                 });
             }
         }
@@ -625,6 +714,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             return Vec::new();
         }
         self.seq.actualize();
+        let first = accepted.first().map(|a| a.outcome.plog_offset);
+        self.unresolved = self.unresolved.or(first);
         let blamed = CommandError::of_append(e);
         if blamed.is_none() {
             tracing::warn!(

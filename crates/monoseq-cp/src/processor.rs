@@ -624,6 +624,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         fenced: false,
         lost: None,
         acked: Arc::clone(acked),
+        unresolved: None,
     };
     let task = PartitionTask {
         writer: Some(writer),

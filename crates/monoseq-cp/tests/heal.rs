@@ -496,3 +496,66 @@ async fn a_group_failing_for_one_command_answers_it_and_retries_the_others() {
     }
     assert_eq!((violations, ok), (1, 7), "the culprit alone is refused");
 }
+
+/// The PLog table's tag (`docs/format.md`).
+const TAG_PLOG: u8 = 0x01;
+
+/// Submits `cmd` with `k` until it is answered, retrying transient errors as a client would.
+async fn submit_until_answered(
+    cp: &CommandProcessor<Store>,
+    cmd: impl Fn() -> Command,
+    k: &str,
+) -> monoseq_cp::Outcome {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match cp.submit_keyed(cmd(), key(k)).await {
+            Ok(o) => return o,
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("the retry of {k} was not answered: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_answer_gets_the_original_answer_not_a_second_event() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = open(dir.path());
+    let cp = processor(&kv, 1);
+    ready(&cp).await;
+    let before = cp.submit_keyed(order(5, 0), key("a")).await.expect("first");
+    kv.lose_only(|b| b.iter().any(|i| i.key.partition.first() == Some(&TAG_PLOG)));
+    kv.lose_answers_next(1);
+    let lost = cp.submit_keyed(order(5, 1), key("b")).await.unwrap_err();
+    assert!(lost.is_transient(), "a lost answer is retryable: {lost}");
+    let again = submit_until_answered(&cp, || order(5, 1), "b").await;
+    assert!(
+        again.replayed,
+        "the write had landed: the retry is answered from it"
+    );
+    assert_eq!(again.plog_offset, before.plog_offset + 1);
+    assert_eq!(wlog_len(&cp, 5), 2, "one event per key");
+    let next = cp.submit_keyed(order(5, 2), key("c")).await.expect("next");
+    assert_eq!(next.plog_offset, before.plog_offset + 2);
+    assert_eq!(next.wlog_offset, before.wlog_offset + 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_request_is_applied_once() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = open(dir.path());
+    let cp = processor(&kv, 1);
+    ready(&cp).await;
+    let before = cp.submit_keyed(order(6, 0), key("a")).await.expect("first");
+    kv.lose_only(|b| b.iter().any(|i| i.key.partition.first() == Some(&TAG_PLOG)));
+    kv.lose_requests_next(1);
+    let lost = cp.submit_keyed(order(6, 1), key("b")).await.unwrap_err();
+    assert!(lost.is_transient(), "a lost request is retryable: {lost}");
+    let again = submit_until_answered(&cp, || order(6, 1), "b").await;
+    assert!(!again.replayed, "nothing had landed: the retry is applied");
+    assert_eq!(again.plog_offset, before.plog_offset + 1);
+    let twice = cp.submit_keyed(order(6, 1), key("b")).await.expect("again");
+    assert!(twice.replayed);
+    assert_eq!(wlog_len(&cp, 6), 2, "one event per key");
+}

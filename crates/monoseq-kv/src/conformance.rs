@@ -24,6 +24,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use crate::batch::{Op, WriteBatch};
 use crate::error::{CasError, KvError, WriteError};
+use crate::faulty::FaultyStore;
 use crate::key::{Key, limits};
 use crate::store::{KvStore, Order, Visitor};
 
@@ -135,6 +136,10 @@ macro_rules! conformance_tests {
         #[test]
         fn concurrent_compare_and_swaps_lose_no_update() {
             $crate::conformance::concurrent_compare_and_swaps_lose_no_update($fresh);
+        }
+        #[test]
+        fn a_write_of_unknown_outcome_is_read_back_whole_or_absent() {
+            $crate::conformance::a_write_of_unknown_outcome_is_read_back_whole_or_absent($fresh);
         }
     };
 }
@@ -955,4 +960,65 @@ pub fn concurrent_compare_and_swaps_lose_no_update<S: KvStore>(mut fresh: impl F
         must("get", store.get(key)),
         Some(be(INCREMENTS * THREADS as u64).to_vec())
     );
+}
+
+/// A write whose answer was lost ([`KvError::OutcomeUnknown`], injected here by
+/// [`FaultyStore`] around the backend, as a dropped connection would cause) is told apart from
+/// every other error, and a read after it finds the batch whole (when it landed) or absent
+/// (when it did not), in every partition it touched; a compare-and-swap likewise.
+///
+/// # Panics
+///
+/// When the error is not reported as unknown or a read finds part of a batch.
+pub fn a_write_of_unknown_outcome_is_read_back_whole_or_absent<S: KvStore>(
+    mut fresh: impl FnMut() -> S,
+) {
+    let store = FaultyStore::new(fresh());
+    let batch = |n: u64| {
+        let mut batch = WriteBatch::new();
+        batch
+            .insert_if_absent(Key::new(b"plog", &be(n)), b"event")
+            .insert_if_absent(Key::new(b"wlog", &be(n)), b"entry")
+            .put(Key::new(b"checkpoint", b""), &be(n));
+        batch
+    };
+    let landed = |n: u64| -> Vec<bool> {
+        [Key::new(b"plog", &be(n)), Key::new(b"wlog", &be(n))]
+            .into_iter()
+            .map(|k| must("get", store.get(k)).is_some())
+            .collect()
+    };
+    store.lose_answers_next(1);
+    match store.write(&batch(1)) {
+        Err(e) if e.is_outcome_unknown() => {}
+        other => panic!("expected an unknown outcome, got {other:?}"),
+    }
+    assert_eq!(landed(1), [true, true], "a landed batch reads back whole");
+    assert_eq!(
+        must("get", store.get(Key::new(b"checkpoint", b""))),
+        Some(be(1).to_vec())
+    );
+    store.lose_requests_next(1);
+    match store.write(&batch(2)) {
+        Err(e) if e.is_outcome_unknown() => {}
+        other => panic!("expected an unknown outcome, got {other:?}"),
+    }
+    assert_eq!(landed(2), [false, false], "a lost batch reads back absent");
+    // Retried after reading back: the landed batch conflicts, the lost one goes through.
+    assert!(matches!(
+        store.write(&batch(1)),
+        Err(WriteError::Conflict { index: 0, .. })
+    ));
+    must("write", store.write(&batch(2)));
+    assert_eq!(landed(2), [true, true]);
+    let key = Key::new(b"named", b"");
+    must("put", store.put(key, b"1"));
+    store.lose_answers_next(1);
+    match store.compare_and_swap(key, Some(b"1"), Some(b"2")) {
+        Err(e) if e.is_outcome_unknown() => {}
+        other => panic!("expected an unknown outcome, got {other:?}"),
+    }
+    assert_eq!(must("get", store.get(key)), Some(b"2".to_vec()));
+    // Any other error still means nothing was written.
+    assert!(!KvError::Poisoned.is_outcome_unknown());
 }

@@ -45,6 +45,19 @@ pub enum KvError {
         /// `partition 3 with epoch 7 (a newer owner has epoch 8: node "b")`).
         message: String,
     },
+    /// The write was sent but its answer was lost (the connection dropped, or the backend did
+    /// not answer in time, after the request left): it may have been applied, whole, or not at
+    /// all. This is the only error after which a write may be visible. Read back what the write
+    /// would have changed before deciding anything that depends on it: a blind retry may apply
+    /// it twice, and answering "failed" may deny what is stored.
+    #[error(
+        "the outcome of a write is unknown: {message}. It may have been applied whole, or not \
+         at all: read back what it wrote before answering anyone"
+    )]
+    OutcomeUnknown {
+        /// What was written and how its answer was lost.
+        message: String,
+    },
     /// The backend reported a failure the contract has no better name for.
     #[error("storage backend failed: {message}")]
     Backend {
@@ -57,6 +70,12 @@ pub enum KvError {
 }
 
 impl KvError {
+    /// Whether the write that failed this way may have been applied ([`KvError::OutcomeUnknown`]).
+    #[must_use]
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, KvError::OutcomeUnknown { .. })
+    }
+
     /// A backend failure described by a message and caused by `source`.
     pub fn backend(
         message: impl Into<String>,
@@ -108,9 +127,18 @@ pub enum WriteError {
         /// The limit.
         max: usize,
     },
-    /// A storage fault; the batch was not applied.
+    /// A storage fault; the batch was not applied, unless the fault is
+    /// [`KvError::OutcomeUnknown`] (then it may have been applied whole).
     #[error(transparent)]
     Storage(#[from] KvError),
+}
+
+impl WriteError {
+    /// Whether the batch may have been applied (its answer was lost).
+    #[must_use]
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, WriteError::Storage(e) if e.is_outcome_unknown())
+    }
 }
 
 /// A compare-and-swap did not swap.
@@ -133,9 +161,18 @@ pub enum CasError {
         /// The limit.
         max: usize,
     },
-    /// A storage fault; nothing was written.
+    /// A storage fault; nothing was written, unless the fault is [`KvError::OutcomeUnknown`]
+    /// (then the swap may have happened).
     #[error(transparent)]
     Storage(#[from] KvError),
+}
+
+impl CasError {
+    /// Whether the swap may have happened (its answer was lost).
+    #[must_use]
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, CasError::Storage(e) if e.is_outcome_unknown())
+    }
 }
 
 /// A backend could not be opened.

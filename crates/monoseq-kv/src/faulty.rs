@@ -1,6 +1,7 @@
 //! [`FaultyStore`]: a [`KvStore`] wrapper that fails chosen kinds of calls on demand (switched
-//! on until switched off, or the next N calls), for tests of the code above the contract. Every
-//! failure is an error value, as from a real backend; nothing panics.
+//! on until switched off, or the next N calls), or applies the next N writes and then reports
+//! their answers lost ([`KvError::OutcomeUnknown`]), for tests of the code above the contract.
+//! Every failure is an error value, as from a real backend; nothing panics.
 
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -83,6 +84,10 @@ struct Switch {
 pub struct FaultyStore<S> {
     inner: S,
     switches: [Switch; 4],
+    /// Writes still to apply and then report lost.
+    lose_answers: AtomicU64,
+    /// Writes still to drop and report lost (the request never arrived).
+    lose_requests: AtomicU64,
     hooks: std::sync::RwLock<Hooks>,
 }
 
@@ -91,12 +96,15 @@ pub struct FaultyStore<S> {
 struct Hooks {
     read: Option<ReadHook>,
     write: Option<WriteHook>,
+    loss: Option<LossFilter>,
 }
 
 /// Called with the partition key of every key a read asks for.
 type ReadHook = Box<dyn Fn(&[u8]) + Send + Sync>;
 /// Called with every batch about to be written.
 type WriteHook = Box<dyn Fn(&WriteBatch) + Send + Sync>;
+/// Chooses the batches whose answers (or requests) may be lost.
+type LossFilter = Box<dyn Fn(&WriteBatch) -> bool + Send + Sync>;
 
 impl<S: std::fmt::Debug> std::fmt::Debug for FaultyStore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -112,6 +120,8 @@ impl<S> FaultyStore<S> {
         FaultyStore {
             inner,
             switches: Default::default(),
+            lose_answers: AtomicU64::new(0),
+            lose_requests: AtomicU64::new(0),
             hooks: Default::default(),
         }
     }
@@ -125,6 +135,23 @@ impl<S> FaultyStore<S> {
     /// Runs `hook` with every batch before it is written; it may sleep or panic. Replaces any.
     pub fn on_write(&self, hook: impl Fn(&WriteBatch) + Send + Sync + 'static) {
         self.hooks.write().unwrap_or_else(|e| e.into_inner()).write = Some(Box::new(hook));
+    }
+
+    /// Lets the loss counts ([`lose_answers_next`](Self::lose_answers_next),
+    /// [`lose_requests_next`](Self::lose_requests_next)) take only batches for which `filter`
+    /// answers true (compare-and-swaps are then never lost). Replaces any.
+    pub fn lose_only(&self, filter: impl Fn(&WriteBatch) -> bool + Send + Sync + 'static) {
+        self.hooks.write().unwrap_or_else(|e| e.into_inner()).loss = Some(Box::new(filter));
+    }
+
+    /// Whether a loss count may take this write (`None`: a compare-and-swap).
+    fn may_lose(&self, batch: Option<&WriteBatch>) -> bool {
+        let hooks = self.hooks.read().unwrap_or_else(|e| e.into_inner());
+        match (&hooks.loss, batch) {
+            (None, _) => true,
+            (Some(filter), Some(batch)) => filter(batch),
+            (Some(_), None) => false,
+        }
     }
 
     /// Removes the hooks.
@@ -165,12 +192,56 @@ impl<S> FaultyStore<S> {
         self.switch(op).next.store(calls, Ordering::SeqCst);
     }
 
+    /// Applies the next `calls` writes (batches and compare-and-swaps that get past the other
+    /// switches) to the wrapped store, then answers [`KvError::OutcomeUnknown`] for each, as a
+    /// backend whose connection dropped after the commit was sent. Replaces any count left.
+    pub fn lose_answers_next(&self, calls: u64) {
+        self.lose_answers.store(calls, Ordering::SeqCst);
+    }
+
+    /// Answers [`KvError::OutcomeUnknown`] for the next `calls` writes without applying them,
+    /// as a backend whose connection dropped before the request arrived. Replaces any count
+    /// left.
+    pub fn lose_requests_next(&self, calls: u64) {
+        self.lose_requests.store(calls, Ordering::SeqCst);
+    }
+
     /// Stops failing anything.
     pub fn heal(&self) {
         for s in &self.switches {
             s.on.store(false, Ordering::SeqCst);
             s.next.store(0, Ordering::SeqCst);
         }
+        self.lose_answers.store(0, Ordering::SeqCst);
+        self.lose_requests.store(0, Ordering::SeqCst);
+    }
+
+    /// Whether the current write is one whose answer (or request) is to be lost.
+    fn take_one(count: &AtomicU64) -> bool {
+        count
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Runs a write through the loss switches: `apply` reaches the wrapped store unless the
+    /// request is to be lost; a lost answer or request becomes [`KvError::OutcomeUnknown`].
+    fn write_through<E: From<KvError>>(
+        &self,
+        batch: Option<&WriteBatch>,
+        apply: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
+        if !self.may_lose(batch) {
+            return apply();
+        }
+        if Self::take_one(&self.lose_requests) {
+            return Err(lost("the request was lost before it arrived").into());
+        }
+        if !Self::take_one(&self.lose_answers) {
+            return apply();
+        }
+        // The answer is lost whatever it was: applied, or refused.
+        let _ = apply();
+        Err(lost("the write was applied, then its answer was lost").into())
     }
 
     /// Calls of kind `op` so far, failed or not.
@@ -202,6 +273,13 @@ impl<S> FaultyStore<S> {
     }
 }
 
+/// The injected unknown outcome.
+fn lost(what: &str) -> KvError {
+    KvError::OutcomeUnknown {
+        message: format!("injected lost answer (FaultyStore): {what}"),
+    }
+}
+
 impl<S: KvStore> KvStore for FaultyStore<S> {
     fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
         self.check(FaultOp::Read)?;
@@ -230,7 +308,7 @@ impl<S: KvStore> KvStore for FaultyStore<S> {
     fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
         self.check(FaultOp::Write)?;
         self.before_write(batch);
-        self.inner.write(batch)
+        self.write_through(Some(batch), || self.inner.write(batch))
     }
 
     fn compare_and_swap(
@@ -240,7 +318,7 @@ impl<S: KvStore> KvStore for FaultyStore<S> {
         new: Option<&[u8]>,
     ) -> Result<(), CasError> {
         self.check(FaultOp::Write)?;
-        self.inner.compare_and_swap(key, expected, new)
+        self.write_through(None, || self.inner.compare_and_swap(key, expected, new))
     }
 
     fn sync(&self) -> Result<(), KvError> {
@@ -365,6 +443,32 @@ mod tests {
         assert!(err.to_string().contains("injected read fault"), "{err}");
         assert!(s.get(key(b"a")).is_ok());
         assert_eq!((s.failed(FaultOp::Scan), s.calls(FaultOp::Scan)), (2, 3));
+    }
+
+    #[test]
+    fn a_lost_answer_is_reported_unknown_whether_or_not_the_write_landed() {
+        let s = FaultyStore::new(MemoryStore::new());
+        s.lose_answers_next(1);
+        let e = s.put(key(b"a"), b"1").unwrap_err();
+        assert!(e.is_outcome_unknown(), "{e}");
+        assert_eq!(s.get(key(b"a")).unwrap(), Some(b"1".to_vec()), "applied");
+        s.lose_requests_next(1);
+        let e = s
+            .compare_and_swap(key(b"a"), Some(b"1"), Some(b"2"))
+            .unwrap_err();
+        assert!(e.is_outcome_unknown(), "{e}");
+        assert_eq!(
+            s.get(key(b"a")).unwrap(),
+            Some(b"1".to_vec()),
+            "not applied"
+        );
+        s.lose_answers_next(1);
+        let e = s
+            .compare_and_swap(key(b"a"), Some(b"1"), Some(b"2"))
+            .unwrap_err();
+        assert!(e.is_outcome_unknown(), "{e}");
+        assert_eq!(s.get(key(b"a")).unwrap(), Some(b"2".to_vec()), "swapped");
+        s.put(key(b"b"), b"1").expect("the counts are used up");
     }
 
     #[test]

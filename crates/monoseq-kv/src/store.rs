@@ -48,6 +48,10 @@ pub enum Order {
 ///   documents as durable on return, survives a crash of the process or of the machine.
 ///   After a crash the store holds a prefix of the acknowledged batches, whole.
 /// - **Limits.** Writes over [`crate::limits`] fail with `TooLarge` and write nothing.
+/// - **Unknown outcomes are named.** A write whose request left but whose answer was lost (a
+///   dropped connection, a timeout after the commit was sent) fails with
+///   [`KvError::OutcomeUnknown`]: it was applied whole or not at all, and a read that starts
+///   after the error returned tells which. Every other error means nothing was written.
 /// - **Errors, not panics.** A storage fault returns [`KvError`] (inside the operation's
 ///   error); the caller may retry. Reads of keys never written answer `None` or nothing.
 pub trait KvStore: Send + Sync + 'static {
@@ -89,7 +93,8 @@ pub trait KvStore: Send + Sync + 'static {
     /// - [`WriteError::Conflict`] when an insert-if-absent item found its key present (the
     ///   first such item, in batch order); nothing is written.
     /// - [`WriteError::TooLarge`] when an item is over a limit; nothing is written.
-    /// - [`WriteError::Storage`] on a storage fault; nothing is written.
+    /// - [`WriteError::Storage`] on a storage fault; nothing is written, except after
+    ///   [`KvError::OutcomeUnknown`], when the batch may have been written whole.
     fn write(&self, batch: &WriteBatch) -> Result<(), WriteError>;
 
     /// Replaces the value at `key` with `new` (`None`: deletes it) if the stored value equals
@@ -100,7 +105,8 @@ pub trait KvStore: Send + Sync + 'static {
     /// - [`CasError::Mismatch`] with the stored value when it differs from `expected`; nothing
     ///   is written.
     /// - [`CasError::TooLarge`] when `key` or `new` is over a limit.
-    /// - [`CasError::Storage`] on a storage fault; nothing is written.
+    /// - [`CasError::Storage`] on a storage fault; nothing is written, except after
+    ///   [`KvError::OutcomeUnknown`], when the swap may have happened.
     fn compare_and_swap(
         &self,
         key: Key<'_>,

@@ -43,7 +43,8 @@ pub struct Object {
 #[non_exhaustive]
 pub enum WriteFailure {
     /// The condition failed: the object exists (create) or changed or vanished since it was
-    /// read (replace). Nothing was written; read again and retry.
+    /// read (replace). Nothing was written, or (a replace whose answer was lost) what may have
+    /// been written is not the caller's to use; read again and retry.
     #[error("the object changed since it was read")]
     Conflict,
     /// A storage fault. The write may or may not have happened.

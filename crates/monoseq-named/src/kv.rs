@@ -16,6 +16,9 @@ use crate::error::StorageError;
 /// small partition.
 pub const KV_TAG: u8 = 0x10;
 
+/// Attempts of a `create` whose answers were lost (each read back and found absent).
+const UNKNOWN_ATTEMPTS_MAX: u32 = 3;
+
 /// Named sequences on a [`KvStore`]. Versions are the stored bytes: `replace` is a
 /// compare-and-swap of the whole value, `create` an insert-if-absent. Every successful write is
 /// followed by [`KvStore::sync`] before it returns, so a number is never handed out before it
@@ -114,10 +117,33 @@ impl<S: KvStore> Backend for KvBackend<S> {
         let partition = partition(key);
         Box::pin(async move {
             self.blocking("creating the sequence", move |store| {
-                match store.insert_if_absent(Key::new(&partition, b""), &bytes) {
-                    Ok(()) => sync_after_write(store, bytes),
-                    Err(WriteError::Conflict { .. }) => Err(WriteFailure::Conflict),
-                    Err(e) => Err(StorageError::new("creating the sequence", e).into()),
+                let key = Key::new(&partition, b"");
+                let mut attempts = 0;
+                loop {
+                    attempts += 1;
+                    match store.insert_if_absent(key, &bytes) {
+                        Ok(()) => return sync_after_write(store, bytes),
+                        Err(WriteError::Conflict { .. }) => return Err(WriteFailure::Conflict),
+                        Err(e) if e.is_outcome_unknown() && attempts < UNKNOWN_ATTEMPTS_MAX => {
+                            // Read back: absent means it did not land (try again); our own
+                            // bytes mean it did.
+                            match store.get(key) {
+                                Ok(None) => continue,
+                                Ok(Some(found)) if found == bytes => {
+                                    return sync_after_write(store, bytes);
+                                }
+                                Ok(Some(_)) => return Err(WriteFailure::Conflict),
+                                Err(read) => {
+                                    return Err(
+                                        StorageError::new("creating the sequence", read).into()
+                                    );
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            return Err(StorageError::new("creating the sequence", e).into());
+                        }
+                    }
                 }
             })
             .await?
@@ -141,6 +167,11 @@ impl<S: KvStore> Backend for KvBackend<S> {
                 ) {
                     Ok(()) => sync_after_write(store, bytes),
                     Err(CasError::Mismatch { .. }) => Err(WriteFailure::Conflict),
+                    // The swap may have landed, but its number is never handed out: the caller
+                    // reads the sequence again and swaps from what is stored. A landed swap
+                    // leaves a gap; it cannot be claimed, because another writer that read
+                    // the same version may have stored the very same bytes.
+                    Err(e) if e.is_outcome_unknown() => Err(WriteFailure::Conflict),
                     Err(e) => Err(StorageError::new("updating the sequence", e).into()),
                 }
             })

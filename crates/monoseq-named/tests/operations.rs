@@ -496,3 +496,34 @@ async fn calls_past_the_lane_bound_answer_busy_at_once_and_the_queued_ones_are_s
     assert_eq!(handed, (1..=LANE_CALLS_MAX as u64 + 1).collect());
     assert_eq!(seqs.waiting_calls(&a), 0);
 }
+
+#[tokio::test]
+async fn a_write_whose_answer_was_lost_never_hands_its_number_out_twice() {
+    use monoseq_kv::FaultyStore;
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let s = Sequences::new(KvBackend::shared(Arc::clone(&store)));
+    let a = address("lost/answers");
+    // The create lands but its answer is lost: read back, it is ours.
+    store.lose_answers_next(1);
+    let first = s.next(&a, &NextOptions::new()).await.expect("first");
+    // A create whose request is lost: read back, absent, created again.
+    let b = address("lost/requests");
+    store.lose_requests_next(1);
+    assert_eq!(s.next(&b, &NextOptions::new()).await.expect("created"), 1);
+    let mut seen = BTreeSet::from([first]);
+    for n in 0..20 {
+        match n % 3 {
+            0 => store.lose_answers_next(1),
+            1 => store.lose_requests_next(1),
+            _ => {}
+        }
+        let got = s.next(&a, &NextOptions::new()).await.expect("next");
+        assert!(seen.insert(got), "{got} handed out twice");
+        assert!(got > *seen.range(..got).next_back().unwrap_or(&0));
+    }
+    let stored = s.get(&a).await.expect("get").expect("exists");
+    assert!(
+        stored > *seen.last().unwrap(),
+        "the stored value is above every number handed out"
+    );
+}

@@ -107,6 +107,32 @@ impl Failure {
         }
     }
 
+    /// The contract's [`KvError::OutcomeUnknown`] for a write described by `what` whose answer
+    /// was lost this way; `settled` tells whether the server was seen to have finished every
+    /// transaction on the write's keys since (then a read tells the outcome).
+    pub(crate) fn into_unknown(self, what: &str, settled: bool) -> KvError {
+        let cause = match &self {
+            Failure::Postgres(e) => {
+                format!("the connection to PostgreSQL failed ({})", describe(e))
+            }
+            Failure::Timeout(limit) => {
+                format!("PostgreSQL did not answer within {limit:?}; the connection was dropped")
+            }
+            Failure::Pool(e) => format!("the connection pool failed ({e})"),
+            Failure::Corrupted(m) => m.clone(),
+        };
+        let after = match settled {
+            true => "the server has ended the transaction since, so a read now tells which",
+            false => {
+                "the transaction was not seen to end on the server (it may still be running \
+                 there): read back once the server answers again"
+            }
+        };
+        KvError::OutcomeUnknown {
+            message: format!("{what}: {cause} after the request was sent; {after}"),
+        }
+    }
+
     /// The contract's open error for a store at `location`.
     pub(crate) fn into_open(self, location: &str, context: &'static str) -> OpenError {
         storage_open_error(location, self.into_kv(context))

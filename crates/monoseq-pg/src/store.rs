@@ -525,15 +525,17 @@ impl Core {
                     std::thread::sleep(Duration::from_millis(1 << attempt));
                     attempt += 1;
                 }
+                Err(failure) if failure.outcome_unknown() => {
+                    let key = batch.get(0).map(|item| item.key.to_owned());
+                    let settled = key.is_some_and(|k| self.settle(k.as_key()));
+                    return Err(WriteError::Storage(
+                        failure.into_unknown("writing a batch", settled),
+                    ));
+                }
                 Err(failure) => {
-                    let context = match failure.outcome_unknown() {
-                        true => {
-                            "writing a batch, which may or may not have been written (read it \
-                             back)"
-                        }
-                        false => "writing a batch, which was not written",
-                    };
-                    return Err(WriteError::Storage(failure.into_kv(context)));
+                    return Err(WriteError::Storage(
+                        failure.into_kv("writing a batch, which was not written"),
+                    ));
                 }
             }
         }
@@ -564,18 +566,43 @@ impl Core {
                     std::thread::sleep(Duration::from_millis(1 << attempt));
                     attempt += 1;
                 }
+                Err(failure) if failure.outcome_unknown() => {
+                    let settled = self.settle(key);
+                    return Err(CasError::Storage(
+                        failure.into_unknown("a compare-and-swap", settled),
+                    ));
+                }
                 Err(failure) => {
-                    let context = match failure.outcome_unknown() {
-                        true => {
-                            "a compare-and-swap, which may or may not have swapped (read the key \
-                             back)"
-                        }
-                        false => "a compare-and-swap, which did not swap",
-                    };
-                    return Err(CasError::Storage(failure.into_kv(context)));
+                    return Err(CasError::Storage(
+                        failure.into_kv("a compare-and-swap, which did not swap"),
+                    ));
                 }
             }
         }
+    }
+
+    /// Waits, on another connection, until no transaction still in flight writes `key`: a
+    /// write whose answer was lost may still be running on the server (waiting for a lock, a
+    /// flush or a synchronous standby), and a read before it ends would not tell its outcome.
+    /// An insert of `key` where absent waits on the key's index entry for any transaction
+    /// that inserts, updates or deletes it; it is then rolled back, so nothing is written.
+    /// True when the wait ended within the call's time limit (reads now tell the outcome).
+    fn settle(&self, key: Key<'_>) -> bool {
+        let inner = &self.inner;
+        self.run(inner.call_timeout(), async {
+            let conn = inner.conn().await?;
+            let client = conn.client()?;
+            client.batch_execute("BEGIN").await?;
+            let statement = client.prepare_cached(&inner.sql.cas_insert).await?;
+            let empty: &[u8] = b"";
+            client
+                .execute(&statement, &[&key.partition, &key.clustering, &empty])
+                .await?;
+            client.batch_execute("ROLLBACK").await?;
+            conn.release();
+            Ok(())
+        })
+        .is_ok()
     }
 
     /// The error of a write that `fence` refused, naming the lease's current holder.

@@ -148,3 +148,50 @@ fn acknowledged_writes_and_leases_survive_a_killed_primary_and_the_store_reconne
         Some(b"1".to_vec())
     );
 }
+
+#[test]
+fn a_commit_whose_answer_was_lost_is_reported_unknown_and_settled_before_the_error_returns() {
+    let pair = PgPair::start().unwrap_or_else(|e| panic!("{e}"));
+    let options = PgOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .statement_timeout(Duration::from_secs(2));
+    let store = PgStore::open(&pair.url(DATABASE), options).unwrap();
+    store.write(&batch(1)).unwrap();
+    // The standby stops confirming: the next commit is written on the primary but waits, and
+    // the store gives up on its answer after its call limit (3 s). The standby comes back a
+    // little later, while the store settles the write.
+    pair.stall_replication().unwrap();
+    let began = Instant::now();
+    let (written, took, found) = thread::scope(|s| {
+        s.spawn(|| {
+            thread::sleep(Duration::from_millis(3_800));
+            pair.resume_replication().unwrap();
+        });
+        let written = store.write(&batch(2));
+        let took = began.elapsed();
+        let found: Vec<_> = [&b"event"[..], b"wlog", b"record"]
+            .into_iter()
+            .map(|part| store.get(Key::new(part, &2u64.to_be_bytes())).unwrap())
+            .collect();
+        (written, took, found)
+    });
+    let e = match written {
+        Err(WriteError::Storage(e)) => e,
+        other => panic!("expected a storage error, got {other:?}"),
+    };
+    assert!(e.is_outcome_unknown(), "{e}");
+    assert!(
+        took > Duration::from_millis(3_800),
+        "the error returned after {took:?}, before the transaction ended: {e}"
+    );
+    assert!(
+        found
+            .iter()
+            .all(|v| v.as_deref() == Some(&2u64.to_be_bytes()[..])),
+        "the landed batch reads back whole right after the error ({e}): {found:?}"
+    );
+    assert!(
+        matches!(store.write(&batch(2)), Err(WriteError::Conflict { .. })),
+        "written once"
+    );
+}

@@ -370,3 +370,78 @@ async fn health_answers_while_the_storage_opens_and_readiness_says_it_is_not_rea
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A command of workspace 3 with no records (only its event and WLog entry).
+fn bare(n: u64) -> monoseq_cp::Command {
+    monoseq_cp::Command {
+        ws: 3,
+        ws_kind: 1,
+        command: format!("pg.Bare{n}"),
+        create: Vec::new(),
+        update: Vec::new(),
+        argument: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_commit_whose_answer_was_lost_is_answered_from_the_landed_event() {
+    use monoseq_cp::{CommandProcessor, Config, IdempotencyKey};
+    use monoseq_pg::testing::{DATABASE, PgPair};
+    use monoseq_pg::{PgOptions, PgStore};
+    use monoseq_store::{AppId, EventStore, TrustLevel};
+
+    let pair = PgPair::start().unwrap_or_else(|e| panic!("{e}"));
+    let options = PgOptions::default()
+        .connect_timeout(Duration::from_secs(1))
+        .statement_timeout(Duration::from_secs(2));
+    let kv = Arc::new(PgStore::open(&pair.url(DATABASE), options).expect("open"));
+    let store = EventStore::new(kv, AppId(1), TrustLevel::Level0);
+    let config = Config {
+        partitions: 1,
+        ..Config::default()
+    };
+    let cp = CommandProcessor::start(store, config).expect("start");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cp.ready() {
+        assert!(Instant::now() < deadline, "never ready: {:?}", cp.unready());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let key = |k: &str| Some(IdempotencyKey::new(k).expect("key"));
+    let first = cp.submit_keyed(bare(0), key("a")).await.expect("first");
+    // The standby stops confirming: the command's commit is written on the primary and
+    // waits; the store gives up on its answer (3 s) and settles the write while the standby
+    // comes back.
+    pair.stall_replication().expect("stall");
+    let pair = Arc::new(pair);
+    let resumer = {
+        let pair = Arc::clone(&pair);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(3_800));
+            pair.resume_replication()
+        })
+    };
+    let lost = cp.submit_keyed(bare(1), key("b")).await;
+    resumer.join().expect("resumer").expect("resume");
+    let lost = lost.expect_err("the answer of the stalled commit is lost");
+    assert!(lost.is_transient(), "{lost}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let again = loop {
+        match cp.submit_keyed(bare(1), key("b")).await {
+            Ok(o) => break o,
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the retry was not answered: {e}"),
+        }
+    };
+    assert!(
+        again.replayed,
+        "the lost commit had landed: the retry is answered from its event, not applied again \
+         (offset {})",
+        again.plog_offset
+    );
+    assert_eq!(again.plog_offset, first.plog_offset + 1);
+    let next = cp.submit_keyed(bare(2), key("c")).await.expect("next");
+    assert_eq!(next.plog_offset, first.plog_offset + 2);
+    assert!(cp.shutdown(Duration::from_secs(10)).await);
+}

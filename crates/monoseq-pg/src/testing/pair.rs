@@ -160,8 +160,8 @@ impl PgPair {
         Ok(())
     }
 
-    /// Stops the primary's WAL senders (SIGSTOP) for the rest of its life, as a network
-    /// partition between the servers would: the standby receives nothing more. With
+    /// Stops the primary's WAL senders (SIGSTOP) until [`PgPair::resume_replication`], as a
+    /// network partition between the servers would: the standby receives nothing more. With
     /// synchronous replication the primary's commits then wait for a confirmation that never
     /// comes; with asynchronous replication they would return, and a promoted standby would
     /// lack them.
@@ -185,6 +185,31 @@ impl PgPair {
         match status.success() {
             true => Ok(()),
             false => Err(error(format!("kill -STOP {pids} failed ({status})"))),
+        }
+    }
+
+    /// Lets the WAL senders stopped by [`PgPair::stall_replication`] run again (SIGCONT): the
+    /// standby catches up and the commits that waited for it return.
+    ///
+    /// # Errors
+    ///
+    /// When the signal fails.
+    pub fn resume_replication(&self) -> Result<(), ClusterError> {
+        let pids = self
+            .primary
+            .psql("postgres", "SELECT pid FROM pg_stat_replication")?;
+        if pids.is_empty() {
+            return Err(error("the primary runs no WAL sender"));
+        }
+        let status = Command::new("kill")
+            .arg("-CONT")
+            .args(pids.lines())
+            .stdin(Stdio::null())
+            .status()
+            .map_err(|e| error(format!("cannot run kill: {e}")))?;
+        match status.success() {
+            true => Ok(()),
+            false => Err(error(format!("kill -CONT {pids} failed ({status})"))),
         }
     }
 
