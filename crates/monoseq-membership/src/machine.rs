@@ -1,0 +1,726 @@
+//! [`Membership`]: one node's lease rounds as a step function. The caller gives the time (a
+//! monotonic millisecond count of its own), asks [`Membership::poll`] for the next
+//! [`Action`], performs it, and hands back what came of it ([`Membership::reply`],
+//! [`Membership::drained`], [`Membership::fenced`]). At most one lease call is outstanding.
+//!
+//! A round, every renewal interval: heartbeat (which also claims the node's name for this
+//! run), renew every held lease, read the table, then take, hand off or release toward the
+//! [`crate::assign`]ment. Between rounds, a node that expects a partition (handed to it, or
+//! held by a dead node until its lease expires) reads the table again at once when it can
+//! take it. Two watchdogs stop serving before the database can let anyone else in: a lease is
+//! served until `renewal sent + lease − renewal interval`, and the node's name until
+//! `heartbeat sent + name_valid_ms`.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::plan::assign;
+use crate::table::{LeaseTable, NodeRow, TableError, TableStatus};
+
+/// Where a node is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting to claim its name: takes no partition.
+    Claiming,
+    /// The name is this run's: takes, renews and hands off partitions.
+    Member,
+    /// Handing every partition back before it stops.
+    Leaving,
+    /// Left, refused to start, or superseded: does nothing more.
+    Done,
+}
+
+/// A lease call the caller makes on its [`LeaseTable`] (with [`execute`]) and answers with
+/// the matching [`Reply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Call {
+    /// Create the missing partition leases.
+    EnsurePartitions,
+    /// Heartbeat, claiming the name for this run when it is free or stale.
+    Heartbeat,
+    /// Renew these (partition, epoch) leases.
+    Renew {
+        /// The leases.
+        held: Vec<(u32, u64)>,
+    },
+    /// Read every lease and node.
+    Status,
+    /// Take this partition if it is free or expired.
+    Acquire {
+        /// The partition.
+        partition: u32,
+    },
+    /// Free this partition if still held with this epoch.
+    Release {
+        /// The partition.
+        partition: u32,
+        /// Its epoch.
+        epoch: u64,
+    },
+    /// Remove this run's node row.
+    Leave,
+}
+
+/// What came of a [`Call`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Of [`Call::EnsurePartitions`].
+    Ensured(Result<(), TableError>),
+    /// Of [`Call::Heartbeat`]: whether the name is this run's.
+    Heartbeat(Result<bool, TableError>),
+    /// Of [`Call::Renew`]: the partitions renewed.
+    Renewed(Result<Vec<u32>, TableError>),
+    /// Of [`Call::Status`].
+    Status(Result<TableStatus, TableError>),
+    /// Of [`Call::Acquire`]: the new epoch, if taken.
+    Acquired(Result<Option<u64>, TableError>),
+    /// Of [`Call::Release`].
+    Released(Result<bool, TableError>),
+    /// Of [`Call::Leave`].
+    Left(Result<(), TableError>),
+}
+
+/// Performs `call` on `table` for the node of `config`.
+#[must_use]
+pub fn execute(call: &Call, table: &dyn LeaseTable, config: &Config) -> Reply {
+    let lease = Duration::from_millis(config.lease_ms);
+    let me = config.node_id.as_str();
+    match call {
+        Call::EnsurePartitions => Reply::Ensured(table.ensure_partitions(config.partitions)),
+        Call::Heartbeat => Reply::Heartbeat(table.heartbeat(
+            me,
+            &config.run_id,
+            &config.url,
+            Duration::from_millis(config.name_stale_ms()),
+        )),
+        Call::Renew { held } => Reply::Renewed(table.renew(me, held, lease)),
+        Call::Status => Reply::Status(table.status()),
+        Call::Acquire { partition } => Reply::Acquired(table.acquire(*partition, me, lease)),
+        Call::Release { partition, epoch } => {
+            Reply::Released(table.release(me, *partition, *epoch))
+        }
+        Call::Leave => Reply::Left(table.leave(me, &config.run_id)),
+    }
+}
+
+/// Why a partition stops being served at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// Its lease was not renewed in time: it stops before the lease can expire.
+    LeaseNotRenewed,
+    /// No heartbeat confirmed the node's name in time: another run could claim it soon.
+    NameNotConfirmed,
+    /// A renewal found the lease taken over.
+    TakenOver,
+    /// The storage refused a write under its epoch.
+    Fenced,
+    /// Its epoch went lower than one seen before: the database lost acknowledged writes.
+    EpochWentBack,
+    /// Another run of this node's name claimed the name.
+    Superseded,
+}
+
+/// Another run holds a node's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameTaken {
+    /// The name.
+    pub node_id: String,
+    /// The other run.
+    pub run_id: String,
+    /// Where the other run serves.
+    pub url: String,
+    /// Milliseconds since its last heartbeat when last read, by the database's clock.
+    pub seen_ms_ago: u64,
+}
+
+/// What the caller does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Make this lease call and hand its [`Reply`] to [`Membership::reply`].
+    Call(Call),
+    /// Start serving `partition`, every write fenced with `epoch`.
+    Serve {
+        /// The partition.
+        partition: u32,
+        /// Its lease epoch.
+        epoch: u64,
+        /// Who held it last, by the latest read (a handoff or a takeover), if anyone.
+        previous: Option<String>,
+    },
+    /// Stop serving `partition` now.
+    Stop {
+        /// The partition.
+        partition: u32,
+        /// The epoch it was served under.
+        epoch: u64,
+        /// Why.
+        why: StopReason,
+    },
+    /// Planned move: stop taking commands for `partition`, finish its queue, flush, and
+    /// report with [`Membership::drained`]; the lease is then released for `to`.
+    Drain {
+        /// The partition.
+        partition: u32,
+        /// Its epoch.
+        epoch: u64,
+        /// The node it goes to (`None`: the node is leaving).
+        to: Option<String>,
+    },
+    /// The name is this run's now; `previous` is the stale run it took the name over from.
+    Claimed {
+        /// The earlier run, if one held the name.
+        previous: Option<NameTaken>,
+    },
+    /// Refuse to start: another live run heartbeats under this name.
+    Refuse(NameTaken),
+    /// Another run claimed this node's name: this run stops (every partition was stopped).
+    Superseded,
+    /// A partition's epoch went lower than one seen: it is never served by this run again.
+    EpochWentBack {
+        /// The partition.
+        partition: u32,
+        /// The highest epoch seen.
+        seen: u64,
+        /// The epoch found.
+        found: u64,
+    },
+    /// Left the cluster: every partition was handed back.
+    Left,
+}
+
+/// A lease this run holds.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    epoch: u64,
+    /// Served until this instant unless a renewal moves it.
+    valid_until: u64,
+    /// Being handed off.
+    draining: bool,
+}
+
+/// The last read of the table.
+#[derive(Debug, Clone)]
+pub struct View {
+    /// What was read.
+    pub status: TableStatus,
+    /// When the read was sent (its rows are at least this fresh).
+    pub read_at: u64,
+    /// Every partition was held by the node that should hold it.
+    pub settled: bool,
+    /// The nodes judged alive.
+    pub live: Vec<String>,
+}
+
+/// One node's membership state machine.
+#[derive(Debug)]
+pub struct Membership {
+    cfg: Config,
+    phase: Phase,
+    held: BTreeMap<u32, Held>,
+    /// The outstanding call, with when it was sent.
+    pending: Option<(Call, u64)>,
+    queue: VecDeque<Call>,
+    out: VecDeque<Action>,
+    ensured: bool,
+    next_round: u64,
+    next_poll: Option<u64>,
+    claimed_at: Option<u64>,
+    settle_until: Option<u64>,
+    /// Claiming: since when another live run holds the name, and that run.
+    claiming_since: Option<u64>,
+    name_holder: Option<NodeRow>,
+    name_valid_until: u64,
+    left: bool,
+    epochs: BTreeMap<u32, u64>,
+    went_back: BTreeSet<u32>,
+    view: Option<View>,
+}
+
+impl Membership {
+    /// A node that has not joined yet; its first round is due at `now`.
+    #[must_use]
+    pub fn new(cfg: Config, now: u64) -> Membership {
+        Membership {
+            cfg,
+            phase: Phase::Claiming,
+            held: BTreeMap::new(),
+            pending: None,
+            queue: VecDeque::new(),
+            out: VecDeque::new(),
+            ensured: false,
+            next_round: now,
+            next_poll: None,
+            claimed_at: None,
+            settle_until: None,
+            claiming_since: None,
+            name_holder: None,
+            name_valid_until: 0,
+            left: false,
+            epochs: BTreeMap::new(),
+            went_back: BTreeSet::new(),
+            view: None,
+        }
+    }
+
+    /// The parameters.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Where the node is in its life.
+    #[must_use]
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The last read of the table.
+    #[must_use]
+    pub fn view(&self) -> Option<&View> {
+        self.view.as_ref()
+    }
+
+    /// The partitions this run serves (or drains), with their epochs.
+    pub fn held(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.held.iter().map(|(p, h)| (*p, h.epoch))
+    }
+
+    /// Partitions refused for good because their epoch went back.
+    #[must_use]
+    pub fn went_back(&self) -> &BTreeSet<u32> {
+        &self.went_back
+    }
+
+    /// When [`Membership::poll`] next has something to do if nothing else happens.
+    #[must_use]
+    pub fn next_wake(&self) -> u64 {
+        if !self.out.is_empty() || (self.pending.is_none() && !self.queue.is_empty()) {
+            return 0;
+        }
+        let mut t = u64::MAX;
+        if self.phase != Phase::Done {
+            t = t.min(self.next_round);
+        }
+        if let Some(p) = self.next_poll {
+            t = t.min(p);
+        }
+        for h in self.held.values() {
+            t = t.min(h.valid_until);
+        }
+        if self.phase == Phase::Member && !self.held.is_empty() {
+            t = t.min(self.name_valid_until);
+        }
+        t
+    }
+
+    /// The next action at `now`, if any; call until it answers `None`.
+    pub fn poll(&mut self, now: u64) -> Option<Action> {
+        self.watchdogs(now);
+        if let Some(a) = self.out.pop_front() {
+            return Some(a);
+        }
+        if self.phase == Phase::Done || self.pending.is_some() {
+            return None;
+        }
+        if now >= self.next_round {
+            self.start_round(now);
+        } else if self.next_poll.is_some_and(|t| now >= t) && self.queue.is_empty() {
+            self.next_poll = None;
+            self.queue.push_back(Call::Status);
+        }
+        if self.phase == Phase::Leaving
+            && self.left
+            && self.held.is_empty()
+            && self.queue.is_empty()
+        {
+            self.phase = Phase::Done;
+            return Some(Action::Left);
+        }
+        let mut call = self.queue.pop_front()?;
+        if let Call::Renew { held } = &mut call {
+            *held = self.held().collect();
+            if held.is_empty() {
+                return self.poll(now);
+            }
+        }
+        self.pending = Some((call.clone(), now));
+        Some(Action::Call(call))
+    }
+
+    fn start_round(&mut self, now: u64) {
+        self.next_round = now + self.cfg.renew_ms;
+        self.next_poll = None;
+        self.queue
+            .retain(|c| !matches!(c, Call::Heartbeat | Call::Status | Call::Renew { .. }));
+        match self.phase {
+            Phase::Claiming => {
+                self.queue.push_front(Call::Heartbeat);
+                self.queue.push_front(Call::Status);
+            }
+            Phase::Member => self.queue.push_front(Call::Heartbeat),
+            Phase::Leaving => self.queue.push_front(Call::Renew { held: Vec::new() }),
+            Phase::Done => {}
+        }
+        if !self.ensured && self.phase != Phase::Leaving {
+            self.queue.push_front(Call::EnsurePartitions);
+        }
+    }
+
+    fn watchdogs(&mut self, now: u64) {
+        if matches!(self.phase, Phase::Member | Phase::Leaving) {
+            let late: Vec<u32> = self
+                .held
+                .iter()
+                .filter(|(_, h)| h.valid_until <= now)
+                .map(|(p, _)| *p)
+                .collect();
+            for p in late {
+                self.stop(p, StopReason::LeaseNotRenewed);
+            }
+        }
+        if self.phase == Phase::Member && now >= self.name_valid_until {
+            self.stop_all(StopReason::NameNotConfirmed);
+        }
+    }
+
+    fn stop(&mut self, partition: u32, why: StopReason) {
+        if let Some(h) = self.held.remove(&partition) {
+            self.out.push_back(Action::Stop {
+                partition,
+                epoch: h.epoch,
+                why,
+            });
+        }
+    }
+
+    fn stop_all(&mut self, why: StopReason) {
+        let all: Vec<u32> = self.held.keys().copied().collect();
+        for p in all {
+            self.stop(p, why);
+        }
+    }
+
+    /// Begins leaving: the node row goes first (so the others plan without this node and
+    /// take each partition as soon as it is released), then every partition is drained and
+    /// released; [`Action::Left`] ends it.
+    pub fn leave(&mut self, _now: u64) {
+        if matches!(self.phase, Phase::Leaving | Phase::Done) {
+            return;
+        }
+        if self.phase == Phase::Claiming {
+            self.phase = Phase::Done;
+            self.out.push_back(Action::Left);
+            return;
+        }
+        self.phase = Phase::Leaving;
+        self.next_poll = None;
+        self.queue.retain(|c| matches!(c, Call::Release { .. }));
+        self.queue.push_front(Call::Leave);
+        let held: Vec<(u32, u64)> = self.held().collect();
+        for (p, epoch) in held {
+            if let Some(h) = self.held.get_mut(&p)
+                && !h.draining
+            {
+                h.draining = true;
+                self.out.push_back(Action::Drain {
+                    partition: p,
+                    epoch,
+                    to: None,
+                });
+            }
+        }
+    }
+
+    /// A drained partition (after [`Action::Drain`]): `ok` when its queue finished and its
+    /// numbers were flushed; its lease is then released, else left to expire.
+    pub fn drained(&mut self, _now: u64, partition: u32, epoch: u64, ok: bool) {
+        if self
+            .held
+            .get(&partition)
+            .is_some_and(|h| h.epoch == epoch && h.draining)
+        {
+            self.held.remove(&partition);
+            if ok {
+                self.queue.push_front(Call::Release { partition, epoch });
+            }
+        }
+    }
+
+    /// The storage refused a write of `partition` (another node took it over).
+    pub fn fenced(&mut self, _now: u64, partition: u32) {
+        self.stop(partition, StopReason::Fenced);
+    }
+
+    /// The answer of the outstanding call, at `now`.
+    pub fn reply(&mut self, now: u64, reply: Reply) {
+        let Some((call, sent)) = self.pending.take() else {
+            return;
+        };
+        match (call, reply) {
+            (Call::EnsurePartitions, Reply::Ensured(r)) => self.ensured = r.is_ok(),
+            (Call::Heartbeat, Reply::Heartbeat(r)) => self.on_heartbeat(now, sent, r),
+            (Call::Renew { held }, Reply::Renewed(Ok(renewed))) => {
+                self.on_renewed(sent, &held, &renewed);
+            }
+            (Call::Status, Reply::Status(Ok(status))) => self.observe(now, sent, status),
+            (Call::Acquire { partition }, Reply::Acquired(Ok(Some(epoch)))) => {
+                self.on_acquired(sent, partition, epoch);
+            }
+            (Call::Leave, Reply::Left(_)) => self.left = true,
+            _ => {}
+        }
+    }
+
+    fn on_heartbeat(&mut self, now: u64, sent: u64, r: Result<bool, TableError>) {
+        match (self.phase, r) {
+            (Phase::Claiming, Ok(true)) => {
+                self.phase = Phase::Member;
+                self.claimed_at = Some(now);
+                self.name_valid_until = sent + self.cfg.name_valid_ms();
+                let previous = self.name_holder.take().map(|n| self.taken(n));
+                self.out.push_back(Action::Claimed { previous });
+                self.queue.push_front(Call::Status);
+            }
+            (Phase::Claiming, Ok(false)) => {
+                let since = *self.claiming_since.get_or_insert(sent);
+                if now.saturating_sub(since) >= self.cfg.name_wait_ms() {
+                    let holder = self.name_holder.take().map(|n| self.taken(n));
+                    self.phase = Phase::Done;
+                    self.out
+                        .push_back(Action::Refuse(holder.unwrap_or(NameTaken {
+                            node_id: self.cfg.node_id.clone(),
+                            run_id: String::new(),
+                            url: String::new(),
+                            seen_ms_ago: 0,
+                        })));
+                }
+            }
+            (Phase::Member, Ok(true)) => {
+                self.name_valid_until = self.name_valid_until.max(sent + self.cfg.name_valid_ms());
+                self.queue.push_front(Call::Status);
+                self.queue.push_front(Call::Renew { held: Vec::new() });
+            }
+            (Phase::Member, Ok(false)) => {
+                self.stop_all(StopReason::Superseded);
+                self.phase = Phase::Done;
+                self.out.push_back(Action::Superseded);
+            }
+            (Phase::Member, Err(_)) => {
+                self.queue.push_front(Call::Status);
+                self.queue.push_front(Call::Renew { held: Vec::new() });
+            }
+            _ => {}
+        }
+    }
+
+    fn taken(&self, n: NodeRow) -> NameTaken {
+        NameTaken {
+            node_id: n.node_id,
+            run_id: n.run_id,
+            url: n.url,
+            seen_ms_ago: n.seen_ms_ago,
+        }
+    }
+
+    fn on_renewed(&mut self, sent: u64, asked: &[(u32, u64)], renewed: &[u32]) {
+        let valid_until = sent + self.cfg.lease_valid_ms();
+        for &(p, epoch) in asked {
+            let Some(h) = self.held.get_mut(&p).filter(|h| h.epoch == epoch) else {
+                continue;
+            };
+            if renewed.contains(&p) {
+                h.valid_until = h.valid_until.max(valid_until);
+            } else {
+                self.stop(p, StopReason::TakenOver);
+            }
+        }
+    }
+
+    fn on_acquired(&mut self, sent: u64, partition: u32, epoch: u64) {
+        let seen = self.epochs.get(&partition).copied().unwrap_or(0);
+        if epoch <= seen && seen > 0 {
+            if self.went_back.insert(partition) {
+                self.out.push_back(Action::EpochWentBack {
+                    partition,
+                    seen,
+                    found: epoch,
+                });
+            }
+            return;
+        }
+        self.epochs.insert(partition, epoch);
+        if self.phase != Phase::Member || self.went_back.contains(&partition) {
+            self.queue.push_front(Call::Release { partition, epoch });
+            return;
+        }
+        let previous = self
+            .view
+            .as_ref()
+            .and_then(|v| v.status.lease(partition))
+            .and_then(|l| l.node_id.clone());
+        self.held.insert(
+            partition,
+            Held {
+                epoch,
+                valid_until: sent + self.cfg.lease_valid_ms(),
+                draining: false,
+            },
+        );
+        self.out.push_back(Action::Serve {
+            partition,
+            epoch,
+            previous,
+        });
+    }
+
+    fn check_epochs(&mut self, status: &TableStatus) {
+        for l in &status.leases {
+            let seen = *self.epochs.entry(l.partition).or_insert(l.epoch);
+            if l.epoch < seen {
+                if self.went_back.insert(l.partition) {
+                    self.out.push_back(Action::EpochWentBack {
+                        partition: l.partition,
+                        seen,
+                        found: l.epoch,
+                    });
+                    self.stop(l.partition, StopReason::EpochWentBack);
+                }
+            } else {
+                self.epochs.insert(l.partition, l.epoch);
+            }
+        }
+    }
+
+    fn observe(&mut self, now: u64, sent: u64, status: TableStatus) {
+        self.check_epochs(&status);
+        let me = self.cfg.node_id.clone();
+        let mut live: Vec<String> = status
+            .nodes
+            .iter()
+            .filter(|n| n.seen_ms_ago < self.cfg.alive_ms() && n.node_id != me)
+            .map(|n| n.node_id.clone())
+            .collect();
+        if self.phase == Phase::Member {
+            live.push(me.clone());
+        }
+        if self.phase == Phase::Claiming {
+            self.name_holder = status
+                .node(&me)
+                .filter(|n| n.run_id != self.cfg.run_id)
+                .cloned();
+        }
+        self.view = Some(View {
+            status,
+            read_at: sent,
+            settled: false,
+            live,
+        });
+        if self.phase == Phase::Member {
+            self.plan(now, sent);
+        }
+    }
+
+    /// Acts on this node's part of the assignment of the last read.
+    fn plan(&mut self, now: u64, sent: u64) {
+        let Some(view) = self.view.as_mut() else {
+            return;
+        };
+        let me_owned = self.cfg.node_id.clone();
+        let me = me_owned.as_str();
+        let a = assign(&view.status, self.cfg.partitions, &view.live);
+        view.settled = a.settled();
+        let Some(mine) = a.nodes.iter().position(|n| n == me) else {
+            return;
+        };
+        let view = self
+            .view
+            .as_ref()
+            .map(|v| (v.status.clone(), v.live.clone()));
+        let Some((status, live)) = view else {
+            return;
+        };
+        if self.settle_until.is_none() {
+            // A fresh cluster: wait one renewal interval for the nodes started together to
+            // heartbeat, so that none takes everything first.
+            let others_hold = status.leases.iter().any(|l| {
+                l.live_owner()
+                    .is_some_and(|o| o != me && live.iter().any(|n| n == o))
+            });
+            let claimed = self.claimed_at.unwrap_or(now);
+            self.settle_until = Some(if others_hold {
+                claimed
+            } else {
+                claimed + self.cfg.renew_ms
+            });
+        }
+        let settle_until = self.settle_until.unwrap_or(0);
+        let settling = now < settle_until;
+        self.queue.retain(|c| !matches!(c, Call::Acquire { .. }));
+        let mut expect_handoff = false;
+        let mut expiry: Option<u64> = None;
+        for p in 0..self.cfg.partitions {
+            let row = status.lease(p);
+            let owner = row.and_then(|r| r.live_owner());
+            let epoch = row.map_or(0, |r| r.epoch);
+            if a.target.get(p as usize).copied().flatten() == Some(mine) {
+                if self.held.contains_key(&p) || self.went_back.contains(&p) {
+                    continue;
+                }
+                match owner {
+                    None if !settling => self.queue.push_back(Call::Acquire { partition: p }),
+                    Some(o) if o == me && !settling => {
+                        // Left by an earlier run of this name: taken back with a new epoch.
+                        self.push_release(p, epoch);
+                        self.queue.push_back(Call::Acquire { partition: p });
+                    }
+                    Some(o) if o != me => {
+                        let alive = live.iter().any(|n| n == o);
+                        if alive || status.node(o).is_none() {
+                            expect_handoff = true;
+                        } else {
+                            let expires_in = row.map_or(0, |r| r.expires_in_ms.max(0));
+                            let at = sent + expires_in.unsigned_abs() + 1;
+                            expiry = Some(expiry.map_or(at, |e| e.min(at)));
+                        }
+                    }
+                    _ => {}
+                }
+            } else if let Some(h) = self.held.get_mut(&p) {
+                if !h.draining {
+                    h.draining = true;
+                    let to = a
+                        .target
+                        .get(p as usize)
+                        .copied()
+                        .flatten()
+                        .and_then(|i| a.nodes.get(i).cloned());
+                    self.out.push_back(Action::Drain {
+                        partition: p,
+                        epoch: h.epoch,
+                        to,
+                    });
+                }
+            } else if owner == Some(me) {
+                self.push_release(p, epoch);
+            }
+        }
+        self.next_poll = if settling {
+            Some(settle_until)
+        } else if expect_handoff {
+            Some(now + self.cfg.handoff_poll_ms())
+        } else {
+            expiry.map(|e| e.max(now + self.cfg.handoff_poll_ms()))
+        };
+    }
+
+    fn push_release(&mut self, partition: u32, epoch: u64) {
+        let call = Call::Release { partition, epoch };
+        if !self.queue.contains(&call) {
+            self.queue.push_back(call);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

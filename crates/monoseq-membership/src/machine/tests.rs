@@ -1,0 +1,201 @@
+//! Unit tests of the state machine on the in-memory table, stepped in 10 ms ticks with
+//! every call answered at once.
+
+use super::*;
+use crate::memory::MemoryLeaseTable;
+
+struct Node {
+    m: Membership,
+    serving: BTreeMap<u32, u64>,
+    actions: Vec<Action>,
+    /// Calls are not answered (the node cannot reach the table).
+    cut_off: bool,
+}
+
+fn node(name: &str, run: &str, partitions: u32) -> Node {
+    let cfg = Config::new(name, run, &format!("http://{name}"), partitions, 1_500, 300)
+        .expect("valid parameters");
+    Node {
+        m: Membership::new(cfg, 0),
+        serving: BTreeMap::new(),
+        actions: Vec::new(),
+        cut_off: false,
+    }
+}
+
+fn step(table: &MemoryLeaseTable, n: &mut Node, now: u64) {
+    while let Some(a) = n.m.poll(now) {
+        match &a {
+            Action::Call(call) => {
+                if n.cut_off {
+                    n.m.reply(
+                        now,
+                        Reply::Status(Err(TableError {
+                            message: "cut off".into(),
+                        })),
+                    );
+                    continue;
+                }
+                let cfg = n.m.config().clone();
+                let r = execute(call, table, &cfg);
+                n.m.reply(now, r);
+            }
+            Action::Serve {
+                partition, epoch, ..
+            } => {
+                n.serving.insert(*partition, *epoch);
+            }
+            Action::Stop { partition, .. } => {
+                n.serving.remove(partition);
+            }
+            Action::Drain {
+                partition, epoch, ..
+            } => {
+                n.serving.remove(partition);
+                n.m.drained(now, *partition, *epoch, true);
+            }
+            _ => {}
+        }
+        n.actions.push(a);
+    }
+}
+
+fn run(table: &MemoryLeaseTable, nodes: &mut [Node], from: u64, to: u64) {
+    for now in (from..to).step_by(10) {
+        table.set_now(now);
+        for n in nodes.iter_mut() {
+            step(table, n, now);
+        }
+    }
+}
+
+#[test]
+fn nodes_started_together_split_the_partitions_without_one_taking_all_first() {
+    let table = MemoryLeaseTable::new();
+    let mut nodes = vec![node("a", "1", 64), node("b", "1", 64), node("c", "1", 64)];
+    run(&table, &mut nodes, 0, 600);
+    let counts: Vec<usize> = nodes.iter().map(|n| n.serving.len()).collect();
+    assert_eq!(counts.iter().sum::<usize>(), 64, "{counts:?}");
+    assert!(counts.iter().all(|c| (21..=22).contains(c)), "{counts:?}");
+    let most = nodes
+        .iter()
+        .map(|n| {
+            n.actions
+                .iter()
+                .filter(|a| matches!(a, Action::Serve { .. }))
+                .count()
+        })
+        .max();
+    assert_eq!(
+        most,
+        Some(22),
+        "no node served more than its share at any time"
+    );
+}
+
+#[test]
+fn a_joining_node_gets_its_share_within_two_renewals() {
+    let table = MemoryLeaseTable::new();
+    let mut nodes = vec![node("a", "1", 64), node("b", "1", 64)];
+    run(&table, &mut nodes, 0, 1_000);
+    nodes.push(node("c", "1", 64));
+    nodes[2].m = Membership::new(nodes[2].m.config().clone(), 1_000);
+    run(&table, &mut nodes, 1_000, 1_600);
+    let counts: Vec<usize> = nodes.iter().map(|n| n.serving.len()).collect();
+    assert!(counts.iter().all(|c| (21..=22).contains(c)), "{counts:?}");
+}
+
+#[test]
+fn a_second_run_of_a_live_name_takes_nothing_and_refuses_naming_the_first() {
+    let table = MemoryLeaseTable::new();
+    let mut nodes = vec![node("a", "1", 8)];
+    run(&table, &mut nodes, 0, 1_000);
+    let mut second = node("a", "2", 8);
+    second.m = Membership::new(second.m.config().clone(), 1_000);
+    nodes.push(second);
+    run(&table, &mut nodes, 1_000, 4_000);
+    assert_eq!(nodes[0].serving.len(), 8, "the first run keeps serving");
+    assert!(nodes[1].serving.is_empty());
+    assert!(
+        !nodes[1]
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Serve { .. })),
+        "the second run never served"
+    );
+    let refusal = nodes[1].actions.iter().find_map(|a| match a {
+        Action::Refuse(t) => Some(t.clone()),
+        _ => None,
+    });
+    let refusal = refusal.expect("the second run refused");
+    assert_eq!(refusal.url, "http://a");
+    assert_eq!(refusal.run_id, "1");
+}
+
+#[test]
+fn a_restart_takes_its_leases_back_before_they_expire() {
+    let table = MemoryLeaseTable::new();
+    let mut nodes = vec![node("a", "1", 4), node("b", "1", 4)];
+    run(&table, &mut nodes, 0, 1_000);
+    let before: Vec<u32> = nodes[0].serving.keys().copied().collect();
+    assert_eq!(before.len(), 2);
+    // Run 1 of "a" dies at 1000; run 2 starts at 1100.
+    let mut restarted = node("a", "2", 4);
+    restarted.m = Membership::new(restarted.m.config().clone(), 1_100);
+    nodes[0] = restarted;
+    run(&table, &mut nodes, 1_100, 2_400);
+    let after: Vec<u32> = nodes[0].serving.keys().copied().collect();
+    assert_eq!(
+        after, before,
+        "taken back under the name, not by the other node"
+    );
+    // The leases of run 1 were renewed last at about 900 and expire at about 2400: run 2
+    // took them over from its stale heartbeat before that.
+    assert!(
+        nodes[0]
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Claimed { previous: Some(_) }))
+    );
+}
+
+#[test]
+fn a_node_cut_off_from_the_table_stops_serving_before_its_leases_expire() {
+    let table = MemoryLeaseTable::new();
+    let mut nodes = vec![node("a", "1", 4)];
+    run(&table, &mut nodes, 0, 1_000);
+    assert_eq!(nodes[0].serving.len(), 4);
+    nodes[0].cut_off = true;
+    for now in (1_000..3_000).step_by(10) {
+        table.set_now(now);
+        step(&table, &mut nodes[0], now);
+        for p in 0..4 {
+            if nodes[0].serving.contains_key(&p) {
+                let (_, _, live) = table.lease(p).expect("row");
+                assert!(live, "served at {now} after its lease expired");
+            }
+        }
+    }
+    assert!(nodes[0].serving.is_empty());
+}
+
+#[test]
+fn a_partition_whose_epoch_went_back_is_never_served_again() {
+    let table = MemoryLeaseTable::new();
+    let mut a = node("a", "1", 1);
+    for now in (0..1_000).step_by(10) {
+        table.set_now(now);
+        step(&table, &mut a, now);
+    }
+    assert_eq!(a.serving.get(&0), Some(&1));
+    // The database is replaced by an older copy with no lease taken yet.
+    let older = MemoryLeaseTable::new();
+    older.set_now(1_000);
+    older.ensure_partitions(1).expect("in memory");
+    for now in (1_000..4_000).step_by(10) {
+        older.set_now(now);
+        step(&older, &mut a, now);
+    }
+    assert!(a.serving.is_empty(), "{:?}", a.serving);
+    assert!(a.m.went_back().contains(&0));
+}

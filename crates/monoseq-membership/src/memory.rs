@@ -1,0 +1,249 @@
+//! [`MemoryLeaseTable`]: the reference lease table, a mutex over plain rows on a clock the
+//! caller sets (a simulated database clock). Kept obviously right: it is the oracle the
+//! simulation trusts.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::table::{LeaseRow, LeaseTable, NodeRow, TableError, TableStatus};
+
+/// A lease row: epoch, holder, expiry in the table's milliseconds.
+#[derive(Debug, Clone, Default)]
+struct Lease {
+    epoch: u64,
+    node_id: Option<String>,
+    expires_at_ms: u64,
+}
+
+/// A node row.
+#[derive(Debug, Clone)]
+struct Node {
+    run_id: String,
+    url: String,
+    seen_at_ms: u64,
+}
+
+#[derive(Debug, Default)]
+struct Rows {
+    now_ms: u64,
+    leases: BTreeMap<u32, Lease>,
+    nodes: BTreeMap<String, Node>,
+}
+
+/// The in-memory lease table. Its clock stands still until [`MemoryLeaseTable::set_now`]
+/// moves it.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use monoseq_membership::{LeaseTable, MemoryLeaseTable};
+///
+/// let table = MemoryLeaseTable::new();
+/// table.ensure_partitions(2)?;
+/// let lease = Duration::from_millis(1_000);
+/// assert_eq!(table.acquire(0, "a", lease)?, Some(1));
+/// assert_eq!(table.acquire(0, "b", lease)?, None, "a's lease is live");
+/// table.set_now(1_000);
+/// assert_eq!(table.acquire(0, "b", lease)?, Some(2), "expired: b takes it");
+/// assert!(!table.write_allowed(0, 1), "a's writes are fenced off");
+/// # Ok::<(), monoseq_membership::TableError>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct MemoryLeaseTable {
+    rows: Mutex<Rows>,
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl MemoryLeaseTable {
+    /// An empty table at time 0.
+    #[must_use]
+    pub fn new() -> MemoryLeaseTable {
+        MemoryLeaseTable::default()
+    }
+
+    fn rows(&self) -> std::sync::MutexGuard<'_, Rows> {
+        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Moves the table's clock to `now_ms`.
+    ///
+    /// # Panics
+    ///
+    /// When `now_ms` is earlier than the clock: a database clock does not go back.
+    pub fn set_now(&self, now_ms: u64) {
+        let mut rows = self.rows();
+        assert!(now_ms >= rows.now_ms, "the table's clock went back");
+        rows.now_ms = now_ms;
+    }
+
+    /// The table's clock.
+    #[must_use]
+    pub fn now(&self) -> u64 {
+        self.rows().now_ms
+    }
+
+    /// The fence: whether a write of `partition` under `epoch` commits (the lease's epoch is
+    /// still `epoch`; expiry does not matter, as nobody else can have written meanwhile).
+    #[must_use]
+    pub fn write_allowed(&self, partition: u32, epoch: u64) -> bool {
+        self.rows()
+            .leases
+            .get(&partition)
+            .is_some_and(|l| l.epoch == epoch)
+    }
+
+    /// The lease of `partition`: epoch, holder, and whether it is live now.
+    #[must_use]
+    pub fn lease(&self, partition: u32) -> Option<(u64, Option<String>, bool)> {
+        let rows = self.rows();
+        rows.leases
+            .get(&partition)
+            .map(|l| (l.epoch, l.node_id.clone(), l.expires_at_ms > rows.now_ms))
+    }
+
+    /// The run that holds `node_id`'s name, with its last heartbeat.
+    #[must_use]
+    pub fn node(&self, node_id: &str) -> Option<(String, u64)> {
+        self.rows()
+            .nodes
+            .get(node_id)
+            .map(|n| (n.run_id.clone(), n.seen_at_ms))
+    }
+}
+
+impl LeaseTable for MemoryLeaseTable {
+    fn ensure_partitions(&self, partitions: u32) -> Result<(), TableError> {
+        let mut rows = self.rows();
+        let now = rows.now_ms;
+        for p in 0..partitions {
+            rows.leases.entry(p).or_insert(Lease {
+                expires_at_ms: now,
+                ..Lease::default()
+            });
+        }
+        Ok(())
+    }
+
+    fn heartbeat(
+        &self,
+        node_id: &str,
+        run_id: &str,
+        url: &str,
+        stale: Duration,
+    ) -> Result<bool, TableError> {
+        let mut rows = self.rows();
+        let now = rows.now_ms;
+        let claimable = rows
+            .nodes
+            .get(node_id)
+            .is_none_or(|n| n.run_id == run_id || now.saturating_sub(n.seen_at_ms) >= ms(stale));
+        if claimable {
+            rows.nodes.insert(
+                node_id.to_owned(),
+                Node {
+                    run_id: run_id.to_owned(),
+                    url: url.to_owned(),
+                    seen_at_ms: now,
+                },
+            );
+        }
+        Ok(claimable)
+    }
+
+    fn leave(&self, node_id: &str, run_id: &str) -> Result<(), TableError> {
+        let mut rows = self.rows();
+        if rows.nodes.get(node_id).is_some_and(|n| n.run_id == run_id) {
+            rows.nodes.remove(node_id);
+        }
+        Ok(())
+    }
+
+    fn acquire(
+        &self,
+        partition: u32,
+        node_id: &str,
+        lease: Duration,
+    ) -> Result<Option<u64>, TableError> {
+        let mut rows = self.rows();
+        let now = rows.now_ms;
+        let Some(l) = rows.leases.get_mut(&partition) else {
+            return Ok(None);
+        };
+        if l.node_id.is_some() && l.expires_at_ms > now {
+            return Ok(None);
+        }
+        l.epoch += 1;
+        l.node_id = Some(node_id.to_owned());
+        l.expires_at_ms = now + ms(lease);
+        Ok(Some(l.epoch))
+    }
+
+    fn renew(
+        &self,
+        node_id: &str,
+        held: &[(u32, u64)],
+        lease: Duration,
+    ) -> Result<Vec<u32>, TableError> {
+        let mut rows = self.rows();
+        let now = rows.now_ms;
+        let mut renewed = Vec::new();
+        for &(p, epoch) in held {
+            if let Some(l) = rows.leases.get_mut(&p)
+                && l.epoch == epoch
+                && l.node_id.as_deref() == Some(node_id)
+            {
+                l.expires_at_ms = now + ms(lease);
+                renewed.push(p);
+            }
+        }
+        renewed.sort_unstable();
+        Ok(renewed)
+    }
+
+    fn release(&self, node_id: &str, partition: u32, epoch: u64) -> Result<bool, TableError> {
+        let mut rows = self.rows();
+        let now = rows.now_ms;
+        match rows.leases.get_mut(&partition) {
+            Some(l) if l.epoch == epoch && l.node_id.as_deref() == Some(node_id) => {
+                l.node_id = None;
+                l.expires_at_ms = now;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    fn status(&self) -> Result<TableStatus, TableError> {
+        let rows = self.rows();
+        let now = rows.now_ms;
+        let since =
+            |t: u64| i64::try_from(t).unwrap_or(i64::MAX) - i64::try_from(now).unwrap_or(i64::MAX);
+        Ok(TableStatus {
+            leases: rows
+                .leases
+                .iter()
+                .map(|(p, l)| LeaseRow {
+                    partition: *p,
+                    epoch: l.epoch,
+                    node_id: l.node_id.clone(),
+                    expires_in_ms: since(l.expires_at_ms),
+                })
+                .collect(),
+            nodes: rows
+                .nodes
+                .iter()
+                .map(|(id, n)| NodeRow {
+                    node_id: id.clone(),
+                    run_id: n.run_id.clone(),
+                    url: n.url.clone(),
+                    seen_ms_ago: now.saturating_sub(n.seen_at_ms),
+                })
+                .collect(),
+        })
+    }
+}

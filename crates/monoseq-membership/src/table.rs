@@ -1,0 +1,163 @@
+//! The lease table contract: partition leases with epochs and the node registry, kept by a
+//! database whose clock alone judges expiry. [`crate::MemoryLeaseTable`] is its reference;
+//! the binary holds the PostgreSQL one.
+
+use std::fmt;
+use std::time::Duration;
+
+/// One partition's lease as the table holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRow {
+    /// The partition.
+    pub partition: u32,
+    /// Its epoch: raised by every acquisition, never otherwise.
+    pub epoch: u64,
+    /// The holder or last holder (`None`: free).
+    pub node_id: Option<String>,
+    /// Milliseconds until the lease expires by the table's clock (zero or negative: expired).
+    pub expires_in_ms: i64,
+}
+
+impl LeaseRow {
+    /// The node whose lease is live at the time of the read, if any.
+    #[must_use]
+    pub fn live_owner(&self) -> Option<&str> {
+        self.node_id.as_deref().filter(|_| self.expires_in_ms > 0)
+    }
+}
+
+/// A node as the table knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRow {
+    /// Its name.
+    pub node_id: String,
+    /// The run (process start) that last heartbeated under the name.
+    pub run_id: String,
+    /// Where it is reached.
+    pub url: String,
+    /// Milliseconds since its last heartbeat by the table's clock.
+    pub seen_ms_ago: u64,
+}
+
+/// Leases and nodes, read in one snapshot at one instant of the table's clock.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableStatus {
+    /// Every partition's lease, by partition.
+    pub leases: Vec<LeaseRow>,
+    /// Every node that has not left, by name.
+    pub nodes: Vec<NodeRow>,
+}
+
+impl TableStatus {
+    /// The lease of `partition`, if its row exists.
+    #[must_use]
+    pub fn lease(&self, partition: u32) -> Option<&LeaseRow> {
+        self.leases.iter().find(|l| l.partition == partition)
+    }
+
+    /// The registered node `node_id`, if any.
+    #[must_use]
+    pub fn node(&self, node_id: &str) -> Option<&NodeRow> {
+        self.nodes.iter().find(|n| n.node_id == node_id)
+    }
+}
+
+/// A lease call that failed. It may still have been applied (its answer was lost): every
+/// caller treats a failure as "unknown" and reads the table again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableError {
+    /// What failed, for the log.
+    pub message: String,
+}
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (the call may or may not have been applied; the next round reads the table again)",
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for TableError {}
+
+/// The table of leases and nodes. Every call may block; every time is the table's clock, never
+/// a node's; every change is one conditional step, so concurrent callers never both win.
+///
+/// Obligations of an implementation:
+/// - `acquire` takes a partition only when it is free or expired, and raises its epoch; a
+///   (partition, epoch) pair therefore names one acquisition by one caller.
+/// - `renew` and `release` change a lease only when the caller holds it with the given epoch.
+/// - `heartbeat` records the run under the name only when the name is new, already this run's,
+///   or its last heartbeat is older than `stale`; it answers whether it did.
+/// - `status` reads every row in one snapshot at one instant.
+pub trait LeaseTable: Send + Sync {
+    /// Creates the free leases of partitions `0..partitions` that are missing.
+    ///
+    /// # Errors
+    ///
+    /// When the table cannot be reached.
+    fn ensure_partitions(&self, partitions: u32) -> Result<(), TableError>;
+
+    /// Records that run `run_id` of `node_id` at `url` is alive now, if the name is free, this
+    /// run's, or stale (last seen `stale` ago or longer); answers whether it did.
+    ///
+    /// # Errors
+    ///
+    /// When the table cannot be reached.
+    fn heartbeat(
+        &self,
+        node_id: &str,
+        run_id: &str,
+        url: &str,
+        stale: Duration,
+    ) -> Result<bool, TableError>;
+
+    /// Forgets `node_id` if run `run_id` holds the name.
+    ///
+    /// # Errors
+    ///
+    /// When the table cannot be reached.
+    fn leave(&self, node_id: &str, run_id: &str) -> Result<(), TableError>;
+
+    /// Takes `partition` for `lease` if it is free or expired, raising its epoch; the new
+    /// epoch, or `None` when another holder's lease is live (or this node's: renew it).
+    ///
+    /// # Errors
+    ///
+    /// When the table cannot be reached.
+    fn acquire(
+        &self,
+        partition: u32,
+        node_id: &str,
+        lease: Duration,
+    ) -> Result<Option<u64>, TableError>;
+
+    /// Extends by `lease` every lease of `held` (partition, epoch) that `node_id` still holds
+    /// with that epoch; the partitions extended.
+    ///
+    /// # Errors
+    ///
+    /// When the table cannot be reached.
+    fn renew(
+        &self,
+        node_id: &str,
+        held: &[(u32, u64)],
+        lease: Duration,
+    ) -> Result<Vec<u32>, TableError>;
+
+    /// Frees `partition` at once if `node_id` holds it with `epoch`; whether it did.
+    ///
+    /// # Errors
+    ///
+    /// When the table cannot be reached.
+    fn release(&self, node_id: &str, partition: u32, epoch: u64) -> Result<bool, TableError>;
+
+    /// Every lease and node, in one snapshot.
+    ///
+    /// # Errors
+    ///
+    /// When the table cannot be reached.
+    fn status(&self) -> Result<TableStatus, TableError>;
+}
