@@ -1,0 +1,1 @@
+//! A PostgreSQL primary and synchronous standby managed by Patroni and etcd.
