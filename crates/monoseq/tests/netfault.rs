@@ -42,7 +42,7 @@ impl Setup {
             (net, db_host, db)
         })
         .await
-        .expect("the network and the database");
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
         let dir = tempfile::tempdir().expect("a temporary directory");
         let mut hosts = Vec::new();
         let mut nodes = Vec::new();
