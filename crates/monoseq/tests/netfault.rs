@@ -136,6 +136,16 @@ async fn a_node_cut_off_from_the_database_stops_serving_before_its_lease_can_be_
     // n1 and the database no longer exchange a packet; clients still reach n1.
     s.net.cut(&s.hosts[0], &[&s.db_host], Verdict::Blackhole);
     let cut = Instant::now();
+    // A client that waits as long as it takes: how long n1 holds a command it took just after
+    // the cut (its write cannot reach the database).
+    let held = {
+        let (url, ws) = (s.nodes[0].url.clone(), ws_of(theirs[0], 1));
+        tokio::spawn(async move {
+            let patient = keyed::client(Duration::from_secs(90));
+            let answer = attempt(&patient, &url, ws, "cut-held", 1).await;
+            (answer, cut.elapsed())
+        })
+    };
     let deadline = cut + Duration::from_secs(60);
     loop {
         let now = owners(&client, &s.nodes[1].url).await;
@@ -218,6 +228,15 @@ async fn a_node_cut_off_from_the_database_stops_serving_before_its_lease_can_be_
             up.text
         );
     }
+    let (answer, after) = held.await.expect("the patient client");
+    eprintln!("a command sent to n1 just after the cut was answered after {after:?}: {answer:?}");
+    let held = answer
+        .err()
+        .unwrap_or_else(|| panic!("n1 acknowledged a command while cut off from the database"));
+    assert_ne!(
+        held.0, "error",
+        "n1 never answered a command it took while cut off: {held:?}"
+    );
     s.finish(load, Vec::new(), 1).await;
 }
 
