@@ -13,6 +13,8 @@
 mod command;
 mod error;
 mod idempotency;
+#[cfg(feature = "simulation")]
+mod manual;
 mod partition;
 mod processor;
 
@@ -24,6 +26,8 @@ pub use error::{CommandError, ConfigError, ErrorClass};
 pub use idempotency::{
     IDEMPOTENCY_KEY_BYTES_MAX, IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey,
 };
+#[cfg(feature = "simulation")]
+pub use manual::ManualPartition;
 pub use partition::{PartitionState, REBUILD_DELAY_MAX, REBUILD_DELAY_MIN};
 pub use processor::{
     BACKLOG_VALUES_MAX_DEFAULT, CommandProcessor, Config, FLUSH_DELAY_DEFAULT,

@@ -345,32 +345,15 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
     /// before an error are kept.
     async fn learn_keys(&mut self, from: u64, to: u64) -> Result<(), String> {
         let w = self.writer();
-        let store = w.store.clone();
-        let partition = w.partition;
-        let read = tokio::task::spawn_blocking(move || {
-            let mut keys = Vec::new();
-            let read = store.for_each_event(
-                partition,
-                monoseq_core::PLogOffset(from),
-                monoseq_core::PLogOffset(to),
-                &mut |e: Event| {
-                    if let Some(i) = e.idempotency {
-                        keys.push((i.key, e.ws.0, e.plog_offset.0));
-                    }
-                },
-            );
-            (keys, read)
-        })
-        .await;
-        let (keys, read) = read.map_err(|e| format!("the reading thread was lost: {e}"))?;
+        let (store, partition) = (w.store.clone(), w.partition);
+        let (keys, read) =
+            tokio::task::spawn_blocking(move || read_keys(&store, partition, from, to))
+                .await
+                .map_err(|e| format!("the reading thread was lost: {e}"))?;
         if let Some(w) = &mut self.writer {
-            for (key, ws, offset) in keys {
-                if let Ok(k) = IdempotencyKey::new(&key) {
-                    w.window.insert(k.hash_in(ws), offset);
-                }
-            }
+            w.remember(keys);
         }
-        read.map_err(|e| e.to_string())
+        read
     }
 
     /// After a failed group write, before any command is taken: waits for the sequencer's
@@ -453,7 +436,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         };
         let ran = tokio::task::spawn_blocking(move || {
             let retry = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                writer.run_group(jobs, &handle)
+                writer.run_group(jobs, Some(&handle))
             }));
             (writer, retry)
         })
@@ -613,10 +596,50 @@ pub(crate) fn busy(b: Busy) -> CommandError {
     CommandError::Busy(b.to_string())
 }
 
+/// An idempotency key found in the PLog: the key, its workspace and its event's offset.
+pub(crate) type FoundKey = (String, u64, u64);
+
+/// The idempotency keys of the events at PLog offsets `from..to`, with the read's result (the
+/// keys read before an error are given too).
+pub(crate) fn read_keys<S: KvStore + Clone>(
+    store: &EventStore<S>,
+    partition: PartitionId,
+    from: u64,
+    to: u64,
+) -> (Vec<FoundKey>, Result<(), String>) {
+    let mut keys = Vec::new();
+    let read = store.for_each_event(
+        partition,
+        monoseq_core::PLogOffset(from),
+        monoseq_core::PLogOffset(to),
+        &mut |e: Event| {
+            if let Some(i) = e.idempotency {
+                keys.push((i.key, e.ws.0, e.plog_offset.0));
+            }
+        },
+    );
+    (keys, read.map_err(|e| e.to_string()))
+}
+
+impl<S: KvStore + Clone> Writer<S> {
+    /// Remembers keys read from the PLog in the idempotency window.
+    pub(crate) fn remember(&mut self, keys: Vec<FoundKey>) {
+        for (key, ws, offset) in keys {
+            if let Ok(k) = IdempotencyKey::new(&key) {
+                self.window.insert(k.hash_in(ws), offset);
+            }
+        }
+    }
+}
+
 impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// Sequences a group, writes it and answers its commands; the innocent commands of a group
     /// that failed because of one of them, to retry.
-    fn run_group(&mut self, jobs: Vec<Job>, rt: &tokio::runtime::Handle) -> Vec<Job> {
+    pub(crate) fn run_group(
+        &mut self,
+        jobs: Vec<Job>,
+        rt: Option<&tokio::runtime::Handle>,
+    ) -> Vec<Job> {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -742,15 +765,25 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     }
 
     /// Makes a group durable before anyone is told: appends it, then syncs the store while
-    /// raising the partition's high-water mark on another blocking thread.
+    /// raising the partition's high-water mark on another blocking thread (after the sync, on
+    /// this thread, without a runtime).
     fn write(
         &self,
         events: Vec<Event>,
         mark: Mark,
-        rt: &tokio::runtime::Handle,
+        rt: Option<&tokio::runtime::Handle>,
     ) -> Result<(), AppendError> {
         self.store.append(self.partition, &events)?;
         let partition = self.partition.0;
+        let Some(rt) = rt else {
+            self.store.sync().map_err(AppendError::Storage)?;
+            return match &self.marks {
+                None => Ok(()),
+                Some(marks) => marks.raise(partition, &mark).map_err(|e| {
+                    AppendError::Storage(KvError::backend("raising the high-water mark failed", e))
+                }),
+            };
+        };
         let raised = self
             .marks
             .clone()

@@ -390,24 +390,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         cmd: Command,
         key: Option<IdempotencyKey>,
     ) -> Result<Outcome, CommandError> {
-        let plan = plan(&cmd)?;
-        if !self.inner.config.ws_kinds.contains(&plan.ws_kind) {
-            return Err(CommandError::UnknownWsKind(cmd.ws_kind));
-        }
-        let key = key.map(|k| {
-            let f = fingerprint(&cmd);
-            (k, f)
-        });
-        self.check_storable(&cmd, &plan, key.as_ref())?;
-        let partition = self.partition_of(plan.ws);
+        let (job, answer) = prepare(&self.inner.config, &self.inner.store, cmd, key)?;
+        let partition = self.partition_of(job.plan.ws);
         let not_owner = || CommandError::NotOwner { partition };
-        let (reply, answer) = oneshot::channel();
-        let job = Job {
-            cmd,
-            plan,
-            key,
-            reply,
-        };
         let sent = {
             let slot = self.inner.partitions[partition as usize]
                 .read()
@@ -426,38 +411,6 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(not_owner()),
         }
         answer.await.unwrap_or(Err(CommandError::ShuttingDown))
-    }
-
-    /// Refuses, before it takes any number, a command whose event or records would not fit
-    /// the storage's limits: the event is built with the largest possible numbers and encoded.
-    fn check_storable(
-        &self,
-        cmd: &Command,
-        plan: &Plan,
-        key: Option<&(IdempotencyKey, u64)>,
-    ) -> Result<(), CommandError> {
-        let ids: BTreeMap<u64, u64> = plan.raw_ids.iter().map(|&(r, _)| (r, u64::MAX)).collect();
-        let kinds = vec![(monoseq_store::RecordKind::CDoc, String::new()); cmd.update.len()];
-        let (created, updated, argument) = resolve(cmd, &ids, &kinds);
-        let probe = Event {
-            plog_offset: monoseq_core::PLogOffset(u64::MAX),
-            ws: plan.ws,
-            ws_kind: plan.ws_kind,
-            wlog_offset: WLogOffset(u64::MAX),
-            registered_at_ms: u64::MAX,
-            command: cmd.command.clone(),
-            argument,
-            created,
-            updated,
-            idempotency: key.map(|(k, f)| Idempotency {
-                key: k.as_str().to_owned(),
-                fingerprint: *f,
-                raw_ids: ids.iter().map(|(&r, &i)| (r, i)).collect(),
-            }),
-        };
-        self.inner.store.check_storable(&probe).map_err(|e| {
-            CommandError::TooLarge(e.to_string().replace("event 0 of the group", "the command"))
-        })
     }
 
     /// Whether every partition serves and has finished actualizing.
@@ -548,6 +501,65 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     }
 }
 
+/// Checks a command in full (validity, workspace kind, storability) and makes it a job with the
+/// receiver of its answer.
+pub(crate) fn prepare<S: KvStore + Clone>(
+    config: &Config,
+    store: &EventStore<S>,
+    cmd: Command,
+    key: Option<IdempotencyKey>,
+) -> Result<(Job, oneshot::Receiver<Result<Outcome, CommandError>>), CommandError> {
+    let plan = plan(&cmd)?;
+    if !config.ws_kinds.contains(&plan.ws_kind) {
+        return Err(CommandError::UnknownWsKind(cmd.ws_kind));
+    }
+    let key = key.map(|k| {
+        let f = fingerprint(&cmd);
+        (k, f)
+    });
+    check_storable(store, &cmd, &plan, key.as_ref())?;
+    let (reply, answer) = oneshot::channel();
+    let job = Job {
+        cmd,
+        plan,
+        key,
+        reply,
+    };
+    Ok((job, answer))
+}
+
+/// Refuses, before it takes any number, a command whose event or records would not fit the
+/// storage's limits: the event is built with the largest possible numbers and encoded.
+fn check_storable<S: KvStore + Clone>(
+    store: &EventStore<S>,
+    cmd: &Command,
+    plan: &Plan,
+    key: Option<&(IdempotencyKey, u64)>,
+) -> Result<(), CommandError> {
+    let ids: BTreeMap<u64, u64> = plan.raw_ids.iter().map(|&(r, _)| (r, u64::MAX)).collect();
+    let kinds = vec![(monoseq_store::RecordKind::CDoc, String::new()); cmd.update.len()];
+    let (created, updated, argument) = resolve(cmd, &ids, &kinds);
+    let probe = Event {
+        plog_offset: monoseq_core::PLogOffset(u64::MAX),
+        ws: plan.ws,
+        ws_kind: plan.ws_kind,
+        wlog_offset: WLogOffset(u64::MAX),
+        registered_at_ms: u64::MAX,
+        command: cmd.command.clone(),
+        argument,
+        created,
+        updated,
+        idempotency: key.map(|(k, f)| Idempotency {
+            key: k.as_str().to_owned(),
+            fingerprint: *f,
+            raw_ids: ids.iter().map(|(&r, &i)| (r, i)).collect(),
+        }),
+    };
+    store.check_storable(&probe).map_err(|e| {
+        CommandError::TooLarge(e.to_string().replace("event 0 of the group", "the command"))
+    })
+}
+
 /// Why a partition's sequencer does not serve, if it does not.
 fn sequencer_unready(st: &SequencerStats) -> Option<String> {
     match st.status {
@@ -571,7 +583,10 @@ fn sequencer_unready(st: &SequencerStats) -> Option<String> {
 
 /// A partition's sequencer parameters: the built-in sequences of every workspace kind,
 /// continuing above `retired`, and the configured limits.
-fn sequencer_params(config: &Config, retired: &Mark) -> Result<monoseq_core::Params, ConfigError> {
+pub(crate) fn sequencer_params(
+    config: &Config,
+    retired: &Mark,
+) -> Result<monoseq_core::Params, ConfigError> {
     Ok(
         built_in_params_above(config.ws_kinds.iter().copied(), retired)
             .backlog_values_max(config.backlog_values_max)

@@ -1,0 +1,294 @@
+//! The simulated database: one key-value store and one lease table behind a synchronous
+//! standby (a failover loses nothing acknowledged, and the database answers nothing while it
+//! runs), with the faults a network and a database inflict on their callers: calls that fail
+//! cleanly, writes whose request or answer is lost, nodes cut off. [`SimKv`] is one node's
+//! fenced view of a partition, as `FencedPgStore` is in production: a write commits only
+//! while the lease's epoch is the one the view was made with, and the database records which
+//! node wrote under each (partition, epoch), so that the simulation can check that only one
+//! ever did.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use monoseq_kv::{
+    CasError, Key, KvError, KvStore, MemoryStore, Order, Visitor, WriteBatch, WriteError,
+};
+use monoseq_membership::{MemoryLeaseTable, TableError};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Fault rates, per mille of calls.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DbFaults {
+    /// Calls that fail cleanly (nothing applied).
+    pub fail: u32,
+    /// Writes whose request (half of these) or answer (the other half) is lost.
+    pub unknown: u32,
+}
+
+/// What the database decides of one call.
+enum Fate {
+    Normal,
+    Fail,
+    LoseRequest,
+    LoseAnswer,
+}
+
+struct DbState {
+    rng: ChaCha8Rng,
+    now: u64,
+    /// A failover runs until then: nothing answers.
+    down_until: u64,
+    /// Nodes cut off from the database.
+    cut: BTreeSet<String>,
+    faults: DbFaults,
+    /// The node whose fenced writes were accepted under each (partition, epoch).
+    accepted: BTreeMap<(u32, u64), String>,
+    violations: Vec<String>,
+}
+
+/// The database every node reaches.
+pub struct Db {
+    kv: Arc<MemoryStore>,
+    table: MemoryLeaseTable,
+    state: Mutex<DbState>,
+}
+
+impl Db {
+    /// An empty database whose faults are decided by `seed`.
+    pub fn new(seed: u64) -> Arc<Db> {
+        Arc::new(Db {
+            kv: Arc::new(MemoryStore::new()),
+            table: MemoryLeaseTable::new(),
+            state: Mutex::new(DbState {
+                rng: ChaCha8Rng::seed_from_u64(seed ^ 0xdb),
+                now: 0,
+                down_until: 0,
+                cut: BTreeSet::new(),
+                faults: DbFaults::default(),
+                accepted: BTreeMap::new(),
+                violations: Vec::new(),
+            }),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, DbState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The store, unfenced and without faults (for the checks).
+    pub fn kv(&self) -> &Arc<MemoryStore> {
+        &self.kv
+    }
+
+    /// The lease table, without faults (for the checks and for [`Db::lease_call`]).
+    pub fn table(&self) -> &MemoryLeaseTable {
+        &self.table
+    }
+
+    /// Moves the database's clock.
+    pub fn set_now(&self, now: u64) {
+        self.state().now = now;
+        self.table.set_now(now);
+    }
+
+    /// Sets the fault rates.
+    pub fn set_faults(&self, faults: DbFaults) {
+        self.state().faults = faults;
+    }
+
+    /// Fails over to the synchronous standby: nothing answers until `until`.
+    pub fn fail_over(&self, until: u64) {
+        let mut s = self.state();
+        s.down_until = s.down_until.max(until);
+    }
+
+    /// The faults stop: no failover runs, no node is cut off, no call fails.
+    pub fn heal(&self) {
+        let mut s = self.state();
+        s.down_until = s.now;
+        s.cut.clear();
+        s.faults = DbFaults::default();
+    }
+
+    /// Cuts `node` off from the database, or joins it again.
+    pub fn cut(&self, node: &str, cut: bool) {
+        let mut s = self.state();
+
+        if cut {
+            s.cut.insert(node.to_owned());
+        } else {
+            s.cut.remove(node);
+        }
+    }
+
+    /// Whether `node` reaches the database now.
+    pub fn reachable(&self, node: &str) -> bool {
+        let s = self.state();
+        s.now >= s.down_until && !s.cut.contains(node)
+    }
+
+    /// Invariant violations the database saw (two nodes' writes accepted under one epoch).
+    pub fn violations(&self) -> Vec<String> {
+        self.state().violations.clone()
+    }
+
+    fn fate(&self, node: &str, write: bool) -> Result<Fate, KvError> {
+        let mut s = self.state();
+        if s.now < s.down_until || s.cut.contains(node) {
+            return Err(unreachable());
+        }
+        let roll = s.rng.random_range(0..1_000u32);
+        let DbFaults { fail, unknown } = s.faults;
+        Ok(match roll {
+            r if write && r < unknown / 2 => Fate::LoseRequest,
+            r if write && r < unknown => Fate::LoseAnswer,
+            r if r < unknown + fail => Fate::Fail,
+            _ => Fate::Normal,
+        })
+    }
+
+    /// Decides the fate of a lease call of `node`: `Err` when it is not applied, `Ok(false)`
+    /// when it is applied but its answer is lost, `Ok(true)` when it is answered.
+    pub fn lease_call_fate(&self, node: &str) -> Result<bool, TableError> {
+        let lost = |m: &str| TableError {
+            message: m.to_owned(),
+        };
+        match self.fate(node, true) {
+            Err(_) => Err(lost("the database is unreachable")),
+            Ok(Fate::Fail | Fate::LoseRequest) => Err(lost("the request was lost")),
+            Ok(Fate::LoseAnswer) => Ok(false),
+            Ok(Fate::Normal) => Ok(true),
+        }
+    }
+
+    fn accept(&self, node: &str, fence: (u32, u64)) {
+        let mut s = self.state();
+        let holder = s
+            .accepted
+            .entry(fence)
+            .or_insert_with(|| node.to_owned())
+            .clone();
+        if holder != node {
+            let v = format!(
+                "partition {} epoch {}: writes of {holder} and of {node} were both accepted",
+                fence.0, fence.1
+            );
+            s.violations.push(v);
+        }
+    }
+}
+
+fn unreachable() -> KvError {
+    KvError::Backend {
+        message: "the database is unreachable (simulated)".to_owned(),
+        source: None,
+    }
+}
+
+fn lost(what: &str) -> KvError {
+    KvError::OutcomeUnknown {
+        message: format!("simulated: {what}"),
+    }
+}
+
+/// One node's view of one partition, every write fenced with the lease epoch it was made with.
+pub struct SimKv {
+    db: Arc<Db>,
+    node: String,
+    fence: (u32, u64),
+}
+
+impl SimKv {
+    /// `node`'s view of `partition` under `epoch`.
+    pub fn new(db: Arc<Db>, node: &str, partition: u32, epoch: u64) -> SimKv {
+        SimKv {
+            db,
+            node: node.to_owned(),
+            fence: (partition, epoch),
+        }
+    }
+
+    fn fenced(&self) -> KvError {
+        KvError::Fenced {
+            message: format!("partition {} with epoch {}", self.fence.0, self.fence.1),
+        }
+    }
+
+    /// Runs a write through the database's faults and the fence.
+    fn write_through<E: From<KvError>>(
+        &self,
+        apply: impl FnOnce() -> Result<(), E>,
+    ) -> Result<(), E> {
+        let fate = self.db.fate(&self.node, true)?;
+        let allowed = self.db.table.write_allowed(self.fence.0, self.fence.1);
+        let run = || {
+            if !allowed {
+                return Err(E::from(self.fenced()));
+            }
+            let result = apply();
+            if result.is_ok() {
+                self.db.accept(&self.node, self.fence);
+            }
+            result
+        };
+        match fate {
+            Fate::Normal => run(),
+            Fate::Fail => Err(unreachable().into()),
+            Fate::LoseRequest => Err(lost("the request was lost").into()),
+            Fate::LoseAnswer => {
+                let _ = run();
+                Err(lost("the write was applied, then its answer was lost").into())
+            }
+        }
+    }
+
+    fn read_gate(&self) -> Result<(), KvError> {
+        match self.db.fate(&self.node, false)? {
+            Fate::Fail => Err(unreachable()),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl KvStore for SimKv {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.read_gate()?;
+        self.db.kv.get(key)
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.read_gate()?;
+        self.db.kv.get_many(keys)
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        self.read_gate()?;
+        self.db.kv.scan(partition, from, to, order, visit)
+    }
+
+    fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
+        self.write_through(|| self.db.kv.write(batch))
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        self.write_through(|| self.db.kv.compare_and_swap(key, expected, new))
+    }
+
+    fn sync(&self) -> Result<(), KvError> {
+        self.read_gate()
+    }
+}

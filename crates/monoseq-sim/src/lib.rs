@@ -1,0 +1,644 @@
+//! monoseq-sim: a deterministic, seeded simulation of a whole cluster. Several nodes run the
+//! real membership state machine (`monoseq-membership`) and the real partition writers
+//! (`monoseq_cp::ManualPartition`: sequencing, idempotency window, group writes, read-back
+//! after a failed write) on one simulated database with a synchronous standby (`db.rs`).
+//! Clients send keyed commands to any node and retry with the same key until answered.
+//!
+//! One seed is one exact run: time is simulated in ticks, every random choice comes from the
+//! seed, and nothing runs on another thread. Faults: node pauses longer than a lease, kills
+//! and restarts, a second live run of one node name, clock-rate drift within
+//! [`DRIFT_PPM_MAX`], lost and delayed lease calls, failing calls, writes whose outcome is
+//! unknown, cut links between nodes and between a node and the database, and database
+//! failovers. The invariants are checked at every tick and at the end ([`Sim::run`]).
+
+// Library code answers errors; an `expect` states why it cannot fail.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod db;
+mod node;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use monoseq_cp::{Command, CommandError, KindName, NewRecord, Outcome};
+use monoseq_store::{AppId, EventStore, PartitionId, TrustLevel};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+pub use db::{Db, DbFaults, SimKv};
+use node::{Node, Request};
+
+/// Simulated milliseconds per tick.
+pub const TICK_MS: u64 = 10;
+/// Bound of every node clock's rate error, parts per million (±2 %).
+pub const DRIFT_PPM_MAX: i64 = 20_000;
+/// Lease duration of the simulated cluster, milliseconds.
+pub const LEASE_MS: u64 = 1_500;
+/// Renewal interval, milliseconds.
+pub const RENEW_MS: u64 = 300;
+/// How long a client waits for an answer before it sends its command again (to any node).
+pub const CLIENT_TIMEOUT_MS: u64 = 1_000;
+/// After the faults stop, every partition must be served again within this long: a lease to
+/// expire, a renewal interval to notice, and time to actualize (generous: a few ticks).
+pub const RECOVERY_MS: u64 = LEASE_MS + 2 * RENEW_MS + 500;
+/// After the faults stop and every partition is served, every live node must hold its fair
+/// share (within one partition) within this many renewal intervals.
+pub const BALANCE_ROUNDS: u64 = 6;
+
+/// What a seed runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// Node names.
+    pub nodes: usize,
+    /// Partitions.
+    pub partitions: u32,
+    /// Clients, each with a workspace of its own.
+    pub clients: usize,
+    /// Simulated milliseconds with faults.
+    pub fault_ms: u64,
+    /// Simulated milliseconds without faults after them.
+    pub quiet_ms: u64,
+}
+
+impl Plan {
+    /// A plan drawn from `seed`.
+    #[must_use]
+    pub fn from_seed(seed: u64) -> Plan {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9a);
+        Plan {
+            nodes: rng.random_range(2..=4),
+            partitions: rng.random_range(1..=8),
+            clients: rng.random_range(2..=8),
+            fault_ms: rng.random_range(3_000..=8_000),
+            quiet_ms: RECOVERY_MS + BALANCE_ROUNDS * RENEW_MS + 1_500,
+        }
+    }
+}
+
+/// What a run counted.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    /// Commands acknowledged (first answers and replays).
+    pub acked: u64,
+    /// Answers that were replays of an earlier write.
+    pub replayed: u64,
+    /// Transient errors clients retried.
+    pub retried: u64,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<&'static str, u64>,
+}
+
+/// A client: one workspace, one command at a time, retried with its key until answered.
+struct Client {
+    ws: u64,
+    op: u64,
+    sent_at: Option<u64>,
+    next_send: u64,
+}
+
+/// The whole simulated cluster.
+pub struct Sim {
+    seed: u64,
+    plan: Plan,
+    rng: ChaCha8Rng,
+    now: u64,
+    db: Arc<Db>,
+    nodes: Vec<Node>,
+    clients: Vec<Client>,
+    /// Links between nodes that are cut (both directions), by node index.
+    cut_links: BTreeSet<(usize, usize)>,
+    /// Acknowledged numbers: (partition, PLog offset), (ws, WLog offset), (ws, record ID),
+    /// each with the key it was acknowledged for.
+    plog: BTreeMap<(u32, u64), String>,
+    wlog: BTreeMap<(u64, u64), String>,
+    ids: BTreeMap<(u64, u64), String>,
+    /// Every key's acknowledged answer.
+    answers: BTreeMap<String, (u32, u64)>,
+    report: Report,
+    /// Runs started so far.
+    runs: u64,
+}
+
+/// The config every partition writer runs with.
+fn cp_config(partitions: u32) -> monoseq_cp::Config {
+    monoseq_cp::Config {
+        partitions,
+        idempotency_window_events: 10_000,
+        ..monoseq_cp::Config::default()
+    }
+}
+
+fn key_of(ws: u64, op: u64) -> String {
+    format!("k{ws}-{op}")
+}
+
+/// The command of a client's operation: one record, so that its ID is checked too.
+fn command(ws: u64, op: u64) -> Command {
+    Command {
+        ws,
+        ws_kind: 1,
+        command: format!("sim.Op{op}"),
+        create: vec![NewRecord {
+            raw_id: 1,
+            kind: KindName::CDoc,
+            name: "sim.Doc".to_owned(),
+            fields: Default::default(),
+        }],
+        update: Vec::new(),
+        argument: None,
+    }
+}
+
+impl Sim {
+    /// The cluster of `seed`, running `plan`.
+    #[must_use]
+    pub fn new(seed: u64, plan: Plan) -> Sim {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let db = Db::new(seed);
+        let nodes = (0..plan.nodes)
+            .map(|i| {
+                let drift = rng.random_range(-DRIFT_PPM_MAX..=DRIFT_PPM_MAX);
+                Node::start(format!("n{i}"), i as u64, true, drift, 0, &plan)
+            })
+            .collect();
+        let clients = (0..plan.clients)
+            .map(|c| Client {
+                ws: c as u64 + 1,
+                op: 1,
+                sent_at: None,
+                next_send: rng.random_range(0..500),
+            })
+            .collect();
+        Sim {
+            seed,
+            plan,
+            rng,
+            now: 0,
+            db,
+            nodes,
+            clients,
+            cut_links: BTreeSet::new(),
+            plog: BTreeMap::new(),
+            wlog: BTreeMap::new(),
+            ids: BTreeMap::new(),
+            answers: BTreeMap::new(),
+            report: Report::default(),
+            runs: plan.nodes as u64,
+        }
+    }
+
+    /// Runs the plan: faults, then quiet; checks every invariant at every tick and at the end.
+    ///
+    /// # Errors
+    ///
+    /// The first invariant found broken, with the time it was found.
+    pub fn run(mut self) -> Result<Report, String> {
+        let quiet_from = self.plan.fault_ms;
+        let end = quiet_from + self.plan.quiet_ms;
+        self.db.set_faults(DbFaults {
+            fail: self.rng.random_range(0..=20),
+            unknown: self.rng.random_range(0..=30),
+        });
+        let mut served_since: Option<u64> = None;
+        let mut healed = false;
+        while self.now < end {
+            self.now += TICK_MS;
+            self.db.set_now(self.now);
+            if self.now < quiet_from {
+                self.inject();
+            } else if !healed {
+                healed = true;
+                self.heal_all();
+            }
+            self.tick();
+            self.check_now()
+                .map_err(|e| format!("at {} ms: {e}", self.now))?;
+            if self.now > quiet_from {
+                if self.all_served() {
+                    served_since.get_or_insert(self.now);
+                } else if self.now > quiet_from + RECOVERY_MS {
+                    return Err(format!(
+                        "at {} ms: {RECOVERY_MS} ms after the faults stopped, partitions {:?} are \
+                         still not served\n{}",
+                        self.now,
+                        self.unserved(),
+                        self.dump()
+                    ));
+                }
+                if let Some(since) = served_since
+                    && self.now > since + BALANCE_ROUNDS * RENEW_MS
+                {
+                    self.check_balance()
+                        .map_err(|e| format!("at {} ms: {e}", self.now))?;
+                }
+            }
+        }
+        self.check_end()?;
+        Ok(self.report)
+    }
+
+    fn count(&mut self, fault: &'static str) {
+        *self.report.faults.entry(fault).or_insert(0) += 1;
+    }
+
+    /// Injects the faults of one tick, each with a small probability.
+    fn inject(&mut self) {
+        let n = self.nodes.len();
+        let roll = self.rng.random_range(0..10_000u32);
+        let who = self.rng.random_range(0..n);
+        match roll {
+            0..=9 => {
+                // A pause longer than a lease (a stop-the-world, a frozen VM).
+                let pause = self.rng.random_range(LEASE_MS..=3 * LEASE_MS);
+                self.nodes[who].paused_until = self.now + pause;
+                self.count("pause");
+            }
+            10..=16 => {
+                self.nodes[who].kill();
+                self.count("kill");
+            }
+            17..=19 => {
+                // A second run of the same name while the first may still live.
+                let name = self.nodes[who].name.clone();
+                let drift = self.rng.random_range(-DRIFT_PPM_MAX..=DRIFT_PPM_MAX);
+                let run = self.next_run();
+                self.nodes
+                    .push(Node::start(name, run, false, drift, self.now, &self.plan));
+                self.count("second run of a name");
+            }
+            20..=25 => {
+                let until = self.now + self.rng.random_range(200..=2_000);
+                self.db.fail_over(until);
+                self.count("database failover");
+            }
+            26..=31 => {
+                let name = self.nodes[who].name.clone();
+                let cut = self.rng.random_bool(0.5);
+                self.db.cut(&name, cut);
+                self.count("node cut off from the database");
+            }
+            32..=37 if n > 1 => {
+                let other = (who + 1 + self.rng.random_range(0..n - 1)) % n;
+                let link = (who.min(other), who.max(other));
+                if !self.cut_links.remove(&link) {
+                    self.cut_links.insert(link);
+                }
+                self.count("link between nodes cut or mended");
+            }
+            _ => {}
+        }
+        // Dead nodes come back after a while (a restart with a new run).
+        for i in 0..self.nodes.len() {
+            if !self.nodes[i].alive && self.nodes[i].restartable && self.rng.random_bool(0.01) {
+                let drift = self.rng.random_range(-DRIFT_PPM_MAX..=DRIFT_PPM_MAX);
+                let run = self.next_run();
+                self.nodes[i].restart(run, drift, self.now, &self.plan);
+                self.count("restart");
+            }
+        }
+    }
+
+    /// The faults stop: links mend, the database answers, dead nodes restart, nothing more
+    /// is lost. Second runs of a name stay as they are (one of the two gave up).
+    fn heal_all(&mut self) {
+        self.db.heal();
+        self.cut_links.clear();
+        for i in 0..self.nodes.len() {
+            let name = self.nodes[i].name.clone();
+            self.nodes[i].paused_until = 0;
+            if !self.nodes[i].alive && self.nodes[i].restartable && !self.name_alive(&name) {
+                let drift = self.rng.random_range(-DRIFT_PPM_MAX..=DRIFT_PPM_MAX);
+                let run = self.next_run();
+                self.nodes[i].restart(run, drift, self.now, &self.plan);
+            }
+        }
+    }
+
+    /// A run number never used before in this simulation (run IDs are unique per start).
+    fn next_run(&mut self) -> u64 {
+        self.runs += 1;
+        self.runs
+    }
+
+    fn name_alive(&self, name: &str) -> bool {
+        self.nodes.iter().any(|n| n.alive && n.name == name)
+    }
+
+    /// One tick: nodes step, clients send, answers arrive.
+    fn tick(&mut self) {
+        let mut answers: Vec<(Request, Result<Outcome, CommandError>)> = Vec::new();
+        for i in 0..self.nodes.len() {
+            let db = Arc::clone(&self.db);
+            self.nodes[i].step(self.now, &db, &mut answers);
+        }
+        let mut sends = Vec::new();
+        for (c, client) in self.clients.iter_mut().enumerate() {
+            let due = match client.sent_at {
+                Some(at) => self.now >= at + CLIENT_TIMEOUT_MS,
+                None => self.now >= client.next_send,
+            };
+            if due {
+                client.sent_at = Some(self.now);
+                sends.push(Request {
+                    client: c,
+                    op: client.op,
+                    ws: client.ws,
+                    cmd: command(client.ws, client.op),
+                    key: key_of(client.ws, client.op),
+                });
+            }
+        }
+        for request in sends {
+            let to = self.rng.random_range(0..self.nodes.len());
+            if let Some(refused) = self.route(to, request, true) {
+                answers.push(refused);
+            }
+        }
+        for (request, result) in answers {
+            self.answer(request, result);
+        }
+    }
+
+    /// Delivers `request` to node `to`; an immediate answer when it does not queue it.
+    fn route(
+        &mut self,
+        to: usize,
+        request: Request,
+        may_forward: bool,
+    ) -> Option<(Request, Result<Outcome, CommandError>)> {
+        let partition = (request.ws % u64::from(self.plan.partitions)) as u32;
+        let node = &mut self.nodes[to];
+        if !node.alive {
+            // Connection refused: the client tries again after its timeout.
+            return None;
+        }
+        if self.now < node.paused_until {
+            // Accepted by the kernel; the process runs it when it wakes.
+            node.inbox.push(request);
+            return None;
+        }
+        if node.serves(partition) {
+            node.enqueue(partition, request);
+            return None;
+        }
+        let owner = node.owner_of(partition);
+        match owner {
+            Some(owner) if may_forward => {
+                let target = self
+                    .nodes
+                    .iter()
+                    .position(|n| n.alive && n.name == owner && n.is_member())?;
+                let link = (to.min(target), to.max(target));
+                if self.cut_links.contains(&link) {
+                    // Forwarding failed: the node answers `owner_unreachable` (503).
+                    return Some((
+                        request,
+                        Err(CommandError::Unavailable {
+                            partition,
+                            reason: "the owner did not answer".into(),
+                        }),
+                    ));
+                }
+                if target == to {
+                    return Some((
+                        request,
+                        Err(CommandError::Unavailable {
+                            partition,
+                            reason: "starting".into(),
+                        }),
+                    ));
+                }
+                self.route(target, request, false)
+            }
+            Some(_) => Some((request, Err(CommandError::NotOwner { partition }))),
+            None => Some((
+                request,
+                Err(CommandError::Unavailable {
+                    partition,
+                    reason: "moving between nodes".into(),
+                }),
+            )),
+        }
+    }
+
+    /// A client receives an answer: acknowledgments are recorded and checked whatever
+    /// operation they answer; the client moves on only with an answer to its current one.
+    fn answer(&mut self, request: Request, result: Result<Outcome, CommandError>) {
+        match &result {
+            Ok(outcome) => self.acknowledge(&request, outcome),
+            Err(e) if e.is_transient() => self.report.retried += 1,
+            Err(_) => {}
+        }
+        let client = &mut self.clients[request.client];
+        if request.op != client.op {
+            return;
+        }
+        match result {
+            Ok(_) => {
+                client.op += 1;
+                client.sent_at = None;
+                client.next_send = self.now + self.rng.random_range(0..50);
+            }
+            Err(e) if e.is_transient() => {
+                client.sent_at = None;
+                client.next_send = self.now + self.rng.random_range(20..200);
+            }
+            Err(e) => {
+                let broken = format!(
+                    "key {} was refused for good ({}): {e}",
+                    request.key,
+                    e.code()
+                );
+                self.report.faults.insert("permanent refusal", 1);
+                self.pending_violation(broken);
+            }
+        }
+    }
+
+    fn pending_violation(&mut self, v: String) {
+        self.nodes[0].violations.push(v);
+    }
+
+    fn acknowledge(&mut self, request: &Request, o: &Outcome) {
+        self.report.acked += 1;
+        if o.replayed {
+            self.report.replayed += 1;
+        }
+        let key = &request.key;
+        let mut broken = Vec::new();
+        match self.answers.get(key) {
+            Some(&first) if first != (o.partition, o.plog_offset) => broken.push(format!(
+                "key {key} was applied twice: at PLog offsets {} and {} of partition {}",
+                first.1, o.plog_offset, o.partition
+            )),
+            Some(_) => {}
+            None => {
+                self.answers
+                    .insert(key.clone(), (o.partition, o.plog_offset));
+            }
+        }
+        let mut once = |what: String, holder: Option<&String>| {
+            if let Some(h) = holder
+                && h != key
+            {
+                broken.push(format!("{what} was acknowledged to {h} and to {key}"));
+            }
+        };
+        once(
+            format!("PLog offset {} of partition {}", o.plog_offset, o.partition),
+            self.plog.get(&(o.partition, o.plog_offset)),
+        );
+        once(
+            format!("WLog offset {} of workspace {}", o.wlog_offset, request.ws),
+            self.wlog.get(&(request.ws, o.wlog_offset)),
+        );
+        for id in o.ids.values() {
+            once(
+                format!("record ID {id} of workspace {}", request.ws),
+                self.ids.get(&(request.ws, *id)),
+            );
+        }
+        self.plog.insert((o.partition, o.plog_offset), key.clone());
+        self.wlog.insert((request.ws, o.wlog_offset), key.clone());
+        for id in o.ids.values() {
+            self.ids.insert((request.ws, *id), key.clone());
+        }
+        for b in broken {
+            self.pending_violation(b);
+        }
+    }
+
+    fn check_now(&mut self) -> Result<(), String> {
+        if let Some(v) = self.db.violations().into_iter().next() {
+            return Err(v);
+        }
+        for n in &mut self.nodes {
+            if let Some(v) = n.violations.first() {
+                return Err(v.clone());
+            }
+        }
+        Ok(())
+    }
+
+    fn live_members(&self) -> Vec<&Node> {
+        self.nodes
+            .iter()
+            .filter(|n| n.alive && n.is_member())
+            .collect()
+    }
+
+    fn unserved(&self) -> Vec<u32> {
+        (0..self.plan.partitions)
+            .filter(|p| !self.live_members().iter().any(|n| n.serves_ready(*p)))
+            .collect()
+    }
+
+    fn all_served(&self) -> bool {
+        self.unserved().is_empty()
+    }
+
+    fn check_balance(&self) -> Result<(), String> {
+        let members = self.live_members();
+        if members.is_empty() {
+            return Err("no live member after the faults stopped".into());
+        }
+        let share = (self.plan.partitions as usize).div_ceil(members.len());
+        let floor = self.plan.partitions as usize / members.len();
+        for n in &members {
+            let held = n.held_count();
+            if held > share || held + 1 < floor.max(1).min(share) {
+                let spread: Vec<(String, usize)> = members
+                    .iter()
+                    .map(|m| (m.name.clone(), m.held_count()))
+                    .collect();
+                return Err(format!(
+                    "{} rounds after every partition was served again the nodes are not \
+                     balanced (fair share {floor}..={share}): {spread:?}\n{}",
+                    BALANCE_ROUNDS,
+                    self.dump()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// At the end: every acknowledged event is in the PLog with its key, and no key is in
+    /// two events.
+    fn check_end(&self) -> Result<(), String> {
+        let store = EventStore::new(Arc::clone(self.db.kv()), AppId(1), TrustLevel::Level0);
+        let mut keys: BTreeMap<(u64, String), u64> = BTreeMap::new();
+        let mut offsets: BTreeMap<(u32, u64), String> = BTreeMap::new();
+        for p in 0..self.plan.partitions {
+            let mut broken = None;
+            store
+                .for_each_event(
+                    PartitionId(p),
+                    monoseq_core::PLogOffset(1),
+                    monoseq_core::PLogOffset(u64::MAX),
+                    &mut |e| {
+                        let Some(i) = e.idempotency else { return };
+                        if let Some(other) = keys.insert((e.ws.0, i.key.clone()), e.plog_offset.0) {
+                            broken.get_or_insert(format!(
+                                "key {} is in two events of partition {p}: PLog offsets {other} \
+                                 and {}",
+                                i.key, e.plog_offset.0
+                            ));
+                        }
+                        offsets.insert((p, e.plog_offset.0), i.key);
+                    },
+                )
+                .map_err(|e| format!("reading partition {p}'s PLog: {e}"))?;
+            if let Some(b) = broken {
+                return Err(b);
+            }
+        }
+        for ((p, offset), key) in &self.plog {
+            match offsets.get(&(*p, *offset)) {
+                Some(k) if k == key => {}
+                Some(k) => {
+                    return Err(format!(
+                        "PLog offset {offset} of partition {p} was acknowledged to {key} but \
+                         holds {k}"
+                    ));
+                }
+                None => {
+                    return Err(format!(
+                        "PLog offset {offset} of partition {p}, acknowledged to {key}, is not \
+                         readable"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The state of the leases and of every node, for a failure's message.
+    fn dump(&self) -> String {
+        let mut out = String::new();
+        if let Ok(status) = monoseq_membership::LeaseTable::status(self.db.table()) {
+            out += &format!(
+                "leases: {:?}\nnode rows: {:?}\n",
+                status.leases, status.nodes
+            );
+        }
+        for n in &self.nodes {
+            out += &format!("{}\n", n.describe());
+        }
+        out
+    }
+
+    /// The seed.
+    #[must_use]
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+}
+
+/// Runs seed `seed` with its own plan.
+///
+/// # Errors
+///
+/// The first invariant found broken.
+pub fn run_seed(seed: u64) -> Result<Report, String> {
+    Sim::new(seed, Plan::from_seed(seed)).run()
+}

@@ -1,0 +1,442 @@
+//! One simulated node: the real membership state machine on a clock of its own (drifting
+//! within the stated bound), its lease calls carried to the database with the faults the
+//! database decides (lost, late, failed), and the real partition writers it serves, stepped
+//! as the partition task steps them: actualize, rebuild the idempotency window, run groups,
+//! read back after a failed group, hand off when asked, stop when fenced.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use monoseq_core::{Status, Step};
+use monoseq_cp::{Command, CommandError, ManualPartition, Outcome};
+use monoseq_membership::{Action, Call, Config, Membership, Phase, Reply, TableError, execute};
+use monoseq_store::{AppId, EventStore, Mark, TrustLevel};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::db::{Db, SimKv};
+use crate::{LEASE_MS, Plan, RENEW_MS, cp_config};
+
+/// Most commands in one group.
+const GROUP_MAX: usize = 16;
+/// Longest a handoff waits for its partition to finish before the lease is left to expire.
+const DRAIN_MS_MAX: u64 = 2_000;
+/// Per mille of lease calls whose answer comes late (up to a renewal interval).
+const LATE_PER_MILLE: u32 = 50;
+
+/// A command on its way: which client sent it, for which of its operations.
+pub(crate) struct Request {
+    pub(crate) client: usize,
+    pub(crate) op: u64,
+    pub(crate) ws: u64,
+    pub(crate) cmd: Command,
+    pub(crate) key: String,
+}
+
+/// A partition this node serves.
+struct Part {
+    epoch: u64,
+    kv: Arc<SimKv>,
+    writer: ManualPartition<Arc<SimKv>>,
+    /// Actualized and its idempotency window rebuilt.
+    started: bool,
+    queue: Vec<Request>,
+    retry_at: u64,
+    /// Since when it is being handed off.
+    draining: Option<u64>,
+}
+
+type Answers = Vec<(Request, Result<Outcome, CommandError>)>;
+
+pub(crate) struct Node {
+    pub(crate) name: String,
+    pub(crate) run: u64,
+    pub(crate) alive: bool,
+    /// Restarted after it dies (not a second run of a name).
+    pub(crate) restartable: bool,
+    pub(crate) paused_until: u64,
+    /// It was paused at the last tick.
+    was_paused: bool,
+    /// Requests accepted while paused.
+    pub(crate) inbox: Vec<Request>,
+    pub(crate) violations: Vec<String>,
+    membership: Membership,
+    drift_ppm: i64,
+    born: u64,
+    /// A lease call's answer on its way, with when it arrives.
+    awaiting: Option<(u64, Reply)>,
+    parts: BTreeMap<u32, Part>,
+    /// What this run acknowledged of each partition (a process's memory).
+    acked: BTreeMap<u32, Mark>,
+    partitions: u32,
+    rng: ChaCha8Rng,
+}
+
+fn membership(name: &str, run: u64, plan: &Plan, now: u64) -> Membership {
+    let config = Config::new(
+        name,
+        &format!("{name}-r{run}"),
+        &format!("sim://{name}"),
+        plan.partitions,
+        LEASE_MS,
+        RENEW_MS,
+    )
+    .expect("the simulation's membership parameters are valid");
+    Membership::new(config, now)
+}
+
+/// The answer of a lease call that failed (or whose answer was lost).
+fn failed(call: &Call, message: &str) -> Reply {
+    let e = TableError {
+        message: message.to_owned(),
+    };
+    match call {
+        Call::EnsurePartitions => Reply::Ensured(Err(e)),
+        Call::Heartbeat => Reply::Heartbeat(Err(e)),
+        Call::Renew { .. } => Reply::Renewed(Err(e)),
+        Call::Status => Reply::Status(Err(e)),
+        Call::Acquire { .. } => Reply::Acquired(Err(e)),
+        Call::Release { .. } => Reply::Released(Err(e)),
+        Call::Leave => Reply::Left(Err(e)),
+    }
+}
+
+fn refuse(queue: Vec<Request>, answers: &mut Answers, error: impl Fn() -> CommandError) {
+    for r in queue {
+        answers.push((r, Err(error())));
+    }
+}
+
+impl Node {
+    /// Run `run` (unique in the simulation) of node `name`, started at `now`; `restartable`
+    /// when it is the name's first run (a second run of a live name is not restarted).
+    pub(crate) fn start(
+        name: String,
+        run: u64,
+        restartable: bool,
+        drift_ppm: i64,
+        now: u64,
+        plan: &Plan,
+    ) -> Node {
+        let seed = name.bytes().fold(run.wrapping_mul(31) ^ now, |h, b| {
+            h.wrapping_mul(0x100_0000_01b3) ^ u64::from(b)
+        });
+        Node {
+            membership: membership(&name, run, plan, now),
+            name,
+            run,
+            alive: true,
+            restartable,
+            paused_until: 0,
+            was_paused: false,
+            inbox: Vec::new(),
+            violations: Vec::new(),
+            drift_ppm,
+            born: now,
+            awaiting: None,
+            parts: BTreeMap::new(),
+            acked: BTreeMap::new(),
+            partitions: plan.partitions,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    /// SIGKILL: everything in memory is gone.
+    pub(crate) fn kill(&mut self) {
+        self.alive = false;
+        self.parts.clear();
+        self.inbox.clear();
+        self.awaiting = None;
+        self.acked.clear();
+    }
+
+    /// A new run of the same name.
+    pub(crate) fn restart(&mut self, run: u64, drift_ppm: i64, now: u64, plan: &Plan) {
+        self.kill();
+        self.run = run;
+        self.membership = membership(&self.name, self.run, plan, now);
+        self.drift_ppm = drift_ppm;
+        self.born = now;
+        self.alive = true;
+        self.paused_until = 0;
+    }
+
+    /// The node's own clock: true time since its start, at its drifting rate.
+    fn local(&self, now: u64) -> u64 {
+        let dt = i128::from(now - self.born);
+        let local = dt + dt * i128::from(self.drift_ppm) / 1_000_000;
+        self.born + u64::try_from(local).unwrap_or(0)
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|(p, x)| {
+                format!(
+                    "{p}@{}:{:?}{}{}{}",
+                    x.epoch,
+                    x.writer.status(),
+                    if x.started { "" } else { " starting" },
+                    if x.writer.unresolved().is_some() {
+                        " unresolved"
+                    } else {
+                        ""
+                    },
+                    if x.draining.is_some() {
+                        " draining"
+                    } else {
+                        ""
+                    },
+                )
+            })
+            .collect();
+        format!(
+            "{} run {} alive {} phase {:?} held {:?} parts {parts:?} paused_until {} awaiting \
+             {:?} local {} next_wake {} born {}\n  {:?}",
+            self.name,
+            self.run,
+            self.alive,
+            self.membership.phase(),
+            self.membership.held().collect::<Vec<_>>(),
+            self.paused_until,
+            self.awaiting.as_ref().map(|a| a.0),
+            self.local(self.born),
+            self.membership.next_wake(),
+            self.born,
+            self.membership
+        )
+    }
+
+    pub(crate) fn is_member(&self) -> bool {
+        self.membership.phase() == Phase::Member
+    }
+
+    pub(crate) fn held_count(&self) -> usize {
+        self.membership.held().count()
+    }
+
+    pub(crate) fn serves(&self, p: u32) -> bool {
+        self.alive && self.parts.get(&p).is_some_and(|x| x.draining.is_none())
+    }
+
+    /// Serves `p` and can take a command for it now.
+    pub(crate) fn serves_ready(&self, p: u32) -> bool {
+        self.serves(p)
+            && self.parts.get(&p).is_some_and(|x| {
+                x.started && x.writer.unresolved().is_none() && x.writer.status() == Status::Ready
+            })
+    }
+
+    pub(crate) fn enqueue(&mut self, p: u32, r: Request) {
+        if let Some(part) = self.parts.get_mut(&p) {
+            part.queue.push(r);
+        }
+    }
+
+    /// The live owner of `p` by this node's last read of the lease table.
+    pub(crate) fn owner_of(&self, p: u32) -> Option<String> {
+        let view = self.membership.view()?;
+        view.status
+            .lease(p)
+            .and_then(|l| l.live_owner())
+            .map(str::to_owned)
+    }
+
+    pub(crate) fn step(&mut self, now: u64, db: &Arc<Db>, answers: &mut Answers) {
+        if !self.alive {
+            return;
+        }
+        if now < self.paused_until {
+            self.was_paused = true;
+            return;
+        }
+        let t = self.local(now);
+        for r in std::mem::take(&mut self.inbox) {
+            let p = (r.ws % u64::from(self.partitions)) as u32;
+            if self.serves(p) {
+                self.enqueue(p, r);
+            } else {
+                answers.push((r, Err(CommandError::NotOwner { partition: p })));
+            }
+        }
+        // A process frozen in the middle of its work goes on where it stopped: the partitions
+        // it served write before its watchdog can notice that their leases ran out (only the
+        // fence stops those writes).
+        let resumed = std::mem::take(&mut self.was_paused);
+        if resumed {
+            self.step_partitions(now, t, answers);
+        }
+        if let Some((at, _)) = &self.awaiting
+            && *at <= now
+            && let Some((_, reply)) = self.awaiting.take()
+        {
+            self.membership.reply(t, reply);
+        }
+        self.membership_actions(now, t, db, answers);
+        self.step_partitions(now, t, answers);
+    }
+
+    fn step_partitions(&mut self, now: u64, t: u64, answers: &mut Answers) {
+        let partitions: Vec<u32> = self.parts.keys().copied().collect();
+        for p in partitions {
+            self.step_partition(p, now, t, answers);
+        }
+    }
+
+    fn membership_actions(&mut self, now: u64, t: u64, db: &Arc<Db>, answers: &mut Answers) {
+        for _ in 0..256 {
+            let Some(action) = self.membership.poll(t) else {
+                return;
+            };
+            match action {
+                Action::Call(call) => self.call(call, now, t, db),
+                Action::Serve {
+                    partition, epoch, ..
+                } => {
+                    let kv = Arc::new(SimKv::new(Arc::clone(db), &self.name, partition, epoch));
+                    let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+                    let acked = self.acked.get(&partition).copied().unwrap_or_default();
+                    let writer =
+                        ManualPartition::open(store, &cp_config(self.partitions), partition, acked)
+                            .expect("the simulation's processor configuration is valid");
+                    self.parts.insert(
+                        partition,
+                        Part {
+                            epoch,
+                            kv,
+                            writer,
+                            started: false,
+                            queue: Vec::new(),
+                            retry_at: 0,
+                            draining: None,
+                        },
+                    );
+                }
+                Action::Stop { partition, .. } => {
+                    if let Some(part) = self.parts.remove(&partition) {
+                        refuse(part.queue, answers, || CommandError::NotOwner { partition });
+                    }
+                }
+                Action::Drain { partition, .. } => {
+                    if let Some(part) = self.parts.get_mut(&partition) {
+                        part.draining.get_or_insert(now);
+                    }
+                }
+                Action::Refuse(_) | Action::Superseded => {
+                    self.kill();
+                    return;
+                }
+                Action::EpochWentBack {
+                    partition,
+                    seen,
+                    found,
+                } => self.violations.push(format!(
+                    "{}: partition {partition}'s epoch went back from {seen} to {found} although \
+                     the database lost nothing",
+                    self.name
+                )),
+                _ => {}
+            }
+        }
+    }
+
+    /// Carries a lease call to the database, with its faults.
+    fn call(&mut self, call: Call, now: u64, t: u64, db: &Arc<Db>) {
+        if std::env::var_os("MONOSEQ_SIM_TRACE").is_some() {
+            eprintln!("{now} {}-r{} (local {t}) {call:?}", self.name, self.run);
+        }
+        let reply = match db.lease_call_fate(&self.name) {
+            Err(e) => failed(&call, &e.message),
+            Ok(answered) => {
+                let reply = execute(&call, db.table(), self.membership.config());
+                if !answered {
+                    failed(&call, "the answer was lost")
+                } else if self.rng.random_range(0..1_000u32) < LATE_PER_MILLE {
+                    let late = self.rng.random_range(10..=RENEW_MS);
+                    self.awaiting = Some((now + late, reply));
+                    return;
+                } else {
+                    reply
+                }
+            }
+        };
+        self.membership.reply(t, reply);
+    }
+
+    fn step_partition(&mut self, p: u32, now: u64, t: u64, answers: &mut Answers) {
+        let Some(part) = self.parts.get_mut(&p) else {
+            return;
+        };
+        if now >= part.retry_at {
+            // One piece of background work per tick: a whole actualization, or one flush.
+            if let Step::RetryAfter(d) = part.writer.step() {
+                part.retry_at = now + u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+            }
+        }
+        let status = part.writer.status();
+        if part.writer.fenced() || (status == Status::Finished && part.writer.sequencer_fenced()) {
+            let part = self.parts.remove(&p).expect("present");
+            self.membership.fenced(t, p);
+            refuse(part.queue, answers, || CommandError::NotOwner {
+                partition: p,
+            });
+            return;
+        }
+        if let Some(reason) = part.writer.lost() {
+            let v = format!(
+                "{}: partition {p} lost acknowledged events: {reason}",
+                self.name
+            );
+            self.violations.push(v);
+            return;
+        }
+        if part.writer.failed().is_some() || status == Status::Finished {
+            // Healing: a new sequencer on the same storage, actualized from the PLog.
+            let store = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0);
+            let acked = part.writer.acked();
+            part.writer = ManualPartition::open(store, &cp_config(self.partitions), p, acked)
+                .expect("the simulation's processor configuration is valid");
+            part.started = false;
+            return;
+        }
+        if status != Status::Ready {
+            refuse(std::mem::take(&mut part.queue), answers, || {
+                CommandError::Unavailable {
+                    partition: p,
+                    reason: "actualizing".into(),
+                }
+            });
+            return;
+        }
+        if !part.started {
+            part.started = part.writer.rebuild_window().is_ok();
+        } else if part.writer.unresolved().is_some() {
+            let _ = part.writer.read_back();
+        } else if !part.queue.is_empty() {
+            let n = part.queue.len().min(GROUP_MAX);
+            let group: Vec<Request> = part.queue.drain(..n).collect();
+            let commands = group
+                .iter()
+                .map(|r| {
+                    let key = monoseq_cp::IdempotencyKey::new(&r.key).expect("a valid key");
+                    (r.cmd.clone(), Some(key))
+                })
+                .collect();
+            let results = part.writer.run_group(commands);
+            for (r, result) in group.into_iter().zip(results) {
+                answers.push((r, result));
+            }
+            self.acked.insert(p, part.writer.acked());
+        }
+        let Some(since) = part.draining else { return };
+        let idle = part.queue.is_empty() && part.writer.unresolved().is_none() && part.started;
+        if idle || now >= since + DRAIN_MS_MAX {
+            let part = self.parts.remove(&p).expect("present");
+            self.membership.drained(t, p, part.epoch, idle);
+            refuse(part.queue, answers, || CommandError::NotOwner {
+                partition: p,
+            });
+        }
+    }
+}
