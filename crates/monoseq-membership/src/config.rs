@@ -153,11 +153,12 @@ impl Config {
     }
 
     /// A name whose last heartbeat is this old (by the database's clock) may be claimed by a
-    /// new run: the lease less one renewal interval, so a restarted node takes its partitions
-    /// back about one renewal before their leases would expire.
+    /// new run: half the lease, but at least three renewal intervals (so that one failed
+    /// heartbeat never lets another run in). A restarted node thus takes its partitions back
+    /// well before their leases would expire.
     #[must_use]
     pub fn name_stale_ms(&self) -> u64 {
-        self.lease_ms - self.renew_ms
+        (self.lease_ms / 2).max(RENEWALS_PER_LEASE_MIN * self.renew_ms)
     }
 
     /// How long after a heartbeat was sent the node may serve without a newer one confirming

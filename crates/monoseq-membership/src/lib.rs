@@ -42,8 +42,8 @@ mod memory;
 mod plan;
 mod table;
 
-pub use config::{Config, ConfigError};
-pub use machine::{Action, Call, Membership, NameTaken, Phase, Reply, StopReason, execute};
+pub use config::{Config, ConfigError, RENEWALS_PER_LEASE_MIN};
+pub use machine::{Action, Call, Membership, NameTaken, Phase, Reply, StopReason, View, execute};
 pub use memory::MemoryLeaseTable;
 pub use plan::{Assignment, assign};
 pub use table::{LeaseRow, LeaseTable, NodeRow, TableError, TableStatus};

@@ -62,6 +62,22 @@ pub enum Call {
     Leave,
 }
 
+impl Call {
+    /// The reply of this call when it failed with `error` (or its answer never came).
+    #[must_use]
+    pub fn failed(&self, error: TableError) -> Reply {
+        match self {
+            Call::EnsurePartitions => Reply::Ensured(Err(error)),
+            Call::Heartbeat => Reply::Heartbeat(Err(error)),
+            Call::Renew { .. } => Reply::Renewed(Err(error)),
+            Call::Status => Reply::Status(Err(error)),
+            Call::Acquire { .. } => Reply::Acquired(Err(error)),
+            Call::Release { .. } => Reply::Released(Err(error)),
+            Call::Leave => Reply::Left(Err(error)),
+        }
+    }
+}
+
 /// What came of a [`Call`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
@@ -299,11 +315,14 @@ impl Membership {
             return 0;
         }
         let mut t = u64::MAX;
-        if self.phase != Phase::Done {
-            t = t.min(self.next_round);
-        }
-        if let Some(p) = self.next_poll {
-            t = t.min(p);
+        // While a call is out, only the watchdogs have deadlines: its reply comes first.
+        if self.pending.is_none() {
+            if self.phase != Phase::Done {
+                t = t.min(self.next_round);
+            }
+            if let Some(p) = self.next_poll {
+                t = t.min(p);
+            }
         }
         for h in self.held.values() {
             t = t.min(h.valid_until);
@@ -325,9 +344,11 @@ impl Membership {
         }
         if now >= self.next_round {
             self.start_round(now);
-        } else if self.next_poll.is_some_and(|t| now >= t) && self.queue.is_empty() {
+        } else if self.next_poll.is_some_and(|t| now >= t) {
             self.next_poll = None;
-            self.queue.push_back(Call::Status);
+            if !self.queue.contains(&Call::Status) {
+                self.queue.push_back(Call::Status);
+            }
         }
         if self.phase == Phase::Leaving
             && self.left
@@ -484,7 +505,10 @@ impl Membership {
             }
             (Phase::Claiming, Ok(false)) => {
                 let since = *self.claiming_since.get_or_insert(sent);
-                if now.saturating_sub(since) >= self.cfg.name_wait_ms() {
+                // Refuse only on fresh evidence: an answer that waited (this process was
+                // paused) says nothing about the other run now.
+                let fresh = now.saturating_sub(sent) <= self.cfg.renew_ms;
+                if fresh && now.saturating_sub(since) >= self.cfg.name_wait_ms() {
                     let holder = self.name_holder.take().map(|n| self.taken(n));
                     self.phase = Phase::Done;
                     self.out

@@ -1,6 +1,6 @@
 //! [`Leases`]: partition ownership among several nodes on one database, as rows of
 //! `monoseq_leases (partition, epoch, node_id, expires_at)`, and the node registry
-//! `monoseq_nodes (node_id, url, seen_at)`. Owns the lease statements and their guarantees:
+//! `monoseq_nodes (node_id, url, seen_at, run_id)`. Owns the lease statements and their guarantees:
 //! every change of a lease is one conditional statement, every time is the database's clock
 //! (`now()`), and every takeover increments the epoch that fences the writes
 //! ([`crate::FencedPgStore`]).
@@ -43,7 +43,7 @@ pub const LEASE_DURATION_MAX: Duration = Duration::from_secs(3600);
 /// let leases = store.leases();
 /// let lease = Duration::from_secs(10);
 /// leases.ensure_partitions(4)?;
-/// leases.heartbeat("node-a", "http://10.0.0.1:8080")?;
+/// leases.heartbeat("node-a", "run-1", "http://10.0.0.1:8080", lease)?;
 /// let mut held = Vec::new();
 /// for partition in 0..4 {
 ///     if let Some(epoch) = leases.acquire(partition, "node-a", lease)? {
@@ -98,6 +98,8 @@ pub struct NodeStatus {
     pub url: String,
     /// Milliseconds since its last heartbeat by the database's clock.
     pub seen_ago_ms: i64,
+    /// The run (one start of the node's process) that heartbeats under the name.
+    pub run_id: String,
 }
 
 /// Every lease and every node, read in one snapshot.
@@ -228,6 +230,7 @@ async fn status(inner: &Inner) -> Result<ClusterStatus, Failure> {
             node_id: row.try_get(0)?,
             url: row.try_get(1)?,
             seen_ago_ms: row.try_get(2)?,
+            run_id: row.try_get(3)?,
         });
     }
     Ok(ClusterStatus { leases, nodes })
@@ -272,32 +275,45 @@ impl Leases {
         .map(drop)
     }
 
-    /// Records that `node_id` is alive and serves at `url`: inserts or updates its row with
-    /// `seen_at` = the database's `now()`.
+    /// Records that run `run_id` of node `node_id` is alive and serves at `url` (`seen_at` =
+    /// the database's `now()`), only if the name is new, already this run's, or its last
+    /// heartbeat is at least `stale` old; answers whether it did. One conditional statement:
+    /// of two runs under one live name, only the one holding it keeps heartbeating.
     ///
     /// # Errors
     ///
     /// A storage error when the database fails.
-    pub fn heartbeat(&self, node_id: &str, url: &str) -> Result<(), KvError> {
+    pub fn heartbeat(
+        &self,
+        node_id: &str,
+        run_id: &str,
+        url: &str,
+        stale: Duration,
+    ) -> Result<bool, KvError> {
+        let stale_ms = i64::try_from(stale.as_millis()).unwrap_or(i64::MAX);
         let text = &self.core.inner.sql.node_heartbeat;
-        self.run(
-            "recording a node's heartbeat",
-            query(&self.core.inner, text, &[&node_id, &url]),
-        )
-        .map(drop)
+        self.run("recording a node's heartbeat", async {
+            let rows = query(
+                &self.core.inner,
+                text,
+                &[&node_id, &url, &run_id, &stale_ms],
+            )
+            .await?;
+            Ok(!rows.is_empty())
+        })
     }
 
-    /// Removes the row of `node_id` from the registry (its leases are untouched: release them
-    /// first, or let them expire).
+    /// Removes the row of `node_id` from the registry if run `run_id` holds it (its leases
+    /// are untouched: release them first, or let them expire).
     ///
     /// # Errors
     ///
     /// A storage error when the database fails.
-    pub fn leave(&self, node_id: &str) -> Result<(), KvError> {
+    pub fn leave(&self, node_id: &str, run_id: &str) -> Result<(), KvError> {
         let text = &self.core.inner.sql.node_leave;
         self.run(
             "removing a node from the registry",
-            query(&self.core.inner, text, &[&node_id]),
+            query(&self.core.inner, text, &[&node_id, &run_id]),
         )
         .map(drop)
     }

@@ -1,15 +1,17 @@
 //! Creates or checks the store's tables at open, in one transaction: the schema, the meta
 //! table with the recorded schema version, the key-value table, and the lease and node
 //! tables. Owns the rules that a database of an older version is migrated in place (version
-//! 1 gains the lease and node tables) and that one written by a newer build (a higher schema
-//! version) is refused, never used.
+//! 1 gains the lease and node tables, version 2 the nodes' run IDs) and that one written by a
+//! newer build (a higher schema version) is refused, never used.
 
 use monoseq_kv::{KvError, OpenError};
 use tokio_postgres::error::SqlState;
 
 use crate::error::{Failure, storage_open_error};
 use crate::exec::Conn;
-use crate::sql::{SCHEMA_VERSION, SCHEMA_VERSION_KV_ONLY, Sql, VERSION_ROW};
+use crate::sql::{
+    SCHEMA_VERSION, SCHEMA_VERSION_KV_ONLY, SCHEMA_VERSION_NO_RUN_ID, Sql, VERSION_ROW,
+};
 
 /// Attempts of the whole migration: two stores opening a new schema at once may race in the
 /// catalog (`CREATE … IF NOT EXISTS` is not atomic there); the loser finds the tables on its
@@ -92,6 +94,10 @@ async fn versioned(
         Some(version) if version == SCHEMA_VERSION => {}
         Some(SCHEMA_VERSION_KV_ONLY) => {
             create_lease_tables(conn, sql).await?;
+            write_version(conn, sql).await?;
+        }
+        Some(SCHEMA_VERSION_NO_RUN_ID) => {
+            client.batch_execute(&sql.add_run_id).await?;
             write_version(conn, sql).await?;
         }
         Some(version) if version > SCHEMA_VERSION => {

@@ -11,9 +11,13 @@ use std::ops::Bound;
 use monoseq_kv::Order;
 
 /// The schema version this build writes and reads. A database holding a newer one is refused.
-/// Version 1: the key-value table. Version 2 adds the lease and node tables; a database at
-/// version 1 is migrated in place.
-pub(crate) const SCHEMA_VERSION: i64 = 2;
+/// Version 1: the key-value table. Version 2 adds the lease and node tables. Version 3 adds
+/// the node table's `run_id` (which run of a node heartbeats under its name). A database at an
+/// older version is migrated in place.
+pub(crate) const SCHEMA_VERSION: i64 = 3;
+
+/// The schema version whose node table has no `run_id`.
+pub(crate) const SCHEMA_VERSION_NO_RUN_ID: i64 = 2;
 
 /// The schema version that had only the key-value table.
 pub(crate) const SCHEMA_VERSION_KV_ONLY: i64 = 1;
@@ -58,6 +62,10 @@ pub(crate) struct Sql {
     pub(crate) lease_release: String,
     /// Every lease: partition, epoch, node, milliseconds to expiry by the database's clock.
     pub(crate) lease_status: String,
+    /// Adds `run_id` to a node table of schema version 2.
+    pub(crate) add_run_id: String,
+    /// Records node $1 at URL $2 as run $3 seen now, if the name is new, run $3's, or last
+    /// seen at least $4 ms ago; returns a row when it did.
     pub(crate) node_heartbeat: String,
     pub(crate) node_leave: String,
     /// Every node: id, URL, milliseconds since its last heartbeat by the database's clock.
@@ -104,7 +112,10 @@ impl Sql {
             ),
             create_nodes: format!(
                 "CREATE TABLE IF NOT EXISTS {nodes} (node_id text PRIMARY KEY, url text NOT NULL, \
-                 seen_at timestamptz NOT NULL)"
+                 seen_at timestamptz NOT NULL, run_id text NOT NULL DEFAULT '')"
+            ),
+            add_run_id: format!(
+                "ALTER TABLE {nodes} ADD COLUMN IF NOT EXISTS run_id text NOT NULL DEFAULT ''"
             ),
             fence: format!(
                 "SELECT 1 / count(*) FROM (SELECT 1 FROM {leases} WHERE partition = $1 AND epoch = \
@@ -135,12 +146,15 @@ impl Sql {
                 ms_until("expires_at")
             ),
             node_heartbeat: format!(
-                "INSERT INTO {nodes} (node_id, url, seen_at) VALUES ($1, $2, now()) ON CONFLICT \
-                 (node_id) DO UPDATE SET url = EXCLUDED.url, seen_at = EXCLUDED.seen_at"
+                "INSERT INTO {nodes} (node_id, url, seen_at, run_id) VALUES ($1, $2, now(), $3) \
+                 ON CONFLICT (node_id) DO UPDATE SET url = EXCLUDED.url, seen_at = \
+                 EXCLUDED.seen_at, run_id = EXCLUDED.run_id WHERE {nodes}.run_id = \
+                 EXCLUDED.run_id OR {nodes}.seen_at <= now() - $4::bigint * interval '1 \
+                 millisecond' RETURNING 1"
             ),
-            node_leave: format!("DELETE FROM {nodes} WHERE node_id = $1"),
+            node_leave: format!("DELETE FROM {nodes} WHERE node_id = $1 AND run_id = $2"),
             node_status: format!(
-                "SELECT node_id, url, -{} FROM {nodes} ORDER BY node_id",
+                "SELECT node_id, url, -{}, run_id FROM {nodes} ORDER BY node_id",
                 ms_until("seen_at")
             ),
             read_version: format!("SELECT value FROM {meta} WHERE name = $1 FOR UPDATE"),

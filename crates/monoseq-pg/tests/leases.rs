@@ -128,12 +128,12 @@ fn release_frees_the_lease_at_once_only_for_its_holder_and_epoch() {
 fn status_shows_leases_and_nodes_with_ages_by_the_database_clock() {
     let leases = fresh().leases();
     leases.ensure_partitions(3).unwrap();
-    leases.heartbeat("a", "http://a:1").unwrap();
-    leases.heartbeat("b", "http://b:1").unwrap();
+    assert!(leases.heartbeat("a", "r1", "http://a:1", LONG).unwrap());
+    assert!(leases.heartbeat("b", "r1", "http://b:1", LONG).unwrap());
     leases.acquire(0, "a", LONG).unwrap().unwrap();
     leases.acquire(2, "b", SHORT).unwrap().unwrap();
     thread::sleep(PAST_SHORT);
-    leases.heartbeat("a", "http://a:2").unwrap();
+    assert!(leases.heartbeat("a", "r1", "http://a:2", LONG).unwrap());
     let status = leases.status().unwrap();
     let partitions: Vec<u32> = status.leases.iter().map(|l| l.partition).collect();
     assert_eq!(partitions, [0, 1, 2]);
@@ -153,7 +153,7 @@ fn status_shows_leases_and_nodes_with_ages_by_the_database_clock() {
     assert!(a.seen_ago_ms >= 0, "{a:?}");
     assert!(b.seen_ago_ms >= 400, "{b:?}");
     assert!(b.seen_ago_ms - a.seen_ago_ms >= 400, "{a:?} {b:?}");
-    leases.leave("b").unwrap();
+    leases.leave("b", "r1").unwrap();
     let status = leases.status().unwrap();
     assert!(status.node("b").is_none());
     assert_eq!(status.nodes.len(), 1);
@@ -290,8 +290,33 @@ fn a_version_1_database_is_migrated_in_place_and_keeps_its_data() {
             &format!("SELECT value FROM {schema}.monoseq_meta WHERE name = 'schema_version'"),
         )
         .unwrap();
-    assert_eq!(version, "2");
+    assert_eq!(version, "3");
     let leases = store.leases();
     leases.ensure_partitions(1).unwrap();
     assert_eq!(leases.acquire(0, "a", SHORT).unwrap(), Some(1));
+}
+
+#[test]
+fn a_live_name_is_kept_by_its_run_and_claimed_by_another_only_once_stale() {
+    let leases = fresh().leases();
+    assert!(leases.heartbeat("a", "r1", "http://a:1", SHORT).unwrap());
+    assert!(
+        !leases.heartbeat("a", "r2", "http://a:2", LONG).unwrap(),
+        "a live run keeps its name"
+    );
+    let a = leases.status().unwrap().node("a").unwrap().clone();
+    assert_eq!((a.run_id.as_str(), a.url.as_str()), ("r1", "http://a:1"));
+    leases.leave("a", "r2").unwrap();
+    assert!(
+        leases.status().unwrap().node("a").is_some(),
+        "only its run removes the row"
+    );
+    thread::sleep(PAST_SHORT);
+    assert!(
+        leases.heartbeat("a", "r2", "http://a:2", SHORT).unwrap(),
+        "a stale name is claimed"
+    );
+    assert!(!leases.heartbeat("a", "r1", "http://a:1", LONG).unwrap());
+    let a = leases.status().unwrap().node("a").unwrap().clone();
+    assert_eq!(a.run_id, "r2");
 }

@@ -97,7 +97,7 @@ impl fmt::Debug for Security {
 
 /// Secrets that come only from the environment.
 #[derive(Default)]
-struct EnvSecrets {
+pub(crate) struct EnvSecrets {
     tokens: Option<String>,
     node_token: Option<String>,
 }
@@ -133,7 +133,7 @@ impl SecurityArgs {
         self.resolve_with(file, listen, EnvSecrets::read()?)
     }
 
-    fn resolve_with(
+    pub(crate) fn resolve_with(
         &self,
         file: &SecurityFile,
         listen: SocketAddr,
@@ -472,7 +472,7 @@ struct Accepted {
 /// `Debug` shows counts only.
 pub struct Auth {
     accepted: Vec<Accepted>,
-    open_health: bool,
+    pub(crate) open_health: bool,
     outbound: Option<HeaderValue>,
 }
 
@@ -538,7 +538,7 @@ impl Auth {
         self.outbound.clone()
     }
 
-    fn count(&self, kind: Kind) -> usize {
+    pub(crate) fn count(&self, kind: Kind) -> usize {
         self.accepted.iter().filter(|t| t.kind == kind).count()
     }
 
@@ -627,7 +627,7 @@ fn refused(refusal: Refusal, method: &Method) -> Response {
             "",
         ),
     };
-    let mut response = crate::server::error(status, code, message);
+    let mut response = crate::base::error(status, code, message);
     if !challenge.is_empty() {
         response.headers_mut().insert(
             header::WWW_AUTHENTICATE,
@@ -871,33 +871,6 @@ mod tests {
         };
         let err = resolve(&args, "127.0.0.1:1", both).unwrap_err().to_string();
         assert!(err.contains("given twice"), "{err}");
-    }
-
-    #[test]
-    fn the_settings_file_holds_a_security_table() {
-        let dir = tempfile::tempdir().unwrap();
-        let tokens = dir.path().join("tokens");
-        std::fs::write(&tokens, format!("write {W}\n")).unwrap();
-        let file = dir.path().join("monoseq.toml");
-        let toml = format!(
-            "listen = \"0.0.0.0:8080\"\n[security]\ntokens_file = {:?}\nopen_health = true\n",
-            tokens.display().to_string()
-        );
-        std::fs::write(&file, toml).unwrap();
-        let settings = crate::config::ServeArgs {
-            storage: crate::config::StorageArgs {
-                config: Some(file),
-                ..crate::config::StorageArgs::default()
-            },
-            ..crate::config::ServeArgs::default()
-        }
-        .resolve()
-        .expect("the file resolves");
-        let security = SecurityArgs::default()
-            .resolve_with(&settings.security, settings.listen, EnvSecrets::default())
-            .expect("tokens from the file's tokens file");
-        assert_eq!(security.auth.count(Kind::Write), 1);
-        assert!(security.auth.open_health);
     }
 
     #[test]

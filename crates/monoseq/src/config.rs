@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Args;
 use monoseq_core::WsKind;
-use monoseq_kv::{EmbeddedStore, KvStore, Options};
-use monoseq_store::{AppId, TrustLevel};
+use monoseq_kv::{EmbeddedStore, Options};
+use monoseq_store::TrustLevel;
 use serde::Deserialize;
 
 /// Default data directory.
@@ -373,8 +373,7 @@ impl Storage {
     }
 }
 
-/// A key-value store of either kind, as the server and the tools use it.
-pub type Store = Arc<dyn KvStore>;
+pub use crate::base::Store;
 
 /// An opened storage: the store, the embedded engine when it is one (for its maintenance
 /// calls), and what opening found.
@@ -464,8 +463,7 @@ pub fn open_for_tool(settings: &Settings) -> anyhow::Result<Store> {
     }
 }
 
-/// The application the server runs (one per data directory).
-pub const APP: AppId = AppId(1);
+pub use crate::base::APP;
 
 /// Longest time a write of the sequence projection may wait for its flush. Events are never
 /// left waiting: the command processor syncs every group before answering.
@@ -519,6 +517,37 @@ pub fn open_data_dir(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_settings_file_holds_a_security_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, "write w-0123456789abcdef\n").unwrap();
+        let file = dir.path().join("monoseq.toml");
+        let toml = format!(
+            "listen = \"0.0.0.0:8080\"\n[security]\ntokens_file = {:?}\nopen_health = true\n",
+            tokens.display().to_string()
+        );
+        std::fs::write(&file, toml).unwrap();
+        let settings = ServeArgs {
+            storage: StorageArgs {
+                config: Some(file),
+                ..StorageArgs::default()
+            },
+            ..ServeArgs::default()
+        }
+        .resolve()
+        .expect("the file resolves");
+        let security = crate::auth::SecurityArgs::default()
+            .resolve_with(
+                &settings.security,
+                settings.listen,
+                crate::auth::EnvSecrets::default(),
+            )
+            .expect("tokens from the file's tokens file");
+        assert_eq!(security.auth.count(crate::auth::Kind::Write), 1);
+        assert!(security.auth.open_health);
+    }
 
     #[test]
     fn flush_delay_comes_from_the_flag_over_the_file_over_the_default() {

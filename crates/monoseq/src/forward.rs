@@ -63,6 +63,15 @@ impl Forwarder {
         })
     }
 
+    /// A prober of other nodes' health with this forwarder's client and token.
+    #[must_use]
+    pub fn prober(&self) -> Prober {
+        Prober {
+            client: self.client.clone(),
+            authorization: self.authorization.clone(),
+        }
+    }
+
     /// Whether this request was already forwarded by a node.
     #[must_use]
     pub fn was_forwarded(headers: &HeaderMap) -> bool {
@@ -95,6 +104,25 @@ impl Forwarder {
     }
 }
 
+/// Asks other nodes' `/healthz` whether they answer (readiness counts a partition whose owner
+/// answered lately as reachable).
+#[derive(Clone)]
+pub struct Prober {
+    client: reqwest::Client,
+    authorization: Option<HeaderValue>,
+}
+
+impl Prober {
+    /// Whether the node at `url` answered `GET /healthz` with a success within `timeout`.
+    pub async fn healthy(&self, url: &str, timeout: Duration) -> bool {
+        let mut request = self.client.get(format!("{url}/healthz")).timeout(timeout);
+        if let Some(auth) = &self.authorization {
+            request = request.header(header::AUTHORIZATION, auth.clone());
+        }
+        matches!(request.send().await, Ok(answer) if answer.status().is_success())
+    }
+}
+
 fn redirect(target: &str) -> Response {
     match HeaderValue::from_str(target) {
         Ok(location) => {
@@ -102,7 +130,7 @@ fn redirect(target: &str) -> Response {
             r.headers_mut().insert(header::LOCATION, location);
             r
         }
-        Err(_) => crate::server::error(
+        Err(_) => crate::base::error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             "the owner's URL is not a valid header value",
@@ -120,7 +148,7 @@ async fn relay(answer: reqwest::Response) -> Response {
             "the partition's owner refused this node's token; nothing was written. Give every \
              node a --node-token-file holding a write token the others accept"
         );
-        return crate::server::error(
+        return crate::base::error(
             StatusCode::BAD_GATEWAY,
             "node_unauthorized",
             "the node owning the partition refused this node's token (a configuration error \
@@ -150,7 +178,7 @@ async fn relay(answer: reqwest::Response) -> Response {
 /// applied if the request reached it: a retry with the same `Idempotency-Key` is safe.
 fn owner_unreachable(url: &str, e: &reqwest::Error) -> Response {
     tracing::warn!(owner = %url, "forwarding a command failed: {e}");
-    let mut r = crate::server::error(
+    let mut r = crate::base::error(
         StatusCode::SERVICE_UNAVAILABLE,
         "owner_unreachable",
         format!(

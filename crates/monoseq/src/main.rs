@@ -4,6 +4,7 @@
 //! codes.
 
 mod auth;
+mod base;
 mod bench;
 mod cluster;
 mod config;

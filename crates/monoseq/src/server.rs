@@ -23,6 +23,7 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::base::error;
 use crate::cluster::{Cluster, ClusterArgs, Owner};
 use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, Store, open_storage};
 use crate::forward::Forwarder;
@@ -353,19 +354,40 @@ pub async fn serve(
         "idempotency_window_events": settings.idempotency_window_events,
     });
     let members = cluster.as_ref().map(|(c, _)| Arc::clone(c));
+    if let Some((c, forwarder)) = &cluster {
+        tokio::spawn(Arc::clone(c).probe_peers(forwarder.prober()));
+    }
     let app = router(cp.clone(), info, Arc::clone(&security.auth), cluster);
+    // Stops on SIGTERM or Ctrl-C, or when another run took this node's name.
+    let ended = members.clone();
+    let stop = async move {
+        match ended {
+            Some(c) => {
+                tokio::select! { () = shutdown_signal() => None, why = c.ended() => Some(why) }
+            }
+            None => {
+                shutdown_signal().await;
+                None
+            }
+        }
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let signal = async move {
+        let _ = stop_tx.send(stop.await);
+    };
     match security.tls {
         Some(tls) => {
             axum::serve(crate::tls::TlsListener::new(listener, tls), app)
-                .with_graceful_shutdown(shutdown_signal())
+                .with_graceful_shutdown(signal)
                 .await?;
         }
         None => {
             axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown_signal())
+                .with_graceful_shutdown(signal)
                 .await?;
         }
     }
+    let superseded = stop_rx.await.ok().flatten();
     if let Some(cluster) = members {
         // Every partition finished and handed over at once, not when its lease expires.
         cluster.leave().await;
@@ -385,6 +407,9 @@ pub async fn serve(
         tracing::warn!(
             "shutdown timed out; unflushed numbers are recovered from the PLog at the next start"
         );
+    }
+    if let Some(why) = superseded {
+        anyhow::bail!("{why}");
     }
     Ok(())
 }
@@ -467,7 +492,7 @@ async fn join_cluster(
         security.auth.outbound_authorization(),
         cluster.peer_ca_cert.as_deref().or(security.tls_cert()),
     )?;
-    let table: Arc<dyn crate::cluster::LeaseTable> = Arc::new(crate::cluster::PgLeaseTable::new(
+    let table: Arc<dyn crate::cluster::FencedLeases> = Arc::new(crate::cluster::PgLeaseTable::new(
         Arc::clone(pg),
         &lease_pool(settings).await?,
     ));
@@ -537,15 +562,6 @@ async fn shutdown_signal() {
         }
     };
     tokio::select! { () = ctrl_c => {}, () = term => {} }
-}
-
-/// The JSON error answer `{"code", "message"}` of every endpoint.
-pub(crate) fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
-    (
-        status,
-        axum::Json(json!({"code": code, "message": message.to_string()})),
-    )
-        .into_response()
 }
 
 /// Corrupt places remembered for logging once; past it, each is logged again.
@@ -868,8 +884,14 @@ async fn cluster_status(State(st): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// `GET /readyz`: 200 when this node can answer or forward a command for every partition
+/// (on a cluster: each has a live owner, served here or by a node that answered a health probe
+/// lately, and none is about to move); else 503 naming the partitions and why.
 async fn readyz(State(st): State<Arc<AppState>>) -> Response {
-    let unready = st.cp.unready();
+    let unready = match &st.cluster {
+        Some((cluster, _)) => cluster.unready(),
+        None => st.cp.unready(),
+    };
     if unready.is_empty() {
         return "ready".into_response();
     }
@@ -881,7 +903,7 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE,
         axum::Json(json!({
             "code": "not_ready",
-            "message": format!("{} partitions do not serve yet", unready.len()),
+            "message": format!("{} partitions cannot be answered yet", unready.len()),
             "partitions": partitions,
         })),
     )

@@ -1,0 +1,26 @@
+//! What the binary's modules share and what depends on nothing else of the binary: the
+//! application the server runs, the store type, and the JSON error answer every endpoint
+//! gives. Kept at the bottom of the module graph so that no import cycle runs through it.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use monoseq_kv::KvStore;
+use monoseq_store::AppId;
+use serde_json::json;
+
+/// A key-value store of either kind, as the server and the tools use it.
+pub type Store = Arc<dyn KvStore>;
+
+/// The application the server runs (one per data directory).
+pub const APP: AppId = AppId(1);
+
+/// The JSON error answer `{"code", "message"}` of every endpoint.
+pub(crate) fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
+    (
+        status,
+        axum::Json(json!({"code": code, "message": message.to_string()})),
+    )
+        .into_response()
+}

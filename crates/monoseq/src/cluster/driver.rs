@@ -1,0 +1,665 @@
+//! [`Cluster`]: runs this node's membership state machine (`monoseq-membership`) on tokio.
+//! Owns the only clock and the only I/O of membership: it reads the time, makes the lease
+//! calls the machine asks for off the runtime (`spawn_blocking`), hands their answers back,
+//! and carries out serve, stop and drain on the command processor. It also keeps the last
+//! read of the table for routing (`owner`) and readiness, and the results of the health probes
+//! of the other nodes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use monoseq_cp::CommandProcessor;
+use monoseq_membership::{
+    Action, Call, Config, LeaseTable, Membership, NameTaken, Reply, StopReason, TableError,
+    TableStatus, assign, execute,
+};
+use monoseq_store::{EventStore, TrustLevel};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::ClusterSettings;
+use super::pg::FencedLeases;
+use crate::base::{APP, Store};
+
+/// Longest wait for a released partition to finish its queued commands and flush.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for leaving: every partition drained (in parallel), then released.
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Answers of lease calls and drains waiting for the driver: at most one call is out, and
+/// one drain per partition.
+const DONE_QUEUE_MIN: usize = 16;
+/// Longest wait for a peer's `/healthz`.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The driver looks for fenced partitions at least this many times per renewal interval.
+const FENCED_CHECKS_PER_RENEWAL: u32 = 4;
+
+/// Where a partition is served, as this node last read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// This node holds the lease.
+    Here,
+    /// Another node holds a live lease.
+    Node {
+        /// Its name.
+        node_id: String,
+        /// Where it is reached.
+        url: String,
+    },
+    /// Nobody holds a live lease (the partition is moving).
+    Nobody,
+}
+
+/// The last read of the table, with when it was sent.
+#[derive(Debug, Clone)]
+struct View {
+    status: TableStatus,
+    read_at: Instant,
+    live: Vec<String>,
+}
+
+/// Where the membership is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Life {
+    Joining,
+    Member,
+    /// Refused to start or superseded: the message says why.
+    Ended(String),
+    Left,
+}
+
+enum Done {
+    Reply(Reply, Instant),
+    Drained(u32, u64, bool),
+}
+
+/// The cluster membership of one node.
+pub struct Cluster {
+    settings: ClusterSettings,
+    config: Config,
+    partitions: u32,
+    table: Arc<dyn FencedLeases>,
+    cp: CommandProcessor<Store>,
+    base: Store,
+    trust: TrustLevel,
+    view: RwLock<Arc<View>>,
+    /// Peer URL → when its `/healthz` last answered.
+    probes: Mutex<HashMap<String, Instant>>,
+    leave: mpsc::Sender<oneshot::Sender<()>>,
+    life: watch::Sender<Life>,
+}
+
+/// A run ID: unique per start of the process (a random hasher's output over the process ID
+/// and the time).
+fn new_run_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(nanos);
+    format!("{:016x}", h.finish())
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl Cluster {
+    /// Joins the cluster: claims this node's name for this run (waiting, a bounded time, for
+    /// another live run under the name to stop), then runs the lease rounds that take a fair
+    /// share of the partitions.
+    ///
+    /// # Errors
+    ///
+    /// When another running process heartbeats under this node's name, or the settings do not
+    /// fit the membership's rules.
+    pub async fn join(
+        settings: ClusterSettings,
+        table: Arc<dyn FencedLeases>,
+        cp: CommandProcessor<Store>,
+        base: Store,
+        trust: TrustLevel,
+    ) -> anyhow::Result<Arc<Cluster>> {
+        let partitions = cp.config().partitions;
+        let config = Config::new(
+            &settings.node_id,
+            &new_run_id(),
+            &settings.advertise_url,
+            partitions,
+            ms(settings.lease),
+            ms(settings.renew),
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (leave, leave_rx) = mpsc::channel(1);
+        let (life, mut life_rx) = watch::channel(Life::Joining);
+        let cluster = Arc::new(Cluster {
+            config: config.clone(),
+            settings,
+            partitions,
+            table,
+            cp,
+            base,
+            trust,
+            view: RwLock::new(Arc::new(View {
+                status: TableStatus::default(),
+                read_at: Instant::now(),
+                live: Vec::new(),
+            })),
+            probes: Mutex::new(HashMap::new()),
+            leave,
+            life,
+        });
+        tokio::spawn(Arc::clone(&cluster).drive(Membership::new(config, 0), leave_rx));
+        let life = life_rx
+            .wait_for(|l| *l != Life::Joining)
+            .await
+            .context("the cluster driver stopped")?
+            .clone();
+        if let Life::Ended(why) = life {
+            bail!("{why}");
+        }
+        tracing::info!(
+            node_id = %cluster.settings.node_id,
+            run_id = %cluster.config.run_id(),
+            advertise_url = %cluster.settings.advertise_url,
+            lease_ms = ms(cluster.settings.lease),
+            renew_ms = ms(cluster.settings.renew),
+            "joined the cluster"
+        );
+        if cluster.settings.no_fencing {
+            tracing::warn!(
+                "--no-fencing: partition writes carry no lease epoch; nodes can overwrite each \
+                 other's events (benchmarks only)"
+            );
+        }
+        Ok(cluster)
+    }
+
+    /// Resolves when this node's membership ended on its own (another run took its name), with
+    /// why; never while it is a member.
+    pub async fn ended(&self) -> String {
+        let mut rx = self.life.subscribe();
+        let ended = rx
+            .wait_for(|l| matches!(l, Life::Ended(_)))
+            .await
+            .map(|l| match &*l {
+                Life::Ended(why) => why.clone(),
+                _ => String::new(),
+            });
+        match ended {
+            Ok(why) => why,
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Where partition `p` is served, by the last status read.
+    #[must_use]
+    pub fn owner(&self, p: u32) -> Owner {
+        let view = self.view();
+        let age = i64::try_from(view.read_at.elapsed().as_millis()).unwrap_or(i64::MAX);
+        let Some(row) = view.status.lease(p) else {
+            return Owner::Nobody;
+        };
+        let Some(node) = row.live_owner() else {
+            return Owner::Nobody;
+        };
+        if row.expires_in_ms <= age {
+            return Owner::Nobody;
+        }
+        if node == self.settings.node_id {
+            return Owner::Here;
+        }
+        match view.status.node(node) {
+            Some(n) => Owner::Node {
+                node_id: n.node_id.clone(),
+                url: n.url.clone(),
+            },
+            None => Owner::Nobody,
+        }
+    }
+
+    fn view(&self) -> Arc<View> {
+        Arc::clone(&self.view.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Partitions a command could not be answered for now, with why: not served here and
+    /// without a live owner this node reached lately, served here but not ready, or about to
+    /// move to balance the nodes. Empty when every command can be answered or forwarded.
+    #[must_use]
+    pub fn unready(&self) -> Vec<(u32, String)> {
+        let view = self.view();
+        if view.status.leases.is_empty() {
+            return (0..self.partitions)
+                .map(|p| (p, "the lease table was not read yet".to_owned()))
+                .collect();
+        }
+        let here: BTreeMap<u32, String> = self.cp.unready().into_iter().collect();
+        let plan = assign(&view.status, self.partitions, &view.live);
+        let fresh = self.settings.renew * 3 + PROBE_TIMEOUT;
+        let probes = self
+            .probes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut out = Vec::new();
+        for p in 0..self.partitions {
+            let why = if self.cp.serves(p) {
+                here.get(&p).cloned()
+            } else {
+                match self.owner(p) {
+                    Owner::Here => Some("leased here; starting".to_owned()),
+                    Owner::Nobody => {
+                        Some("no live lease: the partition is moving between nodes".to_owned())
+                    }
+                    Owner::Node { node_id, url } => {
+                        let reached = probes.get(&url).is_some_and(|t| t.elapsed() < fresh);
+                        (!reached).then(|| {
+                            format!(
+                                "its owner {node_id} ({url}) did not answer a health probe in \
+                                 the last {} ms",
+                                fresh.as_millis()
+                            )
+                        })
+                    }
+                }
+            };
+            let idx = p as usize;
+            let moving = plan.target.get(idx) != plan.holder.get(idx);
+            let why = why.or_else(|| {
+                moving.then(|| {
+                    let to = plan
+                        .target
+                        .get(idx)
+                        .copied()
+                        .flatten()
+                        .and_then(|i| plan.nodes.get(i).cloned())
+                        .unwrap_or_default();
+                    format!("moving to {to} to balance the nodes")
+                })
+            });
+            if let Some(why) = why {
+                out.push((p, why));
+            }
+        }
+        out
+    }
+
+    /// Probes every other live node's `/healthz` once per renewal interval with `probe`, for
+    /// readiness, until the membership ends.
+    pub async fn probe_peers(self: Arc<Self>, probe: crate::forward::Prober) {
+        let mut tick = tokio::time::interval(self.settings.renew);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while matches!(*self.life.borrow(), Life::Joining | Life::Member) {
+            tick.tick().await;
+            let view = self.view();
+            let urls: Vec<String> = view
+                .status
+                .nodes
+                .iter()
+                .filter(|n| n.node_id != self.settings.node_id)
+                .filter(|n| view.live.contains(&n.node_id))
+                .map(|n| n.url.clone())
+                .collect();
+            for url in urls {
+                if probe.healthy(&url, PROBE_TIMEOUT).await {
+                    self.probes
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(url, Instant::now());
+                }
+            }
+        }
+    }
+
+    /// What `GET /v1/cluster` answers: this node, every node with its partitions, and every
+    /// partition's owner, epoch and lease age, read from the database now.
+    ///
+    /// # Errors
+    ///
+    /// When the database cannot be read.
+    pub async fn status_json(self: &Arc<Self>) -> anyhow::Result<serde_json::Value> {
+        let table = Arc::clone(&self.table);
+        let status = tokio::task::spawn_blocking(move || table.status()).await??;
+        let lease_ms = i64::try_from(self.settings.lease.as_millis()).unwrap_or(i64::MAX);
+        let served = self.cp.owned();
+        let partitions: Vec<_> = status
+            .leases
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "partition": l.partition,
+                    "epoch": l.epoch,
+                    "owner": l.live_owner(),
+                    "expires_in_ms": l.expires_in_ms,
+                    "lease_age_ms": lease_ms - l.expires_in_ms,
+                    "served_here": served.contains(&l.partition),
+                })
+            })
+            .collect();
+        let nodes: Vec<_> = status
+            .nodes
+            .iter()
+            .map(|n| {
+                let mine: Vec<u32> = status
+                    .leases
+                    .iter()
+                    .filter(|l| l.live_owner() == Some(n.node_id.as_str()))
+                    .map(|l| l.partition)
+                    .collect();
+                serde_json::json!({
+                    "node_id": n.node_id,
+                    "run_id": n.run_id,
+                    "url": n.url,
+                    "seen_ms_ago": n.seen_ms_ago,
+                    "alive": i64::try_from(n.seen_ms_ago).unwrap_or(i64::MAX) < lease_ms,
+                    "partitions": mine,
+                })
+            })
+            .collect();
+        Ok(serde_json::json!({
+            "node_id": self.settings.node_id,
+            "lease_ms": lease_ms,
+            "renew_ms": ms(self.settings.renew),
+            "nodes": nodes,
+            "partitions": partitions,
+        }))
+    }
+
+    /// Leaves the cluster: removes this node's row (so the others take each partition as soon
+    /// as it is released), finishes and flushes every partition served here, and gives its
+    /// lease back.
+    pub async fn leave(self: &Arc<Self>) {
+        let (tx, rx) = oneshot::channel();
+        if self.leave.send(tx).await.is_ok()
+            && tokio::time::timeout(LEAVE_TIMEOUT, rx).await.is_err()
+        {
+            tracing::warn!(
+                "leaving the cluster did not finish in {LEAVE_TIMEOUT:?}; the remaining leases \
+                 expire on their own"
+            );
+            return;
+        }
+        tracing::info!(node_id = %self.settings.node_id, "left the cluster; partitions handed over");
+    }
+
+    /// The driver: steps the state machine until it is done.
+    async fn drive(
+        self: Arc<Self>,
+        mut m: Membership,
+        mut leave_rx: mpsc::Receiver<oneshot::Sender<()>>,
+    ) {
+        let origin = Instant::now();
+        let now = move || ms(origin.elapsed());
+        let capacity = DONE_QUEUE_MIN + self.partitions as usize;
+        let (done_tx, mut done_rx) = mpsc::channel::<Done>(capacity);
+        let mut leaving: Option<oneshot::Sender<()>> = None;
+        let fenced_every = self.settings.renew / FENCED_CHECKS_PER_RENEWAL;
+        loop {
+            for p in self.cp.fenced() {
+                m.fenced(now(), p);
+            }
+            while let Some(action) = m.poll(now()) {
+                if !self.perform(action, &done_tx, &mut leaving) {
+                    return;
+                }
+            }
+            let wake = origin + Duration::from_millis(m.next_wake().min(now() + ms(fenced_every)));
+            tokio::select! {
+                Some(done) = done_rx.recv() => match done {
+                    Done::Reply(reply, sent) => {
+                        if let Reply::Status(Ok(status)) = &reply {
+                            self.set_view(status, sent);
+                        }
+                        m.reply(now(), reply);
+                    }
+                    Done::Drained(p, epoch, ok) => m.drained(now(), p, epoch, ok),
+                },
+                Some(tx) = leave_rx.recv() => {
+                    m.leave(now());
+                    leaving = Some(tx);
+                }
+                () = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+    }
+
+    fn set_view(&self, status: &TableStatus, read_at: Instant) {
+        let alive = ms(self.settings.lease);
+        let live = status
+            .nodes
+            .iter()
+            .filter(|n| n.seen_ms_ago < alive)
+            .map(|n| n.node_id.clone())
+            .collect();
+        *self.view.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(View {
+            status: status.clone(),
+            read_at,
+            live,
+        });
+    }
+
+    /// Carries out one action; `false` when the membership is over.
+    fn perform(
+        self: &Arc<Self>,
+        action: Action,
+        done: &mpsc::Sender<Done>,
+        leaving: &mut Option<oneshot::Sender<()>>,
+    ) -> bool {
+        match action {
+            Action::Call(call) => self.call(call, done.clone()),
+            Action::Serve {
+                partition,
+                epoch,
+                previous,
+            } => self.serve(partition, epoch, previous.as_deref()),
+            Action::Stop {
+                partition,
+                epoch,
+                why,
+            } => {
+                log_stop(partition, epoch, why);
+                self.stop_serving(partition);
+            }
+            Action::Drain {
+                partition,
+                epoch,
+                to,
+            } => self.drain(partition, epoch, to, done.clone()),
+            Action::Claimed { previous } => {
+                if let Some(p) = previous {
+                    tracing::warn!(
+                        node_id = %p.node_id,
+                        earlier_run = %p.run_id,
+                        earlier_url = %p.url,
+                        "took this node's name over from an earlier run whose heartbeat stopped \
+                         {} ms before; its partitions are taken back with new epochs",
+                        p.seen_ms_ago
+                    );
+                }
+                self.life.send_replace(Life::Member);
+            }
+            Action::Refuse(taken) => {
+                let why = refusal(&taken, self.config.name_wait_ms());
+                tracing::error!("{why}");
+                self.life.send_replace(Life::Ended(why));
+                return false;
+            }
+            Action::Superseded => {
+                let why = format!(
+                    "another run of node {} claimed its name (this run's heartbeats stopped for \
+                     longer than {} ms, or a second process was started with the same \
+                     --node-id): this run stopped serving and shuts down",
+                    self.settings.node_id,
+                    self.config.name_stale_ms()
+                );
+                tracing::error!("{why}");
+                self.life.send_replace(Life::Ended(why));
+                return false;
+            }
+            Action::EpochWentBack {
+                partition,
+                seen,
+                found,
+            } => tracing::error!(
+                partition,
+                epoch_seen = seen,
+                epoch_now = found,
+                "the database's lease of the partition went back in time: the database lost \
+                 acknowledged writes (a failover to a standby that was behind, or a restored \
+                 backup?). This node no longer serves the partition, so that no number is \
+                 handed out twice; restore the database, or restart the node to accept the loss"
+            ),
+            Action::Left => {
+                if let Some(tx) = leaving.take() {
+                    let _ = tx.send(());
+                }
+                self.life.send_replace(Life::Left);
+                return false;
+            }
+        }
+        true
+    }
+
+    fn call(self: &Arc<Self>, call: Call, done: mpsc::Sender<Done>) {
+        let table = Arc::clone(&self.table);
+        let config = self.config.clone();
+        tokio::spawn(async move {
+            let sent = Instant::now();
+            let asked = call.clone();
+            let reply = tokio::task::spawn_blocking(move || {
+                execute(&call, &*table as &dyn LeaseTable, &config)
+            })
+            .await
+            .unwrap_or_else(|e| {
+                asked.failed(TableError {
+                    message: format!("the lease call did not finish: {e}"),
+                })
+            });
+            log_failure(&reply);
+            let _ = done.send(Done::Reply(reply, sent)).await;
+        });
+    }
+
+    /// Starts serving `p` under `epoch`: its writes go through the fenced view.
+    fn serve(self: &Arc<Self>, p: u32, epoch: u64, previous: Option<&str>) {
+        let view = if self.settings.no_fencing {
+            Arc::clone(&self.base)
+        } else {
+            self.table.fenced(p, epoch)
+        };
+        let store = EventStore::new(view, APP, self.trust);
+        if let Err(e) = self.cp.acquire(p, store) {
+            tracing::error!(partition = p, "starting the partition failed: {e}");
+            return;
+        }
+        match previous {
+            Some(prev) if prev == self.settings.node_id => tracing::info!(
+                partition = p,
+                epoch,
+                "took back the partition an earlier run of this node held; actualizing it"
+            ),
+            Some(prev) => tracing::info!(
+                partition = p,
+                epoch,
+                from = prev,
+                "took the partition over; actualizing it"
+            ),
+            None => tracing::info!(
+                partition = p,
+                epoch,
+                "took the partition's lease; actualizing it"
+            ),
+        }
+    }
+
+    /// Stops serving `p` here at once (commands for it are answered "not the owner" from now
+    /// on); its queued commands finish in the background.
+    fn stop_serving(self: &Arc<Self>, p: u32) {
+        let cp = self.cp.clone();
+        tokio::spawn(async move {
+            if !cp.release(p, RELEASE_TIMEOUT).await {
+                tracing::warn!(partition = p, "the partition did not stop in time");
+            }
+        });
+    }
+
+    /// A planned move: finishes `p`'s queued commands, flushes, then reports (the lease is
+    /// released for the next owner).
+    fn drain(self: &Arc<Self>, p: u32, epoch: u64, to: Option<String>, done: mpsc::Sender<Done>) {
+        match &to {
+            Some(to) => tracing::info!(
+                partition = p,
+                epoch,
+                to = %to,
+                "handing the partition over to balance the nodes"
+            ),
+            None => tracing::info!(partition = p, epoch, "handing the partition back: leaving"),
+        }
+        let cp = self.cp.clone();
+        tokio::spawn(async move {
+            let ok = cp.release(p, RELEASE_TIMEOUT).await;
+            if !ok {
+                tracing::warn!(
+                    partition = p,
+                    "the partition did not stop in time; its lease is left to expire"
+                );
+            }
+            let _ = done.send(Done::Drained(p, epoch, ok)).await;
+        });
+    }
+}
+
+fn refusal(taken: &NameTaken, waited_ms: u64) -> String {
+    format!(
+        "refusing to start: node ID {} is in use by another running process at {} (run {}, \
+         last heartbeat {} ms ago; waited {waited_ms} ms for it to stop). Stop that process, or \
+         give this one another --node-id",
+        taken.node_id, taken.url, taken.run_id, taken.seen_ms_ago
+    )
+}
+
+fn log_stop(partition: u32, epoch: u64, why: StopReason) {
+    match why {
+        StopReason::LeaseNotRenewed => tracing::error!(
+            partition,
+            epoch,
+            "the partition's lease could not be renewed in time; it stops being served here \
+             before the lease can expire"
+        ),
+        StopReason::NameNotConfirmed => tracing::error!(
+            partition,
+            epoch,
+            "no heartbeat confirmed this node's name in time; the partition stops being served \
+             here before another run could claim the name"
+        ),
+        StopReason::TakenOver => tracing::warn!(
+            partition,
+            epoch,
+            "the partition's lease was taken over by another node; it stops being served here"
+        ),
+        StopReason::Fenced => tracing::warn!(
+            partition,
+            epoch,
+            "the storage refused a write under this node's lease epoch; the partition stops \
+             being served here"
+        ),
+        StopReason::EpochWentBack | StopReason::Superseded => {}
+    }
+}
+
+fn log_failure(reply: &Reply) {
+    let failed = match reply {
+        Reply::Ensured(Err(e)) | Reply::Left(Err(e)) | Reply::Renewed(Err(e)) => Some(e),
+        Reply::Heartbeat(Err(e)) | Reply::Status(Err(e)) => Some(e),
+        Reply::Acquired(Err(e)) | Reply::Released(Err(e)) => Some(e),
+        _ => None,
+    };
+    if let Some(e) = failed {
+        tracing::warn!(
+            "a lease call failed: {e}; partitions stop being served here when their leases can \
+             no longer be renewed in time"
+        );
+    }
+}
