@@ -37,10 +37,30 @@ impl Node {
 
     /// [`start`](Node::start) with environment variables.
     fn start_with(db: &str, id: &str, dir: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Node {
+        Node::spawn(db, id, dir, extra, envs).listening()
+    }
+
+    /// Starts nodes `ids` at once and waits until each listens.
+    fn start_together(db: &str, ids: &[&str], dir: &Path, extra: &[&str]) -> Vec<Node> {
+        let spawned: Vec<Node> = ids
+            .iter()
+            .map(|id| Node::spawn(db, id, dir, extra, &[]))
+            .collect();
+        spawned.into_iter().map(Node::listening).collect()
+    }
+
+    /// Waits until the node listens.
+    fn listening(mut self) -> Node {
+        self.url = common::listening_url(&mut self.child, &self.log);
+        self
+    }
+
+    /// Starts node `id` without waiting for it (6 partitions unless `extra` says otherwise).
+    fn spawn(db: &str, id: &str, dir: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Node {
         let log = dir.join(format!("{id}.log"));
         let lease = LEASE_MS.to_string();
         let renew = RENEW_MS.to_string();
-        let mut child = Command::new(BIN)
+        let child = Command::new(BIN)
             .args(["serve", "--storage", db, "--listen", "127.0.0.1:0"])
             .args([
                 "--node-id",
@@ -50,7 +70,11 @@ impl Node {
                 "--lease-renew-ms",
                 &renew,
             ])
-            .args(["--partitions", "6"])
+            .args(if extra.contains(&"--partitions") {
+                &[][..]
+            } else {
+                &["--partitions", "6"][..]
+            })
             .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
@@ -65,11 +89,10 @@ impl Node {
             )
             .spawn()
             .expect("spawn monoseq serve");
-        let url = common::listening_url(&mut child, &log);
         Node {
             id: id.to_owned(),
             child,
-            url,
+            url: String::new(),
             log,
         }
     }
@@ -811,4 +834,250 @@ async fn a_lease_whose_epoch_went_back_is_never_served_again_by_a_node_that_saw_
     assert!(node.log().contains("went back in time"), "{}", node.log());
     // The other partitions are served as before.
     send(&client, &urls, ws_of(1, 0), "other", 3).await;
+}
+
+/// Partitions of the balance and readiness tests.
+const MANY: u64 = 64;
+
+/// Each node's partitions by `url`'s reading (live leases only).
+async fn holdings(client: &reqwest::Client, url: &str) -> HashMap<String, usize> {
+    let mut held = HashMap::new();
+    for (owner, _) in owners(client, url).await.into_values() {
+        *held.entry(owner).or_insert(0) += 1;
+    }
+    held
+}
+
+/// Polls until every one of `nodes` holds its fair share of `partitions` within one; answers
+/// how long it took.
+async fn time_to_balance(
+    client: &reqwest::Client,
+    url: &str,
+    nodes: &[&str],
+    partitions: u64,
+) -> Duration {
+    let began = Instant::now();
+    let (lo, hi) = (
+        partitions as usize / nodes.len(),
+        (partitions as usize).div_ceil(nodes.len()),
+    );
+    loop {
+        let held = holdings(client, url).await;
+        let total: usize = held.values().sum();
+        if total == partitions as usize
+            && nodes
+                .iter()
+                .all(|n| (lo..=hi).contains(held.get(*n).unwrap_or(&0)))
+        {
+            return began.elapsed();
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "never balanced: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// How many partitions a node's log says it took.
+fn takes(node: &Node) -> usize {
+    node.log()
+        .lines()
+        .filter(|l| l.contains("took the partition") || l.contains("took back the partition"))
+        .count()
+}
+
+/// Renewal intervals within which nodes started together, or a node joining, hold their share.
+const BALANCE_RENEWALS: u32 = 2;
+/// What a loaded two-core test machine adds to a measured time (process scheduling, the
+/// status reads of the test itself).
+const SCHEDULING_SLACK: Duration = Duration::from_millis(400);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_started_together_split_64_partitions_within_two_renewals_and_none_takes_all_first() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    let nodes = Node::start_together(&db, &["a", "b", "c"], dir.path(), &["--partitions", "64"]);
+    let took = time_to_balance(&client, &nodes[0].url, &["a", "b", "c"], MANY).await;
+    eprintln!("balanced {took:?} after the last of three nodes listened");
+    let bound = Duration::from_millis(RENEW_MS) * BALANCE_RENEWALS + SCHEDULING_SLACK;
+    assert!(took <= bound, "balanced only after {took:?}");
+    for n in &nodes {
+        assert!(
+            takes(n) <= 22 + 2,
+            "{} took {} partitions on the way to its share of 22",
+            n.id,
+            takes(n)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_node_gets_its_share_of_64_partitions_within_two_renewals() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    let first = Node::start_together(&db, &["a", "b"], dir.path(), &["--partitions", "64"]);
+    time_to_balance(&client, &first[0].url, &["a", "b"], MANY).await;
+    let c = Node::start(&db, "c", dir.path(), &["--partitions", "64"]);
+    let took = time_to_balance(&client, &c.url, &["a", "b", "c"], MANY).await;
+    eprintln!("a joining node had its share {took:?} after it listened");
+    let bound = Duration::from_millis(RENEW_MS) * BALANCE_RENEWALS + SCHEDULING_SLACK;
+    assert!(
+        took <= bound,
+        "the joining node had its share only after {took:?}"
+    );
+    let log = first[0].log() + &first[1].log();
+    assert!(
+        log.contains("handing the partition over to balance the nodes"),
+        "moves are handoffs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_under_a_live_nodes_name_takes_nothing_and_refuses_naming_its_url() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    let a = Node::start(&db, "a", dir.path(), &[]);
+    let b = Node::start(&db, "b", dir.path(), &[]);
+    let before = balanced(&client, &a.url, &["a", "b"]).await;
+    let mut twin = Node::spawn(&db, "a", dir.path(), &[], &[]);
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = twin.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "the second process never refused"
+        );
+        assert_eq!(
+            owners(&client, &b.url).await,
+            before,
+            "the second process took a partition (or moved one)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("the second process refused after {:?}", began.elapsed());
+    assert!(!status.success());
+    let log = twin.log();
+    assert!(
+        log.contains("refusing to start") && log.contains(&a.url) && log.contains("ms ago"),
+        "the refusal names the other run's URL and when it was seen:\n{log}"
+    );
+    assert_eq!(owners(&client, &b.url).await, before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_and_restarted_under_its_name_takes_its_leases_back_before_they_expire() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    let a = Node::start(&db, "a", dir.path(), &[]);
+    let b = Node::start(&db, "b", dir.path(), &[]);
+    let before = balanced(&client, &a.url, &["a", "b"]).await;
+    let v = cluster(&client, &b.url).await;
+    let read = Instant::now();
+    let mine: Vec<(u64, Instant)> = v["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["owner"] == "a")
+        .map(|p| {
+            let expires = p["expires_in_ms"].as_u64().unwrap();
+            (
+                p["partition"].as_u64().unwrap(),
+                read + Duration::from_millis(expires),
+            )
+        })
+        .collect();
+    a.kill();
+    let killed = Instant::now();
+    let a = Node::start(&db, "a", dir.path(), &[]);
+    let back = loop {
+        let now = owners(&client, &b.url).await;
+        if mine.iter().all(|(p, _)| {
+            now.get(p)
+                .is_some_and(|(o, e)| o == "a" && *e > before[p].1)
+        }) {
+            break Instant::now();
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "never taken back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let latest_expiry = mine.iter().map(|(_, t)| *t).max().unwrap();
+    eprintln!(
+        "the restarted node held its partitions {:?} after SIGKILL; its old leases expired {:?} \
+         after it",
+        back - killed,
+        latest_expiry.saturating_duration_since(killed)
+    );
+    assert!(
+        back < latest_expiry,
+        "taken back only {:?} after the old leases expired",
+        back - latest_expiry
+    );
+    assert!(
+        a.log()
+            .contains("took this node's name over from an earlier run")
+    );
+    drop(b);
+}
+
+/// A command for workspace `ws` sent to `url` once; its status and error code.
+async fn send_once(client: &reqwest::Client, url: &str, ws: u64) -> (u16, String) {
+    let answer = client
+        .post(format!("{url}/v1/commands"))
+        .json(&command(ws, 1))
+        .send()
+        .await
+        .expect("the node answers");
+    let status = answer.status().as_u16();
+    let body: Value = answer.json().await.unwrap_or_default();
+    (status, body["code"].as_str().unwrap_or_default().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_any_node_is_ready_every_partition_answers_without_partition_unavailable() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    let nodes = Node::start_together(&db, &["a", "b", "c"], dir.path(), &["--partitions", "64"]);
+    let began = Instant::now();
+    let ready = 'wait: loop {
+        for n in &nodes {
+            let r = client
+                .get(format!("{}/readyz", n.url))
+                .send()
+                .await
+                .expect("readyz");
+            if r.status() == 200 {
+                break 'wait n.url.clone();
+            }
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "no node became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    eprintln!(
+        "a node was ready {:?} after all three listened",
+        began.elapsed()
+    );
+    // Workspace `p` (p ≥ 1) and 64 fall in partition `p mod 64`.
+    for p in 0..MANY {
+        let ws = if p == 0 { MANY } else { p };
+        let (status, code) = send_once(&client, &ready, ws).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (200, ""),
+            "partition {p} answered {status} {code} after readiness"
+        );
+    }
 }
