@@ -153,6 +153,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
         Ok(())
     }
 
+    /// Checks, once actualized, that the stored PLog still holds every event this partition
+    /// acknowledged (its mark); false (and [`lost`](Self::lost) says why) when it does not.
+    pub fn check_whole(&mut self) -> bool {
+        self.writer.check_whole()
+    }
+
     /// Remembers the keys of the PLog tail the idempotency window spans, as a starting
     /// partition does once actualized.
     ///

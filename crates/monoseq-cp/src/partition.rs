@@ -163,6 +163,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         if self.writer.as_ref().is_some_and(|w| w.fenced) {
             return self.fenced(Vec::new(), rx).await;
         }
+        if let Some(reason) = self.writer.as_mut().and_then(|w| w.lost.take()) {
+            return self.lost(reason, Vec::new(), rx).await;
+        }
         let mut jobs: Vec<Job> = Vec::with_capacity(self.group_max);
         let mut retry: Vec<Job> = Vec::new();
         loop {
@@ -191,6 +194,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 Some(w) => w.failed.take(),
                 None => Some("a group's thread was lost".into()),
             };
+            let reread =
+                failed.is_some() || self.writer.as_ref().is_some_and(|w| w.unresolved.is_some());
             if let Some(reason) = failed {
                 self.heal(reason, &mut rx).await;
                 if self.writer.as_ref().is_some_and(|w| w.fenced) {
@@ -204,6 +209,15 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 if self.writer.as_ref().is_some_and(|w| w.fenced) {
                     return self.fenced(retry, rx).await;
                 }
+            }
+            // After a rebuild or a read-back the PLog was re-read: it may end below the mark.
+            let whole = !reread
+                || self
+                    .writer
+                    .as_mut()
+                    .is_none_or(|w| w.fenced || w.check_whole());
+            if !whole && let Some(reason) = self.writer.as_mut().and_then(|w| w.lost.take()) {
+                return self.lost(reason, retry, rx).await;
             }
         }
         for j in retry {
@@ -301,9 +315,25 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 _ => break,
             }
         }
+        if self
+            .writer
+            .as_mut()
+            .is_some_and(|w| !w.fenced && !w.check_whole())
+        {
+            // `run` sees `lost` after the first group and stops serving; say so at once.
+            self.report_lost();
+            return true;
+        }
         self.rebuild_window().await;
         self.shared.set_state(PartitionState::Serving);
         true
+    }
+
+    /// Shows a partition found below its mark as refused right away (readiness names it).
+    fn report_lost(&self) {
+        if let Some(reason) = self.writer.as_ref().and_then(|w| w.lost.clone()) {
+            self.shared.set_state(PartitionState::Lost { reason });
+        }
     }
 
     async fn stop(self, rx: mpsc::Receiver<Job>) {
@@ -596,6 +626,15 @@ pub(crate) fn busy(b: Busy) -> CommandError {
     CommandError::Busy(b.to_string())
 }
 
+/// Why a partition whose stored PLog ends at `end`, below its mark `acked`, is refused.
+fn lost_reason(partition: u32, acked: u64, end: u64) -> String {
+    format!(
+        "the storage lost acknowledged events of partition {partition}: PLog offsets up to \
+         {acked} were acknowledged, the stored PLog now ends at {end} (a database failover to a \
+         standby that was behind, or a restored backup?)"
+    )
+}
+
 /// An idempotency key found in the PLog: the key, its workspace and its event's offset.
 pub(crate) type FoundKey = (String, u64, u64);
 
@@ -622,6 +661,22 @@ pub(crate) fn read_keys<S: KvStore + Clone>(
 }
 
 impl<S: KvStore + Clone> Writer<S> {
+    /// Checks, once the sequencer has actualized, that the stored PLog still holds every event
+    /// this partition acknowledged (its high-water mark): a database that failed over to a
+    /// standby that was behind, or a restored backup, ends below it, and serving would hand
+    /// the lost events' numbers out again. Sets `lost` (the task stops serving) when it does.
+    pub(crate) fn check_whole(&mut self) -> bool {
+        if self.lost.is_some() {
+            return false;
+        }
+        let end = self.seq.handle().stats().next_offset.saturating_sub(1);
+        if end >= self.mark.plog {
+            return true;
+        }
+        self.lost = Some(lost_reason(self.partition.0, self.mark.plog, end));
+        false
+    }
+
     /// Remembers keys read from the PLog in the idempotency window.
     pub(crate) fn remember(&mut self, keys: Vec<FoundKey>) {
         for (key, ws, offset) in keys {
@@ -878,14 +933,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             // The PLog was re-read (an actualization) and ends before events this partition
             // acknowledged: the storage lost them.
             tx.actualize();
-            let reason = format!(
-                "the storage lost acknowledged events of partition {}: PLog offsets up to {} \
-                 were acknowledged, the stored PLog now ends at {} (a database failover to a \
-                 standby that was behind, or a restored backup?)",
-                self.partition.0,
-                self.mark.plog,
-                plog.0 - 1
-            );
+            let reason = lost_reason(self.partition.0, self.mark.plog, plog.0 - 1);
             self.lost = Some(reason.clone());
             return Err(CommandError::Corrupted(reason));
         }

@@ -559,3 +559,41 @@ async fn a_retry_after_a_lost_request_is_applied_once() {
     assert!(twice.replayed);
     assert_eq!(wlog_len(&cp, 6), 2, "one event per key");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_whose_plog_ends_below_its_mark_is_refused_before_any_command() {
+    use monoseq_store::{Mark, Marks};
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = open(&dir.path().join("engine"));
+    let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+    // Partition 0 acknowledged events up to PLog offset 5 that the store no longer holds (a
+    // database restored to an earlier point); partition 1 is whole.
+    let lost = Mark {
+        plog: 5,
+        wlog: 5,
+        crecord: 0,
+        owrecord: 0,
+    };
+    let marks = Marks::create_with(dir.path(), &[lost, Mark::default()]).expect("marks");
+    let config = Config {
+        marks: Some(Arc::new(marks)),
+        ..config(2)
+    };
+    let cp = CommandProcessor::start(store, config).expect("start");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let why = loop {
+        let unready = cp.unready();
+        if unready.len() == 1 && unready[0].1.starts_with("refused") {
+            break unready[0].clone();
+        }
+        assert!(Instant::now() < deadline, "not refused: {unready:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(why.0, 0, "{why:?}");
+    assert!(why.1.contains("up to 5 were acknowledged"), "{why:?}");
+    let e = cp.submit(order(2, 1)).await.unwrap_err();
+    assert_eq!(e.code(), "corrupted", "{e}");
+    cp.submit(order(1, 1))
+        .await
+        .expect("the whole partition serves");
+}
