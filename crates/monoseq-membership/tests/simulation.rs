@@ -3,7 +3,8 @@
 //! lease calls, drains, writes and faults, with invariants checked after every event.
 //!
 //! Faults (in the first [`FAULT_PHASE_MS`] of each run): node pauses (often longer than a
-//! lease), kills and restarts under the same name, a second run started under a live node's
+//! lease), nodes that keep running cut off from the table for longer than a lease, kills and
+//! restarts under the same name, a second run started under a live node's
 //! name, graceful leaves and joins, lease calls delayed (up to [`CALL_DELAY_MS_MAX`]), lost
 //! before the table, or applied with their answer lost, and calls answered after the caller
 //! gave up ([`CALL_TIMEOUT_MS`]). Each node's clock runs at its own rate, within
@@ -62,12 +63,30 @@ const BALANCE_MS: u64 = LEASE_MS + 4 * RENEW_MS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
-    Pause { proc: usize, for_us: u64 },
-    Resume { proc: usize },
-    Kill { proc: usize },
-    Start { name: usize },
-    Duplicate { proc: usize },
-    Leave { proc: usize },
+    Pause {
+        proc: usize,
+        for_us: u64,
+    },
+    Resume {
+        proc: usize,
+    },
+    Kill {
+        proc: usize,
+    },
+    Start {
+        name: usize,
+    },
+    Duplicate {
+        proc: usize,
+    },
+    Leave {
+        proc: usize,
+    },
+    /// The node runs but none of its lease calls reaches the table.
+    CutOff {
+        proc: usize,
+        for_us: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -115,6 +134,8 @@ struct Proc {
     offset_ms: u64,
     start_us: u64,
     alive: bool,
+    /// Its calls are lost until then.
+    cut_until: u64,
     died_at: Option<u64>,
     paused: bool,
     generation: u64,
@@ -233,7 +254,11 @@ impl Sim {
                     }
                 }
                 4..=6 => Fault::Kill { proc },
-                7..=8 => Fault::Duplicate { proc },
+                7 => Fault::Duplicate { proc },
+                8 => Fault::CutOff {
+                    proc,
+                    for_us: sim.rng.random_range(LEASE_MS..3 * LEASE_MS) * 1_000,
+                },
                 _ => Fault::Leave { proc },
             };
             sim.at(at, Ev::Fault(fault));
@@ -327,6 +352,11 @@ impl Sim {
                     self.at(until, Ev::Fault(Fault::Resume { proc: p }));
                 }
             }
+            Fault::CutOff { proc, for_us } => {
+                if let Some(p) = pick(self, proc) {
+                    self.procs[p].cut_until = (self.now + for_us).min(fault_us());
+                }
+            }
             Fault::Resume { proc } => {
                 self.procs[proc].paused = false;
                 self.step(proc)?;
@@ -395,6 +425,7 @@ impl Sim {
             offset_ms,
             start_us: self.now,
             alive: true,
+            cut_until: 0,
             died_at: None,
             paused: false,
             generation: 0,
@@ -565,7 +596,7 @@ impl Sim {
         let (there, back) = (one_way(self, delayed), one_way(self, delayed));
         let timeout = self.now + CALL_TIMEOUT_MS * 1_000;
         self.calls.insert(id, call);
-        if faulty && (6..8).contains(&roll) {
+        if (faulty && (6..8).contains(&roll)) || self.now < self.procs[i].cut_until {
             // Lost on the way: never applied.
             self.at(
                 timeout,
