@@ -147,7 +147,23 @@ async fn a_node_cut_off_from_the_database_stops_serving_before_its_lease_can_be_
         })
     };
     let deadline = cut + Duration::from_secs(60);
+    let mut shown = false;
     loop {
+        if !shown && cut.elapsed() > Duration::from_millis(LEASE_MS * 3) {
+            shown = true;
+            // Known: a fenced write cut off mid-transaction keeps its lock on the lease row
+            // until the server drops the session (idle_in_transaction_session_timeout), and
+            // the other nodes' takeovers wait for it.
+            eprintln!(
+                "the takeover is slow; the database's sessions (pid, client, state, waiting \
+                 on, in transaction for, query):\n{}",
+                s.db.psql(
+                    "SELECT pid, client_addr, state, wait_event_type, wait_event, \
+                     now() - xact_start, left(query, 80) FROM pg_stat_activity \
+                     WHERE pid <> pg_backend_pid()"
+                )
+            );
+        }
         let now = owners(&client, &s.nodes[1].url).await;
         let moved = theirs.iter().all(|p| {
             now.get(p)

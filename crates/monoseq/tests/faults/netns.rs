@@ -335,8 +335,12 @@ fn free_subnet(pid: u32) -> [u8; 3] {
         let b = 100 + (pid % 100) as u8;
         let c = ((pid / 100 + n) % 250) as u8;
         let cidr = format!("10.{b}.{c}.0/24");
+        // Every route covering it but the default one: another run's link or guard, a VPN.
         let routes = must(ip(&["-4", "route", "show", "match", &cidr]));
-        if !routes.lines().any(|l| l.starts_with("10.")) {
+        if !routes
+            .lines()
+            .any(|l| !l.trim().is_empty() && !l.starts_with("default"))
+        {
             return [10, b, c];
         }
     }
@@ -400,6 +404,14 @@ impl NetDb {
             cluster.port()
         );
         NetDb { cluster, url }
+    }
+
+    /// Runs `sql` in the database as the superuser (over the server's socket, which no
+    /// network fault reaches); answers what it printed, or why it failed.
+    pub fn psql(&self, sql: &str) -> String {
+        self.cluster
+            .psql(DATABASE, sql)
+            .unwrap_or_else(|e| e.to_string())
     }
 
     pub fn data_dir(&self) -> PathBuf {
