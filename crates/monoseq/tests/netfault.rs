@@ -34,7 +34,7 @@ struct Setup {
 impl Setup {
     /// `count` nodes `n1`, `n2`, … listening on port 8080 of their own addresses, on a
     /// database in its own namespace; returns once they share the partitions.
-    async fn start(count: usize) -> (Setup, HashMap<u64, (String, u64)>) {
+    async fn start(count: usize) -> Setup {
         let (mut net, db_host, db) = tokio::task::spawn_blocking(|| {
             let mut net = Net::new();
             let db_host = net.host("db");
@@ -69,8 +69,8 @@ impl Setup {
         };
         let ids = setup.ids();
         let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-        let owners = balanced(&probe_client(), &setup.nodes[0].url, &ids).await;
-        (setup, owners)
+        balanced(&probe_client(), &setup.nodes[0].url, &ids).await;
+        setup
     }
 
     fn ids(&self) -> Vec<String> {
@@ -123,12 +123,13 @@ fn owned_by(owners: &HashMap<u64, (String, u64)>, node: &str) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_from_the_database_stops_serving_before_its_lease_can_be_taken_over() {
-    let (s, before) = Setup::start(3).await;
+    let s = Setup::start(3).await;
     let client = probe_client();
     let load = Load::start(&s.urls(), 8, "dbcut");
     load.progress(100, Duration::from_secs(60))
         .await
         .expect("the load runs before the fault");
+    let before = owners(&client, &s.nodes[1].url).await;
     let theirs = owned_by(&before, "n1");
     assert!(!theirs.is_empty(), "n1 owns nothing: {before:?}");
     let marks = s.log_marks();
@@ -259,7 +260,7 @@ async fn a_node_cut_off_from_the_database_stops_serving_before_its_lease_can_be_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_cut_off_from_one_another_answer_owner_unreachable_and_a_retry_through_the_owner_succeeds()
  {
-    let (s, before) = Setup::start(3).await;
+    let s = Setup::start(3).await;
     let client = probe_client();
     let load = Load::start(&s.urls(), 6, "peercut");
     load.progress(100, Duration::from_secs(60))
@@ -271,7 +272,7 @@ async fn nodes_cut_off_from_one_another_answer_owner_unreachable_and_a_retry_thr
         let others: Vec<&Host> = s.hosts.iter().filter(|h| h.ns != host.ns).collect();
         s.net.cut(host, &others, Verdict::Refuse);
     }
-    let p = owned_by(&before, "n2")[0];
+    let p = owned_by(&owners(&client, &s.nodes[0].url).await, "n2")[0];
     let asked = Instant::now();
     let through_n1 = attempt(&client, &s.nodes[0].url, ws_of(p, 1), "peer-probe", 1).await;
     let (code, text) = through_n1.expect_err("n1 could not have reached n2");
@@ -307,7 +308,7 @@ async fn nodes_cut_off_from_one_another_answer_owner_unreachable_and_a_retry_thr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blackholed_link_between_nodes_ends_in_owner_unreachable_and_retries_elsewhere_lose_nothing()
  {
-    let (s, before) = Setup::start(3).await;
+    let s = Setup::start(3).await;
     let load = Load::start(&s.urls(), 6, "blackhole");
     load.progress(100, Duration::from_secs(60))
         .await
@@ -316,7 +317,7 @@ async fn a_blackholed_link_between_nodes_ends_in_owner_unreachable_and_retries_e
     // Packets between n1 and the other nodes vanish; every node still reaches the database.
     let others: Vec<&Host> = s.hosts[1..].iter().collect();
     s.net.cut(&s.hosts[0], &others, Verdict::Blackhole);
-    let p = owned_by(&before, "n2")[0];
+    let p = owned_by(&owners(&probe_client(), &s.nodes[0].url).await, "n2")[0];
     let asked = Instant::now();
     let patient = keyed::client(Duration::from_secs(60));
     let through_n1 = attempt(&patient, &s.nodes[0].url, ws_of(p, 1), "blackhole-probe", 1).await;
@@ -339,7 +340,7 @@ async fn a_blackholed_link_between_nodes_ends_in_owner_unreachable_and_retries_e
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_packet_loss_on_every_node_loses_no_acknowledged_event_and_applies_no_key_twice() {
-    let (s, _) = Setup::start(3).await;
+    let s = Setup::start(3).await;
     let load = Load::start(&s.urls(), 8, "loss");
     load.progress(100, Duration::from_secs(60))
         .await
