@@ -1,7 +1,8 @@
 //! `Leases` on a real server: a lease is taken only when free or expired (by the database's
 //! clock), every takeover increments the epoch, renewal needs the held epoch and names what
 //! was lost, release frees at once, the status shows leases and nodes in one snapshot, and of
-//! concurrent takeovers exactly one wins. Also the schema migration that adds the tables.
+//! concurrent takeovers exactly one wins. Also the schema migrations: version 1 gains the tables,
+//! version 2 the nodes' run IDs.
 
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -319,4 +320,127 @@ fn a_live_name_is_kept_by_its_run_and_claimed_by_another_only_once_stale() {
     assert!(!leases.heartbeat("a", "r1", "http://a:1", LONG).unwrap());
     let a = leases.status().unwrap().node("a").unwrap().clone();
     assert_eq!(a.run_id, "r2");
+}
+
+#[test]
+fn a_version_2_database_gains_run_ids_in_place_and_keeps_its_leases_nodes_and_data() {
+    let cluster = shared();
+    let store = fresh();
+    let schema = store.schema().to_owned();
+    store.put(Key::new(b"p", b"a"), b"1").unwrap();
+    let leases = store.leases();
+    leases.ensure_partitions(2).unwrap();
+    let epoch = leases.acquire(0, "old", LONG).unwrap().unwrap();
+    drop((leases, store));
+    // What a version-2 build left: the same lease table, a node table without `run_id` (as
+    // version 2 created it), one node heartbeating in it just now.
+    cluster
+        .psql(
+            DATABASE,
+            &format!(
+                "DROP TABLE {schema}.monoseq_nodes; CREATE TABLE {schema}.monoseq_nodes (node_id \
+                 text PRIMARY KEY, url text NOT NULL, seen_at timestamptz NOT NULL); INSERT INTO \
+                 {schema}.monoseq_nodes (node_id, url, seen_at) VALUES ('old', 'http://old:1', \
+                 now()); UPDATE {schema}.monoseq_meta SET value = 2 WHERE name = \
+                 'schema_version'"
+            ),
+        )
+        .unwrap();
+    let columns = |cluster: &PgCluster| {
+        cluster
+            .psql(
+                DATABASE,
+                &format!(
+                    "SELECT string_agg(column_name, ',' ORDER BY ordinal_position) FROM \
+                     information_schema.columns WHERE table_schema = '{schema}' AND table_name = \
+                     'monoseq_nodes'"
+                ),
+            )
+            .unwrap()
+    };
+    assert_eq!(columns(cluster), "node_id,url,seen_at");
+    // Two stores open it at once: one migrates, the other waits and finds version 3.
+    let url = cluster.url(DATABASE);
+    let stores: Vec<PgStore> = thread::scope(|s| {
+        let opens: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    PgStore::open(
+                        &url,
+                        PgOptions::default()
+                            .schema(schema.clone())
+                            .pool_connections(2),
+                    )
+                    .unwrap()
+                })
+            })
+            .collect();
+        opens.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(columns(cluster), "node_id,url,seen_at,run_id");
+    let version = cluster
+        .psql(
+            DATABASE,
+            &format!("SELECT value FROM {schema}.monoseq_meta WHERE name = 'schema_version'"),
+        )
+        .unwrap();
+    assert_eq!(version, "3");
+    let store = &stores[0];
+    assert_eq!(
+        store.get(Key::new(b"p", b"a")).unwrap(),
+        Some(b"1".to_vec())
+    );
+    // The lease held before the migration is still held, with its epoch, and fences writes.
+    let leases = store.leases();
+    let status = leases.status().unwrap();
+    let lease = status.lease(0).unwrap();
+    assert_eq!((lease.epoch, lease.live_owner()), (epoch, Some("old")));
+    store
+        .fenced(0, epoch)
+        .put(Key::new(b"p", b"b"), b"2")
+        .unwrap();
+    assert!(
+        store
+            .fenced(0, epoch + 1)
+            .put(Key::new(b"p", b"c"), b"3")
+            .is_err()
+    );
+    assert_eq!(leases.renew("old", &[(0, epoch)], LONG).unwrap(), vec![0]);
+    assert_eq!(leases.acquire(1, "new", LONG).unwrap(), Some(1));
+    // The version-2 node shows with an empty run ID. A run of this build under its name does
+    // not take it while that heartbeat is fresh, and claims it once the heartbeat is stale.
+    let old = status.node("old").unwrap();
+    assert_eq!(
+        (old.url.as_str(), old.run_id.as_str()),
+        ("http://old:1", "")
+    );
+    assert!(!leases.heartbeat("old", "r1", "http://old:2", LONG).unwrap());
+    thread::sleep(PAST_SHORT);
+    assert!(
+        leases
+            .heartbeat("old", "r1", "http://old:2", SHORT)
+            .unwrap()
+    );
+    assert!(
+        leases
+            .heartbeat("new", "r2", "http://new:1", SHORT)
+            .unwrap()
+    );
+    let status = stores[1].leases().status().unwrap();
+    let old = status.node("old").unwrap();
+    assert_eq!(
+        (old.url.as_str(), old.run_id.as_str()),
+        ("http://old:2", "r1")
+    );
+    assert_eq!(status.node("new").unwrap().run_id, "r2");
+    leases.leave("old", "r1").unwrap();
+    assert!(leases.status().unwrap().node("old").is_none());
+    // Opening again changes nothing.
+    drop(stores);
+    let store = PgStore::open(&url, PgOptions::default().schema(schema.clone())).unwrap();
+    assert_eq!(
+        store.get(Key::new(b"p", b"b")).unwrap(),
+        Some(b"2".to_vec())
+    );
+    assert_eq!(columns(cluster), "node_id,url,seen_at,run_id");
 }
