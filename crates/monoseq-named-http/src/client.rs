@@ -99,6 +99,17 @@ impl Client {
         Client::build(base_url, headers)
     }
 
+    /// A client of the server at `base_url` that sends through `http`, a client its caller
+    /// configured (timeouts, a CA for TLS, a bearer token among its default headers). The
+    /// command client (`monoseq-client`) shares its connections and settings this way.
+    #[must_use]
+    pub fn with_http(base_url: &str, http: reqwest::Client) -> Client {
+        Client {
+            http,
+            base: base_url.trim_end_matches('/').to_owned(),
+        }
+    }
+
     fn build(base_url: &str, headers: reqwest::header::HeaderMap) -> Result<Client, ClientError> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 use hdrhistogram::Histogram;
-use monoseq_cp::{Command, CommandProcessor};
+use monoseq_cp::CommandProcessor;
 use monoseq_store::{EventStore, TrustLevel};
 use serde_json::json;
 
@@ -184,7 +184,7 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
                 let ws = i % workspaces + 1;
                 i += 7919;
                 n += 1;
-                let mut cmd = Command::from(template.clone());
+                let mut cmd = crate::wire::command(template.clone());
                 cmd.ws = ws;
                 let key = keys.then(|| {
                     monoseq_cp::IdempotencyKey::new(&format!("bench-{client}-{n}"))

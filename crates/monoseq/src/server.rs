@@ -28,10 +28,10 @@ use crate::cluster::{Cluster, ClusterArgs, Owner};
 use crate::config::{BODY_BYTES_MAX_DEFAULT, Settings, Store, open_storage};
 use crate::forward::Forwarder;
 use crate::json;
-use crate::wire::{CommandBody, OutcomeBody};
+use crate::wire::CommandBody;
 
 /// Most events one WLog read returns.
-const WLOG_PAGE_MAX: usize = 1_000;
+const WLOG_PAGE_MAX: usize = monoseq_wire::WLOG_PAGE_MAX;
 
 pub(crate) struct AppState {
     cp: CommandProcessor<Store>,
@@ -681,11 +681,11 @@ async fn submit(
     if let Some(answer) = route_elsewhere(&st, &cmd, &headers).await {
         return answer;
     }
-    match st.cp.submit_keyed(cmd.into(), key).await {
+    match st.cp.submit_keyed(crate::wire::command(cmd), key).await {
         Ok(out) => {
             st.metrics.commands_ok.inc();
             let replayed = out.replayed;
-            let mut r = axum::Json(OutcomeBody::from(&out)).into_response();
+            let mut r = axum::Json(crate::wire::outcome(&out)).into_response();
             if replayed {
                 r.headers_mut()
                     .insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
@@ -786,9 +786,9 @@ async fn read_wlog(
         tokio::task::spawn_blocking(move || store.read_wlog(WsId(ws), WLogOffset(q.from), q.limit))
             .await;
     match read {
-        Ok(Ok(events)) => axum::Json(json!({
-            "events": events.iter().map(json::event).collect::<Vec<_>>()
-        }))
+        Ok(Ok(events)) => axum::Json(monoseq_wire::WlogPageBody {
+            events: events.iter().map(json::event).collect(),
+        })
         .into_response(),
         Ok(Err(e)) => read_error(
             &st,

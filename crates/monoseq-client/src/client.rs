@@ -1,0 +1,489 @@
+//! [`Client`]: commands sent to their partition's owner and retried safely, and the reads.
+//! One attempt is [`Client::send`]; what follows an answer (done, fail, retry after how long,
+//! through which node) is decided in [`Client::submit_with_key`] and [`Client::read`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::Stream;
+use monoseq_backoff::Backoff;
+use monoseq_wire::{
+    ClusterBody, CommandBody, ErrorBody, EventBody, IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED,
+    InfoBody, OutcomeBody, RecordBody, WlogPageBody,
+};
+use reqwest::{Method, StatusCode, header};
+use serde::de::DeserializeOwned;
+
+use crate::builder::ClientBuilder;
+use crate::error::ClientError;
+use crate::routing::View;
+
+/// Redirects followed in a row without waiting; past it each waits a backoff delay, so two
+/// nodes with stale views cannot bounce a command quickly forever.
+const REDIRECTS_UNDELAYED_MAX: u32 = 3;
+/// The codes of a 503 that mean "another node owns it now": the view is refreshed and the
+/// command retried without waiting for `Retry-After`, which advised retrying the same node.
+const MOVED_CODES: [&str; 3] = ["not_owner", "partition_unavailable", "owner_unreachable"];
+
+/// A client of one monoseq server or of a cluster of nodes. Cheap to clone (shared
+/// connections and view of the owners).
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) http: reqwest::Client,
+    pub(crate) view: View,
+    pub(crate) sequences: monoseq_named_http::Client,
+    pub(crate) request_timeout: Duration,
+    pub(crate) retry_timeout: Duration,
+    pub(crate) backoff: Backoff,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("nodes", &self.inner.view.candidates())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A command's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    /// The partition, offsets and real IDs.
+    pub outcome: OutcomeBody,
+    /// The server answered from the original event of this key (an earlier attempt, or an
+    /// earlier call with the same key, was applied).
+    pub replayed: bool,
+    /// The `Idempotency-Key` every attempt carried.
+    pub key: String,
+    /// Attempts made (1 when the first was answered).
+    pub attempts: u32,
+}
+
+/// One attempt's answer, what the decisions need of it.
+struct Answer {
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    location: Option<String>,
+    replayed: bool,
+    body: bytes::Bytes,
+}
+
+impl Answer {
+    fn error(&self) -> ClientError {
+        match serde_json::from_slice::<ErrorBody>(&self.body) {
+            Ok(e) => ClientError::Api {
+                status: self.status.as_u16(),
+                code: e.code,
+                message: e.message,
+            },
+            Err(_) => ClientError::Protocol(format!(
+                "status {} without an error body: {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )),
+        }
+    }
+
+    fn decode<T: DeserializeOwned>(&self) -> Result<T, ClientError> {
+        serde_json::from_slice(&self.body).map_err(|e| {
+            ClientError::Protocol(format!(
+                "status {}, body not as documented ({e}): {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            ))
+        })
+    }
+}
+
+impl Client {
+    /// A builder for a client of the nodes at `urls` (such as `http://127.0.0.1:8080`; one is
+    /// enough, any node answers any command).
+    pub fn builder<I, S>(urls: I) -> ClientBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ClientBuilder::new(urls.into_iter().map(Into::into).collect())
+    }
+
+    /// A client of the server at `url` with the default settings.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Config`] when the URL is not `http://` or `https://`.
+    pub fn new(url: &str) -> Result<Client, ClientError> {
+        Client::builder([url]).build()
+    }
+
+    /// Named sequences on the same server (`next`, `reserve` through a
+    /// `monoseq_named::Reserver`, `get`, …), with this client's token, TLS and timeouts.
+    #[must_use]
+    pub fn sequences(&self) -> &monoseq_named_http::Client {
+        &self.inner.sequences
+    }
+
+    /// Submits `command` with a fresh `Idempotency-Key`, retried with that key until it is
+    /// answered or `retry_timeout` passes.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Api`] for a refusal (the README's codes), or the last 503 once the
+    /// retries ran out of time; [`ClientError::Transport`] when the last attempt got no
+    /// answer (the command may have been applied: resend with the same key).
+    pub async fn submit(&self, command: &CommandBody) -> Result<Submitted, ClientError> {
+        self.submit_with_key(command, &crate::key::new_idempotency_key())
+            .await
+    }
+
+    /// Submits `command` with the caller's `key`: a retry of a call whose outcome is unknown
+    /// (same key, same body) is applied at most once and answered like the original.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::submit`].
+    pub async fn submit_with_key(
+        &self,
+        command: &CommandBody,
+        key: &str,
+    ) -> Result<Submitted, ClientError> {
+        let body = bytes::Bytes::from(
+            serde_json::to_vec(command).map_err(|e| ClientError::Protocol(e.to_string()))?,
+        );
+        let started = Instant::now();
+        let partition = self.partition_of(command.ws).await;
+        let (mut attempts, mut failures, mut redirects) = (0u32, 0u32, 0u32);
+        let mut via: Option<String> = None;
+        loop {
+            let node = via
+                .take()
+                .unwrap_or_else(|| self.inner.view.node_for(partition));
+            attempts += 1;
+            let sent = self
+                .send(
+                    Method::POST,
+                    &format!("{node}/v1/commands"),
+                    Some((&body, key)),
+                )
+                .await;
+            let (error, floor) = match sent {
+                Ok(a) if a.status.is_success() => {
+                    return Ok(Submitted {
+                        outcome: a.decode()?,
+                        replayed: a.replayed,
+                        key: key.to_owned(),
+                        attempts,
+                    });
+                }
+                Ok(a) if a.status == StatusCode::TEMPORARY_REDIRECT => {
+                    let Some(owner) = a.location.as_deref().and_then(owner_of) else {
+                        return Err(ClientError::Protocol("a 307 without a Location".into()));
+                    };
+                    if let Some(p) = partition {
+                        self.inner.view.learn_owner(p, owner);
+                    }
+                    via = Some(owner.to_owned());
+                    redirects += 1;
+                    if redirects <= REDIRECTS_UNDELAYED_MAX {
+                        continue;
+                    }
+                    (a.error_or_redirect(), Duration::ZERO)
+                }
+                Ok(a) if a.status == StatusCode::SERVICE_UNAVAILABLE => {
+                    let error = a.error();
+                    if MOVED_CODES.contains(&error.code()) {
+                        if let Some(p) = partition {
+                            self.inner.view.forget_owner(p);
+                        }
+                        let _ = self.refresh().await;
+                        (error, Duration::ZERO)
+                    } else {
+                        (error, a.retry_after.unwrap_or_default())
+                    }
+                }
+                Ok(a) => return Err(a.error()),
+                Err(e) => {
+                    if e.is_connect() {
+                        self.inner.view.forget_node(&node);
+                        let _ = self.refresh().await;
+                    }
+                    (ClientError::Transport(e), Duration::ZERO)
+                }
+            };
+            failures += 1;
+            self.wait_or_fail(started, floor, failures, error).await?;
+        }
+    }
+
+    /// The event at `plog_offset` of `partition`; `None` when there is none (yet).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Api`] (`no_such_partition`, `corrupted`, a 503 past the retries),
+    /// [`ClientError::Transport`].
+    pub async fn event(
+        &self,
+        partition: u32,
+        plog_offset: u64,
+    ) -> Result<Option<EventBody>, ClientError> {
+        self.read(&format!("/v1/partitions/{partition}/events/{plog_offset}"))
+            .await
+    }
+
+    /// The record `id` of workspace `ws`; `None` when there is none.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::event`].
+    pub async fn record(&self, ws: u64, id: u64) -> Result<Option<RecordBody>, ClientError> {
+        self.read(&format!("/v1/workspaces/{ws}/records/{id}"))
+            .await
+    }
+
+    /// At most `limit` (1 to 1 000) events of workspace `ws`'s WLog from offset `from`
+    /// (1 is the first); fewer at its end.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::event`]; `bad_request` for a `limit` out of range or `from` 0.
+    pub async fn wlog_page(
+        &self,
+        ws: u64,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<EventBody>, ClientError> {
+        let page: Option<WlogPageBody> = self
+            .read(&format!(
+                "/v1/workspaces/{ws}/wlog?from={from}&limit={limit}"
+            ))
+            .await?;
+        Ok(page.map(|p| p.events).unwrap_or_default())
+    }
+
+    /// Workspace `ws`'s WLog from offset `from` as a stream of pages of at most `limit`
+    /// events, ending at the WLog's end as it is when read (consume it with
+    /// `futures_util::TryStreamExt::try_next`).
+    pub fn wlog(
+        &self,
+        ws: u64,
+        from: u64,
+        limit: usize,
+    ) -> impl Stream<Item = Result<Vec<EventBody>, ClientError>> + Send + 'static {
+        let state = Some((self.clone(), from));
+        futures_util::stream::try_unfold(state, move |state| async move {
+            let Some((client, from)) = state else {
+                return Ok(None);
+            };
+            let events = client.wlog_page(ws, from, limit).await?;
+            let next = match events.last() {
+                Some(last) if events.len() == limit => Some((client, last.wlog_offset + 1)),
+                Some(_) => None,
+                None => return Ok(None),
+            };
+            Ok(Some((events, next)))
+        })
+    }
+
+    /// `GET /v1/info` of a node: version, partitions, trust level, storage.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::event`].
+    pub async fn info(&self) -> Result<InfoBody, ClientError> {
+        let info: Option<InfoBody> = self.read("/v1/info").await?;
+        let info = info.ok_or_else(|| ClientError::Protocol("/v1/info answered 404".into()))?;
+        self.inner.view.set_partitions(info.partitions);
+        Ok(info)
+    }
+
+    /// `GET /v1/cluster` of a node: the nodes and each partition's owner.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::event`].
+    pub async fn cluster(&self) -> Result<ClusterBody, ClientError> {
+        let cluster: Option<ClusterBody> = self.read("/v1/cluster").await?;
+        cluster.ok_or_else(|| ClientError::Protocol("/v1/cluster answered 404".into()))
+    }
+
+    /// Learns the partition count and every partition's owner now (a client also does it on
+    /// its own when a command meets a moved partition or a refused connection).
+    ///
+    /// # Errors
+    ///
+    /// The last node's error when none answered.
+    pub async fn refresh(&self) -> Result<(), ClientError> {
+        if !self.inner.view.claim_refresh(Instant::now()) {
+            return Ok(());
+        }
+        let mut last = ClientError::Config("no node to ask".into());
+        for node in self.inner.view.candidates() {
+            if self.inner.view.partitions().is_none() {
+                match self.get_once::<InfoBody>(&node, "/v1/info").await {
+                    Ok(info) => self.inner.view.set_partitions(info.partitions),
+                    Err(e) => {
+                        last = e;
+                        continue;
+                    }
+                }
+            }
+            match self.get_once::<ClusterBody>(&node, "/v1/cluster").await {
+                Ok(cluster) => {
+                    self.inner.view.apply(&cluster, &node);
+                    return Ok(());
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// The partition of `ws`, learning the partition count first if needed (`None` when no
+    /// node told it: the command then goes to a seed, which forwards it).
+    async fn partition_of(&self, ws: u64) -> Option<u32> {
+        if self.inner.view.partitions().is_none() {
+            let _ = self.refresh().await;
+        }
+        self.inner.view.partition_of(ws)
+    }
+
+    /// A GET that any node answers, retried like a command; 404 `not_found` and
+    /// `unknown_record` are `None`.
+    async fn read<T: DeserializeOwned>(&self, path: &str) -> Result<Option<T>, ClientError> {
+        let started = Instant::now();
+        let mut failures = 0u32;
+        loop {
+            let node = self.inner.view.any_node();
+            let (error, floor) = match self.send(Method::GET, &format!("{node}{path}"), None).await
+            {
+                Ok(a) if a.status.is_success() => return a.decode().map(Some),
+                Ok(a) if a.status == StatusCode::SERVICE_UNAVAILABLE => {
+                    (a.error(), a.retry_after.unwrap_or_default())
+                }
+                Ok(a) => {
+                    let error = a.error();
+                    return match error.code() {
+                        "not_found" | "unknown_record" => Ok(None),
+                        _ => Err(error),
+                    };
+                }
+                Err(e) => {
+                    if e.is_connect() {
+                        self.inner.view.forget_node(&node);
+                    }
+                    (ClientError::Transport(e), Duration::ZERO)
+                }
+            };
+            failures += 1;
+            self.wait_or_fail(started, floor, failures, error).await?;
+        }
+    }
+
+    /// One GET of `node`, no retry (for refreshing the view).
+    async fn get_once<T: DeserializeOwned>(
+        &self,
+        node: &str,
+        path: &str,
+    ) -> Result<T, ClientError> {
+        let a = self
+            .send(Method::GET, &format!("{node}{path}"), None)
+            .await
+            .map_err(ClientError::Transport)?;
+        if a.status.is_success() {
+            a.decode()
+        } else {
+            Err(a.error())
+        }
+    }
+
+    /// Sleeps before the next attempt — at least `floor` (the server's `Retry-After`), plus a
+    /// jittered backoff delay — or answers `error` when that would pass `retry_timeout`.
+    async fn wait_or_fail(
+        &self,
+        started: Instant,
+        floor: Duration,
+        failures: u32,
+        error: ClientError,
+    ) -> Result<(), ClientError> {
+        let wait = floor + self.inner.backoff.jittered(failures);
+        if started.elapsed() + wait > self.inner.retry_timeout {
+            return Err(error);
+        }
+        tokio::time::sleep(wait).await;
+        Ok(())
+    }
+
+    /// One attempt: the answer whole, or the transport's error.
+    async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        command: Option<(&bytes::Bytes, &str)>,
+    ) -> Result<Answer, reqwest::Error> {
+        let mut request = self
+            .inner
+            .http
+            .request(method, url)
+            .timeout(self.inner.request_timeout);
+        if let Some((body, key)) = command {
+            request = request
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(IDEMPOTENCY_KEY, key)
+                .body(body.clone());
+        }
+        let response = request.send().await?;
+        let headers = response.headers();
+        let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
+        let retry_after = text(header::RETRY_AFTER.as_str())
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let location = text(header::LOCATION.as_str()).map(str::to_owned);
+        let replayed = text(IDEMPOTENCY_REPLAYED) == Some("true");
+        let status = response.status();
+        let body = response.bytes().await?;
+        Ok(Answer {
+            status,
+            retry_after,
+            location,
+            replayed,
+            body,
+        })
+    }
+}
+
+impl Answer {
+    /// A redirect past the undelayed ones, as the error returned if time runs out.
+    fn error_or_redirect(&self) -> ClientError {
+        ClientError::Api {
+            status: self.status.as_u16(),
+            code: "redirect".into(),
+            message: format!(
+                "redirected {} times in a row, last to {}",
+                REDIRECTS_UNDELAYED_MAX + 1,
+                self.location.as_deref().unwrap_or("?")
+            ),
+        }
+    }
+}
+
+/// The node's base URL of a redirect to its `…/v1/commands`.
+fn owner_of(location: &str) -> Option<&str> {
+    location
+        .strip_suffix("/v1/commands")
+        .filter(|base| base.starts_with("http://") || base.starts_with("https://"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_redirect_names_its_node() {
+        assert_eq!(
+            super::owner_of("http://127.0.0.1:9/v1/commands"),
+            Some("http://127.0.0.1:9")
+        );
+        assert_eq!(super::owner_of("/v1/commands"), None);
+    }
+}

@@ -1,0 +1,51 @@
+//! [`ClientError`]: what a call through the client can end with, after its retries.
+
+/// A call through [`crate::Client`] failed (after the retries its kind allows).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The server answered with an error: its status, stable code and message. A 503 here
+    /// means the retries ran out of time (`ClientBuilder::retry_timeout`).
+    #[error("{message} ({code}, HTTP {status})")]
+    Api {
+        /// The HTTP status.
+        status: u16,
+        /// The stable error code (the README lists them).
+        code: String,
+        /// The server's message.
+        message: String,
+    },
+    /// No answer (connection refused, reset, timed out) on the last attempt. A command may or
+    /// may not have been applied: send it again with the same `Idempotency-Key`
+    /// ([`crate::Client::submit_with_key`]) and it is applied at most once.
+    #[error("no answer from the server: {0}; check that it runs and is reachable")]
+    Transport(#[source] reqwest::Error),
+    /// The answer is not what the API documents.
+    #[error("unexpected answer from the server: {0}")]
+    Protocol(String),
+    /// The client cannot be built as asked (a URL, the token, the CA certificate).
+    #[error("{0}")]
+    Config(String),
+}
+
+impl ClientError {
+    /// The stable code: the server's, or `transport`, `protocol`, `config`.
+    #[must_use]
+    pub fn code(&self) -> &str {
+        match self {
+            ClientError::Api { code, .. } => code,
+            ClientError::Transport(_) => "transport",
+            ClientError::Protocol(_) => "protocol",
+            ClientError::Config(_) => "config",
+        }
+    }
+
+    /// The HTTP status the server answered, if it answered.
+    #[must_use]
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}

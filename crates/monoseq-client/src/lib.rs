@@ -1,0 +1,44 @@
+//! monoseq-client: the Rust client of monoseq's HTTP API. Owns what every caller would
+//! otherwise write by hand: typed commands and answers (the server's own wire types,
+//! `monoseq-wire`), retries that are safe (one `Idempotency-Key` per logical command, reused
+//! on every retry; `Retry-After` honoured, with jittered backoff), and, given several nodes,
+//! sending each command to its partition's owner (learned from `/v1/cluster` and from 307
+//! redirects, refreshed on `not_owner`, a redirect or a refused connection). Reads: events,
+//! WLog pages as a stream, records; named sequences through `monoseq-named-http`.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use monoseq_client::{Client, CommandBody, KindBody, NewRecordBody};
+//!
+//! # async fn run() -> Result<(), monoseq_client::ClientError> {
+//! let client = Client::builder(["http://127.0.0.1:8080"]).build()?;
+//! let mut order = CommandBody::new(7, 1, "app.CreateOrder");
+//! order.create.push(NewRecordBody::new(1, KindBody::CDoc, "app.Order"));
+//! let done = client.submit(&order).await?; // retried with the same key until answered
+//! let event = client.event(done.outcome.partition, done.outcome.plog_offset).await?;
+//! # let _ = event;
+//! # Ok(())
+//! # }
+//! ```
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod builder;
+mod client;
+mod error;
+mod key;
+mod routing;
+
+pub use builder::{
+    BACKOFF_FIRST_DEFAULT, BACKOFF_MAX_DEFAULT, CONNECT_TIMEOUT_DEFAULT, ClientBuilder,
+    REQUEST_TIMEOUT_DEFAULT, RETRY_TIMEOUT_DEFAULT,
+};
+pub use client::{Client, Submitted};
+pub use error::ClientError;
+pub use key::new_idempotency_key;
+pub use monoseq_named_http::Client as SequencesClient;
+pub use monoseq_wire::{
+    ArgBody, ClusterBody, CommandBody, ErrorBody, EventBody, InfoBody, KindBody, NewArgBody,
+    NewRecordBody, OutcomeBody, RecordBody, RecordUpdateBody, StoredKindBody,
+};

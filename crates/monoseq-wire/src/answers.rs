@@ -1,0 +1,202 @@
+//! What the reading endpoints, `/v1/info`, `/v1/cluster` and every error answer carry.
+//! Answers accept unknown fields: a server may add one without breaking older clients.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Every error answer: a stable code and a message saying what to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The stable code (`busy`, `not_owner`, `invalid_command`, …).
+    pub code: String,
+    /// What happened and what to do, for people.
+    pub message: String,
+    /// With `corrupted`: the damaged place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// The kind of a stored record or argument object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StoredKindBody {
+    /// Configuration document.
+    CDoc,
+    /// Configuration record.
+    CRecord,
+    /// Workflow document.
+    WDoc,
+    /// Workflow record.
+    WRecord,
+    /// Argument object (an event's argument).
+    ODoc,
+    /// Argument object's child.
+    ORecord,
+}
+
+/// A record: `GET /v1/workspaces/{ws}/records/{id}`, and each record an event created or
+/// updated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecordBody {
+    /// The real ID.
+    pub id: u64,
+    /// Its kind.
+    pub kind: StoredKindBody,
+    /// Its type name.
+    pub name: String,
+    /// Field values (a value stored as text that is not JSON reads as a string).
+    pub fields: Map<String, Value>,
+}
+
+/// An event's argument object or one of its children.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArgBody {
+    /// Its real ID (a number of the event, not a readable record).
+    pub id: u64,
+    /// `ODoc` or `ORecord`.
+    pub kind: StoredKindBody,
+    /// Its type name.
+    pub name: String,
+    /// Field values.
+    pub fields: Map<String, Value>,
+    /// Nested objects.
+    pub children: Vec<ArgBody>,
+}
+
+/// A stored event: `GET /v1/partitions/{p}/events/{offset}` and the items of a WLog page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventBody {
+    /// Its PLog offset in its partition.
+    pub plog_offset: u64,
+    /// Its workspace.
+    pub ws: u64,
+    /// The workspace's kind.
+    pub ws_kind: u16,
+    /// Its offset in the workspace's WLog.
+    pub wlog_offset: u64,
+    /// When the server registered it, milliseconds since the Unix epoch.
+    pub registered_at_ms: u64,
+    /// The command's name.
+    pub command: String,
+    /// The argument object, with real IDs.
+    pub argument: Option<ArgBody>,
+    /// Records it created.
+    pub created: Vec<RecordBody>,
+    /// Records it updated (the changed fields).
+    pub updated: Vec<RecordBody>,
+    /// The `Idempotency-Key` it was submitted with.
+    pub idempotency_key: Option<String>,
+}
+
+/// `GET /v1/workspaces/{ws}/wlog`: consecutive events of one workspace's WLog.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WlogPageBody {
+    /// From the asked offset on, at most `limit`; fewer (or none) at the WLog's end.
+    pub events: Vec<EventBody>,
+}
+
+/// `GET /v1/info`: what the server serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InfoBody {
+    /// The server's version.
+    pub version: String,
+    /// Partition count; a command goes to partition `ws mod partitions`.
+    pub partitions: u32,
+    /// Trust level of the built-in sequences (0, 1 or 2).
+    pub trust_level: u8,
+    /// `embedded` (with its data directory) or the PostgreSQL address without its password.
+    pub storage: String,
+    /// The store's ID.
+    pub store_id: String,
+    /// How many of a partition's last events a retry's `Idempotency-Key` is recognised in.
+    pub idempotency_window_events: u64,
+}
+
+/// `GET /v1/cluster`: the nodes and the owner of each partition. One node on embedded storage
+/// answers `clustered: false` and the partitions it serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ClusterBody {
+    /// Several nodes on one database.
+    Clustered {
+        /// Always `true`.
+        clustered: bool,
+        /// The answering node.
+        node_id: String,
+        /// The lease's length.
+        lease_ms: i64,
+        /// How often leases are renewed.
+        renew_ms: u64,
+        /// Every registered node.
+        nodes: Vec<ClusterNodeBody>,
+        /// Every partition's lease.
+        partitions: Vec<ClusterPartitionBody>,
+    },
+    /// One node serving every partition.
+    Single {
+        /// Always `false`.
+        clustered: bool,
+        /// Why.
+        message: String,
+        /// The partitions served.
+        partitions: Vec<u32>,
+    },
+}
+
+/// A node of [`ClusterBody::Clustered`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterNodeBody {
+    /// Its name (`--node-id`).
+    pub node_id: String,
+    /// The URL it advertises to clients and peers.
+    pub url: String,
+    /// Whether it renewed lately.
+    pub alive: bool,
+    /// The partitions it holds a live lease on.
+    pub partitions: Vec<u32>,
+}
+
+/// A partition of [`ClusterBody::Clustered`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterPartitionBody {
+    /// The partition.
+    pub partition: u32,
+    /// Its lease's epoch.
+    pub epoch: i64,
+    /// The node holding a live lease on it, if any.
+    pub owner: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn both_shapes_of_the_cluster_view_are_read() {
+        let single: ClusterBody = serde_json::from_value(json!({
+            "clustered": false, "message": "one node", "partitions": [0, 1]
+        }))
+        .unwrap();
+        assert!(
+            matches!(single, ClusterBody::Single { ref partitions, .. } if partitions.len() == 2)
+        );
+        let many: ClusterBody = serde_json::from_value(json!({
+            "clustered": true, "node_id": "n1", "lease_ms": 3000, "renew_ms": 1000,
+            "nodes": [{"node_id": "n1", "run_id": "r", "url": "http://a", "seen_ms_ago": 1,
+                       "alive": true, "partitions": [0]}],
+            "partitions": [{"partition": 0, "epoch": 2, "owner": "n1", "expires_in_ms": 1,
+                            "lease_age_ms": 2, "served_here": true}]
+        }))
+        .unwrap();
+        assert!(
+            matches!(many, ClusterBody::Clustered { ref nodes, .. } if nodes[0].url == "http://a")
+        );
+    }
+
+    #[test]
+    fn an_answer_with_a_field_this_client_does_not_know_is_read() {
+        let e: ErrorBody =
+            serde_json::from_value(json!({"code": "busy", "message": "m", "new": 1})).unwrap();
+        assert_eq!(e.code, "busy");
+    }
+}

@@ -1,0 +1,41 @@
+//! monoseq-wire: the JSON bodies of monoseq's HTTP API, shared by the server (`monoseq serve`)
+//! and its client (`monoseq-client`). Owns the wire format — field names, defaults, which
+//! request fields are refused — and nothing else: no HTTP, no I/O, no domain logic. The server
+//! converts these to and from the command processor's types, so the wire can change without
+//! touching the domain, and the domain without breaking clients.
+//!
+//! Requests refuse unknown fields (a typo is an error, not a silently ignored field); answers
+//! accept them, so an older client reads a newer server's answers.
+//!
+//! # Example
+//!
+//! ```
+//! use monoseq_wire::{CommandBody, KindBody, NewRecordBody};
+//!
+//! let mut command = CommandBody::new(7, 1, "app.CreateOrder");
+//! command.create.push(NewRecordBody::new(1, KindBody::CDoc, "app.Order"));
+//! let json = serde_json::to_value(&command).expect("serializes");
+//! assert_eq!(json["create"][0]["kind"], "CDoc");
+//! ```
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod answers;
+mod command;
+
+pub use answers::{
+    ArgBody, ClusterBody, ClusterNodeBody, ClusterPartitionBody, ErrorBody, EventBody, InfoBody,
+    RecordBody, StoredKindBody, WlogPageBody,
+};
+pub use command::{
+    CommandBody, KindBody, NewArgBody, NewRecordBody, OutcomeBody, RecordUpdateBody,
+};
+
+/// The request header that makes a command safe to retry (IETF httpapi idempotency-key draft).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Set to `true` on an answer repeated for a retry with the same key.
+pub const IDEMPOTENCY_REPLAYED: &str = "idempotency-replayed";
+/// Longest `Idempotency-Key` accepted, in bytes (printable ASCII).
+pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
+/// Most events one `GET /v1/workspaces/{ws}/wlog` answers (`limit` at most this).
+pub const WLOG_PAGE_MAX: usize = 1_000;

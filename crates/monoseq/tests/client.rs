@@ -1,0 +1,129 @@
+//! The Rust client (`monoseq-client`) against the real binary: a command and its retry with
+//! the same key, reading it back (event, record, WLog as a stream of pages), the server's
+//! info and cluster view, a named sequence, and a bearer token over TLS with a CA.
+
+mod common;
+mod security;
+
+use common::Server;
+use futures_util::TryStreamExt;
+use monoseq_client::{Client, CommandBody, KindBody, NewRecordBody};
+
+fn order(ws: u64, total: u64) -> CommandBody {
+    let mut command = CommandBody::new(ws, 1, "app.CreateOrder");
+    let mut record = NewRecordBody::new(1, KindBody::CDoc, "app.Order");
+    record.fields.insert("total".into(), total.into());
+    command.create.push(record);
+    command
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_is_applied_once_and_read_back_through_the_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        Server::start_ready(dir.path(), &["--partitions", "4"], &reqwest::Client::new()).await;
+    let client = Client::new(&server.url).unwrap();
+
+    let first = client.submit(&order(6, 10)).await.unwrap();
+    assert_eq!((first.outcome.partition, first.outcome.plog_offset), (2, 1));
+    assert!(!first.replayed);
+    // The same key again (a retry whose first answer was lost): the original answer.
+    let again = client
+        .submit_with_key(&order(6, 10), &first.key)
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.outcome, first.outcome);
+
+    let event = client.event(2, 1).await.unwrap().expect("the event");
+    assert_eq!(event.idempotency_key.as_deref(), Some(first.key.as_str()));
+    assert!(client.event(2, 99).await.unwrap().is_none());
+    let id = first.outcome.ids[&1];
+    let record = client.record(6, id).await.unwrap().expect("the record");
+    assert_eq!(record.fields["total"], 10);
+    for total in 11..=14 {
+        client.submit(&order(6, total)).await.unwrap();
+    }
+    let pages: Vec<Vec<_>> = client.wlog(6, 1, 2).try_collect().await.unwrap();
+    assert_eq!(pages.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 1]);
+
+    let info = client.info().await.unwrap();
+    assert_eq!(info.partitions, 4);
+    assert!(matches!(
+        client.cluster().await.unwrap(),
+        monoseq_client::ClusterBody::Single { .. }
+    ));
+    let address = "orders/invoice".parse().unwrap();
+    let options = monoseq_named::NextOptions::new().initial(1000);
+    assert_eq!(
+        client.sequences().next(&address, &options).await.unwrap(),
+        1000
+    );
+    assert_eq!(
+        client.sequences().next(&address, &options).await.unwrap(),
+        1001
+    );
+
+    let refused = client
+        .submit(&CommandBody::new(6, 99, "app.Bad"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (refused.status(), refused.code()),
+        (Some(400), "unknown_workspace_kind")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_presents_its_token_over_tls_trusting_the_given_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = security::Pki::new(dir.path());
+    let tokens = security::both_tokens(dir.path());
+    let server = security::launch(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &[
+            "--tls-cert",
+            pki.cert.to_str().unwrap(),
+            "--tls-key",
+            pki.key.to_str().unwrap(),
+            "--tokens-file",
+            tokens.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .expect("server starts");
+    server.ready(&pki.client(), Some(security::READ)).await;
+    let ca = std::fs::read(&pki.ca).unwrap();
+    let client = Client::builder([server.url.clone()])
+        .token(security::WRITE)
+        .ca_pem(ca.clone())
+        .build()
+        .unwrap();
+    let done = client.submit(&order(3, 1)).await.unwrap();
+    assert!(
+        client
+            .event(done.outcome.partition, 1)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    let without = Client::builder([server.url.clone()])
+        .ca_pem(ca)
+        .build()
+        .unwrap();
+    let refused = without.submit(&order(3, 1)).await.unwrap_err();
+    assert_eq!(
+        (refused.status(), refused.code()),
+        (Some(401), "unauthorized")
+    );
+    // A client that does not trust the CA gets no answer at all.
+    let untrusting = Client::builder([server.url.clone()])
+        .token(security::WRITE)
+        .retry_timeout(std::time::Duration::ZERO)
+        .build()
+        .unwrap();
+    let e = untrusting.submit(&order(3, 1)).await.unwrap_err();
+    assert_eq!(e.code(), "transport", "{e}");
+}
