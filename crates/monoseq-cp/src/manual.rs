@@ -69,6 +69,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
             fenced: false,
             lost: None,
             acked: Arc::new(Mutex::new(acked)),
+            floor: retired.plog,
             unresolved: None,
         };
         Ok(ManualPartition {
@@ -76,6 +77,14 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
             worker,
             config: config.clone(),
         })
+    }
+
+    /// Raises what the writer knows was acknowledged (marks learned from other nodes before it
+    /// serves, as a node pulls them when it takes a partition over).
+    pub fn raise_mark(&mut self, mark: Mark) {
+        self.writer.mark = self.writer.mark.max(&mark);
+        let mut acked = self.writer.acked.lock().unwrap_or_else(|e| e.into_inner());
+        *acked = acked.max(&mark);
     }
 
     /// Runs one step of the sequencer's background work (actualization, flushing).
@@ -159,6 +168,16 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
         self.writer.check_whole()
     }
 
+    /// Raises the mark over every event the stored PLog holds above it, as a starting
+    /// partition does once actualized and found whole.
+    ///
+    /// # Errors
+    ///
+    /// When the PLog cannot be read or the marks file raised; call again later.
+    pub fn cover_stored_tail(&mut self) -> Result<(), String> {
+        self.writer.cover_stored_tail()
+    }
+
     /// Remembers the keys of the PLog tail the idempotency window spans, as a starting
     /// partition does once actualized.
     ///
@@ -172,7 +191,13 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
 
     fn learn(&mut self, from: u64) -> Result<(), String> {
         let to = self.next_offset();
-        let (keys, read) = read_keys(&self.writer.store, self.writer.partition, from, to);
+        let (keys, read) = read_keys(
+            &self.writer.store,
+            self.writer.partition,
+            self.writer.floor,
+            from,
+            to,
+        );
         self.writer.remember(keys);
         read
     }

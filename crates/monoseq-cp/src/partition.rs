@@ -130,6 +130,9 @@ pub(crate) struct Writer<S: KvStore + Clone> {
     pub(crate) lost: Option<String>,
     /// The processor's memory of this partition's acknowledged numbers.
     pub(crate) acked: Arc<Mutex<Mark>>,
+    /// The highest PLog offset retired by an accepted loss (0: none): the PLog has a gap
+    /// below it, and reads of its tail continue above it.
+    pub(crate) floor: u64,
     /// The first PLog offset of a group whose write failed: the PLog from there may hold
     /// events of that group (a write whose answer was lost may have landed). Until it is read
     /// back, no command is taken (see `PartitionTask::read_back`).
@@ -324,9 +327,41 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             self.report_lost();
             return true;
         }
+        self.cover_tail().await;
         self.rebuild_window().await;
         self.shared.set_state(PartitionState::Serving);
         true
+    }
+
+    /// Covers the stored PLog's tail with the mark before serving (see
+    /// `Writer::cover_stored_tail`), retrying a failing read with backoff.
+    async fn cover_tail(&mut self) {
+        let backoff = Backoff::new(REBUILD_DELAY_MIN, REBUILD_DELAY_MAX);
+        for attempt in 1.. {
+            let Some(mut writer) = self.writer.take() else {
+                return;
+            };
+            let covered = tokio::task::spawn_blocking(move || {
+                let covered = writer.cover_stored_tail();
+                (writer, covered)
+            })
+            .await;
+            let Ok((writer, covered)) = covered else {
+                return;
+            };
+            self.writer = Some(writer);
+            match covered {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::warn!(
+                        partition = self.template.partition.0,
+                        attempt,
+                        "covering the stored PLog with the high-water mark failed: {e}; retrying"
+                    );
+                    tokio::time::sleep(backoff.delay(attempt)).await;
+                }
+            }
+        }
     }
 
     /// Shows a partition found below its mark as refused right away (readiness names it).
@@ -375,9 +410,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
     /// before an error are kept.
     async fn learn_keys(&mut self, from: u64, to: u64) -> Result<(), String> {
         let w = self.writer();
-        let (store, partition) = (w.store.clone(), w.partition);
+        let (store, partition, floor) = (w.store.clone(), w.partition, w.floor);
         let (keys, read) =
-            tokio::task::spawn_blocking(move || read_keys(&store, partition, from, to))
+            tokio::task::spawn_blocking(move || read_keys(&store, partition, floor, from, to))
                 .await
                 .map_err(|e| format!("the reading thread was lost: {e}"))?;
         if let Some(w) = &mut self.writer {
@@ -523,6 +558,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                     fenced: false,
                     lost: None,
                     acked: Arc::clone(&template.acked),
+                    floor: template.floor,
                     unresolved: None,
                 });
             }
@@ -599,6 +635,7 @@ pub(crate) struct WriterTemplate<S: KvStore + Clone> {
     pub(crate) mark: Mark,
     pub(crate) counters: Arc<Counters>,
     pub(crate) acked: Arc<Mutex<Mark>>,
+    pub(crate) floor: u64,
 }
 
 /// Answers every command queued now with `error`; false when the queue is closed.
@@ -639,25 +676,36 @@ fn lost_reason(partition: u32, acked: u64, end: u64) -> String {
 pub(crate) type FoundKey = (String, u64, u64);
 
 /// The idempotency keys of the events at PLog offsets `from..to`, with the read's result (the
-/// keys read before an error are given too).
+/// keys read before an error are given too). Offsets up to `floor` were retired by an accepted
+/// loss: the PLog has a gap below it, so the part above it is read on its own.
 pub(crate) fn read_keys<S: KvStore + Clone>(
     store: &EventStore<S>,
     partition: PartitionId,
+    floor: u64,
     from: u64,
     to: u64,
 ) -> (Vec<FoundKey>, Result<(), String>) {
     let mut keys = Vec::new();
-    let read = store.for_each_event(
-        partition,
-        monoseq_core::PLogOffset(from),
-        monoseq_core::PLogOffset(to),
-        &mut |e: Event| {
-            if let Some(i) = e.idempotency {
-                keys.push((i.key, e.ws.0, e.plog_offset.0));
-            }
-        },
-    );
-    (keys, read.map_err(|e| e.to_string()))
+    let mut read = |from: u64, to: u64| {
+        store.for_each_event(
+            partition,
+            monoseq_core::PLogOffset(from),
+            monoseq_core::PLogOffset(to),
+            &mut |e: Event| {
+                if let Some(i) = e.idempotency {
+                    keys.push((i.key, e.ws.0, e.plog_offset.0));
+                }
+            },
+        )
+    };
+    let below = if from <= floor {
+        read(from, (floor + 1).min(to))
+    } else {
+        Ok(())
+    };
+    let above = read(from.max(floor + 1), to);
+    let result = below.and(above).map_err(|e| e.to_string());
+    (keys, result)
 }
 
 impl<S: KvStore + Clone> Writer<S> {
@@ -675,6 +723,37 @@ impl<S: KvStore + Clone> Writer<S> {
         }
         self.lost = Some(lost_reason(self.partition.0, self.mark.plog, end));
         false
+    }
+
+    /// Raises the mark over every event the stored PLog holds above it, once actualized at a
+    /// start or a takeover: any of them may have been acknowledged (by a former owner whose
+    /// marks this node has not learned), so they are treated as acknowledged, durably, before
+    /// anything is served. A later loss of them is then noticed and their numbers retired.
+    pub(crate) fn cover_stored_tail(&mut self) -> Result<(), String> {
+        let end = self.seq.handle().stats().next_offset.saturating_sub(1);
+        if end <= self.mark.plog {
+            return Ok(());
+        }
+        let mut tail = Vec::new();
+        let from = (self.mark.plog + 1).max(self.floor + 1);
+        let read = self.store.for_each_event(
+            self.partition,
+            monoseq_core::PLogOffset(from),
+            monoseq_core::PLogOffset(end + 1),
+            &mut |e: Event| tail.push(e),
+        );
+        read.map_err(|e| e.to_string())?;
+        let mut mark = group_mark(self.mark, &tail);
+        mark.plog = mark.plog.max(end);
+        if let Some(marks) = &self.marks {
+            marks
+                .raise(self.partition.0, &mark)
+                .map_err(|e| format!("raising the high-water mark failed: {e}"))?;
+        }
+        self.mark = mark;
+        let mut acked = self.acked.lock().unwrap_or_else(|e| e.into_inner());
+        *acked = acked.max(&mark);
+        Ok(())
     }
 
     /// Remembers keys read from the PLog in the idempotency window.
@@ -703,6 +782,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         // Commands repeating a key of this group wait for its first command's answer.
         let mut in_group: HashMap<u64, usize> = HashMap::new();
         let mut followers: Vec<(Job, usize)> = Vec::new();
+        // Retries of events above the mark, answered once the mark covers them.
+        let mut replays: Vec<(Job, Outcome, Mark)> = Vec::new();
         for job in jobs {
             if let Some((key, fingerprint)) = &job.key {
                 let hash = key.hash_in(job.plan.ws.0);
@@ -716,9 +797,18 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                     }
                     continue;
                 }
-                if let Some(result) = self.replay(key, hash, job.plan.ws, *fingerprint) {
-                    answer(&self.counters, job, result);
-                    continue;
+                match self.replay(key, hash, job.plan.ws, *fingerprint) {
+                    // An event above the mark (its first answer was lost): the mark must
+                    // cover it before it is acknowledged.
+                    Some(Ok((outcome, m))) if !self.mark.covers(&m) => {
+                        replays.push((job, outcome, m));
+                        continue;
+                    }
+                    Some(result) => {
+                        answer(&self.counters, job, result.map(|(outcome, _)| outcome));
+                        continue;
+                    }
+                    None => {}
                 }
             }
             match self.sequence(&job, now_ms) {
@@ -735,17 +825,24 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             }
         }
         self.report_cache();
+        let replayed = replays.iter().fold(self.mark, |m, r| m.max(&r.2));
         if accepted.is_empty() {
+            if !replays.is_empty() {
+                self.answer_replays(replays, replayed);
+            }
             return Vec::new();
         }
         let first = accepted[0].outcome.plog_offset;
-        let mark = group_mark(self.mark, &events);
+        let mark = group_mark(replayed, &events);
         match self.write(events, mark, rt) {
             Ok(()) => {
                 self.seq.mark_durable();
                 self.mark = mark;
                 *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = mark;
                 self.counters.groups.fetch_add(1, Ordering::Relaxed);
+                for (job, outcome, _) in replays {
+                    answer(&self.counters, job, Ok(outcome));
+                }
                 for (job, i) in followers {
                     let mut outcome = accepted[i].outcome.clone();
                     outcome.replayed = true;
@@ -758,7 +855,35 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             }
             Err(e) => {
                 self.window.forget_from(first);
+                for (job, _, _) in replays {
+                    answer(&self.counters, job, Err(storage_error(&e)));
+                }
                 self.failed_group(&e, accepted, followers)
+            }
+        }
+    }
+
+    /// Answers retries of events above the mark (their first answers were lost) once the mark
+    /// covers them: raised durably first, as a group's write does.
+    fn answer_replays(&mut self, replays: Vec<(Job, Outcome, Mark)>, mark: Mark) {
+        let raised = match &self.marks {
+            None => Ok(()),
+            Some(marks) => marks.raise(self.partition.0, &mark),
+        };
+        match raised {
+            Ok(()) => {
+                self.mark = mark;
+                *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = mark;
+                for (job, outcome, _) in replays {
+                    answer(&self.counters, job, Ok(outcome));
+                }
+            }
+            Err(e) => {
+                let e =
+                    AppendError::Storage(KvError::backend("raising the high-water mark failed", e));
+                for (job, _, _) in replays {
+                    answer(&self.counters, job, Err(storage_error(&e)));
+                }
             }
         }
     }
@@ -870,7 +995,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         hash: u64,
         ws: monoseq_core::WsId,
         fingerprint: u64,
-    ) -> Option<Result<Outcome, CommandError>> {
+    ) -> Option<Result<(Outcome, Mark), CommandError>> {
         let offset = self.window.get(hash)?;
         let event = match self
             .store
@@ -887,13 +1012,17 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         if recorded.fingerprint != fingerprint {
             return Some(Err(key_reused(key)));
         }
-        Some(Ok(Outcome {
+        let outcome = Outcome {
             partition: self.partition.0,
             plog_offset: event.plog_offset.0,
             wlog_offset: event.wlog_offset.0,
             ids: recorded.raw_ids.iter().copied().collect(),
             replayed: true,
-        }))
+        };
+        Some(Ok((
+            outcome,
+            group_mark(Mark::default(), std::slice::from_ref(&event)),
+        )))
     }
 
     /// Runs the sequencing transaction of one command, committed as pending.

@@ -625,6 +625,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         mark,
         counters: Arc::clone(counters),
         acked: Arc::clone(acked),
+        floor: retired.plog,
     };
     let writer = Writer {
         partition: PartitionId(p),
@@ -639,6 +640,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         fenced: false,
         lost: None,
         acked: Arc::clone(acked),
+        floor: retired.plog,
         unresolved: None,
     };
     let task = PartitionTask {

@@ -1,7 +1,10 @@
 //! The simulated database: one key-value store and one lease table behind a synchronous
 //! standby (a failover loses nothing acknowledged, and the database answers nothing while it
 //! runs), with the faults a network and a database inflict on their callers: calls that fail
-//! cleanly, writes whose request or answer is lost, nodes cut off. [`SimKv`] is one node's
+//! cleanly, writes whose request or answer is lost, nodes cut off. It can also go back in
+//! time, as when an asynchronous standby that was behind is promoted or a backup is restored:
+//! every applied write is logged with its time, and going back rebuilds the store, the lease
+//! table and the record of fenced writers from the log's prefix. [`SimKv`] is one node's
 //! fenced view of a partition, as `FencedPgStore` is in production: a write commits only
 //! while the lease's epoch is the one the view was made with, and the database records which
 //! node wrote under each (partition, epoch), so that the simulation can check that only one
@@ -12,9 +15,9 @@ use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use monoseq_kv::{
-    CasError, Key, KvError, KvStore, MemoryStore, Order, Visitor, WriteBatch, WriteError,
+    CasError, Key, KeyBuf, KvError, KvStore, MemoryStore, Order, Visitor, WriteBatch, WriteError,
 };
-use monoseq_membership::{MemoryLeaseTable, TableError};
+use monoseq_membership::{Call, Config, MemoryLeaseTable, Reply, TableError, execute};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -35,23 +38,45 @@ enum Fate {
     LoseAnswer,
 }
 
+/// A write that was applied, as the log keeps it.
+enum Applied {
+    Batch(u32, WriteBatch),
+    Swap(u32, KeyBuf, Option<Vec<u8>>, Option<Vec<u8>>),
+    Lease(Call, Box<Config>),
+}
+
+impl Applied {
+    /// The partition whose fenced view wrote it.
+    fn partition(&self) -> Option<u32> {
+        match self {
+            Applied::Batch(p, _) | Applied::Swap(p, ..) => Some(*p),
+            Applied::Lease(..) => None,
+        }
+    }
+}
+
 struct DbState {
     rng: ChaCha8Rng,
+    /// Every applied write with its time, oldest first.
+    log: Vec<(u64, Applied)>,
+    /// How often the database went back in time.
+    went_back: u64,
     now: u64,
     /// A failover runs until then: nothing answers.
     down_until: u64,
     /// Nodes cut off from the database.
     cut: BTreeSet<String>,
     faults: DbFaults,
-    /// The node whose fenced writes were accepted under each (partition, epoch).
-    accepted: BTreeMap<(u32, u64), String>,
+    /// The node whose fenced writes were accepted under each (partition, epoch), and when
+    /// first.
+    accepted: BTreeMap<(u32, u64), (String, u64)>,
     violations: Vec<String>,
 }
 
 /// The database every node reaches.
 pub struct Db {
-    kv: Arc<MemoryStore>,
-    table: MemoryLeaseTable,
+    kv: Mutex<Arc<MemoryStore>>,
+    table: Mutex<Arc<MemoryLeaseTable>>,
     state: Mutex<DbState>,
 }
 
@@ -59,10 +84,12 @@ impl Db {
     /// An empty database whose faults are decided by `seed`.
     pub fn new(seed: u64) -> Arc<Db> {
         Arc::new(Db {
-            kv: Arc::new(MemoryStore::new()),
-            table: MemoryLeaseTable::new(),
+            kv: Mutex::new(Arc::new(MemoryStore::new())),
+            table: Mutex::new(Arc::new(MemoryLeaseTable::new())),
             state: Mutex::new(DbState {
                 rng: ChaCha8Rng::seed_from_u64(seed ^ 0xdb),
+                log: Vec::new(),
+                went_back: 0,
                 now: 0,
                 down_until: 0,
                 cut: BTreeSet::new(),
@@ -78,19 +105,75 @@ impl Db {
     }
 
     /// The store, unfenced and without faults (for the checks).
-    pub fn kv(&self) -> &Arc<MemoryStore> {
-        &self.kv
+    pub fn kv(&self) -> Arc<MemoryStore> {
+        Arc::clone(&self.kv.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// The lease table, without faults (for the checks and for [`Db::lease_call`]).
-    pub fn table(&self) -> &MemoryLeaseTable {
-        &self.table
+    /// The lease table, without faults (for the checks).
+    pub fn table(&self) -> Arc<MemoryLeaseTable> {
+        Arc::clone(&self.table.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Moves the database's clock.
     pub fn set_now(&self, now: u64) {
         self.state().now = now;
-        self.table.set_now(now);
+        self.table().set_now(now);
+    }
+
+    /// Runs a lease call of the node of `config` (whose fate was decided) and logs it.
+    pub fn lease_call(&self, call: &Call, config: &Config) -> Reply {
+        let reply = execute(call, &*self.table(), config);
+        let mut s = self.state();
+        let now = s.now;
+        s.log
+            .push((now, Applied::Lease(call.clone(), Box::new(config.clone()))));
+        reply
+    }
+
+    /// How many fenced writes of `partition` the database holds: the lease row's write count,
+    /// which goes back with the database.
+    fn writes(&self, partition: u32) -> u64 {
+        let s = self.state();
+        s.log
+            .iter()
+            .filter(|(_, a)| a.partition() == Some(partition))
+            .count() as u64
+    }
+
+    /// How often the database went back in time so far.
+    pub fn went_back(&self) -> u64 {
+        self.state().went_back
+    }
+
+    /// Goes back to what the database held at `to` (an asynchronous standby promoted with a
+    /// lost tail, or a backup restored): writes applied after it are gone, and nothing
+    /// answers until `until` (the promotion or the restore).
+    pub fn go_back(&self, to: u64, until: u64) {
+        let mut s = self.state();
+        let now = s.now;
+        s.log.retain(|(t, _)| *t <= to);
+        s.accepted.retain(|_, (_, t)| *t <= to);
+        s.went_back += 1;
+        s.down_until = s.down_until.max(until);
+        let kv = MemoryStore::new();
+        let table = MemoryLeaseTable::new();
+        for (t, applied) in &s.log {
+            match applied {
+                Applied::Batch(_, batch) => {
+                    let _ = kv.write(batch);
+                }
+                Applied::Swap(_, key, expected, new) => {
+                    let _ = kv.compare_and_swap(key.as_key(), expected.as_deref(), new.as_deref());
+                }
+                Applied::Lease(call, config) => {
+                    table.set_now(*t);
+                    let _ = execute(call, &table, config);
+                }
+            }
+        }
+        table.set_now(now);
+        *self.kv.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(kv);
+        *self.table.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
     }
 
     /// Sets the fault rates.
@@ -163,12 +246,15 @@ impl Db {
         }
     }
 
-    fn accept(&self, node: &str, fence: (u32, u64)) {
+    fn accept(&self, node: &str, fence: (u32, u64), applied: Applied) {
         let mut s = self.state();
+        let now = s.now;
+        s.log.push((now, applied));
         let holder = s
             .accepted
             .entry(fence)
-            .or_insert_with(|| node.to_owned())
+            .or_insert_with(|| (node.to_owned(), now))
+            .0
             .clone();
         if holder != node {
             let v = format!(
@@ -193,11 +279,19 @@ fn lost(what: &str) -> KvError {
     }
 }
 
+/// Whether the fence also requires the lease row's write count to be at least the highest this
+/// view saw (as `FencedPgStore` does), so that a database that went back in time refuses the
+/// next write of a view whose writes it lost.
+const FENCE_COUNTS_WRITES: bool = true;
+
 /// One node's view of one partition, every write fenced with the lease epoch it was made with.
 pub struct SimKv {
     db: Arc<Db>,
     node: String,
     fence: (u32, u64),
+    /// The highest write count of the partition's lease row this view saw (see
+    /// `FencedPgStore`): a lower one means the database lost writes of this view.
+    seen: std::sync::atomic::AtomicU64,
 }
 
 impl SimKv {
@@ -207,6 +301,7 @@ impl SimKv {
             db,
             node: node.to_owned(),
             fence: (partition, epoch),
+            seen: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -216,20 +311,27 @@ impl SimKv {
         }
     }
 
-    /// Runs a write through the database's faults and the fence.
+    /// Runs a write through the database's faults and the fence; `logged` is what the log
+    /// keeps of it when it is applied.
     fn write_through<E: From<KvError>>(
         &self,
-        apply: impl FnOnce() -> Result<(), E>,
+        logged: impl FnOnce() -> Applied,
+        apply: impl FnOnce(&MemoryStore) -> Result<(), E>,
     ) -> Result<(), E> {
+        use std::sync::atomic::Ordering;
         let fate = self.db.fate(&self.node, true)?;
-        let allowed = self.db.table.write_allowed(self.fence.0, self.fence.1);
+        let allowed = self.db.table().write_allowed(self.fence.0, self.fence.1)
+            && (!FENCE_COUNTS_WRITES
+                || self.db.writes(self.fence.0) >= self.seen.load(Ordering::SeqCst));
         let run = || {
             if !allowed {
                 return Err(E::from(self.fenced()));
             }
-            let result = apply();
+            let result = apply(&self.db.kv());
             if result.is_ok() {
-                self.db.accept(&self.node, self.fence);
+                self.db.accept(&self.node, self.fence, logged());
+                self.seen
+                    .store(self.db.writes(self.fence.0), Ordering::SeqCst);
             }
             result
         };
@@ -255,12 +357,12 @@ impl SimKv {
 impl KvStore for SimKv {
     fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
         self.read_gate()?;
-        self.db.kv.get(key)
+        self.db.kv().get(key)
     }
 
     fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
         self.read_gate()?;
-        self.db.kv.get_many(keys)
+        self.db.kv().get_many(keys)
     }
 
     fn scan(
@@ -272,11 +374,14 @@ impl KvStore for SimKv {
         visit: &mut Visitor<'_>,
     ) -> Result<(), KvError> {
         self.read_gate()?;
-        self.db.kv.scan(partition, from, to, order, visit)
+        self.db.kv().scan(partition, from, to, order, visit)
     }
 
     fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
-        self.write_through(|| self.db.kv.write(batch))
+        self.write_through(
+            || Applied::Batch(self.fence.0, batch.clone()),
+            |kv| kv.write(batch),
+        )
     }
 
     fn compare_and_swap(
@@ -285,7 +390,17 @@ impl KvStore for SimKv {
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
     ) -> Result<(), CasError> {
-        self.write_through(|| self.db.kv.compare_and_swap(key, expected, new))
+        self.write_through(
+            || {
+                Applied::Swap(
+                    self.fence.0,
+                    key.to_owned(),
+                    expected.map(<[u8]>::to_vec),
+                    new.map(<[u8]>::to_vec),
+                )
+            },
+            |kv| kv.compare_and_swap(key, expected, new),
+        )
     }
 
     fn sync(&self) -> Result<(), KvError> {

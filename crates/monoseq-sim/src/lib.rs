@@ -58,6 +58,10 @@ pub struct Plan {
     pub fault_ms: u64,
     /// Simulated milliseconds without faults after them.
     pub quiet_ms: u64,
+    /// The database may go back in time (an asynchronous standby promoted with a lost tail,
+    /// a backup restored); the operator then restarts every node with `--accept-loss` when
+    /// the faults stop.
+    pub losses: bool,
 }
 
 impl Plan {
@@ -71,6 +75,7 @@ impl Plan {
             clients: rng.random_range(2..=8),
             fault_ms: rng.random_range(3_000..=8_000),
             quiet_ms: RECOVERY_MS + BALANCE_ROUNDS * RENEW_MS + 1_500,
+            losses: rng.random_bool(0.5),
         }
     }
 }
@@ -244,8 +249,17 @@ impl Sim {
     /// Injects the faults of one tick, each with a small probability.
     fn inject(&mut self) {
         let n = self.nodes.len();
-        let roll = self.rng.random_range(0..10_000u32);
+        let mut roll = self.rng.random_range(0..10_000u32);
         let who = self.rng.random_range(0..n);
+        if self.db.went_back() > 0 && roll <= 19
+            || self.db.went_back() > 0 && (32..=37).contains(&roll)
+        {
+            // Once the database lost writes, the nodes that acknowledged them stay reachable
+            // (no kill, pause, second run or cut between nodes): marks travel between live
+            // nodes, and a node's marks are out of reach while it is down. See DESIGN.md, "What
+            // if the database loses acknowledged writes?".
+            roll = 10_000;
+        }
         match roll {
             0..=9 => {
                 // A pause longer than a lease (a stop-the-world, a frozen VM).
@@ -270,6 +284,22 @@ impl Sim {
                 let until = self.now + self.rng.random_range(200..=2_000);
                 self.db.fail_over(until);
                 self.count("database failover");
+            }
+            38..=41 if self.plan.losses && self.loss_in_scope() => {
+                // An asynchronous standby that was behind is promoted: its lost tail.
+                let lag = self.rng.random_range(20..=1_000);
+                let until = self.now + self.rng.random_range(200..=1_500);
+                self.db.go_back(self.now.saturating_sub(lag), until);
+                node::trace(|| format!("{} database back by {lag} ms", self.now));
+                self.count("asynchronous standby promoted with a lost tail");
+            }
+            42..=43 if self.plan.losses && self.loss_in_scope() => {
+                // A backup restored (a point-in-time recovery to an earlier point).
+                let back = self.rng.random_range(1_000..=4_000);
+                let until = self.now + self.rng.random_range(500..=2_000);
+                self.db.go_back(self.now.saturating_sub(back), until);
+                node::trace(|| format!("{} database back by {back} ms", self.now));
+                self.count("database restored to an earlier point");
             }
             26..=31 => {
                 let name = self.nodes[who].name.clone();
@@ -303,6 +333,26 @@ impl Sim {
     fn heal_all(&mut self) {
         self.db.heal();
         self.cut_links.clear();
+        if self.db.went_back() > 0 {
+            // The operator, told of the loss, restarts every node with `--accept-loss`.
+            for i in 0..self.nodes.len() {
+                let name = self.nodes[i].name.clone();
+                let first_run_of_name = self
+                    .nodes
+                    .iter()
+                    .position(|n| n.name == name)
+                    .is_some_and(|first| first == i);
+                self.nodes[i].kill();
+                if first_run_of_name {
+                    let drift = self.rng.random_range(-DRIFT_PPM_MAX..=DRIFT_PPM_MAX);
+                    let run = self.next_run();
+                    self.nodes[i].restart(run, drift, self.now, &self.plan);
+                    self.nodes[i].accept_loss = true;
+                }
+                self.nodes[i].restartable = false;
+            }
+            self.count("operator restart with --accept-loss");
+        }
         for i in 0..self.nodes.len() {
             let name = self.nodes[i].name.clone();
             self.nodes[i].paused_until = 0;
@@ -324,10 +374,55 @@ impl Sim {
         self.nodes.iter().any(|n| n.alive && n.name == name)
     }
 
+    /// Every node pulls the marks of every node it reaches and raises its own marks file with
+    /// them (a max-merge), once per renewal interval; a node about to serve a partition pulls
+    /// at once (see [`Sim::tick`]).
+    fn gossip(&mut self, only: Option<usize>) {
+        let n = self.nodes.len();
+        for i in 0..n {
+            if only.is_some_and(|o| o != i) || !self.up(i) {
+                continue;
+            }
+            for j in 0..n {
+                if i == j || !self.up(j) || self.cut_links.contains(&(i.min(j), i.max(j))) {
+                    continue;
+                }
+                let theirs = self.nodes[j].disk.clone();
+                self.nodes[i].learn_marks(&theirs);
+            }
+        }
+    }
+
+    /// Whether a loss of the database now is within what monoseq guarantees to notice: every
+    /// node runs and reaches the others, and every partition is served (its owner covered
+    /// the stored PLog with its marks). See DESIGN.md, "What if the database loses
+    /// acknowledged writes?".
+    fn loss_in_scope(&self) -> bool {
+        self.cut_links.is_empty()
+            && (0..self.nodes.len()).all(|i| {
+                let n = &self.nodes[i];
+                (n.alive || !n.restartable) && (!n.alive || self.up(i))
+            })
+            && self.all_served()
+    }
+
+    /// Whether node `i` runs and is not paused.
+    fn up(&self, i: usize) -> bool {
+        self.nodes[i].alive && self.now >= self.nodes[i].paused_until
+    }
+
     /// One tick: nodes step, clients send, answers arrive.
     fn tick(&mut self) {
+        if self.now.is_multiple_of(RENEW_MS) {
+            self.gossip(None);
+        }
         let mut answers: Vec<(Request, Result<Outcome, CommandError>)> = Vec::new();
         for i in 0..self.nodes.len() {
+            if self.nodes[i].starting_any() {
+                // A partition's new owner learns what its former owners acknowledged.
+                self.gossip(Some(i));
+                self.nodes[i].refresh_marks();
+            }
             let db = Arc::clone(&self.db);
             self.nodes[i].step(self.now, &db, &mut answers);
         }
@@ -439,7 +534,8 @@ impl Sim {
                 client.sent_at = None;
                 client.next_send = self.now + self.rng.random_range(0..50);
             }
-            Err(e) if e.is_transient() => {
+            Err(e) if e.is_transient() || e.code() == "corrupted" => {
+                // A partition refused after a loss waits for the operator: try again later.
                 client.sent_at = None;
                 client.next_send = self.now + self.rng.random_range(20..200);
             }
@@ -460,6 +556,17 @@ impl Sim {
     }
 
     fn acknowledge(&mut self, request: &Request, o: &Outcome) {
+        node::trace(|| {
+            format!(
+                "{} ack {} p{} plog {} wlog {}{}",
+                self.now,
+                request.key,
+                o.partition,
+                o.plog_offset,
+                o.wlog_offset,
+                if o.replayed { " replayed" } else { "" }
+            )
+        });
         self.report.acked += 1;
         if o.replayed {
             self.report.replayed += 1;
@@ -467,12 +574,14 @@ impl Sim {
         let key = &request.key;
         let mut broken = Vec::new();
         match self.answers.get(key) {
-            Some(&first) if first != (o.partition, o.plog_offset) => broken.push(format!(
-                "key {key} was applied twice: at PLog offsets {} and {} of partition {}",
-                first.1, o.plog_offset, o.partition
-            )),
-            Some(_) => {}
-            None => {
+            // A key applied again after the database lost its first event is applied once.
+            Some(&first) if first != (o.partition, o.plog_offset) && self.holds(first, key) => {
+                broken.push(format!(
+                    "key {key} was applied twice: at PLog offsets {} and {} of partition {}",
+                    first.1, o.plog_offset, o.partition
+                ));
+            }
+            _ => {
                 self.answers
                     .insert(key.clone(), (o.partition, o.plog_offset));
             }
@@ -506,6 +615,15 @@ impl Sim {
         for b in broken {
             self.pending_violation(b);
         }
+    }
+
+    /// Whether the database holds `key`'s event at (partition, PLog offset).
+    fn holds(&self, (p, offset): (u32, u64), key: &str) -> bool {
+        let store = EventStore::new(self.db.kv(), AppId(1), TrustLevel::Level0);
+        matches!(
+            store.read_event(PartitionId(p), monoseq_core::PLogOffset(offset)),
+            Ok(Some(e)) if e.idempotency.as_ref().is_some_and(|i| i.key == key)
+        )
     }
 
     fn check_now(&mut self) -> Result<(), String> {
@@ -565,36 +683,53 @@ impl Sim {
     /// At the end: every acknowledged event is in the PLog with its key, and no key is in
     /// two events.
     fn check_end(&self) -> Result<(), String> {
-        let store = EventStore::new(Arc::clone(self.db.kv()), AppId(1), TrustLevel::Level0);
-        let mut keys: BTreeMap<(u64, String), u64> = BTreeMap::new();
-        let mut offsets: BTreeMap<(u32, u64), String> = BTreeMap::new();
+        let store = EventStore::new(self.db.kv(), AppId(1), TrustLevel::Level0);
+        // Offsets retired by accepted losses: the PLog has a gap below each, and continues
+        // above it.
+        let mut floors: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+        for (p, m) in self.nodes.iter().flat_map(|n| n.losses_accepted.iter()) {
+            floors.entry(*p).or_default().insert(m.plog);
+        }
+        let retired: BTreeMap<u32, u64> = floors
+            .iter()
+            .filter_map(|(p, f)| f.last().map(|last| (*p, *last)))
+            .collect();
+        let mut events: BTreeMap<(u32, u64), (u64, String)> = BTreeMap::new();
         for p in 0..self.plan.partitions {
-            let mut broken = None;
-            store
-                .for_each_event(
-                    PartitionId(p),
-                    monoseq_core::PLogOffset(1),
-                    monoseq_core::PLogOffset(u64::MAX),
-                    &mut |e| {
-                        let Some(i) = e.idempotency else { return };
-                        if let Some(other) = keys.insert((e.ws.0, i.key.clone()), e.plog_offset.0) {
-                            broken.get_or_insert(format!(
-                                "key {} is in two events of partition {p}: PLog offsets {other} \
-                                 and {}",
-                                i.key, e.plog_offset.0
-                            ));
-                        }
-                        offsets.insert((p, e.plog_offset.0), i.key);
-                    },
-                )
-                .map_err(|e| format!("reading partition {p}'s PLog: {e}"))?;
-            if let Some(b) = broken {
-                return Err(b);
+            let starts =
+                std::iter::once(1).chain(floors.get(&p).into_iter().flatten().map(|f| f + 1));
+            for from in starts {
+                store
+                    .for_each_event(
+                        PartitionId(p),
+                        monoseq_core::PLogOffset(from),
+                        monoseq_core::PLogOffset(u64::MAX),
+                        &mut |e| {
+                            if let Some(i) = e.idempotency {
+                                events.insert((p, e.plog_offset.0), (e.ws.0, i.key));
+                            }
+                        },
+                    )
+                    .map_err(|e| format!("reading partition {p}'s PLog: {e}"))?;
             }
+        }
+        let mut keys: BTreeMap<(u64, &str), (u32, u64)> = BTreeMap::new();
+        let mut offsets: BTreeMap<(u32, u64), String> = BTreeMap::new();
+        for ((p, offset), (ws, key)) in &events {
+            if let Some(other) = keys.insert((*ws, key.as_str()), (*p, *offset)) {
+                return Err(format!(
+                    "key {key} is in two events: PLog offset {} of partition {} and {offset} of \
+                     partition {p}",
+                    other.1, other.0
+                ));
+            }
+            offsets.insert((*p, *offset), key.clone());
         }
         for ((p, offset), key) in &self.plog {
             match offsets.get(&(*p, *offset)) {
                 Some(k) if k == key => {}
+                // Lost with the database, and the loss accepted: retired, never reused.
+                None if retired.get(p).is_some_and(|r| offset <= r) => {}
                 Some(k) => {
                     return Err(format!(
                         "PLog offset {offset} of partition {p} was acknowledged to {key} but \
@@ -615,7 +750,7 @@ impl Sim {
     /// The state of the leases and of every node, for a failure's message.
     fn dump(&self) -> String {
         let mut out = String::new();
-        if let Ok(status) = monoseq_membership::LeaseTable::status(self.db.table()) {
+        if let Ok(status) = monoseq_membership::LeaseTable::status(&*self.db.table()) {
             out += &format!(
                 "leases: {:?}\nnode rows: {:?}\n",
                 status.leases, status.nodes

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use monoseq_core::{Status, Step};
 use monoseq_cp::{Command, CommandError, ManualPartition, Outcome};
-use monoseq_membership::{Action, Call, Config, Membership, Phase, Reply, TableError, execute};
-use monoseq_store::{AppId, EventStore, Mark, TrustLevel};
+use monoseq_membership::{Action, Call, Config, Membership, Phase, Reply, TableError};
+use monoseq_store::{AppId, EventStore, Mark, PartitionId, TrustLevel, retire_partition};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -68,6 +68,15 @@ pub(crate) struct Node {
     parts: BTreeMap<u32, Part>,
     /// What this run acknowledged of each partition (a process's memory).
     acked: BTreeMap<u32, Mark>,
+    /// The node's marks file (its local disk, kept across restarts): the highest numbers it
+    /// acknowledged or learned from other nodes, per partition.
+    pub(crate) disk: BTreeMap<u32, Mark>,
+    /// This run was started with `--accept-loss`: a partition found below its mark is
+    /// retired past the mark and served.
+    pub(crate) accept_loss: bool,
+    /// Losses this node found (partition, mark, stored PLog end), and those it accepted.
+    pub(crate) losses_found: Vec<(u32, Mark, u64)>,
+    pub(crate) losses_accepted: Vec<(u32, Mark)>,
     partitions: u32,
     rng: ChaCha8Rng,
 }
@@ -98,6 +107,13 @@ fn failed(call: &Call, message: &str) -> Reply {
         Call::Acquire { .. } => Reply::Acquired(Err(e)),
         Call::Release { .. } => Reply::Released(Err(e)),
         Call::Leave => Reply::Left(Err(e)),
+    }
+}
+
+/// Prints a line when `MONOSEQ_SIM_TRACE` is set.
+pub(crate) fn trace(line: impl FnOnce() -> String) {
+    if std::env::var_os("MONOSEQ_SIM_TRACE").is_some() {
+        eprintln!("{}", line());
     }
 }
 
@@ -136,6 +152,10 @@ impl Node {
             awaiting: None,
             parts: BTreeMap::new(),
             acked: BTreeMap::new(),
+            disk: BTreeMap::new(),
+            accept_loss: false,
+            losses_found: Vec::new(),
+            losses_accepted: Vec::new(),
             partitions: plan.partitions,
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
@@ -159,6 +179,7 @@ impl Node {
         self.born = now;
         self.alive = true;
         self.paused_until = 0;
+        self.accept_loss = false;
     }
 
     /// The node's own clock: true time since its start, at its drifting rate.
@@ -206,6 +227,39 @@ impl Node {
             self.born,
             self.membership
         )
+    }
+
+    /// The highest numbers this node knows were acknowledged for `p`: its run's memory and
+    /// its marks file.
+    fn mark_of(&self, p: u32) -> Mark {
+        let memory = self.acked.get(&p).copied().unwrap_or_default();
+        let disk = self.disk.get(&p).copied().unwrap_or_default();
+        memory.max(&disk)
+    }
+
+    /// Raises the marks file with marks learned from another node.
+    pub(crate) fn learn_marks(&mut self, marks: &BTreeMap<u32, Mark>) {
+        for (p, m) in marks {
+            let mine = self.disk.entry(*p).or_default();
+            *mine = mine.max(m);
+        }
+    }
+
+    /// Raises the marks of the partitions not started yet with the marks file's.
+    pub(crate) fn refresh_marks(&mut self) {
+        for (p, part) in &mut self.parts {
+            if !part.started
+                && let Some(m) = self.disk.get(p)
+            {
+                part.writer.raise_mark(*m);
+            }
+        }
+    }
+
+    /// Whether a partition this node serves has not started yet (it is about to check its
+    /// PLog against its mark).
+    pub(crate) fn starting_any(&self) -> bool {
+        self.alive && self.parts.values().any(|p| !p.started)
     }
 
     pub(crate) fn is_member(&self) -> bool {
@@ -289,6 +343,9 @@ impl Node {
             let Some(action) = self.membership.poll(t) else {
                 return;
             };
+            if !matches!(action, Action::Call(_)) {
+                trace(|| format!("{now} {}-r{} {action:?}", self.name, self.run));
+            }
             match action {
                 Action::Call(call) => self.call(call, now, t, db),
                 Action::Serve {
@@ -296,7 +353,7 @@ impl Node {
                 } => {
                     let kv = Arc::new(SimKv::new(Arc::clone(db), &self.name, partition, epoch));
                     let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
-                    let acked = self.acked.get(&partition).copied().unwrap_or_default();
+                    let acked = self.mark_of(partition);
                     let writer =
                         ManualPartition::open(store, &cp_config(self.partitions), partition, acked)
                             .expect("the simulation's processor configuration is valid");
@@ -308,7 +365,9 @@ impl Node {
                             writer,
                             started: false,
                             queue: Vec::new(),
-                            retry_at: 0,
+                            // It actualizes from the next tick, once it has learned the
+                            // marks of the nodes it reaches.
+                            retry_at: now + 1,
                             draining: None,
                         },
                     );
@@ -331,7 +390,7 @@ impl Node {
                     partition,
                     seen,
                     found,
-                } => self.violations.push(format!(
+                } if db.went_back() == 0 => self.violations.push(format!(
                     "{}: partition {partition}'s epoch went back from {seen} to {found} although \
                      the database lost nothing",
                     self.name
@@ -343,13 +402,11 @@ impl Node {
 
     /// Carries a lease call to the database, with its faults.
     fn call(&mut self, call: Call, now: u64, t: u64, db: &Arc<Db>) {
-        if std::env::var_os("MONOSEQ_SIM_TRACE").is_some() {
-            eprintln!("{now} {}-r{} (local {t}) {call:?}", self.name, self.run);
-        }
+        trace(|| format!("{now} {}-r{} (local {t}) {call:?}", self.name, self.run));
         let reply = match db.lease_call_fate(&self.name) {
             Err(e) => failed(&call, &e.message),
             Ok(answered) => {
-                let reply = execute(&call, db.table(), self.membership.config());
+                let reply = db.lease_call(&call, self.membership.config());
                 if !answered {
                     failed(&call, "the answer was lost")
                 } else if self.rng.random_range(0..1_000u32) < LATE_PER_MILLE {
@@ -383,13 +440,10 @@ impl Node {
             });
             return;
         }
-        if let Some(reason) = part.writer.lost() {
-            let v = format!(
-                "{}: partition {p} lost acknowledged events: {reason}",
-                self.name
-            );
-            self.violations.push(v);
-            return;
+        if part.started && part.writer.lost().is_some() {
+            // Found below its mark at a command (after a rebuild): refused, as at a start,
+            // until the operator decides.
+            part.started = false;
         }
         if part.writer.failed().is_some() || status == Status::Finished {
             // Healing: a new sequencer on the same storage, actualized from the PLog.
@@ -410,7 +464,47 @@ impl Node {
             return;
         }
         if !part.started {
-            part.started = part.writer.rebuild_window().is_ok();
+            if !part.writer.check_whole() {
+                let mark = part.writer.acked();
+                let end = part.writer.next_offset().saturating_sub(1);
+                if !self
+                    .losses_found
+                    .iter()
+                    .any(|(q, m, _)| *q == p && *m == mark)
+                {
+                    self.losses_found.push((p, mark, end));
+                }
+                if !self.accept_loss {
+                    // Refused until an operator decides: every command is answered so.
+                    let reason = part.writer.lost().unwrap_or("lost").to_owned();
+                    refuse(std::mem::take(&mut part.queue), answers, || {
+                        CommandError::Corrupted(reason.clone())
+                    });
+                    return;
+                }
+                // The operator accepted the loss: numbers up to the mark stay retired.
+                let seq = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0)
+                    .seq_storage(PartitionId(p));
+                if retire_partition(seq, p, mark).is_err() {
+                    return;
+                }
+                let mut config = cp_config(self.partitions);
+                config.retired = vec![Mark::default(); self.partitions as usize];
+                config.retired[p as usize] = mark;
+                let store = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0);
+                part.writer = ManualPartition::open(store, &config, p, mark)
+                    .expect("the simulation's processor configuration is valid");
+                self.losses_accepted.push((p, mark));
+                return;
+            }
+            part.started =
+                part.writer.cover_stored_tail().is_ok() && part.writer.rebuild_window().is_ok();
+            if part.started {
+                // The covered tail counts as acknowledged: into the marks file.
+                let acked = part.writer.acked();
+                let disk = self.disk.entry(p).or_default();
+                *disk = disk.max(&acked);
+            }
         } else if part.writer.unresolved().is_some() {
             let _ = part.writer.read_back();
         } else if !part.queue.is_empty() {
@@ -427,7 +521,11 @@ impl Node {
             for (r, result) in group.into_iter().zip(results) {
                 answers.push((r, result));
             }
-            self.acked.insert(p, part.writer.acked());
+            let acked = part.writer.acked();
+            self.acked.insert(p, acked);
+            // Durable beside the group's write, before the answers leave.
+            let disk = self.disk.entry(p).or_default();
+            *disk = disk.max(&acked);
         }
         let Some(since) = part.draining else { return };
         let idle = part.queue.is_empty() && part.writer.unresolved().is_none() && part.started;

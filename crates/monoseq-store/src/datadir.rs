@@ -546,7 +546,7 @@ fn check_losses<S: KvStore + Clone>(
         if checkpoint.0 > retired.plog {
             continue;
         }
-        retire(seq, p, retired)?;
+        retire_partition(seq, p, retired)?;
         guarded.report.retired_partitions.push(p);
     }
     Ok(())
@@ -570,7 +570,16 @@ fn plog_end<S: KvStore + Clone>(store: &EventStore<S>, p: u32, from: u64) -> Res
 
 /// Brings partition `p`'s projection up to its PLog end, then sets its checkpoint after the
 /// retired mark, so the next event takes the offset after everything handed out before.
-fn retire<S: KvStore + Clone>(
+/// Moves partition `p`'s stored sequence state past an accepted loss: its next PLog offset
+/// becomes `retired.plog + 1`, so no PLog offset at or below the mark is used again (the
+/// sequencer's parameters, [`crate::built_in_params_above`], keep the other numbers above it).
+/// Used at open for a data directory, and by a cluster node for a partition of a database that
+/// lost acknowledged writes.
+///
+/// # Errors
+///
+/// [`DataDirError::Actualize`] when the storage keeps failing or refuses the write.
+pub fn retire_partition<S: KvStore + Clone>(
     seq: crate::PLogSeqStorage<S>,
     p: u32,
     retired: Mark,

@@ -30,7 +30,7 @@ pub use codec::{
 };
 pub use datadir::{
     DataDir, DataDirError, Loss, OpenPolicy, OpenReport, open_data_dir, open_database,
-    recorded_partitions,
+    recorded_partitions, retire_partition,
 };
 pub use event::{ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset};
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError};
