@@ -8,10 +8,12 @@
 //! lease table (`pg.rs`) and `monoseq cluster status` (`status.rs`).
 
 mod driver;
+pub mod marks;
 mod pg;
 mod status;
 
 pub use driver::{Cluster, Owner};
+pub use marks::NodeMarks;
 pub use pg::{FencedLeases, LEASE_POOL_CONNECTIONS, PgLeaseTable};
 pub use status::{ClusterCmd, run_command};
 
@@ -61,6 +63,11 @@ pub struct ClusterArgs {
     /// own --tls-cert, else the system's CAs].
     #[arg(long, env = "MONOSEQ_PEER_CA_CERT")]
     pub peer_ca_cert: Option<std::path::PathBuf>,
+    /// Directory of this node's high-water marks, kept on its own disk so that a database
+    /// that loses acknowledged writes (an asynchronous standby promoted, a restored backup)
+    /// cannot take them along; one process per directory [default: ./monoseq-marks/<node ID>].
+    #[arg(long, env = "MONOSEQ_MARKS_DIR")]
+    pub marks_dir: Option<std::path::PathBuf>,
     /// Benchmarks only: write without the lease epoch condition, to measure what fencing
     /// costs. Nodes served so can overwrite each other's events.
     #[arg(long, hide = true)]
@@ -77,6 +84,7 @@ pub struct ClusterFile {
     lease_renew_ms: Option<u64>,
     redirect: Option<bool>,
     peer_ca_cert: Option<std::path::PathBuf>,
+    marks_dir: Option<std::path::PathBuf>,
 }
 
 /// Resolved cluster settings.
@@ -96,7 +104,12 @@ pub struct ClusterSettings {
     pub peer_ca_cert: Option<std::path::PathBuf>,
     /// Write without the epoch condition (benchmarks only).
     pub no_fencing: bool,
+    /// This node's marks directory.
+    pub marks_dir: std::path::PathBuf,
 }
+
+/// The default marks directory of node `node_id`.
+pub const MARKS_DIR_DEFAULT: &str = "./monoseq-marks";
 
 impl ClusterArgs {
     /// Flags and environment over the file over the defaults; `configured` is the listen
@@ -124,6 +137,11 @@ impl ClusterArgs {
             None => format!("{}-{}", host_name(), configured.port()),
         };
         check_node_id(&node_id)?;
+        let marks_dir = self
+            .marks_dir
+            .clone()
+            .or_else(|| file.marks_dir.clone())
+            .unwrap_or_else(|| std::path::Path::new(MARKS_DIR_DEFAULT).join(&node_id));
         let advertise_url = match self
             .advertise_url
             .clone()
@@ -144,6 +162,7 @@ impl ClusterArgs {
                 .clone()
                 .or_else(|| file.peer_ca_cert.clone()),
             no_fencing: self.no_fencing,
+            marks_dir,
         })
     }
 }

@@ -121,6 +121,28 @@ impl Prober {
         }
         matches!(request.send().await, Ok(answer) if answer.status().is_success())
     }
+
+    /// The high-water marks of the node at `url` (`GET /v1/marks`), within `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// When the node does not answer in time, or not with its marks.
+    pub async fn marks(
+        &self,
+        url: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<crate::cluster::marks::MarksAnswer> {
+        let mut request = self.client.get(format!("{url}/v1/marks")).timeout(timeout);
+        if let Some(auth) = &self.authorization {
+            request = request.header(header::AUTHORIZATION, auth.clone());
+        }
+        let answer = request.send().await?;
+        let status = answer.status();
+        if !status.is_success() {
+            anyhow::bail!("{url}/v1/marks answered {status}");
+        }
+        Ok(answer.json().await?)
+    }
 }
 
 fn redirect(target: &str) -> Response {

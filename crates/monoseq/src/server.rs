@@ -191,6 +191,7 @@ pub fn router(
         )
         .route("/v1/commands", post(submit))
         .route("/v1/cluster", get(cluster_status))
+        .route("/v1/marks", get(marks))
         .route(
             "/v1/partitions/{partition}/events/{offset}",
             get(read_event),
@@ -309,8 +310,15 @@ pub async fn serve(
         .await
         .with_context(|| format!("listening on {}", settings.listen))?;
     let fresh = settings.storage == crate::config::Storage::Embedded && !settings.data_dir.exists();
+    let local = listener.local_addr()?;
+    let node = match settings.storage {
+        crate::config::Storage::Postgres(_) => {
+            Some(NodeStart::new(&settings, &cluster_args, &security, local)?)
+        }
+        crate::config::Storage::Embedded => None,
+    };
     let (listener, opening) = Opening::serve(listener, &security)?;
-    let (opened, cp) = match start(&mut settings).await {
+    let (opened, cp, node) = match start(&mut settings, node).await {
         Ok(started) => started,
         Err(e) => {
             opening.stop().await;
@@ -321,14 +329,7 @@ pub async fn serve(
             return Err(e);
         }
     };
-    let local = listener.local_addr()?;
-    let joining = Joining {
-        settings: &settings,
-        args: &cluster_args,
-        security: &security,
-        opened: &opened,
-    };
-    let cluster = match join_cluster(joining, &cp, local).await {
+    let cluster = match join_cluster(node, &settings, &cp, &opened).await {
         Ok(c) => c,
         Err(e) => {
             opening.stop().await;
@@ -414,16 +415,43 @@ pub async fn serve(
     Ok(())
 }
 
-/// Opens the storage and starts the command processor on it.
+/// Opens the storage and starts the command processor on it; on PostgreSQL, with this node's
+/// high-water marks (`cluster::marks::prepare`).
 async fn start(
     settings: &mut Settings,
-) -> anyhow::Result<(crate::config::Opened, CommandProcessor<Store>)> {
-    let opened = {
+    node: Option<NodeStart>,
+) -> anyhow::Result<(
+    crate::config::Opened,
+    CommandProcessor<Store>,
+    Option<NodeReady>,
+)> {
+    let mut opened = {
         let mut s = settings.clone();
         let opened =
             tokio::task::spawn_blocking(move || open_storage(&mut s).map(|o| (o, s))).await??;
         *settings = opened.1;
         opened.0
+    };
+    let node = match (node, &opened.postgres) {
+        (Some(node), Some(pg)) => {
+            let table: Arc<dyn crate::cluster::FencedLeases> = Arc::new(
+                crate::cluster::PgLeaseTable::new(Arc::clone(pg), &lease_pool(settings).await?),
+            );
+            let marks = crate::cluster::marks::prepare(
+                &node.cluster,
+                &node.forwarder.prober(),
+                &table,
+                &mut opened,
+                settings.accept_loss,
+            )
+            .await?;
+            Some(NodeReady {
+                start: node,
+                table,
+                marks,
+            })
+        }
+        _ => None,
     };
     log_opened(settings, &opened);
     let store =
@@ -446,7 +474,7 @@ async fn start(
     } else {
         CommandProcessor::start(store, config)?
     };
-    Ok((opened, cp))
+    Ok((opened, cp, node))
 }
 
 /// A second connection pool to the database, for the lease calls alone.
@@ -461,47 +489,61 @@ async fn lease_pool(settings: &Settings) -> anyhow::Result<monoseq_pg::PgStore> 
         .map_err(|e| anyhow::anyhow!("opening the lease calls' connections: {e}"))
 }
 
-/// What joining the cluster needs of the server's settings.
-struct Joining<'a> {
-    settings: &'a Settings,
-    args: &'a ClusterArgs,
-    security: &'a crate::auth::Security,
-    opened: &'a crate::config::Opened,
+/// What a node of a cluster settles before its storage opens: its settings and how it reaches
+/// the other nodes.
+struct NodeStart {
+    cluster: crate::cluster::ClusterSettings,
+    forwarder: Forwarder,
+}
+
+impl NodeStart {
+    fn new(
+        settings: &Settings,
+        args: &ClusterArgs,
+        security: &crate::auth::Security,
+        local: std::net::SocketAddr,
+    ) -> anyhow::Result<NodeStart> {
+        let cluster = args.resolve(&settings.cluster, settings.listen, local, security.scheme())?;
+        let forwarder = Forwarder::new(
+            &cluster.node_id,
+            cluster.redirect,
+            security.auth.outbound_authorization(),
+            cluster.peer_ca_cert.as_deref().or(security.tls_cert()),
+        )?;
+        Ok(NodeStart { cluster, forwarder })
+    }
+}
+
+/// A node whose storage and marks are open, ready to join.
+struct NodeReady {
+    start: NodeStart,
+    table: Arc<dyn crate::cluster::FencedLeases>,
+    marks: Arc<crate::cluster::NodeMarks>,
 }
 
 /// On PostgreSQL, joins the nodes sharing the database: takes a fair share of the partitions'
 /// leases and forwards commands for the others.
 async fn join_cluster(
-    joining: Joining<'_>,
+    node: Option<NodeReady>,
+    settings: &Settings,
     cp: &CommandProcessor<Store>,
-    local: std::net::SocketAddr,
+    opened: &crate::config::Opened,
 ) -> anyhow::Result<Option<(Arc<Cluster>, Forwarder)>> {
-    let Joining {
-        settings,
-        args,
-        security,
-        opened,
-    } = joining;
-    let Some(pg) = &opened.postgres else {
+    let Some(NodeReady {
+        start: NodeStart { cluster, forwarder },
+        table,
+        marks,
+    }) = node
+    else {
         return Ok(None);
     };
-    let cluster = args.resolve(&settings.cluster, settings.listen, local, security.scheme())?;
-    let forwarder = Forwarder::new(
-        &cluster.node_id,
-        cluster.redirect,
-        security.auth.outbound_authorization(),
-        cluster.peer_ca_cert.as_deref().or(security.tls_cert()),
-    )?;
-    let table: Arc<dyn crate::cluster::FencedLeases> = Arc::new(crate::cluster::PgLeaseTable::new(
-        Arc::clone(pg),
-        &lease_pool(settings).await?,
-    ));
     let members = Cluster::join(
         cluster,
         table,
         cp.clone(),
-        Arc::clone(&opened.kv),
-        settings.trust,
+        (Arc::clone(&opened.kv), settings.trust),
+        marks,
+        forwarder.prober(),
     )
     .await?;
     Ok(Some((members, forwarder)))
@@ -882,6 +924,22 @@ async fn cluster_status(State(st): State<Arc<AppState>>) -> Response {
             r
         }
     }
+}
+
+/// `GET /v1/marks`: this node's high-water marks per partition and the losses accepted for
+/// the store (other nodes merge them into theirs).
+async fn marks(State(st): State<Arc<AppState>>) -> Response {
+    if let Some((cluster, _)) = &st.cluster {
+        return axum::Json(cluster.marks_answer()).into_response();
+    }
+    let marks = st.cp.config().marks.as_ref().map(|m| m.all());
+    axum::Json(json!({
+        "store_id": st.info["store_id"],
+        "partitions": st.cp.config().partitions,
+        "marks": marks.unwrap_or_default(),
+        "losses": [],
+    }))
+    .into_response()
 }
 
 /// `GET /readyz`: 200 when this node can answer or forward a command for every partition

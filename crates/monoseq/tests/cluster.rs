@@ -76,6 +76,16 @@ impl Node {
                 &["--partitions", "6"][..]
             })
             .args(extra)
+            .args(if extra.contains(&"--marks-dir") {
+                Vec::new()
+            } else {
+                // Each process its own marks (a second run under a live name is refused by the
+                // membership, not by the marks directory's lock).
+                static RUNS: AtomicU64 = AtomicU64::new(0);
+                let run = RUNS.fetch_add(1, Ordering::Relaxed);
+                let marks = dir.join(format!("marks-{id}-{run}"));
+                vec!["--marks-dir".to_owned(), marks.display().to_string()]
+            })
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .envs(envs.iter().copied())

@@ -5,7 +5,7 @@
 //! read of the table for routing (`owner`) and readiness, and the results of the health probes
 //! of the other nodes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use monoseq_store::{EventStore, TrustLevel};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::ClusterSettings;
+use super::marks::NodeMarks;
 use super::pg::FencedLeases;
 use crate::base::{APP, Store};
 
@@ -87,6 +88,18 @@ pub struct Cluster {
     probes: Mutex<HashMap<String, Instant>>,
     leave: mpsc::Sender<oneshot::Sender<()>>,
     life: watch::Sender<Life>,
+    /// This node's high-water marks and the losses accepted for the store.
+    marks: Arc<NodeMarks>,
+    /// Reaches the other nodes (their marks).
+    prober: crate::forward::Prober,
+    /// Partitions the membership gave this node to serve, with their epochs: a partition
+    /// starts only if it is still here once the peers' marks are pulled.
+    serving: Mutex<HashMap<u32, u64>>,
+    /// Partitions leased here but not served, with why (a loss accepted after this process
+    /// started, a retirement that failed).
+    held: Mutex<BTreeMap<u32, String>>,
+    /// Refused partitions already logged.
+    refused: Mutex<HashSet<u32>>,
 }
 
 /// A run ID: unique per start of the process (a random hasher's output over the process ID
@@ -119,8 +132,9 @@ impl Cluster {
         settings: ClusterSettings,
         table: Arc<dyn FencedLeases>,
         cp: CommandProcessor<Store>,
-        base: Store,
-        trust: TrustLevel,
+        (base, trust): (Store, TrustLevel),
+        marks: Arc<NodeMarks>,
+        prober: crate::forward::Prober,
     ) -> anyhow::Result<Arc<Cluster>> {
         let partitions = cp.config().partitions;
         let config = Config::new(
@@ -150,6 +164,11 @@ impl Cluster {
             probes: Mutex::new(HashMap::new()),
             leave,
             life,
+            marks,
+            prober,
+            serving: Mutex::new(HashMap::new()),
+            held: Mutex::new(BTreeMap::new()),
+            refused: Mutex::new(HashSet::new()),
         });
         tokio::spawn(Arc::clone(&cluster).drive(Membership::new(config, 0), leave_rx));
         let life = life_rx
@@ -246,10 +265,18 @@ impl Cluster {
         let mut out = Vec::new();
         for p in 0..self.partitions {
             let why = if self.cp.serves(p) {
-                here.get(&p).cloned()
+                here.get(&p).map(|why| match why.starts_with("refused:") {
+                    true => format!("{why}; {ACCEPT_LOSS_HINT}"),
+                    false => why.clone(),
+                })
             } else {
                 match self.owner(p) {
-                    Owner::Here => Some("leased here; starting".to_owned()),
+                    Owner::Here => Some(
+                        lock(&self.held)
+                            .get(&p)
+                            .cloned()
+                            .unwrap_or_else(|| "leased here; starting".to_owned()),
+                    ),
                     Owner::Nobody => {
                         Some("no live lease: the partition is moving between nodes".to_owned())
                     }
@@ -302,15 +329,39 @@ impl Cluster {
                 .filter(|n| view.live.contains(&n.node_id))
                 .map(|n| n.url.clone())
                 .collect();
-            for url in urls {
-                if probe.healthy(&url, PROBE_TIMEOUT).await {
+            for url in &urls {
+                if probe.healthy(url, PROBE_TIMEOUT).await {
                     self.probes
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .insert(url, Instant::now());
+                        .insert(url.clone(), Instant::now());
                 }
             }
+            self.pull_marks(&urls).await;
         }
+    }
+
+    /// The URLs of the other live nodes, by the last read of the table.
+    fn peer_urls(&self) -> Vec<String> {
+        let view = self.view();
+        view.status
+            .nodes
+            .iter()
+            .filter(|n| n.node_id != self.settings.node_id)
+            .filter(|n| view.live.contains(&n.node_id))
+            .map(|n| n.url.clone())
+            .collect()
+    }
+
+    /// Pulls the marks of the live nodes at `urls` into this node's.
+    async fn pull_marks(&self, urls: &[String]) {
+        super::marks::pull_into(&self.marks, &self.prober, urls).await;
+    }
+
+    /// What `GET /v1/marks` answers: this node's marks and the losses accepted for the store.
+    #[must_use]
+    pub fn marks_answer(&self) -> super::marks::MarksAnswer {
+        self.marks.answer()
     }
 
     /// What `GET /v1/cluster` answers: this node, every node with its partitions, and every
@@ -400,6 +451,7 @@ impl Cluster {
             for p in self.cp.fenced() {
                 m.fenced(now(), p);
             }
+            self.log_refused();
             while let Some(action) = m.poll(now()) {
                 if !self.perform(action, &done_tx, &mut leaving) {
                     return;
@@ -421,6 +473,23 @@ impl Cluster {
                     leaving = Some(tx);
                 }
                 () = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+    }
+
+    /// Logs each partition found below its marks once per time it is served.
+    fn log_refused(&self) {
+        for (p, why) in self.cp.unready() {
+            let Some(reason) = why.strip_prefix("refused: ") else {
+                continue;
+            };
+            if lock(&self.refused).insert(p) {
+                tracing::error!(
+                    partition = p,
+                    marks_dir = %self.marks.dir().display(),
+                    "partition {p} is refused: {reason}. To continue, accepting that loss (its \
+                     numbers are never handed out again): {ACCEPT_LOSS_HINT}"
+                );
             }
         }
     }
@@ -542,18 +611,94 @@ impl Cluster {
         });
     }
 
-    /// Starts serving `p` under `epoch`: its writes go through the fenced view.
+    /// Starts serving `p` under `epoch`: pulls every live peer's marks first (so the mark
+    /// includes what former owners acknowledged), makes sure numbers retired by an accepted
+    /// loss stay retired, then starts the partition with its writes going through the fenced
+    /// view, unless the membership stopped it meanwhile.
     fn serve(self: &Arc<Self>, p: u32, epoch: u64, previous: Option<&str>) {
-        let view = if self.settings.no_fencing {
+        lock(&self.serving).insert(p, epoch);
+        lock(&self.refused).remove(&p);
+        let me = Arc::clone(self);
+        let previous = previous.map(str::to_owned);
+        tokio::spawn(async move {
+            me.pull_marks(&me.peer_urls()).await;
+            if let Err(why) = me.settle_losses(p, epoch).await {
+                tracing::error!(partition = p, epoch, "{why}");
+                lock(&me.held).insert(p, why);
+                return;
+            }
+            lock(&me.held).remove(&p);
+            me.start_serving(p, epoch, previous.as_deref());
+        });
+    }
+
+    /// Numbers of `p` retired by an accepted loss: the command processor must continue above
+    /// them (it was started knowing the loss) and the database's stored state must be past
+    /// them (the node that accepted the loss retires them, and so does any later owner if the
+    /// database lost that write).
+    async fn settle_losses(&self, p: u32, epoch: u64) -> Result<(), String> {
+        let retired = self.marks.retired(p);
+        let known = self
+            .cp
+            .config()
+            .retired
+            .get(p as usize)
+            .copied()
+            .unwrap_or_default();
+        if !known.covers(&retired) {
+            return Err(format!(
+                "a loss of partition {p} (PLog offsets up to {}) was accepted after this process \
+                 started; it does not serve the partition until restarted, so that the numbers \
+                 handed out before the loss stay retired: restart this node",
+                retired.plog
+            ));
+        }
+        if retired.plog == 0 {
+            return Ok(());
+        }
+        let view = self.view_of(p, epoch);
+        let done =
+            tokio::task::spawn_blocking(move || super::marks::ensure_retired(view, p, retired))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| format!("{e:#}")));
+        match done {
+            Ok(true) => {
+                tracing::warn!(
+                    partition = p,
+                    epoch,
+                    retired_plog = retired.plog,
+                    "moved the partition's next PLog offset past its accepted loss"
+                );
+                Ok(())
+            }
+            Ok(false) => Ok(()),
+            Err(e) => Err(format!(
+                "retiring the numbers of partition {p}'s accepted loss failed: {e}; the \
+                 partition is not served"
+            )),
+        }
+    }
+
+    fn view_of(&self, p: u32, epoch: u64) -> Store {
+        if self.settings.no_fencing {
             Arc::clone(&self.base)
         } else {
             self.table.fenced(p, epoch)
-        };
-        let store = EventStore::new(view, APP, self.trust);
+        }
+    }
+
+    fn start_serving(self: &Arc<Self>, p: u32, epoch: u64, previous: Option<&str>) {
+        let serving = lock(&self.serving);
+        if serving.get(&p) != Some(&epoch) {
+            return;
+        }
+        let store = EventStore::new(self.view_of(p, epoch), APP, self.trust);
         if let Err(e) = self.cp.acquire(p, store) {
             tracing::error!(partition = p, "starting the partition failed: {e}");
             return;
         }
+        drop(serving);
         match previous {
             Some(prev) if prev == self.settings.node_id => tracing::info!(
                 partition = p,
@@ -577,6 +722,7 @@ impl Cluster {
     /// Stops serving `p` here at once (commands for it are answered "not the owner" from now
     /// on); its queued commands finish in the background.
     fn stop_serving(self: &Arc<Self>, p: u32) {
+        self.forget(p);
         let cp = self.cp.clone();
         tokio::spawn(async move {
             if !cp.release(p, RELEASE_TIMEOUT).await {
@@ -597,6 +743,7 @@ impl Cluster {
             ),
             None => tracing::info!(partition = p, epoch, "handing the partition back: leaving"),
         }
+        self.forget(p);
         let cp = self.cp.clone();
         tokio::spawn(async move {
             let ok = cp.release(p, RELEASE_TIMEOUT).await;
@@ -609,6 +756,23 @@ impl Cluster {
             let _ = done.send(Done::Drained(p, epoch, ok)).await;
         });
     }
+}
+
+impl Cluster {
+    /// `p` is no longer to be served here: a pending start of it is dropped.
+    fn forget(&self, p: u32) {
+        lock(&self.serving).remove(&p);
+        lock(&self.held).remove(&p);
+    }
+}
+
+/// The one command that continues a partition refused for a loss.
+pub const ACCEPT_LOSS_HINT: &str = "restart this node with `monoseq serve --accept-loss` (the \
+     loss is recorded in its marks directory and the lost numbers are retired), or restore the \
+     database to hold them";
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn refusal(taken: &NameTaken, waited_ms: u64) -> String {

@@ -1,0 +1,467 @@
+//! [`NodeMarks`]: a node's high-water marks on its own disk, outside the database they guard.
+//!
+//! A database that fails over to a standby that was behind, or is restored to an earlier
+//! point, takes with it what it lost; marks kept in it would go back too. So every node keeps
+//! a `monoseq.marks` file (`monoseq_store::Marks`, raised durably with each group before its
+//! answer) in its marks directory, one per store (`<marks-dir>/<store ID>/`), and the nodes
+//! share them: `GET /v1/marks` answers a node's marks and the losses accepted for the store,
+//! each node max-merges every live peer's once per renewal round, and a node about to serve a
+//! partition it takes over pulls them first, so its mark includes what former owners
+//! acknowledged. Losses an operator accepted (`serve --accept-loss`) are kept beside the marks
+//! (`monoseq.losses.json`) and shared the same way, so every node that later serves such a
+//! partition continues its numbers above the loss.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use monoseq_store::{AcceptedLoss, EventStore, Mark, Marks, PartitionId};
+use serde::{Deserialize, Serialize};
+
+use crate::base::Store;
+
+/// The lock file that keeps two processes from using one store's marks.
+pub const LOCK_FILE: &str = "monoseq-marks.lock";
+/// The accepted losses of a store, beside its marks.
+pub const LOSSES_FILE: &str = "monoseq.losses.json";
+/// Longest wait for one peer's marks.
+pub const PULL_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// What `GET /v1/marks` answers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarksAnswer {
+    /// The store (database) the marks belong to.
+    pub store_id: String,
+    /// Its partition count.
+    pub partitions: u32,
+    /// Per partition, the highest numbers acknowledged that this node knows of.
+    pub marks: Vec<Mark>,
+    /// Losses accepted for the store, oldest first.
+    #[serde(default)]
+    pub losses: Vec<AcceptedLoss>,
+}
+
+/// A node's marks directory, opened for one store.
+#[derive(Debug)]
+pub struct NodeMarks {
+    dir: PathBuf,
+    store_id: String,
+    marks: Arc<Marks>,
+    losses: Mutex<Vec<AcceptedLoss>>,
+    _lock: File,
+}
+
+impl NodeMarks {
+    /// Opens (creating) the marks of store `store_id` in `base` (`<base>/<store_id>/`), with
+    /// `partitions` partitions; locks them so that no other process uses them.
+    ///
+    /// # Errors
+    ///
+    /// When the directory cannot be created or locked, or the files are damaged or hold
+    /// another partition count.
+    pub fn open(base: &Path, store_id: &str, partitions: u32) -> anyhow::Result<NodeMarks> {
+        let dir = base.join(store_id);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating marks directory {}", dir.display()))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .with_context(|| format!("opening {}", lock_path.display()))?;
+        if lock.try_lock().is_err() {
+            bail!(
+                "marks directory {} is in use by another process of this database (another \
+                 node, or another run of this one): give each node its own --marks-dir",
+                base.display()
+            );
+        }
+        let marks = match Marks::open(&dir, partitions)? {
+            Some(m) => m,
+            None => Marks::create(&dir, partitions)?,
+        };
+        let losses = read_losses(&dir)?;
+        Ok(NodeMarks {
+            dir,
+            store_id: store_id.to_owned(),
+            marks: Arc::new(marks),
+            losses: Mutex::new(losses),
+            _lock: lock,
+        })
+    }
+
+    /// The marks file, raised by the command processor with every group.
+    #[must_use]
+    pub fn marks(&self) -> Arc<Marks> {
+        Arc::clone(&self.marks)
+    }
+
+    /// Where this store's marks are kept.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The losses accepted for the store, oldest first.
+    #[must_use]
+    pub fn losses(&self) -> Vec<AcceptedLoss> {
+        self.lock().clone()
+    }
+
+    /// The numbers of partition `p` retired by accepted losses.
+    #[must_use]
+    pub fn retired(&self, p: u32) -> Mark {
+        self.lock()
+            .iter()
+            .filter(|l| l.partition == p)
+            .fold(Mark::default(), |m, l| m.max(&l.mark))
+    }
+
+    /// What `GET /v1/marks` answers.
+    #[must_use]
+    pub fn answer(&self) -> MarksAnswer {
+        MarksAnswer {
+            store_id: self.store_id.clone(),
+            partitions: self.marks.partitions(),
+            marks: self.marks.all(),
+            losses: self.losses(),
+        }
+    }
+
+    /// Max-merges a peer's marks and accepted losses into this node's files, durably;
+    /// answers the partitions whose mark rose.
+    ///
+    /// # Errors
+    ///
+    /// When the peer's answer belongs to another store or partition count, or the files
+    /// cannot be written.
+    pub fn merge(&self, peer: &MarksAnswer) -> anyhow::Result<Vec<u32>> {
+        if peer.store_id != self.store_id || peer.partitions != self.marks.partitions() {
+            bail!(
+                "the peer's marks are of store {} with {} partitions, this node's of store {} \
+                 with {}",
+                peer.store_id,
+                peer.partitions,
+                self.store_id,
+                self.marks.partitions()
+            );
+        }
+        let mut raised = Vec::new();
+        for (p, mark) in peer.marks.iter().enumerate() {
+            let p = u32::try_from(p).unwrap_or(u32::MAX);
+            if !self.marks.get(p)?.covers(mark) {
+                self.marks.raise(p, mark)?;
+                raised.push(p);
+            }
+        }
+        for loss in &peer.losses {
+            self.accept(*loss)?;
+        }
+        Ok(raised)
+    }
+
+    /// Records an accepted loss durably (once).
+    ///
+    /// # Errors
+    ///
+    /// When the losses file cannot be written.
+    pub fn accept(&self, loss: AcceptedLoss) -> anyhow::Result<()> {
+        let mut losses = self.lock();
+        let known = losses
+            .iter()
+            .any(|l| l.partition == loss.partition && l.mark.covers(&loss.mark));
+        if known {
+            return Ok(());
+        }
+        let mut next = losses.clone();
+        next.push(loss);
+        next.sort_by_key(|l| (l.accepted_at_ms, l.partition));
+        write_losses(&self.dir, &next)?;
+        *losses = next;
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<AcceptedLoss>> {
+        self.losses.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn read_losses(dir: &Path) -> anyhow::Result<Vec<AcceptedLoss>> {
+    let path = dir.join(LOSSES_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes).with_context(|| {
+            format!(
+                "accepted losses file {} is damaged; restore it from another node's marks \
+                 directory",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Writes the losses file by rename, durably.
+fn write_losses(dir: &Path, losses: &[AcceptedLoss]) -> anyhow::Result<()> {
+    let path = dir.join(LOSSES_FILE);
+    let tmp = dir.join(format!("{LOSSES_FILE}.tmp"));
+    let bytes = serde_json::to_vec_pretty(losses)?;
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("syncing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("renaming {}", path.display()))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing {}", dir.display()))?;
+    Ok(())
+}
+
+/// Whether the stored PLog of `p` holds the event at `offset`.
+fn has_event(store: &EventStore<Store>, p: u32, offset: u64) -> anyhow::Result<bool> {
+    Ok(store
+        .read_event(PartitionId(p), monoseq_core::PLogOffset(offset))
+        .with_context(|| format!("reading partition {p}'s PLog at {offset}"))?
+        .is_some())
+}
+
+/// The last offset of `p`'s stored PLog at or below `mark`, given that the events above
+/// `floor` are contiguous and the one at `mark` is missing (binary search, a few point reads).
+fn plog_end(store: &EventStore<Store>, p: u32, floor: u64, mark: u64) -> anyhow::Result<u64> {
+    let (mut lo, mut hi) = (floor, mark);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if has_event(store, p, mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
+}
+
+/// The partitions whose stored PLog lacks the event at their mark (above any loss already
+/// accepted), each with the loss to accept: blocking reads of `store`, a point read per
+/// partition and a few more per lost one.
+///
+/// # Errors
+///
+/// When the database cannot be read.
+pub fn find_losses(
+    node: &NodeMarks,
+    store: &EventStore<Store>,
+    now_ms: u64,
+) -> anyhow::Result<Vec<AcceptedLoss>> {
+    let mut out = Vec::new();
+    for p in 0..node.marks.partitions() {
+        let mark = node.marks.get(p)?;
+        let retired = node.retired(p);
+        if mark.plog <= retired.plog || has_event(store, p, mark.plog)? {
+            continue;
+        }
+        let end = plog_end(store, p, retired.plog, mark.plog)?;
+        out.push(AcceptedLoss {
+            partition: p,
+            plog_from: end + 1,
+            plog_to: mark.plog,
+            mark: mark.max(&retired),
+            accepted_at_ms: now_ms,
+        });
+    }
+    Ok(out)
+}
+
+/// Pulls the marks of the nodes at `urls` (at once, each within [`PULL_TIMEOUT`]) and
+/// max-merges them into `node`'s; a node that does not answer is skipped (logged at debug).
+pub async fn pull_into(node: &Arc<NodeMarks>, prober: &crate::forward::Prober, urls: &[String]) {
+    let pulls: Vec<_> = urls
+        .iter()
+        .map(|url| {
+            let prober = prober.clone();
+            let url = url.clone();
+            tokio::spawn(async move {
+                let answer = prober.marks(&url, PULL_TIMEOUT).await;
+                (url, answer)
+            })
+        })
+        .collect();
+    for pull in pulls {
+        let Ok((url, answer)) = pull.await else {
+            continue;
+        };
+        if let Err(e) = answer.and_then(|peer| node.merge(&peer)) {
+            tracing::debug!(peer = %url, "the peer's high-water marks were not merged: {e:#}");
+        }
+    }
+}
+
+/// Opens this node's marks for the database `opened` holds, merges those of every live peer
+/// (found in `table`), and with `accept_loss` accepts every loss found: each partition whose
+/// stored PLog lacks the event at its mark is recorded (logged, and written in the marks
+/// directory), so that the command processor continues its numbers above the mark and the
+/// partition's owner retires them in the database (`ensure_retired`). Sets `opened.marks`
+/// and adds the store's accepted losses to `opened.identity`.
+///
+/// # Errors
+///
+/// When the marks directory cannot be opened, or the database not read for `accept_loss`.
+pub async fn prepare(
+    cluster: &super::ClusterSettings,
+    prober: &crate::forward::Prober,
+    table: &Arc<dyn super::FencedLeases>,
+    opened: &mut crate::config::Opened,
+    accept_loss: bool,
+) -> anyhow::Result<Arc<NodeMarks>> {
+    let (dir, store_id, partitions) = (
+        cluster.marks_dir.clone(),
+        opened.identity.store_id.clone(),
+        opened.identity.partitions,
+    );
+    let node =
+        tokio::task::spawn_blocking(move || NodeMarks::open(&dir, &store_id, partitions)).await??;
+    let node = Arc::new(node);
+    let t = Arc::clone(table);
+    match tokio::task::spawn_blocking(move || t.status()).await? {
+        Ok(status) => {
+            let alive = u64::try_from(cluster.lease.as_millis()).unwrap_or(u64::MAX);
+            let urls: Vec<String> = status
+                .nodes
+                .iter()
+                .filter(|n| n.node_id != cluster.node_id && n.seen_ms_ago < alive)
+                .map(|n| n.url.clone())
+                .collect();
+            pull_into(&node, prober, &urls).await;
+        }
+        Err(e) => tracing::warn!(
+            "the other nodes' high-water marks could not be pulled at start ({e}); they are \
+             pulled again before each partition is served"
+        ),
+    }
+    if accept_loss {
+        let n = Arc::clone(&node);
+        let store = EventStore::new(
+            Arc::clone(&opened.kv),
+            crate::base::APP,
+            monoseq_store::TrustLevel::Level0,
+        );
+        let found =
+            tokio::task::spawn_blocking(move || find_losses(&n, &store, now_ms())).await??;
+        for loss in found {
+            node.accept(loss)?;
+            tracing::warn!(
+                partition = loss.partition,
+                plog_from = loss.plog_from,
+                plog_to = loss.plog_to,
+                wlog = loss.mark.wlog,
+                crecord = loss.mark.crecord,
+                owrecord = loss.mark.owrecord,
+                marks_dir = %node.dir().display(),
+                "loss accepted (--accept-loss): partition {}'s events at PLog offsets {}..={} \
+                 were acknowledged and the database no longer has them; no PLog offset, WLog \
+                 offset or record ID at or below the mark is handed out again",
+                loss.partition,
+                loss.plog_from,
+                loss.plog_to
+            );
+        }
+    }
+    for loss in node.losses() {
+        if !opened.identity.losses.contains(&loss) {
+            opened.identity.losses.push(loss);
+        }
+    }
+    opened.marks = Some(node.marks());
+    Ok(node)
+}
+
+/// Unix milliseconds now.
+#[must_use]
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Makes sure partition `p`'s stored sequence state is past its retired mark (an accepted
+/// loss): when the stored next PLog offset is at or below it (the loss was just accepted, or
+/// the database lost the retirement too), the partition is actualized and its next offset
+/// moved past the mark, through `view` (the fenced store of the partition's lease). Blocking.
+///
+/// # Errors
+///
+/// When the storage fails or refuses the write.
+pub fn ensure_retired(view: Store, p: u32, retired: Mark) -> anyhow::Result<bool> {
+    use monoseq_core::SeqStorage;
+    if retired.plog == 0 {
+        return Ok(false);
+    }
+    let store = EventStore::new(view, crate::base::APP, monoseq_store::TrustLevel::Level0);
+    let seq = store.seq_storage(PartitionId(p));
+    let next = seq
+        .read_next_plog_offset()
+        .map_err(|e| anyhow::anyhow!("reading partition {p}'s checkpoint: {e}"))?;
+    if next.0 > retired.plog {
+        return Ok(false);
+    }
+    monoseq_store::retire_partition(seq, p, retired)
+        .map_err(|e| anyhow::anyhow!("retiring partition {p}'s numbers: {e}"))?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(plog: u64) -> Mark {
+        Mark {
+            plog,
+            wlog: plog * 2,
+            crecord: plog * 3,
+            owrecord: 0,
+        }
+    }
+
+    #[test]
+    fn a_marks_directory_is_used_by_one_process_and_merges_its_peers() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = NodeMarks::open(dir.path(), "store-a", 4).unwrap();
+        let err = NodeMarks::open(dir.path(), "store-a", 4).unwrap_err();
+        assert!(err.to_string().contains("--marks-dir"), "{err}");
+        node.marks().raise(1, &mark(5)).unwrap();
+        let mut peer = node.answer();
+        peer.marks[1] = mark(3);
+        peer.marks[2] = mark(9);
+        assert_eq!(node.merge(&peer).unwrap(), vec![2]);
+        assert_eq!(node.marks().get(1).unwrap(), mark(5));
+        assert_eq!(node.marks().get(2).unwrap(), mark(9));
+        peer.store_id = "store-b".into();
+        assert!(node.merge(&peer).is_err(), "another store's marks");
+        drop(node);
+        let again = NodeMarks::open(dir.path(), "store-a", 4).unwrap();
+        assert_eq!(again.marks().get(2).unwrap(), mark(9), "durable");
+    }
+
+    #[test]
+    fn an_accepted_loss_is_kept_once_and_retires_its_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = NodeMarks::open(dir.path(), "s", 2).unwrap();
+        let loss = AcceptedLoss {
+            partition: 1,
+            plog_from: 4,
+            plog_to: 7,
+            mark: mark(7),
+            accepted_at_ms: 1,
+        };
+        node.accept(loss).unwrap();
+        node.accept(loss).unwrap();
+        assert_eq!(node.losses().len(), 1);
+        assert_eq!(node.retired(1), mark(7));
+        assert_eq!(node.retired(0), Mark::default());
+        drop(node);
+        let again = NodeMarks::open(dir.path(), "s", 2).unwrap();
+        assert_eq!(again.losses(), vec![loss]);
+    }
+}
