@@ -5,25 +5,34 @@
 //! The check is one statement, sent in the same pipeline as the write (no extra round trip):
 //!
 //! ```sql
-//! SELECT 1 / count(*) FROM (SELECT 1 FROM monoseq_leases
-//!     WHERE partition = $1 AND epoch = $2 FOR SHARE) AS held
+//! WITH held AS (UPDATE monoseq_leases SET writes = writes + 1
+//!     WHERE partition = $1 AND epoch = $2 AND writes >= $3 RETURNING writes)
+//! SELECT 1 / count(*), max(writes) FROM held
 //! ```
 //!
 //! When the lease has another epoch (or no row) it divides by zero: the error aborts the
 //! transaction, every statement after it fails without writing, and the `COMMIT` sent with
 //! them rolls back. Plain SQL, no procedural code, as the crate's other statements.
 //!
-//! Why READ COMMITTED with `FOR SHARE` is enough: `acquire` changes the epoch with an `UPDATE`
-//! of the lease row, which conflicts with the share lock. A write that locked the row first
-//! keeps it until its commit, so the takeover waits for that write to commit and its
-//! `UPDATE` then sees the lease as the write left it. A write whose check meets a takeover in
-//! flight waits for it; PostgreSQL then re-evaluates the `WHERE` on the newest committed row
-//! version (as for `UPDATE`), finds the new epoch and refuses. A write that starts after the
-//! takeover committed reads the new epoch in its statement's snapshot. So once `acquire`
-//! returned, no write of an earlier epoch can commit, and every earlier one that committed
-//! did so before the takeover: the new owner reads it.
+//! The lease row also counts the fenced writes committed under it (`writes`), and the view
+//! remembers the highest count it saw (`$3`). The count goes back only with the database: a
+//! failover to a standby that was behind, or a restored backup. Then the view's next write is
+//! refused like a takeover, before it can hand out numbers the database lost: the partition
+//! stops, is taken again, and its new actualization finds the PLog below its high-water mark.
+//!
+//! Why READ COMMITTED with a row lock is enough: `acquire` changes the epoch with an `UPDATE`
+//! of the lease row, which conflicts with the lock the write's own `UPDATE` holds to its
+//! commit. A write that locked the row first keeps it until its commit, so the takeover waits
+//! for that write to commit and its `UPDATE` then sees the lease as the write left it. A write
+//! whose check meets a takeover in flight waits for it; PostgreSQL then re-evaluates the
+//! `WHERE` on the newest committed row version, finds the new epoch and refuses. A write that
+//! starts after the takeover committed reads the new epoch. So once `acquire` returned, no
+//! write of an earlier epoch can commit, and every earlier one that committed did so before
+//! the takeover: the new owner reads it. A server ends a transaction whose client vanished
+//! after [`crate::IDLE_IN_TRANSACTION_TIMEOUT`], releasing the row.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use monoseq_kv::{CasError, Key, KvError, KvStore, Order, Visitor, WriteBatch, WriteError};
 use tokio_postgres::Statement;
@@ -33,41 +42,55 @@ use crate::error::Failure;
 use crate::exec::Conn;
 use crate::store::{Core, Inner};
 
-/// The lease epoch a write needs: partition and epoch as the lease table stores them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The lease epoch a write needs: partition and epoch as the lease table stores them, and the
+/// highest write count of the lease row the view saw.
+#[derive(Debug, Clone)]
 pub(crate) struct Fence {
     partition: u32,
     epoch: u64,
+    seen: Arc<AtomicI64>,
 }
 
 impl Fence {
     /// The partition as the table's `integer` column takes it. No lease row has a negative
     /// partition ([`crate::LEASE_PARTITIONS_MAX`]), so an out-of-range one is always fenced.
-    fn partition_param(self) -> i32 {
+    fn partition_param(&self) -> i32 {
         i32::try_from(self.partition).unwrap_or(-1)
     }
 
     /// The epoch as the table's `bigint` column takes it. No lease has a negative epoch, so an
     /// out-of-range one is always fenced.
-    fn epoch_param(self) -> i64 {
+    fn epoch_param(&self) -> i64 {
         i64::try_from(self.epoch).unwrap_or(-1)
     }
 
     /// The fence check, prepared (or found in the connection's cache).
-    pub(crate) async fn statement(self, inner: &Inner, conn: &Conn) -> Result<Statement, Failure> {
+    pub(crate) async fn statement(&self, inner: &Inner, conn: &Conn) -> Result<Statement, Failure> {
         Ok(conn.client()?.prepare_cached(&inner.sql.fence).await?)
     }
 
     /// Runs the check inside the caller's open transaction: `Ok(true)` when the lease still
-    /// has the epoch (its row is then share-locked to the commit), `Ok(false)` when it does
-    /// not (the transaction is aborted and nothing after it writes).
-    pub(crate) async fn check(self, conn: &Conn, statement: &Statement) -> Result<bool, Failure> {
+    /// has the epoch and at least the write count the view saw (its row is then locked to the
+    /// commit), `Ok(false)` when it does not (the transaction is aborted and nothing after it
+    /// writes).
+    pub(crate) async fn check(&self, conn: &Conn, statement: &Statement) -> Result<bool, Failure> {
         let client = conn.client()?;
+        let seen = self.seen.load(Ordering::Acquire);
         let result = client
-            .execute(statement, &[&self.partition_param(), &self.epoch_param()])
+            .query_one(
+                statement,
+                &[&self.partition_param(), &self.epoch_param(), &seen],
+            )
             .await;
         match result {
-            Ok(_) => Ok(true),
+            Ok(row) => {
+                // Raised even if the write then fails to commit: a count only rises, so one
+                // that did not commit is still below every later one.
+                let writes: i64 = row.try_get(1)?;
+                self.seen
+                    .fetch_max(writes.saturating_sub(1), Ordering::AcqRel);
+                Ok(true)
+            }
             Err(e) if e.code() == Some(&SqlState::DIVISION_BY_ZERO) => Ok(false),
             Err(e) => Err(Failure::Postgres(e)),
         }
@@ -75,7 +98,7 @@ impl Fence {
 
     /// The error of a write this fence refused, naming who holds the lease now (read after
     /// the refusal; best effort).
-    pub(crate) fn error(self, core: &Core) -> KvError {
+    pub(crate) fn error(&self, core: &Core) -> KvError {
         let (partition, epoch) = (self.partition, self.epoch);
         let holder = core.run(
             core.inner.call_timeout(),
@@ -89,6 +112,12 @@ impl Fence {
             }
             Ok(Some((held, None))) if newer(held) => {
                 format!("a newer owner had epoch {held} and released it")
+            }
+            Ok(Some((held, _))) if u64::try_from(held).is_ok_and(|held| held == epoch) => {
+                "the lease row counts fewer writes than this node committed under it: the \
+                 database went back in time and lost acknowledged writes (a failover to a \
+                 standby that was behind, or a restored backup?)"
+                    .to_owned()
             }
             Ok(Some((held, _))) => format!(
                 "the lease has epoch {held}, which is not newer: this view's epoch did not come \
@@ -157,7 +186,11 @@ impl FencedPgStore {
     pub(crate) fn new(core: Arc<Core>, partition: u32, epoch: u64) -> FencedPgStore {
         FencedPgStore {
             core,
-            fence: Fence { partition, epoch },
+            fence: Fence {
+                partition,
+                epoch,
+                seen: Arc::new(AtomicI64::new(0)),
+            },
         }
     }
 
@@ -203,7 +236,7 @@ impl KvStore for FencedPgStore {
     }
 
     fn write(&self, batch: &WriteBatch) -> Result<(), WriteError> {
-        self.core.write(batch, Some(self.fence))
+        self.core.write(batch, Some(&self.fence))
     }
 
     fn compare_and_swap(
@@ -213,7 +246,7 @@ impl KvStore for FencedPgStore {
         new: Option<&[u8]>,
     ) -> Result<(), CasError> {
         self.core
-            .compare_and_swap(key, expected, new, Some(self.fence))
+            .compare_and_swap(key, expected, new, Some(&self.fence))
     }
 
     /// Does nothing: every commit returned is already durable (`synchronous_commit = on`).

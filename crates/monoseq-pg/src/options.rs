@@ -18,6 +18,13 @@ pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 /// Default longest run of one statement on the server, and longest wait for one answer of the
 /// server on the client.
 pub const STATEMENT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
+/// Longest a store's transaction may sit idle on the server before the server ends it. The
+/// store's transactions wait for the client only for one round trip; one idle longer lost its
+/// client (a node cut off from the database mid-write), and ending it releases the lease row
+/// it locked, so that the partition's takeover and the other nodes' lease calls go on.
+pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(2);
+/// Idle time before TCP keepalives probe a connection whose peer may have vanished.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 /// Longest allowed timeout: past it a lost server is noticed too late.
 pub const TIMEOUT_MAX: Duration = Duration::from_secs(3600);
 /// Longest schema name PostgreSQL accepts (`NAMEDATALEN - 1`).

@@ -1,7 +1,8 @@
 //! Creates or checks the store's tables at open, in one transaction: the schema, the meta
 //! table with the recorded schema version, the key-value table, and the lease and node
 //! tables. Owns the rules that a database of an older version is migrated in place (version
-//! 1 gains the lease and node tables, version 2 the nodes' run IDs) and that one written by a
+//! 1 gains the lease and node tables, version 2 the nodes' run IDs, version 3 the leases'
+//! write counts) and that one written by a
 //! newer build (a higher schema version) is refused, never used.
 
 use monoseq_kv::{KvError, OpenError};
@@ -10,7 +11,8 @@ use tokio_postgres::error::SqlState;
 use crate::error::{Failure, storage_open_error};
 use crate::exec::Conn;
 use crate::sql::{
-    SCHEMA_VERSION, SCHEMA_VERSION_KV_ONLY, SCHEMA_VERSION_NO_RUN_ID, Sql, VERSION_ROW,
+    SCHEMA_VERSION, SCHEMA_VERSION_KV_ONLY, SCHEMA_VERSION_NO_RUN_ID, SCHEMA_VERSION_NO_WRITES,
+    Sql, VERSION_ROW,
 };
 
 /// Attempts of the whole migration: two stores opening a new schema at once may race in the
@@ -98,6 +100,11 @@ async fn versioned(
         }
         Some(SCHEMA_VERSION_NO_RUN_ID) => {
             client.batch_execute(&sql.add_run_id).await?;
+            client.batch_execute(&sql.add_writes).await?;
+            write_version(conn, sql).await?;
+        }
+        Some(SCHEMA_VERSION_NO_WRITES) => {
+            client.batch_execute(&sql.add_writes).await?;
             write_version(conn, sql).await?;
         }
         Some(version) if version > SCHEMA_VERSION => {

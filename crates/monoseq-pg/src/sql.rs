@@ -2,8 +2,8 @@
 //! version, and one statement text per operation (prepared and cached per connection). Owns
 //! the rule that only constructs PostgreSQL-compatible distributed engines also run are used:
 //! `INSERT … ON CONFLICT DO NOTHING`, `INSERT … ON CONFLICT … DO UPDATE`, conditional
-//! `UPDATE`/`DELETE … WHERE`, `unnest` of arrays and `generate_series`, and `SELECT … FOR SHARE`
-//! (the fence); no advisory locks, no `LISTEN`, no procedural functions. Every lease time is
+//! `UPDATE`/`DELETE … WHERE`, `unnest` of arrays and `generate_series`, and a data-modifying
+//! `WITH … UPDATE … RETURNING` (the fence); no advisory locks, no `LISTEN`, no procedural functions. Every lease time is
 //! the database's `now()`.
 
 use std::ops::Bound;
@@ -12,9 +12,14 @@ use monoseq_kv::Order;
 
 /// The schema version this build writes and reads. A database holding a newer one is refused.
 /// Version 1: the key-value table. Version 2 adds the lease and node tables. Version 3 adds
-/// the node table's `run_id` (which run of a node heartbeats under its name). A database at an
-/// older version is migrated in place.
-pub(crate) const SCHEMA_VERSION: i64 = 3;
+/// the node table's `run_id` (which run of a node heartbeats under its name). Version 4 adds
+/// the lease table's `writes` (fenced writes committed under the partition's leases, which
+/// tells a fenced view that the database went back in time). A database at an older version
+/// is migrated in place.
+pub(crate) const SCHEMA_VERSION: i64 = 4;
+
+/// The schema version whose lease table has no `writes`.
+pub(crate) const SCHEMA_VERSION_NO_WRITES: i64 = 3;
 
 /// The schema version whose node table has no `run_id`.
 pub(crate) const SCHEMA_VERSION_NO_RUN_ID: i64 = 2;
@@ -47,7 +52,8 @@ pub(crate) struct Sql {
     pub(crate) cas_delete: String,
     /// Inserts one key where absent (compare-and-swap from absence).
     pub(crate) cas_insert: String,
-    /// Divides by zero unless the lease of partition $1 has epoch $2; share-locks its row.
+    /// Divides by zero unless the lease of partition $1 has epoch $2 and counts at least $3
+    /// writes; counts this write, locking the row to the commit; answers the new count.
     pub(crate) fence: String,
     /// The epoch and node of a lease.
     pub(crate) lease_holder: String,
@@ -64,6 +70,8 @@ pub(crate) struct Sql {
     pub(crate) lease_status: String,
     /// Adds `run_id` to a node table of schema version 2.
     pub(crate) add_run_id: String,
+    /// Adds `writes` to a lease table of schema version 3 or older.
+    pub(crate) add_writes: String,
     /// Records node $1 at URL $2 as run $3 seen now, if the name is new, run $3's, or last
     /// seen at least $4 ms ago; returns a row when it did.
     pub(crate) node_heartbeat: String,
@@ -108,7 +116,8 @@ impl Sql {
             ),
             create_leases: format!(
                 "CREATE TABLE IF NOT EXISTS {leases} (partition integer PRIMARY KEY, epoch bigint \
-                 NOT NULL, node_id text NULL, expires_at timestamptz NOT NULL)"
+                 NOT NULL, node_id text NULL, expires_at timestamptz NOT NULL, writes bigint NOT \
+                 NULL DEFAULT 0)"
             ),
             create_nodes: format!(
                 "CREATE TABLE IF NOT EXISTS {nodes} (node_id text PRIMARY KEY, url text NOT NULL, \
@@ -117,9 +126,13 @@ impl Sql {
             add_run_id: format!(
                 "ALTER TABLE {nodes} ADD COLUMN IF NOT EXISTS run_id text NOT NULL DEFAULT ''"
             ),
+            add_writes: format!(
+                "ALTER TABLE {leases} ADD COLUMN IF NOT EXISTS writes bigint NOT NULL DEFAULT 0"
+            ),
             fence: format!(
-                "SELECT 1 / count(*) FROM (SELECT 1 FROM {leases} WHERE partition = $1 AND epoch = \
-                 $2 FOR SHARE) AS held"
+                "WITH held AS (UPDATE {leases} SET writes = writes + 1 WHERE partition = $1 AND \
+                 epoch = $2 AND writes >= $3 RETURNING writes) SELECT 1 / count(*), max(writes) \
+                 FROM held"
             ),
             lease_holder: format!("SELECT epoch, node_id FROM {leases} WHERE partition = $1"),
             lease_ensure: format!(

@@ -169,10 +169,16 @@ impl PgStore {
             ));
         }
         let statement_ms = options.statement_timeout.as_millis();
+        let idle_ms = options
+            .statement_timeout
+            .min(crate::options::IDLE_IN_TRANSACTION_TIMEOUT)
+            .as_millis();
         let session = format!(
             "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout=\
-             {statement_ms} -c synchronous_commit=on"
+             {idle_ms} -c synchronous_commit=on"
         );
+        config.keepalives(true);
+        config.keepalives_idle(crate::options::KEEPALIVE_IDLE);
         let session = match config.get_options() {
             Some(given) if !given.is_empty() => format!("{given} {session}"),
             _ => session,
@@ -373,7 +379,7 @@ async fn cas_attempt(
     key: Key<'_>,
     expected: Option<&[u8]>,
     new: Option<&[u8]>,
-    fence: Option<Fence>,
+    fence: Option<&Fence>,
 ) -> Result<Attempt, Failure> {
     let Some(statement) = cas_statement(inner, conn, expected, new).await? else {
         return Ok(Attempt::NotSwapped);
@@ -427,7 +433,7 @@ async fn compare_and_swap(
     key: Key<'_>,
     expected: Option<&[u8]>,
     new: Option<&[u8]>,
-    fence: Option<Fence>,
+    fence: Option<&Fence>,
 ) -> Result<Swap, Failure> {
     let conn = inner.conn().await?;
     for _ in 0..CAS_ATTEMPTS_MAX {
@@ -497,7 +503,11 @@ impl Core {
     }
 
     /// Writes `batch`, in a transaction that first checks `fence` when there is one.
-    pub(crate) fn write(&self, batch: &WriteBatch, fence: Option<Fence>) -> Result<(), WriteError> {
+    pub(crate) fn write(
+        &self,
+        batch: &WriteBatch,
+        fence: Option<&Fence>,
+    ) -> Result<(), WriteError> {
         batch.check_limits()?;
         if batch.is_empty() {
             return Ok(());
@@ -547,7 +557,7 @@ impl Core {
         key: Key<'_>,
         expected: Option<&[u8]>,
         new: Option<&[u8]>,
-        fence: Option<Fence>,
+        fence: Option<&Fence>,
     ) -> Result<(), CasError> {
         if let Some((what, len, max)) = limits::exceeded(key, new.unwrap_or_default()) {
             return Err(CasError::TooLarge { what, len, max });
@@ -606,7 +616,7 @@ impl Core {
     }
 
     /// The error of a write that `fence` refused, naming the lease's current holder.
-    fn fenced_error(&self, fence: Option<Fence>) -> KvError {
+    fn fenced_error(&self, fence: Option<&Fence>) -> KvError {
         match fence {
             Some(fence) => fence.error(self),
             None => KvError::Corrupted {

@@ -90,7 +90,7 @@ async fn execute_opt(
 }
 
 /// The fence check as it rides in a pipeline: `Ok(true)` without a fence.
-async fn check_opt(conn: &Conn, fence: Option<(Fence, &Statement)>) -> Result<bool, Failure> {
+async fn check_opt(conn: &Conn, fence: Option<(&Fence, &Statement)>) -> Result<bool, Failure> {
     match fence {
         Some((fence, statement)) => fence.check(conn, statement).await,
         None => Ok(true),
@@ -102,7 +102,7 @@ async fn check_opt(conn: &Conn, fence: Option<(Fence, &Statement)>) -> Result<bo
 pub(crate) async fn apply(
     inner: &Inner,
     plan: &Plan<'_>,
-    fence: Option<Fence>,
+    fence: Option<&Fence>,
 ) -> Result<Outcome, Failure> {
     let conn = inner.conn().await?;
     let outcome = apply_on(inner, &conn, plan, fence).await?;
@@ -114,7 +114,7 @@ async fn apply_on(
     inner: &Inner,
     conn: &Conn,
     plan: &Plan<'_>,
-    fence: Option<Fence>,
+    fence: Option<&Fence>,
 ) -> Result<Outcome, Failure> {
     if let Some(in_batch) = plan.conflict_in_batch {
         return conflict_without_writing(inner, conn, plan, in_batch).await;
@@ -145,7 +145,7 @@ async fn apply_on(
 struct Prepared<'a> {
     conn: &'a Conn,
     plan: &'a Plan<'a>,
-    check: Option<(Fence, Statement)>,
+    check: Option<(&'a Fence, Statement)>,
     insert: Option<Statement>,
     upsert: Option<Statement>,
     delete: Option<Statement>,
@@ -159,7 +159,7 @@ impl<'a> Prepared<'a> {
         inner: &Inner,
         conn: &'a Conn,
         plan: &'a Plan<'a>,
-        fence: Option<Fence>,
+        fence: Option<&'a Fence>,
     ) -> Result<Prepared<'a>, Failure> {
         let client = conn.client()?;
         let sql = &inner.sql;
@@ -192,7 +192,7 @@ impl<'a> Prepared<'a> {
         })
     }
 
-    fn check(&self) -> Option<(Fence, &Statement)> {
+    fn check(&self) -> Option<(&Fence, &Statement)> {
         self.check
             .as_ref()
             .map(|(fence, statement)| (*fence, statement))

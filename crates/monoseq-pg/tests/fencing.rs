@@ -370,3 +370,57 @@ fn under_a_race_with_a_takeover_no_late_write_commits_and_every_acknowledged_one
         }
     }
 }
+
+#[test]
+fn a_database_that_lost_writes_of_a_view_refuses_its_next_write_and_says_it_went_back() {
+    let (store, _leases, view) = held_by_a(2, LONG);
+    for batch in batches(b"before") {
+        view.write(&batch).unwrap();
+    }
+    view.compare_and_swap(Key::new(b"p", b"cas"), None, Some(b"1"))
+        .unwrap();
+    // The database goes back in time (a standby that was behind is promoted): the lease row,
+    // with its epoch unchanged, no longer counts the view's last writes.
+    let schema = store.schema().to_owned();
+    shared()
+        .psql(
+            DATABASE,
+            &format!("UPDATE {schema}.monoseq_leases SET writes = writes - 2 WHERE partition = 0"),
+        )
+        .unwrap();
+    for batch in batches(b"after") {
+        let message = fenced_message(view.write(&batch));
+        assert!(message.contains("went back in time"), "{message}");
+        assert!(message.contains("partition 0"), "{message}");
+    }
+    assert_cas_fenced(view.compare_and_swap(Key::new(b"p", b"cas"), Some(b"1"), Some(b"2")));
+    assert_eq!(
+        store.get(Key::new(b"p", b"cas")).unwrap(),
+        Some(b"1".to_vec())
+    );
+    assert_eq!(
+        store.get(Key::new(b"p", b"after\x01")).unwrap(),
+        None,
+        "nothing of a refused write is stored"
+    );
+    // A view of a new acquisition (after the partition was checked against its marks)
+    // writes again.
+    let fresh = store.fenced(0, view.epoch());
+    fresh.put(Key::new(b"p", b"again"), b"1").unwrap();
+}
+
+#[test]
+fn concurrent_writes_of_one_view_are_all_counted_and_none_is_refused() {
+    let (_store, _leases, view) = held_by_a(4, LONG);
+    let view = &view;
+    thread::scope(|s| {
+        for t in 0..4u8 {
+            s.spawn(move || {
+                for n in 0..25u8 {
+                    view.put(Key::new(b"p", &[t, n]), b"v")
+                        .unwrap_or_else(|e| panic!("thread {t} write {n}: {e}"));
+                }
+            });
+        }
+    });
+}

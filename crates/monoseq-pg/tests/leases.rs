@@ -291,7 +291,7 @@ fn a_version_1_database_is_migrated_in_place_and_keeps_its_data() {
             &format!("SELECT value FROM {schema}.monoseq_meta WHERE name = 'schema_version'"),
         )
         .unwrap();
-    assert_eq!(version, "3");
+    assert_eq!(version, "4");
     let leases = store.leases();
     leases.ensure_partitions(1).unwrap();
     assert_eq!(leases.acquire(0, "a", SHORT).unwrap(), Some(1));
@@ -384,7 +384,7 @@ fn a_version_2_database_gains_run_ids_in_place_and_keeps_its_leases_nodes_and_da
             &format!("SELECT value FROM {schema}.monoseq_meta WHERE name = 'schema_version'"),
         )
         .unwrap();
-    assert_eq!(version, "3");
+    assert_eq!(version, "4");
     let store = &stores[0];
     assert_eq!(
         store.get(Key::new(b"p", b"a")).unwrap(),

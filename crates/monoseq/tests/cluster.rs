@@ -900,8 +900,9 @@ fn takes(node: &Node) -> usize {
 /// Renewal intervals within which nodes started together, or a node joining, hold their share.
 const BALANCE_RENEWALS: u32 = 2;
 /// What a loaded two-core test machine adds to a measured time (process scheduling, the
-/// status reads of the test itself).
-const SCHEDULING_SLACK: Duration = Duration::from_millis(400);
+/// status reads of the test itself; seen up to about 0.8 s with several test binaries
+/// building beside it). The figures without load are in docs/benchmarks.md.
+const SCHEDULING_SLACK: Duration = Duration::from_millis(1_500);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_started_together_split_64_partitions_within_two_renewals_and_none_takes_all_first() {
