@@ -17,6 +17,12 @@ pub const FORWARDED_BY: &str = "x-monoseq-forwarded-by";
 /// Longest wait for the owner's answer. A command is answered once durable, which takes
 /// milliseconds; an owner that does not answer in this time is treated as gone.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for a connection to the owner: peers are near, so an owner whose link drops
+/// packets (a blackholed route, a dead machine) is answered `owner_unreachable` in a second,
+/// not after the whole [`FORWARD_TIMEOUT`].
+const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Idle time before TCP keepalives probe a pooled connection to a peer.
+const FORWARD_KEEPALIVE: Duration = Duration::from_secs(5);
 /// Headers of a command request that go with it to the owner.
 const PASSED_ON: [&str; 1] = ["idempotency-key"];
 /// Headers of the owner's answer that go back to the client.
@@ -48,6 +54,8 @@ impl Forwarder {
         let tls = crate::tls::client_config(peer_ca);
         let mut client = reqwest::Client::builder()
             .timeout(FORWARD_TIMEOUT)
+            .connect_timeout(FORWARD_CONNECT_TIMEOUT)
+            .tcp_keepalive(FORWARD_KEEPALIVE)
             .pool_idle_timeout(Duration::from_secs(60));
         // Without trusted roots (no CA given and none on the system) only plain HTTP peers
         // are reachable.
