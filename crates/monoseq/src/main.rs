@@ -3,6 +3,7 @@
 //! Owns the command line (each command flattens only the setting groups it uses) and the exit
 //! codes.
 
+mod answer_log;
 mod auth;
 mod base;
 mod bench;

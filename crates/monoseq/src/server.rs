@@ -184,7 +184,7 @@ pub fn router(
         metrics: Metrics::new(),
         info,
     });
-    Router::new()
+    let router = Router::new()
         .route(
             "/v1/info",
             get(|State(st): State<Arc<AppState>>| async move { axum::Json(st.info.clone()) }),
@@ -201,6 +201,7 @@ pub fn router(
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/v1/openapi.json", get(openapi))
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
@@ -222,7 +223,22 @@ pub fn router(
         .layer(axum::middleware::from_fn_with_state(
             auth,
             crate::auth::require_token,
-        ))
+        ));
+    match crate::answer_log::AnswerLog::from_env() {
+        Some(log) => router.layer(axum::middleware::from_fn_with_state(
+            log,
+            crate::answer_log::record,
+        )),
+        None => router,
+    }
+}
+
+/// The OpenAPI 3.1 document of this API, as kept in the repository.
+pub const OPENAPI: &str = include_str!("../../../docs/openapi.json");
+
+/// `GET /v1/openapi.json`.
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
 /// The answers while the storage opens (and the node joins its cluster): `/healthz` is alive,

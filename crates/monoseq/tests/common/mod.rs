@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod openapi;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -56,16 +58,39 @@ impl Backend {
     }
 }
 
-/// A running `monoseq serve`.
+/// A running `monoseq serve`. Every answer it gives is logged (`MONOSEQ_ANSWER_LOG`) and
+/// checked against the OpenAPI document when it is dropped (unless the test already failed).
 pub struct Server {
     pub child: Child,
     pub url: String,
+    answers: AnswerLog,
+}
+
+/// Where a server logs its answers.
+pub struct AnswerLog(tempfile::TempDir);
+
+impl AnswerLog {
+    pub fn new() -> AnswerLog {
+        AnswerLog(tempfile::tempdir().expect("a directory for the answer log"))
+    }
+
+    /// The file, to pass as `MONOSEQ_ANSWER_LOG`.
+    pub fn path(&self) -> std::path::PathBuf {
+        self.0.path().join("answers.jsonl")
+    }
+
+    /// Panics naming every logged answer that breaks the document.
+    pub fn assert_conforms(&self) {
+        openapi::assert_log_conforms(&self.path());
+    }
 }
 
 impl Server {
     /// Starts `monoseq serve` on `dir` and a free loopback port; waits until it listens.
     pub fn start(dir: &Path, extra: &[&str]) -> Server {
+        let answers = AnswerLog::new();
         let mut child = Command::new(BIN)
+            .env("MONOSEQ_ANSWER_LOG", answers.path())
             .arg("serve")
             .arg("--data-dir")
             .arg(dir)
@@ -85,13 +110,19 @@ impl Server {
             .strip_prefix("monoseq listening on ")
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .to_owned();
-        Server { child, url }
+        Server {
+            child,
+            url,
+            answers,
+        }
     }
 
     /// Starts `monoseq serve` on `dir` (stderr to `log`); answers the server once it listens,
     /// or what it wrote to stderr when it exits first (a refused start).
     pub fn try_start(dir: &Path, extra: &[&str], log: &Path) -> Result<Server, String> {
+        let answers = AnswerLog::new();
         let mut child = Command::new(BIN)
+            .env("MONOSEQ_ANSWER_LOG", answers.path())
             .arg("serve")
             .arg("--data-dir")
             .arg(dir)
@@ -112,6 +143,7 @@ impl Server {
             Some(url) => Ok(Server {
                 child,
                 url: url.to_owned(),
+                answers,
             }),
             None => {
                 let status = child.wait().expect("reap");
@@ -177,6 +209,9 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if !std::thread::panicking() {
+            self.answers.assert_conforms();
+        }
     }
 }
 

@@ -1,0 +1,79 @@
+//! The answer log, a test aid: with `MONOSEQ_ANSWER_LOG=<file>` in its environment the server
+//! appends one JSON line per answer (method, path, status, the documented headers, the body)
+//! to that file, so the end-to-end tests can check every answer they caused against the
+//! OpenAPI document (`docs/openapi.json`). Off unless the variable is set; never on a
+//! production path (each answer's body is buffered whole to be written).
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use serde_json::json;
+
+/// The environment variable naming the file.
+pub const ANSWER_LOG_ENV: &str = "MONOSEQ_ANSWER_LOG";
+/// The answer headers the document describes, and so the ones logged.
+const LOGGED_HEADERS: [&str; 5] = [
+    "content-type",
+    "retry-after",
+    "location",
+    "idempotency-replayed",
+    "www-authenticate",
+];
+
+/// The open log file.
+#[derive(Clone)]
+pub struct AnswerLog(Arc<Mutex<std::fs::File>>);
+
+impl AnswerLog {
+    /// The log named by [`ANSWER_LOG_ENV`], if set and openable (a warning otherwise).
+    pub fn from_env() -> Option<AnswerLog> {
+        let path = std::env::var_os(ANSWER_LOG_ENV)?;
+        match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+        {
+            Ok(file) => Some(AnswerLog(Arc::new(Mutex::new(file)))),
+            Err(e) => {
+                tracing::warn!(path = ?path, "the answer log cannot be opened: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// The middleware: runs the request, logs its answer, returns the answer unchanged.
+pub async fn record(State(log): State<AnswerLog>, request: Request, next: Next) -> Response {
+    let method = request.method().to_string();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    let headers: serde_json::Map<String, serde_json::Value> = LOGGED_HEADERS
+        .iter()
+        .filter_map(|name| {
+            let value = parts.headers.get(*name)?.to_str().ok()?;
+            Some(((*name).to_owned(), json!(value)))
+        })
+        .collect();
+    let line = json!({
+        "method": method,
+        "path": path,
+        "status": parts.status.as_u16(),
+        "headers": headers,
+        "body": String::from_utf8_lossy(&bytes),
+    });
+    // One write of the whole line: a server killed mid-answer leaves whole lines only.
+    let mut text = line.to_string();
+    text.push('\n');
+    if let Ok(mut file) = log.0.lock() {
+        let _ = file.write_all(text.as_bytes());
+    }
+    Response::from_parts(parts, Body::from(bytes))
+}

@@ -1,0 +1,209 @@
+//! The OpenAPI document (`docs/openapi.json`) against the real server: it is what
+//! `GET /v1/openapi.json` serves, every operation it lists answers as it says (the answers of
+//! this test, like those of every end-to-end test, are checked when the server is dropped),
+//! and a deliberately wrong document is caught by the same check.
+
+mod common;
+
+use common::Server;
+use common::openapi::{Answer, Contract, contract};
+use serde_json::{Value, json};
+
+/// Requests that reach every documented operation, with answers good and bad.
+async fn exercise(client: &reqwest::Client, url: &str) {
+    let command = json!({"ws": 6, "ws_kind": 1, "command": "app.Create",
+        "create": [{"raw_id": 1, "kind": "CDoc", "name": "app.Order", "fields": {"total": 1}}],
+        "argument": {"raw_id": 2, "name": "app.Arg", "fields": {"order": {"$raw": 1}},
+                     "children": [{"raw_id": 3, "name": "app.Line"}]}});
+    let post = |body: Value, key: Option<&str>| {
+        let mut r = client.post(format!("{url}/v1/commands")).json(&body);
+        if let Some(key) = key {
+            r = r.header("idempotency-key", key);
+        }
+        r.send()
+    };
+    let out: Value = post(command.clone(), Some("k-1"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = out["ids"]["1"].as_u64().unwrap();
+    let replay = post(command.clone(), Some("k-1")).await.unwrap();
+    assert_eq!(replay.headers()["idempotency-replayed"], "true");
+    let long_key = "k".repeat(300);
+    for (body, key) in [
+        (
+            json!({"ws": 6, "ws_kind": 1, "command": "app.Pay", "update": [{"id": id, "fields": {"paid": true}}]}),
+            None,
+        ),
+        (
+            json!({"ws": 6, "ws_kind": 1, "command": "c", "update": [{"id": 5, "fields": {}}]}),
+            None,
+        ),
+        (json!({"ws": 6, "ws_kind": 9, "command": "c"}), None),
+        (
+            json!({"ws": 6, "ws_kind": 1, "command": "c", "bogus": 1}),
+            None,
+        ),
+        (
+            json!({"ws": 6, "ws_kind": 1, "command": "other"}),
+            Some("k-1"),
+        ),
+        (command.clone(), Some(&long_key)),
+    ] {
+        post(body, key).await.unwrap();
+    }
+    client
+        .post(format!("{url}/v1/commands"))
+        .body("{")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    client
+        .post(format!("{url}/v1/commands"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let big = json!({"ws": 6, "ws_kind": 1, "command": "x".repeat(2 << 20)});
+    post(big, None).await.unwrap();
+    for path in [
+        "/v1/partitions/2/events/1".to_owned(),
+        "/v1/partitions/2/events/99".into(),
+        "/v1/partitions/99/events/1".into(),
+        "/v1/partitions/x/events/1".into(),
+        "/v1/workspaces/6/wlog?from=1&limit=10".into(),
+        "/v1/workspaces/6/wlog".into(),
+        "/v1/workspaces/6/wlog?from=0".into(),
+        "/v1/workspaces/6/wlog?limit=5000".into(),
+        format!("/v1/workspaces/6/records/{id}"),
+        "/v1/workspaces/6/records/7".into(),
+        "/v1/workspaces/6/records/-1".into(),
+        "/v1/info".into(),
+        "/v1/cluster".into(),
+        "/v1/marks".into(),
+        "/v1/openapi.json".into(),
+        "/healthz".into(),
+        "/readyz".into(),
+        "/metrics".into(),
+        "/v1/nothing".into(),
+        "/v1/sequences/orders/invoice/value".into(),
+        "/v1/sequences/orders/invoice/data".into(),
+        "/v1/sequences/orders/invoice/exists".into(),
+        "/v1/sequences/orders/invoice/frobnicate".into(),
+    ] {
+        client.get(format!("{url}{path}")).send().await.unwrap();
+    }
+    let seq = |op: &str| format!("{url}/v1/sequences/orders/invoice/{op}");
+    for (op, body) in [
+        ("next", json!({"initial": 1000})),
+        ("next", json!({"increment": 10, "metadata": {"team": "a"}})),
+        ("increment", json!({})),
+        ("next", json!({"increment": 0})),
+        ("next", json!({"initial": "x"})),
+        ("reset", json!({"value": 5})),
+        ("set", json!({"value": 18446744073709551615u64})),
+        ("next", json!({})),
+        ("reset", json!({})),
+    ] {
+        client.post(seq(op)).json(&body).send().await.unwrap();
+    }
+    for op in ["value", "data", "exists"] {
+        client.get(seq(op)).send().await.unwrap();
+    }
+    client
+        .delete(format!("{url}/v1/sequences/orders/invoice"))
+        .send()
+        .await
+        .unwrap();
+    client.get(seq("data")).send().await.unwrap();
+    client
+        .delete(format!("{url}/v1/commands"))
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_answers_as_the_document_says_and_the_document_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &client).await;
+    let served: Value = client
+        .get(format!("{}/v1/openapi.json", server.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let kept: Value = serde_json::from_str(common::openapi::DOCUMENT).unwrap();
+    assert_eq!(served, kept, "the served document is the repository's");
+    assert_eq!(kept["openapi"], "3.1.0");
+    exercise(&client, &server.url).await;
+    // Dropping the server checks every answer above against the document.
+}
+
+#[test]
+fn every_operation_documents_its_errors_and_the_token_answers() {
+    let doc: Value = serde_json::from_str(common::openapi::DOCUMENT).unwrap();
+    for (path, operations) in doc["paths"].as_object().unwrap() {
+        for (method, op) in operations.as_object().unwrap() {
+            let responses = op["responses"].as_object().unwrap();
+            for status in ["401", "403"] {
+                assert!(
+                    responses.contains_key(status),
+                    "{method} {path} lacks {status}"
+                );
+            }
+            assert!(
+                op["operationId"].is_string(),
+                "{method} {path} has no operationId"
+            );
+            if let Some(unavailable) = responses.get("503") {
+                assert!(
+                    !unavailable["headers"]["Retry-After"].is_null(),
+                    "{method} {path}: a 503 without Retry-After"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_deliberately_wrong_document_is_caught() {
+    let answer = Answer {
+        method: "POST".into(),
+        path: "/v1/commands".into(),
+        status: 200,
+        headers: [("content-type".to_owned(), "application/json".to_owned())].into(),
+        body: r#"{"partition":2,"plog_offset":1,"wlog_offset":1,"ids":{"1":322685000131072}}"#
+            .into(),
+    };
+    assert_eq!(contract().check(&answer), Ok(()));
+    // The document says offsets are strings: the real answer breaks it.
+    let mut wrong: Value = serde_json::from_str(common::openapi::DOCUMENT).unwrap();
+    wrong["components"]["schemas"]["Outcome"]["properties"]["plog_offset"] =
+        json!({"type": "string"});
+    let e = Contract::new(wrong).check(&answer).unwrap_err();
+    assert!(e.contains("plog_offset") || e.contains("string"), "{e}");
+    // A status the document does not list, and a 503 without its Retry-After, are caught too.
+    let teapot = Answer {
+        status: 418,
+        ..answer.clone()
+    };
+    assert!(
+        contract()
+            .check(&teapot)
+            .unwrap_err()
+            .contains("not documented")
+    );
+    let busy = Answer {
+        status: 503,
+        body: r#"{"code":"busy","message":"m"}"#.into(),
+        ..answer
+    };
+    assert!(contract().check(&busy).unwrap_err().contains("Retry-After"));
+}
