@@ -1,8 +1,8 @@
 //! `Leases` on a real server: a lease is taken only when free or expired (by the database's
 //! clock), every takeover increments the epoch, renewal needs the held epoch and names what
 //! was lost, release frees at once, the status shows leases and nodes in one snapshot, and of
-//! concurrent takeovers exactly one wins. Also the schema migrations: version 1 gains the tables,
-//! version 2 the nodes' run IDs.
+//! concurrent takeovers exactly one wins. Also the schema migrations in place: version 1 gains
+//! the tables, version 2 the nodes' run IDs and the leases' write counts, version 3 the counts.
 
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -322,8 +322,57 @@ fn a_live_name_is_kept_by_its_run_and_claimed_by_another_only_once_stale() {
     assert_eq!(a.run_id, "r2");
 }
 
-#[test]
-fn a_version_2_database_gains_run_ids_in_place_and_keeps_its_leases_nodes_and_data() {
+/// Rebuilds a fresh store's lease and node tables as schema `version` (2: neither the nodes'
+/// `run_id` nor the leases' `writes`; 3: no `writes`) created them, keeping their rows, and
+/// records that version.
+fn downgrade(cluster: &PgCluster, schema: &str, version: u32) {
+    let leases = format!("{schema}.monoseq_leases");
+    let nodes = format!("{schema}.monoseq_nodes");
+    let node_columns = if version == 2 {
+        "node_id text PRIMARY KEY, url text NOT NULL, seen_at timestamptz NOT NULL"
+    } else {
+        "node_id text PRIMARY KEY, url text NOT NULL, seen_at timestamptz NOT NULL, run_id text \
+         NOT NULL DEFAULT ''"
+    };
+    let node_copy = if version == 2 {
+        "node_id, url, seen_at"
+    } else {
+        "node_id, url, seen_at, run_id"
+    };
+    cluster
+        .psql(
+            DATABASE,
+            &format!(
+                "CREATE TEMP TABLE old_leases AS SELECT partition, epoch, node_id, expires_at \
+                 FROM {leases}; CREATE TEMP TABLE old_nodes AS SELECT {node_copy} FROM {nodes}; \
+                 DROP TABLE {leases}; DROP TABLE {nodes}; CREATE TABLE {leases} (partition \
+                 integer PRIMARY KEY, epoch bigint NOT NULL, node_id text NULL, expires_at \
+                 timestamptz NOT NULL); CREATE TABLE {nodes} ({node_columns}); INSERT INTO \
+                 {leases} SELECT * FROM old_leases; INSERT INTO {nodes} SELECT * FROM old_nodes; \
+                 UPDATE {schema}.monoseq_meta SET value = {version} WHERE name = \
+                 'schema_version'"
+            ),
+        )
+        .unwrap();
+}
+
+fn columns(cluster: &PgCluster, schema: &str, table: &str) -> String {
+    cluster
+        .psql(
+            DATABASE,
+            &format!(
+                "SELECT string_agg(column_name, ',' ORDER BY ordinal_position) FROM \
+                 information_schema.columns WHERE table_schema = '{schema}' AND table_name = \
+                 '{table}'"
+            ),
+        )
+        .unwrap()
+}
+
+/// A database of schema `version` (2 or 3), opened by two stores at once, is migrated in
+/// place to the current version and keeps its data, its leases with their epochs and its
+/// nodes; a new run claims a node's name only once its old heartbeat is stale.
+fn an_older_database_is_migrated_in_place(version: u32) {
     let cluster = shared();
     let store = fresh();
     let schema = store.schema().to_owned();
@@ -331,35 +380,25 @@ fn a_version_2_database_gains_run_ids_in_place_and_keeps_its_leases_nodes_and_da
     let leases = store.leases();
     leases.ensure_partitions(2).unwrap();
     let epoch = leases.acquire(0, "old", LONG).unwrap().unwrap();
-    drop((leases, store));
-    // What a version-2 build left: the same lease table, a node table without `run_id` (as
-    // version 2 created it), one node heartbeating in it just now.
-    cluster
-        .psql(
-            DATABASE,
-            &format!(
-                "DROP TABLE {schema}.monoseq_nodes; CREATE TABLE {schema}.monoseq_nodes (node_id \
-                 text PRIMARY KEY, url text NOT NULL, seen_at timestamptz NOT NULL); INSERT INTO \
-                 {schema}.monoseq_nodes (node_id, url, seen_at) VALUES ('old', 'http://old:1', \
-                 now()); UPDATE {schema}.monoseq_meta SET value = 2 WHERE name = \
-                 'schema_version'"
-            ),
-        )
-        .unwrap();
-    let columns = |cluster: &PgCluster| {
-        cluster
-            .psql(
-                DATABASE,
-                &format!(
-                    "SELECT string_agg(column_name, ',' ORDER BY ordinal_position) FROM \
-                     information_schema.columns WHERE table_schema = '{schema}' AND table_name = \
-                     'monoseq_nodes'"
-                ),
-            )
+    // A version-3 build's run ID; a version-2 build had none.
+    let old_run = if version == 2 { "" } else { "r0" };
+    assert!(
+        leases
+            .heartbeat("old", old_run, "http://old:1", LONG)
             .unwrap()
+    );
+    drop((leases, store));
+    downgrade(cluster, &schema, version);
+    let (old_leases, old_nodes) = match version {
+        2 => ("partition,epoch,node_id,expires_at", "node_id,url,seen_at"),
+        _ => (
+            "partition,epoch,node_id,expires_at",
+            "node_id,url,seen_at,run_id",
+        ),
     };
-    assert_eq!(columns(cluster), "node_id,url,seen_at");
-    // Two stores open it at once: one migrates, the other waits and finds version 3.
+    assert_eq!(columns(cluster, &schema, "monoseq_leases"), old_leases);
+    assert_eq!(columns(cluster, &schema, "monoseq_nodes"), old_nodes);
+    // Two stores open it at once: one migrates, the other waits and finds it migrated.
     let url = cluster.url(DATABASE);
     let stores: Vec<PgStore> = thread::scope(|s| {
         let opens: Vec<_> = (0..2)
@@ -377,14 +416,24 @@ fn a_version_2_database_gains_run_ids_in_place_and_keeps_its_leases_nodes_and_da
             .collect();
         opens.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    assert_eq!(columns(cluster), "node_id,url,seen_at,run_id");
-    let version = cluster
+    let current = (
+        "partition,epoch,node_id,expires_at,writes",
+        "node_id,url,seen_at,run_id",
+    );
+    assert_eq!(
+        (
+            columns(cluster, &schema, "monoseq_leases").as_str(),
+            columns(cluster, &schema, "monoseq_nodes").as_str()
+        ),
+        current
+    );
+    let version_now = cluster
         .psql(
             DATABASE,
             &format!("SELECT value FROM {schema}.monoseq_meta WHERE name = 'schema_version'"),
         )
         .unwrap();
-    assert_eq!(version, "4");
+    assert_eq!(version_now, "4");
     let store = &stores[0];
     assert_eq!(
         store.get(Key::new(b"p", b"a")).unwrap(),
@@ -407,12 +456,13 @@ fn a_version_2_database_gains_run_ids_in_place_and_keeps_its_leases_nodes_and_da
     );
     assert_eq!(leases.renew("old", &[(0, epoch)], LONG).unwrap(), vec![0]);
     assert_eq!(leases.acquire(1, "new", LONG).unwrap(), Some(1));
-    // The version-2 node shows with an empty run ID. A run of this build under its name does
-    // not take it while that heartbeat is fresh, and claims it once the heartbeat is stale.
+    store.fenced(1, 1).put(Key::new(b"p", b"d"), b"4").unwrap();
+    // The old build's node shows with its run ID (empty from version 2). A new run under its
+    // name does not take it while that heartbeat is fresh, and claims it once it is stale.
     let old = status.node("old").unwrap();
     assert_eq!(
         (old.url.as_str(), old.run_id.as_str()),
-        ("http://old:1", "")
+        ("http://old:1", old_run)
     );
     assert!(!leases.heartbeat("old", "r1", "http://old:2", LONG).unwrap());
     thread::sleep(PAST_SHORT);
@@ -442,5 +492,21 @@ fn a_version_2_database_gains_run_ids_in_place_and_keeps_its_leases_nodes_and_da
         store.get(Key::new(b"p", b"b")).unwrap(),
         Some(b"2".to_vec())
     );
-    assert_eq!(columns(cluster), "node_id,url,seen_at,run_id");
+    assert_eq!(
+        (
+            columns(cluster, &schema, "monoseq_leases").as_str(),
+            columns(cluster, &schema, "monoseq_nodes").as_str()
+        ),
+        current
+    );
+}
+
+#[test]
+fn a_version_2_database_gains_run_ids_and_write_counts_in_place_and_keeps_leases_nodes_and_data() {
+    an_older_database_is_migrated_in_place(2);
+}
+
+#[test]
+fn a_version_3_database_gains_write_counts_in_place_and_keeps_leases_nodes_and_data() {
+    an_older_database_is_migrated_in_place(3);
 }
