@@ -255,8 +255,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         let partition = self.template.partition.0;
         tracing::error!(
             partition,
-            "{reason}; the partition stops serving so that no number is handed out twice. \
-             Restore the storage (or, to accept the loss, restart the server)"
+            "partition {partition} is refused: {reason}; it stops serving so that no number is \
+             handed out twice. Restore the storage, or accept the loss (its numbers are never \
+             handed out again): restart with `monoseq serve --accept-loss`"
         );
         self.shared.set_state(PartitionState::Lost {
             reason: reason.clone(),

@@ -480,15 +480,17 @@ impl Cluster {
     /// Logs each partition found below its marks once per time it is served.
     fn log_refused(&self) {
         for (p, why) in self.cp.unready() {
-            let Some(reason) = why.strip_prefix("refused: ") else {
+            if !why.starts_with("refused: ") {
                 continue;
-            };
+            }
+            // The command processor logged the refusal with its reason; this adds where the
+            // marks that decided it are kept, once.
             if lock(&self.refused).insert(p) {
-                tracing::error!(
+                tracing::info!(
                     partition = p,
                     marks_dir = %self.marks.dir().display(),
-                    "partition {p} is refused: {reason}. To continue, accepting that loss (its \
-                     numbers are never handed out again): {ACCEPT_LOSS_HINT}"
+                    "partition {p} was refused against the high-water marks kept in the marks \
+                     directory"
                 );
             }
         }
