@@ -170,22 +170,7 @@ impl PgPair {
     ///
     /// When the primary has no WAL sender or the signal fails.
     pub fn stall_replication(&self) -> Result<(), ClusterError> {
-        let pids = self
-            .primary
-            .psql("postgres", "SELECT pid FROM pg_stat_replication")?;
-        if pids.is_empty() {
-            return Err(error("the primary runs no WAL sender"));
-        }
-        let status = Command::new("kill")
-            .arg("-STOP")
-            .args(pids.lines())
-            .stdin(Stdio::null())
-            .status()
-            .map_err(|e| error(format!("cannot run kill: {e}")))?;
-        match status.success() {
-            true => Ok(()),
-            false => Err(error(format!("kill -STOP {pids} failed ({status})"))),
-        }
+        self.signal_wal_senders("-STOP")
     }
 
     /// Lets the WAL senders stopped by [`PgPair::stall_replication`] run again (SIGCONT): the
@@ -195,6 +180,11 @@ impl PgPair {
     ///
     /// When the signal fails.
     pub fn resume_replication(&self) -> Result<(), ClusterError> {
+        self.signal_wal_senders("-CONT")
+    }
+
+    /// Sends `signal` to every WAL sender of the primary.
+    fn signal_wal_senders(&self, signal: &str) -> Result<(), ClusterError> {
         let pids = self
             .primary
             .psql("postgres", "SELECT pid FROM pg_stat_replication")?;
@@ -202,14 +192,14 @@ impl PgPair {
             return Err(error("the primary runs no WAL sender"));
         }
         let status = Command::new("kill")
-            .arg("-CONT")
+            .arg(signal)
             .args(pids.lines())
             .stdin(Stdio::null())
             .status()
             .map_err(|e| error(format!("cannot run kill: {e}")))?;
         match status.success() {
             true => Ok(()),
-            false => Err(error(format!("kill -CONT {pids} failed ({status})"))),
+            false => Err(error(format!("kill {signal} {pids} failed ({status})"))),
         }
     }
 
