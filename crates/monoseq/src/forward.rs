@@ -15,8 +15,11 @@ use crate::wire::CommandBody;
 /// The header naming the node that forwarded a request.
 pub const FORWARDED_BY: &str = "x-monoseq-forwarded-by";
 /// Longest wait for the owner's answer. A command is answered once durable, which takes
-/// milliseconds; an owner that does not answer in this time is treated as gone.
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+/// milliseconds, or refused within its storage's connect timeout (5 s by default); an owner
+/// that does not answer in this time is treated as gone (`owner_unreachable`, retried with
+/// the same idempotency key). It bounds how long a command waits on a connection whose packets
+/// vanish (a blackholed link).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest wait for a connection to the owner: peers are near, so an owner whose link drops
 /// packets (a blackholed route, a dead machine) is answered `owner_unreachable` in a second,
 /// not after the whole [`FORWARD_TIMEOUT`].
