@@ -42,7 +42,7 @@ mod memory;
 mod plan;
 mod table;
 
-pub use config::{Config, ConfigError, RENEWALS_PER_LEASE_MIN};
+pub use config::{Config, ConfigError, NODE_ID_BYTES_MAX, RENEWALS_PER_LEASE_MIN};
 pub use machine::{Action, Call, Membership, NameTaken, Phase, Reply, StopReason, View, execute};
 pub use memory::MemoryLeaseTable;
 pub use plan::{Assignment, assign};
