@@ -65,7 +65,7 @@ pub struct ClusterArgs {
     pub peer_ca_cert: Option<std::path::PathBuf>,
     /// Directory of this node's high-water marks, kept on its own disk so that a database
     /// that loses acknowledged writes (an asynchronous standby promoted, a restored backup)
-    /// cannot take them along; one process per directory [default: `./monoseq-marks/<node ID>`].
+    /// cannot take them along; one process per directory [default: the node ID under ./monoseq-marks].
     #[arg(long, env = "MONOSEQ_MARKS_DIR")]
     pub marks_dir: Option<std::path::PathBuf>,
     /// Benchmarks only: write without the lease epoch condition, to measure what fencing
