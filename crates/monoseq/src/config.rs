@@ -121,12 +121,16 @@ pub struct ServeArgs {
     pub cluster: crate::cluster::ClusterArgs,
     #[command(flatten)]
     pub security: crate::auth::SecurityArgs,
+    #[command(flatten)]
+    pub edge: crate::edge::EdgeArgs,
 }
 
 impl ServeArgs {
     /// Merges flags/environment over the file over the defaults.
     pub fn resolve(&self) -> anyhow::Result<Settings> {
-        resolve(&self.storage, &self.store, &self.processor, &self.listen)
+        let mut settings = resolve(&self.storage, &self.store, &self.processor, &self.listen)?;
+        settings.edge = self.edge.resolve(&settings.edge_file)?;
+        Ok(settings)
     }
 }
 
@@ -148,6 +152,7 @@ struct SettingsFile {
     idempotency_window_events: Option<u64>,
     cluster: Option<crate::cluster::ClusterFile>,
     security: Option<crate::auth::SecurityFile>,
+    edge: Option<crate::edge::EdgeFile>,
 }
 
 /// Resolved settings.
@@ -176,6 +181,10 @@ pub struct Settings {
     /// The settings file's `[security]` table, resolved with the flags by
     /// `auth::SecurityArgs::resolve`.
     pub security: crate::auth::SecurityFile,
+    /// The settings file's `[edge]` table.
+    pub edge_file: crate::edge::EdgeFile,
+    /// The edge's limits (`serve`; resolved by `ServeArgs::resolve`, defaults otherwise).
+    pub edge: crate::edge::EdgeLimits,
 }
 
 /// The groups a command flattens, merged over the file over the defaults; a command passes
@@ -250,6 +259,8 @@ pub fn resolve(
         no_marks: processor.no_marks,
         cluster: file.cluster.unwrap_or_default(),
         security: file.security.unwrap_or_default(),
+        edge_file: file.edge.unwrap_or_default(),
+        edge: crate::edge::EdgeLimits::default(),
     };
     settings.validate()?;
     Ok(settings)

@@ -9,6 +9,7 @@ mod base;
 mod bench;
 mod cluster;
 mod config;
+mod edge;
 mod forward;
 mod json;
 mod ops;
@@ -64,6 +65,8 @@ fn init_logging(format: LogFormat, default: &str) {
     }
 }
 
+// `serve` has many flags; the command line is parsed once, so its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Run the HTTP server (commands, events, records, health, metrics).

@@ -141,6 +141,7 @@ impl Metrics {
             "actualization_duration_seconds",
             "Duration of the longest last actualization among partitions",
         );
+        crate::edge::metrics().register(&mut registry);
         let commands_ok = commands
             .get_or_create(&vec![("code".into(), "ok".into())])
             .clone();
@@ -394,15 +395,10 @@ pub async fn serve(
     };
     match security.tls {
         Some(tls) => {
-            axum::serve(crate::tls::TlsListener::new(listener, tls), app)
-                .with_graceful_shutdown(signal)
-                .await?;
+            let listener = crate::tls::TlsListener::new(listener, tls);
+            crate::edge::serve(listener, app, settings.edge, signal).await?;
         }
-        None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(signal)
-                .await?;
-        }
+        None => crate::edge::serve(listener, app, settings.edge, signal).await?,
     }
     let superseded = stop_rx.await.ok().flatten();
     if let Some(cluster) = members {
