@@ -22,6 +22,10 @@ use crate::memory::is_empty_range;
 use crate::options::{Durability, Options};
 use crate::store::{KvStore, Order, Visitor};
 
+mod copy;
+
+pub use copy::CopyStats;
+
 const KEYSPACE: &str = "kv";
 
 /// The fjall embedded backend. Its data directory is locked while it is open.

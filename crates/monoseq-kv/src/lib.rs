@@ -38,7 +38,7 @@ pub use error::{CasError, KvError, OpenError, Oversized, WriteError};
 #[cfg(feature = "testing")]
 pub use faulty::{FaultOp, FaultyStore};
 #[cfg(feature = "fjall")]
-pub use fjall_store::FjallStore;
+pub use fjall_store::{CopyStats, FjallStore};
 /// The default embedded durable backend (chosen by measurement; see DESIGN.md, "Storage
 /// engine").
 #[cfg(feature = "fjall")]

@@ -40,6 +40,9 @@ pub struct OpenPolicy {
     /// The operator accepts a detected loss (`--accept-loss`): the loss is recorded and
     /// named, and numbers handed out before it are retired, instead of refusing to start.
     pub accept_loss: bool,
+    /// How to continue a restored backup (`--marks-from`, `--skip-ahead`); without it a
+    /// directory stamped as a backup is refused.
+    pub restore: Option<crate::backup::Restore>,
 }
 
 /// Acknowledged events missing from one partition.
@@ -91,6 +94,10 @@ pub enum DataDirError {
     /// The marks file cannot be read or is damaged.
     #[error(transparent)]
     Marks(#[from] MarksError),
+    /// A restored backup that is not continued yet, or its stamp or the live marks given
+    /// cannot be read.
+    #[error(transparent)]
+    Backup(#[from] crate::backup::BackupError),
     /// The engine failed.
     #[error("reading the engine in {dir}: {source}")]
     Storage {
@@ -217,6 +224,10 @@ pub struct OpenReport {
     pub accepted: Vec<Loss>,
     /// Partitions whose sequence state was moved past an accepted loss by this open.
     pub retired_partitions: Vec<u32>,
+    /// A restored backup continued by this open.
+    pub restored: Option<crate::backup::Restored>,
+    /// `restore` was given but the directory is no restored backup (nothing was done).
+    pub restore_unused: bool,
 }
 
 /// An opened, checked data directory.
@@ -426,6 +437,17 @@ pub fn open_data_dir<S: KvStore + Clone>(
             Marks::create_with(dir, &merged)?
         }
     };
+    let mut identity = identity;
+    let copy = EventStore::new(kv.clone(), app, TrustLevel::Level0);
+    let retired_of = identity.clone();
+    report.restored = crate::backup::continue_restored(
+        dir,
+        &mut identity,
+        &marks,
+        |p| plog_end(&copy, p, retired_of.retired(p).plog).map_err(|e| e.to_string()),
+        policy.restore.as_ref(),
+    )?;
+    report.restore_unused = policy.restore.is_some() && report.restored.is_none();
     let mut guarded = DataDir {
         identity,
         marks: Arc::new(marks),

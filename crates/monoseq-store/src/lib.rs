@@ -7,6 +7,7 @@
 // Library code answers errors; an `expect` states why it cannot fail.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod backup;
 mod builtin;
 mod codec;
 #[cfg(feature = "conformance")]
@@ -19,6 +20,7 @@ mod marks;
 mod seqstore;
 mod store;
 
+pub use backup::{BACKUP_FILE, BACKUP_FORMAT, BackupError, BackupStamp, Restore, Restored};
 pub use builtin::{
     BUILT_IN_SEQUENCES, BuiltInSequence, CRECORD_ID_SEQUENCE, OWRECORD_ID_SEQUENCE,
     PLOG_OFFSET_SEQUENCE, WLOG_OFFSET_SEQUENCE, built_in_initial, built_in_params,

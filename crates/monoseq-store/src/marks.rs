@@ -154,6 +154,18 @@ impl Marks {
         })
     }
 
+    /// Reads the marks file at `path` (any name: a copy from another machine) without
+    /// writing to it: every partition's mark, checking it holds `partitions` partitions.
+    ///
+    /// # Errors
+    ///
+    /// [`MarksError`] when it cannot be read, is damaged or holds another partition count.
+    pub fn read_file(path: &Path, partitions: u32) -> Result<Vec<Mark>, MarksError> {
+        let file = File::open(path).map_err(io("opening", path))?;
+        let slots = Marks::load(&file, path, partitions)?;
+        Ok(slots.into_iter().map(|(_, m)| m).collect())
+    }
+
     /// Opens the marks file in `dir`, checking it holds `partitions` partitions; `None` when
     /// there is none.
     ///
@@ -173,18 +185,32 @@ impl Marks {
                 });
             }
         };
+        let slots = Marks::load(&file, &path, partitions)?;
+        Ok(Some(Marks {
+            path,
+            file,
+            slots: Mutex::new(slots),
+            written: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
+            sync_lock: Mutex::new(()),
+        }))
+    }
+
+    /// Every partition's newest valid copy in `file` (at `path`), which must hold
+    /// `partitions` partitions.
+    fn load(file: &File, path: &Path, partitions: u32) -> Result<Vec<(u64, Mark)>, MarksError> {
         let damaged = |reason: String| MarksError::Damaged {
-            path: path.clone(),
+            path: path.to_path_buf(),
             reason,
         };
-        let len = file.metadata().map_err(io("reading", &path))?.len();
+        let len = file.metadata().map_err(io("reading", path))?.len();
         let want = HEADER_BYTES + 2 * SLOT_BYTES * u64::from(partitions);
         let mut head = [0u8; HEADER_BYTES as usize];
         if len < HEADER_BYTES {
             return Err(damaged(format!("{len} bytes, shorter than its header")));
         }
         file.read_exact_at(&mut head, 0)
-            .map_err(io("reading", &path))?;
+            .map_err(io("reading", path))?;
         if head != header(u32::from_le_bytes(word(&head, 12))) {
             return Err(damaged("the header does not check out".into()));
         }
@@ -201,7 +227,7 @@ impl Marks {
         let mut pair = vec![0u8; 2 * SLOT_BYTES as usize];
         for p in 0..partitions {
             file.read_exact_at(&mut pair, HEADER_BYTES + 2 * SLOT_BYTES * u64::from(p))
-                .map_err(io("reading", &path))?;
+                .map_err(io("reading", path))?;
             let (a, b) = pair.split_at(SLOT_BYTES as usize);
             let newest = [decode_slot(a), decode_slot(b)]
                 .into_iter()
@@ -212,14 +238,7 @@ impl Marks {
                 })?;
             slots.push(newest);
         }
-        Ok(Some(Marks {
-            path,
-            file,
-            slots: Mutex::new(slots),
-            written: AtomicU64::new(0),
-            synced: AtomicU64::new(0),
-            sync_lock: Mutex::new(()),
-        }))
+        Ok(slots)
     }
 
     /// Partitions in the file.

@@ -123,6 +123,8 @@ pub struct ServeArgs {
     pub security: crate::auth::SecurityArgs,
     #[command(flatten)]
     pub edge: crate::edge::EdgeArgs,
+    #[command(flatten)]
+    pub restore: crate::backup::RestoreArgs,
 }
 
 impl ServeArgs {
@@ -130,6 +132,7 @@ impl ServeArgs {
     pub fn resolve(&self) -> anyhow::Result<Settings> {
         let mut settings = resolve(&self.storage, &self.store, &self.processor, &self.listen)?;
         settings.edge = self.edge.resolve(&settings.edge_file)?;
+        settings.restore = self.restore.resolve();
         Ok(settings)
     }
 }
@@ -185,6 +188,8 @@ pub struct Settings {
     pub edge_file: crate::edge::EdgeFile,
     /// The edge's limits (`serve`; resolved by `ServeArgs::resolve`, defaults otherwise).
     pub edge: crate::edge::EdgeLimits,
+    /// How to continue a restored backup (`serve` only).
+    pub restore: Option<monoseq_store::Restore>,
 }
 
 /// The groups a command flattens, merged over the file over the defaults; a command passes
@@ -261,6 +266,7 @@ pub fn resolve(
         security: file.security.unwrap_or_default(),
         edge_file: file.edge.unwrap_or_default(),
         edge: crate::edge::EdgeLimits::default(),
+        restore: None,
     };
     settings.validate()?;
     Ok(settings)
@@ -424,6 +430,7 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
                     .then_some(settings.partitions),
                 default_partitions: settings.partitions,
                 accept_loss: settings.accept_loss,
+                restore: None,
             };
             let identity = monoseq_store::open_database(&kv, &policy)?;
             settings.partitions = identity.partitions;
@@ -519,6 +526,7 @@ pub fn open_data_dir(
             .then_some(settings.partitions),
         default_partitions: settings.partitions,
         accept_loss: settings.accept_loss,
+        restore: settings.restore.clone(),
     };
     let dir = monoseq_store::open_data_dir(&settings.data_dir, &kv, APP, &policy)?;
     settings.partitions = dir.identity.partitions;

@@ -5,6 +5,7 @@
 
 mod answer_log;
 mod auth;
+mod backup;
 mod base;
 mod bench;
 mod cluster;
@@ -108,6 +109,12 @@ enum Cmd {
         #[command(subcommand)]
         command: cluster::ClusterCmd,
     },
+    /// Back up a running server's embedded store into a new directory on its machine,
+    /// without holding its commands (`POST /v1/admin/backup`, a write token).
+    Backup {
+        #[command(flatten)]
+        args: backup::BackupArgs,
+    },
     /// Generate load against a server (--url) or in-process, and print throughput and latency.
     Bench {
         #[command(flatten)]
@@ -199,6 +206,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             show,
         } => ops::verify(&tool_settings(&storage, &store)?, show),
         Cmd::Seq { args } => runtime.block_on(seq::main(args)),
+        Cmd::Backup { args } => runtime.block_on(backup::run(args)),
         Cmd::Bench {
             storage,
             store,

@@ -375,7 +375,12 @@ pub async fn serve(
     if let Some((c, forwarder)) = &cluster {
         tokio::spawn(Arc::clone(c).probe_peers(forwarder.prober()));
     }
-    let app = router(cp.clone(), info, Arc::clone(&security.auth), cluster);
+    let app = router(cp.clone(), info, Arc::clone(&security.auth), cluster).merge(
+        crate::backup::Backups::router(
+            crate::backup::Backups::new(&settings, &opened),
+            Arc::clone(&security.auth),
+        ),
+    );
     // Stops on SIGTERM or Ctrl-C, or when another run took this node's name.
     let ended = members.clone();
     let stop = async move {
@@ -587,6 +592,7 @@ fn log_opened(settings: &Settings, dir: &crate::config::Opened) {
     if r.marks_rebuilt {
         tracing::warn!("high-water marks rebuilt from the engine (--accept-loss)");
     }
+    crate::backup::log_restored(r);
     for loss in &r.accepted {
         tracing::warn!(
             partition = loss.partition,
