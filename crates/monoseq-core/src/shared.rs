@@ -93,7 +93,8 @@ impl std::fmt::Display for PoisonReason {
                 f.write_str("a storage call of the background worker panicked")
             }
             PoisonReason::Fenced => f.write_str(
-                "a newer sequencer claimed this partition's storage; this one's writes are refused",
+                "the storage fenced this sequencer's writes off (a newer sequencer or another \
+                 node claimed the partition, or the database went back in time); it stops",
             ),
             PoisonReason::CheckpointWentBack { written, read } => write!(
                 f,
