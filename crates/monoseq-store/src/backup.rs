@@ -78,8 +78,8 @@ pub enum BackupError {
     /// A restored backup, and no word on how far the store got after it.
     #[error(
         "{dir} is a restored backup of store {store_id}, taken {age} ago (Unix ms {taken_at_ms}; \
-         PLog marks then: {marks}). The store went on acknowledging commands after that, and \
-         serving this copy as-is would hand those numbers out again. Start it once with \
+         PLog marks then: {marks}). The store it was taken from may have acknowledged commands \
+         after that, and serving this copy as-is would hand their numbers out again. Start it once with \
          `--marks-from PATH`, PATH being the {MARKS_FILE} file (or the data directory) of the \
          machine the backup was taken from, to continue above everything it acknowledged; or, \
          if that file is lost, with `--skip-ahead N`: every sequence of every partition then \

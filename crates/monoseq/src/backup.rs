@@ -7,6 +7,7 @@
 //! to the engine, so every mark read is covered by the snapshot, and the snapshot is a state a
 //! crash at that instant could have left (each batch whole), which the store recovers from.
 
+use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -292,7 +293,10 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<()> {
     }
     let done: BackupAnswer =
         serde_json::from_str(&body).with_context(|| format!("reading the answer of {target}"))?;
-    println!(
+    // Written with `?`: a closed pipe (`monoseq backup … | head -1`) ends the command quietly.
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
         "backup of store {} taken into {}: {} keys, {} bytes, in {} ms; commands were not held \
          (fixing the instant took {} µs)",
         done.store_id,
@@ -301,12 +305,13 @@ pub async fn run(args: BackupArgs) -> anyhow::Result<()> {
         done.bytes,
         done.took_ms,
         done.instant_us
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "restore: copy the directory into place, check it with `monoseq verify --data-dir DIR`, \
          then start it once with --marks-from <the lost machine's monoseq.marks or data \
          directory> or --skip-ahead N"
-    );
+    )?;
     Ok(())
 }
 
