@@ -79,6 +79,16 @@ impl AnswerLog {
         self.0.path().join("answers.jsonl")
     }
 
+    /// Every answer logged so far (a line cut by a kill left out).
+    pub fn answers(&self) -> Vec<openapi::Answer> {
+        let log = std::fs::read_to_string(self.path()).unwrap_or_default();
+        let whole = log.rfind('\n').map_or("", |end| &log[..end]);
+        whole
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
     /// Panics naming every logged answer that breaks the document.
     pub fn assert_conforms(&self) {
         openapi::assert_log_conforms(&self.path());
@@ -86,6 +96,11 @@ impl AnswerLog {
 }
 
 impl Server {
+    /// Every answer this server gave so far, as logged for the OpenAPI check.
+    pub fn answers(&self) -> Vec<openapi::Answer> {
+        self.answers.answers()
+    }
+
     /// Starts `monoseq serve` on `dir` and a free loopback port; waits until it listens.
     pub fn start(dir: &Path, extra: &[&str]) -> Server {
         let answers = AnswerLog::new();

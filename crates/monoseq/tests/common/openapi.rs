@@ -59,16 +59,16 @@ impl Contract {
 
     /// The documented path template `path` is an instance of (a named sequence's address may
     /// have any number of segments; the document names the common `{scope}/{name}`).
-    fn template(&self, path: &str) -> Option<String> {
+    fn template(&self, method: &str, path: &str) -> Option<String> {
         if let Some(rest) = path.strip_prefix("/v1/sequences/") {
             let last = rest.rsplit('/').next().unwrap_or_default();
-            return Some(
-                if SEQUENCE_OPERATIONS.contains(&last) && rest.contains('/') {
-                    format!("/v1/sequences/{{scope}}/{{name}}/{last}")
-                } else {
-                    "/v1/sequences/{scope}/{name}".to_owned()
-                },
-            );
+            // DELETE names an address, whose last segment may spell an operation.
+            let operation = method != "DELETE" && SEQUENCE_OPERATIONS.contains(&last);
+            return Some(if operation && rest.contains('/') {
+                format!("/v1/sequences/{{scope}}/{{name}}/{last}")
+            } else {
+                "/v1/sequences/{scope}/{name}".to_owned()
+            });
         }
         let segments: Vec<&str> = path.split('/').collect();
         self.doc["paths"]
@@ -88,7 +88,7 @@ impl Contract {
     /// `Ok` when the answer is what the document says; else what differs.
     pub fn check(&self, a: &Answer) -> Result<(), String> {
         let method = a.method.to_ascii_lowercase();
-        let Some(template) = self.template(&a.path) else {
+        let Some(template) = self.template(&a.method, &a.path) else {
             // An undocumented path: the fallback's JSON error.
             return match a.status {
                 404 | 405 | 401 | 403 => self.body_matches("#/components/schemas/Error", a),
