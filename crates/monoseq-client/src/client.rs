@@ -150,6 +150,27 @@ impl Client {
         command: &CommandBody,
         key: &str,
     ) -> Result<Submitted, ClientError> {
+        self.submit_as(command, Some(key)).await
+    }
+
+    /// Submits `command` without an `Idempotency-Key` (what keys cost can be measured so; see
+    /// `monoseq bench --idempotency-keys`). Retried only after answers that say nothing was
+    /// applied (a 503 other than `owner_unreachable`, a redirect, a refused connection); an
+    /// attempt that got no answer is returned, since sending it again could apply it twice.
+    /// [`Submitted::key`] is empty.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::submit`].
+    pub async fn submit_unkeyed(&self, command: &CommandBody) -> Result<Submitted, ClientError> {
+        self.submit_as(command, None).await
+    }
+
+    async fn submit_as(
+        &self,
+        command: &CommandBody,
+        key: Option<&str>,
+    ) -> Result<Submitted, ClientError> {
         let body = bytes::Bytes::from(
             serde_json::to_vec(command).map_err(|e| ClientError::Protocol(e.to_string()))?,
         );
@@ -169,12 +190,20 @@ impl Client {
                     Some((&body, key)),
                 )
                 .await;
+            let unsafe_to_retry = |e: &ClientError| {
+                key.is_none()
+                    && match e {
+                        ClientError::Api { code, .. } => code == "owner_unreachable",
+                        ClientError::Transport(t) => !t.is_connect(),
+                        _ => false,
+                    }
+            };
             let (error, floor) = match sent {
                 Ok(a) if a.status.is_success() => {
                     return Ok(Submitted {
                         outcome: a.decode()?,
                         replayed: a.replayed,
-                        key: key.to_owned(),
+                        key: key.unwrap_or_default().to_owned(),
                         attempts,
                     });
                 }
@@ -213,6 +242,9 @@ impl Client {
                     (ClientError::Transport(e), Duration::ZERO)
                 }
             };
+            if unsafe_to_retry(&error) {
+                return Err(error);
+            }
             failures += 1;
             self.wait_or_fail(started, floor, failures, error).await?;
         }
@@ -421,7 +453,7 @@ impl Client {
         &self,
         method: Method,
         url: &str,
-        command: Option<(&bytes::Bytes, &str)>,
+        command: Option<(&bytes::Bytes, Option<&str>)>,
     ) -> Result<Answer, reqwest::Error> {
         let mut request = self
             .inner
@@ -431,8 +463,10 @@ impl Client {
         if let Some((body, key)) = command {
             request = request
                 .header(header::CONTENT_TYPE, "application/json")
-                .header(IDEMPOTENCY_KEY, key)
                 .body(body.clone());
+            if let Some(key) = key {
+                request = request.header(IDEMPOTENCY_KEY, key);
+            }
         }
         let response = request.send().await?;
         let headers = response.headers();

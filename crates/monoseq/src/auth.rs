@@ -331,6 +331,11 @@ impl Token {
         digest(self.0.as_bytes())
     }
 
+    /// The token itself, for a client that presents it (`monoseq-client`); never to be logged.
+    pub fn secret(&self) -> &str {
+        &self.0
+    }
+
     /// The `Authorization` header value that presents this token, marked sensitive (hyper and
     /// `Debug` do not show it).
     pub fn authorization(&self) -> HeaderValue {

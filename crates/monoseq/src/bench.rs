@@ -1,5 +1,5 @@
 //! `monoseq bench`: a load generator. Against a running server over HTTP or HTTPS (`--url`,
-//! with `--token` and `--ca-cert`), or in-process straight into the command processor on a
+//! with `--token` and `--ca-cert`) through the client crate `monoseq-client`, or in-process straight into the command processor on a
 //! fresh embedded store. Prints the throughput and latency percentiles.
 //!
 //! In-process, the shared (hidden) `--no-marks` setting runs the command processor without
@@ -97,14 +97,19 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
     if args.clients == 0 || args.workspaces == 0 {
         bail!("--clients and --workspaces must be at least 1");
     }
-    if let Some(url) = &args.url {
-        print_server_info(url, &args).await?;
-    }
-    let deadline = Instant::now() + Duration::from_secs(args.seconds);
-    let (mode, tally, elapsed) = match &args.url {
+    let client = match &args.url {
         Some(url) => {
+            let client = http_client(url, &args)?;
+            print_server_info(&client, url).await?;
+            Some(client)
+        }
+        None => None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let (mode, tally, elapsed) = match &client {
+        Some(client) => {
             let began = Instant::now();
-            let t = http_load(url, &args, deadline).await?;
+            let t = http_load(client, &args, deadline).await?;
             ("http", t, began.elapsed())
         }
         None => {
@@ -215,200 +220,83 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
     all
 }
 
-/// Where the HTTP clients connect, and how.
-#[derive(Clone)]
-struct Target {
-    addr: std::net::SocketAddr,
-    authority: hyper::http::uri::Authority,
-    path: String,
-    /// For https: the TLS client and the name the server's certificate must carry.
-    tls: Option<(
-        tokio_rustls::TlsConnector,
-        rustls::pki_types::ServerName<'static>,
-    )>,
-    /// `Bearer <token>`, marked sensitive.
-    authorization: Option<hyper::header::HeaderValue>,
-}
-
-type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<hyper::body::Bytes>>;
-
-impl Target {
-    async fn new(url: &str, args: &BenchArgs) -> anyhow::Result<Target> {
-        let uri: hyper::Uri = format!("{}/v1/commands", url.trim_end_matches('/'))
-            .parse()
-            .with_context(|| format!("parsing --url {url}"))?;
-        let https = match uri.scheme_str() {
-            Some("http") => false,
-            Some("https") => true,
-            _ => bail!("--url must start with http:// or https://"),
-        };
-        if args.ca_cert.is_some() && !https {
-            bail!("--ca-cert is for an https:// --url");
-        }
-        let authority = uri
-            .authority()
-            .with_context(|| format!("--url {url} names no host"))?
-            .clone();
-        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let addr = tokio::net::lookup_host((authority.host(), port))
-            .await
-            .with_context(|| format!("resolving {authority}"))?
-            .next()
-            .with_context(|| format!("{authority} resolves to no address"))?;
-        let tls = if https {
-            let config = crate::tls::client_config(args.ca_cert.as_deref())?;
-            let host = authority
-                .host()
-                .trim_start_matches('[')
-                .trim_end_matches(']');
-            let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-                .with_context(|| format!("{host} is not a valid TLS server name"))?;
-            Some((tokio_rustls::TlsConnector::from(config), name))
-        } else {
-            None
-        };
-        Ok(Target {
-            addr,
-            path: uri.path().to_owned(),
-            authority,
-            tls,
-            authorization: match &args.token {
-                Some(token) => Some(token.token("--token (MONOSEQ_TOKEN)")?.authorization()),
-                None => None,
-            },
-        })
+/// The client of `--url`: the crate's own (`monoseq-client`), with one attempt per command so
+/// that busy answers are counted rather than retried, `--token` and `--ca-cert`.
+fn http_client(url: &str, args: &BenchArgs) -> anyhow::Result<monoseq_client::Client> {
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        bail!("--url must start with http:// or https://");
     }
-
-    /// One keep-alive HTTP/1.1 connection, driven by its own task.
-    async fn connect(&self) -> anyhow::Result<Sender> {
-        let stream = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .context("connecting to the server")?;
-        stream.set_nodelay(true)?;
-        match &self.tls {
-            None => handshake(stream).await,
-            Some((connector, name)) => {
-                let stream = connector
-                    .connect(name.clone(), stream)
-                    .await
-                    .with_context(|| format!("TLS handshake with {}", self.authority))?;
-                handshake(stream).await
-            }
-        }
+    if args.ca_cert.is_some() && !url.starts_with("https://") {
+        bail!("--ca-cert is for an https:// --url");
     }
-}
-
-async fn handshake<S>(stream: S) -> anyhow::Result<Sender>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .context("HTTP handshake")?;
-    tokio::spawn(connection);
-    Ok(sender)
+    let mut builder = monoseq_client::Client::builder([url])
+        .retry_timeout(Duration::ZERO)
+        .request_timeout(Duration::from_secs(30));
+    if let Some(token) = &args.token {
+        builder = builder.token(token.token("--token (MONOSEQ_TOKEN)")?.secret());
+    }
+    if let Some(ca) = &args.ca_cert {
+        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+        builder = builder.ca_pem(pem);
+    }
+    Ok(builder.build()?)
 }
 
 /// Prints what the server says of itself (`GET /v1/info`: version, partitions, trust level,
 /// storage), so that a figure names what it measured.
-async fn print_server_info(url: &str, args: &BenchArgs) -> anyhow::Result<()> {
-    let mut client = reqwest::Client::builder().timeout(Duration::from_secs(10));
-    if url.starts_with("https://") {
-        let tls = crate::tls::client_config(args.ca_cert.as_deref())?;
-        client = client.tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls));
-    }
-    let target = format!("{}/v1/info", url.trim_end_matches('/'));
-    let mut request = client.build()?.get(&target);
-    if let Some(token) = &args.token {
-        let authorization = token.token("--token (MONOSEQ_TOKEN)")?.authorization();
-        request = request.header(reqwest::header::AUTHORIZATION, authorization);
-    }
-    let info: serde_json::Value = request
-        .send()
+async fn print_server_info(client: &monoseq_client::Client, url: &str) -> anyhow::Result<()> {
+    let info = client
+        .info()
         .await
-        .with_context(|| format!("asking {target}"))?
-        .error_for_status()
-        .with_context(|| format!("asking {target}"))?
-        .json()
-        .await
-        .with_context(|| format!("reading the answer of {target}"))?;
+        .with_context(|| format!("asking {url}/v1/info"))?;
     println!(
         "server: version={} partitions={} trust_level={} storage={}",
-        info["version"].as_str().unwrap_or("?"),
-        info["partitions"],
-        info["trust_level"],
-        info["storage"].as_str().unwrap_or("?"),
+        info.version, info.partitions, info.trust_level, info.storage,
     );
     Ok(())
 }
 
-async fn http_load(url: &str, args: &BenchArgs, deadline: Instant) -> anyhow::Result<Tally> {
-    let target = Target::new(url, args).await?;
+async fn http_load(
+    client: &monoseq_client::Client,
+    args: &BenchArgs,
+    deadline: Instant,
+) -> anyhow::Result<Tally> {
     let mut tasks = Vec::with_capacity(args.clients);
     for c in 0..args.clients as u64 {
-        let target = target.clone();
+        let client = client.clone();
         let workspaces = args.workspaces;
         let keys = args.idempotency_keys;
         tasks.push(tokio::spawn(async move {
-            // One keep-alive connection per client, driven by its own task: no pool to check
-            // out from, no URL to parse per request.
-            let mut sender = target.connect().await?;
             let mut t = Tally::new();
             let mut i = c;
-            let mut template = command(1);
-            let mut n = 0u64;
+            let mut command = command(1);
             while Instant::now() < deadline {
-                let ws = i % workspaces + 1;
+                command.ws = i % workspaces + 1;
                 i += 7919;
-                n += 1;
-                template.ws = ws;
-                let body = serde_json::to_vec(&template).expect("a command serializes");
-                let mut request = hyper::Request::post(target.path.as_str())
-                    .header(hyper::header::HOST, target.authority.as_str())
-                    .header(hyper::header::CONTENT_TYPE, "application/json");
-                if let Some(authorization) = &target.authorization {
-                    request = request.header(hyper::header::AUTHORIZATION, authorization.clone());
-                }
-                if keys {
-                    request = request.header("idempotency-key", format!("bench-{c}-{n}"));
-                }
-                let request = request
-                    .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
-                    .expect("a valid request");
                 let began = Instant::now();
-                if sender.ready().await.is_err() {
-                    t.failed += 1;
-                    break;
-                }
-                match sender.send_request(request).await {
-                    Ok(r) => {
-                        let status = r.status().as_u16();
-                        let _ = http_body_util::BodyExt::collect(r.into_body()).await;
-                        match status {
-                            200..=299 => {
-                                t.ok += 1;
-                                let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
-                            }
-                            503 => {
-                                t.busy += 1;
-                                tokio::time::sleep(Duration::from_millis(1)).await;
-                            }
-                            _ => t.failed += 1,
-                        }
+                let answer = if keys {
+                    client.submit(&command).await
+                } else {
+                    client.submit_unkeyed(&command).await
+                };
+                match answer {
+                    Ok(_) => {
+                        t.ok += 1;
+                        let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
                     }
-                    Err(_) => {
-                        t.failed += 1;
-                        break;
+                    Err(e) if e.status() == Some(503) => {
+                        t.busy += 1;
+                        tokio::time::sleep(Duration::from_millis(1)).await;
                     }
+                    Err(_) => t.failed += 1,
                 }
             }
-            anyhow::Ok(t)
+            t
         }));
     }
     let mut all = Tally::new();
     for task in tasks {
-        all.merge(&task.await??);
+        all.merge(&task.await?);
     }
     Ok(all)
 }
