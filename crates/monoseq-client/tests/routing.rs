@@ -37,7 +37,10 @@ fn unavailable(code: &str, retry_after: u64) -> Response {
 }
 
 fn key(headers: &HeaderMap) -> String {
-    headers["idempotency-key"].to_str().unwrap().to_owned()
+    headers
+        .get("idempotency-key")
+        .map_or("-", |k| k.to_str().unwrap())
+        .to_owned()
 }
 
 /// A node of `partitions` partitions whose `/v1/cluster` names `owner` (node "n2" at that URL)
@@ -274,4 +277,24 @@ async fn wlog_pages_stream_until_the_end() {
         .map(|p| p.iter().map(|e| e.wlog_offset).collect())
         .collect();
     assert_eq!(offsets, [vec![1, 2], vec![3, 4], vec![5]]);
+}
+
+#[tokio::test]
+async fn an_unkeyed_command_is_retried_only_after_answers_that_applied_nothing() {
+    let log = Log::default();
+    let url = serve(viewless(log.clone(), |n| match n {
+        1 => unavailable("busy", 0),
+        2 => unavailable("owner_unreachable", 0),
+        _ => ok(),
+    }))
+    .await;
+    let client = Client::new(&url).unwrap();
+    // busy: nothing applied, retried; owner_unreachable: it may have been, so returned.
+    let e = client.submit_unkeyed(&order()).await.unwrap_err();
+    assert_eq!(e.code(), "owner_unreachable", "{e}");
+    assert_eq!(
+        log.lock().unwrap().as_slice(),
+        ["-", "-"],
+        "two attempts, neither keyed"
+    );
 }
