@@ -328,6 +328,58 @@ impl PgCluster {
         })
     }
 
+    /// Takes a base backup of the running server, as an operator's `pg_basebackup` (with the
+    /// write-ahead log it needs), into the directory `name` beside the data directory; its
+    /// path. [`PgCluster::restore`] brings it back.
+    ///
+    /// # Errors
+    ///
+    /// When `pg_basebackup` fails.
+    pub fn base_backup(&self, name: &str) -> Result<PathBuf, ClusterError> {
+        let to = self.dir()?.join(name);
+        let args = [
+            "-D",
+            &to.to_string_lossy(),
+            "-h",
+            &self.socket_dir()?.to_string_lossy(),
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            SUPERUSER,
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+        ]
+        .map(String::from);
+        self.run("pg_basebackup", &args)?;
+        Ok(to)
+    }
+
+    /// Restores a base backup taken by [`PgCluster::base_backup`], as an operator would after
+    /// losing the server: the server is stopped the way a crash would, its data directory is
+    /// replaced by the backup, and it is started again on the same port. Everything written
+    /// after the backup is gone.
+    ///
+    /// # Errors
+    ///
+    /// When the server does not stop or start, or the directories cannot be swapped.
+    pub fn restore(&self, backup: &Path) -> Result<(), ClusterError> {
+        self.crash_server()?;
+        let data = self.data_dir()?;
+        let replaced = self.dir()?.join("data.replaced");
+        std::fs::rename(&data, &replaced)
+            .map_err(|e| error(format!("cannot move {} aside: {e}", data.display())))?;
+        std::fs::rename(backup, &data).map_err(|e| {
+            error(format!(
+                "cannot move {} to {}: {e}",
+                backup.display(),
+                data.display()
+            ))
+        })?;
+        self.start_server()
+    }
+
     fn init(&self) -> Result<(), ClusterError> {
         let dir = self.dir()?;
         let password_file = dir.join("password");

@@ -1,8 +1,10 @@
-//! Three nodes on a primary whose standby is **asynchronous**: the standby's replication is
-//! stalled while commands are acknowledged, the primary is killed and the standby promoted, so
-//! the database loses acknowledged writes. The nodes' own marks (`--marks-dir`) notice it: no
-//! number is acknowledged twice, the lost partitions are refused and named in `/readyz` and the
-//! log, and after a restart with `--accept-loss` the nodes serve again above the loss.
+//! The database going back in time under three nodes, two ways: a primary whose standby is
+//! **asynchronous** (replication stalled while commands are acknowledged, the primary killed
+//! and the standby promoted), and a **base backup restored** (`pg_basebackup` taken under
+//! load, more commands acknowledged, the server restored from the backup). The nodes' own marks
+//! (`--marks-dir`) notice it: no number is acknowledged twice, the lost partitions are refused
+//! and named in `/readyz` and the log, and after a restart with `--accept-loss` the nodes serve
+//! again above the loss.
 
 mod common;
 
@@ -14,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::BIN;
-use monoseq_pg::testing::{DATABASE, PgPair};
+use monoseq_pg::testing::{DATABASE, PgCluster, PgPair};
 use serde_json::{Value, json};
 
 const PARTITIONS: u64 = 6;
@@ -386,6 +388,143 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
             eprintln!("{}: {line}", n.id);
         }
     }
+    for n in nodes {
+        n.terminate();
+    }
+}
+
+/// Partitions whose readiness reason says they are refused below their marks, by node.
+async fn refused_partitions(client: &reqwest::Client, nodes: &[Node]) -> Vec<(String, String)> {
+    let mut refused = Vec::new();
+    for n in nodes {
+        let (status, body) = readyz(client, &n.url).await;
+        if status != 503 {
+            continue;
+        }
+        for part in body["partitions"].as_array().into_iter().flatten() {
+            let why = part["reason"].as_str().unwrap_or_default();
+            if why.starts_with("refused:") {
+                refused.push((n.id.clone(), why.to_owned()));
+            }
+        }
+    }
+    refused
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_restored_from_a_base_backup_is_refused_until_the_loss_is_accepted() {
+    let cluster = Arc::new(
+        tokio::task::spawn_blocking(|| PgCluster::start().unwrap_or_else(|e| panic!("{e}")))
+            .await
+            .unwrap(),
+    );
+    let db = cluster.url(DATABASE);
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let ids = ["b1", "b2", "b3"];
+    let nodes: Vec<Node> = ids
+        .iter()
+        .map(|id| Node::start(&db, id, dir.path(), &[]))
+        .collect();
+    let urls: Urls = Arc::new(Mutex::new(nodes.iter().map(|n| n.url.clone()).collect()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while readyz(&client, &nodes[0].url).await.0 != 200 {
+        assert!(Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A base backup taken under load, then more commands acknowledged after it.
+    let load = start_load(&urls, 6, "first");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = Arc::clone(&cluster);
+    let backup = tokio::task::spawn_blocking(move || c.base_backup("backup").unwrap())
+        .await
+        .unwrap();
+    let at_backup = load.count();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let first = load.stop().await;
+    assert!(
+        first.len() > at_backup,
+        "nothing was acknowledged after the backup"
+    );
+    for n in nodes {
+        n.terminate();
+    }
+
+    // The operator restores the database from the backup and starts the nodes again: the
+    // partitions whose acknowledged events the backup lacks are refused.
+    let c = Arc::clone(&cluster);
+    tokio::task::spawn_blocking(move || c.restore(&backup).unwrap())
+        .await
+        .unwrap();
+    let nodes: Vec<Node> = ids
+        .iter()
+        .map(|id| Node::start(&db, id, dir.path(), &[]))
+        .collect();
+    *urls.lock().unwrap() = nodes.iter().map(|n| n.url.clone()).collect();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let refused = loop {
+        let refused = refused_partitions(&client, &nodes).await;
+        if !refused.is_empty() {
+            break refused;
+        }
+        assert!(Instant::now() < deadline, "no partition was refused");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (node, why) = &refused[0];
+    assert!(
+        why.contains("were acknowledged") && why.contains("--accept-loss"),
+        "{node}: {why}"
+    );
+    // Commands for a refused partition are refused too, not applied on the old state.
+    let probe = start_load(&urls, 3, "refused");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let during = probe.stop().await;
+    let mut all = first.clone();
+    all.extend(during.iter().cloned());
+    assert_once(&all);
+
+    // The operator's decision: every node restarted with --accept-loss.
+    for n in nodes {
+        n.terminate();
+    }
+    let nodes: Vec<Node> = ids
+        .iter()
+        .map(|id| Node::start(&db, id, dir.path(), &["--accept-loss"]))
+        .collect();
+    *urls.lock().unwrap() = nodes.iter().map(|n| n.url.clone()).collect();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let mut ready = true;
+        for n in &nodes {
+            ready &= readyz(&client, &n.url).await.0 == 200;
+        }
+        if ready {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never ready after --accept-loss");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let load = start_load(&urls, 6, "second");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let second = load.stop().await;
+    assert!(
+        !second.is_empty(),
+        "nothing acknowledged after --accept-loss"
+    );
+    all.extend(second.iter().cloned());
+    assert_once(&all);
+    eprintln!(
+        "{} acknowledged before the restore ({} after the backup), {} refused, {} after \
+         --accept-loss, none twice",
+        first.len(),
+        first.len() - at_backup,
+        refused.len(),
+        second.len()
+    );
     for n in nodes {
         n.terminate();
     }
