@@ -422,9 +422,24 @@ impl Node {
     }
 
     fn step_partition(&mut self, p: u32, now: u64, t: u64, answers: &mut Answers) {
-        let Some(part) = self.parts.get_mut(&p) else {
+        let Some(mut part) = self.parts.remove(&p) else {
             return;
         };
+        if self.advance(p, &mut part, now, t, answers) {
+            self.parts.insert(p, part);
+        }
+    }
+
+    /// One tick of a served partition, as its task would run it; false when it stops being
+    /// served here (fenced off, or handed off).
+    fn advance(
+        &mut self,
+        p: u32,
+        part: &mut Part,
+        now: u64,
+        t: u64,
+        answers: &mut Answers,
+    ) -> bool {
         if now >= part.retry_at {
             // One piece of background work per tick: a whole actualization, or one flush.
             if let Step::RetryAfter(d) = part.writer.step() {
@@ -433,12 +448,11 @@ impl Node {
         }
         let status = part.writer.status();
         if part.writer.fenced() || (status == Status::Finished && part.writer.sequencer_fenced()) {
-            let part = self.parts.remove(&p).expect("present");
             self.membership.fenced(t, p);
-            refuse(part.queue, answers, || CommandError::NotOwner {
-                partition: p,
+            refuse(std::mem::take(&mut part.queue), answers, || {
+                CommandError::NotOwner { partition: p }
             });
-            return;
+            return false;
         }
         if part.started && part.writer.lost().is_some() {
             // Found below its mark at a command (after a rebuild): refused, as at a start,
@@ -452,7 +466,7 @@ impl Node {
             part.writer = ManualPartition::open(store, &cp_config(self.partitions), p, acked)
                 .expect("the simulation's processor configuration is valid");
             part.started = false;
-            return;
+            return true;
         }
         if status != Status::Ready {
             refuse(std::mem::take(&mut part.queue), answers, || {
@@ -461,80 +475,95 @@ impl Node {
                     reason: "actualizing".into(),
                 }
             });
-            return;
+            return true;
         }
         if !part.started {
-            if !part.writer.check_whole() {
-                let mark = part.writer.acked();
-                let end = part.writer.next_offset().saturating_sub(1);
-                if !self
-                    .losses_found
-                    .iter()
-                    .any(|(q, m, _)| *q == p && *m == mark)
-                {
-                    self.losses_found.push((p, mark, end));
-                }
-                if !self.accept_loss {
-                    // Refused until an operator decides: every command is answered so.
-                    let reason = part.writer.lost().unwrap_or("lost").to_owned();
-                    refuse(std::mem::take(&mut part.queue), answers, || {
-                        CommandError::Corrupted(reason.clone())
-                    });
-                    return;
-                }
-                // The operator accepted the loss: numbers up to the mark stay retired.
-                let seq = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0)
-                    .seq_storage(PartitionId(p));
-                if retire_partition(seq, p, mark).is_err() {
-                    return;
-                }
-                let mut config = cp_config(self.partitions);
-                config.retired = vec![Mark::default(); self.partitions as usize];
-                config.retired[p as usize] = mark;
-                let store = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0);
-                part.writer = ManualPartition::open(store, &config, p, mark)
-                    .expect("the simulation's processor configuration is valid");
-                self.losses_accepted.push((p, mark));
-                return;
-            }
-            part.started =
-                part.writer.cover_stored_tail().is_ok() && part.writer.rebuild_window().is_ok();
-            if part.started {
-                // The covered tail counts as acknowledged: into the marks file.
-                let acked = part.writer.acked();
-                let disk = self.disk.entry(p).or_default();
-                *disk = disk.max(&acked);
-            }
+            self.start_part(p, part, answers);
         } else if part.writer.unresolved().is_some() {
             let _ = part.writer.read_back();
         } else if !part.queue.is_empty() {
-            let n = part.queue.len().min(GROUP_MAX);
-            let group: Vec<Request> = part.queue.drain(..n).collect();
-            let commands = group
-                .iter()
-                .map(|r| {
-                    let key = monoseq_cp::IdempotencyKey::new(&r.key).expect("a valid key");
-                    (r.cmd.clone(), Some(key))
-                })
-                .collect();
-            let results = part.writer.run_group(commands);
-            for (r, result) in group.into_iter().zip(results) {
-                answers.push((r, result));
-            }
-            let acked = part.writer.acked();
-            self.acked.insert(p, acked);
-            // Durable beside the group's write, before the answers leave.
-            let disk = self.disk.entry(p).or_default();
-            *disk = disk.max(&acked);
+            self.run_part_group(p, part, answers);
         }
-        let Some(since) = part.draining else { return };
+        let Some(since) = part.draining else {
+            return true;
+        };
         let idle = part.queue.is_empty() && part.writer.unresolved().is_none() && part.started;
         if idle || now >= since + DRAIN_MS_MAX {
-            let part = self.parts.remove(&p).expect("present");
             self.membership.drained(t, p, part.epoch, idle);
-            refuse(part.queue, answers, || CommandError::NotOwner {
-                partition: p,
+            refuse(std::mem::take(&mut part.queue), answers, || {
+                CommandError::NotOwner { partition: p }
             });
+            return false;
         }
+        true
+    }
+
+    /// Starts an actualized partition: checks its PLog against its mark (refused, or retired
+    /// when this run accepts losses), covers the stored tail with the mark, rebuilds the
+    /// idempotency window.
+    fn start_part(&mut self, p: u32, part: &mut Part, answers: &mut Answers) {
+        if !part.writer.check_whole() {
+            let mark = part.writer.acked();
+            let end = part.writer.next_offset().saturating_sub(1);
+            if !self
+                .losses_found
+                .iter()
+                .any(|(q, m, _)| *q == p && *m == mark)
+            {
+                self.losses_found.push((p, mark, end));
+            }
+            if !self.accept_loss {
+                // Refused until an operator decides: every command is answered so.
+                let reason = part.writer.lost().unwrap_or("lost").to_owned();
+                refuse(std::mem::take(&mut part.queue), answers, || {
+                    CommandError::Corrupted(reason.clone())
+                });
+                return;
+            }
+            // The operator accepted the loss: numbers up to the mark stay retired.
+            let store = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0);
+            if retire_partition(store.seq_storage(PartitionId(p)), p, mark).is_err() {
+                return;
+            }
+            let mut config = cp_config(self.partitions);
+            config.retired = vec![Mark::default(); self.partitions as usize];
+            config.retired[p as usize] = mark;
+            part.writer = ManualPartition::open(store, &config, p, mark)
+                .expect("the simulation's processor configuration is valid");
+            self.losses_accepted.push((p, mark));
+            return;
+        }
+        part.started =
+            part.writer.cover_stored_tail().is_ok() && part.writer.rebuild_window().is_ok();
+        if part.started {
+            // The covered tail counts as acknowledged: into the marks file.
+            self.raise_disk(p, part.writer.acked());
+        }
+    }
+
+    /// Runs one group of the queued commands and answers them.
+    fn run_part_group(&mut self, p: u32, part: &mut Part, answers: &mut Answers) {
+        let n = part.queue.len().min(GROUP_MAX);
+        let group: Vec<Request> = part.queue.drain(..n).collect();
+        let commands = group
+            .iter()
+            .map(|r| {
+                let key = monoseq_cp::IdempotencyKey::new(&r.key).expect("a valid key");
+                (r.cmd.clone(), Some(key))
+            })
+            .collect();
+        let results = part.writer.run_group(commands);
+        for (r, result) in group.into_iter().zip(results) {
+            answers.push((r, result));
+        }
+        let acked = part.writer.acked();
+        self.acked.insert(p, acked);
+        // Durable beside the group's write, before the answers leave.
+        self.raise_disk(p, acked);
+    }
+
+    fn raise_disk(&mut self, p: u32, mark: Mark) {
+        let disk = self.disk.entry(p).or_default();
+        *disk = disk.max(&mark);
     }
 }
