@@ -682,11 +682,20 @@ impl Membership {
         let settling = now < settle_until;
         self.queue.retain(|c| !matches!(c, Call::Acquire { .. }));
         let mut expect_handoff = false;
+        // A planned move between live nodes is under way somewhere: every node reads the
+        // table again soon, so that the ones forwarding commands learn the new owner within a
+        // poll interval rather than at their next round.
+        let mut moving = false;
         let mut expiry: Option<u64> = None;
         for p in 0..self.cfg.partitions {
             let row = status.lease(p);
             let owner = row.and_then(|r| r.live_owner());
             let epoch = row.map_or(0, |r| r.epoch);
+            let target = a.target.get(p as usize).copied().flatten();
+            moving |= owner.is_some_and(|o| {
+                live.iter().any(|n| n == o)
+                    && target.and_then(|i| a.nodes.get(i)).is_some_and(|t| t != o)
+            });
             if a.target.get(p as usize).copied().flatten() == Some(mine) {
                 if self.held.contains_key(&p) || self.went_back.contains(&p) {
                     continue;
@@ -731,7 +740,7 @@ impl Membership {
         }
         self.next_poll = if settling {
             Some(settle_until)
-        } else if expect_handoff {
+        } else if expect_handoff || moving {
             Some(now + self.cfg.handoff_poll_ms())
         } else {
             expiry.map(|e| e.max(now + self.cfg.handoff_poll_ms()))

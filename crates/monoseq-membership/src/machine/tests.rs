@@ -199,3 +199,45 @@ fn a_partition_whose_epoch_went_back_is_never_served_again() {
     assert!(a.serving.is_empty(), "{:?}", a.serving);
     assert!(a.m.went_back().contains(&0));
 }
+
+#[test]
+fn a_node_forwarding_to_a_partition_that_moves_learns_its_new_owner_within_a_poll() {
+    let table = MemoryLeaseTable::new();
+    let mut nodes = vec![node("a", "1", 8), node("b", "1", 8)];
+    run(&table, &mut nodes, 0, 2_000);
+    nodes.push(node("c", "1", 8));
+    let mut taken: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut seen_by_a: BTreeMap<u32, u64> = BTreeMap::new();
+    for now in (2_000..6_000).step_by(10) {
+        table.set_now(now);
+        for n in nodes.iter_mut() {
+            step(&table, n, now);
+        }
+        for p in 0..8 {
+            let held_by_c = table
+                .lease(p)
+                .is_some_and(|(_, o, live)| live && o.as_deref() == Some("c"));
+            if held_by_c {
+                taken.entry(p).or_insert(now);
+            }
+            let a_sees_c = nodes[0]
+                .m
+                .view()
+                .and_then(|v| v.status.lease(p))
+                .and_then(|l| l.live_owner())
+                == Some("c");
+            if a_sees_c {
+                seen_by_a.entry(p).or_insert(now);
+            }
+        }
+    }
+    assert!(!taken.is_empty(), "c took no partition");
+    let poll = nodes[0].m.config().handoff_poll_ms();
+    for (p, at) in &taken {
+        let seen = seen_by_a.get(p).copied();
+        assert!(
+            seen.is_some_and(|s| s <= at + poll + 10),
+            "partition {p} taken by c at {at} ms, seen so by a at {seen:?} (poll {poll} ms)"
+        );
+    }
+}
