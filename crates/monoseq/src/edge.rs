@@ -74,6 +74,12 @@ impl Default for EdgeLimits {
 /// the hard limit), logs what it found, and answers the connection cap that fits: the
 /// configured one, or fewer when the descriptors cannot hold it.
 pub fn check_descriptors(limits: &EdgeLimits) -> usize {
+    // Once per process: the server serves the same socket while opening, then for good.
+    static CHECKED: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CHECKED.get_or_init(|| check_descriptors_now(limits))
+}
+
+fn check_descriptors_now(limits: &EdgeLimits) -> usize {
     let wanted = limits.connections_max as u64 + FD_RESERVE;
     let found = rlimit::increase_nofile_limit(wanted);
     let hard = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(0, |(_, hard)| hard);

@@ -278,6 +278,7 @@ impl Opening {
     fn serve(
         listener: tokio::net::TcpListener,
         security: &crate::auth::Security,
+        limits: crate::edge::EdgeLimits,
     ) -> anyhow::Result<(tokio::net::TcpListener, Opening)> {
         let socket = listener.into_std()?;
         let second = tokio::net::TcpListener::from_std(socket.try_clone()?)?;
@@ -287,15 +288,14 @@ impl Opening {
         let until = async {
             let _ = stopped.await;
         };
+        // The edge's limits hold while the storage opens too.
         let task = match security.tls.clone() {
             Some(tls) => tokio::spawn(async move {
                 let listener = crate::tls::TlsListener::new(second, tls);
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(until)
-                    .await;
+                let _ = crate::edge::serve(listener, app, limits, until).await;
             }),
             None => tokio::spawn(async move {
-                let _ = axum::serve(second, app).with_graceful_shutdown(until).await;
+                let _ = crate::edge::serve(second, app, limits, until).await;
             }),
         };
         Ok((listener, Opening { stop, task }))
@@ -337,7 +337,7 @@ pub async fn serve(
         }
         crate::config::Storage::Embedded => None,
     };
-    let (listener, opening) = Opening::serve(listener, &security)?;
+    let (listener, opening) = Opening::serve(listener, &security, settings.edge)?;
     let (opened, cp, node) = match start(&mut settings, node).await {
         Ok(started) => started,
         Err(e) => {
