@@ -682,9 +682,10 @@ impl Membership {
         let settling = now < settle_until;
         self.queue.retain(|c| !matches!(c, Call::Acquire { .. }));
         let mut expect_handoff = false;
-        // A planned move between live nodes is under way somewhere: every node reads the
-        // table again soon, so that the ones forwarding commands learn the new owner within a
-        // poll interval rather than at their next round.
+        // A planned move is under way somewhere (a partition free, or held by a live node that
+        // is not its target): every node reads the table again soon, so that the ones
+        // forwarding commands learn the new owner within a poll interval rather than at their
+        // next round.
         let mut moving = false;
         let mut expiry: Option<u64> = None;
         for p in 0..self.cfg.partitions {
@@ -692,9 +693,12 @@ impl Membership {
             let owner = row.and_then(|r| r.live_owner());
             let epoch = row.map_or(0, |r| r.epoch);
             let target = a.target.get(p as usize).copied().flatten();
-            moving |= owner.is_some_and(|o| {
-                live.iter().any(|n| n == o)
-                    && target.and_then(|i| a.nodes.get(i)).is_some_and(|t| t != o)
+            // Free, or held by a live node that is not its target: its target takes it soon.
+            // (Held by a dead node, it waits for the lease to expire instead.)
+            let target_name = target.and_then(|i| a.nodes.get(i));
+            moving |= target_name.is_some_and(|t| match owner {
+                None => true,
+                Some(o) => o != t && live.iter().any(|n| n == o),
             });
             if a.target.get(p as usize).copied().flatten() == Some(mine) {
                 if self.held.contains_key(&p) || self.went_back.contains(&p) {
