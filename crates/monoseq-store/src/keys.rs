@@ -117,10 +117,10 @@ pub(crate) fn block_position(n: u64, block: u64) -> [u8; 2] {
 }
 
 /// The number whose position in the block starting at `block_first` is `clustering`; `None`
-/// unless `clustering` is 2 bytes.
+/// unless `clustering` is 2 bytes (or the number is past `u64::MAX`).
 pub(crate) fn from_block_position(block_first: u64, clustering: &[u8]) -> Option<u64> {
     let arr: [u8; 2] = clustering.try_into().ok()?;
-    Some(block_first + u64::from(u16::from_be_bytes(arr)))
+    block_first.checked_add(u64::from(u16::from_be_bytes(arr)))
 }
 
 /// A whole key of the logs or records tables.

@@ -649,9 +649,10 @@ impl<S: KvStore> EventStore<S> {
                     flow
                 },
             )?;
-            let block_last = block_first + LOG_BLOCK_EVENTS - 1;
-            match last {
-                Some(l) if !stopped && l >= block_last => block_start = block_last + 1,
+            // The last block of the number space ends at `u64::MAX`: nothing comes after it.
+            let block_last = block_first.saturating_add(LOG_BLOCK_EVENTS - 1);
+            match (last, block_last.checked_add(1)) {
+                (Some(l), Some(next)) if !stopped && l >= block_last => block_start = next,
                 _ => return Ok(()),
             }
         }

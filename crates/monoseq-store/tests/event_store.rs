@@ -273,3 +273,25 @@ fn wlog_reads_and_plog_walks_cross_blocks_and_stop_at_the_end() {
     .unwrap();
     assert_eq!(walked, vec![10, 11], "the walk ends before `to`");
 }
+
+#[test]
+fn reads_from_the_end_of_the_number_space_answer_nothing_and_never_panic() {
+    let s = store();
+    let p = PartitionId(0);
+    s.append(p, &[event(1, 7, 1), event(2, 7, 2)]).unwrap();
+    for from in [u64::MAX, u64::MAX - 1, u64::MAX - 70_000, 1 << 63] {
+        assert!(
+            s.read_wlog(WsId(7), WLogOffset(from), 100)
+                .unwrap()
+                .is_empty(),
+            "WLog from {from}"
+        );
+        let mut seen = 0;
+        s.for_each_event(p, PLogOffset(from), PLogOffset(u64::MAX), &mut |_| {
+            seen += 1
+        })
+        .unwrap();
+        assert_eq!(seen, 0, "PLog from {from}");
+    }
+    assert_eq!(s.read_wlog(WsId(7), WLogOffset(1), 100).unwrap().len(), 2);
+}
