@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use crate::shared::{PoisonReason, Shared, Status};
 use crate::storage::SeqStorage;
@@ -90,10 +91,16 @@ impl Runtime {
         shared: Arc<Shared<S>>,
     ) -> DriverHandle {
         let (done_tx, done_rx) = mpsc::sync_channel(1);
-        self.handle.spawn(async move {
-            drive(worker, &shared).await;
-            let _ = done_tx.send(());
-        });
+        // The driver's log lines carry the caller's span (the command processor's names the
+        // partition).
+        let span = tracing::Span::current();
+        self.handle.spawn(
+            async move {
+                drive(worker, &shared).await;
+                let _ = done_tx.send(());
+            }
+            .instrument(span),
+        );
         DriverHandle {
             done: std::sync::Mutex::new(done_rx),
         }
@@ -253,7 +260,7 @@ async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {
                         shared.metrics.replayed_events.load(Ordering::Relaxed) - replayed_before;
                     tracing::info!(
                         events_replayed = replayed,
-                        duration_ms = first.elapsed().as_secs_f64() * 1e3,
+                        duration_ms = %format_args!("{:.1}", first.elapsed().as_secs_f64() * 1e3),
                         next_offset = shared.metrics.next_offset.load(Ordering::Relaxed),
                         checkpoint = shared.metrics.durable_offset.load(Ordering::Relaxed),
                         outcome = ?step,

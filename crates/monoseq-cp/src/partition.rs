@@ -521,11 +521,15 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
     /// A new sequencer on the same storage (which fences the old one's writes), and a new
     /// writer around it when the old writer was lost.
     fn replace_sequencer(&mut self, template: &WriterTemplate<S>) -> bool {
-        let seq = Sequencer::new(
-            self.params.clone(),
-            Arc::clone(&self.storage),
-            &self.runtime,
-        );
+        let seq = {
+            let _span =
+                tracing::info_span!("partition", partition = self.template.partition.0).entered();
+            Sequencer::new(
+                self.params.clone(),
+                Arc::clone(&self.storage),
+                &self.runtime,
+            )
+        };
         *self.shared.handle.lock().unwrap_or_else(|e| e.into_inner()) = seq.handle();
         let lost = self.writer.is_none();
         match &mut self.writer {

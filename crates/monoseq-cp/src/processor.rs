@@ -611,7 +611,11 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
     };
     let mark = higher(stored, *acked.lock().unwrap_or_else(|e| e.into_inner()));
     let storage = Arc::new(store.seq_storage(PartitionId(p)));
-    let seq = Sequencer::new(params.clone(), Arc::clone(&storage), runtime);
+    // The sequencer's driver logs inside this span: every line names its partition.
+    let seq = {
+        let _span = tracing::info_span!("partition", partition = p).entered();
+        Sequencer::new(params.clone(), Arc::clone(&storage), runtime)
+    };
     let shared = Arc::new(PartitionShared {
         handle: Mutex::new(seq.handle()),
         state: Mutex::new(PartitionState::Starting),

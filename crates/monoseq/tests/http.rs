@@ -390,3 +390,41 @@ async fn the_grafana_dashboard_queries_only_exported_metrics() {
     assert!(queried >= 10, "the dashboard queries {queried} metrics");
     server.terminate(Duration::from_secs(15));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_actualization_log_line_names_its_partition_and_durations_have_fixed_precision() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("server.log");
+    let data = dir.path().join("data");
+    let server = Server::try_start(&data, &["--partitions", "4"], &log).expect("started");
+    server.ready(&reqwest::Client::new()).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let started: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("sequencer actualization started"))
+        .collect();
+    assert_eq!(started.len(), 4, "{text}");
+    for p in 0..4 {
+        assert!(
+            started
+                .iter()
+                .any(|l| l.contains(&format!("partition{{partition={p}}}"))),
+            "no actualization line names partition {p}:\n{text}"
+        );
+    }
+    let ended: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("sequencer actualization ended"))
+        .collect();
+    assert_eq!(ended.len(), 4, "{text}");
+    for line in ended {
+        let ms = line
+            .split("duration_ms=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no duration in {line}"));
+        let decimals = ms.split('.').nth(1).map_or(0, str::len);
+        assert_eq!(decimals, 1, "duration {ms} in {line}");
+    }
+    server.kill();
+}
