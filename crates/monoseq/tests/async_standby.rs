@@ -264,16 +264,9 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
         .build()
         .unwrap();
     let ids = ["a1", "a2", "a3"];
-    let nodes: Vec<Node> = ids
-        .iter()
-        .map(|id| Node::start(&db, id, dir.path(), &[]))
-        .collect();
+    let nodes = start_nodes(&db, &ids, dir.path(), &[]);
     let urls: Urls = Arc::new(Mutex::new(nodes.iter().map(|n| n.url.clone()).collect()));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while readyz(&client, &nodes[0].url).await.0 != 200 {
-        assert!(Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_ready(&client, &nodes[..1]).await;
 
     let load = start_load(&urls, 6, "first");
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -297,28 +290,7 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
     .unwrap();
 
     // The nodes reconnect to the promoted standby; partitions that lost events are refused.
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let refused: Vec<(String, String)> = loop {
-        let mut refused = Vec::new();
-        for n in &nodes {
-            let (status, body) = readyz(&client, &n.url).await;
-            if status != 503 {
-                continue;
-            }
-            for part in body["partitions"].as_array().into_iter().flatten() {
-                let why = part["reason"].as_str().unwrap_or_default();
-                // Refused below its marks (not a sequencer fenced on its way to that).
-                if why.starts_with("refused:") {
-                    refused.push((n.id.clone(), why.to_owned()));
-                }
-            }
-        }
-        if !refused.is_empty() {
-            break refused;
-        }
-        assert!(Instant::now() < deadline, "no partition was refused");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let refused = wait_refused(&client, &nodes).await;
     let first = load.stop().await;
     eprintln!(
         "{} acknowledged ({unreplicated} while replication stalled); refused: {refused:?}",
@@ -344,23 +316,9 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
     for n in nodes {
         n.terminate();
     }
-    let nodes: Vec<Node> = ids
-        .iter()
-        .map(|id| Node::start(&db, id, dir.path(), &["--accept-loss"]))
-        .collect();
+    let nodes = start_nodes(&db, &ids, dir.path(), &["--accept-loss"]);
     *urls.lock().unwrap() = nodes.iter().map(|n| n.url.clone()).collect();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        let mut ready = true;
-        for n in &nodes {
-            ready &= readyz(&client, &n.url).await.0 == 200;
-        }
-        if ready {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never ready after --accept-loss");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_ready(&client, &nodes).await;
     assert!(
         nodes.iter().any(|n| n.log().contains("loss accepted")),
         "no node logged the accepted loss"
@@ -390,6 +348,37 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
     }
     for n in nodes {
         n.terminate();
+    }
+}
+
+/// Starts one node per name on `db`, each with its own marks directory under `dir`.
+fn start_nodes(db: &str, ids: &[&str], dir: &Path, extra: &[&str]) -> Vec<Node> {
+    ids.iter()
+        .map(|id| Node::start(db, id, dir, extra))
+        .collect()
+}
+
+/// Waits until every one of `nodes` answers `/readyz` 200.
+async fn wait_ready(client: &reqwest::Client, nodes: &[Node]) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    for n in nodes {
+        while readyz(client, &n.url).await.0 != 200 {
+            assert!(Instant::now() < deadline, "{} never ready", n.id);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Waits until some partition is refused below its marks; the refusals, by node.
+async fn wait_refused(client: &reqwest::Client, nodes: &[Node]) -> Vec<(String, String)> {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let refused = refused_partitions(client, nodes).await;
+        if !refused.is_empty() {
+            return refused;
+        }
+        assert!(Instant::now() < deadline, "no partition was refused");
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -425,16 +414,9 @@ async fn a_database_restored_from_a_base_backup_is_refused_until_the_loss_is_acc
         .build()
         .unwrap();
     let ids = ["b1", "b2", "b3"];
-    let nodes: Vec<Node> = ids
-        .iter()
-        .map(|id| Node::start(&db, id, dir.path(), &[]))
-        .collect();
+    let nodes = start_nodes(&db, &ids, dir.path(), &[]);
     let urls: Urls = Arc::new(Mutex::new(nodes.iter().map(|n| n.url.clone()).collect()));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while readyz(&client, &nodes[0].url).await.0 != 200 {
-        assert!(Instant::now() < deadline, "never ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_ready(&client, &nodes[..1]).await;
 
     // A base backup taken under load, then more commands acknowledged after it.
     let load = start_load(&urls, 6, "first");
@@ -460,20 +442,9 @@ async fn a_database_restored_from_a_base_backup_is_refused_until_the_loss_is_acc
     tokio::task::spawn_blocking(move || c.restore(&backup).unwrap())
         .await
         .unwrap();
-    let nodes: Vec<Node> = ids
-        .iter()
-        .map(|id| Node::start(&db, id, dir.path(), &[]))
-        .collect();
+    let nodes = start_nodes(&db, &ids, dir.path(), &[]);
     *urls.lock().unwrap() = nodes.iter().map(|n| n.url.clone()).collect();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let refused = loop {
-        let refused = refused_partitions(&client, &nodes).await;
-        if !refused.is_empty() {
-            break refused;
-        }
-        assert!(Instant::now() < deadline, "no partition was refused");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let refused = wait_refused(&client, &nodes).await;
     let (node, why) = &refused[0];
     assert!(
         why.contains("were acknowledged") && why.contains("--accept-loss"),
@@ -491,23 +462,9 @@ async fn a_database_restored_from_a_base_backup_is_refused_until_the_loss_is_acc
     for n in nodes {
         n.terminate();
     }
-    let nodes: Vec<Node> = ids
-        .iter()
-        .map(|id| Node::start(&db, id, dir.path(), &["--accept-loss"]))
-        .collect();
+    let nodes = start_nodes(&db, &ids, dir.path(), &["--accept-loss"]);
     *urls.lock().unwrap() = nodes.iter().map(|n| n.url.clone()).collect();
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        let mut ready = true;
-        for n in &nodes {
-            ready &= readyz(&client, &n.url).await.0 == 200;
-        }
-        if ready {
-            break;
-        }
-        assert!(Instant::now() < deadline, "never ready after --accept-loss");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_ready(&client, &nodes).await;
     let load = start_load(&urls, 6, "second");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let second = load.stop().await;
