@@ -21,11 +21,15 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod answers;
+mod batch;
 mod command;
 
 pub use answers::{
     ArgBody, ClusterBody, ClusterNodeBody, ClusterPartitionBody, ErrorBody, EventBody, InfoBody,
     RecordBody, StoredKindBody, WlogPageBody,
+};
+pub use batch::{
+    BATCH_COMMANDS_MAX, BatchAnswerBody, BatchBody, BatchCommandBody, BatchResultBody, RawBatchBody,
 };
 pub use command::{
     CommandBody, KindBody, NewArgBody, NewRecordBody, OutcomeBody, RecordUpdateBody,
