@@ -21,6 +21,11 @@ pub const RETRY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 pub const BACKOFF_FIRST_DEFAULT: Duration = Duration::from_millis(20);
 /// Default largest delay of the jittered backoff between attempts.
 pub const BACKOFF_MAX_DEFAULT: Duration = Duration::from_secs(2);
+/// Default of [`ClientBuilder::view_max_age`]: how long the client trusts its view of the
+/// owners before asking `/v1/cluster` again on the next command. A forwarded command is
+/// answered like a direct one, so without a refresh a client would never learn that a
+/// partition moved to another node; it would only cost a hop per command.
+pub const VIEW_MAX_AGE_DEFAULT: Duration = Duration::from_secs(5);
 
 /// Builds a [`Client`]; every setting has a default.
 #[derive(Debug, Clone)]
@@ -32,6 +37,7 @@ pub struct ClientBuilder {
     request_timeout: Duration,
     retry_timeout: Duration,
     backoff: Backoff,
+    view_max_age: Duration,
 }
 
 impl ClientBuilder {
@@ -44,6 +50,7 @@ impl ClientBuilder {
             request_timeout: REQUEST_TIMEOUT_DEFAULT,
             retry_timeout: RETRY_TIMEOUT_DEFAULT,
             backoff: Backoff::new(BACKOFF_FIRST_DEFAULT, BACKOFF_MAX_DEFAULT),
+            view_max_age: VIEW_MAX_AGE_DEFAULT,
         }
     }
 
@@ -93,6 +100,14 @@ impl ClientBuilder {
         self
     }
 
+    /// How long the view of the partitions' owners is trusted before the next command asks
+    /// a node for it again (one `GET /v1/cluster`) [default: [`VIEW_MAX_AGE_DEFAULT`]].
+    #[must_use]
+    pub fn view_max_age(mut self, age: Duration) -> ClientBuilder {
+        self.view_max_age = age;
+        self
+    }
+
     /// The client.
     ///
     /// # Errors
@@ -118,7 +133,7 @@ impl ClientBuilder {
         Ok(Client {
             inner: Arc::new(Inner {
                 http,
-                view: View::new(nodes),
+                view: View::new(nodes, self.view_max_age),
                 sequences,
                 request_timeout: self.request_timeout,
                 retry_timeout: self.retry_timeout,

@@ -376,7 +376,7 @@ impl Client {
     /// The partition of `ws`, learning the partition count first if needed (`None` when no
     /// node told it: the command then goes to a seed, which forwards it).
     async fn partition_of(&self, ws: u64) -> Option<u32> {
-        if self.inner.view.partitions().is_none() {
+        if self.inner.view.stale(Instant::now()) {
             let _ = self.refresh().await;
         }
         self.inner.view.partition_of(ws)

@@ -20,6 +20,18 @@ pub enum ClientError {
     /// ([`crate::Client::submit_with_key`]) and it is applied at most once.
     #[error("no answer from the server: {0}; check that it runs and is reachable")]
     Transport(#[source] reqwest::Error),
+    /// A command of a batch without an idempotency key got no answer from `node` (connection
+    /// lost, timed out): it may or may not have run, so it was not sent again.
+    #[error(
+        "no answer from {node} for this command of a batch ({reason}); it may have run: send \
+         commands with an idempotency key to have them retried safely"
+    )]
+    Unanswered {
+        /// The node the batch went to.
+        node: String,
+        /// Why there was no answer.
+        reason: String,
+    },
     /// The answer is not what the API documents.
     #[error("unexpected answer from the server: {0}")]
     Protocol(String),
@@ -34,7 +46,7 @@ impl ClientError {
     pub fn code(&self) -> &str {
         match self {
             ClientError::Api { code, .. } => code,
-            ClientError::Transport(_) => "transport",
+            ClientError::Transport(_) | ClientError::Unanswered { .. } => "transport",
             ClientError::Protocol(_) => "protocol",
             ClientError::Config(_) => "config",
         }

@@ -17,6 +17,8 @@ pub(crate) const REFRESH_INTERVAL_MIN: Duration = Duration::from_millis(100);
 pub(crate) struct View {
     /// The URLs the client was given, in order.
     seeds: Vec<String>,
+    /// How long a fetched view is trusted.
+    max_age: Duration,
     state: RwLock<State>,
 }
 
@@ -31,9 +33,10 @@ struct State {
 }
 
 impl View {
-    pub(crate) fn new(seeds: Vec<String>) -> View {
+    pub(crate) fn new(seeds: Vec<String>, max_age: Duration) -> View {
         View {
             seeds,
+            max_age,
             state: RwLock::new(State::default()),
         }
     }
@@ -113,6 +116,17 @@ impl View {
         }
     }
 
+    /// Whether the owners are to be asked for before the next command: never fetched (the
+    /// partition count alone, as `Client::info` learns it, names no owner), or older than
+    /// the view's maximum age.
+    pub(crate) fn stale(&self, now: Instant) -> bool {
+        let state = self.read();
+        state.partitions.is_none()
+            || state
+                .refreshed
+                .is_none_or(|at| now.duration_since(at) >= self.max_age)
+    }
+
     /// Whether a refresh is allowed now (at most one per [`REFRESH_INTERVAL_MIN`]); claims it.
     pub(crate) fn claim_refresh(&self, now: Instant) -> bool {
         let mut state = self.write();
@@ -162,7 +176,10 @@ mod tests {
     use monoseq_wire::{ClusterNodeBody, ClusterPartitionBody};
 
     fn view() -> View {
-        View::new(vec!["http://a".into(), "http://b".into()])
+        View::new(
+            vec!["http://a".into(), "http://b".into()],
+            Duration::from_secs(5),
+        )
     }
 
     #[test]

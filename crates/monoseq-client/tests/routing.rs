@@ -132,6 +132,80 @@ async fn a_command_goes_to_the_owner_that_the_cluster_view_names() {
 }
 
 #[tokio::test]
+async fn a_client_that_read_the_server_info_first_still_sends_commands_to_the_owner() {
+    let (seed_log, owner_log) = (Log::default(), Log::default());
+    let owner = serve(node(owner_log.clone(), 2, None, |_| ok())).await;
+    let seed = serve(node(seed_log.clone(), 2, Some(owner.clone()), |_| ok())).await;
+    let client = Client::new(&seed).unwrap();
+    assert_eq!(client.info().await.unwrap().partitions, 2);
+    for _ in 0..3 {
+        client.submit(&order()).await.unwrap();
+    }
+    assert_eq!(
+        seed_log.lock().unwrap().len(),
+        0,
+        "knowing the partition count is not knowing the owners"
+    );
+    assert_eq!(owner_log.lock().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn a_view_older_than_its_maximum_age_is_asked_for_again() {
+    let (first_log, second_log) = (Log::default(), Log::default());
+    let first = serve(node(first_log.clone(), 2, None, |_| ok())).await;
+    let second = serve(node(second_log.clone(), 2, None, |_| ok())).await;
+    // The seed names `first` as the owner until the partition moves to `second`; a node that
+    // no longer owns it would still forward (and answer) the command, so only a refresh of
+    // the view can tell the client.
+    let owner = Arc::new(Mutex::new(first.clone()));
+    let seed_owner = Arc::clone(&owner);
+    let seed = serve(
+        Router::new()
+            .route(
+                "/v1/info",
+                get(|| async {
+                    axum::Json(json!({"version": "t", "partitions": 2, "trust_level": 0,
+                        "storage": "pg", "store_id": "s", "idempotency_window_events": 10}))
+                }),
+            )
+            .route(
+                "/v1/cluster",
+                get(move || {
+                    let url = seed_owner.lock().unwrap().clone();
+                    async move {
+                        axum::Json(json!({"clustered": true, "node_id": "n1", "lease_ms": 1000,
+                            "renew_ms": 300,
+                            "nodes": [{"node_id": "n2", "url": url, "alive": true,
+                                       "partitions": [0, 1]}],
+                            "partitions": [{"partition": 0, "epoch": 1, "owner": "n2"},
+                                           {"partition": 1, "epoch": 1, "owner": "n2"}]}))
+                    }
+                }),
+            ),
+    )
+    .await;
+    let client = Client::builder([seed])
+        .view_max_age(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    client.submit(&order()).await.unwrap();
+    *owner.lock().unwrap() = second.clone();
+    client.submit(&order()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client.submit(&order()).await.unwrap();
+    assert_eq!(
+        first_log.lock().unwrap().len(),
+        2,
+        "the view was trusted while fresh"
+    );
+    assert_eq!(
+        second_log.lock().unwrap().len(),
+        1,
+        "an old view was asked for again"
+    );
+}
+
+#[tokio::test]
 async fn a_redirect_teaches_the_owner_and_keeps_the_key() {
     let (seed_log, owner_log) = (Log::default(), Log::default());
     let owner = serve(node(owner_log.clone(), 2, None, |_| ok())).await;
