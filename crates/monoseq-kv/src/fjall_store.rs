@@ -30,6 +30,8 @@ pub use copy::CopyStats;
 const KEYSPACE: &str = "kv";
 /// fjall's version marker in its directory: present once a database was created there.
 const VERSION_FILE: &str = "version";
+/// fjall's folder of keyspaces in its directory.
+const KEYSPACES_FOLDER: &str = "keyspaces";
 /// The extension of fjall's journal files.
 const JOURNAL_EXTENSION: &str = "jnl";
 
@@ -146,6 +148,16 @@ impl FjallStore {
             .kv
             .rotate_memtable_and_wait()
             .map_err(|error| fault("writing the memtable to a table file", error))
+    }
+
+    /// The file fjall locks, exclusively, in its directory while a store has it open: a
+    /// shared lock on it keeps a store from opening (and fails while one is open).
+    pub const LOCK_FILE: &'static str = "lock";
+
+    /// Whether directory `dir` holds fjall's files (its version marker or its keyspaces).
+    #[must_use]
+    pub fn holds_files(dir: &Path) -> bool {
+        dir.join(VERSION_FILE).exists() || dir.join(KEYSPACES_FOLDER).exists()
     }
 
     fn files(&self) -> &FjallFiles {

@@ -60,7 +60,7 @@ mod tests;
 
 use std::path::Path;
 
-use monoseq_kv::{Key, KvStore};
+use monoseq_kv::{FjallStore, Key, KvStore};
 use monoseq_store::AppId;
 
 pub use files::DirFiles;
@@ -324,7 +324,8 @@ pub enum VerifyDirError {
 }
 
 /// Verifies data directory `dir` of the embedded engine (fjall) for `app`, reading a
-/// [`Snapshot`] copy so that no byte of `dir` changes, with a [`PartitionList`] of the copy so
+/// [`Snapshot`] copy so that no byte of `dir` changes, opened once and read-only through the kv
+/// crate (the same open a server's reads go through), with a [`PartitionList`] of the copy so
 /// that every block is read. When the engine's keys cannot all be read (damaged files), that
 /// is a problem and verification goes on without the list, reporting what each read finds.
 /// `partitions` is used only when neither the engine nor the identity records a partition
@@ -341,8 +342,8 @@ pub fn verify_data_dir(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Report, VerifyDirError> {
     let snapshot = Snapshot::copy(dir)?;
-    let list = PartitionList::from_fjall(snapshot.path(), app);
-    let kv = monoseq_kv::FjallStore::open(snapshot.path(), monoseq_kv::Options::default())?;
+    let kv = FjallStore::open_read_only(snapshot.path(), monoseq_kv::Options::default())?;
+    let list = PartitionList::from_store(&kv, app);
     let engine_partitions = monoseq_store::recorded_partitions(&kv, dir).ok().flatten();
     let files = DirFiles::read(snapshot.path(), engine_partitions);
     let mut verifier = Verifier::new(&kv, app).files(&files);
