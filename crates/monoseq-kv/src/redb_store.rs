@@ -143,8 +143,9 @@ impl Files for RedbFiles {
                 },
                 other => storage(path, fault("opening the database", other)),
             })?;
-        let create_table = |error| storage(path, fault("creating the table", error));
-        let tx = db.begin_write().map_err(create_table)?;
+        let tx = db
+            .begin_write()
+            .map_err(|error| storage(path, fault("creating the table", error)))?;
         tx.open_table(TABLE)
             .map_err(|error| storage(path, fault("creating the table", error)))?;
         tx.commit()
