@@ -332,77 +332,31 @@ fn as_bound(bound: &Bound<Vec<u8>>) -> Bound<&[u8]> {
     bound.as_ref().map(Vec::as_slice)
 }
 
+/// One item of a generated batch: operation, (partition, clustering), value.
+type StepItem = (Op, OwnedKey, Vec<u8>);
+
 fn run_step<S: KvStore>(store: &S, model: &mut Model, step: &Step) -> Result<(), TestCaseError> {
     match step {
-        Step::Write(items) => {
-            let mut batch = WriteBatch::new();
-            for (op, key, value) in items {
-                batch.push(*op, key_of(key), value);
-            }
-            // The model applies items one after another and fails on the first present key.
-            let mut next = model.clone();
-            let mut conflict = None;
-            for (index, (op, key, value)) in items.iter().enumerate() {
-                match op {
-                    Op::InsertIfAbsent if next.contains_key(key) => {
-                        conflict = Some(index);
-                        break;
-                    }
-                    Op::Put | Op::InsertIfAbsent => {
-                        next.insert(key.clone(), value.clone());
-                    }
-                    Op::Delete => {
-                        next.remove(key);
-                    }
-                }
-            }
-            match (store.write(&batch), conflict) {
-                (Ok(()), None) => *model = next,
-                (Err(WriteError::Conflict { index, key }), Some(expected)) => {
-                    prop_assert_eq!(index, expected, "conflict reported at the wrong item");
-                    prop_assert_eq!(&key.partition, &items[expected].1.0);
-                    prop_assert_eq!(&key.clustering, &items[expected].1.1);
-                }
-                (got, expected) => {
-                    return Err(fail(format!(
-                        "write of {items:?}: got {got:?}, the model expects a conflict at {expected:?}"
-                    )));
-                }
-            }
-        }
+        Step::Write(items) => write_step(store, model, items),
         Step::Cas {
             key,
             expect_current,
             expected,
             new,
         } => {
-            let current = model.get(key).cloned();
             let expected = if *expect_current {
-                current.clone()
+                model.get(key).cloned()
             } else {
                 expected.clone()
             };
-            let got = store.compare_and_swap(key_of(key), expected.as_deref(), new.as_deref());
-            match got {
-                Ok(()) => {
-                    prop_assert_eq!(&expected, &current, "swapped although the value differs");
-                    match new {
-                        Some(value) => model.insert(key.clone(), value.clone()),
-                        None => model.remove(key),
-                    };
-                }
-                Err(CasError::Mismatch { current: reported }) => {
-                    prop_assert_ne!(&expected, &current, "mismatch although the value is equal");
-                    prop_assert_eq!(reported, current, "mismatch reports a wrong current value");
-                }
-                Err(other) => return Err(fail(format!("compare-and-swap failed: {other}"))),
-            }
+            cas_step(store, model, key, expected, new.as_deref())
         }
         Step::Get(key) => {
             let got = store
                 .get(key_of(key))
                 .map_err(|e| fail(format!("get failed: {e}")))?;
             prop_assert_eq!(got, model.get(key).cloned(), "get {:?}", key);
+            Ok(())
         }
         Step::GetMany(keys) => {
             let borrowed: Vec<Key<'_>> = keys.iter().map(key_of).collect();
@@ -411,35 +365,116 @@ fn run_step<S: KvStore>(store: &S, model: &mut Model, step: &Step) -> Result<(),
                 .map_err(|e| fail(format!("get_many failed: {e}")))?;
             let expected: Vec<_> = keys.iter().map(|k| model.get(k).cloned()).collect();
             prop_assert_eq!(got, expected, "get_many {:?}", keys);
+            Ok(())
         }
-        Step::Sync => {
-            store
-                .sync()
-                .map_err(|e| fail(format!("sync failed: {e}")))?;
-        }
+        Step::Sync => store.sync().map_err(|e| fail(format!("sync failed: {e}"))),
         Step::Scan {
             partition,
             from,
             to,
             order,
             limit,
-        } => {
-            let (from, to) = (as_bound(from), as_bound(to));
-            let got = scan_all(store, partition, from, to, *order, *limit)
-                .map_err(|e| fail(format!("scan failed: {e}")))?;
-            let expected = model_scan(model, partition, from, to, *order, *limit);
-            prop_assert_eq!(
-                got,
-                expected,
-                "scan of {:?} from {:?} to {:?} {:?} limit {}",
-                partition,
-                from,
-                to,
-                order,
-                limit
-            );
+        } => scan_step(
+            store,
+            model,
+            partition,
+            (as_bound(from), as_bound(to)),
+            *order,
+            *limit,
+        ),
+    }
+}
+
+/// The model after `items` applied one after another, and the index of the first
+/// insert-if-absent that finds its key present (the batch then writes nothing).
+fn model_write(model: &Model, items: &[StepItem]) -> (Model, Option<usize>) {
+    let mut next = model.clone();
+    for (index, (op, key, value)) in items.iter().enumerate() {
+        match op {
+            Op::InsertIfAbsent if next.contains_key(key) => return (next, Some(index)),
+            Op::Put | Op::InsertIfAbsent => {
+                next.insert(key.clone(), value.clone());
+            }
+            Op::Delete => {
+                next.remove(key);
+            }
         }
     }
+    (next, None)
+}
+
+fn write_step<S: KvStore>(
+    store: &S,
+    model: &mut Model,
+    items: &[StepItem],
+) -> Result<(), TestCaseError> {
+    let mut batch = WriteBatch::new();
+    for (op, key, value) in items {
+        batch.push(*op, key_of(key), value);
+    }
+    let (next, conflict) = model_write(model, items);
+    match (store.write(&batch), conflict) {
+        (Ok(()), None) => *model = next,
+        (Err(WriteError::Conflict { index, key }), Some(expected)) => {
+            prop_assert_eq!(index, expected, "conflict reported at the wrong item");
+            prop_assert_eq!(&key.partition, &items[expected].1.0);
+            prop_assert_eq!(&key.clustering, &items[expected].1.1);
+        }
+        (got, expected) => {
+            return Err(fail(format!(
+                "write of {items:?}: got {got:?}, the model expects a conflict at {expected:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn cas_step<S: KvStore>(
+    store: &S,
+    model: &mut Model,
+    key: &OwnedKey,
+    expected: Option<Vec<u8>>,
+    new: Option<&[u8]>,
+) -> Result<(), TestCaseError> {
+    let current = model.get(key).cloned();
+    match store.compare_and_swap(key_of(key), expected.as_deref(), new) {
+        Ok(()) => {
+            prop_assert_eq!(&expected, &current, "swapped although the value differs");
+            match new {
+                Some(value) => model.insert(key.clone(), value.to_vec()),
+                None => model.remove(key),
+            };
+        }
+        Err(CasError::Mismatch { current: reported }) => {
+            prop_assert_ne!(&expected, &current, "mismatch although the value is equal");
+            prop_assert_eq!(reported, current, "mismatch reports a wrong current value");
+        }
+        Err(other) => return Err(fail(format!("compare-and-swap failed: {other}"))),
+    }
+    Ok(())
+}
+
+fn scan_step<S: KvStore>(
+    store: &S,
+    model: &Model,
+    partition: &[u8],
+    (from, to): (Bound<&[u8]>, Bound<&[u8]>),
+    order: Order,
+    limit: usize,
+) -> Result<(), TestCaseError> {
+    let got = scan_all(store, partition, from, to, order, limit)
+        .map_err(|e| fail(format!("scan failed: {e}")))?;
+    let expected = model_scan(model, partition, from, to, order, limit);
+    prop_assert_eq!(
+        got,
+        expected,
+        "scan of {:?} from {:?} to {:?} {:?} limit {}",
+        partition,
+        from,
+        to,
+        order,
+        limit
+    );
     Ok(())
 }
 
@@ -515,50 +550,78 @@ fn must<T, E: std::fmt::Display>(what: &str, result: Result<T, E>) -> T {
 pub fn scans_follow_clustering_order_within_bounds<S: KvStore>(mut fresh: impl FnMut() -> S) {
     let store = fresh();
     let p = b"log";
+    write_numbered_out_of_order(&store, p, 300);
+    let scan = |from: Bound<&[u8]>, to: Bound<&[u8]>, order: Order, limit: usize| {
+        numbered(must("scan", scan_all(&store, p, from, to, order, limit)))
+    };
+    scans_follow_order_and_bounds(&scan);
+    scans_of_empty_ranges_see_nothing(&scan);
+    let unknown = scan_all(
+        &store,
+        b"nothing",
+        Bound::Unbounded,
+        Bound::Unbounded,
+        Order::Ascending,
+        usize::MAX,
+    );
+    assert!(
+        must("scan", unknown).is_empty(),
+        "an unknown partition is empty"
+    );
+}
+
+/// Writes entries `n × 10 → n` for `n` in `1..=count`, highest first and across batches, so
+/// that scan order can come from the keys alone.
+fn write_numbered_out_of_order<S: KvStore>(store: &S, partition: &[u8], count: u64) {
     let mut batch = WriteBatch::new();
-    // Written out of order and across batches: order must come from the keys alone.
-    for n in (1..=300u64).rev() {
-        batch.put(Key::new(p, &be(n * 10)), &be(n));
+    for n in (1..=count).rev() {
+        batch.put(Key::new(partition, &be(n * 10)), &be(n));
         if batch.len() == 37 {
             must("write", store.write(&batch));
             batch.clear();
         }
     }
     must("write", store.write(&batch));
-    let numbers = |entries: Vec<(Vec<u8>, Vec<u8>)>| -> Vec<u64> {
-        entries
-            .iter()
-            .map(|(c, v)| {
-                let n = u64::from_be_bytes(c.as_slice().try_into().expect("8-byte key"));
-                assert_eq!(v.as_slice(), be(n / 10), "value of entry {n}");
-                n / 10
-            })
-            .collect()
-    };
-    let scan = |from: Bound<&[u8]>, to: Bound<&[u8]>, order: Order, limit: usize| {
-        numbers(must("scan", scan_all(&store, p, from, to, order, limit)))
-    };
-    let (b10, b20, b50) = (be(100), be(200), be(500));
+}
+
+/// The numbers `n` of entries written by [`write_numbered_out_of_order`], checking each value.
+fn numbered(entries: Entries) -> Vec<u64> {
+    entries
+        .iter()
+        .map(|(c, v)| {
+            let n = u64::from_be_bytes(c.as_slice().try_into().expect("8-byte key"));
+            assert_eq!(v.as_slice(), be(n / 10), "value of entry {n}");
+            n / 10
+        })
+        .collect()
+}
+
+/// A scan of the numbered partition: bounds, order, limit → the numbers visited.
+type NumberedScan<'a> = dyn Fn(Bound<&[u8]>, Bound<&[u8]>, Order, usize) -> Vec<u64> + 'a;
+
+fn scans_follow_order_and_bounds(scan: &NumberedScan<'_>) {
     use Bound::{Excluded, Included, Unbounded};
     use Order::{Ascending, Descending};
+    let (b10, b20, b50) = (be(100), be(200), be(500));
+    let all = usize::MAX;
     assert_eq!(
-        scan(Unbounded, Unbounded, Ascending, usize::MAX),
+        scan(Unbounded, Unbounded, Ascending, all),
         (1..=300).collect::<Vec<_>>()
     );
     assert_eq!(
-        scan(Unbounded, Unbounded, Descending, usize::MAX),
+        scan(Unbounded, Unbounded, Descending, all),
         (1..=300).rev().collect::<Vec<_>>()
     );
     assert_eq!(
-        scan(Included(&b10), Included(&b20), Ascending, usize::MAX),
+        scan(Included(&b10), Included(&b20), Ascending, all),
         (10..=20).collect::<Vec<_>>()
     );
     assert_eq!(
-        scan(Excluded(&b10), Excluded(&b20), Ascending, usize::MAX),
+        scan(Excluded(&b10), Excluded(&b20), Ascending, all),
         (11..20).collect::<Vec<_>>()
     );
     assert_eq!(
-        scan(Included(&b10), Excluded(&b20), Descending, usize::MAX),
+        scan(Included(&b10), Excluded(&b20), Descending, all),
         (10..20).rev().collect::<Vec<_>>()
     );
     assert_eq!(
@@ -568,36 +631,22 @@ pub fn scans_follow_clustering_order_within_bounds<S: KvStore>(mut fresh: impl F
     assert_eq!(scan(Unbounded, Included(&b50), Descending, 2), vec![50, 49]);
     // Bounds between stored keys.
     assert_eq!(
-        scan(
-            Included(&be(105)),
-            Included(&be(135)),
-            Ascending,
-            usize::MAX
-        ),
+        scan(Included(&be(105)), Included(&be(135)), Ascending, all),
         vec![11, 12, 13]
     );
-    // Empty and inverted ranges.
-    assert!(scan(Included(&b20), Included(&b10), Ascending, usize::MAX).is_empty());
-    assert!(scan(Excluded(&b10), Excluded(&b10), Ascending, usize::MAX).is_empty());
-    assert!(scan(Included(&b10), Excluded(&b10), Descending, usize::MAX).is_empty());
+}
+
+fn scans_of_empty_ranges_see_nothing(scan: &NumberedScan<'_>) {
+    use Bound::{Excluded, Included};
+    use Order::{Ascending, Descending};
+    let (b10, b20) = (be(100), be(200));
+    let all = usize::MAX;
+    assert!(scan(Included(&b20), Included(&b10), Ascending, all).is_empty());
+    assert!(scan(Excluded(&b10), Excluded(&b10), Ascending, all).is_empty());
+    assert!(scan(Included(&b10), Excluded(&b10), Descending, all).is_empty());
     assert_eq!(
-        scan(Included(&b10), Included(&b10), Descending, usize::MAX),
+        scan(Included(&b10), Included(&b10), Descending, all),
         vec![10]
-    );
-    // An unknown partition is empty.
-    assert!(
-        must(
-            "scan",
-            scan_all(
-                &store,
-                b"nothing",
-                Unbounded,
-                Unbounded,
-                Ascending,
-                usize::MAX
-            )
-        )
-        .is_empty()
     );
 }
 

@@ -48,6 +48,22 @@ pub(crate) fn clustering<'k>(partition: &[u8], encoded: &'k [u8]) -> &'k [u8] {
         .unwrap_or_default()
 }
 
+/// The partition of an encoded key; `None` when the key is shorter than its length prefix
+/// says (never written by [`encode_into`]).
+pub(crate) fn partition_of(encoded: &[u8]) -> Option<&[u8]> {
+    let len = encoded.get(..LEN_BYTES)?;
+    let len = usize::from(u16::from_be_bytes([*len.first()?, *len.get(1)?]));
+    encoded.get(LEN_BYTES..LEN_BYTES + len)
+}
+
+/// The smallest encoded key above every key of `partition`, if any: where the next partition's
+/// keys begin. Precondition: the partition is [`storable`].
+pub(crate) fn after_partition(partition: &[u8]) -> Option<Vec<u8>> {
+    let mut prefix = Vec::with_capacity(LEN_BYTES + partition.len());
+    push_prefix(partition, &mut prefix);
+    successor(prefix)
+}
+
 /// Encoded bounds covering the entries of `partition` between `from` and `to`.
 /// Precondition: the partition is [`storable`] and the range is not empty.
 pub(crate) fn range(
@@ -102,6 +118,18 @@ mod tests {
         assert!(contains(&inside) && contains(&empty));
         assert!(!contains(&other) && !contains(&shorter));
         assert_eq!(clustering(b"ab", &inside), b"\xff\xff");
+    }
+
+    #[test]
+    fn an_encoded_key_names_its_partition_and_the_next_partition_sorts_after_it() {
+        let key = encode(Key::new(b"ab", b"\xff\xff"));
+        assert_eq!(partition_of(&key), Some(&b"ab"[..]));
+        assert_eq!(partition_of(&encode(Key::new(b"", b"x"))), Some(&b""[..]));
+        assert_eq!(partition_of(&[0, 5, b'a']), None, "cut short");
+        assert_eq!(partition_of(&[0]), None);
+        let next = after_partition(b"ab").expect("a successor");
+        assert!(key < next);
+        assert!(next <= encode(Key::new(b"ac", b"")));
     }
 
     #[test]

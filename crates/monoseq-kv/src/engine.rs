@@ -3,13 +3,16 @@
 //! and the application of one item, between taking its write lock or beginning its write
 //! transaction and committing) and ordered [`Entry`] iterators; this module supplies the batch
 //! write with its conflict check ([`apply_checked`]), compare-and-swap ([`swap_checked`]), the
-//! ordered scan ([`scan_entries`]) and `sync` per [`Durability`] ([`sync`]), so that fjall
-//! and redb differ only in how they reach their files.
+//! ordered scan ([`scan_entries`]), `sync` per [`Durability`] ([`sync`]) and the
+//! per-partition bounds in front of every session ([`Bounded`]), so that fjall and redb differ
+//! only in how they reach their files (their shared open path is `crate::embedded`).
 
 use std::cell::RefCell;
 use std::ops::ControlFlow;
+use std::sync::MutexGuard;
 
 use crate::batch::{Op, WriteBatch, first_conflict_ranged};
+use crate::bounds::Bounds;
 use crate::encoding;
 use crate::error::{CasError, KvError, WriteError};
 use crate::group_commit::Commits;
@@ -34,6 +37,70 @@ pub(crate) trait WriteSession {
 
     /// Makes one item part of the commit (`value` is empty for [`Op::Delete`]).
     fn apply(&mut self, op: Op, key: Key<'_>, value: &[u8]) -> Result<(), KvError>;
+
+    /// The highest clustering stored in `partition` (`None`: it is empty): one seek from its
+    /// end.
+    fn highest_clustering(&mut self, partition: &[u8]) -> Result<Option<Vec<u8>>, KvError>;
+}
+
+/// An engine's session behind the store's per-partition bounds (`bounds.rs`), holding the
+/// write lock that guards them: an insert-if-absent above its partition's bound is absent
+/// without a lookup, and every applied write raises its partition's bound before the commit
+/// (a bound too high if the commit then fails is still a bound). The one definition of the
+/// bounds' use for every embedded engine.
+pub(crate) struct Bounded<'b, S> {
+    pub(crate) bounds: MutexGuard<'b, Bounds>,
+    pub(crate) session: S,
+}
+
+impl<S: WriteSession> Bounded<'_, S> {
+    /// Learns the bound of the partitions `batch` inserts into if absent, from their second
+    /// visit on, then applies the batch like [`apply_checked`].
+    ///
+    /// # Errors
+    ///
+    /// [`WriteError::Conflict`] with the item's index and key; a storage fault of a lookup.
+    pub(crate) fn apply_checked(&mut self, batch: &WriteBatch) -> Result<(), WriteError> {
+        for item in batch.iter().filter(|i| i.op == Op::InsertIfAbsent) {
+            let partition = item.key.partition;
+            if !self.bounds.knows(partition) && self.bounds.worth_learning(partition) {
+                let highest = self.session.highest_clustering(partition)?;
+                self.bounds.learn(partition, highest.as_deref());
+            }
+        }
+        apply_checked(self, batch)
+    }
+}
+
+impl<S: WriteSession> WriteSession for Bounded<'_, S> {
+    fn contains(&mut self, key: Key<'_>) -> Result<bool, KvError> {
+        if self.bounds.above(key.partition, key.clustering) {
+            return Ok(false);
+        }
+        self.session.contains(key)
+    }
+
+    fn range_is_empty(&mut self, partition: &[u8], lo: &[u8], hi: &[u8]) -> Result<bool, KvError> {
+        if self.bounds.above(partition, lo) {
+            return Ok(true);
+        }
+        self.session.range_is_empty(partition, lo, hi)
+    }
+
+    fn read(&mut self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.session.read(key)
+    }
+
+    fn apply(&mut self, op: Op, key: Key<'_>, value: &[u8]) -> Result<(), KvError> {
+        if op != Op::Delete {
+            self.bounds.wrote(key.partition, key.clustering);
+        }
+        self.session.apply(op, key, value)
+    }
+
+    fn highest_clustering(&mut self, partition: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        self.session.highest_clustering(partition)
+    }
 }
 
 /// Checks a batch's limits before any engine work: `Ok(true)` when it writes nothing.

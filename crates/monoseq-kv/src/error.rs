@@ -58,6 +58,11 @@ pub enum KvError {
         /// What was written and how its answer was lost.
         message: String,
     },
+    /// The store was opened read-only ([`FjallStore::open_read_only`]); nothing was written.
+    ///
+    /// [`FjallStore::open_read_only`]: crate::FjallStore::open_read_only
+    #[error("the store was opened read-only, so nothing was written; open it for writing instead")]
+    ReadOnly,
     /// The backend reported a failure the contract has no better name for.
     #[error("storage backend failed: {message}")]
     Backend {

@@ -1,32 +1,39 @@
 //! [`FjallStore`]: the embedded backend on fjall (an LSM-tree with a write-ahead journal).
-//! Owns the mapping of the contract onto one fjall keyspace: keys laid out by
-//! [`crate::encoding`], writes serialised by one lock so that conditions are checked and the
-//! batch committed with no write in between ([`FjallSession`]), per-partition bounds that
-//! spare lookups, and flushing per [`Durability`]. The contract's control flow around these
-//! is shared with redb (`crate::engine`).
+//! Owns the mapping of the contract onto one fjall keyspace: opening its files ([`FjallFiles`],
+//! which also repairs fjall's view of a directory whose journal is gone), keys laid out by
+//! [`crate::encoding`], and a write as one fjall batch built before the write lock and
+//! committed under it ([`FjallSession`]). The open path, the per-partition bounds, flushing per
+//! [`Durability`] and the contract's control flow are shared with redb (`crate::embedded`,
+//! `crate::engine`); `listing.rs` enumerates the stored partitions, `copy.rs` copies a running
+//! store.
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
 use crate::batch::{Op, WriteBatch};
-use crate::bounds::Bounds;
+use crate::embedded::{Access, Embedded, Files, storage};
 use crate::encoding;
-use crate::engine::{self, Entry, WriteSession};
+use crate::engine::{self, Bounded, Entry, WriteSession};
 use crate::error::{CasError, KvError, OpenError, WriteError};
-use crate::group_commit::{Commits, Flusher, start_flusher};
 use crate::key::Key;
 use crate::memory::is_empty_range;
 use crate::options::{Durability, Options};
 use crate::store::{KvStore, Order, Visitor};
 
 mod copy;
+mod listing;
 
 pub use copy::CopyStats;
 
 const KEYSPACE: &str = "kv";
+/// fjall's version marker in its directory: present once a database was created there.
+const VERSION_FILE: &str = "version";
+/// fjall's folder of keyspaces in its directory.
+const KEYSPACES_FOLDER: &str = "keyspaces";
+/// The extension of fjall's journal files.
+const JOURNAL_EXTENSION: &str = "jnl";
 
 /// The fjall embedded backend. Its data directory is locked while it is open.
 ///
@@ -44,25 +51,19 @@ const KEYSPACE: &str = "kv";
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct FjallStore {
-    inner: Arc<Inner>,
-    /// Declared after `inner` uses it: stopped first on drop.
-    flusher: Option<Flusher>,
+    store: Embedded<FjallFiles>,
 }
 
-struct Inner {
+/// The fjall database and its one keyspace.
+pub(crate) struct FjallFiles {
     db: Database,
     kv: Keyspace,
-    durability: Durability,
-    /// Serialises writes: conditions are checked and the batch committed under it. Guards
-    /// the bounds of the partitions written, which spare most insert-if-absent lookups.
-    write_lock: Mutex<Bounds>,
-    commits: Commits,
 }
 
 impl std::fmt::Debug for FjallStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FjallStore")
-            .field("durability", &self.inner.durability)
+            .field("durability", &self.store.shared.durability)
             .finish_non_exhaustive()
     }
 }
@@ -114,12 +115,94 @@ impl FjallStore {
     /// - [`OpenError::InvalidOption`] when `options` are out of range.
     /// - [`OpenError::Storage`] when the directory cannot be read, created or recovered.
     pub fn open(path: impl AsRef<Path>, options: Options) -> Result<FjallStore, OpenError> {
-        let path = path.as_ref();
-        options.validate()?;
-        let storage = |source: KvError| OpenError::Storage {
-            path: PathBuf::from(path),
-            source,
-        };
+        let store = Embedded::open(path.as_ref(), options, Access::ReadWrite)?;
+        Ok(FjallStore { store })
+    }
+
+    /// Opens the store in directory `path` for reading only: every write answers
+    /// [`KvError::ReadOnly`], no flusher runs and nothing is flushed on close; reads and
+    /// [`FjallStore::partitions`] see what [`FjallStore::open`] would. fjall has no read-only
+    /// mode: opening still recovers its journal (and creates one when it is missing), so a
+    /// directory that must stay unchanged byte for byte is opened on a copy (`monoseq verify`
+    /// does).
+    ///
+    /// # Errors
+    ///
+    /// As [`FjallStore::open`].
+    pub fn open_read_only(
+        path: impl AsRef<Path>,
+        options: Options,
+    ) -> Result<FjallStore, OpenError> {
+        let store = Embedded::open(path.as_ref(), options, Access::ReadOnly)?;
+        Ok(FjallStore { store })
+    }
+
+    /// Writes what the journal holds into table files and waits for it, so the next open
+    /// replays no journal (a clean shutdown calls it; a restart is then faster).
+    ///
+    /// # Errors
+    ///
+    /// A [`KvError`] when writing the tables failed; the journal still holds everything.
+    pub fn flush_memtables(&self) -> Result<(), KvError> {
+        self.files()
+            .kv
+            .rotate_memtable_and_wait()
+            .map_err(|error| fault("writing the memtable to a table file", error))
+    }
+
+    /// The file fjall locks, exclusively, in its directory while a store has it open: a
+    /// shared lock on it keeps a store from opening (and fails while one is open).
+    pub const LOCK_FILE: &'static str = "lock";
+
+    /// Whether directory `dir` holds fjall's files (its version marker or its keyspaces).
+    #[must_use]
+    pub fn holds_files(dir: &Path) -> bool {
+        dir.join(VERSION_FILE).exists() || dir.join(KEYSPACES_FOLDER).exists()
+    }
+
+    fn files(&self) -> &FjallFiles {
+        &self.store.shared.files
+    }
+}
+
+impl Files for FjallFiles {
+    /// Opens the database and its keyspace. fjall recovers its sequence number from the
+    /// journal only: opened without one (deleted after a clean shutdown, whose table files hold
+    /// everything), it starts from 0, and its scans, which read at the visible sequence number,
+    /// see none of the table files while its point reads (at the newest) see them all. Such a
+    /// directory is opened twice: the first open creates an empty journal, and the second
+    /// recovers the number from the table files, so every read agrees.
+    fn open(path: &Path, options: &Options) -> Result<FjallFiles, OpenError> {
+        if lacks_journal(path) {
+            drop(FjallFiles::open_once(path, options)?);
+        }
+        FjallFiles::open_once(path, options)
+    }
+
+    fn persist(&self) -> Result<(), KvError> {
+        self.db
+            .persist(PersistMode::SyncData)
+            .map_err(|error| fault("flushing the journal", error))
+    }
+}
+
+/// Whether `path` holds a fjall database (its version marker) but no journal.
+fn lacks_journal(path: &Path) -> bool {
+    if !path.join(VERSION_FILE).is_file() {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return false;
+    };
+    !entries.filter_map(Result::ok).any(|entry| {
+        Path::new(&entry.file_name())
+            .extension()
+            .is_some_and(|ext| ext == JOURNAL_EXTENSION)
+    })
+}
+
+impl FjallFiles {
+    fn open_once(path: &Path, options: &Options) -> Result<FjallFiles, OpenError> {
         // fjall's journal recovery asserts on some damaged entries instead of answering an
         // error; a damaged directory must be refused, not crash the process.
         let opened = std::panic::catch_unwind(|| {
@@ -133,59 +216,27 @@ impl FjallStore {
                 .map(String::as_str)
                 .or_else(|| panic.downcast_ref::<&str>().copied())
                 .unwrap_or("no message");
-            storage(KvError::Corrupted {
-                message: format!("fjall panicked while recovering the database ({why})"),
-            })
+            storage(
+                path,
+                KvError::Corrupted {
+                    message: format!("fjall panicked while recovering the database ({why})"),
+                },
+            )
         })?;
         let db = opened.map_err(|error| match error {
             fjall::Error::Locked => OpenError::Locked {
                 path: PathBuf::from(path),
             },
-            other => storage(fault("opening the database", other)),
+            other => storage(path, fault("opening the database", other)),
         })?;
         let kv = db
             .keyspace(KEYSPACE, KeyspaceCreateOptions::default)
-            .map_err(|error| storage(fault("opening the keyspace", error)))?;
-        let inner = Arc::new(Inner {
-            db,
-            kv,
-            durability: options.durability,
-            write_lock: Mutex::new(Bounds::default()),
-            commits: Commits::default(),
-        });
-        let flusher = start_flusher(
-            options.durability,
-            Arc::clone(&inner),
-            |i| i.commits.dirty(),
-            Inner::sync_now,
-        )
-        .map_err(storage)?;
-        Ok(FjallStore { inner, flusher })
-    }
-
-    /// Writes what the journal holds into table files and waits for it, so the next open
-    /// replays no journal (a clean shutdown calls it; a restart is then faster).
-    ///
-    /// # Errors
-    ///
-    /// A [`KvError`] when writing the tables failed; the journal still holds everything.
-    pub fn flush_memtables(&self) -> Result<(), KvError> {
-        self.inner
-            .kv
-            .rotate_memtable_and_wait()
-            .map_err(|error| fault("writing the memtable to a table file", error))
+            .map_err(|error| storage(path, fault("opening the keyspace", error)))?;
+        Ok(FjallFiles { db, kv })
     }
 }
 
-impl Inner {
-    fn sync_now(&self) -> Result<(), KvError> {
-        self.commits.sync(|| {
-            self.db
-                .persist(PersistMode::SyncData)
-                .map_err(|error| fault("flushing the journal", error))
-        })
-    }
-
+impl FjallFiles {
     fn get(&self, key: Key<'_>, buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>, KvError> {
         if !encoding::storable(key.partition) {
             return Ok(None);
@@ -238,15 +289,16 @@ impl Inner {
         }
     }
 
-    /// Builds the fjall batch of `items` with the configured durability. Needs no lock, so
-    /// writers build their batches (key encoding, value copies) concurrently and hold the
-    /// write lock only to check conditions and commit.
+    /// Builds the fjall batch of `items` with `durability`. Needs no lock, so writers build
+    /// their batches (key encoding, value copies) concurrently and hold the write lock only to
+    /// check conditions and commit.
     fn prepare<'a>(
         &self,
+        durability: Durability,
         items: impl Iterator<Item = (Op, Key<'a>, &'a [u8])>,
     ) -> fjall::OwnedWriteBatch {
         let mut batch = self.db.batch();
-        if self.durability == Durability::Sync {
+        if durability == Durability::Sync {
             batch = batch.durability(Some(PersistMode::SyncData));
         }
         let mut key = Vec::new();
@@ -259,28 +311,56 @@ impl Inner {
         }
         batch
     }
+}
 
-    /// Commits a batch built by [`Inner::prepare`]. Caller holds the write lock (a
-    /// [`FjallSession`]).
-    fn commit(&self, batch: fjall::OwnedWriteBatch) -> Result<(), KvError> {
-        self.commits.check()?;
-        batch
+impl FjallStore {
+    /// Builds the fjall batch of `items` with the store's durability (see
+    /// [`FjallFiles::prepare`]).
+    fn prepare<'a>(
+        &self,
+        items: impl Iterator<Item = (Op, Key<'a>, &'a [u8])>,
+    ) -> fjall::OwnedWriteBatch {
+        self.files().prepare(self.store.shared.durability, items)
+    }
+
+    /// Takes the write lock for `prepared` (built by [`FjallStore::prepare`]).
+    fn session(
+        &self,
+        prepared: fjall::OwnedWriteBatch,
+    ) -> Result<Bounded<'_, FjallSession<'_>>, KvError> {
+        Ok(Bounded {
+            bounds: self.store.shared.write_lock()?,
+            session: FjallSession {
+                files: self.files(),
+                prepared,
+                buf: Vec::new(),
+            },
+        })
+    }
+
+    /// Commits the batch of `session`, under the write lock it holds.
+    fn commit(&self, session: Bounded<'_, FjallSession<'_>>) -> Result<(), KvError> {
+        let shared = &self.store.shared;
+        shared.commits.check()?;
+        session
+            .session
+            .prepared
             .commit()
             .map_err(|error| fault("committing a batch", error))?;
-        self.commits.acknowledged();
+        shared.commits.acknowledged();
         Ok(())
     }
 }
 
 impl KvStore for FjallStore {
     fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
-        self.inner.get(key, &mut Vec::new())
+        self.files().get(key, &mut Vec::new())
     }
 
     fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
         let mut buf = Vec::new();
         keys.iter()
-            .map(|&key| self.inner.get(key, &mut buf))
+            .map(|&key| self.files().get(key, &mut buf))
             .collect()
     }
 
@@ -295,7 +375,7 @@ impl KvStore for FjallStore {
         if !encoding::storable(partition) || is_empty_range(from, to) {
             return Ok(());
         }
-        let range = self.inner.kv.range(encoding::range(partition, from, to));
+        let range = self.files().kv.range(encoding::range(partition, from, to));
         let entries = range.map(|guard| {
             guard
                 .into_inner()
@@ -308,13 +388,10 @@ impl KvStore for FjallStore {
         if engine::nothing_to_write(batch)? {
             return Ok(());
         }
-        let prepared = self
-            .inner
-            .prepare(batch.iter().map(|item| (item.op, item.key, item.value)));
-        let mut session = self.inner.session(prepared);
-        session.learn_bounds(batch)?;
-        engine::apply_checked(&mut session, batch)?;
-        session.commit()?;
+        let prepared = self.prepare(batch.iter().map(|item| (item.op, item.key, item.value)));
+        let mut session = self.session(prepared)?;
+        session.apply_checked(batch)?;
+        self.commit(session)?;
         Ok(())
     }
 
@@ -329,18 +406,14 @@ impl KvStore for FjallStore {
             Some(value) => (Op::Put, key, value),
             None => (Op::Delete, key, &[][..]),
         };
-        let mut session = self
-            .inner
-            .session(self.inner.prepare(std::iter::once(item)));
+        let mut session = self.session(self.prepare(std::iter::once(item)))?;
         engine::swap_checked(&mut session, key, expected, new)?;
-        session.commit()?;
+        self.commit(session)?;
         Ok(())
     }
 
     fn sync(&self) -> Result<(), KvError> {
-        engine::sync(self.inner.durability, &self.inner.commits, || {
-            self.inner.sync_now()
-        })
+        self.store.shared.sync()
     }
 }
 
@@ -355,86 +428,35 @@ impl Entry for fjall::KvPair {
     }
 }
 
-/// A write under the store's write lock. The fjall batch is built before the lock (key
-/// encoding and value copies run concurrently between writers) and holds exactly the items
-/// the session applies; applying an item raises its partition's bound, committing commits
-/// the batch.
-struct FjallSession<'a> {
-    inner: &'a Inner,
-    bounds: MutexGuard<'a, Bounds>,
+/// A write of fjall, under the store's write lock (its [`Bounded`] holds it). The fjall batch
+/// is built before the lock (key encoding and value copies run concurrently between writers)
+/// and holds exactly the items the session applies, so applying an item adds nothing;
+/// committing commits the batch.
+pub(crate) struct FjallSession<'a> {
+    files: &'a FjallFiles,
     prepared: fjall::OwnedWriteBatch,
     buf: Vec<u8>,
 }
 
-impl Inner {
-    /// Takes the write lock for `prepared` (built by [`Inner::prepare`]).
-    fn session(&self, prepared: fjall::OwnedWriteBatch) -> FjallSession<'_> {
-        let bounds = self
-            .write_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        FjallSession {
-            inner: self,
-            bounds,
-            prepared,
-            buf: Vec::new(),
-        }
-    }
-}
-
-impl FjallSession<'_> {
-    /// Learns the bound of the partitions `batch` inserts into if absent, from their second
-    /// visit on.
-    fn learn_bounds(&mut self, batch: &WriteBatch) -> Result<(), KvError> {
-        for item in batch.iter().filter(|i| i.op == Op::InsertIfAbsent) {
-            let partition = item.key.partition;
-            if !self.bounds.knows(partition) && self.bounds.worth_learning(partition) {
-                let highest = self.inner.highest_clustering(partition)?;
-                self.bounds.learn(partition, highest.as_deref());
-            }
-        }
-        Ok(())
-    }
-
-    fn commit(self) -> Result<(), KvError> {
-        self.inner.commit(self.prepared)
-    }
-}
-
 impl WriteSession for FjallSession<'_> {
     fn contains(&mut self, key: Key<'_>) -> Result<bool, KvError> {
-        if self.bounds.above(key.partition, key.clustering) {
-            return Ok(false);
-        }
-        self.inner.contains(key, &mut self.buf)
+        self.files.contains(key, &mut self.buf)
     }
 
     fn range_is_empty(&mut self, partition: &[u8], lo: &[u8], hi: &[u8]) -> Result<bool, KvError> {
-        if self.bounds.above(partition, lo) {
-            return Ok(true);
-        }
-        self.inner.range_is_empty(partition, lo, hi)
+        self.files.range_is_empty(partition, lo, hi)
     }
 
     fn read(&mut self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
-        self.inner.get(key, &mut self.buf)
+        self.files.get(key, &mut self.buf)
     }
 
-    /// The item is in the prepared batch already; its bound is raised before the commit (a
-    /// bound too high if the commit fails is still a bound).
-    fn apply(&mut self, op: Op, key: Key<'_>, _value: &[u8]) -> Result<(), KvError> {
-        if op != Op::Delete {
-            self.bounds.wrote(key.partition, key.clustering);
-        }
+    /// The item is in the prepared batch already.
+    fn apply(&mut self, _op: Op, _key: Key<'_>, _value: &[u8]) -> Result<(), KvError> {
         Ok(())
     }
-}
 
-impl Drop for FjallStore {
-    fn drop(&mut self) {
-        drop(self.flusher.take());
-        // Best effort: a failure here is reported by the next open's recovery, not lost
-        // silently (fjall recovers the journal up to its last intact batch).
-        let _ = self.sync();
+    fn highest_clustering(&mut self, partition: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        self.files.highest_clustering(partition)
     }
 }

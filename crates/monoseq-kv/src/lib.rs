@@ -11,10 +11,12 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod batch;
-#[cfg(feature = "fjall")]
+#[cfg(any(feature = "fjall", feature = "redb"))]
 mod bounds;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(any(feature = "fjall", feature = "redb"))]
+mod embedded;
 #[cfg(any(feature = "fjall", feature = "redb"))]
 mod encoding;
 #[cfg(any(feature = "fjall", feature = "redb"))]

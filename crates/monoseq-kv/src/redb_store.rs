@@ -1,13 +1,14 @@
 //! [`RedbStore`]: the embedded backend on redb (a copy-on-write B-tree in one file).
-//! Owns the mapping of the contract onto one redb table: keys laid out by
-//! [`crate::encoding`], one redb write transaction per batch (redb runs one at a time, so
-//! conditions are checked and the batch committed with no write in between: [`RedbSession`]),
-//! and flushing per [`Durability`] (non-durable commits made durable by a later durable one).
-//! The contract's control flow around these is shared with fjall (`crate::engine`).
+//! Owns the mapping of the contract onto one redb table: opening its file ([`RedbFiles`]), keys
+//! laid out by [`crate::encoding`], one redb write transaction per batch (redb runs one at a
+//! time, so conditions are checked and the batch committed with no write in between:
+//! [`RedbSession`]), and a flush as a durable commit of nothing (which makes the non-durable
+//! commits before it durable). The open path, the per-partition bounds, flushing per
+//! [`Durability`] and the contract's control flow are shared with fjall (`crate::embedded`,
+//! `crate::engine`).
 
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use redb::{
     AccessGuard, Database, ReadableDatabase, ReadableTable, Table, TableDefinition,
@@ -15,10 +16,10 @@ use redb::{
 };
 
 use crate::batch::{Op, WriteBatch};
+use crate::embedded::{Access, Embedded, Files, storage};
 use crate::encoding;
-use crate::engine::{self, Entry, WriteSession};
+use crate::engine::{self, Bounded, Entry, WriteSession};
 use crate::error::{CasError, KvError, OpenError, WriteError};
-use crate::group_commit::{Commits, Flusher, start_flusher};
 use crate::key::Key;
 use crate::memory::is_empty_range;
 use crate::options::{Durability, Options};
@@ -44,21 +45,18 @@ const FILE_NAME: &str = "kv.redb";
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct RedbStore {
-    inner: Arc<Inner>,
-    /// Stopped before the final flush on drop.
-    flusher: Option<Flusher>,
+    store: Embedded<RedbFiles>,
 }
 
-struct Inner {
+/// The redb database.
+pub(crate) struct RedbFiles {
     db: Database,
-    durability: Durability,
-    commits: Commits,
 }
 
 impl std::fmt::Debug for RedbStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedbStore")
-            .field("durability", &self.inner.durability)
+            .field("durability", &self.store.shared.durability)
             .finish_non_exhaustive()
     }
 }
@@ -81,71 +79,22 @@ impl RedbStore {
     /// - [`OpenError::InvalidOption`] when `options` are out of range.
     /// - [`OpenError::Storage`] when the directory cannot be read, created or recovered.
     pub fn open(path: impl AsRef<Path>, options: Options) -> Result<RedbStore, OpenError> {
-        let path = path.as_ref();
-        options.validate()?;
-        let storage = |source: KvError| OpenError::Storage {
-            path: PathBuf::from(path),
-            source,
-        };
-        std::fs::create_dir_all(path).map_err(|source| {
-            storage(KvError::Io {
-                context: "creating the data directory",
-                source,
-            })
-        })?;
-        let db = Database::builder()
-            .set_cache_size(usize::try_from(options.cache_bytes).unwrap_or(usize::MAX))
-            .create(path.join(FILE_NAME))
-            .map_err(|error| match error {
-                redb::DatabaseError::DatabaseAlreadyOpen => OpenError::Locked {
-                    path: PathBuf::from(path),
-                },
-                other => storage(fault("opening the database", other)),
-            })?;
-        let tx = db
-            .begin_write()
-            .map_err(|error| storage(fault("creating the table", error)))?;
-        tx.open_table(TABLE)
-            .map_err(|error| storage(fault("creating the table", error)))?;
-        tx.commit()
-            .map_err(|error| storage(fault("creating the table", error)))?;
-        let inner = Arc::new(Inner {
-            db,
-            durability: options.durability,
-            commits: Commits::default(),
-        });
-        let flusher = start_flusher(
-            options.durability,
-            Arc::clone(&inner),
-            |i| i.commits.dirty(),
-            Inner::sync_now,
-        )
-        .map_err(storage)?;
-        Ok(RedbStore { inner, flusher })
+        let store = Embedded::open(path.as_ref(), options, Access::ReadWrite)?;
+        Ok(RedbStore { store })
     }
-}
 
-impl Inner {
-    /// A durable commit of nothing, which makes every earlier non-durable commit durable.
-    fn sync_now(&self) -> Result<(), KvError> {
-        self.commits.sync(|| {
-            let mut tx = self
-                .db
-                .begin_write()
-                .map_err(|error| fault("flushing", error))?;
-            tx.set_durability(redb::Durability::Immediate)
-                .map_err(|error| fault("flushing", error))?;
-            tx.commit().map_err(|error| fault("flushing", error))
-        })
+    fn files(&self) -> &RedbFiles {
+        &self.store.shared.files
     }
 
     fn begin_write(&self) -> Result<WriteTransaction, KvError> {
-        self.commits.check()?;
+        self.store.shared.commits.check()?;
         let mut tx = self
+            .files()
             .db
             .begin_write()
             .map_err(|error| fault("starting a write", error))?;
-        let durability = match self.durability {
+        let durability = match self.store.shared.durability {
             Durability::Sync => redb::Durability::Immediate,
             Durability::GroupCommit { .. } | Durability::Manual => redb::Durability::None,
         };
@@ -154,11 +103,65 @@ impl Inner {
         Ok(tx)
     }
 
+    /// Opens the table of `tx` behind the store's bounds, holding its write lock.
+    fn session<'tx>(
+        &'tx self,
+        tx: &'tx WriteTransaction,
+    ) -> Result<Bounded<'tx, RedbSession<'tx>>, KvError> {
+        let session = RedbSession::open(tx)?;
+        Ok(Bounded {
+            bounds: self.store.shared.write_lock()?,
+            session,
+        })
+    }
+
     fn commit(&self, tx: WriteTransaction) -> Result<(), KvError> {
         tx.commit()
             .map_err(|error| fault("committing a batch", error))?;
-        self.commits.acknowledged();
+        self.store.shared.commits.acknowledged();
         Ok(())
+    }
+}
+
+impl Files for RedbFiles {
+    fn open(path: &Path, options: &Options) -> Result<RedbFiles, OpenError> {
+        std::fs::create_dir_all(path).map_err(|source| {
+            storage(
+                path,
+                KvError::Io {
+                    context: "creating the data directory",
+                    source,
+                },
+            )
+        })?;
+        let db = Database::builder()
+            .set_cache_size(usize::try_from(options.cache_bytes).unwrap_or(usize::MAX))
+            .create(path.join(FILE_NAME))
+            .map_err(|error| match error {
+                redb::DatabaseError::DatabaseAlreadyOpen => OpenError::Locked {
+                    path: PathBuf::from(path),
+                },
+                other => storage(path, fault("opening the database", other)),
+            })?;
+        let tx = db
+            .begin_write()
+            .map_err(|error| storage(path, fault("creating the table", error)))?;
+        tx.open_table(TABLE)
+            .map_err(|error| storage(path, fault("creating the table", error)))?;
+        tx.commit()
+            .map_err(|error| storage(path, fault("creating the table", error)))?;
+        Ok(RedbFiles { db })
+    }
+
+    /// A durable commit of nothing, which makes every earlier non-durable commit durable.
+    fn persist(&self) -> Result<(), KvError> {
+        let mut tx = self
+            .db
+            .begin_write()
+            .map_err(|error| fault("flushing", error))?;
+        tx.set_durability(redb::Durability::Immediate)
+            .map_err(|error| fault("flushing", error))?;
+        tx.commit().map_err(|error| fault("flushing", error))
     }
 }
 
@@ -192,7 +195,7 @@ impl KvStore for RedbStore {
 
     fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
         let tx = self
-            .inner
+            .files()
             .db
             .begin_read()
             .map_err(|error| fault("starting a read", error))?;
@@ -217,7 +220,7 @@ impl KvStore for RedbStore {
             return Ok(());
         }
         let tx = self
-            .inner
+            .files()
             .db
             .begin_read()
             .map_err(|error| fault("starting a read", error))?;
@@ -237,9 +240,11 @@ impl KvStore for RedbStore {
         if engine::nothing_to_write(batch)? {
             return Ok(());
         }
-        let tx = self.inner.begin_write()?;
-        engine::apply_checked(&mut RedbSession::open(&tx)?, batch)?;
-        self.inner.commit(tx)?;
+        let tx = self.begin_write()?;
+        // redb runs one write transaction at a time: the bounds need not be held over the
+        // commit, no other write can begin before it ends.
+        self.session(&tx)?.apply_checked(batch)?;
+        self.commit(tx)?;
         Ok(())
     }
 
@@ -250,16 +255,14 @@ impl KvStore for RedbStore {
         new: Option<&[u8]>,
     ) -> Result<(), CasError> {
         engine::check_swap(key, new)?;
-        let tx = self.inner.begin_write()?;
-        engine::swap_checked(&mut RedbSession::open(&tx)?, key, expected, new)?;
-        self.inner.commit(tx)?;
+        let tx = self.begin_write()?;
+        engine::swap_checked(&mut self.session(&tx)?, key, expected, new)?;
+        self.commit(tx)?;
         Ok(())
     }
 
     fn sync(&self) -> Result<(), KvError> {
-        engine::sync(self.inner.durability, &self.inner.commits, || {
-            self.inner.sync_now()
-        })
+        self.store.shared.sync()
     }
 }
 
@@ -328,12 +331,22 @@ impl WriteSession for RedbSession<'_> {
         }
         Ok(())
     }
-}
 
-impl Drop for RedbStore {
-    fn drop(&mut self) {
-        drop(self.flusher.take());
-        // Best effort: what this misses was never acknowledged as durable.
-        let _ = self.sync();
+    fn highest_clustering(&mut self, partition: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
+        if !encoding::storable(partition) {
+            return Ok(None);
+        }
+        let bounds = encoding::range(partition, Bound::Unbounded, Bound::Unbounded);
+        let last = self
+            .table
+            .range::<&[u8]>(as_slices(&bounds))
+            .map_err(|error| fault("reading a key range", error))?
+            .next_back();
+        match last {
+            None => Ok(None),
+            Some(entry) => entry
+                .map(|(key, _)| Some(encoding::clustering(partition, key.value()).to_vec()))
+                .map_err(|error| fault("reading a key range", error)),
+        }
     }
 }

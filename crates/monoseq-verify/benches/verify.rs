@@ -116,15 +116,15 @@ fn verify(c: &mut Criterion) {
         populate(&kv, n);
     }
     eprintln!("populated {n} events in {:.1?}", t.elapsed());
+    let kv = FjallStore::open_read_only(dir.path(), options).unwrap();
     let t = Instant::now();
-    let list = PartitionList::from_fjall(dir.path(), APP).unwrap();
+    let list = PartitionList::from_store(&kv, APP).unwrap();
     eprintln!(
         "listed {} blocks in {:.1?} ({:.0} events/s)",
         list.blocks(),
         t.elapsed(),
         n as f64 / t.elapsed().as_secs_f64()
     );
-    let kv = FjallStore::open(dir.path(), options).unwrap();
     let report = Verifier::new(&kv, APP)
         .partition_list(&list)
         .run(&mut |_| {});

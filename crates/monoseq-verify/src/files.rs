@@ -217,13 +217,17 @@ pub(crate) fn check_marks<'f>(
 
 /// Marks are lower bounds: each partition's PLog must reach its mark, unless an accepted loss
 /// retired what is missing. Being ahead of a mark is fine (a crash between the engine's write
-/// and the mark's).
+/// and the mark's). A partition whose PLog could not be read is left out: it is reported
+/// unreadable, and how far it goes is unknown.
 pub(crate) fn check_against_marks(
     marks: &[Mark],
     partitions: &[PartitionState],
     problems: &mut Problems,
 ) {
     for (p, (mark, part)) in marks.iter().zip(partitions).enumerate() {
+        if part.plog_unreadable {
+            continue;
+        }
         let found = [part.plog_last, part.max[0], part.max[1], part.max[2]];
         let marked = [mark.plog, mark.wlog, mark.crecord, mark.owrecord];
         let retired = [

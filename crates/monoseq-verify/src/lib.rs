@@ -58,10 +58,11 @@ mod state;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
-use monoseq_kv::{Key, KvStore};
-use monoseq_store::AppId;
+use monoseq_kv::{FjallStore, Key, KvStore};
+use monoseq_store::{AppId, Identity, Mark};
 
 pub use files::DirFiles;
 pub use listing::{ListError, PartitionList};
@@ -199,41 +200,85 @@ impl<'a, S: KvStore> Verifier<'a, S> {
             listed: self.list.is_some(),
             ..Report::default()
         };
-        let meta = files::read_meta(self.kv, &mut problems);
-        if !files::check_layout(&meta, &mut problems) {
-            return finish(report, problems);
-        }
-        let identity = self
-            .files
-            .and_then(|f| files::check_identity(f, &meta, &mut problems));
-        let marks = self
-            .files
-            .and_then(|f| files::check_marks(f, identity, &meta, &mut problems));
-        let Some(n) = meta
-            .partitions
-            .or(identity.map(|i| i.partitions))
-            .or(self.partitions)
-        else {
-            problems.push(Problem::NoPartitionCount);
+        let Some(known) = self.read_files(&mut problems) else {
             return finish(report, problems);
         };
-        report.partitions = n;
+        report.partitions = known.partitions;
         let src = Source {
             kv: self.kv,
             app: self.app,
             list: self.list,
         };
-        let mut state = State {
-            partitions: (0..n)
-                .map(|p| PartitionState {
-                    checkpoint: read_checkpoint(self.kv, self.app, p, &mut problems),
-                    losses: identity.map_or_else(Vec::new, |i| i.losses_of(p).copied().collect()),
-                    retired: identity.map(|i| i.retired(p)).unwrap_or_default(),
-                    ..PartitionState::default()
-                })
-                .collect(),
-            ..State::default()
+        let mut state = self.initial_state(&known, &mut problems);
+        for p in 0..known.partitions {
+            PLogPass::new(&src, p, &mut state, &mut problems, progress).run(known.mark_plog(p));
+        }
+        check_checkpoints(&state, &mut problems);
+        if let Some(marks) = known.marks {
+            files::check_against_marks(marks, &state.partitions, &mut problems);
+        }
+        report.events = state.events;
+        report.workspaces = state.workspaces.len() as u64;
+        report.records = state.records.len() as u64;
+        let differing = passes::wlog_entries(&src, &mut state, &mut problems, progress);
+        if !differing.is_empty() {
+            let parts: BTreeSet<u32> = differing
+                .iter()
+                .filter_map(|ws| state.workspaces.get(ws).map(|w| w.partition))
+                .collect();
+            for p in parts {
+                PLogPass::new(&src, p, &mut state, &mut problems, progress)
+                    .comparing(&differing)
+                    .run(known.mark_plog(p));
+            }
+        }
+        passes::records(&src, &mut state, &mut problems, progress);
+        report.numbers = passes::numbers(&src, &state, &mut problems, progress);
+        finish(report, problems)
+    }
+
+    /// The engine's metadata, then the identity and marks when the data directory's files
+    /// are given, checked against each other; `None` when verification cannot go on (a key
+    /// layout it does not know, or no partition count anywhere).
+    fn read_files(&self, problems: &mut Problems) -> Option<Known<'a>> {
+        let meta = files::read_meta(self.kv, problems);
+        if !files::check_layout(&meta, problems) {
+            return None;
+        }
+        let identity = self
+            .files
+            .and_then(|f| files::check_identity(f, &meta, problems));
+        let marks = self
+            .files
+            .and_then(|f| files::check_marks(f, identity, &meta, problems));
+        let Some(partitions) = meta
+            .partitions
+            .or(identity.map(|i| i.partitions))
+            .or(self.partitions)
+        else {
+            problems.push(Problem::NoPartitionCount);
+            return None;
         };
+        Some(Known {
+            partitions,
+            identity,
+            marks,
+        })
+    }
+
+    /// Each partition's checkpoint and accepted losses, before any PLog is read; PLog blocks
+    /// the list names for partitions past the count are problems.
+    fn initial_state(&self, known: &Known<'_>, problems: &mut Problems) -> State {
+        let n = known.partitions;
+        let identity = known.identity;
+        let partitions = (0..n)
+            .map(|p| PartitionState {
+                checkpoint: read_checkpoint(self.kv, self.app, p, problems),
+                losses: identity.map_or_else(Vec::new, |i| i.losses_of(p).copied().collect()),
+                retired: identity.map(|i| i.retired(p)).unwrap_or_default(),
+                ..PartitionState::default()
+            })
+            .collect();
         if let Some(list) = self.list {
             for &p in list.plog.keys().filter(|&&p| p >= n) {
                 problems.push(Problem::PLogUnknownPartition {
@@ -242,41 +287,42 @@ impl<'a, S: KvStore> Verifier<'a, S> {
                 });
             }
         }
-        let mark_plog = |p: u32| marks.and_then(|m| m.get(p as usize)).map_or(0, |m| m.plog);
-        for p in 0..n {
-            PLogPass::new(&src, p, &mut state, &mut problems, progress).run(mark_plog(p));
+        State {
+            partitions,
+            ..State::default()
         }
-        for (p, part) in state.partitions.iter().enumerate() {
-            let plog_next = (part.plog_last + 1).max(part.retired.plog + 1);
-            if part.checkpoint > plog_next {
-                problems.push(Problem::CheckpointAhead {
-                    partition: p as u32,
-                    checkpoint: part.checkpoint,
-                    plog_next,
-                });
-            }
+    }
+}
+
+/// What the files and the engine's metadata say before any log is read.
+struct Known<'f> {
+    partitions: u32,
+    identity: Option<&'f Identity>,
+    marks: Option<&'f [Mark]>,
+}
+
+impl Known<'_> {
+    /// The PLog offset of `partition`'s high-water mark (0 without marks).
+    fn mark_plog(&self, partition: u32) -> u64 {
+        self.marks
+            .and_then(|m| m.get(partition as usize))
+            .map_or(0, |m| m.plog)
+    }
+}
+
+/// A checkpoint says the stored numbers are exact up to it, so the PLog must reach it (or the
+/// numbers an accepted loss retired must). A partition whose PLog could not be read is left
+/// out: it is reported unreadable, and how far it goes is unknown.
+fn check_checkpoints(state: &State, problems: &mut Problems) {
+    for (p, part) in state.partitions.iter().enumerate() {
+        let plog_next = (part.plog_last + 1).max(part.retired.plog + 1);
+        if part.checkpoint > plog_next && !part.plog_unreadable {
+            problems.push(Problem::CheckpointAhead {
+                partition: p as u32,
+                checkpoint: part.checkpoint,
+                plog_next,
+            });
         }
-        if let Some(marks) = marks {
-            files::check_against_marks(marks, &state.partitions, &mut problems);
-        }
-        report.events = state.events;
-        report.workspaces = state.workspaces.len() as u64;
-        report.records = state.records.len() as u64;
-        let differing = passes::wlog_entries(&src, &mut state, &mut problems, progress);
-        if !differing.is_empty() {
-            let parts: std::collections::BTreeSet<u32> = differing
-                .iter()
-                .filter_map(|ws| state.workspaces.get(ws).map(|w| w.partition))
-                .collect();
-            for p in parts {
-                PLogPass::new(&src, p, &mut state, &mut problems, progress)
-                    .comparing(&differing)
-                    .run(mark_plog(p));
-            }
-        }
-        passes::records(&src, &mut state, &mut problems, progress);
-        report.numbers = passes::numbers(&src, &state, &mut problems, progress);
-        finish(report, problems)
     }
 }
 
@@ -324,7 +370,8 @@ pub enum VerifyDirError {
 }
 
 /// Verifies data directory `dir` of the embedded engine (fjall) for `app`, reading a
-/// [`Snapshot`] copy so that no byte of `dir` changes, with a [`PartitionList`] of the copy so
+/// [`Snapshot`] copy so that no byte of `dir` changes, opened once and read-only through the kv
+/// crate (the same open a server's reads go through), with a [`PartitionList`] of the copy so
 /// that every block is read. When the engine's keys cannot all be read (damaged files), that
 /// is a problem and verification goes on without the list, reporting what each read finds.
 /// `partitions` is used only when neither the engine nor the identity records a partition
@@ -341,8 +388,8 @@ pub fn verify_data_dir(
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Report, VerifyDirError> {
     let snapshot = Snapshot::copy(dir)?;
-    let list = PartitionList::from_fjall(snapshot.path(), app);
-    let kv = monoseq_kv::FjallStore::open(snapshot.path(), monoseq_kv::Options::default())?;
+    let kv = FjallStore::open_read_only(snapshot.path(), monoseq_kv::Options::default())?;
+    let list = PartitionList::from_store(&kv, app);
     let engine_partitions = monoseq_store::recorded_partitions(&kv, dir).ok().flatten();
     let files = DirFiles::read(snapshot.path(), engine_partitions);
     let mut verifier = Verifier::new(&kv, app).files(&files);

@@ -2,22 +2,17 @@
 //! key-value contract has no way to list partitions (a scan stays inside one), so without a
 //! list verification finds only what the PLogs lead to; with one it also finds WLog entries,
 //! records and numbers of workspaces no event names, and PLog blocks past a gap or of unknown
-//! partitions. A list comes from the engine's files ([`PartitionList::from_fjall`]) or from
-//! known partition keys ([`PartitionList::from_keys`]).
+//! partitions. A list comes from the engine's own listing ([`PartitionList::from_store`]) or
+//! from known partition keys ([`PartitionList::from_keys`]); only `keys.rs` knows the layout
+//! of a partition key, and only the kv crate how the engine stores one.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::ops::ControlFlow;
 
+use monoseq_kv::FjallStore;
 use monoseq_store::AppId;
 
 use crate::keys::{self, Listed};
-
-/// The keyspace `monoseq_kv::FjallStore` keeps everything in (private there; see the report's
-/// note on a listing method for the contract).
-const FJALL_KEYSPACE: &str = "kv";
-/// Bytes of the partition length that `monoseq_kv`'s embedded backends put before each
-/// partition key (`crates/monoseq-kv/src/encoding.rs`).
-const FJALL_LEN_BYTES: usize = 2;
 
 /// The blocks of one application's event store that a store holds, by table, sorted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,41 +47,24 @@ impl PartitionList {
         list
     }
 
-    /// Lists the partitions of `app` in the fjall engine in `dir` by reading every key once.
-    /// Opens the engine, which recovers and may write: call it on a copy (see
-    /// [`crate::Snapshot`]), never on a directory a server uses, and not while a
-    /// `monoseq_kv::FjallStore` has it open (the engine is locked).
+    /// Lists the partitions of `app` that `store` holds, through its listing
+    /// ([`FjallStore::partitions`]: one seek per partition, nothing written). Open the store
+    /// with [`FjallStore::open_read_only`] on a copy of a data directory (see
+    /// [`crate::Snapshot`]).
     ///
     /// # Errors
     ///
-    /// [`ListError`] when the engine cannot be opened or read.
-    pub fn from_fjall(dir: &Path, app: AppId) -> Result<PartitionList, ListError> {
-        let fail = |e: fjall::Error| ListError::Engine {
-            message: e.to_string(),
-        };
-        let db = fjall::Database::builder(dir).open().map_err(fail)?;
-        let kv = db
-            .keyspace(FJALL_KEYSPACE, fjall::KeyspaceCreateOptions::default)
-            .map_err(fail)?;
+    /// [`ListError`] when the engine's files cannot be read.
+    pub fn from_store(store: &FjallStore, app: AppId) -> Result<PartitionList, ListError> {
         let mut list = PartitionList::default();
-        let mut last: Vec<u8> = Vec::new();
-        for guard in kv.iter() {
-            let key = guard.key().map_err(fail)?;
-            let Some(len) = key
-                .get(..FJALL_LEN_BYTES)
-                .map(|l| usize::from(u16::from_be_bytes([l[0], l[1]])))
-            else {
-                continue;
-            };
-            let Some(partition) = key.get(FJALL_LEN_BYTES..FJALL_LEN_BYTES + len) else {
-                continue;
-            };
-            if partition != last.as_slice() {
-                last.clear();
-                last.extend_from_slice(partition);
+        store
+            .partitions(&mut |partition| {
                 list.add(app, partition);
-            }
-        }
+                ControlFlow::Continue(())
+            })
+            .map_err(|e| ListError::Engine {
+                message: e.to_string(),
+            })?;
         list.finish();
         Ok(list)
     }

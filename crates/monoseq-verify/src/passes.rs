@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
 
 use monoseq_kv::{KvError, KvStore, Order};
-use monoseq_store::{DecodeError, RecordKind};
+use monoseq_store::{DecodeError, Mark, RecordKind};
 
 use crate::keys;
 use crate::plog::{PROGRESS_EVERY, Source, describe_entry};
@@ -200,23 +200,7 @@ fn check_block(
             (None, None) => break,
             (Some(&&(id, ref got)), exp) if exp.is_none_or(|&&((_, eid), _)| id < eid) => {
                 s.next();
-                // Stored, but no event created it: fine only below a retired mark.
-                let below = |kind: RecordKind| {
-                    slot(kind.id_sequence()).is_some_and(|i| id <= mark_of(&retired, i))
-                };
-                let explained = match got {
-                    Ok(r) => below(r.kind),
-                    Err(_) => below(RecordKind::CDoc) || below(RecordKind::ODoc),
-                };
-                if let Err(error) = got {
-                    problems.push(Problem::RecordCorrupt {
-                        ws,
-                        id,
-                        error: error.clone(),
-                    });
-                } else if !explained {
-                    problems.push(Problem::RecordOrphan { ws, id });
-                }
+                stored_without_event(ws, id, got, &retired, problems);
             }
             (stored_now, Some(&&((_, id), rs))) if stored_now.is_none_or(|&&(sid, _)| id < sid) => {
                 e.next();
@@ -234,37 +218,74 @@ fn check_block(
             (Some(&&(id, ref got)), Some(&&(_, rs))) => {
                 s.next();
                 e.next();
-                match got {
-                    Err(error) => problems.push(Problem::RecordCorrupt {
-                        ws,
-                        id,
-                        error: error.clone(),
-                    }),
-                    Ok(r) if r.id != id => problems.push(Problem::RecordMismatch {
-                        ws,
-                        id,
-                        detail: format!("says it is record {}", r.id),
-                    }),
-                    Ok(r) if rs.kind != 0 && r.kind.code() != rs.kind => {
-                        problems.push(Problem::RecordMismatch {
-                            ws,
-                            id,
-                            detail: format!(
-                                "is a {:?}, but the event at PLog offset {} created a {}",
-                                r.kind,
-                                rs.offset,
-                                RecordKind::from_code(rs.kind)
-                                    .map_or_else(|| rs.kind.to_string(), |k| format!("{k:?}"))
-                            ),
-                        });
-                    }
-                    Ok(_) => {}
-                }
+                compare_record(ws, id, got, rs, problems);
             }
             _ => break,
         }
     }
 }
+
+/// A stored record no event created: fine only below a retired mark (an accepted loss took
+/// its event); a record that does not decode is corrupt either way.
+fn stored_without_event(
+    ws: u64,
+    id: u64,
+    got: &Result<StoredRecord, DecodeError>,
+    retired: &Mark,
+    problems: &mut Problems,
+) {
+    let below =
+        |kind: RecordKind| slot(kind.id_sequence()).is_some_and(|i| id <= mark_of(retired, i));
+    match got {
+        Err(error) => problems.push(Problem::RecordCorrupt {
+            ws,
+            id,
+            error: error.clone(),
+        }),
+        Ok(r) if !below(r.kind) => problems.push(Problem::RecordOrphan { ws, id }),
+        Ok(_) => {}
+    }
+}
+
+/// A stored record against the one its event created or updated: it decodes, names its own ID
+/// and has the created kind.
+fn compare_record(
+    ws: u64,
+    id: u64,
+    got: &Result<StoredRecord, DecodeError>,
+    expected: RecordState,
+    problems: &mut Problems,
+) {
+    match got {
+        Err(error) => problems.push(Problem::RecordCorrupt {
+            ws,
+            id,
+            error: error.clone(),
+        }),
+        Ok(r) if r.id != id => problems.push(Problem::RecordMismatch {
+            ws,
+            id,
+            detail: format!("says it is record {}", r.id),
+        }),
+        Ok(r) if expected.kind != 0 && r.kind.code() != expected.kind => {
+            problems.push(Problem::RecordMismatch {
+                ws,
+                id,
+                detail: format!(
+                    "is a {:?}, but the event at PLog offset {} created a {}",
+                    r.kind,
+                    expected.offset,
+                    RecordKind::from_code(expected.kind)
+                        .map_or_else(|| expected.kind.to_string(), |k| format!("{k:?}"))
+                ),
+            });
+        }
+        Ok(_) => {}
+    }
+}
+
+/// Stored numbers of one numbers block, by workspace and sequence slot.
+type StoredNumbers = HashMap<(u64, usize), u64>;
 
 /// The numbers table against the numbers the events used.
 pub(crate) fn numbers<S: KvStore>(
@@ -282,81 +303,110 @@ pub(crate) fn numbers<S: KvStore>(
     let total = blocks.len() as u64;
     let mut stored_count = 0u64;
     let mut next = 0usize;
-    let mut stored: HashMap<(u64, usize), u64> = HashMap::new();
+    let mut stored = StoredNumbers::new();
     for (done, &block) in blocks.iter().enumerate() {
-        stored.clear();
-        let part = keys::numbers_block(src.app, block);
-        let mut damaged: Vec<String> = Vec::new();
-        let read = scan_all(src.kv, &part, &mut |clustering, value| {
-            let Some((ws, seq)) = keys::numbers_at(block, clustering) else {
-                damaged.push(format!(
-                    "a key with {} clustering bytes where 4 belong",
-                    clustering.len()
-                ));
-                return;
-            };
-            let Ok(v) = <[u8; 8]>::try_from(value) else {
-                damaged.push(format!(
-                    "the number of sequence {seq} of workspace {ws} has {} bytes where 8 belong",
-                    value.len()
-                ));
-                return;
-            };
-            if let Some(i) = slot(monoseq_core::SeqId(seq)) {
-                stored.insert((ws, i), u64::from_be_bytes(v));
-            }
-        });
+        read_numbers_block(src, block, &mut stored, problems);
         stored_count += stored.len() as u64;
-        for what in damaged {
-            problems.push(Problem::NumberDamaged { block, what });
-        }
-        if let Err(e) = read {
-            problems.unreadable(format!("numbers block {block}"), &e);
-        }
-        // Stored numbers ahead of the PLog.
-        let mut ahead: Vec<(u64, usize, u64)> =
-            stored.iter().map(|(&(ws, i), &v)| (ws, i, v)).collect();
-        ahead.sort_unstable();
-        for (ws, i, value) in ahead {
-            let last = state.workspaces.get(&ws).map_or(0, |w| w.seqs[i].last);
-            let retired = mark_of(&state.retired_of(ws), i);
-            if value > last && value > retired && value >= initial(i) {
-                problems.push(Problem::NumberAhead {
-                    ws,
-                    sequence: SEQUENCES[i],
-                    stored: value,
-                    plog_last: last,
-                });
-            }
-        }
-        // Numbers the checkpoint covers but the table does not hold.
-        while let Some(&ws) = wss.get(next) {
-            if ws / keys::NUMBERS_BLOCK_WS > block {
-                break;
-            }
-            next += 1;
-            let Some(w) = state.workspaces.get(&ws) else {
-                continue;
-            };
-            let checkpoint = state
-                .partitions
-                .get(w.partition as usize)
-                .map_or(1, |p| p.checkpoint);
-            for (i, st) in w.seqs.iter().enumerate() {
-                let have = stored.get(&(ws, i)).copied().unwrap_or(0);
-                if st.covered > have {
-                    problems.push(Problem::NumberNotCovered {
-                        ws,
-                        partition: w.partition,
-                        sequence: SEQUENCES[i],
-                        stored: have,
-                        covered: st.covered,
-                        checkpoint,
-                    });
-                }
-            }
-        }
+        check_numbers_ahead(state, &stored, problems);
+        let in_block = wss
+            .get(next..)
+            .unwrap_or_default()
+            .iter()
+            .take_while(|&&ws| ws / keys::NUMBERS_BLOCK_WS <= block)
+            .count();
+        let block_wss = wss.get(next..next + in_block).unwrap_or_default();
+        check_numbers_covered(state, block_wss, &stored, problems);
+        next += in_block;
         report(progress, Stage::Numbers, done as u64 + 1, total);
     }
     stored_count
+}
+
+/// Reads numbers block `block` into `stored` (cleared first); keys and values of the wrong
+/// size are damage, a failed read leaves the block unverified.
+fn read_numbers_block<S: KvStore>(
+    src: &Source<'_, S>,
+    block: u64,
+    stored: &mut StoredNumbers,
+    problems: &mut Problems,
+) {
+    stored.clear();
+    let part = keys::numbers_block(src.app, block);
+    let mut damaged: Vec<String> = Vec::new();
+    let read = scan_all(src.kv, &part, &mut |clustering, value| {
+        let Some((ws, seq)) = keys::numbers_at(block, clustering) else {
+            damaged.push(format!(
+                "a key with {} clustering bytes where 4 belong",
+                clustering.len()
+            ));
+            return;
+        };
+        let Ok(v) = <[u8; 8]>::try_from(value) else {
+            damaged.push(format!(
+                "the number of sequence {seq} of workspace {ws} has {} bytes where 8 belong",
+                value.len()
+            ));
+            return;
+        };
+        if let Some(i) = slot(monoseq_core::SeqId(seq)) {
+            stored.insert((ws, i), u64::from_be_bytes(v));
+        }
+    });
+    for what in damaged {
+        problems.push(Problem::NumberDamaged { block, what });
+    }
+    if let Err(e) = read {
+        problems.unreadable(format!("numbers block {block}"), &e);
+    }
+}
+
+/// Stored numbers ahead of the last one the PLog uses (and of what accepted losses retired).
+fn check_numbers_ahead(state: &State, stored: &StoredNumbers, problems: &mut Problems) {
+    let mut ahead: Vec<(u64, usize, u64)> =
+        stored.iter().map(|(&(ws, i), &v)| (ws, i, v)).collect();
+    ahead.sort_unstable();
+    for (ws, i, value) in ahead {
+        let last = state.workspaces.get(&ws).map_or(0, |w| w.seqs[i].last);
+        let retired = mark_of(&state.retired_of(ws), i);
+        if value > last && value > retired && value >= initial(i) {
+            problems.push(Problem::NumberAhead {
+                ws,
+                sequence: SEQUENCES[i],
+                stored: value,
+                plog_last: last,
+            });
+        }
+    }
+}
+
+/// Numbers the checkpoint covers but the table does not hold, for workspaces `wss` (those of
+/// the block just read).
+fn check_numbers_covered(
+    state: &State,
+    wss: &[u64],
+    stored: &StoredNumbers,
+    problems: &mut Problems,
+) {
+    for &ws in wss {
+        let Some(w) = state.workspaces.get(&ws) else {
+            continue;
+        };
+        let checkpoint = state
+            .partitions
+            .get(w.partition as usize)
+            .map_or(1, |p| p.checkpoint);
+        for (i, st) in w.seqs.iter().enumerate() {
+            let have = stored.get(&(ws, i)).copied().unwrap_or(0);
+            if st.covered > have {
+                problems.push(Problem::NumberNotCovered {
+                    ws,
+                    partition: w.partition,
+                    sequence: SEQUENCES[i],
+                    stored: have,
+                    covered: st.covered,
+                    checkpoint,
+                });
+            }
+        }
+    }
 }

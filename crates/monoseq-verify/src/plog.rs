@@ -7,12 +7,12 @@
 //! workspaces whose digests differ and compares their WLog entries byte for byte, to name
 //! each entry that is missing or different.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use std::ops::{Bound, ControlFlow};
 
 use monoseq_kv::{Key, KvStore, Order};
-use monoseq_store::{AppId, Event, LOG_BLOCK_EVENTS};
+use monoseq_store::{AppId, Event, LOG_BLOCK_EVENTS, Mark};
 
 use crate::keys;
 use crate::listing::PartitionList;
@@ -186,6 +186,9 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
                     format!("PLog block {block} of partition {}", self.partition),
                     &e,
                 );
+                if let Some(part) = self.state.partitions.get_mut(self.partition as usize) {
+                    part.plog_unreadable = true;
+                }
                 return entries;
             }
             if !full {
@@ -309,99 +312,30 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
 
     /// SPEC invariants 1, 2 and 10 for the numbers of one event.
     fn numbers(&mut self, event: &Event) {
-        let partition = self.partition;
-        let offset = event.plog_offset.0;
-        let ws = event.ws.0;
-        let mut used: [Vec<u64>; 3] = Default::default();
-        event.for_each_number(|seq, n| {
-            if let Some(i) = slot(seq)
-                && n.0 >= initial(i)
-                && let Some(v) = used.get_mut(i)
-            {
-                v.push(n.0);
-            }
-        });
-        let Some(part) = self.state.partitions.get_mut(partition as usize) else {
+        let at = At {
+            partition: self.partition,
+            offset: event.plog_offset.0,
+            ws: event.ws.0,
+        };
+        let used = used_numbers(event);
+        let Some(part) = self.state.partitions.get_mut(at.partition as usize) else {
             return;
         };
-        let checkpoint = part.checkpoint;
         let retired = if part.losses.is_empty() {
-            Default::default()
+            Mark::default()
         } else {
-            part.retired_before(offset)
+            part.retired_before(at.offset)
         };
-        let w = self.state.workspaces.entry(ws).or_insert_with(|| WsState {
-            partition,
-            ..WsState::default()
-        });
-        if w.partition != partition {
-            self.problems.push(Problem::WorkspaceInTwoPartitions {
-                ws,
-                first: w.partition,
-                second: partition,
-                offset,
-            });
-        }
-        w.last_plog = offset;
-        for (i, numbers) in used.iter_mut().enumerate() {
-            if numbers.is_empty() {
+        let w = workspace_of(&mut self.state.workspaces, &at, self.problems);
+        w.last_plog = at.offset;
+        for (i, numbers) in used.iter().enumerate() {
+            let Some(&max) = numbers.last() else {
                 continue;
-            }
-            numbers.sort_unstable();
-            let sequence = SEQUENCES[i];
-            let st = &mut w.seqs[i];
-            let (min, max) = (numbers[0], numbers[numbers.len() - 1]);
-            for pair in numbers.windows(2) {
-                if pair[0] == pair[1] {
-                    self.problems.push(Problem::NumberReused {
-                        partition,
-                        offset,
-                        ws,
-                        sequence,
-                        number: pair[1],
-                        last: pair[0],
-                    });
-                }
-            }
-            let retired_value = mark_of(&retired, i);
-            if min <= st.last {
-                self.problems.push(Problem::NumberReused {
-                    partition,
-                    offset,
-                    ws,
-                    sequence,
-                    number: min,
-                    last: st.last,
-                });
-            } else if min <= retired_value {
-                self.problems.push(Problem::RetiredNumberUsed {
-                    partition,
-                    offset,
-                    ws,
-                    sequence,
-                    number: min,
-                    retired: retired_value,
-                });
-            }
-            if i == 0 {
-                let expected = (st.last + 1).max(retired_value + 1);
-                if min > expected {
-                    self.problems.push(Problem::WLogOffsetSkipped {
-                        partition,
-                        offset,
-                        ws,
-                        wlog: min,
-                        last: st.last,
-                    });
-                }
-                if min > st.last + 1 {
-                    let from = st.last + 1;
-                    w.add_hole(from, min - 1);
-                }
-            }
+            };
+            check_sequence(&at, i, numbers, mark_of(&retired, i), w, self.problems);
             let st = &mut w.seqs[i];
             st.last = st.last.max(max);
-            if offset < checkpoint {
+            if at.offset < part.checkpoint {
                 st.covered = st.covered.max(max);
             }
             if let Some(m) = part.max.get_mut(i) {
@@ -510,3 +444,107 @@ pub(crate) fn describe_entry(bytes: &[u8]) -> String {
 }
 
 const _: () = assert!(LOG_BLOCK_EVENTS <= 1 << 16);
+
+/// Where an event is: its partition, PLog offset and workspace.
+struct At {
+    partition: u32,
+    offset: u64,
+    ws: u64,
+}
+
+/// The numbers of each sequence (WLog, CRecord, OWRecord) an event uses, sorted; numbers below
+/// a sequence's first are left out.
+fn used_numbers(event: &Event) -> [Vec<u64>; 3] {
+    let mut used: [Vec<u64>; 3] = Default::default();
+    event.for_each_number(|seq, n| {
+        if let Some(i) = slot(seq)
+            && n.0 >= initial(i)
+            && let Some(v) = used.get_mut(i)
+        {
+            v.push(n.0);
+        }
+    });
+    for numbers in &mut used {
+        numbers.sort_unstable();
+    }
+    used
+}
+
+/// The state of the event's workspace, created at its first event; a workspace whose events
+/// sit in two partitions is a problem.
+fn workspace_of<'w>(
+    workspaces: &'w mut HashMap<u64, WsState>,
+    at: &At,
+    problems: &mut Problems,
+) -> &'w mut WsState {
+    let w = workspaces.entry(at.ws).or_insert_with(|| WsState {
+        partition: at.partition,
+        ..WsState::default()
+    });
+    if w.partition != at.partition {
+        problems.push(Problem::WorkspaceInTwoPartitions {
+            ws: at.ws,
+            first: w.partition,
+            second: at.partition,
+            offset: at.offset,
+        });
+    }
+    w
+}
+
+/// Checks the numbers of sequence `i` an event uses (`numbers`, sorted, not empty) against the
+/// workspace's earlier ones and the numbers its partition's accepted losses retired
+/// (`retired`): none is used twice, none is retired, and WLog offsets follow each other (a
+/// skipped one is remembered as a hole).
+fn check_sequence(
+    at: &At,
+    i: usize,
+    numbers: &[u64],
+    retired: u64,
+    w: &mut WsState,
+    problems: &mut Problems,
+) {
+    let (Some(&min), sequence) = (numbers.first(), SEQUENCES[i]) else {
+        return;
+    };
+    let last = w.seqs[i].last;
+    let reused = |number, last| Problem::NumberReused {
+        partition: at.partition,
+        offset: at.offset,
+        ws: at.ws,
+        sequence,
+        number,
+        last,
+    };
+    for pair in numbers.windows(2) {
+        if pair[0] == pair[1] {
+            problems.push(reused(pair[1], pair[0]));
+        }
+    }
+    if min <= last {
+        problems.push(reused(min, last));
+    } else if min <= retired {
+        problems.push(Problem::RetiredNumberUsed {
+            partition: at.partition,
+            offset: at.offset,
+            ws: at.ws,
+            sequence,
+            number: min,
+            retired,
+        });
+    }
+    if i == 0 {
+        if min > (last + 1).max(retired + 1) {
+            problems.push(Problem::WLogOffsetSkipped {
+                partition: at.partition,
+                offset: at.offset,
+                ws: at.ws,
+                wlog: min,
+                last,
+            });
+        }
+        if min > last + 1 {
+            w.add_hole(last + 1, min - 1);
+        }
+    }
+}

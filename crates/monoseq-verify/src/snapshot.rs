@@ -1,6 +1,6 @@
 //! [`Snapshot`]: a private copy of a data directory to open the engine on. The embedded engine
-//! has no read-only mode and recovers (may write) when it opens, so verification never opens
-//! it on the operator's directory: it copies every file while holding a shared lock on the
+//! recovers (may write) even when it opens read-only (`FjallStore::open_read_only`), so
+//! verification never opens it on the operator's directory: it copies every file while holding a shared lock on the
 //! engine's lock file (a running server holds it exclusively, so the copy is refused while one
 //! runs, and a server cannot start in the middle of the copy), then works on the copy, which
 //! is deleted when the snapshot is dropped. The original is only ever opened for reading.
@@ -8,13 +8,11 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use monoseq_kv::FjallStore;
 use monoseq_store::IDENTITY_FILE;
 
-/// The engine's lock file inside a data directory (fjall's `lock`).
-const ENGINE_LOCK_FILE: &str = "lock";
-/// Files or folders whose presence says the engine has files in a directory (fjall's version
-/// marker and keyspaces folder).
-const ENGINE_MARKERS: [&str; 2] = ["version", "keyspaces"];
+/// The engine's lock file inside a data directory.
+const ENGINE_LOCK_FILE: &str = FjallStore::LOCK_FILE;
 /// Prefix of the snapshot directory's name.
 const SNAPSHOT_PREFIX: &str = ".monoseq-verify-";
 
@@ -86,8 +84,7 @@ impl Snapshot {
         if !meta.is_dir() {
             return Err(SnapshotError::NotADirectory(dir.to_path_buf()));
         }
-        let has_engine = ENGINE_MARKERS.iter().any(|m| dir.join(m).exists());
-        if !has_engine && !dir.join(IDENTITY_FILE).exists() {
+        if !FjallStore::holds_files(dir) && !dir.join(IDENTITY_FILE).exists() {
             return Err(SnapshotError::NotADataDir(dir.to_path_buf()));
         }
         let _lock = lock_shared(dir)?;

@@ -118,6 +118,10 @@ pub(crate) struct PartitionState {
     pub(crate) checkpoint: u64,
     /// The highest PLog offset holding an event (0: none).
     pub(crate) plog_last: u64,
+    /// Whether reading a PLog block failed (reported as unreadable): how far the PLog goes is
+    /// then unknown, so it is not compared with the marks or the checkpoint; a loss is claimed
+    /// only from what was read.
+    pub(crate) plog_unreadable: bool,
     /// Highest numbers the partition's events use: WLog, CRecord, OWRecord.
     pub(crate) max: [u64; 3],
     /// Accepted losses, oldest first.

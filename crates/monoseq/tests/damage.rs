@@ -5,7 +5,10 @@
 //! damage, or serves correct data (an acknowledged event is read back as acknowledged or
 //! answered `corrupted`, never missing); and whether it runs as it is or after an operator's
 //! `--accept-loss`, no PLog offset, WLog offset or record ID acknowledged before is handed out
-//! again. `verify` reports every damage that the server refuses or finds corrupt.
+//! again. `verify` reports every damage that the server refuses or finds corrupt, and the two
+//! agree on loss: where the server starts and reads every acknowledged event back, `verify`
+//! reports no loss, and where `verify` reports a loss, the server refuses. A directory a server
+//! stopped cleanly loses nothing when its journal is deleted, and both say so.
 
 mod common;
 
@@ -18,8 +21,7 @@ use serde_json::{Value, json};
 
 const PARTITIONS: u64 = 4;
 const WORKSPACES: u64 = 12;
-/// Commands per phase: the first ends in a clean shutdown (its events reach table files), the
-/// second in SIGKILL (its events are only in the journal).
+/// Commands per phase of the `Base::CleanThenKilled` directory.
 const PHASE_COMMANDS: u64 = 48;
 
 /// What clients were told.
@@ -77,24 +79,43 @@ async fn submit(client: &reqwest::Client, url: &str, ws: u64) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
-/// A data directory with acknowledged events in table files and in the journal. The second
-/// phase flushes no sequence numbers (a long flush delay), so its journal ends with the last
-/// acknowledged event.
-async fn base(dir: &Path) -> Acked {
+/// How the server that wrote a base directory stopped.
+#[derive(Debug, Clone, Copy)]
+enum Base {
+    /// Two phases: the first ends in a clean shutdown (its events reach table files), the
+    /// second in SIGKILL (its events are only in the journal). The second phase flushes no
+    /// sequence numbers (a long flush delay), so its journal ends with the last acknowledged
+    /// event.
+    CleanThenKilled,
+    /// One phase of `CLEAN_COMMANDS` commands ended by SIGTERM: everything is in table files.
+    Clean,
+}
+
+/// Commands of the `Base::Clean` directory.
+const CLEAN_COMMANDS: u64 = 200;
+
+/// A data directory holding acknowledged events, written as `kind` says.
+async fn base(dir: &Path, kind: Base) -> Acked {
     let client = client();
     let mut acked = Acked::default();
     let partitions = PARTITIONS.to_string();
-    for phase in 0..2 {
-        let delay = if phase == 0 { "50" } else { "10000" };
+    let phases: &[(&str, u64, bool)] = match kind {
+        Base::CleanThenKilled => &[
+            ("50", PHASE_COMMANDS, true),
+            ("10000", PHASE_COMMANDS, false),
+        ],
+        Base::Clean => &[("50", CLEAN_COMMANDS, true)],
+    };
+    for &(delay, commands, clean) in phases {
         let args = ["--partitions", &partitions, "--flush-delay-ms", delay];
         let server = Server::start_ready(dir, &args, &client).await;
-        for n in 0..PHASE_COMMANDS {
+        for n in 0..commands {
             let ws = n % WORKSPACES + 1;
             let (status, answer) = submit(&client, &server.url, ws).await;
             assert_eq!(status, 200, "{answer}");
             acked.record(ws, &answer);
         }
-        if phase == 0 {
+        if clean {
             assert!(server.terminate(Duration::from_secs(20)).success());
         } else {
             server.kill();
@@ -313,10 +334,26 @@ async fn settle(client: &reqwest::Client, url: &str) {
     }
 }
 
-/// Every acknowledged event reads back as acknowledged, or is answered `corrupted`; never
-/// "not found" and never other data. Answers how many were `corrupted`.
-async fn check_reads(client: &reqwest::Client, url: &str, acked: &Acked, case: &str) -> usize {
-    let mut corrupted = 0;
+/// What reading every acknowledged event back found.
+#[derive(Debug, Default)]
+struct Reads {
+    /// Answered `corrupted`.
+    corrupted: usize,
+    /// Answered 503 (the partition is not serving).
+    unavailable: usize,
+}
+
+impl Reads {
+    /// Whether every acknowledged event read back as acknowledged.
+    fn whole(&self) -> bool {
+        self.corrupted == 0 && self.unavailable == 0
+    }
+}
+
+/// Every acknowledged event reads back as acknowledged, or is answered `corrupted` or
+/// unavailable; never "not found" and never other data.
+async fn check_reads(client: &reqwest::Client, url: &str, acked: &Acked, case: &str) -> Reads {
+    let mut reads = Reads::default();
     for (&(p, plog), &(ws, wlog)) in &acked.events {
         let r = client
             .get(format!("{url}/v1/partitions/{p}/events/{plog}"))
@@ -333,16 +370,43 @@ async fn check_reads(client: &reqwest::Client, url: &str, acked: &Acked, case: &
             ),
             500 => {
                 assert_eq!(body["code"], "corrupted", "{case}: {body}");
-                corrupted += 1;
+                reads.corrupted += 1;
             }
-            503 => {}
+            503 => reads.unavailable += 1,
             _ => panic!(
                 "{case}: acknowledged event {plog} of partition {p} answered {status} {body}: \
                  a damaged store was served as if whole"
             ),
         }
     }
-    corrupted
+    reads
+}
+
+/// The kinds of problem by which `verify` says acknowledged events are lost: the PLog ends
+/// below a high-water mark, has a hole, or ends below the checkpoint of the stored numbers.
+const LOSS_KINDS: [&str; 3] = ["below-mark", "plog-gap", "checkpoint-ahead"];
+
+/// Whether `verify`'s output reports a loss (its summary counts problems by kind).
+fn reports_loss(verify_out: &str) -> bool {
+    LOSS_KINDS
+        .iter()
+        .any(|kind| verify_out.contains(&format!("{kind} x")))
+}
+
+/// The pair rule between `verify` and `serve` on one directory: where the server started and
+/// read every acknowledged event back, `verify` reports no loss; and where `verify` reports a
+/// loss, the server refuses to start (so it did not start here).
+fn check_verify_agrees_with_a_start(reads: &Reads, verify_out: &str, case: &str) {
+    assert!(
+        !(reads.whole() && reports_loss(verify_out)),
+        "{case}: the server started and read every acknowledged event back, but verify reports \
+         acknowledged events lost: {verify_out}"
+    );
+    assert!(
+        !reports_loss(verify_out),
+        "{case}: verify reports acknowledged events lost, but the server started on the \
+         directory ({reads:?}): {verify_out}"
+    );
 }
 
 /// New commands to every workspace: whatever succeeds gets numbers above everything
@@ -387,11 +451,11 @@ async fn check_no_reissue(client: &reqwest::Client, url: &str, acked: &Acked, ca
     }
 }
 
-/// Runs every damage on its own copy of one base directory.
-async fn run_cases(cases: Vec<Damage>) {
+/// Runs every damage on its own copy of one base directory written as `kind` says.
+async fn run_cases(kind: Base, cases: Vec<Damage>) {
     let root = tempfile::tempdir().expect("temporary directory");
     let base_dir = root.path().join("base");
-    let acked = base(&base_dir).await;
+    let acked = base(&base_dir, kind).await;
     let client = client();
     for (i, case) in cases.iter().enumerate() {
         let dir = root.path().join(format!("case{i}"));
@@ -412,12 +476,13 @@ async fn run_cases(cases: Vec<Damage>) {
                     "{name}: the server started on a store that lost acknowledged data"
                 );
                 settle(&client, &server.url).await;
-                let corrupted = check_reads(&client, &server.url, &acked, name).await;
+                let reads = check_reads(&client, &server.url, &acked, name).await;
                 assert!(
-                    corrupted == 0 || !verified.status.success(),
-                    "{name}: the server found {corrupted} corrupt events, verify none: \
-                     {verify_out}"
+                    reads.corrupted == 0 || !verified.status.success(),
+                    "{name}: the server found {} corrupt events, verify none: {verify_out}",
+                    reads.corrupted
                 );
+                check_verify_agrees_with_a_start(&reads, &verify_out, name);
                 check_no_reissue(&client, &server.url, &acked, name).await;
                 server.kill();
             }
@@ -449,15 +514,29 @@ async fn run_cases(cases: Vec<Damage>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_engine_and_identity_files_are_refused_or_served_whole() {
-    run_cases(deletions()).await;
+    run_cases(Base::CleanThenKilled, deletions()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_journal_is_refused_and_an_accepted_cut_reissues_nothing() {
-    run_cases(journal_cuts()).await;
+    run_cases(Base::CleanThenKilled, journal_cuts()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flipped_bytes_in_manifest_journal_and_tables_never_serve_wrong_data() {
-    run_cases(flips()).await;
+    run_cases(Base::CleanThenKilled, flips()).await;
+}
+
+/// The journal of a directory a server stopped cleanly holds nothing the table files do not:
+/// deleting it loses nothing, the server serves every event, and `verify` agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_deleted_after_a_clean_shutdown_loses_nothing_and_verify_agrees() {
+    let case = damage(
+        "delete every journal file after a clean shutdown",
+        false,
+        |d| {
+            remove(files(d, &|rel| rel.ends_with(".jnl")));
+        },
+    );
+    run_cases(Base::Clean, vec![case]).await;
 }

@@ -39,7 +39,7 @@ impl FjallStore {
     /// incomplete and must be discarded).
     pub fn copy_to(&self, dest: &Path) -> Result<CopyStats, KvError> {
         let started = Instant::now();
-        let snapshot = self.inner.db.snapshot();
+        let snapshot = self.files().db.snapshot();
         let snapshot_took = started.elapsed();
         let copy_started = Instant::now();
         let db = Database::builder(dest)
@@ -53,7 +53,7 @@ impl FjallStore {
             let mut ingestion = kv
                 .start_ingestion()
                 .map_err(|e| fault("starting the copy", e))?;
-            for guard in snapshot.iter(&self.inner.kv) {
+            for guard in snapshot.iter(&self.files().kv) {
                 let (key, value) = guard
                     .into_inner()
                     .map_err(|e| fault("reading the snapshot", e))?;
