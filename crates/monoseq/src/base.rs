@@ -1,6 +1,7 @@
 //! What the binary's modules share and what depends on nothing else of the binary: the
-//! application the server runs, the store type, and the JSON error answer every endpoint
-//! gives. Kept at the bottom of the module graph so that no import cycle runs through it.
+//! application the server runs, the store type, the JSON error answer every endpoint gives,
+//! and an error chain rendered with each cause once. Kept at the bottom of the module graph
+//! so that no import cycle runs through it.
 
 use std::sync::Arc;
 
@@ -23,4 +24,17 @@ pub(crate) fn error(status: StatusCode, code: &str, message: impl std::fmt::Disp
         axum::Json(json!({"code": code, "message": message.to_string()})),
     )
         .into_response()
+}
+
+/// An error and each of its causes, once each, joined by `": "` (the form of anyhow's `{:#}`):
+/// every layer's message says what it was doing, and the last one what failed.
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }

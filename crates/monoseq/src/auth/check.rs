@@ -1,0 +1,197 @@
+//! The per-request token check: the tokens the server accepts as SHA-256 digests, compared in
+//! constant time, and the middleware over the whole router that refuses a request before its
+//! body is read.
+
+use std::fmt;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use subtle::{Choice, ConstantTimeEq};
+
+use super::settings::{Configured, Kind, Token, digest};
+
+/// Paths answered without a token under `--open-health`.
+pub(super) const HEALTH_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+
+/// A token the server accepts, as the digest it is compared by.
+struct Accepted {
+    kind: Kind,
+    digest: [u8; 32],
+}
+
+/// The tokens the server accepts and the one it presents to its peers. Cloned by `Arc`; its
+/// `Debug` shows counts only.
+pub struct Auth {
+    accepted: Vec<Accepted>,
+    pub(crate) open_health: bool,
+    outbound: Option<HeaderValue>,
+}
+
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Auth")
+            .field("write_tokens", &self.count(Kind::Write))
+            .field("read_tokens", &self.count(Kind::Read))
+            .field("open_health", &self.open_health)
+            .field("node_token", &self.outbound.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// No `Authorization: Bearer` header.
+    Missing,
+    /// A bearer token the server does not accept.
+    Invalid,
+    /// A read token on a request that needs a write token.
+    ReadOnly,
+}
+
+impl Auth {
+    /// Accepts `tokens`; presents `node_token` to peers, or else the first write token.
+    pub(super) fn new(tokens: &[Configured], node_token: Option<Token>, open_health: bool) -> Auth {
+        let outbound = node_token
+            .or_else(|| {
+                tokens
+                    .iter()
+                    .find(|t| t.kind == Kind::Write)
+                    .map(|t| t.token.clone())
+            })
+            .map(|t| t.authorization());
+        Auth {
+            accepted: tokens
+                .iter()
+                .map(|t| Accepted {
+                    kind: t.kind,
+                    digest: t.token.digest(),
+                })
+                .collect(),
+            open_health,
+            outbound,
+        }
+    }
+
+    /// Requests need a token: at least one is configured.
+    pub fn is_on(&self) -> bool {
+        !self.accepted.is_empty()
+    }
+
+    /// The `Authorization` header this node sends with a request it forwards to another node
+    /// (`Bearer <node token>`, marked sensitive): the node token, or else the first write
+    /// token; `None` when neither is configured (send no header then).
+    #[allow(
+        dead_code,
+        reason = "for the forwarding of requests to other nodes (issue 14)"
+    )]
+    pub fn outbound_authorization(&self) -> Option<HeaderValue> {
+        self.outbound.clone()
+    }
+
+    pub(crate) fn count(&self, kind: Kind) -> usize {
+        self.accepted.iter().filter(|t| t.kind == kind).count()
+    }
+
+    /// The kind of `presented`, if the server accepts it. Compares its digest with every
+    /// accepted digest in constant time, without stopping at a match, so the time taken says
+    /// nothing about which token matched or how much of one.
+    pub(super) fn kind_of(&self, presented: &[u8]) -> Option<Kind> {
+        let presented = digest(presented);
+        let (mut write, mut read) = (Choice::from(0), Choice::from(0));
+        for t in &self.accepted {
+            let equal = t.digest.ct_eq(&presented);
+            match t.kind {
+                Kind::Write => write |= equal,
+                Kind::Read => read |= equal,
+            }
+        }
+        if bool::from(write) {
+            Some(Kind::Write)
+        } else if bool::from(read) {
+            Some(Kind::Read)
+        } else {
+            None
+        }
+    }
+
+    /// Whether a request of `method` on `path` with `headers` may go on.
+    pub(super) fn authorize(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+    ) -> Result<(), Refusal> {
+        if !self.is_on() || (self.open_health && HEALTH_PATHS.contains(&path)) {
+            return Ok(());
+        }
+        let presented = bearer(headers).ok_or(Refusal::Missing)?;
+        let kind = self.kind_of(presented).ok_or(Refusal::Invalid)?;
+        if kind == Kind::Read && Kind::needed_for(method) == Kind::Write {
+            return Err(Refusal::ReadOnly);
+        }
+        Ok(())
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header (the scheme in any case).
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+    let space = value.iter().position(|b| *b == b' ')?;
+    let (scheme, rest) = value.split_at(space);
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+/// The middleware on the whole router: a request goes on only with a token that allows it,
+/// and is answered 401 `unauthorized` (no or an unknown token) or 403 `forbidden` (a read
+/// token on a write) before its body is read, so a refused request changes nothing.
+pub async fn require_token(
+    State(auth): State<Arc<Auth>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match auth.authorize(request.method(), request.uri().path(), request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refused(refusal, request.method()),
+    }
+}
+
+fn refused(refusal: Refusal, method: &Method) -> Response {
+    let (status, code, message, challenge) = match refusal {
+        Refusal::Missing => (
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this server needs a token: send `Authorization: Bearer <token>` with a token of \
+             its --tokens-file or MONOSEQ_TOKENS"
+                .to_owned(),
+            "Bearer",
+        ),
+        Refusal::Invalid => (
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the bearer token is not one this server accepts; check the token".to_owned(),
+            "Bearer error=\"invalid_token\"",
+        ),
+        Refusal::ReadOnly => (
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("a read token may only GET; {method} needs a write token"),
+            "",
+        ),
+    };
+    let mut response = crate::base::error(status, code, message);
+    if !challenge.is_empty() {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static(challenge),
+        );
+    }
+    response
+}

@@ -1,0 +1,97 @@
+//! The error answers the handlers share: a failed read (corrupt bytes or a storage fault), a
+//! refused command, and the `Retry-After` header of every transient one.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use monoseq_cp::{CommandError, ErrorClass, RETRY_AFTER_SECS};
+use serde_json::json;
+
+use super::AppState;
+use crate::base::{chain, error};
+
+/// Marks an answer as transient: the client retries after [`RETRY_AFTER_SECS`].
+pub(super) fn with_retry_after(mut r: Response) -> Response {
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    r
+}
+
+/// Corrupt places remembered for logging once; past it, each is logged again.
+const CORRUPTED_LOGGED_MAX: usize = 1024;
+
+/// Answers a failed read: corrupt bytes are a 500 `corrupted` naming the key (logged once per
+/// place and counted), a storage fault a 503 with `Retry-After`.
+pub(super) fn read_error(
+    st: &AppState,
+    asked: impl FnOnce() -> String,
+    e: &monoseq_store::ReadError,
+) -> Response {
+    use monoseq_store::ReadError;
+    let place = match e {
+        ReadError::Corrupt { slot, .. } | ReadError::Misplaced { slot, .. } => {
+            Some(slot.to_string())
+        }
+        ReadError::Storage(monoseq_kv::KvError::Corrupted { .. }) => Some(asked()),
+        _ => None,
+    };
+    let message = chain(e);
+    match place {
+        Some(place) => {
+            st.metrics.corrupted.inc();
+            if first_report(st, &place) {
+                tracing::error!(place = %place, "corrupt data in storage: {message}");
+            }
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                axum::Json(json!({"code": "corrupted", "key": place, "message": message})),
+            )
+                .into_response()
+        }
+        None => {
+            tracing::warn!("storage read failed: {message}");
+            with_retry_after(error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "storage_unavailable",
+                message,
+            ))
+        }
+    }
+}
+
+/// Whether a corrupt place is reported for the first time (remembered up to
+/// [`CORRUPTED_LOGGED_MAX`] places, then forgotten all at once).
+fn first_report(st: &AppState, place: &str) -> bool {
+    let mut logged = st
+        .metrics
+        .corrupted_logged
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if logged.len() >= CORRUPTED_LOGGED_MAX {
+        logged.clear();
+    }
+    logged.insert(place.to_owned())
+}
+
+/// Answers a refused command with the status of its class and its stable code.
+pub(super) fn command_error(e: &CommandError) -> Response {
+    let status = status_of(e.class());
+    let r = error(status, e.code(), chain(e));
+    if e.is_transient() {
+        with_retry_after(r)
+    } else {
+        r
+    }
+}
+
+/// The HTTP status of each kind of command error (the README lists them with their codes).
+fn status_of(class: ErrorClass) -> StatusCode {
+    match class {
+        ErrorClass::Invalid => StatusCode::BAD_REQUEST,
+        ErrorClass::NotFound => StatusCode::NOT_FOUND,
+        ErrorClass::Conflict => StatusCode::CONFLICT,
+        ErrorClass::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorClass::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorClass::Transient => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}

@@ -1,0 +1,201 @@
+//! The server's Prometheus metrics: the registry and its series, registered once at start, and
+//! their refresh from the command processor's statistics when `/metrics` is read.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+
+use monoseq_cp::CommandProcessor;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::config::Store;
+
+/// Commands answered, by their outcome code.
+pub(super) type CommandCounters = Family<Vec<(String, String)>, Counter>;
+
+/// A ratio or a duration in seconds.
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+pub(super) struct Metrics {
+    registry: Registry,
+    pub(super) commands: CommandCounters,
+    /// The `code="ok"` counter of `commands`, held so that a successful command costs no
+    /// label allocation or family lookup.
+    pub(super) commands_ok: Counter,
+    state: StateGauges,
+    /// Reads (and commands) that found corrupt bytes in storage.
+    pub(super) corrupted: Counter,
+    /// Commands forwarded to the node owning their partition.
+    pub(super) forwarded: Counter,
+    /// Corrupt places already logged, so each is logged once (bounded).
+    pub(super) corrupted_logged: Mutex<HashSet<String>>,
+}
+
+/// The gauges set from the command processor's statistics when `/metrics` is read.
+struct StateGauges {
+    backlog: Gauge,
+    actualizing: Gauge,
+    checkpoint_lag: Gauge,
+    cache_hit_ratio: FloatGauge,
+    replayed: Gauge,
+    actualizations: Gauge,
+    actualization_seconds: FloatGauge,
+    groups: Gauge,
+    rebuilds: Gauge,
+    unavailable: Gauge,
+    replayed_commands: Gauge,
+    /// Partitions this node serves now.
+    owned: Gauge,
+}
+
+impl Metrics {
+    pub(super) fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("monoseq");
+        let commands = CommandCounters::default();
+        registry.register(
+            "commands",
+            "Commands answered, by outcome code (ok, busy, ...)",
+            commands.clone(),
+        );
+        let state = StateGauges::register(&mut registry);
+        let corrupted = counter(
+            &mut registry,
+            "corrupted_reads",
+            "Reads that found corrupt bytes in storage (answered 500 corrupted)",
+        );
+        let forwarded = counter(
+            &mut registry,
+            "forwarded_commands",
+            "Commands forwarded to (or redirected to) the node owning their partition",
+        );
+        crate::edge::metrics().register(&mut registry);
+        let commands_ok = commands
+            .get_or_create(&vec![("code".into(), "ok".into())])
+            .clone();
+        Metrics {
+            registry,
+            commands_ok,
+            commands,
+            state,
+            corrupted,
+            forwarded,
+            corrupted_logged: Mutex::default(),
+        }
+    }
+
+    /// Counts one answered command by its outcome code (`ok` has its own held counter).
+    pub(super) fn count_command(&self, code: &str) {
+        self.commands
+            .get_or_create(&vec![("code".into(), code.into())])
+            .inc();
+    }
+
+    /// Sets the gauges from the command processor's statistics and renders every series as
+    /// OpenMetrics text.
+    pub(super) fn render(&self, cp: &CommandProcessor<Store>) -> Result<String, std::fmt::Error> {
+        self.state.refresh(cp);
+        let mut text = String::new();
+        encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
+    let c = Counter::default();
+    registry.register(name, help, c.clone());
+    c
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
+    let g = Gauge::default();
+    registry.register(name, help, g.clone());
+    g
+}
+
+fn float_gauge(registry: &mut Registry, name: &str, help: &str) -> FloatGauge {
+    let g = FloatGauge::default();
+    registry.register(name, help, g.clone());
+    g
+}
+
+impl StateGauges {
+    fn register(registry: &mut Registry) -> StateGauges {
+        let r = registry;
+        StateGauges {
+            backlog: gauge(
+                r,
+                "backlog_values",
+                "Unflushed sequence values, all partitions",
+            ),
+            actualizing: gauge(r, "actualizing_partitions", "Partitions actualizing now"),
+            checkpoint_lag: gauge(
+                r,
+                "checkpoint_lag_events",
+                "Largest distance between a partition's PLog end and its persisted checkpoint",
+            ),
+            replayed: gauge(
+                r,
+                "actualization_replayed_events",
+                "Events replayed by actualizations (grows during one: progress)",
+            ),
+            actualizations: gauge(r, "actualizations", "Completed actualizations"),
+            groups: gauge(r, "group_commits", "Group commits written"),
+            rebuilds: gauge(
+                r,
+                "partition_rebuilds",
+                "Partitions rebuilt after their sequencer failed, since start",
+            ),
+            unavailable: gauge(
+                r,
+                "unavailable_partitions",
+                "Partitions not serving now (starting or being rebuilt)",
+            ),
+            replayed_commands: gauge(
+                r,
+                "idempotent_replays",
+                "Retries answered from the original event of their idempotency key",
+            ),
+            owned: gauge(r, "owned_partitions", "Partitions this node serves now"),
+            cache_hit_ratio: float_gauge(
+                r,
+                "cache_hit_ratio",
+                "Share of transactions whose workspace numbers were in memory",
+            ),
+            actualization_seconds: float_gauge(
+                r,
+                "actualization_duration_seconds",
+                "Duration of the longest last actualization among partitions",
+            ),
+        }
+    }
+
+    fn refresh(&self, cp: &CommandProcessor<Store>) {
+        let s = cp.stats();
+        self.backlog.set(s.backlog_values as i64);
+        self.actualizing.set(s.actualizing_partitions as i64);
+        self.replayed.set(s.replayed_events as i64);
+        self.actualizations.set(s.actualizations as i64);
+        self.groups.set(s.groups as i64);
+        self.rebuilds.set(s.rebuilds as i64);
+        self.unavailable.set(s.unavailable_partitions as i64);
+        self.replayed_commands.set(s.replayed as i64);
+        self.owned.set(cp.owned().len() as i64);
+        let lookups = s.cache_hits + s.cache_misses;
+        self.cache_hit_ratio.set(if lookups == 0 {
+            0.0
+        } else {
+            s.cache_hits as f64 / lookups as f64
+        });
+        let (mut lag, mut longest) = (0u64, 0u64);
+        for p in cp.partition_stats() {
+            lag = lag.max(p.next_offset.saturating_sub(p.durable_offset));
+            longest = longest.max(p.last_actualization_micros);
+        }
+        self.checkpoint_lag.set(lag as i64);
+        self.actualization_seconds.set(longest as f64 / 1e6);
+    }
+}
