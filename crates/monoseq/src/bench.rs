@@ -54,6 +54,10 @@ pub struct BenchArgs {
     /// Send every command with its own `Idempotency-Key`, to measure what keys cost.
     #[arg(long)]
     pub idempotency_keys: bool,
+    /// With --url: send the commands in batches of this many (`POST /v1/commands/batch`, one
+    /// request per partition owner), counting each command; latencies are per batch.
+    #[arg(long, requires = "url", value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub batch: Option<u16>,
 }
 
 /// The command every client sends: one CDoc, an argument ODoc referring to it.
@@ -109,7 +113,10 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
     let (mode, tally, elapsed) = match &client {
         Some(client) => {
             let began = Instant::now();
-            let t = http_load(client, &args, deadline).await?;
+            let t = match args.batch {
+                Some(size) => http_batch_load(client, &args, deadline, usize::from(size)).await?,
+                None => http_load(client, &args, deadline).await?,
+            };
             ("http", t, began.elapsed())
         }
         None => {
@@ -254,6 +261,54 @@ async fn print_server_info(client: &monoseq_client::Client, url: &str) -> anyhow
         info.version, info.partitions, info.trust_level, info.storage,
     );
     Ok(())
+}
+
+/// Like [`http_load`], each client sending `size` commands per request.
+async fn http_batch_load(
+    client: &monoseq_client::Client,
+    args: &BenchArgs,
+    deadline: Instant,
+    size: usize,
+) -> anyhow::Result<Tally> {
+    let mut tasks = Vec::with_capacity(args.clients);
+    for c in 0..args.clients as u64 {
+        let client = client.clone();
+        let (workspaces, keys) = (args.workspaces, args.idempotency_keys);
+        tasks.push(tokio::spawn(async move {
+            let mut t = Tally::new();
+            let mut i = c;
+            let mut batch: Vec<monoseq_client::BatchCommandBody> = (0..size)
+                .map(|_| monoseq_client::BatchCommandBody::new(command(1), None))
+                .collect();
+            while Instant::now() < deadline {
+                for item in &mut batch {
+                    item.ws = i % workspaces + 1;
+                    i += 7919;
+                    item.idempotency_key = keys.then(monoseq_client::new_idempotency_key);
+                }
+                let began = Instant::now();
+                match client.submit_batch(&batch).await {
+                    Ok(results) => {
+                        for result in results {
+                            match result {
+                                Ok(_) => t.ok += 1,
+                                Err(e) if e.status() == Some(503) => t.busy += 1,
+                                Err(_) => t.failed += 1,
+                            }
+                        }
+                        let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
+                    }
+                    Err(_) => t.failed += size as u64,
+                }
+            }
+            t
+        }));
+    }
+    let mut all = Tally::new();
+    for task in tasks {
+        all.merge(&task.await?);
+    }
+    Ok(all)
 }
 
 async fn http_load(

@@ -10,7 +10,8 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use monoseq_cp::RETRY_AFTER_SECS;
 
-use crate::wire::CommandBody;
+use axum::body::Bytes;
+use monoseq_wire::{BatchAnswerBody, BatchResultBody, ErrorBody};
 
 /// The header naming the node that forwarded a request.
 pub const FORWARDED_BY: &str = "x-monoseq-forwarded-by";
@@ -89,8 +90,9 @@ impl Forwarder {
         headers.contains_key(FORWARDED_BY)
     }
 
-    /// The answer of the node at `url` to `cmd` (or a redirect to it).
-    pub async fn command(&self, url: &str, cmd: &CommandBody, headers: &HeaderMap) -> Response {
+    /// The answer of the node at `url` to a command (or a redirect to it): its `body` is
+    /// relayed as the client sent it, not parsed and written again.
+    pub async fn command(&self, url: &str, body: Bytes, headers: &HeaderMap) -> Response {
         let target = format!("{url}/v1/commands");
         if self.redirect {
             return redirect(&target);
@@ -99,7 +101,8 @@ impl Forwarder {
             .client
             .post(&target)
             .header(FORWARDED_BY, self.node_id.clone())
-            .json(cmd);
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body);
         for name in PASSED_ON {
             if let Some(v) = headers.get(name) {
                 request = request.header(name, v.clone());
@@ -113,6 +116,62 @@ impl Forwarder {
             Err(e) => owner_unreachable(url, &e),
         }
     }
+
+    /// The answer of the node at `url` to a batch whose `body` (`{"commands":[…]}`) is relayed
+    /// as given.
+    ///
+    /// # Errors
+    ///
+    /// The result every command of the batch gets when the owner did not answer with results:
+    /// `owner_unreachable` (the commands may have run: retry them with their keys),
+    /// `node_unauthorized`, or the owner's own refusal of the whole batch.
+    pub async fn batch(&self, url: &str, body: Bytes) -> Result<BatchAnswerBody, BatchResultBody> {
+        let mut request = self
+            .client
+            .post(format!("{url}/v1/commands/batch"))
+            .header(FORWARDED_BY, self.node_id.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body);
+        if let Some(auth) = &self.authorization {
+            request = request.header(header::AUTHORIZATION, auth.clone());
+        }
+        let answer = match request.send().await {
+            Ok(answer) => relay(answer).await,
+            Err(e) => owner_unreachable(url, &e),
+        };
+        batch_results(answer).await
+    }
+}
+
+/// The results of a relayed batch's answer, or what every command gets when it has none.
+async fn batch_results(answer: Response) -> Result<BatchAnswerBody, BatchResultBody> {
+    let status = answer.status();
+    let retry_after = answer
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
+        .await
+        .unwrap_or_default();
+    if status.is_success()
+        && let Ok(results) = serde_json::from_slice::<BatchAnswerBody>(&body)
+    {
+        return Ok(results);
+    }
+    let error = serde_json::from_slice::<ErrorBody>(&body).unwrap_or_else(|_| ErrorBody {
+        code: "owner_unreachable".into(),
+        message: format!(
+            "the node owning the partition answered {status} without results; whether the \
+             commands ran is unknown: retry them with their idempotency keys"
+        ),
+        key: None,
+    });
+    Err(BatchResultBody::refused(
+        status.as_u16(),
+        error,
+        retry_after,
+    ))
 }
 
 /// Asks other nodes' `/healthz` whether they answer (readiness counts a partition whose owner

@@ -84,7 +84,7 @@ pub(super) fn command_error(e: &CommandError) -> Response {
 }
 
 /// The HTTP status of each kind of command error (the README lists them with their codes).
-fn status_of(class: ErrorClass) -> StatusCode {
+pub(super) fn status_of(class: ErrorClass) -> StatusCode {
     match class {
         ErrorClass::Invalid => StatusCode::BAD_REQUEST,
         ErrorClass::NotFound => StatusCode::NOT_FOUND,

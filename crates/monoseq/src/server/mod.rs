@@ -2,7 +2,7 @@
 //! events, WLog ranges and records back, liveness, readiness and Prometheus metrics — with a
 //! graceful, bounded shutdown. Errors are JSON `{"code", "message"}` with stable codes.
 //!
-//! `routes.rs` holds the router and its handlers, `answers.rs` the error answers they share,
+//! `routes.rs` holds the router and its handlers, `batch.rs` the batch endpoint's, `answers.rs` the error answers they share,
 //! `metrics.rs` the Prometheus registry, and `startup.rs` `serve`: the listener, opening the
 //! storage, joining a cluster and the shutdown.
 
@@ -15,6 +15,7 @@ use crate::config::Store;
 use crate::forward::Forwarder;
 
 mod answers;
+mod batch;
 mod metrics;
 mod routes;
 mod startup;

@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -84,6 +85,7 @@ fn api_routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/v1/info", get(info))
         .route("/v1/commands", post(submit))
+        .route("/v1/commands/batch", post(super::batch::submit_batch))
         .route("/v1/cluster", get(cluster_status))
         .route("/v1/marks", get(marks))
         .route(
@@ -156,24 +158,13 @@ fn path_error(rejection: &PathRejection) -> Response {
 async fn submit(
     State(st): State<Arc<AppState>>,
     headers: axum::http::HeaderMap,
-    body: Result<axum::Json<CommandBody>, JsonRejection>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let cmd = match body {
-        Ok(axum::Json(c)) => c,
-        Err(rejection) => {
-            let (status, code) = match &rejection {
-                JsonRejection::JsonSyntaxError(_) => (StatusCode::BAD_REQUEST, "malformed_json"),
-                JsonRejection::JsonDataError(_) => (StatusCode::BAD_REQUEST, "invalid_command"),
-                JsonRejection::MissingJsonContentType(_) => {
-                    (StatusCode::UNSUPPORTED_MEDIA_TYPE, "content_type")
-                }
-                _ if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                    (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
-                }
-                _ => (StatusCode::BAD_REQUEST, "bad_request"),
-            };
+    let (cmd, body) = match command_body(&headers, body) {
+        Ok(read) => read,
+        Err((status, code, message)) => {
             st.metrics.count_command(code);
-            return error(status, code, rejection.body_text());
+            return error(status, code, message);
         }
     };
     let key = match headers.get(IDEMPOTENCY_KEY).map(|v| {
@@ -185,7 +176,7 @@ async fn submit(
         Some(Ok(k)) => Some(k),
         Some(Err(e)) => return command_error(&e),
     };
-    if let Some(answer) = route_elsewhere(&st, &cmd, &headers).await {
+    if let Some(answer) = route_elsewhere(&st, cmd.ws, body, &headers).await {
         return answer;
     }
     match st.cp.submit_keyed(crate::wire::command(cmd), key).await {
@@ -203,6 +194,49 @@ async fn submit(
             st.metrics.count_command(e.code());
             command_error(&e)
         }
+    }
+}
+
+/// A command's body: the command, and its bytes as sent (relayed unchanged when another node
+/// owns its partition); or the status, code and message refusing it.
+fn command_body(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(CommandBody, Bytes), (StatusCode, &'static str, String)> {
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                rejection.body_text(),
+            )
+        } else {
+            (
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                rejection.body_text(),
+            )
+        }
+    })?;
+    if !super::batch::is_json(headers) {
+        return Err((
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "content_type",
+            "a command is sent with `Content-Type: application/json`".to_owned(),
+        ));
+    }
+    match serde_json::from_slice(&body) {
+        Ok(cmd) => Ok((cmd, body)),
+        Err(e) if e.is_data() => Err((
+            StatusCode::BAD_REQUEST,
+            "invalid_command",
+            format!("the command is not valid: {e}"),
+        )),
+        Err(e) => Err((
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+            format!("the body is not JSON: {e}"),
+        )),
     }
 }
 
@@ -334,18 +368,19 @@ async fn read_record(
 /// when it is served here.
 async fn route_elsewhere(
     st: &AppState,
-    cmd: &CommandBody,
+    ws: u64,
+    body: Bytes,
     headers: &HeaderMap,
 ) -> Option<Response> {
     let (cluster, forwarder) = st.cluster.as_ref()?;
-    let partition = st.cp.partition_of(WsId(cmd.ws));
+    let partition = st.cp.partition_of(WsId(ws));
     if st.cp.serves(partition) {
         return None;
     }
     let answer = match cluster.owner(partition) {
         Owner::Node { url, .. } if !Forwarder::was_forwarded(headers) => {
             st.metrics.forwarded.inc();
-            forwarder.command(&url, cmd, headers).await
+            forwarder.command(&url, body, headers).await
         }
         _ => with_retry_after(error(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -1,0 +1,312 @@
+//! `POST /v1/commands/batch`: many commands in one request (`monoseq_wire::BatchBody`), each
+//! run exactly as if it had come alone to `POST /v1/commands` and answered on its own, in the
+//! order sent. One refused command fails only itself; a batch refused whole (not JSON, not a
+//! batch, too many commands) wrote nothing.
+//!
+//! The commands a batch carries for partitions this node serves go to the command processor
+//! together, so they share its group commits; those for partitions another node owns are
+//! relayed to that node as one batch per owner, each command's text as the client wrote it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::future::join_all;
+use monoseq_core::WsId;
+use monoseq_cp::{CommandError, CommandProcessor, IdempotencyKey, RETRY_AFTER_SECS};
+use monoseq_wire::{
+    BATCH_COMMANDS_MAX, BatchAnswerBody, BatchCommandBody, BatchResultBody, ErrorBody, RawBatchBody,
+};
+use serde_json::value::RawValue;
+
+use super::AppState;
+use super::answers::status_of;
+use crate::base::{chain, error};
+use crate::cluster::{Cluster, Owner};
+use crate::config::Store;
+use crate::forward::Forwarder;
+
+/// `POST /v1/commands/batch`: reads the batch, runs its commands, counts each in the metrics
+/// as a single command would be, and answers their results.
+pub(super) async fn submit_batch(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            let (status, code) = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+            } else {
+                (StatusCode::BAD_REQUEST, "bad_request")
+            };
+            return error(status, code, rejection.body_text());
+        }
+    };
+    let commands = match read(&headers, &body) {
+        Ok(commands) => commands,
+        Err((status, code, message)) => return error(status, code, message),
+    };
+    let results = run(&st.cp, st.cluster.as_ref(), &headers, &commands).await;
+    for result in &results {
+        match &result.error {
+            None => {
+                st.metrics.commands_ok.inc();
+            }
+            Some(e) => st.metrics.count_command(&e.code),
+        }
+    }
+    answer(results)
+}
+
+/// Where each command of a batch goes.
+enum Route<'a> {
+    /// To this node's command processor.
+    Here(Option<IdempotencyKey>, monoseq_wire::CommandBody),
+    /// Relayed to the owner at this URL, as sent.
+    Owner(String, &'a RawValue),
+    /// Answered at once (malformed, or its partition has no reachable owner now).
+    Answered(BatchResultBody),
+}
+
+/// Why a batch is refused whole: the status, the code and the message.
+type Refusal = (StatusCode, &'static str, String);
+
+/// Reads a batch's body: the commands as text, or why the whole batch is refused.
+///
+/// # Errors
+///
+/// 415 without a JSON content type, 400 `malformed_json` or `invalid_batch`, 413
+/// `batch_too_large`.
+fn read<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<Vec<&'a RawValue>, Refusal> {
+    if !is_json(headers) {
+        return Err((
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "content_type",
+            "a batch is sent with `Content-Type: application/json`".to_owned(),
+        ));
+    }
+    let raw: RawBatchBody<'_> = serde_json::from_slice(body).map_err(|e| {
+        let code = if e.is_data() {
+            "invalid_batch"
+        } else {
+            "malformed_json"
+        };
+        (
+            StatusCode::BAD_REQUEST,
+            code,
+            format!("the body is not a batch `{{\"commands\": [...]}}`: {e}; nothing was run"),
+        )
+    })?;
+    if raw.commands.len() > BATCH_COMMANDS_MAX {
+        return Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "batch_too_large",
+            format!(
+                "a batch carries at most {BATCH_COMMANDS_MAX} commands, this one {}; split it \
+                 (nothing was run)",
+                raw.commands.len()
+            ),
+        ));
+    }
+    Ok(raw.commands)
+}
+
+pub(super) fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| {
+            let mime = mime.trim().to_ascii_lowercase();
+            mime == "application/json"
+                || (mime.starts_with("application/") && mime.ends_with("+json"))
+        })
+}
+
+/// Runs the commands of a batch and answers each: those of partitions served here through
+/// `cp`, the others relayed to their owners (unless this request was itself forwarded).
+async fn run(
+    cp: &CommandProcessor<Store>,
+    cluster: Option<&(std::sync::Arc<Cluster>, Forwarder)>,
+    headers: &HeaderMap,
+    commands: &[&RawValue],
+) -> Vec<BatchResultBody> {
+    let routes: Vec<Route<'_>> = commands
+        .iter()
+        .map(|raw| route(cp, cluster, headers, raw))
+        .collect();
+    let mut results: Vec<Option<BatchResultBody>> = vec![None; routes.len()];
+    let mut here = Vec::new();
+    let mut owners: BTreeMap<String, Vec<(usize, &RawValue)>> = BTreeMap::new();
+    for (i, route) in routes.into_iter().enumerate() {
+        match route {
+            Route::Here(key, command) => here.push((i, key, command)),
+            Route::Owner(url, raw) => owners.entry(url).or_default().push((i, raw)),
+            Route::Answered(result) => results[i] = Some(result),
+        }
+    }
+    let local = join_all(here.into_iter().map(|(i, key, command)| async move {
+        let answer = cp.submit_keyed(crate::wire::command(command), key).await;
+        (i, answer.map_or_else(|e| refused(&e), |o| ok(&o)))
+    }));
+    let relayed = join_all(owners.into_iter().map(|(url, items)| async move {
+        let forwarder = cluster.map(|(_, f)| f);
+        relay(forwarder, &url, items).await
+    }));
+    let (local, relayed) = tokio::join!(local, relayed);
+    for (i, result) in local.into_iter().chain(relayed.into_iter().flatten()) {
+        results[i] = Some(result);
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| internal("the command got no result")))
+        .collect()
+}
+
+fn route<'a>(
+    cp: &CommandProcessor<Store>,
+    cluster: Option<&(std::sync::Arc<Cluster>, Forwarder)>,
+    headers: &HeaderMap,
+    raw: &'a RawValue,
+) -> Route<'a> {
+    let item: BatchCommandBody = match serde_json::from_str(raw.get()) {
+        Ok(item) => item,
+        Err(e) => {
+            return Route::Answered(invalid(
+                "invalid_command",
+                format!("the command is not valid: {e}; it was not run"),
+            ));
+        }
+    };
+    let (key, command) = item.into_parts();
+    let key = match key.as_deref().map(IdempotencyKey::new).transpose() {
+        Ok(key) => key,
+        Err(e) => return Route::Answered(refused(&e)),
+    };
+    let Some((cluster, _)) = cluster else {
+        return Route::Here(key, command);
+    };
+    let partition = cp.partition_of(WsId(command.ws));
+    if cp.serves(partition) {
+        return Route::Here(key, command);
+    }
+    match cluster.owner(partition) {
+        Owner::Node { url, .. } if !Forwarder::was_forwarded(headers) => Route::Owner(url, raw),
+        _ => Route::Answered(BatchResultBody::refused(
+            StatusCode::SERVICE_UNAVAILABLE.as_u16(),
+            ErrorBody {
+                code: "partition_unavailable".into(),
+                message: format!(
+                    "partition {partition} is moving between nodes (no live lease, or its owner \
+                     changed just now); retry"
+                ),
+                key: None,
+            },
+            Some(RETRY_AFTER_SECS),
+        )),
+    }
+}
+
+/// The owner's results for `items`, or each item refused with the reason the relay failed.
+async fn relay(
+    forwarder: Option<&Forwarder>,
+    url: &str,
+    items: Vec<(usize, &RawValue)>,
+) -> Vec<(usize, BatchResultBody)> {
+    let Some(forwarder) = forwarder else {
+        return fail_all(items, &internal("no forwarder for a relayed command"));
+    };
+    let body = relayed_body(items.iter().map(|(_, raw)| *raw));
+    match forwarder.batch(url, body).await {
+        Ok(answer) if answer.results.len() == items.len() => items
+            .into_iter()
+            .map(|(i, _)| i)
+            .zip(answer.results)
+            .collect(),
+        Ok(answer) => {
+            let message = format!(
+                "the owner at {url} answered {} results for {} commands; whether they ran is \
+                 unknown: retry them with their idempotency keys",
+                answer.results.len(),
+                items.len()
+            );
+            fail_all(items, &internal(message))
+        }
+        Err(result) => fail_all(items, &result),
+    }
+}
+
+/// `{"commands":[…]}` of the commands' text as the client sent it.
+fn relayed_body<'a>(commands: impl Iterator<Item = &'a RawValue>) -> Bytes {
+    let mut body = Vec::from(&b"{\"commands\":["[..]);
+    for (n, raw) in commands.enumerate() {
+        if n > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(raw.get().as_bytes());
+    }
+    body.extend_from_slice(b"]}");
+    Bytes::from(body)
+}
+
+fn fail_all(
+    items: Vec<(usize, &RawValue)>,
+    result: &BatchResultBody,
+) -> Vec<(usize, BatchResultBody)> {
+    items
+        .into_iter()
+        .map(|(i, _)| (i, result.clone()))
+        .collect()
+}
+
+fn ok(outcome: &monoseq_cp::Outcome) -> BatchResultBody {
+    BatchResultBody::ok(crate::wire::outcome(outcome), outcome.replayed)
+}
+
+/// The result of a refused command: the status and body `POST /v1/commands` would answer.
+fn refused(e: &CommandError) -> BatchResultBody {
+    BatchResultBody::refused(
+        status_of(e.class()).as_u16(),
+        ErrorBody {
+            code: e.code().to_owned(),
+            message: chain(e),
+            key: None,
+        },
+        e.is_transient().then_some(RETRY_AFTER_SECS),
+    )
+}
+
+fn invalid(code: &str, message: String) -> BatchResultBody {
+    BatchResultBody::refused(
+        StatusCode::BAD_REQUEST.as_u16(),
+        ErrorBody {
+            code: code.to_owned(),
+            message,
+            key: None,
+        },
+        None,
+    )
+}
+
+fn internal(message: impl Into<String>) -> BatchResultBody {
+    BatchResultBody::refused(
+        StatusCode::INTERNAL_SERVER_ERROR.as_u16(),
+        ErrorBody {
+            code: "internal".into(),
+            message: message.into(),
+            key: None,
+        },
+        None,
+    )
+}
+
+/// The answer to a batch that was run: 200 with one result per command.
+fn answer(results: Vec<BatchResultBody>) -> Response {
+    axum::Json(BatchAnswerBody { results }).into_response()
+}

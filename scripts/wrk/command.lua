@@ -1,0 +1,8 @@
+-- POSTs one command per request to /v1/commands, spread over 1000 workspaces.
+local counter = 0
+request = function()
+  counter = counter + 1
+  local ws = (counter * 7919) % 1000 + 1
+  local body = '{"ws":' .. ws .. ',"ws_kind":1,"command":"bench.Cmd","create":[{"raw_id":1,"kind":"CDoc","name":"bench.Doc","fields":{"n":' .. ws .. '}}],"argument":{"raw_id":2,"name":"bench.Arg","fields":{"doc":{"$raw":1}}}}'
+  return wrk.format("POST", "/v1/commands", {["Content-Type"]="application/json"}, body)
+end
