@@ -1,8 +1,9 @@
 //! ARCHITECTURE.md, enforced. Reads `cargo metadata` (no build) and the workspace's sources and
 //! fails on a dependency the crate graph does not draw (normal or dev), a cycle among the
 //! workspace's crates (dev-dependencies count), an HTTP, CLI or JSON library outside the edge
-//! crates, a clock read or a sleep in the core's state machine, a bare literal where the crate
-//! names that limit, and a function in `src` longer than `FUNCTION_LINES_MAX`. Each rule is a
+//! crates, a storage engine outside the kv crate, a clock read or a sleep in the core's state
+//! machine, a bare literal where the crate names that limit, and a function in `src` longer
+//! than `FUNCTION_LINES_MAX`. Each rule is a
 //! pure function over parsed inputs; the unit tests at the end break each rule on purpose and
 //! check that it is reported.
 
@@ -108,6 +109,11 @@ const STORED_JSON: &[(&str, &str)] = &[
         "a command's fields are JSON values, hashed for its idempotency fingerprint",
     ),
 ];
+
+/// The storage engines, and the one crate that may use them: everything above it reaches
+/// storage through `KvStore`.
+const ENGINES: &[&str] = &["fjall", "redb"];
+const ENGINE_CRATE: &str = "monoseq-kv";
 
 /// The files of `monoseq-core/src` that may read a clock or sleep: the driver, the caller's
 /// bounded wait for actualization, and the conformance suite. Every other file is the state
@@ -445,6 +451,25 @@ fn edge_libraries_inside(crates: &[Crate]) -> Vec<String> {
     found
 }
 
+/// A storage engine used (normally or in tests) by a crate other than `ENGINE_CRATE`.
+fn engines_outside_kv(crates: &[Crate]) -> Vec<String> {
+    let mut found = Vec::new();
+    for krate in crates.iter().filter(|c| c.name != ENGINE_CRATE) {
+        for dep in krate
+            .deps
+            .iter()
+            .filter(|d| ENGINES.contains(&d.name.as_str()))
+        {
+            found.push(format!(
+                "{} uses the engine {} ({:?}) directly: reach storage through {ENGINE_CRATE}'s \
+                 KvStore, and add what is missing there",
+                krate.name, dep.name, dep.kind
+            ));
+        }
+    }
+    found
+}
+
 /// A clock read or a sleep in a non-test line of a core state-machine file.
 fn clock_in_state_machine(core: &[Source]) -> Vec<String> {
     let mut found = Vec::new();
@@ -583,6 +608,14 @@ fn http_cli_and_json_libraries_stay_in_the_edge_crates() {
 }
 
 #[test]
+fn only_the_kv_crate_touches_a_storage_engine() {
+    assert_none(
+        "storage engines outside the kv crate",
+        engines_outside_kv(&workspace()),
+    );
+}
+
+#[test]
 fn the_core_state_machine_reads_no_clock_and_never_sleeps() {
     let core = crate_named(&workspace(), "monoseq-core");
     assert_none(
@@ -693,6 +726,20 @@ fn axum_in_a_test_of_the_store_is_reported() {
     let found = edge_libraries_inside(&[krate("monoseq-store", &[("axum", Kind::Dev)])]);
     assert!(
         found[0].contains("monoseq-store uses axum (Dev)"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn fjall_in_the_verifier_is_reported() {
+    let crates = [
+        krate("monoseq-kv", &[("fjall", Kind::Normal)]),
+        krate("monoseq-verify", &[("fjall", Kind::Normal)]),
+    ];
+    let found = engines_outside_kv(&crates);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].starts_with("monoseq-verify uses the engine fjall"),
         "{found:?}"
     );
 }
