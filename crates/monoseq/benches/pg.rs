@@ -5,7 +5,7 @@
 //! same batches through the plain store and through a `FencedPgStore` holding its lease,
 //! durable and with the server's `fsync` off.
 //!
-//! Run: `cargo bench -p monoseq-pg --bench pg`. The server is a private cluster in a temporary
+//! Run: `cargo bench -p monoseq --bench pg`. The server is a private cluster in a temporary
 //! directory on the same disk as the embedded store, `fsync` and `synchronous_commit` on.
 //! `MONOSEQ_BENCH_EVENTS` sets the events in the replayed PLog (default 100 000).
 

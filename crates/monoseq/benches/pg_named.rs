@@ -12,7 +12,7 @@
 //! The stores alternate in rounds (postgres first in odd rounds, last in even ones), so each
 //! ratio is taken between neighbouring measurements on this noisy machine.
 //!
-//! Run: `cargo bench -p monoseq-pg --bench named`. `MONOSEQ_BENCH_ROUNDS` sets the rounds
+//! Run: `cargo bench -p monoseq --bench pg_named`. `MONOSEQ_BENCH_ROUNDS` sets the rounds
 //! (default 3).
 
 use std::time::{Duration, Instant};

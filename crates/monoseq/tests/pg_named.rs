@@ -1,7 +1,10 @@
 //! Named sequences on PostgreSQL: the same behaviour suite as the other key-value backends,
 //! on a fresh schema of a private PostgreSQL cluster this test binary starts.
 
+// The behaviour suite is `monoseq-named`'s own (its `tests/support/suite.rs`), run here
+// because this crate sits above both `monoseq-named` and `monoseq-pg`.
 #[macro_use]
+#[path = "../../monoseq-named/tests/support"]
 mod support {
     pub mod suite;
 }

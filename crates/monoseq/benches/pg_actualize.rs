@@ -9,7 +9,7 @@
 //! The two stores alternate in rounds (postgres first in odd rounds, embedded first in even
 //! ones), so each ratio is taken between neighbouring measurements on this noisy machine.
 //!
-//! Run: `cargo bench -p monoseq-pg --bench actualize`. `MONOSEQ_BENCH_EVENTS` sets the events
+//! Run: `cargo bench -p monoseq --bench pg_actualize`. `MONOSEQ_BENCH_EVENTS` sets the events
 //! (default 100 000), `MONOSEQ_BENCH_WORKSPACES` the workspaces they spread over (default
 //! 10 000), `MONOSEQ_BENCH_ROUNDS` the rounds (default 3).
 
