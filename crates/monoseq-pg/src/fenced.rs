@@ -152,8 +152,7 @@ impl Fence {
 /// answered `Conflict` without the check.
 ///
 /// The fence costs no extra round trip: `BEGIN`, the check, the batch's statements and
-/// `COMMIT` travel together (a batch with insert-if-absent conditions on several keys still
-/// takes two round trips, as without a fence). Writes of one partition wait for a takeover or
+/// `COMMIT` travel together, one round trip whatever the batch holds. Writes of one partition wait for a takeover or
 /// a renewal of its lease in flight, and those wait for the writes in flight.
 ///
 /// # Example

@@ -42,8 +42,8 @@ pub(crate) struct Sql {
     pub(crate) write_version: String,
     pub(crate) get: String,
     pub(crate) get_many: String,
-    /// Inserts where absent; returns the keys it inserted.
-    pub(crate) insert_absent: String,
+    /// Inserts rows whose keys must be absent: a present one fails the statement (23505).
+    pub(crate) insert_new: String,
     pub(crate) upsert: String,
     pub(crate) delete: String,
     /// The keys of a list that are stored.
@@ -180,9 +180,8 @@ impl Sql {
                 "SELECT k.n, t.value FROM {keys} WITH ORDINALITY AS k (p, c, n) JOIN {kv} t ON \
                  t.partition = k.p AND t.clustering = k.c"
             ),
-            insert_absent: format!(
-                "INSERT INTO {kv} (partition, clustering, value) SELECT * FROM {rows} ON CONFLICT \
-                 (partition, clustering) DO NOTHING RETURNING partition, clustering"
+            insert_new: format!(
+                "INSERT INTO {kv} (partition, clustering, value) SELECT * FROM {rows}"
             ),
             upsert: format!(
                 "INSERT INTO {kv} (partition, clustering, value) SELECT * FROM {rows} ON CONFLICT \

@@ -1,20 +1,23 @@
 //! Applies a batch's [`Plan`] in one transaction with a bounded number of statements, whatever
-//! the batch size: one multi-row statement per kind (conditional inserts, upserts, deletes)
-//! over `unnest` of arrays, pipelined so that a batch costs one round trip, or two when it
-//! has conditions on several keys (their answer decides between COMMIT and ROLLBACK). A
-//! fenced batch (`fenced.rs`) adds its lease check to the same pipeline, first in the
-//! transaction.
+//! the batch size: one multi-row statement per kind (inserts of absent keys, upserts, deletes)
+//! over `unnest` of arrays, in one round trip. A batch of one statement without a fence is
+//! that statement in autocommit; any other sends `BEGIN`, its statements and `COMMIT`
+//! together. The inserts carry no `ON CONFLICT`: a present key fails the statement, which
+//! aborts the transaction, so the `COMMIT` sent behind it rolls back without a second round
+//! trip; only then are the keys read to name the first conflicting item. A fenced batch
+//! (`fenced.rs`) adds its lease check to the same pipeline, first in the transaction.
 //!
-//! Isolation: READ COMMITTED is enough. A conditional insert decides on the unique index,
-//! which sees committed and in-flight rows (it waits for a concurrent inserter of the same key
-//! and then conflicts or not), not a snapshot; the other statements write blindly; and the
-//! commit makes every row visible at once.
+//! Isolation: READ COMMITTED is enough. An insert decides on the unique index, which sees
+//! committed and in-flight rows (it waits for a concurrent inserter of the same key and then
+//! fails or not), not a snapshot; the other statements write blindly; and the commit makes
+//! every row visible at once.
 
 use std::collections::HashSet;
 
-use futures_util::future::{join, join3, join4};
+use futures_util::future::{join, join3};
 use monoseq_kv::Key;
 use tokio_postgres::Statement;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use crate::error::Failure;
@@ -67,17 +70,6 @@ fn params<'a, const N: usize>(columns: &'a [Vec<&'a [u8]>; N]) -> [&'a (dyn ToSq
     std::array::from_fn(|i| &columns[i] as &(dyn ToSql + Sync))
 }
 
-async fn query_opt(
-    conn: &Conn,
-    statement: Option<&Statement>,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Option<Vec<tokio_postgres::Row>>, Failure> {
-    match statement {
-        Some(statement) => Ok(Some(conn.client()?.query(statement, params).await?)),
-        None => Ok(None),
-    }
-}
-
 async fn execute_opt(
     conn: &Conn,
     statement: Option<&Statement>,
@@ -94,6 +86,15 @@ async fn check_opt(conn: &Conn, fence: Option<(&Fence, &Statement)>) -> Result<b
     match fence {
         Some((fence, statement)) => fence.check(conn, statement).await,
         None => Ok(true),
+    }
+}
+
+/// Whether the server refused an insert because a key was present (SQLSTATE 23505): the
+/// statement, and the transaction around it, wrote nothing.
+fn is_key_present(failure: &Failure) -> bool {
+    match failure {
+        Failure::Postgres(e) => e.code() == Some(&SqlState::UNIQUE_VIOLATION),
+        _ => false,
     }
 }
 
@@ -120,31 +121,35 @@ async fn apply_on(
         return conflict_without_writing(inner, conn, plan, in_batch).await;
     }
     let batch = Prepared::new(inner, conn, plan, fence).await?;
-    let lone_insert = batch.upsert.is_none()
-        && batch.delete.is_none()
-        && batch.insert.is_some()
-        && plan.conditions.len() == 1;
-    match (&batch.check, &batch.insert) {
-        (Some(_), None) => batch.in_one_round_trip().await,
-        (Some(_), Some(_)) if lone_insert => batch.in_one_round_trip().await,
-        (None, None) => batch.unconditional().await,
-        (None, Some(insert)) if lone_insert => {
-            // One conditional insert on its own is atomic.
-            let inserted = conn
-                .client()?
-                .query(insert, &params(&batch.conditions))
-                .await?;
-            Ok(batch.lone_insert_outcome(inserted.is_empty()))
+    let mut attempt = 1;
+    loop {
+        let written = match batch.statements() {
+            1 if batch.check.is_none() => batch.alone().await,
+            _ => batch.in_one_round_trip().await,
+        };
+        let failure = match written {
+            Err(failure) if is_key_present(&failure) => failure,
+            other => return other,
+        };
+        if let Some(index) = stored_conflict(inner, conn, plan).await? {
+            return Ok(Outcome::Conflict(index));
         }
-        (_, Some(insert)) => batch.in_two_round_trips(insert).await,
+        // The present key was deleted before it could be named: the batch may fit now.
+        if attempt >= CONFLICT_ATTEMPTS_MAX {
+            return Err(failure);
+        }
+        attempt += 1;
     }
 }
+
+/// Attempts of a batch whose insert found a key present that a read right after no longer
+/// finds (a concurrent delete): nothing was written, so it runs again.
+const CONFLICT_ATTEMPTS_MAX: u32 = 3;
 
 /// A batch ready to send: its statements prepared (or found in the connection's cache) before
 /// any pipeline starts, so that no preparation slips between them, and their parameters.
 struct Prepared<'a> {
     conn: &'a Conn,
-    plan: &'a Plan<'a>,
     check: Option<(&'a Fence, Statement)>,
     insert: Option<Statement>,
     upsert: Option<Statement>,
@@ -169,7 +174,7 @@ impl<'a> Prepared<'a> {
         };
         let mut statements = [None, None, None];
         let wanted = [
-            (!plan.conditions.is_empty(), &sql.insert_absent),
+            (!plan.conditions.is_empty(), &sql.insert_new),
             (!plan.upserts.is_empty(), &sql.upsert),
             (!plan.deletes.is_empty(), &sql.delete),
         ];
@@ -181,7 +186,6 @@ impl<'a> Prepared<'a> {
         let [insert, upsert, delete] = statements;
         Ok(Prepared {
             conn,
-            plan,
             check,
             insert,
             upsert,
@@ -192,29 +196,39 @@ impl<'a> Prepared<'a> {
         })
     }
 
+    /// How many statements write (inserts, upserts, deletes).
+    fn statements(&self) -> usize {
+        [&self.insert, &self.upsert, &self.delete]
+            .iter()
+            .filter(|s| s.is_some())
+            .count()
+    }
+
     fn check(&self) -> Option<(&Fence, &Statement)> {
         self.check
             .as_ref()
             .map(|(fence, statement)| (*fence, statement))
     }
 
-    fn lone_insert_outcome(&self, conflicted: bool) -> Outcome {
-        match conflicted {
-            true => Outcome::Conflict(self.plan.conditions.first().map_or(0, |c| c.index)),
-            false => Outcome::Written,
-        }
+    /// The batch's only statement, without a fence, in autocommit: one statement is atomic.
+    async fn alone(&self) -> Result<Outcome, Failure> {
+        let conn = self.conn;
+        execute_opt(conn, self.insert.as_ref(), &params(&self.conditions)).await?;
+        execute_opt(conn, self.upsert.as_ref(), &params(&self.upserts)).await?;
+        execute_opt(conn, self.delete.as_ref(), &params(&self.deletes)).await?;
+        Ok(Outcome::Written)
     }
 
-    /// `BEGIN`, the fence, every statement and `COMMIT`, sent together. Only for a batch
-    /// without conditions or with a lone conditional insert: one that conflicts writes
-    /// nothing, so the `COMMIT` may follow it blindly.
+    /// `BEGIN`, the fence, every statement and `COMMIT`, sent together. A statement that fails
+    /// (the fence, or an insert that finds a key present) aborts the transaction: the ones
+    /// after it fail without writing and the `COMMIT` rolls it back.
     async fn in_one_round_trip(&self) -> Result<Outcome, Failure> {
         let (conn, client) = (self.conn, self.conn.client()?);
         let ((begin, held, inserted), (up, del, commit)) = join(
             join3(
                 client.batch_execute("BEGIN"),
                 check_opt(conn, self.check()),
-                query_opt(conn, self.insert.as_ref(), &params(&self.conditions)),
+                execute_opt(conn, self.insert.as_ref(), &params(&self.conditions)),
             ),
             join3(
                 execute_opt(conn, self.upsert.as_ref(), &params(&self.upserts)),
@@ -229,93 +243,35 @@ impl<'a> Prepared<'a> {
             commit?;
             return Ok(Outcome::Fenced);
         }
-        let inserted = inserted?;
-        up?;
-        del?;
-        commit?;
-        Ok(self.lone_insert_outcome(inserted.is_some_and(|rows| rows.is_empty())))
-    }
-
-    /// A batch without conditions or fence: one statement on its own is atomic; two go in one
-    /// transaction, sent together.
-    async fn unconditional(&self) -> Result<Outcome, Failure> {
-        let (conn, client) = (self.conn, self.conn.client()?);
-        let (upserts, deletes) = (params(&self.upserts), params(&self.deletes));
-        let up = execute_opt(conn, self.upsert.as_ref(), &upserts);
-        let del = execute_opt(conn, self.delete.as_ref(), &deletes);
-        match (&self.upsert, &self.delete) {
-            (Some(_), None) | (None, Some(_)) => {
-                up.await?;
-                del.await?;
-            }
-            _ => {
-                let (begin, up, del, commit) = join4(
-                    client.batch_execute("BEGIN"),
-                    up,
-                    del,
-                    client.batch_execute("COMMIT"),
-                )
-                .await;
-                begin?;
-                up?;
-                del?;
-                commit?;
-            }
-        }
-        Ok(Outcome::Written)
-    }
-
-    /// `BEGIN`, the fence if any, and the conditional inserts; then, on their answer,
-    /// `ROLLBACK` or the other statements and `COMMIT`.
-    async fn in_two_round_trips(&self, insert: &Statement) -> Result<Outcome, Failure> {
-        let (conn, client) = (self.conn, self.conn.client()?);
-        let (begin, held, inserted) = join3(
-            client.batch_execute("BEGIN"),
-            check_opt(conn, self.check()),
-            client.query(insert, &params(&self.conditions)),
-        )
-        .await;
-        begin?;
-        if !held? {
-            client.batch_execute("ROLLBACK").await?;
-            return Ok(Outcome::Fenced);
-        }
-        let inserted = inserted?;
-        if inserted.len() != self.plan.conditions.len() {
-            return self.roll_back_conflict(&inserted).await;
-        }
-        let (up, del, commit) = join3(
-            execute_opt(conn, self.upsert.as_ref(), &params(&self.upserts)),
-            execute_opt(conn, self.delete.as_ref(), &params(&self.deletes)),
-            client.batch_execute("COMMIT"),
-        )
-        .await;
+        inserted?;
         up?;
         del?;
         commit?;
         Ok(Outcome::Written)
     }
+}
 
-    /// Some conditional inserts conflicted: rolls back and names the first in batch order.
-    async fn roll_back_conflict(
-        &self,
-        inserted: &[tokio_postgres::Row],
-    ) -> Result<Outcome, Failure> {
-        let mut written: HashSet<(&[u8], &[u8])> = HashSet::with_capacity(inserted.len());
-        for row in inserted {
-            written.insert((row.try_get(0)?, row.try_get(1)?));
-        }
-        self.conn.client()?.batch_execute("ROLLBACK").await?;
-        let absent = |c: &Condition<'_>| written.contains(&(c.key.partition, c.key.clustering));
-        match self.plan.first_conflict(|c| !absent(c)) {
-            Some(index) => Ok(Outcome::Conflict(index)),
-            None => Err(Failure::Corrupted(
-                "a conditional insert wrote fewer rows than asked, yet every key came back as \
-                 written"
-                    .to_owned(),
-            )),
-        }
+/// The item a failed batch reports (nothing of it was written): the first in batch order
+/// whose condition finds its key stored, or that conflicts within the batch; `None` when
+/// there is neither.
+async fn stored_conflict(
+    inner: &Inner,
+    conn: &Conn,
+    plan: &Plan<'_>,
+) -> Result<Option<usize>, Failure> {
+    if plan.conditions.is_empty() {
+        return Ok(plan.first_conflict(|_| false));
     }
+    let client = conn.client()?;
+    let statement = client.prepare_cached(&inner.sql.stored_keys).await?;
+    let keys = key_columns(plan.conditions.iter().map(|c| c.key));
+    let rows = client.query(&statement, &params(&keys)).await?;
+    let mut stored: HashSet<(&[u8], &[u8])> = HashSet::with_capacity(rows.len());
+    for row in &rows {
+        stored.insert((row.try_get(0)?, row.try_get(1)?));
+    }
+    Ok(plan
+        .first_conflict(|c: &Condition<'_>| stored.contains(&(c.key.partition, c.key.clustering))))
 }
 
 /// A batch that conflicts within itself writes nothing: only the conditions before that
@@ -326,17 +282,6 @@ async fn conflict_without_writing(
     plan: &Plan<'_>,
     in_batch: usize,
 ) -> Result<Outcome, Failure> {
-    if plan.conditions.is_empty() {
-        return Ok(Outcome::Conflict(in_batch));
-    }
-    let client = conn.client()?;
-    let statement = client.prepare_cached(&inner.sql.stored_keys).await?;
-    let keys = key_columns(plan.conditions.iter().map(|c| c.key));
-    let rows = client.query(&statement, &params(&keys)).await?;
-    let mut stored: HashSet<(&[u8], &[u8])> = HashSet::with_capacity(rows.len());
-    for row in &rows {
-        stored.insert((row.try_get(0)?, row.try_get(1)?));
-    }
-    let index = plan.first_conflict(|c| stored.contains(&(c.key.partition, c.key.clustering)));
+    let index = stored_conflict(inner, conn, plan).await?;
     Ok(Outcome::Conflict(index.unwrap_or(in_batch)))
 }
