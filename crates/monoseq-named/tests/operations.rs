@@ -184,8 +184,16 @@ async fn concurrent_calls_share_one_durable_write_and_each_gets_its_own_number()
     }
     let expected: BTreeSet<u64> = (1..=CALLERS as u64 + 1).collect();
     assert_eq!(handed, expected);
-    assert_eq!(stalling.writes.load(Ordering::SeqCst), 2, "one write per batch");
-    assert_eq!(stalling.loads.load(Ordering::SeqCst), 1, "one read, before the first");
+    assert_eq!(
+        stalling.writes.load(Ordering::SeqCst),
+        2,
+        "one write per batch"
+    );
+    assert_eq!(
+        stalling.loads.load(Ordering::SeqCst),
+        1,
+        "one read, before the first"
+    );
     assert_eq!(sequences.get(&a).await.unwrap(), Some(CALLERS as u64 + 2));
 }
 
