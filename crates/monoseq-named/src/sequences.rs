@@ -3,7 +3,9 @@
 //! backoff until the caller's timeout). Owns the options ([`NextOptions`], [`SetOptions`]) and
 //! the in-process combining of concurrent `next` calls on one sequence into one conditional
 //! write (one "lane" per sequence with a leader task), which keeps writers of one process from
-//! racing each other and turns N waiting callers into one storage round trip.
+//! racing each other and turns N waiting callers into one storage round trip: between
+//! batches the process remembers the state it last wrote, so a batch writes on it without
+//! reading first (a stale memory is refused like a stale read).
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU64;
