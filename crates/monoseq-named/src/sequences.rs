@@ -3,7 +3,9 @@
 //! backoff until the caller's timeout). Owns the options ([`NextOptions`], [`SetOptions`]) and
 //! the in-process combining of concurrent `next` calls on one sequence into one conditional
 //! write (one "lane" per sequence with a leader task), which keeps writers of one process from
-//! racing each other and turns N waiting callers into one storage round trip.
+//! racing each other and turns N waiting callers into one storage round trip: between
+//! batches the process remembers the state it last wrote, so a batch writes on it without
+//! reading first (a stale memory is refused like a stale read).
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU64;
@@ -34,6 +36,9 @@ pub const COMBINE_CALLS_MAX: usize = 1024;
 /// written); a call past it answers [`NextError::LaneFull`] at once instead of queueing, so
 /// memory stays bounded while storage is slow.
 pub const LANE_CALLS_MAX: usize = 16 * COMBINE_CALLS_MAX;
+/// Most sequences whose last written state this process remembers between batches (so that
+/// a batch writes without reading first); past it the memory is dropped and refilled.
+const KNOWN_SEQUENCES_MAX: usize = 4096;
 
 /// Options of [`Sequences::next`] and [`Sequences::increment`].
 ///
@@ -217,6 +222,15 @@ struct Inner {
     backend: Box<dyn Backend>,
     /// One lane per sequence with a running leader; the leader removes it when idle.
     lanes: Mutex<HashMap<String, VecDeque<Waiter>>>,
+    /// The state this process last wrote, per sequence whose lane is idle. Only a hint: a
+    /// batch writes conditionally on it, and a stale one is refused like a stale read.
+    known: Mutex<HashMap<String, Known>>,
+}
+
+/// A sequence as this process last wrote it, with the version that write answered.
+struct Known {
+    data: SequenceData,
+    version: Version,
 }
 
 /// One `next` call waiting in a lane.
@@ -237,6 +251,7 @@ impl Sequences {
             inner: Arc::new(Inner {
                 backend: Box::new(backend),
                 lanes: Mutex::new(HashMap::new()),
+                known: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -519,6 +534,7 @@ async fn lead_lane(inner: Arc<Inner>, address: Address) {
         key: address.key(),
         finished: false,
     };
+    let mut known = inner.take_known(address.key());
     loop {
         let batch = {
             let mut lanes = inner.lanes.lock().unwrap_or_else(PoisonError::into_inner);
@@ -526,13 +542,35 @@ async fn lead_lane(inner: Arc<Inner>, address: Address) {
                 .get_mut(address.key())
                 .expect("a lane lives while its leader runs");
             if lane.is_empty() {
+                // Remembered before the lane goes, so that the next leader finds it.
+                inner.keep_known(address.key(), known);
                 lanes.remove(address.key());
                 guard.finished = true;
                 return;
             }
             take_batch(lane)
         };
-        serve_batch(&*inner.backend, &address, batch).await;
+        serve_batch(&*inner.backend, &address, batch, &mut known).await;
+    }
+}
+
+impl Inner {
+    /// The state this process last wrote for `key`, taken out for a lane's leader.
+    fn take_known(&self, key: &str) -> Option<Known> {
+        self.known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key)
+    }
+
+    /// Remembers what a leader last wrote (nothing when its last attempt did not succeed).
+    fn keep_known(&self, key: &str, known: Option<Known>) {
+        let Some(known) = known else { return };
+        let mut all = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        if all.len() >= KNOWN_SEQUENCES_MAX {
+            all.clear();
+        }
+        all.insert(key.to_owned(), known);
     }
 }
 
@@ -582,7 +620,14 @@ fn take_batch(lane: &mut VecDeque<Waiter>) -> Vec<Waiter> {
 
 /// Serves one batch with one conditional write per attempt: the waiters get consecutive
 /// ranges, in order. Waiters whose deadline passed are answered busy between attempts.
-async fn serve_batch(backend: &dyn Backend, address: &Address, mut batch: Vec<Waiter>) {
+/// `known` is what this process last wrote, if that write succeeded: the attempt writes on it
+/// without reading first, and leaves in it what it wrote, or nothing.
+async fn serve_batch(
+    backend: &dyn Backend,
+    address: &Address,
+    mut batch: Vec<Waiter>,
+    known: &mut Option<Known>,
+) {
     let mut attempts = 0u32;
     loop {
         // Answer the waiters out of time before trying (again).
@@ -597,8 +642,9 @@ async fn serve_batch(backend: &dyn Backend, address: &Address, mut batch: Vec<Wa
             return;
         };
         attempts += 1;
-        match attempt(backend, address, &mut batch, deadline).await {
+        match attempt(backend, address, &mut batch, deadline, known).await {
             Attempt::Done => return,
+            Attempt::Stale => {}
             Attempt::Lost => {
                 // Sleep no later than the earliest deadline; the loop answers it then.
                 let earliest = batch.iter().map(|w| w.deadline).min().unwrap_or(deadline);
@@ -638,13 +684,18 @@ enum Attempt {
     Done,
     /// Another writer won; retry.
     Lost,
+    /// The state this process remembered had changed (another process wrote, or a `reset`,
+    /// `set` or `delete`); retry at once with a fresh read.
+    Stale,
     /// Storage did not answer before the latest deadline.
     TimedOut,
     /// An error every waiter gets.
     Failed(NextError),
 }
 
-/// One read + conditional write for the whole batch. On success, answers every waiter and
+/// One conditional write for the whole batch, on the state this process last wrote if it
+/// knows it, else on a fresh read (a stale `known` is refused like a stale read, and the
+/// retry reads). On success, answers every waiter, leaves what it wrote in `known` and
 /// returns [`Attempt::Done`]; waiters that would overflow are answered with
 /// [`NextError::Overflow`] and dropped from the batch.
 async fn attempt(
@@ -652,10 +703,15 @@ async fn attempt(
     address: &Address,
     batch: &mut Vec<Waiter>,
     deadline: Instant,
+    known: &mut Option<Known>,
 ) -> Attempt {
-    let (old, version) = match load_stored(backend, address, deadline).await {
-        Ok(stored) => stored,
-        Err(failed) => return failed,
+    let remembered = known.is_some();
+    let (old, version) = match known.take() {
+        Some(Known { data, version }) => (Some(data), Some(version)),
+        None => match load_stored(backend, address, deadline).await {
+            Ok(stored) => stored,
+            Err(failed) => return failed,
+        },
     };
     let start = old.as_ref().map_or(batch[0].initial, |old| old.value);
     let end = keep_fitting(batch, address, start);
@@ -664,7 +720,7 @@ async fn attempt(
     }
     let metadata = batch[0].metadata.clone();
     let now = now_ms();
-    let write = match (old, version) {
+    let (data, write) = match (old, version) {
         (Some(old), Some(version)) => {
             let data = SequenceData {
                 value: end,
@@ -674,7 +730,8 @@ async fn attempt(
                 ..old
             };
             let write = backend.replace(address.key(), &version, data.encode());
-            tokio::time::timeout_at(deadline, write).await
+            let written = tokio::time::timeout_at(deadline, write).await;
+            (data, written)
         }
         _ => {
             let data = SequenceData {
@@ -685,14 +742,18 @@ async fn attempt(
                 revision: 1,
                 metadata: metadata.unwrap_or_default(),
             };
-            tokio::time::timeout_at(deadline, backend.create(address.key(), data.encode())).await
+            let write = backend.create(address.key(), data.encode());
+            let written = tokio::time::timeout_at(deadline, write).await;
+            (data, written)
         }
     };
     match write {
         Err(_) => Attempt::TimedOut,
+        Ok(Err(WriteFailure::Conflict)) if remembered => Attempt::Stale,
         Ok(Err(WriteFailure::Conflict)) => Attempt::Lost,
         Ok(Err(WriteFailure::Storage(e))) => Attempt::Failed(NextError::Storage(e)),
-        Ok(Ok(_)) => {
+        Ok(Ok(version)) => {
+            *known = Some(Known { data, version });
             let mut value = start;
             for waiter in batch.drain(..) {
                 let _ = waiter.reply.send(Ok(value));

@@ -83,13 +83,15 @@ fn address(text: &str) -> Address {
 }
 
 /// A backend whose writes can be held at a gate (a caller stalled between its read and its
-/// conditional write) and that counts refused writes.
+/// conditional write) and that counts reads, writes and refused writes.
 struct Stalling {
     inner: Shared,
     armed: AtomicBool,
     gate: Semaphore,
     holding: Notify,
     conflicts: AtomicU32,
+    loads: AtomicU32,
+    writes: AtomicU32,
 }
 
 impl Stalling {
@@ -100,6 +102,8 @@ impl Stalling {
             gate: Semaphore::new(0),
             holding: Notify::new(),
             conflicts: AtomicU32::new(0),
+            loads: AtomicU32::new(0),
+            writes: AtomicU32::new(0),
         })
     }
 
@@ -111,6 +115,7 @@ impl Stalling {
     }
 
     fn count(&self, result: Result<Version, WriteFailure>) -> Result<Version, WriteFailure> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
         if matches!(result, Err(WriteFailure::Conflict)) {
             self.conflicts.fetch_add(1, Ordering::SeqCst);
         }
@@ -120,6 +125,7 @@ impl Stalling {
 
 impl Backend for Stalling {
     fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Object>, StorageError>> {
+        self.loads.fetch_add(1, Ordering::SeqCst);
         self.inner.load(key)
     }
     fn create<'a>(
@@ -146,6 +152,49 @@ impl Backend for Stalling {
     fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
         self.inner.remove(key)
     }
+}
+
+/// Concurrent callers of one sequence queue while a write is in flight, then one durable
+/// conditional write serves them all, each with its own number; the batch after a successful
+/// write writes on what it wrote, without reading first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_share_one_durable_write_and_each_gets_its_own_number() {
+    const CALLERS: usize = 200;
+    let stalling = Stalling::new(fjall());
+    let sequences = Sequences::new(Arc::clone(&stalling));
+    let a = address("orders/id");
+    let call = |sequences: &Sequences| {
+        let (sequences, a) = (sequences.clone(), a.clone());
+        tokio::spawn(async move { sequences.next(&a, &NextOptions::new()).await })
+    };
+
+    stalling.armed.store(true, Ordering::SeqCst);
+    let first = call(&sequences);
+    stalling.holding.notified().await;
+    let queued: Vec<_> = (0..CALLERS).map(|_| call(&sequences)).collect();
+    while sequences.waiting_calls(&a) < CALLERS {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    stalling.gate.add_permits(1);
+
+    let mut handed = BTreeSet::from([first.await.unwrap().unwrap()]);
+    for caller in queued {
+        let value = caller.await.unwrap().unwrap();
+        assert!(handed.insert(value), "{value} handed out twice");
+    }
+    let expected: BTreeSet<u64> = (1..=CALLERS as u64 + 1).collect();
+    assert_eq!(handed, expected);
+    assert_eq!(
+        stalling.writes.load(Ordering::SeqCst),
+        2,
+        "one write per batch"
+    );
+    assert_eq!(
+        stalling.loads.load(Ordering::SeqCst),
+        1,
+        "one read, before the first"
+    );
+    assert_eq!(sequences.get(&a).await.unwrap(), Some(CALLERS as u64 + 2));
 }
 
 /// Seed 003's failure: a lock holder stalls past the lock's TTL, another process takes the
