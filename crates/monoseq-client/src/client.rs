@@ -297,8 +297,8 @@ impl Client {
             .await
     }
 
-    /// At most `limit` (1 to 1 000) events of workspace `ws`'s WLog from offset `from`
-    /// (1 is the first); fewer at its end.
+    /// At most `limit` (1 to [`monoseq_wire::WLOG_PAGE_MAX`]) events of workspace `ws`'s WLog
+    /// from offset `from` (1 is the first); fewer at its end.
     ///
     /// # Errors
     ///
