@@ -345,7 +345,7 @@ pub fn open_data_dir<S: KvStore + Clone>(
     let marks = open_marks(dir, policy, identity.partitions)?;
     if meta.store_id.is_none() {
         // The identity names a store the engine does not hold: it came up empty.
-        refill_empty_engine(dir, kv, policy, &identity, marks.as_ref())?;
+        accept_empty_engine(dir, kv, policy, &identity, marks.as_ref())?;
     }
     let marks = match marks {
         Some(m) => m,
@@ -366,7 +366,7 @@ pub fn open_data_dir<S: KvStore + Clone>(
     Ok(guarded)
 }
 
-/// The error of engine `kv` of data directory `dir` failing.
+/// The error of the engine of data directory `dir` failing.
 fn storage_in(dir: &Path) -> impl Fn(KvError) -> DataDirError + '_ {
     move |source| DataDirError::Storage {
         dir: dir.to_path_buf(),
@@ -466,7 +466,7 @@ fn open_marks(
 
 /// Writes the identity's metadata into an engine that came up empty, when the operator
 /// accepts the loss; refuses, naming the acknowledged marks, otherwise.
-fn refill_empty_engine(
+fn accept_empty_engine(
     dir: &Path,
     kv: &impl KvStore,
     policy: &OpenPolicy,
@@ -545,11 +545,7 @@ pub fn open_database<S: KvStore>(kv: &S, policy: &OpenPolicy) -> Result<Identity
         source,
     };
     let meta = read_meta(kv).map_err(storage)?;
-    if let Some(stored) = meta.key_layout.or(meta.partitions.map(|_| 1))
-        && stored != KEY_LAYOUT
-    {
-        return Err(DataDirError::KeyLayout { stored });
-    }
+    check_layout(&meta)?;
     let partitions = meta
         .partitions
         .or(policy.partitions)
