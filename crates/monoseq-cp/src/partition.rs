@@ -1175,17 +1175,19 @@ pub(crate) fn read_error(e: &ReadError) -> CommandError {
     match e {
         ReadError::Corrupt { .. }
         | ReadError::Misplaced { .. }
-        | ReadError::Storage(KvError::Corrupted { .. }) => CommandError::Corrupted(e.to_string()),
-        _ => CommandError::Storage(e.to_string()),
+        | ReadError::Storage(KvError::Corrupted { .. }) => {
+            CommandError::Corrupted(crate::error::chain(e))
+        }
+        _ => CommandError::Storage(crate::error::chain(e)),
     }
 }
 
 fn storage_error(e: &AppendError) -> CommandError {
     match e {
         AppendError::CorruptRecord { .. } | AppendError::Storage(KvError::Corrupted { .. }) => {
-            CommandError::Corrupted(e.to_string())
+            CommandError::Corrupted(crate::error::chain(e))
         }
-        _ => CommandError::Storage(e.to_string()),
+        _ => CommandError::Storage(crate::error::chain(e)),
     }
 }
 

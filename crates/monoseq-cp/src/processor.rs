@@ -556,7 +556,9 @@ fn check_storable<S: KvStore + Clone>(
         }),
     };
     store.check_storable(&probe).map_err(|e| {
-        CommandError::TooLarge(e.to_string().replace("event 0 of the group", "the command"))
+        CommandError::TooLarge(
+            crate::error::chain(&e).replace("event 0 of the group", "the command"),
+        )
     })
 }
 

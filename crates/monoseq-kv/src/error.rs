@@ -12,7 +12,7 @@ use crate::key::KeyBuf;
 #[non_exhaustive]
 pub enum KvError {
     /// An I/O call failed.
-    #[error("storage I/O failed while {context}: {source}; check the disk and retry")]
+    #[error("storage I/O failed while {context}; check the disk and retry")]
     Io {
         /// What the backend was doing.
         context: &'static str,
@@ -198,7 +198,7 @@ pub enum OpenError {
     #[error("invalid storage option: {0}")]
     InvalidOption(String),
     /// Opening or recovering failed.
-    #[error("cannot open the store at {}: {source}", path.display())]
+    #[error("cannot open the store at {}", path.display())]
     Storage {
         /// The data directory.
         path: PathBuf,

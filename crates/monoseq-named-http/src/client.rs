@@ -37,7 +37,7 @@ pub enum ClientError {
     },
     /// The request did not get an answer (connection refused, timeout, …); an operation that
     /// writes may or may not have happened.
-    #[error("no answer from the sequence server: {0}; check that it runs and is reachable")]
+    #[error("no answer from the sequence server; check that it runs and is reachable")]
     Transport(#[source] reqwest::Error),
     /// The answer is not what the API documents.
     #[error("unexpected answer from the sequence server: {0}")]

@@ -49,7 +49,7 @@ pub enum Restore {
 #[non_exhaustive]
 pub enum BackupError {
     /// Reading or writing a file failed.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}")]
     Io {
         /// What was being done.
         what: &'static str,

@@ -99,7 +99,7 @@ pub enum DataDirError {
     #[error(transparent)]
     Backup(#[from] crate::backup::BackupError),
     /// The engine failed.
-    #[error("reading the engine in {dir}: {source}")]
+    #[error("reading the engine in {dir}")]
     Storage {
         /// The data directory.
         dir: PathBuf,

@@ -62,7 +62,7 @@ pub struct AcceptedLoss {
 #[non_exhaustive]
 pub enum IdentityError {
     /// Reading or writing the file failed.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}")]
     Io {
         /// What was being done.
         what: &'static str,

@@ -102,7 +102,7 @@ pub enum AppendError {
         what: &'static str,
     },
     /// An event could not be encoded.
-    #[error("event {event_index} of the group cannot be encoded: {source}")]
+    #[error("event {event_index} of the group cannot be encoded")]
     Encode {
         /// Position of the event in the group.
         event_index: usize,
@@ -139,7 +139,7 @@ pub enum AppendError {
         max: usize,
     },
     /// A stored record that an update merges into does not decode.
-    #[error("stored record {id} of workspace {ws} is damaged: {source}")]
+    #[error("stored record {id} of workspace {ws} is damaged")]
     CorruptRecord {
         /// The workspace.
         ws: WsId,
@@ -150,7 +150,7 @@ pub enum AppendError {
         source: DecodeError,
     },
     /// A storage fault; retry, and actualize the sequencer if the fault persists.
-    #[error("event store: {0}")]
+    #[error("the event store's storage failed")]
     Storage(#[from] KvError),
 }
 
@@ -159,7 +159,7 @@ pub enum AppendError {
 #[non_exhaustive]
 pub enum ReadError {
     /// A stored value does not decode.
-    #[error("{slot} is damaged: {source}")]
+    #[error("{slot} is damaged")]
     Corrupt {
         /// Where the value is stored.
         slot: Slot,
@@ -179,7 +179,7 @@ pub enum ReadError {
         found: u64,
     },
     /// A storage fault; retry.
-    #[error("event store: {0}")]
+    #[error("the event store's storage failed")]
     Storage(#[from] KvError),
 }
 

@@ -120,34 +120,56 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
             ("http", t, began.elapsed())
         }
         None => {
-            let temp;
-            let dir = match &args.bench_dir {
-                Some(d) => d.clone(),
-                None => {
-                    temp = tempfile::tempdir().context("creating a temporary directory")?;
-                    temp.path().to_path_buf()
-                }
-            };
-            settings.data_dir = dir;
-            let opened = open_storage(&mut settings)?;
-            let mut config = settings.cp_config();
-            // `--no-marks` is the processor settings flag (`ProcessorArgs`), not a bench flag: one
-            // argument id per command line.
-            if !settings.no_marks {
-                config.marks = opened.marks;
-            }
-            let cp =
-                CommandProcessor::start(EventStore::new(opened.kv, APP, settings.trust), config)?;
-            while !cp.ready() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            let began = Instant::now();
-            let t = in_process_load(&cp, &args, deadline).await;
-            let elapsed = began.elapsed();
-            cp.shutdown(settings.shutdown_timeout).await;
+            let (t, elapsed) = in_process(&args, &mut settings, deadline).await?;
             ("in-process", t, elapsed)
         }
     };
+    print_results(mode, &args, &settings, &tally, elapsed);
+    Ok(())
+}
+
+/// The in-process load: a command processor on a data directory (`--bench-dir`, or else a
+/// temporary one) until `deadline`; answers the tally and how long the load ran.
+async fn in_process(
+    args: &BenchArgs,
+    settings: &mut Settings,
+    deadline: Instant,
+) -> anyhow::Result<(Tally, Duration)> {
+    let temp;
+    let dir = match &args.bench_dir {
+        Some(d) => d.clone(),
+        None => {
+            temp = tempfile::tempdir().context("creating a temporary directory")?;
+            temp.path().to_path_buf()
+        }
+    };
+    settings.data_dir = dir;
+    let opened = open_storage(settings)?;
+    let mut config = settings.cp_config();
+    // `--no-marks` is the processor settings flag (`ProcessorArgs`), not a bench flag: one
+    // argument id per command line.
+    if !settings.no_marks {
+        config.marks = opened.marks;
+    }
+    let cp = CommandProcessor::start(EventStore::new(opened.kv, APP, settings.trust), config)?;
+    while !cp.ready() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let began = Instant::now();
+    let t = in_process_load(&cp, args, deadline).await;
+    let elapsed = began.elapsed();
+    cp.shutdown(settings.shutdown_timeout).await;
+    Ok((t, elapsed))
+}
+
+/// The one line of results.
+fn print_results(
+    mode: &str,
+    args: &BenchArgs,
+    settings: &Settings,
+    tally: &Tally,
+    elapsed: Duration,
+) {
     let trust = match (&args.url, settings.trust) {
         (Some(_), _) => "server's",
         (None, TrustLevel::Level0) => "0",
@@ -174,7 +196,6 @@ pub async fn run(args: BenchArgs, mut settings: Settings) -> anyhow::Result<()> 
         h.value_at_quantile(0.999),
         h.max(),
     );
-    Ok(())
 }
 
 async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>(

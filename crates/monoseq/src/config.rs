@@ -201,22 +201,8 @@ pub fn resolve(
     listen: &ListenArgs,
 ) -> anyhow::Result<Settings> {
     let file = read_file(storage.config.as_deref())?;
-    let trust_level = store
-        .trust_level
-        .or(file.trust_level)
-        .unwrap_or(TRUST_LEVEL_DEFAULT);
-    let trust = TrustLevel::try_from(trust_level).context("--trust-level")?;
-    let ws_kinds: Vec<WsKind> = store
-        .ws_kinds
-        .clone()
-        .or(file.ws_kinds)
-        .unwrap_or_else(|| vec![WS_KIND_DEFAULT])
-        .into_iter()
-        .map(WsKind)
-        .collect();
-    if ws_kinds.is_empty() {
-        bail!("--ws-kinds is empty: declare at least one workspace kind");
-    }
+    let trust = trust_of(store, &file)?;
+    let ws_kinds = ws_kinds_of(store, &file)?;
     let storage_kind = Storage::parse(storage.storage.as_deref().or(file.storage.as_deref()))?;
     let listen_text = listen.listen.as_deref().or(file.listen.as_deref());
     let settings = Settings {
@@ -270,6 +256,31 @@ pub fn resolve(
     };
     settings.validate()?;
     Ok(settings)
+}
+
+/// The trust level: the flag over the file over the default.
+fn trust_of(store: &StoreArgs, file: &SettingsFile) -> anyhow::Result<TrustLevel> {
+    let trust_level = store
+        .trust_level
+        .or(file.trust_level)
+        .unwrap_or(TRUST_LEVEL_DEFAULT);
+    TrustLevel::try_from(trust_level).context("--trust-level")
+}
+
+/// The workspace kinds: the flag over the file over the default; at least one.
+fn ws_kinds_of(store: &StoreArgs, file: &SettingsFile) -> anyhow::Result<Vec<WsKind>> {
+    let ws_kinds: Vec<WsKind> = store
+        .ws_kinds
+        .clone()
+        .or_else(|| file.ws_kinds.clone())
+        .unwrap_or_else(|| vec![WS_KIND_DEFAULT])
+        .into_iter()
+        .map(WsKind)
+        .collect();
+    if ws_kinds.is_empty() {
+        bail!("--ws-kinds is empty: declare at least one workspace kind");
+    }
+    Ok(ws_kinds)
 }
 
 /// The settings file, or no settings when none is given.

@@ -144,11 +144,11 @@ fn main() -> std::process::ExitCode {
         // The reader of our output went away (`monoseq inspect | head`): nothing to report.
         Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) if serving => {
-            tracing::error!("refusing to start: {}", describe(&e));
+            tracing::error!("refusing to start: {e:#}");
             std::process::ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("monoseq: {}", describe(&e));
+            eprintln!("monoseq: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
@@ -159,20 +159,6 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
-}
-
-/// An error with its causes, each said once: many errors already name their cause in their
-/// own text, so a cause whose text is already there is left out.
-fn describe(e: &anyhow::Error) -> String {
-    let mut out = e.to_string();
-    for cause in e.chain().skip(1) {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-    }
-    out
 }
 
 /// The settings of a tool that reads the store (`inspect`, `verify`).
@@ -222,18 +208,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
-
-    #[test]
-    fn an_error_names_each_cause_once() {
-        #[derive(Debug, thiserror::Error)]
-        #[error("inner failed")]
-        struct Inner;
-        #[derive(Debug, thiserror::Error)]
-        #[error("outer: {0}")]
-        struct Outer(#[source] Inner);
-        let e = anyhow::Error::new(Outer(Inner)).context("opening");
-        assert_eq!(super::describe(&e), "opening: outer: inner failed");
-    }
 
     /// The help text of `monoseq <command>`.
     fn help(command: &str) -> String {
