@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 use schnellru::{ByLength, LruMap};
 
@@ -325,6 +324,11 @@ impl<S: SeqStorage> Sequencer<S> {
         }
     }
 
+    /// The state it shares with its worker (for `wait.rs`).
+    pub(crate) fn shared(&self) -> &Shared<S> {
+        &self.shared
+    }
+
     /// A handle that reads this sequencer's status and counters from any thread.
     #[must_use]
     pub fn handle(&self) -> SequencerHandle<S> {
@@ -442,24 +446,6 @@ impl<S: SeqStorage> Sequencer<S> {
             seq: self,
             done: false,
         }))
-    }
-
-    /// Like [`start`](Self::start), but while actualization runs it waits for it up to
-    /// `wait` (seed 002 `StartEvent(wait)`).
-    ///
-    /// # Errors
-    ///
-    /// As [`start`](Self::start).
-    pub fn start_wait(
-        &mut self,
-        kind: WsKind,
-        ws: WsId,
-        wait: Duration,
-    ) -> Result<Start<'_, S>, StartError> {
-        if matches!(self.shared.status(), Status::None | Status::Actualizing) {
-            self.shared.wait_actualized(Instant::now() + wait);
-        }
-        self.start(kind, ws)
     }
 
     /// Stops the background work, flushing what it can, and returns within the shutdown
@@ -831,6 +817,13 @@ pub struct SequencerHandle<S: SeqStorage> {
     shared: Arc<Shared<S>>,
 }
 
+impl<S: SeqStorage> SequencerHandle<S> {
+    /// The state it shares with the sequencer (for `wait.rs`).
+    pub(crate) fn shared(&self) -> &Shared<S> {
+        &self.shared
+    }
+}
+
 impl<S: SeqStorage> Clone for SequencerHandle<S> {
     fn clone(&self) -> Self {
         SequencerHandle {
@@ -909,13 +902,6 @@ impl<S: SeqStorage> SequencerHandle<S> {
             storage_corrupted: sh.storage_corrupted.load(Ordering::Acquire),
             poison: sh.poison_reason(),
         }
-    }
-
-    /// Blocks until actualization has finished or `wait` passed; answers the status then.
-    #[must_use]
-    pub fn wait_actualized(&self, wait: Duration) -> Status {
-        self.shared.wait_actualized(Instant::now() + wait);
-        self.shared.status()
     }
 }
 
