@@ -14,7 +14,7 @@ use crate::shared::{PoisonReason, Shared, Status};
 use crate::storage::{SeqStorage, StorageErrorKind};
 use crate::types::{Number, PLogOffset, SeqId, WsId, WsKind};
 use crate::worker::Worker;
-use crate::ws_numbers::NumberMap;
+use crate::ws_numbers::{NumberMap, WsNumbers};
 
 /// Why `start` cannot begin a transaction now. Busy is an answer, not an error: the caller
 /// retries later (the command processor answers 503 "server is busy").
@@ -583,6 +583,7 @@ impl<S: SeqStorage> Sequencer<S> {
 
     /// Commits the open transaction's numbers as pending: handed out, not yet durable.
     fn commit_pending(&mut self, ws: WsId, kind_index: usize, offset: PLogOffset) {
+        self.assert_commits_the_started_offset(offset);
         let kind = &self.shared.params.kinds[kind_index];
         self.pending.set_all(
             ws,
@@ -603,6 +604,13 @@ impl<S: SeqStorage> Sequencer<S> {
         let sh = &*self.shared;
         {
             let mut b = sh.lock_backlog();
+            // Paired with the check in `commit` that the backlog reached the committed offset:
+            // the backlog's high-water mark never goes down.
+            assert!(
+                b.next_offset.is_none_or(|o| o <= next_offset),
+                "the backlog's next offset {:?} would go back to {next_offset}",
+                b.next_offset
+            );
             b.values.take_from(&mut self.pending);
             b.next_offset = Some(next_offset);
             sh.publish_backlog_len(b.len(), sh.params.backlog_urgent());
@@ -633,6 +641,7 @@ impl<S: SeqStorage> Sequencer<S> {
         // This event is durable, so are the pending ones before it (one PLog, written in
         // order).
         self.mark_durable();
+        self.assert_commits_the_started_offset(offset);
         let sh = &*self.shared;
         let kind = &sh.params.kinds[kind_index];
         let next_offset = offset.next();
@@ -652,10 +661,9 @@ impl<S: SeqStorage> Sequencer<S> {
                 return;
             }
             let before = b.len();
-            b.values.set_all(
-                ws,
-                touched(self.tx_touched, &kind.seqs, &self.current_numbers),
-            );
+            let numbers = touched(self.tx_touched, &kind.seqs, &self.current_numbers);
+            assert_numbers_rise(b.values.get(ws), numbers.clone());
+            b.values.set_all(ws, numbers);
             b.next_offset = Some(next_offset);
             let after = b.len();
             sh.publish_backlog_len(after, urgent);
@@ -674,6 +682,16 @@ impl<S: SeqStorage> Sequencer<S> {
         sh.signal_flush();
     }
 
+    /// Precondition of a commit: the transaction commits the offset `start` handed out, the
+    /// one the sequencer's next offset still holds; the commit then moves it past `offset`.
+    #[inline]
+    fn assert_commits_the_started_offset(&self, offset: PLogOffset) {
+        assert_eq!(
+            offset, self.next_offset,
+            "a transaction commits the PLog offset start handed out"
+        );
+    }
+
     fn rollback(&mut self) {
         self.pending.clear();
         self.pending_next_offset = None;
@@ -686,12 +704,33 @@ impl<S: SeqStorage> Sequencer<S> {
     }
 }
 
+/// Precondition of a commit into the backlog: every number a transaction hands out is above
+/// the one the backlog holds for its key (`backlog`, the workspace's entry there), so a flush
+/// never lowers a stored number.
+#[inline]
+fn assert_numbers_rise(
+    backlog: Option<&WsNumbers>,
+    numbers: impl Iterator<Item = (SeqId, Number)>,
+) {
+    let Some(backlog) = backlog else {
+        return;
+    };
+    for (seq, number) in numbers {
+        if let Some(held) = backlog.get(seq) {
+            assert!(
+                number > held,
+                "{seq:?} would hand out {number:?}, not above the backlog's {held:?}"
+            );
+        }
+    }
+}
+
 /// The sequences a transaction advanced (bits of `touched`, by kind index) with their numbers.
 fn touched<'a>(
     touched: u64,
     seqs: &'a [SeqId],
     numbers: &'a [Number],
-) -> impl Iterator<Item = (SeqId, Number)> + 'a {
+) -> impl Iterator<Item = (SeqId, Number)> + Clone + 'a {
     let mut bits = touched;
     std::iter::from_fn(move || {
         if bits == 0 {
@@ -940,5 +979,47 @@ mod tests {
         );
         assert!(shared.lock_backlog().values.is_empty(), "nothing committed");
         assert_eq!(worker.step(), Step::Stopped);
+    }
+
+    #[test]
+    #[should_panic(expected = "commits the PLog offset start handed out")]
+    fn committing_an_offset_start_did_not_hand_out_panics() {
+        let (mut seq, mut worker) = Sequencer::new_manual(params(), MemSeqStorage::new());
+        assert_eq!(worker.step(), Step::Idle);
+        seq.commit(WsId(1), 0, PLogOffset(3));
+    }
+
+    #[test]
+    #[should_panic(expected = "the backlog's next offset")]
+    fn marking_a_group_durable_below_the_backlog_panics() {
+        let (mut seq, mut worker) = Sequencer::new_manual(params(), MemSeqStorage::new());
+        assert_eq!(worker.step(), Step::Idle);
+        let shared = Arc::clone(&seq.shared);
+        let Ok(Start::Began(mut tx)) = seq.start(WsKind(1), WsId(1)) else {
+            panic!("no transaction");
+        };
+        assert_eq!(tx.next(SeqId(1)), Ok(Number(1)));
+        tx.commit_pending();
+        // Broken state: the backlog's high-water mark is above the pending group.
+        shared.lock_backlog().next_offset = Some(PLogOffset(7));
+        seq.mark_durable();
+    }
+
+    #[test]
+    #[should_panic(expected = "not above the backlog's")]
+    fn committing_a_number_not_above_the_backlog_panics() {
+        let (mut seq, mut worker) = Sequencer::new_manual(params(), MemSeqStorage::new());
+        assert_eq!(worker.step(), Step::Idle);
+        let shared = Arc::clone(&seq.shared);
+        let Ok(Start::Began(mut tx)) = seq.start(WsKind(1), WsId(1)) else {
+            panic!("no transaction");
+        };
+        assert_eq!(tx.next(SeqId(1)), Ok(Number(1)));
+        // Broken state: the backlog holds a higher number than the one just handed out.
+        shared
+            .lock_backlog()
+            .values
+            .set_all(WsId(1), [(SeqId(1), Number(5))]);
+        tx.flush();
     }
 }

@@ -401,6 +401,13 @@ impl<S: SeqStorage> Worker<S> {
         b.end_flush(written.is_ok());
         sh.backlog_len.store(b.len(), Ordering::Release);
         if written.is_ok() {
+            // Paired with the check in `snapshot` that poisons instead of writing a lower
+            // checkpoint: the flushed high-water mark never goes down.
+            assert!(
+                b.durable_offset.is_none_or(|d| d <= offset),
+                "the flushed checkpoint {:?} would go back to {offset}",
+                b.durable_offset
+            );
             b.durable_offset = Some(offset);
         }
         drop(b);
@@ -699,5 +706,19 @@ mod tests {
             seq.start(WsKind(1), WsId(1)),
             Ok(Start::Began(_))
         ));
+    }
+
+    #[test]
+    #[should_panic(expected = "the flushed checkpoint")]
+    fn a_written_checkpoint_below_the_flushed_one_panics() {
+        let params = Params::builder()
+            .kind(WsKind(1), [(SeqId(1), Number(1))])
+            .build()
+            .expect("valid parameters");
+        let (_seq, mut worker) = Sequencer::new_manual(params, MemSeqStorage::new());
+        assert_eq!(worker.step(), Step::Idle);
+        // Broken state: `snapshot`'s check was skipped and a lower checkpoint reaches the write.
+        worker.shared.lock_backlog().durable_offset = Some(PLogOffset(9));
+        let _ = worker.write_snapshot(PLogOffset(4));
     }
 }
