@@ -501,50 +501,68 @@ impl<S: SeqStorage> Sequencer<S> {
             None => false,
         };
         self.stats.misses += 1;
-        let n = kind.seqs.len();
-        self.current_numbers.resize(n, Number(0));
+        self.current_numbers.resize(kind.seqs.len(), Number(0));
+        if !self.load_unflushed(kind, ws) {
+            self.load_stored(kind, ws)?;
+        }
+        self.cache_current(kind, ws, cached);
+        Ok(())
+    }
+
+    /// Takes the newest numbers of `ws` that have not reached storage (pending, in the
+    /// backlog, or being flushed) into `current_numbers`; answers whether every sequence of
+    /// the kind had one.
+    fn load_unflushed(&mut self, kind: &KindSequences, ws: WsId) -> bool {
+        let b = self.shared.lock_backlog();
+        let pending = self.pending.get(ws);
+        let backlog = b.values.get(ws);
+        let flushing = b.flushing.as_ref().and_then(|f| f.get(ws));
+        if pending.is_none() && backlog.is_none() && flushing.is_none() {
+            return false;
+        }
         let mut complete = true;
-        {
-            let b = sh.lock_backlog();
-            let pending = self.pending.get(ws);
-            let backlog = b.values.get(ws);
-            let flushing = b.flushing.as_ref().and_then(|f| f.get(ws));
-            if pending.is_none() && backlog.is_none() && flushing.is_none() {
-                complete = false;
-            } else {
-                for (slot, &seq) in self.current_numbers.iter_mut().zip(&kind.seqs) {
-                    let newest = [pending, backlog, flushing]
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|n| n.get(seq))
-                        .max();
-                    match newest {
-                        Some(n) => *slot = n,
-                        None => complete = false,
-                    }
-                }
+        for (slot, &seq) in self.current_numbers.iter_mut().zip(&kind.seqs) {
+            let newest = [pending, backlog, flushing]
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.get(seq))
+                .max();
+            match newest {
+                Some(n) => *slot = n,
+                None => complete = false,
             }
         }
-        if !complete {
-            // Values missing from the backlog were flushed before we looked (the flusher
-            // drops the numbers it writes only once they are written), so storage has them.
-            self.read_buf.clear();
-            self.read_buf.resize(n, Number(0));
-            if let Err(e) = sh.storage.read_numbers(ws, &kind.seqs, &mut self.read_buf) {
-                sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(e.kind());
-            }
-            for (slot, &stored) in self.current_numbers.iter_mut().zip(&self.read_buf) {
-                *slot = (*slot).max(stored);
-            }
+        complete
+    }
+
+    /// Raises `current_numbers` to the stored numbers of `ws`. Values missing from the backlog
+    /// were flushed before we looked (the flusher drops the numbers it writes only once they
+    /// are written), so storage has them.
+    fn load_stored(&mut self, kind: &KindSequences, ws: WsId) -> Result<(), StorageErrorKind> {
+        let sh = &*self.shared;
+        self.read_buf.clear();
+        self.read_buf.resize(kind.seqs.len(), Number(0));
+        if let Err(e) = sh.storage.read_numbers(ws, &kind.seqs, &mut self.read_buf) {
+            sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
+            return Err(e.kind());
         }
+        for (slot, &stored) in self.current_numbers.iter_mut().zip(&self.read_buf) {
+            *slot = (*slot).max(stored);
+        }
+        Ok(())
+    }
+
+    /// Makes `ws`, just loaded into `current_numbers`, the current workspace, and keeps it in
+    /// the cache unless the cache is full and does not admit it (`cached`: the cache holds
+    /// `ws` under another kind, which this entry replaces).
+    fn cache_current(&mut self, kind: &KindSequences, ws: WsId, cached: bool) {
+        self.current = Some((ws, kind.kind));
         if !cached && self.cache.len() >= self.cache_capacity && !self.admit(ws) {
             // Held only as the current workspace; its numbers go to the backlog on commit.
-            self.current = Some((ws, kind.kind));
-            return Ok(());
+            return;
         }
         let numbers = match self.spare.take() {
-            Some(mut b) if b.len() == n => {
+            Some(mut b) if b.len() == kind.seqs.len() => {
                 b.copy_from_slice(&self.current_numbers);
                 b
             }
@@ -561,8 +579,6 @@ impl<S: SeqStorage> Sequencer<S> {
             self.spare = Some(evicted.numbers);
         }
         self.cache.insert(ws, entry);
-        self.current = Some((ws, kind.kind));
-        Ok(())
     }
 
     /// Whether `ws`, missing from a full cache, may evict an entry: only on its second miss
