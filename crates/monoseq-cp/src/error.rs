@@ -190,15 +190,4 @@ pub enum ConfigError {
     Marks(String),
 }
 
-/// An error and each of its causes, once each, joined by `": "`: every layer's message says
-/// what it was doing, its source what failed.
-pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
+pub(crate) use monoseq_kv::chain;

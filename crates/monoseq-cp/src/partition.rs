@@ -734,7 +734,7 @@ pub(crate) fn read_keys<S: KvStore + Clone>(
         Ok(())
     };
     let above = read(from.max(floor + 1), to);
-    let result = below.and(above).map_err(|e| e.to_string());
+    let result = below.and(above).map_err(|e| monoseq_kv::chain(&e));
     (keys, result)
 }
 
@@ -772,7 +772,7 @@ impl<S: KvStore + Clone> Writer<S> {
             monoseq_core::PLogOffset(end + 1),
             &mut |e: Event| tail.push(e),
         );
-        read.map_err(|e| e.to_string())?;
+        read.map_err(|e| monoseq_kv::chain(&e))?;
         let mut mark = group_mark(self.mark, &tail);
         mark.plog = mark.plog.max(end);
         if let Some(marks) = &self.marks {
@@ -1094,10 +1094,10 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 });
             }
             Err(e) => {
-                self.failed = Some(e.to_string());
+                self.failed = Some(monoseq_kv::chain(&e));
                 return Err(CommandError::Unavailable {
                     partition: self.partition.0,
-                    reason: e.to_string(),
+                    reason: monoseq_kv::chain(&e),
                 });
             }
         };

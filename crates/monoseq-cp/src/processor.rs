@@ -608,7 +608,9 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
     let retired = config.retired.get(p as usize).copied().unwrap_or_default();
     let params = sequencer_params(config, &retired)?;
     let stored = match &config.marks {
-        Some(m) => m.get(p).map_err(|e| ConfigError::Marks(e.to_string()))?,
+        Some(m) => m
+            .get(p)
+            .map_err(|e| ConfigError::Marks(monoseq_kv::chain(&e)))?,
         None => Mark::default(),
     };
     let mark = higher(stored, *acked.lock().unwrap_or_else(|e| e.into_inner()));

@@ -207,3 +207,18 @@ pub enum OpenError {
         source: KvError,
     },
 }
+
+/// An error and each of its causes, once each, joined by `": "` (the form of anyhow's `{:#}`):
+/// every layer's message says what it was doing, its source what failed. Where an error becomes
+/// text (a message field, an answer), this keeps the causes that `to_string` alone drops.
+#[must_use]
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}

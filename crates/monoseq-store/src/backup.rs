@@ -129,7 +129,7 @@ impl BackupStamp {
         let stamp: BackupStamp =
             serde_json::from_slice(&text).map_err(|e| BackupError::Damaged {
                 path: path.clone(),
-                reason: e.to_string(),
+                reason: monoseq_kv::chain(&e),
             })?;
         if stamp.format != BACKUP_FORMAT || stamp.marks.len() != stamp.partitions as usize {
             return Err(BackupError::Damaged {
@@ -202,7 +202,7 @@ fn live_marks(path: &Path, store_id: &str, partitions: u32) -> Result<Vec<Mark>,
             identity.store_id
         )));
     }
-    Marks::read_file(&file, partitions).map_err(|e: MarksError| refused(e.to_string()))
+    Marks::read_file(&file, partitions).map_err(|e: MarksError| refused(monoseq_kv::chain(&e)))
 }
 
 fn plus(mark: &Mark, n: u64) -> Mark {

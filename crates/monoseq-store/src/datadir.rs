@@ -275,7 +275,7 @@ fn write_meta(kv: &impl KvStore, identity: &Identity) -> Result<(), KvError> {
         identity.store_id.as_bytes(),
     );
     kv.write(&batch)
-        .map_err(|e| KvError::backend(e.to_string(), e))?;
+        .map_err(|e| KvError::backend("writing the key layout and the store ID", e))?;
     kv.sync()
 }
 
@@ -526,7 +526,7 @@ fn continue_restore<S: KvStore + Clone>(
         dir,
         identity,
         marks,
-        |p| plog_end(&copy, p, retired_of.retired(p).plog).map_err(|e| e.to_string()),
+        |p| plog_end(&copy, p, retired_of.retired(p).plog).map_err(|e| monoseq_kv::chain(&e)),
         policy.restore.as_ref(),
     )
 }
@@ -654,7 +654,7 @@ fn retire_accepted<S: KvStore + Clone>(
             .read_next_plog_offset()
             .map_err(|e| DataDirError::Actualize {
                 partition: p,
-                message: e.to_string(),
+                message: monoseq_kv::chain(&e),
             })?;
         if checkpoint.0 > retired.plog {
             continue;
@@ -701,7 +701,7 @@ pub fn retire_partition<S: KvStore + Clone>(
     };
     let params = built_in_params([WsKind(1)])
         .build()
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| failed(monoseq_kv::chain(&e)))?;
     let seq = Arc::new(seq);
     let (sequencer, mut worker) = Sequencer::new_manual(params, Arc::clone(&seq));
     let mut steps = 0;
@@ -717,7 +717,7 @@ pub fn retire_partition<S: KvStore + Clone>(
     }
     drop(sequencer);
     seq.write_values_and_next_plog_offset(&[], PLogOffset(retired.plog + 1))
-        .map_err(|e| failed(e.to_string()))
+        .map_err(|e| failed(monoseq_kv::chain(&e)))
 }
 
 /// Marks rebuilt from what the engine holds: per partition, the PLog end and the highest
