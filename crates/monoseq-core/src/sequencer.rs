@@ -678,6 +678,8 @@ impl<S: SeqStorage> Sequencer<S> {
             }
             let before = b.len();
             let numbers = touched(self.tx_touched, &kind.seqs, &self.current_numbers);
+            // A lookup in the backlog per commit: measurable on the hot path, so debug only.
+            #[cfg(debug_assertions)]
             assert_numbers_rise(b.values.get(ws), numbers.clone());
             b.values.set_all(ws, numbers);
             b.next_offset = Some(next_offset);
@@ -723,7 +725,7 @@ impl<S: SeqStorage> Sequencer<S> {
 /// Precondition of a commit into the backlog: every number a transaction hands out is above
 /// the one the backlog holds for its key (`backlog`, the workspace's entry there), so a flush
 /// never lowers a stored number.
-#[inline]
+#[cfg(debug_assertions)]
 fn assert_numbers_rise(
     backlog: Option<&WsNumbers>,
     numbers: impl Iterator<Item = (SeqId, Number)>,
