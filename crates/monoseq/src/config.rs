@@ -468,8 +468,9 @@ fn open_pg(url: &str) -> anyhow::Result<Arc<monoseq_pg::PgStore>> {
     // twice.
     let store = monoseq_pg::PgStore::open(url, monoseq_pg::PgOptions::default()).map_err(|e| {
         anyhow::anyhow!(
-            "opening PostgreSQL storage {}: {e}",
-            Storage::Postgres(url.to_owned()).describe()
+            "opening PostgreSQL storage {}: {}",
+            Storage::Postgres(url.to_owned()).describe(),
+            crate::base::chain(&e)
         )
     })?;
     Ok(Arc::new(store))

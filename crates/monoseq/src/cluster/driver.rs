@@ -145,7 +145,7 @@ impl Cluster {
             ms(settings.lease),
             ms(settings.renew),
         )
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(|e| anyhow::anyhow!("{}", crate::base::chain(&e)))?;
         let (leave, leave_rx) = mpsc::channel(1);
         let (life, mut life_rx) = watch::channel(Life::Joining);
         let cluster = Arc::new(Cluster {
@@ -597,7 +597,7 @@ impl Cluster {
             .await
             .unwrap_or_else(|e| {
                 asked.failed(TableError {
-                    message: format!("the lease call did not finish: {e}"),
+                    message: format!("the lease call did not finish: {}", crate::base::chain(&e)),
                 })
             });
             log_failure(&reply);
@@ -689,7 +689,11 @@ impl Cluster {
         }
         let store = EventStore::new(self.view_of(p, epoch), APP, self.trust);
         if let Err(e) = self.cp.acquire(p, store) {
-            tracing::error!(partition = p, "starting the partition failed: {e}");
+            tracing::error!(
+                partition = p,
+                "starting the partition failed: {}",
+                crate::base::chain(&e)
+            );
             return;
         }
         drop(serving);
@@ -816,8 +820,9 @@ fn log_failure(reply: &Reply) {
     };
     if let Some(e) = failed {
         tracing::warn!(
-            "a lease call failed: {e}; partitions stop being served here when their leases can \
-             no longer be renewed in time"
+            "a lease call failed: {}; partitions stop being served here when their leases can \
+             no longer be renewed in time",
+            crate::base::chain(e)
         );
     }
 }
