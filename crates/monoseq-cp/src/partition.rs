@@ -776,9 +776,12 @@ impl<S: KvStore + Clone> Writer<S> {
         let mut mark = group_mark(self.mark, &tail);
         mark.plog = mark.plog.max(end);
         if let Some(marks) = &self.marks {
-            marks
-                .raise(self.partition.0, &mark)
-                .map_err(|e| format!("raising the high-water mark failed: {e}"))?;
+            marks.raise(self.partition.0, &mark).map_err(|e| {
+                format!(
+                    "raising the high-water mark failed: {}",
+                    crate::error::chain(&e)
+                )
+            })?;
         }
         self.mark = mark;
         let mut acked = self.acked.lock().unwrap_or_else(|e| e.into_inner());
@@ -973,8 +976,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         if blamed.is_none() {
             tracing::warn!(
                 partition = self.partition.0,
-                "writing a group of {} commands failed: {e}",
-                accepted.len()
+                "writing a group of {} commands failed: {}",
+                accepted.len(),
+                crate::error::chain(e)
             );
         }
         let mut retry = Vec::new();
