@@ -14,7 +14,9 @@ use crate::shared::{PoisonReason, Shared, Status};
 use crate::storage::{SeqStorage, StorageErrorKind};
 use crate::types::{Number, PLogOffset, SeqId, WsId, WsKind};
 use crate::worker::Worker;
-use crate::ws_numbers::{NumberMap, WsNumbers};
+use crate::ws_numbers::NumberMap;
+#[cfg(debug_assertions)]
+use crate::ws_numbers::WsNumbers;
 
 /// Why `start` cannot begin a transaction now. Busy is an answer, not an error: the caller
 /// retries later (the command processor answers 503 "server is busy").
