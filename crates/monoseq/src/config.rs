@@ -28,6 +28,15 @@ pub const WS_KIND_DEFAULT: u16 = 1;
 pub const SHUTDOWN_TIMEOUT_DEFAULT_SECS: u64 = 10;
 /// Largest accepted request body.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+/// Default of `--flush-delay-ms` on PostgreSQL. A flush of a partition's sequence numbers
+/// rewrites one row per workspace it touched, in a transaction of its own; waiting longer
+/// gathers more commands per workspace row. It bounds the PLog replayed after a crash (the
+/// numbers never depend on it). PostgreSQL CPU per command 30–31 → 22.6–24.4 µs with
+/// [`BACKLOG_VALUES_MAX_DEFAULT_POSTGRES`] (docs/benchmarks.md, "PostgreSQL cost per command").
+pub const FLUSH_DELAY_DEFAULT_POSTGRES: Duration = Duration::from_millis(500);
+/// Default of `--backlog-values-max` on PostgreSQL: room for the numbers of
+/// [`FLUSH_DELAY_DEFAULT_POSTGRES`] at full speed, so the flusher is not hurried earlier.
+pub const BACKLOG_VALUES_MAX_DEFAULT_POSTGRES: usize = 65_536;
 
 /// Which storage a command opens; every command that opens the store flattens it. Each flag
 /// also reads `MONOSEQ_<NAME>` from the environment.
@@ -68,8 +77,8 @@ pub struct ProcessorArgs {
         "Most commands per group commit [default: {}]", monoseq_cp::GROUP_COMMANDS_MAX_DEFAULT))]
     pub group_commands_max: Option<usize>,
     #[arg(long, env = "MONOSEQ_BACKLOG_VALUES_MAX", help = format!(
-        "Most unflushed sequence values per partition [default: {}]",
-        monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT))]
+        "Most unflushed sequence values per partition [default: {}; {} on PostgreSQL]",
+        monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT, BACKLOG_VALUES_MAX_DEFAULT_POSTGRES))]
     pub backlog_values_max: Option<usize>,
     #[arg(long, env = "MONOSEQ_CACHE_WORKSPACES_MAX", help = format!(
         "Workspaces cached per partition [default: {}]",
@@ -77,7 +86,8 @@ pub struct ProcessorArgs {
     pub cache_workspaces_max: Option<usize>,
     #[arg(long, env = "MONOSEQ_FLUSH_DELAY_MS", help = format!(
         "Longest wait of a partition's flusher to gather sequence numbers, milliseconds \
-         [default: {}]", monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis()))]
+         [default: {}; {} on PostgreSQL]", monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis(),
+        FLUSH_DELAY_DEFAULT_POSTGRES.as_millis()))]
     pub flush_delay_ms: Option<u64>,
     #[arg(long, env = "MONOSEQ_SHUTDOWN_TIMEOUT_SECS", help = format!(
         "Bound on a graceful shutdown, seconds [default: {SHUTDOWN_TIMEOUT_DEFAULT_SECS}]"))]
@@ -204,6 +214,7 @@ pub fn resolve(
     let trust = trust_of(store, &file)?;
     let ws_kinds = ws_kinds_of(store, &file)?;
     let storage_kind = Storage::parse(storage.storage.as_deref().or(file.storage.as_deref()))?;
+    let on_postgres = matches!(storage_kind, Storage::Postgres(_));
     let listen_text = listen.listen.as_deref().or(file.listen.as_deref());
     let settings = Settings {
         storage: storage_kind,
@@ -227,15 +238,23 @@ pub fn resolve(
         backlog_values_max: processor
             .backlog_values_max
             .or(file.backlog_values_max)
-            .unwrap_or(monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT),
+            .unwrap_or(if on_postgres {
+                BACKLOG_VALUES_MAX_DEFAULT_POSTGRES
+            } else {
+                monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT
+            }),
         cache_workspaces_max: processor
             .cache_workspaces_max
             .or(file.cache_workspaces_max)
             .unwrap_or(monoseq_core::CACHE_WORKSPACES_MAX_DEFAULT),
-        flush_delay: processor
-            .flush_delay_ms
-            .or(file.flush_delay_ms)
-            .map_or(monoseq_cp::FLUSH_DELAY_DEFAULT, Duration::from_millis),
+        flush_delay: processor.flush_delay_ms.or(file.flush_delay_ms).map_or(
+            if on_postgres {
+                FLUSH_DELAY_DEFAULT_POSTGRES
+            } else {
+                monoseq_cp::FLUSH_DELAY_DEFAULT
+            },
+            Duration::from_millis,
+        ),
         shutdown_timeout: Duration::from_secs(
             processor
                 .shutdown_timeout_secs
@@ -578,6 +597,29 @@ mod tests {
             .expect("tokens from the file's tokens file");
         assert_eq!(security.auth.count(crate::auth::Kind::Write), 1);
         assert!(security.auth.open_health);
+    }
+
+    #[test]
+    fn on_postgres_numbers_are_flushed_less_often_unless_set() {
+        let mut args = ServeArgs::default();
+        args.storage.storage = Some("postgres://u@127.0.0.1:5432/db".into());
+        let on_pg = args.resolve().expect("resolves");
+        assert_eq!(on_pg.flush_delay, FLUSH_DELAY_DEFAULT_POSTGRES);
+        assert_eq!(
+            on_pg.backlog_values_max,
+            BACKLOG_VALUES_MAX_DEFAULT_POSTGRES
+        );
+        args.processor.flush_delay_ms = Some(20);
+        args.processor.backlog_values_max = Some(1000);
+        let set = args.resolve().expect("resolves");
+        assert_eq!(set.flush_delay, Duration::from_millis(20));
+        assert_eq!(set.backlog_values_max, 1000);
+        let embedded = ServeArgs::default().resolve().expect("resolves");
+        assert_eq!(embedded.flush_delay, monoseq_cp::FLUSH_DELAY_DEFAULT);
+        assert_eq!(
+            embedded.backlog_values_max,
+            monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT
+        );
     }
 
     #[test]
