@@ -214,7 +214,7 @@ pub fn resolve(
     let trust = trust_of(store, &file)?;
     let ws_kinds = ws_kinds_of(store, &file)?;
     let storage_kind = Storage::parse(storage.storage.as_deref().or(file.storage.as_deref()))?;
-    let on_postgres = matches!(storage_kind, Storage::Postgres(_));
+    let (backlog_values_max, flush_delay) = numbers_flush(processor, &file, &storage_kind);
     let listen_text = listen.listen.as_deref().or(file.listen.as_deref());
     let settings = Settings {
         storage: storage_kind,
@@ -235,26 +235,12 @@ pub fn resolve(
             .group_commands_max
             .or(file.group_commands_max)
             .unwrap_or(monoseq_cp::GROUP_COMMANDS_MAX_DEFAULT),
-        backlog_values_max: processor
-            .backlog_values_max
-            .or(file.backlog_values_max)
-            .unwrap_or(if on_postgres {
-                BACKLOG_VALUES_MAX_DEFAULT_POSTGRES
-            } else {
-                monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT
-            }),
+        backlog_values_max,
         cache_workspaces_max: processor
             .cache_workspaces_max
             .or(file.cache_workspaces_max)
             .unwrap_or(monoseq_core::CACHE_WORKSPACES_MAX_DEFAULT),
-        flush_delay: processor.flush_delay_ms.or(file.flush_delay_ms).map_or(
-            if on_postgres {
-                FLUSH_DELAY_DEFAULT_POSTGRES
-            } else {
-                monoseq_cp::FLUSH_DELAY_DEFAULT
-            },
-            Duration::from_millis,
-        ),
+        flush_delay,
         shutdown_timeout: Duration::from_secs(
             processor
                 .shutdown_timeout_secs
@@ -275,6 +261,35 @@ pub fn resolve(
     };
     settings.validate()?;
     Ok(settings)
+}
+
+/// The backlog bound and the flush delay of the sequence numbers: the flags over the file over
+/// the storage's defaults (PostgreSQL flushes less often, see
+/// [`FLUSH_DELAY_DEFAULT_POSTGRES`]).
+fn numbers_flush(
+    processor: &ProcessorArgs,
+    file: &SettingsFile,
+    storage: &Storage,
+) -> (usize, Duration) {
+    let (backlog_default, delay_default) = match storage {
+        Storage::Postgres(_) => (
+            BACKLOG_VALUES_MAX_DEFAULT_POSTGRES,
+            FLUSH_DELAY_DEFAULT_POSTGRES,
+        ),
+        _ => (
+            monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT,
+            monoseq_cp::FLUSH_DELAY_DEFAULT,
+        ),
+    };
+    let backlog = processor
+        .backlog_values_max
+        .or(file.backlog_values_max)
+        .unwrap_or(backlog_default);
+    let delay = processor
+        .flush_delay_ms
+        .or(file.flush_delay_ms)
+        .map_or(delay_default, Duration::from_millis);
+    (backlog, delay)
 }
 
 /// The trust level: the flag over the file over the default.
