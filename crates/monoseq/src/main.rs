@@ -52,7 +52,13 @@ enum LogFormat {
     Json,
 }
 
-/// Logs to standard error, filtered by `RUST_LOG` (or `default` when unset).
+/// The log filter of `serve` when `RUST_LOG` is unset: our own lines from `info`, the storage
+/// engines' (which announce every recovered tree at `info`) from `warn`.
+const SERVE_LOG_DEFAULT: &str = "info,fjall=warn,lsm_tree=warn";
+
+/// Logs to standard error, filtered by `RUST_LOG` (or `default` when unset). Records of the
+/// `log` crate (fjall's, among others: a failed flush or compaction, a crashed storage worker)
+/// are logged the same way, so no storage error goes unseen.
 fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
@@ -138,7 +144,10 @@ fn main() -> std::process::ExitCode {
             .exit();
     }
     let serving = matches!(cli.command, Cmd::Serve { .. });
-    init_logging(cli.log_format, if serving { "info" } else { "warn" });
+    init_logging(
+        cli.log_format,
+        if serving { SERVE_LOG_DEFAULT } else { "warn" },
+    );
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // The reader of our output went away (`monoseq inspect | head`): nothing to report.
