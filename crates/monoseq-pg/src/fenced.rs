@@ -14,8 +14,9 @@
 //! transaction, every statement after it fails without writing, and the `COMMIT` sent with
 //! them rolls back. Plain SQL, no procedural code, as the crate's other statements.
 //!
-//! The lease row also counts the fenced writes committed under it (`writes`), and the view
-//! remembers the highest count it saw (`$3`). The count goes back only with the database: a
+//! The lease row also counts the fenced writes committed under it (`writes`; a transaction
+//! that carries several batches of one view counts once), and the view remembers the highest
+//! count it saw (`$3`). The count goes back only with the database: a
 //! failover to a standby that was behind, or a restored backup. Then the view's next write is
 //! refused like a takeover, before it can hand out numbers the database lost: the partition
 //! stops, is taken again, and its new actualization finds the PLog below its high-water mark.
@@ -62,6 +63,18 @@ impl Fence {
     /// out-of-range one is always fenced.
     fn epoch_param(&self) -> i64 {
         i64::try_from(self.epoch).unwrap_or(-1)
+    }
+
+    /// Where a combined transaction (`combine.rs`) checks this fence among others: by
+    /// partition, so that concurrent transactions lock lease rows in one order.
+    pub(crate) fn order(&self) -> (u32, u64) {
+        (self.partition, self.epoch)
+    }
+
+    /// Whether `other` is this view's own fence (same lease epoch, same count of writes seen):
+    /// one check in a transaction serves both.
+    pub(crate) fn same(&self, other: &Fence) -> bool {
+        self.order() == other.order() && Arc::ptr_eq(&self.seen, &other.seen)
     }
 
     /// The fence check, prepared (or found in the connection's cache).

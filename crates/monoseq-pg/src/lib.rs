@@ -15,6 +15,7 @@
 // Library code answers errors; an `expect` states why it cannot fail.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod combine;
 mod error;
 mod exec;
 mod fenced;
@@ -29,6 +30,7 @@ mod store;
 pub mod testing;
 mod write;
 
+pub use combine::{COMBINE_BYTES_MAX, COMBINE_WRITES_MAX, Combining, WRITE_TRANSACTIONS_IN_FLIGHT};
 pub use fenced::FencedPgStore;
 pub use lease::{
     ClusterStatus, LEASE_DURATION_MAX, LEASE_PARTITIONS_MAX, LeaseStatus, Leases, NodeStatus,

@@ -2,9 +2,10 @@
 //! version, and one statement text per operation (prepared and cached per connection). Owns
 //! the rule that only constructs PostgreSQL-compatible distributed engines also run are used:
 //! `INSERT … ON CONFLICT DO NOTHING`, `INSERT … ON CONFLICT … DO UPDATE`, conditional
-//! `UPDATE`/`DELETE … WHERE`, `unnest` of arrays and `generate_series`, and a data-modifying
-//! `WITH … UPDATE … RETURNING` (the fence); no advisory locks, no `LISTEN`, no procedural functions. Every lease time is
-//! the database's `now()`.
+//! `UPDATE`/`DELETE … WHERE`, `unnest` of arrays and `generate_series`, a data-modifying
+//! `WITH … UPDATE … RETURNING` (the fence), and `SELECT … ORDER BY … FOR NO KEY UPDATE` (a
+//! renewal locks its rows in order); no advisory locks, no `LISTEN`, no procedural functions.
+//! Every lease time is the database's `now()`.
 
 use std::ops::Bound;
 
@@ -91,7 +92,8 @@ pub(crate) struct LeaseSql {
     /// Takes lease $1 for node $2 for $3 ms when it is free or expired; returns its new epoch.
     pub(crate) acquire: String,
     /// Extends for $4 ms the leases of node $1 among partitions $2 with epochs $3; returns the
-    /// partitions extended.
+    /// partitions extended. Locks the rows in partition order, as a combined write's fences
+    /// do (`combine.rs`), so that the two never wait for each other in a cycle.
     pub(crate) renew: String,
     /// Frees lease $1 when node $2 holds it with epoch $3.
     pub(crate) release: String,
@@ -275,9 +277,11 @@ impl LeaseSql {
                  OR expires_at <= now()) RETURNING epoch"
             ),
             renew: format!(
-                "UPDATE {leases} SET expires_at = now() + $4::bigint * interval '1 millisecond' \
-                 WHERE node_id = $1 AND (partition, epoch) IN (SELECT * FROM \
-                 unnest($2::integer[], $3::bigint[])) RETURNING partition"
+                "WITH mine AS (SELECT partition FROM {leases} WHERE node_id = $1 AND \
+                 (partition, epoch) IN (SELECT * FROM unnest($2::integer[], $3::bigint[])) ORDER \
+                 BY partition FOR NO KEY UPDATE) UPDATE {leases} l SET expires_at = now() + \
+                 $4::bigint * interval '1 millisecond' FROM mine WHERE l.partition = \
+                 mine.partition RETURNING l.partition"
             ),
             release: format!(
                 "UPDATE {leases} SET node_id = NULL, expires_at = now() WHERE partition = $1 AND \

@@ -18,6 +18,7 @@ use tokio_postgres::config::Host;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Statement};
 
+use crate::combine::Combiner;
 use crate::error::{Failure, storage_open_error};
 use crate::exec::{self, Conn, within};
 use crate::fenced::{Fence, FencedPgStore};
@@ -81,13 +82,15 @@ impl Inner {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct PgStore {
-    core: Arc<Core>,
+    pub(crate) core: Arc<Core>,
 }
 
 /// What a store and its views ([`crate::Leases`], [`crate::FencedPgStore`]) share: the
 /// connections, the runtime that drives them, and what error messages name.
 pub(crate) struct Core {
     pub(crate) inner: Inner,
+    /// Carries concurrent batch writes in shared transactions (`combine.rs`).
+    pub(crate) combiner: Combiner,
     /// Drives the connections; `None` only while dropping.
     runtime: Option<Runtime>,
     pub(crate) location: String,
@@ -249,6 +252,7 @@ impl PgStore {
                 connect_timeout: options.connect_timeout,
                 statement_timeout: options.statement_timeout,
             },
+            combiner: Combiner::default(),
             runtime: Some(runtime),
             location,
             schema: options.schema.clone(),
@@ -526,8 +530,9 @@ impl Core {
         .map_err(|f| f.into_kv("scanning a partition"))
     }
 
-    /// Writes `batch`, in a transaction that first checks `fence` when there is one.
-    pub(crate) fn write(
+    /// Writes `batch` in a transaction of its own, which first checks `fence` when there is
+    /// one (`Core::write`, in `combine.rs`, carries concurrent batches together).
+    pub(crate) fn write_alone(
         &self,
         batch: &WriteBatch,
         fence: Option<&Fence>,
@@ -621,7 +626,7 @@ impl Core {
     /// An insert of `key` where absent waits on the key's index entry for any transaction
     /// that inserts, updates or deletes it; it is then rolled back, so nothing is written.
     /// True when the wait ended within the call's time limit (reads now tell the outcome).
-    fn settle(&self, key: Key<'_>) -> bool {
+    pub(crate) fn settle(&self, key: Key<'_>) -> bool {
         let inner = &self.inner;
         self.run(inner.call_timeout(), async {
             let conn = inner.conn().await?;

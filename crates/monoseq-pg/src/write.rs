@@ -14,7 +14,7 @@
 
 use std::collections::HashSet;
 
-use futures_util::future::{join, join3};
+use futures_util::future::{join, join_all, join3};
 use monoseq_kv::Key;
 use tokio_postgres::Statement;
 use tokio_postgres::error::SqlState;
@@ -81,12 +81,22 @@ async fn execute_opt(
     Ok(())
 }
 
-/// The fence check as it rides in a pipeline: `Ok(true)` without a fence.
-async fn check_opt(conn: &Conn, fence: Option<(&Fence, &Statement)>) -> Result<bool, Failure> {
-    match fence {
-        Some((fence, statement)) => fence.check(conn, statement).await,
-        None => Ok(true),
+/// The fence checks as they ride in a pipeline, in order: `Ok(true)` when every one held (or
+/// there is none). The first that fails aborts the transaction, so the ones after it fail
+/// too: the first answer that is not a hold decides.
+async fn check_all(conn: &Conn, checks: &[(&Fence, Statement)]) -> Result<bool, Failure> {
+    let answers = join_all(
+        checks
+            .iter()
+            .map(|(fence, statement)| fence.check(conn, statement)),
+    )
+    .await;
+    for answer in answers {
+        if !answer? {
+            return Ok(false);
+        }
     }
+    Ok(true)
 }
 
 /// Whether the server refused an insert because a key was present (SQLSTATE 23505): the
@@ -111,6 +121,32 @@ pub(crate) async fn apply(
     Ok(outcome)
 }
 
+/// Applies `plan`, the union of several batches over distinct keys (`combine.rs`), on one
+/// pooled connection, in one transaction that first checks every one of `fences` (distinct,
+/// in lock order), in one round trip. Unlike [`apply`] it does not look for the item that
+/// conflicted: a key found present is an error (the transaction wrote nothing), and the
+/// batches then go each alone.
+pub(crate) async fn apply_combined(
+    inner: &Inner,
+    plan: &Plan<'_>,
+    fences: &[&Fence],
+) -> Result<Outcome, Failure> {
+    let conn = inner.conn().await?;
+    let batch = Prepared::new(inner, &conn, plan, fences).await?;
+    match batch.send().await {
+        Err(failure) if is_key_present(&failure) => {
+            // Every answer was read and the transaction rolled back: the connection is idle.
+            conn.release();
+            Err(failure)
+        }
+        Err(failure) => Err(failure),
+        Ok(outcome) => {
+            conn.release();
+            Ok(outcome)
+        }
+    }
+}
+
 async fn apply_on(
     inner: &Inner,
     conn: &Conn,
@@ -120,13 +156,10 @@ async fn apply_on(
     if let Some(in_batch) = plan.conflict_in_batch {
         return conflict_without_writing(inner, conn, plan, in_batch).await;
     }
-    let batch = Prepared::new(inner, conn, plan, fence).await?;
+    let batch = Prepared::new(inner, conn, plan, fence.as_slice()).await?;
     let mut attempt = 1;
     loop {
-        let written = match batch.statements() {
-            1 if batch.check.is_none() => batch.alone().await,
-            _ => batch.in_one_round_trip().await,
-        };
+        let written = batch.send().await;
         let failure = match written {
             Err(failure) if is_key_present(&failure) => failure,
             other => return other,
@@ -150,7 +183,8 @@ const CONFLICT_ATTEMPTS_MAX: u32 = 3;
 /// any pipeline starts, so that no preparation slips between them, and their parameters.
 struct Prepared<'a> {
     conn: &'a Conn,
-    check: Option<(&'a Fence, Statement)>,
+    /// The fence checks, first in the transaction, in the order given.
+    checks: Vec<(&'a Fence, Statement)>,
     insert: Option<Statement>,
     upsert: Option<Statement>,
     delete: Option<Statement>,
@@ -164,14 +198,14 @@ impl<'a> Prepared<'a> {
         inner: &Inner,
         conn: &'a Conn,
         plan: &'a Plan<'a>,
-        fence: Option<&'a Fence>,
+        fences: &[&'a Fence],
     ) -> Result<Prepared<'a>, Failure> {
         let client = conn.client()?;
         let sql = &inner.sql;
-        let check = match fence {
-            None => None,
-            Some(fence) => Some((fence, fence.statement(inner, conn).await?)),
-        };
+        let mut checks = Vec::with_capacity(fences.len());
+        for fence in fences {
+            checks.push((*fence, fence.statement(inner, conn).await?));
+        }
         let mut statements = [None, None, None];
         let wanted = [
             (!plan.conditions.is_empty(), &sql.kv.insert_new),
@@ -186,7 +220,7 @@ impl<'a> Prepared<'a> {
         let [insert, upsert, delete] = statements;
         Ok(Prepared {
             conn,
-            check,
+            checks,
             insert,
             upsert,
             delete,
@@ -204,10 +238,13 @@ impl<'a> Prepared<'a> {
             .count()
     }
 
-    fn check(&self) -> Option<(&Fence, &Statement)> {
-        self.check
-            .as_ref()
-            .map(|(fence, statement)| (*fence, statement))
+    /// Sends the batch: its only statement alone when it has no fence, else the whole
+    /// transaction in one round trip.
+    async fn send(&self) -> Result<Outcome, Failure> {
+        match self.statements() {
+            1 if self.checks.is_empty() => self.alone().await,
+            _ => self.in_one_round_trip().await,
+        }
     }
 
     /// The batch's only statement, without a fence, in autocommit: one statement is atomic.
@@ -219,15 +256,15 @@ impl<'a> Prepared<'a> {
         Ok(Outcome::Written)
     }
 
-    /// `BEGIN`, the fence, every statement and `COMMIT`, sent together. A statement that fails
-    /// (the fence, or an insert that finds a key present) aborts the transaction: the ones
-    /// after it fail without writing and the `COMMIT` rolls it back.
+    /// `BEGIN`, the fences, every statement and `COMMIT`, sent together. A statement that fails
+    /// (a fence, or an insert that finds a key present) aborts the transaction: the ones after
+    /// it fail without writing and the `COMMIT` rolls it back.
     async fn in_one_round_trip(&self) -> Result<Outcome, Failure> {
         let (conn, client) = (self.conn, self.conn.client()?);
         let ((begin, held, inserted), (up, del, commit)) = join(
             join3(
                 client.batch_execute("BEGIN"),
-                check_opt(conn, self.check()),
+                check_all(conn, &self.checks),
                 execute_opt(conn, self.insert.as_ref(), &params(&self.conditions)),
             ),
             join3(
