@@ -1,17 +1,21 @@
 //! Combining: the batches that concurrent callers (the writers of different partitions, their
 //! flushers) have ready go to PostgreSQL together, in one transaction and one round trip, so
-//! that one commit (one write-ahead log flush, one `BEGIN`/`COMMIT`, one statement per kind)
+//! that one commit (one `BEGIN`/`COMMIT`, one statement per kind, one write-ahead log flush)
 //! serves several batches. Owns when a batch goes alone and when it waits, which batches may
 //! share a transaction, and how each still gets exactly its own outcome.
 //!
-//! A batch that finds fewer than [`WRITE_TRANSACTIONS_IN_FLIGHT`] of the store's write
-//! transactions in flight and nobody waiting goes out at once, alone, as it always did
-//! (`write.rs`). Otherwise its caller waits; when a transaction ends, its slot passes to the
-//! first caller waiting, which takes every batch waiting (at most [`COMBINE_WRITES_MAX`], and
-//! [`COMBINE_BYTES_MAX`] of keys and values) into one transaction: `BEGIN`, the check of each
-//! distinct fence in partition order, the union of their conditional inserts as one multi-row
-//! `INSERT`, of their upserts as one, of their deletes as one, `COMMIT`. The busier the store,
-//! the more each commit carries; an idle store adds no wait.
+//! A batch that finds fewer than [`PgOptions::write_transactions`] of the store's write
+//! transactions in flight and nobody waiting goes out at once, alone, on its caller's thread,
+//! as it always did (`write.rs`). Otherwise its caller waits. When a transaction ends and
+//! batches wait, its slot passes to a task on the store's runtime, which takes every batch
+//! waiting (at most [`COMBINE_WRITES_MAX`], and [`COMBINE_BYTES_MAX`] of keys and values) into
+//! one transaction: `BEGIN`, the check of each distinct fence in partition order, the union of
+//! their conditional inserts as one multi-row `INSERT`, of their upserts as one, of their
+//! deletes as one, `COMMIT`; it answers each caller as the server answers (no thread of a
+//! caller sits between the server and the others' answers), and goes on while batches wait. A
+//! batch that waited [`PgOptions::combine_wait`] without a transaction taking it starts one
+//! past the limit, with the batches waiting then: a slow transaction holds the others up
+//! little. The busier the store, the more each commit carries; an idle store adds no wait.
 //!
 //! Each batch keeps its own atomicity and its own outcome. Batches that share a transaction
 //! touch disjoint keys: a batch with a key that one taken before it touches goes alone (an
@@ -19,46 +23,52 @@
 //! statements need not be the order of any batch after another). The transaction is
 //! optimistic: when it fails for a key found present, a fence that no longer holds, or any
 //! error the server answered, nothing of it was written, and every batch then goes alone
-//! through the path above, which names its own conflicting item or its own fence and retries
-//! as it always did. When its answer is lost (the connection broke or the call timed out after
-//! the request left), every batch of it gets `KvError::OutcomeUnknown`, as it would alone.
+//! through the path above, on its caller's thread, which names its own conflicting item or its
+//! own fence and retries as it always did. When its answer is lost (the connection broke or
+//! the call's time limit passed after the request left), every batch of it reports an unknown
+//! outcome, as it would alone, after its caller waited for the server to end the transaction.
 //!
-//! No lock of the server's outlives a transaction; a caller waits at most the call's time
-//! limit for a transaction to take its batch, then goes alone.
+//! No lock of the server's outlives a transaction, and the combined transaction has the call
+//! time limit a batch alone has.
+//!
+//! [`PgOptions::write_transactions`]: crate::PgOptions::write_transactions
+//! [`PgOptions::combine_wait`]: crate::PgOptions::combine_wait
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use monoseq_kv::{Key, KvError, WriteBatch, WriteError};
+use monoseq_kv::{Key, WriteBatch, WriteError};
+use tokio::runtime::Handle;
 
-use crate::error::Failure;
+use crate::error::{Failure, unknown_outcome};
+use crate::exec::within;
 use crate::fenced::Fence;
+use crate::options::PgOptions;
 use crate::plan::Plan;
-use crate::store::{Core, PgStore};
+use crate::store::{Core, Inner, PgStore};
 use crate::write::{self, Outcome};
 
-/// Most batch-write transactions of one store in flight at once: a batch that finds fewer in
-/// flight (and no batch waiting) goes out at once, alone; the batches arriving while this many
-/// are in flight wait, and the next transaction to start carries them together.
-pub const WRITE_TRANSACTIONS_IN_FLIGHT: usize = 2;
 /// Most batches one combined transaction carries; the others wait for the next one.
 pub const COMBINE_WRITES_MAX: usize = 64;
 /// Most bytes of keys and values one combined transaction carries (its first batch goes
 /// whatever its size); the batches past it wait for the next one.
 pub const COMBINE_BYTES_MAX: usize = 4 << 20;
 
+/// What a batch that went in a combined transaction whose answer was lost reports.
+const COMBINED_WRITE: &str = "writing a batch together with others in one transaction";
+
 /// How a store's batch writes shared transactions since it opened ([`PgStore::combining`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Combining {
-    /// Transactions that carried the batches of several callers and committed.
+    /// Transactions that carried the batches of callers that waited, and committed.
     pub transactions: u64,
     /// Batches committed in those transactions.
     pub writes: u64,
-    /// Transactions of several batches that wrote nothing (a key found present, a fence that
-    /// no longer held, an error the server answered); each of their batches then went alone.
+    /// Such transactions that wrote nothing (a key found present, a fence that no longer
+    /// held, an error the server answered); each of their batches then went alone.
     pub fallbacks: u64,
     /// Batches waiting now for a transaction to carry them.
     pub waiting: usize,
@@ -72,10 +82,14 @@ impl PgStore {
     }
 }
 
-/// The slots of the store's write transactions, and the batches waiting for one.
-#[derive(Default)]
+/// The slots of the store's write transactions, the batches waiting for one, and what the
+/// tasks that write them need.
 pub(crate) struct Combiner {
     state: Mutex<State>,
+    inner: Arc<Inner>,
+    runtime: Handle,
+    slots: usize,
+    wait: Duration,
     transactions: AtomicU64,
     writes: AtomicU64,
     fallbacks: AtomicU64,
@@ -84,13 +98,13 @@ pub(crate) struct Combiner {
 #[derive(Default)]
 struct State {
     /// Slots taken. Batches wait only while all are taken: `waiting` is empty unless
-    /// `in_flight` is [`WRITE_TRANSACTIONS_IN_FLIGHT`].
+    /// `in_flight` is at least the combiner's `slots`.
     in_flight: usize,
     waiting: VecDeque<Arc<Waiter>>,
 }
 
 /// A batch waiting for a transaction, with its own copy of the batch (the transaction that
-/// carries it may run on another caller's thread), and where its answer comes.
+/// carries it runs on the store's runtime), and where its answer comes.
 struct Waiter {
     batch: WriteBatch,
     fence: Option<Fence>,
@@ -100,16 +114,17 @@ struct Waiter {
 }
 
 /// What a waiting caller is told.
+#[derive(Clone)]
 enum Answer {
     /// Nothing yet.
     Pending,
-    /// A slot passed to it: it leads the next transaction, its batch first.
-    Lead,
-    /// Its batch goes alone, on the caller's thread (the combined transaction wrote nothing,
-    /// or the batch may not share it).
+    /// Its batch goes alone, on the caller's thread: the combined transaction wrote nothing,
+    /// or the batch may not share it.
     Alone,
-    /// Its batch's outcome, in a transaction that carried it.
-    Done(Result<(), WriteError>),
+    /// Its batch was committed in a combined transaction.
+    Written,
+    /// The combined transaction's answer was lost, as this says.
+    Unknown(String),
 }
 
 /// How a batch entered the combiner.
@@ -149,7 +164,7 @@ impl Waiter {
         let mut answer = lock(&self.answer);
         loop {
             if !matches!(*answer, Answer::Pending) {
-                return std::mem::replace(&mut *answer, Answer::Pending);
+                return answer.clone();
             }
             answer = match deadline {
                 None => self
@@ -170,6 +185,20 @@ impl Waiter {
 }
 
 impl Combiner {
+    /// The combiner of a store on `inner`, whose transactions run on `runtime`.
+    pub(crate) fn new(inner: &Arc<Inner>, runtime: &Handle, options: &PgOptions) -> Combiner {
+        Combiner {
+            state: Mutex::new(State::default()),
+            inner: Arc::clone(inner),
+            runtime: runtime.clone(),
+            slots: options.write_transactions,
+            wait: options.combine_wait,
+            transactions: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            fallbacks: AtomicU64::new(0),
+        }
+    }
+
     fn counts(&self) -> Combining {
         Combining {
             transactions: self.transactions.load(Ordering::Relaxed),
@@ -180,8 +209,8 @@ impl Combiner {
     }
 
     /// Takes a slot when one is free and no batch waits.
-    fn free_slot(state: &mut State) -> bool {
-        let free = state.in_flight < WRITE_TRANSACTIONS_IN_FLIGHT && state.waiting.is_empty();
+    fn free_slot(&self, state: &mut State) -> bool {
+        let free = state.in_flight < self.slots && state.waiting.is_empty();
         if free {
             state.in_flight += 1;
         }
@@ -191,52 +220,27 @@ impl Combiner {
     /// A slot for `batch` when one is free, else its place in the queue (copied outside the
     /// lock).
     fn enter(&self, batch: &WriteBatch, fence: Option<&Fence>) -> Entry {
-        if Combiner::free_slot(&mut lock(&self.state)) {
+        if self.free_slot(&mut lock(&self.state)) {
             return Entry::Slot;
         }
         let waiter = Arc::new(Waiter::new(batch, fence));
         let mut state = lock(&self.state);
-        if Combiner::free_slot(&mut state) {
+        if self.free_slot(&mut state) {
             return Entry::Slot;
         }
         state.waiting.push_back(Arc::clone(&waiter));
         Entry::Queued(waiter)
     }
 
-    /// A slot's transaction ended: the slot passes to the first caller waiting, who leads
-    /// the next transaction, or is freed when nobody waits.
-    fn pass_on(&self) {
-        let next = {
-            let mut state = lock(&self.state);
-            let next = state.waiting.pop_front();
-            if next.is_none() {
-                state.in_flight -= 1;
-            }
-            next
-        };
-        if let Some(next) = next {
-            next.answer(Answer::Lead);
-        }
-    }
-
-    /// Takes `waiter` out of the queue when no transaction took it yet; true when it did.
-    fn withdraw(&self, waiter: &Arc<Waiter>) -> bool {
-        let mut state = lock(&self.state);
-        let position = state.waiting.iter().position(|w| Arc::ptr_eq(w, waiter));
-        position.is_some_and(|i| state.waiting.remove(i).is_some())
-    }
-
-    /// The batches of the next transaction: `first`, then those waiting, in order, within
-    /// [`COMBINE_WRITES_MAX`] and [`COMBINE_BYTES_MAX`].
-    fn take(&self, first: Arc<Waiter>) -> Vec<Arc<Waiter>> {
-        let mut bytes = first.bytes;
-        let mut group = vec![first];
-        let mut state = lock(&self.state);
+    /// The batches of the next transaction, taken from the front of the queue: at least one,
+    /// then as many as [`COMBINE_WRITES_MAX`] and [`COMBINE_BYTES_MAX`] allow.
+    fn take(state: &mut State, mut group: Vec<Arc<Waiter>>) -> Vec<Arc<Waiter>> {
+        let mut bytes: usize = group.iter().map(|w| w.bytes).sum();
         while group.len() < COMBINE_WRITES_MAX {
             let Some(next) = state.waiting.front() else {
                 break;
             };
-            if bytes + next.bytes > COMBINE_BYTES_MAX {
+            if !group.is_empty() && bytes + next.bytes > COMBINE_BYTES_MAX {
                 break;
             }
             bytes += next.bytes;
@@ -244,19 +248,156 @@ impl Combiner {
         }
         group
     }
-}
 
-/// A taken slot, passed on when dropped (also when its holder unwinds).
-struct Slot<'a>(&'a Combiner);
+    /// A slot's transaction ended: the batches waiting, which keep the slot, or `None` (the
+    /// slot is freed) when nothing waits.
+    fn next_group(&self) -> Option<Vec<Arc<Waiter>>> {
+        let mut state = lock(&self.state);
+        if state.waiting.is_empty() {
+            state.in_flight -= 1;
+            return None;
+        }
+        Some(Combiner::take(&mut state, Vec::new()))
+    }
 
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        self.0.pass_on();
+    /// `waiter` with the batches waiting, on a slot past the limit, when no transaction took
+    /// it yet.
+    fn group_now(&self, waiter: &Arc<Waiter>) -> Option<Vec<Arc<Waiter>>> {
+        let mut state = lock(&self.state);
+        let position = state.waiting.iter().position(|w| Arc::ptr_eq(w, waiter))?;
+        let first = state.waiting.remove(position)?;
+        state.in_flight += 1;
+        Some(Combiner::take(&mut state, vec![first]))
+    }
+
+    /// Passes on the slot of a transaction that ended: to a task writing the batches waiting,
+    /// or back to the free ones.
+    fn finish(self: &Arc<Self>) {
+        if let Some(group) = self.next_group() {
+            self.start(group);
+        }
+    }
+
+    /// Starts a task on the store's runtime that writes `group`, then the batches waiting as
+    /// long as some do, on one slot.
+    fn start(self: &Arc<Self>, group: Vec<Arc<Waiter>>) {
+        let combiner = Arc::clone(self);
+        let taken = Taken {
+            group,
+            answered: false,
+        };
+        self.runtime.spawn(async move {
+            let mut taken = taken;
+            loop {
+                combiner.write_group(&mut taken).await;
+                match combiner.next_group() {
+                    Some(group) => {
+                        taken = Taken {
+                            group,
+                            answered: false,
+                        }
+                    }
+                    None => return,
+                }
+            }
+        });
+    }
+
+    /// Waits for a queued batch's turn: its answer, or, when no transaction took it within
+    /// the combiner's wait, a transaction of its own (with the batches waiting then).
+    fn wait_turn(self: &Arc<Self>, waiter: &Arc<Waiter>) -> Answer {
+        let answer = waiter.wait(Some(Instant::now() + self.wait));
+        if !matches!(answer, Answer::Pending) {
+            return answer;
+        }
+        if let Some(group) = self.group_now(waiter) {
+            self.start(group);
+        }
+        // A transaction has it; it ends within its own time limit.
+        waiter.wait(None)
+    }
+
+    /// Writes the batches of `taken` that may share a transaction in one, and answers every
+    /// caller.
+    async fn write_group(&self, taken: &mut Taken) {
+        let group = &taken.group;
+        let plans: Vec<Plan<'_>> = group.iter().map(|w| Plan::new(&w.batch)).collect();
+        let members = shareable(&plans);
+        let count = members.iter().filter(|m| **m).count();
+        let outcome = match count {
+            0 => Answer::Alone,
+            _ => self.write_together(group, &plans, &members, count).await,
+        };
+        for (waiter, member) in group.iter().zip(&members) {
+            waiter.answer(match member {
+                true => outcome.clone(),
+                false => Answer::Alone,
+            });
+        }
+        taken.answered = true;
+    }
+
+    /// Writes the batches `members` marks in one transaction: what each of them is told.
+    async fn write_together(
+        &self,
+        group: &[Arc<Waiter>],
+        plans: &[Plan<'_>],
+        members: &[bool],
+        count: usize,
+    ) -> Answer {
+        let chosen = plans.iter().zip(members).filter(|(_, m)| **m);
+        let union = union(chosen.map(|(p, _)| p));
+        let fences = distinct_fences(
+            group
+                .iter()
+                .zip(members)
+                .filter(|(_, m)| **m)
+                .filter_map(|(w, _)| w.fence.as_ref()),
+        );
+        let inner = &self.inner;
+        let applied = within(
+            inner.call_timeout(),
+            write::apply_combined(inner, &union, &fences),
+        )
+        .await;
+        match applied {
+            Ok(Outcome::Written) => {
+                self.transactions.fetch_add(1, Ordering::Relaxed);
+                self.writes.fetch_add(count as u64, Ordering::Relaxed);
+                Answer::Written
+            }
+            Err(failure) if failure.outcome_unknown() => {
+                tracing::warn!(
+                    writes = count,
+                    "the answer of a combined PostgreSQL transaction was lost; each of its \
+                     batches reports an unknown outcome"
+                );
+                Answer::Unknown(failure.lost_answer())
+            }
+            other => {
+                self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(
+                    writes = count,
+                    cause = %fallback_cause(other),
+                    "a combined PostgreSQL transaction wrote nothing; its batches go each alone"
+                );
+                Answer::Alone
+            }
+        }
     }
 }
 
-/// The batches a leader took: each caller but the leader gets an answer, also when the leader
-/// unwinds before it answered them (then the outcome is unknown).
+/// A taken slot of a caller writing alone, passed on when dropped (also when it unwinds).
+struct Slot<'a>(&'a Arc<Combiner>);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.finish();
+    }
+}
+
+/// The batches a task took: every caller gets an answer, also when the task is dropped before
+/// it answered them (the runtime shutting down with the store): then the outcome is unknown.
 struct Taken {
     group: Vec<Arc<Waiter>>,
     answered: bool,
@@ -267,14 +408,10 @@ impl Drop for Taken {
         if self.answered {
             return;
         }
-        for waiter in self.group.iter().skip(1) {
-            waiter.answer(Answer::Done(Err(WriteError::Storage(
-                KvError::OutcomeUnknown {
-                    message: "the thread writing this batch together with others stopped \
-                              before it answered"
-                        .to_owned(),
-                },
-            ))));
+        for waiter in &self.group {
+            waiter.answer(Answer::Unknown(
+                "the store stopped the transaction carrying it (it is closing)".to_owned(),
+            ));
         }
     }
 }
@@ -291,147 +428,28 @@ impl Core {
         if batch.is_empty() {
             return Ok(());
         }
-        let waiter = match self.combiner.enter(batch, fence) {
+        let combiner = &self.combiner;
+        let waiter = match combiner.enter(batch, fence) {
             Entry::Slot => {
-                let _slot = Slot(&self.combiner);
+                let _slot = Slot(combiner);
                 return self.write_alone(batch, fence);
             }
             Entry::Queued(waiter) => waiter,
         };
-        match self.wait_turn(&waiter) {
-            Answer::Done(result) => result,
-            Answer::Lead => {
-                let _slot = Slot(&self.combiner);
-                self.lead(waiter)
+        match combiner.wait_turn(&waiter) {
+            Answer::Written => Ok(()),
+            Answer::Unknown(cause) => {
+                // As a batch alone: wait until the server ended the transaction.
+                let key = batch.get(0).map(|item| item.key);
+                let settled = key.is_some_and(|key| self.settle(key));
+                Err(WriteError::Storage(unknown_outcome(
+                    COMBINED_WRITE,
+                    &cause,
+                    settled,
+                )))
             }
             Answer::Alone | Answer::Pending => self.write_alone(batch, fence),
         }
-    }
-
-    /// Waits for a queued batch's turn: its outcome, the lead of the next transaction, or
-    /// going alone, also when no transaction took it within the call's time limit.
-    fn wait_turn(&self, waiter: &Arc<Waiter>) -> Answer {
-        let limit = self.inner.call_timeout();
-        let answer = waiter.wait(Some(Instant::now() + limit));
-        if !matches!(answer, Answer::Pending) {
-            return answer;
-        }
-        if self.combiner.withdraw(waiter) {
-            tracing::warn!(
-                location = %self.location,
-                waited = ?limit,
-                "a batch waited for a PostgreSQL write transaction past the call's time limit \
-                 and goes alone; the server answers slowly"
-            );
-            return Answer::Alone;
-        }
-        // A transaction took it; it ends within its own time limit.
-        waiter.wait(None)
-    }
-
-    /// Leads the next transaction: takes the batches waiting, writes those that may share it
-    /// together, answers each caller, and answers the leader's own outcome.
-    fn lead(&self, first: Arc<Waiter>) -> Result<(), WriteError> {
-        let leader = Arc::clone(&first);
-        let mut taken = Taken {
-            group: self.combiner.take(first),
-            answered: false,
-        };
-        let group = &taken.group;
-        let plans: Vec<Plan<'_>> = group.iter().map(|w| Plan::new(&w.batch)).collect();
-        let members = shareable(&plans);
-        let answers = match members.iter().filter(|m| **m).count() {
-            0 | 1 => group.iter().map(|_| None).collect(),
-            _ => self.write_together(group, &plans, &members),
-        };
-        let mut answers = answers.into_iter();
-        let own = answers.next().flatten();
-        for (waiter, answer) in group.iter().skip(1).zip(answers) {
-            waiter.answer(answer.map_or(Answer::Alone, Answer::Done));
-        }
-        taken.answered = true;
-        match own {
-            Some(result) => result,
-            None => self.write_alone(&leader.batch, leader.fence.as_ref()),
-        }
-    }
-
-    /// Writes the batches of `group` that `members` marks in one transaction: each one's
-    /// outcome when the transaction committed or its answer was lost, `None` for each that
-    /// must go alone (not a member, or the transaction wrote nothing).
-    fn write_together(
-        &self,
-        group: &[Arc<Waiter>],
-        plans: &[Plan<'_>],
-        members: &[bool],
-    ) -> Vec<Option<Result<(), WriteError>>> {
-        let chosen = || {
-            plans
-                .iter()
-                .zip(members)
-                .filter(|(_, m)| **m)
-                .map(|(p, _)| p)
-        };
-        let union = union(chosen());
-        let fences = distinct_fences(
-            group
-                .iter()
-                .zip(members)
-                .filter(|(_, m)| **m)
-                .filter_map(|(w, _)| w.fence.as_ref()),
-        );
-        let count = chosen().count();
-        let applied = self.run(
-            self.inner.call_timeout(),
-            write::apply_combined(&self.inner, &union, &fences),
-        );
-        let outcome: Option<Result<(), KvError>> = match applied {
-            Ok(Outcome::Written) => {
-                self.combiner.transactions.fetch_add(1, Ordering::Relaxed);
-                self.combiner
-                    .writes
-                    .fetch_add(count as u64, Ordering::Relaxed);
-                Some(Ok(()))
-            }
-            Err(failure) if failure.outcome_unknown() => {
-                Some(Err(self.unknown_outcome(&union, count, failure)))
-            }
-            other => {
-                self.combiner.fallbacks.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(
-                    writes = count,
-                    cause = %fallback_cause(other),
-                    "a combined PostgreSQL transaction wrote nothing; its batches go each alone"
-                );
-                None
-            }
-        };
-        members
-            .iter()
-            .map(|member| match (member, &outcome) {
-                (true, Some(Ok(()))) => Some(Ok(())),
-                (true, Some(Err(e))) => Some(Err(WriteError::Storage(copy_unknown(e)))),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// The error of a combined transaction whose answer was lost: waits (on another
-    /// connection) until the server ended it, as a write alone does.
-    fn unknown_outcome(&self, union: &Plan<'_>, count: usize, failure: Failure) -> KvError {
-        let key = first_key(union);
-        let settled = key.is_some_and(|k| self.settle(k));
-        tracing::warn!(
-            location = %self.location,
-            writes = count,
-            settled,
-            "the answer of a combined PostgreSQL transaction was lost; each of its batches \
-             reports an unknown outcome"
-        );
-        failure.into_unknown(
-            "writing a batch together with others in one transaction",
-            settled,
-        )
     }
 }
 
@@ -475,11 +493,6 @@ fn union<'p, 'a: 'p>(plans: impl Iterator<Item = &'p Plan<'a>>) -> Plan<'a> {
     union
 }
 
-/// The first key a plan writes, which a transaction that lost its answer is settled on.
-fn first_key<'a>(plan: &Plan<'a>) -> Option<Key<'a>> {
-    keys(plan).next()
-}
-
 /// Each fence once (two batches of one view share its check), in partition order: concurrent
 /// transactions then lock lease rows in one order and cannot deadlock on them.
 fn distinct_fences<'a>(fences: impl Iterator<Item = &'a Fence>) -> Vec<&'a Fence> {
@@ -501,16 +514,6 @@ fn fallback_cause(applied: Result<Outcome, Failure>) -> String {
         Err(failure) => failure
             .into_kv("writing batches together, which wrote nothing")
             .to_string(),
-    }
-}
-
-/// Another copy of an unknown outcome, for each batch of the transaction.
-fn copy_unknown(error: &KvError) -> KvError {
-    KvError::OutcomeUnknown {
-        message: match error {
-            KvError::OutcomeUnknown { message } => message.clone(),
-            other => other.to_string(),
-        },
     }
 }
 

@@ -111,7 +111,13 @@ impl Failure {
     /// was lost this way; `settled` tells whether the server was seen to have finished every
     /// transaction on the write's keys since (then a read tells the outcome).
     pub(crate) fn into_unknown(self, what: &str, settled: bool) -> KvError {
-        let cause = match &self {
+        unknown_outcome(what, &self.lost_answer(), settled)
+    }
+
+    /// How the answer of a write that failed this way was lost, for
+    /// [`unknown_outcome`].
+    pub(crate) fn lost_answer(&self) -> String {
+        match self {
             Failure::Postgres(e) => {
                 format!("the connection to PostgreSQL failed ({})", describe(e))
             }
@@ -120,22 +126,28 @@ impl Failure {
             }
             Failure::Pool(e) => format!("the connection pool failed ({e})"),
             Failure::Corrupted(m) => m.clone(),
-        };
-        let after = match settled {
-            true => "the server has ended the transaction since, so a read now tells which",
-            false => {
-                "the transaction was not seen to end on the server (it may still be running \
-                 there): read back once the server answers again"
-            }
-        };
-        KvError::OutcomeUnknown {
-            message: format!("{what}: {cause} after the request was sent; {after}"),
         }
     }
 
     /// The contract's open error for a store at `location`.
     pub(crate) fn into_open(self, location: &str, context: &'static str) -> OpenError {
         storage_open_error(location, self.into_kv(context))
+    }
+}
+
+/// The contract's [`KvError::OutcomeUnknown`] for a write described by `what` whose answer
+/// was lost as `cause` says; `settled` tells whether the server was seen to have finished
+/// every transaction on the write's keys since (then a read tells the outcome).
+pub(crate) fn unknown_outcome(what: &str, cause: &str, settled: bool) -> KvError {
+    let after = match settled {
+        true => "the server has ended the transaction since, so a read now tells which",
+        false => {
+            "the transaction was not seen to end on the server (it may still be running \
+             there): read back once the server answers again"
+        }
+    };
+    KvError::OutcomeUnknown {
+        message: format!("{what}: {cause} after the request was sent; {after}"),
     }
 }
 

@@ -25,6 +25,12 @@ pub const STATEMENT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(2);
 /// Idle time before TCP keepalives probe a connection whose peer may have vanished.
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+/// Default most batch-write transactions a store runs at once before the batches arriving
+/// wait to share one (`combine.rs`).
+pub const WRITE_TRANSACTIONS_DEFAULT: usize = 2;
+/// Default longest a batch waits for a write transaction in flight to end before it starts one
+/// of its own with the batches waiting: a bound on the wait that combining adds.
+pub const COMBINE_WAIT_DEFAULT: Duration = Duration::from_millis(1);
 /// Longest allowed timeout: past it a lost server is noticed too late.
 pub const TIMEOUT_MAX: Duration = Duration::from_secs(3600);
 /// Longest schema name PostgreSQL accepts (`NAMEDATALEN - 1`).
@@ -51,6 +57,8 @@ pub struct PgOptions {
     pub(crate) pool_connections: usize,
     pub(crate) connect_timeout: Duration,
     pub(crate) statement_timeout: Duration,
+    pub(crate) write_transactions: usize,
+    pub(crate) combine_wait: Duration,
 }
 
 impl Default for PgOptions {
@@ -60,6 +68,8 @@ impl Default for PgOptions {
             pool_connections: POOL_CONNECTIONS_DEFAULT,
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             statement_timeout: STATEMENT_TIMEOUT_DEFAULT,
+            write_transactions: WRITE_TRANSACTIONS_DEFAULT,
+            combine_wait: COMBINE_WAIT_DEFAULT,
         }
     }
 }
@@ -102,6 +112,28 @@ impl PgOptions {
         self
     }
 
+    /// Sets how many batch-write transactions the store runs at once (default
+    /// [`WRITE_TRANSACTIONS_DEFAULT`], between 1 and [`POOL_CONNECTIONS_MAX`]). A batch that
+    /// finds fewer in flight and none waiting goes out at once, alone; the batches arriving
+    /// while this many are in flight wait, and go together in one transaction (one commit)
+    /// when one ends. Each batch keeps its own outcome. As many as the pool's connections
+    /// makes batches share a transaction only when the pool is exhausted.
+    #[must_use]
+    pub fn write_transactions(mut self, transactions: usize) -> PgOptions {
+        self.write_transactions = transactions;
+        self
+    }
+
+    /// Sets the longest a waiting batch waits for a write transaction in flight to end before
+    /// it starts one of its own, with the batches waiting then (default
+    /// [`COMBINE_WAIT_DEFAULT`], at most [`TIMEOUT_MAX`]): a bound on the latency that sharing
+    /// transactions adds.
+    #[must_use]
+    pub fn combine_wait(mut self, wait: Duration) -> PgOptions {
+        self.combine_wait = wait;
+        self
+    }
+
     /// The checked pool size.
     pub(crate) fn pool_size(&self) -> Result<NonZeroUsize, OpenError> {
         NonZeroUsize::new(self.pool_connections)
@@ -125,6 +157,18 @@ impl PgOptions {
                     "{name} is {value:?}; it must be at least 1 ms and at most {TIMEOUT_MAX:?}"
                 )));
             }
+        }
+        if self.write_transactions == 0 || self.write_transactions > POOL_CONNECTIONS_MAX {
+            return Err(OpenError::InvalidOption(format!(
+                "write_transactions is {}; it must be between 1 and {POOL_CONNECTIONS_MAX}",
+                self.write_transactions
+            )));
+        }
+        if self.combine_wait > TIMEOUT_MAX {
+            return Err(OpenError::InvalidOption(format!(
+                "combine_wait is {:?}; it must be at most {TIMEOUT_MAX:?}",
+                self.combine_wait
+            )));
         }
         if !is_plain_identifier(&self.schema) {
             return Err(OpenError::InvalidOption(format!(
@@ -193,6 +237,18 @@ mod tests {
         assert!(
             PgOptions::default()
                 .statement_timeout(TIMEOUT_MAX + Duration::from_secs(1))
+                .validate()
+                .is_err()
+        );
+        assert!(
+            PgOptions::default()
+                .write_transactions(0)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            PgOptions::default()
+                .combine_wait(TIMEOUT_MAX + Duration::from_secs(1))
                 .validate()
                 .is_err()
         );

@@ -88,9 +88,9 @@ pub struct PgStore {
 /// What a store and its views ([`crate::Leases`], [`crate::FencedPgStore`]) share: the
 /// connections, the runtime that drives them, and what error messages name.
 pub(crate) struct Core {
-    pub(crate) inner: Inner,
+    pub(crate) inner: Arc<Inner>,
     /// Carries concurrent batch writes in shared transactions (`combine.rs`).
-    pub(crate) combiner: Combiner,
+    pub(crate) combiner: Arc<Combiner>,
     /// Drives the connections; `None` only while dropping.
     runtime: Option<Runtime>,
     pub(crate) location: String,
@@ -245,14 +245,16 @@ impl PgStore {
             )
         })?;
         let pool = build_pool(config, &options, pool_size.get(), &location)?;
+        let inner = Arc::new(Inner {
+            pool,
+            sql: Sql::new(&options.schema),
+            connect_timeout: options.connect_timeout,
+            statement_timeout: options.statement_timeout,
+        });
+        let combiner = Combiner::new(&inner, runtime.handle(), &options);
         let core = Core {
-            inner: Inner {
-                pool,
-                sql: Sql::new(&options.schema),
-                connect_timeout: options.connect_timeout,
-                statement_timeout: options.statement_timeout,
-            },
-            combiner: Combiner::default(),
+            inner,
+            combiner: Arc::new(combiner),
             runtime: Some(runtime),
             location,
             schema: options.schema.clone(),

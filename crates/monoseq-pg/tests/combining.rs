@@ -3,17 +3,18 @@
 //! gets its own outcome: a batch that finds a key present fails with its own index, a batch
 //! whose fence no longer holds is refused and writes nothing, and the others are written.
 //!
-//! Each test fills every write slot of the store (`WRITE_TRANSACTIONS_IN_FLIGHT`) with a put
+//! Each test fills every write slot of the store (`WRITE_TRANSACTIONS_DEFAULT`) with a put
 //! that waits on a row another session holds, queues its batches one by one (checking that
-//! each waits), then lets the first slot go: the first batch queued leads the next
-//! transaction and takes all the others.
+//! each waits; the store's combine wait is longer than the test), then lets the first slot
+//! go: the next transaction takes every batch waiting. A batch that waits past the combine
+//! wait starts a transaction of its own while every slot stays taken.
 
-use std::thread;
+use std::thread::{self, Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
 use monoseq_kv::{Key, KvError, KvStore, WriteBatch, WriteError};
 use monoseq_pg::testing::{DATABASE, PgCluster};
-use monoseq_pg::{PgOptions, PgStore, WRITE_TRANSACTIONS_IN_FLIGHT};
+use monoseq_pg::{PgOptions, PgStore, WRITE_TRANSACTIONS_DEFAULT};
 
 const LONG: Duration = Duration::from_secs(60);
 const WAIT_MAX: Duration = Duration::from_secs(20);
@@ -26,7 +27,7 @@ fn shared() -> &'static PgCluster {
 
 fn fresh() -> PgStore {
     shared()
-        .fresh_store(PgOptions::default().pool_connections(16))
+        .fresh_store(PgOptions::default().pool_connections(16).combine_wait(LONG))
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -99,6 +100,57 @@ struct Counted {
     fallbacks: u64,
 }
 
+/// Sessions holding the slot rows and the puts waiting on them, one per write slot.
+struct Slots<'s> {
+    holders: Vec<ScopedJoinHandle<'s, ()>>,
+    puts: Vec<ScopedJoinHandle<'s, Result<(), WriteError>>>,
+}
+
+/// Takes every write slot of `store` (whose tables are in `schema`) with a put that waits on a
+/// row another session holds; answers once they all wait.
+fn take_every_slot<'s>(s: &'s Scope<'s, '_>, store: &'s PgStore, schema: &'s str) -> Slots<'s> {
+    let slots = u8::try_from(WRITE_TRANSACTIONS_DEFAULT).unwrap();
+    let holders: Vec<_> = (0..slots)
+        .map(|n| s.spawn(move || hold_row(schema, n)))
+        .collect();
+    let held = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE \
+         '%hold-{schema}-%' AND pid <> pg_backend_pid()"
+    );
+    wait_until("the slot rows to be held", || count(&held) == holders.len());
+    let puts: Vec<_> = (0..slots)
+        .map(|n| s.spawn(move || store.put(Key::new(SLOT, &[n]), b"taken")))
+        .collect();
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'monoseq' AND \
+         wait_event_type = 'Lock' AND query LIKE '%{schema}.monoseq_kv%'"
+    );
+    wait_until("every slot's put to wait", || count(&waiting) == puts.len());
+    Slots { holders, puts }
+}
+
+impl Slots<'_> {
+    /// Lets the slots' rows go (from `first` on) and waits for their puts.
+    fn free(self, schema: &str, first: u8) {
+        for n in first..u8::try_from(self.puts.len()).unwrap() {
+            let_go(schema, n);
+        }
+        for put in self.puts {
+            put.join().unwrap().unwrap();
+        }
+        for holder in self.holders {
+            holder.join().unwrap();
+        }
+    }
+}
+
+/// Puts the rows the slots' puts wait on.
+fn store_slot_rows(store: &PgStore) {
+    for n in 0..u8::try_from(WRITE_TRANSACTIONS_DEFAULT).unwrap() {
+        store.put(Key::new(SLOT, &[n]), b"free").unwrap();
+    }
+}
+
 /// Runs `writes` (each on its own thread) while every write slot of `store` is taken, queued
 /// in order; then frees the first slot and answers what each returned, and how the store
 /// combined them.
@@ -107,32 +159,12 @@ fn while_every_slot_is_taken<'a, R: Send + 'a>(
     writes: Vec<Box<dyn FnOnce() -> R + Send + 'a>>,
 ) -> (Vec<R>, Counted) {
     let schema = store.schema().to_owned();
-    let slots = u8::try_from(WRITE_TRANSACTIONS_IN_FLIGHT).unwrap();
-    for n in 0..slots {
-        store.put(Key::new(SLOT, &[n]), b"free").unwrap();
-    }
+    store_slot_rows(store);
     let before = store.combining();
     thread::scope(|s| {
         let schema = schema.as_str();
-        let holders: Vec<_> = (0..slots)
-            .map(|n| s.spawn(move || hold_row(schema, n)))
-            .collect();
         let _let_go_all = LetGoAll(schema);
-        let held = format!(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query LIKE \
-             '%hold-{schema}-%' AND pid <> pg_backend_pid()"
-        );
-        wait_until("the slot rows to be held", || count(&held) == holders.len());
-        let blocked: Vec<_> = (0..slots)
-            .map(|n| s.spawn(move || store.put(Key::new(SLOT, &[n]), b"taken")))
-            .collect();
-        let waiting = format!(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'monoseq' AND \
-             wait_event_type = 'Lock' AND query LIKE '%{schema}.monoseq_kv%'"
-        );
-        wait_until("every slot's put to wait", || {
-            count(&waiting) == blocked.len()
-        });
+        let slots = take_every_slot(s, store, schema);
         let mut writers = Vec::new();
         for (i, write) in writes.into_iter().enumerate() {
             writers.push(s.spawn(write));
@@ -143,15 +175,7 @@ fn while_every_slot_is_taken<'a, R: Send + 'a>(
         let_go(schema, 0);
         let results: Vec<R> = writers.into_iter().map(|w| w.join().unwrap()).collect();
         let after = store.combining();
-        for n in 1..slots {
-            let_go(schema, n);
-        }
-        for put in blocked {
-            put.join().unwrap().unwrap();
-        }
-        for holder in holders {
-            holder.join().unwrap();
-        }
+        slots.free(schema, 1);
         let combined = Counted {
             transactions: after.transactions - before.transactions,
             writes: after.writes - before.writes,
@@ -349,4 +373,34 @@ fn batches_that_touch_one_key_never_share_a_transaction() {
             Some(value.to_vec())
         );
     }
+}
+
+#[test]
+fn a_batch_that_waits_past_the_combine_wait_starts_a_transaction_of_its_own() {
+    let store = shared()
+        .fresh_store(
+            PgOptions::default()
+                .pool_connections(16)
+                .combine_wait(Duration::from_millis(50)),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    store_slot_rows(&store);
+    let schema = store.schema().to_owned();
+    let before = store.combining();
+    thread::scope(|s| {
+        let schema = schema.as_str();
+        let _let_go_all = LetGoAll(schema);
+        let slots = take_every_slot(s, &store, schema);
+        // Every slot stays taken, yet the batch is written after its wait.
+        let began = Instant::now();
+        store.write(&batch_of(7)).unwrap();
+        assert!(began.elapsed() < WAIT_MAX, "{:?}", began.elapsed());
+        assert!(holds_batch_of(&store, 7));
+        let after = store.combining();
+        assert_eq!(
+            (after.transactions, after.writes),
+            (before.transactions + 1, before.writes + 1)
+        );
+        slots.free(schema, 0);
+    });
 }
