@@ -281,23 +281,30 @@ impl Combiner {
     /// Starts a task on the store's runtime that writes `group`, then the batches waiting as
     /// long as some do, on one slot.
     fn start(self: &Arc<Self>, group: Vec<Arc<Waiter>>) {
-        let combiner = Arc::clone(self);
+        let task = Task {
+            combiner: Arc::clone(self),
+            slot_held: true,
+        };
         let taken = Taken {
             group,
             answered: false,
         };
         self.runtime.spawn(async move {
+            let mut task = task;
             let mut taken = taken;
             loop {
-                combiner.write_group(&mut taken).await;
-                match combiner.next_group() {
+                task.combiner.write_group(&mut taken).await;
+                match task.combiner.next_group() {
                     Some(group) => {
                         taken = Taken {
                             group,
                             answered: false,
                         }
                     }
-                    None => return,
+                    None => {
+                        task.slot_held = false;
+                        return;
+                    }
                 }
             }
         });
@@ -393,6 +400,21 @@ struct Slot<'a>(&'a Arc<Combiner>);
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         self.0.finish();
+    }
+}
+
+/// A task writing batches on a slot: the slot is freed also when the task is dropped before it
+/// ended (the runtime shutting down, a panic).
+struct Task {
+    combiner: Arc<Combiner>,
+    slot_held: bool,
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        if self.slot_held {
+            lock(&self.combiner.state).in_flight -= 1;
+        }
     }
 }
 
