@@ -597,7 +597,7 @@ impl Core {
     /// An insert of `key` where absent waits on the key's index entry for any transaction
     /// that inserts, updates or deletes it; it is then rolled back, so nothing is written.
     /// True when the wait ended within the call's time limit (reads now tell the outcome).
-    fn settle(&self, key: Key<'_>) -> bool {
+    pub(crate) fn settle(&self, key: Key<'_>) -> bool {
         let inner = &self.inner;
         self.run(inner.call_timeout(), async {
             let conn = inner.conn().await?;
@@ -657,6 +657,12 @@ impl KvStore for PgStore {
         new: Option<&[u8]>,
     ) -> Result<(), CasError> {
         self.core.compare_and_swap(key, expected, new, None)
+    }
+
+    /// One statement (one round trip, one commit) for the swaps that write a value
+    /// (`swap_each.rs`).
+    fn compare_and_swap_each(&self, swaps: &[monoseq_kv::Swap<'_>]) -> Vec<Result<(), CasError>> {
+        self.core.compare_and_swap_each(self.schema(), swaps)
     }
 
     /// Does nothing: every commit returned is already durable (`synchronous_commit = on`).
