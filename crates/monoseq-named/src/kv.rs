@@ -1,13 +1,13 @@
 //! [`KvBackend`]: named sequences on the ordered key-value contract (`monoseq_kv::KvStore`,
 //! embedded or in memory). Owns the key mapping (one partition per sequence, tagged
 //! [`KV_TAG`]) and the rule that a write is synced before it is acknowledged, whatever the
-//! store's durability mode.
+//! store's durability mode (the writes of several sequences share one sync).
 
 use std::sync::Arc;
 
-use monoseq_kv::{CasError, Key, KvStore, WriteError};
+use monoseq_kv::{CasError, Key, KvStore, Swap, WriteError};
 
-use crate::backend::{Backend, BoxFuture, Object, Version, WriteFailure};
+use crate::backend::{Backend, BoxFuture, ConditionalWrite, Object, Version, WriteFailure};
 use crate::error::StorageError;
 
 /// First byte of the partition key of every named sequence in a key-value store (the event
@@ -22,8 +22,11 @@ const UNKNOWN_ATTEMPTS_MAX: u32 = 3;
 /// Named sequences on a [`KvStore`]. Versions are the stored bytes: `replace` is a
 /// compare-and-swap of the whole value, `create` an insert-if-absent. Every successful write is
 /// followed by [`KvStore::sync`] before it returns, so a number is never handed out before it
-/// is durable (with group commit, concurrent writers share that flush). Storage calls run on
-/// tokio's blocking pool because the embedded engines block on disk.
+/// is durable (with group commit, concurrent writers share that flush). It
+/// [combines](Backend::combines): [`Backend::write_each`] makes the writes of several
+/// sequences with one [`KvStore::compare_and_swap_each`] (on PostgreSQL one statement and one
+/// commit) and one sync. Storage calls run on tokio's blocking pool because the embedded
+/// engines block on disk.
 ///
 /// # Example
 ///
@@ -90,6 +93,64 @@ fn sync_after_write<S: KvStore>(store: &S, bytes: Vec<u8>) -> Result<Version, Wr
         .sync()
         .map_err(|e| StorageError::new("syncing the sequence", e))?;
     Ok(Version::new(bytes))
+}
+
+/// [`Backend::write_each`] on the blocking pool: one [`KvStore::compare_and_swap_each`] for
+/// every write, then one [`KvStore::sync`] for those that landed.
+fn write_each_blocking<S: KvStore>(
+    store: &S,
+    writes: &[ConditionalWrite],
+) -> Vec<Result<Version, WriteFailure>> {
+    let partitions: Vec<Vec<u8>> = writes.iter().map(|w| partition(&w.key)).collect();
+    let swaps: Vec<Swap<'_>> = writes
+        .iter()
+        .zip(&partitions)
+        .map(|(write, partition)| Swap {
+            key: Key::new(partition, b""),
+            expected: write.expected.as_ref().map(Version::as_bytes),
+            new: Some(&write.bytes),
+        })
+        .collect();
+    let swapped = store.compare_and_swap_each(&swaps);
+    let mut answers: Vec<Result<(), WriteFailure>> = swaps
+        .iter()
+        .zip(swapped)
+        .map(|(swap, result)| swap_answer(store, swap, result))
+        .collect();
+    if answers.iter().any(Result::is_ok)
+        && let Err(e) = store.sync()
+    {
+        let error = StorageError::new("syncing the sequences", e);
+        for answer in answers.iter_mut().filter(|a| a.is_ok()) {
+            *answer = Err(error.clone_lossy().into());
+        }
+    }
+    answers
+        .into_iter()
+        .zip(writes)
+        .map(|(answer, write)| answer.map(|()| Version::new(write.bytes.clone())))
+        .collect()
+}
+
+/// What one swap of [`write_each_blocking`] answers. A create whose answer was lost is read
+/// back (its own bytes there: it landed); any other lost answer is a conflict, as for
+/// [`Backend::replace`]: the caller reads again, and what may have landed stays a gap.
+fn swap_answer<S: KvStore>(
+    store: &S,
+    swap: &Swap<'_>,
+    result: Result<(), CasError>,
+) -> Result<(), WriteFailure> {
+    match result {
+        Ok(()) => Ok(()),
+        Err(CasError::Mismatch { .. }) => Err(WriteFailure::Conflict),
+        Err(e) if e.is_outcome_unknown() && swap.expected.is_none() => match store.get(swap.key) {
+            Ok(found) if found.as_deref() == swap.new => Ok(()),
+            Ok(_) => Err(WriteFailure::Conflict),
+            Err(read) => Err(StorageError::new("creating the sequence", read).into()),
+        },
+        Err(e) if e.is_outcome_unknown() => Err(WriteFailure::Conflict),
+        Err(e) => Err(StorageError::new("updating the sequence", e).into()),
+    }
 }
 
 impl<S: KvStore> Backend for KvBackend<S> {
@@ -190,5 +251,30 @@ impl<S: KvStore> Backend for KvBackend<S> {
             .await?
             .map_err(|e| StorageError::new("deleting the sequence", e))
         })
+    }
+
+    /// One hop to the blocking pool, one [`KvStore::compare_and_swap_each`] (on PostgreSQL one
+    /// statement and one commit) and one [`KvStore::sync`] for all of `writes`.
+    fn write_each(
+        &self,
+        writes: Vec<ConditionalWrite>,
+    ) -> BoxFuture<'_, Vec<Result<Version, WriteFailure>>> {
+        Box::pin(async move {
+            let count = writes.len();
+            let written = self
+                .blocking("writing the sequences", move |store| {
+                    write_each_blocking(store, &writes)
+                })
+                .await;
+            written.unwrap_or_else(|error| {
+                (0..count)
+                    .map(|_| Err(error.clone_lossy().into()))
+                    .collect()
+            })
+        })
+    }
+
+    fn combines(&self) -> bool {
+        true
     }
 }

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use monoseq_kv::{FjallStore, MemoryStore, Options, RedbStore};
 use monoseq_named::{
-    Address, Backend, BoxFuture, KvBackend, LANE_CALLS_MAX, NextError, NextOptions, Object,
-    ReserveOptions, Reserver, Sequences, StorageError, Version, WriteFailure, code,
+    Address, Backend, BoxFuture, ConditionalWrite, KvBackend, LANE_CALLS_MAX, NextError,
+    NextOptions, Object, ReserveOptions, Reserver, Sequences, StorageError, Version, WriteFailure,
+    code,
 };
 use support::suite::Shared;
 use tokio::sync::{Notify, Semaphore};
@@ -49,6 +50,15 @@ impl<B: Backend> Backend for InDir<B> {
     }
     fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
         self.backend.remove(key)
+    }
+    fn write_each(
+        &self,
+        writes: Vec<ConditionalWrite>,
+    ) -> BoxFuture<'_, Vec<Result<Version, WriteFailure>>> {
+        self.backend.write_each(writes)
+    }
+    fn combines(&self) -> bool {
+        self.backend.combines()
     }
 }
 

@@ -1,0 +1,241 @@
+//! The combining of the ready writes of different sequences into one durable write: calls on
+//! many sequences are served by fewer storage writes than sequences, each caller still gets
+//! its own number, and a stale state on one sequence of a combined write fails only that
+//! sequence, which reads again and retries alone.
+//!
+//! The tests run on one thread (`#[tokio::test]`), so that a few yields let every task spawned
+//! so far reach the point where it waits for storage.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use monoseq_kv::MemoryStore;
+use monoseq_named::{
+    Address, Backend, BoxFuture, ConditionalWrite, KvBackend, NextOptions, Object, Sequences,
+    StorageError, Version, WriteFailure,
+};
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinHandle;
+
+/// One `write_each` call as the backend answered it: each key with whether it was written.
+type Call = Vec<(String, bool)>;
+
+/// A key-value backend that records its `write_each` calls (each one durable write) and can
+/// hold the next call at a gate.
+struct Recording {
+    inner: KvBackend<Arc<MemoryStore>>,
+    armed: AtomicBool,
+    gate: Semaphore,
+    holding: Notify,
+    loads: AtomicU32,
+    calls: Mutex<Vec<Call>>,
+}
+
+impl Recording {
+    fn new(store: &Arc<MemoryStore>) -> Arc<Recording> {
+        Arc::new(Recording {
+            inner: KvBackend::new(Arc::clone(store)),
+            armed: AtomicBool::new(false),
+            gate: Semaphore::new(0),
+            holding: Notify::new(),
+            loads: AtomicU32::new(0),
+            calls: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The calls made so far.
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// Arms the gate, starts a call on `plug` and waits until its write is held there: the
+    /// writes handed over from now on wait for the next call.
+    async fn hold_a_call(self: &Arc<Self>, sequences: &Sequences, plug: &str) -> Caller {
+        self.armed.store(true, Ordering::SeqCst);
+        let caller = call(sequences, plug);
+        self.holding.notified().await;
+        caller
+    }
+
+    fn release(&self) {
+        self.gate.add_permits(1);
+    }
+}
+
+impl Backend for Recording {
+    fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Object>, StorageError>> {
+        Box::pin(async move {
+            let loaded = self.inner.load(key).await;
+            self.loads.fetch_add(1, Ordering::SeqCst);
+            loaded
+        })
+    }
+    fn create<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        self.inner.create(key, bytes)
+    }
+    fn replace<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a Version,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        self.inner.replace(key, expected, bytes)
+    }
+    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
+        self.inner.remove(key)
+    }
+    fn write_each(
+        &self,
+        writes: Vec<ConditionalWrite>,
+    ) -> BoxFuture<'_, Vec<Result<Version, WriteFailure>>> {
+        Box::pin(async move {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                self.holding.notify_one();
+                self.gate.acquire().await.unwrap().forget();
+            }
+            let keys: Vec<String> = writes.iter().map(|w| w.key.clone()).collect();
+            let answers = self.inner.write_each(writes).await;
+            let call = keys
+                .into_iter()
+                .zip(&answers)
+                .map(|(key, answer)| (key, answer.is_ok()))
+                .collect();
+            self.calls.lock().unwrap().push(call);
+            answers
+        })
+    }
+    fn combines(&self) -> bool {
+        true
+    }
+}
+
+type Caller = JoinHandle<u64>;
+
+fn address(text: &str) -> Address {
+    text.parse().unwrap()
+}
+
+/// A `next` on `sequence` in a task of its own.
+fn call(sequences: &Sequences, sequence: &str) -> Caller {
+    let (sequences, a) = (sequences.clone(), address(sequence));
+    tokio::spawn(async move { sequences.next(&a, &NextOptions::new()).await.unwrap() })
+}
+
+/// Lets every task spawned so far run until it waits.
+async fn settle() {
+    for _ in 0..64 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// 16 sequences with 8 calls each, handed over while a call is in flight: the next call
+/// carries the writes of all 16, and each caller gets its own number, gapless per sequence.
+#[tokio::test]
+async fn calls_on_many_sequences_are_served_by_fewer_durable_writes_than_sequences() {
+    const SEQUENCES: usize = 16;
+    const CALLS: u64 = 8;
+    let recording = Recording::new(&Arc::new(MemoryStore::new()));
+    let sequences = Sequences::new(Arc::clone(&recording));
+    let plug = recording.hold_a_call(&sequences, "orders/plug").await;
+    let callers: Vec<(usize, Caller)> = (0..SEQUENCES)
+        .flat_map(|i| (0..CALLS).map(move |_| i))
+        .map(|i| (i, call(&sequences, &format!("orders/s{i}"))))
+        .collect();
+    // Each lane reads its sequence once (unknown yet) and hands its write over.
+    while recording.loads.load(Ordering::SeqCst) < 1 + SEQUENCES as u32 {
+        settle().await;
+    }
+    settle().await;
+    recording.release();
+
+    assert_eq!(plug.await.unwrap(), 1);
+    let mut handed = vec![BTreeSet::new(); SEQUENCES];
+    for (i, caller) in callers {
+        let value = caller.await.unwrap();
+        assert!(handed[i].insert(value), "{value} handed out twice on s{i}");
+    }
+    for numbers in &handed {
+        assert_eq!(numbers, &(1..=CALLS).collect::<BTreeSet<u64>>());
+    }
+    let calls = recording.calls();
+    let writes_after_plug = calls.len() - 1;
+    assert!(
+        writes_after_plug < SEQUENCES,
+        "{writes_after_plug} durable writes served {SEQUENCES} sequences: {calls:?}"
+    );
+    assert_eq!(
+        calls[1].len(),
+        SEQUENCES,
+        "one write carried every sequence"
+    );
+    assert!(calls[1].iter().all(|(_, written)| *written), "{calls:?}");
+}
+
+/// Another process advances one of three sequences, so this process's memory of it is stale:
+/// in the combined write of the three, only that one is refused; the others are written and
+/// answered, and the refused one reads again and retries in a call of its own.
+#[tokio::test]
+async fn a_stale_state_on_one_sequence_fails_only_that_sequence_in_a_combined_write() {
+    let store = Arc::new(MemoryStore::new());
+    let recording = Recording::new(&store);
+    let sequences = Sequences::new(Arc::clone(&recording));
+    let other_process = Sequences::new(KvBackend::new(Arc::clone(&store)));
+    let names = ["orders/a", "orders/b", "orders/c"];
+    for name in names {
+        assert_eq!(call(&sequences, name).await.unwrap(), 1);
+    }
+    let a = address(names[0]);
+    assert_eq!(
+        other_process.next(&a, &NextOptions::new()).await.unwrap(),
+        2
+    );
+
+    let plug = recording.hold_a_call(&sequences, "orders/plug").await;
+    let callers: Vec<Caller> = names.iter().map(|name| call(&sequences, name)).collect();
+    settle().await;
+    let loads_before = recording.loads.load(Ordering::SeqCst);
+    recording.release();
+    plug.await.unwrap();
+    let values: Vec<u64> = futures_join(callers).await;
+
+    assert_eq!(
+        values,
+        [3, 2, 2],
+        "a continues after the other process's number"
+    );
+    let calls = recording.calls();
+    let combined = calls
+        .iter()
+        .find(|call| call.len() == names.len())
+        .unwrap_or_else(|| panic!("no call carried the three sequences: {calls:?}"));
+    let key = |name: &str| address(name).key().to_owned();
+    assert_eq!(
+        combined,
+        &vec![
+            (key(names[0]), false),
+            (key(names[1]), true),
+            (key(names[2]), true)
+        ]
+    );
+    let retry = calls.last().unwrap();
+    assert_eq!(retry, &vec![(key(names[0]), true)], "only a retried");
+    assert_eq!(
+        recording.loads.load(Ordering::SeqCst),
+        loads_before + 1,
+        "only a read again"
+    );
+    assert_eq!(sequences.get(&a).await.unwrap(), Some(4));
+}
+
+async fn futures_join(callers: Vec<Caller>) -> Vec<u64> {
+    let mut values = Vec::with_capacity(callers.len());
+    for caller in callers {
+        values.push(caller.await.unwrap());
+    }
+    values
+}
