@@ -1,9 +1,16 @@
 //! [`Combiner`]: the conditional writes that the lanes of different sequences have ready go to
 //! storage together, in one [`Backend::write_each`] call (one durable write: one sync of the
-//! embedded engine, one statement and commit on PostgreSQL), one call at a time. A lane's
-//! leader hands its write over and waits for its own answer; each write still succeeds or
-//! fails on its own condition. While a call is in flight the writes handed over wait, and the
-//! next call takes them all, so the more sequences are busy the more each call carries.
+//! embedded engine, one transaction and commit on PostgreSQL). At most
+//! [`COMBINE_CALLS_IN_FLIGHT`] calls are in flight: a lane's leader whose write finds a call
+//! free and nothing waiting makes it at once, alone, in its own task (no hop, no added
+//! latency when storage keeps up); otherwise the write waits, and the first call to end takes
+//! every write waiting. So the busier storage is, the more each durable write carries. Each
+//! write still succeeds or fails on its own condition, and its leader gets only its own answer.
+//!
+//! Two calls in flight rather than one keep storage busy while the callers of the last call
+//! send their next requests (at 16 HTTP connections on 4 sequences one call in flight lost a
+//! third of the throughput on PostgreSQL, whose own group commit overlaps concurrent commits);
+//! beyond that, calls carry fewer writes each (see `docs/benchmarks.md`).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,6 +22,10 @@ use crate::error::StorageError;
 
 /// Most writes one [`Backend::write_each`] call carries; the others wait for the next call.
 pub const COMBINE_WRITES_MAX: usize = 256;
+/// Most [`Backend::write_each`] calls of one combiner in flight at once. A write handed over
+/// while fewer are in flight goes out at once, alone; the writes handed over while this many
+/// are in flight wait, and the first call to end takes them all.
+pub const COMBINE_CALLS_IN_FLIGHT: usize = 2;
 
 /// What a write handed to a [`Combiner`] answers.
 pub(crate) type Written = Result<Version, WriteFailure>;
@@ -25,16 +36,24 @@ pub(crate) struct Combiner {
     waiting: Mutex<Waiting>,
 }
 
-/// The writes handed over and not yet taken by a call, and whether a task is making calls.
+/// The writes handed over and not yet taken by a call, and the calls in flight.
 #[derive(Default)]
 struct Waiting {
     writes: VecDeque<Handed>,
-    running: bool,
+    calls: usize,
 }
 
 struct Handed {
     write: ConditionalWrite,
     reply: oneshot::Sender<Written>,
+}
+
+/// How a write was handed over.
+enum Handing {
+    /// A slot was free and nothing waited: the caller makes the write itself, alone.
+    Alone(ConditionalWrite),
+    /// It waits for a call; its answer comes here.
+    Queued(oneshot::Receiver<Written>),
 }
 
 impl Combiner {
@@ -46,37 +65,51 @@ impl Combiner {
         }
     }
 
-    /// Hands `write` over and waits for its answer. A caller that stops waiting before its
-    /// write was taken by a call withdraws it (it is never written); once taken, the write
-    /// goes on, and its outcome is what storage made of it.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes `write`, alone at once when a call may start (no hop to another task), else with
+    /// the writes waiting, in the next call. A caller that stops waiting before its write was
+    /// taken by a call withdraws it (it is never written); once taken, the write goes on, and
+    /// its outcome is what storage made of it.
     pub(crate) async fn write(self: &Arc<Self>, write: ConditionalWrite) -> Written {
-        let (reply, answer) = oneshot::channel();
-        let start = {
-            let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-            waiting.writes.push_back(Handed { write, reply });
-            !std::mem::replace(&mut waiting.running, true)
+        let answer = match self.hand(write) {
+            Handing::Alone(write) => {
+                let _slot = Slot(self);
+                let mut answers = self.backend.write_each(vec![write]).await;
+                return answers.pop().unwrap_or_else(|| Err(unanswered()));
+            }
+            Handing::Queued(answer) => answer,
         };
-        if start {
-            // A task of its own, so that a leader that stops waiting never strands the writes
-            // of the others.
+        answer.await.unwrap_or_else(|_| Err(unanswered()))
+    }
+
+    /// Takes a slot for `write` alone when one is free and nothing waits; else queues it (and
+    /// starts a task on a free slot for the writes waiting).
+    fn hand(self: &Arc<Self>, write: ConditionalWrite) -> Handing {
+        let mut waiting = self.lock();
+        if waiting.calls < COMBINE_CALLS_IN_FLIGHT && waiting.writes.is_empty() {
+            waiting.calls += 1;
+            return Handing::Alone(write);
+        }
+        let (reply, answer) = oneshot::channel();
+        waiting.writes.push_back(Handed { write, reply });
+        if waiting.calls < COMBINE_CALLS_IN_FLIGHT {
+            waiting.calls += 1;
             tokio::spawn(run_calls(Arc::clone(self)));
         }
-        answer.await.unwrap_or_else(|_| {
-            Err(WriteFailure::Storage(StorageError::message(
-                "writing the sequences",
-                "the combined writer ended without answering (runtime shutting down?)",
-            )))
-        })
+        Handing::Queued(answer)
     }
 
     /// The next call's writes: the waiting ones, in order, at most [`COMBINE_WRITES_MAX`], one
     /// per key (a second write of a key waits for the next call); writes nobody waits for any
-    /// more are dropped. `None` when nothing waits: the task stops.
+    /// more are dropped. `None` when nothing waits: the call's slot is given up.
     fn take_call(&self) -> Option<Vec<Handed>> {
-        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut waiting = self.lock();
         waiting.writes.retain(|handed| !handed.reply.is_closed());
         if waiting.writes.is_empty() {
-            waiting.running = false;
+            waiting.calls -= 1;
             return None;
         }
         let mut keys = HashSet::new();
@@ -92,9 +125,49 @@ impl Combiner {
         waiting.writes = later;
         Some(call)
     }
+
+    /// Gives up a call's slot that a task ended early with (cancelled, as when the runtime
+    /// shuts down, or panicked): the writes still waiting are dropped, so their callers get an
+    /// error.
+    fn abandon_slot(&self) {
+        let mut waiting = self.lock();
+        waiting.writes.clear();
+        waiting.calls -= 1;
+    }
 }
 
-/// Makes calls while writes wait, then stops.
+fn unanswered() -> WriteFailure {
+    WriteFailure::Storage(StorageError::message(
+        "writing the sequences",
+        "the combined writer ended without answering (runtime shutting down?)",
+    ))
+}
+
+/// The slot of a call made in the caller's own task: when that call ends (or is abandoned),
+/// the writes that waited meanwhile go out from a task of their own, on the same slot.
+struct Slot<'a>(&'a Arc<Combiner>);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let combiner = self.0;
+        let mut waiting = combiner.lock();
+        if waiting.writes.is_empty() {
+            waiting.calls -= 1;
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(run_calls(Arc::clone(combiner)));
+            }
+            Err(_) => {
+                waiting.writes.clear();
+                waiting.calls -= 1;
+            }
+        }
+    }
+}
+
+/// Makes calls on one slot while writes wait, then gives the slot up.
 async fn run_calls(combiner: Arc<Combiner>) {
     let mut stopped = Stopped {
         combiner: &combiner,
@@ -115,9 +188,7 @@ async fn run_calls(combiner: Arc<Combiner>) {
     stopped.finished = true;
 }
 
-/// Resets a combiner whose task stopped early (cancelled, as when the runtime shuts down, or
-/// panicked): the writes still waiting are dropped, so their callers get an error, and the
-/// next write starts a new task.
+/// Gives up the slot of a task that stopped early.
 struct Stopped<'a> {
     combiner: &'a Combiner,
     finished: bool,
@@ -126,13 +197,7 @@ struct Stopped<'a> {
 impl Drop for Stopped<'_> {
     fn drop(&mut self) {
         if !self.finished {
-            let mut waiting = self
-                .combiner
-                .waiting
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            waiting.writes.clear();
-            waiting.running = false;
+            self.combiner.abandon_slot();
         }
     }
 }

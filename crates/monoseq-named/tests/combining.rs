@@ -1,33 +1,36 @@
 //! The combining of the ready writes of different sequences into one durable write: calls on
 //! many sequences are served by fewer storage writes than sequences, each caller still gets
 //! its own number, and a stale state on one sequence of a combined write fails only that
-//! sequence, which reads again and retries alone.
+//! sequence, which reads again and retries alone. Each test first holds
+//! `COMBINE_CALLS_IN_FLIGHT` calls at a gate, so that the writes handed over next wait and go
+//! out together.
 //!
 //! The tests run on one thread (`#[tokio::test]`), so that a few yields let every task spawned
 //! so far reach the point where it waits for storage.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use monoseq_kv::MemoryStore;
 use monoseq_named::{
-    Address, Backend, BoxFuture, ConditionalWrite, KvBackend, NextOptions, Object, Sequences,
-    StorageError, Version, WriteFailure,
+    Address, Backend, BoxFuture, COMBINE_CALLS_IN_FLIGHT, ConditionalWrite, KvBackend, NextOptions,
+    Object, Sequences, StorageError, Version, WriteFailure,
 };
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 /// One `write_each` call as the backend answered it: each key with whether it was written.
 type Call = Vec<(String, bool)>;
 
 /// A key-value backend that records its `write_each` calls (each one durable write) and can
-/// hold the next call at a gate.
+/// hold the next calls at a gate.
 struct Recording {
     inner: KvBackend<Arc<MemoryStore>>,
-    armed: AtomicBool,
+    /// How many of the next calls to hold.
+    to_hold: AtomicUsize,
+    held: AtomicUsize,
     gate: Semaphore,
-    holding: Notify,
     loads: AtomicU32,
     calls: Mutex<Vec<Call>>,
 }
@@ -36,9 +39,9 @@ impl Recording {
     fn new(store: &Arc<MemoryStore>) -> Arc<Recording> {
         Arc::new(Recording {
             inner: KvBackend::new(Arc::clone(store)),
-            armed: AtomicBool::new(false),
+            to_hold: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
             gate: Semaphore::new(0),
-            holding: Notify::new(),
             loads: AtomicU32::new(0),
             calls: Mutex::new(Vec::new()),
         })
@@ -49,17 +52,29 @@ impl Recording {
         self.calls.lock().unwrap().clone()
     }
 
-    /// Arms the gate, starts a call on `plug` and waits until its write is held there: the
-    /// writes handed over from now on wait for the next call.
-    async fn hold_a_call(self: &Arc<Self>, sequences: &Sequences, plug: &str) -> Caller {
-        self.armed.store(true, Ordering::SeqCst);
-        let caller = call(sequences, plug);
-        self.holding.notified().await;
-        caller
+    /// Starts a call on each of `COMBINE_CALLS_IN_FLIGHT` plug sequences and waits until all
+    /// their writes are held at the gate: the writes handed over from now on wait for a call.
+    async fn hold_the_calls(self: &Arc<Self>, sequences: &Sequences) -> Vec<Caller> {
+        self.to_hold
+            .store(COMBINE_CALLS_IN_FLIGHT, Ordering::SeqCst);
+        let plugs = (0..COMBINE_CALLS_IN_FLIGHT)
+            .map(|i| call(sequences, &format!("orders/plug{i}")))
+            .collect();
+        while self.held.load(Ordering::SeqCst) < COMBINE_CALLS_IN_FLIGHT {
+            settle().await;
+        }
+        plugs
     }
 
     fn release(&self) {
-        self.gate.add_permits(1);
+        self.gate.add_permits(COMBINE_CALLS_IN_FLIGHT);
+    }
+
+    /// Whether to hold this call.
+    fn take_hold(&self) -> bool {
+        self.to_hold
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
     }
 }
 
@@ -94,8 +109,8 @@ impl Backend for Recording {
         writes: Vec<ConditionalWrite>,
     ) -> BoxFuture<'_, Vec<Result<Version, WriteFailure>>> {
         Box::pin(async move {
-            if self.armed.swap(false, Ordering::SeqCst) {
-                self.holding.notify_one();
+            if self.take_hold() {
+                self.held.fetch_add(1, Ordering::SeqCst);
                 self.gate.acquire().await.unwrap().forget();
             }
             let keys: Vec<String> = writes.iter().map(|w| w.key.clone()).collect();
@@ -141,19 +156,22 @@ async fn calls_on_many_sequences_are_served_by_fewer_durable_writes_than_sequenc
     const CALLS: u64 = 8;
     let recording = Recording::new(&Arc::new(MemoryStore::new()));
     let sequences = Sequences::new(Arc::clone(&recording));
-    let plug = recording.hold_a_call(&sequences, "orders/plug").await;
+    let plugs = recording.hold_the_calls(&sequences).await;
     let callers: Vec<(usize, Caller)> = (0..SEQUENCES)
         .flat_map(|i| (0..CALLS).map(move |_| i))
         .map(|i| (i, call(&sequences, &format!("orders/s{i}"))))
         .collect();
     // Each lane reads its sequence once (unknown yet) and hands its write over.
-    while recording.loads.load(Ordering::SeqCst) < 1 + SEQUENCES as u32 {
+    let plug_loads = COMBINE_CALLS_IN_FLIGHT as u32;
+    while recording.loads.load(Ordering::SeqCst) < plug_loads + SEQUENCES as u32 {
         settle().await;
     }
     settle().await;
     recording.release();
 
-    assert_eq!(plug.await.unwrap(), 1);
+    for plug in plugs {
+        assert_eq!(plug.await.unwrap(), 1);
+    }
     let mut handed = vec![BTreeSet::new(); SEQUENCES];
     for (i, caller) in callers {
         let value = caller.await.unwrap();
@@ -163,17 +181,16 @@ async fn calls_on_many_sequences_are_served_by_fewer_durable_writes_than_sequenc
         assert_eq!(numbers, &(1..=CALLS).collect::<BTreeSet<u64>>());
     }
     let calls = recording.calls();
-    let writes_after_plug = calls.len() - 1;
+    let writes_after_plugs = calls.len() - COMBINE_CALLS_IN_FLIGHT;
     assert!(
-        writes_after_plug < SEQUENCES,
-        "{writes_after_plug} durable writes served {SEQUENCES} sequences: {calls:?}"
+        writes_after_plugs < SEQUENCES,
+        "{writes_after_plugs} durable writes served {SEQUENCES} sequences: {calls:?}"
     );
-    assert_eq!(
-        calls[1].len(),
-        SEQUENCES,
-        "one write carried every sequence"
-    );
-    assert!(calls[1].iter().all(|(_, written)| *written), "{calls:?}");
+    let all = calls
+        .iter()
+        .find(|call| call.len() == SEQUENCES)
+        .unwrap_or_else(|| panic!("no write carried every sequence: {calls:?}"));
+    assert!(all.iter().all(|(_, written)| *written), "{calls:?}");
 }
 
 /// Another process advances one of three sequences, so this process's memory of it is stale:
@@ -195,12 +212,14 @@ async fn a_stale_state_on_one_sequence_fails_only_that_sequence_in_a_combined_wr
         2
     );
 
-    let plug = recording.hold_a_call(&sequences, "orders/plug").await;
+    let plugs = recording.hold_the_calls(&sequences).await;
     let callers: Vec<Caller> = names.iter().map(|name| call(&sequences, name)).collect();
     settle().await;
     let loads_before = recording.loads.load(Ordering::SeqCst);
     recording.release();
-    plug.await.unwrap();
+    for plug in plugs {
+        plug.await.unwrap();
+    }
     let values: Vec<u64> = futures_join(callers).await;
 
     assert_eq!(

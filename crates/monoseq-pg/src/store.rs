@@ -659,10 +659,9 @@ impl KvStore for PgStore {
         self.core.compare_and_swap(key, expected, new, None)
     }
 
-    /// One statement (one round trip, one commit) for the swaps that write a value
-    /// (`swap_each.rs`).
+    /// One transaction (one round trip, one commit) for several swaps (`swap_each.rs`).
     fn compare_and_swap_each(&self, swaps: &[monoseq_kv::Swap<'_>]) -> Vec<Result<(), CasError>> {
-        self.core.compare_and_swap_each(self.schema(), swaps)
+        self.core.compare_and_swap_each(swaps)
     }
 
     /// Does nothing: every commit returned is already durable (`synchronous_commit = on`).

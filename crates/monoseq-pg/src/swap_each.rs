@@ -1,21 +1,25 @@
 //! [`PgStore`](crate::PgStore)'s [`KvStore::compare_and_swap_each`]: the compare-and-swaps of
-//! several keys in one statement, so one round trip and one commit (one WAL flush) carry them
-//! all, while each key swaps or not on its own condition. Owns that statement and what follows
-//! it for the keys that did not swap: one read tells each its stored value, and a key found at
-//! its expected value again (a concurrent writer restored it) is tried again.
+//! several keys in one transaction, so one round trip and one commit (one WAL flush) carry them
+//! all, while each key swaps or not on its own condition. Owns that transaction and what
+//! follows it for the keys that did not swap: one read tells each its stored value, and a key
+//! found at its expected value again (a concurrent writer restored it) is tried again.
 //!
-//! The statement is a data-modifying `WITH` over `unnest` of arrays: a conditional
-//! `UPDATE … FROM` for the keys expected present, an `INSERT … ON CONFLICT DO NOTHING` for the
-//! keys expected absent, answering the keys written. Isolation: READ COMMITTED is enough, as
-//! for the single compare-and-swap (`store.rs`): each row's condition is re-checked on its
-//! newest version under the row lock. Swaps that delete, and lists that name a key twice,
-//! run one after another through the single compare-and-swap.
+//! The transaction is `BEGIN`, the single compare-and-swap's conditional statement for each key
+//! (`UPDATE`/`DELETE … WHERE value = $expected`, `INSERT … ON CONFLICT DO NOTHING`, each a
+//! lookup of the primary key), and `COMMIT`, sent together. A statement that finds another
+//! value writes nothing and fails nothing: the others commit. The keys go in ascending order,
+//! so that two such transactions of different processes lock rows in the same order and never
+//! deadlock each other. Isolation: READ COMMITTED is enough, as for the single compare-and-swap
+//! (`store.rs`): each row's condition is re-checked on its newest version under the row lock.
+//! A single swap, a swap that expects absence and deletes, and lists that name a key twice run
+//! through the single compare-and-swap, one after another.
 //!
 //! [`KvStore::compare_and_swap_each`]: monoseq_kv::KvStore::compare_and_swap_each
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
+use futures_util::future::{join_all, join3};
 use monoseq_kv::{CasError, KvError, Swap, limits};
 use tokio_postgres::types::ToSql;
 
@@ -23,36 +27,19 @@ use crate::error::Failure;
 use crate::exec::Conn;
 use crate::store::{Core, Inner};
 
-/// Rounds of the statement for keys that a read right after found at their expected value
+/// Rounds of the transaction for keys that a read right after found at their expected value
 /// again (a concurrent writer changed them back in between), as for one compare-and-swap.
 const ROUNDS_MAX: u32 = 64;
 /// Attempts of a round that the server rolled back for a serialization failure or a deadlock.
 const ATTEMPTS_MAX: u32 = 5;
 
-/// The statement: `$1`..`$4` are the partitions, clusterings, expected values (NULL: expected
-/// absent) and new values; it answers the keys it wrote.
-fn statement_text(schema: &str) -> String {
-    let kv = format!("{schema}.monoseq_kv");
-    format!(
-        "WITH input AS (SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], \
-         $4::bytea[]) AS i (p, c, expected_value, new_value)), \
-         updated AS (UPDATE {kv} t SET value = i.new_value FROM input i WHERE i.expected_value \
-         IS NOT NULL AND t.partition = i.p AND t.clustering = i.c AND t.value = \
-         i.expected_value RETURNING t.partition, t.clustering), \
-         inserted AS (INSERT INTO {kv} (partition, clustering, value) SELECT p, c, new_value \
-         FROM input WHERE expected_value IS NULL ON CONFLICT (partition, clustering) DO \
-         NOTHING RETURNING partition, clustering) \
-         SELECT partition, clustering FROM updated UNION ALL SELECT partition, clustering FROM \
-         inserted"
-    )
-}
-
-/// Whether the statement can carry `swaps`: every swap writes a value, and no key repeats.
-fn fits_one_statement(swaps: &[Swap<'_>]) -> bool {
+/// Whether one transaction carries `swaps`: several, each writing or deleting, no key twice.
+fn fits_one_transaction(swaps: &[Swap<'_>]) -> bool {
     let mut keys = HashSet::with_capacity(swaps.len());
-    swaps
-        .iter()
-        .all(|swap| swap.new.is_some() && keys.insert(swap.key))
+    swaps.len() > 1
+        && swaps
+            .iter()
+            .all(|swap| (swap.expected.is_some() || swap.new.is_some()) && keys.insert(swap.key))
 }
 
 /// The answers of a [`KvStore::compare_and_swap_each`](monoseq_kv::KvStore) as they come in.
@@ -105,17 +92,9 @@ impl Answers {
 }
 
 impl Core {
-    /// [`KvStore::compare_and_swap_each`](monoseq_kv::KvStore) of a store whose tables live in
-    /// `schema`, without a fence.
-    pub(crate) fn compare_and_swap_each(
-        &self,
-        schema: &str,
-        swaps: &[Swap<'_>],
-    ) -> Vec<Result<(), CasError>> {
-        if swaps.is_empty() {
-            return Vec::new();
-        }
-        if !fits_one_statement(swaps) {
+    /// [`KvStore::compare_and_swap_each`](monoseq_kv::KvStore), without a fence.
+    pub(crate) fn compare_and_swap_each(&self, swaps: &[Swap<'_>]) -> Vec<Result<(), CasError>> {
+        if !fits_one_transaction(swaps) {
             return swaps
                 .iter()
                 .map(|s| self.compare_and_swap(s.key, s.expected, s.new, None))
@@ -128,12 +107,11 @@ impl Core {
                 answers.set(index, Err(CasError::TooLarge { what, len, max }));
             }
         }
-        let text = statement_text(schema);
         let mut attempt = 1;
         loop {
             let ran = self.run(
                 self.inner.call_timeout(),
-                swap_rounds(&self.inner, &text, swaps, &mut answers),
+                swap_rounds(&self.inner, swaps, &mut answers),
             );
             match ran {
                 Ok(()) => break,
@@ -163,11 +141,10 @@ impl Core {
     }
 }
 
-/// Runs the statement for the pending swaps, round after round, on one connection, until each
-/// swapped or found another value; answers them in `answers` as they settle.
+/// Runs the transaction for the pending swaps, round after round, on one connection, until
+/// each swapped or found another value; answers them in `answers` as they settle.
 async fn swap_rounds(
     inner: &Inner,
-    text: &str,
     swaps: &[Swap<'_>],
     answers: &mut Answers,
 ) -> Result<(), Failure> {
@@ -178,7 +155,7 @@ async fn swap_rounds(
             conn.release();
             return Ok(());
         }
-        let swapped = swap_once(&conn, text, swaps, &pending).await?;
+        let swapped = swap_once(inner, &conn, swaps, &pending).await?;
         let (done, missed): (Vec<usize>, Vec<usize>) =
             pending.into_iter().partition(|i| swapped.contains(i));
         for index in done {
@@ -201,45 +178,56 @@ async fn swap_rounds(
     Ok(())
 }
 
-/// One statement over the swaps at `indices`: the indices of those it wrote.
+/// One transaction over the swaps at `indices`, in key order: the indices of those that wrote.
 async fn swap_once(
+    inner: &Inner,
     conn: &Conn,
-    text: &str,
     swaps: &[Swap<'_>],
     indices: &[usize],
 ) -> Result<HashSet<usize>, Failure> {
-    let mut partitions = Vec::with_capacity(indices.len());
-    let mut clusterings = Vec::with_capacity(indices.len());
-    let mut expected = Vec::with_capacity(indices.len());
-    let mut new = Vec::with_capacity(indices.len());
-    for &i in indices {
-        partitions.push(swaps[i].key.partition);
-        clusterings.push(swaps[i].key.clustering);
-        expected.push(swaps[i].expected);
-        new.push(swaps[i].new);
-    }
     let client = conn.client()?;
-    let statement = client.prepare_cached(text).await?;
-    let params: [&(dyn ToSql + Sync); 4] = [&partitions, &clusterings, &expected, &new];
-    let rows = client.query(&statement, &params).await?;
-    let by_key: HashMap<(&[u8], &[u8]), usize> = indices
-        .iter()
-        .map(|&i| ((swaps[i].key.partition, swaps[i].key.clustering), i))
-        .collect();
-    let mut swapped = HashSet::with_capacity(rows.len());
-    for row in rows {
-        let (partition, clustering): (Vec<u8>, Vec<u8>) = (row.try_get(0)?, row.try_get(1)?);
-        let index = by_key
-            .get(&(partition.as_slice(), clustering.as_slice()))
-            .ok_or_else(|| {
-                Failure::Corrupted(
-                    "compare-and-swap of a list: the server answered a key it was not given"
-                        .to_owned(),
-                )
-            })?;
-        swapped.insert(*index);
+    let update = client.prepare_cached(&inner.sql.cas_update).await?;
+    let delete = client.prepare_cached(&inner.sql.cas_delete).await?;
+    let insert = client.prepare_cached(&inner.sql.cas_insert).await?;
+    let mut order = indices.to_vec();
+    order.sort_by_key(|&i| swaps[i].key);
+    let params: Vec<Vec<&(dyn ToSql + Sync)>> = order.iter().map(|&i| params(&swaps[i])).collect();
+    let statements = order.iter().zip(&params).map(|(&i, params)| {
+        let statement = match (swaps[i].expected, swaps[i].new) {
+            (Some(_), Some(_)) => &update,
+            (Some(_), None) => &delete,
+            _ => &insert,
+        };
+        client.execute(statement, params)
+    });
+    let (begin, changed, commit) = join3(
+        client.batch_execute("BEGIN"),
+        join_all(statements),
+        client.batch_execute("COMMIT"),
+    )
+    .await;
+    begin?;
+    let mut swapped = HashSet::with_capacity(order.len());
+    for (index, changed) in order.into_iter().zip(changed) {
+        if changed? == 1 {
+            swapped.insert(index);
+        }
     }
+    commit?;
     Ok(swapped)
+}
+
+/// The parameters of the single compare-and-swap's statement for `swap`: the key, then the
+/// expected value when there is one, then the new value when there is one.
+fn params<'a>(swap: &'a Swap<'_>) -> Vec<&'a (dyn ToSql + Sync)> {
+    let mut params: Vec<&(dyn ToSql + Sync)> = vec![&swap.key.partition, &swap.key.clustering];
+    if let Some(expected) = &swap.expected {
+        params.push(expected);
+    }
+    if let Some(new) = &swap.new {
+        params.push(new);
+    }
+    params
 }
 
 /// The stored values of the keys of the swaps at `indices`, in order.
@@ -339,7 +327,7 @@ mod tests {
     }
 
     #[test]
-    fn deletes_and_repeated_keys_run_one_after_another() {
+    fn repeated_keys_and_deletes_take_effect_in_order() {
         let store = store();
         store.put(Key::new(b"a", b""), b"1").unwrap();
         let delete = Swap {
@@ -355,6 +343,34 @@ mod tests {
         assert!(results.iter().all(Result::is_ok), "{results:?}");
         assert_eq!(store.get(Key::new(b"a", b"")).unwrap(), None);
         assert_eq!(store.get(Key::new(b"b", b"")).unwrap(), Some(b"2".to_vec()));
+    }
+
+    #[test]
+    fn a_delete_and_a_mismatched_delete_commit_with_the_other_swaps() {
+        let store = store();
+        store.put(Key::new(b"a", b""), b"1").unwrap();
+        store.put(Key::new(b"b", b""), b"1").unwrap();
+        store.put(Key::new(b"c", b""), b"1").unwrap();
+        let delete = |key, expected| Swap {
+            key: Key::new(key, b""),
+            expected: Some(expected),
+            new: None,
+        };
+        let results = store.compare_and_swap_each(&[
+            delete(b"a", b"1"),
+            delete(b"b", b"stale"),
+            swap(b"c", Some(b"1"), b"2"),
+        ]);
+        assert!(results[0].is_ok(), "{:?}", results[0]);
+        assert!(
+            matches!(&results[1], Err(CasError::Mismatch { current: Some(v) }) if v == b"1"),
+            "{:?}",
+            results[1]
+        );
+        assert!(results[2].is_ok(), "{:?}", results[2]);
+        assert_eq!(store.get(Key::new(b"a", b"")).unwrap(), None);
+        assert_eq!(store.get(Key::new(b"b", b"")).unwrap(), Some(b"1".to_vec()));
+        assert_eq!(store.get(Key::new(b"c", b"")).unwrap(), Some(b"2".to_vec()));
     }
 
     #[test]
