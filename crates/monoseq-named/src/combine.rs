@@ -1,16 +1,17 @@
 //! [`Combiner`]: the conditional writes that the lanes of different sequences have ready go to
 //! storage together, in one [`Backend::write_each`] call (one durable write: one sync of the
 //! embedded engine, one transaction and commit on PostgreSQL). At most
-//! [`COMBINE_CALLS_IN_FLIGHT`] calls are in flight: a lane's leader whose write finds a call
+//! [`DURABLE_WRITES_IN_FLIGHT`] calls are in flight: a lane's leader whose write finds a call
 //! free and nothing waiting makes it at once, alone, in its own task (no hop, no added
 //! latency when storage keeps up); otherwise the write waits, and the first call to end takes
 //! every write waiting. So the busier storage is, the more each durable write carries. Each
 //! write still succeeds or fails on its own condition, and its leader gets only its own answer.
 //!
-//! Two calls in flight rather than one keep storage busy while the callers of the last call
-//! send their next requests (at 16 HTTP connections on 4 sequences one call in flight lost a
-//! third of the throughput on PostgreSQL, whose own group commit overlaps concurrent commits);
-//! beyond that, calls carry fewer writes each (see `docs/benchmarks.md`).
+//! Four calls in flight rather than one keep storage busy while the callers of the last call
+//! send their next requests: over HTTP with 16 connections on 4 sequences, one or two calls in
+//! flight lost up to a third of the throughput on PostgreSQL (whose own group commit already
+//! overlaps concurrent commits), while on 16 sequences four in flight serve 1.5–2× the calls
+//! of a write per sequence (see `docs/benchmarks.md`).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -25,7 +26,7 @@ pub const COMBINE_WRITES_MAX: usize = 256;
 /// Most [`Backend::write_each`] calls of one combiner in flight at once. A write handed over
 /// while fewer are in flight goes out at once, alone; the writes handed over while this many
 /// are in flight wait, and the first call to end takes them all.
-pub const COMBINE_CALLS_IN_FLIGHT: usize = 2;
+pub const DURABLE_WRITES_IN_FLIGHT: usize = 4;
 
 /// What a write handed to a [`Combiner`] answers.
 pub(crate) type Written = Result<Version, WriteFailure>;
@@ -89,13 +90,13 @@ impl Combiner {
     /// starts a task on a free slot for the writes waiting).
     fn hand(self: &Arc<Self>, write: ConditionalWrite) -> Handing {
         let mut waiting = self.lock();
-        if waiting.calls < COMBINE_CALLS_IN_FLIGHT && waiting.writes.is_empty() {
+        if waiting.calls < DURABLE_WRITES_IN_FLIGHT && waiting.writes.is_empty() {
             waiting.calls += 1;
             return Handing::Alone(write);
         }
         let (reply, answer) = oneshot::channel();
         waiting.writes.push_back(Handed { write, reply });
-        if waiting.calls < COMBINE_CALLS_IN_FLIGHT {
+        if waiting.calls < DURABLE_WRITES_IN_FLIGHT {
             waiting.calls += 1;
             tokio::spawn(run_calls(Arc::clone(self)));
         }

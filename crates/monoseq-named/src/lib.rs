@@ -37,7 +37,7 @@ mod sequences;
 
 pub use address::{Address, NAME_BYTES_MAX, PREFIX_BYTES_MAX, SCOPE_SEGMENT_BYTES_MAX, Scope};
 pub use backend::{Backend, BoxFuture, ConditionalWrite, Object, Version, WriteFailure};
-pub use combine::{COMBINE_CALLS_IN_FLIGHT, COMBINE_WRITES_MAX};
+pub use combine::{COMBINE_WRITES_MAX, DURABLE_WRITES_IN_FLIGHT};
 pub use error::{AddressError, DeleteError, NextError, ReadError, SetError, StorageError, code};
 pub use kv::{KV_TAG, KvBackend};
 pub use record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX};
