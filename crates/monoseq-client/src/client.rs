@@ -190,63 +190,85 @@ impl Client {
                     Some((&body, key)),
                 )
                 .await;
-            let unsafe_to_retry = |e: &ClientError| {
-                key.is_none()
-                    && match e {
-                        ClientError::Api { code, .. } => code == "owner_unreachable",
-                        ClientError::Transport(t) => !t.is_connect(),
-                        _ => false,
-                    }
-            };
-            let (error, floor) = match sent {
-                Ok(a) if a.status.is_success() => {
+            let (error, floor) = match self.judge_command(sent, partition, &node).await {
+                Judged::Final(answer) => {
+                    let (outcome, replayed) = answer?;
                     return Ok(Submitted {
-                        outcome: a.decode()?,
-                        replayed: a.replayed,
+                        outcome,
+                        replayed,
                         key: key.unwrap_or_default().to_owned(),
                         attempts,
                     });
                 }
-                Ok(a) if a.status == StatusCode::TEMPORARY_REDIRECT => {
-                    let Some(owner) = a.location.as_deref().and_then(owner_of) else {
-                        return Err(ClientError::Protocol("a 307 without a Location".into()));
-                    };
-                    if let Some(p) = partition {
-                        self.inner.view.learn_owner(p, owner);
-                    }
-                    via = Some(owner.to_owned());
+                Judged::Redirected { owner, error } => {
+                    via = Some(owner);
                     redirects += 1;
                     if redirects <= REDIRECTS_UNDELAYED_MAX {
                         continue;
                     }
-                    (a.error_or_redirect(), Duration::ZERO)
+                    (error, Duration::ZERO)
                 }
-                Ok(a) if a.status == StatusCode::SERVICE_UNAVAILABLE => {
-                    let error = a.error();
-                    if MOVED_CODES.contains(&error.code()) {
-                        if let Some(p) = partition {
-                            self.inner.view.forget_owner(p);
-                        }
-                        let _ = self.refresh().await;
-                        (error, Duration::ZERO)
-                    } else {
-                        (error, a.retry_after.unwrap_or_default())
-                    }
-                }
-                Ok(a) => return Err(a.error()),
-                Err(e) => {
-                    if e.is_connect() {
-                        self.inner.view.forget_node(&node);
-                        let _ = self.refresh().await;
-                    }
-                    (ClientError::Transport(e), Duration::ZERO)
-                }
+                Judged::Retry { error, floor } => (error, floor),
             };
-            if unsafe_to_retry(&error) {
+            if key.is_none() && maybe_applied(&error) {
                 return Err(error);
             }
             failures += 1;
             self.wait_or_fail(started, floor, failures, error).await?;
+        }
+    }
+
+    /// What one attempt's answer to a command of `partition` sent to `node` means; learns
+    /// from it who owns the partition and which nodes are down.
+    async fn judge_command(
+        &self,
+        sent: Result<Answer, reqwest::Error>,
+        partition: Option<u32>,
+        node: &str,
+    ) -> Judged {
+        match sent {
+            Ok(a) if a.status.is_success() => Judged::Final(a.decode().map(|o| (o, a.replayed))),
+            Ok(a) if a.status == StatusCode::TEMPORARY_REDIRECT => {
+                let Some(owner) = a.location.as_deref().and_then(owner_of) else {
+                    return Judged::Final(Err(ClientError::Protocol(
+                        "a 307 without a Location".into(),
+                    )));
+                };
+                if let Some(p) = partition {
+                    self.inner.view.learn_owner(p, owner);
+                }
+                Judged::Redirected {
+                    owner: owner.to_owned(),
+                    error: a.error_or_redirect(),
+                }
+            }
+            Ok(a) if a.status == StatusCode::SERVICE_UNAVAILABLE => {
+                let error = a.error();
+                if MOVED_CODES.contains(&error.code()) {
+                    if let Some(p) = partition {
+                        self.inner.view.forget_owner(p);
+                    }
+                    let _ = self.refresh().await;
+                    Judged::Retry {
+                        error,
+                        floor: Duration::ZERO,
+                    }
+                } else {
+                    let floor = a.retry_after.unwrap_or_default();
+                    Judged::Retry { error, floor }
+                }
+            }
+            Ok(a) => Judged::Final(Err(a.error())),
+            Err(e) => {
+                if e.is_connect() {
+                    self.inner.view.forget_node(node);
+                    let _ = self.refresh().await;
+                }
+                Judged::Retry {
+                    error: ClientError::Transport(e),
+                    floor: Duration::ZERO,
+                }
+            }
         }
     }
 
@@ -275,8 +297,8 @@ impl Client {
             .await
     }
 
-    /// At most `limit` (1 to 1 000) events of workspace `ws`'s WLog from offset `from`
-    /// (1 is the first); fewer at its end.
+    /// At most `limit` (1 to [`monoseq_wire::WLOG_PAGE_MAX`]) events of workspace `ws`'s WLog
+    /// from offset `from` (1 is the first); fewer at its end.
     ///
     /// # Errors
     ///
@@ -339,6 +361,18 @@ impl Client {
     pub async fn cluster(&self) -> Result<ClusterBody, ClientError> {
         let cluster: Option<ClusterBody> = self.read("/v1/cluster").await?;
         cluster.ok_or_else(|| ClientError::Protocol("/v1/cluster answered 404".into()))
+    }
+
+    /// The node a command of workspace `ws` goes to now: its partition's owner as last seen
+    /// (the view is fetched first when it names no owner yet or has grown old), or a node
+    /// the client was given while no owner is known. To batch by owner: the commands of one
+    /// node travel as one request of [`Client::submit_batch`].
+    pub async fn node_of(&self, ws: u64) -> String {
+        if self.inner.view.stale(Instant::now()) {
+            let _ = self.refresh().await;
+        }
+        let view = &self.inner.view;
+        view.node_for(view.partition_of(ws))
     }
 
     /// Learns the partition count and every partition's owner now (a client also does it on
@@ -500,6 +534,28 @@ impl Answer {
                 self.location.as_deref().unwrap_or("?")
             ),
         }
+    }
+}
+
+/// What one attempt's answer to a command means.
+enum Judged {
+    /// The command's answer, returned as it is: its outcome and whether it was replayed, or a
+    /// refusal.
+    Final(Result<(OutcomeBody, bool), ClientError>),
+    /// Another node owns the partition: send the command there (`error` if it keeps
+    /// redirecting).
+    Redirected { owner: String, error: ClientError },
+    /// Retry after waiting at least `floor`, or answer `error` when out of time.
+    Retry { error: ClientError, floor: Duration },
+}
+
+/// Whether the command that failed with `error` may have been applied: then a command without
+/// an `Idempotency-Key` is not sent again, since that could apply it twice.
+fn maybe_applied(error: &ClientError) -> bool {
+    match error {
+        ClientError::Api { code, .. } => code == "owner_unreachable",
+        ClientError::Transport(t) => !t.is_connect(),
+        _ => false,
     }
 }
 

@@ -18,7 +18,7 @@ pub enum ClientError {
     /// No answer (connection refused, reset, timed out) on the last attempt. A command may or
     /// may not have been applied: send it again with the same `Idempotency-Key`
     /// ([`crate::Client::submit_with_key`]) and it is applied at most once.
-    #[error("no answer from the server: {0}; check that it runs and is reachable")]
+    #[error("no answer from the server; check that it runs and is reachable")]
     Transport(#[source] reqwest::Error),
     /// A command of a batch without an idempotency key got no answer from `node` (connection
     /// lost, timed out): it may or may not have run, so it was not sent again.

@@ -213,74 +213,23 @@ fn wait_backlog<S: SeqStorage>(shared: &Shared<S>, urgent: usize) -> bool {
 }
 
 async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {
-    let delay = shared.params.batcher_delay;
-    let urgent = shared.params.backlog_urgent();
-    // The actualization under way (across its retries): when it began, events replayed before.
-    let mut actualization: Option<(Instant, u64)> = None;
-    'outer: loop {
+    // The actualization under way, across its retries.
+    let mut actualization: Option<Actualization> = None;
+    loop {
         if shared.stop.load(Ordering::Acquire) {
             break;
         }
-        let status = shared.status();
-        let actualizing = matches!(status, Status::None | Status::Actualizing);
-        if !actualizing && !delay.is_zero() && shared.backlog_len.load(Ordering::Acquire) < urgent {
-            // Batching window: gather more transactions, unless the backlog fills up.
-            let _ = tokio::time::timeout(delay, shared.wake.notified()).await;
-            if shared.stop.load(Ordering::Acquire) {
+        let actualizing = matches!(shared.status(), Status::None | Status::Actualizing);
+        if !actualizing && !batch(shared).await {
+            break;
+        }
+        match run_until_idle(worker, shared, actualizing, &mut actualization).await {
+            Drove::Idle(w) => worker = w,
+            Drove::Stopped(w) => {
+                worker = w;
                 break;
             }
-        }
-        loop {
-            let began = Instant::now();
-            if actualizing && actualization.is_none() {
-                actualization = Some((
-                    began,
-                    shared.metrics.replayed_events.load(Ordering::Relaxed),
-                ));
-                tracing::info!("sequencer actualization started");
-            }
-            let Some((w, step)) = run_steps(worker, Arc::clone(shared), false).await else {
-                shared.poison(PoisonReason::WorkerPanicked);
-                log_poison(shared);
-                return;
-            };
-            worker = w;
-            if actualizing {
-                shared
-                    .metrics
-                    .last_actualization_micros
-                    .store(began.elapsed().as_micros() as u64, Ordering::Relaxed);
-                if let Some((first, replayed_before)) = actualization
-                    && !matches!(step, Step::RetryAfter(_))
-                {
-                    // Ended (done, stopped or poisoned); a failed attempt is retried silently,
-                    // its storage errors counted in the sequencer's stats.
-                    actualization = None;
-                    let replayed =
-                        shared.metrics.replayed_events.load(Ordering::Relaxed) - replayed_before;
-                    tracing::info!(
-                        events_replayed = replayed,
-                        duration_ms = %format_args!("{:.1}", first.elapsed().as_secs_f64() * 1e3),
-                        next_offset = shared.metrics.next_offset.load(Ordering::Relaxed),
-                        checkpoint = shared.metrics.durable_offset.load(Ordering::Relaxed),
-                        outcome = ?step,
-                        "sequencer actualization ended"
-                    );
-                }
-            }
-            match step {
-                Step::Idle => break,
-                Step::Stopped => {
-                    log_poison(shared);
-                    break 'outer;
-                }
-                Step::RetryAfter(d) => {
-                    let _ = tokio::time::timeout(d, wait_stop(shared)).await;
-                    if shared.stop.load(Ordering::Acquire) {
-                        break 'outer;
-                    }
-                }
-            }
+            Drove::Panicked => return,
         }
         // Sleep until a transaction, an actualization request or shutdown wakes us.
         shared.wake.notified().await;
@@ -288,6 +237,117 @@ async fn drive<S: SeqStorage>(mut worker: Worker<S>, shared: &Arc<Shared<S>>) {
     // One last attempt to persist what is unflushed; `shutdown` bounds how long it may take.
     if !shared.poisoned.load(Ordering::Acquire) {
         let _ = run_steps(worker, Arc::clone(shared), true).await;
+    }
+}
+
+/// The batching window: gathers more transactions for up to the batcher delay, unless the
+/// backlog fills up first. Answers `false` when shutdown was requested meanwhile.
+async fn batch<S: SeqStorage>(shared: &Shared<S>) -> bool {
+    let delay = shared.params.batcher_delay;
+    if delay.is_zero()
+        || shared.backlog_len.load(Ordering::Acquire) >= shared.params.backlog_urgent()
+    {
+        return true;
+    }
+    let _ = tokio::time::timeout(delay, shared.wake.notified()).await;
+    !shared.stop.load(Ordering::Acquire)
+}
+
+/// How a run of steps ended.
+enum Drove<S: SeqStorage> {
+    /// Nothing left to do until something wakes the worker.
+    Idle(Worker<S>),
+    /// Shutdown or poison: only the final flush is left.
+    Stopped(Worker<S>),
+    /// A step panicked: the worker is lost, the sequencer poisoned.
+    Panicked,
+}
+
+/// Runs steps until the worker is idle or stopped, waiting out each retry delay.
+async fn run_until_idle<S: SeqStorage>(
+    mut worker: Worker<S>,
+    shared: &Arc<Shared<S>>,
+    actualizing: bool,
+    actualization: &mut Option<Actualization>,
+) -> Drove<S> {
+    loop {
+        let began = Instant::now();
+        if actualizing && actualization.is_none() {
+            *actualization = Some(Actualization::start(shared, began));
+        }
+        let Some((w, step)) = run_steps(worker, Arc::clone(shared), false).await else {
+            shared.poison(PoisonReason::WorkerPanicked);
+            log_poison(shared);
+            return Drove::Panicked;
+        };
+        worker = w;
+        if actualizing {
+            record_attempt(shared, began, step, actualization);
+        }
+        match step {
+            Step::Idle => return Drove::Idle(worker),
+            Step::Stopped => {
+                log_poison(shared);
+                return Drove::Stopped(worker);
+            }
+            Step::RetryAfter(d) => {
+                let _ = tokio::time::timeout(d, wait_stop(shared)).await;
+                if shared.stop.load(Ordering::Acquire) {
+                    return Drove::Stopped(worker);
+                }
+            }
+        }
+    }
+}
+
+/// An actualization under way (across its retries): when it began, and the events replayed
+/// before it.
+struct Actualization {
+    began: Instant,
+    replayed_before: u64,
+}
+
+impl Actualization {
+    fn start<S: SeqStorage>(shared: &Shared<S>, began: Instant) -> Actualization {
+        tracing::info!("sequencer actualization started");
+        Actualization {
+            began,
+            replayed_before: shared.metrics.replayed_events.load(Ordering::Relaxed),
+        }
+    }
+
+    fn log_end<S: SeqStorage>(self, shared: &Shared<S>, step: Step) {
+        let replayed =
+            shared.metrics.replayed_events.load(Ordering::Relaxed) - self.replayed_before;
+        tracing::info!(
+            events_replayed = replayed,
+            duration_ms = %format_args!("{:.1}", self.began.elapsed().as_secs_f64() * 1e3),
+            next_offset = shared.metrics.next_offset.load(Ordering::Relaxed),
+            checkpoint = shared.metrics.durable_offset.load(Ordering::Relaxed),
+            outcome = ?step,
+            "sequencer actualization ended"
+        );
+    }
+}
+
+/// Records how long an attempt at actualization (which began at `began`) took, and logs the
+/// end of the actualization when it ended (done, stopped or poisoned); a failed attempt is
+/// retried silently, its storage errors counted in the sequencer's stats.
+fn record_attempt<S: SeqStorage>(
+    shared: &Shared<S>,
+    began: Instant,
+    step: Step,
+    actualization: &mut Option<Actualization>,
+) {
+    shared
+        .metrics
+        .last_actualization_micros
+        .store(began.elapsed().as_micros() as u64, Ordering::Relaxed);
+    if matches!(step, Step::RetryAfter(_)) {
+        return;
+    }
+    if let Some(a) = actualization.take() {
+        a.log_end(shared, step);
     }
 }
 

@@ -27,6 +27,7 @@ mod sequencer;
 mod shared;
 mod storage;
 mod types;
+mod wait;
 mod worker;
 mod ws_numbers;
 #[cfg(feature = "testing")]

@@ -284,36 +284,28 @@ impl ParamsBuilder {
             return Err(ParamsError::NoSequenceTypes);
         }
         let mut kinds: Vec<KindSequences> = Vec::with_capacity(self.kinds.len());
-        for (kind, seqs) in self.kinds {
-            if kinds.iter().any(|k| k.kind == kind) {
-                return Err(ParamsError::DuplicateKind(kind));
+        for (kind, seqs) in &self.kinds {
+            if kinds.iter().any(|k| k.kind == *kind) {
+                return Err(ParamsError::DuplicateKind(*kind));
             }
-            if seqs.is_empty() {
-                return Err(ParamsError::KindWithoutSequences(kind));
-            }
-            if seqs.len() > KIND_SEQUENCES_MAX {
-                return Err(ParamsError::TooManySequences {
-                    kind,
-                    count: seqs.len(),
-                });
-            }
-            let mut entry = KindSequences {
-                kind,
-                seqs: Vec::with_capacity(seqs.len()),
-                initial: Vec::with_capacity(seqs.len()),
-            };
-            for (seq, initial) in seqs {
-                if entry.seqs.contains(&seq) {
-                    return Err(ParamsError::DuplicateSequence { kind, seq });
-                }
-                if initial.0 == 0 {
-                    return Err(ParamsError::InitialValueZero { kind, seq });
-                }
-                entry.seqs.push(seq);
-                entry.initial.push(initial);
-            }
-            kinds.push(entry);
+            kinds.push(kind_sequences(*kind, seqs)?);
         }
+        self.check_limits(&kinds)?;
+        self.check_delays()?;
+        Ok(Params {
+            kinds,
+            backlog_values_max: self.backlog_values_max,
+            replay_values_max: self.replay_values_max,
+            cache_workspaces_max: self.cache_workspaces_max,
+            batcher_delay: self.batcher_delay,
+            retry_delay_min: self.retry_delay_min,
+            retry_delay_max: self.retry_delay_max,
+            shutdown_timeout: self.shutdown_timeout,
+        })
+    }
+
+    /// The counts: none is zero, and the backlog holds at least one transaction of every kind.
+    fn check_limits(&self, kinds: &[KindSequences]) -> Result<(), ParamsError> {
         if self.backlog_values_max == 0 {
             return Err(ParamsError::Zero("backlog_values_max"));
         }
@@ -333,6 +325,11 @@ impl ParamsBuilder {
         if self.replay_values_max == 0 {
             return Err(ParamsError::Zero("replay_values_max"));
         }
+        Ok(())
+    }
+
+    /// The delays, each within its range.
+    fn check_delays(&self) -> Result<(), ParamsError> {
         check_range(
             "batcher_delay",
             self.batcher_delay,
@@ -342,32 +339,63 @@ impl ParamsBuilder {
         check_range(
             "retry_delay_min",
             self.retry_delay_min,
-            Duration::from_micros(1),
-            Duration::from_secs(60),
+            RETRY_DELAY_MIN_LOWEST,
+            RETRY_DELAY_MIN_HIGHEST,
         )?;
         check_range(
             "retry_delay_max",
             self.retry_delay_max,
             self.retry_delay_min,
-            Duration::from_secs(600),
+            RETRY_DELAY_MAX_HIGHEST,
         )?;
         check_range(
             "shutdown_timeout",
             self.shutdown_timeout,
-            Duration::from_millis(1),
-            Duration::from_secs(600),
-        )?;
-        Ok(Params {
-            kinds,
-            backlog_values_max: self.backlog_values_max,
-            replay_values_max: self.replay_values_max,
-            cache_workspaces_max: self.cache_workspaces_max,
-            batcher_delay: self.batcher_delay,
-            retry_delay_min: self.retry_delay_min,
-            retry_delay_max: self.retry_delay_max,
-            shutdown_timeout: self.shutdown_timeout,
-        })
+            SHUTDOWN_TIMEOUT_LOWEST,
+            SHUTDOWN_TIMEOUT_HIGHEST,
+        )
     }
+}
+
+/// Lowest accepted shortest retry delay.
+const RETRY_DELAY_MIN_LOWEST: Duration = Duration::from_micros(1);
+/// Highest accepted shortest retry delay.
+const RETRY_DELAY_MIN_HIGHEST: Duration = Duration::from_secs(60);
+/// Highest accepted longest retry delay.
+const RETRY_DELAY_MAX_HIGHEST: Duration = Duration::from_secs(600);
+/// Lowest accepted shutdown timeout.
+const SHUTDOWN_TIMEOUT_LOWEST: Duration = Duration::from_millis(1);
+/// Highest accepted shutdown timeout.
+const SHUTDOWN_TIMEOUT_HIGHEST: Duration = Duration::from_secs(600);
+
+/// The validated sequences of one kind: at least one, at most [`KIND_SEQUENCES_MAX`], none
+/// twice, none starting at 0.
+fn kind_sequences(kind: WsKind, seqs: &[(SeqId, Number)]) -> Result<KindSequences, ParamsError> {
+    if seqs.is_empty() {
+        return Err(ParamsError::KindWithoutSequences(kind));
+    }
+    if seqs.len() > KIND_SEQUENCES_MAX {
+        return Err(ParamsError::TooManySequences {
+            kind,
+            count: seqs.len(),
+        });
+    }
+    let mut entry = KindSequences {
+        kind,
+        seqs: Vec::with_capacity(seqs.len()),
+        initial: Vec::with_capacity(seqs.len()),
+    };
+    for &(seq, initial) in seqs {
+        if entry.seqs.contains(&seq) {
+            return Err(ParamsError::DuplicateSequence { kind, seq });
+        }
+        if initial.0 == 0 {
+            return Err(ParamsError::InitialValueZero { kind, seq });
+        }
+        entry.seqs.push(seq);
+        entry.initial.push(initial);
+    }
+    Ok(entry)
 }
 
 fn check_range(
@@ -407,7 +435,7 @@ mod tests {
     }
 
     #[test]
-    fn invalid_parameters_are_refused_with_the_parameter_named() {
+    fn invalid_kinds_are_refused_with_the_kind_named() {
         assert_eq!(
             Params::builder().build().unwrap_err(),
             ParamsError::NoSequenceTypes
@@ -423,6 +451,15 @@ mod tests {
                 .unwrap_err(),
             ParamsError::DuplicateKind(WsKind(1))
         );
+        let many = (0..=KIND_SEQUENCES_MAX as u16).map(|i| (SeqId(i), Number(1)));
+        assert!(matches!(
+            Params::builder().kind(WsKind(1), many).build().unwrap_err(),
+            ParamsError::TooManySequences { .. }
+        ));
+    }
+
+    #[test]
+    fn invalid_sequences_are_refused_with_the_sequence_named() {
         assert_eq!(
             Params::builder()
                 .kind(WsKind(1), [(SeqId(1), Number(1)), (SeqId(1), Number(5))])
@@ -443,11 +480,10 @@ mod tests {
                 seq: SeqId(7)
             }
         );
-        let many = (0..=KIND_SEQUENCES_MAX as u16).map(|i| (SeqId(i), Number(1)));
-        assert!(matches!(
-            Params::builder().kind(WsKind(1), many).build().unwrap_err(),
-            ParamsError::TooManySequences { .. }
-        ));
+    }
+
+    #[test]
+    fn invalid_limits_are_refused_with_the_parameter_named() {
         assert_eq!(
             one_kind().backlog_values_max(0).build().unwrap_err(),
             ParamsError::Zero("backlog_values_max")
@@ -472,6 +508,10 @@ mod tests {
             one_kind().replay_values_max(0).build().unwrap_err(),
             ParamsError::Zero("replay_values_max")
         );
+    }
+
+    #[test]
+    fn delays_out_of_range_are_refused_with_the_parameter_named() {
         let err = one_kind()
             .batcher_delay(Duration::from_secs(11))
             .build()

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 use schnellru::{ByLength, LruMap};
 
@@ -16,6 +15,8 @@ use crate::storage::{SeqStorage, StorageErrorKind};
 use crate::types::{Number, PLogOffset, SeqId, WsId, WsKind};
 use crate::worker::Worker;
 use crate::ws_numbers::NumberMap;
+#[cfg(debug_assertions)]
+use crate::ws_numbers::WsNumbers;
 
 /// Why `start` cannot begin a transaction now. Busy is an answer, not an error: the caller
 /// retries later (the command processor answers 503 "server is busy").
@@ -325,6 +326,11 @@ impl<S: SeqStorage> Sequencer<S> {
         }
     }
 
+    /// The state it shares with its worker (for `wait.rs`).
+    pub(crate) fn shared(&self) -> &Shared<S> {
+        &self.shared
+    }
+
     /// A handle that reads this sequencer's status and counters from any thread.
     #[must_use]
     pub fn handle(&self) -> SequencerHandle<S> {
@@ -444,24 +450,6 @@ impl<S: SeqStorage> Sequencer<S> {
         }))
     }
 
-    /// Like [`start`](Self::start), but while actualization runs it waits for it up to
-    /// `wait` (seed 002 `StartEvent(wait)`).
-    ///
-    /// # Errors
-    ///
-    /// As [`start`](Self::start).
-    pub fn start_wait(
-        &mut self,
-        kind: WsKind,
-        ws: WsId,
-        wait: Duration,
-    ) -> Result<Start<'_, S>, StartError> {
-        if matches!(self.shared.status(), Status::None | Status::Actualizing) {
-            self.shared.wait_actualized(Instant::now() + wait);
-        }
-        self.start(kind, ws)
-    }
-
     /// Stops the background work, flushing what it can, and returns within the shutdown
     /// timeout even while storage is down. Consumes the sequencer: nothing can start after.
     #[cfg_attr(not(feature = "tokio"), allow(unused_mut))] // the driver is taken out of it
@@ -515,50 +503,68 @@ impl<S: SeqStorage> Sequencer<S> {
             None => false,
         };
         self.stats.misses += 1;
-        let n = kind.seqs.len();
-        self.current_numbers.resize(n, Number(0));
+        self.current_numbers.resize(kind.seqs.len(), Number(0));
+        if !self.load_unflushed(kind, ws) {
+            self.load_stored(kind, ws)?;
+        }
+        self.cache_current(kind, ws, cached);
+        Ok(())
+    }
+
+    /// Takes the newest numbers of `ws` that have not reached storage (pending, in the
+    /// backlog, or being flushed) into `current_numbers`; answers whether every sequence of
+    /// the kind had one.
+    fn load_unflushed(&mut self, kind: &KindSequences, ws: WsId) -> bool {
+        let b = self.shared.lock_backlog();
+        let pending = self.pending.get(ws);
+        let backlog = b.values.get(ws);
+        let flushing = b.flushing.as_ref().and_then(|f| f.get(ws));
+        if pending.is_none() && backlog.is_none() && flushing.is_none() {
+            return false;
+        }
         let mut complete = true;
-        {
-            let b = sh.lock_backlog();
-            let pending = self.pending.get(ws);
-            let backlog = b.values.get(ws);
-            let flushing = b.flushing.as_ref().and_then(|f| f.get(ws));
-            if pending.is_none() && backlog.is_none() && flushing.is_none() {
-                complete = false;
-            } else {
-                for (slot, &seq) in self.current_numbers.iter_mut().zip(&kind.seqs) {
-                    let newest = [pending, backlog, flushing]
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|n| n.get(seq))
-                        .max();
-                    match newest {
-                        Some(n) => *slot = n,
-                        None => complete = false,
-                    }
-                }
+        for (slot, &seq) in self.current_numbers.iter_mut().zip(&kind.seqs) {
+            let newest = [pending, backlog, flushing]
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.get(seq))
+                .max();
+            match newest {
+                Some(n) => *slot = n,
+                None => complete = false,
             }
         }
-        if !complete {
-            // Values missing from the backlog were flushed before we looked (the flusher
-            // drops the numbers it writes only once they are written), so storage has them.
-            self.read_buf.clear();
-            self.read_buf.resize(n, Number(0));
-            if let Err(e) = sh.storage.read_numbers(ws, &kind.seqs, &mut self.read_buf) {
-                sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(e.kind());
-            }
-            for (slot, &stored) in self.current_numbers.iter_mut().zip(&self.read_buf) {
-                *slot = (*slot).max(stored);
-            }
+        complete
+    }
+
+    /// Raises `current_numbers` to the stored numbers of `ws`. Values missing from the backlog
+    /// were flushed before we looked (the flusher drops the numbers it writes only once they
+    /// are written), so storage has them.
+    fn load_stored(&mut self, kind: &KindSequences, ws: WsId) -> Result<(), StorageErrorKind> {
+        let sh = &*self.shared;
+        self.read_buf.clear();
+        self.read_buf.resize(kind.seqs.len(), Number(0));
+        if let Err(e) = sh.storage.read_numbers(ws, &kind.seqs, &mut self.read_buf) {
+            sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
+            return Err(e.kind());
         }
+        for (slot, &stored) in self.current_numbers.iter_mut().zip(&self.read_buf) {
+            *slot = (*slot).max(stored);
+        }
+        Ok(())
+    }
+
+    /// Makes `ws`, just loaded into `current_numbers`, the current workspace, and keeps it in
+    /// the cache unless the cache is full and does not admit it (`cached`: the cache holds
+    /// `ws` under another kind, which this entry replaces).
+    fn cache_current(&mut self, kind: &KindSequences, ws: WsId, cached: bool) {
+        self.current = Some((ws, kind.kind));
         if !cached && self.cache.len() >= self.cache_capacity && !self.admit(ws) {
             // Held only as the current workspace; its numbers go to the backlog on commit.
-            self.current = Some((ws, kind.kind));
-            return Ok(());
+            return;
         }
         let numbers = match self.spare.take() {
-            Some(mut b) if b.len() == n => {
+            Some(mut b) if b.len() == kind.seqs.len() => {
                 b.copy_from_slice(&self.current_numbers);
                 b
             }
@@ -575,8 +581,6 @@ impl<S: SeqStorage> Sequencer<S> {
             self.spare = Some(evicted.numbers);
         }
         self.cache.insert(ws, entry);
-        self.current = Some((ws, kind.kind));
-        Ok(())
     }
 
     /// Whether `ws`, missing from a full cache, may evict an entry: only on its second miss
@@ -597,6 +601,7 @@ impl<S: SeqStorage> Sequencer<S> {
 
     /// Commits the open transaction's numbers as pending: handed out, not yet durable.
     fn commit_pending(&mut self, ws: WsId, kind_index: usize, offset: PLogOffset) {
+        self.assert_commits_the_started_offset(offset);
         let kind = &self.shared.params.kinds[kind_index];
         self.pending.set_all(
             ws,
@@ -617,6 +622,13 @@ impl<S: SeqStorage> Sequencer<S> {
         let sh = &*self.shared;
         {
             let mut b = sh.lock_backlog();
+            // Paired with the check in `commit` that the backlog reached the committed offset:
+            // the backlog's high-water mark never goes down.
+            assert!(
+                b.next_offset.is_none_or(|o| o <= next_offset),
+                "the backlog's next offset {:?} would go back to {next_offset}",
+                b.next_offset
+            );
             b.values.take_from(&mut self.pending);
             b.next_offset = Some(next_offset);
             sh.publish_backlog_len(b.len(), sh.params.backlog_urgent());
@@ -647,6 +659,7 @@ impl<S: SeqStorage> Sequencer<S> {
         // This event is durable, so are the pending ones before it (one PLog, written in
         // order).
         self.mark_durable();
+        self.assert_commits_the_started_offset(offset);
         let sh = &*self.shared;
         let kind = &sh.params.kinds[kind_index];
         let next_offset = offset.next();
@@ -666,10 +679,11 @@ impl<S: SeqStorage> Sequencer<S> {
                 return;
             }
             let before = b.len();
-            b.values.set_all(
-                ws,
-                touched(self.tx_touched, &kind.seqs, &self.current_numbers),
-            );
+            let numbers = touched(self.tx_touched, &kind.seqs, &self.current_numbers);
+            // A lookup in the backlog per commit: measurable on the hot path, so debug only.
+            #[cfg(debug_assertions)]
+            assert_numbers_rise(b.values.get(ws), numbers.clone());
+            b.values.set_all(ws, numbers);
             b.next_offset = Some(next_offset);
             let after = b.len();
             sh.publish_backlog_len(after, urgent);
@@ -688,6 +702,16 @@ impl<S: SeqStorage> Sequencer<S> {
         sh.signal_flush();
     }
 
+    /// Precondition of a commit: the transaction commits the offset `start` handed out, the
+    /// one the sequencer's next offset still holds; the commit then moves it past `offset`.
+    #[inline]
+    fn assert_commits_the_started_offset(&self, offset: PLogOffset) {
+        assert_eq!(
+            offset, self.next_offset,
+            "a transaction commits the PLog offset start handed out"
+        );
+    }
+
     fn rollback(&mut self) {
         self.pending.clear();
         self.pending_next_offset = None;
@@ -700,12 +724,33 @@ impl<S: SeqStorage> Sequencer<S> {
     }
 }
 
+/// Precondition of a commit into the backlog: every number a transaction hands out is above
+/// the one the backlog holds for its key (`backlog`, the workspace's entry there), so a flush
+/// never lowers a stored number.
+#[cfg(debug_assertions)]
+fn assert_numbers_rise(
+    backlog: Option<&WsNumbers>,
+    numbers: impl Iterator<Item = (SeqId, Number)>,
+) {
+    let Some(backlog) = backlog else {
+        return;
+    };
+    for (seq, number) in numbers {
+        if let Some(held) = backlog.get(seq) {
+            assert!(
+                number > held,
+                "{seq:?} would hand out {number:?}, not above the backlog's {held:?}"
+            );
+        }
+    }
+}
+
 /// The sequences a transaction advanced (bits of `touched`, by kind index) with their numbers.
 fn touched<'a>(
     touched: u64,
     seqs: &'a [SeqId],
     numbers: &'a [Number],
-) -> impl Iterator<Item = (SeqId, Number)> + 'a {
+) -> impl Iterator<Item = (SeqId, Number)> + Clone + 'a {
     let mut bits = touched;
     std::iter::from_fn(move || {
         if bits == 0 {
@@ -831,6 +876,13 @@ pub struct SequencerHandle<S: SeqStorage> {
     shared: Arc<Shared<S>>,
 }
 
+impl<S: SeqStorage> SequencerHandle<S> {
+    /// The state it shares with the sequencer (for `wait.rs`).
+    pub(crate) fn shared(&self) -> &Shared<S> {
+        &self.shared
+    }
+}
+
 impl<S: SeqStorage> Clone for SequencerHandle<S> {
     fn clone(&self) -> Self {
         SequencerHandle {
@@ -910,13 +962,6 @@ impl<S: SeqStorage> SequencerHandle<S> {
             poison: sh.poison_reason(),
         }
     }
-
-    /// Blocks until actualization has finished or `wait` passed; answers the status then.
-    #[must_use]
-    pub fn wait_actualized(&self, wait: Duration) -> Status {
-        self.shared.wait_actualized(Instant::now() + wait);
-        self.shared.status()
-    }
 }
 
 #[cfg(test)]
@@ -954,5 +999,47 @@ mod tests {
         );
         assert!(shared.lock_backlog().values.is_empty(), "nothing committed");
         assert_eq!(worker.step(), Step::Stopped);
+    }
+
+    #[test]
+    #[should_panic(expected = "commits the PLog offset start handed out")]
+    fn committing_an_offset_start_did_not_hand_out_panics() {
+        let (mut seq, mut worker) = Sequencer::new_manual(params(), MemSeqStorage::new());
+        assert_eq!(worker.step(), Step::Idle);
+        seq.commit(WsId(1), 0, PLogOffset(3));
+    }
+
+    #[test]
+    #[should_panic(expected = "the backlog's next offset")]
+    fn marking_a_group_durable_below_the_backlog_panics() {
+        let (mut seq, mut worker) = Sequencer::new_manual(params(), MemSeqStorage::new());
+        assert_eq!(worker.step(), Step::Idle);
+        let shared = Arc::clone(&seq.shared);
+        let Ok(Start::Began(mut tx)) = seq.start(WsKind(1), WsId(1)) else {
+            panic!("no transaction");
+        };
+        assert_eq!(tx.next(SeqId(1)), Ok(Number(1)));
+        tx.commit_pending();
+        // Broken state: the backlog's high-water mark is above the pending group.
+        shared.lock_backlog().next_offset = Some(PLogOffset(7));
+        seq.mark_durable();
+    }
+
+    #[test]
+    #[should_panic(expected = "not above the backlog's")]
+    fn committing_a_number_not_above_the_backlog_panics() {
+        let (mut seq, mut worker) = Sequencer::new_manual(params(), MemSeqStorage::new());
+        assert_eq!(worker.step(), Step::Idle);
+        let shared = Arc::clone(&seq.shared);
+        let Ok(Start::Began(mut tx)) = seq.start(WsKind(1), WsId(1)) else {
+            panic!("no transaction");
+        };
+        assert_eq!(tx.next(SeqId(1)), Ok(Number(1)));
+        // Broken state: the backlog holds a higher number than the one just handed out.
+        shared
+            .lock_backlog()
+            .values
+            .set_all(WsId(1), [(SeqId(1), Number(5))]);
+        tx.flush();
     }
 }

@@ -3,14 +3,14 @@
 //! Everything here is either an atomic or behind one short-held mutex.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crossbeam_utils::CachePadded;
 
 use crate::params::Params;
 use crate::storage::SeqStorage;
 use crate::types::PLogOffset;
+use crate::wait::StatusSignal;
 use crate::ws_numbers::NumberMap;
 
 /// What a sequencer is doing, as seed 002's `SequenceStatus`.
@@ -179,9 +179,8 @@ pub(crate) struct Shared<S> {
     /// and whether it waits now: committing threads unpark it, with no system call otherwise.
     backlog_waiter: Mutex<Option<std::thread::Thread>>,
     backlog_waiting: AtomicBool,
-    /// Signalled when actualization ends, for `start_wait`.
-    status_lock: Mutex<()>,
-    status_changed: Condvar,
+    /// Signalled when actualization ends, for `start_wait` (`wait.rs`).
+    pub(crate) status_signal: StatusSignal,
     pub(crate) metrics: Metrics,
 }
 
@@ -215,8 +214,7 @@ impl<S: SeqStorage> Shared<S> {
             wake: tokio::sync::Notify::new(),
             backlog_waiter: Mutex::new(None),
             backlog_waiting: AtomicBool::new(false),
-            status_lock: Mutex::new(()),
-            status_changed: Condvar::new(),
+            status_signal: StatusSignal::default(),
             metrics: Metrics::default(),
         }
     }
@@ -284,24 +282,7 @@ impl<S: SeqStorage> Shared<S> {
     }
 
     fn notify_status(&self) {
-        let _guard = self.status_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.status_changed.notify_all();
-    }
-
-    /// Blocks until the status is no longer `None`/`Actualizing` or `deadline` passes.
-    pub(crate) fn wait_actualized(&self, deadline: Instant) {
-        let mut guard = self.status_lock.lock().unwrap_or_else(|e| e.into_inner());
-        while matches!(self.status(), Status::None | Status::Actualizing) {
-            let now = Instant::now();
-            if now >= deadline {
-                return;
-            }
-            guard = self
-                .status_changed
-                .wait_timeout(guard, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        self.status_signal.notify();
     }
 
     #[inline]

@@ -126,8 +126,19 @@ impl Stale {
         if remember && self.known_len >= self.known_max {
             self.forget();
         }
-        // Every number not known yet, read in one call, in key order; what is known is copied
-        // once, so the compare below does not look it up again.
+        self.read_unknown(storage, workspaces)?;
+        self.compare(workspaces, remember, out);
+        Ok(())
+    }
+
+    /// Reads every number of `workspaces` not known yet, in one call, in key order, into
+    /// `keys`/`stored`; what is known is copied once into `copies`, so the compare does not
+    /// look it up again.
+    fn read_unknown<S: SeqStorage>(
+        &mut self,
+        storage: &S,
+        workspaces: &[(WsId, WsNumbers)],
+    ) -> Result<(), StorageError> {
         self.keys.clear();
         self.copies.clear();
         let known_any = !self.known.is_empty();
@@ -156,6 +167,18 @@ impl Stale {
         if !self.keys.is_empty() {
             storage.read_numbers_many(&self.keys, &mut self.stored)?;
         }
+        Ok(())
+    }
+
+    /// Adds to `out` every number of `workspaces` above what storage holds (`copies` and
+    /// `stored`, from [`read_unknown`](Self::read_unknown)), and keeps what storage will hold
+    /// in the known set.
+    fn compare(
+        &mut self,
+        workspaces: &[(WsId, WsNumbers)],
+        remember: bool,
+        out: &mut Vec<SeqValue>,
+    ) {
         let mut at = 0;
         for (i, (ws, numbers)) in workspaces.iter().enumerate() {
             let ws = *ws;
@@ -182,7 +205,6 @@ impl Stale {
                 self.known.insert(ws, stored);
             }
         }
-        Ok(())
     }
 
     /// Whether the window about to be compared should add its workspaces to the known set:
@@ -300,6 +322,119 @@ fn write_sorted<S: SeqStorage>(
         .inspect_err(|_| stale.forget())
 }
 
+/// What one actualization's replay reached.
+struct Replay {
+    /// Numbers replayed and not yet written.
+    window: NumberMap,
+    /// The offset after the last replayed event.
+    next: PLogOffset,
+    /// The checkpoint this replay wrote, if it wrote one.
+    durable: Option<PLogOffset>,
+    /// The checkpoint storage held when the replay began.
+    stored_checkpoint: Option<PLogOffset>,
+    events: u64,
+    /// Why the replay stopped early, found inside the scan or writing its last window.
+    error: Option<StorageError>,
+}
+
+impl Replay {
+    /// The checkpoint storage holds now.
+    fn stored(&self) -> Option<PLogOffset> {
+        self.durable.or(self.stored_checkpoint)
+    }
+
+    /// Takes one replayed event into the window, and writes the window with the checkpoint it
+    /// reaches when it is full.
+    fn take<S: SeqStorage>(
+        &mut self,
+        ev: ReplayedEvent<'_>,
+        sh: &Shared<S>,
+        generation: Generation,
+        stale: &mut Stale,
+        buf: &mut Vec<SeqValue>,
+    ) -> ControlFlow<()> {
+        if sh.stop.load(Ordering::Relaxed) {
+            return ControlFlow::Break(());
+        }
+        if let Err(e) = self.advance(ev.offset) {
+            self.error = Some(e);
+            return ControlFlow::Break(());
+        }
+        merge_event(&mut self.window, sh.params.kind(ev.ws_kind), ev.values);
+        self.events += 1;
+        if self.events.is_multiple_of(PROGRESS_EVERY_EVENTS) {
+            sh.metrics
+                .replayed_events
+                .fetch_add(PROGRESS_EVERY_EVENTS, Ordering::Relaxed);
+        }
+        if self.window.len() >= sh.params.replay_values_max {
+            let (stored, next) = (self.stored(), self.next);
+            let written = write_window(
+                &sh.storage,
+                generation,
+                stale,
+                &self.window,
+                buf,
+                stored,
+                next,
+                false,
+            );
+            if let Err(e) = written {
+                self.error = Some(e);
+                return ControlFlow::Break(());
+            }
+            self.window.clear();
+            self.durable = Some(next);
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Moves past the event at `offset`, which must not go back and must have a successor.
+    fn advance(&mut self, offset: PLogOffset) -> Result<(), StorageError> {
+        if offset < self.next {
+            return Err(StorageError::new(format!(
+                "replay went backwards: event {offset} after {}; the PLog scan is broken",
+                self.next
+            )));
+        }
+        let Some(after) = offset.0.checked_add(1) else {
+            return Err(StorageError::corrupted(format!(
+                "the PLog holds an event at offset {offset}, which nothing can follow"
+            )));
+        };
+        self.next = PLogOffset(after);
+        Ok(())
+    }
+}
+
+/// How writing the last window of a replay went.
+struct LastWindow {
+    /// The numbers the backlog keeps: those not written.
+    backlog: NumberMap,
+    flushed: bool,
+    fenced: bool,
+}
+
+impl LastWindow {
+    /// Nothing failed; `backlog` is kept (the whole window when it was not written).
+    fn kept(backlog: NumberMap) -> LastWindow {
+        LastWindow {
+            backlog,
+            flushed: true,
+            fenced: false,
+        }
+    }
+}
+
+/// The numbers a failed write found new (`buf`, in workspace order), as a map by workspace.
+fn found_new(buf: &[SeqValue]) -> NumberMap {
+    let mut new = NumberMap::default();
+    for run in buf.chunk_by(|a, b| a.key.ws == b.key.ws) {
+        new.set_all(run[0].key.ws, run.iter().map(|v| (v.key.seq, v.value)));
+    }
+    new
+}
+
 impl<S: SeqStorage> std::fmt::Debug for Worker<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Worker")
@@ -401,6 +536,13 @@ impl<S: SeqStorage> Worker<S> {
         b.end_flush(written.is_ok());
         sh.backlog_len.store(b.len(), Ordering::Release);
         if written.is_ok() {
+            // Paired with the check in `snapshot` that poisons instead of writing a lower
+            // checkpoint: the flushed high-water mark never goes down.
+            assert!(
+                b.durable_offset.is_none_or(|d| d <= offset),
+                "the flushed checkpoint {:?} would go back to {offset}",
+                b.durable_offset
+            );
             b.durable_offset = Some(offset);
         }
         drop(b);
@@ -493,145 +635,121 @@ impl<S: SeqStorage> Worker<S> {
             Ok(None) => return Step::Stopped,
             Err(e) => return self.failed_actualization(&e),
         };
-        let generation = self.generation;
-        let limit = sh.params.replay_values_max;
-        // The backlog is exact up to `from`: replay continues from it.
-        let (mut window, stored_checkpoint) = {
-            let mut b = sh.lock_backlog();
-            debug_assert!(b.flushing.is_none(), "flushes end before the next step");
-            (std::mem::take(&mut b.values), b.durable_offset)
-        };
-        let mut next = from;
-        let mut durable = None;
-        let mut events = 0u64;
-        let mut inline_error = None;
-        // The known-stored map may hold twice the replay budget: a tail whose workspaces
-        // slightly outnumber one window's then reads each workspace once, not twice.
-        self.stale
-            .begin(sh.params.replay_values_max.saturating_mul(2));
-        let buf = &mut self.buf;
-        let stale = &mut self.stale;
-        let replayed = sh.storage.replay_plog(from, &mut |ev: ReplayedEvent<'_>| {
-            if sh.stop.load(Ordering::Relaxed) {
-                return ControlFlow::Break(());
-            }
-            if ev.offset < next {
-                inline_error = Some(StorageError::new(format!(
-                    "replay went backwards: event {} after {}; the PLog scan is broken",
-                    ev.offset, next
-                )));
-                return ControlFlow::Break(());
-            }
-            let Some(after) = ev.offset.0.checked_add(1) else {
-                inline_error = Some(StorageError::corrupted(format!(
-                    "the PLog holds an event at offset {}, which nothing can follow",
-                    ev.offset
-                )));
-                return ControlFlow::Break(());
-            };
-            merge_event(&mut window, sh.params.kind(ev.ws_kind), ev.values);
-            next = PLogOffset(after);
-            events += 1;
-            if events.is_multiple_of(PROGRESS_EVERY_EVENTS) {
-                sh.metrics
-                    .replayed_events
-                    .fetch_add(PROGRESS_EVERY_EVENTS, Ordering::Relaxed);
-            }
-            if window.len() >= limit {
-                // Window full: make room by writing it, with the checkpoint it reaches.
-                let stored = durable.or(stored_checkpoint);
-                if let Err(e) = write_window(
-                    &sh.storage,
-                    generation,
-                    stale,
-                    &window,
-                    buf,
-                    stored,
-                    next,
-                    false,
-                ) {
-                    inline_error = Some(e);
-                    return ControlFlow::Break(());
-                }
-                window.clear();
-                durable = Some(next);
-            }
-            ControlFlow::Continue(())
-        });
-        sh.metrics
-            .replayed_events
-            .fetch_add(events % PROGRESS_EVERY_EVENTS, Ordering::Relaxed);
-        let completed = matches!((&replayed, &inline_error), (Ok(ReplayEnd::Completed), None));
-        // A completed replay writes its last window at once, so a restart replays as little as
-        // possible (SPEC invariant 7). If storage refuses, the numbers found new go to the
-        // backlog, exact, and the flusher retries them.
-        let mut flushed = true;
-        let mut fenced = false;
-        let up_to_date = window.is_empty() && durable.or(stored_checkpoint) == Some(next);
-        let backlog_values = if completed && !up_to_date {
-            let stored = durable.or(stored_checkpoint);
-            match write_window(
-                &sh.storage,
-                generation,
-                &mut self.stale,
-                &window,
-                &mut self.buf,
-                stored,
-                next,
-                true,
-            ) {
-                Ok(()) => {
-                    durable = Some(next);
-                    NumberMap::default()
-                }
-                Err(e) => {
-                    flushed = false;
-                    fenced = e.is_fenced();
-                    sh.flush_failing.store(true, Ordering::Release);
-                    sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
-                    if self.buf.is_empty() && !window.is_empty() {
-                        // The compare with storage failed: nothing is known to be new yet.
-                        inline_error = Some(StorageError::new("reading stored numbers failed"));
-                        window
-                    } else {
-                        let mut new = NumberMap::default();
-                        for run in self.buf.chunk_by(|a, b| a.key.ws == b.key.ws) {
-                            new.set_all(run[0].key.ws, run.iter().map(|v| (v.key.seq, v.value)));
-                        }
-                        new
-                    }
-                }
-            }
-        } else {
-            window
-        };
+        let (mut replay, replayed) = self.replay_tail(from);
+        let completed = matches!((&replayed, &replay.error), (Ok(ReplayEnd::Completed), None));
+        let last = self.write_last_window(&mut replay, completed);
         self.stale.end();
-        let completed = completed && inline_error.is_none();
-        self.replay_unchecked = !completed;
-        {
-            // Whatever happened, the backlog is exact up to `next`: keep the progress.
-            let mut b = sh.lock_backlog();
-            b.values = backlog_values;
-            b.next_offset = Some(next);
-            if durable.is_some() {
-                b.durable_offset = durable;
-            }
-            sh.backlog_len.store(b.len(), Ordering::Release);
-        }
-        sh.metrics.next_offset.store(next.0, Ordering::Relaxed);
-        if let Some(d) = durable {
-            sh.metrics.durable_offset.store(d.0, Ordering::Relaxed);
-            sh.metrics.flushes.fetch_add(1, Ordering::Relaxed);
-        }
-        if fenced {
+        self.replay_unchecked = !(completed && replay.error.is_none());
+        self.keep_progress(&replay, last.backlog);
+        if last.fenced {
             sh.poison(PoisonReason::Fenced);
             return Step::Stopped;
         }
-        match (replayed, inline_error) {
+        match (replayed, replay.error) {
             (Ok(ReplayEnd::Completed), None) => {}
             (Ok(ReplayEnd::Stopped), None) => return Step::Stopped,
             (Err(e), _) | (_, Some(e)) => return self.failed_actualization(&e),
         }
+        self.actualized(last.flushed)
+    }
+
+    /// Replays the PLog from `from` (the backlog is exact up to it) into a window of numbers,
+    /// writing the window each time it fills up.
+    fn replay_tail(&mut self, from: PLogOffset) -> (Replay, Result<ReplayEnd, StorageError>) {
+        let sh = &*self.shared;
+        let (window, stored_checkpoint) = {
+            let mut b = sh.lock_backlog();
+            debug_assert!(b.flushing.is_none(), "flushes end before the next step");
+            (std::mem::take(&mut b.values), b.durable_offset)
+        };
+        let mut replay = Replay {
+            window,
+            next: from,
+            durable: None,
+            stored_checkpoint,
+            events: 0,
+            error: None,
+        };
+        // The known-stored map may hold twice the replay budget: a tail whose workspaces
+        // slightly outnumber one window's then reads each workspace once, not twice.
+        self.stale
+            .begin(sh.params.replay_values_max.saturating_mul(2));
+        let (generation, stale, buf) = (self.generation, &mut self.stale, &mut self.buf);
+        let replayed = sh.storage.replay_plog(from, &mut |ev: ReplayedEvent<'_>| {
+            replay.take(ev, sh, generation, stale, buf)
+        });
+        sh.metrics
+            .replayed_events
+            .fetch_add(replay.events % PROGRESS_EVERY_EVENTS, Ordering::Relaxed);
+        (replay, replayed)
+    }
+
+    /// Writes the last window of a completed replay at once, so a restart replays as little
+    /// as possible (SPEC invariant 7). If storage refuses, the numbers found new go to the
+    /// backlog, exact, and the flusher retries them.
+    fn write_last_window(&mut self, replay: &mut Replay, completed: bool) -> LastWindow {
+        let window = std::mem::take(&mut replay.window);
+        let up_to_date = window.is_empty() && replay.stored() == Some(replay.next);
+        if !completed || up_to_date {
+            return LastWindow::kept(window);
+        }
+        let sh = &*self.shared;
+        let written = write_window(
+            &sh.storage,
+            self.generation,
+            &mut self.stale,
+            &window,
+            &mut self.buf,
+            replay.stored(),
+            replay.next,
+            true,
+        );
+        let Err(e) = written else {
+            replay.durable = Some(replay.next);
+            return LastWindow::kept(NumberMap::default());
+        };
+        sh.flush_failing.store(true, Ordering::Release);
+        sh.metrics.storage_errors.fetch_add(1, Ordering::Relaxed);
+        let backlog = if self.buf.is_empty() && !window.is_empty() {
+            // The compare with storage failed: nothing is known to be new yet.
+            replay.error = Some(StorageError::new("reading stored numbers failed"));
+            window
+        } else {
+            found_new(&self.buf)
+        };
+        LastWindow {
+            backlog,
+            flushed: false,
+            fenced: e.is_fenced(),
+        }
+    }
+
+    /// Whatever happened, the backlog is exact up to where the replay reached: keep the
+    /// progress (`values`: the numbers not yet written).
+    fn keep_progress(&self, replay: &Replay, values: NumberMap) {
+        let sh = &*self.shared;
+        {
+            let mut b = sh.lock_backlog();
+            b.values = values;
+            b.next_offset = Some(replay.next);
+            if replay.durable.is_some() {
+                b.durable_offset = replay.durable;
+            }
+            sh.backlog_len.store(b.len(), Ordering::Release);
+        }
+        sh.metrics
+            .next_offset
+            .store(replay.next.0, Ordering::Relaxed);
+        if let Some(d) = replay.durable {
+            sh.metrics.durable_offset.store(d.0, Ordering::Relaxed);
+            sh.metrics.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A replay completed: clears the failure flags and opens the sequencer (`flushed`: its
+    /// last window was written, otherwise the flusher retries it with backoff).
+    fn actualized(&mut self, flushed: bool) -> Step {
+        let sh = &*self.shared;
         if flushed {
             sh.flush_failing.store(false, Ordering::Release);
         }
@@ -699,5 +817,19 @@ mod tests {
             seq.start(WsKind(1), WsId(1)),
             Ok(Start::Began(_))
         ));
+    }
+
+    #[test]
+    #[should_panic(expected = "the flushed checkpoint")]
+    fn a_written_checkpoint_below_the_flushed_one_panics() {
+        let params = Params::builder()
+            .kind(WsKind(1), [(SeqId(1), Number(1))])
+            .build()
+            .expect("valid parameters");
+        let (_seq, mut worker) = Sequencer::new_manual(params, MemSeqStorage::new());
+        assert_eq!(worker.step(), Step::Idle);
+        // Broken state: `snapshot`'s check was skipped and a lower checkpoint reaches the write.
+        worker.shared.lock_backlog().durable_offset = Some(PLogOffset(9));
+        let _ = worker.write_snapshot(PLogOffset(4));
     }
 }

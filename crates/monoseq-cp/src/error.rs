@@ -12,7 +12,7 @@ use crate::command::InvalidCommand;
 #[non_exhaustive]
 pub enum CommandError {
     /// The command is malformed.
-    #[error("{0}")]
+    #[error(transparent)]
     Invalid(#[from] InvalidCommand),
     /// The workspace kind is not one of the application's.
     #[error("unknown workspace kind {0}: the application declares its workspace kinds")]
@@ -132,10 +132,10 @@ impl CommandError {
     pub(crate) fn of_append(e: &AppendError) -> Option<(usize, CommandError)> {
         match e {
             AppendError::SequenceViolation { event_index, .. } => {
-                Some((*event_index, CommandError::SequenceViolation(e.to_string())))
+                Some((*event_index, CommandError::SequenceViolation(chain(e))))
             }
             AppendError::TooLarge { event_index, .. } | AppendError::Encode { event_index, .. } => {
-                Some((*event_index, CommandError::TooLarge(e.to_string())))
+                Some((*event_index, CommandError::TooLarge(chain(e))))
             }
             AppendError::UnknownRecord {
                 event_index,
@@ -183,9 +183,11 @@ pub enum ConfigError {
     #[error("{0} must be at least 1")]
     Zero(&'static str),
     /// The sequencer refused its parameters.
-    #[error("sequencer parameters: {0}")]
+    #[error("the sequencer refused its parameters")]
     Params(#[from] ParamsError),
     /// The high-water marks do not fit the partitions.
     #[error("high-water marks: {0}")]
     Marks(String),
 }
+
+pub(crate) use monoseq_kv::chain;

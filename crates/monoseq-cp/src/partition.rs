@@ -158,6 +158,31 @@ struct Accepted {
     outcome: Outcome,
 }
 
+/// The commands of one group being sequenced.
+struct Group {
+    /// Sequenced, with their events in the same order.
+    accepted: Vec<Accepted>,
+    events: Vec<Event>,
+    /// Per key hash, the index in `accepted` of the group's command with that key.
+    in_group: HashMap<u64, usize>,
+    /// Commands repeating a key of this group: they wait for its first command's answer.
+    followers: Vec<(Job, usize)>,
+    /// Retries of events above the mark, answered once the mark covers them.
+    replays: Vec<(Job, Outcome, Mark)>,
+}
+
+impl Group {
+    fn with_capacity(jobs: usize) -> Group {
+        Group {
+            accepted: Vec::with_capacity(jobs),
+            events: Vec::with_capacity(jobs),
+            in_group: HashMap::new(),
+            followers: Vec::new(),
+            replays: Vec::new(),
+        }
+    }
+}
+
 impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
     pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Job>) {
         if !self.start(&mut rx).await {
@@ -709,7 +734,7 @@ pub(crate) fn read_keys<S: KvStore + Clone>(
         Ok(())
     };
     let above = read(from.max(floor + 1), to);
-    let result = below.and(above).map_err(|e| e.to_string());
+    let result = below.and(above).map_err(|e| monoseq_kv::chain(&e));
     (keys, result)
 }
 
@@ -747,13 +772,16 @@ impl<S: KvStore + Clone> Writer<S> {
             monoseq_core::PLogOffset(end + 1),
             &mut |e: Event| tail.push(e),
         );
-        read.map_err(|e| e.to_string())?;
+        read.map_err(|e| monoseq_kv::chain(&e))?;
         let mut mark = group_mark(self.mark, &tail);
         mark.plog = mark.plog.max(end);
         if let Some(marks) = &self.marks {
-            marks
-                .raise(self.partition.0, &mark)
-                .map_err(|e| format!("raising the high-water mark failed: {e}"))?;
+            marks.raise(self.partition.0, &mark).map_err(|e| {
+                format!(
+                    "raising the high-water mark failed: {}",
+                    crate::error::chain(&e)
+                )
+            })?;
         }
         self.mark = mark;
         let mut acked = self.acked.lock().unwrap_or_else(|e| e.into_inner());
@@ -782,54 +810,18 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        let mut accepted: Vec<Accepted> = Vec::with_capacity(jobs.len());
-        let mut events: Vec<Event> = Vec::with_capacity(jobs.len());
-        // Commands repeating a key of this group wait for its first command's answer.
-        let mut in_group: HashMap<u64, usize> = HashMap::new();
-        let mut followers: Vec<(Job, usize)> = Vec::new();
-        // Retries of events above the mark, answered once the mark covers them.
-        let mut replays: Vec<(Job, Outcome, Mark)> = Vec::new();
+        let mut group = Group::with_capacity(jobs.len());
         for job in jobs {
-            if let Some((key, fingerprint)) = &job.key {
-                let hash = key.hash_in(job.plan.ws.0);
-                if let Some(&i) = in_group.get(&hash) {
-                    let same = matches!(&accepted[i].job.key, Some((_, f)) if f == fingerprint);
-                    if same {
-                        followers.push((job, i));
-                    } else {
-                        let e = key_reused(key);
-                        answer(&self.counters, job, Err(e));
-                    }
-                    continue;
-                }
-                match self.replay(key, hash, job.plan.ws, *fingerprint) {
-                    // An event above the mark (its first answer was lost): the mark must
-                    // cover it before it is acknowledged.
-                    Some(Ok((outcome, m))) if !self.mark.covers(&m) => {
-                        replays.push((job, outcome, m));
-                        continue;
-                    }
-                    Some(result) => {
-                        answer(&self.counters, job, result.map(|(outcome, _)| outcome));
-                        continue;
-                    }
-                    None => {}
-                }
-            }
-            match self.sequence(&job, now_ms) {
-                Ok((event, outcome)) => {
-                    if let Some((key, _)) = &job.key {
-                        let hash = key.hash_in(job.plan.ws.0);
-                        self.window.insert(hash, outcome.plog_offset);
-                        in_group.insert(hash, accepted.len());
-                    }
-                    events.push(event);
-                    accepted.push(Accepted { job, outcome });
-                }
-                Err(e) => answer(&self.counters, job, Err(e)),
-            }
+            self.take_job(job, now_ms, &mut group);
         }
         self.report_cache();
+        let Group {
+            accepted,
+            events,
+            followers,
+            replays,
+            ..
+        } = group;
         let replayed = replays.iter().fold(self.mark, |m, r| m.max(&r.2));
         if accepted.is_empty() {
             if !replays.is_empty() {
@@ -841,21 +833,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         let mark = group_mark(replayed, &events);
         match self.write(events, mark, rt) {
             Ok(()) => {
-                self.seq.mark_durable();
-                self.mark = mark;
-                *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = mark;
-                self.counters.groups.fetch_add(1, Ordering::Relaxed);
-                for (job, outcome, _) in replays {
-                    answer(&self.counters, job, Ok(outcome));
-                }
-                for (job, i) in followers {
-                    let mut outcome = accepted[i].outcome.clone();
-                    outcome.replayed = true;
-                    answer(&self.counters, job, Ok(outcome));
-                }
-                for a in accepted {
-                    answer(&self.counters, a.job, Ok(a.outcome));
-                }
+                self.written_group(mark, accepted, followers, replays);
                 Vec::new()
             }
             Err(e) => {
@@ -865,6 +843,76 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 }
                 self.failed_group(&e, accepted, followers)
             }
+        }
+    }
+
+    /// Takes one command into the group: answers it at once (a refusal, or a retry of an event
+    /// the mark covers), makes it follow the command of the group with its key, keeps it as a
+    /// retry to answer once the mark covers its event, or sequences it.
+    fn take_job(&mut self, job: Job, now_ms: u64, group: &mut Group) {
+        if let Some((key, fingerprint)) = &job.key {
+            let hash = key.hash_in(job.plan.ws.0);
+            if let Some(&i) = group.in_group.get(&hash) {
+                let same = matches!(&group.accepted[i].job.key, Some((_, f)) if f == fingerprint);
+                if same {
+                    group.followers.push((job, i));
+                } else {
+                    let e = key_reused(key);
+                    answer(&self.counters, job, Err(e));
+                }
+                return;
+            }
+            match self.replay(key, hash, job.plan.ws, *fingerprint) {
+                // An event above the mark (its first answer was lost): the mark must
+                // cover it before it is acknowledged.
+                Some(Ok((outcome, m))) if !self.mark.covers(&m) => {
+                    group.replays.push((job, outcome, m));
+                    return;
+                }
+                Some(result) => {
+                    answer(&self.counters, job, result.map(|(outcome, _)| outcome));
+                    return;
+                }
+                None => {}
+            }
+        }
+        match self.sequence(&job, now_ms) {
+            Ok((event, outcome)) => {
+                if let Some((key, _)) = &job.key {
+                    let hash = key.hash_in(job.plan.ws.0);
+                    self.window.insert(hash, outcome.plog_offset);
+                    group.in_group.insert(hash, group.accepted.len());
+                }
+                group.events.push(event);
+                group.accepted.push(Accepted { job, outcome });
+            }
+            Err(e) => answer(&self.counters, job, Err(e)),
+        }
+    }
+
+    /// The group's events are durable under `mark`: marks them durable in the sequencer and
+    /// answers every command of the group.
+    fn written_group(
+        &mut self,
+        mark: Mark,
+        accepted: Vec<Accepted>,
+        followers: Vec<(Job, usize)>,
+        replays: Vec<(Job, Outcome, Mark)>,
+    ) {
+        self.seq.mark_durable();
+        self.mark = mark;
+        *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = mark;
+        self.counters.groups.fetch_add(1, Ordering::Relaxed);
+        for (job, outcome, _) in replays {
+            answer(&self.counters, job, Ok(outcome));
+        }
+        for (job, i) in followers {
+            let mut outcome = accepted[i].outcome.clone();
+            outcome.replayed = true;
+            answer(&self.counters, job, Ok(outcome));
+        }
+        for a in accepted {
+            answer(&self.counters, a.job, Ok(a.outcome));
         }
     }
 
@@ -928,8 +976,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         if blamed.is_none() {
             tracing::warn!(
                 partition = self.partition.0,
-                "writing a group of {} commands failed: {e}",
-                accepted.len()
+                "writing a group of {} commands failed: {}",
+                accepted.len(),
+                crate::error::chain(e)
             );
         }
         let mut retry = Vec::new();
@@ -1049,10 +1098,10 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 });
             }
             Err(e) => {
-                self.failed = Some(e.to_string());
+                self.failed = Some(monoseq_kv::chain(&e));
                 return Err(CommandError::Unavailable {
                     partition: self.partition.0,
-                    reason: e.to_string(),
+                    reason: monoseq_kv::chain(&e),
                 });
             }
         };
@@ -1175,17 +1224,19 @@ pub(crate) fn read_error(e: &ReadError) -> CommandError {
     match e {
         ReadError::Corrupt { .. }
         | ReadError::Misplaced { .. }
-        | ReadError::Storage(KvError::Corrupted { .. }) => CommandError::Corrupted(e.to_string()),
-        _ => CommandError::Storage(e.to_string()),
+        | ReadError::Storage(KvError::Corrupted { .. }) => {
+            CommandError::Corrupted(crate::error::chain(e))
+        }
+        _ => CommandError::Storage(crate::error::chain(e)),
     }
 }
 
 fn storage_error(e: &AppendError) -> CommandError {
     match e {
         AppendError::CorruptRecord { .. } | AppendError::Storage(KvError::Corrupted { .. }) => {
-            CommandError::Corrupted(e.to_string())
+            CommandError::Corrupted(crate::error::chain(e))
         }
-        _ => CommandError::Storage(e.to_string()),
+        _ => CommandError::Storage(crate::error::chain(e)),
     }
 }
 

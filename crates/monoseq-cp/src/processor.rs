@@ -556,7 +556,9 @@ fn check_storable<S: KvStore + Clone>(
         }),
     };
     store.check_storable(&probe).map_err(|e| {
-        CommandError::TooLarge(e.to_string().replace("event 0 of the group", "the command"))
+        CommandError::TooLarge(
+            crate::error::chain(&e).replace("event 0 of the group", "the command"),
+        )
     })
 }
 
@@ -606,7 +608,9 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
     let retired = config.retired.get(p as usize).copied().unwrap_or_default();
     let params = sequencer_params(config, &retired)?;
     let stored = match &config.marks {
-        Some(m) => m.get(p).map_err(|e| ConfigError::Marks(e.to_string()))?,
+        Some(m) => m
+            .get(p)
+            .map_err(|e| ConfigError::Marks(monoseq_kv::chain(&e)))?,
         None => Mark::default(),
     };
     let mark = higher(stored, *acked.lock().unwrap_or_else(|e| e.into_inner()));

@@ -12,7 +12,7 @@ use crate::key::KeyBuf;
 #[non_exhaustive]
 pub enum KvError {
     /// An I/O call failed.
-    #[error("storage I/O failed while {context}: {source}; check the disk and retry")]
+    #[error("storage I/O failed while {context}; check the disk and retry")]
     Io {
         /// What the backend was doing.
         context: &'static str,
@@ -198,7 +198,7 @@ pub enum OpenError {
     #[error("invalid storage option: {0}")]
     InvalidOption(String),
     /// Opening or recovering failed.
-    #[error("cannot open the store at {}: {source}", path.display())]
+    #[error("cannot open the store at {}", path.display())]
     Storage {
         /// The data directory.
         path: PathBuf,
@@ -206,4 +206,19 @@ pub enum OpenError {
         #[source]
         source: KvError,
     },
+}
+
+/// An error and each of its causes, once each, joined by `": "` (the form of anyhow's `{:#}`):
+/// every layer's message says what it was doing, its source what failed. Where an error becomes
+/// text (a message field, an answer), this keeps the causes that `to_string` alone drops.
+#[must_use]
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }

@@ -36,7 +36,7 @@ mod redb_store;
 mod store;
 
 pub use batch::{BatchItem, Op, WriteBatch};
-pub use error::{CasError, KvError, OpenError, Oversized, WriteError};
+pub use error::{CasError, KvError, OpenError, Oversized, WriteError, chain};
 #[cfg(feature = "testing")]
 pub use faulty::{FaultOp, FaultyStore};
 #[cfg(feature = "fjall")]

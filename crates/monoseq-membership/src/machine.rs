@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::plan::assign;
-use crate::table::{LeaseTable, NodeRow, TableError, TableStatus};
+use crate::table::{LeaseRow, LeaseTable, NodeRow, TableError, TableStatus};
 
 /// Where a node is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -664,9 +664,49 @@ impl Membership {
         let Some((status, live)) = view else {
             return;
         };
+        let settle_until = self.settle_deadline(&status, &live, me, now);
+        let read = Read {
+            status: &status,
+            live: &live,
+            me,
+            sent,
+            settling: now < settle_until,
+        };
+        self.queue.retain(|c| !matches!(c, Call::Acquire { .. }));
+        let mut round = Round::default();
+        for p in 0..self.cfg.partitions {
+            let row = status.lease(p);
+            let target = a.target.get(p as usize).copied().flatten();
+            let target_name = target.and_then(|i| a.nodes.get(i));
+            round.moving |= is_moving(row.and_then(LeaseRow::live_owner), target_name, &live);
+            if target == Some(mine) {
+                self.take(p, row, &read, &mut round);
+            } else {
+                self.give_up(p, row, me, target_name);
+            }
+        }
+        self.next_poll = if read.settling {
+            Some(settle_until)
+        } else if round.expect_handoff || round.moving {
+            Some(now + self.cfg.handoff_poll_ms())
+        } else {
+            round
+                .expiry
+                .map(|e| e.max(now + self.cfg.handoff_poll_ms()))
+        };
+    }
+
+    /// Until when this member waits before taking partitions. Decided at the first plan: a
+    /// fresh cluster waits one renewal interval for the nodes started together to heartbeat,
+    /// so that none takes everything first.
+    fn settle_deadline(
+        &mut self,
+        status: &TableStatus,
+        live: &[String],
+        me: &str,
+        now: u64,
+    ) -> u64 {
         if self.settle_until.is_none() {
-            // A fresh cluster: wait one renewal interval for the nodes started together to
-            // heartbeat, so that none takes everything first.
             let others_hold = status.leases.iter().any(|l| {
                 l.live_owner()
                     .is_some_and(|o| o != me && live.iter().any(|n| n == o))
@@ -678,77 +718,52 @@ impl Membership {
                 claimed + self.cfg.renew_ms
             });
         }
-        let settle_until = self.settle_until.unwrap_or(0);
-        let settling = now < settle_until;
-        self.queue.retain(|c| !matches!(c, Call::Acquire { .. }));
-        let mut expect_handoff = false;
-        // A planned move is under way somewhere (a partition free, or held by a live node that
-        // is not its target): every node reads the table again soon, so that the ones
-        // forwarding commands learn the new owner within a poll interval rather than at their
-        // next round.
-        let mut moving = false;
-        let mut expiry: Option<u64> = None;
-        for p in 0..self.cfg.partitions {
-            let row = status.lease(p);
-            let owner = row.and_then(|r| r.live_owner());
-            let epoch = row.map_or(0, |r| r.epoch);
-            let target = a.target.get(p as usize).copied().flatten();
-            // Free, or held by a live node that is not its target: its target takes it soon.
-            // (Held by a dead node, it waits for the lease to expire instead.)
-            let target_name = target.and_then(|i| a.nodes.get(i));
-            moving |= target_name.is_some_and(|t| match owner {
-                None => true,
-                Some(o) => o != t && live.iter().any(|n| n == o),
-            });
-            if a.target.get(p as usize).copied().flatten() == Some(mine) {
-                if self.held.contains_key(&p) || self.went_back.contains(&p) {
-                    continue;
-                }
-                match owner {
-                    None if !settling => self.queue.push_back(Call::Acquire { partition: p }),
-                    Some(o) if o == me && !settling => {
-                        // Left by an earlier run of this name: taken back with a new epoch.
-                        self.push_release(p, epoch);
-                        self.queue.push_back(Call::Acquire { partition: p });
-                    }
-                    Some(o) if o != me => {
-                        let alive = live.iter().any(|n| n == o);
-                        if alive || status.node(o).is_none() {
-                            expect_handoff = true;
-                        } else {
-                            let expires_in = row.map_or(0, |r| r.expires_in_ms.max(0));
-                            let at = sent + expires_in.unsigned_abs() + 1;
-                            expiry = Some(expiry.map_or(at, |e| e.min(at)));
-                        }
-                    }
-                    _ => {}
-                }
-            } else if let Some(h) = self.held.get_mut(&p) {
-                if !h.draining {
-                    h.draining = true;
-                    let to = a
-                        .target
-                        .get(p as usize)
-                        .copied()
-                        .flatten()
-                        .and_then(|i| a.nodes.get(i).cloned());
-                    self.out.push_back(Action::Drain {
-                        partition: p,
-                        epoch: h.epoch,
-                        to,
-                    });
-                }
-            } else if owner == Some(me) {
-                self.push_release(p, epoch);
-            }
+        self.settle_until.unwrap_or(0)
+    }
+
+    /// Partition `p` (lease `row`) should be this node's: acquires it when free (or left by an
+    /// earlier run of this name), or notes when its holder should hand it over.
+    fn take(&mut self, p: u32, row: Option<&LeaseRow>, read: &Read<'_>, round: &mut Round) {
+        if self.held.contains_key(&p) || self.went_back.contains(&p) {
+            return;
         }
-        self.next_poll = if settling {
-            Some(settle_until)
-        } else if expect_handoff || moving {
-            Some(now + self.cfg.handoff_poll_ms())
-        } else {
-            expiry.map(|e| e.max(now + self.cfg.handoff_poll_ms()))
-        };
+        let epoch = row.map_or(0, |r| r.epoch);
+        match row.and_then(LeaseRow::live_owner) {
+            None if !read.settling => self.queue.push_back(Call::Acquire { partition: p }),
+            Some(o) if o == read.me && !read.settling => {
+                // Left by an earlier run of this name: taken back with a new epoch.
+                self.push_release(p, epoch);
+                self.queue.push_back(Call::Acquire { partition: p });
+            }
+            Some(o) if o != read.me => {
+                let alive = read.live.iter().any(|n| n == o);
+                if alive || read.status.node(o).is_none() {
+                    round.expect_handoff = true;
+                } else {
+                    let expires_in = row.map_or(0, |r| r.expires_in_ms.max(0));
+                    let at = read.sent + expires_in.unsigned_abs() + 1;
+                    round.expiry = Some(round.expiry.map_or(at, |e| e.min(at)));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Partition `p` (lease `row`) should be another node's (`to`): drains it if this node
+    /// serves it, releases a lease an earlier run of this name left.
+    fn give_up(&mut self, p: u32, row: Option<&LeaseRow>, me: &str, to: Option<&String>) {
+        if let Some(h) = self.held.get_mut(&p) {
+            if !h.draining {
+                h.draining = true;
+                self.out.push_back(Action::Drain {
+                    partition: p,
+                    epoch: h.epoch,
+                    to: to.cloned(),
+                });
+            }
+        } else if row.and_then(LeaseRow::live_owner) == Some(me) {
+            self.push_release(p, row.map_or(0, |r| r.epoch));
+        }
     }
 
     fn push_release(&mut self, partition: u32, epoch: u64) {
@@ -757,6 +772,41 @@ impl Membership {
             self.queue.push_back(call);
         }
     }
+}
+
+/// One read of the table, as the plan of this node sees it.
+struct Read<'a> {
+    status: &'a TableStatus,
+    live: &'a [String],
+    me: &'a str,
+    /// When the read was sent.
+    sent: u64,
+    /// This member still waits before taking partitions.
+    settling: bool,
+}
+
+/// What planning on one read found, for when to read again.
+#[derive(Default)]
+struct Round {
+    /// A partition this node should take is held by a live node (or one the table does not
+    /// know): it is awaited from its holder.
+    expect_handoff: bool,
+    /// A planned move is under way somewhere (a partition free, or held by a live node that is
+    /// not its target): every node reads the table again soon, so that the ones forwarding
+    /// commands learn the new owner within a poll interval rather than at their next round.
+    moving: bool,
+    /// When the first lease this node should take from a dead node expires.
+    expiry: Option<u64>,
+}
+
+/// Whether a partition whose live owner is `owner` moves soon to its `target`: free, or held
+/// by a live node that is not its target. (Held by a dead node, it waits for the lease to
+/// expire instead.)
+fn is_moving(owner: Option<&str>, target: Option<&String>, live: &[String]) -> bool {
+    target.is_some_and(|t| match owner {
+        None => true,
+        Some(o) => o != t && live.iter().any(|n| n == o),
+    })
 }
 
 #[cfg(test)]

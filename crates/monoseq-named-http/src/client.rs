@@ -14,6 +14,13 @@ use monoseq_named::{
 /// Time a request may take beyond the operation's own timeout.
 pub const CLIENT_GRACE: Duration = Duration::from_secs(2);
 
+/// Longest opening a connection may take, for a client this crate builds.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Time the server may take for an operation without a timeout of its own (`get`, `get_data`,
+/// `exists`, `delete`); the request may take [`CLIENT_GRACE`] beyond it.
+const PLAIN_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A request through [`Client`] failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -30,7 +37,7 @@ pub enum ClientError {
     },
     /// The request did not get an answer (connection refused, timeout, …); an operation that
     /// writes may or may not have happened.
-    #[error("no answer from the sequence server: {0}; check that it runs and is reachable")]
+    #[error("no answer from the sequence server; check that it runs and is reachable")]
     Transport(#[source] reqwest::Error),
     /// The answer is not what the API documents.
     #[error("unexpected answer from the sequence server: {0}")]
@@ -112,7 +119,7 @@ impl Client {
 
     fn build(base_url: &str, headers: reqwest::header::HeaderMap) -> Result<Client, ClientError> {
         let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
+            .connect_timeout(CONNECT_TIMEOUT)
             .default_headers(headers)
             .build()
             .map_err(ClientError::Transport)?;
@@ -240,7 +247,7 @@ impl Client {
     /// As [`Client::next`].
     pub async fn get(&self, address: &Address) -> Result<Option<u64>, ClientError> {
         let request = self.http.get(self.url(address, Some("value")));
-        let answer = self.call(request, None, Duration::from_secs(10)).await?;
+        let answer = self.call(request, None, PLAIN_OPERATION_TIMEOUT).await?;
         Client::field_u64(answer, "value")
     }
 
@@ -251,7 +258,7 @@ impl Client {
     /// As [`Client::next`].
     pub async fn get_data(&self, address: &Address) -> Result<Option<SequenceData>, ClientError> {
         let request = self.http.get(self.url(address, Some("data")));
-        match self.call(request, None, Duration::from_secs(10)).await {
+        match self.call(request, None, PLAIN_OPERATION_TIMEOUT).await {
             Ok(answer) => serde_json::from_value(answer.unwrap_or_default())
                 .map(Some)
                 .map_err(|e| ClientError::Protocol(e.to_string())),
@@ -269,7 +276,7 @@ impl Client {
     /// As [`Client::next`].
     pub async fn exists(&self, address: &Address) -> Result<bool, ClientError> {
         let request = self.http.get(self.url(address, Some("exists")));
-        let answer = self.call(request, None, Duration::from_secs(10)).await?;
+        let answer = self.call(request, None, PLAIN_OPERATION_TIMEOUT).await?;
         answer
             .as_ref()
             .and_then(|v| v.get("exists"))
@@ -310,7 +317,7 @@ impl Client {
     /// As [`Client::next`].
     pub async fn delete(&self, address: &Address) -> Result<(), ClientError> {
         let request = self.http.delete(self.url(address, None));
-        self.call(request, None, Duration::from_secs(10)).await?;
+        self.call(request, None, PLAIN_OPERATION_TIMEOUT).await?;
         Ok(())
     }
 }

@@ -293,14 +293,11 @@ impl Sequences {
                 max: VALUE_MAX,
             });
         }
-        if let Some(metadata) = &options.metadata {
-            let len = metadata_len(metadata);
-            if len > METADATA_BYTES_MAX {
-                return Err(NextError::MetadataTooLarge {
-                    len,
-                    max: METADATA_BYTES_MAX,
-                });
-            }
+        if let Some(len) = oversized_metadata(options.metadata.as_ref()) {
+            return Err(NextError::MetadataTooLarge {
+                len,
+                max: METADATA_BYTES_MAX,
+            });
         }
         let started = Instant::now();
         let (reply, answer) = oneshot::channel();
@@ -432,18 +429,14 @@ impl Sequences {
                 max: VALUE_MAX,
             });
         }
-        if let Some(metadata) = &options.metadata {
-            let len = metadata_len(metadata);
-            if len > METADATA_BYTES_MAX {
-                return Err(SetError::MetadataTooLarge {
-                    len,
-                    max: METADATA_BYTES_MAX,
-                });
-            }
+        if let Some(len) = oversized_metadata(options.metadata.as_ref()) {
+            return Err(SetError::MetadataTooLarge {
+                len,
+                max: METADATA_BYTES_MAX,
+            });
         }
         let started = Instant::now();
         let deadline = started + options.timeout;
-        let backend = &self.inner.backend;
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -452,50 +445,56 @@ impl Sequences {
                 attempts,
                 waited: started.elapsed(),
             };
-            let loaded = tokio::time::timeout_at(deadline, backend.load(address.key()))
-                .await
-                .map_err(|_| busy())??;
-            let now = now_ms();
-            let (data, written) = match loaded {
-                None => {
-                    let data = SequenceData {
-                        name: address.name().to_owned(),
-                        value,
-                        created_at_ms: now,
-                        updated_at_ms: now,
-                        revision: 1,
-                        metadata: options.metadata.clone().unwrap_or_default(),
-                    };
-                    let write = backend.create(address.key(), data.encode());
-                    (data, tokio::time::timeout_at(deadline, write).await)
-                }
-                Some(Object { bytes, version }) => {
-                    let old = SequenceData::decode(&bytes, address.name()).map_err(|reason| {
-                        SetError::InvalidStored {
-                            key: address.key().to_owned(),
-                            reason,
-                        }
-                    })?;
-                    let data = SequenceData {
-                        value,
-                        updated_at_ms: now.max(old.created_at_ms),
-                        revision: old.revision + 1,
-                        metadata: options.metadata.clone().unwrap_or(old.metadata),
-                        ..old
-                    };
-                    let write = backend.replace(address.key(), &version, data.encode());
-                    (data, tokio::time::timeout_at(deadline, write).await)
-                }
-            };
-            match written.map_err(|_| busy())? {
-                Ok(_) => return Ok(data),
-                Err(WriteFailure::Storage(e)) => return Err(e.into()),
-                Err(WriteFailure::Conflict) => {
-                    if !backoff(attempts, deadline).await {
-                        return Err(busy());
-                    }
-                }
+            if let Some(data) = self
+                .reset_once(address, value, options, deadline, &busy)
+                .await?
+            {
+                return Ok(data);
             }
+            if !backoff(attempts, deadline).await {
+                return Err(busy());
+            }
+        }
+    }
+
+    /// One read and conditional write of [`Sequences::reset`]: the sequence written, or `None`
+    /// when another writer won the race. `busy` is the error of running out of time.
+    async fn reset_once(
+        &self,
+        address: &Address,
+        value: u64,
+        options: &SetOptions,
+        deadline: Instant,
+        busy: impl Fn() -> SetError,
+    ) -> Result<Option<SequenceData>, SetError> {
+        let backend = &self.inner.backend;
+        let loaded = tokio::time::timeout_at(deadline, backend.load(address.key()))
+            .await
+            .map_err(|_| busy())??;
+        let now = now_ms();
+        let metadata = options.metadata.clone();
+        let (data, written) = match loaded {
+            None => {
+                let data = created(address, value, metadata, now);
+                let write = backend.create(address.key(), data.encode());
+                (data, tokio::time::timeout_at(deadline, write).await)
+            }
+            Some(Object { bytes, version }) => {
+                let old = SequenceData::decode(&bytes, address.name()).map_err(|reason| {
+                    SetError::InvalidStored {
+                        key: address.key().to_owned(),
+                        reason,
+                    }
+                })?;
+                let data = rewritten(old, value, metadata, now);
+                let write = backend.replace(address.key(), &version, data.encode());
+                (data, tokio::time::timeout_at(deadline, write).await)
+            }
+        };
+        match written.map_err(|_| busy())? {
+            Ok(_) => Ok(Some(data)),
+            Err(WriteFailure::Storage(e)) => Err(e.into()),
+            Err(WriteFailure::Conflict) => Ok(None),
         }
     }
 
@@ -521,6 +520,37 @@ impl Sequences {
     /// [`DeleteError::Storage`].
     pub async fn delete(&self, address: &Address) -> Result<(), DeleteError> {
         Ok(self.inner.backend.remove(address.key()).await?)
+    }
+}
+
+/// The length of `metadata` when it is over [`METADATA_BYTES_MAX`].
+fn oversized_metadata(metadata: Option<&Metadata>) -> Option<usize> {
+    metadata
+        .map(metadata_len)
+        .filter(|&len| len > METADATA_BYTES_MAX)
+}
+
+/// A new sequence at `address` holding `value`, written at `now` (Unix milliseconds).
+fn created(address: &Address, value: u64, metadata: Option<Metadata>, now: u64) -> SequenceData {
+    SequenceData {
+        name: address.name().to_owned(),
+        value,
+        created_at_ms: now,
+        updated_at_ms: now,
+        revision: 1,
+        metadata: metadata.unwrap_or_default(),
+    }
+}
+
+/// Stored sequence `old` holding `value` in its next revision, written at `now` (Unix
+/// milliseconds); its metadata stays unless `metadata` replaces it.
+fn rewritten(old: SequenceData, value: u64, metadata: Option<Metadata>, now: u64) -> SequenceData {
+    SequenceData {
+        value,
+        updated_at_ms: now.max(old.created_at_ms),
+        revision: old.revision + 1,
+        metadata: metadata.unwrap_or(old.metadata),
+        ..old
     }
 }
 
@@ -749,27 +779,8 @@ async fn attempt(
     let metadata = batch[0].metadata.clone();
     let now = now_ms();
     let (data, expected) = match (old, version) {
-        (Some(old), Some(version)) => {
-            let data = SequenceData {
-                value: end,
-                updated_at_ms: now.max(old.created_at_ms),
-                revision: old.revision + 1,
-                metadata: metadata.unwrap_or(old.metadata),
-                ..old
-            };
-            (data, Some(version))
-        }
-        _ => {
-            let data = SequenceData {
-                name: address.name().to_owned(),
-                value: end,
-                created_at_ms: now,
-                updated_at_ms: now,
-                revision: 1,
-                metadata: metadata.unwrap_or_default(),
-            };
-            (data, None)
-        }
+        (Some(old), Some(version)) => (rewritten(old, end, metadata, now), Some(version)),
+        _ => (created(address, end, metadata, now), None),
     };
     let write = ConditionalWrite {
         key: address.key().to_owned(),

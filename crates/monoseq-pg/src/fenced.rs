@@ -66,7 +66,10 @@ impl Fence {
 
     /// The fence check, prepared (or found in the connection's cache).
     pub(crate) async fn statement(&self, inner: &Inner, conn: &Conn) -> Result<Statement, Failure> {
-        Ok(conn.client()?.prepare_cached(&inner.sql.fence).await?)
+        Ok(conn
+            .client()?
+            .prepare_cached(&inner.sql.leases.fence)
+            .await?)
     }
 
     /// Runs the check inside the caller's open transaction: `Ok(true)` when the lease still

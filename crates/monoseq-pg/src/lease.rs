@@ -170,7 +170,7 @@ pub(crate) async fn holder(
 ) -> Result<Option<(i64, Option<String>)>, Failure> {
     let conn = inner.conn().await?;
     let client = conn.client()?;
-    let statement = client.prepare_cached(&inner.sql.lease_holder).await?;
+    let statement = client.prepare_cached(&inner.sql.leases.holder).await?;
     let row = client.query_opt(&statement, &[&partition]).await?;
     let holder = match row {
         Some(row) => Some((row.try_get(0)?, row.try_get(1)?)),
@@ -198,8 +198,8 @@ async fn status(inner: &Inner) -> Result<ClusterStatus, Failure> {
     let conn = inner.conn().await?;
     let client = conn.client()?;
     let sql = &inner.sql;
-    let lease_statement = client.prepare_cached(&sql.lease_status).await?;
-    let node_statement = client.prepare_cached(&sql.node_status).await?;
+    let lease_statement = client.prepare_cached(&sql.leases.status).await?;
+    let node_statement = client.prepare_cached(&sql.nodes.status).await?;
     // One snapshot for both reads, and one `now()`.
     let (begin, lease_rows, node_rows, commit) = join4(
         client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
@@ -267,7 +267,7 @@ impl Leases {
             )));
         }
         let count = i32::try_from(partitions).unwrap_or(i32::MAX);
-        let text = &self.core.inner.sql.lease_ensure;
+        let text = &self.core.inner.sql.leases.ensure;
         self.run(
             "creating partition leases",
             query(&self.core.inner, text, &[&count]),
@@ -291,7 +291,7 @@ impl Leases {
         stale: Duration,
     ) -> Result<bool, KvError> {
         let stale_ms = i64::try_from(stale.as_millis()).unwrap_or(i64::MAX);
-        let text = &self.core.inner.sql.node_heartbeat;
+        let text = &self.core.inner.sql.nodes.heartbeat;
         self.run("recording a node's heartbeat", async {
             let rows = query(
                 &self.core.inner,
@@ -310,7 +310,7 @@ impl Leases {
     ///
     /// A storage error when the database fails.
     pub fn leave(&self, node_id: &str, run_id: &str) -> Result<(), KvError> {
-        let text = &self.core.inner.sql.node_leave;
+        let text = &self.core.inner.sql.nodes.leave;
         self.run(
             "removing a node from the registry",
             query(&self.core.inner, text, &[&node_id, &run_id]),
@@ -341,7 +341,7 @@ impl Leases {
         lease: Duration,
     ) -> Result<Option<u64>, KvError> {
         let (partition, ms) = (partition_param(partition)?, lease_param(lease)?);
-        let text = &self.core.inner.sql.lease_acquire;
+        let text = &self.core.inner.sql.leases.acquire;
         self.run("acquiring a partition lease", async {
             let rows = query(&self.core.inner, text, &[&partition, &node_id, &ms]).await?;
             match rows.first() {
@@ -379,7 +379,7 @@ impl Leases {
             // No lease has an epoch past i64::MAX: such a pair is simply not renewed.
             epochs.push(i64::try_from(epoch).unwrap_or(-1));
         }
-        let text = &self.core.inner.sql.lease_renew;
+        let text = &self.core.inner.sql.leases.renew;
         self.run("renewing partition leases", async {
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                 [&node_id, &partitions, &epochs, &ms];
@@ -410,7 +410,7 @@ impl Leases {
         let Ok(epoch) = i64::try_from(epoch) else {
             return Ok(false);
         };
-        let text = &self.core.inner.sql.lease_release;
+        let text = &self.core.inner.sql.leases.release;
         self.run("releasing a partition lease", async {
             let conn = self.core.inner.conn().await?;
             let client = conn.client()?;

@@ -70,12 +70,48 @@ async fn migrate_once(
     result
 }
 
+/// Creates the schema and meta table when missing, then brings the tables to
+/// [`SCHEMA_VERSION`] from the version recorded there; refuses a version this build does not
+/// read.
 async fn versioned(
     conn: &Conn,
     sql: &Sql,
     schema: &str,
     location: &str,
 ) -> Result<Result<(), OpenError>, Failure> {
+    ensure_schema(conn, sql, schema).await?;
+    let client = conn.client()?;
+    let row = client
+        .query_opt(&sql.schema.read_version, &[&VERSION_ROW])
+        .await?;
+    let found: Option<i64> = row.map(|r| r.try_get(0)).transpose()?;
+    match found {
+        Some(version) if version == SCHEMA_VERSION => {}
+        Some(SCHEMA_VERSION_KV_ONLY) => {
+            create_lease_tables(conn, sql).await?;
+            write_version(conn, sql).await?;
+        }
+        Some(SCHEMA_VERSION_NO_RUN_ID) => {
+            client.batch_execute(&sql.schema.add_run_id).await?;
+            client.batch_execute(&sql.schema.add_writes).await?;
+            write_version(conn, sql).await?;
+        }
+        Some(SCHEMA_VERSION_NO_WRITES) => {
+            client.batch_execute(&sql.schema.add_writes).await?;
+            write_version(conn, sql).await?;
+        }
+        Some(version) => return Ok(Err(unreadable_version(version, location))),
+        None => {
+            client.batch_execute(&sql.schema.create_kv).await?;
+            create_lease_tables(conn, sql).await?;
+            write_version(conn, sql).await?;
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// Creates the schema (only when it is missing) and the meta table.
+async fn ensure_schema(conn: &Conn, sql: &Sql, schema: &str) -> Result<(), Failure> {
     let client = conn.client()?;
     // CREATE SCHEMA needs the CREATE privilege on the database even when the schema exists:
     // only ask for it when it is missing.
@@ -87,69 +123,46 @@ async fn versioned(
         .await?
         .is_some();
     if !exists {
-        client.batch_execute(&sql.create_schema).await?;
+        client.batch_execute(&sql.schema.create_schema).await?;
     }
-    client.batch_execute(&sql.create_meta).await?;
-    let row = client.query_opt(&sql.read_version, &[&VERSION_ROW]).await?;
-    let found: Option<i64> = row.map(|r| r.try_get(0)).transpose()?;
-    match found {
-        Some(version) if version == SCHEMA_VERSION => {}
-        Some(SCHEMA_VERSION_KV_ONLY) => {
-            create_lease_tables(conn, sql).await?;
-            write_version(conn, sql).await?;
+    client.batch_execute(&sql.schema.create_meta).await?;
+    Ok(())
+}
+
+/// The refusal of a recorded schema `version` that no migration starts from: one a newer build
+/// wrote, or one no build wrote.
+fn unreadable_version(version: i64, location: &str) -> OpenError {
+    let source = if version > SCHEMA_VERSION {
+        KvError::Backend {
+            message: format!(
+                "the database holds monoseq schema version {version}, newer than version \
+                 {SCHEMA_VERSION} that this build reads; open it with the newer monoseq build \
+                 that wrote it (downgrades are not supported)"
+            ),
+            source: None,
         }
-        Some(SCHEMA_VERSION_NO_RUN_ID) => {
-            client.batch_execute(&sql.add_run_id).await?;
-            client.batch_execute(&sql.add_writes).await?;
-            write_version(conn, sql).await?;
+    } else {
+        KvError::Corrupted {
+            message: format!(
+                "the meta table records schema version {version}, which no monoseq build wrote \
+                 (the first is {SCHEMA_VERSION_KV_ONLY}); the schema was changed by something \
+                 else"
+            ),
         }
-        Some(SCHEMA_VERSION_NO_WRITES) => {
-            client.batch_execute(&sql.add_writes).await?;
-            write_version(conn, sql).await?;
-        }
-        Some(version) if version > SCHEMA_VERSION => {
-            return Ok(Err(storage_open_error(
-                location,
-                KvError::Backend {
-                    message: format!(
-                        "the database holds monoseq schema version {version}, newer than \
-                         version {SCHEMA_VERSION} that this build reads; open it with the newer \
-                         monoseq build that wrote it (downgrades are not supported)"
-                    ),
-                    source: None,
-                },
-            )));
-        }
-        Some(version) => {
-            return Ok(Err(storage_open_error(
-                location,
-                KvError::Corrupted {
-                    message: format!(
-                        "the meta table records schema version {version}, which no monoseq \
-                         build wrote (the first is 1); the schema was changed by something else"
-                    ),
-                },
-            )));
-        }
-        None => {
-            client.batch_execute(&sql.create_kv).await?;
-            create_lease_tables(conn, sql).await?;
-            write_version(conn, sql).await?;
-        }
-    }
-    Ok(Ok(()))
+    };
+    storage_open_error(location, source)
 }
 
 async fn create_lease_tables(conn: &Conn, sql: &Sql) -> Result<(), Failure> {
     let client = conn.client()?;
-    client.batch_execute(&sql.create_leases).await?;
-    client.batch_execute(&sql.create_nodes).await?;
+    client.batch_execute(&sql.schema.create_leases).await?;
+    client.batch_execute(&sql.schema.create_nodes).await?;
     Ok(())
 }
 
 async fn write_version(conn: &Conn, sql: &Sql) -> Result<(), Failure> {
     conn.client()?
-        .execute(&sql.write_version, &[&VERSION_ROW, &SCHEMA_VERSION])
+        .execute(&sql.schema.write_version, &[&VERSION_ROW, &SCHEMA_VERSION])
         .await?;
     Ok(())
 }

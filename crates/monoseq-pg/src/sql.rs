@@ -30,16 +30,40 @@ pub(crate) const SCHEMA_VERSION_KV_ONLY: i64 = 1;
 /// Name of the row of the meta table that holds the schema version.
 pub(crate) const VERSION_ROW: &str = "schema_version";
 
-/// Statement texts of one store (one schema).
+/// Statement texts of one store (one schema), by table.
 #[derive(Debug)]
 pub(crate) struct Sql {
+    /// Creating and migrating the tables, and the schema version.
+    pub(crate) schema: SchemaSql,
+    /// The key-value table.
+    pub(crate) kv: KvSql,
+    /// The lease table.
+    pub(crate) leases: LeaseSql,
+    /// The node table.
+    pub(crate) nodes: NodeSql,
+    /// Scans by `[lower][upper][descending]`, lower and upper as [`bound_index`] gives them.
+    scans: [[[String; 2]; 3]; 3],
+}
+
+/// Statements that create and migrate the tables and keep the schema version.
+#[derive(Debug)]
+pub(crate) struct SchemaSql {
     pub(crate) create_schema: String,
     pub(crate) create_meta: String,
     pub(crate) create_kv: String,
     pub(crate) create_leases: String,
     pub(crate) create_nodes: String,
+    /// Adds `run_id` to a node table of schema version 2.
+    pub(crate) add_run_id: String,
+    /// Adds `writes` to a lease table of schema version 3 or older.
+    pub(crate) add_writes: String,
     pub(crate) read_version: String,
     pub(crate) write_version: String,
+}
+
+/// Statements on the key-value table.
+#[derive(Debug)]
+pub(crate) struct KvSql {
     pub(crate) get: String,
     pub(crate) get_many: String,
     /// Inserts rows whose keys must be absent: a present one fails the statement (23505).
@@ -52,34 +76,38 @@ pub(crate) struct Sql {
     pub(crate) cas_delete: String,
     /// Inserts one key where absent (compare-and-swap from absence).
     pub(crate) cas_insert: String,
+}
+
+/// Statements on the lease table.
+#[derive(Debug)]
+pub(crate) struct LeaseSql {
     /// Divides by zero unless the lease of partition $1 has epoch $2 and counts at least $3
     /// writes; counts this write, locking the row to the commit; answers the new count.
     pub(crate) fence: String,
     /// The epoch and node of a lease.
-    pub(crate) lease_holder: String,
+    pub(crate) holder: String,
     /// Creates the free lease rows of partitions 0..$1.
-    pub(crate) lease_ensure: String,
+    pub(crate) ensure: String,
     /// Takes lease $1 for node $2 for $3 ms when it is free or expired; returns its new epoch.
-    pub(crate) lease_acquire: String,
+    pub(crate) acquire: String,
     /// Extends for $4 ms the leases of node $1 among partitions $2 with epochs $3; returns the
     /// partitions extended.
-    pub(crate) lease_renew: String,
+    pub(crate) renew: String,
     /// Frees lease $1 when node $2 holds it with epoch $3.
-    pub(crate) lease_release: String,
+    pub(crate) release: String,
     /// Every lease: partition, epoch, node, milliseconds to expiry by the database's clock.
-    pub(crate) lease_status: String,
-    /// Adds `run_id` to a node table of schema version 2.
-    pub(crate) add_run_id: String,
-    /// Adds `writes` to a lease table of schema version 3 or older.
-    pub(crate) add_writes: String,
+    pub(crate) status: String,
+}
+
+/// Statements on the node table.
+#[derive(Debug)]
+pub(crate) struct NodeSql {
     /// Records node $1 at URL $2 as run $3 seen now, if the name is new, run $3's, or last
     /// seen at least $4 ms ago; returns a row when it did.
-    pub(crate) node_heartbeat: String,
-    pub(crate) node_leave: String,
+    pub(crate) heartbeat: String,
+    pub(crate) leave: String,
     /// Every node: id, URL, milliseconds since its last heartbeat by the database's clock.
-    pub(crate) node_status: String,
-    /// Scans by `[lower][upper][descending]`, lower and upper as [`bound_index`] gives them.
-    scans: [[[String; 2]; 3]; 3],
+    pub(crate) status: String,
 }
 
 /// 0 unbounded, 1 included, 2 excluded.
@@ -91,21 +119,72 @@ fn bound_index<T>(bound: &Bound<T>) -> usize {
     }
 }
 
+/// Milliseconds from the database's clock to the timestamp in `column` (negative when it is
+/// past).
+fn ms_until(column: &str) -> String {
+    format!("CAST(floor(extract(epoch FROM ({column} - now())) * 1000) AS bigint)")
+}
+
+/// The qualified names of a store's tables.
+struct Tables {
+    kv: String,
+    meta: String,
+    leases: String,
+    nodes: String,
+}
+
+impl Tables {
+    fn new(schema: &str) -> Tables {
+        Tables {
+            kv: format!("{schema}.monoseq_kv"),
+            meta: format!("{schema}.monoseq_meta"),
+            leases: format!("{schema}.monoseq_leases"),
+            nodes: format!("{schema}.monoseq_nodes"),
+        }
+    }
+}
+
 impl Sql {
     /// The statements of a store whose tables live in `schema` (a plain identifier, checked
     /// by the options).
     pub(crate) fn new(schema: &str) -> Sql {
-        let kv = format!("{schema}.monoseq_kv");
-        let meta = format!("{schema}.monoseq_meta");
-        let leases = format!("{schema}.monoseq_leases");
-        let nodes = format!("{schema}.monoseq_nodes");
-        // Milliseconds from the database's clock to a timestamp (negative when it is past).
-        let ms_until = |column: &str| {
-            format!("CAST(floor(extract(epoch FROM ({column} - now())) * 1000) AS bigint)")
-        };
-        let keys = "unnest($1::bytea[], $2::bytea[])";
-        let rows = "unnest($1::bytea[], $2::bytea[], $3::bytea[])";
+        let tables = Tables::new(schema);
+        let kv = &tables.kv;
         Sql {
+            schema: SchemaSql::new(schema, &tables),
+            kv: KvSql::new(kv),
+            leases: LeaseSql::new(&tables.leases),
+            nodes: NodeSql::new(&tables.nodes),
+            scans: std::array::from_fn(|lower| {
+                std::array::from_fn(|upper| {
+                    std::array::from_fn(|descending| scan_sql(kv, lower, upper, descending == 1))
+                })
+            }),
+        }
+    }
+
+    /// The scan statement for these bounds and order. Its parameters: the partition, then the
+    /// lower bound's clustering if bounded, then the upper's if bounded, then the row limit.
+    pub(crate) fn scan<T>(&self, lower: &Bound<T>, upper: &Bound<T>, order: Order) -> &str {
+        let [l, u] = [bound_index(lower), bound_index(upper)];
+        let descending = usize::from(order == Order::Descending);
+        self.scans
+            .get(l)
+            .and_then(|s| s.get(u))
+            .and_then(|s| s.get(descending))
+            .map_or("", String::as_str)
+    }
+}
+
+impl SchemaSql {
+    fn new(schema: &str, tables: &Tables) -> SchemaSql {
+        let Tables {
+            kv,
+            meta,
+            leases,
+            nodes,
+        } = tables;
+        SchemaSql {
             create_schema: format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
             create_meta: format!(
                 "CREATE TABLE IF NOT EXISTS {meta} (name text PRIMARY KEY, value bigint NOT NULL)"
@@ -129,52 +208,20 @@ impl Sql {
             add_writes: format!(
                 "ALTER TABLE {leases} ADD COLUMN IF NOT EXISTS writes bigint NOT NULL DEFAULT 0"
             ),
-            fence: format!(
-                "WITH held AS (UPDATE {leases} SET writes = writes + 1 WHERE partition = $1 AND \
-                 epoch = $2 AND writes >= $3 RETURNING writes) SELECT 1 / count(*), max(writes) \
-                 FROM held"
-            ),
-            lease_holder: format!("SELECT epoch, node_id FROM {leases} WHERE partition = $1"),
-            lease_ensure: format!(
-                "INSERT INTO {leases} (partition, epoch, node_id, expires_at) SELECT p, 0, NULL, \
-                 now() FROM generate_series(0, $1::integer - 1) AS p ORDER BY p ON CONFLICT \
-                 (partition) DO NOTHING"
-            ),
-            lease_acquire: format!(
-                "UPDATE {leases} SET epoch = epoch + 1, node_id = $2, expires_at = now() + \
-                 $3::bigint * interval '1 millisecond' WHERE partition = $1 AND (node_id IS NULL \
-                 OR expires_at <= now()) RETURNING epoch"
-            ),
-            lease_renew: format!(
-                "UPDATE {leases} SET expires_at = now() + $4::bigint * interval '1 millisecond' \
-                 WHERE node_id = $1 AND (partition, epoch) IN (SELECT * FROM \
-                 unnest($2::integer[], $3::bigint[])) RETURNING partition"
-            ),
-            lease_release: format!(
-                "UPDATE {leases} SET node_id = NULL, expires_at = now() WHERE partition = $1 AND \
-                 node_id = $2 AND epoch = $3"
-            ),
-            lease_status: format!(
-                "SELECT partition, epoch, node_id, {} FROM {leases} ORDER BY partition",
-                ms_until("expires_at")
-            ),
-            node_heartbeat: format!(
-                "INSERT INTO {nodes} (node_id, url, seen_at, run_id) VALUES ($1, $2, now(), $3) \
-                 ON CONFLICT (node_id) DO UPDATE SET url = EXCLUDED.url, seen_at = \
-                 EXCLUDED.seen_at, run_id = EXCLUDED.run_id WHERE {nodes}.run_id = \
-                 EXCLUDED.run_id OR {nodes}.seen_at <= now() - $4::bigint * interval '1 \
-                 millisecond' RETURNING 1"
-            ),
-            node_leave: format!("DELETE FROM {nodes} WHERE node_id = $1 AND run_id = $2"),
-            node_status: format!(
-                "SELECT node_id, url, -{}, run_id FROM {nodes} ORDER BY node_id",
-                ms_until("seen_at")
-            ),
             read_version: format!("SELECT value FROM {meta} WHERE name = $1 FOR UPDATE"),
             write_version: format!(
                 "INSERT INTO {meta} (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE \
                  SET value = EXCLUDED.value"
             ),
+        }
+    }
+}
+
+impl KvSql {
+    fn new(kv: &str) -> KvSql {
+        let keys = "unnest($1::bytea[], $2::bytea[])";
+        let rows = "unnest($1::bytea[], $2::bytea[], $3::bytea[])";
+        KvSql {
             get: format!("SELECT value FROM {kv} WHERE partition = $1 AND clustering = $2"),
             get_many: format!(
                 "SELECT k.n, t.value FROM {keys} WITH ORDINALITY AS k (p, c, n) JOIN {kv} t ON \
@@ -204,24 +251,62 @@ impl Sql {
                 "INSERT INTO {kv} (partition, clustering, value) VALUES ($1, $2, $3) ON CONFLICT \
                  (partition, clustering) DO NOTHING"
             ),
-            scans: std::array::from_fn(|lower| {
-                std::array::from_fn(|upper| {
-                    std::array::from_fn(|descending| scan_sql(&kv, lower, upper, descending == 1))
-                })
-            }),
         }
     }
+}
 
-    /// The scan statement for these bounds and order. Its parameters: the partition, then the
-    /// lower bound's clustering if bounded, then the upper's if bounded, then the row limit.
-    pub(crate) fn scan<T>(&self, lower: &Bound<T>, upper: &Bound<T>, order: Order) -> &str {
-        let [l, u] = [bound_index(lower), bound_index(upper)];
-        let descending = usize::from(order == Order::Descending);
-        self.scans
-            .get(l)
-            .and_then(|s| s.get(u))
-            .and_then(|s| s.get(descending))
-            .map_or("", String::as_str)
+impl LeaseSql {
+    fn new(leases: &str) -> LeaseSql {
+        LeaseSql {
+            fence: format!(
+                "WITH held AS (UPDATE {leases} SET writes = writes + 1 WHERE partition = $1 AND \
+                 epoch = $2 AND writes >= $3 RETURNING writes) SELECT 1 / count(*), max(writes) \
+                 FROM held"
+            ),
+            holder: format!("SELECT epoch, node_id FROM {leases} WHERE partition = $1"),
+            ensure: format!(
+                "INSERT INTO {leases} (partition, epoch, node_id, expires_at) SELECT p, 0, NULL, \
+                 now() FROM generate_series(0, $1::integer - 1) AS p ORDER BY p ON CONFLICT \
+                 (partition) DO NOTHING"
+            ),
+            acquire: format!(
+                "UPDATE {leases} SET epoch = epoch + 1, node_id = $2, expires_at = now() + \
+                 $3::bigint * interval '1 millisecond' WHERE partition = $1 AND (node_id IS NULL \
+                 OR expires_at <= now()) RETURNING epoch"
+            ),
+            renew: format!(
+                "UPDATE {leases} SET expires_at = now() + $4::bigint * interval '1 millisecond' \
+                 WHERE node_id = $1 AND (partition, epoch) IN (SELECT * FROM \
+                 unnest($2::integer[], $3::bigint[])) RETURNING partition"
+            ),
+            release: format!(
+                "UPDATE {leases} SET node_id = NULL, expires_at = now() WHERE partition = $1 AND \
+                 node_id = $2 AND epoch = $3"
+            ),
+            status: format!(
+                "SELECT partition, epoch, node_id, {} FROM {leases} ORDER BY partition",
+                ms_until("expires_at")
+            ),
+        }
+    }
+}
+
+impl NodeSql {
+    fn new(nodes: &str) -> NodeSql {
+        NodeSql {
+            heartbeat: format!(
+                "INSERT INTO {nodes} (node_id, url, seen_at, run_id) VALUES ($1, $2, now(), $3) \
+                 ON CONFLICT (node_id) DO UPDATE SET url = EXCLUDED.url, seen_at = \
+                 EXCLUDED.seen_at, run_id = EXCLUDED.run_id WHERE {nodes}.run_id = \
+                 EXCLUDED.run_id OR {nodes}.seen_at <= now() - $4::bigint * interval '1 \
+                 millisecond' RETURNING 1"
+            ),
+            leave: format!("DELETE FROM {nodes} WHERE node_id = $1 AND run_id = $2"),
+            status: format!(
+                "SELECT node_id, url, -{}, run_id FROM {nodes} ORDER BY node_id",
+                ms_until("seen_at")
+            ),
+        }
     }
 }
 

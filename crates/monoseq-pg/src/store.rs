@@ -136,6 +136,83 @@ fn location(config: &tokio_postgres::Config, schema: &str) -> String {
     )
 }
 
+/// The connection settings of `url`, which must name a host and a user.
+fn parse_url(url: &str) -> Result<tokio_postgres::Config, OpenError> {
+    let config: tokio_postgres::Config = url.parse().map_err(|e| {
+        OpenError::InvalidOption(format!(
+            "the PostgreSQL connection string is malformed ({e}); expected \
+             postgresql://user:password@host:port/database or host=… user=… dbname=…"
+        ))
+    })?;
+    if config.get_hosts().is_empty() {
+        return Err(OpenError::InvalidOption(
+            "the PostgreSQL connection string names no host".to_owned(),
+        ));
+    }
+    if config.get_user().is_none() {
+        return Err(OpenError::InvalidOption(
+            "the PostgreSQL connection string names no user".to_owned(),
+        ));
+    }
+    Ok(config)
+}
+
+/// Sets what every session of the store runs with: the statement and idle-in-transaction
+/// time limits and `synchronous_commit = on` (after any options the connection string gives),
+/// TCP keepalives, the connect timeout, and the application name unless one is given.
+fn configure_session(config: &mut tokio_postgres::Config, options: &PgOptions) {
+    let statement_ms = options.statement_timeout.as_millis();
+    let idle_ms = options
+        .statement_timeout
+        .min(crate::options::IDLE_IN_TRANSACTION_TIMEOUT)
+        .as_millis();
+    let session = format!(
+        "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout=\
+         {idle_ms} -c synchronous_commit=on"
+    );
+    config.keepalives(true);
+    config.keepalives_idle(crate::options::KEEPALIVE_IDLE);
+    let session = match config.get_options() {
+        Some(given) if !given.is_empty() => format!("{given} {session}"),
+        _ => session,
+    };
+    config.options(session);
+    config.connect_timeout(options.connect_timeout);
+    if config.get_application_name().is_none() {
+        config.application_name("monoseq");
+    }
+}
+
+/// The pool of at most `size` connections made with `config`; waiting for, making and
+/// recycling one each take at most the connect timeout.
+fn build_pool(
+    config: tokio_postgres::Config,
+    options: &PgOptions,
+    size: usize,
+    location: &str,
+) -> Result<Pool, OpenError> {
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(options.connect_timeout))
+        .create_timeout(Some(options.connect_timeout))
+        .recycle_timeout(Some(options.connect_timeout))
+        .build()
+        .map_err(|e| {
+            storage_open_error(
+                location,
+                KvError::backend("building the connection pool failed", e.to_string()),
+            )
+        })
+}
+
 impl PgStore {
     /// Connects to the database of `url` (`postgresql://user:password@host:port/database`, or
     /// the `host=… user=…` form), creates the store's schema and tables when they are missing,
@@ -152,42 +229,8 @@ impl PgStore {
     pub fn open(url: &str, options: PgOptions) -> Result<PgStore, OpenError> {
         options.validate()?;
         let pool_size = options.pool_size()?;
-        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-            OpenError::InvalidOption(format!(
-                "the PostgreSQL connection string is malformed ({e}); expected \
-                 postgresql://user:password@host:port/database or host=… user=… dbname=…"
-            ))
-        })?;
-        if config.get_hosts().is_empty() {
-            return Err(OpenError::InvalidOption(
-                "the PostgreSQL connection string names no host".to_owned(),
-            ));
-        }
-        if config.get_user().is_none() {
-            return Err(OpenError::InvalidOption(
-                "the PostgreSQL connection string names no user".to_owned(),
-            ));
-        }
-        let statement_ms = options.statement_timeout.as_millis();
-        let idle_ms = options
-            .statement_timeout
-            .min(crate::options::IDLE_IN_TRANSACTION_TIMEOUT)
-            .as_millis();
-        let session = format!(
-            "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout=\
-             {idle_ms} -c synchronous_commit=on"
-        );
-        config.keepalives(true);
-        config.keepalives_idle(crate::options::KEEPALIVE_IDLE);
-        let session = match config.get_options() {
-            Some(given) if !given.is_empty() => format!("{given} {session}"),
-            _ => session,
-        };
-        config.options(session);
-        config.connect_timeout(options.connect_timeout);
-        if config.get_application_name().is_none() {
-            config.application_name("monoseq");
-        }
+        let mut config = parse_url(url)?;
+        configure_session(&mut config, &options);
         let location = location(&config, &options.schema);
         let runtime = exec::runtime().map_err(|source| {
             storage_open_error(
@@ -198,26 +241,7 @@ impl PgStore {
                 },
             )
         })?;
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(pool_size.get())
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(options.connect_timeout))
-            .create_timeout(Some(options.connect_timeout))
-            .recycle_timeout(Some(options.connect_timeout))
-            .build()
-            .map_err(|e| {
-                storage_open_error(
-                    &location,
-                    KvError::backend("building the connection pool failed", e.to_string()),
-                )
-            })?;
+        let pool = build_pool(config, &options, pool_size.get(), &location)?;
         let core = Core {
             inner: Inner {
                 pool,
@@ -297,7 +321,7 @@ impl Core {
 async fn get(inner: &Inner, key: Key<'_>) -> Result<Option<Vec<u8>>, Failure> {
     let conn = inner.conn().await?;
     let client = conn.client()?;
-    let statement = client.prepare_cached(&inner.sql.get).await?;
+    let statement = client.prepare_cached(&inner.sql.kv.get).await?;
     let row = client
         .query_opt(&statement, &[&key.partition, &key.clustering])
         .await?;
@@ -315,7 +339,7 @@ async fn get_many(inner: &Inner, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>
     let clusterings: Vec<&[u8]> = keys.iter().map(|k| k.clustering).collect();
     let conn = inner.conn().await?;
     let client = conn.client()?;
-    let statement = client.prepare_cached(&inner.sql.get_many).await?;
+    let statement = client.prepare_cached(&inner.sql.kv.get_many).await?;
     let rows = client
         .query(&statement, &[&partitions, &clusterings])
         .await?;
@@ -362,9 +386,9 @@ async fn cas_statement(
 ) -> Result<Option<Statement>, Failure> {
     let client = conn.client()?;
     let text = match (expected, new) {
-        (Some(_), Some(_)) => &inner.sql.cas_update,
-        (Some(_), None) => &inner.sql.cas_delete,
-        (None, Some(_)) => &inner.sql.cas_insert,
+        (Some(_), Some(_)) => &inner.sql.kv.cas_update,
+        (Some(_), None) => &inner.sql.kv.cas_delete,
+        (None, Some(_)) => &inner.sql.kv.cas_insert,
         (None, None) => return Ok(None),
     };
     Ok(Some(client.prepare_cached(text).await?))
@@ -449,7 +473,7 @@ async fn compare_and_swap(
             Attempt::NotSwapped => {}
         }
         let client = conn.client()?;
-        let statement = client.prepare_cached(&inner.sql.get).await?;
+        let statement = client.prepare_cached(&inner.sql.kv.get).await?;
         let row = client
             .query_opt(&statement, &[&key.partition, &key.clustering])
             .await?;
@@ -603,7 +627,7 @@ impl Core {
             let conn = inner.conn().await?;
             let client = conn.client()?;
             client.batch_execute("BEGIN").await?;
-            let statement = client.prepare_cached(&inner.sql.cas_insert).await?;
+            let statement = client.prepare_cached(&inner.sql.kv.cas_insert).await?;
             let empty: &[u8] = b"";
             client
                 .execute(&statement, &[&key.partition, &key.clustering, &empty])

@@ -186,9 +186,9 @@ async fn swap_once(
     indices: &[usize],
 ) -> Result<HashSet<usize>, Failure> {
     let client = conn.client()?;
-    let update = client.prepare_cached(&inner.sql.cas_update).await?;
-    let delete = client.prepare_cached(&inner.sql.cas_delete).await?;
-    let insert = client.prepare_cached(&inner.sql.cas_insert).await?;
+    let update = client.prepare_cached(&inner.sql.kv.cas_update).await?;
+    let delete = client.prepare_cached(&inner.sql.kv.cas_delete).await?;
+    let insert = client.prepare_cached(&inner.sql.kv.cas_insert).await?;
     let mut order = indices.to_vec();
     order.sort_by_key(|&i| swaps[i].key);
     let params: Vec<Vec<&(dyn ToSql + Sync)>> = order.iter().map(|&i| params(&swaps[i])).collect();
@@ -244,7 +244,7 @@ async fn read_stored(
     let partitions: Vec<&[u8]> = indices.iter().map(|&i| swaps[i].key.partition).collect();
     let clusterings: Vec<&[u8]> = indices.iter().map(|&i| swaps[i].key.clustering).collect();
     let client = conn.client()?;
-    let statement = client.prepare_cached(&inner.sql.get_many).await?;
+    let statement = client.prepare_cached(&inner.sql.kv.get_many).await?;
     let rows = client
         .query(&statement, &[&partitions, &clusterings])
         .await?;

@@ -174,9 +174,9 @@ impl<'a> Prepared<'a> {
         };
         let mut statements = [None, None, None];
         let wanted = [
-            (!plan.conditions.is_empty(), &sql.insert_new),
-            (!plan.upserts.is_empty(), &sql.upsert),
-            (!plan.deletes.is_empty(), &sql.delete),
+            (!plan.conditions.is_empty(), &sql.kv.insert_new),
+            (!plan.upserts.is_empty(), &sql.kv.upsert),
+            (!plan.deletes.is_empty(), &sql.kv.delete),
         ];
         for (slot, (wanted, text)) in statements.iter_mut().zip(wanted) {
             if wanted {
@@ -263,7 +263,7 @@ async fn stored_conflict(
         return Ok(plan.first_conflict(|_| false));
     }
     let client = conn.client()?;
-    let statement = client.prepare_cached(&inner.sql.stored_keys).await?;
+    let statement = client.prepare_cached(&inner.sql.kv.stored_keys).await?;
     let keys = key_columns(plan.conditions.iter().map(|c| c.key));
     let rows = client.query(&statement, &params(&keys)).await?;
     let mut stored: HashSet<(&[u8], &[u8])> = HashSet::with_capacity(rows.len());

@@ -248,6 +248,18 @@ impl Sim {
 
     /// Injects the faults of one tick, each with a small probability.
     fn inject(&mut self) {
+        let (roll, who) = self.roll_fault();
+        match roll {
+            0..=19 | 32..=37 => self.node_fault(roll, who),
+            20..=31 | 38..=43 => self.database_fault(roll, who),
+            _ => {}
+        }
+        self.restart_dead();
+    }
+
+    /// Draws the fault of this tick (a roll out of 10 000) and the node it hits; once the
+    /// database lost writes, the faults that take a node out of reach are not drawn.
+    fn roll_fault(&mut self) -> (u32, usize) {
         let n = self.nodes.len();
         let mut roll = self.rng.random_range(0..10_000u32);
         let who = self.rng.random_range(0..n);
@@ -260,6 +272,13 @@ impl Sim {
             // if the database loses acknowledged writes?".
             roll = 10_000;
         }
+        (roll, who)
+    }
+
+    /// A fault of one node (`who`): a pause, a kill, a second run of its name, or a link to
+    /// another node cut or mended.
+    fn node_fault(&mut self, roll: u32, who: usize) {
+        let n = self.nodes.len();
         match roll {
             0..=9 => {
                 // A pause longer than a lease (a stop-the-world, a frozen VM).
@@ -280,6 +299,22 @@ impl Sim {
                     .push(Node::start(name, run, false, drift, self.now, &self.plan));
                 self.count("second run of a name");
             }
+            32..=37 if n > 1 => {
+                let other = (who + 1 + self.rng.random_range(0..n - 1)) % n;
+                let link = (who.min(other), who.max(other));
+                if !self.cut_links.remove(&link) {
+                    self.cut_links.insert(link);
+                }
+                self.count("link between nodes cut or mended");
+            }
+            _ => {}
+        }
+    }
+
+    /// A fault of the database: a failover, a lost tail or a restored backup, or `who` cut
+    /// off from it.
+    fn database_fault(&mut self, roll: u32, who: usize) {
+        match roll {
             20..=25 => {
                 let until = self.now + self.rng.random_range(200..=2_000);
                 self.db.fail_over(until);
@@ -307,17 +342,12 @@ impl Sim {
                 self.db.cut(&name, cut);
                 self.count("node cut off from the database");
             }
-            32..=37 if n > 1 => {
-                let other = (who + 1 + self.rng.random_range(0..n - 1)) % n;
-                let link = (who.min(other), who.max(other));
-                if !self.cut_links.remove(&link) {
-                    self.cut_links.insert(link);
-                }
-                self.count("link between nodes cut or mended");
-            }
             _ => {}
         }
-        // Dead nodes come back after a while (a restart with a new run).
+    }
+
+    /// Dead nodes come back after a while (a restart with a new run).
+    fn restart_dead(&mut self) {
         for i in 0..self.nodes.len() {
             if !self.nodes[i].alive && self.nodes[i].restartable && self.rng.random_bool(0.01) {
                 let drift = self.rng.random_range(-DRIFT_PPM_MAX..=DRIFT_PPM_MAX);

@@ -49,7 +49,7 @@ pub enum Restore {
 #[non_exhaustive]
 pub enum BackupError {
     /// Reading or writing a file failed.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}")]
     Io {
         /// What was being done.
         what: &'static str,
@@ -129,7 +129,7 @@ impl BackupStamp {
         let stamp: BackupStamp =
             serde_json::from_slice(&text).map_err(|e| BackupError::Damaged {
                 path: path.clone(),
-                reason: e.to_string(),
+                reason: monoseq_kv::chain(&e),
             })?;
         if stamp.format != BACKUP_FORMAT || stamp.marks.len() != stamp.partitions as usize {
             return Err(BackupError::Damaged {
@@ -202,7 +202,7 @@ fn live_marks(path: &Path, store_id: &str, partitions: u32) -> Result<Vec<Mark>,
             identity.store_id
         )));
     }
-    Marks::read_file(&file, partitions).map_err(|e: MarksError| refused(e.to_string()))
+    Marks::read_file(&file, partitions).map_err(|e: MarksError| refused(monoseq_kv::chain(&e)))
 }
 
 fn plus(mark: &Mark, n: u64) -> Mark {
@@ -240,28 +240,61 @@ pub(crate) fn continue_restored(
     let Some(stamp) = BackupStamp::read(dir)? else {
         return Ok(None);
     };
+    check_stamp(&stamp, identity)?;
+    let Some(restore) = restore else {
+        return Err(not_continued(dir, stamp).into());
+    };
+    let (targets, how) = restore_targets(restore, &stamp, identity)?;
+    let retired = accept_restore_losses(identity, marks, &stamp, &targets, plog_ends)?;
+    // The decision is durable before anything acts on it; the stamp goes last, so a crash in
+    // between asks again (and retiring again changes nothing).
+    identity.write(dir)?;
+    for (p, _, mark) in &retired {
+        marks.raise(*p, mark)?;
+    }
+    remove_stamp(dir)?;
+    Ok(Some(Restored {
+        taken_at_ms: stamp.taken_at_ms,
+        how,
+        retired,
+    }))
+}
+
+/// Refuses a stamp of another store or partition count than the identity's.
+fn check_stamp(stamp: &BackupStamp, identity: &Identity) -> Result<(), crate::DataDirError> {
     if stamp.store_id != identity.store_id || stamp.partitions != identity.partitions {
         return Err(crate::DataDirError::Inconsistent(format!(
             "the backup stamp names store {} with {} partitions, the identity store {} with {}",
             stamp.store_id, stamp.partitions, identity.store_id, identity.partitions
         )));
     }
-    let Some(restore) = restore else {
-        return Err(BackupError::NotContinued {
-            dir: dir.to_path_buf(),
-            store_id: stamp.store_id,
-            age: age(stamp.taken_at_ms),
-            taken_at_ms: stamp.taken_at_ms,
-            marks: stamp
-                .marks
-                .iter()
-                .map(|m| m.plog.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-        }
-        .into());
-    };
-    let (targets, how) = match restore {
+    Ok(())
+}
+
+/// The refusal of a restored backup started without `--marks-from` or `--skip-ahead`.
+fn not_continued(dir: &Path, stamp: BackupStamp) -> BackupError {
+    BackupError::NotContinued {
+        dir: dir.to_path_buf(),
+        store_id: stamp.store_id,
+        age: age(stamp.taken_at_ms),
+        taken_at_ms: stamp.taken_at_ms,
+        marks: stamp
+            .marks
+            .iter()
+            .map(|m| m.plog.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// The mark every partition's numbers are retired up to, as `restore` says, and how, in
+/// words.
+fn restore_targets(
+    restore: &Restore,
+    stamp: &BackupStamp,
+    identity: &Identity,
+) -> Result<(Vec<Mark>, String), BackupError> {
+    Ok(match restore {
         Restore::MarksFrom(path) => (
             live_marks(path, &identity.store_id, identity.partitions)?,
             format!("with the live marks of {}", path.display()),
@@ -270,7 +303,19 @@ pub(crate) fn continue_restored(
             stamp.marks.iter().map(|m| plus(m, *n)).collect(),
             format!("{n} ahead of the backup's marks (--skip-ahead {n})"),
         ),
-    };
+    })
+}
+
+/// Records in `identity` (not yet durably) a loss for every partition whose copy does not
+/// cover its target: from the copy's PLog end up to the target. Answers, per such partition,
+/// the partition, its PLog end and the mark retired up to.
+fn accept_restore_losses(
+    identity: &mut Identity,
+    marks: &Marks,
+    stamp: &BackupStamp,
+    targets: &[Mark],
+    plog_ends: impl Fn(u32) -> Result<u64, String>,
+) -> Result<Vec<(u32, u64, Mark)>, crate::DataDirError> {
     let at = now_ms();
     let mut retired = Vec::new();
     for p in 0..identity.partitions {
@@ -295,12 +340,11 @@ pub(crate) fn continue_restored(
         });
         retired.push((p, plog_end, mark));
     }
-    // The decision is durable before anything acts on it; the stamp goes last, so a crash in
-    // between asks again (and retiring again changes nothing).
-    identity.write(dir)?;
-    for (p, _, mark) in &retired {
-        marks.raise(*p, mark)?;
-    }
+    Ok(retired)
+}
+
+/// Removes the backup stamp of `dir`, durably.
+fn remove_stamp(dir: &Path) -> Result<(), BackupError> {
     let path = BackupStamp::path(dir);
     std::fs::remove_file(&path)
         .and_then(|()| sync_dir(dir))
@@ -308,10 +352,5 @@ pub(crate) fn continue_restored(
             what: "removing",
             path,
             source,
-        })?;
-    Ok(Some(Restored {
-        taken_at_ms: stamp.taken_at_ms,
-        how,
-        retired,
-    }))
+        })
 }

@@ -99,7 +99,7 @@ pub enum DataDirError {
     #[error(transparent)]
     Backup(#[from] crate::backup::BackupError),
     /// The engine failed.
-    #[error("reading the engine in {dir}: {source}")]
+    #[error("reading the engine in {dir}")]
     Storage {
         /// The data directory.
         dir: PathBuf,
@@ -275,7 +275,7 @@ fn write_meta(kv: &impl KvStore, identity: &Identity) -> Result<(), KvError> {
         identity.store_id.as_bytes(),
     );
     kv.write(&batch)
-        .map_err(|e| KvError::backend(e.to_string(), e))?;
+        .map_err(|e| KvError::backend("writing the key layout and the store ID", e))?;
     kv.sync()
 }
 
@@ -316,11 +316,7 @@ pub fn open_data_dir<S: KvStore + Clone>(
     app: AppId,
     policy: &OpenPolicy,
 ) -> Result<DataDir, DataDirError> {
-    let storage = |source: KvError| DataDirError::Storage {
-        dir: dir.to_path_buf(),
-        source,
-    };
-    let meta = read_meta(kv).map_err(storage)?;
+    let meta = read_meta(kv).map_err(storage_in(dir))?;
     check_layout(&meta)?;
     let identity = match Identity::read(dir) {
         Ok(id) => id,
@@ -329,46 +325,9 @@ pub fn open_data_dir<S: KvStore + Clone>(
     };
     let mut report = OpenReport::default();
     let identity = match (identity, &meta.store_id) {
-        (None, None) => {
-            let partitions = meta
-                .partitions
-                .or(policy.partitions)
-                .unwrap_or(policy.default_partitions);
-            check_configured(policy, partitions)?;
-            if meta.partitions.is_some() {
-                report.adopted = true;
-            } else {
-                report.created = true;
-            }
-            let identity = Identity::new(partitions, KEY_LAYOUT, FORMAT_VERSION);
-            write_meta(kv, &identity).map_err(storage)?;
-            let marks = if report.created {
-                Marks::create(dir, partitions)?
-            } else {
-                Marks::create_with(dir, &scan_marks(kv, app, partitions).map_err(storage)?)?
-            };
-            identity.write(dir)?;
-            return Ok(DataDir {
-                identity,
-                marks: Arc::new(marks),
-                report,
-            });
-        }
+        (None, None) => return create_or_adopt(dir, kv, app, policy, &meta),
         (None, Some(store_id)) => {
-            if !policy.accept_loss {
-                return Err(DataDirError::IdentityMissing {
-                    dir: dir.to_path_buf(),
-                    store_id: store_id.clone(),
-                });
-            }
-            let partitions = meta.partitions.ok_or_else(|| {
-                DataDirError::Inconsistent(
-                    "the engine has a store ID but no partition count".into(),
-                )
-            })?;
-            let mut identity = Identity::new(partitions, KEY_LAYOUT, FORMAT_VERSION);
-            identity.store_id.clone_from(store_id);
-            identity.write(dir)?;
+            let identity = rebuild_identity(dir, policy, &meta, store_id)?;
             report.identity_rebuilt = true;
             identity
         }
@@ -382,71 +341,21 @@ pub fn open_data_dir<S: KvStore + Clone>(
         (Some(identity), _) => identity,
     };
     check_configured(policy, identity.partitions)?;
-    if let Some(p) = meta.partitions
-        && p != identity.partitions
-    {
-        return Err(DataDirError::Inconsistent(format!(
-            "the engine records {p} partitions, the identity file {}",
-            identity.partitions
-        )));
-    }
-    let marks = match Marks::open(dir, identity.partitions) {
-        Ok(Some(m)) => Some(m),
-        Ok(None) if !policy.accept_loss => {
-            return Err(DataDirError::MarksMissing {
-                dir: dir.to_path_buf(),
-                file: crate::marks::MARKS_FILE,
-            });
-        }
-        Err(e) if !policy.accept_loss => return Err(e.into()),
-        Ok(None) | Err(_) => None,
-    };
+    check_engine_partitions(&meta, &identity)?;
+    let marks = open_marks(dir, policy, identity.partitions)?;
     if meta.store_id.is_none() {
         // The identity names a store the engine does not hold: it came up empty.
-        if !policy.accept_loss {
-            let marks = marks
-                .as_ref()
-                .map(|m| {
-                    m.all()
-                        .iter()
-                        .map(|m| m.plog.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                })
-                .unwrap_or_else(|| "unknown (no marks file)".into());
-            return Err(DataDirError::EngineEmpty {
-                dir: dir.to_path_buf(),
-                store_id: identity.store_id,
-                partitions: identity.partitions,
-                marks,
-            });
-        }
-        write_meta(kv, &identity).map_err(storage)?;
+        accept_empty_engine(dir, kv, policy, &identity, marks.as_ref())?;
     }
     let marks = match marks {
         Some(m) => m,
         None => {
             report.marks_rebuilt = true;
-            let scanned = scan_marks(kv, app, identity.partitions).map_err(storage)?;
-            // Numbers an earlier accepted loss retired stay retired.
-            let merged: Vec<Mark> = scanned
-                .iter()
-                .enumerate()
-                .map(|(p, m)| m.max(&identity.retired(p as u32)))
-                .collect();
-            Marks::create_with(dir, &merged)?
+            rebuild_marks(dir, kv, app, &identity)?
         }
     };
     let mut identity = identity;
-    let copy = EventStore::new(kv.clone(), app, TrustLevel::Level0);
-    let retired_of = identity.clone();
-    report.restored = crate::backup::continue_restored(
-        dir,
-        &mut identity,
-        &marks,
-        |p| plog_end(&copy, p, retired_of.retired(p).plog).map_err(|e| e.to_string()),
-        policy.restore.as_ref(),
-    )?;
+    report.restored = continue_restore(dir, kv, app, policy, &mut identity, &marks)?;
     report.restore_unused = policy.restore.is_some() && report.restored.is_none();
     let mut guarded = DataDir {
         identity,
@@ -455,6 +364,171 @@ pub fn open_data_dir<S: KvStore + Clone>(
     };
     check_losses(dir, kv, app, policy, &mut guarded)?;
     Ok(guarded)
+}
+
+/// The error of the engine of data directory `dir` failing.
+fn storage_in(dir: &Path) -> impl Fn(KvError) -> DataDirError + '_ {
+    move |source| DataDirError::Storage {
+        dir: dir.to_path_buf(),
+        source,
+    }
+}
+
+/// Opens a directory with neither identity nor store ID in its engine: creates a new store,
+/// or adopts one written before identity files existed (its marks scanned from the engine).
+fn create_or_adopt<S: KvStore + Clone>(
+    dir: &Path,
+    kv: &S,
+    app: AppId,
+    policy: &OpenPolicy,
+    meta: &EngineMeta,
+) -> Result<DataDir, DataDirError> {
+    let partitions = meta
+        .partitions
+        .or(policy.partitions)
+        .unwrap_or(policy.default_partitions);
+    check_configured(policy, partitions)?;
+    let mut report = OpenReport::default();
+    if meta.partitions.is_some() {
+        report.adopted = true;
+    } else {
+        report.created = true;
+    }
+    let identity = Identity::new(partitions, KEY_LAYOUT, FORMAT_VERSION);
+    write_meta(kv, &identity).map_err(storage_in(dir))?;
+    let marks = if report.created {
+        Marks::create(dir, partitions)?
+    } else {
+        Marks::create_with(
+            dir,
+            &scan_marks(kv, app, partitions).map_err(storage_in(dir))?,
+        )?
+    };
+    identity.write(dir)?;
+    Ok(DataDir {
+        identity,
+        marks: Arc::new(marks),
+        report,
+    })
+}
+
+/// Rebuilds the identity file of a directory whose engine holds store `store_id`, when the
+/// operator accepts a loss; refuses otherwise.
+fn rebuild_identity(
+    dir: &Path,
+    policy: &OpenPolicy,
+    meta: &EngineMeta,
+    store_id: &str,
+) -> Result<Identity, DataDirError> {
+    if !policy.accept_loss {
+        return Err(DataDirError::IdentityMissing {
+            dir: dir.to_path_buf(),
+            store_id: store_id.to_owned(),
+        });
+    }
+    let partitions = meta.partitions.ok_or_else(|| {
+        DataDirError::Inconsistent("the engine has a store ID but no partition count".into())
+    })?;
+    let mut identity = Identity::new(partitions, KEY_LAYOUT, FORMAT_VERSION);
+    store_id.clone_into(&mut identity.store_id);
+    identity.write(dir)?;
+    Ok(identity)
+}
+
+/// Fails when the engine records another partition count than the identity.
+fn check_engine_partitions(meta: &EngineMeta, identity: &Identity) -> Result<(), DataDirError> {
+    match meta.partitions {
+        Some(p) if p != identity.partitions => Err(DataDirError::Inconsistent(format!(
+            "the engine records {p} partitions, the identity file {}",
+            identity.partitions
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The directory's marks; `None` when they are missing or damaged and the operator accepts a
+/// loss (they are then rebuilt), an error when not.
+fn open_marks(
+    dir: &Path,
+    policy: &OpenPolicy,
+    partitions: u32,
+) -> Result<Option<Marks>, DataDirError> {
+    match Marks::open(dir, partitions) {
+        Ok(Some(m)) => Ok(Some(m)),
+        Ok(None) if !policy.accept_loss => Err(DataDirError::MarksMissing {
+            dir: dir.to_path_buf(),
+            file: crate::marks::MARKS_FILE,
+        }),
+        Err(e) if !policy.accept_loss => Err(e.into()),
+        Ok(None) | Err(_) => Ok(None),
+    }
+}
+
+/// Writes the identity's metadata into an engine that came up empty, when the operator
+/// accepts the loss; refuses, naming the acknowledged marks, otherwise.
+fn accept_empty_engine(
+    dir: &Path,
+    kv: &impl KvStore,
+    policy: &OpenPolicy,
+    identity: &Identity,
+    marks: Option<&Marks>,
+) -> Result<(), DataDirError> {
+    if !policy.accept_loss {
+        let marks = marks
+            .map(|m| {
+                m.all()
+                    .iter()
+                    .map(|m| m.plog.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_else(|| "unknown (no marks file)".into());
+        return Err(DataDirError::EngineEmpty {
+            dir: dir.to_path_buf(),
+            store_id: identity.store_id.clone(),
+            partitions: identity.partitions,
+            marks,
+        });
+    }
+    write_meta(kv, identity).map_err(storage_in(dir))
+}
+
+/// Rebuilds the marks file from what the engine holds; numbers an earlier accepted loss
+/// retired stay retired.
+fn rebuild_marks<S: KvStore + Clone>(
+    dir: &Path,
+    kv: &S,
+    app: AppId,
+    identity: &Identity,
+) -> Result<Marks, DataDirError> {
+    let scanned = scan_marks(kv, app, identity.partitions).map_err(storage_in(dir))?;
+    let merged: Vec<Mark> = scanned
+        .iter()
+        .enumerate()
+        .map(|(p, m)| m.max(&identity.retired(p as u32)))
+        .collect();
+    Ok(Marks::create_with(dir, &merged)?)
+}
+
+/// Continues a restored backup in `dir` as the policy says (see
+/// [`crate::backup::continue_restored`]); `None` when `dir` is no backup.
+fn continue_restore<S: KvStore + Clone>(
+    dir: &Path,
+    kv: &S,
+    app: AppId,
+    policy: &OpenPolicy,
+    identity: &mut Identity,
+    marks: &Marks,
+) -> Result<Option<crate::backup::Restored>, DataDirError> {
+    let copy = EventStore::new(kv.clone(), app, TrustLevel::Level0);
+    let retired_of = identity.clone();
+    crate::backup::continue_restored(
+        dir,
+        identity,
+        marks,
+        |p| plog_end(&copy, p, retired_of.retired(p).plog).map_err(|e| monoseq_kv::chain(&e)),
+        policy.restore.as_ref(),
+    )
 }
 
 /// Opens a store that has no data directory of ours (a database server): creates the engine's
@@ -471,11 +545,7 @@ pub fn open_database<S: KvStore>(kv: &S, policy: &OpenPolicy) -> Result<Identity
         source,
     };
     let meta = read_meta(kv).map_err(storage)?;
-    if let Some(stored) = meta.key_layout.or(meta.partitions.map(|_| 1))
-        && stored != KEY_LAYOUT
-    {
-        return Err(DataDirError::KeyLayout { stored });
-    }
+    check_layout(&meta)?;
     let partitions = meta
         .partitions
         .or(policy.partitions)
@@ -508,11 +578,23 @@ fn check_losses<S: KvStore + Clone>(
     policy: &OpenPolicy,
     guarded: &mut DataDir,
 ) -> Result<(), DataDirError> {
-    let storage = |source: KvError| DataDirError::Storage {
-        dir: dir.to_path_buf(),
-        source,
-    };
     let store = EventStore::new(kv.clone(), app, TrustLevel::Level0);
+    let losses = find_losses(dir, &store, guarded)?;
+    if !losses.is_empty() {
+        if !policy.accept_loss {
+            return Err(DataDirError::Lost { losses });
+        }
+        accept_losses(dir, guarded, losses)?;
+    }
+    retire_accepted(&store, guarded)
+}
+
+/// Every partition whose PLog ends below its mark (above what is already retired).
+fn find_losses<S: KvStore + Clone>(
+    dir: &Path,
+    store: &EventStore<S>,
+    guarded: &DataDir,
+) -> Result<Vec<Loss>, DataDirError> {
     let mut losses = Vec::new();
     for p in 0..guarded.identity.partitions {
         let mark = guarded.marks.get(p)?;
@@ -525,7 +607,7 @@ fn check_losses<S: KvStore + Clone>(
             Ok(Some(_))
         );
         if !present {
-            let plog_end = plog_end(&store, p, retired.plog).map_err(storage)?;
+            let plog_end = plog_end(store, p, retired.plog).map_err(storage_in(dir))?;
             if plog_end < mark.plog {
                 losses.push(Loss {
                     partition: p,
@@ -535,24 +617,33 @@ fn check_losses<S: KvStore + Clone>(
             }
         }
     }
-    if !losses.is_empty() {
-        if !policy.accept_loss {
-            return Err(DataDirError::Lost { losses });
-        }
-        let at = now_ms();
-        for l in &losses {
-            guarded.identity.losses.push(AcceptedLoss {
-                partition: l.partition,
-                plog_from: l.plog_end + 1,
-                plog_to: l.mark.plog,
-                mark: l.mark,
-                accepted_at_ms: at,
-            });
-        }
-        // The decision is durable before anything acts on it.
-        guarded.identity.write(dir)?;
-        guarded.report.accepted = losses;
+    Ok(losses)
+}
+
+/// Records `losses` as accepted in the identity, durably, and in the report.
+fn accept_losses(dir: &Path, guarded: &mut DataDir, losses: Vec<Loss>) -> Result<(), DataDirError> {
+    let at = now_ms();
+    for l in &losses {
+        guarded.identity.losses.push(AcceptedLoss {
+            partition: l.partition,
+            plog_from: l.plog_end + 1,
+            plog_to: l.mark.plog,
+            mark: l.mark,
+            accepted_at_ms: at,
+        });
     }
+    // The decision is durable before anything acts on it.
+    guarded.identity.write(dir)?;
+    guarded.report.accepted = losses;
+    Ok(())
+}
+
+/// Moves the sequence state of every partition whose checkpoint is not yet past its retired
+/// mark past it.
+fn retire_accepted<S: KvStore + Clone>(
+    store: &EventStore<S>,
+    guarded: &mut DataDir,
+) -> Result<(), DataDirError> {
     for p in 0..guarded.identity.partitions {
         let retired = guarded.identity.retired(p);
         if retired.plog == 0 {
@@ -563,7 +654,7 @@ fn check_losses<S: KvStore + Clone>(
             .read_next_plog_offset()
             .map_err(|e| DataDirError::Actualize {
                 partition: p,
-                message: e.to_string(),
+                message: monoseq_kv::chain(&e),
             })?;
         if checkpoint.0 > retired.plog {
             continue;
@@ -590,13 +681,11 @@ fn plog_end<S: KvStore + Clone>(store: &EventStore<S>, p: u32, from: u64) -> Res
     }
 }
 
-/// Brings partition `p`'s projection up to its PLog end, then sets its checkpoint after the
-/// retired mark, so the next event takes the offset after everything handed out before.
-/// Moves partition `p`'s stored sequence state past an accepted loss: its next PLog offset
-/// becomes `retired.plog + 1`, so no PLog offset at or below the mark is used again (the
-/// sequencer's parameters, [`crate::built_in_params_above`], keep the other numbers above it).
-/// Used at open for a data directory, and by a cluster node for a partition of a database that
-/// lost acknowledged writes.
+/// Moves partition `p`'s stored sequence state past an accepted loss: brings its projection up
+/// to its PLog end, then sets its next PLog offset to `retired.plog + 1`, so no PLog offset at
+/// or below the mark is used again (the sequencer's parameters, [`crate::built_in_params_above`],
+/// keep the other numbers above it). Used at open for a data directory, and by a cluster node
+/// for a partition of a database that lost acknowledged writes.
 ///
 /// # Errors
 ///
@@ -612,7 +701,7 @@ pub fn retire_partition<S: KvStore + Clone>(
     };
     let params = built_in_params([WsKind(1)])
         .build()
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| failed(monoseq_kv::chain(&e)))?;
     let seq = Arc::new(seq);
     let (sequencer, mut worker) = Sequencer::new_manual(params, Arc::clone(&seq));
     let mut steps = 0;
@@ -628,7 +717,7 @@ pub fn retire_partition<S: KvStore + Clone>(
     }
     drop(sequencer);
     seq.write_values_and_next_plog_offset(&[], PLogOffset(retired.plog + 1))
-        .map_err(|e| failed(e.to_string()))
+        .map_err(|e| failed(monoseq_kv::chain(&e)))
 }
 
 /// Marks rebuilt from what the engine holds: per partition, the PLog end and the highest

@@ -62,7 +62,7 @@ pub struct AcceptedLoss {
 #[non_exhaustive]
 pub enum IdentityError {
     /// Reading or writing the file failed.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}")]
     Io {
         /// What was being done.
         what: &'static str,
@@ -133,7 +133,7 @@ impl Identity {
         let identity: Identity =
             serde_json::from_str(&text).map_err(|e| IdentityError::Damaged {
                 path: path.clone(),
-                reason: e.to_string(),
+                reason: monoseq_kv::chain(&e),
             })?;
         if identity.format != IDENTITY_FORMAT {
             return Err(IdentityError::Damaged {
@@ -168,7 +168,7 @@ impl Identity {
         };
         let mut text = serde_json::to_string_pretty(self).map_err(|e| IdentityError::Damaged {
             path: path.clone(),
-            reason: e.to_string(),
+            reason: monoseq_kv::chain(&e),
         })?;
         text.push('\n');
         let mut file = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;

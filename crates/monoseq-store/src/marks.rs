@@ -64,7 +64,7 @@ impl Mark {
 #[non_exhaustive]
 pub enum MarksError {
     /// An I/O call failed.
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}")]
     Io {
         /// What was being done.
         what: &'static str,

@@ -12,7 +12,7 @@ use monoseq_core::{
 use monoseq_kv::{Key, KvError, KvStore, Order, WriteBatch};
 
 use crate::builtin::built_in_initial;
-use crate::codec::decode_numbers;
+use crate::codec::{EventHead, decode_numbers};
 use crate::keys::{
     self, AppId, LOG_BLOCK_EVENTS, NUMBERS_BLOCK_WS, PartitionId, block_position,
     checkpoint_partition, from_numbers_clustering, numbers_clustering, numbers_clustering_from,
@@ -136,65 +136,17 @@ impl<S: KvStore> PLogSeqStorage<S> {
         };
         let block_base = first / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS;
         let mut failure: Option<StorageError> = None;
-        let ReplayBlock { events, values } = block;
         let scan = self.kv.scan(
             part.as_bytes(),
             Bound::Included(&lower),
             upper,
             Order::Ascending,
-            &mut |clustering, value| {
-                let Some(offset) = keys::from_block_position(block_base, clustering) else {
-                    failure = Some(StorageError::corrupted(format!(
-                        "PLog of partition {} holds a key of {} bytes where a 2-byte position \
-                         belongs: the PLog is damaged; restore it from a backup",
-                        self.partition,
-                        clustering.len()
-                    )));
-                    return ControlFlow::Break(());
-                };
-                let start = values.len();
-                let head = match decode_numbers(value, values) {
-                    Ok(head) => head,
-                    Err(e) => {
-                        values.truncate(start);
-                        failure = Some(
-                            StorageError::with_source(
-                                format!(
-                                    "event at PLog offset {offset} of partition {} does not \
-                                     decode",
-                                    self.partition
-                                ),
-                                e,
-                            )
-                            .with_kind(StorageErrorKind::Corrupted),
-                        );
-                        return ControlFlow::Break(());
-                    }
-                };
-                if head.plog_offset.0 != offset {
-                    values.truncate(start);
-                    failure = Some(StorageError::corrupted(format!(
-                        "event at PLog offset {offset} of partition {} says it is at offset \
-                         {}: the PLog is damaged; restore it from a backup",
-                        self.partition, head.plog_offset
-                    )));
-                    return ControlFlow::Break(());
+            &mut |clustering, value| match self.copy_event(block_base, clustering, value, block) {
+                Ok(()) => ControlFlow::Continue(()),
+                Err(e) => {
+                    failure = Some(e);
+                    ControlFlow::Break(())
                 }
-                let mut kept = start;
-                for i in start..values.len() {
-                    if values[i].value >= initial_value(values[i].key.seq) {
-                        values[kept] = values[i];
-                        kept += 1;
-                    }
-                }
-                values.truncate(kept);
-                events.push(BlockEvent {
-                    offset: head.plog_offset,
-                    ws_kind: head.ws_kind,
-                    start,
-                    len: kept - start,
-                });
-                ControlFlow::Continue(())
             },
         );
         if let Err(e) = scan {
@@ -205,6 +157,138 @@ impl<S: KvStore> PLogSeqStorage<S> {
         }
         failure.map_or(Ok(()), Err)
     }
+
+    /// Copies the numbers of the PLog event stored under `clustering` (a position in the block
+    /// starting at `block_base`) into `block`, leaving out those below their sequence's initial
+    /// value. On a failure `block` is as it was.
+    fn copy_event(
+        &self,
+        block_base: u64,
+        clustering: &[u8],
+        value: &[u8],
+        block: &mut ReplayBlock,
+    ) -> Result<(), StorageError> {
+        let Some(offset) = keys::from_block_position(block_base, clustering) else {
+            return Err(StorageError::corrupted(format!(
+                "PLog of partition {} holds a key of {} bytes where a 2-byte position belongs: \
+                 the PLog is damaged; restore it from a backup",
+                self.partition,
+                clustering.len()
+            )));
+        };
+        let start = block.values.len();
+        let head = match self.decode_event_numbers(offset, value, &mut block.values) {
+            Ok(head) => head,
+            Err(e) => {
+                block.values.truncate(start);
+                return Err(e);
+            }
+        };
+        let kept = keep_handed_out(&mut block.values, start);
+        block.events.push(BlockEvent {
+            offset: head.plog_offset,
+            ws_kind: head.ws_kind,
+            start,
+            len: kept - start,
+        });
+        Ok(())
+    }
+
+    /// Appends the numbers of the event stored at PLog offset `offset` to `values`; refuses an
+    /// event that does not decode or says it is at another offset (`values` may then hold some
+    /// of its numbers).
+    fn decode_event_numbers(
+        &self,
+        offset: u64,
+        value: &[u8],
+        values: &mut Vec<SeqValue>,
+    ) -> Result<EventHead, StorageError> {
+        let head = decode_numbers(value, values).map_err(|e| {
+            StorageError::with_source(
+                format!(
+                    "event at PLog offset {offset} of partition {} does not decode",
+                    self.partition
+                ),
+                e,
+            )
+            .with_kind(StorageErrorKind::Corrupted)
+        })?;
+        if head.plog_offset.0 != offset {
+            return Err(StorageError::corrupted(format!(
+                "event at PLog offset {offset} of partition {} says it is at offset {}: the PLog \
+                 is damaged; restore it from a backup",
+                self.partition, head.plog_offset
+            )));
+        }
+        Ok(head)
+    }
+
+    /// Reads the numbers of `block` (ascending keys of one block of workspaces) into `out` with
+    /// one range read from the first to the last workspace asked, merged with the keys.
+    fn read_numbers_range(
+        &self,
+        block: &[monoseq_core::NumberKey],
+        out: &mut [Number],
+    ) -> Result<(), StorageError> {
+        let (first, last) = (block[0].ws, block[block.len() - 1].ws);
+        let block_first = first.0 / NUMBERS_BLOCK_WS * NUMBERS_BLOCK_WS;
+        let part = numbers_partition(self.app, first);
+        let from = numbers_clustering_from(first.0 - block_first);
+        let to = numbers_clustering_from(last.0 - block_first + 1);
+        let mut next = 0;
+        let mut failure = None;
+        self.kv
+            .scan(
+                part.as_bytes(),
+                Bound::Included(&from),
+                Bound::Excluded(&to),
+                Order::Ascending,
+                &mut |clustering, value| {
+                    let Some((ws, seq)) = from_numbers_clustering(block_first, clustering) else {
+                        failure = Some(StorageError::corrupted(format!(
+                            "a stored number of workspaces from {block_first} has a key of {} \
+                             bytes where 4 belong; restore the projection from a backup or \
+                             delete it to replay the whole PLog",
+                            clustering.len()
+                        )));
+                        return ControlFlow::Break(());
+                    };
+                    let key = monoseq_core::NumberKey { ws, seq };
+                    while next < block.len() && block[next] < key {
+                        next += 1;
+                    }
+                    if next == block.len() {
+                        return ControlFlow::Break(());
+                    }
+                    if block[next] == key {
+                        match stored_number(ws, seq, value) {
+                            Ok(n) => out[next] = n,
+                            Err(e) => {
+                                failure = Some(e);
+                                return ControlFlow::Break(());
+                            }
+                        }
+                    }
+                    ControlFlow::Continue(())
+                },
+            )
+            .map_err(|e| kv_error("reading sequence numbers failed", e))?;
+        failure.map_or(Ok(()), Err)
+    }
+}
+
+/// Leaves out of `values[start..]` the numbers below their sequence's initial value, keeping
+/// the order of the others; answers the new end of `values`.
+fn keep_handed_out(values: &mut Vec<SeqValue>, start: usize) -> usize {
+    let mut kept = start;
+    for i in start..values.len() {
+        if values[i].value >= initial_value(values[i].key.seq) {
+            values[kept] = values[i];
+            kept += 1;
+        }
+    }
+    values.truncate(kept);
+    kept
 }
 
 /// Events replay copies out of one scan before the batcher sees them: few enough that their
@@ -239,6 +323,16 @@ const RANGE_READ_KEYS_MIN: usize = 16;
 /// ... and the workspaces asked for are at least one in this many of the range between the
 /// first and the last (otherwise a lookup each reads less).
 const RANGE_READ_SPAN_MAX: u64 = 4;
+
+/// Whether the keys of `block` (one block of workspaces, ascending) are read with one range
+/// read rather than a lookup per workspace: enough keys, from workspaces dense enough in the
+/// range between the first and the last.
+fn worth_a_range_read(block: &[monoseq_core::NumberKey]) -> bool {
+    let (first, last) = (block[0].ws, block[block.len() - 1].ws);
+    let span = last.0 - first.0 + 1;
+    let workspaces = block.chunk_by(|a, b| a.ws == b.ws).count() as u64;
+    block.len() >= RANGE_READ_KEYS_MIN && span <= workspaces * RANGE_READ_SPAN_MAX
+}
 
 /// A stored number's value: `be64`.
 fn stored_number(ws: WsId, seq: SeqId, value: &[u8]) -> Result<Number, StorageError> {
@@ -326,61 +420,11 @@ impl<S: KvStore> SeqStorage for PLogSeqStorage<S> {
         for block in keys.chunk_by(|a, b| a.ws.0 / NUMBERS_BLOCK_WS == b.ws.0 / NUMBERS_BLOCK_WS) {
             let out = &mut out[at..at + block.len()];
             at += block.len();
-            let (first, last) = (block[0].ws, block[block.len() - 1].ws);
-            let span = last.0 - first.0 + 1;
-            let workspaces = block.chunk_by(|a, b| a.ws == b.ws).count() as u64;
-            if block.len() < RANGE_READ_KEYS_MIN || span > workspaces * RANGE_READ_SPAN_MAX {
+            if worth_a_range_read(block) {
+                self.read_numbers_range(block, out)?;
+            } else {
                 // Few or scattered workspaces: a lookup each.
                 read_numbers_by_workspace(self, block, out, &mut seqs)?;
-                continue;
-            }
-            // One range read over the block from the first to the last workspace asked,
-            // merged with the (ascending) keys.
-            let block_first = first.0 / NUMBERS_BLOCK_WS * NUMBERS_BLOCK_WS;
-            let part = numbers_partition(self.app, first);
-            let from = numbers_clustering_from(first.0 - block_first);
-            let to = numbers_clustering_from(last.0 - block_first + 1);
-            let mut next = 0;
-            let mut failure = None;
-            self.kv
-                .scan(
-                    part.as_bytes(),
-                    Bound::Included(&from),
-                    Bound::Excluded(&to),
-                    Order::Ascending,
-                    &mut |clustering, value| {
-                        let Some((ws, seq)) = from_numbers_clustering(block_first, clustering)
-                        else {
-                            failure = Some(StorageError::corrupted(format!(
-                                "a stored number of workspaces from {block_first} has a key of {} \
-                                 bytes where 4 belong; restore the projection from a backup or \
-                                 delete it to replay the whole PLog",
-                                clustering.len()
-                            )));
-                            return ControlFlow::Break(());
-                        };
-                        let key = monoseq_core::NumberKey { ws, seq };
-                        while next < block.len() && block[next] < key {
-                            next += 1;
-                        }
-                        if next == block.len() {
-                            return ControlFlow::Break(());
-                        }
-                        if block[next] == key {
-                            match stored_number(ws, seq, value) {
-                                Ok(n) => out[next] = n,
-                                Err(e) => {
-                                    failure = Some(e);
-                                    return ControlFlow::Break(());
-                                }
-                            }
-                        }
-                        ControlFlow::Continue(())
-                    },
-                )
-                .map_err(|e| kv_error("reading sequence numbers failed", e))?;
-            if let Some(e) = failure {
-                return Err(e);
             }
         }
         Ok(())

@@ -102,7 +102,7 @@ pub enum AppendError {
         what: &'static str,
     },
     /// An event could not be encoded.
-    #[error("event {event_index} of the group cannot be encoded: {source}")]
+    #[error("event {event_index} of the group cannot be encoded")]
     Encode {
         /// Position of the event in the group.
         event_index: usize,
@@ -139,7 +139,7 @@ pub enum AppendError {
         max: usize,
     },
     /// A stored record that an update merges into does not decode.
-    #[error("stored record {id} of workspace {ws} is damaged: {source}")]
+    #[error("stored record {id} of workspace {ws} is damaged")]
     CorruptRecord {
         /// The workspace.
         ws: WsId,
@@ -150,7 +150,7 @@ pub enum AppendError {
         source: DecodeError,
     },
     /// A storage fault; retry, and actualize the sequencer if the fault persists.
-    #[error("event store: {0}")]
+    #[error("the event store's storage failed")]
     Storage(#[from] KvError),
 }
 
@@ -159,7 +159,7 @@ pub enum AppendError {
 #[non_exhaustive]
 pub enum ReadError {
     /// A stored value does not decode.
-    #[error("{slot} is damaged: {source}")]
+    #[error("{slot} is damaged")]
     Corrupt {
         /// Where the value is stored.
         slot: Slot,
@@ -179,7 +179,7 @@ pub enum ReadError {
         found: u64,
     },
     /// A storage fault; retry.
-    #[error("event store: {0}")]
+    #[error("the event store's storage failed")]
     Storage(#[from] KvError),
 }
 
@@ -271,100 +271,100 @@ impl<S: KvStore> EventStore<S> {
             records: mut current,
             updated,
         } = self.read_updated_records(events)?;
-        let mut batch = WriteBatch::new();
-        let mut slots: Vec<(usize, Slot)> = Vec::new();
-        let mut event_bytes = Vec::new();
-        let mut record_bytes = Vec::new();
-        let event_op = self.trust.event_op();
-        let record_op = self.trust.new_record_op();
+        let mut group = GroupBatch::default();
         for (i, e) in events.iter().enumerate() {
-            if e.plog_offset.0 == 0 || e.wlog_offset.0 == 0 {
-                return Err(AppendError::ZeroOffset {
-                    event_index: i,
-                    what: if e.plog_offset.0 == 0 {
-                        "PLog offset"
-                    } else {
-                        "WLog offset"
-                    },
-                });
+            check_offsets(i, e)?;
+            self.push_logs(&mut group, partition, i, e)?;
+            self.push_created(&mut group, i, e, &updated, &mut current);
+            self.push_updated(&mut group, i, e, &mut current)?;
+        }
+        self.kv.write(&group.batch).map_err(|e| group.refusal(e))
+    }
+
+    /// Adds event `e` (index `i` of the group) to the PLog of `partition` and to its
+    /// workspace's WLog.
+    fn push_logs(
+        &self,
+        group: &mut GroupBatch,
+        partition: PartitionId,
+        i: usize,
+        e: &Event,
+    ) -> Result<(), AppendError> {
+        group.event_bytes.clear();
+        e.encode_into(&mut group.event_bytes)
+            .map_err(|source| AppendError::Encode {
+                event_index: i,
+                source,
+            })?;
+        let op = self.trust.event_op();
+        let plog = plog_key(self.app, partition, e.plog_offset);
+        group.batch.push(op, plog.as_key(), &group.event_bytes);
+        group.slots.push((
+            i,
+            Slot::PLog {
+                partition,
+                offset: e.plog_offset,
+            },
+        ));
+        let wlog = wlog_key(self.app, e.ws, e.wlog_offset);
+        group.batch.push(op, wlog.as_key(), &group.event_bytes);
+        group.slots.push((
+            i,
+            Slot::WLog {
+                ws: e.ws,
+                offset: e.wlog_offset,
+            },
+        ));
+        Ok(())
+    }
+
+    /// Adds the records event `e` creates; one a later event of the group updates becomes the
+    /// base of that update.
+    fn push_created(
+        &self,
+        group: &mut GroupBatch,
+        i: usize,
+        e: &Event,
+        updated: &HashSet<(WsId, RecordId)>,
+        current: &mut HashMap<(WsId, RecordId), Record>,
+    ) {
+        let op = self.trust.new_record_op();
+        for r in &e.created {
+            group.record_bytes.clear();
+            encode_record_value(&mut group.record_bytes, r);
+            let key = record_key(self.app, e.ws, r.id);
+            group.batch.push(op, key.as_key(), &group.record_bytes);
+            group.slots.push((i, Slot::Record { ws: e.ws, id: r.id }));
+            if updated.contains(&(e.ws, r.id)) {
+                current.insert((e.ws, r.id), r.clone());
             }
-            event_bytes.clear();
-            e.encode_into(&mut event_bytes)
-                .map_err(|source| AppendError::Encode {
+        }
+    }
+
+    /// Merges the updates of event `e` into the current records and puts the results.
+    fn push_updated(
+        &self,
+        group: &mut GroupBatch,
+        i: usize,
+        e: &Event,
+        current: &mut HashMap<(WsId, RecordId), Record>,
+    ) -> Result<(), AppendError> {
+        for u in &e.updated {
+            let Some(stored) = current.get_mut(&(e.ws, u.id)) else {
+                return Err(AppendError::UnknownRecord {
                     event_index: i,
-                    source,
-                })?;
-            let plog = plog_key(self.app, partition, e.plog_offset);
-            batch.push(event_op, plog.as_key(), &event_bytes);
-            slots.push((
-                i,
-                Slot::PLog {
-                    partition,
-                    offset: e.plog_offset,
-                },
-            ));
-            let wlog = wlog_key(self.app, e.ws, e.wlog_offset);
-            batch.push(event_op, wlog.as_key(), &event_bytes);
-            slots.push((
-                i,
-                Slot::WLog {
                     ws: e.ws,
-                    offset: e.wlog_offset,
-                },
-            ));
-            for r in &e.created {
-                record_bytes.clear();
-                encode_record_value(&mut record_bytes, r);
-                let key = record_key(self.app, e.ws, r.id);
-                batch.push(record_op, key.as_key(), &record_bytes);
-                slots.push((i, Slot::Record { ws: e.ws, id: r.id }));
-                if updated.contains(&(e.ws, r.id)) {
-                    current.insert((e.ws, r.id), r.clone());
-                }
-            }
-            for u in &e.updated {
-                let Some(stored) = current.get_mut(&(e.ws, u.id)) else {
-                    return Err(AppendError::UnknownRecord {
-                        event_index: i,
-                        ws: e.ws,
-                        id: u.id,
-                    });
-                };
-                merge_fields(&mut stored.fields, &u.fields);
-                record_bytes.clear();
-                encode_record_value(&mut record_bytes, stored);
-                let key = record_key(self.app, e.ws, u.id);
-                batch.push(Op::Put, key.as_key(), &record_bytes);
-                slots.push((i, Slot::Record { ws: e.ws, id: u.id }));
-            }
+                    id: u.id,
+                });
+            };
+            merge_fields(&mut stored.fields, &u.fields);
+            group.record_bytes.clear();
+            encode_record_value(&mut group.record_bytes, stored);
+            let key = record_key(self.app, e.ws, u.id);
+            group.batch.push(Op::Put, key.as_key(), &group.record_bytes);
+            group.slots.push((i, Slot::Record { ws: e.ws, id: u.id }));
         }
-        match self.kv.write(&batch) {
-            Ok(()) => Ok(()),
-            Err(WriteError::Conflict { index, key }) => {
-                let (event_index, slot) = slots[index];
-                Err(AppendError::SequenceViolation {
-                    event_index,
-                    slot,
-                    key,
-                })
-            }
-            Err(WriteError::TooLarge {
-                index,
-                what,
-                len,
-                max,
-            }) => Err(AppendError::TooLarge {
-                event_index: slots[index].0,
-                what,
-                len,
-                max,
-            }),
-            Err(WriteError::Storage(e)) => Err(AppendError::Storage(e)),
-            Err(other) => Err(AppendError::Storage(KvError::Backend {
-                message: other.to_string(),
-                source: None,
-            })),
-        }
+        Ok(())
     }
 
     /// Checks, without writing, that `event` and the records it creates and updates encode
@@ -702,6 +702,63 @@ impl<S: KvStore> EventStore<S> {
 struct UpdateBase {
     records: HashMap<(WsId, RecordId), Record>,
     updated: HashSet<(WsId, RecordId)>,
+}
+
+/// Refuses an event numbered 0 in the PLog or its WLog: offsets start at 1.
+fn check_offsets(i: usize, e: &Event) -> Result<(), AppendError> {
+    if e.plog_offset.0 == 0 || e.wlog_offset.0 == 0 {
+        return Err(AppendError::ZeroOffset {
+            event_index: i,
+            what: if e.plog_offset.0 == 0 {
+                "PLog offset"
+            } else {
+                "WLog offset"
+            },
+        });
+    }
+    Ok(())
+}
+
+/// One group's write batch as it is built, with the slot each write fills (`(event index,
+/// slot)` in write order), so that a refused write can be named.
+#[derive(Default)]
+struct GroupBatch {
+    batch: WriteBatch,
+    slots: Vec<(usize, Slot)>,
+    event_bytes: Vec<u8>,
+    record_bytes: Vec<u8>,
+}
+
+impl GroupBatch {
+    /// The append error of a refused write of this batch, naming the event and slot it hit.
+    fn refusal(&self, error: WriteError) -> AppendError {
+        match error {
+            WriteError::Conflict { index, key } => {
+                let (event_index, slot) = self.slots[index];
+                AppendError::SequenceViolation {
+                    event_index,
+                    slot,
+                    key,
+                }
+            }
+            WriteError::TooLarge {
+                index,
+                what,
+                len,
+                max,
+            } => AppendError::TooLarge {
+                event_index: self.slots[index].0,
+                what,
+                len,
+                max,
+            },
+            WriteError::Storage(e) => AppendError::Storage(e),
+            other => AppendError::Storage(KvError::Backend {
+                message: other.to_string(),
+                source: None,
+            }),
+        }
+    }
 }
 
 /// Applies an update's fields: a field of the same name is replaced, a new one appended.

@@ -39,7 +39,7 @@ pub enum SnapshotError {
     )]
     InUse(PathBuf),
     /// Reading the original or writing the copy failed.
-    #[error("copying the data directory: {what} {path}: {source}")]
+    #[error("copying the data directory: {what} {path}")]
     Io {
         /// What was being done.
         what: &'static str,

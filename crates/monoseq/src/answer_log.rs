@@ -39,7 +39,7 @@ impl AnswerLog {
         {
             Ok(file) => Some(AnswerLog(Arc::new(Mutex::new(file)))),
             Err(e) => {
-                tracing::warn!(path = ?path, "the answer log cannot be opened: {e}");
+                tracing::warn!(path = ?path, "the answer log cannot be opened: {}", crate::base::chain(&e));
                 None
             }
         }

@@ -26,15 +26,4 @@ pub(crate) fn error(status: StatusCode, code: &str, message: impl std::fmt::Disp
         .into_response()
 }
 
-/// An error and each of its causes, once each, joined by `": "` (the form of anyhow's `{:#}`):
-/// every layer's message says what it was doing, and the last one what failed.
-pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
+pub(crate) use monoseq_kv::chain;

@@ -28,6 +28,15 @@ pub const WS_KIND_DEFAULT: u16 = 1;
 pub const SHUTDOWN_TIMEOUT_DEFAULT_SECS: u64 = 10;
 /// Largest accepted request body.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+/// Default of `--flush-delay-ms` on PostgreSQL. A flush of a partition's sequence numbers
+/// rewrites one row per workspace it touched, in a transaction of its own; waiting longer
+/// gathers more commands per workspace row. It bounds the PLog replayed after a crash (the
+/// numbers never depend on it). PostgreSQL CPU per command 30–31 → 22.6–24.4 µs with
+/// [`BACKLOG_VALUES_MAX_DEFAULT_POSTGRES`] (docs/benchmarks.md, "PostgreSQL cost per command").
+pub const FLUSH_DELAY_DEFAULT_POSTGRES: Duration = Duration::from_millis(500);
+/// Default of `--backlog-values-max` on PostgreSQL: room for the numbers of
+/// [`FLUSH_DELAY_DEFAULT_POSTGRES`] at full speed, so the flusher is not hurried earlier.
+pub const BACKLOG_VALUES_MAX_DEFAULT_POSTGRES: usize = 65_536;
 
 /// Which storage a command opens; every command that opens the store flattens it. Each flag
 /// also reads `MONOSEQ_<NAME>` from the environment.
@@ -68,8 +77,8 @@ pub struct ProcessorArgs {
         "Most commands per group commit [default: {}]", monoseq_cp::GROUP_COMMANDS_MAX_DEFAULT))]
     pub group_commands_max: Option<usize>,
     #[arg(long, env = "MONOSEQ_BACKLOG_VALUES_MAX", help = format!(
-        "Most unflushed sequence values per partition [default: {}]",
-        monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT))]
+        "Most unflushed sequence values per partition [default: {}; {} on PostgreSQL]",
+        monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT, BACKLOG_VALUES_MAX_DEFAULT_POSTGRES))]
     pub backlog_values_max: Option<usize>,
     #[arg(long, env = "MONOSEQ_CACHE_WORKSPACES_MAX", help = format!(
         "Workspaces cached per partition [default: {}]",
@@ -77,7 +86,8 @@ pub struct ProcessorArgs {
     pub cache_workspaces_max: Option<usize>,
     #[arg(long, env = "MONOSEQ_FLUSH_DELAY_MS", help = format!(
         "Longest wait of a partition's flusher to gather sequence numbers, milliseconds \
-         [default: {}]", monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis()))]
+         [default: {}; {} on PostgreSQL]", monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis(),
+        FLUSH_DELAY_DEFAULT_POSTGRES.as_millis()))]
     pub flush_delay_ms: Option<u64>,
     #[arg(long, env = "MONOSEQ_SHUTDOWN_TIMEOUT_SECS", help = format!(
         "Bound on a graceful shutdown, seconds [default: {SHUTDOWN_TIMEOUT_DEFAULT_SECS}]"))]
@@ -201,23 +211,10 @@ pub fn resolve(
     listen: &ListenArgs,
 ) -> anyhow::Result<Settings> {
     let file = read_file(storage.config.as_deref())?;
-    let trust_level = store
-        .trust_level
-        .or(file.trust_level)
-        .unwrap_or(TRUST_LEVEL_DEFAULT);
-    let trust = TrustLevel::try_from(trust_level).context("--trust-level")?;
-    let ws_kinds: Vec<WsKind> = store
-        .ws_kinds
-        .clone()
-        .or(file.ws_kinds)
-        .unwrap_or_else(|| vec![WS_KIND_DEFAULT])
-        .into_iter()
-        .map(WsKind)
-        .collect();
-    if ws_kinds.is_empty() {
-        bail!("--ws-kinds is empty: declare at least one workspace kind");
-    }
+    let trust = trust_of(store, &file)?;
+    let ws_kinds = ws_kinds_of(store, &file)?;
     let storage_kind = Storage::parse(storage.storage.as_deref().or(file.storage.as_deref()))?;
+    let (backlog_values_max, flush_delay) = numbers_flush(processor, &file, &storage_kind);
     let listen_text = listen.listen.as_deref().or(file.listen.as_deref());
     let settings = Settings {
         storage: storage_kind,
@@ -238,18 +235,12 @@ pub fn resolve(
             .group_commands_max
             .or(file.group_commands_max)
             .unwrap_or(monoseq_cp::GROUP_COMMANDS_MAX_DEFAULT),
-        backlog_values_max: processor
-            .backlog_values_max
-            .or(file.backlog_values_max)
-            .unwrap_or(monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT),
+        backlog_values_max,
         cache_workspaces_max: processor
             .cache_workspaces_max
             .or(file.cache_workspaces_max)
             .unwrap_or(monoseq_core::CACHE_WORKSPACES_MAX_DEFAULT),
-        flush_delay: processor
-            .flush_delay_ms
-            .or(file.flush_delay_ms)
-            .map_or(monoseq_cp::FLUSH_DELAY_DEFAULT, Duration::from_millis),
+        flush_delay,
         shutdown_timeout: Duration::from_secs(
             processor
                 .shutdown_timeout_secs
@@ -270,6 +261,60 @@ pub fn resolve(
     };
     settings.validate()?;
     Ok(settings)
+}
+
+/// The backlog bound and the flush delay of the sequence numbers: the flags over the file over
+/// the storage's defaults (PostgreSQL flushes less often, see
+/// [`FLUSH_DELAY_DEFAULT_POSTGRES`]).
+fn numbers_flush(
+    processor: &ProcessorArgs,
+    file: &SettingsFile,
+    storage: &Storage,
+) -> (usize, Duration) {
+    let (backlog_default, delay_default) = match storage {
+        Storage::Postgres(_) => (
+            BACKLOG_VALUES_MAX_DEFAULT_POSTGRES,
+            FLUSH_DELAY_DEFAULT_POSTGRES,
+        ),
+        _ => (
+            monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT,
+            monoseq_cp::FLUSH_DELAY_DEFAULT,
+        ),
+    };
+    let backlog = processor
+        .backlog_values_max
+        .or(file.backlog_values_max)
+        .unwrap_or(backlog_default);
+    let delay = processor
+        .flush_delay_ms
+        .or(file.flush_delay_ms)
+        .map_or(delay_default, Duration::from_millis);
+    (backlog, delay)
+}
+
+/// The trust level: the flag over the file over the default.
+fn trust_of(store: &StoreArgs, file: &SettingsFile) -> anyhow::Result<TrustLevel> {
+    let trust_level = store
+        .trust_level
+        .or(file.trust_level)
+        .unwrap_or(TRUST_LEVEL_DEFAULT);
+    TrustLevel::try_from(trust_level).context("--trust-level")
+}
+
+/// The workspace kinds: the flag over the file over the default; at least one.
+fn ws_kinds_of(store: &StoreArgs, file: &SettingsFile) -> anyhow::Result<Vec<WsKind>> {
+    let ws_kinds: Vec<WsKind> = store
+        .ws_kinds
+        .clone()
+        .or_else(|| file.ws_kinds.clone())
+        .unwrap_or_else(|| vec![WS_KIND_DEFAULT])
+        .into_iter()
+        .map(WsKind)
+        .collect();
+    if ws_kinds.is_empty() {
+        bail!("--ws-kinds is empty: declare at least one workspace kind");
+    }
+    Ok(ws_kinds)
 }
 
 /// The settings file, or no settings when none is given.
@@ -457,8 +502,9 @@ fn open_pg(url: &str) -> anyhow::Result<Arc<monoseq_pg::PgStore>> {
     // twice.
     let store = monoseq_pg::PgStore::open(url, monoseq_pg::PgOptions::default()).map_err(|e| {
         anyhow::anyhow!(
-            "opening PostgreSQL storage {}: {e}",
-            Storage::Postgres(url.to_owned()).describe()
+            "opening PostgreSQL storage {}: {}",
+            Storage::Postgres(url.to_owned()).describe(),
+            crate::base::chain(&e)
         )
     })?;
     Ok(Arc::new(store))
@@ -566,6 +612,29 @@ mod tests {
             .expect("tokens from the file's tokens file");
         assert_eq!(security.auth.count(crate::auth::Kind::Write), 1);
         assert!(security.auth.open_health);
+    }
+
+    #[test]
+    fn on_postgres_numbers_are_flushed_less_often_unless_set() {
+        let mut args = ServeArgs::default();
+        args.storage.storage = Some("postgres://u@127.0.0.1:5432/db".into());
+        let on_pg = args.resolve().expect("resolves");
+        assert_eq!(on_pg.flush_delay, FLUSH_DELAY_DEFAULT_POSTGRES);
+        assert_eq!(
+            on_pg.backlog_values_max,
+            BACKLOG_VALUES_MAX_DEFAULT_POSTGRES
+        );
+        args.processor.flush_delay_ms = Some(20);
+        args.processor.backlog_values_max = Some(1000);
+        let set = args.resolve().expect("resolves");
+        assert_eq!(set.flush_delay, Duration::from_millis(20));
+        assert_eq!(set.backlog_values_max, 1000);
+        let embedded = ServeArgs::default().resolve().expect("resolves");
+        assert_eq!(embedded.flush_delay, monoseq_cp::FLUSH_DELAY_DEFAULT);
+        assert_eq!(
+            embedded.backlog_values_max,
+            monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT
+        );
     }
 
     #[test]

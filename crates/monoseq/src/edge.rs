@@ -112,7 +112,8 @@ fn check_descriptors_now(limits: &EdgeLimits) -> usize {
         Err(e) => {
             tracing::warn!(
                 connections_max = limits.connections_max,
-                "the file-descriptor limit cannot be read ({e}); keeping --connections-max"
+                "the file-descriptor limit cannot be read ({}); keeping --connections-max",
+                crate::base::chain(&e)
             );
             limits.connections_max
         }

@@ -269,13 +269,14 @@ async fn relay(answer: reqwest::Response) -> Response {
 /// The owner could not be reached or did not answer in time. The command may have been
 /// applied if the request reached it: a retry with the same `Idempotency-Key` is safe.
 fn owner_unreachable(url: &str, e: &reqwest::Error) -> Response {
-    tracing::warn!(owner = %url, "forwarding a command failed: {e}");
+    tracing::warn!(owner = %url, "forwarding a command failed: {}", crate::base::chain(e));
     let mut r = crate::base::error(
         StatusCode::SERVICE_UNAVAILABLE,
         "owner_unreachable",
         format!(
-            "the node owning the partition ({url}) did not answer: {e}; retry (with the same \
-             Idempotency-Key, the command is applied at most once)"
+            "the node owning the partition ({url}) did not answer: {}; retry (with the same \
+             Idempotency-Key, the command is applied at most once)",
+            crate::base::chain(e)
         ),
     );
     r.headers_mut()

@@ -52,7 +52,13 @@ enum LogFormat {
     Json,
 }
 
-/// Logs to standard error, filtered by `RUST_LOG` (or `default` when unset).
+/// The log filter of `serve` when `RUST_LOG` is unset: our own lines from `info`, the storage
+/// engines' (which announce every recovered tree at `info`) from `warn`.
+const SERVE_LOG_DEFAULT: &str = "info,fjall=warn,lsm_tree=warn";
+
+/// Logs to standard error, filtered by `RUST_LOG` (or `default` when unset). Records of the
+/// `log` crate (fjall's, among others: a failed flush or compaction, a crashed storage worker)
+/// are logged the same way, so no storage error goes unseen.
 fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
@@ -138,17 +144,20 @@ fn main() -> std::process::ExitCode {
             .exit();
     }
     let serving = matches!(cli.command, Cmd::Serve { .. });
-    init_logging(cli.log_format, if serving { "info" } else { "warn" });
+    init_logging(
+        cli.log_format,
+        if serving { SERVE_LOG_DEFAULT } else { "warn" },
+    );
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // The reader of our output went away (`monoseq inspect | head`): nothing to report.
         Err(e) if is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
         Err(e) if serving => {
-            tracing::error!("refusing to start: {}", describe(&e));
+            tracing::error!("refusing to start: {e:#}");
             std::process::ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!("monoseq: {}", describe(&e));
+            eprintln!("monoseq: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
@@ -159,20 +168,6 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
-}
-
-/// An error with its causes, each said once: many errors already name their cause in their
-/// own text, so a cause whose text is already there is left out.
-fn describe(e: &anyhow::Error) -> String {
-    let mut out = e.to_string();
-    for cause in e.chain().skip(1) {
-        let text = cause.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-    }
-    out
 }
 
 /// The settings of a tool that reads the store (`inspect`, `verify`).
@@ -223,18 +218,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 mod tests {
     use clap::CommandFactory;
 
-    #[test]
-    fn an_error_names_each_cause_once() {
-        #[derive(Debug, thiserror::Error)]
-        #[error("inner failed")]
-        struct Inner;
-        #[derive(Debug, thiserror::Error)]
-        #[error("outer: {0}")]
-        struct Outer(#[source] Inner);
-        let e = anyhow::Error::new(Outer(Inner)).context("opening");
-        assert_eq!(super::describe(&e), "opening: outer: inner failed");
-    }
-
     /// The help text of `monoseq <command>`.
     fn help(command: &str) -> String {
         let mut cli = super::Cli::command();
@@ -262,7 +245,11 @@ mod tests {
         for default in [
             format!("[default: {}]", crate::config::LISTEN_DEFAULT),
             format!("[default: {}]", monoseq_cp::GROUP_COMMANDS_MAX_DEFAULT),
-            format!("[default: {}]", monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis()),
+            format!(
+                "[default: {}; {} on PostgreSQL]",
+                monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis(),
+                crate::config::FLUSH_DELAY_DEFAULT_POSTGRES.as_millis()
+            ),
             format!("or {} for a new one", crate::config::PARTITIONS_DEFAULT),
         ] {
             assert!(serve.contains(&default), "{default} missing from: {serve}");

@@ -57,7 +57,11 @@ pub fn load_certificates(path: &Path) -> anyhow::Result<Vec<CertificateDer<'stat
 fn load_key(path: &Path) -> anyhow::Result<PrivateKeyDer<'static>> {
     PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
         rustls::pki_types::pem::Error::Io(e) => {
-            anyhow::anyhow!("reading the TLS key file {}: {e}", path.display())
+            anyhow::anyhow!(
+                "reading the TLS key file {}: {}",
+                path.display(),
+                crate::base::chain(&e)
+            )
         }
         _ => anyhow::anyhow!(
             "the TLS key file {} holds no PEM private key (PKCS#8, PKCS#1 or SEC1)",
@@ -68,7 +72,9 @@ fn load_key(path: &Path) -> anyhow::Result<PrivateKeyDer<'static>> {
 
 fn pem_error(e: rustls::pki_types::pem::Error, what: &str) -> anyhow::Error {
     match e {
-        rustls::pki_types::pem::Error::Io(e) => anyhow::anyhow!("reading {what}: {e}"),
+        rustls::pki_types::pem::Error::Io(e) => {
+            anyhow::anyhow!("reading {what}: {}", crate::base::chain(&e))
+        }
         other => anyhow::anyhow!("{what} is not a valid PEM file: {other}"),
     }
 }
@@ -193,7 +199,7 @@ async fn handshake(acceptor: TlsAcceptor, stream: TcpStream, peer: SocketAddr) -
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => Some((tls, peer)),
         Ok(Err(e)) => {
-            tracing::debug!(%peer, "TLS handshake failed: {e}");
+            tracing::debug!(%peer, "TLS handshake failed: {}", crate::base::chain(&e));
             None
         }
         Err(_) => {
@@ -213,7 +219,10 @@ async fn accept_error(e: io::Error) {
     ) {
         return;
     }
-    tracing::error!("accepting a connection failed: {e}; retrying in a second");
+    tracing::error!(
+        "accepting a connection failed: {}; retrying in a second",
+        crate::base::chain(&e)
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
 }
 

@@ -268,3 +268,25 @@ async fn seq_gets_a_data_directory_released_while_it_waits() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
 }
+
+/// fjall reports through the `log` crate (a crashed flush or compaction worker among others);
+/// those records reach the same log as ours, under the same filter.
+#[test]
+fn the_storage_engines_own_log_records_reach_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = Command::new(BIN)
+        .args(["seq", "next", "orders/invoice", "--data-dir"])
+        .arg(&data)
+        .env("RUST_LOG", "fjall=debug")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("fjall") && l.contains("worker pool")),
+        "no fjall record in the log:\n{stderr}"
+    );
+}

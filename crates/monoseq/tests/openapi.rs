@@ -67,8 +67,15 @@ async fn exercise(client: &reqwest::Client, url: &str) {
         .send()
         .await
         .unwrap();
+    // The server answers 413 before reading the rest of an oversized body and closes the
+    // connection; a client of its own keeps that closed connection out of the shared pool (the
+    // answer is checked against the document with all the others, from the server's log).
     let big = json!({"ws": 6, "ws_kind": 1, "command": "x".repeat(2 << 20)});
-    post(big, None).await.unwrap();
+    let _ = reqwest::Client::new()
+        .post(format!("{url}/v1/commands"))
+        .json(&big)
+        .send()
+        .await;
     for path in [
         "/v1/partitions/2/events/1".to_owned(),
         "/v1/partitions/2/events/99".into(),

@@ -390,14 +390,7 @@ pub(super) fn parse_tokens_file(text: &str, origin: &str) -> anyhow::Result<Vec<
         if words.next().is_some() {
             bail!("{at}: more than one word follows the kind; a token holds no spaces");
         }
-        let token = token
-            .parse::<Token>()
-            .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
-        tokens.push(Configured {
-            kind,
-            token,
-            origin: at,
-        });
+        tokens.push(configured(kind, token, at)?);
     }
     Ok(tokens)
 }
@@ -416,16 +409,21 @@ pub(super) fn parse_tokens_env(list: &str) -> anyhow::Result<Vec<Configured>> {
             .split_once(':')
             .and_then(|(kind, token)| Some((Kind::parse(kind)?, token)))
             .with_context(|| format!("{at}: an entry is `write:<token>` or `read:<token>`"))?;
-        let token = token
-            .parse::<Token>()
-            .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
-        tokens.push(Configured {
-            kind,
-            token,
-            origin: at,
-        });
+        tokens.push(configured(kind, token, at)?);
     }
     Ok(tokens)
+}
+
+/// A token of `kind` parsed from `text`, named by `at` (a place, never the token) in errors.
+fn configured(kind: Kind, text: &str, at: String) -> anyhow::Result<Configured> {
+    let token = text
+        .parse::<Token>()
+        .map_err(|e| anyhow::anyhow!("{at}: {e}"))?;
+    Ok(Configured {
+        kind,
+        token,
+        origin: at,
+    })
 }
 
 /// Refuses a token configured twice: as two kinds it would be ambiguous, as one a mistake.

@@ -145,7 +145,7 @@ impl Cluster {
             ms(settings.lease),
             ms(settings.renew),
         )
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(|e| anyhow::anyhow!("{}", crate::base::chain(&e)))?;
         let (leave, leave_rx) = mpsc::channel(1);
         let (life, mut life_rx) = watch::channel(Life::Joining);
         let cluster = Arc::new(Cluster {
@@ -540,48 +540,23 @@ impl Cluster {
             } => self.drain(partition, epoch, to, done.clone()),
             Action::Claimed { previous } => {
                 if let Some(p) = previous {
-                    tracing::warn!(
-                        node_id = %p.node_id,
-                        earlier_run = %p.run_id,
-                        earlier_url = %p.url,
-                        "took this node's name over from an earlier run whose heartbeat stopped \
-                         {} ms before; its partitions are taken back with new epochs",
-                        p.seen_ms_ago
-                    );
+                    log_name_taken_over(&p);
                 }
                 self.life.send_replace(Life::Member);
             }
             Action::Refuse(taken) => {
-                let why = refusal(&taken, self.config.name_wait_ms());
-                tracing::error!("{why}");
-                self.life.send_replace(Life::Ended(why));
+                self.end(refusal(&taken, self.config.name_wait_ms()));
                 return false;
             }
             Action::Superseded => {
-                let why = format!(
-                    "another run of node {} claimed its name (this run's heartbeats stopped for \
-                     longer than {} ms, or a second process was started with the same \
-                     --node-id): this run stopped serving and shuts down",
-                    self.settings.node_id,
-                    self.config.name_stale_ms()
-                );
-                tracing::error!("{why}");
-                self.life.send_replace(Life::Ended(why));
+                self.end(self.superseded());
                 return false;
             }
             Action::EpochWentBack {
                 partition,
                 seen,
                 found,
-            } => tracing::error!(
-                partition,
-                epoch_seen = seen,
-                epoch_now = found,
-                "the database's lease of the partition went back in time: the database lost \
-                 acknowledged writes (a failover to a standby that was behind, or a restored \
-                 backup?). This node no longer serves the partition, so that no number is \
-                 handed out twice; restore the database, or restart the node to accept the loss"
-            ),
+            } => log_epoch_went_back(partition, seen, found),
             Action::Left => {
                 if let Some(tx) = leaving.take() {
                     let _ = tx.send(());
@@ -591,6 +566,23 @@ impl Cluster {
             }
         }
         true
+    }
+
+    /// Ends this run's membership for `why` (logged, and handed to whoever waits for the end).
+    fn end(&self, why: String) {
+        tracing::error!("{why}");
+        self.life.send_replace(Life::Ended(why));
+    }
+
+    /// Why this run stops when another run of its node claimed the name.
+    fn superseded(&self) -> String {
+        format!(
+            "another run of node {} claimed its name (this run's heartbeats stopped for \
+             longer than {} ms, or a second process was started with the same \
+             --node-id): this run stopped serving and shuts down",
+            self.settings.node_id,
+            self.config.name_stale_ms()
+        )
     }
 
     fn call(self: &Arc<Self>, call: Call, done: mpsc::Sender<Done>) {
@@ -605,7 +597,7 @@ impl Cluster {
             .await
             .unwrap_or_else(|e| {
                 asked.failed(TableError {
-                    message: format!("the lease call did not finish: {e}"),
+                    message: format!("the lease call did not finish: {}", crate::base::chain(&e)),
                 })
             });
             log_failure(&reply);
@@ -697,7 +689,11 @@ impl Cluster {
         }
         let store = EventStore::new(self.view_of(p, epoch), APP, self.trust);
         if let Err(e) = self.cp.acquire(p, store) {
-            tracing::error!(partition = p, "starting the partition failed: {e}");
+            tracing::error!(
+                partition = p,
+                "starting the partition failed: {}",
+                crate::base::chain(&e)
+            );
             return;
         }
         drop(serving);
@@ -824,8 +820,34 @@ fn log_failure(reply: &Reply) {
     };
     if let Some(e) = failed {
         tracing::warn!(
-            "a lease call failed: {e}; partitions stop being served here when their leases can \
-             no longer be renewed in time"
+            "a lease call failed: {}; partitions stop being served here when their leases can \
+             no longer be renewed in time",
+            crate::base::chain(e)
         );
     }
+}
+
+/// The warning of a run that took its node's name over from an earlier run.
+fn log_name_taken_over(p: &NameTaken) {
+    tracing::warn!(
+        node_id = %p.node_id,
+        earlier_run = %p.run_id,
+        earlier_url = %p.url,
+        "took this node's name over from an earlier run whose heartbeat stopped \
+         {} ms before; its partitions are taken back with new epochs",
+        p.seen_ms_ago
+    );
+}
+
+/// The error of a partition whose lease epoch in the database went lower than one seen.
+fn log_epoch_went_back(partition: u32, seen: u64, found: u64) {
+    tracing::error!(
+        partition,
+        epoch_seen = seen,
+        epoch_now = found,
+        "the database's lease of the partition went back in time: the database lost \
+         acknowledged writes (a failover to a standby that was behind, or a restored \
+         backup?). This node no longer serves the partition, so that no number is \
+         handed out twice; restore the database, or restart the node to accept the loss"
+    );
 }

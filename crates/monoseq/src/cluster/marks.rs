@@ -336,8 +336,9 @@ pub async fn prepare(
             pull_into(&node, prober, &urls).await;
         }
         Err(e) => tracing::warn!(
-            "the other nodes' high-water marks could not be pulled at start ({e}); they are \
-             pulled again before each partition is served"
+            "the other nodes' high-water marks could not be pulled at start ({}); they are \
+             pulled again before each partition is served",
+            crate::base::chain(&e)
         ),
     }
     if accept_loss {
@@ -400,14 +401,21 @@ pub fn ensure_retired(view: Store, p: u32, retired: Mark) -> anyhow::Result<bool
     }
     let store = EventStore::new(view, crate::base::APP, monoseq_store::TrustLevel::Level0);
     let seq = store.seq_storage(PartitionId(p));
-    let next = seq
-        .read_next_plog_offset()
-        .map_err(|e| anyhow::anyhow!("reading partition {p}'s checkpoint: {e}"))?;
+    let next = seq.read_next_plog_offset().map_err(|e| {
+        anyhow::anyhow!(
+            "reading partition {p}'s checkpoint: {}",
+            crate::base::chain(&e)
+        )
+    })?;
     if next.0 > retired.plog {
         return Ok(false);
     }
-    monoseq_store::retire_partition(seq, p, retired)
-        .map_err(|e| anyhow::anyhow!("retiring partition {p}'s numbers: {e}"))?;
+    monoseq_store::retire_partition(seq, p, retired).map_err(|e| {
+        anyhow::anyhow!(
+            "retiring partition {p}'s numbers: {}",
+            crate::base::chain(&e)
+        )
+    })?;
     Ok(true)
 }
 

@@ -213,7 +213,10 @@ async fn shut_down(
         && let Some(kv) = opened.embedded
         && let Err(e) = tokio::task::spawn_blocking(move || kv.flush_memtables()).await?
     {
-        tracing::warn!("writing the journal into table files at shutdown failed: {e}");
+        tracing::warn!(
+            "writing the journal into table files at shutdown failed: {}",
+            crate::base::chain(&e)
+        );
     }
     if clean {
         tracing::info!("stopped");
@@ -296,7 +299,12 @@ async fn lease_pool(settings: &Settings) -> anyhow::Result<monoseq_pg::PgStore> 
         monoseq_pg::PgOptions::default().pool_connections(crate::cluster::LEASE_POOL_CONNECTIONS);
     tokio::task::spawn_blocking(move || monoseq_pg::PgStore::open(&url, options))
         .await?
-        .map_err(|e| anyhow::anyhow!("opening the lease calls' connections: {e}"))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "opening the lease calls' connections: {}",
+                crate::base::chain(&e)
+            )
+        })
 }
 
 /// What a node of a cluster settles before its storage opens: its settings and how it reaches
