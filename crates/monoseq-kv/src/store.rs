@@ -126,10 +126,18 @@ pub trait KvStore: Send + Sync + 'static {
         new: Option<&[u8]>,
     ) -> Result<(), CasError>;
 
-    /// Compare-and-swaps of distinct keys, each deciding on its own condition as
-    /// [`compare_and_swap`](KvStore::compare_and_swap) would, answered in order. Together they
-    /// are not atomic: some may swap while others fail. A backend may carry them in one round
-    /// trip and one commit; by default they run one after another.
+    /// The compare-and-swaps of `swaps`, each deciding on its own condition exactly as
+    /// [`compare_and_swap`](KvStore::compare_and_swap) would, with one answer per swap, in
+    /// order. A key named twice is swapped in list order (the second sees the first's outcome).
+    /// Together they are not atomic: some may swap while others fail, and a failed condition
+    /// fails only its own swap. A backend may carry them in one round trip and one commit; by
+    /// default they run one after another.
+    ///
+    /// # Errors
+    ///
+    /// Each answer is what [`compare_and_swap`](KvStore::compare_and_swap) would answer for
+    /// its swap; a storage fault may fail several (each [`KvError::OutcomeUnknown`] among them
+    /// may have swapped).
     fn compare_and_swap_each(&self, swaps: &[Swap<'_>]) -> Vec<Result<(), CasError>> {
         swaps
             .iter()
