@@ -29,10 +29,10 @@ use crate::write::{self, Outcome};
 
 /// Attempts of a batch that the server rolled back for a serialization failure or a deadlock
 /// (nothing of it was written, so it runs again).
-const WRITE_ATTEMPTS_MAX: u32 = 5;
+pub(crate) const WRITE_ATTEMPTS_MAX: u32 = 5;
 /// Attempts of a compare-and-swap whose comparison failed while a read right after found the
 /// expected value again (a concurrent writer changed it back in between).
-const CAS_ATTEMPTS_MAX: u32 = 64;
+pub(crate) const CAS_ATTEMPTS_MAX: u32 = 64;
 
 /// What every operation needs: the pool, the statements and the time limits.
 pub(crate) struct Inner {

@@ -14,24 +14,22 @@
 //! A single swap, a swap that expects absence and deletes, and lists that name a key twice run
 //! through the single compare-and-swap, one after another.
 //!
+//! A transaction whose answer was lost is settled on every key still unanswered (one
+//! rolled-back transaction of insert-if-absent statements in key order, which waits for any
+//! transaction that locked one of them), since the keys it swapped, and so locked, are unknown.
+//!
 //! [`KvStore::compare_and_swap_each`]: monoseq_kv::KvStore::compare_and_swap_each
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use futures_util::future::{join_all, join3};
-use monoseq_kv::{CasError, KvError, Swap, limits};
+use monoseq_kv::{CasError, Key, KvError, Swap, limits};
 use tokio_postgres::types::ToSql;
 
 use crate::error::Failure;
 use crate::exec::Conn;
-use crate::store::{Core, Inner};
-
-/// Rounds of the transaction for keys that a read right after found at their expected value
-/// again (a concurrent writer changed them back in between), as for one compare-and-swap.
-const ROUNDS_MAX: u32 = 64;
-/// Attempts of a round that the server rolled back for a serialization failure or a deadlock.
-const ATTEMPTS_MAX: u32 = 5;
+use crate::store::{CAS_ATTEMPTS_MAX, Core, Inner, WRITE_ATTEMPTS_MAX};
 
 /// Whether one transaction carries `swaps`: several, each writing or deleting, no key twice.
 fn fits_one_transaction(swaps: &[Swap<'_>]) -> bool {
@@ -115,15 +113,12 @@ impl Core {
             );
             match ran {
                 Ok(()) => break,
-                Err(failure) if failure.is_retryable() && attempt < ATTEMPTS_MAX => {
+                Err(failure) if failure.is_retryable() && attempt < WRITE_ATTEMPTS_MAX => {
                     std::thread::sleep(Duration::from_millis(1 << attempt));
                     attempt += 1;
                 }
                 Err(failure) if failure.outcome_unknown() => {
-                    let settled = answers
-                        .pending()
-                        .first()
-                        .is_some_and(|&first| self.settle(swaps[first].key));
+                    let settled = self.settle_each(swaps, &answers.pending());
                     answers.fail_pending(
                         failure.into_unknown("a compare-and-swap of a list", settled),
                     );
@@ -139,6 +134,40 @@ impl Core {
         }
         answers.into_results()
     }
+
+    /// [`Core::settle`] for the keys of the swaps at `indices` together: one transaction of
+    /// their insert-if-absent statements in key order (the order a swapping transaction locks
+    /// them in), rolled back. True when it ended within the call's time limit.
+    fn settle_each(&self, swaps: &[Swap<'_>], indices: &[usize]) -> bool {
+        let mut keys: Vec<Key<'_>> = indices.iter().map(|&i| swaps[i].key).collect();
+        keys.sort();
+        let inner = &self.inner;
+        self.run(inner.call_timeout(), async {
+            let conn = inner.conn().await?;
+            let client = conn.client()?;
+            let insert = client.prepare_cached(&inner.sql.kv.cas_insert).await?;
+            let empty: &[u8] = b"";
+            let params: Vec<[&(dyn ToSql + Sync); 3]> = keys
+                .iter()
+                .map(|key| [&key.partition as _, &key.clustering as _, &empty as _])
+                .collect();
+            let inserts = params.iter().map(|params| client.execute(&insert, params));
+            let (begin, inserted, rollback) = join3(
+                client.batch_execute("BEGIN"),
+                join_all(inserts),
+                client.batch_execute("ROLLBACK"),
+            )
+            .await;
+            begin?;
+            for inserted in inserted {
+                inserted?;
+            }
+            rollback?;
+            conn.release();
+            Ok(())
+        })
+        .is_ok()
+    }
 }
 
 /// Runs the transaction for the pending swaps, round after round, on one connection, until
@@ -149,7 +178,7 @@ async fn swap_rounds(
     answers: &mut Answers,
 ) -> Result<(), Failure> {
     let conn = inner.conn().await?;
-    for _ in 0..ROUNDS_MAX {
+    for _ in 0..CAS_ATTEMPTS_MAX {
         let pending = answers.pending();
         if pending.is_empty() {
             conn.release();
@@ -171,7 +200,7 @@ async fn swap_rounds(
     conn.release();
     answers.fail_pending(KvError::Corrupted {
         message: format!(
-            "compare-and-swap lost {ROUNDS_MAX} races in a row against writers that kept \
+            "compare-and-swap lost {CAS_ATTEMPTS_MAX} races in a row against writers that kept \
              restoring the expected value; retry later"
         ),
     });
