@@ -137,10 +137,15 @@ impl Combiner {
     }
 }
 
+/// The failure of a write whose combined call ended without an answer for it: the call's task
+/// was cancelled (the runtime is shutting down) or panicked, or the backend answered too few.
+/// The write may have landed; the caller hands nothing out and reads again.
 fn unanswered() -> WriteFailure {
     WriteFailure::Storage(StorageError::message(
-        "writing the sequences",
-        "the combined writer ended without answering (runtime shutting down?)",
+        "writing the sequence",
+        "the combined write that carried it ended without answering for it (its task was \
+         cancelled or panicked, or the backend answered fewer writes than it was given), so \
+         it may have landed",
     ))
 }
 

@@ -24,8 +24,8 @@ const UNKNOWN_ATTEMPTS_MAX: u32 = 3;
 /// followed by [`KvStore::sync`] before it returns, so a number is never handed out before it
 /// is durable (with group commit, concurrent writers share that flush). It
 /// [combines](Backend::combines): [`Backend::write_each`] makes the writes of several
-/// sequences with one [`KvStore::compare_and_swap_each`] (on PostgreSQL one statement and one
-/// commit) and one sync. Storage calls run on tokio's blocking pool because the embedded
+/// sequences with one [`KvStore::compare_and_swap_each`] (on PostgreSQL one pipelined
+/// transaction and one commit) and one sync. Storage calls run on tokio's blocking pool because the embedded
 /// engines block on disk.
 ///
 /// # Example
@@ -115,7 +115,7 @@ fn write_each_blocking<S: KvStore>(
     let mut answers: Vec<Result<(), WriteFailure>> = swaps
         .iter()
         .zip(swapped)
-        .map(|(swap, result)| swap_answer(store, swap, result))
+        .map(|(swap, result)| swap_answer(swap, result))
         .collect();
     if answers.iter().any(Result::is_ok)
         && let Err(e) = store.sync()
@@ -132,24 +132,19 @@ fn write_each_blocking<S: KvStore>(
         .collect()
 }
 
-/// What one swap of [`write_each_blocking`] answers. A create whose answer was lost is read
-/// back (its own bytes there: it landed); any other lost answer is a conflict, as for
-/// [`Backend::replace`]: the caller reads again, and what may have landed stays a gap.
-fn swap_answer<S: KvStore>(
-    store: &S,
-    swap: &Swap<'_>,
-    result: Result<(), CasError>,
-) -> Result<(), WriteFailure> {
+/// What one swap of [`write_each_blocking`] answers. A lost answer is a conflict, as for
+/// [`Backend::create`] and [`Backend::replace`]: the caller reads again, and what may have
+/// landed stays a gap (it is never claimed: another writer may have stored the same bytes).
+fn swap_answer(swap: &Swap<'_>, result: Result<(), CasError>) -> Result<(), WriteFailure> {
+    let context = match swap.expected {
+        None => "creating the sequence",
+        Some(_) => "updating the sequence",
+    };
     match result {
         Ok(()) => Ok(()),
         Err(CasError::Mismatch { .. }) => Err(WriteFailure::Conflict),
-        Err(e) if e.is_outcome_unknown() && swap.expected.is_none() => match store.get(swap.key) {
-            Ok(found) if found.as_deref() == swap.new => Ok(()),
-            Ok(_) => Err(WriteFailure::Conflict),
-            Err(read) => Err(StorageError::new("creating the sequence", read).into()),
-        },
         Err(e) if e.is_outcome_unknown() => Err(WriteFailure::Conflict),
-        Err(e) => Err(StorageError::new("updating the sequence", e).into()),
+        Err(e) => Err(StorageError::new(context, e).into()),
     }
 }
 
@@ -186,13 +181,12 @@ impl<S: KvStore> Backend for KvBackend<S> {
                         Ok(()) => return sync_after_write(store, bytes),
                         Err(WriteError::Conflict { .. }) => return Err(WriteFailure::Conflict),
                         Err(e) if e.is_outcome_unknown() && attempts < UNKNOWN_ATTEMPTS_MAX => {
-                            // Read back: absent means it did not land (try again); our own
-                            // bytes mean it did.
+                            // Read back: absent means it did not land (try again). Present
+                            // is a conflict even with our own bytes, which another process
+                            // creating the sequence in the same millisecond may have written
+                            // too: the caller reads it and writes on it, leaving a gap.
                             match store.get(key) {
                                 Ok(None) => continue,
-                                Ok(Some(found)) if found == bytes => {
-                                    return sync_after_write(store, bytes);
-                                }
                                 Ok(Some(_)) => return Err(WriteFailure::Conflict),
                                 Err(read) => {
                                     return Err(
@@ -254,7 +248,7 @@ impl<S: KvStore> Backend for KvBackend<S> {
     }
 
     /// One hop to the blocking pool, one [`KvStore::compare_and_swap_each`] (on PostgreSQL one
-    /// statement and one commit) and one [`KvStore::sync`] for all of `writes`.
+    /// transaction and one commit) and one [`KvStore::sync`] for all of `writes`.
     fn write_each(
         &self,
         writes: Vec<ConditionalWrite>,

@@ -60,9 +60,10 @@ impl Recording {
         let plugs = (0..DURABLE_WRITES_IN_FLIGHT)
             .map(|i| call(sequences, &format!("orders/plug{i}")))
             .collect();
-        while self.held.load(Ordering::SeqCst) < DURABLE_WRITES_IN_FLIGHT {
-            settle().await;
-        }
+        settle_until("the plugs' writes to reach write_each", || {
+            self.held.load(Ordering::SeqCst) >= DURABLE_WRITES_IN_FLIGHT
+        })
+        .await;
         plugs
     }
 
@@ -124,8 +125,9 @@ impl Backend for Recording {
             answers
         })
     }
+    /// The key-value backend's own answer: these tests fail if it stops combining.
     fn combines(&self) -> bool {
-        true
+        self.inner.combines()
     }
 }
 
@@ -148,6 +150,19 @@ async fn settle() {
     }
 }
 
+/// Settles until `done`; panics naming `what` if it does not happen within 10 s (the writes
+/// went elsewhere than to `write_each`, or were never handed over).
+async fn settle_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited 10 s for {what}: does the backend still combine?"
+        );
+        settle().await;
+    }
+}
+
 /// 16 sequences with 8 calls each, handed over while a call is in flight: the next call
 /// carries the writes of all 16, and each caller gets its own number, gapless per sequence.
 #[tokio::test]
@@ -163,9 +178,10 @@ async fn calls_on_many_sequences_are_served_by_fewer_durable_writes_than_sequenc
         .collect();
     // Each lane reads its sequence once (unknown yet) and hands its write over.
     let plug_loads = DURABLE_WRITES_IN_FLIGHT as u32;
-    while recording.loads.load(Ordering::SeqCst) < plug_loads + SEQUENCES as u32 {
-        settle().await;
-    }
+    settle_until("every lane to read its sequence", || {
+        recording.loads.load(Ordering::SeqCst) >= plug_loads + SEQUENCES as u32
+    })
+    .await;
     settle().await;
     recording.release();
 
