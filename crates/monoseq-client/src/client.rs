@@ -363,6 +363,18 @@ impl Client {
         cluster.ok_or_else(|| ClientError::Protocol("/v1/cluster answered 404".into()))
     }
 
+    /// The node a command of workspace `ws` goes to now: its partition's owner as last seen
+    /// (the view is fetched first when it names no owner yet or has grown old), or a node
+    /// the client was given while no owner is known. To batch by owner: the commands of one
+    /// node travel as one request of [`Client::submit_batch`].
+    pub async fn node_of(&self, ws: u64) -> String {
+        if self.inner.view.stale(Instant::now()) {
+            let _ = self.refresh().await;
+        }
+        let view = &self.inner.view;
+        view.node_for(view.partition_of(ws))
+    }
+
     /// Learns the partition count and every partition's owner now (a client also does it on
     /// its own when a command meets a moved partition or a refused connection).
     ///

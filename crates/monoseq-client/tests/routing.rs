@@ -132,6 +132,15 @@ async fn a_command_goes_to_the_owner_that_the_cluster_view_names() {
 }
 
 #[tokio::test]
+async fn node_of_names_the_owner_that_the_cluster_view_names_so_batches_can_be_gathered_by_owner() {
+    let owner = serve(node(Log::default(), 2, None, |_| ok())).await;
+    let seed = serve(node(Log::default(), 2, Some(owner.clone()), |_| ok())).await;
+    let client = Client::new(&seed).unwrap();
+    assert_eq!(client.node_of(1).await, owner);
+    assert_eq!(client.node_of(2).await, owner);
+}
+
+#[tokio::test]
 async fn a_client_that_read_the_server_info_first_still_sends_commands_to_the_owner() {
     let (seed_log, owner_log) = (Log::default(), Log::default());
     let owner = serve(node(owner_log.clone(), 2, None, |_| ok())).await;

@@ -37,11 +37,13 @@ pub const QUEUE_COMMANDS_MAX_DEFAULT: usize = 4_096;
 /// of 256 commands with a WLog offset and a few record IDs each must fit.
 pub const BACKLOG_VALUES_MAX_DEFAULT: usize = 8_192;
 /// Default longest wait of a partition's sequencer flusher to gather numbers (the sequencer's
-/// batcher delay). Longer than the sequencer's own default (seed 000's 5 ms): a busy
-/// workspace's numbers are then written once per flush rather than once per few commands,
-/// which saved a tenth of the CPU per command at level 0; a restart replays at most this
-/// much more of the PLog.
-pub const FLUSH_DELAY_DEFAULT: Duration = Duration::from_millis(50);
+/// batcher delay; the backlog bound hurries it under load). Longer than the sequencer's own
+/// default (seed 000's 5 ms): a busy workspace's numbers are then written once per flush
+/// rather than once per few commands. A flush rewrites one row per workspace it touched: 5 → 50
+/// ms saved a tenth of the CPU per command, 50 → 500 ms another tenth in-process and a quarter
+/// of PostgreSQL's CPU per command (docs/benchmarks.md). A restart replays at most this much
+/// more of the PLog (at a million events a second); the numbers never depend on it.
+pub const FLUSH_DELAY_DEFAULT: Duration = Duration::from_millis(500);
 /// Suggested client back-off when the answer is busy.
 pub const RETRY_AFTER_SECS: u64 = 1;
 

@@ -26,7 +26,7 @@ use crate::batch::{Op, WriteBatch};
 use crate::error::{CasError, KvError, WriteError};
 use crate::faulty::FaultyStore;
 use crate::key::{Key, limits};
-use crate::store::{KvStore, Order, Visitor};
+use crate::store::{KvStore, Order, Swap, Visitor};
 
 /// Cases of the model property test when the caller does not choose. The `PROPTEST_CASES`
 /// environment variable overrides the count the caller gives.
@@ -83,6 +83,10 @@ impl<S: KvStore, G: Send + Sync + 'static> KvStore for WithGuard<S, G> {
         self.store.compare_and_swap(key, expected, new)
     }
 
+    fn compare_and_swap_each(&self, swaps: &[Swap<'_>]) -> Vec<Result<(), CasError>> {
+        self.store.compare_and_swap_each(swaps)
+    }
+
     fn sync(&self) -> Result<(), KvError> {
         self.store.sync()
     }
@@ -120,6 +124,10 @@ macro_rules! conformance_tests {
         #[test]
         fn compare_and_swap_checks_the_stored_value() {
             $crate::conformance::compare_and_swap_checks_the_stored_value($fresh);
+        }
+        #[test]
+        fn compare_and_swap_each_decides_each_swap_on_its_own() {
+            $crate::conformance::compare_and_swap_each_decides_each_swap_on_its_own($fresh);
         }
         #[test]
         fn get_many_answers_in_the_order_asked() {
@@ -214,6 +222,10 @@ fn model_scan(
     }
 }
 
+/// One swap of a [`Step::CasEach`]: key, whether to expect the model's value before the step,
+/// else the expected value, and the new value.
+type CasItem = (OwnedKey, bool, Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// One step of a model run.
 #[derive(Debug, Clone)]
 enum Step {
@@ -224,6 +236,8 @@ enum Step {
         expected: Option<Vec<u8>>,
         new: Option<Vec<u8>>,
     },
+    /// Compare-and-swaps in one `compare_and_swap_each`, each as in [`Step::Cas`].
+    CasEach(Vec<CasItem>),
     Get((Vec<u8>, Vec<u8>)),
     GetMany(Vec<(Vec<u8>, Vec<u8>)>),
     Sync,
@@ -304,6 +318,16 @@ fn step_strategy() -> impl Strategy<Value = Step> {
                 expected,
                 new,
             }),
+        2 => prop::collection::vec(
+            (
+                key_strategy(),
+                any::<bool>(),
+                prop::option::of(value_strategy()),
+                prop::option::of(value_strategy())
+            ),
+            0..5
+        )
+        .prop_map(Step::CasEach),
         1 => key_strategy().prop_map(Step::Get),
         1 => prop::collection::vec(key_strategy(), 0..5).prop_map(Step::GetMany),
         1 => Just(Step::Sync),
@@ -351,6 +375,7 @@ fn run_step<S: KvStore>(store: &S, model: &mut Model, step: &Step) -> Result<(),
             };
             cas_step(store, model, key, expected, new.as_deref())
         }
+        Step::CasEach(items) => cas_each_step(store, model, items),
         Step::Get(key) => {
             let got = store
                 .get(key_of(key))
@@ -454,6 +479,59 @@ fn cas_step<S: KvStore>(
     Ok(())
 }
 
+/// The swaps of `items`, expected values taken before any of them (as a caller builds them),
+/// checked one by one against the model applied in list order.
+fn cas_each_step<S: KvStore>(
+    store: &S,
+    model: &mut Model,
+    items: &[CasItem],
+) -> Result<(), TestCaseError> {
+    let expected: Vec<Option<Vec<u8>>> = items
+        .iter()
+        .map(|(key, current, expected, _)| match current {
+            true => model.get(key).cloned(),
+            false => expected.clone(),
+        })
+        .collect();
+    let swaps: Vec<Swap<'_>> = items
+        .iter()
+        .zip(&expected)
+        .map(|((key, _, _, new), expected)| Swap {
+            key: key_of(key),
+            expected: expected.as_deref(),
+            new: new.as_deref(),
+        })
+        .collect();
+    let answers = store.compare_and_swap_each(&swaps);
+    prop_assert_eq!(answers.len(), items.len(), "one answer per swap");
+    for ((swap, answer), (key, ..)) in swaps.iter().zip(answers).zip(items) {
+        let current = model.get(key).cloned();
+        match answer {
+            Ok(()) => {
+                prop_assert_eq!(
+                    swap.expected,
+                    current.as_deref(),
+                    "swapped a differing value"
+                );
+                match swap.new {
+                    Some(value) => model.insert(key.clone(), value.to_vec()),
+                    None => model.remove(key),
+                };
+            }
+            Err(CasError::Mismatch { current: reported }) => {
+                prop_assert_ne!(
+                    swap.expected,
+                    current.as_deref(),
+                    "mismatch on an equal value"
+                );
+                prop_assert_eq!(reported, current, "mismatch reports a wrong current value");
+            }
+            Err(other) => return Err(fail(format!("compare_and_swap_each failed: {other}"))),
+        }
+    }
+    Ok(())
+}
+
 fn scan_step<S: KvStore>(
     store: &S,
     model: &Model,
@@ -478,9 +556,10 @@ fn scan_step<S: KvStore>(
     Ok(())
 }
 
-/// Random sequences of batches (puts, conditional inserts, deletes), compare-and-swaps, gets,
-/// get-manys, syncs and bounded scans in both orders give the same answers as a `BTreeMap` model,
-/// including which item of a batch conflicts and that a conflicting batch writes nothing.
+/// Random sequences of batches (puts, conditional inserts, deletes), compare-and-swaps (alone
+/// and several in one `compare_and_swap_each`), gets, get-manys, syncs and bounded scans in
+/// both orders give the same answers as a `BTreeMap` model, including which item of a batch
+/// conflicts and that a conflicting batch writes nothing.
 ///
 /// Runs `cases` random sequences (`PROPTEST_CASES` overrides it), each on a fresh store.
 ///
@@ -839,6 +918,57 @@ pub fn compare_and_swap_checks_the_stored_value<S: KvStore>(mut fresh: impl FnMu
     }
     // Deleting an absent key that is expected absent is a successful no-op.
     must("delete absent", store.compare_and_swap(key, None, None));
+}
+
+/// `compare_and_swap_each` answers each swap in order on its own condition: a swap, a create,
+/// a delete and their mismatches side by side, a stale swap failing only itself, a key named
+/// twice swapped in list order, and an empty list answered with nothing.
+///
+/// # Panics
+///
+/// On the first wrong answer or stored value.
+pub fn compare_and_swap_each_decides_each_swap_on_its_own<S: KvStore>(
+    mut fresh: impl FnMut() -> S,
+) {
+    let store = fresh();
+    let key = |name: &'static [u8]| Key::new(b"each", name);
+    for name in [&b"swap"[..], b"stale", b"present", b"delete", b"kept"] {
+        must("put", store.put(key(name), b"1"));
+    }
+    let swap = |name, expected, new| Swap {
+        key: key(name),
+        expected,
+        new,
+    };
+    let answers = store.compare_and_swap_each(&[
+        swap(b"swap", Some(b"1"), Some(b"2")),
+        swap(b"stale", Some(b"0"), Some(b"2")),
+        swap(b"new", None, Some(b"1")),
+        swap(b"present", None, Some(b"2")),
+        swap(b"delete", Some(b"1"), None),
+        swap(b"kept", Some(b"0"), None),
+        swap(b"twice", None, Some(b"1")),
+        swap(b"twice", Some(b"1"), Some(b"2")),
+    ]);
+    let outcome = |answer: &Result<(), CasError>| match answer {
+        Ok(()) => Ok(()),
+        Err(CasError::Mismatch { current }) => Err(current.clone()),
+        Err(other) => panic!("compare_and_swap_each failed: {other}"),
+    };
+    let one = Some(b"1".to_vec());
+    let got: Vec<_> = answers.iter().map(outcome).collect();
+    let expected = [Ok(()), Err(one.clone()), Ok(()), Err(one.clone()), Ok(())];
+    let expected = [&expected[..], &[Err(one.clone()), Ok(()), Ok(())]].concat();
+    assert_eq!(got, expected, "the answers, in order");
+    let stored = |name| must("get", store.get(key(name)));
+    assert_eq!(stored(b"swap"), Some(b"2".to_vec()));
+    assert_eq!(stored(b"stale"), one, "a failed condition writes nothing");
+    assert_eq!(stored(b"new"), one);
+    assert_eq!(stored(b"present"), one);
+    assert_eq!(stored(b"delete"), None);
+    assert_eq!(stored(b"kept"), one);
+    assert_eq!(stored(b"twice"), Some(b"2".to_vec()));
+    assert!(store.compare_and_swap_each(&[]).is_empty());
 }
 
 /// `get_many` answers every key, present or not, in the order asked, repeated keys included.

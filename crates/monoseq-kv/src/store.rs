@@ -24,6 +24,18 @@ pub enum Order {
     Descending,
 }
 
+/// One compare-and-swap of [`KvStore::compare_and_swap_each`]: the arguments of
+/// [`KvStore::compare_and_swap`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Swap<'a> {
+    /// The key to swap.
+    pub key: Key<'a>,
+    /// The value it must hold (`None`: the key must be absent).
+    pub expected: Option<&'a [u8]>,
+    /// Its new value (`None`: delete it).
+    pub new: Option<&'a [u8]>,
+}
+
 /// An ordered key-value store: partitions addressed by a partition key, each holding entries
 /// ordered by their clustering columns (unsigned bytes, lexicographic).
 ///
@@ -114,6 +126,25 @@ pub trait KvStore: Send + Sync + 'static {
         new: Option<&[u8]>,
     ) -> Result<(), CasError>;
 
+    /// The compare-and-swaps of `swaps`, each deciding on its own condition exactly as
+    /// [`compare_and_swap`](KvStore::compare_and_swap) would, with one answer per swap, in
+    /// order. A key named twice is swapped in list order (the second sees the first's outcome).
+    /// Together they are not atomic: some may swap while others fail, and a failed condition
+    /// fails only its own swap. A backend may carry them in one round trip and one commit; by
+    /// default they run one after another.
+    ///
+    /// # Errors
+    ///
+    /// Each answer is what [`compare_and_swap`](KvStore::compare_and_swap) would answer for
+    /// its swap; a storage fault may fail several (each [`KvError::OutcomeUnknown`] among them
+    /// may have swapped).
+    fn compare_and_swap_each(&self, swaps: &[Swap<'_>]) -> Vec<Result<(), CasError>> {
+        swaps
+            .iter()
+            .map(|swap| self.compare_and_swap(swap.key, swap.expected, swap.new))
+            .collect()
+    }
+
     /// Makes every write that returned `Ok` before this call durable. Concurrent callers may
     /// share one flush. A backend whose writes are durable on return does nothing.
     ///
@@ -193,6 +224,10 @@ macro_rules! forward_kv_store {
                 new: Option<&[u8]>,
             ) -> Result<(), CasError> {
                 (**self).compare_and_swap(key, expected, new)
+            }
+
+            fn compare_and_swap_each(&self, swaps: &[Swap<'_>]) -> Vec<Result<(), CasError>> {
+                (**self).compare_and_swap_each(swaps)
             }
 
             fn sync(&self) -> Result<(), KvError> {

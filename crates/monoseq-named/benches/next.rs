@@ -2,10 +2,12 @@
 //! and embedded (fjall) key-value backends, on an S3-compatible server (moto, started on a
 //! free port unless `MONOSEQ_S3_ENDPOINT` is set), and with the reservation mode. Each
 //! criterion iteration is one number; contended cases report the time per number with 16
-//! callers. Contention comes in two shapes: 16 tasks of one `Sequences` (combined into shared
-//! conditional writes) and 4 `Sequences` × 4 tasks on one store (separate writers racing
-//! through compare-and-swap, as separate processes would; not run on moto, which is not
-//! atomic under simultaneous conditional writes).
+//! callers. Contention comes in three shapes: 16 tasks of one `Sequences` on one sequence
+//! (combined into shared conditional writes), the same 16 tasks spread over 4 sequences (the
+//! ready writes of the 4 combined into one durable write where the backend combines), and 4
+//! `Sequences` × 4 tasks on one store (separate writers racing through compare-and-swap, as
+//! separate processes would; not run on moto, which is not atomic under simultaneous
+//! conditional writes).
 //!
 //! Run: `cargo bench -p monoseq-named --bench next [-- FILTER]`.
 
@@ -52,16 +54,19 @@ fn sequential(rt: &Runtime, sequences: &Sequences, iters: u64) -> Duration {
     })
 }
 
-/// `iters` numbers taken by `CALLERS` tasks spread over `instances` (each its own writer).
-fn contended(rt: &Runtime, instances: &[Sequences], iters: u64) -> Duration {
-    let address = address();
+/// `iters` numbers taken by `CALLERS` tasks spread over `instances` (each its own writer) and
+/// over `spread` sequences.
+fn contended(rt: &Runtime, instances: &[Sequences], spread: u64, iters: u64) -> Duration {
     rt.block_on(async {
         let started = Instant::now();
         let per_caller = iters.div_ceil(CALLERS);
         let mut tasks = Vec::new();
         for caller in 0..CALLERS {
             let sequences = instances[caller as usize % instances.len()].clone();
-            let address = address.clone();
+            let address: Address = match spread {
+                1 => address(),
+                _ => format!("bench/counter{}", caller % spread).parse().unwrap(),
+            };
             tasks.push(tokio::spawn(async move {
                 for _ in 0..per_caller {
                     sequences.next(&address, &NextOptions::new()).await.unwrap();
@@ -111,7 +116,10 @@ fn cases(
         b.iter_custom(|iters| sequential(rt, &one, iters))
     });
     group.bench_function("16_tasks_one_writer", |b| {
-        b.iter_custom(|iters| contended(rt, std::slice::from_ref(&one), iters))
+        b.iter_custom(|iters| contended(rt, std::slice::from_ref(&one), 1, iters))
+    });
+    group.bench_function("16_tasks_one_writer_4_sequences", |b| {
+        b.iter_custom(|iters| contended(rt, std::slice::from_ref(&one), 4, iters))
     });
     if races {
         let backend = make();
@@ -119,7 +127,7 @@ fn cases(
             .map(|_| Sequences::new(Arc::clone(&backend)))
             .collect();
         group.bench_function("4_writers_x_4_tasks", |b| {
-            b.iter_custom(|iters| contended(rt, &writers, iters))
+            b.iter_custom(|iters| contended(rt, &writers, 1, iters))
         });
     }
     let reserver = reserver(&one);

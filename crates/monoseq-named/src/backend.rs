@@ -52,6 +52,18 @@ pub enum WriteFailure {
     Storage(#[from] StorageError),
 }
 
+/// One conditional write of [`Backend::write_each`]: a [`Backend::create`] of `key` when
+/// `expected` is `None`, else a [`Backend::replace`] of it if still at `expected`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConditionalWrite {
+    /// The object's key.
+    pub key: String,
+    /// The version it must still have; `None`: no object may be there.
+    pub expected: Option<Version>,
+    /// The bytes to write.
+    pub bytes: Vec<u8>,
+}
+
 /// A store of small objects with conditional writes: what named sequences need of S3 and of
 /// the key-value contract.
 ///
@@ -106,6 +118,37 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// A [`StorageError`] on a fault; the object may or may not be gone.
     fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>>;
+
+    /// Makes each of `writes` (distinct keys) on its own condition, exactly as
+    /// [`create`](Backend::create) or [`replace`](Backend::replace) would, and answers each in
+    /// order: a failed condition or a fault on one key fails only that key, and every write
+    /// answered `Ok` is durable. Together they are not atomic. By default they run one after
+    /// another; a backend that carries them in about the cost of one write (one sync, one
+    /// commit) overrides it and says so with [`combines`](Backend::combines).
+    fn write_each(
+        &self,
+        writes: Vec<ConditionalWrite>,
+    ) -> BoxFuture<'_, Vec<Result<Version, WriteFailure>>> {
+        Box::pin(async move {
+            let mut answers = Vec::with_capacity(writes.len());
+            for write in writes {
+                let answer = match &write.expected {
+                    None => self.create(&write.key, write.bytes).await,
+                    Some(expected) => self.replace(&write.key, expected, write.bytes).await,
+                };
+                answers.push(answer);
+            }
+            answers
+        })
+    }
+
+    /// Whether [`write_each`](Backend::write_each) costs about one write whatever its length.
+    /// Then [`crate::Sequences`] hands the ready writes of all its sequences to one call;
+    /// otherwise each sequence writes on its own, concurrently with the others. Default:
+    /// `false`.
+    fn combines(&self) -> bool {
+        false
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
@@ -132,5 +175,16 @@ impl<B: Backend + ?Sized> Backend for std::sync::Arc<B> {
 
     fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
         (**self).remove(key)
+    }
+
+    fn write_each(
+        &self,
+        writes: Vec<ConditionalWrite>,
+    ) -> BoxFuture<'_, Vec<Result<Version, WriteFailure>>> {
+        (**self).write_each(writes)
+    }
+
+    fn combines(&self) -> bool {
+        (**self).combines()
     }
 }

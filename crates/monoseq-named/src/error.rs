@@ -90,6 +90,15 @@ impl StorageError {
             source: None,
         }
     }
+
+    /// A copy without its source (for answering several callers the same fault).
+    pub(crate) fn clone_lossy(&self) -> StorageError {
+        StorageError {
+            context: self.context,
+            message: self.message.clone(),
+            source: None,
+        }
+    }
 }
 
 /// A `next` or `increment` did not hand out a number. No number was handed out; storage may
@@ -345,11 +354,7 @@ impl NextError {
                 waiting: *waiting,
                 max: *max,
             },
-            NextError::Storage(e) => NextError::Storage(StorageError {
-                context: e.context,
-                message: e.message.clone(),
-                source: None,
-            }),
+            NextError::Storage(e) => NextError::Storage(e.clone_lossy()),
         }
     }
 }

@@ -1,13 +1,13 @@
 //! [`KvBackend`]: named sequences on the ordered key-value contract (`monoseq_kv::KvStore`,
 //! embedded or in memory). Owns the key mapping (one partition per sequence, tagged
 //! [`KV_TAG`]) and the rule that a write is synced before it is acknowledged, whatever the
-//! store's durability mode.
+//! store's durability mode (the writes of several sequences share one sync).
 
 use std::sync::Arc;
 
-use monoseq_kv::{CasError, Key, KvStore, WriteError};
+use monoseq_kv::{CasError, Key, KvStore, Swap, WriteError};
 
-use crate::backend::{Backend, BoxFuture, Object, Version, WriteFailure};
+use crate::backend::{Backend, BoxFuture, ConditionalWrite, Object, Version, WriteFailure};
 use crate::error::StorageError;
 
 /// First byte of the partition key of every named sequence in a key-value store (the event
@@ -22,8 +22,11 @@ const UNKNOWN_ATTEMPTS_MAX: u32 = 3;
 /// Named sequences on a [`KvStore`]. Versions are the stored bytes: `replace` is a
 /// compare-and-swap of the whole value, `create` an insert-if-absent. Every successful write is
 /// followed by [`KvStore::sync`] before it returns, so a number is never handed out before it
-/// is durable (with group commit, concurrent writers share that flush). Storage calls run on
-/// tokio's blocking pool because the embedded engines block on disk.
+/// is durable (with group commit, concurrent writers share that flush). It
+/// [combines](Backend::combines): [`Backend::write_each`] makes the writes of several
+/// sequences with one [`KvStore::compare_and_swap_each`] (on PostgreSQL one pipelined
+/// transaction and one commit) and one sync. Storage calls run on tokio's blocking pool because the embedded
+/// engines block on disk.
 ///
 /// # Example
 ///
@@ -92,6 +95,59 @@ fn sync_after_write<S: KvStore>(store: &S, bytes: Vec<u8>) -> Result<Version, Wr
     Ok(Version::new(bytes))
 }
 
+/// [`Backend::write_each`] on the blocking pool: one [`KvStore::compare_and_swap_each`] for
+/// every write, then one [`KvStore::sync`] for those that landed.
+fn write_each_blocking<S: KvStore>(
+    store: &S,
+    writes: &[ConditionalWrite],
+) -> Vec<Result<Version, WriteFailure>> {
+    let partitions: Vec<Vec<u8>> = writes.iter().map(|w| partition(&w.key)).collect();
+    let swaps: Vec<Swap<'_>> = writes
+        .iter()
+        .zip(&partitions)
+        .map(|(write, partition)| Swap {
+            key: Key::new(partition, b""),
+            expected: write.expected.as_ref().map(Version::as_bytes),
+            new: Some(&write.bytes),
+        })
+        .collect();
+    let swapped = store.compare_and_swap_each(&swaps);
+    let mut answers: Vec<Result<(), WriteFailure>> = swaps
+        .iter()
+        .zip(swapped)
+        .map(|(swap, result)| swap_answer(swap, result))
+        .collect();
+    if answers.iter().any(Result::is_ok)
+        && let Err(e) = store.sync()
+    {
+        let error = StorageError::new("syncing the sequences", e);
+        for answer in answers.iter_mut().filter(|a| a.is_ok()) {
+            *answer = Err(error.clone_lossy().into());
+        }
+    }
+    answers
+        .into_iter()
+        .zip(writes)
+        .map(|(answer, write)| answer.map(|()| Version::new(write.bytes.clone())))
+        .collect()
+}
+
+/// What one swap of [`write_each_blocking`] answers. A lost answer is a conflict, as for
+/// [`Backend::create`] and [`Backend::replace`]: the caller reads again, and what may have
+/// landed stays a gap (it is never claimed: another writer may have stored the same bytes).
+fn swap_answer(swap: &Swap<'_>, result: Result<(), CasError>) -> Result<(), WriteFailure> {
+    let context = match swap.expected {
+        None => "creating the sequence",
+        Some(_) => "updating the sequence",
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err(CasError::Mismatch { .. }) => Err(WriteFailure::Conflict),
+        Err(e) if e.is_outcome_unknown() => Err(WriteFailure::Conflict),
+        Err(e) => Err(StorageError::new(context, e).into()),
+    }
+}
+
 impl<S: KvStore> Backend for KvBackend<S> {
     fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Object>, StorageError>> {
         let partition = partition(key);
@@ -125,13 +181,12 @@ impl<S: KvStore> Backend for KvBackend<S> {
                         Ok(()) => return sync_after_write(store, bytes),
                         Err(WriteError::Conflict { .. }) => return Err(WriteFailure::Conflict),
                         Err(e) if e.is_outcome_unknown() && attempts < UNKNOWN_ATTEMPTS_MAX => {
-                            // Read back: absent means it did not land (try again); our own
-                            // bytes mean it did.
+                            // Read back: absent means it did not land (try again). Present
+                            // is a conflict even with our own bytes, which another process
+                            // creating the sequence in the same millisecond may have written
+                            // too: the caller reads it and writes on it, leaving a gap.
                             match store.get(key) {
                                 Ok(None) => continue,
-                                Ok(Some(found)) if found == bytes => {
-                                    return sync_after_write(store, bytes);
-                                }
                                 Ok(Some(_)) => return Err(WriteFailure::Conflict),
                                 Err(read) => {
                                     return Err(
@@ -190,5 +245,30 @@ impl<S: KvStore> Backend for KvBackend<S> {
             .await?
             .map_err(|e| StorageError::new("deleting the sequence", e))
         })
+    }
+
+    /// One hop to the blocking pool, one [`KvStore::compare_and_swap_each`] (on PostgreSQL one
+    /// transaction and one commit) and one [`KvStore::sync`] for all of `writes`.
+    fn write_each(
+        &self,
+        writes: Vec<ConditionalWrite>,
+    ) -> BoxFuture<'_, Vec<Result<Version, WriteFailure>>> {
+        Box::pin(async move {
+            let count = writes.len();
+            let written = self
+                .blocking("writing the sequences", move |store| {
+                    write_each_blocking(store, &writes)
+                })
+                .await;
+            written.unwrap_or_else(|error| {
+                (0..count)
+                    .map(|_| Err(error.clone_lossy().into()))
+                    .collect()
+            })
+        })
+    }
+
+    fn combines(&self) -> bool {
+        true
     }
 }

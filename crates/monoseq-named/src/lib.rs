@@ -26,6 +26,7 @@
 
 mod address;
 mod backend;
+mod combine;
 mod error;
 mod kv;
 mod record;
@@ -35,7 +36,8 @@ mod s3;
 mod sequences;
 
 pub use address::{Address, NAME_BYTES_MAX, PREFIX_BYTES_MAX, SCOPE_SEGMENT_BYTES_MAX, Scope};
-pub use backend::{Backend, BoxFuture, Object, Version, WriteFailure};
+pub use backend::{Backend, BoxFuture, ConditionalWrite, Object, Version, WriteFailure};
+pub use combine::{COMBINE_WRITES_MAX, DURABLE_WRITES_IN_FLIGHT};
 pub use error::{AddressError, DeleteError, NextError, ReadError, SetError, StorageError, code};
 pub use kv::{KV_TAG, KvBackend};
 pub use record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX};

@@ -5,7 +5,9 @@
 //! write (one "lane" per sequence with a leader task), which keeps writers of one process from
 //! racing each other and turns N waiting callers into one storage round trip: between
 //! batches the process remembers the state it last wrote, so a batch writes on it without
-//! reading first (a stale memory is refused like a stale read).
+//! reading first (a stale memory is refused like a stale read). On a backend that
+//! [combines](Backend::combines), the leaders of different sequences hand their writes to one
+//! combiner (`combine.rs`), so the ready batches of every sequence share one durable write.
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU64;
@@ -17,7 +19,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::address::Address;
-use crate::backend::{Backend, Object, Version, WriteFailure};
+use crate::backend::{Backend, ConditionalWrite, Object, Version, WriteFailure};
+use crate::combine::Combiner;
 use crate::error::{DeleteError, NextError, ReadError, SetError, StorageError};
 use crate::record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX, metadata_len, now_ms};
 
@@ -187,7 +190,9 @@ impl SetOptions {
 /// while a caller is stalled, and a caller that resumes after others wrote finds its write
 /// refused and reads again. Within one process, concurrent `next` calls on one sequence queue
 /// behind one leader task that serves them together with one conditional write (numbers in
-/// call order); across processes they race through the backend.
+/// call order); on a backend that [combines](Backend::combines) writes, the conditional writes
+/// of different sequences go out together in one [`Backend::write_each`], each succeeding or
+/// failing on its own condition. Across processes they race through the backend.
 ///
 /// # Example
 ///
@@ -219,7 +224,9 @@ impl std::fmt::Debug for Sequences {
 }
 
 struct Inner {
-    backend: Box<dyn Backend>,
+    backend: Arc<dyn Backend>,
+    /// Carries the writes of all lanes in shared calls, when the backend combines them.
+    combiner: Option<Arc<Combiner>>,
     /// One lane per sequence with a running leader; the leader removes it when idle.
     lanes: Mutex<HashMap<String, VecDeque<Waiter>>>,
     /// The state this process last wrote, per sequence whose lane is idle. Only a hint: a
@@ -247,9 +254,14 @@ struct Waiter {
 impl Sequences {
     /// Sequences stored in `backend`.
     pub fn new(backend: impl Backend) -> Sequences {
+        let backend: Arc<dyn Backend> = Arc::new(backend);
+        let combiner = backend
+            .combines()
+            .then(|| Arc::new(Combiner::new(Arc::clone(&backend))));
         Sequences {
             inner: Arc::new(Inner {
-                backend: Box::new(backend),
+                backend,
+                combiner,
                 lanes: Mutex::new(HashMap::new()),
                 known: Mutex::new(HashMap::new()),
             }),
@@ -580,11 +592,27 @@ async fn lead_lane(inner: Arc<Inner>, address: Address) {
             }
             take_batch(lane)
         };
-        serve_batch(&*inner.backend, &address, batch, &mut known).await;
+        serve_batch(&inner, &address, batch, &mut known).await;
     }
 }
 
 impl Inner {
+    /// Makes one sequence's conditional write: through the combiner, with the writes of other
+    /// sequences, when the backend combines; else on its own.
+    async fn write(&self, write: ConditionalWrite) -> Result<Version, WriteFailure> {
+        if let Some(combiner) = &self.combiner {
+            return combiner.write(write).await;
+        }
+        match &write.expected {
+            None => self.backend.create(&write.key, write.bytes).await,
+            Some(expected) => {
+                self.backend
+                    .replace(&write.key, expected, write.bytes)
+                    .await
+            }
+        }
+    }
+
     /// The state this process last wrote for `key`, taken out for a lane's leader.
     fn take_known(&self, key: &str) -> Option<Known> {
         self.known
@@ -653,7 +681,7 @@ fn take_batch(lane: &mut VecDeque<Waiter>) -> Vec<Waiter> {
 /// `known` is what this process last wrote, if that write succeeded: the attempt writes on it
 /// without reading first, and leaves in it what it wrote, or nothing.
 async fn serve_batch(
-    backend: &dyn Backend,
+    inner: &Inner,
     address: &Address,
     mut batch: Vec<Waiter>,
     known: &mut Option<Known>,
@@ -672,7 +700,7 @@ async fn serve_batch(
             return;
         };
         attempts += 1;
-        match attempt(backend, address, &mut batch, deadline, known).await {
+        match attempt(inner, address, &mut batch, deadline, known).await {
             Attempt::Done => return,
             Attempt::Stale => {}
             Attempt::Lost => {
@@ -729,7 +757,7 @@ enum Attempt {
 /// returns [`Attempt::Done`]; waiters that would overflow are answered with
 /// [`NextError::Overflow`] and dropped from the batch.
 async fn attempt(
-    backend: &dyn Backend,
+    inner: &Inner,
     address: &Address,
     batch: &mut Vec<Waiter>,
     deadline: Instant,
@@ -738,7 +766,7 @@ async fn attempt(
     let remembered = known.is_some();
     let (old, version) = match known.take() {
         Some(Known { data, version }) => (Some(data), Some(version)),
-        None => match load_stored(backend, address, deadline).await {
+        None => match load_stored(&*inner.backend, address, deadline).await {
             Ok(stored) => stored,
             Err(failed) => return failed,
         },
@@ -750,21 +778,16 @@ async fn attempt(
     }
     let metadata = batch[0].metadata.clone();
     let now = now_ms();
-    let (data, write) = match (old, version) {
-        (Some(old), Some(version)) => {
-            let data = rewritten(old, end, metadata, now);
-            let write = backend.replace(address.key(), &version, data.encode());
-            let written = tokio::time::timeout_at(deadline, write).await;
-            (data, written)
-        }
-        _ => {
-            let data = created(address, end, metadata, now);
-            let write = backend.create(address.key(), data.encode());
-            let written = tokio::time::timeout_at(deadline, write).await;
-            (data, written)
-        }
+    let (data, expected) = match (old, version) {
+        (Some(old), Some(version)) => (rewritten(old, end, metadata, now), Some(version)),
+        _ => (created(address, end, metadata, now), None),
     };
-    match write {
+    let write = ConditionalWrite {
+        key: address.key().to_owned(),
+        expected,
+        bytes: data.encode(),
+    };
+    match tokio::time::timeout_at(deadline, inner.write(write)).await {
         Err(_) => Attempt::TimedOut,
         Ok(Err(WriteFailure::Conflict)) if remembered => Attempt::Stale,
         Ok(Err(WriteFailure::Conflict)) => Attempt::Lost,

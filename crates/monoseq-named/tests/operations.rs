@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use monoseq_kv::{FjallStore, MemoryStore, Options, RedbStore};
 use monoseq_named::{
-    Address, Backend, BoxFuture, KvBackend, LANE_CALLS_MAX, NextError, NextOptions, Object,
-    ReserveOptions, Reserver, Sequences, StorageError, Version, WriteFailure, code,
+    Address, Backend, BoxFuture, ConditionalWrite, KvBackend, LANE_CALLS_MAX, NextError,
+    NextOptions, Object, ReserveOptions, Reserver, Sequences, StorageError, Version, WriteFailure,
+    code,
 };
 use support::suite::Shared;
 use tokio::sync::{Notify, Semaphore};
@@ -49,6 +50,15 @@ impl<B: Backend> Backend for InDir<B> {
     }
     fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
         self.backend.remove(key)
+    }
+    fn write_each(
+        &self,
+        writes: Vec<ConditionalWrite>,
+    ) -> BoxFuture<'_, Vec<Result<Version, WriteFailure>>> {
+        self.backend.write_each(writes)
+    }
+    fn combines(&self) -> bool {
+        self.backend.combines()
     }
 }
 
@@ -552,7 +562,7 @@ async fn a_write_whose_answer_was_lost_never_hands_its_number_out_twice() {
     let store = Arc::new(FaultyStore::new(MemoryStore::new()));
     let s = Sequences::new(KvBackend::shared(Arc::clone(&store)));
     let a = address("lost/answers");
-    // The create lands but its answer is lost: read back, it is ours.
+    // The create lands but its answer is lost: a gap, the number comes from the next write.
     store.lose_answers_next(1);
     let first = s.next(&a, &NextOptions::new()).await.expect("first");
     // A create whose request is lost: read back, absent, created again.
@@ -575,4 +585,46 @@ async fn a_write_whose_answer_was_lost_never_hands_its_number_out_twice() {
         stored > *seen.last().unwrap(),
         "the stored value is above every number handed out"
     );
+}
+
+/// A create whose request was lost while another process created the sequence with the very
+/// same bytes (the same first value in the same millisecond) is refused, through `create` and
+/// through `write_each`: found bytes equal to its own do not prove that it wrote them, and
+/// claiming them would hand the other process's numbers out a second time.
+#[tokio::test]
+async fn a_lost_create_never_claims_the_same_bytes_written_by_another_process() {
+    use monoseq_kv::{FaultyStore, Key, KvStore};
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let backend = KvBackend::shared(Arc::clone(&store));
+    for (n, key) in [
+        "resource=lost/sequence=a/value",
+        "resource=lost/sequence=b/value",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bytes = b"the same first state".to_vec();
+        let mut partition = vec![monoseq_named::KV_TAG];
+        partition.extend_from_slice(key.as_bytes());
+        store
+            .inner()
+            .put(Key::new(&partition, b""), &bytes)
+            .expect("the other process's create");
+        store.lose_requests_next(1);
+        let answer = match n {
+            0 => backend.create(key, bytes).await,
+            _ => {
+                let write = ConditionalWrite {
+                    key: key.to_owned(),
+                    expected: None,
+                    bytes,
+                };
+                backend.write_each(vec![write]).await.remove(0)
+            }
+        };
+        assert!(
+            matches!(answer, Err(WriteFailure::Conflict)),
+            "{key}: {answer:?}"
+        );
+    }
 }

@@ -26,6 +26,7 @@ mod scan;
 mod schema;
 mod sql;
 mod store;
+mod swap_each;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod write;

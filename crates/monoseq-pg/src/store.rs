@@ -30,10 +30,10 @@ use crate::write::{self, Outcome};
 
 /// Attempts of a batch that the server rolled back for a serialization failure or a deadlock
 /// (nothing of it was written, so it runs again).
-const WRITE_ATTEMPTS_MAX: u32 = 5;
+pub(crate) const WRITE_ATTEMPTS_MAX: u32 = 5;
 /// Attempts of a compare-and-swap whose comparison failed while a read right after found the
 /// expected value again (a concurrent writer changed it back in between).
-const CAS_ATTEMPTS_MAX: u32 = 64;
+pub(crate) const CAS_ATTEMPTS_MAX: u32 = 64;
 
 /// What every operation needs: the pool, the statements and the time limits.
 pub(crate) struct Inner {
@@ -688,6 +688,11 @@ impl KvStore for PgStore {
         new: Option<&[u8]>,
     ) -> Result<(), CasError> {
         self.core.compare_and_swap(key, expected, new, None)
+    }
+
+    /// One transaction (one round trip, one commit) for several swaps (`swap_each.rs`).
+    fn compare_and_swap_each(&self, swaps: &[monoseq_kv::Swap<'_>]) -> Vec<Result<(), CasError>> {
+        self.core.compare_and_swap_each(swaps)
     }
 
     /// Does nothing: every commit returned is already durable (`synchronous_commit = on`).

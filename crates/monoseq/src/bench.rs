@@ -5,6 +5,7 @@
 //! In-process, the shared (hidden) `--no-marks` setting runs the command processor without
 //! high-water marks, to measure what they cost; against a server, start the server with it.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -54,8 +55,9 @@ pub struct BenchArgs {
     /// Send every command with its own `Idempotency-Key`, to measure what keys cost.
     #[arg(long)]
     pub idempotency_keys: bool,
-    /// With --url: send the commands in batches of this many (`POST /v1/commands/batch`, one
-    /// request per partition owner), counting each command; latencies are per batch.
+    /// With --url: send the commands in batches of this many (`POST /v1/commands/batch`), each
+    /// gathered from the commands of one partition owner, counting each command; latencies are
+    /// per batch.
     #[arg(long, requires = "url", value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub batch: Option<u16>,
 }
@@ -284,7 +286,10 @@ async fn print_server_info(client: &monoseq_client::Client, url: &str) -> anyhow
     Ok(())
 }
 
-/// Like [`http_load`], each client sending `size` commands per request.
+/// Like [`http_load`], each client sending `size` commands per request: it gathers its
+/// commands by the node that owns their partition (as the client last saw it) and sends a
+/// node's `size` commands as one batch, so that every request carries `size` commands
+/// however many nodes there are.
 async fn http_batch_load(
     client: &monoseq_client::Client,
     args: &BenchArgs,
@@ -298,28 +303,20 @@ async fn http_batch_load(
         tasks.push(tokio::spawn(async move {
             let mut t = Tally::new();
             let mut i = c;
-            let mut batch: Vec<monoseq_client::BatchCommandBody> = (0..size)
-                .map(|_| monoseq_client::BatchCommandBody::new(command(1), None))
-                .collect();
+            let template = monoseq_client::BatchCommandBody::new(command(1), None);
+            let mut by_node: HashMap<String, Vec<monoseq_client::BatchCommandBody>> =
+                HashMap::new();
             while Instant::now() < deadline {
-                for item in &mut batch {
-                    item.ws = i % workspaces + 1;
-                    i += 7919;
-                    item.idempotency_key = keys.then(monoseq_client::new_idempotency_key);
-                }
-                let began = Instant::now();
-                match client.submit_batch(&batch).await {
-                    Ok(results) => {
-                        for result in results {
-                            match result {
-                                Ok(_) => t.ok += 1,
-                                Err(e) if e.status() == Some(503) => t.busy += 1,
-                                Err(_) => t.failed += 1,
-                            }
-                        }
-                        let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
-                    }
-                    Err(_) => t.failed += size as u64,
+                let ws = i % workspaces + 1;
+                i += 7919;
+                let mut item = template.clone();
+                item.ws = ws;
+                item.idempotency_key = keys.then(monoseq_client::new_idempotency_key);
+                let batch = by_node.entry(client.node_of(ws).await).or_default();
+                batch.push(item);
+                if batch.len() >= size {
+                    let batch = std::mem::take(batch);
+                    submit_batch(&client, &batch, &mut t).await;
                 }
             }
             t
@@ -330,6 +327,28 @@ async fn http_batch_load(
         all.merge(&task.await?);
     }
     Ok(all)
+}
+
+/// Sends one batch and counts each command's answer, and the batch's latency.
+async fn submit_batch(
+    client: &monoseq_client::Client,
+    batch: &[monoseq_client::BatchCommandBody],
+    t: &mut Tally,
+) {
+    let began = Instant::now();
+    match client.submit_batch(batch).await {
+        Ok(results) => {
+            for result in results {
+                match result {
+                    Ok(_) => t.ok += 1,
+                    Err(e) if e.status() == Some(503) => t.busy += 1,
+                    Err(_) => t.failed += 1,
+                }
+            }
+            let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
+        }
+        Err(_) => t.failed += batch.len() as u64,
+    }
 }
 
 async fn http_load(

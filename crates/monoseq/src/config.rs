@@ -28,14 +28,10 @@ pub const WS_KIND_DEFAULT: u16 = 1;
 pub const SHUTDOWN_TIMEOUT_DEFAULT_SECS: u64 = 10;
 /// Largest accepted request body.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
-/// Default of `--flush-delay-ms` on PostgreSQL. A flush of a partition's sequence numbers
-/// rewrites one row per workspace it touched, in a transaction of its own; waiting longer
-/// gathers more commands per workspace row. It bounds the PLog replayed after a crash (the
-/// numbers never depend on it). PostgreSQL CPU per command 30–31 → 22.6–24.4 µs with
-/// [`BACKLOG_VALUES_MAX_DEFAULT_POSTGRES`] (docs/benchmarks.md, "PostgreSQL cost per command").
-pub const FLUSH_DELAY_DEFAULT_POSTGRES: Duration = Duration::from_millis(500);
-/// Default of `--backlog-values-max` on PostgreSQL: room for the numbers of
-/// [`FLUSH_DELAY_DEFAULT_POSTGRES`] at full speed, so the flusher is not hurried earlier.
+/// Default of `--backlog-values-max` on PostgreSQL: room for the numbers of a whole
+/// [`monoseq_cp::FLUSH_DELAY_DEFAULT`] at full speed, so the flusher is not hurried earlier (a
+/// flush there is a transaction rewriting one row per workspace it touched; PostgreSQL CPU per
+/// command 30–31 → 22.6–24.4 µs, docs/benchmarks.md, "PostgreSQL cost per command").
 pub const BACKLOG_VALUES_MAX_DEFAULT_POSTGRES: usize = 65_536;
 
 /// Which storage a command opens; every command that opens the store flattens it. Each flag
@@ -86,8 +82,7 @@ pub struct ProcessorArgs {
     pub cache_workspaces_max: Option<usize>,
     #[arg(long, env = "MONOSEQ_FLUSH_DELAY_MS", help = format!(
         "Longest wait of a partition's flusher to gather sequence numbers, milliseconds \
-         [default: {}; {} on PostgreSQL]", monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis(),
-        FLUSH_DELAY_DEFAULT_POSTGRES.as_millis()))]
+         [default: {}]", monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis()))]
     pub flush_delay_ms: Option<u64>,
     #[arg(long, env = "MONOSEQ_SHUTDOWN_TIMEOUT_SECS", help = format!(
         "Bound on a graceful shutdown, seconds [default: {SHUTDOWN_TIMEOUT_DEFAULT_SECS}]"))]
@@ -264,23 +259,18 @@ pub fn resolve(
 }
 
 /// The backlog bound and the flush delay of the sequence numbers: the flags over the file over
-/// the storage's defaults (PostgreSQL flushes less often, see
-/// [`FLUSH_DELAY_DEFAULT_POSTGRES`]).
+/// the storage's defaults (PostgreSQL's backlog holds more, see
+/// [`BACKLOG_VALUES_MAX_DEFAULT_POSTGRES`]).
 fn numbers_flush(
     processor: &ProcessorArgs,
     file: &SettingsFile,
     storage: &Storage,
 ) -> (usize, Duration) {
-    let (backlog_default, delay_default) = match storage {
-        Storage::Postgres(_) => (
-            BACKLOG_VALUES_MAX_DEFAULT_POSTGRES,
-            FLUSH_DELAY_DEFAULT_POSTGRES,
-        ),
-        _ => (
-            monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT,
-            monoseq_cp::FLUSH_DELAY_DEFAULT,
-        ),
+    let backlog_default = match storage {
+        Storage::Postgres(_) => BACKLOG_VALUES_MAX_DEFAULT_POSTGRES,
+        _ => monoseq_cp::BACKLOG_VALUES_MAX_DEFAULT,
     };
+    let delay_default = monoseq_cp::FLUSH_DELAY_DEFAULT;
     let backlog = processor
         .backlog_values_max
         .or(file.backlog_values_max)
@@ -615,11 +605,11 @@ mod tests {
     }
 
     #[test]
-    fn on_postgres_numbers_are_flushed_less_often_unless_set() {
+    fn on_postgres_the_backlog_holds_more_numbers_unless_set() {
         let mut args = ServeArgs::default();
         args.storage.storage = Some("postgres://u@127.0.0.1:5432/db".into());
         let on_pg = args.resolve().expect("resolves");
-        assert_eq!(on_pg.flush_delay, FLUSH_DELAY_DEFAULT_POSTGRES);
+        assert_eq!(on_pg.flush_delay, monoseq_cp::FLUSH_DELAY_DEFAULT);
         assert_eq!(
             on_pg.backlog_values_max,
             BACKLOG_VALUES_MAX_DEFAULT_POSTGRES

@@ -245,11 +245,7 @@ mod tests {
         for default in [
             format!("[default: {}]", crate::config::LISTEN_DEFAULT),
             format!("[default: {}]", monoseq_cp::GROUP_COMMANDS_MAX_DEFAULT),
-            format!(
-                "[default: {}; {} on PostgreSQL]",
-                monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis(),
-                crate::config::FLUSH_DELAY_DEFAULT_POSTGRES.as_millis()
-            ),
+            format!("[default: {}]", monoseq_cp::FLUSH_DELAY_DEFAULT.as_millis()),
             format!("or {} for a new one", crate::config::PARTITIONS_DEFAULT),
         ] {
             assert!(serve.contains(&default), "{default} missing from: {serve}");

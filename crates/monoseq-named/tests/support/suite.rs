@@ -8,8 +8,8 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use monoseq_named::{
-    Address, Backend, Metadata, NextError, NextOptions, ReadError, Scope, Sequences, SetError,
-    SetOptions, VALUE_MAX, WriteFailure,
+    Address, Backend, ConditionalWrite, Metadata, NextError, NextOptions, ReadError, Scope,
+    Sequences, SetError, SetOptions, VALUE_MAX, Version, WriteFailure,
 };
 
 pub type Shared = Arc<dyn Backend>;
@@ -309,6 +309,112 @@ pub async fn concurrent_callers_get_unique_gapless_numbers(backend: Shared) {
     assert_eq!(s.get(&a).await.unwrap(), Some(401));
 }
 
+pub async fn writes_of_several_keys_succeed_or_fail_each_on_its_own(backend: Shared) {
+    let keys = [
+        "resource=contract/sequence=each-a/value",
+        "resource=contract/sequence=each-b/value",
+        "resource=contract/sequence=each-c/value",
+        "resource=contract/sequence=each-d/value",
+    ];
+    for key in keys {
+        backend.remove(key).await.unwrap();
+    }
+    let a = backend.create(keys[0], b"a1".to_vec()).await.unwrap();
+    backend.create(keys[1], b"b1".to_vec()).await.unwrap();
+    let stale = backend.load(keys[1]).await.unwrap().unwrap().version;
+    let b = backend
+        .replace(keys[1], &stale, b"b2".to_vec())
+        .await
+        .unwrap();
+    backend.create(keys[3], b"d1".to_vec()).await.unwrap();
+    let write = |key: &str, expected: Option<&Version>, bytes: &[u8]| ConditionalWrite {
+        key: key.to_owned(),
+        expected: expected.cloned(),
+        bytes: bytes.to_vec(),
+    };
+    let answers = backend
+        .write_each(vec![
+            write(keys[0], Some(&a), b"a2"),
+            write(keys[1], Some(&stale), b"b3"),
+            write(keys[2], None, b"c1"),
+            write(keys[3], None, b"d2"),
+        ])
+        .await;
+    assert_eq!(answers.len(), 4);
+    assert!(answers[0].is_ok(), "{:?}", answers[0]);
+    assert!(
+        matches!(answers[1], Err(WriteFailure::Conflict)),
+        "{:?}",
+        answers[1]
+    );
+    assert!(answers[2].is_ok(), "{:?}", answers[2]);
+    assert!(
+        matches!(answers[3], Err(WriteFailure::Conflict)),
+        "{:?}",
+        answers[3]
+    );
+    let stored = |key| {
+        let backend = Arc::clone(&backend);
+        async move { backend.load(key).await.unwrap().unwrap() }
+    };
+    let a2 = stored(keys[0]).await;
+    assert_eq!(a2.bytes, b"a2");
+    assert_eq!(
+        Some(&a2.version),
+        answers[0].as_ref().ok(),
+        "the answered version is the stored one"
+    );
+    assert_eq!(
+        stored(keys[1]).await.version,
+        b,
+        "a refused write changes nothing"
+    );
+    assert_eq!(stored(keys[2]).await.bytes, b"c1");
+    assert_eq!(stored(keys[3]).await.bytes, b"d1");
+    for key in keys {
+        backend.remove(key).await.unwrap();
+    }
+}
+
+pub async fn concurrent_callers_on_many_sequences_get_unique_gapless_numbers(backend: Shared) {
+    const SEQUENCES: usize = 8;
+    const CALLS: u64 = 20;
+    let s = Sequences::new(backend);
+    let mut tasks = Vec::new();
+    for i in 0..SEQUENCES {
+        for _ in 0..2 {
+            let s = s.clone();
+            let a = address(&format!("orders/many{i}"));
+            tasks.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                for _ in 0..CALLS / 2 {
+                    got.push(s.next(&a, &NextOptions::new()).await.unwrap());
+                }
+                (i, got)
+            }));
+        }
+    }
+    let mut handed = vec![BTreeSet::new(); SEQUENCES];
+    for task in tasks {
+        let (i, got) = task.await.unwrap();
+        for value in got {
+            assert!(
+                handed[i].insert(value),
+                "{value} handed out twice on sequence {i}"
+            );
+        }
+    }
+    for (i, numbers) in handed.iter().enumerate() {
+        assert_eq!(
+            numbers,
+            &(1..=CALLS).collect::<BTreeSet<u64>>(),
+            "sequence {i}"
+        );
+        let a = address(&format!("orders/many{i}"));
+        assert_eq!(s.get(&a).await.unwrap(), Some(CALLS + 1));
+    }
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -337,6 +443,8 @@ macro_rules! backend_suite {
                 overflow_and_bad_values_are_errors_that_write_nothing,
                 conditional_writes_from_a_stale_read_are_refused,
                 concurrent_callers_get_unique_gapless_numbers,
+                writes_of_several_keys_succeed_or_fail_each_on_its_own,
+                concurrent_callers_on_many_sequences_get_unique_gapless_numbers,
             );
         }
     };
