@@ -337,13 +337,26 @@ async fn get(inner: &Inner, key: Key<'_>) -> Result<Option<Vec<u8>>, Failure> {
 }
 
 async fn get_many(inner: &Inner, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, Failure> {
-    let mut values = vec![None; keys.len()];
     if keys.is_empty() {
-        return Ok(values);
+        return Ok(Vec::new());
     }
-    let partitions: Vec<&[u8]> = keys.iter().map(|k| k.partition).collect();
-    let clusterings: Vec<&[u8]> = keys.iter().map(|k| k.clustering).collect();
     let conn = inner.conn().await?;
+    let values = read_many(inner, &conn, keys.iter().copied(), "get_many").await?;
+    conn.release();
+    Ok(values)
+}
+
+/// The stored values of `keys` in order (`None` where absent), in one query on `conn`;
+/// `what` names the operation in the error of an answer naming no key asked for.
+pub(crate) async fn read_many<'a>(
+    inner: &Inner,
+    conn: &Conn,
+    keys: impl ExactSizeIterator<Item = Key<'a>>,
+    what: &str,
+) -> Result<Vec<Option<Vec<u8>>>, Failure> {
+    let mut values = vec![None; keys.len()];
+    let (partitions, clusterings): (Vec<&[u8]>, Vec<&[u8]>) =
+        keys.map(|k| (k.partition, k.clustering)).unzip();
     let client = conn.client()?;
     let statement = client.prepare_cached(&inner.sql.kv.get_many).await?;
     let rows = client
@@ -355,13 +368,10 @@ async fn get_many(inner: &Inner, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>
             .ok()
             .and_then(|i| values.get_mut(i))
             .ok_or_else(|| {
-                Failure::Corrupted(format!(
-                    "get_many: the server answered key number {ordinal}"
-                ))
+                Failure::Corrupted(format!("{what}: the server answered key number {ordinal}"))
             })?;
         *slot = Some(row.try_get::<_, Vec<u8>>(1)?);
     }
-    conn.release();
     Ok(values)
 }
 

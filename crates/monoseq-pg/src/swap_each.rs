@@ -29,7 +29,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::error::Failure;
 use crate::exec::Conn;
-use crate::store::{CAS_ATTEMPTS_MAX, Core, Inner, WRITE_ATTEMPTS_MAX};
+use crate::store::{CAS_ATTEMPTS_MAX, Core, Inner, WRITE_ATTEMPTS_MAX, read_many};
 
 /// Whether one transaction carries `swaps`: several, each writing or deleting, no key twice.
 fn fits_one_transaction(swaps: &[Swap<'_>]) -> bool {
@@ -266,30 +266,11 @@ async fn read_stored(
     swaps: &[Swap<'_>],
     indices: &[usize],
 ) -> Result<Vec<Option<Vec<u8>>>, Failure> {
-    let mut values = vec![None; indices.len()];
     if indices.is_empty() {
-        return Ok(values);
+        return Ok(Vec::new());
     }
-    let partitions: Vec<&[u8]> = indices.iter().map(|&i| swaps[i].key.partition).collect();
-    let clusterings: Vec<&[u8]> = indices.iter().map(|&i| swaps[i].key.clustering).collect();
-    let client = conn.client()?;
-    let statement = client.prepare_cached(&inner.sql.kv.get_many).await?;
-    let rows = client
-        .query(&statement, &[&partitions, &clusterings])
-        .await?;
-    for row in rows {
-        let ordinal: i64 = row.try_get(0)?;
-        let slot = usize::try_from(ordinal - 1)
-            .ok()
-            .and_then(|i| values.get_mut(i))
-            .ok_or_else(|| {
-                Failure::Corrupted(format!(
-                    "compare-and-swap of a list: the server answered key number {ordinal}"
-                ))
-            })?;
-        *slot = Some(row.try_get::<_, Vec<u8>>(1)?);
-    }
-    Ok(values)
+    let keys = indices.iter().map(|&i| swaps[i].key);
+    read_many(inner, conn, keys, "compare-and-swap of a list").await
 }
 
 #[cfg(test)]
