@@ -941,15 +941,16 @@ async fn attempt(
         Ok(Err(WriteFailure::Storage(e))) => Attempt::Failed(NextError::Storage(e)),
         Ok(Ok(version)) => {
             *known = Some(Known { data, version });
+            // Before the answers, so that a caller's next call already finds the block.
+            if let (Some(cache), Some(ticket)) = (&inner.cache, ticket) {
+                cache.install(address.key(), ticket, end, ceiling);
+            }
             let mut value = start;
             for waiter in batch.drain(..) {
                 let _ = waiter.reply.send(Ok(value));
                 value += waiter.increment;
             }
             debug_assert_eq!(value, end);
-            if let (Some(cache), Some(ticket)) = (&inner.cache, ticket) {
-                cache.install(address.key(), ticket, end, ceiling);
-            }
             Attempt::Done
         }
     }
