@@ -711,6 +711,19 @@ mod tests {
         args.store.ws_kinds = Some(Vec::new());
         let err = args.resolve().unwrap_err().to_string();
         assert!(err.contains("--ws-kinds"), "{err}");
+        let mut args = ServeArgs::default();
+        args.listen.named_cache = Some(0);
+        let err = args.resolve().unwrap_err().to_string();
+        assert!(err.contains("--named-cache must be at least 1"), "{err}");
+    }
+
+    #[test]
+    fn the_named_cache_is_off_unless_asked_for() {
+        let numbers = |args: &ServeArgs| args.resolve().unwrap().named_cache().numbers_value();
+        let mut args = ServeArgs::default();
+        assert_eq!(numbers(&args).get(), NAMED_CACHE_DEFAULT);
+        args.listen.named_cache = Some(32);
+        assert_eq!(numbers(&args).get(), 32);
     }
 
     #[test]
