@@ -897,8 +897,8 @@ enum Attempt {
 /// knows it, else on a fresh read (a stale `known` is refused like a stale read, and the
 /// retry reads). With a cache it stores the ceiling of a whole block, and once it is durable
 /// keeps the numbers past the batch's as the block. On success, answers every waiter, leaves
-/// what it wrote in `known` and returns [`Attempt::Done`]; waiters that would overflow are answered with
-/// [`NextError::Overflow`] and dropped from the batch.
+/// what it wrote in `known` and returns [`Attempt::Done`]; waiters that would overflow are
+/// answered with [`NextError::Overflow`] and dropped from the batch.
 async fn attempt(
     inner: &Inner,
     address: &Address,
@@ -906,8 +906,8 @@ async fn attempt(
     deadline: Instant,
     known: &mut Option<Known>,
 ) -> Attempt {
-    // Taken before anything is read: a `reset` that drops the block after this installs
-    // nothing of this attempt.
+    // Taken before anything is read: a `reset`, `set` or `delete` of this process that drops
+    // the block from here on revokes it, and this attempt then installs nothing.
     let ticket = inner.cache.as_ref().map(|c| c.begin_refill(address.key()));
     let remembered = known.is_some();
     let (old, version) = match known.take() {
