@@ -2,7 +2,7 @@
 //! many processes, made atomic by conditional writes instead of locks. Owns the operations
 //! ([`Sequences`]), the addresses and key layout ([`Address`], [`Scope`]), the stored format,
 //! the backend contract ([`Backend`]) with its S3 and key-value backends, and the reservation mode
-//! ([`Reserver`], over any [`BlockSource`]). The domain only: the HTTP API and its client are
+//! ([`Reserver`], over any [`BlockSource`]) and the server-side number cache ([`CacheOptions`]). The domain only: the HTTP API and its client are
 //! the edge crate `monoseq-named-http`, the command line is the `monoseq` binary's.
 //!
 //! # Example
@@ -26,6 +26,7 @@
 
 mod address;
 mod backend;
+mod cache;
 mod combine;
 mod error;
 mod kv;
@@ -37,6 +38,7 @@ mod sequences;
 
 pub use address::{Address, NAME_BYTES_MAX, PREFIX_BYTES_MAX, SCOPE_SEGMENT_BYTES_MAX, Scope};
 pub use backend::{Backend, BoxFuture, ConditionalWrite, Object, Version, WriteFailure};
+pub use cache::{CACHE_BLOCKS_MAX_DEFAULT, CacheOptions};
 pub use combine::{COMBINE_WRITES_MAX, DURABLE_WRITES_IN_FLIGHT};
 pub use error::{AddressError, DeleteError, NextError, ReadError, SetError, StorageError, code};
 pub use kv::{KV_TAG, KvBackend};

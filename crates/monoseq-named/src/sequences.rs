@@ -8,6 +8,8 @@
 //! reading first (a stale memory is refused like a stale read). On a backend that
 //! [combines](Backend::combines), the leaders of different sequences hand their writes to one
 //! combiner (`combine.rs`), so the ready batches of every sequence share one durable write.
+//! With a number cache (`cache.rs`) a `next` takes its numbers from this process's block of
+//! the sequence without a storage call, and a lane's write reserves a whole block.
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU64;
@@ -20,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::address::Address;
 use crate::backend::{Backend, ConditionalWrite, Object, Version, WriteFailure};
+use crate::cache::{CacheOptions, NumberCache};
 use crate::combine::Combiner;
 use crate::error::{DeleteError, NextError, ReadError, SetError, StorageError};
 use crate::record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX, metadata_len, now_ms};
@@ -194,6 +197,11 @@ impl SetOptions {
 /// of different sequences go out together in one [`Backend::write_each`], each succeeding or
 /// failing on its own condition. Across processes they race through the backend.
 ///
+/// With a number cache ([`Sequences::with_cache`], PostgreSQL's `CACHE`), one write reserves
+/// a block of numbers and later calls of this process take theirs from it in memory; numbers
+/// stay unique across processes but are ordered only within each, and what a crashed or
+/// restarted process reserved and did not hand out is a gap.
+///
 /// # Example
 ///
 /// ```
@@ -232,6 +240,8 @@ struct Inner {
     /// The state this process last wrote, per sequence whose lane is idle. Only a hint: a
     /// batch writes conditionally on it, and a stale one is refused like a stale read.
     known: Mutex<HashMap<String, Known>>,
+    /// The blocks of reserved numbers, when the cache is on.
+    cache: Option<NumberCache>,
 }
 
 /// A sequence as this process last wrote it, with the version that write answered.
@@ -258,14 +268,66 @@ impl Sequences {
         let combiner = backend
             .combines()
             .then(|| Arc::new(Combiner::new(Arc::clone(&backend))));
+        Sequences::build(backend, combiner, CacheOptions::default())
+    }
+
+    fn build(
+        backend: Arc<dyn Backend>,
+        combiner: Option<Arc<Combiner>>,
+        cache: CacheOptions,
+    ) -> Sequences {
         Sequences {
             inner: Arc::new(Inner {
                 backend,
                 combiner,
                 lanes: Mutex::new(HashMap::new()),
                 known: Mutex::new(HashMap::new()),
+                cache: NumberCache::new(cache),
             }),
         }
+    }
+
+    /// These sequences with a number cache (PostgreSQL's `CACHE`): with
+    /// [`CacheOptions::numbers_value`] N above 1, a `next` of increment i takes i numbers from
+    /// this process's block of the sequence when the block holds them, with no storage call;
+    /// otherwise one conditional write reserves max(N, i) numbers (the stored value moves past
+    /// the whole block), answers the calls waiting, and keeps the rest as the block once the
+    /// write is durable. Concurrent callers of one sequence wait for one refill, and the
+    /// refills of different sequences share durable writes as other writes do.
+    ///
+    /// What it costs: a crash or restart skips what was reserved and not handed out (a gap,
+    /// never a repeat), and numbers are ordered only per process: another process sharing the
+    /// storage reserves above this one's block while this one still hands it out. `get` here
+    /// answers the block's next number; elsewhere the stored value (the reserved ceiling). A
+    /// `reset`, `set` or `delete` through this value drops the block first (and any block a
+    /// refill in flight would install); through another process it does not reach the block
+    /// until it runs out. N = 1 (the default) is the behaviour without the option.
+    ///
+    /// Meant to be called on a new `Sequences`: the value returned shares the backend and
+    /// starts with no block, lane or remembered state of its own.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use monoseq_kv::MemoryStore;
+    /// use monoseq_named::{CacheOptions, KvBackend, NextOptions, Sequences};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// let cache = CacheOptions::new(NonZeroU64::new(32).unwrap());
+    /// let sequences = Sequences::new(KvBackend::new(MemoryStore::new())).with_cache(cache);
+    /// let ids = "orders/id".parse()?;
+    /// assert_eq!(sequences.next(&ids, &NextOptions::new()).await?, 1); // stores 33
+    /// assert_eq!(sequences.next(&ids, &NextOptions::new()).await?, 2); // from memory
+    /// assert_eq!(sequences.get(&ids).await?, Some(3));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn with_cache(self, cache: CacheOptions) -> Sequences {
+        let inner = &self.inner;
+        Sequences::build(Arc::clone(&inner.backend), inner.combiner.clone(), cache)
     }
 
     /// Hands out the sequence's current value and advances it by the increment (seed 003's
@@ -299,6 +361,11 @@ impl Sequences {
                 max: METADATA_BYTES_MAX,
             });
         }
+        if let (Some(cache), None) = (&self.inner.cache, &options.metadata)
+            && let Some(first) = cache.take(address.key(), options.increment.get())
+        {
+            return Ok(first);
+        }
         let started = Instant::now();
         let (reply, answer) = oneshot::channel();
         let waiter = Waiter {
@@ -310,31 +377,7 @@ impl Sequences {
             timeout: options.timeout,
             reply,
         };
-        let lead = {
-            let mut lanes = self
-                .inner
-                .lanes
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            match lanes.get_mut(address.key()) {
-                Some(lane) if lane.len() >= LANE_CALLS_MAX => {
-                    return Err(NextError::LaneFull {
-                        address: address.to_string(),
-                        waiting: lane.len(),
-                        max: LANE_CALLS_MAX,
-                    });
-                }
-                Some(lane) => {
-                    lane.push_back(waiter);
-                    false
-                }
-                None => {
-                    lanes.insert(address.key().to_owned(), VecDeque::from([waiter]));
-                    true
-                }
-            }
-        };
-        if lead {
+        if self.queue(address, waiter)? {
             // A task of its own, so that a caller dropping its future never strands the
             // callers queued behind it.
             tokio::spawn(lead_lane(Arc::clone(&self.inner), address.clone()));
@@ -345,6 +388,31 @@ impl Sequences {
                 "the writer task ended without answering (runtime shutting down?)",
             )))
         })
+    }
+
+    /// Queues `waiter` in the lane of `address`: `true` when it starts the lane (its caller
+    /// starts the leader).
+    fn queue(&self, address: &Address, waiter: Waiter) -> Result<bool, NextError> {
+        let mut lanes = self
+            .inner
+            .lanes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match lanes.get_mut(address.key()) {
+            Some(lane) if lane.len() >= LANE_CALLS_MAX => Err(NextError::LaneFull {
+                address: address.to_string(),
+                waiting: lane.len(),
+                max: LANE_CALLS_MAX,
+            }),
+            Some(lane) => {
+                lane.push_back(waiter);
+                Ok(false)
+            }
+            None => {
+                lanes.insert(address.key().to_owned(), VecDeque::from([waiter]));
+                Ok(true)
+            }
+        }
     }
 
     /// How many `next` calls of this process wait in the lane of `address` (not counting the
@@ -374,15 +442,22 @@ impl Sequences {
     }
 
     /// The stored value (what the next `next` returns), `None` if the sequence does not exist.
+    /// With a [cache](Sequences::with_cache), the next number of this process's block when it
+    /// holds one (no storage call).
     ///
     /// # Errors
     ///
     /// [`ReadError::InvalidStored`] or [`ReadError::Storage`].
     pub async fn get(&self, address: &Address) -> Result<Option<u64>, ReadError> {
+        if let Some(next) = self.cached_next(address) {
+            return Ok(Some(next));
+        }
         Ok(self.get_data(address).await?.map(|data| data.value))
     }
 
-    /// The stored sequence (value, name, times, metadata), `None` if it does not exist.
+    /// The stored sequence (value, name, times, metadata), `None` if it does not exist. With a
+    /// [cache](Sequences::with_cache), its value is the next number of this process's block
+    /// when it holds one.
     ///
     /// # Errors
     ///
@@ -391,12 +466,29 @@ impl Sequences {
         let Some(object) = self.inner.backend.load(address.key()).await? else {
             return Ok(None);
         };
-        SequenceData::decode(&object.bytes, address.name())
-            .map(Some)
-            .map_err(|reason| ReadError::InvalidStored {
+        let mut data = SequenceData::decode(&object.bytes, address.name()).map_err(|reason| {
+            ReadError::InvalidStored {
                 key: address.key().to_owned(),
                 reason,
-            })
+            }
+        })?;
+        if let Some(next) = self.cached_next(address) {
+            data.value = next;
+        }
+        Ok(Some(data))
+    }
+
+    /// The next number of this process's block of `address`, if it holds one.
+    fn cached_next(&self, address: &Address) -> Option<u64> {
+        self.inner.cache.as_ref()?.peek(address.key())
+    }
+
+    /// Drops this process's block of `address` (a `reset`, `set` or `delete` runs), and the
+    /// right of a refill in flight to install one.
+    fn drop_block(&self, address: &Address) {
+        if let Some(cache) = &self.inner.cache {
+            cache.drop_block(address.key());
+        }
     }
 
     /// Whether an object exists at the sequence's key (valid or not).
@@ -410,6 +502,9 @@ impl Sequences {
 
     /// Sets the stored value to `value` (the next `next` returns it), creating the sequence if
     /// needed. Numbers handed out before may be handed out again: this is an operator's tool.
+    /// With a [cache](Sequences::with_cache), this process's block is dropped before the write
+    /// and again after it (a refill that ran meanwhile installs nothing); other processes'
+    /// blocks stay until used.
     ///
     /// # Errors
     ///
@@ -435,6 +530,19 @@ impl Sequences {
                 max: METADATA_BYTES_MAX,
             });
         }
+        self.drop_block(address);
+        let written = self.reset_loop(address, value, options).await;
+        self.drop_block(address);
+        written
+    }
+
+    /// The attempts of [`Sequences::reset`] until one writes or the timeout passes.
+    async fn reset_loop(
+        &self,
+        address: &Address,
+        value: u64,
+        options: &SetOptions,
+    ) -> Result<SequenceData, SetError> {
         let started = Instant::now();
         let deadline = started + options.timeout;
         let mut attempts = 0;
@@ -513,13 +621,17 @@ impl Sequences {
     }
 
     /// Deletes the sequence (absent is fine). A later `next` starts it over at its initial
-    /// value, so numbers may be handed out again.
+    /// value, so numbers may be handed out again. With a [cache](Sequences::with_cache), this
+    /// process's block is dropped as by [`Sequences::reset`].
     ///
     /// # Errors
     ///
     /// [`DeleteError::Storage`].
     pub async fn delete(&self, address: &Address) -> Result<(), DeleteError> {
-        Ok(self.inner.backend.remove(address.key()).await?)
+        self.drop_block(address);
+        let removed = self.inner.backend.remove(address.key()).await;
+        self.drop_block(address);
+        Ok(removed?)
     }
 }
 
@@ -592,7 +704,10 @@ async fn lead_lane(inner: Arc<Inner>, address: Address) {
             }
             take_batch(lane)
         };
-        serve_batch(&inner, &address, batch, &mut known).await;
+        let batch = serve_from_block(&inner, address.key(), batch);
+        if !batch.is_empty() {
+            serve_batch(&inner, &address, batch, &mut known).await;
+        }
     }
 }
 
@@ -652,6 +767,33 @@ impl Drop for LaneGuard<'_> {
             lanes.remove(self.key);
         }
     }
+}
+
+/// Answers the waiters at the front of `batch` whose numbers this process's block holds (a
+/// refill may have installed it since they queued); returns the others.
+fn serve_from_block(inner: &Inner, key: &str, batch: Vec<Waiter>) -> Vec<Waiter> {
+    let Some(cache) = &inner.cache else {
+        return batch;
+    };
+    let mut waiters = batch.into_iter();
+    let mut rest = Vec::new();
+    for waiter in waiters.by_ref() {
+        let taken = match waiter.metadata {
+            None => cache.take(key, waiter.increment),
+            Some(_) => None,
+        };
+        match taken {
+            Some(first) => {
+                let _ = waiter.reply.send(Ok(first));
+            }
+            None => {
+                rest.push(waiter);
+                break;
+            }
+        }
+    }
+    rest.extend(waiters);
+    rest
 }
 
 /// The first waiter and the compatible ones right behind it (same initial value, no
@@ -753,9 +895,10 @@ enum Attempt {
 
 /// One conditional write for the whole batch, on the state this process last wrote if it
 /// knows it, else on a fresh read (a stale `known` is refused like a stale read, and the
-/// retry reads). On success, answers every waiter, leaves what it wrote in `known` and
-/// returns [`Attempt::Done`]; waiters that would overflow are answered with
-/// [`NextError::Overflow`] and dropped from the batch.
+/// retry reads). With a cache it stores the ceiling of a whole block, and once it is durable
+/// keeps the numbers past the batch's as the block. On success, answers every waiter, leaves
+/// what it wrote in `known` and returns [`Attempt::Done`]; waiters that would overflow are
+/// answered with [`NextError::Overflow`] and dropped from the batch.
 async fn attempt(
     inner: &Inner,
     address: &Address,
@@ -763,6 +906,9 @@ async fn attempt(
     deadline: Instant,
     known: &mut Option<Known>,
 ) -> Attempt {
+    // Taken before anything is read: a `reset`, `set` or `delete` of this process that drops
+    // the block from here on revokes it, and this attempt then installs nothing.
+    let ticket = inner.cache.as_ref().map(|c| c.begin_refill(address.key()));
     let remembered = known.is_some();
     let (old, version) = match known.take() {
         Some(Known { data, version }) => (Some(data), Some(version)),
@@ -776,11 +922,12 @@ async fn attempt(
     if batch.is_empty() {
         return Attempt::Done;
     }
+    let ceiling = inner.cache.as_ref().map_or(end, |c| c.ceiling(start, end));
     let metadata = batch[0].metadata.clone();
     let now = now_ms();
     let (data, expected) = match (old, version) {
-        (Some(old), Some(version)) => (rewritten(old, end, metadata, now), Some(version)),
-        _ => (created(address, end, metadata, now), None),
+        (Some(old), Some(version)) => (rewritten(old, ceiling, metadata, now), Some(version)),
+        _ => (created(address, ceiling, metadata, now), None),
     };
     let write = ConditionalWrite {
         key: address.key().to_owned(),
@@ -794,6 +941,10 @@ async fn attempt(
         Ok(Err(WriteFailure::Storage(e))) => Attempt::Failed(NextError::Storage(e)),
         Ok(Ok(version)) => {
             *known = Some(Known { data, version });
+            // Before the answers, so that a caller's next call already finds the block.
+            if let (Some(cache), Some(ticket)) = (&inner.cache, ticket) {
+                cache.install(address.key(), ticket, end, ceiling);
+            }
             let mut value = start;
             for waiter in batch.drain(..) {
                 let _ = waiter.reply.send(Ok(value));

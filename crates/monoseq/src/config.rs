@@ -28,6 +28,8 @@ pub const WS_KIND_DEFAULT: u16 = 1;
 pub const SHUTDOWN_TIMEOUT_DEFAULT_SECS: u64 = 10;
 /// Largest accepted request body.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+/// Default of `--named-cache`: one number per durable write, no cache.
+pub const NAMED_CACHE_DEFAULT: u64 = 1;
 /// Default of `--backlog-values-max` on PostgreSQL: room for the numbers of a whole
 /// [`monoseq_cp::FLUSH_DELAY_DEFAULT`] at full speed, so the flusher is not hurried earlier (a
 /// flush there is a transaction rewriting one row per workspace it touched; PostgreSQL CPU per
@@ -98,12 +100,20 @@ pub struct ProcessorArgs {
     pub no_marks: bool,
 }
 
-/// Settings of `serve` alone: where to listen, and whether to serve a store with a loss.
+/// Settings of `serve` alone: where to listen, whether to serve a store with a loss, and the
+/// named sequences' number cache.
 #[derive(Debug, Clone, Default, Args)]
 pub struct ListenArgs {
     #[arg(long, env = "MONOSEQ_LISTEN", help = format!(
         "Address to listen on, an IP or a host name with a port [default: {LISTEN_DEFAULT}]"))]
     pub listen: Option<String>,
+    /// Numbers of a named sequence that one durable write reserves for this server, which
+    /// then answers `next` from memory until they run out (PostgreSQL's `CACHE`). A restart
+    /// skips what was reserved and not handed out, and servers sharing a database hand out
+    /// unique numbers, ordered only per server [default: 1, no cache: every number durable
+    /// before it is answered, no gaps]
+    #[arg(long, env = "MONOSEQ_NAMED_CACHE", value_name = "NUMBERS")]
+    pub named_cache: Option<u64>,
     /// Serve a store that lost acknowledged events (a cut journal, lost engine files, a lost
     /// identity or marks file): the loss is logged and recorded, and no number handed out
     /// before it is handed out again. Without it such a store is refused.
@@ -158,6 +168,7 @@ struct SettingsFile {
     flush_delay_ms: Option<u64>,
     shutdown_timeout_secs: Option<u64>,
     idempotency_window_events: Option<u64>,
+    named_cache: Option<u64>,
     cluster: Option<crate::cluster::ClusterFile>,
     security: Option<crate::auth::SecurityFile>,
     edge: Option<crate::edge::EdgeFile>,
@@ -180,6 +191,8 @@ pub struct Settings {
     pub flush_delay: Duration,
     pub shutdown_timeout: Duration,
     pub idempotency_window_events: u64,
+    /// Numbers of a named sequence one durable write reserves (`--named-cache`; 1: none).
+    pub named_cache: u64,
     /// Serve a store with a detected loss (`--accept-loss`).
     pub accept_loss: bool,
     /// Keep no high-water marks (benchmarks only).
@@ -246,6 +259,10 @@ pub fn resolve(
             .idempotency_window_events
             .or(file.idempotency_window_events)
             .unwrap_or(monoseq_cp::IDEMPOTENCY_WINDOW_EVENTS_DEFAULT),
+        named_cache: listen
+            .named_cache
+            .or(file.named_cache)
+            .unwrap_or(NAMED_CACHE_DEFAULT),
         accept_loss: listen.accept_loss,
         no_marks: processor.no_marks,
         cluster: file.cluster.unwrap_or_default(),
@@ -330,6 +347,7 @@ impl Settings {
                 "--idempotency-window-events",
                 self.idempotency_window_events,
             ),
+            ("--named-cache", self.named_cache),
         ];
         if let Some((flag, _)) = at_least_one.iter().find(|(_, value)| *value == 0) {
             bail!("{flag} must be at least 1");
@@ -359,6 +377,14 @@ impl Settings {
             );
         }
         Ok(())
+    }
+
+    /// The number cache of the named sequences this server serves.
+    pub fn named_cache(&self) -> monoseq_named::CacheOptions {
+        // `validate` refused 0.
+        let numbers =
+            std::num::NonZeroU64::new(self.named_cache).unwrap_or(std::num::NonZeroU64::MIN);
+        monoseq_named::CacheOptions::new(numbers)
     }
 
     /// The command processor's configuration.
@@ -685,6 +711,19 @@ mod tests {
         args.store.ws_kinds = Some(Vec::new());
         let err = args.resolve().unwrap_err().to_string();
         assert!(err.contains("--ws-kinds"), "{err}");
+        let mut args = ServeArgs::default();
+        args.listen.named_cache = Some(0);
+        let err = args.resolve().unwrap_err().to_string();
+        assert!(err.contains("--named-cache must be at least 1"), "{err}");
+    }
+
+    #[test]
+    fn the_named_cache_is_off_unless_asked_for() {
+        let numbers = |args: &ServeArgs| args.resolve().unwrap().named_cache().numbers_value();
+        let mut args = ServeArgs::default();
+        assert_eq!(numbers(&args).get(), NAMED_CACHE_DEFAULT);
+        args.listen.named_cache = Some(32);
+        assert_eq!(numbers(&args).get(), 32);
     }
 
     #[test]

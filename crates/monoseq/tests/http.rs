@@ -350,6 +350,57 @@ async fn named_sequences_answer_over_http_and_from_the_cli() {
     assert_eq!(String::from_utf8_lossy(&local.stdout).trim(), "1013");
 }
 
+/// `--named-cache 10`: `next` over a real connection takes its numbers from the server's block
+/// (`get` answers the block's next one, another process reads the reserved ceiling), and after
+/// a crash the restarted server continues above the ceiling: the rest of the block is a gap,
+/// no number comes twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_next_with_a_cache_skips_the_unused_block_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let args = ["--partitions", "2", "--named-cache", "10"];
+    let next = |url: String| {
+        let client = client.clone();
+        async move {
+            let r = client
+                .post(format!("{url}/v1/sequences/orders/id/next"))
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            r.json::<Value>().await.unwrap()["value"].as_u64().unwrap()
+        }
+    };
+    let server = Server::start_ready(dir.path(), &args, &client).await;
+    for expected in 1..=3 {
+        assert_eq!(next(server.url.clone()).await, expected);
+    }
+    let (status, value) = get(
+        &client,
+        &format!("{}/v1/sequences/orders/id/value", server.url),
+    )
+    .await;
+    assert_eq!((status, value["value"].as_u64()), (200, Some(4)));
+    server.kill();
+    let stored = run(&[
+        "seq",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "get",
+        "orders/id",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&stored.stdout).trim(),
+        "11",
+        "the stored value is the reserved ceiling"
+    );
+    let server = Server::start_ready(dir.path(), &args, &client).await;
+    assert_eq!(next(server.url.clone()).await, 11, "4..=10 are a gap");
+    assert_eq!(next(server.url.clone()).await, 12);
+    server.terminate(Duration::from_secs(15));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grafana_dashboard_queries_only_exported_metrics() {
     let path = concat!(

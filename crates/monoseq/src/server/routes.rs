@@ -38,16 +38,18 @@ const WLOG_FROM_DEFAULT: u64 = 1;
 const WLOG_OFFSET_SCANNED_MAX: u64 = u64::MAX >> 1;
 
 /// The router, for the server and for tests: commands and events, plus the named sequences
-/// (`/v1/sequences/...`) on the same store, every route and the fallbacks behind the token
-/// check of `auth`.
+/// (`/v1/sequences/...`) on the same store with the number cache `named_cache`, every route
+/// and the fallbacks behind the token check of `auth`.
 pub(super) fn router(
     cp: CommandProcessor<Store>,
     info: serde_json::Value,
     auth: Arc<crate::auth::Auth>,
     cluster: Option<(Arc<Cluster>, Forwarder)>,
+    named_cache: monoseq_named::CacheOptions,
 ) -> Router {
     let sequences =
-        monoseq_named::Sequences::new(monoseq_named::KvBackend::new(Arc::clone(cp.store().kv())));
+        monoseq_named::Sequences::new(monoseq_named::KvBackend::new(Arc::clone(cp.store().kv())))
+            .with_cache(named_cache);
     let state = Arc::new(AppState {
         cp,
         cluster,

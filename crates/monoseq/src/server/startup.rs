@@ -91,6 +91,7 @@ pub async fn serve(
         info(&settings, &opened),
         Arc::clone(&security.auth),
         cluster,
+        settings.named_cache(),
     )
     .merge(crate::backup::Backups::router(
         crate::backup::Backups::new(&settings, &opened),
