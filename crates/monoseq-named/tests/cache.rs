@@ -5,6 +5,12 @@
 //! next number, the bound on blocks, and the errors of today near `VALUE_MAX`, on a fault, on
 //! an invalid stored object and at a timeout.
 
+/// The shared store fixtures; `redb` is not used here.
+#[allow(dead_code)]
+mod support {
+    pub mod stores;
+}
+
 use std::collections::BTreeSet;
 use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::Arc;
@@ -20,7 +26,7 @@ use tokio::sync::{Notify, Semaphore};
 
 const CACHE: u64 = 32;
 
-type Shared = Arc<dyn Backend>;
+use support::stores::{Shared, fjall, memory};
 
 fn address(text: &str) -> Address {
     text.parse().unwrap()
@@ -113,58 +119,6 @@ impl Backend for Counting {
     fn combines(&self) -> bool {
         self.inner.combines()
     }
-}
-
-/// A backend that keeps the temporary directory of its store alive.
-struct InDir {
-    backend: KvBackend<FjallStore>,
-    _dir: tempfile::TempDir,
-}
-
-impl Backend for InDir {
-    fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Object>, StorageError>> {
-        self.backend.load(key)
-    }
-    fn create<'a>(
-        &'a self,
-        key: &'a str,
-        bytes: Vec<u8>,
-    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
-        self.backend.create(key, bytes)
-    }
-    fn replace<'a>(
-        &'a self,
-        key: &'a str,
-        expected: &'a Version,
-        bytes: Vec<u8>,
-    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
-        self.backend.replace(key, expected, bytes)
-    }
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
-        self.backend.remove(key)
-    }
-    fn write_each(
-        &self,
-        writes: Vec<ConditionalWrite>,
-    ) -> BoxFuture<'_, Vec<Result<Version, WriteFailure>>> {
-        self.backend.write_each(writes)
-    }
-    fn combines(&self) -> bool {
-        self.backend.combines()
-    }
-}
-
-fn memory() -> Shared {
-    Arc::new(KvBackend::new(MemoryStore::new()))
-}
-
-fn fjall() -> Shared {
-    let dir = tempfile::tempdir().unwrap();
-    let store = FjallStore::open(dir.path(), Options::default()).unwrap();
-    Arc::new(InDir {
-        backend: KvBackend::new(store),
-        _dir: dir,
-    })
 }
 
 /// Runs each named check on the in-memory and on the fjall backend.

@@ -5,6 +5,7 @@
 
 #[macro_use]
 mod support {
+    pub mod stores;
     pub mod suite;
 }
 
@@ -14,75 +15,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use monoseq_kv::{FjallStore, MemoryStore, Options, RedbStore};
+use monoseq_kv::{FjallStore, MemoryStore, Options};
 use monoseq_named::{
     Address, Backend, BoxFuture, ConditionalWrite, KvBackend, LANE_CALLS_MAX, NextError,
     NextOptions, Object, ReserveOptions, Reserver, Sequences, StorageError, Version, WriteFailure,
     code,
 };
-use support::suite::Shared;
+use support::stores::{Shared, fjall, memory, redb};
 use tokio::sync::{Notify, Semaphore};
-
-/// A backend that keeps the temporary directory of its store alive.
-struct InDir<B> {
-    backend: B,
-    _dir: tempfile::TempDir,
-}
-
-impl<B: Backend> Backend for InDir<B> {
-    fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Object>, StorageError>> {
-        self.backend.load(key)
-    }
-    fn create<'a>(
-        &'a self,
-        key: &'a str,
-        bytes: Vec<u8>,
-    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
-        self.backend.create(key, bytes)
-    }
-    fn replace<'a>(
-        &'a self,
-        key: &'a str,
-        expected: &'a Version,
-        bytes: Vec<u8>,
-    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
-        self.backend.replace(key, expected, bytes)
-    }
-    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
-        self.backend.remove(key)
-    }
-    fn write_each(
-        &self,
-        writes: Vec<ConditionalWrite>,
-    ) -> BoxFuture<'_, Vec<Result<Version, WriteFailure>>> {
-        self.backend.write_each(writes)
-    }
-    fn combines(&self) -> bool {
-        self.backend.combines()
-    }
-}
-
-fn memory() -> Shared {
-    Arc::new(KvBackend::new(MemoryStore::new()))
-}
-
-fn fjall() -> Shared {
-    let dir = tempfile::tempdir().unwrap();
-    let store = FjallStore::open(dir.path(), Options::default()).unwrap();
-    Arc::new(InDir {
-        backend: KvBackend::new(store),
-        _dir: dir,
-    })
-}
-
-fn redb() -> Shared {
-    let dir = tempfile::tempdir().unwrap();
-    let store = RedbStore::open(dir.path(), Options::default()).unwrap();
-    Arc::new(InDir {
-        backend: KvBackend::new(store),
-        _dir: dir,
-    })
-}
 
 backend_suite!(on_memory, memory());
 backend_suite!(on_fjall, fjall());
