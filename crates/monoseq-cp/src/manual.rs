@@ -128,7 +128,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
                 Err(e) => answers.push(Ok(Err(e))),
             }
         }
-        for retry in self.writer.run_group(jobs, None) {
+        for retry in self.writer.run_group(jobs) {
             let _ = retry.reply.send(Err(busy(monoseq_core::Busy::Actualizing)));
         }
         answers

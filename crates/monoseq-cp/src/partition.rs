@@ -17,7 +17,7 @@ use monoseq_core::{
 };
 use monoseq_kv::{KvError, KvStore};
 use monoseq_store::{
-    AppendError, CRECORD_ID_SEQUENCE, Event, EventStore, Idempotency, Mark, Marks,
+    AppendError, CRECORD_ID_SEQUENCE, Event, EventStore, Idempotency, Mark, Marks, MarksError,
     OWRECORD_ID_SEQUENCE, PLogSeqStorage, PartitionId, ReadError, RecordId, RecordKind,
     WLOG_OFFSET_SEQUENCE, WLogOffset,
 };
@@ -521,14 +521,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
 
     /// Runs one group on a blocking thread; the jobs to retry.
     async fn group(&mut self, jobs: Vec<Job>) -> Vec<Job> {
-        let handle = tokio::runtime::Handle::current();
         let Some(mut writer) = self.writer.take() else {
             return jobs;
         };
         let ran = tokio::task::spawn_blocking(move || {
-            let retry = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                writer.run_group(jobs, Some(&handle))
-            }));
+            let retry =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_group(jobs)));
             (writer, retry)
         })
         .await;
@@ -775,14 +773,12 @@ impl<S: KvStore + Clone> Writer<S> {
         read.map_err(|e| monoseq_kv::chain(&e))?;
         let mut mark = group_mark(self.mark, &tail);
         mark.plog = mark.plog.max(end);
-        if let Some(marks) = &self.marks {
-            marks.raise(self.partition.0, &mark).map_err(|e| {
-                format!(
-                    "raising the high-water mark failed: {}",
-                    crate::error::chain(&e)
-                )
-            })?;
-        }
+        self.raise_synced(mark).map_err(|e| {
+            format!(
+                "raising the high-water mark failed: {}",
+                crate::error::chain(&e)
+            )
+        })?;
         self.mark = mark;
         let mut acked = self.acked.lock().unwrap_or_else(|e| e.into_inner());
         *acked = acked.max(&mark);
@@ -802,11 +798,7 @@ impl<S: KvStore + Clone> Writer<S> {
 impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// Sequences a group, writes it and answers its commands; the innocent commands of a group
     /// that failed because of one of them, to retry.
-    pub(crate) fn run_group(
-        &mut self,
-        jobs: Vec<Job>,
-        rt: Option<&tokio::runtime::Handle>,
-    ) -> Vec<Job> {
+    pub(crate) fn run_group(&mut self, jobs: Vec<Job>) -> Vec<Job> {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -831,7 +823,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         }
         let first = accepted[0].outcome.plog_offset;
         let mark = group_mark(replayed, &events);
-        match self.write(events, mark, rt) {
+        match self.write(&events, mark) {
             Ok(()) => {
                 self.written_group(mark, accepted, followers, replays);
                 Vec::new()
@@ -919,11 +911,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// Answers retries of events above the mark (their first answers were lost) once the mark
     /// covers them: raised durably first, as a group's write does.
     fn answer_replays(&mut self, replays: Vec<(Job, Outcome, Mark)>, mark: Mark) {
-        let raised = match &self.marks {
-            None => Ok(()),
-            Some(marks) => marks.raise(self.partition.0, &mark),
-        };
-        match raised {
+        match self.raise_synced(mark) {
             Ok(()) => {
                 self.mark = mark;
                 *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = mark;
@@ -998,46 +986,24 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         retry
     }
 
-    /// Makes a group durable before anyone is told: appends it, then syncs the store while
-    /// raising the partition's high-water mark on another blocking thread (after the sync, on
-    /// this thread, without a runtime).
-    fn write(
-        &self,
-        events: Vec<Event>,
-        mark: Mark,
-        rt: Option<&tokio::runtime::Handle>,
-    ) -> Result<(), AppendError> {
-        self.store.append(self.partition, &events)?;
-        let partition = self.partition.0;
-        let Some(rt) = rt else {
-            self.store.sync().map_err(AppendError::Storage)?;
-            return match &self.marks {
-                None => Ok(()),
-                Some(marks) => marks.raise(partition, &mark).map_err(|e| {
-                    AppendError::Storage(KvError::backend("raising the high-water mark failed", e))
-                }),
-            };
-        };
-        let raised = self
-            .marks
-            .clone()
-            .map(|marks| rt.spawn_blocking(move || marks.raise(partition, &mark)));
-        let synced = self.store.sync().map_err(AppendError::Storage);
-        let raised = match raised {
-            None => Ok(()),
-            Some(r) => match rt.block_on(r) {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(AppendError::Storage(KvError::backend(
-                    "raising the high-water mark failed",
-                    e,
-                ))),
-                Err(join) => Err(AppendError::Storage(KvError::backend(
-                    "raising the high-water mark panicked",
-                    join.to_string(),
-                ))),
-            },
-        };
-        synced.and(raised)
+    /// Makes a group durable before anyone is told: appends it, syncs the store, then raises
+    /// the partition's high-water mark (the marks' cycle runs the store's sync first, so a
+    /// mark never reaches the disk before the events it covers).
+    fn write(&self, events: &[Event], mark: Mark) -> Result<(), AppendError> {
+        self.store.append(self.partition, events)?;
+        self.raise_synced(mark).map_err(|e| match e {
+            MarksError::Store(e) => AppendError::Storage(e),
+            e => AppendError::Storage(KvError::backend("raising the high-water mark failed", e)),
+        })
+    }
+
+    /// Syncs the store and raises the partition's high-water mark to `mark` after it (only
+    /// the sync without marks).
+    fn raise_synced(&self, mark: Mark) -> Result<(), MarksError> {
+        match &self.marks {
+            None => self.store.sync().map_err(MarksError::Store),
+            Some(marks) => marks.raise_after(self.partition.0, &mark, || self.store.sync()),
+        }
     }
 
     /// The answer to a retry of a command whose event carries the same key: the original

@@ -5,7 +5,7 @@
 //! load while readiness says so.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -596,4 +596,56 @@ async fn a_partition_whose_plog_ends_below_its_mark_is_refused_before_any_comman
     cp.submit(order(1, 1))
         .await
         .expect("the whole partition serves");
+}
+
+/// A power loss keeps any part of what was written but not synced. So a group's mark must reach
+/// the marks file only after the store's sync that covers the group's events: written beside
+/// that sync, a mark could survive a power loss that its events did not, and the restart would
+/// refuse the store for events that were never acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_mark_reaches_the_marks_file_only_after_the_store_sync_covering_its_events() {
+    use monoseq_store::Marks;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = open(&dir.path().join("engine"));
+    let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+    let marks = Arc::new(Marks::create(dir.path(), 2).expect("marks"));
+    let config = Config {
+        marks: Some(Arc::clone(&marks)),
+        // No background flush syncs between a group's raise and its answer.
+        flush_delay: Duration::from_secs(10),
+        ..config(2)
+    };
+    let cp = CommandProcessor::start(store, config).expect("start");
+    ready(&cp).await;
+    // The highest PLog offset acknowledged, and what the marks file held during each sync.
+    let acked = Arc::new(AtomicU64::new(0));
+    let seen: Arc<Mutex<Vec<(u64, u64)>>> = Arc::default();
+    let path = Marks::path(dir.path());
+    let (during, answered) = (Arc::clone(&seen), Arc::clone(&acked));
+    kv.on_sync(move || {
+        // Long enough for a raise running beside the sync to reach the file.
+        std::thread::sleep(Duration::from_millis(20));
+        let on_disk = Marks::read_file(&path, 2).expect("read the marks file");
+        let highest = on_disk.iter().map(|m| m.plog).max().unwrap_or(0);
+        let acked = answered.load(Ordering::Acquire);
+        during.lock().expect("seen").push((highest, acked));
+    });
+    let mut last = 0;
+    for n in 1..=5 {
+        let outcome = cp.submit(order(2, n)).await.expect("applied");
+        assert!(outcome.plog_offset > last);
+        last = outcome.plog_offset;
+        acked.store(last, Ordering::Release);
+    }
+    kv.clear_hooks();
+    let seen = seen.lock().expect("seen").clone();
+    assert!(seen.len() >= 5, "a sync per group: {seen:?}");
+    for (on_disk, acked) in &seen {
+        assert!(
+            on_disk <= acked,
+            "the marks file said {on_disk} while only {acked} was acknowledged: {seen:?}"
+        );
+    }
+    let partition = cp.partition_of(WsId(2));
+    assert_eq!(marks.get(partition).expect("mark").plog, last);
 }

@@ -96,6 +96,7 @@ pub struct FaultyStore<S> {
 struct Hooks {
     read: Option<ReadHook>,
     write: Option<WriteHook>,
+    sync: Option<SyncHook>,
     loss: Option<LossFilter>,
 }
 
@@ -103,6 +104,8 @@ struct Hooks {
 type ReadHook = Box<dyn Fn(&[u8]) + Send + Sync>;
 /// Called with every batch about to be written.
 type WriteHook = Box<dyn Fn(&WriteBatch) + Send + Sync>;
+/// Called before every sync.
+type SyncHook = Box<dyn Fn() + Send + Sync>;
 /// Chooses the batches whose answers (or requests) may be lost.
 type LossFilter = Box<dyn Fn(&WriteBatch) -> bool + Send + Sync>;
 
@@ -135,6 +138,12 @@ impl<S> FaultyStore<S> {
     /// Runs `hook` with every batch before it is written; it may sleep or panic. Replaces any.
     pub fn on_write(&self, hook: impl Fn(&WriteBatch) + Send + Sync + 'static) {
         self.hooks.write().unwrap_or_else(|e| e.into_inner()).write = Some(Box::new(hook));
+    }
+
+    /// Runs `hook` before every sync; it may sleep (a slow disk) or look at what other files
+    /// hold while the store is not yet durable. Replaces any.
+    pub fn on_sync(&self, hook: impl Fn() + Send + Sync + 'static) {
+        self.hooks.write().unwrap_or_else(|e| e.into_inner()).sync = Some(Box::new(hook));
     }
 
     /// Lets the loss counts ([`lose_answers_next`](Self::lose_answers_next),
@@ -323,6 +332,9 @@ impl<S: KvStore> KvStore for FaultyStore<S> {
 
     fn sync(&self) -> Result<(), KvError> {
         self.check(FaultOp::Sync)?;
+        if let Some(h) = &self.hooks.read().unwrap_or_else(|e| e.into_inner()).sync {
+            h();
+        }
         self.inner.sync()
     }
 }

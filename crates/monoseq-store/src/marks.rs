@@ -8,13 +8,21 @@
 //! CRC-32 of the header), then per partition two 64-byte slots holding a sequence number, the
 //! four marks and a CRC-32. A raise writes the slot not holding the newest copy, so a torn
 //! write damages at most the copy being written; reading takes the valid slot with the highest
-//! sequence. Raises of all partitions share `fdatasync` calls (group commit).
+//! sequence.
+//!
+//! Raises of all partitions share cycles (group commit): one caller, the cycle's leader, first
+//! makes the store durable with its `sync_store`, then writes every raise waiting for the cycle
+//! and syncs the file once. So a mark reaches the disk only after the events it covers, and a
+//! power loss can leave a mark below the store's end, never above it.
 
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+use monoseq_kv::KvError;
 
 use serde::{Deserialize, Serialize};
 
@@ -94,6 +102,35 @@ pub enum MarksError {
         /// Partitions in the file.
         partitions: u32,
     },
+    /// The store's sync that must precede the raise failed (this caller ran it): nothing of
+    /// the cycle was raised.
+    #[error("syncing the store before raising the high-water marks failed")]
+    Store(#[source] KvError),
+    /// The cycle this raise waited for failed in another caller (its store sync, write or
+    /// `fdatasync`): nothing of the cycle may be durable.
+    #[error("the sync shared with other partitions' raises failed: {reason}")]
+    Shared {
+        /// The leader's error, as text.
+        reason: String,
+    },
+}
+
+/// Failed cycles kept for the waiters that have not read their outcome yet.
+const FAILURES_KEPT: usize = 64;
+
+/// The raise cycles: tickets handed out, tickets done, and the raises waiting for a cycle.
+#[derive(Debug, Default)]
+struct Cycles {
+    /// Tickets handed out so far (one per raise).
+    requested: u64,
+    /// Every ticket up to this one is done (raised durably, or failed).
+    done: u64,
+    /// A leader is running a cycle.
+    leading: bool,
+    /// Raises not yet taken by a cycle.
+    waiting: Vec<(u32, Mark)>,
+    /// The latest failed cycles: their first and last tickets and the error.
+    failed: VecDeque<(u64, u64, String)>,
 }
 
 /// The open marks file of a data directory.
@@ -101,13 +138,13 @@ pub enum MarksError {
 pub struct Marks {
     path: PathBuf,
     file: File,
-    /// Newest copy per partition: its sequence number and mark.
+    /// Newest copy per partition: its sequence number and mark (durable once its cycle ended).
     slots: Mutex<Vec<(u64, Mark)>>,
-    /// Raises written so far, and raises made durable by a completed `fdatasync`.
-    written: AtomicU64,
-    synced: AtomicU64,
-    /// One `fdatasync` at a time; a raise that finds its write already covered returns.
-    sync_lock: Mutex<()>,
+    /// Set from a slot's write until a sync covers it (a failed cycle leaves it set).
+    unsynced: AtomicBool,
+    cycles: Mutex<Cycles>,
+    /// Signalled when a cycle ends.
+    cycle_ended: Condvar,
 }
 
 impl Marks {
@@ -190,9 +227,9 @@ impl Marks {
             path,
             file,
             slots: Mutex::new(slots),
-            written: AtomicU64::new(0),
-            synced: AtomicU64::new(0),
-            sync_lock: Mutex::new(()),
+            unsynced: AtomicBool::new(false),
+            cycles: Mutex::new(Cycles::default()),
+            cycle_ended: Condvar::new(),
         }))
     }
 
@@ -271,58 +308,118 @@ impl Marks {
 
     /// Raises the mark of `partition` to at least `mark` (field-wise) and returns once that is
     /// durable. Concurrent raises share one `fdatasync`. A raise that changes nothing returns
-    /// at once.
+    /// once every earlier raise is durable.
     ///
     /// # Errors
     ///
     /// [`MarksError`] when writing or syncing failed: the mark may not be durable, so the
     /// caller must not acknowledge what it covers.
     pub fn raise(&self, partition: u32, mark: &Mark) -> Result<(), MarksError> {
-        let ticket = {
-            let mut slots = self.lock();
-            let partitions = slots.len() as u32;
-            let (seq, old) =
-                slots
-                    .get_mut(partition as usize)
-                    .ok_or(MarksError::NoSuchPartition {
-                        partition,
-                        partitions,
-                    })?;
-            let new = old.max(mark);
-            if new == *old {
-                None
-            } else {
-                let next = *seq + 1;
-                let at =
-                    HEADER_BYTES + 2 * SLOT_BYTES * u64::from(partition) + (next % 2) * SLOT_BYTES;
-                self.file
-                    .write_all_at(&encode_slot(next, &new), at)
-                    .map_err(io("writing", &self.path))?;
-                *seq = next;
-                *old = new;
-                Some(self.written.fetch_add(1, Ordering::AcqRel) + 1)
-            }
-        };
-        match ticket {
-            Some(t) => self.sync_through(t),
-            None => self.sync_through(self.written.load(Ordering::Acquire)),
-        }
+        self.raise_after(partition, mark, || Ok(()))
     }
 
-    /// Returns once every raise up to `ticket` is durable.
-    fn sync_through(&self, ticket: u64) -> Result<(), MarksError> {
-        if self.synced.load(Ordering::Acquire) >= ticket {
-            return Ok(());
+    /// [`Marks::raise`] once the store holding the events `mark` covers is durable: the cycle
+    /// that takes this raise runs one caller's `sync_store` before it writes the marks. Every
+    /// caller's `sync_store` must make durable every write to the same store acknowledged
+    /// before the call (a group commit's `sync` does).
+    ///
+    /// # Errors
+    ///
+    /// [`MarksError::Store`] when this caller's `sync_store` failed, [`MarksError::Shared`]
+    /// when another caller's cycle failed, other [`MarksError`]s when writing or syncing the
+    /// file failed. Nothing the mark covers may be acknowledged then.
+    pub fn raise_after(
+        &self,
+        partition: u32,
+        mark: &Mark,
+        sync_store: impl FnOnce() -> Result<(), KvError>,
+    ) -> Result<(), MarksError> {
+        let partitions = self.partitions();
+        if partition >= partitions {
+            return Err(MarksError::NoSuchPartition {
+                partition,
+                partitions,
+            });
         }
-        let _one = self.sync_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if self.synced.load(Ordering::Acquire) >= ticket {
-            return Ok(());
+        let mut cycles = self.cycles();
+        cycles.requested += 1;
+        let ticket = cycles.requested;
+        cycles.waiting.push((partition, *mark));
+        while cycles.leading && cycles.done < ticket {
+            cycles = self
+                .cycle_ended
+                .wait(cycles)
+                .unwrap_or_else(|e| e.into_inner());
         }
-        // Everything written before this load is covered by the sync below.
-        let target = self.written.load(Ordering::Acquire);
-        self.file.sync_data().map_err(io("syncing", &self.path))?;
-        self.synced.fetch_max(target, Ordering::AcqRel);
+        if cycles.done >= ticket {
+            return match cycles
+                .failed
+                .iter()
+                .find(|f| f.0 <= ticket && ticket <= f.1)
+            {
+                None => Ok(()),
+                Some((_, _, reason)) => Err(MarksError::Shared {
+                    reason: reason.clone(),
+                }),
+            };
+        }
+        // This caller leads the cycle of every raise waiting now, its own included.
+        cycles.leading = true;
+        let first = cycles.done + 1;
+        let last = cycles.requested;
+        let batch = std::mem::take(&mut cycles.waiting);
+        drop(cycles);
+        let result = sync_store()
+            .map_err(MarksError::Store)
+            .and_then(|()| self.write_cycle(batch));
+        let mut cycles = self.cycles();
+        cycles.leading = false;
+        cycles.done = last;
+        if let Err(e) = &result {
+            if cycles.failed.len() == FAILURES_KEPT {
+                cycles.failed.pop_front();
+            }
+            cycles.failed.push_back((first, last, monoseq_kv::chain(e)));
+        }
+        drop(cycles);
+        self.cycle_ended.notify_all();
+        result
+    }
+
+    /// Writes a cycle's raises (each partition's slot at most once) and syncs the file unless
+    /// every write is synced already. Only a cycle's leader calls it.
+    fn write_cycle(&self, mut batch: Vec<(u32, Mark)>) -> Result<(), MarksError> {
+        batch.sort_unstable_by_key(|(p, _)| *p);
+        let mut slots = self.lock();
+        let mut raises = batch.into_iter().peekable();
+        while let Some((partition, mut mark)) = raises.next() {
+            while let Some((_, m)) = raises.next_if(|(p, _)| *p == partition) {
+                mark = mark.max(&m);
+            }
+            let (seq, old) = &mut slots[partition as usize];
+            let new = old.max(&mark);
+            if new == *old {
+                continue;
+            }
+            let next = *seq + 1;
+            let at = HEADER_BYTES + 2 * SLOT_BYTES * u64::from(partition) + (next % 2) * SLOT_BYTES;
+            self.unsynced.store(true, Ordering::Release);
+            self.file
+                .write_all_at(&encode_slot(next, &new), at)
+                .map_err(io("writing", &self.path))?;
+            *seq = next;
+            *old = new;
+        }
+        drop(slots);
+        if self.unsynced.load(Ordering::Acquire) {
+            self.file.sync_data().map_err(io("syncing", &self.path))?;
+            self.unsynced.store(false, Ordering::Release);
+        }
         Ok(())
+    }
+
+    fn cycles(&self) -> MutexGuard<'_, Cycles> {
+        self.cycles.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Mark)>> {
@@ -476,5 +573,94 @@ mod tests {
         drop(marks);
         let marks = Marks::open(dir.path(), 8).expect("open").expect("present");
         assert!(marks.all().iter().all(|m| *m == mark(50)));
+    }
+
+    #[test]
+    fn raises_waiting_for_a_cycle_share_the_next_ones_store_sync() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::sync::{Arc, Barrier};
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let marks = Arc::new(Marks::create(dir.path(), 8).expect("create"));
+        let syncs = Arc::new(AtomicU32::new(0));
+        let start = Arc::new(Barrier::new(8));
+        let threads: Vec<_> = (0..8u32)
+            .map(|p| {
+                let (marks, syncs, start) = (marks.clone(), syncs.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    marks.raise_after(p, &mark(u64::from(p) + 1), || {
+                        // The first cycle's sync is slow: the other raises queue behind it.
+                        if syncs.fetch_add(1, Ordering::AcqRel) == 0 {
+                            std::thread::sleep(std::time::Duration::from_millis(200));
+                        }
+                        Ok(())
+                    })
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread").expect("raised");
+        }
+        assert_eq!(
+            syncs.load(Ordering::Acquire),
+            2,
+            "one leader, then one cycle for the rest"
+        );
+        let on_disk = Marks::read_file(&Marks::path(dir.path()), 8).expect("read");
+        assert_eq!(on_disk, (1..=8).map(mark).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_failed_store_sync_raises_nothing_and_fails_every_raise_of_its_cycle() {
+        use std::sync::Arc;
+        use std::time::Duration;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let marks = Arc::new(Marks::create(dir.path(), 4).expect("create"));
+        // A slow first cycle, behind which two raises queue; the second cycle takes both, and
+        // its leader's store sync fails.
+        let first = {
+            let marks = marks.clone();
+            std::thread::spawn(move || {
+                marks.raise_after(0, &mark(3), || {
+                    std::thread::sleep(Duration::from_millis(200));
+                    Ok(())
+                })
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let queued: Vec<_> = [1u32, 2]
+            .into_iter()
+            .map(|p| {
+                let marks = marks.clone();
+                std::thread::spawn(move || {
+                    marks.raise_after(p, &mark(7), || Err(KvError::Poisoned))
+                })
+            })
+            .collect();
+        first.join().expect("thread").expect("the first cycle");
+        let mut answers: Vec<_> = queued
+            .into_iter()
+            .map(|t| t.join().expect("thread"))
+            .collect();
+        answers.sort_by_key(|a| matches!(a, Err(MarksError::Shared { .. })));
+        assert!(
+            matches!(&answers[0], Err(MarksError::Store(KvError::Poisoned))),
+            "the leader's own error: {answers:?}"
+        );
+        assert!(
+            matches!(&answers[1], Err(MarksError::Shared { reason }) if reason.contains("poisoned")),
+            "the other raise of the cycle: {answers:?}"
+        );
+        let on_disk = Marks::read_file(&Marks::path(dir.path()), 4).expect("read");
+        assert_eq!(on_disk[0], mark(3));
+        assert_eq!(
+            on_disk[1..],
+            [Mark::default(); 3],
+            "nothing of the failed cycle"
+        );
+        marks
+            .raise_after(1, &mark(7), || Ok(()))
+            .expect("a later cycle");
+        assert_eq!(marks.get(1).expect("partition 1"), mark(7));
     }
 }
