@@ -150,6 +150,9 @@ pub(crate) struct PartitionTask<S: KvStore + Clone> {
     pub(crate) group_max: usize,
     pub(crate) window_events: u64,
     pub(crate) template: WriterTemplate<S>,
+    /// The task runs on a thread of its own (`Handle::block_on`): its groups run in place
+    /// rather than on the runtime's blocking pool.
+    pub(crate) own_thread: bool,
 }
 
 /// A command that got its numbers and waits for its group's write.
@@ -519,19 +522,24 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         self.shared.set_state(PartitionState::Serving);
     }
 
-    /// Runs one group on a blocking thread; the jobs to retry.
+    /// Runs one group in place on the partition's own thread, else on a blocking thread; the
+    /// jobs to retry.
     async fn group(&mut self, jobs: Vec<Job>) -> Vec<Job> {
-        let Some(mut writer) = self.writer.take() else {
+        let Some(writer) = self.writer.take() else {
             return jobs;
         };
-        let ran = tokio::task::spawn_blocking(move || {
+        let run = move |mut writer: Writer<S>| {
             let retry =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_group(jobs)));
             (writer, retry)
-        })
-        .await;
-        let Ok((mut writer, retry)) = ran else {
-            return Vec::new();
+        };
+        let (mut writer, retry) = if self.own_thread {
+            run(writer)
+        } else {
+            match tokio::task::spawn_blocking(move || run(writer)).await {
+                Ok(ran) => ran,
+                Err(_) => return Vec::new(),
+            }
         };
         let retry = retry.unwrap_or_else(|_| {
             writer.failed = Some("processing a group panicked".into());

@@ -6,7 +6,7 @@
 //! queued, so a bad command never costs its partition an actualization.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -44,6 +44,9 @@ pub const BACKLOG_VALUES_MAX_DEFAULT: usize = 8_192;
 /// of PostgreSQL's CPU per command (docs/benchmarks.md). A restart replays at most this much
 /// more of the PLog (at a million events a second); the numbers never depend on it.
 pub const FLUSH_DELAY_DEFAULT: Duration = Duration::from_millis(500);
+/// Default number of partitions that run on a thread of their own (see
+/// [`Config::partition_threads_max`]).
+pub const PARTITION_THREADS_MAX_DEFAULT: usize = 256;
 /// Suggested client back-off when the answer is busy.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
@@ -68,7 +71,7 @@ pub struct Config {
     pub cache_workspaces_max: usize,
     /// Longest wait of a partition's flusher to gather sequence numbers.
     pub flush_delay: Duration,
-    /// High-water marks raised, durably, beside each group's sync and before its answer
+    /// High-water marks raised, durably, after each group's sync and before its answer
     /// (`None`: not kept, as for stores without a data directory).
     pub marks: Option<Arc<Marks>>,
     /// Per partition, numbers retired by accepted losses: sequences continue above them.
@@ -76,6 +79,10 @@ pub struct Config {
     pub retired: Vec<Mark>,
     /// Keys of a partition's last this many events are remembered for retries.
     pub idempotency_window_events: u64,
+    /// Partitions of this process that run on a thread of their own, where the commands they
+    /// queue wake them and each group runs in place; the partitions acquired beyond it run as
+    /// tasks on the runtime, each group handed to its blocking pool.
+    pub partition_threads_max: usize,
 }
 
 impl Default for Config {
@@ -93,6 +100,7 @@ impl Default for Config {
             marks: None,
             retired: Vec::new(),
             idempotency_window_events: IDEMPOTENCY_WINDOW_EVENTS_DEFAULT,
+            partition_threads_max: PARTITION_THREADS_MAX_DEFAULT,
         }
     }
 }
@@ -163,7 +171,8 @@ pub struct ProcessorStats {
 struct Partition<S: KvStore + Clone> {
     queue: mpsc::Sender<Job>,
     shared: Arc<PartitionShared<S>>,
-    task: tokio::task::JoinHandle<()>,
+    /// Resolves when the partition's task has ended (its sender is dropped then).
+    task: oneshot::Receiver<()>,
 }
 
 /// Where partition `p` lives: `None` while this processor does not serve it (another node
@@ -193,6 +202,8 @@ struct Inner<S: KvStore + Clone> {
     /// Per partition, the highest numbers acknowledged by this process, kept while the
     /// partition is released: acquired again, it refuses to serve a storage that lost them.
     acked: Vec<Arc<Mutex<Mark>>>,
+    /// Partitions running on a thread of their own now.
+    threads: Arc<AtomicUsize>,
 }
 
 impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
@@ -258,6 +269,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
                 runtime,
                 counters: Arc::new(Counters::default()),
                 acked,
+                threads: Arc::default(),
             }),
         })
     }
@@ -284,12 +296,47 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         let context = (&inner.runtime, &inner.counters, &inner.acked[p as usize]);
         let (task, shared) = start_partition(&store, &inner.config, p, context)?;
         let (queue, rx) = mpsc::channel(inner.config.queue_commands_max);
+        let task = self.run_partition(p, task, rx)?;
         *slot = Some(Partition {
             queue,
             shared,
-            task: tokio::spawn(task.run(rx)),
+            task,
         });
         Ok(())
+    }
+
+    /// Runs partition `p`'s task on a thread of its own while fewer than
+    /// [`Config::partition_threads_max`] do, else on the runtime; the receiver resolves when
+    /// it has ended.
+    fn run_partition(
+        &self,
+        p: u32,
+        mut task: PartitionTask<S>,
+        rx: mpsc::Receiver<Job>,
+    ) -> Result<oneshot::Receiver<()>, ConfigError> {
+        let (ended, task_ended) = oneshot::channel::<()>();
+        let threads = Arc::clone(&self.inner.threads);
+        if threads.fetch_add(1, Ordering::AcqRel) >= self.inner.config.partition_threads_max {
+            threads.fetch_sub(1, Ordering::AcqRel);
+            tokio::spawn(async move {
+                let _ended = ended;
+                task.run(rx).await;
+            });
+            return Ok(task_ended);
+        }
+        task.own_thread = true;
+        let runtime = tokio::runtime::Handle::current();
+        let spawned = std::thread::Builder::new()
+            .name(format!("monoseq-p{p}"))
+            .spawn(move || {
+                let _ended = ended;
+                let _slot = ThreadSlot(threads);
+                runtime.block_on(task.run(rx));
+            });
+        match spawned {
+            Ok(_) => Ok(task_ended),
+            Err(e) => Err(ConfigError::Thread(p, e.to_string())),
+        }
     }
 
     /// Stops serving partition `p`: new commands for it answer [`CommandError::NotOwner`] at
@@ -600,6 +647,15 @@ pub(crate) fn sequencer_params(
     )
 }
 
+/// Gives a partition's thread back to [`Inner::threads`] when the thread ends.
+struct ThreadSlot(Arc<AtomicUsize>);
+
+impl Drop for ThreadSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Builds partition `p`: its sequencer (actualizing from the start), its writer and its task.
 fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
     store: &EventStore<S>,
@@ -662,6 +718,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         group_max: config.group_commands_max,
         window_events: config.idempotency_window_events,
         template,
+        own_thread: false,
     };
     Ok((task, shared))
 }
