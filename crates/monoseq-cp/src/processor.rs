@@ -1,8 +1,9 @@
 //! The command processor: routes each command to its partition (`workspace ID mod partitions`),
 //! where one task per partition — the partition's single writer (`partition.rs`) — sequences
 //! and writes groups of queued commands (group commit) and only then tells the clients.
-//! Partitions are async tasks on a shared runtime, so a process hosts thousands of them without
-//! a thread each. A command is checked in full (validity, sizes, encodability) before it is
+//! A partition's task runs on a thread of its own, woken by the commands it queues, up to
+//! [`Config::partition_threads_max`] partitions; beyond that, partitions are tasks on the shared
+//! runtime, so a process hosts thousands of them without a thread each. A command is checked in full (validity, sizes, encodability) before it is
 //! queued, so a bad command never costs its partition an actualization.
 
 use std::collections::BTreeMap;
@@ -207,7 +208,8 @@ struct Inner<S: KvStore + Clone> {
 }
 
 impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
-    /// Starts one task (and one sequencer) per partition on the current tokio runtime. Each
+    /// Starts one task (and one sequencer) per partition, on a thread of its own up to
+    /// [`Config::partition_threads_max`], else on the current tokio runtime. Each
     /// sequencer starts actualizing at once; commands to a partition are answered busy until
     /// its actualization ends.
     ///

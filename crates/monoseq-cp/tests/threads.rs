@@ -55,7 +55,10 @@ async fn partitions_beyond_the_thread_limit_run_as_tasks_and_a_released_ones_thr
         assert_eq!(outcome.partition, (ws % 4) as u32);
     }
 
-    assert!(cp.release(0, Duration::from_secs(10)).await, "released in time");
+    assert!(
+        cp.release(0, Duration::from_secs(10)).await,
+        "released in time"
+    );
     until("partition 0's thread ends", || {
         partition_threads() == ["monoseq-p1"]
     })
@@ -65,6 +68,12 @@ async fn partitions_beyond_the_thread_limit_run_as_tasks_and_a_released_ones_thr
     until("ready again", || cp.ready()).await;
     assert_eq!(partition_threads(), ["monoseq-p0", "monoseq-p1"]);
     cp.submit(order(8)).await.expect("partition 0 serves again");
-    assert!(cp.shutdown(Duration::from_secs(10)).await, "stopped in time");
-    until("every partition thread ends", || partition_threads().is_empty()).await;
+    assert!(
+        cp.shutdown(Duration::from_secs(10)).await,
+        "stopped in time"
+    );
+    until("every partition thread ends", || {
+        partition_threads().is_empty()
+    })
+    .await;
 }
