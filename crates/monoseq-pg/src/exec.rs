@@ -48,11 +48,16 @@ impl Wake for Unparker {
 /// runtime or inside another `block_on` (a scan's visitor may call the store again): it just
 /// blocks the thread, as a store on a local disk would. Callers on an async runtime should
 /// still use `spawn_blocking`, as for any blocking store.
+///
+/// The future runs outside tokio's cooperative budget: a caller inside a tokio `block_on`
+/// (a partition's own thread) would otherwise see the pool and the timers answer "yield"
+/// once that budget is spent, and since only the caller's executor restores it, this loop
+/// would poll forever.
 pub(crate) fn block_on<F: Future>(runtime: &Runtime, future: F) -> F::Output {
     let _context = runtime.enter();
     let waker = Waker::from(Arc::new(Unparker(thread::current())));
     let mut cx = Context::from_waker(&waker);
-    let mut future = pin!(future);
+    let mut future = pin!(tokio::task::unconstrained(future));
     loop {
         if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
             return output;

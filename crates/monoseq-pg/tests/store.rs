@@ -265,6 +265,40 @@ fn calls_from_inside_an_async_task_block_but_do_not_panic() {
     });
 }
 
+/// A partition's writer runs its groups inside a tokio `block_on` on a thread of its own; every
+/// store call there is polled within tokio's cooperative budget of that `block_on`, which only
+/// its executor restores. Past the budget (about 128 operations), the pool and the timers
+/// answer "yield" to each poll, and a store that kept polling would spin forever.
+#[test]
+fn many_calls_within_one_tokio_block_on_keep_answering_past_its_cooperative_budget() {
+    let store = Arc::new(shared().fresh_store(quick()).unwrap());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime.handle().clone();
+    let (done, finished) = std::sync::mpsc::channel();
+    let inside = Arc::clone(&store);
+    std::thread::spawn(move || {
+        handle.block_on(async move {
+            // No await between the calls: one poll of this future makes them all.
+            for n in 0..500u64 {
+                inside.put(Key::new(b"budget", &be(n)), &be(n)).unwrap();
+                assert_eq!(
+                    inside.get(Key::new(b"budget", &be(n))).unwrap(),
+                    Some(be(n).to_vec())
+                );
+            }
+        });
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("500 puts and gets within one poll of a tokio block_on finished");
+    drop(runtime);
+}
+
 #[test]
 fn a_batch_of_one_thousand_items_with_repeated_keys_applies_in_order() {
     let store = shared().fresh_store(quick()).unwrap();
