@@ -3,8 +3,9 @@
 //! and writes groups of queued commands (group commit) and only then tells the clients.
 //! A partition's task runs on a thread of its own, woken by the commands it queues, up to
 //! [`Config::partition_threads_max`] partitions; beyond that, partitions are tasks on the shared
-//! runtime, so a process hosts thousands of them without a thread each. A command is checked in full (validity, sizes, encodability) before it is
-//! queued, so a bad command never costs its partition an actualization.
+//! runtime, so a process hosts thousands of them without a thread each. A command is checked
+//! in full (validity, sizes, encodability) before it is queued, so a bad command never costs
+//! its partition an actualization.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -326,13 +327,15 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             });
             return Ok(task_ended);
         }
+        // Given back when the thread ends, or here if it never starts.
+        let slot = ThreadSlot(threads);
         task.own_thread = true;
         let runtime = tokio::runtime::Handle::current();
         let spawned = std::thread::Builder::new()
             .name(format!("monoseq-p{p}"))
             .spawn(move || {
                 let _ended = ended;
-                let _slot = ThreadSlot(threads);
+                let _slot = slot;
                 runtime.block_on(task.run(rx));
             });
         match spawned {
