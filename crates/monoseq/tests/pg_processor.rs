@@ -41,6 +41,7 @@ async fn a_group_of_hundreds_of_new_workspaces_on_postgresql_is_answered() {
     let store = EventStore::new(kv, AppId(1), TrustLevel::Level0);
     let config = Config {
         partitions: 1,
+        partition_threads_max: 1,
         ..Config::default()
     };
     let cp = CommandProcessor::start(store, config).expect("start");
