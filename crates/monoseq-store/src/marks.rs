@@ -133,6 +133,21 @@ struct Cycles {
     failed: VecDeque<(u64, u64, String)>,
 }
 
+/// A cycle's end, run when its leader is done or unwinds.
+struct CycleEnd<'a> {
+    marks: &'a Marks,
+    first: u64,
+    last: u64,
+    failure: Option<String>,
+}
+
+impl Drop for CycleEnd<'_> {
+    fn drop(&mut self) {
+        self.marks
+            .end_cycle(self.first, self.last, self.failure.take());
+    }
+}
+
 /// The open marks file of a data directory.
 #[derive(Debug)]
 pub struct Marks {
@@ -369,21 +384,36 @@ impl Marks {
         let last = cycles.requested;
         let batch = std::mem::take(&mut cycles.waiting);
         drop(cycles);
+        // Ends the cycle even when the store's sync panics, so that no later raise waits for
+        // a leader that is gone.
+        let mut ending = CycleEnd {
+            marks: self,
+            first,
+            last,
+            failure: Some("the cycle's store sync or marks write panicked".into()),
+        };
         let result = sync_store()
             .map_err(MarksError::Store)
             .and_then(|()| self.write_cycle(batch));
+        ending.failure = result.as_ref().err().map(|e| monoseq_kv::chain(e));
+        drop(ending);
+        result
+    }
+
+    /// Ends the cycle of tickets `first..=last`, failed with `failure` if any, and wakes every
+    /// caller waiting for it.
+    fn end_cycle(&self, first: u64, last: u64, failure: Option<String>) {
         let mut cycles = self.cycles();
         cycles.leading = false;
         cycles.done = last;
-        if let Err(e) = &result {
+        if let Some(reason) = failure {
             if cycles.failed.len() == FAILURES_KEPT {
                 cycles.failed.pop_front();
             }
-            cycles.failed.push_back((first, last, monoseq_kv::chain(e)));
+            cycles.failed.push_back((first, last, reason));
         }
         drop(cycles);
         self.cycle_ended.notify_all();
-        result
     }
 
     /// Writes a cycle's raises (each partition's slot at most once) and syncs the file unless
@@ -608,6 +638,28 @@ mod tests {
         );
         let on_disk = Marks::read_file(&Marks::path(dir.path()), 8).expect("read");
         assert_eq!(on_disk, (1..=8).map(mark).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_store_sync_that_panics_fails_its_cycle_and_the_next_raise_still_leads_one() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let marks = std::sync::Arc::new(Marks::create(dir.path(), 2).expect("create"));
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            marks.raise_after(0, &mark(3), || panic!("the store's sync panicked"))
+        }));
+        assert!(panicked.is_err(), "the panic reaches the caller");
+        // Not waiting forever for the leader that unwound: on another thread, bounded.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let raising = marks.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(raising.raise_after(1, &mark(5), || Ok(())));
+        });
+        let next = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a raise after a panicked cycle is answered");
+        next.expect("the next cycle raises");
+        assert_eq!(marks.get(1).expect("partition 1"), mark(5));
+        assert_eq!(marks.get(0).expect("partition 0"), Mark::default());
     }
 
     #[test]
