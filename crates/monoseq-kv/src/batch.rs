@@ -205,7 +205,9 @@ pub(crate) fn first_conflict_ranged<E>(
     }
     // Per partition: the lowest and highest clustering of its insert-if-absent items and how
     // many there are.
-    let mut spans: std::collections::HashMap<&[u8], Span<'_>> = std::collections::HashMap::new();
+    // foldhash, not SipHash: these maps live for one batch and hash every key of it; SipHash
+    // was 3 % of a command's CPU in-process.
+    let mut spans: foldhash::HashMap<&[u8], Span<'_>> = foldhash::HashMap::default();
     for item in batch.iter().filter(|i| i.op == Op::InsertIfAbsent) {
         let c = item.key.clustering;
         spans
@@ -217,14 +219,17 @@ pub(crate) fn first_conflict_ranged<E>(
             })
             .or_insert((c, c, 1));
     }
-    let mut stored_absent: std::collections::HashSet<&[u8]> = std::collections::HashSet::new();
+    let mut stored_absent: foldhash::HashSet<&[u8]> = foldhash::HashSet::default();
     for (partition, (lo, hi, n)) in spans {
         if n > 1 && range_is_empty(partition, lo, hi)? {
             stored_absent.insert(partition);
         }
     }
     // Keys written by earlier items of this batch: `true` when they end up present.
-    let mut written: std::collections::HashMap<Key<'_>, bool> = std::collections::HashMap::new();
+    let mut written: foldhash::HashMap<Key<'_>, bool> = foldhash::HashMap::with_capacity_and_hasher(
+        if batch.len() > 1 { batch.len() } else { 0 },
+        Default::default(),
+    );
     for (index, item) in batch.iter().enumerate() {
         if item.op == Op::InsertIfAbsent {
             let present = match written.get(&item.key) {
