@@ -71,6 +71,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
             acked: Arc::new(Mutex::new(acked)),
             floor: retired.plog,
             unresolved: None,
+            slow: crate::partition::SlowGroups::default(),
         };
         Ok(ManualPartition {
             writer,

@@ -38,6 +38,11 @@ const RETRY_WAIT: Duration = Duration::from_secs(5);
 pub const REBUILD_DELAY_MIN: Duration = Duration::from_millis(20);
 /// See [`REBUILD_DELAY_MIN`].
 pub const REBUILD_DELAY_MAX: Duration = Duration::from_secs(5);
+/// A command that took longer than this from its arrival to its durable answer is logged, at
+/// most once per [`SLOW_LOG_INTERVAL`] per partition (with the count since).
+pub const SLOW_COMMAND: Duration = Duration::from_secs(1);
+/// See [`SLOW_COMMAND`].
+pub const SLOW_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 pub(crate) type Storage<S> = Arc<PLogSeqStorage<S>>;
 
@@ -48,6 +53,57 @@ pub(crate) struct Job {
     /// The idempotency key and the request's fingerprint.
     pub(crate) key: Option<(IdempotencyKey, u64)>,
     pub(crate) reply: oneshot::Sender<Result<Outcome, CommandError>>,
+    /// When the command was queued.
+    pub(crate) queued_at: Instant,
+}
+
+/// Groups whose oldest command took longer than [`SLOW_COMMAND`], for the rate-limited log.
+#[derive(Debug, Default)]
+pub(crate) struct SlowGroups {
+    logged_at: Option<Instant>,
+    since: u64,
+}
+
+impl SlowGroups {
+    /// Counts a written group of `commands` whose oldest command arrived at `oldest`, began
+    /// at `began` and spent `write` appending, syncing and raising its mark; logs it when
+    /// that command took [`SLOW_COMMAND`] or longer and no line was logged lately.
+    fn note(
+        &mut self,
+        partition: PartitionId,
+        commands: usize,
+        (oldest, began): (Instant, Instant),
+        write: Duration,
+    ) {
+        let total = oldest.elapsed();
+        if total < SLOW_COMMAND {
+            return;
+        }
+        self.since += 1;
+        if self
+            .logged_at
+            .is_some_and(|at| at.elapsed() < SLOW_LOG_INTERVAL)
+        {
+            return;
+        }
+        let ms = |d: Duration| d.as_millis() as u64;
+        tracing::warn!(
+            partition = partition.0,
+            commands,
+            total_ms = ms(total),
+            queued_ms = ms(began.saturating_duration_since(oldest)),
+            write_ms = ms(write),
+            slow_groups = self.since,
+            "a command took {} ms from its arrival to its durable answer ({} ms waiting for its \
+             group, {} ms appending, syncing and raising the mark); check the storage's latency \
+             and the machine's load",
+            ms(total),
+            ms(began.saturating_duration_since(oldest)),
+            ms(write)
+        );
+        self.logged_at = Some(Instant::now());
+        self.since = 0;
+    }
 }
 
 /// Whether a partition serves, as the processor reports it.
@@ -137,6 +193,8 @@ pub(crate) struct Writer<S: KvStore + Clone> {
     /// events of that group (a write whose answer was lost may have landed). Until it is read
     /// back, no command is taken (see `PartitionTask::read_back`).
     pub(crate) unresolved: Option<u64>,
+    /// Slow groups not logged yet.
+    pub(crate) slow: SlowGroups,
 }
 
 /// The async side of a partition.
@@ -596,6 +654,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                     acked: Arc::clone(&template.acked),
                     floor: template.floor,
                     unresolved: None,
+                    slow: SlowGroups::default(),
                 });
             }
         }
@@ -807,6 +866,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// Sequences a group, writes it and answers its commands; the innocent commands of a group
     /// that failed because of one of them, to retry.
     pub(crate) fn run_group(&mut self, jobs: Vec<Job>) -> Vec<Job> {
+        let began = Instant::now();
+        let oldest = jobs.iter().map(|j| j.queued_at).min().unwrap_or(began);
+        let commands = jobs.len();
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
@@ -831,9 +893,13 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         }
         let first = accepted[0].outcome.plog_offset;
         let mark = group_mark(replayed, &events);
+        let writing = Instant::now();
         match self.write(&events, mark) {
             Ok(()) => {
+                let write = writing.elapsed();
                 self.written_group(mark, accepted, followers, replays);
+                self.slow
+                    .note(self.partition, commands, (oldest, began), write);
                 Vec::new()
             }
             Err(e) => {

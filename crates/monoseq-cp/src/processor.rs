@@ -581,6 +581,7 @@ pub(crate) fn prepare<S: KvStore + Clone>(
         plan,
         key,
         reply,
+        queued_at: std::time::Instant::now(),
     };
     Ok((job, answer))
 }
@@ -716,6 +717,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         acked: Arc::clone(acked),
         floor: retired.plog,
         unresolved: None,
+        slow: crate::partition::SlowGroups::default(),
     };
     let task = PartitionTask {
         writer: Some(writer),
