@@ -186,6 +186,21 @@ impl Event {
         Ok(out)
     }
 
+    /// The length [`Event::encode`] would give, without encoding: the same checks, from the
+    /// same code (writing into a counter instead of a buffer).
+    ///
+    /// # Errors
+    ///
+    /// As [`Event::encode_into`].
+    pub fn encoded_len(&self) -> Result<usize, EncodeError> {
+        let mut len = Len(HEADER_BYTES);
+        self.put_body(&mut len)?;
+        if len.0 > EVENT_BYTES_MAX {
+            return Err(EncodeError::TooLarge { len: len.0 });
+        }
+        Ok(len.0)
+    }
+
     fn encode_body(&self, out: &mut Vec<u8>, start: usize) -> Result<(), EncodeError> {
         out.push(if self.idempotency.is_some() {
             FORMAT_VERSION_KEYED
@@ -193,6 +208,18 @@ impl Event {
             FORMAT_VERSION
         });
         out.extend_from_slice(&[0; 4]);
+        self.put_body(out)?;
+        let len = out.len() - start;
+        if len > EVENT_BYTES_MAX {
+            return Err(EncodeError::TooLarge { len });
+        }
+        let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
+        out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// Everything after the header (version and checksum).
+    fn put_body(&self, out: &mut impl Sink) -> Result<(), EncodeError> {
         put_varint(out, self.plog_offset.0);
         put_varint(out, self.ws.0);
         put_varint(out, u64::from(self.ws_kind.0));
@@ -200,9 +227,9 @@ impl Event {
         put_varint(out, self.registered_at_ms);
         put_bytes(out, self.command.as_bytes());
         match &self.argument {
-            None => out.push(0),
+            None => out.byte(0),
             Some(arg) => {
-                out.push(1);
+                out.byte(1);
                 put_arg(out, arg, 1)?;
             }
         }
@@ -214,37 +241,64 @@ impl Event {
         }
         if let Some(k) = &self.idempotency {
             put_bytes(out, k.key.as_bytes());
-            out.extend_from_slice(&k.fingerprint.to_le_bytes());
+            out.bytes(&k.fingerprint.to_le_bytes());
             put_varint(out, k.raw_ids.len() as u64);
             for &(raw, real) in &k.raw_ids {
                 put_varint(out, raw);
                 put_varint(out, real);
             }
         }
-        let len = out.len() - start;
-        if len > EVENT_BYTES_MAX {
-            return Err(EncodeError::TooLarge { len });
-        }
-        let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
-        out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
         Ok(())
     }
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+/// Where the encoder writes: a buffer, or a counter of the bytes it would hold.
+trait Sink {
+    fn byte(&mut self, b: u8);
+    fn bytes(&mut self, b: &[u8]);
+}
+
+impl Sink for Vec<u8> {
+    #[inline]
+    fn byte(&mut self, b: u8) {
+        self.push(b);
+    }
+
+    #[inline]
+    fn bytes(&mut self, b: &[u8]) {
+        self.extend_from_slice(b);
+    }
+}
+
+/// Counts what an encoding would write.
+struct Len(usize);
+
+impl Sink for Len {
+    #[inline]
+    fn byte(&mut self, _: u8) {
+        self.0 += 1;
+    }
+
+    #[inline]
+    fn bytes(&mut self, b: &[u8]) {
+        self.0 += b.len();
+    }
+}
+
+fn put_varint(out: &mut impl Sink, mut v: u64) {
     while v >= 0x80 {
-        out.push((v as u8) | 0x80);
+        out.byte((v as u8) | 0x80);
         v >>= 7;
     }
-    out.push(v as u8);
+    out.byte(v as u8);
 }
 
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+fn put_bytes(out: &mut impl Sink, b: &[u8]) {
     put_varint(out, b.len() as u64);
-    out.extend_from_slice(b);
+    out.bytes(b);
 }
 
-fn put_fields(out: &mut Vec<u8>, fields: &[Field]) {
+fn put_fields(out: &mut impl Sink, fields: &[Field]) {
     put_varint(out, fields.len() as u64);
     for f in fields {
         put_bytes(out, f.name.as_bytes());
@@ -252,14 +306,14 @@ fn put_fields(out: &mut Vec<u8>, fields: &[Field]) {
     }
 }
 
-fn put_record(out: &mut Vec<u8>, r: &Record) {
-    out.push(r.kind.code());
+fn put_record(out: &mut impl Sink, r: &Record) {
+    out.byte(r.kind.code());
     put_varint(out, r.id.0);
     put_bytes(out, r.name.as_bytes());
     put_fields(out, &r.fields);
 }
 
-fn put_arg(out: &mut Vec<u8>, a: &ArgObject, depth: usize) -> Result<(), EncodeError> {
+fn put_arg(out: &mut impl Sink, a: &ArgObject, depth: usize) -> Result<(), EncodeError> {
     if depth > ARG_DEPTH_MAX {
         return Err(EncodeError::ArgumentTooDeep);
     }
@@ -269,7 +323,7 @@ fn put_arg(out: &mut Vec<u8>, a: &ArgObject, depth: usize) -> Result<(), EncodeE
             kind: a.kind,
         });
     }
-    out.push(a.kind.code());
+    out.byte(a.kind.code());
     put_varint(out, a.id.0);
     put_bytes(out, a.name.as_bytes());
     put_fields(out, &a.fields);
@@ -633,6 +687,13 @@ pub fn decode_numbers(bytes: &[u8], out: &mut Vec<SeqValue>) -> Result<EventHead
 
 /// Encodes the stored value of a record (layout in `docs/format.md`, "Record value"), appending
 /// to `out`.
+/// The length [`encode_record_value`] would give, without encoding.
+pub(crate) fn record_value_len(r: &Record) -> usize {
+    let mut len = Len(HEADER_BYTES);
+    put_record(&mut len, r);
+    len.0
+}
+
 pub(crate) fn encode_record_value(out: &mut Vec<u8>, r: &Record) {
     let start = out.len();
     out.push(FORMAT_VERSION);
@@ -651,4 +712,29 @@ pub(crate) fn decode_record_value(bytes: &[u8]) -> Result<Record, DecodeError> {
     let record = r.record()?;
     r.end()?;
     Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_values_length_is_the_length_of_its_encoding() {
+        for (id, fields) in [(1, 0), (300, 1), (u64::MAX, 5)] {
+            let r = Record {
+                id: RecordId(id),
+                kind: RecordKind::CDoc,
+                name: "app.Order".repeat(fields + 1),
+                fields: (0..fields)
+                    .map(|i| Field {
+                        name: format!("f{i}"),
+                        value: vec![7; 200 * i],
+                    })
+                    .collect(),
+            };
+            let mut out = Vec::new();
+            encode_record_value(&mut out, &r);
+            assert_eq!(record_value_len(&r), out.len(), "{r:?}");
+        }
+    }
 }

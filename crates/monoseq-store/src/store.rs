@@ -8,7 +8,9 @@ use std::ops::{Bound, ControlFlow};
 use monoseq_core::{PLogOffset, WsId};
 use monoseq_kv::{KeyBuf, KvError, KvStore, Op, Order, Oversized, WriteBatch, WriteError};
 
-use crate::codec::{DecodeError, EncodeError, decode_record_value, encode_record_value};
+use crate::codec::{
+    DecodeError, EncodeError, decode_record_value, encode_record_value, record_value_len,
+};
 use crate::event::{Event, Field, Record, RecordId, WLogOffset};
 use crate::keys::{
     self, AppId, LOG_BLOCK_EVENTS, PartitionId, Slot, block_position, plog_key, record_key,
@@ -377,7 +379,7 @@ impl<S: KvStore> EventStore<S> {
     /// [`AppendError::Encode`] or [`AppendError::TooLarge`].
     pub fn check_storable(&self, event: &Event) -> Result<(), AppendError> {
         let max = monoseq_kv::limits::VALUE_BYTES_MAX;
-        let bytes = event.encode().map_err(|source| match source {
+        let len = event.encoded_len().map_err(|source| match source {
             EncodeError::TooLarge { len } => AppendError::TooLarge {
                 event_index: 0,
                 what: Oversized::Value,
@@ -389,16 +391,14 @@ impl<S: KvStore> EventStore<S> {
                 source,
             },
         })?;
-        debug_assert!(bytes.len() <= max);
-        let mut record = Vec::new();
+        debug_assert!(len <= max);
         for r in event.created.iter().chain(&event.updated) {
-            record.clear();
-            encode_record_value(&mut record, r);
-            if record.len() > max {
+            let len = record_value_len(r);
+            if len > max {
                 return Err(AppendError::TooLarge {
                     event_index: 0,
                     what: Oversized::Value,
-                    len: record.len(),
+                    len,
                     max,
                 });
             }

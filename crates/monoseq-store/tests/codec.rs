@@ -121,6 +121,12 @@ proptest! {
     }
 
     #[test]
+    fn the_encoded_length_is_the_length_of_the_encoding(e in event()) {
+        let encoded = e.encode().map(|b| b.len()).map_err(|err| err.to_string());
+        prop_assert_eq!(e.encoded_len().map_err(|err| err.to_string()), encoded);
+    }
+
+    #[test]
     fn random_bytes_give_an_error_not_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         let full = Event::decode(&bytes);
         let mut nums = Vec::new();
@@ -305,6 +311,11 @@ fn argument_of_a_non_operation_kind_is_refused_and_leaves_the_buffer_alone() {
     let err = e.encode_into(&mut out).unwrap_err();
     assert!(matches!(err, EncodeError::ArgumentKind { .. }), "{err}");
     assert_eq!(out, vec![9, 9]);
+    assert_eq!(
+        e.encoded_len().unwrap_err(),
+        err,
+        "the length check refuses it alike"
+    );
 }
 
 #[test]
@@ -332,6 +343,18 @@ fn argument_nesting_is_bounded_both_ways() {
         ..e.argument.clone().unwrap()
     });
     assert_eq!(e.encode().unwrap_err(), EncodeError::ArgumentTooDeep);
+    assert_eq!(e.encoded_len().unwrap_err(), EncodeError::ArgumentTooDeep);
+}
+
+#[test]
+fn an_event_past_the_size_limit_is_refused_by_its_length_alone_as_by_its_encoding() {
+    let mut e = simple_event();
+    e.command = "x".repeat(monoseq_store::EVENT_BYTES_MAX);
+    let err = e.encode().unwrap_err();
+    assert!(matches!(err, EncodeError::TooLarge { len } if len > monoseq_store::EVENT_BYTES_MAX));
+    assert_eq!(e.encoded_len().unwrap_err(), err);
+    e.command = "x".repeat(monoseq_store::EVENT_BYTES_MAX - 200);
+    assert_eq!(e.encoded_len().unwrap(), e.encode().unwrap().len());
 }
 
 #[test]
