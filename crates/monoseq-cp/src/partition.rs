@@ -87,19 +87,21 @@ impl SlowGroups {
             return;
         }
         let ms = |d: Duration| d.as_millis() as u64;
+        let (total_ms, queued_ms, write_ms) = (
+            ms(total),
+            ms(began.saturating_duration_since(oldest)),
+            ms(write),
+        );
         tracing::warn!(
             partition = partition.0,
             commands,
-            total_ms = ms(total),
-            queued_ms = ms(began.saturating_duration_since(oldest)),
-            write_ms = ms(write),
+            total_ms,
+            queued_ms,
+            write_ms,
             slow_groups = self.since,
-            "a command took {} ms from its arrival to its durable answer ({} ms waiting for its \
-             group, {} ms appending, syncing and raising the mark); check the storage's latency \
-             and the machine's load",
-            ms(total),
-            ms(began.saturating_duration_since(oldest)),
-            ms(write)
+            "a command took {total_ms} ms from its arrival to its durable answer ({queued_ms} ms \
+             waiting for its group, {write_ms} ms appending, syncing and raising the mark); check \
+             the storage's latency and the machine's load"
         );
         self.logged_at = Some(Instant::now());
         self.since = 0;

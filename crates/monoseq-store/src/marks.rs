@@ -133,7 +133,7 @@ struct Cycles {
     failed: VecDeque<(u64, u64, String)>,
 }
 
-/// A cycle's end, run when its leader is done or unwinds.
+/// A cycle's end, run when its leader is done or unwinds (then the cycle failed).
 struct CycleEnd<'a> {
     marks: &'a Marks,
     first: u64,
@@ -143,8 +143,12 @@ struct CycleEnd<'a> {
 
 impl Drop for CycleEnd<'_> {
     fn drop(&mut self) {
-        self.marks
-            .end_cycle(self.first, self.last, self.failure.take());
+        let failure = if std::thread::panicking() {
+            Some("the cycle's store sync or marks write panicked".to_owned())
+        } else {
+            self.failure.take()
+        };
+        self.marks.end_cycle(self.first, self.last, failure);
     }
 }
 
@@ -390,7 +394,7 @@ impl Marks {
             marks: self,
             first,
             last,
-            failure: Some("the cycle's store sync or marks write panicked".into()),
+            failure: None,
         };
         let result = sync_store()
             .map_err(MarksError::Store)
