@@ -15,6 +15,14 @@ use crate::error::ClientError;
 /// refreshed before the retry.
 const MOVED_CODES: [&str; 3] = ["not_owner", "partition_unavailable", "owner_unreachable"];
 
+/// A command to send again: after at least `wait`, and after a refresh of the view when its
+/// partition `moved`.
+#[derive(Default)]
+struct Again {
+    wait: Duration,
+    moved: bool,
+}
+
 /// What one node answered to the commands it was sent.
 enum NodeAnswer {
     /// One result per command sent, in order.
@@ -57,6 +65,7 @@ impl Client {
             .await;
             let mut retry = Vec::new();
             let mut floor = Duration::ZERO;
+            let mut moved = false;
             for (node, items, answer) in answers {
                 for &i in &items {
                     attempts[i] += 1;
@@ -67,8 +76,9 @@ impl Client {
                 };
                 self.settle(&node, commands, &items, answer, &attempts, &mut results)
                     .into_iter()
-                    .for_each(|(i, wait)| {
-                        floor = floor.max(wait);
+                    .for_each(|(i, again)| {
+                        floor = floor.max(again.wait);
+                        moved |= again.moved;
                         retry.push(i);
                     });
             }
@@ -81,7 +91,11 @@ impl Client {
                 break;
             }
             tokio::time::sleep(wait).await;
-            let _ = self.refresh().await;
+            if moved {
+                self.refresh_after_move().await;
+            } else {
+                let _ = self.refresh().await;
+            }
             pending = retry;
         }
         Ok(results
@@ -113,8 +127,8 @@ impl Client {
         by_node
     }
 
-    /// Records each command's result in `results`; answers the commands to retry with the
-    /// least wait their answers asked for.
+    /// Records each command's result in `results`; answers the commands to retry, each with
+    /// the least wait its answer asked for.
     fn settle(
         &self,
         node: &str,
@@ -123,7 +137,7 @@ impl Client {
         answer: NodeAnswer,
         attempts: &[u32],
         results: &mut [Option<Result<Submitted, ClientError>>],
-    ) -> Vec<(usize, Duration)> {
+    ) -> Vec<(usize, Again)> {
         let mut retry = Vec::new();
         match answer {
             NodeAnswer::Results(answers) => {
@@ -138,7 +152,7 @@ impl Client {
             NodeAnswer::Unanswered(reason) => {
                 for &i in items {
                     if commands[i].idempotency_key.is_some() {
-                        retry.push((i, Duration::ZERO));
+                        retry.push((i, Again::default()));
                     }
                     results[i] = Some(Err(ClientError::Unanswered {
                         node: node.to_owned(),
@@ -152,7 +166,7 @@ impl Client {
     }
 
     /// Whether a command with `result` is sent again, after how long at least.
-    fn retry_wait(&self, ws: u64, result: &BatchResultBody, keyed: bool) -> Option<Duration> {
+    fn retry_wait(&self, ws: u64, result: &BatchResultBody, keyed: bool) -> Option<Again> {
         if result.status != StatusCode::SERVICE_UNAVAILABLE.as_u16() {
             return None;
         }
@@ -164,9 +178,15 @@ impl Client {
             if let Some(partition) = self.inner.view.partition_of(ws) {
                 self.inner.view.forget_owner(partition);
             }
-            return Some(Duration::ZERO);
+            return Some(Again {
+                wait: Duration::ZERO,
+                moved: true,
+            });
         }
-        Some(Duration::from_secs(result.retry_after.unwrap_or(0)))
+        Some(Again {
+            wait: Duration::from_secs(result.retry_after.unwrap_or(0)),
+            moved: false,
+        })
     }
 
     /// One request carrying the commands `items` to `node`.

@@ -248,7 +248,7 @@ impl Client {
                     if let Some(p) = partition {
                         self.inner.view.forget_owner(p);
                     }
-                    let _ = self.refresh().await;
+                    self.refresh_after_move().await;
                     Judged::Retry {
                         error,
                         floor: Duration::ZERO,
@@ -382,9 +382,30 @@ impl Client {
     ///
     /// The last node's error when none answered.
     pub async fn refresh(&self) -> Result<(), ClientError> {
-        if !self.inner.view.claim_refresh(Instant::now()) {
+        if self.inner.view.claim_refresh(Instant::now()).is_err() {
             return Ok(());
         }
+        self.fetch_view().await
+    }
+
+    /// The refresh after an answer saying the partition moved. When the last refresh was
+    /// within [`crate::routing::REFRESH_INTERVAL_MIN`], it waits until the next is allowed
+    /// rather than skip it: retried without a new view, the command would only go back to
+    /// the node that refused it, and the backoff between those attempts would grow.
+    pub(crate) async fn refresh_after_move(&self) {
+        if let Err(allowed) = self.inner.view.claim_refresh(Instant::now()) {
+            tokio::time::sleep(allowed.saturating_duration_since(Instant::now())).await;
+            // Another call may have refreshed meanwhile; its view serves this one too.
+            if self.inner.view.claim_refresh(Instant::now()).is_err() {
+                return;
+            }
+        }
+        let _ = self.fetch_view().await;
+    }
+
+    /// Fetches the partition count (when unknown) and the owners from the first node that
+    /// answers; the refresh is already claimed.
+    async fn fetch_view(&self) -> Result<(), ClientError> {
         let mut last = ClientError::Config("no node to ask".into());
         for node in self.inner.view.candidates() {
             if self.inner.view.partitions().is_none() {

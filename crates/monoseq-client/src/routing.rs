@@ -127,17 +127,18 @@ impl View {
                 .is_none_or(|at| now.duration_since(at) >= self.max_age)
     }
 
-    /// Whether a refresh is allowed now (at most one per [`REFRESH_INTERVAL_MIN`]); claims it.
-    pub(crate) fn claim_refresh(&self, now: Instant) -> bool {
+    /// Claims a refresh when one is allowed now (at most one per [`REFRESH_INTERVAL_MIN`]);
+    /// otherwise answers the instant the next one is allowed.
+    pub(crate) fn claim_refresh(&self, now: Instant) -> Result<(), Instant> {
         let mut state = self.write();
-        if state
-            .refreshed
-            .is_some_and(|at| now.duration_since(at) < REFRESH_INTERVAL_MIN)
-        {
-            return false;
+        if let Some(at) = state.refreshed {
+            let allowed = at + REFRESH_INTERVAL_MIN;
+            if now < allowed {
+                return Err(allowed);
+            }
         }
         state.refreshed = Some(now);
-        true
+        Ok(())
     }
 
     /// Takes the owners of a `/v1/cluster` answer. One node on embedded storage owns all.
@@ -227,8 +228,8 @@ mod tests {
     fn refreshes_are_spaced() {
         let v = view();
         let now = Instant::now();
-        assert!(v.claim_refresh(now));
-        assert!(!v.claim_refresh(now));
-        assert!(v.claim_refresh(now + REFRESH_INTERVAL_MIN));
+        assert_eq!(v.claim_refresh(now), Ok(()));
+        assert_eq!(v.claim_refresh(now), Err(now + REFRESH_INTERVAL_MIN));
+        assert_eq!(v.claim_refresh(now + REFRESH_INTERVAL_MIN), Ok(()));
     }
 }
