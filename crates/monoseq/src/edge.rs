@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Semaphore, watch};
 
 pub use settings::{EdgeArgs, EdgeFile};
@@ -41,8 +41,12 @@ pub const REQUESTS_MAX_DEFAULT: usize = 2_048;
 pub const FD_RESERVE: u64 = 512;
 /// Connections past the cap being answered 503 at once; past it they are closed unanswered.
 const SHED_ANSWERS_MAX: usize = 64;
+/// How long a connection past the cap gets to begin its request before it is answered anyway.
+const SHED_REQUEST_WAIT: Duration = Duration::from_millis(250);
 /// Bound on writing the 503 to a connection past the cap.
 const SHED_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Reads of what a connection past the cap sent, at most, before it is closed.
+const SHED_DRAIN_READS_MAX: usize = 16;
 /// A limit that trips is logged at most once per this interval (with the count since).
 pub const TRIP_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// Seconds of `Retry-After` on the edge's 503s.
@@ -178,13 +182,29 @@ where
 }
 
 /// The answer to a connection past the cap: 503 with `Retry-After`, then closed.
-async fn shed<S: AsyncWrite + Unpin>(mut io: S) {
+///
+/// The answer waits until the request begins (at most [`SHED_REQUEST_WAIT`]). An HTTP client
+/// that reads an answer before it has sent its request takes the connection for broken, not
+/// for a 503: hyper fails that request with "unexpected message" and, seen from monoseq's own
+/// client, its next request on a new connection then hung until its timeout. Before the close,
+/// what the client sent and is already here is read: closing a socket with unread bytes resets
+/// the connection, and a reset can discard the 503 before the client reads it.
+async fn shed<S: AsyncRead + AsyncWrite + Unpin>(mut io: S) {
     let answer = shed_answer();
+    let mut scratch = [0u8; 4096];
+    let _ = tokio::time::timeout(SHED_REQUEST_WAIT, io.read(&mut scratch)).await;
     let _ = tokio::time::timeout(SHED_WRITE_TIMEOUT, async {
         let _ = io.write_all(&answer).await;
         let _ = io.shutdown().await;
     })
     .await;
+    for _ in 0..SHED_DRAIN_READS_MAX {
+        // A zero timeout polls the read once: what is here is read, nothing is waited for.
+        match tokio::time::timeout(Duration::ZERO, io.read(&mut scratch)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => break,
+        }
+    }
 }
 
 /// The bytes of the 503 that [`shed`] writes.

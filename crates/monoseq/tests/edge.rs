@@ -211,3 +211,40 @@ async fn an_idle_connection_is_closed_and_a_late_body_is_answered_408() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_client_past_the_connection_cap_reads_a_503_not_a_broken_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("server.log");
+    let server = Server::try_start(&dir.path().join("data"), &["--connections-max", "1"], &log)
+        .expect("the server starts");
+    common::Server::ready(&server, &reqwest::Client::new()).await;
+    // The one connection the cap allows: served once, then kept alive and idle. (Until the
+    // readiness check's connection is closed, a new one may be past the cap: try again.)
+    let _held = loop {
+        let mut held = TcpStream::connect(addr(&server.url)).await.unwrap();
+        held.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut head = [0u8; 12];
+        held.read_exact(&mut head).await.unwrap();
+        if head.starts_with(b"HTTP/1.1 200") {
+            break held;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Each try is a new client, so its request goes on a new connection past the cap. An
+    // answer written before the request arrives is read by the client as a broken connection.
+    for attempt in 0..20 {
+        let answer = reqwest::Client::new()
+            .get(format!("{}/v1/info", server.url))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("try {attempt}: no answer past the cap: {e:?}"));
+        assert_eq!(answer.status(), 503, "try {attempt}");
+        assert_eq!(answer.headers()["retry-after"], "1");
+        let body: serde_json::Value = answer.json().await.unwrap();
+        assert_eq!(body["code"], "too_many_connections", "try {attempt}");
+    }
+}
