@@ -191,7 +191,7 @@ pub enum ConfigError {
     /// The operating system refused a partition's thread.
     #[error(
         "starting partition {0}'s thread failed ({1}); raise the process's thread limit \
-         (ulimit -u) or lower partition_threads_max"
+         (ulimit -u) or lower --partition-threads-max"
     )]
     Thread(u32, String),
 }

@@ -2,7 +2,7 @@
 //! where one task per partition — the partition's single writer (`partition.rs`) — sequences
 //! and writes groups of queued commands (group commit) and only then tells the clients.
 //! Partitions are tasks on the shared runtime, so a process hosts thousands of them without a
-//! thread each; up to [`Config::partition_threads_max`] (none by default) run on a thread of
+//! thread each; up to [`Config::partition_threads_max`] (256 by default) run on a thread of
 //! their own instead, woken by the commands they queue. A command is checked
 //! in full (validity, sizes, encodability) before it is queued, so a bad command never costs
 //! its partition an actualization.
@@ -47,11 +47,9 @@ pub const BACKLOG_VALUES_MAX_DEFAULT: usize = 8_192;
 /// more of the PLog (at a million events a second); the numbers never depend on it.
 pub const FLUSH_DELAY_DEFAULT: Duration = Duration::from_millis(500);
 /// Default number of partitions that run on a thread of their own (see
-/// [`Config::partition_threads_max`]): none. In-process it gave 1.11× the commands/s at 64
-/// clients (docs/benchmarks.md), but two timing-dependent server tests failed once each with it
-/// on (an edge test's request unanswered for 10 s, a paused node that stepped down before
-/// attempting its late write); until that is explained, partitions run as tasks.
-pub const PARTITION_THREADS_MAX_DEFAULT: usize = 0;
+/// [`Config::partition_threads_max`]). In-process it gave 1.11× the commands/s at 64 clients,
+/// over HTTP 0.76–0.85× the server CPU per command (docs/benchmarks.md).
+pub const PARTITION_THREADS_MAX_DEFAULT: usize = 256;
 /// Suggested client back-off when the answer is busy.
 pub const RETRY_AFTER_SECS: u64 = 1;
 

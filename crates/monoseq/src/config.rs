@@ -94,6 +94,10 @@ pub struct ProcessorArgs {
          the partition's last this many events [default: {}]",
         monoseq_cp::IDEMPOTENCY_WINDOW_EVENTS_DEFAULT))]
     pub idempotency_window_events: Option<u64>,
+    #[arg(long, env = "MONOSEQ_PARTITION_THREADS_MAX", help = format!(
+        "Partitions that run on a thread of their own; those past it run as tasks on the \
+         runtime (0: all) [default: {}]", monoseq_cp::PARTITION_THREADS_MAX_DEFAULT))]
+    pub partition_threads_max: Option<usize>,
     /// Benchmarks only: keep no high-water marks, to measure what they cost. A store served
     /// so is not protected against an undetected loss of acknowledged events.
     #[arg(long, hide = true)]
@@ -168,6 +172,7 @@ struct SettingsFile {
     flush_delay_ms: Option<u64>,
     shutdown_timeout_secs: Option<u64>,
     idempotency_window_events: Option<u64>,
+    partition_threads_max: Option<usize>,
     named_cache: Option<u64>,
     cluster: Option<crate::cluster::ClusterFile>,
     security: Option<crate::auth::SecurityFile>,
@@ -191,6 +196,7 @@ pub struct Settings {
     pub flush_delay: Duration,
     pub shutdown_timeout: Duration,
     pub idempotency_window_events: u64,
+    pub partition_threads_max: usize,
     /// Numbers of a named sequence one durable write reserves (`--named-cache`; 1: none).
     pub named_cache: u64,
     /// Serve a store with a detected loss (`--accept-loss`).
@@ -259,6 +265,10 @@ pub fn resolve(
             .idempotency_window_events
             .or(file.idempotency_window_events)
             .unwrap_or(monoseq_cp::IDEMPOTENCY_WINDOW_EVENTS_DEFAULT),
+        partition_threads_max: processor
+            .partition_threads_max
+            .or(file.partition_threads_max)
+            .unwrap_or(monoseq_cp::PARTITION_THREADS_MAX_DEFAULT),
         named_cache: listen
             .named_cache
             .or(file.named_cache)
@@ -399,6 +409,7 @@ impl Settings {
             cache_workspaces_max: self.cache_workspaces_max,
             flush_delay: self.flush_delay,
             idempotency_window_events: self.idempotency_window_events,
+            partition_threads_max: self.partition_threads_max,
             ..monoseq_cp::Config::default()
         }
     }
@@ -673,6 +684,25 @@ mod tests {
             args.resolve().expect("flag resolves").flush_delay,
             Duration::ZERO
         );
+    }
+
+    #[test]
+    fn partition_threads_come_from_the_flag_over_the_file_over_the_default() {
+        let defaults = ServeArgs::default().resolve().expect("defaults resolve");
+        assert_eq!(
+            defaults.cp_config().partition_threads_max,
+            monoseq_cp::PARTITION_THREADS_MAX_DEFAULT
+        );
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let file = dir.path().join("monoseq.toml");
+        std::fs::write(&file, "partition_threads_max = 3\n").expect("write config");
+        let mut args = ServeArgs::default();
+        args.storage.config = Some(file);
+        let from_file = args.resolve().expect("file resolves");
+        assert_eq!(from_file.cp_config().partition_threads_max, 3);
+        args.processor.partition_threads_max = Some(0);
+        let from_flag = args.resolve().expect("flag resolves");
+        assert_eq!(from_flag.cp_config().partition_threads_max, 0);
     }
 
     #[test]

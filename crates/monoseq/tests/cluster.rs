@@ -552,8 +552,15 @@ async fn a_node_paused_past_its_lease_writes_nothing_and_steps_down() {
     let dir = tempfile::tempdir().unwrap();
     let client = client();
     // Trust level 2 writes events with plain puts: only the lease's fence keeps a paused
-    // owner's late writes from replacing the new owner's events.
-    let a = Node::start(&db, "a", dir.path(), &["--trust-level", "2"]);
+    // owner's late writes from replacing the new owner's events. A writes one command per
+    // group, so that while one is written the other clients' commands wait in its partition,
+    // past the owner check: whenever the pause comes, A wakes with commands to write late.
+    let a = Node::start(
+        &db,
+        "a",
+        dir.path(),
+        &["--trust-level", "2", "--group-commands-max", "1"],
+    );
     let b = Node::start(&db, "b", dir.path(), &["--trust-level", "2"]);
     let before = balanced(&client, &a.url, &["a", "b"]).await;
     let (&p, _) = before.iter().find(|(_, (o, _))| o == "a").unwrap();

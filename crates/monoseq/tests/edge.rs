@@ -38,11 +38,13 @@ async fn half_open_and_idle_connections_past_the_cap_do_not_keep_a_client_from_b
     let log = dir.path().join("server.log");
     let server = Server::try_start(
         &dir.path().join("data"),
+        // The head timeout leaves the 300 hostile connections below time to open (one by one)
+        // before the first of them is cut, even on a busy machine: else the cap never fills.
         &[
             "--header-read-timeout-ms",
-            "1000",
+            "2000",
             "--idle-timeout-ms",
-            "1500",
+            "2500",
             "--connections-max",
             "200",
         ],
@@ -94,8 +96,9 @@ async fn half_open_and_idle_connections_past_the_cap_do_not_keep_a_client_from_b
         "the new client waited {fresh_waited:?}"
     );
 
-    // Every hostile connection is closed by the server: past the cap at once with a 503, the
-    // others once their head is overdue.
+    // Every hostile connection is closed by the server: past the cap with a 503 (as soon as
+    // its request begins, or 250 ms later for those that send nothing; 64 such answers at
+    // once, past them closed unanswered), the others once their head is overdue.
     let (mut shed, mut cut) = (0, 0);
     for mut s in hostile {
         let answer = read_to_close(&mut s, Duration::from_secs(5))
@@ -109,7 +112,7 @@ async fn half_open_and_idle_connections_past_the_cap_do_not_keep_a_client_from_b
         }
     }
     let closed_after = began.elapsed();
-    assert!(shed >= 90 && cut >= 1, "shed {shed}, cut {cut}");
+    assert!(shed >= 60 && cut >= 1, "shed {shed}, cut {cut}");
     assert!(closed_after < Duration::from_secs(8), "{closed_after:?}");
 
     let metrics = reqwest::get(format!("{}/metrics", server.url))
