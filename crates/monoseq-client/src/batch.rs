@@ -8,12 +8,8 @@ use futures_util::future::join_all;
 use monoseq_wire::{BatchAnswerBody, BatchBody, BatchCommandBody, BatchResultBody, ErrorBody};
 use reqwest::{StatusCode, header};
 
-use crate::client::{Client, Submitted};
+use crate::client::{Client, MOVED_CODES, Submitted};
 use crate::error::ClientError;
-
-/// The codes of a command's 503 that mean "another node owns its partition now": the view is
-/// refreshed before the retry.
-const MOVED_CODES: [&str; 3] = ["not_owner", "partition_unavailable", "owner_unreachable"];
 
 /// A command to send again: after at least `wait`, and after a refresh of the view when its
 /// partition `moved`.

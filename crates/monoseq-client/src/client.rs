@@ -23,7 +23,8 @@ use crate::routing::View;
 const REDIRECTS_UNDELAYED_MAX: u32 = 3;
 /// The codes of a 503 that mean "another node owns it now": the view is refreshed and the
 /// command retried without waiting for `Retry-After`, which advised retrying the same node.
-const MOVED_CODES: [&str; 3] = ["not_owner", "partition_unavailable", "owner_unreachable"];
+pub(crate) const MOVED_CODES: [&str; 3] =
+    ["not_owner", "partition_unavailable", "owner_unreachable"];
 
 /// A client of one monoseq server or of a cluster of nodes. Cheap to clone (shared
 /// connections and view of the owners).
