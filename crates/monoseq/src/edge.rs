@@ -186,9 +186,9 @@ where
 /// The answer waits until the request begins (at most [`SHED_REQUEST_WAIT`]). An HTTP client
 /// that reads an answer before it has sent its request takes the connection for broken, not
 /// for a 503: hyper fails that request with "unexpected message" and, seen from monoseq's own
-/// client, its next request on a new connection then hung until its timeout. Before the close,
-/// what the client sent and is already here is read: closing a socket with unread bytes resets
-/// the connection, and a reset can discard the 503 before the client reads it.
+/// client, its next request then waited out its whole timeout. Before the close, what the
+/// client sent and is already here is read: closing a socket with unread bytes resets the
+/// connection, and a reset can discard the 503 before the client reads it.
 async fn shed<S: AsyncRead + AsyncWrite + Unpin>(mut io: S) {
     let answer = shed_answer();
     let mut scratch = [0u8; 4096];
