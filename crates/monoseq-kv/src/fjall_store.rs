@@ -34,13 +34,6 @@ const VERSION_FILE: &str = "version";
 const KEYSPACES_FOLDER: &str = "keyspaces";
 /// The extension of fjall's journal files.
 const JOURNAL_EXTENSION: &str = "jnl";
-/// fjall's background workers (memtable flushes and compactions). fjall's default is one per
-/// core, up to 4; with more than one, worker 0 is kept for flushes and hands every compaction
-/// request it receives back to the queue, taking it again at once for as long as the others
-/// compact: a spin of one core. One worker runs flushes and compactions in turn without it:
-/// 0.79–0.84× the CPU per command in-process at 40 s, with p99 latency unchanged
-/// (docs/benchmarks.md, "In-process commands and what the marks cost").
-const FJALL_WORKERS: usize = 1;
 
 /// The fjall embedded backend. Its data directory is locked while it is open.
 ///
@@ -215,7 +208,6 @@ impl FjallFiles {
         let opened = std::panic::catch_unwind(|| {
             Database::builder(path)
                 .cache_size(options.cache_bytes)
-                .worker_threads(FJALL_WORKERS)
                 .open()
         })
         .map_err(|panic| {
