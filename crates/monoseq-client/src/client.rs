@@ -395,7 +395,12 @@ impl Client {
     /// the node that refused it, and the backoff between those attempts would grow.
     pub(crate) async fn refresh_after_move(&self) {
         if let Err(allowed) = self.inner.view.claim_refresh(Instant::now()) {
-            tokio::time::sleep(allowed.saturating_duration_since(Instant::now())).await;
+            let wait = allowed.saturating_duration_since(Instant::now());
+            tracing::debug!(
+                wait_ms = wait.as_secs_f64() * 1e3,
+                "the partition moved: waiting for the next allowed refresh of the view"
+            );
+            tokio::time::sleep(wait).await;
             // Another call may have refreshed meanwhile; its view serves this one too.
             if self.inner.view.claim_refresh(Instant::now()).is_err() {
                 return;
@@ -498,14 +503,35 @@ impl Client {
     ) -> Result<(), ClientError> {
         let wait = floor + self.inner.backoff.jittered(failures);
         if started.elapsed() + wait > self.inner.retry_timeout {
+            tracing::debug!(failures, %error, "giving up: the next attempt would pass the retry timeout");
             return Err(error);
         }
+        tracing::debug!(failures, wait_ms = wait.as_secs_f64() * 1e3, %error, "retrying after a wait");
         tokio::time::sleep(wait).await;
         Ok(())
     }
 
-    /// One attempt: the answer whole, or the transport's error.
+    /// One attempt: the answer whole, or the transport's error. Logged at debug level with
+    /// its time, so a slow or failing call shows where its time went.
     async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        command: Option<(&bytes::Bytes, Option<&str>)>,
+    ) -> Result<Answer, reqwest::Error> {
+        let began = Instant::now();
+        let sent = self.send_once(method.clone(), url, command).await;
+        let elapsed_ms = began.elapsed().as_secs_f64() * 1e3;
+        match &sent {
+            Ok(a) => {
+                tracing::debug!(%method, url, status = a.status.as_u16(), elapsed_ms, "answered")
+            }
+            Err(e) => tracing::debug!(%method, url, error = %e, elapsed_ms, "no answer"),
+        }
+        sent
+    }
+
+    async fn send_once(
         &self,
         method: Method,
         url: &str,

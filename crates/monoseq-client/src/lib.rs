@@ -4,7 +4,9 @@
 //! on every retry; `Retry-After` honoured, with jittered backoff), and, given several nodes,
 //! sending each command to its partition's owner (learned from `/v1/cluster` and from 307
 //! redirects, refreshed on `not_owner`, a redirect or a refused connection). Reads: events,
-//! WLog pages as a stream, records; named sequences through `monoseq-named-http`.
+//! WLog pages as a stream, records; named sequences through `monoseq-named-http`. Each attempt
+//! (status or error, and its time) and each wait before a retry is logged at debug level
+//! through `tracing`.
 //!
 //! # Example
 //!

@@ -103,6 +103,59 @@ async fn retries_of_a_busy_command_carry_its_one_key_and_wait_for_retry_after() 
     assert_ne!(again.key, done.key);
 }
 
+/// A writer for a test's own log: what the subscriber writes, kept for the test to read.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn each_attempt_and_each_wait_is_logged_at_debug_level() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // This test's runtime has one thread: the client's calls log to this subscriber.
+    let _default = tracing::subscriber::set_default(subscriber);
+    let log = Log::default();
+    let url = serve(node(log.clone(), 2, None, |n| match n {
+        1 => unavailable("storage_unavailable", 0),
+        _ => ok(),
+    }))
+    .await;
+    let client = Client::new(&url).unwrap();
+    client.submit(&order()).await.unwrap();
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let has = |parts: &[&str]| lines.iter().any(|l| parts.iter().all(|p| l.contains(p)));
+    assert!(
+        has(&[
+            "answered",
+            "POST",
+            "/v1/commands",
+            "status=503",
+            "elapsed_ms"
+        ]),
+        "{text}"
+    );
+    assert!(
+        has(&["retrying after a wait", "storage_unavailable", "wait_ms"]),
+        "{text}"
+    );
+    assert!(has(&["answered", "/v1/commands", "status=200"]), "{text}");
+}
+
 #[tokio::test]
 async fn retries_stop_at_the_retry_timeout_with_the_last_answer() {
     let log = Log::default();
