@@ -332,6 +332,25 @@ fn viewless(log: Log, answer: fn(usize) -> Response) -> Router {
         )
 }
 
+/// `node` with a `/v1/cluster` whose first answer is a 503 (the client's first refresh learns
+/// no owner) and whose later ones name node "n2" at `owner` for partitions 0 and 1.
+fn moved_away(node: Router, owner: &str) -> Router {
+    let views = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let owner_view = json!({"clustered": true, "node_id": "n1", "lease_ms": 1000, "renew_ms": 300,
+        "nodes": [{"node_id": "n2", "url": owner, "alive": true, "partitions": [0, 1]}],
+        "partitions": [{"partition": 0, "epoch": 2, "owner": "n2"},
+                       {"partition": 1, "epoch": 2, "owner": "n2"}]});
+    node.route(
+        "/v1/cluster",
+        get(move || async move {
+            match views.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                0 => unavailable("storage_unavailable", 1),
+                _ => axum::Json(owner_view).into_response(),
+            }
+        }),
+    )
+}
+
 #[tokio::test]
 async fn a_refused_connection_moves_the_command_to_the_next_node() {
     // A port nothing listens on: bound, then closed.
@@ -355,21 +374,11 @@ async fn a_refused_connection_moves_the_command_to_the_next_node() {
 async fn not_owner_refreshes_the_view_and_goes_to_the_new_owner_without_asking_the_old_one_again() {
     let (moved_log, owner_log) = (Log::default(), Log::default());
     let owner = serve(node(owner_log.clone(), 2, None, |_| ok())).await;
-    // The node that lost the partition answers not_owner; the view of the cluster, once
-    // refreshed from the owner, names the owner.
-    // Its first view (the client's first refresh) has no owners; its later ones name the owner.
-    let views = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let owner_view = json!({"clustered": true, "node_id": "n1", "lease_ms": 1000, "renew_ms": 300,
-        "nodes": [{"node_id": "n2", "url": owner, "alive": true, "partitions": [0, 1]}],
-        "partitions": [{"partition": 1, "epoch": 2, "owner": "n2"}]});
-    let moved = viewless(moved_log.clone(), |_| unavailable("not_owner", 1)).route(
-        "/v1/cluster",
-        get(move || async move {
-            match views.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
-                0 => unavailable("storage_unavailable", 1),
-                _ => axum::Json(owner_view).into_response(),
-            }
-        }),
+    // The node that lost the partition answers not_owner; its first view of the cluster (the
+    // client's first refresh) has no owners, its later ones name the owner.
+    let moved = moved_away(
+        viewless(moved_log.clone(), |_| unavailable("not_owner", 1)),
+        &owner,
     );
     let moved = serve(moved).await;
     let client = Client::builder([moved]).build().unwrap();
@@ -407,27 +416,10 @@ async fn a_batch_meeting_a_moved_partition_waits_for_a_new_view_instead_of_askin
         json!({"status": 200, "outcome": outcome}),
     ))
     .await;
-    let views = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let owner_view = json!({"clustered": true, "node_id": "n1", "lease_ms": 1000, "renew_ms": 300,
-        "nodes": [{"node_id": "n2", "url": owner, "alive": true, "partitions": [0, 1]}],
-        "partitions": [{"partition": 0, "epoch": 2, "owner": "n2"},
-                       {"partition": 1, "epoch": 2, "owner": "n2"}]});
-    let info = json!({"version": "t", "partitions": 2, "trust_level": 0,
-                      "storage": "embedded", "store_id": "s", "idempotency_window_events": 10});
     let not_owner = json!({"status": 503, "retry_after": 1,
                            "error": {"code": "not_owner", "message": "moved"}});
-    let moved = batch_node(moved_log.clone(), not_owner)
-        .route("/v1/info", get(move || async move { axum::Json(info) }))
-        .route(
-            "/v1/cluster",
-            get(move || async move {
-                match views.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
-                    0 => unavailable("storage_unavailable", 1),
-                    _ => axum::Json(owner_view).into_response(),
-                }
-            }),
-        );
-    let moved = serve(moved).await;
+    let moved = viewless(Log::default(), |_| ok()).merge(batch_node(moved_log.clone(), not_owner));
+    let moved = serve(moved_away(moved, &owner)).await;
     let client = Client::builder([moved]).build().unwrap();
     let commands: Vec<_> = (0..4)
         .map(|ws| monoseq_client::BatchCommandBody::new(CommandBody::new(ws, 1, "app.Order"), None))
