@@ -11,6 +11,7 @@ use crate::builtin::WLOG_OFFSET_SEQUENCE;
 use crate::event::{
     ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset,
 };
+use crate::keys::PartitionId;
 
 /// The version byte of records and of events without an idempotency section.
 pub const FORMAT_VERSION: u8 = 1;
@@ -18,6 +19,10 @@ pub const FORMAT_VERSION: u8 = 1;
 /// body of version 1 followed by the key, the request fingerprint and the raw-to-real ID
 /// pairs. Events without a key keep version 1, byte for byte.
 pub const FORMAT_VERSION_KEYED: u8 = 2;
+/// The version byte of a WLog entry that names its event's place in the PLog instead of holding
+/// a copy of the event (`docs/format.md`, "WLog entry"). Entries written before it hold the
+/// event itself (version 1 or 2), and both are read.
+pub const FORMAT_VERSION_WLOG_REF: u8 = 3;
 /// Most nesting levels of an argument object (the root is level 1).
 pub const ARG_DEPTH_MAX: usize = 16;
 /// Largest encoded event, in bytes: the largest value the key-value contract stores.
@@ -60,7 +65,7 @@ pub enum EncodeError {
 pub enum DecodeError {
     /// The version byte names a format this code does not read.
     #[error(
-        "event format version {0} is not supported (this build reads versions {FORMAT_VERSION} and {FORMAT_VERSION_KEYED}); upgrade monoseq or check the bytes are an event"
+        "event format version {0} is not supported (this build reads versions {FORMAT_VERSION} and {FORMAT_VERSION_KEYED}, and {FORMAT_VERSION_WLOG_REF} in the WLog); upgrade monoseq or check the bytes are an event"
     )]
     UnsupportedVersion(u8),
     /// The body's checksum does not match: the bytes were damaged.
@@ -344,15 +349,21 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    /// Checks version and checksum and positions the reader at the body.
+    /// Checks version (an event's) and checksum and positions the reader at the body.
     fn open(buf: &'a [u8]) -> Result<Reader<'a>, DecodeError> {
+        Reader::open_versions(buf, &[FORMAT_VERSION, FORMAT_VERSION_KEYED])
+    }
+
+    /// Checks that the version is one of `versions`, checks the checksum and positions the
+    /// reader at the body.
+    fn open_versions(buf: &'a [u8], versions: &[u8]) -> Result<Reader<'a>, DecodeError> {
         let Some(&version) = buf.first() else {
             return Err(DecodeError::Truncated {
                 what: "version",
                 at: 0,
             });
         };
-        if version != FORMAT_VERSION && version != FORMAT_VERSION_KEYED {
+        if !versions.contains(&version) {
             return Err(DecodeError::UnsupportedVersion(version));
         }
         let Some(crc_bytes) = buf.get(1..HEADER_BYTES) else {
@@ -680,6 +691,114 @@ pub fn decode_numbers(bytes: &[u8], out: &mut Vec<SeqValue>) -> Result<EventHead
     r.idempotency()?;
     r.end()?;
     Ok(head)
+}
+
+// ---------------------------------------------------------------------------------------------
+// WLog entries
+
+/// Where a WLog entry's event is: what a WLog entry of version [`FORMAT_VERSION_WLOG_REF`]
+/// holds instead of a copy of the event (`docs/format.md`, "WLog entry").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WLogRef {
+    /// The partition whose PLog holds the event.
+    pub partition: PartitionId,
+    /// The event's PLog offset.
+    pub plog_offset: PLogOffset,
+    /// The checksum stored in the event's header: names the event's exact bytes.
+    pub event_crc: u32,
+}
+
+/// What a WLog entry says about its event: where it is, and its checksum. An entry written
+/// before WLog references holds the event itself ([`WLogTarget::partition`] is `None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WLogTarget {
+    /// The partition whose PLog holds the event; `None` for an entry holding a copy.
+    pub partition: Option<PartitionId>,
+    /// The event's PLog offset.
+    pub plog_offset: PLogOffset,
+    /// The checksum in the event's header.
+    pub event_crc: u32,
+}
+
+/// The checksum stored in an encoded event's header, if the bytes are long enough to hold one
+/// (it is not checked here).
+#[must_use]
+pub fn event_crc(event: &[u8]) -> Option<u32> {
+    let bytes: [u8; 4] = event.get(1..HEADER_BYTES)?.try_into().ok()?;
+    Some(u32::from_le_bytes(bytes))
+}
+
+impl WLogRef {
+    /// Encodes the reference, appending to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.push(FORMAT_VERSION_WLOG_REF);
+        out.extend_from_slice(&[0; 4]);
+        put_varint(out, u64::from(self.partition.0));
+        put_varint(out, self.plog_offset.0);
+        out.extend_from_slice(&self.event_crc.to_le_bytes());
+        let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
+        out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decodes a WLog entry of version [`FORMAT_VERSION_WLOG_REF`].
+    ///
+    /// # Errors
+    ///
+    /// [`DecodeError`] when the bytes are not a whole, undamaged reference.
+    pub fn decode(bytes: &[u8]) -> Result<WLogRef, DecodeError> {
+        let mut r = Reader::open_versions(bytes, &[FORMAT_VERSION_WLOG_REF])?;
+        let at = r.pos;
+        let partition =
+            u32::try_from(r.varint("partition")?).map_err(|_| DecodeError::OutOfRange {
+                what: "partition",
+                at,
+            })?;
+        let plog_offset = PLogOffset(r.varint("PLog offset")?);
+        let Some(crc) = r.buf.get(r.pos..r.pos + 4).and_then(event_crc_at) else {
+            return Err(DecodeError::Truncated {
+                what: "event checksum",
+                at: r.pos,
+            });
+        };
+        r.pos += 4;
+        r.end()?;
+        Ok(WLogRef {
+            partition: PartitionId(partition),
+            plog_offset,
+            event_crc: crc,
+        })
+    }
+}
+
+fn event_crc_at(bytes: &[u8]) -> Option<u32> {
+    Some(u32::from_le_bytes(bytes.try_into().ok()?))
+}
+
+impl WLogTarget {
+    /// Reads what a stored WLog entry (a reference or a copy of the event) says about its
+    /// event; a copy's checksum is checked, and only its place is read.
+    ///
+    /// # Errors
+    ///
+    /// [`DecodeError`] when the bytes are neither an undamaged reference nor an undamaged event.
+    pub fn decode(bytes: &[u8]) -> Result<WLogTarget, DecodeError> {
+        if bytes.first() == Some(&FORMAT_VERSION_WLOG_REF) {
+            let r = WLogRef::decode(bytes)?;
+            return Ok(WLogTarget {
+                partition: Some(r.partition),
+                plog_offset: r.plog_offset,
+                event_crc: r.event_crc,
+            });
+        }
+        let mut r = Reader::open(bytes)?;
+        let (head, _) = r.head()?;
+        Ok(WLogTarget {
+            partition: None,
+            plog_offset: head.plog_offset,
+            event_crc: event_crc(bytes).unwrap_or_default(),
+        })
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

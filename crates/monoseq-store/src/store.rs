@@ -9,7 +9,8 @@ use monoseq_core::{PLogOffset, WsId};
 use monoseq_kv::{KeyBuf, KvError, KvStore, Op, Order, Oversized, WriteBatch, WriteError};
 
 use crate::codec::{
-    DecodeError, EncodeError, decode_record_value, encode_record_value, record_value_len,
+    DecodeError, EncodeError, FORMAT_VERSION_WLOG_REF, WLogRef, decode_record_value,
+    encode_record_value, event_crc, record_value_len,
 };
 use crate::event::{Event, Field, Record, RecordId, WLogOffset};
 use crate::keys::{
@@ -180,6 +181,19 @@ pub enum ReadError {
         /// The offset the event names.
         found: u64,
     },
+    /// A WLog entry names a PLog event that is not there or is another event.
+    #[error(
+        "{slot} refers to {target}, which holds {found}: the logs are damaged; restore them from \
+         a backup"
+    )]
+    Dangling {
+        /// Where the entry is stored.
+        slot: Slot,
+        /// The PLog place it names.
+        target: Slot,
+        /// What that place holds ("no event", or which event).
+        found: String,
+    },
     /// A storage fault; retry.
     #[error("the event store's storage failed")]
     Storage(#[from] KvError),
@@ -308,8 +322,17 @@ impl<S: KvStore> EventStore<S> {
                 offset: e.plog_offset,
             },
         ));
+        // The WLog entry names the PLog event (about 12 bytes) instead of copying it, so each
+        // event is written, flushed and compacted once.
+        group.ref_bytes.clear();
+        WLogRef {
+            partition,
+            plog_offset: e.plog_offset,
+            event_crc: event_crc(&group.event_bytes).unwrap_or_default(),
+        }
+        .encode_into(&mut group.ref_bytes);
         let wlog = wlog_key(self.app, e.ws, e.wlog_offset);
-        group.batch.push(op, wlog.as_key(), &group.event_bytes);
+        group.batch.push(op, wlog.as_key(), &group.ref_bytes);
         group.slots.push((
             i,
             Slot::WLog {
@@ -574,7 +597,8 @@ impl<S: KvStore> EventStore<S> {
     ///
     /// # Errors
     ///
-    /// [`ReadError`] when storage fails or a stored event is damaged or misplaced.
+    /// [`ReadError`] when storage fails, a stored event is damaged or misplaced, or an entry
+    /// names a PLog event that is not there ([`ReadError::Dangling`]).
     pub fn read_wlog(
         &self,
         ws: WsId,
@@ -582,44 +606,103 @@ impl<S: KvStore> EventStore<S> {
         limit: usize,
     ) -> Result<Vec<Event>, ReadError> {
         let limit = limit.min(WLOG_READ_EVENTS_MAX);
-        let mut events = Vec::new();
         if limit == 0 {
-            return Ok(events);
+            return Ok(Vec::new());
         }
+        // Entries in offset order: a copy of the event (written before WLog references) or
+        // where the event is; the references are resolved in one read of the PLog below.
+        let mut entries: Vec<(WLogOffset, Result<Event, WLogRef>)> = Vec::new();
         let mut failure: Option<ReadError> = None;
         self.scan_log(
             from.0,
             &|first| wlog_partition(self.app, ws, WLogOffset(first)),
             &mut |offset, value| {
-                let slot = Slot::WLog {
-                    ws,
-                    offset: WLogOffset(offset),
+                let offset = WLogOffset(offset);
+                let slot = Slot::WLog { ws, offset };
+                let entry = if value.first() == Some(&FORMAT_VERSION_WLOG_REF) {
+                    WLogRef::decode(value).map(Err)
+                } else {
+                    Event::decode(value).map(Ok)
                 };
-                match Event::decode(value) {
-                    Ok(e) if e.wlog_offset.0 == offset && e.ws == ws => events.push(e),
-                    Ok(e) => {
+                match entry {
+                    Ok(Ok(e)) if e.wlog_offset != offset || e.ws != ws => {
                         failure = Some(ReadError::Misplaced {
                             slot,
                             found: e.wlog_offset.0,
                         });
                         return ControlFlow::Break(());
                     }
+                    Ok(entry) => entries.push((offset, entry)),
                     Err(source) => {
                         failure = Some(ReadError::Corrupt { slot, source });
                         return ControlFlow::Break(());
                     }
                 }
-                if events.len() >= limit {
+                if entries.len() >= limit {
                     ControlFlow::Break(())
                 } else {
                     ControlFlow::Continue(())
                 }
             },
         )?;
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(events),
+        if let Some(e) = failure {
+            return Err(e);
         }
+        self.resolve_wlog(ws, entries)
+    }
+
+    /// The events of WLog entries of `ws` (in order), reading the events that references name
+    /// from the PLog and checking that each is the event its entry names.
+    fn resolve_wlog(
+        &self,
+        ws: WsId,
+        entries: Vec<(WLogOffset, Result<Event, WLogRef>)>,
+    ) -> Result<Vec<Event>, ReadError> {
+        let keys: Vec<_> = entries
+            .iter()
+            .filter_map(|(_, entry)| entry.as_ref().err())
+            .map(|r| plog_key(self.app, r.partition, r.plog_offset))
+            .collect();
+        let key_refs: Vec<_> = keys.iter().map(keys::BlockKey::as_key).collect();
+        let mut stored = self.kv.get_many(&key_refs)?.into_iter();
+        let mut events = Vec::with_capacity(entries.len());
+        for (offset, entry) in entries {
+            let r = match entry {
+                Ok(event) => {
+                    events.push(event);
+                    continue;
+                }
+                Err(r) => r,
+            };
+            let slot = Slot::WLog { ws, offset };
+            let target = Slot::PLog {
+                partition: r.partition,
+                offset: r.plog_offset,
+            };
+            let dangling = |found: String| ReadError::Dangling {
+                slot,
+                target,
+                found,
+            };
+            let Some(bytes) = stored.next().flatten() else {
+                return Err(dangling("no event".into()));
+            };
+            if event_crc(&bytes) != Some(r.event_crc) {
+                return Err(dangling("another event (its checksum differs)".into()));
+            }
+            let event = Event::decode(&bytes).map_err(|source| ReadError::Corrupt {
+                slot: target,
+                source,
+            })?;
+            if event.plog_offset != r.plog_offset || event.ws != ws || event.wlog_offset != offset {
+                return Err(dangling(format!(
+                    "the event of PLog offset {} of workspace {} at WLog offset {}",
+                    event.plog_offset, event.ws, event.wlog_offset
+                )));
+            }
+            events.push(event);
+        }
+        Ok(events)
     }
 
     /// Visits a log (PLog or WLog, split into blocks of [`LOG_BLOCK_EVENTS`] whose partition
@@ -726,6 +809,7 @@ struct GroupBatch {
     batch: WriteBatch,
     slots: Vec<(usize, Slot)>,
     event_bytes: Vec<u8>,
+    ref_bytes: Vec<u8>,
     record_bytes: Vec<u8>,
 }
 

@@ -1,13 +1,14 @@
 //! Event store reads and record updates: events by PLog offset, WLog ranges, records by ID,
-//! field merging of updates inside and across groups, and data written by format version 1.
+//! field merging of updates inside and across groups, data written by format version 1, and
+//! WLog entries that name their events in the PLog (and the copies written before them).
 
 use std::sync::Arc;
 
 use monoseq_core::{PLogOffset, WsId, WsKind};
 use monoseq_kv::{KvStore, MemoryStore};
 use monoseq_store::{
-    AppId, AppendError, ArgObject, Event, EventStore, Field, PartitionId, Record, RecordId,
-    RecordKind, TrustLevel, WLogOffset,
+    AppId, AppendError, ArgObject, Event, EventStore, Field, PartitionId, ReadError, Record,
+    RecordId, RecordKind, Slot, TrustLevel, WLogOffset, WLogRef, event_crc,
 };
 
 const P: PartitionId = PartitionId(3);
@@ -66,6 +67,95 @@ fn events_read_back_by_plog_offset_and_by_wlog_range() {
         vec![events[0].clone()]
     );
     assert!(s.read_wlog(WsId(30), WLogOffset(1), 10).unwrap().is_empty());
+}
+
+#[test]
+fn a_wlog_entry_names_its_event_in_the_plog_instead_of_copying_it() {
+    let s = store();
+    let mut e = event(7, 10, 1);
+    e.created = vec![record(500, &[("body", &"x".repeat(300))])];
+    s.append(P, std::slice::from_ref(&e)).unwrap();
+    let plog = s.kv().get(s.plog_key(P, PLogOffset(7)).as_key()).unwrap();
+    let plog = plog.expect("the PLog holds the event");
+    let wlog = s.kv().get(s.wlog_key(WsId(10), WLogOffset(1)).as_key());
+    let wlog = wlog.unwrap().expect("the WLog holds an entry");
+    assert!(wlog.len() <= 16, "{} bytes: not a reference", wlog.len());
+    assert_eq!(
+        WLogRef::decode(&wlog).unwrap(),
+        WLogRef {
+            partition: P,
+            plog_offset: PLogOffset(7),
+            event_crc: event_crc(&plog).unwrap(),
+        }
+    );
+    assert_eq!(s.read_wlog(WsId(10), WLogOffset(1), 10).unwrap(), vec![e]);
+}
+
+#[test]
+fn wlog_entries_written_as_copies_before_references_still_read_beside_references() {
+    let s = store();
+    let events: Vec<Event> = (1..=4).map(|n| event(n, 10, n)).collect();
+    s.append(P, &events).unwrap();
+    // Entries 2 and 3 as a build before WLog references wrote them: the event's bytes.
+    for e in &events[1..3] {
+        let bytes = e.encode().unwrap();
+        let key = s.wlog_key(e.ws, e.wlog_offset);
+        s.kv().put(key.as_key(), &bytes).unwrap();
+    }
+    assert_eq!(s.read_wlog(WsId(10), WLogOffset(1), 10).unwrap(), events);
+    assert_eq!(
+        s.read_wlog(WsId(10), WLogOffset(3), 1).unwrap(),
+        vec![events[2].clone()]
+    );
+}
+
+#[test]
+fn a_wlog_entry_naming_a_missing_or_different_plog_event_is_an_error_not_a_wrong_event() {
+    let s = store();
+    let events: Vec<Event> = (1..=3).map(|n| event(n, 10, n)).collect();
+    s.append(P, &events).unwrap();
+    let dangling = |s: &EventStore<Arc<MemoryStore>>| match s.read_wlog(WsId(10), WLogOffset(1), 10)
+    {
+        Err(ReadError::Dangling {
+            slot,
+            target,
+            found,
+        }) => {
+            assert_eq!(
+                slot,
+                Slot::WLog {
+                    ws: WsId(10),
+                    offset: WLogOffset(2)
+                }
+            );
+            assert_eq!(
+                target,
+                Slot::PLog {
+                    partition: P,
+                    offset: PLogOffset(2)
+                }
+            );
+            found
+        }
+        other => panic!("expected a dangling entry, got {other:?}"),
+    };
+    let at_2 = s.plog_key(P, PLogOffset(2));
+    // Another event, with its own checksum, where the entry's event was.
+    let mut other = event(2, 10, 2);
+    other.registered_at_ms = 43;
+    s.kv().put(at_2.as_key(), &other.encode().unwrap()).unwrap();
+    assert!(dangling(&s).contains("checksum differs"));
+    // No event there at all.
+    s.kv().delete(at_2.as_key()).unwrap();
+    assert_eq!(dangling(&s), "no event");
+    let message = s
+        .read_wlog(WsId(10), WLogOffset(1), 10)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("WLog offset 2 of workspace 10 refers to PLog offset 2 of partition 3"),
+        "{message}"
+    );
 }
 
 #[test]

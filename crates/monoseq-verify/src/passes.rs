@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
 
 use monoseq_kv::{KvError, KvStore, Order};
-use monoseq_store::{DecodeError, Mark, RecordKind};
+use monoseq_store::{DecodeError, Mark, RecordKind, WLogTarget};
 
 use crate::keys;
 use crate::plog::{PROGRESS_EVERY, Source, describe_entry};
@@ -96,7 +96,12 @@ pub(crate) fn wlog_entries<S: KvStore>(
             if let Some(w) = w.as_deref_mut()
                 && w.names_wlog(offset)
             {
-                w.wlog_digest = w.wlog_digest.wrapping_sub(entry_hash(offset, value));
+                // A damaged entry subtracts nothing: the digest stays off and the workspace is
+                // checked entry by entry.
+                if let Ok(t) = WLogTarget::decode(value) {
+                    let hash = entry_hash(offset, t.plog_offset.0, t.event_crc);
+                    w.wlog_digest = w.wlog_digest.wrapping_sub(hash);
+                }
                 return;
             }
             if offset <= retired {

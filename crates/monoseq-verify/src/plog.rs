@@ -12,7 +12,9 @@ use std::collections::{HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
 
 use monoseq_kv::{Key, KvStore, Order};
-use monoseq_store::{AppId, Event, LOG_BLOCK_EVENTS, Mark};
+use monoseq_store::{
+    AppId, Event, FORMAT_VERSION_WLOG_REF, LOG_BLOCK_EVENTS, Mark, WLogRef, event_crc,
+};
 
 use crate::keys;
 use crate::listing::PartitionList;
@@ -248,9 +250,10 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
         self.numbers(&event);
         self.records(&event);
         if let Some(w) = self.state.workspaces.get_mut(&event.ws.0) {
-            w.wlog_digest = w
-                .wlog_digest
-                .wrapping_add(entry_hash(event.wlog_offset.0, value));
+            let crc = event_crc(value).unwrap_or_default();
+            w.wlog_digest =
+                w.wlog_digest
+                    .wrapping_add(entry_hash(event.wlog_offset.0, offset, crc));
         }
     }
 
@@ -415,7 +418,7 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
                             partition,
                             offset: p.offset,
                         }),
-                        Some(v) if v == plog => {}
+                        Some(v) if names_event(&v, partition, p.offset, plog) => {}
                         Some(v) => self.problems.push(Problem::WLogDiffers {
                             ws: p.ws,
                             wlog: p.wlog,
@@ -432,8 +435,30 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
     }
 }
 
+/// Whether WLog entry `entry` names the event `plog` (its bytes) at PLog offset `offset` of
+/// `partition`: as a reference to exactly that event, or as a copy of its bytes.
+fn names_event(entry: &[u8], partition: u32, offset: u64, plog: &[u8]) -> bool {
+    if entry.first() != Some(&FORMAT_VERSION_WLOG_REF) {
+        return entry == plog;
+    }
+    WLogRef::decode(entry).is_ok_and(|r| {
+        r.partition.0 == partition
+            && r.plog_offset.0 == offset
+            && Some(r.event_crc) == event_crc(plog)
+    })
+}
+
 /// What a log entry that is not the expected event holds, for messages.
 pub(crate) fn describe_entry(bytes: &[u8]) -> String {
+    if bytes.first() == Some(&FORMAT_VERSION_WLOG_REF) {
+        return match WLogRef::decode(bytes) {
+            Ok(r) => format!(
+                "it refers to PLog offset {} of partition {}",
+                r.plog_offset, r.partition
+            ),
+            Err(e) => format!("it does not decode: {e}"),
+        };
+    }
     match Event::decode(bytes) {
         Ok(e) => format!(
             "it holds the event of PLog offset {} of workspace {} at WLog offset {}",

@@ -67,7 +67,7 @@ pub(crate) struct WsState {
     /// WLog offset, CRecord ID, OWRecord ID.
     pub(crate) seqs: [SeqState; 3],
     /// The sum of [`entry_hash`] over the workspace's PLog events, less the sum over the WLog
-    /// entries those events name: 0 when every entry is there and holds its event's bytes.
+    /// entries those events name: 0 when every entry is there and names its event.
     pub(crate) wlog_digest: u64,
     /// WLog offsets at or below the last one that no event names (jumps and skips), as
     /// inclusive ranges; `None` in the usual case of none (a boxed slice: 8 bytes per
@@ -93,12 +93,16 @@ impl WsState {
     }
 }
 
-/// The hash of a log entry at WLog offset `offset` holding `bytes`, for [`WsState::wlog_digest`].
-pub(crate) fn entry_hash(offset: u64, bytes: &[u8]) -> u64 {
+/// The hash of a WLog entry at WLog offset `wlog` naming the event at PLog offset `plog` whose
+/// header holds checksum `crc`, for [`WsState::wlog_digest`]. A WLog entry is a reference to its
+/// event or (written before references) a copy of it; both say which event they name, and the
+/// checksum names its exact bytes.
+pub(crate) fn entry_hash(wlog: u64, plog: u64, crc: u32) -> u64 {
     use std::hash::Hasher;
     let mut h = std::hash::DefaultHasher::new();
-    h.write_u64(offset);
-    h.write(bytes);
+    h.write_u64(wlog);
+    h.write_u64(plog);
+    h.write_u32(crc);
     h.finish()
 }
 

@@ -12,7 +12,7 @@ use monoseq_kv::{
 };
 use monoseq_store::{
     AcceptedLoss, AppId, ArgObject, Event, EventStore, FORMAT_VERSION, Field, Identity, KEY_LAYOUT,
-    Mark, PartitionId, Record, RecordId, RecordKind, TrustLevel, WLogOffset,
+    Mark, PartitionId, Record, RecordId, RecordKind, TrustLevel, WLogOffset, WLogRef,
 };
 
 use crate::{DirFiles, PartitionList, Problem, Report, Verifier, keys};
@@ -248,6 +248,19 @@ impl Fixture {
         self.store.wlog_key(WsId(ws), WLogOffset(offset))
     }
 
+    /// Where the WLog entry at `offset` of `ws` says its event is.
+    fn wlog_ref(&self, ws: u64, offset: u64) -> WLogRef {
+        let entry = self.kv.get(self.wlog_key(ws, offset).as_key()).unwrap();
+        WLogRef::decode(&entry.expect("a WLog entry")).expect("a reference")
+    }
+
+    /// The bytes of the event the WLog entry at `offset` of `ws` names.
+    fn wlog_event_bytes(&self, ws: u64, offset: u64) -> Vec<u8> {
+        let r = self.wlog_ref(ws, offset);
+        let key = self.plog_key(r.partition.0, r.plog_offset.0);
+        self.kv.get(key.as_key()).unwrap().expect("the PLog event")
+    }
+
     fn number_key(ws: u64, seq: u16) -> monoseq_kv::KeyBuf {
         let [a, b] = ((ws % keys::NUMBERS_BLOCK_WS) as u16).to_be_bytes();
         let [c, d] = seq.to_be_bytes();
@@ -414,12 +427,8 @@ fn garbage_in_a_wlog_value_differs_from_its_event() {
     );
 }
 
-#[test]
-fn another_event_in_a_wlog_entry_differs_from_its_event() {
-    let f = Fixture::good();
-    let other = f.kv.get(f.wlog_key(4, 3).as_key()).unwrap().unwrap();
-    f.put(f.wlog_key(4, 2), &other);
-    let problems = f.verify_both(None);
+/// The detail of the problem found at WLog offset 2 of workspace 4, which must differ.
+fn differs_at_4_2(problems: &[Problem]) -> String {
     let found = problems.iter().find_map(|p| match p {
         Problem::WLogDiffers {
             ws: 4,
@@ -429,10 +438,48 @@ fn another_event_in_a_wlog_entry_differs_from_its_event() {
         } => Some(detail.clone()),
         _ => None,
     });
+    found.unwrap_or_else(|| panic!("no differing entry at WLog 2 of workspace 4: {problems:#?}"))
+}
+
+#[test]
+fn a_reference_to_another_event_in_a_wlog_entry_differs_from_its_event() {
+    let f = Fixture::good();
+    let other = f.kv.get(f.wlog_key(4, 3).as_key()).unwrap().unwrap();
+    let names = f.wlog_ref(4, 3).plog_offset;
+    f.put(f.wlog_key(4, 2), &other);
+    let detail = differs_at_4_2(&f.verify_both(None));
     assert!(
-        found.is_some_and(|d| d.contains("WLog offset 3")),
-        "{problems:#?}"
+        detail.contains(&format!("refers to PLog offset {names} of partition 0")),
+        "{detail}"
     );
+}
+
+#[test]
+fn a_reference_to_the_right_place_with_another_checksum_differs_from_its_event() {
+    let f = Fixture::good();
+    let mut r = f.wlog_ref(4, 2);
+    r.event_crc ^= 1;
+    let mut entry = Vec::new();
+    r.encode_into(&mut entry);
+    f.put(f.wlog_key(4, 2), &entry);
+    differs_at_4_2(&f.verify_both(None));
+}
+
+#[test]
+fn wlog_entries_holding_copies_of_their_events_as_written_before_references_verify_clean() {
+    let f = Fixture::good();
+    for ws in [2, 3, 4] {
+        for offset in 1..=3 {
+            let bytes = f.wlog_event_bytes(ws, offset);
+            f.put(f.wlog_key(ws, offset), &bytes);
+        }
+    }
+    assert_eq!(f.verify_both(None), vec![]);
+    // A copy of another event is found as before.
+    let other = f.kv.get(f.wlog_key(4, 3).as_key()).unwrap().unwrap();
+    f.put(f.wlog_key(4, 2), &other);
+    let detail = differs_at_4_2(&f.verify_both(None));
+    assert!(detail.contains("WLog offset 3"), "{detail}");
 }
 
 #[test]

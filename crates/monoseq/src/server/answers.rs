@@ -28,9 +28,9 @@ pub(super) fn read_error(
 ) -> Response {
     use monoseq_store::ReadError;
     let place = match e {
-        ReadError::Corrupt { slot, .. } | ReadError::Misplaced { slot, .. } => {
-            Some(slot.to_string())
-        }
+        ReadError::Corrupt { slot, .. }
+        | ReadError::Misplaced { slot, .. }
+        | ReadError::Dangling { slot, .. } => Some(slot.to_string()),
         ReadError::Storage(monoseq_kv::KvError::Corrupted { .. }) => Some(asked()),
         _ => None,
     };
