@@ -62,19 +62,7 @@ pub(crate) fn wlog_entries<S: KvStore>(
     problems: &mut Problems,
     progress: &mut dyn FnMut(Progress),
 ) -> HashSet<u64> {
-    let blocks: Vec<(u64, u64)> = match src.list {
-        Some(list) => list.wlog.clone(),
-        None => {
-            let mut wss: Vec<u64> = state.workspaces.keys().copied().collect();
-            wss.sort_unstable();
-            wss.iter()
-                .flat_map(|&ws| {
-                    let last = state.workspaces.get(&ws).map_or(0, |w| w.seqs[0].last);
-                    (0..=keys::log_block_of(last) + 1).map(move |b| (ws, b))
-                })
-                .collect()
-        }
-    };
+    let blocks = wlog_blocks(src, state);
     let total = blocks.len() as u64;
     for (done, (ws, block)) in blocks.into_iter().enumerate() {
         let retired = mark_of(&state.retired_of(ws), 0);
@@ -126,6 +114,22 @@ pub(crate) fn wlog_entries<S: KvStore>(
         .iter()
         .filter(|(_, w)| w.wlog_digest != 0)
         .map(|(&ws, _)| ws)
+        .collect()
+}
+
+/// The WLog blocks to read, as (workspace, block): every listed one, or those up to (and one
+/// past) each workspace's last WLog offset.
+fn wlog_blocks<S: KvStore>(src: &Source<'_, S>, state: &State) -> Vec<(u64, u64)> {
+    if let Some(list) = src.list {
+        return list.wlog.clone();
+    }
+    let mut wss: Vec<u64> = state.workspaces.keys().copied().collect();
+    wss.sort_unstable();
+    wss.iter()
+        .flat_map(|&ws| {
+            let last = state.workspaces.get(&ws).map_or(0, |w| w.seqs[0].last);
+            (0..=keys::log_block_of(last) + 1).map(move |b| (ws, b))
+        })
         .collect()
 }
 
