@@ -1,7 +1,7 @@
 //! Event store benchmarks: actualization straight from the embedded stores (the PLog scan
 //! alone, and the sequencer's whole actualization on top of it) with the events of one
-//! workspace and of 100 000 workspaces; durable event appends with group commit; and the
-//! decoding that replay relies on.
+//! workspace and of 100 000 workspaces; durable event appends with group commit; the
+//! decoding that replay relies on; and reading a page of a workspace's WLog.
 //!
 //! Run: `cargo bench -p monoseq-store --bench event_store`. `MONOSEQ_BENCH_EVENTS` sets the
 //! number of events in the PLog (default 1 000 000); filters that start with a group's name
@@ -95,10 +95,12 @@ fn selected(group: &str) -> bool {
             filters.push(a);
         }
     }
+    // A filter is a regular expression: `a|b` selects the groups either alternative does.
     filters.is_empty()
         || filters
             .iter()
-            .any(|f| f.starts_with(group) || group.starts_with(f.as_str()))
+            .flat_map(|f| f.split('|'))
+            .any(|f| f.starts_with(group) || group.starts_with(f))
 }
 
 fn actualize(c: &mut Criterion) {
@@ -276,5 +278,45 @@ fn read_numbers(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, read_numbers, actualize, append);
+/// Reading a page of 1 000 events of a workspace's WLog among 100 workspaces whose events
+/// interleave in the PLog, with the WLog entries as written (references to the PLog events,
+/// resolved by one read of the PLog) and rewritten as the copies written before references.
+fn read_wlog(c: &mut Criterion) {
+    if !selected("read_wlog") {
+        return;
+    }
+    const WORKSPACES: u64 = 100;
+    const PAGE: usize = 1000;
+    let mut g = c.benchmark_group("read_wlog");
+    g.throughput(Throughput::Elements(PAGE as u64));
+    for entries in ["references", "copies"] {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = Engine::Fjall.open(dir.path(), Durability::Manual);
+        let store = EventStore::new(Arc::clone(&kv), APP, TrustLevel::Level2);
+        populate(&store, WORKSPACES * PAGE as u64, WORKSPACES);
+        if entries == "copies" {
+            for plog in 1..=WORKSPACES * PAGE as u64 {
+                let key = store.plog_key(PARTITION, PLogOffset(plog));
+                let bytes = kv.get(key.as_key()).unwrap().unwrap();
+                let e = Event::decode(&bytes).unwrap();
+                kv.put(store.wlog_key(e.ws, e.wlog_offset).as_key(), &bytes)
+                    .unwrap();
+            }
+        }
+        kv.sync().unwrap();
+        let mut ws = 0u64;
+        g.bench_function(entries, |b| {
+            b.iter(|| {
+                ws = ws % WORKSPACES + 1;
+                let events = store
+                    .read_wlog(WsId(ws), monoseq_store::WLogOffset(1), PAGE)
+                    .unwrap();
+                assert_eq!(events.len(), PAGE);
+            });
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decode, read_numbers, read_wlog, actualize, append);
 criterion_main!(benches);

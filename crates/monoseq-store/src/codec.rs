@@ -1,5 +1,6 @@
 //! The versioned binary event encoding (layout in `docs/format.md`): encoding, full decoding,
-//! and the allocation-free scan that replay uses to read an event's sequence numbers.
+//! the allocation-free scan that replay uses to read an event's sequence numbers, and the WLog
+//! entry that names an event's place in the PLog.
 //!
 //! Decoding never trusts its input: every length is checked against the bytes left, nesting
 //! is bounded by [`ARG_DEPTH_MAX`], and a CRC-32 over the body rejects damaged bytes, so
@@ -755,7 +756,8 @@ impl WLogRef {
                 at,
             })?;
         let plog_offset = PLogOffset(r.varint("PLog offset")?);
-        let Some(crc) = r.buf.get(r.pos..r.pos + 4).and_then(event_crc_at) else {
+        let crc = r.buf.get(r.pos..r.pos + 4).and_then(|b| b.try_into().ok());
+        let Some(crc) = crc.map(u32::from_le_bytes) else {
             return Err(DecodeError::Truncated {
                 what: "event checksum",
                 at: r.pos,
@@ -771,13 +773,9 @@ impl WLogRef {
     }
 }
 
-fn event_crc_at(bytes: &[u8]) -> Option<u32> {
-    Some(u32::from_le_bytes(bytes.try_into().ok()?))
-}
-
 impl WLogTarget {
     /// Reads what a stored WLog entry (a reference or a copy of the event) says about its
-    /// event; a copy's checksum is checked, and only its place is read.
+    /// event; a copy is checked as [`decode_numbers`] checks an event.
     ///
     /// # Errors
     ///
@@ -791,8 +789,7 @@ impl WLogTarget {
                 event_crc: r.event_crc,
             });
         }
-        let mut r = Reader::open(bytes)?;
-        let (head, _) = r.head()?;
+        let head = decode_numbers(bytes, &mut Vec::new())?;
         Ok(WLogTarget {
             partition: None,
             plog_offset: head.plog_offset,

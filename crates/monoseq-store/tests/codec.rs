@@ -1,11 +1,12 @@
 //! Event encoding properties: every event round-trips, the allocation-free number scan agrees
-//! with full decoding, and random, mutated or truncated bytes give an error, never a panic.
+//! with full decoding, and random, mutated or truncated bytes give an error, never a panic; the
+//! same for WLog references.
 
 use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
 use monoseq_store::{
     ARG_DEPTH_MAX, ArgObject, CRECORD_ID_SEQUENCE, DecodeError, EncodeError, Event, Field,
     Idempotency, OWRECORD_ID_SEQUENCE, Record, RecordId, RecordKind, WLOG_OFFSET_SEQUENCE,
-    WLogOffset, decode_numbers,
+    WLogOffset, WLogRef, WLogTarget, decode_numbers,
 };
 use proptest::prelude::*;
 
@@ -167,6 +168,70 @@ proptest! {
         let cut = &bytes[..at.index(bytes.len())];
         prop_assert!(Event::decode(cut).is_err());
         prop_assert!(decode_numbers(cut, &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn every_wlog_reference_round_trips_and_a_mutated_or_cut_one_is_rejected(
+        partition in any::<u32>(),
+        plog in any::<u64>(),
+        event_crc in any::<u32>(),
+        at in any::<prop::sample::Index>(),
+        xor in 1u8..=255,
+    ) {
+        let r = WLogRef {
+            partition: monoseq_store::PartitionId(partition),
+            plog_offset: PLogOffset(plog),
+            event_crc,
+        };
+        let mut bytes = Vec::new();
+        r.encode_into(&mut bytes);
+        prop_assert!((11..=24).contains(&bytes.len()), "{} bytes", bytes.len());
+        prop_assert_eq!(WLogRef::decode(&bytes).unwrap(), r);
+        let target = WLogTarget::decode(&bytes).unwrap();
+        prop_assert_eq!(
+            (target.partition, target.plog_offset, target.event_crc),
+            (Some(r.partition), r.plog_offset, event_crc)
+        );
+        // An event decoder meeting a reference names its version, never misreads it.
+        prop_assert_eq!(Event::decode(&bytes).unwrap_err(), DecodeError::UnsupportedVersion(3));
+        let i = at.index(bytes.len());
+        prop_assert!(WLogRef::decode(&bytes[..i]).is_err());
+        prop_assert!(WLogTarget::decode(&bytes[..i]).is_err());
+        bytes[i] ^= xor;
+        prop_assert!(WLogRef::decode(&bytes).is_err());
+        prop_assert!(WLogTarget::decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn a_wlog_reference_whose_version_byte_says_event_is_no_wlog_entry(
+        partition in 0u32..128,
+        plog in 0u64..128,
+        event_crc in any::<u32>(),
+        version in 1u8..=2,
+    ) {
+        // The body of a small reference parses as an event's head: only the whole event's
+        // structure tells the two apart.
+        let r = WLogRef {
+            partition: monoseq_store::PartitionId(partition),
+            plog_offset: PLogOffset(plog),
+            event_crc: event_crc & 0x7f7f_7f7f,
+        };
+        let mut bytes = Vec::new();
+        r.encode_into(&mut bytes);
+        bytes[0] = version;
+        prop_assert!(WLogTarget::decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn random_bytes_are_no_wlog_entry_without_a_valid_checksum(
+        bytes in proptest::collection::vec(any::<u8>(), 0..64)
+    ) {
+        // Never a panic; a reference or a copy only with a checksum that holds.
+        if let Ok(t) = WLogTarget::decode(&bytes) {
+            let crc = u32::from_le_bytes(bytes[1..5].try_into().unwrap());
+            prop_assert_eq!(crc, crc32fast::hash(&bytes[5..]));
+            prop_assert!(t.partition.is_some() || Event::decode(&bytes).is_ok());
+        }
     }
 
     #[test]
