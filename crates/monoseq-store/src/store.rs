@@ -199,6 +199,13 @@ pub enum ReadError {
     Storage(#[from] KvError),
 }
 
+/// A stored WLog entry: a copy of its event (written before WLog references; boxed, as they are
+/// the rare case) or where the event is in the PLog.
+enum WLogEntry {
+    Copy(Box<Event>),
+    Ref(WLogRef),
+}
+
 /// Most events one [`EventStore::read_wlog`] call returns.
 pub const WLOG_READ_EVENTS_MAX: usize = 65_536;
 
@@ -611,7 +618,7 @@ impl<S: KvStore> EventStore<S> {
         }
         // Entries in offset order: a copy of the event (written before WLog references) or
         // where the event is; the references are resolved in one read of the PLog below.
-        let mut entries: Vec<(WLogOffset, Result<Event, WLogRef>)> = Vec::new();
+        let mut entries: Vec<(WLogOffset, WLogEntry)> = Vec::new();
         let mut failure: Option<ReadError> = None;
         self.scan_log(
             from.0,
@@ -620,12 +627,12 @@ impl<S: KvStore> EventStore<S> {
                 let offset = WLogOffset(offset);
                 let slot = Slot::WLog { ws, offset };
                 let entry = if value.first() == Some(&FORMAT_VERSION_WLOG_REF) {
-                    WLogRef::decode(value).map(Err)
+                    WLogRef::decode(value).map(WLogEntry::Ref)
                 } else {
-                    Event::decode(value).map(Ok)
+                    Event::decode(value).map(|e| WLogEntry::Copy(Box::new(e)))
                 };
                 match entry {
-                    Ok(Ok(e)) if e.wlog_offset != offset || e.ws != ws => {
+                    Ok(WLogEntry::Copy(e)) if e.wlog_offset != offset || e.ws != ws => {
                         failure = Some(ReadError::Misplaced {
                             slot,
                             found: e.wlog_offset.0,
@@ -656,23 +663,25 @@ impl<S: KvStore> EventStore<S> {
     fn resolve_wlog(
         &self,
         ws: WsId,
-        entries: Vec<(WLogOffset, Result<Event, WLogRef>)>,
+        entries: Vec<(WLogOffset, WLogEntry)>,
     ) -> Result<Vec<Event>, ReadError> {
         let keys: Vec<_> = entries
             .iter()
-            .filter_map(|(_, entry)| entry.as_ref().err())
-            .map(|r| plog_key(self.app, r.partition, r.plog_offset))
+            .filter_map(|(_, entry)| match entry {
+                WLogEntry::Ref(r) => Some(plog_key(self.app, r.partition, r.plog_offset)),
+                WLogEntry::Copy(_) => None,
+            })
             .collect();
         let key_refs: Vec<_> = keys.iter().map(keys::BlockKey::as_key).collect();
         let mut stored = self.kv.get_many(&key_refs)?.into_iter();
         let mut events = Vec::with_capacity(entries.len());
         for (offset, entry) in entries {
             let r = match entry {
-                Ok(event) => {
-                    events.push(event);
+                WLogEntry::Copy(event) => {
+                    events.push(*event);
                     continue;
                 }
-                Err(r) => r,
+                WLogEntry::Ref(r) => r,
             };
             let slot = Slot::WLog { ws, offset };
             let target = Slot::PLog {
