@@ -87,7 +87,8 @@ pub(crate) fn wlog_entries<S: KvStore>(
                 // A damaged entry subtracts nothing: the digest stays off and the workspace is
                 // checked entry by entry.
                 if let Ok(t) = WLogTarget::decode(value) {
-                    let hash = entry_hash(offset, t.plog_offset.0, t.event_crc);
+                    let partition = t.partition.map_or(w.partition, |p| p.0);
+                    let hash = entry_hash(offset, partition, t.plog_offset.0, t.event_crc);
                     w.wlog_digest = w.wlog_digest.wrapping_sub(hash);
                 }
                 return;

@@ -253,7 +253,7 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
             let crc = event_crc(value).unwrap_or_default();
             w.wlog_digest =
                 w.wlog_digest
-                    .wrapping_add(entry_hash(event.wlog_offset.0, offset, crc));
+                    .wrapping_add(entry_hash(event.wlog_offset.0, partition, offset, crc));
         }
     }
 

@@ -93,14 +93,15 @@ impl WsState {
     }
 }
 
-/// The hash of a WLog entry at WLog offset `wlog` naming the event at PLog offset `plog` whose
-/// header holds checksum `crc`, for [`WsState::wlog_digest`]. A WLog entry is a reference to its
-/// event or (written before references) a copy of it; both say which event they name, and the
-/// checksum names its exact bytes.
-pub(crate) fn entry_hash(wlog: u64, plog: u64, crc: u32) -> u64 {
+/// The hash of a WLog entry at WLog offset `wlog` naming the event at PLog offset `plog` of
+/// `partition` whose header holds checksum `crc`, for [`WsState::wlog_digest`]. A WLog entry is
+/// a reference to its event or (written before references) a copy of it; both say which event
+/// they name (a copy's partition is its workspace's), and the checksum names its exact bytes.
+pub(crate) fn entry_hash(wlog: u64, partition: u32, plog: u64, crc: u32) -> u64 {
     use std::hash::Hasher;
     let mut h = std::hash::DefaultHasher::new();
     h.write_u64(wlog);
+    h.write_u32(partition);
     h.write_u64(plog);
     h.write_u32(crc);
     h.finish()

@@ -466,6 +466,19 @@ fn a_reference_to_the_right_place_with_another_checksum_differs_from_its_event()
 }
 
 #[test]
+fn a_well_formed_reference_to_the_same_offset_of_another_partition_differs_from_its_event() {
+    let f = Fixture::good();
+    let mut r = f.wlog_ref(4, 2);
+    assert_eq!(r.partition, PartitionId(0));
+    r.partition = PartitionId(1);
+    let mut entry = Vec::new();
+    r.encode_into(&mut entry);
+    f.put(f.wlog_key(4, 2), &entry);
+    let detail = differs_at_4_2(&f.verify_both(None));
+    assert!(detail.contains("of partition 1"), "{detail}");
+}
+
+#[test]
 fn wlog_entries_holding_copies_of_their_events_as_written_before_references_verify_clean() {
     let f = Fixture::good();
     for ws in [2, 3, 4] {
