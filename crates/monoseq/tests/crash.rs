@@ -1,7 +1,8 @@
 //! Crash test: the server runs as a child process under concurrent load and is killed with
 //! SIGKILL at random moments, many times, restarting each time. Afterwards `verify` passes,
-//! every PLog offset is contiguous, every acknowledged event is stored as acknowledged, and no
-//! offset or record ID acknowledged to a client was ever handed out twice.
+//! every PLog offset is contiguous, every acknowledged event is stored as acknowledged and is in
+//! its workspace's WLog, and no offset or record ID acknowledged to a client was ever handed out
+//! twice.
 
 mod common;
 
@@ -27,6 +28,54 @@ struct Ack {
     plog: u64,
     wlog: u64,
     ids: Vec<u64>,
+}
+
+/// Every acknowledged event is in its workspace's WLog at its WLog offset, read back through
+/// the WLog (whose entries name the PLog events), and each workspace's WLog has no gap.
+async fn assert_wlogs_name_the_acknowledged_events(
+    probe: &reqwest::Client,
+    url: &str,
+    acks: &[Ack],
+) {
+    let mut by_ws: HashMap<u64, Vec<&Ack>> = HashMap::new();
+    for a in acks {
+        by_ws.entry(a.ws).or_default().push(a);
+    }
+    for (ws, acked) in by_ws {
+        let mut events: Vec<Value> = Vec::new();
+        loop {
+            let from = events.len() + 1;
+            let r = probe
+                .get(format!(
+                    "{url}/v1/workspaces/{ws}/wlog?from={from}&limit=1000"
+                ))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            let page: Value = r.json().await.unwrap();
+            assert_eq!(status, 200, "workspace {ws}'s WLog from {from}: {page}");
+            let page = page["events"].as_array().expect("a WLog page").clone();
+            let last = page.len() < 1000;
+            events.extend(page);
+            if last {
+                break;
+            }
+        }
+        for (i, e) in events.iter().enumerate() {
+            assert_eq!(e["wlog_offset"], i as u64 + 1, "workspace {ws}'s WLog: {e}");
+        }
+        for a in acked {
+            let e = usize::try_from(a.wlog - 1).ok().and_then(|i| events.get(i));
+            let e = e.unwrap_or_else(|| panic!("{a:?} is missing from its WLog"));
+            assert_eq!(
+                (&e["plog_offset"], &e["ws"]),
+                (&json!(a.plog), &json!(a.ws)),
+                "{a:?}: {e}"
+            );
+            assert_eq!(e["created"][0]["id"], a.ids[0], "{a:?}: {e}");
+        }
+    }
 }
 
 fn command(ws: u64, n: u64) -> Value {
@@ -161,6 +210,7 @@ async fn crash_rounds(backend: Backend) {
         let end = ends.entry(a.partition).or_default();
         *end = (*end).max(a.plog);
     }
+    assert_wlogs_name_the_acknowledged_events(&probe, &server.url, &acks).await;
     for (p, end) in ends {
         for offset in 1..=end {
             let r = probe
