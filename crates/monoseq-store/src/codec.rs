@@ -773,6 +773,31 @@ impl WLogRef {
     }
 }
 
+/// A stored WLog entry: where its event is in the PLog, or (written before WLog references, so
+/// the rare case, boxed) a copy of the event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WLogEntry {
+    /// Where the event is.
+    Ref(WLogRef),
+    /// The event itself.
+    Copy(Box<Event>),
+}
+
+impl WLogEntry {
+    /// Decodes a stored WLog entry of either form, told apart by its version byte.
+    ///
+    /// # Errors
+    ///
+    /// [`DecodeError`] when the bytes are neither an undamaged reference nor an undamaged event.
+    pub fn decode(bytes: &[u8]) -> Result<WLogEntry, DecodeError> {
+        if bytes.first() == Some(&FORMAT_VERSION_WLOG_REF) {
+            WLogRef::decode(bytes).map(WLogEntry::Ref)
+        } else {
+            Event::decode(bytes).map(|e| WLogEntry::Copy(Box::new(e)))
+        }
+    }
+}
+
 impl WLogTarget {
     /// Reads what a stored WLog entry (a reference or a copy of the event) says about its
     /// event; a copy is checked as [`decode_numbers`] checks an event.

@@ -28,7 +28,8 @@ pub use builtin::{
 };
 pub use codec::{
     ARG_DEPTH_MAX, DecodeError, EVENT_BYTES_MAX, EncodeError, EventHead, FORMAT_VERSION,
-    FORMAT_VERSION_KEYED, FORMAT_VERSION_WLOG_REF, WLogRef, WLogTarget, decode_numbers, event_crc,
+    FORMAT_VERSION_KEYED, FORMAT_VERSION_WLOG_REF, WLogEntry, WLogRef, WLogTarget, decode_numbers,
+    event_crc,
 };
 pub use datadir::{
     DataDir, DataDirError, Loss, OpenPolicy, OpenReport, open_data_dir, open_database,

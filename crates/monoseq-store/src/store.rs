@@ -9,8 +9,8 @@ use monoseq_core::{PLogOffset, WsId};
 use monoseq_kv::{KeyBuf, KvError, KvStore, Op, Order, Oversized, WriteBatch, WriteError};
 
 use crate::codec::{
-    DecodeError, EncodeError, FORMAT_VERSION_WLOG_REF, WLogRef, decode_record_value,
-    encode_record_value, event_crc, record_value_len,
+    DecodeError, EncodeError, WLogEntry, WLogRef, decode_record_value, encode_record_value,
+    event_crc, record_value_len,
 };
 use crate::event::{Event, Field, Record, RecordId, WLogOffset};
 use crate::keys::{
@@ -197,13 +197,6 @@ pub enum ReadError {
     /// A storage fault; retry.
     #[error("the event store's storage failed")]
     Storage(#[from] KvError),
-}
-
-/// A stored WLog entry: a copy of its event (written before WLog references; boxed, as they are
-/// the rare case) or where the event is in the PLog.
-enum WLogEntry {
-    Copy(Box<Event>),
-    Ref(WLogRef),
 }
 
 /// Most events one [`EventStore::read_wlog`] call returns.
@@ -626,12 +619,7 @@ impl<S: KvStore> EventStore<S> {
             &mut |offset, value| {
                 let offset = WLogOffset(offset);
                 let slot = Slot::WLog { ws, offset };
-                let entry = if value.first() == Some(&FORMAT_VERSION_WLOG_REF) {
-                    WLogRef::decode(value).map(WLogEntry::Ref)
-                } else {
-                    Event::decode(value).map(|e| WLogEntry::Copy(Box::new(e)))
-                };
-                match entry {
+                match WLogEntry::decode(value) {
                     Ok(WLogEntry::Copy(e)) if e.wlog_offset != offset || e.ws != ws => {
                         failure = Some(ReadError::Misplaced {
                             slot,

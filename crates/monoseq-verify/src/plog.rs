@@ -13,7 +13,7 @@ use std::ops::{Bound, ControlFlow};
 
 use monoseq_kv::{Key, KvStore, Order};
 use monoseq_store::{
-    AppId, Event, FORMAT_VERSION_WLOG_REF, LOG_BLOCK_EVENTS, Mark, WLogRef, event_crc,
+    AppId, Event, FORMAT_VERSION_WLOG_REF, LOG_BLOCK_EVENTS, Mark, WLogEntry, WLogRef, event_crc,
 };
 
 use crate::keys;
@@ -450,17 +450,12 @@ fn names_event(entry: &[u8], partition: u32, offset: u64, plog: &[u8]) -> bool {
 
 /// What a log entry that is not the expected event holds, for messages.
 pub(crate) fn describe_entry(bytes: &[u8]) -> String {
-    if bytes.first() == Some(&FORMAT_VERSION_WLOG_REF) {
-        return match WLogRef::decode(bytes) {
-            Ok(r) => format!(
-                "it refers to PLog offset {} of partition {}",
-                r.plog_offset, r.partition
-            ),
-            Err(e) => format!("it does not decode: {e}"),
-        };
-    }
-    match Event::decode(bytes) {
-        Ok(e) => format!(
+    match WLogEntry::decode(bytes) {
+        Ok(WLogEntry::Ref(r)) => format!(
+            "it refers to PLog offset {} of partition {}",
+            r.plog_offset, r.partition
+        ),
+        Ok(WLogEntry::Copy(e)) => format!(
             "it holds the event of PLog offset {} of workspace {} at WLog offset {}",
             e.plog_offset, e.ws, e.wlog_offset
         ),

@@ -254,6 +254,13 @@ impl Fixture {
         WLogRef::decode(&entry.expect("a WLog entry")).expect("a reference")
     }
 
+    /// Stores reference `r` as the WLog entry at `offset` of `ws`.
+    fn put_wlog_ref(&self, ws: u64, offset: u64, r: &WLogRef) {
+        let mut entry = Vec::new();
+        r.encode_into(&mut entry);
+        self.put(self.wlog_key(ws, offset), &entry);
+    }
+
     /// The bytes of the event the WLog entry at `offset` of `ws` names.
     fn wlog_event_bytes(&self, ws: u64, offset: u64) -> Vec<u8> {
         let r = self.wlog_ref(ws, offset);
@@ -459,9 +466,7 @@ fn a_reference_to_the_right_place_with_another_checksum_differs_from_its_event()
     let f = Fixture::good();
     let mut r = f.wlog_ref(4, 2);
     r.event_crc ^= 1;
-    let mut entry = Vec::new();
-    r.encode_into(&mut entry);
-    f.put(f.wlog_key(4, 2), &entry);
+    f.put_wlog_ref(4, 2, &r);
     differs_at_4_2(&f.verify_both(None));
 }
 
@@ -471,9 +476,7 @@ fn a_well_formed_reference_to_the_same_offset_of_another_partition_differs_from_
     let mut r = f.wlog_ref(4, 2);
     assert_eq!(r.partition, PartitionId(0));
     r.partition = PartitionId(1);
-    let mut entry = Vec::new();
-    r.encode_into(&mut entry);
-    f.put(f.wlog_key(4, 2), &entry);
+    f.put_wlog_ref(4, 2, &r);
     let detail = differs_at_4_2(&f.verify_both(None));
     assert!(detail.contains("of partition 1"), "{detail}");
 }
