@@ -17,8 +17,8 @@ use monoseq_core::{
 };
 use monoseq_kv::{KvError, KvStore};
 use monoseq_store::{
-    AppendError, CRECORD_ID_SEQUENCE, Event, EventStore, Idempotency, Mark, Marks, MarksError,
-    OWRECORD_ID_SEQUENCE, PLogSeqStorage, PartitionId, ReadError, RecordId, RecordKind,
+    AppendError, CRECORD_ID_SEQUENCE, Event, EventStore, GroupBegun, Idempotency, Mark, Marks,
+    MarksError, OWRECORD_ID_SEQUENCE, PLogSeqStorage, PartitionId, ReadError, RecordId, RecordKind,
     WLOG_OFFSET_SEQUENCE, WLogOffset,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -869,6 +869,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// that failed because of one of them, to retry.
     pub(crate) fn run_group(&mut self, jobs: Vec<Job>) -> Vec<Job> {
         let began = Instant::now();
+        // Announced before sequencing: a marks cycle starting meanwhile waits for this group.
+        let marks = self.marks.clone();
+        let begun = marks.as_deref().map(Marks::begin_group);
         let oldest = jobs.iter().map(|j| j.queued_at).min().unwrap_or(began);
         let commands = jobs.len();
         let now_ms = SystemTime::now()
@@ -896,7 +899,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         let first = accepted[0].outcome.plog_offset;
         let mark = group_mark(replayed, &events);
         let writing = Instant::now();
-        match self.write(&events, mark) {
+        match self.write(&events, mark, begun) {
             Ok(()) => {
                 let write = writing.elapsed();
                 self.written_group(mark, accepted, followers, replays);
@@ -1065,9 +1068,18 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// Makes a group durable before anyone is told: appends it, syncs the store, then raises
     /// the partition's high-water mark (the marks' cycle runs the store's sync first, so a
     /// mark never reaches the disk before the events it covers).
-    fn write(&self, events: &[Event], mark: Mark) -> Result<(), AppendError> {
+    fn write(
+        &self,
+        events: &[Event],
+        mark: Mark,
+        begun: Option<GroupBegun<'_>>,
+    ) -> Result<(), AppendError> {
         self.store.append(self.partition, events)?;
-        self.raise_synced(mark).map_err(|e| match e {
+        let raised = match begun {
+            Some(group) => group.raise_after(self.partition.0, &mark, || self.store.sync()),
+            None => self.raise_synced(mark),
+        };
+        raised.map_err(|e| match e {
             MarksError::Store(e) => AppendError::Storage(e),
             e => AppendError::Storage(KvError::backend("raising the high-water mark failed", e)),
         })

@@ -38,7 +38,7 @@ pub use datadir::{
 pub use event::{ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset};
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError};
 pub use keys::{AppId, KEY_LAYOUT, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
-pub use marks::{MARKS_FILE, Mark, Marks, MarksError};
+pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError};
 pub use seqstore::PLogSeqStorage;
 pub use store::{
     AppendError, EventStore, InvalidTrustLevel, ReadError, TrustLevel, WLOG_READ_EVENTS_MAX,

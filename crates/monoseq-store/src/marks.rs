@@ -14,13 +14,19 @@
 //! makes the store durable with its `sync_store`, then writes every raise waiting for the cycle
 //! and syncs the file once. So a mark reaches the disk only after the events it covers, and a
 //! power loss can leave a mark below the store's end, never above it.
+//!
+//! A partition announces each group it starts writing ([`Marks::begin_group`]); a leader first
+//! waits, at most [`GATHER_MAX`], for the groups announced before it to raise too, so that one
+//! cycle covers the groups of several partitions instead of each paying its own pair of syncs.
+//! With no other group under way it waits for nothing.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use monoseq_kv::KvError;
 
@@ -118,6 +124,9 @@ pub enum MarksError {
 /// Failed cycles kept for the waiters that have not read their outcome yet.
 const FAILURES_KEPT: usize = 64;
 
+/// The longest a cycle's leader waits for the groups announced before it to raise too.
+pub const GATHER_MAX: Duration = Duration::from_micros(500);
+
 /// The raise cycles: tickets handed out, tickets done, and the raises waiting for a cycle.
 #[derive(Debug, Default)]
 struct Cycles {
@@ -131,6 +140,58 @@ struct Cycles {
     waiting: Vec<(u32, Mark)>,
     /// The latest failed cycles: their first and last tickets and the error.
     failed: VecDeque<(u64, u64, String)>,
+    /// Groups announced so far ([`Marks::begin_group`]).
+    begun: u64,
+    /// Announced groups that raised since, or ended without raising.
+    settled: u64,
+    /// A leader is waiting for announced groups (so a settling one wakes it).
+    gathering: bool,
+}
+
+impl Cycles {
+    /// Counts an announced group as settled; true when a gathering leader must be woken.
+    fn settle(&mut self) -> bool {
+        self.settled += 1;
+        self.gathering
+    }
+}
+
+/// A group a partition has started to write, announced so that a cycle starting meanwhile
+/// waits for its raise ([`GroupBegun::raise_after`]). Dropped without raising, it stops
+/// being waited for.
+#[derive(Debug)]
+#[must_use = "a group is waited for until it raises or is dropped"]
+pub struct GroupBegun<'a> {
+    marks: &'a Marks,
+    settled: bool,
+}
+
+impl GroupBegun<'_> {
+    /// [`Marks::raise_after`] for the group announced.
+    ///
+    /// # Errors
+    ///
+    /// As [`Marks::raise_after`].
+    pub fn raise_after(
+        mut self,
+        partition: u32,
+        mark: &Mark,
+        sync_store: impl FnOnce() -> Result<(), KvError>,
+    ) -> Result<(), MarksError> {
+        self.settled = true;
+        self.marks.raise_cycle(partition, mark, sync_store, true)
+    }
+}
+
+impl Drop for GroupBegun<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            let wake = self.marks.cycles().settle();
+            if wake {
+                self.marks.group_settled.notify_all();
+            }
+        }
+    }
 }
 
 /// A cycle's end, run when its leader is done or unwinds (then the cycle failed).
@@ -164,6 +225,11 @@ pub struct Marks {
     cycles: Mutex<Cycles>,
     /// Signalled when a cycle ends.
     cycle_ended: Condvar,
+    /// Signalled when an announced group raises or ends without raising.
+    group_settled: Condvar,
+    /// The longest a leader waits for announced groups, in microseconds ([`GATHER_MAX`]
+    /// unless set).
+    gather_us: AtomicU64,
 }
 
 impl Marks {
@@ -249,6 +315,8 @@ impl Marks {
             unsynced: AtomicBool::new(false),
             cycles: Mutex::new(Cycles::default()),
             cycle_ended: Condvar::new(),
+            group_settled: Condvar::new(),
+            gather_us: AtomicU64::new(GATHER_MAX.as_micros() as u64),
         }))
     }
 
@@ -353,8 +421,42 @@ impl Marks {
         mark: &Mark,
         sync_store: impl FnOnce() -> Result<(), KvError>,
     ) -> Result<(), MarksError> {
+        self.raise_cycle(partition, mark, sync_store, false)
+    }
+
+    /// Announces a group that will raise soon (through the answer's
+    /// [`GroupBegun::raise_after`]): a cycle that starts before it raises waits for it, at
+    /// most the gather bound ([`GATHER_MAX`]), so that both share one store sync and one
+    /// `fdatasync`.
+    pub fn begin_group(&self) -> GroupBegun<'_> {
+        self.cycles().begun += 1;
+        GroupBegun {
+            marks: self,
+            settled: false,
+        }
+    }
+
+    /// Sets the gather bound: the longest a cycle's leader waits for the groups announced
+    /// before it (zero: it waits for none).
+    /// At most a minute.
+    pub fn set_gather(&self, gather: Duration) {
+        let us = u64::try_from(gather.min(Duration::from_secs(60)).as_micros()).unwrap_or(0);
+        self.gather_us.store(us, Ordering::Relaxed);
+    }
+
+    /// [`Marks::raise_after`], settling an announced group first when `settles`.
+    fn raise_cycle(
+        &self,
+        partition: u32,
+        mark: &Mark,
+        sync_store: impl FnOnce() -> Result<(), KvError>,
+        settles: bool,
+    ) -> Result<(), MarksError> {
         let partitions = self.partitions();
         if partition >= partitions {
+            if settles && self.cycles().settle() {
+                self.group_settled.notify_all();
+            }
             return Err(MarksError::NoSuchPartition {
                 partition,
                 partitions,
@@ -364,6 +466,9 @@ impl Marks {
         cycles.requested += 1;
         let ticket = cycles.requested;
         cycles.waiting.push((partition, *mark));
+        if settles && cycles.settle() {
+            self.group_settled.notify_all();
+        }
         while cycles.leading && cycles.done < ticket {
             cycles = self
                 .cycle_ended
@@ -382,8 +487,27 @@ impl Marks {
                 }),
             };
         }
-        // This caller leads the cycle of every raise waiting now, its own included.
+        // This caller leads the cycle of every raise waiting now, its own included, after the
+        // groups announced before now raised too (or the gather bound passed).
         cycles.leading = true;
+        let announced = cycles.begun;
+        if cycles.settled < announced {
+            let gather = Duration::from_micros(self.gather_us.load(Ordering::Relaxed));
+            let deadline = Instant::now() + gather;
+            cycles.gathering = true;
+            while cycles.settled < announced {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                cycles = self
+                    .group_settled
+                    .wait_timeout(cycles, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            cycles.gathering = false;
+        }
         let first = cycles.done + 1;
         let last = cycles.requested;
         let batch = std::mem::take(&mut cycles.waiting);
@@ -642,6 +766,125 @@ mod tests {
         );
         let on_disk = Marks::read_file(&Marks::path(dir.path()), 8).expect("read");
         assert_eq!(on_disk, (1..=8).map(mark).collect::<Vec<_>>());
+    }
+
+    /// Runs `raise` on another thread and waits at most ten seconds for its answer.
+    fn within_ten_seconds<T: Send + 'static>(raise: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(raise());
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("answered within ten seconds")
+    }
+
+    #[test]
+    fn a_cycle_waits_for_a_group_begun_before_it_so_both_share_one_store_sync() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::time::Duration;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        // A gather bound far longer than the test, so only the group's raise ends the wait.
+        let marks = Arc::new({
+            let marks = Marks::create(dir.path(), 2).expect("create");
+            marks.set_gather(Duration::from_secs(60));
+            marks
+        });
+        let syncs = Arc::new(AtomicU32::new(0));
+        let (begun_tx, begun_rx) = std::sync::mpsc::channel();
+        let (raise_tx, raise_rx) = std::sync::mpsc::channel::<()>();
+        let slow = {
+            let (marks, syncs) = (marks.clone(), syncs.clone());
+            std::thread::spawn(move || {
+                let group = marks.begin_group();
+                begun_tx.send(()).expect("send");
+                raise_rx.recv().expect("told to raise");
+                group.raise_after(1, &mark(9), || {
+                    syncs.fetch_add(1, Ordering::AcqRel);
+                    Ok(())
+                })
+            })
+        };
+        begun_rx.recv().expect("the slow group has begun");
+        let leader = {
+            let (marks, syncs) = (marks.clone(), syncs.clone());
+            std::thread::spawn(move || {
+                marks.begin_group().raise_after(0, &mark(4), || {
+                    syncs.fetch_add(1, Ordering::AcqRel);
+                    Ok(())
+                })
+            })
+        };
+        // The leader is waiting for the slow group; let the group raise.
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(syncs.load(Ordering::Acquire), 0, "the leader waits");
+        raise_tx.send(()).expect("send");
+        leader.join().expect("thread").expect("raised");
+        slow.join().expect("thread").expect("raised");
+        assert_eq!(
+            syncs.load(Ordering::Acquire),
+            1,
+            "one cycle, one store sync for both groups"
+        );
+        let on_disk = Marks::read_file(&Marks::path(dir.path()), 2).expect("read");
+        assert_eq!(on_disk, vec![mark(4), mark(9)]);
+    }
+
+    #[test]
+    fn a_group_dropped_without_raising_is_waited_for_no_longer() {
+        use std::time::Duration;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let marks = std::sync::Arc::new({
+            let marks = Marks::create(dir.path(), 2).expect("create");
+            marks.set_gather(Duration::from_secs(60));
+            marks
+        });
+        let abandoned = marks.begin_group();
+        let raising = marks.clone();
+        let leader =
+            std::thread::spawn(move || raising.begin_group().raise_after(0, &mark(2), || Ok(())));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !leader.is_finished(),
+            "the leader waits for the other group"
+        );
+        drop(abandoned);
+        let answered = within_ten_seconds(move || leader.join().expect("thread"));
+        answered.expect("raised once the other group was dropped");
+        assert_eq!(marks.get(0).expect("partition 0"), mark(2));
+    }
+
+    #[test]
+    fn a_lone_group_and_a_raise_without_a_group_wait_for_nobody() {
+        use std::time::Duration;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let marks = std::sync::Arc::new({
+            let marks = Marks::create(dir.path(), 2).expect("create");
+            marks.set_gather(Duration::from_secs(60));
+            marks
+        });
+        let lone = marks.clone();
+        within_ten_seconds(move || lone.begin_group().raise_after(0, &mark(3), || Ok(())))
+            .expect("raised");
+        let plain = marks.clone();
+        within_ten_seconds(move || plain.raise_after(1, &mark(5), || Ok(()))).expect("raised");
+        assert_eq!(marks.all(), vec![mark(3), mark(5)]);
+    }
+
+    #[test]
+    fn a_cycle_waits_at_most_its_gather_bound_for_a_group_that_never_raises() {
+        use std::time::Duration;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let marks = std::sync::Arc::new({
+            let marks = Marks::create(dir.path(), 2).expect("create");
+            marks.set_gather(Duration::from_millis(50));
+            marks
+        });
+        let _stuck = marks.begin_group();
+        let raising = marks.clone();
+        within_ten_seconds(move || raising.begin_group().raise_after(1, &mark(6), || Ok(())))
+            .expect("raised after the bound");
+        assert_eq!(marks.get(1).expect("partition 1"), mark(6));
     }
 
     #[test]

@@ -152,6 +152,7 @@ async fn in_process(
     // argument id per command line.
     if !settings.no_marks {
         config.marks = opened.marks;
+        crate::config::set_marks_gather(config.marks.as_deref(), settings.marks_gather_us);
     }
     let cp = CommandProcessor::start(EventStore::new(opened.kv, APP, settings.trust), config)?;
     while !cp.ready() {

@@ -102,6 +102,10 @@ pub struct ProcessorArgs {
     /// so is not protected against an undetected loss of acknowledged events.
     #[arg(long, hide = true)]
     pub no_marks: bool,
+    /// Benchmarks only: the longest a marks cycle waits for the groups of other partitions
+    /// already under way, microseconds (0: it waits for none) [default: 500].
+    #[arg(long, hide = true)]
+    pub marks_gather_us: Option<u64>,
 }
 
 /// Settings of `serve` alone: where to listen, whether to serve a store with a loss, and the
@@ -203,6 +207,8 @@ pub struct Settings {
     pub accept_loss: bool,
     /// Keep no high-water marks (benchmarks only).
     pub no_marks: bool,
+    /// The marks cycle's gather bound, microseconds (`--marks-gather-us`, benchmarks only).
+    pub marks_gather_us: Option<u64>,
     /// The settings file's `[cluster]` table (resolved with the cluster flags by `serve`).
     pub cluster: crate::cluster::ClusterFile,
     /// The settings file's `[security]` table, resolved with the flags by
@@ -275,6 +281,7 @@ pub fn resolve(
             .unwrap_or(NAMED_CACHE_DEFAULT),
         accept_loss: listen.accept_loss,
         no_marks: processor.no_marks,
+        marks_gather_us: processor.marks_gather_us,
         cluster: file.cluster.unwrap_or_default(),
         security: file.security.unwrap_or_default(),
         edge_file: file.edge.unwrap_or_default(),
@@ -412,6 +419,17 @@ impl Settings {
             partition_threads_max: self.partition_threads_max,
             ..monoseq_cp::Config::default()
         }
+    }
+}
+
+/// Applies `--marks-gather-us` (benchmarks only) to the marks, if both are there.
+pub fn set_marks_gather(marks: Option<&monoseq_store::Marks>, gather_us: Option<u64>) {
+    if let (Some(marks), Some(us)) = (marks, gather_us) {
+        marks.set_gather(std::time::Duration::from_micros(us));
+        tracing::warn!(
+            gather_us = us,
+            "--marks-gather-us: the marks cycle's gather bound is set (benchmarks only)"
+        );
     }
 }
 

@@ -281,6 +281,7 @@ async fn start(
         );
     } else {
         config.marks = opened.marks.clone();
+        crate::config::set_marks_gather(config.marks.as_deref(), settings.marks_gather_us);
     }
     let cp = if opened.postgres.is_some() {
         // Partitions start as their leases are taken (`join_cluster`).
