@@ -438,9 +438,8 @@ impl Marks {
 
     /// Sets the gather bound: the longest a cycle's leader waits for the groups announced
     /// before it (zero: it waits for none).
-    /// At most a minute.
     pub fn set_gather(&self, gather: Duration) {
-        let us = u64::try_from(gather.min(Duration::from_secs(60)).as_micros()).unwrap_or(0);
+        let us = u64::try_from(gather.as_micros()).unwrap_or(u64::MAX);
         self.gather_us.store(us, Ordering::Relaxed);
     }
 
@@ -490,24 +489,7 @@ impl Marks {
         // This caller leads the cycle of every raise waiting now, its own included, after the
         // groups announced before now raised too (or the gather bound passed).
         cycles.leading = true;
-        let announced = cycles.begun;
-        if cycles.settled < announced {
-            let gather = Duration::from_micros(self.gather_us.load(Ordering::Relaxed));
-            let deadline = Instant::now() + gather;
-            cycles.gathering = true;
-            while cycles.settled < announced {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                cycles = self
-                    .group_settled
-                    .wait_timeout(cycles, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
-            cycles.gathering = false;
-        }
+        cycles = self.gather(cycles);
         let first = cycles.done + 1;
         let last = cycles.requested;
         let batch = std::mem::take(&mut cycles.waiting);
@@ -526,6 +508,34 @@ impl Marks {
         ending.failure = result.as_ref().err().map(|e| monoseq_kv::chain(e));
         drop(ending);
         result
+    }
+
+    /// A leader's wait for the groups announced before now to raise (or end without raising),
+    /// at most the gather bound.
+    fn gather<'a>(&'a self, mut cycles: MutexGuard<'a, Cycles>) -> MutexGuard<'a, Cycles> {
+        let announced = cycles.begun;
+        if cycles.settled >= announced {
+            return cycles;
+        }
+        let gather = Duration::from_micros(self.gather_us.load(Ordering::Relaxed));
+        // No deadline past what an `Instant` holds: then only the groups end the wait.
+        let deadline = Instant::now().checked_add(gather);
+        cycles.gathering = true;
+        while cycles.settled < announced {
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                break;
+            }
+            cycles = self
+                .group_settled
+                .wait_timeout(cycles, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        cycles.gathering = false;
+        cycles
     }
 
     /// Ends the cycle of tickets `first..=last`, failed with `failure` if any, and wakes every
