@@ -148,14 +148,6 @@ struct Cycles {
     gathering: bool,
 }
 
-impl Cycles {
-    /// Counts an announced group as settled; true when a gathering leader must be woken.
-    fn settle(&mut self) -> bool {
-        self.settled += 1;
-        self.gathering
-    }
-}
-
 /// A group a partition has started to write, announced so that a cycle starting meanwhile
 /// waits for its raise ([`GroupBegun::raise_after`]). Dropped without raising, it stops
 /// being waited for.
@@ -186,10 +178,7 @@ impl GroupBegun<'_> {
 impl Drop for GroupBegun<'_> {
     fn drop(&mut self) {
         if !self.settled {
-            let wake = self.marks.cycles().settle();
-            if wake {
-                self.marks.group_settled.notify_all();
-            }
+            self.marks.settle(&mut self.marks.cycles());
         }
     }
 }
@@ -453,8 +442,8 @@ impl Marks {
     ) -> Result<(), MarksError> {
         let partitions = self.partitions();
         if partition >= partitions {
-            if settles && self.cycles().settle() {
-                self.group_settled.notify_all();
+            if settles {
+                self.settle(&mut self.cycles());
             }
             return Err(MarksError::NoSuchPartition {
                 partition,
@@ -465,8 +454,8 @@ impl Marks {
         cycles.requested += 1;
         let ticket = cycles.requested;
         cycles.waiting.push((partition, *mark));
-        if settles && cycles.settle() {
-            self.group_settled.notify_all();
+        if settles {
+            self.settle(&mut cycles);
         }
         while cycles.leading && cycles.done < ticket {
             cycles = self
@@ -508,6 +497,14 @@ impl Marks {
         ending.failure = result.as_ref().err().map(|e| monoseq_kv::chain(e));
         drop(ending);
         result
+    }
+
+    /// Counts an announced group as settled, waking a leader waiting for groups.
+    fn settle(&self, cycles: &mut Cycles) {
+        cycles.settled += 1;
+        if cycles.gathering {
+            self.group_settled.notify_all();
+        }
     }
 
     /// A leader's wait for the groups announced before now to raise (or end without raising),
@@ -778,6 +775,13 @@ mod tests {
         assert_eq!(on_disk, (1..=8).map(mark).collect::<Vec<_>>());
     }
 
+    /// New marks of two partitions in `dir` whose cycles wait at most `bound` for groups.
+    fn gathering(dir: &Path, bound: std::time::Duration) -> std::sync::Arc<Marks> {
+        let marks = Marks::create(dir, 2).expect("create");
+        marks.set_gather(bound);
+        std::sync::Arc::new(marks)
+    }
+
     /// Runs `raise` on another thread and waits at most ten seconds for its answer.
     fn within_ten_seconds<T: Send + 'static>(raise: impl FnOnce() -> T + Send + 'static) -> T {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -795,11 +799,7 @@ mod tests {
         use std::time::Duration;
         let dir = tempfile::tempdir().expect("temporary directory");
         // A gather bound far longer than the test, so only the group's raise ends the wait.
-        let marks = Arc::new({
-            let marks = Marks::create(dir.path(), 2).expect("create");
-            marks.set_gather(Duration::from_secs(60));
-            marks
-        });
+        let marks = gathering(dir.path(), Duration::from_secs(60));
         let syncs = Arc::new(AtomicU32::new(0));
         let (begun_tx, begun_rx) = std::sync::mpsc::channel();
         let (raise_tx, raise_rx) = std::sync::mpsc::channel::<()>();
@@ -844,11 +844,7 @@ mod tests {
     fn a_group_dropped_without_raising_is_waited_for_no_longer() {
         use std::time::Duration;
         let dir = tempfile::tempdir().expect("temporary directory");
-        let marks = std::sync::Arc::new({
-            let marks = Marks::create(dir.path(), 2).expect("create");
-            marks.set_gather(Duration::from_secs(60));
-            marks
-        });
+        let marks = gathering(dir.path(), Duration::from_secs(60));
         let abandoned = marks.begin_group();
         let raising = marks.clone();
         let leader =
@@ -868,11 +864,7 @@ mod tests {
     fn a_lone_group_and_a_raise_without_a_group_wait_for_nobody() {
         use std::time::Duration;
         let dir = tempfile::tempdir().expect("temporary directory");
-        let marks = std::sync::Arc::new({
-            let marks = Marks::create(dir.path(), 2).expect("create");
-            marks.set_gather(Duration::from_secs(60));
-            marks
-        });
+        let marks = gathering(dir.path(), Duration::from_secs(60));
         let lone = marks.clone();
         within_ten_seconds(move || lone.begin_group().raise_after(0, &mark(3), || Ok(())))
             .expect("raised");
@@ -885,11 +877,7 @@ mod tests {
     fn a_cycle_waits_at_most_its_gather_bound_for_a_group_that_never_raises() {
         use std::time::Duration;
         let dir = tempfile::tempdir().expect("temporary directory");
-        let marks = std::sync::Arc::new({
-            let marks = Marks::create(dir.path(), 2).expect("create");
-            marks.set_gather(Duration::from_millis(50));
-            marks
-        });
+        let marks = gathering(dir.path(), Duration::from_millis(50));
         let _stuck = marks.begin_group();
         let raising = marks.clone();
         within_ten_seconds(move || raising.begin_group().raise_after(1, &mark(6), || Ok(())))
