@@ -359,25 +359,55 @@ fn run_child(spec: &str) {
     }
 }
 
+/// What the command line asks of this harness, in libtest's terms: the test names to run
+/// (a test runs when its name contains one, or equals one under `--exact`; none given runs
+/// all), and `--list` (with `--ignored`, which lists nothing: no test here is ignored).
+/// Other flags, and the values of those that take one, are not names.
+#[derive(Debug, Default, PartialEq)]
+struct Asked {
+    filter: Vec<String>,
+    exact: bool,
+    list: bool,
+    ignored: bool,
+}
+
+impl Asked {
+    fn parse(args: impl IntoIterator<Item = String>) -> Asked {
+        let mut asked = Asked::default();
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--skip" | "--test-threads" | "--format" | "--color" | "--logfile" | "-Z" => {
+                    args.next();
+                }
+                "--exact" => asked.exact = true,
+                "--list" => asked.list = true,
+                "--ignored" => asked.ignored = true,
+                _ if !arg.starts_with('-') => asked.filter.push(arg),
+                _ => {}
+            }
+        }
+        asked
+    }
+
+    fn wants(&self, name: &str) -> bool {
+        self.filter.is_empty()
+            || self.filter.iter().any(|f| {
+                if self.exact {
+                    name == f
+                } else {
+                    name.contains(f.as_str())
+                }
+            })
+    }
+}
+
 fn main() {
     if let Ok(spec) = std::env::var(CHILD_VAR) {
         run_child(&spec);
         return;
     }
-    // Test names to run, as libtest takes them; flags (and the values of those that take one)
-    // are not names.
-    let mut filter: Vec<String> = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        if matches!(
-            arg.as_str(),
-            "--skip" | "--test-threads" | "--format" | "--color" | "--logfile" | "-Z"
-        ) {
-            args.next();
-        } else if !arg.starts_with('-') {
-            filter.push(arg);
-        }
-    }
+    let asked = Asked::parse(std::env::args().skip(1));
     let seed = std::env::var("MONOSEQ_KV_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -409,10 +439,19 @@ fn main() {
             Box::new(move || a_second_process_cannot_open_a_locked_directory(engine)),
         ));
     }
+    if asked.list {
+        // As libtest lists them (`cargo nextest` reads this); none of these is ignored.
+        if !asked.ignored {
+            for (name, _) in tests.iter().filter(|(name, _)| asked.wants(name)) {
+                println!("{name}: test");
+            }
+        }
+        return;
+    }
     let (mut passed, mut failed) = (0, 0);
     println!("crash and lock tests, seed {seed}");
     for (name, test) in &tests {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+        if !asked.wants(name) {
             continue;
         }
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(test)) {
