@@ -361,9 +361,9 @@ fn run_child(spec: &str) {
 
 /// What the command line asks of this harness, in libtest's terms: the test names to run
 /// (a test runs when its name contains one, or equals one under `--exact`; none given runs
-/// all), and `--list` (with `--ignored`, which lists nothing: no test here is ignored).
-/// Other flags, and the values of those that take one, are not names.
-#[derive(Debug, Default, PartialEq)]
+/// all), `--list`, and `--ignored`, under which nothing runs or is listed: no test here is
+/// ignored. Other flags, and the values of those that take one, are not names.
+#[derive(Debug, Default)]
 struct Asked {
     filter: Vec<String>,
     exact: bool,
@@ -391,14 +391,15 @@ impl Asked {
     }
 
     fn wants(&self, name: &str) -> bool {
-        self.filter.is_empty()
-            || self.filter.iter().any(|f| {
-                if self.exact {
-                    name == f
-                } else {
-                    name.contains(f.as_str())
-                }
-            })
+        !self.ignored
+            && (self.filter.is_empty()
+                || self.filter.iter().any(|f| {
+                    if self.exact {
+                        name == f
+                    } else {
+                        name.contains(f.as_str())
+                    }
+                }))
     }
 }
 
@@ -440,11 +441,9 @@ fn main() {
         ));
     }
     if asked.list {
-        // As libtest lists them (`cargo nextest` reads this); none of these is ignored.
-        if !asked.ignored {
-            for (name, _) in tests.iter().filter(|(name, _)| asked.wants(name)) {
-                println!("{name}: test");
-            }
+        // As libtest lists them (`cargo nextest` reads this).
+        for (name, _) in tests.iter().filter(|(name, _)| asked.wants(name)) {
+            println!("{name}: test");
         }
         return;
     }
