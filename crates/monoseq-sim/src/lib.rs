@@ -297,6 +297,7 @@ impl Sim {
                 let run = self.next_run();
                 self.nodes
                     .push(Node::start(name, run, false, drift, self.now, &self.plan));
+                self.begin_run(self.nodes.len() - 1);
                 self.count("second run of a name");
             }
             32..=37 if n > 1 => {
@@ -353,6 +354,7 @@ impl Sim {
                 let drift = self.rng.random_range(-DRIFT_PPM_MAX..=DRIFT_PPM_MAX);
                 let run = self.next_run();
                 self.nodes[i].restart(run, drift, self.now, &self.plan);
+                self.begin_run(i);
                 self.count("restart");
             }
         }
@@ -378,6 +380,7 @@ impl Sim {
                     let run = self.next_run();
                     self.nodes[i].restart(run, drift, self.now, &self.plan);
                     self.nodes[i].accept_loss = true;
+                    self.begin_run(i);
                 }
                 self.nodes[i].restartable = false;
             }
@@ -390,8 +393,17 @@ impl Sim {
                 let drift = self.rng.random_range(-DRIFT_PPM_MAX..=DRIFT_PPM_MAX);
                 let run = self.next_run();
                 self.nodes[i].restart(run, drift, self.now, &self.plan);
+                self.begin_run(i);
             }
         }
+    }
+
+    /// A run of node `i` starts: it pulls the marks of the nodes it reaches, then accepts
+    /// losses (with `--accept-loss`) and fixes the losses it knows (see [`Node::begin_run`]).
+    fn begin_run(&mut self, i: usize) {
+        self.gossip(Some(i));
+        let db = Arc::clone(&self.db);
+        self.nodes[i].begin_run(&db, self.now);
     }
 
     /// A run number never used before in this simulation (run IDs are unique per start).
@@ -417,8 +429,11 @@ impl Sim {
                 if i == j || !self.up(j) || self.cut_links.contains(&(i.min(j), i.max(j))) {
                     continue;
                 }
-                let theirs = self.nodes[j].disk.clone();
-                self.nodes[i].learn_marks(&theirs);
+                let (marks, losses) = (
+                    self.nodes[j].disk.clone(),
+                    self.nodes[j].losses_accepted.clone(),
+                );
+                self.nodes[i].learn_marks(&marks, &losses);
             }
         }
     }

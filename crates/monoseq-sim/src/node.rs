@@ -44,6 +44,9 @@ struct Part {
     retry_at: u64,
     /// Since when it is being handed off.
     draining: Option<u64>,
+    /// Its accepted losses settled (see [`Node::settle`]): known to this run, and retired in
+    /// the database.
+    settled: bool,
 }
 
 type Answers = Vec<(Request, Result<Outcome, CommandError>)>;
@@ -71,12 +74,15 @@ pub(crate) struct Node {
     /// The node's marks file (its local disk, kept across restarts): the highest numbers it
     /// acknowledged or learned from other nodes, per partition.
     pub(crate) disk: BTreeMap<u32, Mark>,
-    /// This run was started with `--accept-loss`: a partition found below its mark is
-    /// retired past the mark and served.
+    /// This run was started with `--accept-loss`: at its start, every partition whose stored
+    /// PLog lacks the event at its mark has the loss accepted ([`Node::begin_run`]).
     pub(crate) accept_loss: bool,
-    /// Losses this node found (partition, mark, stored PLog end), and those it accepted.
-    pub(crate) losses_found: Vec<(u32, Mark, u64)>,
+    /// The accepted losses in the node's marks directory (kept across restarts, merged from
+    /// the nodes it reaches, as its marks are): partition and the mark retired.
     pub(crate) losses_accepted: Vec<(u32, Mark)>,
+    /// The losses this run knew at its start, per partition (the command processor's
+    /// `Config::retired`): its numbers continue above them.
+    retired: Vec<Mark>,
     partitions: u32,
     rng: ChaCha8Rng,
 }
@@ -154,8 +160,8 @@ impl Node {
             acked: BTreeMap::new(),
             disk: BTreeMap::new(),
             accept_loss: false,
-            losses_found: Vec::new(),
             losses_accepted: Vec::new(),
+            retired: vec![Mark::default(); plan.partitions as usize],
             partitions: plan.partitions,
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
@@ -180,6 +186,51 @@ impl Node {
         self.alive = true;
         self.paused_until = 0;
         self.accept_loss = false;
+        self.retired = vec![Mark::default(); self.partitions as usize];
+    }
+
+    /// What a run does at its start once it has pulled the marks of the nodes it reaches (as
+    /// `serve` does before it serves anything): with `--accept-loss`, accepts the loss of every
+    /// partition whose stored PLog lacks the event at its mark (above any loss accepted
+    /// before), as the server's `find_losses` does; then fixes the losses this run knows.
+    pub(crate) fn begin_run(&mut self, db: &Arc<Db>, now: u64) {
+        if self.accept_loss {
+            let store = EventStore::new(db.kv(), AppId(1), TrustLevel::Level0);
+            for p in 0..self.partitions {
+                let mark = self.mark_of(p);
+                let retired = self.retired_of(p);
+                let held = |offset| {
+                    matches!(
+                        store.read_event(PartitionId(p), monoseq_core::PLogOffset(offset)),
+                        Ok(Some(_))
+                    )
+                };
+                if mark.plog > retired.plog && !held(mark.plog) {
+                    trace(|| {
+                        let run = format!("{}-r{}", self.name, self.run);
+                        format!("{now} {run} accepts the loss of partition {p} up to {mark:?}")
+                    });
+                    self.losses_accepted.push((p, mark.max(&retired)));
+                }
+            }
+        }
+        self.retired = (0..self.partitions).map(|p| self.retired_of(p)).collect();
+    }
+
+    /// The numbers of `p` retired by the losses in the marks directory.
+    fn retired_of(&self, p: u32) -> Mark {
+        self.losses_accepted
+            .iter()
+            .filter(|(q, _)| *q == p)
+            .fold(Mark::default(), |m, (_, l)| m.max(l))
+    }
+
+    /// The command processor's configuration of this run.
+    fn cp_config(&self) -> monoseq_cp::Config {
+        monoseq_cp::Config {
+            retired: self.retired.clone(),
+            ..cp_config(self.partitions)
+        }
     }
 
     /// The node's own clock: true time since its start, at its drifting rate.
@@ -237,11 +288,17 @@ impl Node {
         memory.max(&disk)
     }
 
-    /// Raises the marks file with marks learned from another node.
-    pub(crate) fn learn_marks(&mut self, marks: &BTreeMap<u32, Mark>) {
+    /// Raises the marks file with marks learned from another node, and adds the losses it
+    /// accepted.
+    pub(crate) fn learn_marks(&mut self, marks: &BTreeMap<u32, Mark>, losses: &[(u32, Mark)]) {
         for (p, m) in marks {
             let mine = self.disk.entry(*p).or_default();
             *mine = mine.max(m);
+        }
+        for loss in losses {
+            if !self.losses_accepted.contains(loss) {
+                self.losses_accepted.push(*loss);
+            }
         }
     }
 
@@ -354,9 +411,8 @@ impl Node {
                     let kv = Arc::new(SimKv::new(Arc::clone(db), &self.name, partition, epoch));
                     let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
                     let acked = self.mark_of(partition);
-                    let writer =
-                        ManualPartition::open(store, &cp_config(self.partitions), partition, acked)
-                            .expect("the simulation's processor configuration is valid");
+                    let writer = ManualPartition::open(store, &self.cp_config(), partition, acked)
+                        .expect("the simulation's processor configuration is valid");
                     self.parts.insert(
                         partition,
                         Part {
@@ -369,6 +425,7 @@ impl Node {
                             // marks of the nodes it reaches.
                             retry_at: now + 1,
                             draining: None,
+                            settled: false,
                         },
                     );
                 }
@@ -440,6 +497,18 @@ impl Node {
         t: u64,
         answers: &mut Answers,
     ) -> bool {
+        if !part.settled {
+            if let Err(reason) = self.settle(p, part) {
+                refuse(std::mem::take(&mut part.queue), answers, || {
+                    CommandError::Unavailable {
+                        partition: p,
+                        reason: reason.into(),
+                    }
+                });
+                return true;
+            }
+            part.settled = true;
+        }
         if now >= part.retry_at {
             // One piece of background work per tick: a whole actualization, or one flush.
             if let Step::RetryAfter(d) = part.writer.step() {
@@ -463,7 +532,7 @@ impl Node {
             // Healing: a new sequencer on the same storage, actualized from the PLog.
             let store = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0);
             let acked = part.writer.acked();
-            part.writer = ManualPartition::open(store, &cp_config(self.partitions), p, acked)
+            part.writer = ManualPartition::open(store, &self.cp_config(), p, acked)
                 .expect("the simulation's processor configuration is valid");
             part.started = false;
             return true;
@@ -498,39 +567,39 @@ impl Node {
         true
     }
 
-    /// Starts an actualized partition: checks its PLog against its mark (refused, or retired
-    /// when this run accepts losses), covers the stored tail with the mark, rebuilds the
-    /// idempotency window.
+    /// Before a partition is served, once the marks of the nodes this node reaches are
+    /// pulled (the server's `settle_losses`): a loss accepted after this run started is not
+    /// served over (refused until a restart), and the numbers of a loss it knows are retired
+    /// in the database if the database lacks that (the write of the node that accepted it was
+    /// lost too). A failed storage call is tried again at the next tick.
+    fn settle(&self, p: u32, part: &Part) -> Result<(), &'static str> {
+        let retired = self.retired_of(p);
+        if !self.retired[p as usize].covers(&retired) {
+            return Err("a loss was accepted after this run started: restart it");
+        }
+        if retired.plog == 0 {
+            return Ok(());
+        }
+        let store = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0);
+        let seq = store.seq_storage(PartitionId(p));
+        let failed = "retiring the numbers of an accepted loss failed";
+        match monoseq_core::SeqStorage::read_next_plog_offset(&seq) {
+            Ok(next) if next.0 > retired.plog => Ok(()),
+            Ok(_) => retire_partition(seq, p, retired).map_err(|_| failed),
+            Err(_) => Err(failed),
+        }
+    }
+
+    /// Starts an actualized partition: checks its PLog against its mark (refused below it,
+    /// until an operator accepts the loss with a restart), covers the stored tail with the
+    /// mark, rebuilds the idempotency window.
     fn start_part(&mut self, p: u32, part: &mut Part, answers: &mut Answers) {
         if !part.writer.check_whole() {
-            let mark = part.writer.acked();
-            let end = part.writer.next_offset().saturating_sub(1);
-            if !self
-                .losses_found
-                .iter()
-                .any(|(q, m, _)| *q == p && *m == mark)
-            {
-                self.losses_found.push((p, mark, end));
-            }
-            if !self.accept_loss {
-                // Refused until an operator decides: every command is answered so.
-                let reason = part.writer.lost().unwrap_or("lost").to_owned();
-                refuse(std::mem::take(&mut part.queue), answers, || {
-                    CommandError::Corrupted(reason.clone())
-                });
-                return;
-            }
-            // The operator accepted the loss: numbers up to the mark stay retired.
-            let store = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0);
-            if retire_partition(store.seq_storage(PartitionId(p)), p, mark).is_err() {
-                return;
-            }
-            let mut config = cp_config(self.partitions);
-            config.retired = vec![Mark::default(); self.partitions as usize];
-            config.retired[p as usize] = mark;
-            part.writer = ManualPartition::open(store, &config, p, mark)
-                .expect("the simulation's processor configuration is valid");
-            self.losses_accepted.push((p, mark));
+            // Refused until an operator decides: every command is answered so.
+            let reason = part.writer.lost().unwrap_or("lost").to_owned();
+            refuse(std::mem::take(&mut part.queue), answers, || {
+                CommandError::Corrupted(reason.clone())
+            });
             return;
         }
         part.started =

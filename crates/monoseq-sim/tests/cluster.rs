@@ -1,10 +1,12 @@
 //! The whole-cluster simulation over many seeds, in four ranges that run in parallel.
-//! `MONOSEQ_SIM_SEEDS=n` runs n seeds per range instead of 500; `MONOSEQ_SIM_SEED=s` replays
-//! one seed (a failure prints the command); `MONOSEQ_SIM_TRACE=1` prints every lease call.
+//! `MONOSEQ_SIM_SEEDS=n` runs n seeds per range instead of 500, from the range's
+//! `MONOSEQ_SIM_FIRST`-th seed (default 0, for longer hunts in parts); `MONOSEQ_SIM_SEED=s`
+//! replays one seed (a failure prints the command); `MONOSEQ_SIM_TRACE=1` prints every lease
+//! call.
 //!
 //! Without the read-back after a failed group write (`monoseq_cp`'s partition writer), seed 0
 //! already finds a key applied twice; without the epoch fence (`SimKv`), seed 2 finds two
-//! nodes writing one partition.
+//! nodes writing one partition. Seeds found by longer runs are replayed on their own below.
 
 use monoseq_sim::run_seed;
 
@@ -15,11 +17,10 @@ fn run_range(range: u64) {
         Ok(one) if range == 0 => vec![one.parse().expect("MONOSEQ_SIM_SEED is a number")],
         Ok(_) => Vec::new(),
         Err(_) => {
-            let n = std::env::var("MONOSEQ_SIM_SEEDS")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(SEEDS_PER_RANGE_DEFAULT);
-            (range * 1_000_000..range * 1_000_000 + n).collect()
+            let number = |name: &str| std::env::var(name).ok().and_then(|s| s.parse().ok());
+            let n = number("MONOSEQ_SIM_SEEDS").unwrap_or(SEEDS_PER_RANGE_DEFAULT);
+            let first = range * 1_000_000 + number("MONOSEQ_SIM_FIRST").unwrap_or(0);
+            (first..first + n).collect()
         }
     };
     let mut acked = 0;
@@ -56,4 +57,16 @@ fn no_number_or_key_twice_and_every_partition_served_again_seeds_2m() {
 #[test]
 fn no_number_or_key_twice_and_every_partition_served_again_seeds_3m() {
     run_range(3);
+}
+
+/// Seeds where a partition's later owner served after an accepted loss without knowing it
+/// (when only the node that accepted a loss continued above it, and only for the partition it
+/// was serving): each reissued a WLog offset of a workspace with no event after the loss.
+#[test]
+fn every_owner_after_an_accepted_loss_continues_above_it_seeds_834_1000747() {
+    for seed in [834, 1_000_747] {
+        if let Err(e) = run_seed(seed) {
+            panic!("seed {seed}: {e}");
+        }
+    }
 }
