@@ -47,7 +47,8 @@ struct Rows {
 /// assert_eq!(table.acquire(0, "b", lease)?, None, "a's lease is live");
 /// table.set_now(1_000);
 /// assert_eq!(table.acquire(0, "b", lease)?, Some(2), "expired: b takes it");
-/// assert!(!table.write_allowed(0, 1), "a's writes are fenced off");
+/// assert!(!table.write_allowed(0, 1, "a"), "a's writes are fenced off");
+/// assert!(table.write_allowed(0, 2, "b"));
 /// # Ok::<(), monoseq_membership::TableError>(())
 /// ```
 #[derive(Debug, Default)]
@@ -87,14 +88,15 @@ impl MemoryLeaseTable {
         self.rows().now_ms
     }
 
-    /// The fence: whether a write of `partition` under `epoch` commits (the lease's epoch is
-    /// still `epoch`; expiry does not matter, as nobody else can have written meanwhile).
+    /// The fence: whether a write of `partition` under `epoch` by `node_id` commits (the lease
+    /// still has that epoch and that owner, as `monoseq_pg`'s fence checks; expiry does not
+    /// matter, as nobody else can have written meanwhile).
     #[must_use]
-    pub fn write_allowed(&self, partition: u32, epoch: u64) -> bool {
+    pub fn write_allowed(&self, partition: u32, epoch: u64, node_id: &str) -> bool {
         self.rows()
             .leases
             .get(&partition)
-            .is_some_and(|l| l.epoch == epoch)
+            .is_some_and(|l| l.epoch == epoch && l.node_id.as_deref() == Some(node_id))
     }
 
     /// The lease of `partition`: epoch, holder, and whether it is live now.

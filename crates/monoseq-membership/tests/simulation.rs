@@ -664,7 +664,10 @@ impl Sim {
             return Ok(());
         }
         let (i, partition, epoch) = candidates[self.rng.random_range(0..candidates.len())];
-        if self.table.write_allowed(partition, epoch) {
+        if self
+            .table
+            .write_allowed(partition, epoch, self.procs[i].cfg.node_id())
+        {
             self.stats.writes += 1;
             let run = self.procs[i].run;
             if self.acquirer.get(&(partition, epoch)) != Some(&run) {
@@ -838,6 +841,7 @@ fn the_in_memory_table_fences_an_earlier_epoch() {
     table.set_now(LEASE_MS);
     let second = table.acquire(0, "b", lease).expect("in memory");
     assert_eq!((first, second), (Some(1), Some(2)));
-    assert!(!table.write_allowed(0, 1));
-    assert!(table.write_allowed(0, 2));
+    assert!(!table.write_allowed(0, 1, "a"));
+    assert!(table.write_allowed(0, 2, "b"));
+    assert!(!table.write_allowed(0, 2, "a"));
 }

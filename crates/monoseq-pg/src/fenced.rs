@@ -6,11 +6,16 @@
 //!
 //! ```sql
 //! WITH held AS (UPDATE monoseq_leases SET writes = writes + 1
-//!     WHERE partition = $1 AND epoch = $2 AND writes >= $3 RETURNING writes)
+//!     WHERE partition = $1 AND epoch = $2 AND writes >= $3 AND node_id = $4 RETURNING writes)
 //! SELECT 1 / count(*), max(writes) FROM held
 //! ```
 //!
-//! When the lease has another epoch (or no row) it divides by zero: the error aborts the
+//! The owner is checked beside the epoch because an epoch alone names a lease only while the
+//! database keeps every acquisition: after it went back in time, the acquisition of an epoch it
+//! lost can be made again by another node, and the first holder, still running, would pass a
+//! check of the epoch alone.
+//!
+//! When the lease has another epoch or owner (or no row) it divides by zero: the error aborts the
 //! transaction, every statement after it fails without writing, and the `COMMIT` sent with
 //! them rolls back. Plain SQL, no procedural code, as the crate's other statements.
 //!
@@ -49,6 +54,8 @@ use crate::store::{Core, Inner};
 pub(crate) struct Fence {
     partition: u32,
     epoch: u64,
+    /// The node the lease was acquired for.
+    node_id: Arc<str>,
     seen: Arc<AtomicI64>,
 }
 
@@ -86,16 +93,21 @@ impl Fence {
     }
 
     /// Runs the check inside the caller's open transaction: `Ok(true)` when the lease still
-    /// has the epoch and at least the write count the view saw (its row is then locked to the
-    /// commit), `Ok(false)` when it does not (the transaction is aborted and nothing after it
-    /// writes).
+    /// has the epoch, the owner and at least the write count the view saw (its row is then
+    /// locked to the commit), `Ok(false)` when it does not (the transaction is aborted and
+    /// nothing after it writes).
     pub(crate) async fn check(&self, conn: &Conn, statement: &Statement) -> Result<bool, Failure> {
         let client = conn.client()?;
         let seen = self.seen.load(Ordering::Acquire);
         let result = client
             .query_one(
                 statement,
-                &[&self.partition_param(), &self.epoch_param(), &seen],
+                &[
+                    &self.partition_param(),
+                    &self.epoch_param(),
+                    &seen,
+                    &&*self.node_id,
+                ],
             )
             .await;
         match result {
@@ -129,6 +141,17 @@ impl Fence {
             Ok(Some((held, None))) if newer(held) => {
                 format!("a newer owner had epoch {held} and released it")
             }
+            Ok(Some((held, None))) if u64::try_from(held).is_ok_and(|held| held == epoch) => {
+                "the lease was released".to_owned()
+            }
+            Ok(Some((held, Some(node))))
+                if u64::try_from(held).is_ok_and(|held| held == epoch)
+                    && *node != *self.node_id =>
+            {
+                format!(
+                    "node {node:?} holds this epoch: the database went back in time and lost                      this node's acquisition of the lease (a failover to a standby that was                      behind, or a restored backup?)"
+                )
+            }
             Ok(Some((held, _))) if u64::try_from(held).is_ok_and(|held| held == epoch) => {
                 "the lease row counts fewer writes than this node committed under it: the \
                  database went back in time and lost acknowledged writes (a failover to a \
@@ -156,12 +179,13 @@ impl Fence {
 ///
 /// Guarantee: every [`KvStore::write`] batch and every [`KvStore::compare_and_swap`] checks,
 /// in its own transaction and before writing, that the lease of the partition still has this
-/// epoch, and share-locks the lease row to the commit. Once another node's `acquire` of the
+/// epoch and this owner, and share-locks the lease row to the commit. Once another node's `acquire` of the
 /// partition returned, every write through this view fails with
 /// `WriteError::Storage(KvError::Fenced { .. })` / `CasError::Storage(KvError::Fenced { .. })`
 /// and writes nothing; every write that returned `Ok` committed before that takeover, so the
-/// new owner reads it. The check looks at the epoch only: a lease that expired but was not
-/// taken over still admits its owner's writes, which is safe because nobody else wrote.
+/// new owner reads it. The check looks at the epoch and the owner only: a lease that expired
+/// but was not taken over still admits its owner's writes, which is safe because nobody else
+/// wrote.
 ///
 /// Reads (`get`, `get_many`, `scan`) pass through without a check; [`KvStore::sync`] does
 /// nothing, as on the store. A batch that conflicts within itself writes nothing and is
@@ -182,7 +206,7 @@ impl Fence {
 /// let leases = store.leases();
 /// leases.ensure_partitions(8)?;
 /// if let Some(epoch) = leases.acquire(3, "node-a", Duration::from_secs(10))? {
-///     let partition = store.fenced(3, epoch);
+///     let partition = store.fenced(3, epoch, "node-a");
 ///     match partition.put(Key::new(b"p3", b"k"), b"v") {
 ///         Ok(()) => {}
 ///         Err(WriteError::Storage(KvError::Fenced { .. })) => { /* stop serving partition 3 */ }
@@ -198,12 +222,13 @@ pub struct FencedPgStore {
 }
 
 impl FencedPgStore {
-    pub(crate) fn new(core: Arc<Core>, partition: u32, epoch: u64) -> FencedPgStore {
+    pub(crate) fn new(core: Arc<Core>, partition: u32, epoch: u64, node_id: &str) -> FencedPgStore {
         FencedPgStore {
             core,
             fence: Fence {
                 partition,
                 epoch,
+                node_id: node_id.into(),
                 seen: Arc::new(AtomicI64::new(0)),
             },
         }

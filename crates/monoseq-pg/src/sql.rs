@@ -262,8 +262,8 @@ impl LeaseSql {
         LeaseSql {
             fence: format!(
                 "WITH held AS (UPDATE {leases} SET writes = writes + 1 WHERE partition = $1 AND \
-                 epoch = $2 AND writes >= $3 RETURNING writes) SELECT 1 / count(*), max(writes) \
-                 FROM held"
+                 epoch = $2 AND writes >= $3 AND node_id = $4 RETURNING writes) SELECT \
+                 1 / count(*), max(writes) FROM held"
             ),
             holder: format!("SELECT epoch, node_id FROM {leases} WHERE partition = $1"),
             ensure: format!(

@@ -278,10 +278,11 @@ impl PgStore {
     }
 
     /// A view of this store whose every batch write and compare-and-swap commits only while
-    /// the lease of `partition` still has `epoch` (checked in the write's own transaction; see
-    /// [`FencedPgStore`]). Reads pass through unchanged. Cheap; shares the store's connections.
-    pub fn fenced(&self, partition: u32, epoch: u64) -> FencedPgStore {
-        FencedPgStore::new(Arc::clone(&self.core), partition, epoch)
+    /// the lease of `partition` still has `epoch` and `node_id` as its owner (the node it was
+    /// acquired for; checked in the write's own transaction, see [`FencedPgStore`]). Reads pass
+    /// through unchanged. Cheap; shares the store's connections.
+    pub fn fenced(&self, partition: u32, epoch: u64, node_id: &str) -> FencedPgStore {
+        FencedPgStore::new(Arc::clone(&self.core), partition, epoch, node_id)
     }
 }
 

@@ -309,7 +309,7 @@ fn a_batch_whose_fence_no_longer_holds_writes_nothing_and_the_others_are_written
     for p in 0..4u8 {
         store.put(Key::new(&[b'p', p], b"old"), b"kept").unwrap();
         let epoch = leases.acquire(p.into(), "a", LONG).unwrap().unwrap();
-        views.push(store.fenced(p.into(), epoch));
+        views.push(store.fenced(p.into(), epoch, "a"));
     }
     // Node b takes partition 1 over: a's view of it is fenced.
     assert!(leases.release("a", 1, views[1].epoch()).unwrap());

@@ -23,7 +23,7 @@ fn fresh_fenced() -> monoseq_pg::FencedPgStore {
         .acquire(0, "conformance", std::time::Duration::from_secs(3600))
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|| panic!("a fresh lease was not free"));
-    store.fenced(0, epoch)
+    store.fenced(0, epoch, "conformance")
 }
 
 mod pg {

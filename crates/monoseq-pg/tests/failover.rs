@@ -52,7 +52,7 @@ fn acknowledged_writes_and_leases_survive_a_killed_primary_and_the_store_reconne
     let leases = store.leases();
     leases.ensure_partitions(1).unwrap();
     let epoch = leases.acquire(0, "a", LEASE).unwrap().unwrap();
-    let old = store.fenced(0, epoch);
+    let old = store.fenced(0, epoch, "a");
     old.put(Key::new(b"fenced", b"before"), b"1").unwrap();
 
     let (killed, stop) = (AtomicBool::new(false), AtomicBool::new(false));

@@ -30,7 +30,7 @@ fn held_by_a(pool: usize, lease: Duration) -> (PgStore, Leases, FencedPgStore) {
     let leases = store.leases();
     leases.ensure_partitions(1).unwrap();
     let epoch = leases.acquire(0, "a", lease).unwrap().unwrap();
-    let view = store.fenced(0, epoch);
+    let view = store.fenced(0, epoch, "a");
     (store, leases, view)
 }
 
@@ -133,7 +133,7 @@ fn after_a_takeover_every_write_of_the_former_epoch_is_refused_and_writes_nothin
         "deleted by the first epoch's batch"
     );
     // The new owner writes through its own epoch, on the same (single) connection.
-    let new = store.fenced(0, epoch);
+    let new = store.fenced(0, epoch, "b");
     for batch in batches(b"new") {
         new.write(&batch).unwrap();
     }
@@ -147,12 +147,14 @@ fn after_a_takeover_every_write_of_the_former_epoch_is_refused_and_writes_nothin
 }
 
 #[test]
-fn a_release_does_not_fence_but_the_next_takeover_does() {
-    let (_store, leases, old) = held_by_a(2, LONG);
+fn a_release_fences_its_holder_as_the_next_takeover_does() {
+    let (store, leases, old) = held_by_a(2, LONG);
     assert!(leases.release("a", 0, old.epoch()).unwrap());
-    old.put(Key::new(b"p", b"after release"), b"v").unwrap();
+    let message = fenced_message(old.put(Key::new(b"p", b"after release"), b"v"));
+    assert!(message.contains("released"), "{message}");
     leases.acquire(0, "b", LONG).unwrap().unwrap();
     fenced_message(old.put(Key::new(b"p", b"after takeover"), b"v"));
+    assert_eq!(store.get(Key::new(b"p", b"after release")).unwrap(), None);
 }
 
 #[test]
@@ -173,7 +175,7 @@ fn views_of_a_missing_lease_or_an_epoch_never_granted_are_fenced() {
         (0, 2, "not newer"),
         (0, u64::MAX, "not newer"),
     ] {
-        let view = store.fenced(partition, epoch);
+        let view = store.fenced(partition, epoch, "a");
         let message = fenced_message(view.put(Key::new(b"p", b"k"), b"v"));
         assert!(message.contains(says), "{message}");
         assert_cas_fenced(view.compare_and_swap(Key::new(b"p", b"k"), None, Some(b"v")));
@@ -405,8 +407,42 @@ fn a_database_that_lost_writes_of_a_view_refuses_its_next_write_and_says_it_went
     );
     // A view of a new acquisition (after the partition was checked against its marks)
     // writes again.
-    let fresh = store.fenced(0, view.epoch());
+    let fresh = store.fenced(0, view.epoch(), "a");
     fresh.put(Key::new(b"p", b"again"), b"1").unwrap();
+}
+
+#[test]
+fn a_former_holder_of_an_epoch_the_database_granted_again_to_another_node_is_fenced() {
+    let (store, leases, a) = held_by_a(2, LONG);
+    // The database goes back in time to before a's acquisition, a still running, and node b
+    // then acquires the lease: it gets the same epoch number a holds.
+    let schema = store.schema().to_owned();
+    shared()
+        .psql(
+            DATABASE,
+            &format!(
+                "UPDATE {schema}.monoseq_leases SET epoch = epoch - 1, node_id = NULL, \
+                 expires_at = now() WHERE partition = 0"
+            ),
+        )
+        .unwrap();
+    let epoch = leases
+        .acquire(0, "b", LONG)
+        .unwrap()
+        .expect("a's acquisition was lost");
+    assert_eq!(epoch, a.epoch(), "b holds the epoch number a holds");
+    let message = fenced_message(a.put(Key::new(b"p", b"a"), b"1"));
+    assert!(message.contains("node \"b\" holds this epoch"), "{message}");
+    assert!(message.contains("went back in time"), "{message}");
+    assert_cas_fenced(a.compare_and_swap(Key::new(b"p", b"cas"), None, Some(b"1")));
+    assert_eq!(
+        store.get(Key::new(b"p", b"a")).unwrap(),
+        None,
+        "a wrote nothing"
+    );
+    // b's own view of the epoch writes.
+    let b = store.fenced(0, epoch, "b");
+    b.put(Key::new(b"p", b"b"), b"1").unwrap();
 }
 
 #[test]

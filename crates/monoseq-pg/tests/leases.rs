@@ -36,7 +36,7 @@ fn leases_and_fenced_views_are_cheap_handles_for_any_thread() {
     let store = fresh();
     let leases = store.leases();
     leases.ensure_partitions(1).unwrap();
-    let view = store.fenced(0, leases.acquire(0, "a", LONG).unwrap().unwrap());
+    let view = store.fenced(0, leases.acquire(0, "a", LONG).unwrap().unwrap(), "a");
     drop(store);
     view.put(Key::new(b"p", b"k"), b"v").unwrap();
     assert_eq!(leases.status().unwrap().lease(0).unwrap().epoch, 1);
@@ -445,18 +445,21 @@ fn an_older_database_is_migrated_in_place(version: u32) {
     let lease = status.lease(0).unwrap();
     assert_eq!((lease.epoch, lease.live_owner()), (epoch, Some("old")));
     store
-        .fenced(0, epoch)
+        .fenced(0, epoch, "old")
         .put(Key::new(b"p", b"b"), b"2")
         .unwrap();
     assert!(
         store
-            .fenced(0, epoch + 1)
+            .fenced(0, epoch + 1, "old")
             .put(Key::new(b"p", b"c"), b"3")
             .is_err()
     );
     assert_eq!(leases.renew("old", &[(0, epoch)], LONG).unwrap(), vec![0]);
     assert_eq!(leases.acquire(1, "new", LONG).unwrap(), Some(1));
-    store.fenced(1, 1).put(Key::new(b"p", b"d"), b"4").unwrap();
+    store
+        .fenced(1, 1, "new")
+        .put(Key::new(b"p", b"d"), b"4")
+        .unwrap();
     // The old build's node shows with its run ID (empty from version 2). A new run under its
     // name does not take it while that heartbeat is fresh, and claims it once it is stale.
     let old = status.node("old").unwrap();

@@ -320,7 +320,10 @@ impl SimKv {
     ) -> Result<(), E> {
         use std::sync::atomic::Ordering;
         let fate = self.db.fate(&self.node, true)?;
-        let allowed = self.db.table().write_allowed(self.fence.0, self.fence.1)
+        let allowed = self
+            .db
+            .table()
+            .write_allowed(self.fence.0, self.fence.1, &self.node)
             && (!FENCE_COUNTS_WRITES
                 || self.db.writes(self.fence.0) >= self.seen.load(Ordering::SeqCst));
         let run = || {

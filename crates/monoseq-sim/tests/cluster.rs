@@ -70,3 +70,13 @@ fn every_owner_after_an_accepted_loss_continues_above_it_seeds_834_1000747() {
         }
     }
 }
+
+/// A seed where the database went back to before a node's acquisition of a lease while that
+/// node ran, and another node then acquired the same epoch number: both wrote under it while
+/// the fence checked the epoch alone (it checks the owner too now).
+#[test]
+fn one_writer_per_epoch_when_the_database_grants_a_lost_epoch_again_seed_13156() {
+    if let Err(e) = run_seed(13_156) {
+        panic!("seed 13156: {e}");
+    }
+}

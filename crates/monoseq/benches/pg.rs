@@ -173,7 +173,7 @@ fn fence(c: &mut Criterion) {
         .acquire(0, "bench", Duration::from_secs(3600))
         .unwrap()
         .unwrap();
-    let fenced = store.fenced(0, epoch);
+    let fenced = store.fenced(0, epoch, "bench");
     let views: [(&str, &dyn KvStore); 2] = [("plain", &store), ("fenced", &fenced)];
     let mut g = c.benchmark_group("fence");
     g.sample_size(10)

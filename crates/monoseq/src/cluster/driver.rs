@@ -678,7 +678,7 @@ impl Cluster {
         if self.settings.no_fencing {
             Arc::clone(&self.base)
         } else {
-            self.table.fenced(p, epoch)
+            self.table.fenced(p, epoch, &self.settings.node_id)
         }
     }
 

@@ -14,8 +14,9 @@ pub const LEASE_POOL_CONNECTIONS: usize = 2;
 
 /// A lease table that can also give the store view whose writes are fenced by a lease.
 pub trait FencedLeases: LeaseTable + 'static {
-    /// The store view whose every write is conditional on `partition`'s lease epoch.
-    fn fenced(&self, partition: u32, epoch: u64) -> Store;
+    /// The store view whose every write is conditional on `partition`'s lease still having
+    /// `epoch` and `node_id` (the node it was acquired for) as its owner.
+    fn fenced(&self, partition: u32, epoch: u64, node_id: &str) -> Store;
 }
 
 /// The leases of a PostgreSQL database.
@@ -119,7 +120,7 @@ impl LeaseTable for PgLeaseTable {
 }
 
 impl FencedLeases for PgLeaseTable {
-    fn fenced(&self, partition: u32, epoch: u64) -> Store {
-        Arc::new(self.store.fenced(partition, epoch))
+    fn fenced(&self, partition: u32, epoch: u64, node_id: &str) -> Store {
+        Arc::new(self.store.fenced(partition, epoch, node_id))
     }
 }
