@@ -497,17 +497,8 @@ impl Node {
         t: u64,
         answers: &mut Answers,
     ) -> bool {
-        if !part.settled {
-            if let Err(reason) = self.settle(p, part) {
-                refuse(std::mem::take(&mut part.queue), answers, || {
-                    CommandError::Unavailable {
-                        partition: p,
-                        reason: reason.into(),
-                    }
-                });
-                return true;
-            }
-            part.settled = true;
+        if !self.settled(p, part, answers) {
+            return true;
         }
         if now >= part.retry_at {
             // One piece of background work per tick: a whole actualization, or one flush.
@@ -565,6 +556,23 @@ impl Node {
             return false;
         }
         true
+    }
+
+    /// Whether `p`'s accepted losses are settled (see [`Node::settle`]), settling them first;
+    /// until they are, every command queued for it is refused.
+    fn settled(&self, p: u32, part: &mut Part, answers: &mut Answers) -> bool {
+        if !part.settled {
+            match self.settle(p, part) {
+                Ok(()) => part.settled = true,
+                Err(reason) => refuse(std::mem::take(&mut part.queue), answers, || {
+                    CommandError::Unavailable {
+                        partition: p,
+                        reason: reason.into(),
+                    }
+                }),
+            }
+        }
+        part.settled
     }
 
     /// Before a partition is served, once the marks of the nodes this node reaches are
