@@ -149,7 +149,9 @@ impl Fence {
                     && *node != *self.node_id =>
             {
                 format!(
-                    "node {node:?} holds this epoch: the database went back in time and lost                      this node's acquisition of the lease (a failover to a standby that was                      behind, or a restored backup?)"
+                    "node {node:?} holds this epoch: the database went back in time and lost \
+                     this node's acquisition of the lease (a failover to a standby that was \
+                     behind, or a restored backup?)"
                 )
             }
             Ok(Some((held, _))) if u64::try_from(held).is_ok_and(|held| held == epoch) => {
@@ -179,8 +181,8 @@ impl Fence {
 ///
 /// Guarantee: every [`KvStore::write`] batch and every [`KvStore::compare_and_swap`] checks,
 /// in its own transaction and before writing, that the lease of the partition still has this
-/// epoch and this owner, and share-locks the lease row to the commit. Once another node's `acquire` of the
-/// partition returned, every write through this view fails with
+/// epoch and this owner, and share-locks the lease row to the commit. Once another node's
+/// `acquire` of the partition returned, every write through this view fails with
 /// `WriteError::Storage(KvError::Fenced { .. })` / `CasError::Storage(KvError::Fenced { .. })`
 /// and writes nothing; every write that returned `Ok` committed before that takeover, so the
 /// new owner reads it. The check looks at the epoch and the owner only: a lease that expired
