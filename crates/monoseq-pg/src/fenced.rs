@@ -134,6 +134,7 @@ impl Fence {
         );
         // Compared as the view's epoch, not as its parameter (an epoch past i64::MAX is -1).
         let newer = |held: i64| u64::try_from(held).is_ok_and(|held| held > epoch);
+        let same = |held: i64| u64::try_from(held).is_ok_and(|held| held == epoch);
         let now = match holder {
             Ok(Some((held, Some(node)))) if newer(held) => {
                 format!("a newer owner has epoch {held}: node {node:?}")
@@ -141,20 +142,15 @@ impl Fence {
             Ok(Some((held, None))) if newer(held) => {
                 format!("a newer owner had epoch {held} and released it")
             }
-            Ok(Some((held, None))) if u64::try_from(held).is_ok_and(|held| held == epoch) => {
-                "the lease was released".to_owned()
-            }
-            Ok(Some((held, Some(node))))
-                if u64::try_from(held).is_ok_and(|held| held == epoch)
-                    && *node != *self.node_id =>
-            {
+            Ok(Some((held, None))) if same(held) => "the lease was released".to_owned(),
+            Ok(Some((held, Some(node)))) if same(held) && *node != *self.node_id => {
                 format!(
                     "node {node:?} holds this epoch: the database went back in time and lost \
                      this node's acquisition of the lease (a failover to a standby that was \
                      behind, or a restored backup?)"
                 )
             }
-            Ok(Some((held, _))) if u64::try_from(held).is_ok_and(|held| held == epoch) => {
+            Ok(Some((held, _))) if same(held) => {
                 "the lease row counts fewer writes than this node committed under it: the \
                  database went back in time and lost acknowledged writes (a failover to a \
                  standby that was behind, or a restored backup?)"
