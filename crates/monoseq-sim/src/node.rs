@@ -10,7 +10,7 @@ use std::sync::Arc;
 use monoseq_core::{Status, Step};
 use monoseq_cp::{Command, CommandError, ManualPartition, Outcome};
 use monoseq_membership::{Action, Call, Config, Membership, Phase, Reply, TableError};
-use monoseq_store::{AppId, EventStore, Mark, PartitionId, TrustLevel, retire_partition};
+use monoseq_store::{AppId, EventStore, Mark, PartitionId, TrustLevel, ensure_retired};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -585,17 +585,10 @@ impl Node {
         if !self.retired[p as usize].covers(&retired) {
             return Err("a loss was accepted after this run started: restart it");
         }
-        if retired.plog == 0 {
-            return Ok(());
-        }
         let store = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0);
-        let seq = store.seq_storage(PartitionId(p));
-        let failed = "retiring the numbers of an accepted loss failed";
-        match monoseq_core::SeqStorage::read_next_plog_offset(&seq) {
-            Ok(next) if next.0 > retired.plog => Ok(()),
-            Ok(_) => retire_partition(seq, p, retired).map_err(|_| failed),
-            Err(_) => Err(failed),
-        }
+        ensure_retired(store.seq_storage(PartitionId(p)), p, retired)
+            .map(|_| ())
+            .map_err(|_| "retiring the numbers of an accepted loss failed")
     }
 
     /// Starts an actualized partition: checks its PLog against its mark (refused below it,

@@ -646,23 +646,41 @@ fn retire_accepted<S: KvStore + Clone>(
 ) -> Result<(), DataDirError> {
     for p in 0..guarded.identity.partitions {
         let retired = guarded.identity.retired(p);
-        if retired.plog == 0 {
-            continue;
+        if ensure_retired(store.seq_storage(PartitionId(p)), p, retired)? {
+            guarded.report.retired_partitions.push(p);
         }
-        let seq = store.seq_storage(PartitionId(p));
-        let checkpoint = seq
-            .read_next_plog_offset()
-            .map_err(|e| DataDirError::Actualize {
-                partition: p,
-                message: monoseq_kv::chain(&e),
-            })?;
-        if checkpoint.0 > retired.plog {
-            continue;
-        }
-        retire_partition(seq, p, retired)?;
-        guarded.report.retired_partitions.push(p);
     }
     Ok(())
+}
+
+/// Makes sure partition `p`'s stored sequence state is past its retired mark (an accepted
+/// loss): when the stored next PLog offset is at or below it (the loss was just accepted, or
+/// the storage lost the retirement too), [`retire_partition`] moves it past the mark. True when
+/// it had to. Used at open for a data directory, and by the owner of a cluster partition before
+/// it serves it (through the partition's fenced store).
+///
+/// # Errors
+///
+/// [`DataDirError::Actualize`] when the storage fails or refuses the read or the write.
+pub fn ensure_retired<S: KvStore + Clone>(
+    seq: crate::PLogSeqStorage<S>,
+    p: u32,
+    retired: Mark,
+) -> Result<bool, DataDirError> {
+    if retired.plog == 0 {
+        return Ok(false);
+    }
+    let checkpoint = seq
+        .read_next_plog_offset()
+        .map_err(|e| DataDirError::Actualize {
+            partition: p,
+            message: format!("reading the checkpoint: {}", monoseq_kv::chain(&e)),
+        })?;
+    if checkpoint.0 > retired.plog {
+        return Ok(false);
+    }
+    retire_partition(seq, p, retired)?;
+    Ok(true)
 }
 
 /// The last PLog offset of partition `p` that the engine holds, scanning from just after

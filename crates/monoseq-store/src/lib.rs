@@ -32,8 +32,8 @@ pub use codec::{
     event_crc,
 };
 pub use datadir::{
-    DataDir, DataDirError, Loss, OpenPolicy, OpenReport, open_data_dir, open_database,
-    recorded_partitions, retire_partition,
+    DataDir, DataDirError, Loss, OpenPolicy, OpenReport, ensure_retired, open_data_dir,
+    open_database, recorded_partitions, retire_partition,
 };
 pub use event::{ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset};
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError};

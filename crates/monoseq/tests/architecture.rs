@@ -67,6 +67,7 @@ const ALLOWED: &[(&str, &[&str], &[&str])] = &[
     (
         "monoseq",
         &[
+            "monoseq-backoff",
             "monoseq-client",
             "monoseq-core",
             "monoseq-cp",

@@ -4,7 +4,8 @@
 //! load, more commands acknowledged, the server restored from the backup). The nodes' own marks
 //! (`--marks-dir`) notice it: no number is acknowledged twice, the lost partitions are refused
 //! and named in `/readyz` and the log, and after a restart with `--accept-loss` the nodes serve
-//! again above the loss.
+//! again above the loss (after retrying the retirement of the lost numbers, when the database
+//! refused it at first).
 
 mod common;
 
@@ -400,8 +401,35 @@ async fn refused_partitions(client: &reqwest::Client, nodes: &[Node]) -> Vec<(St
     refused
 }
 
+/// Makes PostgreSQL refuse every write of the store's data (`on`) or take them again (`off`):
+/// a storage failure the nodes meet while retiring an accepted loss's numbers.
+fn refuse_data_writes(cluster: &PgCluster, on: bool) {
+    let sql = if on {
+        "CREATE FUNCTION refuse_writes() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE \
+         EXCEPTION 'data writes refused for the test'; END $$; CREATE TRIGGER refuse_writes \
+         BEFORE INSERT OR UPDATE OR DELETE ON monoseq_kv FOR EACH ROW EXECUTE FUNCTION \
+         refuse_writes()"
+    } else {
+        "DROP TRIGGER refuse_writes ON monoseq_kv; DROP FUNCTION refuse_writes()"
+    };
+    cluster.psql(DATABASE, sql).unwrap();
+}
+
+/// Waits until some node's log holds a line containing every one of `words`.
+async fn wait_logged(nodes: &[Node], words: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !nodes
+        .iter()
+        .any(|n| n.log().lines().any(|l| words.iter().all(|w| l.contains(w))))
+    {
+        assert!(Instant::now() < deadline, "no node logged {words:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_database_restored_from_a_base_backup_is_refused_until_the_loss_is_accepted() {
+async fn a_restored_database_is_refused_until_the_loss_is_accepted_and_a_failed_retirement_is_retried()
+ {
     let cluster = Arc::new(
         tokio::task::spawn_blocking(|| PgCluster::start().unwrap_or_else(|e| panic!("{e}")))
             .await
@@ -458,13 +486,27 @@ async fn a_database_restored_from_a_base_backup_is_refused_until_the_loss_is_acc
     all.extend(during.iter().cloned());
     assert_once(&all);
 
-    // The operator's decision: every node restarted with --accept-loss.
+    // The operator's decision: every node restarted with --accept-loss. The database refuses
+    // writes at first: retiring the lost numbers fails, is logged, and is retried until the
+    // database takes writes again.
     for n in nodes {
         n.terminate();
     }
+    refuse_data_writes(&cluster, true);
     let nodes = start_nodes(&db, &ids, dir.path(), &["--accept-loss"]);
     *urls.lock().unwrap() = nodes.iter().map(|n| n.url.clone()).collect();
+    wait_logged(
+        &nodes,
+        &["ERROR", "accepted loss failed", "data writes refused"],
+    )
+    .await;
+    refuse_data_writes(&cluster, false);
     wait_ready(&client, &nodes).await;
+    wait_logged(
+        &nodes,
+        &["moved the partition's next PLog offset past its accepted loss"],
+    )
+    .await;
     let load = start_load(&urls, 6, "second");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let second = load.stop().await;

@@ -10,12 +10,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use monoseq_backoff::Backoff;
 use monoseq_cp::CommandProcessor;
 use monoseq_membership::{
     Action, Call, Config, LeaseTable, Membership, NameTaken, Reply, StopReason, TableError,
     TableStatus, assign, execute,
 };
-use monoseq_store::{EventStore, TrustLevel};
+use monoseq_store::{EventStore, PartitionId, TrustLevel, ensure_retired};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::ClusterSettings;
@@ -607,8 +608,9 @@ impl Cluster {
 
     /// Starts serving `p` under `epoch`: pulls every live peer's marks first (so the mark
     /// includes what former owners acknowledged), makes sure numbers retired by an accepted
-    /// loss stay retired, then starts the partition with its writes going through the fenced
-    /// view, unless the membership stopped it meanwhile.
+    /// loss stay retired (a storage failure doing so is retried with backoff while the lease
+    /// is held here), then starts the partition with its writes going through the fenced view,
+    /// unless the membership stopped it meanwhile.
     fn serve(self: &Arc<Self>, p: u32, epoch: u64, previous: Option<&str>) {
         lock(&self.serving).insert(p, epoch);
         lock(&self.refused).remove(&p);
@@ -616,21 +618,54 @@ impl Cluster {
         let previous = previous.map(str::to_owned);
         tokio::spawn(async move {
             me.pull_marks(&me.peer_urls()).await;
-            if let Err(why) = me.settle_losses(p, epoch).await {
-                tracing::error!(partition = p, epoch, "{why}");
-                lock(&me.held).insert(p, why);
-                return;
+            let mut failures = 0;
+            loop {
+                match me.settle_losses(p, epoch).await {
+                    Ok(()) => break,
+                    Err(Unsettled::Refused(why)) => {
+                        tracing::error!(partition = p, epoch, "{why}");
+                        me.hold(p, epoch, why);
+                        return;
+                    }
+                    Err(Unsettled::Failed(why)) => {
+                        failures += 1;
+                        let wait = SETTLE_BACKOFF.delay(failures);
+                        tracing::error!(
+                            partition = p,
+                            epoch,
+                            attempt = failures,
+                            "{why}; the partition is not served until this succeeds: retrying \
+                             in {} ms",
+                            wait.as_millis()
+                        );
+                        if !me.hold(p, epoch, why) {
+                            return;
+                        }
+                        tokio::time::sleep(wait).await;
+                    }
+                }
             }
             lock(&me.held).remove(&p);
             me.start_serving(p, epoch, previous.as_deref());
         });
     }
 
+    /// Records why `p`, leased here under `epoch`, is not served yet (for `/readyz`); false
+    /// when the membership stopped it meanwhile (nothing is recorded then).
+    fn hold(&self, p: u32, epoch: u64, why: String) -> bool {
+        let serving = lock(&self.serving);
+        let still = serving.get(&p) == Some(&epoch);
+        if still {
+            lock(&self.held).insert(p, why);
+        }
+        still
+    }
+
     /// Numbers of `p` retired by an accepted loss: the command processor must continue above
     /// them (it was started knowing the loss) and the database's stored state must be past
     /// them (the node that accepted the loss retires them, and so does any later owner if the
     /// database lost that write).
-    async fn settle_losses(&self, p: u32, epoch: u64) -> Result<(), String> {
+    async fn settle_losses(&self, p: u32, epoch: u64) -> Result<(), Unsettled> {
         let retired = self.marks.retired(p);
         let known = self
             .cp
@@ -640,22 +675,19 @@ impl Cluster {
             .copied()
             .unwrap_or_default();
         if !known.covers(&retired) {
-            return Err(format!(
+            return Err(Unsettled::Refused(format!(
                 "a loss of partition {p} (PLog offsets up to {}) was accepted after this process \
                  started; it does not serve the partition until restarted, so that the numbers \
                  handed out before the loss stay retired: restart this node",
                 retired.plog
-            ));
+            )));
         }
-        if retired.plog == 0 {
-            return Ok(());
-        }
-        let view = self.view_of(p, epoch);
-        let done =
-            tokio::task::spawn_blocking(move || super::marks::ensure_retired(view, p, retired))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| format!("{e:#}")));
+        let store = EventStore::new(self.view_of(p, epoch), APP, TrustLevel::Level0);
+        let seq = store.seq_storage(PartitionId(p));
+        let done = tokio::task::spawn_blocking(move || ensure_retired(seq, p, retired))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| crate::base::chain(&e)));
         match done {
             Ok(true) => {
                 tracing::warn!(
@@ -667,10 +699,9 @@ impl Cluster {
                 Ok(())
             }
             Ok(false) => Ok(()),
-            Err(e) => Err(format!(
-                "retiring the numbers of partition {p}'s accepted loss failed: {e}; the \
-                 partition is not served"
-            )),
+            Err(e) => Err(Unsettled::Failed(format!(
+                "retiring the numbers of partition {p}'s accepted loss failed: {e}"
+            ))),
         }
     }
 
@@ -763,6 +794,17 @@ impl Cluster {
         lock(&self.held).remove(&p);
     }
 }
+
+/// Why a partition leased here is not served yet.
+enum Unsettled {
+    /// A loss accepted after this process started: held until the node restarts.
+    Refused(String),
+    /// The storage failed to retire an accepted loss's numbers: retried.
+    Failed(String),
+}
+
+/// Retries of a failed retirement: 100 ms after the first failure, doubling, at most 5 s apart.
+const SETTLE_BACKOFF: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
 /// The one command that continues a partition refused for a loss.
 pub const ACCEPT_LOSS_HINT: &str = "restart this node with `monoseq serve --accept-loss` (the \

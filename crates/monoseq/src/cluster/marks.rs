@@ -386,39 +386,6 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Makes sure partition `p`'s stored sequence state is past its retired mark (an accepted
-/// loss): when the stored next PLog offset is at or below it (the loss was just accepted, or
-/// the database lost the retirement too), the partition is actualized and its next offset
-/// moved past the mark, through `view` (the fenced store of the partition's lease). Blocking.
-///
-/// # Errors
-///
-/// When the storage fails or refuses the write.
-pub fn ensure_retired(view: Store, p: u32, retired: Mark) -> anyhow::Result<bool> {
-    use monoseq_core::SeqStorage;
-    if retired.plog == 0 {
-        return Ok(false);
-    }
-    let store = EventStore::new(view, crate::base::APP, monoseq_store::TrustLevel::Level0);
-    let seq = store.seq_storage(PartitionId(p));
-    let next = seq.read_next_plog_offset().map_err(|e| {
-        anyhow::anyhow!(
-            "reading partition {p}'s checkpoint: {}",
-            crate::base::chain(&e)
-        )
-    })?;
-    if next.0 > retired.plog {
-        return Ok(false);
-    }
-    monoseq_store::retire_partition(seq, p, retired).map_err(|e| {
-        anyhow::anyhow!(
-            "retiring partition {p}'s numbers: {}",
-            crate::base::chain(&e)
-        )
-    })?;
-    Ok(true)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
