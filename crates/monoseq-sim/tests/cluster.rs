@@ -1,5 +1,5 @@
 //! The whole-cluster simulation over many seeds, in four ranges that run in parallel.
-//! `MONOSEQ_SIM_SEEDS=n` runs n seeds per range instead of 500, from the range's
+//! `MONOSEQ_SIM_SEEDS=n` runs n seeds per range instead of 2 000, from the range's
 //! `MONOSEQ_SIM_FIRST`-th seed (default 0, for longer hunts in parts); `MONOSEQ_SIM_SEED=s`
 //! replays one seed (a failure prints the command); `MONOSEQ_SIM_TRACE=1` prints every lease
 //! call.
@@ -10,7 +10,7 @@
 
 use monoseq_sim::run_seed;
 
-const SEEDS_PER_RANGE_DEFAULT: u64 = 500;
+const SEEDS_PER_RANGE_DEFAULT: u64 = 2000;
 
 fn run_range(range: u64) {
     let seeds: Vec<u64> = match std::env::var("MONOSEQ_SIM_SEED") {
