@@ -246,7 +246,13 @@ pub struct Membership {
     /// Claiming: since when another live run holds the name, and that run.
     claiming_since: Option<u64>,
     name_holder: Option<NodeRow>,
+    /// When `name_holder` was read (the answer's arrival).
+    name_holder_at: u64,
     name_valid_until: u64,
+    /// Not before this instant does this run take back (or release for another node) a live
+    /// lease under its name that it did not acquire: the earlier run that holds it has stopped
+    /// serving by then (its name would be stale), even one that left and is still draining.
+    takeback_at: u64,
     left: bool,
     epochs: BTreeMap<u32, u64>,
     went_back: BTreeSet<u32>,
@@ -271,7 +277,9 @@ impl Membership {
             settle_until: None,
             claiming_since: None,
             name_holder: None,
+            name_holder_at: 0,
             name_valid_until: 0,
+            takeback_at: 0,
             left: false,
             epochs: BTreeMap::new(),
             went_back: BTreeSet::new(),
@@ -327,7 +335,7 @@ impl Membership {
         for h in self.held.values() {
             t = t.min(h.valid_until);
         }
-        if self.phase == Phase::Member && !self.held.is_empty() {
+        if matches!(self.phase, Phase::Member | Phase::Leaving) && !self.held.is_empty() {
             t = t.min(self.name_valid_until);
         }
         t
@@ -400,7 +408,9 @@ impl Membership {
                 self.stop(p, StopReason::LeaseNotRenewed);
             }
         }
-        if self.phase == Phase::Member && now >= self.name_valid_until {
+        // A leaving run no longer heartbeats: it too stops (its drains cut short, their leases
+        // left to expire) before a new run of its name could take them back.
+        if matches!(self.phase, Phase::Member | Phase::Leaving) && now >= self.name_valid_until {
             self.stop_all(StopReason::NameNotConfirmed);
         }
     }
@@ -499,6 +509,12 @@ impl Membership {
                 self.phase = Phase::Member;
                 self.claimed_at = Some(now);
                 self.name_valid_until = sent + self.cfg.name_valid_ms();
+                // An earlier run stops serving once its name could be claimed as stale; a run
+                // that left gave its name up sooner, and may still be draining until then.
+                self.takeback_at = match &self.name_holder {
+                    Some(n) => self.name_holder_at.saturating_sub(n.seen_ms_ago),
+                    None => now,
+                } + self.cfg.name_stale_ms();
                 let previous = self.name_holder.take().map(|n| self.taken(n));
                 self.out.push_back(Action::Claimed { previous });
                 self.queue.push_front(Call::Status);
@@ -633,6 +649,7 @@ impl Membership {
                 .node(&me)
                 .filter(|n| n.run_id != self.cfg.run_id)
                 .cloned();
+            self.name_holder_at = now;
         }
         self.view = Some(View {
             status,
@@ -682,7 +699,7 @@ impl Membership {
             if target == Some(mine) {
                 self.take(p, row, &read, &mut round);
             } else {
-                self.give_up(p, row, me, target_name);
+                self.give_up(p, row, &read, target_name, &mut round);
             }
         }
         self.next_poll = if read.settling {
@@ -730,8 +747,9 @@ impl Membership {
         let epoch = row.map_or(0, |r| r.epoch);
         match row.and_then(LeaseRow::live_owner) {
             None if !read.settling => self.queue.push_back(Call::Acquire { partition: p }),
-            Some(o) if o == read.me && !read.settling => {
-                // Left by an earlier run of this name: taken back with a new epoch.
+            // Left by an earlier run of this name: taken back with a new epoch once that run
+            // has certainly stopped serving it.
+            Some(o) if o == read.me && !read.settling && self.may_take_back(read, round) => {
                 self.push_release(p, epoch);
                 self.queue.push_back(Call::Acquire { partition: p });
             }
@@ -749,9 +767,32 @@ impl Membership {
         }
     }
 
+    /// Whether a live lease under this name that this run did not acquire may be taken back
+    /// or released on `read`: not before `takeback_at` (the planning reads
+    /// again then).
+    fn may_take_back(&self, read: &Read<'_>, round: &mut Round) -> bool {
+        if read.sent >= self.takeback_at {
+            return true;
+        }
+        round.expiry = Some(
+            round
+                .expiry
+                .map_or(self.takeback_at, |e| e.min(self.takeback_at)),
+        );
+        false
+    }
+
     /// Partition `p` (lease `row`) should be another node's (`to`): drains it if this node
-    /// serves it, releases a lease an earlier run of this name left.
-    fn give_up(&mut self, p: u32, row: Option<&LeaseRow>, me: &str, to: Option<&String>) {
+    /// serves it, releases a lease an earlier run of this name left (once that run has
+    /// certainly stopped serving it).
+    fn give_up(
+        &mut self,
+        p: u32,
+        row: Option<&LeaseRow>,
+        read: &Read<'_>,
+        to: Option<&String>,
+        round: &mut Round,
+    ) {
         if let Some(h) = self.held.get_mut(&p) {
             if !h.draining {
                 h.draining = true;
@@ -761,7 +802,9 @@ impl Membership {
                     to: to.cloned(),
                 });
             }
-        } else if row.and_then(LeaseRow::live_owner) == Some(me) {
+        } else if row.and_then(LeaseRow::live_owner) == Some(read.me)
+            && self.may_take_back(read, round)
+        {
             self.push_release(p, row.map_or(0, |r| r.epoch));
         }
     }

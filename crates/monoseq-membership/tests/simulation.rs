@@ -335,11 +335,15 @@ impl Sim {
                 .collect();
             (!alive.is_empty()).then(|| alive[i % alive.len()])
         };
+        // Members by name: two runs of one name (a duplicate) count once, as only one of them
+        // can stay, so that a kill never leaves the cluster without a node.
         let members = self
             .procs
             .iter()
             .filter(|p| p.alive && p.m.phase() == Phase::Member)
-            .count();
+            .map(|p| p.name)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
         match f {
             Fault::Start { name } => self.start(name),
             Fault::Pause { proc, for_us } => {
@@ -830,6 +834,15 @@ fn membership_keeps_one_server_per_partition_and_rebalances_after_faults() {
     }
     println!("{total:?}");
     assert!(total.writes > 0);
+}
+
+/// Found by a longer run: a second run of a live name claimed it the moment the first run left
+/// (its name goes first) and took back the partitions the first run was still draining.
+#[test]
+fn a_run_claiming_a_leaving_runs_name_waits_until_that_run_stopped_seed_1058() {
+    if let Err(msg) = Sim::new(1058).run() {
+        panic!("seed 1058: {msg}");
+    }
 }
 
 #[test]

@@ -10,6 +10,8 @@ struct Node {
     actions: Vec<Action>,
     /// Calls are not answered (the node cannot reach the table).
     cut_off: bool,
+    /// Drains never finish: a drained partition stays served until it is stopped.
+    slow_drains: bool,
 }
 
 fn node(name: &str, run: &str, partitions: u32) -> Node {
@@ -20,6 +22,7 @@ fn node(name: &str, run: &str, partitions: u32) -> Node {
         serving: BTreeMap::new(),
         actions: Vec::new(),
         cut_off: false,
+        slow_drains: false,
     }
 }
 
@@ -50,7 +53,7 @@ fn step(table: &MemoryLeaseTable, n: &mut Node, now: u64) {
             }
             Action::Drain {
                 partition, epoch, ..
-            } => {
+            } if !n.slow_drains => {
                 n.serving.remove(partition);
                 n.m.drained(now, *partition, *epoch, true);
             }
@@ -157,6 +160,49 @@ fn a_restart_takes_its_leases_back_before_they_expire() {
             .iter()
             .any(|a| matches!(a, Action::Claimed { previous: Some(_) }))
     );
+}
+
+#[test]
+fn a_run_claiming_the_name_a_leaving_run_gave_up_takes_nothing_that_run_still_drains() {
+    let table = MemoryLeaseTable::new();
+    let mut nodes = vec![node("a", "1", 4), node("b", "1", 4)];
+    run(&table, &mut nodes, 0, 1_000);
+    assert_eq!(nodes[0].serving.len(), 2);
+    // Run 1 of "a" begins leaving at 1000 (its name goes first) and its drains do not finish;
+    // run 2 of "a" starts then, and claims the name at once.
+    nodes[0].slow_drains = true;
+    nodes[0].m.leave(1_000);
+    let mut second = node("a", "2", 4);
+    second.m = Membership::new(second.m.config().clone(), 1_000);
+    nodes.push(second);
+    for now in (1_000..5_000).step_by(10) {
+        table.set_now(now);
+        for n in nodes.iter_mut() {
+            step(&table, n, now);
+        }
+        for p in 0..4 {
+            let servers: Vec<usize> = (0..3)
+                .filter(|&i| nodes[i].serving.contains_key(&p))
+                .collect();
+            assert!(
+                servers.len() <= 1,
+                "at {now} ms partition {p} is served by runs {servers:?} at once"
+            );
+        }
+    }
+    assert!(
+        nodes[2]
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Claimed { .. })),
+        "run 2 claimed the name"
+    );
+    assert!(
+        nodes[0].serving.is_empty(),
+        "the leaving run stopped its drains when its name was no longer confirmed"
+    );
+    let counts: Vec<usize> = nodes[1..].iter().map(|n| n.serving.len()).collect();
+    assert_eq!(counts, vec![2, 2], "b and run 2 of a share the partitions");
 }
 
 #[test]
