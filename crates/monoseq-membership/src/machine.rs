@@ -146,7 +146,8 @@ pub struct NameTaken {
     pub run_id: String,
     /// Where the other run serves.
     pub url: String,
-    /// Milliseconds since its last heartbeat when last read, by the database's clock.
+    /// Milliseconds since its last heartbeat: its age at the last read (by the database's
+    /// clock) plus the time since that read's answer (by this node's clock).
     pub seen_ms_ago: u64,
 }
 
@@ -515,7 +516,7 @@ impl Membership {
                     Some(n) => self.name_holder_at.saturating_sub(n.seen_ms_ago),
                     None => now,
                 } + self.cfg.name_stale_ms();
-                let previous = self.name_holder.take().map(|n| self.taken(n));
+                let previous = self.name_holder.take().map(|n| self.taken(n, now));
                 self.out.push_back(Action::Claimed { previous });
                 self.queue.push_front(Call::Status);
             }
@@ -525,7 +526,7 @@ impl Membership {
                 // paused) says nothing about the other run now.
                 let fresh = now.saturating_sub(sent) <= self.cfg.renew_ms;
                 if fresh && now.saturating_sub(since) >= self.cfg.name_wait_ms() {
-                    let holder = self.name_holder.take().map(|n| self.taken(n));
+                    let holder = self.name_holder.take().map(|n| self.taken(n, now));
                     self.phase = Phase::Done;
                     self.out
                         .push_back(Action::Refuse(holder.unwrap_or(NameTaken {
@@ -554,12 +555,12 @@ impl Membership {
         }
     }
 
-    fn taken(&self, n: NodeRow) -> NameTaken {
+    fn taken(&self, n: NodeRow, now: u64) -> NameTaken {
         NameTaken {
             node_id: n.node_id,
             run_id: n.run_id,
             url: n.url,
-            seen_ms_ago: n.seen_ms_ago,
+            seen_ms_ago: n.seen_ms_ago + now.saturating_sub(self.name_holder_at),
         }
     }
 

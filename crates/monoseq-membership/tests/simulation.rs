@@ -23,8 +23,8 @@
 //! [`BALANCE_MS`] after the faults every live node holds its fair share within one partition,
 //! with no move after that.
 //!
-//! `MONOSEQ_SIM_SEEDS=n` (or `SIM_SEEDS`) runs n seeds; `MONOSEQ_SIM_SEED=s` (or `SIM_SEED`)
-//! replays one.
+//! `MONOSEQ_SIM_SEEDS=n` (or `SIM_SEEDS`) runs n seeds, from `MONOSEQ_SIM_FIRST` (default 0);
+//! `MONOSEQ_SIM_SEED=s` (or `SIM_SEED`) replays one.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -543,10 +543,12 @@ impl Sim {
                 if p.ever_served {
                     return Err(format!("run r{} refused its name after serving", p.run));
                 }
-                // The run named was alive when the refusing run last saw its heartbeat.
+                // The run named was alive when it sent the heartbeat the refusing run last saw:
+                // that heartbeat was applied up to one call delay after it was sent, and read up
+                // to one call delay before the answer arrived.
                 let seen_at = self
                     .now
-                    .saturating_sub((taken.seen_ms_ago + CALL_TIMEOUT_MS) * 1_000);
+                    .saturating_sub((taken.seen_ms_ago + 2 * CALL_DELAY_MS_MAX) * 1_000);
                 let holder = self.procs.iter().any(|q| {
                     q.name == p.name
                         && format!("r{}", q.run) == taken.run_id
@@ -809,7 +811,10 @@ fn membership_keeps_one_server_per_partition_and_rebalances_after_faults() {
             let n = env(["MONOSEQ_SIM_SEEDS", "SIM_SEEDS"]).map_or(SEEDS_DEFAULT, |s| {
                 s.parse().expect("SIM_SEEDS must be a number")
             });
-            (0..n).collect()
+            let first = env(["MONOSEQ_SIM_FIRST", "SIM_FIRST"]).map_or(0, |s| {
+                s.parse().expect("MONOSEQ_SIM_FIRST must be a number")
+            });
+            (first..first + n).collect()
         }
     };
     let mut total = Stats::default();
