@@ -250,9 +250,10 @@ pub struct Membership {
     /// When `name_holder` was read (the answer's arrival).
     name_holder_at: u64,
     name_valid_until: u64,
-    /// Not before this instant does this run take back (or release for another node) a live
-    /// lease under its name that it did not acquire: the earlier run that holds it has stopped
-    /// serving by then (its name would be stale), even one that left and is still draining.
+    /// While the table holds a live lease under this run's name that it did not acquire, the
+    /// run takes nothing (and releases nothing for another node) before this instant: the
+    /// earlier run that holds it has stopped serving by then (its name would be stale), even one
+    /// that left and is still draining.
     takeback_at: u64,
     left: bool,
     epochs: BTreeMap<u32, u64>,
@@ -683,12 +684,13 @@ impl Membership {
             return;
         };
         let settle_until = self.settle_deadline(&status, &live, me, now);
+        let earlier_run = self.earlier_run_may_serve(&status, me, sent);
         let read = Read {
             status: &status,
             live: &live,
             me,
             sent,
-            settling: now < settle_until,
+            settling: now < settle_until || earlier_run,
         };
         self.queue.retain(|c| !matches!(c, Call::Acquire { .. }));
         let mut round = Round::default();
@@ -700,10 +702,12 @@ impl Membership {
             if target == Some(mine) {
                 self.take(p, row, &read, &mut round);
             } else {
-                self.give_up(p, row, &read, target_name, &mut round);
+                self.give_up(p, row, &read, target_name);
             }
         }
-        self.next_poll = if read.settling {
+        self.next_poll = if earlier_run {
+            Some((now + self.cfg.handoff_poll_ms()).min(self.takeback_at))
+        } else if read.settling {
             Some(settle_until)
         } else if round.expect_handoff || round.moving {
             Some(now + self.cfg.handoff_poll_ms())
@@ -712,6 +716,18 @@ impl Membership {
                 .expiry
                 .map(|e| e.max(now + self.cfg.handoff_poll_ms()))
         };
+    }
+
+    /// Whether an earlier run of this name may still serve, as read at `sent`: the table holds a
+    /// live lease under the name that this run did not acquire, and that run has not certainly
+    /// stopped yet (`takeback_at`). This run takes nothing meanwhile, so that two runs of one
+    /// name never serve at once (a run that left gives its name up before its drains end).
+    fn earlier_run_may_serve(&self, status: &TableStatus, me: &str, sent: u64) -> bool {
+        sent < self.takeback_at
+            && status
+                .leases
+                .iter()
+                .any(|l| l.live_owner() == Some(me) && !self.held.contains_key(&l.partition))
     }
 
     /// Until when this member waits before taking partitions. Decided at the first plan: a
@@ -748,9 +764,9 @@ impl Membership {
         let epoch = row.map_or(0, |r| r.epoch);
         match row.and_then(LeaseRow::live_owner) {
             None if !read.settling => self.queue.push_back(Call::Acquire { partition: p }),
-            // Left by an earlier run of this name: taken back with a new epoch once that run
-            // has certainly stopped serving it.
-            Some(o) if o == read.me && !read.settling && self.may_take_back(read, round) => {
+            // Left by an earlier run of this name: taken back with a new epoch (not while that
+            // run may still serve: `settling`).
+            Some(o) if o == read.me && !read.settling => {
                 self.push_release(p, epoch);
                 self.queue.push_back(Call::Acquire { partition: p });
             }
@@ -768,32 +784,10 @@ impl Membership {
         }
     }
 
-    /// Whether a live lease under this name that this run did not acquire may be taken back
-    /// or released on `read`: not before `takeback_at` (the planning reads
-    /// again then).
-    fn may_take_back(&self, read: &Read<'_>, round: &mut Round) -> bool {
-        if read.sent >= self.takeback_at {
-            return true;
-        }
-        round.expiry = Some(
-            round
-                .expiry
-                .map_or(self.takeback_at, |e| e.min(self.takeback_at)),
-        );
-        false
-    }
-
     /// Partition `p` (lease `row`) should be another node's (`to`): drains it if this node
-    /// serves it, releases a lease an earlier run of this name left (once that run has
-    /// certainly stopped serving it).
-    fn give_up(
-        &mut self,
-        p: u32,
-        row: Option<&LeaseRow>,
-        read: &Read<'_>,
-        to: Option<&String>,
-        round: &mut Round,
-    ) {
+    /// serves it, releases a lease an earlier run of this name left (not while that run may
+    /// still serve: `settling`).
+    fn give_up(&mut self, p: u32, row: Option<&LeaseRow>, read: &Read<'_>, to: Option<&String>) {
         if let Some(h) = self.held.get_mut(&p) {
             if !h.draining {
                 h.draining = true;
@@ -803,9 +797,7 @@ impl Membership {
                     to: to.cloned(),
                 });
             }
-        } else if row.and_then(LeaseRow::live_owner) == Some(read.me)
-            && self.may_take_back(read, round)
-        {
+        } else if row.and_then(LeaseRow::live_owner) == Some(read.me) && !read.settling {
             self.push_release(p, row.map_or(0, |r| r.epoch));
         }
     }
