@@ -513,10 +513,12 @@ impl Membership {
                 self.name_valid_until = sent + self.cfg.name_valid_ms();
                 // An earlier run stops serving once its name could be claimed as stale; a run
                 // that left gave its name up sooner, and may still be draining until then.
+                // (Its last heartbeat may predate this process's clock: added before subtracted.)
                 self.takeback_at = match &self.name_holder {
-                    Some(n) => self.name_holder_at.saturating_sub(n.seen_ms_ago),
-                    None => now,
-                } + self.cfg.name_stale_ms();
+                    Some(n) => (self.name_holder_at + self.cfg.name_stale_ms())
+                        .saturating_sub(n.seen_ms_ago),
+                    None => now + self.cfg.name_stale_ms(),
+                };
                 let previous = self.name_holder.take().map(|n| self.taken(n, now));
                 self.out.push_back(Action::Claimed { previous });
                 self.queue.push_front(Call::Status);
