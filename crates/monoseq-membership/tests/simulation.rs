@@ -36,7 +36,7 @@ use monoseq_membership::{
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const SEEDS_DEFAULT: u64 = 1_000;
+const SEEDS_DEFAULT: u64 = 3_000;
 const LEASE_MS: u64 = 1_500;
 const RENEW_MS: u64 = 300;
 /// Each node's clock rate differs from the database's by at most this, parts per million.
