@@ -335,15 +335,20 @@ impl Sim {
                 .collect();
             (!alive.is_empty()).then(|| alive[i % alive.len()])
         };
-        // Members by name: two runs of one name (a duplicate) count once, as only one of them
-        // can stay, so that a kill never leaves the cluster without a node.
+        // Members that can stay: a run whose name another run has claimed since (a duplicate's)
+        // is on its way out, so that a kill never leaves the cluster without a node.
         let members = self
             .procs
             .iter()
-            .filter(|p| p.alive && p.m.phase() == Phase::Member)
-            .map(|p| p.name)
-            .collect::<std::collections::BTreeSet<_>>()
-            .len();
+            .filter(|p| {
+                p.alive
+                    && p.m.phase() == Phase::Member
+                    && self
+                        .table
+                        .node(&format!("n{}", p.name))
+                        .is_some_and(|(run, _)| run == format!("r{}", p.run))
+            })
+            .count();
         match f {
             Fault::Start { name } => self.start(name),
             Fault::Pause { proc, for_us } => {
