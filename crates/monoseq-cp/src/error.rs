@@ -188,12 +188,6 @@ pub enum ConfigError {
     /// The high-water marks do not fit the partitions.
     #[error("high-water marks: {0}")]
     Marks(String),
-    /// The operating system refused a partition's thread.
-    #[error(
-        "starting partition {0}'s thread failed ({1}); raise the process's thread limit \
-         (ulimit -u) or lower --partition-threads-max"
-    )]
-    Thread(u32, String),
 }
 
 pub(crate) use monoseq_kv::chain;

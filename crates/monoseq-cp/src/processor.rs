@@ -310,8 +310,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     }
 
     /// Runs partition `p`'s task on a thread of its own while fewer than
-    /// [`Config::partition_threads_max`] do, else on the runtime; the receiver resolves when
-    /// it has ended.
+    /// [`Config::partition_threads_max`] do, else (or when the system refuses the thread) on
+    /// the runtime; the receiver resolves when it has ended.
     fn run_partition(
         &self,
         p: u32,
@@ -320,29 +320,39 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     ) -> Result<oneshot::Receiver<()>, ConfigError> {
         let (ended, task_ended) = oneshot::channel::<()>();
         let threads = Arc::clone(&self.inner.threads);
-        if threads.fetch_add(1, Ordering::AcqRel) >= self.inner.config.partition_threads_max {
-            threads.fetch_sub(1, Ordering::AcqRel);
-            tokio::spawn(async move {
-                let _ended = ended;
-                task.run(rx).await;
-            });
-            return Ok(task_ended);
-        }
-        // Given back when the thread ends, or here if it never starts.
-        let slot = ThreadSlot(threads);
-        task.own_thread = true;
-        let runtime = tokio::runtime::Handle::current();
-        let spawned = std::thread::Builder::new()
-            .name(format!("monoseq-p{p}"))
-            .spawn(move || {
-                let _ended = ended;
-                let _slot = slot;
-                runtime.block_on(task.run(rx));
-            });
-        match spawned {
-            Ok(_) => Ok(task_ended),
-            Err(e) => Err(ConfigError::Thread(p, e.to_string())),
-        }
+        let (mut task, rx, ended) =
+            if threads.fetch_add(1, Ordering::AcqRel) >= self.inner.config.partition_threads_max {
+                threads.fetch_sub(1, Ordering::AcqRel);
+                (task, rx, ended)
+            } else {
+                task.own_thread = true;
+                // The slot gives the thread back when the thread ends, or here if it never
+                // starts.
+                let payload = (task, rx, ended, ThreadSlot(threads));
+                let runtime = tokio::runtime::Handle::current();
+                let builder = std::thread::Builder::new().name(format!("monoseq-p{p}"));
+                let refused = spawn_or_return(builder, payload, move |(task, rx, ended, slot)| {
+                    let _ended = ended;
+                    let _slot = slot;
+                    runtime.block_on(task.run(rx));
+                });
+                let Err(((task, rx, ended, _slot), error)) = refused else {
+                    return Ok(task_ended);
+                };
+                tracing::warn!(
+                    partition = p,
+                    "the system refused the partition a thread of its own ({error}); it runs on \
+                     the runtime instead (raise the thread limit, ulimit -u, or lower \
+                     --partition-threads-max)"
+                );
+                (task, rx, ended)
+            };
+        task.own_thread = false;
+        tokio::spawn(async move {
+            let _ended = ended;
+            task.run(rx).await;
+        });
+        Ok(task_ended)
     }
 
     /// Stops serving partition `p`: new commands for it answer [`CommandError::NotOwner`] at
@@ -657,6 +667,32 @@ pub(crate) fn sequencer_params(
 /// Gives a partition's thread back to [`Inner::threads`] when the thread ends.
 struct ThreadSlot(Arc<AtomicUsize>);
 
+/// Runs `run(payload)` on a new thread of `builder`. When the system refuses the thread (a
+/// limit on threads or memory), `run` never ran and the payload comes back with the reason, so
+/// that the caller can run it elsewhere.
+fn spawn_or_return<P: Send + 'static>(
+    builder: std::thread::Builder,
+    payload: P,
+    run: impl FnOnce(P) + Send + 'static,
+) -> Result<(), (P, std::io::Error)> {
+    let ours = Arc::new(Mutex::new(Some(payload)));
+    let theirs = Arc::clone(&ours);
+    let spawned = builder.spawn(move || {
+        let payload = theirs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(payload) = payload {
+            run(payload);
+        }
+    });
+    let Err(error) = spawned else {
+        return Ok(());
+    };
+    // A thread that was not created never ran its closure, so the payload is still here.
+    match ours.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        Some(payload) => Err((payload, error)),
+        None => Ok(()),
+    }
+}
+
 impl Drop for ThreadSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
@@ -734,4 +770,38 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
 /// The mark with the higher PLog offset (marks only grow, so it is the later one).
 fn higher(a: Mark, b: Mark) -> Mark {
     if b.plog > a.plog { b } else { a }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spawn_or_return;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, mpsc};
+
+    #[test]
+    fn a_refused_thread_hands_its_work_back_unrun() {
+        // A stack larger than any address space: the system refuses the thread for real.
+        let builder = std::thread::Builder::new().stack_size(usize::MAX / 4);
+        let ran = Arc::new(AtomicBool::new(false));
+        let theirs = Arc::clone(&ran);
+        let refused = spawn_or_return(builder, vec![1, 2, 3], move |_| {
+            theirs.store(true, Ordering::SeqCst);
+        });
+        let Err((payload, error)) = refused else {
+            panic!("a thread with a stack of {} bytes started", usize::MAX / 4);
+        };
+        assert_eq!(payload, vec![1, 2, 3]);
+        assert!(!error.to_string().is_empty());
+        assert!(!ran.load(Ordering::SeqCst), "the refused thread's work ran");
+    }
+
+    #[test]
+    fn a_started_thread_runs_its_work_with_the_payload() {
+        let (tx, rx) = mpsc::channel();
+        let started = spawn_or_return(std::thread::Builder::new(), 7_u32, move |n| {
+            tx.send(n * 6).expect("receiver alive");
+        });
+        assert!(started.is_ok());
+        assert_eq!(rx.recv().expect("the thread ran"), 42);
+    }
 }
