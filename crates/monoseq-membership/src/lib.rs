@@ -46,4 +46,4 @@ pub use config::{Config, ConfigError, NODE_ID_BYTES_MAX, RENEWALS_PER_LEASE_MIN}
 pub use machine::{Action, Call, Membership, NameTaken, Phase, Reply, StopReason, View, execute};
 pub use memory::MemoryLeaseTable;
 pub use plan::{Assignment, assign};
-pub use table::{LeaseRow, LeaseTable, NodeRow, TableError, TableStatus};
+pub use table::{LeaseRow, LeaseTable, NameClaim, NodeRow, TableError, TableStatus};

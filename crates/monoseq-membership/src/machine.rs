@@ -3,9 +3,11 @@
 //! [`Action`], performs it, and hands back what came of it ([`Membership::reply`],
 //! [`Membership::drained`], [`Membership::fenced`]). At most one lease call is outstanding.
 //!
-//! A round, every renewal interval: heartbeat (which also claims the node's name for this
-//! run), renew every held lease, read the table, then take, hand off or release toward the
-//! [`crate::assign`]ment. Between rounds, a node that expects a partition (handed to it, or
+//! A round, every renewal interval: heartbeat and renew every held lease in one call (a run
+//! still claiming its name heartbeats alone, which claims the name when it is free or stale),
+//! read the table, then take, hand off or release toward the [`crate::assign`]ment. One call
+//! for both keeps the name's confirmations as frequent as the renewals, however slow the
+//! table's answers. Between rounds, a node that expects a partition (handed to it, or
 //! held by a dead node until its lease expires) reads the table again at once when it can
 //! take it. Two watchdogs stop serving before the database can let anyone else in: a lease is
 //! served until `renewal sent + lease − renewal interval`, and the node's name until
@@ -16,7 +18,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::plan::assign;
-use crate::table::{LeaseRow, LeaseTable, NodeRow, TableError, TableStatus};
+use crate::table::{LeaseRow, LeaseTable, NameClaim, NodeRow, TableError, TableStatus};
 
 /// Where a node is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +43,11 @@ pub enum Call {
     Heartbeat,
     /// Renew these (partition, epoch) leases.
     Renew {
+        /// The leases.
+        held: Vec<(u32, u64)>,
+    },
+    /// Heartbeat under the name this run holds and, if it still does, renew these leases.
+    HeartbeatRenew {
         /// The leases.
         held: Vec<(u32, u64)>,
     },
@@ -70,6 +77,7 @@ impl Call {
             Call::EnsurePartitions => Reply::Ensured(Err(error)),
             Call::Heartbeat => Reply::Heartbeat(Err(error)),
             Call::Renew { .. } => Reply::Renewed(Err(error)),
+            Call::HeartbeatRenew { .. } => Reply::HeartbeatRenewed(Err(error)),
             Call::Status => Reply::Status(Err(error)),
             Call::Acquire { .. } => Reply::Acquired(Err(error)),
             Call::Release { .. } => Reply::Released(Err(error)),
@@ -87,6 +95,9 @@ pub enum Reply {
     Heartbeat(Result<bool, TableError>),
     /// Of [`Call::Renew`]: the partitions renewed.
     Renewed(Result<Vec<u32>, TableError>),
+    /// Of [`Call::HeartbeatRenew`]: the partitions renewed, or `None` when the name is another
+    /// run's.
+    HeartbeatRenewed(Result<Option<Vec<u32>>, TableError>),
     /// Of [`Call::Status`].
     Status(Result<TableStatus, TableError>),
     /// Of [`Call::Acquire`]: the new epoch, if taken.
@@ -102,15 +113,19 @@ pub enum Reply {
 pub fn execute(call: &Call, table: &dyn LeaseTable, config: &Config) -> Reply {
     let lease = Duration::from_millis(config.lease_ms);
     let me = config.node_id.as_str();
+    let name = NameClaim {
+        node_id: me,
+        run_id: &config.run_id,
+        url: &config.url,
+        stale: Duration::from_millis(config.name_stale_ms()),
+    };
     match call {
         Call::EnsurePartitions => Reply::Ensured(table.ensure_partitions(config.partitions)),
-        Call::Heartbeat => Reply::Heartbeat(table.heartbeat(
-            me,
-            &config.run_id,
-            &config.url,
-            Duration::from_millis(config.name_stale_ms()),
-        )),
+        Call::Heartbeat => Reply::Heartbeat(table.heartbeat(me, name.run_id, name.url, name.stale)),
         Call::Renew { held } => Reply::Renewed(table.renew(me, held, lease)),
+        Call::HeartbeatRenew { held } => {
+            Reply::HeartbeatRenewed(table.heartbeat_and_renew(&name, held, lease))
+        }
         Call::Status => Reply::Status(table.status()),
         Call::Acquire { partition } => Reply::Acquired(table.acquire(*partition, me, lease)),
         Call::Release { partition, epoch } => {
@@ -369,11 +384,15 @@ impl Membership {
             return Some(Action::Left);
         }
         let mut call = self.queue.pop_front()?;
-        if let Call::Renew { held } = &mut call {
-            *held = self.held().collect();
-            if held.is_empty() {
-                return self.poll(now);
+        match &mut call {
+            Call::Renew { held } => {
+                *held = self.held().collect();
+                if held.is_empty() {
+                    return self.poll(now);
+                }
             }
+            Call::HeartbeatRenew { held } => *held = self.held().collect(),
+            _ => {}
         }
         self.pending = Some((call.clone(), now));
         Some(Action::Call(call))
@@ -382,14 +401,20 @@ impl Membership {
     fn start_round(&mut self, now: u64) {
         self.next_round = now + self.cfg.renew_ms;
         self.next_poll = None;
-        self.queue
-            .retain(|c| !matches!(c, Call::Heartbeat | Call::Status | Call::Renew { .. }));
+        self.queue.retain(|c| {
+            !matches!(
+                c,
+                Call::Heartbeat | Call::Status | Call::Renew { .. } | Call::HeartbeatRenew { .. }
+            )
+        });
         match self.phase {
             Phase::Claiming => {
                 self.queue.push_front(Call::Heartbeat);
                 self.queue.push_front(Call::Status);
             }
-            Phase::Member => self.queue.push_front(Call::Heartbeat),
+            Phase::Member => self
+                .queue
+                .push_front(Call::HeartbeatRenew { held: Vec::new() }),
             Phase::Leaving => self.queue.push_front(Call::Renew { held: Vec::new() }),
             Phase::Done => {}
         }
@@ -496,6 +521,9 @@ impl Membership {
             (Call::Renew { held }, Reply::Renewed(Ok(renewed))) => {
                 self.on_renewed(sent, &held, &renewed);
             }
+            (Call::HeartbeatRenew { held }, Reply::HeartbeatRenewed(r)) => {
+                self.on_heartbeat_renewed(sent, &held, r);
+            }
             (Call::Status, Reply::Status(Ok(status))) => self.observe(now, sent, status),
             (Call::Acquire { partition }, Reply::Acquired(Ok(Some(epoch)))) => {
                 self.on_acquired(sent, partition, epoch);
@@ -540,21 +568,33 @@ impl Membership {
                         })));
                 }
             }
-            (Phase::Member, Ok(true)) => {
+            _ => {}
+        }
+    }
+
+    /// A round's heartbeat and renewal came back. A run that began leaving meanwhile still
+    /// keeps what the answer confirmed: its leases' and name's validity while it drains.
+    fn on_heartbeat_renewed(
+        &mut self,
+        sent: u64,
+        held: &[(u32, u64)],
+        r: Result<Option<Vec<u32>>, TableError>,
+    ) {
+        match (self.phase, r) {
+            (Phase::Member | Phase::Leaving, Ok(Some(renewed))) => {
                 self.name_valid_until = self.name_valid_until.max(sent + self.cfg.name_valid_ms());
-                self.queue.push_front(Call::Status);
-                self.queue.push_front(Call::Renew { held: Vec::new() });
+                self.on_renewed(sent, held, &renewed);
             }
-            (Phase::Member, Ok(false)) => {
+            (Phase::Member, Ok(None)) => {
                 self.stop_all(StopReason::Superseded);
                 self.phase = Phase::Done;
                 self.out.push_back(Action::Superseded);
-            }
-            (Phase::Member, Err(_)) => {
-                self.queue.push_front(Call::Status);
-                self.queue.push_front(Call::Renew { held: Vec::new() });
+                return;
             }
             _ => {}
+        }
+        if self.phase == Phase::Member {
+            self.queue.push_front(Call::Status);
         }
     }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::table::{LeaseRow, LeaseTable, NodeRow, TableError, TableStatus};
+use crate::table::{LeaseRow, LeaseTable, NameClaim, NodeRow, TableError, TableStatus};
 
 /// A lease row: epoch, holder, expiry in the table's milliseconds.
 #[derive(Debug, Clone, Default)]
@@ -29,6 +29,42 @@ struct Rows {
     now_ms: u64,
     leases: BTreeMap<u32, Lease>,
     nodes: BTreeMap<String, Node>,
+}
+
+impl Rows {
+    fn heartbeat(&mut self, name: &NameClaim<'_>) -> bool {
+        let now = self.now_ms;
+        let claimable = self.nodes.get(name.node_id).is_none_or(|n| {
+            n.run_id == name.run_id || now.saturating_sub(n.seen_at_ms) >= ms(name.stale)
+        });
+        if claimable {
+            self.nodes.insert(
+                name.node_id.to_owned(),
+                Node {
+                    run_id: name.run_id.to_owned(),
+                    url: name.url.to_owned(),
+                    seen_at_ms: now,
+                },
+            );
+        }
+        claimable
+    }
+
+    fn renew(&mut self, node_id: &str, held: &[(u32, u64)], lease: Duration) -> Vec<u32> {
+        let now = self.now_ms;
+        let mut renewed = Vec::new();
+        for &(p, epoch) in held {
+            if let Some(l) = self.leases.get_mut(&p)
+                && l.epoch == epoch
+                && l.node_id.as_deref() == Some(node_id)
+            {
+                l.expires_at_ms = now + ms(lease);
+                renewed.push(p);
+            }
+        }
+        renewed.sort_unstable();
+        renewed
+    }
 }
 
 /// The in-memory lease table. Its clock stands still until [`MemoryLeaseTable::set_now`]
@@ -138,23 +174,13 @@ impl LeaseTable for MemoryLeaseTable {
         url: &str,
         stale: Duration,
     ) -> Result<bool, TableError> {
-        let mut rows = self.rows();
-        let now = rows.now_ms;
-        let claimable = rows
-            .nodes
-            .get(node_id)
-            .is_none_or(|n| n.run_id == run_id || now.saturating_sub(n.seen_at_ms) >= ms(stale));
-        if claimable {
-            rows.nodes.insert(
-                node_id.to_owned(),
-                Node {
-                    run_id: run_id.to_owned(),
-                    url: url.to_owned(),
-                    seen_at_ms: now,
-                },
-            );
-        }
-        Ok(claimable)
+        let name = NameClaim {
+            node_id,
+            run_id,
+            url,
+            stale,
+        };
+        Ok(self.rows().heartbeat(&name))
     }
 
     fn leave(&self, node_id: &str, run_id: &str) -> Result<(), TableError> {
@@ -191,20 +217,19 @@ impl LeaseTable for MemoryLeaseTable {
         held: &[(u32, u64)],
         lease: Duration,
     ) -> Result<Vec<u32>, TableError> {
+        Ok(self.rows().renew(node_id, held, lease))
+    }
+
+    fn heartbeat_and_renew(
+        &self,
+        name: &NameClaim<'_>,
+        held: &[(u32, u64)],
+        lease: Duration,
+    ) -> Result<Option<Vec<u32>>, TableError> {
         let mut rows = self.rows();
-        let now = rows.now_ms;
-        let mut renewed = Vec::new();
-        for &(p, epoch) in held {
-            if let Some(l) = rows.leases.get_mut(&p)
-                && l.epoch == epoch
-                && l.node_id.as_deref() == Some(node_id)
-            {
-                l.expires_at_ms = now + ms(lease);
-                renewed.push(p);
-            }
-        }
-        renewed.sort_unstable();
-        Ok(renewed)
+        Ok(rows
+            .heartbeat(name)
+            .then(|| rows.renew(name.node_id, held, lease)))
     }
 
     fn release(&self, node_id: &str, partition: u32, epoch: u64) -> Result<bool, TableError> {

@@ -39,6 +39,19 @@ pub struct NodeRow {
     pub seen_ms_ago: u64,
 }
 
+/// A run's claim on its node's name, as [`LeaseTable::heartbeat_and_renew`] records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NameClaim<'a> {
+    /// The node's name.
+    pub node_id: &'a str,
+    /// This run.
+    pub run_id: &'a str,
+    /// Where it serves.
+    pub url: &'a str,
+    /// How old another run's last heartbeat must be for this run to take the name over.
+    pub stale: Duration,
+}
+
 /// Leases and nodes, read in one snapshot at one instant of the table's clock.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TableStatus {
@@ -91,6 +104,7 @@ impl std::error::Error for TableError {}
 /// - `renew` and `release` change a lease only when the caller holds it with the given epoch.
 /// - `heartbeat` records the run under the name only when the name is new, already this run's,
 ///   or its last heartbeat is older than `stale`; it answers whether it did.
+/// - `heartbeat_and_renew` is one step: it renews only when its heartbeat was recorded.
 /// - `status` reads every row in one snapshot at one instant.
 pub trait LeaseTable: Send + Sync {
     /// Creates the free leases of partitions `0..partitions` that are missing.
@@ -146,6 +160,20 @@ pub trait LeaseTable: Send + Sync {
         held: &[(u32, u64)],
         lease: Duration,
     ) -> Result<Vec<u32>, TableError>;
+
+    /// [`LeaseTable::heartbeat`] and, only when it was recorded, [`LeaseTable::renew`], in one
+    /// step (one round trip): the partitions renewed, or `None` when the name is another
+    /// run's (nothing was renewed).
+    ///
+    /// # Errors
+    ///
+    /// When the table cannot be reached.
+    fn heartbeat_and_renew(
+        &self,
+        name: &NameClaim<'_>,
+        held: &[(u32, u64)],
+        lease: Duration,
+    ) -> Result<Option<Vec<u32>>, TableError>;
 
     /// Frees `partition` at once if `node_id` holds it with `epoch`; whether it did.
     ///

@@ -492,7 +492,12 @@ impl Sim {
         if self.trace
             && !matches!(
                 a,
-                Action::Call(Call::Status | Call::Heartbeat | Call::Renew { .. })
+                Action::Call(
+                    Call::Status
+                        | Call::Heartbeat
+                        | Call::Renew { .. }
+                        | Call::HeartbeatRenew { .. }
+                )
             )
         {
             println!(

@@ -157,6 +157,32 @@ fn lease_param(lease: Duration) -> Result<i64, KvError> {
     Ok(ms)
 }
 
+/// The partitions and epochs of `held` as statement parameters.
+fn held_params(held: &[(u32, u64)]) -> Result<(Vec<i32>, Vec<i64>), KvError> {
+    let mut partitions = Vec::with_capacity(held.len());
+    let mut epochs = Vec::with_capacity(held.len());
+    for &(partition, epoch) in held {
+        partitions.push(partition_param(partition)?);
+        // No lease has an epoch past i64::MAX: such a pair is simply not renewed.
+        epochs.push(i64::try_from(epoch).unwrap_or(-1));
+    }
+    Ok((partitions, epochs))
+}
+
+/// The partitions a renewal answered, in order.
+fn partitions_renewed(rows: Vec<i32>) -> Result<Vec<u32>, Failure> {
+    let mut renewed = rows
+        .into_iter()
+        .map(|partition| {
+            u32::try_from(partition).map_err(|_| {
+                Failure::Corrupted(format!("the lease table holds partition {partition}"))
+            })
+        })
+        .collect::<Result<Vec<u32>, _>>()?;
+    renewed.sort_unstable();
+    Ok(renewed)
+}
+
 /// A bigint column that must hold a non-negative number.
 fn unsigned(value: i64, what: &str) -> Result<u64, Failure> {
     u64::try_from(value)
@@ -372,28 +398,64 @@ impl Leases {
         if held.is_empty() {
             return Ok(Vec::new());
         }
-        let mut partitions = Vec::with_capacity(held.len());
-        let mut epochs = Vec::with_capacity(held.len());
-        for &(partition, epoch) in held {
-            partitions.push(partition_param(partition)?);
-            // No lease has an epoch past i64::MAX: such a pair is simply not renewed.
-            epochs.push(i64::try_from(epoch).unwrap_or(-1));
-        }
+        let (partitions, epochs) = held_params(held)?;
         let text = &self.core.inner.sql.leases.renew;
         self.run("renewing partition leases", async {
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                 [&node_id, &partitions, &epochs, &ms];
             let rows = query(&self.core.inner, text, &params).await?;
-            let mut renewed = Vec::with_capacity(rows.len());
-            for row in rows {
-                let partition: i32 = row.try_get(0)?;
-                renewed.push(u32::try_from(partition).map_err(|_| {
-                    Failure::Corrupted(format!("the lease table holds partition {partition}"))
-                })?);
-            }
-            renewed.sort_unstable();
-            Ok(renewed)
+            let renewed = rows
+                .iter()
+                .map(|row| row.try_get(0))
+                .collect::<Result<Vec<i32>, _>>()?;
+            partitions_renewed(renewed)
         })
+    }
+
+    /// [`Leases::heartbeat`] and, only when it was recorded, [`Leases::renew`], in one
+    /// statement (one round trip): the partitions extended, or `None` when the name is another
+    /// run's (nothing was extended). A node that heartbeats with every renewal confirms its name
+    /// as often as its leases, however slow the database's answers.
+    ///
+    /// # Errors
+    ///
+    /// As [`Leases::heartbeat`] and [`Leases::renew`].
+    pub fn heartbeat_and_renew(
+        &self,
+        node_id: &str,
+        run_id: &str,
+        url: &str,
+        stale: Duration,
+        held: &[(u32, u64)],
+        lease: Duration,
+    ) -> Result<Option<Vec<u32>>, KvError> {
+        let ms = lease_param(lease)?;
+        let stale_ms = i64::try_from(stale.as_millis()).unwrap_or(i64::MAX);
+        let (partitions, epochs) = held_params(held)?;
+        let text = &self.core.inner.sql.leases.heartbeat_renew;
+        self.run(
+            "recording a node's heartbeat and renewing its leases",
+            async {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+                    &node_id,
+                    &url,
+                    &run_id,
+                    &stale_ms,
+                    &partitions,
+                    &epochs,
+                    &ms,
+                ];
+                let rows = query(&self.core.inner, text, &params).await?;
+                let row = rows.first().ok_or_else(|| {
+                    Failure::Corrupted("a heartbeat with renewal answered no row".to_owned())
+                })?;
+                if !row.try_get::<_, bool>(0)? {
+                    return Ok(None);
+                }
+                let renewed: Vec<i32> = row.try_get(1)?;
+                partitions_renewed(renewed).map(Some)
+            },
+        )
     }
 
     /// Frees the lease of `partition` at once (no node, `expires_at = now()`), only if

@@ -95,6 +95,11 @@ pub(crate) struct LeaseSql {
     /// partitions extended. Locks the rows in partition order, as a combined write's fences
     /// do (`combine.rs`), so that the two never wait for each other in a cycle.
     pub(crate) renew: String,
+    /// Heartbeats node $1 at URL $2 as run $3 (as [`NodeSql::heartbeat`], stale after $4 ms)
+    /// and, only when that was recorded, extends for $7 ms the leases of node $1 among
+    /// partitions $5 with epochs $6 (as `renew`); returns whether the heartbeat was recorded
+    /// and the partitions extended.
+    pub(crate) heartbeat_renew: String,
     /// Frees lease $1 when node $2 holds it with epoch $3.
     pub(crate) release: String,
     /// Every lease: partition, epoch, node, milliseconds to expiry by the database's clock.
@@ -155,7 +160,7 @@ impl Sql {
         Sql {
             schema: SchemaSql::new(schema, &tables),
             kv: KvSql::new(kv),
-            leases: LeaseSql::new(&tables.leases),
+            leases: LeaseSql::new(&tables.leases, &tables.nodes),
             nodes: NodeSql::new(&tables.nodes),
             scans: std::array::from_fn(|lower| {
                 std::array::from_fn(|upper| {
@@ -258,7 +263,8 @@ impl KvSql {
 }
 
 impl LeaseSql {
-    fn new(leases: &str) -> LeaseSql {
+    fn new(leases: &str, nodes: &str) -> LeaseSql {
+        let heartbeat = heartbeat_sql(nodes);
         LeaseSql {
             fence: format!(
                 "WITH held AS (UPDATE {leases} SET writes = writes + 1 WHERE partition = $1 AND \
@@ -283,6 +289,15 @@ impl LeaseSql {
                  $4::bigint * interval '1 millisecond' FROM mine WHERE l.partition = \
                  mine.partition RETURNING l.partition"
             ),
+            heartbeat_renew: format!(
+                "WITH hb AS ({heartbeat}), mine AS (SELECT partition FROM {leases} WHERE \
+                 EXISTS (SELECT 1 FROM hb) AND node_id = $1 AND (partition, epoch) IN (SELECT * \
+                 FROM unnest($5::integer[], $6::bigint[])) ORDER BY partition FOR NO KEY \
+                 UPDATE), renewed AS (UPDATE {leases} l SET expires_at = now() + $7::bigint * \
+                 interval '1 millisecond' FROM mine WHERE l.partition = mine.partition \
+                 RETURNING l.partition) SELECT EXISTS (SELECT 1 FROM hb), ARRAY(SELECT partition \
+                 FROM renewed ORDER BY partition)"
+            ),
             release: format!(
                 "UPDATE {leases} SET node_id = NULL, expires_at = now() WHERE partition = $1 AND \
                  node_id = $2 AND epoch = $3"
@@ -298,13 +313,7 @@ impl LeaseSql {
 impl NodeSql {
     fn new(nodes: &str) -> NodeSql {
         NodeSql {
-            heartbeat: format!(
-                "INSERT INTO {nodes} (node_id, url, seen_at, run_id) VALUES ($1, $2, now(), $3) \
-                 ON CONFLICT (node_id) DO UPDATE SET url = EXCLUDED.url, seen_at = \
-                 EXCLUDED.seen_at, run_id = EXCLUDED.run_id WHERE {nodes}.run_id = \
-                 EXCLUDED.run_id OR {nodes}.seen_at <= now() - $4::bigint * interval '1 \
-                 millisecond' RETURNING 1"
-            ),
+            heartbeat: heartbeat_sql(nodes),
             leave: format!("DELETE FROM {nodes} WHERE node_id = $1 AND run_id = $2"),
             status: format!(
                 "SELECT node_id, url, -{}, run_id FROM {nodes} ORDER BY node_id",
@@ -312,6 +321,15 @@ impl NodeSql {
             ),
         }
     }
+}
+
+fn heartbeat_sql(nodes: &str) -> String {
+    format!(
+        "INSERT INTO {nodes} (node_id, url, seen_at, run_id) VALUES ($1, $2, now(), $3) ON \
+         CONFLICT (node_id) DO UPDATE SET url = EXCLUDED.url, seen_at = EXCLUDED.seen_at, run_id \
+         = EXCLUDED.run_id WHERE {nodes}.run_id = EXCLUDED.run_id OR {nodes}.seen_at <= now() - \
+         $4::bigint * interval '1 millisecond' RETURNING 1"
+    )
 }
 
 fn scan_sql(kv: &str, lower: usize, upper: usize, descending: bool) -> String {

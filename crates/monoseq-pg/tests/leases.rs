@@ -108,6 +108,46 @@ fn an_expired_lease_not_taken_over_is_renewed_with_its_epoch() {
 }
 
 #[test]
+fn a_heartbeat_with_renewal_renews_only_while_the_name_is_this_runs() {
+    let leases = fresh().leases();
+    leases.ensure_partitions(2).unwrap();
+    let e0 = leases.acquire(0, "a", SHORT).unwrap().unwrap();
+    let e1 = leases.acquire(1, "a", SHORT).unwrap().unwrap();
+    let held = [(0, e0), (1, e1), (1, e1 + 1)];
+    let renew = |run: &str, url: &str, stale: Duration| {
+        leases.heartbeat_and_renew("a", run, url, stale, &held, LONG)
+    };
+    // The name is new: claimed, and both leases held with their epochs extended.
+    assert_eq!(renew("r1", "http://a:1", LONG).unwrap(), Some(vec![0, 1]));
+    // Another run under the live name: nothing recorded, nothing extended.
+    assert_eq!(renew("r2", "http://a:2", LONG).unwrap(), None);
+    let status = leases.status().unwrap();
+    let node = status.node("a").unwrap();
+    assert_eq!((node.run_id.as_str(), node.url.as_str()), ("r1", "http://a:1"));
+    // The first run goes on; the second takes the name once it is stale.
+    assert_eq!(renew("r1", "http://a:1", LONG).unwrap(), Some(vec![0, 1]));
+    thread::sleep(PAST_SHORT);
+    assert_eq!(renew("r2", "http://a:2", SHORT).unwrap(), Some(vec![0, 1]));
+    assert_eq!(renew("r1", "http://a:1", LONG).unwrap(), None);
+    // No lease held: the heartbeat alone.
+    let alone = leases.heartbeat_and_renew("b", "r1", "http://b:1", LONG, &[], SHORT);
+    assert_eq!(alone.unwrap(), Some(vec![]));
+    assert!(leases.status().unwrap().node("b").is_some());
+}
+
+#[test]
+fn a_refused_heartbeat_leaves_the_leases_to_expire() {
+    let leases = fresh().leases();
+    leases.ensure_partitions(1).unwrap();
+    let epoch = leases.acquire(0, "a", SHORT).unwrap().unwrap();
+    assert!(leases.heartbeat("a", "r1", "http://a:1", LONG).unwrap());
+    let refused = leases.heartbeat_and_renew("a", "r2", "http://a:2", LONG, &[(0, epoch)], LONG);
+    assert_eq!(refused.unwrap(), None);
+    thread::sleep(PAST_SHORT);
+    assert_eq!(leases.acquire(0, "b", SHORT).unwrap(), Some(epoch + 1));
+}
+
+#[test]
 fn release_frees_the_lease_at_once_only_for_its_holder_and_epoch() {
     let leases = fresh().leases();
     leases.ensure_partitions(1).unwrap();

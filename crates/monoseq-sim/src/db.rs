@@ -21,13 +21,30 @@ use monoseq_membership::{Call, Config, MemoryLeaseTable, Reply, TableError, exec
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// Fault rates, per mille of calls.
-#[derive(Debug, Clone, Copy, Default)]
+use crate::RENEW_MS;
+
+/// Fault rates, per mille of calls, and how late a slow answer may come.
+#[derive(Debug, Clone, Copy)]
 pub struct DbFaults {
     /// Calls that fail cleanly (nothing applied).
     pub fail: u32,
     /// Writes whose request (half of these) or answer (the other half) is lost.
     pub unknown: u32,
+    /// The latest a slow lease call's answer comes, milliseconds.
+    pub late_ms_max: u64,
+}
+
+impl Default for DbFaults {
+    /// A healthy database: nothing fails, and a slow answer is late by at most a quarter of a
+    /// renewal interval (jitter, not a stall: a node makes up to three calls in a row between
+    /// two heartbeats, and the name's validity spans two and a half intervals).
+    fn default() -> DbFaults {
+        DbFaults {
+            fail: 0,
+            unknown: 0,
+            late_ms_max: RENEW_MS / 4,
+        }
+    }
 }
 
 /// What the database decides of one call.
@@ -195,6 +212,11 @@ impl Db {
         s.faults = DbFaults::default();
     }
 
+    /// The latest a slow lease call's answer comes now, milliseconds.
+    pub fn late_ms_max(&self) -> u64 {
+        self.state().faults.late_ms_max
+    }
+
     /// Cuts `node` off from the database, or joins it again.
     pub fn cut(&self, node: &str, cut: bool) {
         let mut s = self.state();
@@ -223,7 +245,7 @@ impl Db {
             return Err(unreachable());
         }
         let roll = s.rng.random_range(0..1_000u32);
-        let DbFaults { fail, unknown } = s.faults;
+        let DbFaults { fail, unknown, .. } = s.faults;
         Ok(match roll {
             r if write && r < unknown / 2 => Fate::LoseRequest,
             r if write && r < unknown => Fate::LoseAnswer,

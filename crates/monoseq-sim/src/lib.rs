@@ -203,6 +203,7 @@ impl Sim {
         self.db.set_faults(DbFaults {
             fail: self.rng.random_range(0..=20),
             unknown: self.rng.random_range(0..=30),
+            late_ms_max: RENEW_MS,
         });
         let mut served_since: Option<u64> = None;
         let mut healed = false;

@@ -21,7 +21,8 @@ use crate::{LEASE_MS, Plan, RENEW_MS, cp_config};
 const GROUP_MAX: usize = 16;
 /// Longest a handoff waits for its partition to finish before the lease is left to expire.
 const DRAIN_MS_MAX: u64 = 2_000;
-/// Per mille of lease calls whose answer comes late (up to a renewal interval).
+/// Per mille of lease calls whose answer comes late (by up to [`crate::DbFaults`]'s
+/// `late_ms_max`: a renewal interval while the faults last, jitter after).
 const LATE_PER_MILLE: u32 = 50;
 
 /// A command on its way: which client sent it, for which of its operations.
@@ -105,15 +106,7 @@ fn failed(call: &Call, message: &str) -> Reply {
     let e = TableError {
         message: message.to_owned(),
     };
-    match call {
-        Call::EnsurePartitions => Reply::Ensured(Err(e)),
-        Call::Heartbeat => Reply::Heartbeat(Err(e)),
-        Call::Renew { .. } => Reply::Renewed(Err(e)),
-        Call::Status => Reply::Status(Err(e)),
-        Call::Acquire { .. } => Reply::Acquired(Err(e)),
-        Call::Release { .. } => Reply::Released(Err(e)),
-        Call::Leave => Reply::Left(Err(e)),
-    }
+    call.failed(e)
 }
 
 /// Prints a line when `MONOSEQ_SIM_TRACE` is set.
@@ -467,7 +460,7 @@ impl Node {
                 if !answered {
                     failed(&call, "the answer was lost")
                 } else if self.rng.random_range(0..1_000u32) < LATE_PER_MILLE {
-                    let late = self.rng.random_range(10..=RENEW_MS);
+                    let late = self.rng.random_range(10..=db.late_ms_max().max(10));
                     self.awaiting = Some((now + late, reply));
                     return;
                 } else {

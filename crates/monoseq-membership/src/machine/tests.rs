@@ -316,3 +316,43 @@ fn a_node_forwarding_to_a_partition_that_moves_learns_its_new_owner_within_a_pol
         );
     }
 }
+
+#[test]
+fn a_node_whose_table_answers_every_call_late_keeps_its_partitions_and_still_reads_the_table() {
+    let table = MemoryLeaseTable::new();
+    let mut n = node("a", "a-1", 4);
+    run(&table, std::slice::from_mut(&mut n), 0, 2_000);
+    assert_eq!(n.serving.len(), 4, "{:?}", n.actions);
+    // From now on every answer comes 200 ms after its call: two calls take longer than a
+    // renewal interval (300 ms), and the name stays valid 750 ms after a heartbeat was sent.
+    let late = 200;
+    let mut awaiting: Option<(u64, Reply)> = None;
+    let mut reads = Vec::new();
+    for now in (2_000..8_000).step_by(10) {
+        table.set_now(now);
+        if awaiting.as_ref().is_some_and(|(at, _)| *at <= now)
+            && let Some((_, reply)) = awaiting.take()
+        {
+            n.m.reply(now, reply);
+        }
+        while let Some(a) = n.m.poll(now) {
+            match a {
+                Action::Call(call) => {
+                    if call == Call::Status {
+                        reads.push(now);
+                    }
+                    let cfg = n.m.config().clone();
+                    awaiting = Some((now + late, execute(&call, &table, &cfg)));
+                }
+                Action::Stop { partition, why, .. } => {
+                    panic!("at {now} ms partition {partition} stopped: {why:?}")
+                }
+                other => n.actions.push(other),
+            }
+        }
+    }
+    // The table is read every round still (a round is two calls: 400 ms), so that the node
+    // learns of joining nodes and takeovers.
+    let gaps = reads.windows(2).map(|w| w[1] - w[0]).max();
+    assert!(reads.len() >= 14 && gaps <= Some(400), "reads at {reads:?}");
+}

@@ -857,6 +857,7 @@ fn log_failure(reply: &Reply) {
     let failed = match reply {
         Reply::Ensured(Err(e)) | Reply::Left(Err(e)) | Reply::Renewed(Err(e)) => Some(e),
         Reply::Heartbeat(Err(e)) | Reply::Status(Err(e)) => Some(e),
+        Reply::HeartbeatRenewed(Err(e)) => Some(e),
         Reply::Acquired(Err(e)) | Reply::Released(Err(e)) => Some(e),
         _ => None,
     };

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use monoseq_kv::KvError;
-use monoseq_membership::{LeaseRow, LeaseTable, NodeRow, TableError, TableStatus};
+use monoseq_membership::{LeaseRow, LeaseTable, NameClaim, NodeRow, TableError, TableStatus};
 
 use crate::base::Store;
 
@@ -84,6 +84,17 @@ impl LeaseTable for PgLeaseTable {
         lease: Duration,
     ) -> Result<Vec<u32>, TableError> {
         self.leases.renew(node_id, held, lease).map_err(table_error)
+    }
+
+    fn heartbeat_and_renew(
+        &self,
+        name: &NameClaim<'_>,
+        held: &[(u32, u64)],
+        lease: Duration,
+    ) -> Result<Option<Vec<u32>>, TableError> {
+        self.leases
+            .heartbeat_and_renew(name.node_id, name.run_id, name.url, name.stale, held, lease)
+            .map_err(table_error)
     }
 
     fn release(&self, node_id: &str, partition: u32, epoch: u64) -> Result<bool, TableError> {
