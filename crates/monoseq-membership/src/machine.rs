@@ -5,12 +5,14 @@
 //!
 //! A round, every renewal interval: heartbeat and renew every held lease in one call (a run
 //! still claiming its name heartbeats alone, which claims the name when it is free or stale),
-//! read the table, then take, hand off or release toward the [`crate::assign`]ment. One call
-//! for both keeps the name's confirmations as frequent as the renewals, however slow the
-//! table's answers. Between rounds, a node that expects a partition (handed to it, or
-//! held by a dead node until its lease expires) reads the table again at once when it can
-//! take it. Two watchdogs stop serving before the database can let anyone else in: a lease is
-//! served until `renewal sent + lease − renewal interval`, and the node's name until
+//! read the table, then take, hand off or release toward the [`crate::assign`]ment. Two calls
+//! a round, not three, so that a slow table still leaves room for the read; and a round that
+//! falls due while an acquire or release waits lets one go first when the watchdogs' deadlines
+//! leave time for it, so that a slow table slows moves down rather than stopping them.
+//! Between rounds, a node that expects a partition (handed to it, or held by a dead node until
+//! its lease expires) reads the table again at once when it can take it. Two watchdogs stop
+//! serving before the database can let anyone else in: a lease is served until
+//! `renewal sent + lease − renewal interval`, and the node's name until
 //! `heartbeat sent + name_valid_ms`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -274,6 +276,10 @@ pub struct Membership {
     epochs: BTreeMap<u32, u64>,
     went_back: BTreeSet<u32>,
     view: Option<View>,
+    /// How long the last answer took.
+    latency: u64,
+    /// An acquire or release went before the round that was due.
+    plan_call_sent_late: bool,
 }
 
 impl Membership {
@@ -301,6 +307,8 @@ impl Membership {
             epochs: BTreeMap::new(),
             went_back: BTreeSet::new(),
             view: None,
+            latency: 0,
+            plan_call_sent_late: false,
         }
     }
 
@@ -367,9 +375,9 @@ impl Membership {
         if self.phase == Phase::Done || self.pending.is_some() {
             return None;
         }
-        if now >= self.next_round {
+        if now >= self.next_round && !self.plan_call_goes_first(now) {
             self.start_round(now);
-        } else if self.next_poll.is_some_and(|t| now >= t) {
+        } else if now < self.next_round && self.next_poll.is_some_and(|t| now >= t) {
             self.next_poll = None;
             if !self.queue.contains(&Call::Status) {
                 self.queue.push_back(Call::Status);
@@ -398,9 +406,36 @@ impl Membership {
         Some(Action::Call(call))
     }
 
+    /// Whether the acquire or release at the queue's front goes before a round that is due:
+    /// once a round, and only when it and the round's heartbeat can both be answered (at the
+    /// last answer's latency, with a quarter of a renewal interval to spare) before the name or
+    /// a lease would stop being served. Without it a table answering in half a renewal
+    /// interval or more keeps a node renewing and reading, never taking or handing over.
+    fn plan_call_goes_first(&mut self, now: u64) -> bool {
+        if self.phase != Phase::Member
+            || self.plan_call_sent_late
+            || !matches!(
+                self.queue.front(),
+                Some(Call::Acquire { .. } | Call::Release { .. })
+            )
+        {
+            return false;
+        }
+        let deadline = self
+            .held
+            .values()
+            .map(|h| h.valid_until.min(self.name_valid_until))
+            .min()
+            .unwrap_or(u64::MAX);
+        let answered = now + 2 * self.latency + self.cfg.renew_ms / 4;
+        self.plan_call_sent_late = answered < deadline;
+        self.plan_call_sent_late
+    }
+
     fn start_round(&mut self, now: u64) {
         self.next_round = now + self.cfg.renew_ms;
         self.next_poll = None;
+        self.plan_call_sent_late = false;
         self.queue.retain(|c| {
             !matches!(
                 c,
@@ -515,6 +550,7 @@ impl Membership {
         let Some((call, sent)) = self.pending.take() else {
             return;
         };
+        self.latency = now.saturating_sub(sent);
         match (call, reply) {
             (Call::EnsurePartitions, Reply::Ensured(r)) => self.ensured = r.is_ok(),
             (Call::Heartbeat, Reply::Heartbeat(r)) => self.on_heartbeat(now, sent, r),

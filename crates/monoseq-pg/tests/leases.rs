@@ -123,7 +123,10 @@ fn a_heartbeat_with_renewal_renews_only_while_the_name_is_this_runs() {
     assert_eq!(renew("r2", "http://a:2", LONG).unwrap(), None);
     let status = leases.status().unwrap();
     let node = status.node("a").unwrap();
-    assert_eq!((node.run_id.as_str(), node.url.as_str()), ("r1", "http://a:1"));
+    assert_eq!(
+        (node.run_id.as_str(), node.url.as_str()),
+        ("r1", "http://a:1")
+    );
     // The first run goes on; the second takes the name once it is stale.
     assert_eq!(renew("r1", "http://a:1", LONG).unwrap(), Some(vec![0, 1]));
     thread::sleep(PAST_SHORT);

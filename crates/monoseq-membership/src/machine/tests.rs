@@ -317,6 +317,53 @@ fn a_node_forwarding_to_a_partition_that_moves_learns_its_new_owner_within_a_pol
     }
 }
 
+/// A node whose every lease call is answered `late` ms after it was sent (the call applied
+/// at once): answers the call due by `now`, then makes the node's next calls. Reads of the
+/// table are noted in `reads`.
+struct Slow {
+    late: u64,
+    awaiting: Option<(u64, Reply)>,
+    reads: Vec<u64>,
+}
+
+impl Slow {
+    fn new(late: u64) -> Slow {
+        Slow {
+            late,
+            awaiting: None,
+            reads: Vec::new(),
+        }
+    }
+
+    fn step(&mut self, table: &MemoryLeaseTable, n: &mut Node, now: u64) {
+        if self.awaiting.as_ref().is_some_and(|(at, _)| *at <= now)
+            && let Some((_, reply)) = self.awaiting.take()
+        {
+            n.m.reply(now, reply);
+        }
+        while let Some(a) = n.m.poll(now) {
+            match a {
+                Action::Call(call) => {
+                    if call == Call::Status {
+                        self.reads.push(now);
+                    }
+                    let cfg = n.m.config().clone();
+                    self.awaiting = Some((now + self.late, execute(&call, table, &cfg)));
+                }
+                Action::Stop { partition, why, .. } => {
+                    panic!("at {now} ms partition {partition} stopped: {why:?}")
+                }
+                Action::Serve {
+                    partition, epoch, ..
+                } => {
+                    n.serving.insert(partition, epoch);
+                }
+                other => n.actions.push(other),
+            }
+        }
+    }
+}
+
 #[test]
 fn a_node_whose_table_answers_every_call_late_keeps_its_partitions_and_still_reads_the_table() {
     let table = MemoryLeaseTable::new();
@@ -325,34 +372,35 @@ fn a_node_whose_table_answers_every_call_late_keeps_its_partitions_and_still_rea
     assert_eq!(n.serving.len(), 4, "{:?}", n.actions);
     // From now on every answer comes 200 ms after its call: two calls take longer than a
     // renewal interval (300 ms), and the name stays valid 750 ms after a heartbeat was sent.
-    let late = 200;
-    let mut awaiting: Option<(u64, Reply)> = None;
-    let mut reads = Vec::new();
+    let mut slow = Slow::new(200);
     for now in (2_000..8_000).step_by(10) {
         table.set_now(now);
-        if awaiting.as_ref().is_some_and(|(at, _)| *at <= now)
-            && let Some((_, reply)) = awaiting.take()
-        {
-            n.m.reply(now, reply);
-        }
-        while let Some(a) = n.m.poll(now) {
-            match a {
-                Action::Call(call) => {
-                    if call == Call::Status {
-                        reads.push(now);
-                    }
-                    let cfg = n.m.config().clone();
-                    awaiting = Some((now + late, execute(&call, &table, &cfg)));
-                }
-                Action::Stop { partition, why, .. } => {
-                    panic!("at {now} ms partition {partition} stopped: {why:?}")
-                }
-                other => n.actions.push(other),
-            }
-        }
+        slow.step(&table, &mut n, now);
     }
     // The table is read every round still (a round is two calls: 400 ms), so that the node
     // learns of joining nodes and takeovers.
+    let reads = &slow.reads;
     let gaps = reads.windows(2).map(|w| w[1] - w[0]).max();
     assert!(reads.len() >= 14 && gaps <= Some(400), "reads at {reads:?}");
+}
+
+#[test]
+fn a_node_whose_table_answers_in_half_a_renewal_interval_still_takes_its_share() {
+    let table = MemoryLeaseTable::new();
+    let mut a = node("a", "a-1", 4);
+    run(&table, std::slice::from_mut(&mut a), 0, 2_000);
+    assert_eq!(a.serving.len(), 4, "{:?}", a.actions);
+    // b joins; its calls are answered 150 ms late, so that its heartbeat and read fill a
+    // renewal interval: a hands it two partitions, which b must still acquire.
+    let mut b = node("b", "b-1", 4);
+    b.started_at = 2_000;
+    let mut slow = Slow::new(150);
+    for now in (2_000..8_000).step_by(10) {
+        table.set_now(now);
+        step(&table, &mut a, now);
+        let local = now - b.started_at;
+        slow.step(&table, &mut b, local);
+    }
+    assert_eq!(a.serving.len(), 2, "a: {:?}", a.actions);
+    assert_eq!(b.serving.len(), 2, "b: {:?}", b.actions);
 }
