@@ -30,18 +30,22 @@ pub struct DbFaults {
     pub fail: u32,
     /// Writes whose request (half of these) or answer (the other half) is lost.
     pub unknown: u32,
-    /// The latest a slow lease call's answer comes, milliseconds.
+    /// Lease calls whose answer comes late.
+    pub late: u32,
+    /// The latest a late answer comes, milliseconds.
     pub late_ms_max: u64,
 }
 
 impl Default for DbFaults {
-    /// A healthy database: nothing fails, and a slow answer is late by at most a quarter of a
-    /// renewal interval (jitter, not a stall: a node makes up to three calls in a row between
-    /// two heartbeats, and the name's validity spans two and a half intervals).
+    /// A healthy database: nothing fails, and one lease call in twenty is answered late by at
+    /// most a quarter of a renewal interval (jitter, not a stall: a node makes up to three
+    /// calls in a row between two heartbeats, and the name's validity spans two and a half
+    /// intervals).
     fn default() -> DbFaults {
         DbFaults {
             fail: 0,
             unknown: 0,
+            late: 50,
             late_ms_max: RENEW_MS / 4,
         }
     }
@@ -212,9 +216,11 @@ impl Db {
         s.faults = DbFaults::default();
     }
 
-    /// The latest a slow lease call's answer comes now, milliseconds.
-    pub fn late_ms_max(&self) -> u64 {
-        self.state().faults.late_ms_max
+    /// Per mille of lease calls answered late now, and the latest such an answer comes
+    /// (milliseconds).
+    pub fn lateness(&self) -> (u32, u64) {
+        let f = self.state().faults;
+        (f.late, f.late_ms_max)
     }
 
     /// Cuts `node` off from the database, or joins it again.

@@ -7,7 +7,8 @@
 //! One seed is one exact run: time is simulated in ticks, every random choice comes from the
 //! seed, and nothing runs on another thread. Faults: node pauses longer than a lease, kills
 //! and restarts, a second live run of one node name, clock-rate drift within
-//! [`DRIFT_PPM_MAX`], lost and delayed lease calls, failing calls, writes whose outcome is
+//! [`DRIFT_PPM_MAX`], lost and delayed lease calls (in some seeds every call, by up to a
+//! renewal interval), failing calls, writes whose outcome is
 //! unknown, cut links between nodes and between a node and the database, and database
 //! failovers. The invariants are checked at every tick and at the end ([`Sim::run`]).
 
@@ -203,6 +204,9 @@ impl Sim {
         self.db.set_faults(DbFaults {
             fail: self.rng.random_range(0..=20),
             unknown: self.rng.random_range(0..=30),
+            // One seed in four stalls every lease call, one in four half of them: moves must
+            // still happen one call a round, and nothing may be served twice meanwhile.
+            late: [50, 50, 500, 1_000][self.rng.random_range(0..4usize)],
             late_ms_max: RENEW_MS,
         });
         let mut served_since: Option<u64> = None;

@@ -21,9 +21,6 @@ use crate::{LEASE_MS, Plan, RENEW_MS, cp_config};
 const GROUP_MAX: usize = 16;
 /// Longest a handoff waits for its partition to finish before the lease is left to expire.
 const DRAIN_MS_MAX: u64 = 2_000;
-/// Per mille of lease calls whose answer comes late (by up to [`crate::DbFaults`]'s
-/// `late_ms_max`: a renewal interval while the faults last, jitter after).
-const LATE_PER_MILLE: u32 = 50;
 
 /// A command on its way: which client sent it, for which of its operations.
 pub(crate) struct Request {
@@ -453,14 +450,15 @@ impl Node {
     /// Carries a lease call to the database, with its faults.
     fn call(&mut self, call: Call, now: u64, t: u64, db: &Arc<Db>) {
         trace(|| format!("{now} {}-r{} (local {t}) {call:?}", self.name, self.run));
+        let (late, late_ms_max) = db.lateness();
         let reply = match db.lease_call_fate(&self.name) {
             Err(e) => failed(&call, &e.message),
             Ok(answered) => {
                 let reply = db.lease_call(&call, self.membership.config());
                 if !answered {
                     failed(&call, "the answer was lost")
-                } else if self.rng.random_range(0..1_000u32) < LATE_PER_MILLE {
-                    let late = self.rng.random_range(10..=db.late_ms_max().max(10));
+                } else if self.rng.random_range(0..1_000u32) < late {
+                    let late = self.rng.random_range(10..=late_ms_max.max(10));
                     self.awaiting = Some((now + late, reply));
                     return;
                 } else {
