@@ -55,10 +55,10 @@ pub enum Call {
     },
     /// Read every lease and node.
     Status,
-    /// Take this partition if it is free or expired.
+    /// Take each of these partitions that is free or expired.
     Acquire {
-        /// The partition.
-        partition: u32,
+        /// The partitions.
+        partitions: Vec<u32>,
     },
     /// Free this partition if still held with this epoch.
     Release {
@@ -102,8 +102,8 @@ pub enum Reply {
     HeartbeatRenewed(Result<Option<Vec<u32>>, TableError>),
     /// Of [`Call::Status`].
     Status(Result<TableStatus, TableError>),
-    /// Of [`Call::Acquire`]: the new epoch, if taken.
-    Acquired(Result<Option<u64>, TableError>),
+    /// Of [`Call::Acquire`]: the partitions taken, with their new epochs.
+    Acquired(Result<Vec<(u32, u64)>, TableError>),
     /// Of [`Call::Release`].
     Released(Result<bool, TableError>),
     /// Of [`Call::Leave`].
@@ -129,7 +129,7 @@ pub fn execute(call: &Call, table: &dyn LeaseTable, config: &Config) -> Reply {
             Reply::HeartbeatRenewed(table.heartbeat_and_renew(&name, held, lease))
         }
         Call::Status => Reply::Status(table.status()),
-        Call::Acquire { partition } => Reply::Acquired(table.acquire(*partition, me, lease)),
+        Call::Acquire { partitions } => Reply::Acquired(table.acquire(partitions, me, lease)),
         Call::Release { partition, epoch } => {
             Reply::Released(table.release(me, *partition, *epoch))
         }
@@ -561,8 +561,10 @@ impl Membership {
                 self.on_heartbeat_renewed(sent, &held, r);
             }
             (Call::Status, Reply::Status(Ok(status))) => self.observe(now, sent, status),
-            (Call::Acquire { partition }, Reply::Acquired(Ok(Some(epoch)))) => {
-                self.on_acquired(sent, partition, epoch);
+            (Call::Acquire { .. }, Reply::Acquired(Ok(taken))) => {
+                for (partition, epoch) in taken {
+                    self.on_acquired(sent, partition, epoch);
+                }
             }
             (Call::Leave, Reply::Left(_)) => self.left = true,
             _ => {}
@@ -783,6 +785,10 @@ impl Membership {
                 self.give_up(p, row, &read, target_name);
             }
         }
+        if !round.acquire.is_empty() {
+            let partitions = std::mem::take(&mut round.acquire);
+            self.queue.push_back(Call::Acquire { partitions });
+        }
         self.next_poll = if earlier_run {
             Some((now + self.cfg.handoff_poll_ms()).min(self.takeback_at))
         } else if read.settling {
@@ -841,12 +847,12 @@ impl Membership {
         }
         let epoch = row.map_or(0, |r| r.epoch);
         match row.and_then(LeaseRow::live_owner) {
-            None if !read.settling => self.queue.push_back(Call::Acquire { partition: p }),
+            None if !read.settling => round.acquire.push(p),
             // Left by an earlier run of this name: taken back with a new epoch (not while that
             // run may still serve: `settling`).
             Some(o) if o == read.me && !read.settling => {
                 self.push_release(p, epoch);
-                self.queue.push_back(Call::Acquire { partition: p });
+                round.acquire.push(p);
             }
             Some(o) if o != read.me => {
                 let alive = read.live.iter().any(|n| n == o);
@@ -911,6 +917,8 @@ struct Round {
     moving: bool,
     /// When the first lease this node should take from a dead node expires.
     expiry: Option<u64>,
+    /// The partitions to take now, in one call.
+    acquire: Vec<u32>,
 }
 
 /// Whether a partition whose live owner is `owner` moves soon to its `target`: free, or held

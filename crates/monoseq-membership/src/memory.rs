@@ -79,10 +79,10 @@ impl Rows {
 /// let table = MemoryLeaseTable::new();
 /// table.ensure_partitions(2)?;
 /// let lease = Duration::from_millis(1_000);
-/// assert_eq!(table.acquire(0, "a", lease)?, Some(1));
-/// assert_eq!(table.acquire(0, "b", lease)?, None, "a's lease is live");
+/// assert_eq!(table.acquire(&[0, 1], "a", lease)?, [(0, 1), (1, 1)]);
+/// assert_eq!(table.acquire(&[0], "b", lease)?, [], "a's lease is live");
 /// table.set_now(1_000);
-/// assert_eq!(table.acquire(0, "b", lease)?, Some(2), "expired: b takes it");
+/// assert_eq!(table.acquire(&[0], "b", lease)?, [(0, 2)], "expired: b takes it");
 /// assert!(!table.write_allowed(0, 1, "a"), "a's writes are fenced off");
 /// assert!(table.write_allowed(0, 2, "b"));
 /// # Ok::<(), monoseq_membership::TableError>(())
@@ -193,22 +193,25 @@ impl LeaseTable for MemoryLeaseTable {
 
     fn acquire(
         &self,
-        partition: u32,
+        partitions: &[u32],
         node_id: &str,
         lease: Duration,
-    ) -> Result<Option<u64>, TableError> {
+    ) -> Result<Vec<(u32, u64)>, TableError> {
         let mut rows = self.rows();
         let now = rows.now_ms;
-        let Some(l) = rows.leases.get_mut(&partition) else {
-            return Ok(None);
-        };
-        if l.node_id.is_some() && l.expires_at_ms > now {
-            return Ok(None);
+        let mut taken = Vec::new();
+        for &p in partitions {
+            if let Some(l) = rows.leases.get_mut(&p)
+                && (l.node_id.is_none() || l.expires_at_ms <= now)
+            {
+                l.epoch += 1;
+                l.node_id = Some(node_id.to_owned());
+                l.expires_at_ms = now + ms(lease);
+                taken.push((p, l.epoch));
+            }
         }
-        l.epoch += 1;
-        l.node_id = Some(node_id.to_owned());
-        l.expires_at_ms = now + ms(lease);
-        Ok(Some(l.epoch))
+        taken.sort_unstable();
+        Ok(taken)
     }
 
     fn renew(

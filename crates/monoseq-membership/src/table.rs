@@ -135,18 +135,19 @@ pub trait LeaseTable: Send + Sync {
     /// When the table cannot be reached.
     fn leave(&self, node_id: &str, run_id: &str) -> Result<(), TableError>;
 
-    /// Takes `partition` for `lease` if it is free or expired, raising its epoch; the new
-    /// epoch, or `None` when another holder's lease is live (or this node's: renew it).
+    /// Takes each of `partitions` for `lease` that is free or expired, raising its epoch; the
+    /// partitions taken with their new epochs, in partition order. A partition whose lease
+    /// another holder (or this node: renew it) holds live, or that has no row, is left out.
     ///
     /// # Errors
     ///
     /// When the table cannot be reached.
     fn acquire(
         &self,
-        partition: u32,
+        partitions: &[u32],
         node_id: &str,
         lease: Duration,
-    ) -> Result<Option<u64>, TableError>;
+    ) -> Result<Vec<(u32, u64)>, TableError>;
 
     /// Extends by `lease` every lease of `held` (partition, epoch) that `node_id` still holds
     /// with that epoch; the partitions extended.

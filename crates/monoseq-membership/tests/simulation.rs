@@ -655,8 +655,10 @@ impl Sim {
         };
         // Applied even when the caller already gave up, as a late statement would be.
         let reply = execute(&call, &self.table, &self.procs[i].cfg);
-        if let (Call::Acquire { partition }, Reply::Acquired(Ok(Some(epoch)))) = (&call, &reply) {
-            self.acquirer.insert((*partition, *epoch), run);
+        if let Reply::Acquired(Ok(taken)) = &reply {
+            for &(partition, epoch) in taken {
+                self.acquirer.insert((partition, epoch), run);
+            }
         }
         if !lost {
             self.answers.insert(id, reply);
@@ -865,10 +867,10 @@ fn the_in_memory_table_fences_an_earlier_epoch() {
     let table = MemoryLeaseTable::new();
     table.ensure_partitions(1).expect("in memory");
     let lease = std::time::Duration::from_millis(LEASE_MS);
-    let first = table.acquire(0, "a", lease).expect("in memory");
+    let first = table.acquire(&[0], "a", lease).expect("in memory");
     table.set_now(LEASE_MS);
-    let second = table.acquire(0, "b", lease).expect("in memory");
-    assert_eq!((first, second), (Some(1), Some(2)));
+    let second = table.acquire(&[0], "b", lease).expect("in memory");
+    assert_eq!((first, second), (vec![(0, 1)], vec![(0, 2)]));
     assert!(!table.write_allowed(0, 1, "a"));
     assert!(table.write_allowed(0, 2, "b"));
     assert!(!table.write_allowed(0, 2, "a"));

@@ -169,15 +169,17 @@ fn held_params(held: &[(u32, u64)]) -> Result<(Vec<i32>, Vec<i64>), KvError> {
     Ok((partitions, epochs))
 }
 
+/// A partition column's value.
+fn partition_of(partition: i32) -> Result<u32, Failure> {
+    u32::try_from(partition)
+        .map_err(|_| Failure::Corrupted(format!("the lease table holds partition {partition}")))
+}
+
 /// The partitions a renewal answered, in order.
 fn partitions_renewed(rows: Vec<i32>) -> Result<Vec<u32>, Failure> {
     let mut renewed = rows
         .into_iter()
-        .map(|partition| {
-            u32::try_from(partition).map_err(|_| {
-                Failure::Corrupted(format!("the lease table holds partition {partition}"))
-            })
-        })
+        .map(partition_of)
         .collect::<Result<Vec<u32>, _>>()?;
     renewed.sort_unstable();
     Ok(renewed)
@@ -374,6 +376,42 @@ impl Leases {
                 Some(row) => Ok(Some(unsigned(row.try_get(0)?, "epoch")?)),
                 None => Ok(None),
             }
+        })
+    }
+
+    /// [`Leases::acquire`] of each of `partitions` in one statement: the partitions taken with
+    /// their new epochs, in partition order; one that a node holds live, or that has no row,
+    /// is left out. The rows are locked in partition order, as renewals and combined writes
+    /// lock them, so that none of them waits for another in a cycle. As with `acquire`, when it
+    /// returns no write fenced with an earlier epoch of a partition taken can commit any more.
+    ///
+    /// # Errors
+    ///
+    /// As [`Leases::acquire`].
+    pub fn acquire_many(
+        &self,
+        partitions: &[u32],
+        node_id: &str,
+        lease: Duration,
+    ) -> Result<Vec<(u32, u64)>, KvError> {
+        let ms = lease_param(lease)?;
+        let partitions = partitions
+            .iter()
+            .map(|&p| partition_param(p))
+            .collect::<Result<Vec<i32>, _>>()?;
+        if partitions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let text = &self.core.inner.sql.leases.acquire_many;
+        self.run("acquiring partition leases", async {
+            let rows = query(&self.core.inner, text, &[&partitions, &node_id, &ms]).await?;
+            let mut taken = Vec::with_capacity(rows.len());
+            for row in rows {
+                let partition = partition_of(row.try_get(0)?)?;
+                taken.push((partition, unsigned(row.try_get(1)?, "epoch")?));
+            }
+            taken.sort_unstable();
+            Ok(taken)
         })
     }
 

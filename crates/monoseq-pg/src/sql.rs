@@ -91,6 +91,10 @@ pub(crate) struct LeaseSql {
     pub(crate) ensure: String,
     /// Takes lease $1 for node $2 for $3 ms when it is free or expired; returns its new epoch.
     pub(crate) acquire: String,
+    /// Takes for node $2 for $3 ms each lease among partitions $1 that is free or expired,
+    /// locking the rows in partition order (as `renew`); returns each partition taken and its
+    /// new epoch.
+    pub(crate) acquire_many: String,
     /// Extends for $4 ms the leases of node $1 among partitions $2 with epochs $3; returns the
     /// partitions extended. Locks the rows in partition order, as a combined write's fences
     /// do (`combine.rs`), so that the two never wait for each other in a cycle.
@@ -281,6 +285,14 @@ impl LeaseSql {
                 "UPDATE {leases} SET epoch = epoch + 1, node_id = $2, expires_at = now() + \
                  $3::bigint * interval '1 millisecond' WHERE partition = $1 AND (node_id IS NULL \
                  OR expires_at <= now()) RETURNING epoch"
+            ),
+            acquire_many: format!(
+                "WITH free AS (SELECT partition FROM {leases} WHERE partition = ANY($1::integer[]) \
+                 AND (node_id IS NULL OR expires_at <= now()) ORDER BY partition FOR NO KEY \
+                 UPDATE) UPDATE {leases} l SET epoch = l.epoch + 1, node_id = $2, expires_at = \
+                 now() + $3::bigint * interval '1 millisecond' FROM free WHERE l.partition = \
+                 free.partition AND (l.node_id IS NULL OR l.expires_at <= now()) RETURNING \
+                 l.partition, l.epoch"
             ),
             renew: format!(
                 "WITH mine AS (SELECT partition FROM {leases} WHERE node_id = $1 AND \

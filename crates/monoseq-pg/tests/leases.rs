@@ -1,8 +1,10 @@
 //! `Leases` on a real server: a lease is taken only when free or expired (by the database's
 //! clock), every takeover increments the epoch, renewal needs the held epoch and names what
 //! was lost, release frees at once, the status shows leases and nodes in one snapshot, and of
-//! concurrent takeovers exactly one wins. Also the schema migrations in place: version 1 gains
-//! the tables, version 2 the nodes' run IDs and the leases' write counts, version 3 the counts.
+//! concurrent takeovers exactly one wins (also of overlapping several at once). A heartbeat
+//! with renewal renews only under the run's own name. Also the schema migrations in place:
+//! version 1 gains the tables, version 2 the nodes' run IDs and the leases' write counts,
+//! version 3 the counts.
 
 use std::sync::{Arc, Barrier};
 use std::thread;
@@ -241,6 +243,70 @@ fn of_concurrent_takeovers_of_one_partition_exactly_one_wins() {
 }
 
 #[test]
+fn acquiring_several_takes_each_free_or_expired_lease_and_leaves_the_live_ones() {
+    let leases = fresh().leases();
+    leases.ensure_partitions(4).unwrap();
+    assert_eq!(leases.acquire(1, "b", LONG).unwrap(), Some(1));
+    assert_eq!(leases.acquire(2, "b", SHORT).unwrap(), Some(1));
+    thread::sleep(PAST_SHORT);
+    // 0 and 3 are free, 2 expired, 1 live; 9 has no row.
+    let taken = leases.acquire_many(&[3, 9, 2, 1, 0], "a", LONG).unwrap();
+    assert_eq!(taken, [(0, 1), (2, 2), (3, 1)]);
+    assert!(
+        leases
+            .acquire_many(&[0, 1, 2, 3], "c", LONG)
+            .unwrap()
+            .is_empty()
+    );
+    let status = leases.status().unwrap();
+    let owners: Vec<_> = status.leases.iter().map(|l| l.node_id.as_deref()).collect();
+    assert_eq!(owners, [Some("a"), Some("b"), Some("a"), Some("a")]);
+    assert!(leases.acquire_many(&[], "a", LONG).unwrap().is_empty());
+}
+
+#[test]
+fn of_concurrent_takeovers_of_overlapping_partitions_each_partition_goes_to_one() {
+    const THREADS: u32 = 8;
+    const PARTITIONS: u32 = 16;
+    let leases = fresh().leases();
+    leases.ensure_partitions(PARTITIONS).unwrap();
+    let barrier = Arc::new(Barrier::new(THREADS as usize));
+    let taken: Vec<(u32, u64)> = thread::scope(|s| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|i| {
+                let (leases, barrier) = (leases.clone(), Arc::clone(&barrier));
+                s.spawn(move || {
+                    // Each asks for half of the partitions, from its own starting point, in
+                    // its own order: the rows are still locked in partition order.
+                    let mut asked: Vec<u32> = (0..PARTITIONS / 2)
+                        .map(|k| (i * 3 + k) % PARTITIONS)
+                        .collect();
+                    if i % 2 == 1 {
+                        asked.reverse();
+                    }
+                    barrier.wait();
+                    leases.acquire_many(&asked, &format!("n{i}"), LONG).unwrap()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let mut partitions: Vec<u32> = taken.iter().map(|(p, _)| *p).collect();
+    partitions.sort_unstable();
+    let before = partitions.len();
+    partitions.dedup();
+    assert_eq!(
+        partitions.len(),
+        before,
+        "a partition taken twice: {taken:?}"
+    );
+    assert!(taken.iter().all(|(_, epoch)| *epoch == 1), "{taken:?}");
+}
+
+#[test]
 fn ensure_partitions_is_idempotent_under_concurrent_callers_and_keeps_existing_leases() {
     let leases = fresh().leases();
     thread::scope(|s| {
@@ -293,6 +359,16 @@ fn out_of_range_partitions_and_leases_are_errors_that_say_the_range() {
         ),
         (
             leases.renew("a", &[(0, 1)], Duration::ZERO).map(drop),
+            "at least 1 ms",
+        ),
+        (
+            leases
+                .acquire_many(&[0, LEASE_PARTITIONS_MAX], "a", SHORT)
+                .map(drop),
+            "partitions go",
+        ),
+        (
+            leases.acquire_many(&[0], "a", Duration::ZERO).map(drop),
             "at least 1 ms",
         ),
     ] {

@@ -404,3 +404,25 @@ fn a_node_whose_table_answers_in_half_a_renewal_interval_still_takes_its_share()
     assert_eq!(a.serving.len(), 2, "a: {:?}", a.actions);
     assert_eq!(b.serving.len(), 2, "b: {:?}", b.actions);
 }
+
+#[test]
+fn a_node_takes_every_free_partition_of_its_share_in_one_call() {
+    let table = MemoryLeaseTable::new();
+    let mut n = node("a", "a-1", 16);
+    run(&table, std::slice::from_mut(&mut n), 0, 2_000);
+    assert_eq!(n.serving.len(), 16, "{:?}", n.actions);
+    let acquires: Vec<&Call> = n
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Call(c @ Call::Acquire { .. }) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        acquires,
+        [&Call::Acquire {
+            partitions: (0..16).collect()
+        }]
+    );
+}

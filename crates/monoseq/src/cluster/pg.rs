@@ -68,12 +68,12 @@ impl LeaseTable for PgLeaseTable {
 
     fn acquire(
         &self,
-        partition: u32,
+        partitions: &[u32],
         node_id: &str,
         lease: Duration,
-    ) -> Result<Option<u64>, TableError> {
+    ) -> Result<Vec<(u32, u64)>, TableError> {
         self.leases
-            .acquire(partition, node_id, lease)
+            .acquire_many(partitions, node_id, lease)
             .map_err(table_error)
     }
 
