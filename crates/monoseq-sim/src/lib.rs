@@ -204,8 +204,8 @@ impl Sim {
         self.db.set_faults(DbFaults {
             fail: self.rng.random_range(0..=20),
             unknown: self.rng.random_range(0..=30),
-            // One seed in four stalls every lease call, one in four half of them: moves must
-            // still happen one call a round, and nothing may be served twice meanwhile.
+            // One seed in four stalls every lease call, one in four half of them: nothing may
+            // be served twice meanwhile (moves then go one call a round, or not at all).
             late: [50, 50, 500, 1_000][self.rng.random_range(0..4usize)],
             late_ms_max: RENEW_MS,
         });
