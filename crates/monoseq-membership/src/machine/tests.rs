@@ -317,6 +317,14 @@ fn a_node_forwarding_to_a_partition_that_moves_learns_its_new_owner_within_a_pol
     }
 }
 
+/// Node "a", alone for its first 2 s on `table`: it serves every one of `partitions`.
+fn serving_alone(table: &MemoryLeaseTable, partitions: u32) -> Node {
+    let mut n = node("a", "a-1", partitions);
+    run(table, std::slice::from_mut(&mut n), 0, 2_000);
+    assert_eq!(n.serving.len(), partitions as usize, "{:?}", n.actions);
+    n
+}
+
 /// A node whose every lease call is answered `late` ms after it was sent (the call applied
 /// at once): answers the call due by `now`, then makes the node's next calls. Reads of the
 /// table are noted in `reads`.
@@ -367,9 +375,7 @@ impl Slow {
 #[test]
 fn a_node_whose_table_answers_every_call_late_keeps_its_partitions_and_still_reads_the_table() {
     let table = MemoryLeaseTable::new();
-    let mut n = node("a", "a-1", 4);
-    run(&table, std::slice::from_mut(&mut n), 0, 2_000);
-    assert_eq!(n.serving.len(), 4, "{:?}", n.actions);
+    let mut n = serving_alone(&table, 4);
     // From now on every answer comes 200 ms after its call: two calls take longer than a
     // renewal interval (300 ms), and the name stays valid 750 ms after a heartbeat was sent.
     let mut slow = Slow::new(200);
@@ -387,9 +393,7 @@ fn a_node_whose_table_answers_every_call_late_keeps_its_partitions_and_still_rea
 #[test]
 fn a_node_whose_table_answers_in_half_a_renewal_interval_still_takes_its_share() {
     let table = MemoryLeaseTable::new();
-    let mut a = node("a", "a-1", 4);
-    run(&table, std::slice::from_mut(&mut a), 0, 2_000);
-    assert_eq!(a.serving.len(), 4, "{:?}", a.actions);
+    let mut a = serving_alone(&table, 4);
     // b joins; its calls are answered 150 ms late, so that its heartbeat and read fill a
     // renewal interval: a hands it two partitions, which b must still acquire.
     let mut b = node("b", "b-1", 4);
@@ -408,9 +412,7 @@ fn a_node_whose_table_answers_in_half_a_renewal_interval_still_takes_its_share()
 #[test]
 fn a_node_takes_every_free_partition_of_its_share_in_one_call() {
     let table = MemoryLeaseTable::new();
-    let mut n = node("a", "a-1", 16);
-    run(&table, std::slice::from_mut(&mut n), 0, 2_000);
-    assert_eq!(n.serving.len(), 16, "{:?}", n.actions);
+    let n = serving_alone(&table, 16);
     let acquires: Vec<&Call> = n
         .actions
         .iter()
