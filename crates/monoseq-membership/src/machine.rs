@@ -60,12 +60,10 @@ pub enum Call {
         /// The partitions.
         partitions: Vec<u32>,
     },
-    /// Free this partition if still held with this epoch.
+    /// Free each of these (partition, epoch) leases still held with that epoch.
     Release {
-        /// The partition.
-        partition: u32,
-        /// Its epoch.
-        epoch: u64,
+        /// The leases.
+        leases: Vec<(u32, u64)>,
     },
     /// Remove this run's node row.
     Leave,
@@ -104,8 +102,8 @@ pub enum Reply {
     Status(Result<TableStatus, TableError>),
     /// Of [`Call::Acquire`]: the partitions taken, with their new epochs.
     Acquired(Result<Vec<(u32, u64)>, TableError>),
-    /// Of [`Call::Release`].
-    Released(Result<bool, TableError>),
+    /// Of [`Call::Release`]: the partitions freed.
+    Released(Result<Vec<u32>, TableError>),
     /// Of [`Call::Leave`].
     Left(Result<(), TableError>),
 }
@@ -130,9 +128,7 @@ pub fn execute(call: &Call, table: &dyn LeaseTable, config: &Config) -> Reply {
         }
         Call::Status => Reply::Status(table.status()),
         Call::Acquire { partitions } => Reply::Acquired(table.acquire(partitions, me, lease)),
-        Call::Release { partition, epoch } => {
-            Reply::Released(table.release(me, *partition, *epoch))
-        }
+        Call::Release { leases } => Reply::Released(table.release(me, leases)),
         Call::Leave => Reply::Left(table.leave(me, &config.run_id)),
     }
 }
@@ -400,6 +396,19 @@ impl Membership {
                 }
             }
             Call::HeartbeatRenew { held } => *held = self.held().collect(),
+            // Every release waiting goes in this one call: a leaving node's drains end one by
+            // one, and a lease call per partition would make each wait for the one before.
+            Call::Release { leases } => {
+                self.queue.retain(|c| match c {
+                    Call::Release { leases: more } => {
+                        leases.extend_from_slice(more);
+                        false
+                    }
+                    _ => true,
+                });
+                leases.sort_unstable();
+                leases.dedup();
+            }
             _ => {}
         }
         self.pending = Some((call.clone(), now));
@@ -535,7 +544,9 @@ impl Membership {
         {
             self.held.remove(&partition);
             if ok {
-                self.queue.push_front(Call::Release { partition, epoch });
+                self.queue.push_front(Call::Release {
+                    leases: vec![(partition, epoch)],
+                });
             }
         }
     }
@@ -673,7 +684,9 @@ impl Membership {
         }
         self.epochs.insert(partition, epoch);
         if self.phase != Phase::Member || self.went_back.contains(&partition) {
-            self.queue.push_front(Call::Release { partition, epoch });
+            self.queue.push_front(Call::Release {
+                leases: vec![(partition, epoch)],
+            });
             return;
         }
         let previous = self
@@ -887,7 +900,9 @@ impl Membership {
     }
 
     fn push_release(&mut self, partition: u32, epoch: u64) {
-        let call = Call::Release { partition, epoch };
+        let call = Call::Release {
+            leases: vec![(partition, epoch)],
+        };
         if !self.queue.contains(&call) {
             self.queue.push_back(call);
         }

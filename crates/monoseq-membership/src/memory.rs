@@ -235,17 +235,22 @@ impl LeaseTable for MemoryLeaseTable {
             .then(|| rows.renew(name.node_id, held, lease)))
     }
 
-    fn release(&self, node_id: &str, partition: u32, epoch: u64) -> Result<bool, TableError> {
+    fn release(&self, node_id: &str, held: &[(u32, u64)]) -> Result<Vec<u32>, TableError> {
         let mut rows = self.rows();
         let now = rows.now_ms;
-        match rows.leases.get_mut(&partition) {
-            Some(l) if l.epoch == epoch && l.node_id.as_deref() == Some(node_id) => {
+        let mut released = Vec::new();
+        for &(p, epoch) in held {
+            if let Some(l) = rows.leases.get_mut(&p)
+                && l.epoch == epoch
+                && l.node_id.as_deref() == Some(node_id)
+            {
                 l.node_id = None;
                 l.expires_at_ms = now;
-                Ok(true)
+                released.push(p);
             }
-            _ => Ok(false),
         }
+        released.sort_unstable();
+        Ok(released)
     }
 
     fn status(&self) -> Result<TableStatus, TableError> {

@@ -176,12 +176,13 @@ pub trait LeaseTable: Send + Sync {
         lease: Duration,
     ) -> Result<Option<Vec<u32>>, TableError>;
 
-    /// Frees `partition` at once if `node_id` holds it with `epoch`; whether it did.
+    /// Frees at once each lease of `held` (partition, epoch) that `node_id` holds with that
+    /// epoch, in one step; answers the partitions freed, in order.
     ///
     /// # Errors
     ///
     /// When the table cannot be reached.
-    fn release(&self, node_id: &str, partition: u32, epoch: u64) -> Result<bool, TableError>;
+    fn release(&self, node_id: &str, held: &[(u32, u64)]) -> Result<Vec<u32>, TableError>;
 
     /// Every lease and node, in one snapshot.
     ///

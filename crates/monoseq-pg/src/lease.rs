@@ -175,8 +175,8 @@ fn partition_of(partition: i32) -> Result<u32, Failure> {
         .map_err(|_| Failure::Corrupted(format!("the lease table holds partition {partition}")))
 }
 
-/// The partitions a renewal answered, in order.
-fn partitions_renewed(rows: Vec<i32>) -> Result<Vec<u32>, Failure> {
+/// The partitions a renewal or release answered, in order.
+fn partitions_answered(rows: Vec<i32>) -> Result<Vec<u32>, Failure> {
     let mut renewed = rows
         .into_iter()
         .map(partition_of)
@@ -446,7 +446,7 @@ impl Leases {
                 .iter()
                 .map(|row| row.try_get(0))
                 .collect::<Result<Vec<i32>, _>>()?;
-            partitions_renewed(renewed)
+            partitions_answered(renewed)
         })
     }
 
@@ -491,7 +491,7 @@ impl Leases {
                     return Ok(None);
                 }
                 let renewed: Vec<i32> = row.try_get(1)?;
-                partitions_renewed(renewed).map(Some)
+                partitions_answered(renewed).map(Some)
             },
         )
     }
@@ -520,6 +520,32 @@ impl Leases {
                 .await?;
             conn.release();
             Ok(changed == 1)
+        })
+    }
+
+    /// [`Leases::release`] of each of `held` (partition, epoch) in one statement: answers the
+    /// partitions freed, in partition order. A lease another node holds, or that `node_id`
+    /// holds with another epoch, is left as it is. The rows are locked in partition order, as
+    /// renewals, acquisitions and combined writes lock them.
+    ///
+    /// # Errors
+    ///
+    /// As [`Leases::release`].
+    pub fn release_many(&self, node_id: &str, held: &[(u32, u64)]) -> Result<Vec<u32>, KvError> {
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (partitions, epochs) = held_params(held)?;
+        let text = &self.core.inner.sql.leases.release_many;
+        self.run("releasing partition leases", async {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                [&node_id, &partitions, &epochs];
+            let rows = query(&self.core.inner, text, &params).await?;
+            let released = rows
+                .iter()
+                .map(|row| row.try_get(0))
+                .collect::<Result<Vec<i32>, _>>()?;
+            partitions_answered(released)
         })
     }
 

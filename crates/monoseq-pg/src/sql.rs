@@ -106,6 +106,7 @@ pub(crate) struct LeaseSql {
     pub(crate) heartbeat_renew: String,
     /// Frees lease $1 when node $2 holds it with epoch $3.
     pub(crate) release: String,
+    pub(crate) release_many: String,
     /// Every lease: partition, epoch, node, milliseconds to expiry by the database's clock.
     pub(crate) status: String,
 }
@@ -313,6 +314,13 @@ impl LeaseSql {
             release: format!(
                 "UPDATE {leases} SET node_id = NULL, expires_at = now() WHERE partition = $1 AND \
                  node_id = $2 AND epoch = $3"
+            ),
+            release_many: format!(
+                "WITH mine AS (SELECT partition FROM {leases} WHERE node_id = $1 AND \
+                 (partition, epoch) IN (SELECT * FROM unnest($2::integer[], $3::bigint[])) ORDER \
+                 BY partition FOR NO KEY UPDATE) UPDATE {leases} l SET node_id = NULL, \
+                 expires_at = now() FROM mine WHERE l.partition = mine.partition RETURNING \
+                 l.partition"
             ),
             status: format!(
                 "SELECT partition, epoch, node_id, {} FROM {leases} ORDER BY partition",

@@ -1,6 +1,6 @@
 //! `Leases` on a real server: a lease is taken only when free or expired (by the database's
 //! clock), every takeover increments the epoch, renewal needs the held epoch and names what
-//! was lost, release frees at once, the status shows leases and nodes in one snapshot, and of
+//! was lost, release frees at once (also several at once), the status shows leases and nodes in one snapshot, and of
 //! concurrent takeovers exactly one wins (also of overlapping several at once). A heartbeat
 //! with renewal renews only under the run's own name. Also the schema migrations in place:
 //! version 1 gains the tables, version 2 the nodes' run IDs and the leases' write counts,
@@ -168,6 +168,42 @@ fn release_frees_the_lease_at_once_only_for_its_holder_and_epoch() {
     assert!(lease.expires_in_ms <= 0, "{lease:?}");
     assert_eq!(leases.acquire(0, "b", LONG).unwrap(), Some(epoch + 1));
     assert!(!leases.release("a", 0, epoch).unwrap(), "released twice");
+}
+
+#[test]
+fn releasing_several_frees_each_lease_held_with_its_epoch_and_leaves_the_others() {
+    let leases = fresh().leases();
+    leases.ensure_partitions(5).unwrap();
+    let taken = leases.acquire_many(&[0, 1, 2, 3], "a", LONG).unwrap();
+    assert_eq!(taken, [(0, 1), (1, 1), (2, 1), (3, 1)]);
+    assert_eq!(leases.acquire(4, "b", LONG).unwrap(), Some(1));
+    // 1 is asked with another epoch, 4 is b's, 9 has no row; 0, 2 and 3 are a's.
+    let released = leases
+        .release_many("a", &[(3, 1), (9, 1), (4, 1), (1, 2), (0, 1), (2, 1)])
+        .unwrap();
+    assert_eq!(released, [0, 2, 3]);
+    let status = leases.status().unwrap();
+    let owners: Vec<_> = status.leases.iter().map(|l| l.node_id.as_deref()).collect();
+    assert_eq!(owners, [None, Some("a"), None, None, Some("b")]);
+    let epochs: Vec<_> = status.leases.iter().map(|l| l.epoch).collect();
+    assert_eq!(epochs, [1, 1, 1, 1, 1], "a release keeps the epochs");
+    assert!(
+        status
+            .leases
+            .iter()
+            .filter(|l| l.node_id.is_none())
+            .all(|l| l.expires_in_ms <= 0),
+        "{status:?}"
+    );
+    assert!(
+        leases.release_many("a", &[(0, 1)]).unwrap().is_empty(),
+        "twice"
+    );
+    assert!(leases.release_many("a", &[]).unwrap().is_empty());
+    assert_eq!(
+        leases.acquire_many(&[0, 1, 2, 3], "b", LONG).unwrap(),
+        [(0, 2), (2, 2), (3, 2)]
+    );
 }
 
 #[test]

@@ -428,3 +428,28 @@ fn a_node_takes_every_free_partition_of_its_share_in_one_call() {
         }]
     );
 }
+
+#[test]
+fn a_leaving_node_releases_every_drained_partition_in_one_call() {
+    let table = MemoryLeaseTable::new();
+    let mut n = serving_alone(&table, 16);
+    n.actions.clear();
+    n.m.leave(2_000);
+    run(&table, std::slice::from_mut(&mut n), 2_000, 2_500);
+    let releases: Vec<&Call> = n
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Call(c @ Call::Release { .. }) => Some(c),
+            _ => None,
+        })
+        .collect();
+    let epochs = table.status().expect("in memory").leases;
+    let freed: Vec<(u32, u64)> = epochs.iter().map(|l| (l.partition, l.epoch)).collect();
+    assert_eq!(releases, [&Call::Release { leases: freed }]);
+    assert!(
+        epochs.iter().all(|l| l.node_id.is_none()),
+        "every lease is free: {epochs:?}"
+    );
+    assert!(n.actions.iter().any(|a| matches!(a, Action::Left)));
+}

@@ -97,10 +97,8 @@ impl LeaseTable for PgLeaseTable {
             .map_err(table_error)
     }
 
-    fn release(&self, node_id: &str, partition: u32, epoch: u64) -> Result<bool, TableError> {
-        self.leases
-            .release(node_id, partition, epoch)
-            .map_err(table_error)
+    fn release(&self, node_id: &str, held: &[(u32, u64)]) -> Result<Vec<u32>, TableError> {
+        self.leases.release_many(node_id, held).map_err(table_error)
     }
 
     fn status(&self) -> Result<TableStatus, TableError> {
