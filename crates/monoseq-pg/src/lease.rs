@@ -185,6 +185,15 @@ fn partitions_answered(rows: Vec<i32>) -> Result<Vec<u32>, Failure> {
     Ok(renewed)
 }
 
+/// The partitions in the first column of `rows` (a renewal's or a release's), in order.
+fn partitions_in_rows(rows: &[tokio_postgres::Row]) -> Result<Vec<u32>, Failure> {
+    let partitions = rows
+        .iter()
+        .map(|row| row.try_get(0))
+        .collect::<Result<Vec<i32>, _>>()?;
+    partitions_answered(partitions)
+}
+
 /// A bigint column that must hold a non-negative number.
 fn unsigned(value: i64, what: &str) -> Result<u64, Failure> {
     u64::try_from(value)
@@ -441,12 +450,7 @@ impl Leases {
         self.run("renewing partition leases", async {
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                 [&node_id, &partitions, &epochs, &ms];
-            let rows = query(&self.core.inner, text, &params).await?;
-            let renewed = rows
-                .iter()
-                .map(|row| row.try_get(0))
-                .collect::<Result<Vec<i32>, _>>()?;
-            partitions_answered(renewed)
+            partitions_in_rows(&query(&self.core.inner, text, &params).await?)
         })
     }
 
@@ -540,12 +544,7 @@ impl Leases {
         self.run("releasing partition leases", async {
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
                 [&node_id, &partitions, &epochs];
-            let rows = query(&self.core.inner, text, &params).await?;
-            let released = rows
-                .iter()
-                .map(|row| row.try_get(0))
-                .collect::<Result<Vec<i32>, _>>()?;
-            partitions_answered(released)
+            partitions_in_rows(&query(&self.core.inner, text, &params).await?)
         })
     }
 
