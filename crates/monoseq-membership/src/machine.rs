@@ -276,6 +276,11 @@ pub struct Membership {
     latency: u64,
     /// An acquire or release went before the round that was due.
     plan_call_sent_late: bool,
+    /// Leases whose release failed, released again at `release_again_at`: once each (in
+    /// `release_retried`), so that a failing database does not hold a leaving node back.
+    unreleased: Vec<(u32, u64)>,
+    release_again_at: u64,
+    release_retried: BTreeSet<(u32, u64)>,
 }
 
 impl Membership {
@@ -305,6 +310,9 @@ impl Membership {
             view: None,
             latency: 0,
             plan_call_sent_late: false,
+            unreleased: Vec::new(),
+            release_again_at: 0,
+            release_retried: BTreeSet::new(),
         }
     }
 
@@ -352,6 +360,9 @@ impl Membership {
             if let Some(p) = self.next_poll {
                 t = t.min(p);
             }
+            if !self.unreleased.is_empty() {
+                t = t.min(self.release_again_at);
+            }
         }
         for h in self.held.values() {
             t = t.min(h.valid_until);
@@ -379,10 +390,16 @@ impl Membership {
                 self.queue.push_back(Call::Status);
             }
         }
+        if !self.unreleased.is_empty() && now >= self.release_again_at {
+            for (p, epoch) in std::mem::take(&mut self.unreleased) {
+                self.push_release(p, epoch);
+            }
+        }
         if self.phase == Phase::Leaving
             && self.left
             && self.held.is_empty()
             && self.queue.is_empty()
+            && self.unreleased.is_empty()
         {
             self.phase = Phase::Done;
             return Some(Action::Left);
@@ -577,6 +594,7 @@ impl Membership {
                     self.on_acquired(sent, partition, epoch);
                 }
             }
+            (Call::Release { leases }, Reply::Released(r)) => self.on_released(now, leases, &r),
             (Call::Leave, Reply::Left(_)) => self.left = true,
             _ => {}
         }
@@ -668,6 +686,26 @@ impl Membership {
                 self.stop(p, StopReason::TakenOver);
             }
         }
+    }
+
+    /// A failed release is tried once more half a renewal later: one call frees every drained
+    /// partition, and a database failing over, or a connection dropped, would otherwise leave
+    /// each of them unserved until its lease expires.
+    fn on_released(&mut self, now: u64, leases: Vec<(u32, u64)>, r: &Result<Vec<u32>, TableError>) {
+        if r.is_ok() {
+            for l in &leases {
+                self.release_retried.remove(l);
+            }
+            return;
+        }
+        for l in leases {
+            if self.release_retried.insert(l) {
+                self.unreleased.push(l);
+            } else {
+                self.release_retried.remove(&l);
+            }
+        }
+        self.release_again_at = now + self.cfg.renew_ms / 2;
     }
 
     fn on_acquired(&mut self, sent: u64, partition: u32, epoch: u64) {

@@ -12,6 +12,8 @@ struct Node {
     cut_off: bool,
     /// Partitions whose drains never finish: each stays served until it is stopped.
     stuck_drains: Vec<u32>,
+    /// Release calls still to fail (the table unreachable for them).
+    failing_releases: u32,
     /// The table's time when this process started: its own clock counts from there.
     started_at: u64,
     /// When (by the table's clock) it claimed its name, and first served.
@@ -28,6 +30,7 @@ fn node(name: &str, run: &str, partitions: u32) -> Node {
         actions: Vec::new(),
         cut_off: false,
         stuck_drains: Vec::new(),
+        failing_releases: 0,
         started_at: 0,
         claimed_at: None,
         first_served_at: None,
@@ -46,6 +49,15 @@ fn step(table: &MemoryLeaseTable, n: &mut Node, table_now: u64) {
                             message: "cut off".into(),
                         })),
                     );
+                    continue;
+                }
+                if matches!(call, Call::Release { .. }) && n.failing_releases > 0 {
+                    n.failing_releases -= 1;
+                    let failed = call.failed(TableError {
+                        message: "connection reset".into(),
+                    });
+                    n.m.reply(now, failed);
+                    n.actions.push(a);
                     continue;
                 }
                 let cfg = n.m.config().clone();
@@ -452,4 +464,48 @@ fn a_leaving_node_releases_every_drained_partition_in_one_call() {
         "every lease is free: {epochs:?}"
     );
     assert!(n.actions.iter().any(|a| matches!(a, Action::Left)));
+}
+
+/// Node a, alone with 4 partitions, begins leaving at 2 000 ms with its first `failures`
+/// release calls failing; runs to 2 400 ms (the leases last 1 500 ms). When it was done
+/// leaving, and the leases the table still gives it.
+fn leave_with_failing_releases(failures: u32) -> (Option<u64>, Vec<u32>) {
+    let table = MemoryLeaseTable::new();
+    let mut n = serving_alone(&table, 4);
+    n.failing_releases = failures;
+    n.actions.clear();
+    n.m.leave(2_000);
+    let mut left_at = None;
+    for now in (2_000..2_400).step_by(10) {
+        table.set_now(now);
+        step(&table, &mut n, now);
+        if left_at.is_none() && n.actions.iter().any(|a| matches!(a, Action::Left)) {
+            left_at = Some(now);
+        }
+    }
+    let status = table.status().expect("in memory");
+    let still = status
+        .leases
+        .iter()
+        .filter(|l| l.node_id.as_deref() == Some("a"))
+        .map(|l| l.partition)
+        .collect();
+    (left_at, still)
+}
+
+#[test]
+fn a_leaving_node_tries_a_failed_release_once_more_before_it_is_done() {
+    let (left_at, still) = leave_with_failing_releases(1);
+    assert_eq!(still, Vec::<u32>::new(), "every lease freed by the second try");
+    let left_at = left_at.expect("the node left");
+    // The second try goes half a renewal (150 ms) after the first, long before the leases
+    // would expire (1 500 ms).
+    assert!((2_150..2_300).contains(&left_at), "left at {left_at} ms");
+}
+
+#[test]
+fn a_leaving_node_whose_releases_keep_failing_leaves_its_leases_to_expire() {
+    let (left_at, still) = leave_with_failing_releases(u32::MAX);
+    assert!(left_at.is_some_and(|t| t < 2_300), "left at {left_at:?}");
+    assert_eq!(still, [0, 1, 2, 3]);
 }
