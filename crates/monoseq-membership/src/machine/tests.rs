@@ -337,6 +337,17 @@ fn serving_alone(table: &MemoryLeaseTable, partitions: u32) -> Node {
     n
 }
 
+/// The calls `n` made that are of the kind `kind` picks, in order.
+fn calls(n: &Node, kind: fn(&Call) -> bool) -> Vec<&Call> {
+    n.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Call(c) if kind(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A node whose every lease call is answered `late` ms after it was sent (the call applied
 /// at once): answers the call due by `now`, then makes the node's next calls. Reads of the
 /// table are noted in `reads`.
@@ -425,14 +436,7 @@ fn a_node_whose_table_answers_in_half_a_renewal_interval_still_takes_its_share()
 fn a_node_takes_every_free_partition_of_its_share_in_one_call() {
     let table = MemoryLeaseTable::new();
     let n = serving_alone(&table, 16);
-    let acquires: Vec<&Call> = n
-        .actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Call(c @ Call::Acquire { .. }) => Some(c),
-            _ => None,
-        })
-        .collect();
+    let acquires = calls(&n, |c| matches!(c, Call::Acquire { .. }));
     assert_eq!(
         acquires,
         [&Call::Acquire {
@@ -448,14 +452,7 @@ fn a_leaving_node_releases_every_drained_partition_in_one_call() {
     n.actions.clear();
     n.m.leave(2_000);
     run(&table, std::slice::from_mut(&mut n), 2_000, 2_500);
-    let releases: Vec<&Call> = n
-        .actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Call(c @ Call::Release { .. }) => Some(c),
-            _ => None,
-        })
-        .collect();
+    let releases = calls(&n, |c| matches!(c, Call::Release { .. }));
     let epochs = table.status().expect("in memory").leases;
     let freed: Vec<(u32, u64)> = epochs.iter().map(|l| (l.partition, l.epoch)).collect();
     assert_eq!(releases, [&Call::Release { leases: freed }]);
@@ -496,7 +493,11 @@ fn leave_with_failing_releases(failures: u32) -> (Option<u64>, Vec<u32>) {
 #[test]
 fn a_leaving_node_tries_a_failed_release_once_more_before_it_is_done() {
     let (left_at, still) = leave_with_failing_releases(1);
-    assert_eq!(still, Vec::<u32>::new(), "every lease freed by the second try");
+    assert_eq!(
+        still,
+        Vec::<u32>::new(),
+        "every lease freed by the second try"
+    );
     let left_at = left_at.expect("the node left");
     // The second try goes half a renewal (150 ms) after the first, long before the leases
     // would expire (1 500 ms).
