@@ -106,6 +106,8 @@ pub(crate) struct LeaseSql {
     pub(crate) heartbeat_renew: String,
     /// Frees lease $1 when node $2 holds it with epoch $3.
     pub(crate) release: String,
+    /// Frees each lease of partitions $2 with epochs $3 that node $1 holds, rows locked as in
+    /// `renew`; returns each partition freed.
     pub(crate) release_many: String,
     /// Every lease: partition, epoch, node, milliseconds to expiry by the database's clock.
     pub(crate) status: String,
@@ -270,6 +272,12 @@ impl KvSql {
 impl LeaseSql {
     fn new(leases: &str, nodes: &str) -> LeaseSql {
         let heartbeat = heartbeat_sql(nodes);
+        // The leases of partitions $2 with epochs $3 that node $1 holds, locked in partition
+        // order (as acquisitions and combined writes lock them).
+        let held = format!(
+            "SELECT partition FROM {leases} WHERE node_id = $1 AND (partition, epoch) IN (SELECT \
+             * FROM unnest($2::integer[], $3::bigint[])) ORDER BY partition FOR NO KEY UPDATE"
+        );
         LeaseSql {
             fence: format!(
                 "WITH held AS (UPDATE {leases} SET writes = writes + 1 WHERE partition = $1 AND \
@@ -296,11 +304,9 @@ impl LeaseSql {
                  l.partition, l.epoch"
             ),
             renew: format!(
-                "WITH mine AS (SELECT partition FROM {leases} WHERE node_id = $1 AND \
-                 (partition, epoch) IN (SELECT * FROM unnest($2::integer[], $3::bigint[])) ORDER \
-                 BY partition FOR NO KEY UPDATE) UPDATE {leases} l SET expires_at = now() + \
-                 $4::bigint * interval '1 millisecond' FROM mine WHERE l.partition = \
-                 mine.partition RETURNING l.partition"
+                "WITH mine AS ({held}) UPDATE {leases} l SET expires_at = now() + $4::bigint * \
+                 interval '1 millisecond' FROM mine WHERE l.partition = mine.partition RETURNING \
+                 l.partition"
             ),
             heartbeat_renew: format!(
                 "WITH hb AS ({heartbeat}), mine AS (SELECT partition FROM {leases} WHERE \
@@ -316,11 +322,8 @@ impl LeaseSql {
                  node_id = $2 AND epoch = $3"
             ),
             release_many: format!(
-                "WITH mine AS (SELECT partition FROM {leases} WHERE node_id = $1 AND \
-                 (partition, epoch) IN (SELECT * FROM unnest($2::integer[], $3::bigint[])) ORDER \
-                 BY partition FOR NO KEY UPDATE) UPDATE {leases} l SET node_id = NULL, \
-                 expires_at = now() FROM mine WHERE l.partition = mine.partition RETURNING \
-                 l.partition"
+                "WITH mine AS ({held}) UPDATE {leases} l SET node_id = NULL, expires_at = now() \
+                 FROM mine WHERE l.partition = mine.partition RETURNING l.partition"
             ),
             status: format!(
                 "SELECT partition, epoch, node_id, {} FROM {leases} ORDER BY partition",
