@@ -3,6 +3,7 @@
 //! load balancer. A forwarded request carries this node's name; a node never forwards a
 //! forwarded request again, so a stale view of the owners cannot make requests loop.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -75,7 +76,7 @@ impl Forwarder {
         })
     }
 
-    /// A prober of other nodes' health with this forwarder's client and token.
+    /// A prober of other nodes' readiness and marks with this forwarder's client and token.
     #[must_use]
     pub fn prober(&self) -> Prober {
         Prober {
@@ -174,22 +175,43 @@ async fn batch_results(answer: Response) -> Result<BatchAnswerBody, BatchResultB
     ))
 }
 
-/// Asks other nodes' `/healthz` whether they answer (readiness counts a partition whose owner
-/// answered lately as reachable).
+/// Asks other nodes whether they are ready (`/readyz`) and for their high-water marks.
 #[derive(Clone)]
 pub struct Prober {
     client: reqwest::Client,
     authorization: Option<HeaderValue>,
 }
 
+/// The part of a `/readyz` refusal a prober reads.
+#[derive(serde::Deserialize)]
+struct NotReadyBody {
+    code: String,
+    partitions: Vec<NotReadyPartition>,
+}
+
+#[derive(serde::Deserialize)]
+struct NotReadyPartition {
+    partition: u32,
+}
+
 impl Prober {
-    /// Whether the node at `url` answered `GET /healthz` with a success within `timeout`.
-    pub async fn healthy(&self, url: &str, timeout: Duration) -> bool {
-        let mut request = self.client.get(format!("{url}/healthz")).timeout(timeout);
+    /// The partitions the node at `url` says it cannot answer yet (`GET /readyz`): empty when
+    /// it is ready; `None` when it did not answer within `timeout`, or not with a readiness
+    /// answer (it is starting, stopping or refuses this node's token).
+    pub async fn unready(&self, url: &str, timeout: Duration) -> Option<BTreeSet<u32>> {
+        let mut request = self.client.get(format!("{url}/readyz")).timeout(timeout);
         if let Some(auth) = &self.authorization {
             request = request.header(header::AUTHORIZATION, auth.clone());
         }
-        matches!(request.send().await, Ok(answer) if answer.status().is_success())
+        let answer = request.send().await.ok()?;
+        if answer.status().is_success() {
+            return Some(BTreeSet::new());
+        }
+        if answer.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE {
+            return None;
+        }
+        let body: NotReadyBody = answer.json().await.ok()?;
+        (body.code == "not_ready").then(|| body.partitions.iter().map(|p| p.partition).collect())
     }
 
     /// The high-water marks of the node at `url` (`GET /v1/marks`), within `timeout`.

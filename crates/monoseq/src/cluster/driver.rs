@@ -2,10 +2,10 @@
 //! Owns the only clock and the only I/O of membership: it reads the time, makes the lease
 //! calls the machine asks for off the runtime (`spawn_blocking`), hands their answers back,
 //! and carries out serve, stop and drain on the command processor. It also keeps the last
-//! read of the table for routing (`owner`) and readiness, and the results of the health probes
-//! of the other nodes.
+//! read of the table for routing (`owner`) and readiness, and the results of the readiness
+//! probes of the other nodes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -13,8 +13,8 @@ use anyhow::{Context, bail};
 use monoseq_backoff::Backoff;
 use monoseq_cp::CommandProcessor;
 use monoseq_membership::{
-    Action, Call, Config, LeaseTable, Membership, NameTaken, Reply, StopReason, TableError,
-    TableStatus, assign, execute,
+    Action, Call, Config, LeaseRow, LeaseTable, Membership, NameTaken, Reply, StopReason,
+    TableError, TableStatus, assign, execute,
 };
 use monoseq_store::{EventStore, PartitionId, TrustLevel, ensure_retired};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -31,8 +31,11 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(15);
 /// Answers of lease calls and drains waiting for the driver: at most one call is out, and
 /// one drain per partition.
 const DONE_QUEUE_MIN: usize = 16;
-/// Longest wait for a peer's `/healthz`.
+/// Longest wait for a peer's `/readyz`.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// A peer that says a partition it owns is not ready yet is probed again this many times per
+/// renewal interval (once per interval otherwise).
+const PROBES_PER_RENEWAL_WHILE_STARTING: u32 = 8;
 /// The driver looks for fenced partitions at least this many times per renewal interval.
 const FENCED_CHECKS_PER_RENEWAL: u32 = 4;
 
@@ -58,6 +61,71 @@ struct View {
     status: TableStatus,
     read_at: Instant,
     live: Vec<String>,
+    /// Partition → its lease's epoch in this read, and when this node first read that epoch.
+    since: HashMap<u32, (u64, Instant)>,
+}
+
+/// A peer's last answer to a readiness probe.
+#[derive(Debug, Clone)]
+struct Probe {
+    /// When the probe was sent.
+    sent: Instant,
+    /// The partitions the peer named not ready.
+    unready: BTreeSet<u32>,
+}
+
+/// When this node first read each lease's current epoch, given `before` (the last read's) and
+/// the `leases` read `now`; and whether another node than `me` took a partition since.
+fn epochs_since(
+    before: &HashMap<u32, (u64, Instant)>,
+    leases: &[LeaseRow],
+    me: &str,
+    now: Instant,
+) -> (HashMap<u32, (u64, Instant)>, bool) {
+    let mut taken = false;
+    let since = leases
+        .iter()
+        .map(|row| {
+            let seen = match before.get(&row.partition) {
+                Some(&(epoch, at)) if epoch == row.epoch => at,
+                _ => {
+                    taken |= row.live_owner().is_some_and(|n| n != me);
+                    now
+                }
+            };
+            (row.partition, (row.epoch, seen))
+        })
+        .collect();
+    (since, taken)
+}
+
+/// Why a partition another node owns cannot be forwarded to it yet, if it cannot. Its owner
+/// must have answered a readiness probe within `fresh`, sent after this node first read the
+/// lease's current epoch (`since`: an earlier answer says nothing of a partition the owner
+/// took after it), and not named the partition in it.
+fn remote_unready(
+    p: u32,
+    (node_id, url): (&str, &str),
+    probe: Option<&Probe>,
+    since: Instant,
+    fresh: Duration,
+) -> Option<String> {
+    match probe {
+        Some(probe) if probe.sent.elapsed() >= fresh => Some(format!(
+            "its owner {node_id} ({url}) did not answer a readiness probe in the last {} ms",
+            fresh.as_millis()
+        )),
+        None => Some(format!(
+            "its owner {node_id} ({url}) did not answer a readiness probe yet"
+        )),
+        Some(probe) if probe.sent < since => Some(format!(
+            "its owner {node_id} ({url}) took it lately and did not report it ready yet"
+        )),
+        Some(probe) if probe.unready.contains(&p) => {
+            Some(format!("its owner {node_id} ({url}) is starting it"))
+        }
+        Some(_) => None,
+    }
 }
 
 /// Where the membership is.
@@ -85,8 +153,10 @@ pub struct Cluster {
     base: Store,
     trust: TrustLevel,
     view: RwLock<Arc<View>>,
-    /// Peer URL → when its `/healthz` last answered.
-    probes: Mutex<HashMap<String, Instant>>,
+    /// Peer URL → its last answer to a readiness probe.
+    probes: Mutex<HashMap<String, Probe>>,
+    /// Wakes the prober when a read finds a partition taken by another node.
+    probe_soon: tokio::sync::Notify,
     leave: mpsc::Sender<oneshot::Sender<()>>,
     life: watch::Sender<Life>,
     /// This node's high-water marks and the losses accepted for the store.
@@ -161,8 +231,10 @@ impl Cluster {
                 status: TableStatus::default(),
                 read_at: Instant::now(),
                 live: Vec::new(),
+                since: HashMap::new(),
             })),
             probes: Mutex::new(HashMap::new()),
+            probe_soon: tokio::sync::Notify::new(),
             leave,
             life,
             marks,
@@ -258,11 +330,7 @@ impl Cluster {
         let here: BTreeMap<u32, String> = self.cp.unready().into_iter().collect();
         let plan = assign(&view.status, self.partitions, &view.live);
         let fresh = self.settings.renew * 3 + PROBE_TIMEOUT;
-        let probes = self
-            .probes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let probes = lock(&self.probes).clone();
         let mut out = Vec::new();
         for p in 0..self.partitions {
             let why = if self.cp.serves(p) {
@@ -282,14 +350,8 @@ impl Cluster {
                         Some("no live lease: the partition is moving between nodes".to_owned())
                     }
                     Owner::Node { node_id, url } => {
-                        let reached = probes.get(&url).is_some_and(|t| t.elapsed() < fresh);
-                        (!reached).then(|| {
-                            format!(
-                                "its owner {node_id} ({url}) did not answer a health probe in \
-                                 the last {} ms",
-                                fresh.as_millis()
-                            )
-                        })
+                        let since = view.since.get(&p).map_or_else(Instant::now, |s| s.1);
+                        remote_unready(p, (&node_id, &url), probes.get(&url), since, fresh)
                     }
                 }
             };
@@ -314,32 +376,44 @@ impl Cluster {
         out
     }
 
-    /// Probes every other live node's `/healthz` once per renewal interval with `probe`, for
-    /// readiness, until the membership ends.
+    /// Probes every other live node's `/readyz` once per renewal interval with `probe`, for
+    /// readiness, until the membership ends: at once when a read finds a partition taken by
+    /// another node, and more often while a peer says a partition it owns is starting.
     pub async fn probe_peers(self: Arc<Self>, probe: crate::forward::Prober) {
-        let mut tick = tokio::time::interval(self.settings.renew);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut wait = Duration::ZERO;
         while matches!(*self.life.borrow(), Life::Joining | Life::Member) {
-            tick.tick().await;
-            let view = self.view();
-            let urls: Vec<String> = view
-                .status
-                .nodes
-                .iter()
-                .filter(|n| n.node_id != self.settings.node_id)
-                .filter(|n| view.live.contains(&n.node_id))
-                .map(|n| n.url.clone())
-                .collect();
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.probe_soon.notified() => {}
+            }
+            let urls = self.peer_urls();
+            let mut starting = false;
             for url in &urls {
-                if probe.healthy(url, PROBE_TIMEOUT).await {
-                    self.probes
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(url.clone(), Instant::now());
+                let sent = Instant::now();
+                if let Some(unready) = probe.unready(url, PROBE_TIMEOUT).await {
+                    starting |= self.owned_by(url).iter().any(|p| unready.contains(p));
+                    lock(&self.probes).insert(url.clone(), Probe { sent, unready });
                 }
             }
             self.pull_marks(&urls).await;
+            wait = match starting {
+                true => self.settings.renew / PROBES_PER_RENEWAL_WHILE_STARTING,
+                false => self.settings.renew,
+            };
         }
+    }
+
+    /// The partitions the node at `url` holds, by the last read of the table.
+    fn owned_by(&self, url: &str) -> Vec<u32> {
+        let view = self.view();
+        let node = view.status.nodes.iter().find(|n| n.url == url);
+        let node_id = node.map(|n| n.node_id.clone()).unwrap_or_default();
+        view.status
+            .leases
+            .iter()
+            .filter(|row| row.live_owner() == Some(node_id.as_str()))
+            .map(|row| row.partition)
+            .collect()
     }
 
     /// The URLs of the other live nodes, by the last read of the table.
@@ -505,11 +579,21 @@ impl Cluster {
             .filter(|n| n.seen_ms_ago < alive)
             .map(|n| n.node_id.clone())
             .collect();
+        let (since, taken) = epochs_since(
+            &self.view().since,
+            &status.leases,
+            &self.settings.node_id,
+            Instant::now(),
+        );
         *self.view.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(View {
             status: status.clone(),
             read_at,
             live,
+            since,
         });
+        if taken {
+            self.probe_soon.notify_one();
+        }
     }
 
     /// Carries out one action; `false` when the membership is over.
@@ -893,4 +977,78 @@ fn log_epoch_went_back(partition: u32, seen: u64, found: u64) {
          backup?). This node no longer serves the partition, so that no number is \
          handed out twice; restore the database, or restart the node to accept the loss"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OWNER: (&str, &str) = ("b", "http://b");
+    const FRESH: Duration = Duration::from_secs(7);
+
+    fn probe(sent: Instant, unready: &[u32]) -> Probe {
+        Probe {
+            sent,
+            unready: unready.iter().copied().collect(),
+        }
+    }
+
+    fn lease(partition: u32, epoch: u64, node: &str) -> LeaseRow {
+        LeaseRow {
+            partition,
+            epoch,
+            node_id: Some(node.to_owned()),
+            expires_in_ms: 10_000,
+        }
+    }
+
+    #[test]
+    fn a_partition_whose_owner_reported_it_ready_after_taking_it_is_ready() {
+        let since = Instant::now();
+        let p = probe(since + Duration::from_millis(1), &[3]);
+        assert_eq!(remote_unready(0, OWNER, Some(&p), since, FRESH), None);
+    }
+
+    #[test]
+    fn a_readiness_answer_sent_before_the_owner_took_the_partition_does_not_count() {
+        let sent = Instant::now();
+        let p = probe(sent, &[]);
+        let since = sent + Duration::from_millis(1);
+        let why = remote_unready(0, OWNER, Some(&p), since, FRESH).expect("not ready");
+        assert!(why.contains("did not report it ready yet"), "{why}");
+    }
+
+    #[test]
+    fn a_partition_its_owner_names_unready_is_not_ready() {
+        let since = Instant::now();
+        let p = probe(since, &[0]);
+        let why = remote_unready(0, OWNER, Some(&p), since, FRESH).expect("not ready");
+        assert!(why.contains("is starting it"), "{why}");
+    }
+
+    #[test]
+    fn a_partition_whose_owner_answered_no_probe_lately_is_not_ready() {
+        let since = Instant::now();
+        let p = probe(since, &[]);
+        let stale = Duration::ZERO;
+        assert!(remote_unready(0, OWNER, Some(&p), since, stale).is_some());
+        assert!(remote_unready(0, OWNER, None, since, FRESH).is_some());
+    }
+
+    #[test]
+    fn a_lease_keeps_when_it_was_first_read_until_its_epoch_changes() {
+        let first = Instant::now();
+        let later = first + Duration::from_secs(1);
+        let (since, taken) = epochs_since(&HashMap::new(), &[lease(0, 1, "b")], "a", first);
+        assert!(
+            taken,
+            "a first read of another node's lease wakes the prober"
+        );
+        let (kept, taken) = epochs_since(&since, &[lease(0, 1, "b")], "a", later);
+        assert_eq!((kept[&0], taken), ((1, first), false));
+        let (moved, taken) = epochs_since(&kept, &[lease(0, 2, "c")], "a", later);
+        assert_eq!((moved[&0], taken), ((2, later), true));
+        let (mine, taken) = epochs_since(&moved, &[lease(0, 3, "a")], "a", later);
+        assert_eq!((mine[&0], taken), ((3, later), false));
+    }
 }

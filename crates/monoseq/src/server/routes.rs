@@ -436,8 +436,9 @@ async fn marks(State(st): State<Arc<AppState>>) -> Response {
 }
 
 /// `GET /readyz`: 200 when this node can answer or forward a command for every partition
-/// (on a cluster: each has a live owner, served here or by a node that answered a health probe
-/// lately, and none is about to move); else 503 naming the partitions and why.
+/// (on a cluster: each has a live owner, served here or by a node whose own readiness, asked
+/// lately and after this node read its lease, did not name it; and none is about to move); else
+/// 503 naming the partitions and why.
 async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     let unready = match &st.cluster {
         Some((cluster, _)) => cluster.unready(),
