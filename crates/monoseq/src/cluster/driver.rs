@@ -33,8 +33,9 @@ const LEAVE_TIMEOUT: Duration = Duration::from_secs(15);
 const DONE_QUEUE_MIN: usize = 16;
 /// Longest wait for a peer's `/readyz`.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-/// A peer that says a partition it owns is not ready yet is probed again this many times per
-/// renewal interval (once per interval otherwise).
+/// A peer that says a partition it took within the last lease interval is not ready yet is
+/// probed again this many times per renewal interval (once per interval otherwise: a partition
+/// that stays unready longer, such as one refused against its marks, waits for the next one).
 const PROBES_PER_RENEWAL_WHILE_STARTING: u32 = 8;
 /// The driver looks for fenced partitions at least this many times per renewal interval.
 const FENCED_CHECKS_PER_RENEWAL: u32 = 4;
@@ -378,7 +379,7 @@ impl Cluster {
 
     /// Probes every other live node's `/readyz` once per renewal interval with `probe`, for
     /// readiness, until the membership ends: at once when a read finds a partition taken by
-    /// another node, and more often while a peer says a partition it owns is starting.
+    /// another node, and more often while a peer says a partition it took lately is starting.
     pub async fn probe_peers(self: Arc<Self>, probe: crate::forward::Prober) {
         let mut wait = Duration::ZERO;
         while matches!(*self.life.borrow(), Life::Joining | Life::Member) {
@@ -391,7 +392,10 @@ impl Cluster {
             for url in &urls {
                 let sent = Instant::now();
                 if let Some(unready) = probe.unready(url, PROBE_TIMEOUT).await {
-                    starting |= self.owned_by(url).iter().any(|p| unready.contains(p));
+                    starting |= self
+                        .taken_lately_by(url)
+                        .iter()
+                        .any(|p| unready.contains(p));
                     lock(&self.probes).insert(url.clone(), Probe { sent, unready });
                 }
             }
@@ -403,15 +407,21 @@ impl Cluster {
         }
     }
 
-    /// The partitions the node at `url` holds, by the last read of the table.
-    fn owned_by(&self, url: &str) -> Vec<u32> {
+    /// The partitions the node at `url` holds, by the last read of the table, under an epoch
+    /// this node first read within the last lease interval.
+    fn taken_lately_by(&self, url: &str) -> Vec<u32> {
         let view = self.view();
         let node = view.status.nodes.iter().find(|n| n.url == url);
         let node_id = node.map(|n| n.node_id.clone()).unwrap_or_default();
+        let lately = |p: u32| {
+            view.since
+                .get(&p)
+                .is_some_and(|(_, at)| at.elapsed() < self.settings.lease)
+        };
         view.status
             .leases
             .iter()
-            .filter(|row| row.live_owner() == Some(node_id.as_str()))
+            .filter(|row| row.live_owner() == Some(node_id.as_str()) && lately(row.partition))
             .map(|row| row.partition)
             .collect()
     }
