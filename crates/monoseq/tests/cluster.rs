@@ -562,31 +562,64 @@ async fn a_node_paused_past_its_lease_writes_nothing_and_steps_down() {
         &["--trust-level", "2", "--group-commands-max", "1"],
     );
     let b = Node::start(&db, "b", dir.path(), &["--trust-level", "2"]);
-    let before = balanced(&client, &a.url, &["a", "b"]).await;
-    let (&p, _) = before.iter().find(|(_, (o, _))| o == "a").unwrap();
+    // Whether A's partition writes a queued group before A steps down on its own is a race
+    // after SIGCONT; the pause is repeated, on another partition of A's, until one did.
+    let mut all = Vec::new();
+    let mut used = HashSet::new();
+    for _ in 0..PAUSE_ATTEMPTS {
+        all.extend(pause_past_the_lease(&client, (&a, &b), &mut used).await);
+        if a.log().contains(FENCED_WRITE) {
+            break;
+        }
+    }
+    let log = a.log();
+    let url = b.url.clone();
+    check_and_stop(&client, &url, &all, vec![a, b], (&db, dir.path())).await;
+    // A attempted writes after it woke up, and the database refused them.
+    assert!(
+        log.contains(FENCED_WRITE),
+        "A never attempted a write after its lease was taken over, in {PAUSE_ATTEMPTS} \
+         pauses:\n{log}"
+    );
+}
 
-    // Load on A's partition, through A only, while A is paused past its lease.
+/// How many times the paused-node test pauses A for a write refused by the fence.
+const PAUSE_ATTEMPTS: usize = 3;
+/// What a node logs when the database refused its write under a lease taken over.
+const FENCED_WRITE: &str = "the storage refused this node's write";
+
+/// Loads a partition A owns (not one of `used`) through A, pauses A past its lease until B
+/// took the partition over and wrote to it, wakes A and lets its clients move on to B; checks
+/// that A stepped down. Answers every acknowledgement.
+async fn pause_past_the_lease(
+    client: &reqwest::Client,
+    (a, b): (&Node, &Node),
+    used: &mut HashSet<u64>,
+) -> Vec<Ack> {
+    let before = balanced(client, &a.url, &["a", "b"]).await;
+    let (&p, _) = before
+        .iter()
+        .find(|(p, (o, _))| o == "a" && !used.contains(*p))
+        .expect("a partition of A's not paused yet");
+    used.insert(p);
     let to_a: Urls = Arc::new(Mutex::new(vec![a.url.clone()]));
     let Load { acks, stop, tasks } = start_load_on(&to_a, 8, Some(p));
     tokio::time::sleep(Duration::from_millis(500)).await;
     a.signal("-STOP");
     // B takes the partition over and writes to it.
     let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = owners(&client, &b.url).await;
-        if now
-            .get(&p)
-            .is_some_and(|(o, e)| o == "b" && *e > before[&p].1)
-        {
-            break;
-        }
+    while !owners(client, &b.url)
+        .await
+        .get(&p)
+        .is_some_and(|(o, e)| o == "b" && *e > before[&p].1)
+    {
         assert!(Instant::now() < deadline, "B never took partition {p} over");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let to_b: Urls = Arc::new(Mutex::new(vec![b.url.clone()]));
     let mut written_by_b = Vec::new();
     for k in 0..20 {
-        written_by_b.push(send(&client, &to_b, ws_of(p, 20 + k), &format!("b-{k}"), k).await);
+        written_by_b.push(send(client, &to_b, ws_of(p, 20 + k), &format!("b-{k}"), k).await);
     }
     // A wakes up: its queued commands are sequenced on its stale state and written late.
     a.signal("-CONT");
@@ -594,10 +627,9 @@ async fn a_node_paused_past_its_lease_writes_nothing_and_steps_down() {
     to_a.lock().unwrap().push(b.url.clone());
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     stop_load(&stop, tasks).await;
-
     // A stepped down: B owns the partition, or A took it back from B in a handoff after it
     // woke (the balanced assignment may give it back), with an epoch above B's.
-    let now = owners(&client, &a.url).await;
+    let now = owners(client, &a.url).await;
     let taken_over = before[&p].1;
     let (owner, epoch) = &now[&p];
     assert!(
@@ -606,15 +638,8 @@ async fn a_node_paused_past_its_lease_writes_nothing_and_steps_down() {
          {epoch} (A held it with {taken_over})"
     );
     let mut all = acks.lock().unwrap().clone();
-    all.extend(written_by_b.iter().cloned());
-    let log = a.log();
-    let url = b.url.clone();
-    check_and_stop(&client, &url, &all, vec![a, b], (&db, dir.path())).await;
-    // A attempted writes after it woke up, and the database refused them.
-    assert!(
-        log.contains("the storage refused this node's write"),
-        "A never attempted a write after its lease was taken over:\n{log}"
-    );
+    all.extend(written_by_b);
+    all
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
