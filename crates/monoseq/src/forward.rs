@@ -195,15 +195,20 @@ struct NotReadyPartition {
 }
 
 impl Prober {
+    /// `GET url path` within `timeout`, with this node's token.
+    fn get(&self, url: &str, path: &str, timeout: Duration) -> reqwest::RequestBuilder {
+        let request = self.client.get(format!("{url}{path}")).timeout(timeout);
+        match &self.authorization {
+            Some(auth) => request.header(header::AUTHORIZATION, auth.clone()),
+            None => request,
+        }
+    }
+
     /// The partitions the node at `url` says it cannot answer yet (`GET /readyz`): empty when
     /// it is ready; `None` when it did not answer within `timeout`, or not with a readiness
     /// answer (it is starting, stopping or refuses this node's token).
     pub async fn unready(&self, url: &str, timeout: Duration) -> Option<BTreeSet<u32>> {
-        let mut request = self.client.get(format!("{url}/readyz")).timeout(timeout);
-        if let Some(auth) = &self.authorization {
-            request = request.header(header::AUTHORIZATION, auth.clone());
-        }
-        let answer = request.send().await.ok()?;
+        let answer = self.get(url, "/readyz", timeout).send().await.ok()?;
         if answer.status().is_success() {
             return Some(BTreeSet::new());
         }
@@ -224,11 +229,7 @@ impl Prober {
         url: &str,
         timeout: Duration,
     ) -> anyhow::Result<crate::cluster::marks::MarksAnswer> {
-        let mut request = self.client.get(format!("{url}/v1/marks")).timeout(timeout);
-        if let Some(auth) = &self.authorization {
-            request = request.header(header::AUTHORIZATION, auth.clone());
-        }
-        let answer = request.send().await?;
+        let answer = self.get(url, "/v1/marks", timeout).send().await?;
         let status = answer.status();
         if !status.is_success() {
             anyhow::bail!("{url}/v1/marks answered {status}");

@@ -388,14 +388,14 @@ impl Cluster {
                 () = self.probe_soon.notified() => {}
             }
             let urls = self.peer_urls();
+            let taken = self.taken_lately();
             let mut starting = false;
             for url in &urls {
                 let sent = Instant::now();
                 if let Some(unready) = probe.unready(url, PROBE_TIMEOUT).await {
-                    starting |= self
-                        .taken_lately_by(url)
-                        .iter()
-                        .any(|p| unready.contains(p));
+                    starting |= taken
+                        .get(url)
+                        .is_some_and(|ps| ps.iter().any(|p| unready.contains(p)));
                     lock(&self.probes).insert(url.clone(), Probe { sent, unready });
                 }
             }
@@ -407,23 +407,21 @@ impl Cluster {
         }
     }
 
-    /// The partitions the node at `url` holds, by the last read of the table, under an epoch
-    /// this node first read within the last lease interval.
-    fn taken_lately_by(&self, url: &str) -> Vec<u32> {
+    /// Peer URL → the partitions it owns ([`Cluster::owner`]) under an epoch this node first
+    /// read within the last lease interval.
+    fn taken_lately(&self) -> HashMap<String, Vec<u32>> {
         let view = self.view();
-        let node = view.status.nodes.iter().find(|n| n.url == url);
-        let node_id = node.map(|n| n.node_id.clone()).unwrap_or_default();
-        let lately = |p: u32| {
-            view.since
+        let mut taken: HashMap<String, Vec<u32>> = HashMap::new();
+        for p in 0..self.partitions {
+            let lately = view
+                .since
                 .get(&p)
-                .is_some_and(|(_, at)| at.elapsed() < self.settings.lease)
-        };
-        view.status
-            .leases
-            .iter()
-            .filter(|row| row.live_owner() == Some(node_id.as_str()) && lately(row.partition))
-            .map(|row| row.partition)
-            .collect()
+                .is_some_and(|(_, at)| at.elapsed() < self.settings.lease);
+            if let (true, Owner::Node { url, .. }) = (lately, self.owner(p)) {
+                taken.entry(url).or_default().push(p);
+            }
+        }
+        taken
     }
 
     /// The URLs of the other live nodes, by the last read of the table.
