@@ -175,6 +175,19 @@ async fn batch_results(answer: Response) -> Result<BatchAnswerBody, BatchResultB
     ))
 }
 
+/// A peer's answer to a readiness probe ([`Prober::readiness`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// The partitions it named not ready; none when it is ready.
+    Unready(BTreeSet<u32>),
+    /// It refused this node's token, with this status (401 or 403).
+    TokenRefused(u16),
+}
+
+/// What to do when another node refuses this node's token.
+pub const NODE_TOKEN_HINT: &str =
+    "give every node a --node-token-file holding a write token the others accept";
+
 /// Asks other nodes whether they are ready (`/readyz`) and for their high-water marks.
 #[derive(Clone)]
 pub struct Prober {
@@ -204,19 +217,25 @@ impl Prober {
         }
     }
 
-    /// The partitions the node at `url` says it cannot answer yet (`GET /readyz`): empty when
-    /// it is ready; `None` when it did not answer within `timeout`, or not with a readiness
-    /// answer (it is starting, stopping or refuses this node's token).
-    pub async fn unready(&self, url: &str, timeout: Duration) -> Option<BTreeSet<u32>> {
+    /// What the node at `url` answers to `GET /readyz`: the partitions it says it cannot
+    /// answer yet (none when it is ready), or that it refuses this node's token; `None` when
+    /// it did not answer within `timeout`, or not with a readiness answer (it is starting or
+    /// stopping).
+    pub async fn readiness(&self, url: &str, timeout: Duration) -> Option<Readiness> {
         let answer = self.get(url, "/readyz", timeout).send().await.ok()?;
-        if answer.status().is_success() {
-            return Some(BTreeSet::new());
+        let status = answer.status();
+        if status.is_success() {
+            return Some(Readiness::Unready(BTreeSet::new()));
         }
-        if answer.status() != reqwest::StatusCode::SERVICE_UNAVAILABLE {
+        if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
+            return Some(Readiness::TokenRefused(status.as_u16()));
+        }
+        if status != reqwest::StatusCode::SERVICE_UNAVAILABLE {
             return None;
         }
         let body: NotReadyBody = answer.json().await.ok()?;
-        (body.code == "not_ready").then(|| body.partitions.iter().map(|p| p.partition).collect())
+        (body.code == "not_ready")
+            .then(|| Readiness::Unready(body.partitions.iter().map(|p| p.partition).collect()))
     }
 
     /// The high-water marks of the node at `url` (`GET /v1/marks`), within `timeout`.
@@ -260,8 +279,7 @@ async fn relay(answer: reqwest::Response) -> Response {
     if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
         tracing::error!(
             status = status.as_u16(),
-            "the partition's owner refused this node's token; nothing was written. Give every \
-             node a --node-token-file holding a write token the others accept"
+            "the partition's owner refused this node's token; nothing was written: {NODE_TOKEN_HINT}"
         );
         return crate::base::error(
             StatusCode::BAD_GATEWAY,

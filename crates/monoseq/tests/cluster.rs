@@ -715,6 +715,31 @@ async fn forwarded_count(client: &reqwest::Client, url: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The reason `/readyz` of the node at `url` gives for some partition whose owner refuses its
+/// token, within 15 s (the node's probes find it within a renewal).
+async fn refused_token_readiness(client: &reqwest::Client, url: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut last = Value::Null;
+    while Instant::now() < deadline {
+        let answer = client
+            .get(format!("{url}/readyz"))
+            .send()
+            .await
+            .expect("answer");
+        last = answer.json().await.unwrap_or(Value::Null);
+        let reasons = last["partitions"].as_array().cloned().unwrap_or_default();
+        if let Some(why) = reasons
+            .iter()
+            .filter_map(|p| p["reason"].as_str())
+            .find(|why| why.contains("refused this node's token (401)"))
+        {
+            return why.to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{url}/readyz never named a refused token: {last}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_forward_over_https_with_their_own_token_and_a_refused_token_writes_nothing() {
     let db = Backend::postgres_url();
@@ -781,6 +806,15 @@ async fn nodes_forward_over_https_with_their_own_token_and_a_refused_token_write
     let body: Value = answer.json().await.unwrap_or(Value::Null);
     assert_eq!(status, 502, "{body}");
     assert_eq!(body["code"], "node_unauthorized", "{body}");
+    // C says why it is not ready (its peers refuse its token), and logs it once per peer.
+    let why = refused_token_readiness(&writer, &c.url).await;
+    assert!(why.contains(&a.url) || why.contains(&b.url), "{why}");
+    let told = c.log().matches("refused this node's token (401)").count();
+    assert!(
+        (1..=2).contains(&told),
+        "one line per refusing peer, {told} in:\n{}",
+        c.log()
+    );
     assert!(!c.log().contains("not-a-token-the-others-know"));
     let wlog: Value = writer
         .get(format!("{}/v1/workspaces/{ws_b}/wlog", b.url))

@@ -5,7 +5,7 @@
 //! read of the table for routing (`owner`) and readiness, and the results of the readiness
 //! probes of the other nodes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,7 @@ use super::ClusterSettings;
 use super::marks::NodeMarks;
 use super::pg::FencedLeases;
 use crate::base::{APP, Store};
+use crate::forward::{NODE_TOKEN_HINT, Readiness};
 
 /// Longest wait for a released partition to finish its queued commands and flush.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -71,8 +72,8 @@ struct View {
 struct Probe {
     /// When the probe was sent.
     sent: Instant,
-    /// The partitions the peer named not ready.
-    unready: BTreeSet<u32>,
+    /// What the peer answered.
+    answer: Readiness,
 }
 
 /// When this node first read each lease's current epoch, given `before` (the last read's) and
@@ -119,13 +120,42 @@ fn remote_unready(
         None => Some(format!(
             "its owner {node_id} ({url}) did not answer a readiness probe yet"
         )),
+        Some(Probe {
+            answer: Readiness::TokenRefused(status),
+            ..
+        }) => Some(format!(
+            "its owner {node_id} ({url}) refused this node's token ({status}), so this node \
+             cannot forward to it: {NODE_TOKEN_HINT}"
+        )),
         Some(probe) if probe.sent < since => Some(format!(
             "its owner {node_id} ({url}) took it lately and did not report it ready yet"
         )),
-        Some(probe) if probe.unready.contains(&p) => {
-            Some(format!("its owner {node_id} ({url}) is starting it"))
-        }
+        Some(Probe {
+            answer: Readiness::Unready(unready),
+            ..
+        }) if unready.contains(&p) => Some(format!("its owner {node_id} ({url}) is starting it")),
         Some(_) => None,
+    }
+}
+
+/// Logs once when the peer at `url` starts refusing this node's token on readiness probes
+/// (`before`: its previous answer, `now`: this one), and once when it accepts it again.
+fn report_token_refusal(url: &str, before: Option<&Readiness>, now: &Readiness) {
+    let refused_before = matches!(before, Some(Readiness::TokenRefused(_)));
+    match (refused_before, now) {
+        (false, Readiness::TokenRefused(status)) => tracing::error!(
+            peer = url,
+            status,
+            "the node at {url} refused this node's token ({status}): this node reports the \
+             partitions it owns not ready and cannot forward commands to it; {NODE_TOKEN_HINT}"
+        ),
+        (true, Readiness::Unready(_)) => {
+            tracing::info!(
+                peer = url,
+                "the node at {url} accepts this node's token again"
+            );
+        }
+        _ => {}
     }
 }
 
@@ -392,12 +422,17 @@ impl Cluster {
             let mut starting = false;
             for url in &urls {
                 let sent = Instant::now();
-                if let Some(unready) = probe.unready(url, PROBE_TIMEOUT).await {
+                let Some(answer) = probe.readiness(url, PROBE_TIMEOUT).await else {
+                    continue;
+                };
+                if let Readiness::Unready(unready) = &answer {
                     starting |= taken
                         .get(url)
                         .is_some_and(|ps| ps.iter().any(|p| unready.contains(p)));
-                    lock(&self.probes).insert(url.clone(), Probe { sent, unready });
                 }
+                let now = answer.clone();
+                let before = lock(&self.probes).insert(url.clone(), Probe { sent, answer });
+                report_token_refusal(url, before.map(|p| p.answer).as_ref(), &now);
             }
             self.pull_marks(&urls).await;
             wait = match starting {
@@ -997,7 +1032,7 @@ mod tests {
     fn probe(sent: Instant, unready: &[u32]) -> Probe {
         Probe {
             sent,
-            unready: unready.iter().copied().collect(),
+            answer: Readiness::Unready(unready.iter().copied().collect()),
         }
     }
 
@@ -1032,6 +1067,18 @@ mod tests {
         let p = probe(since, &[0]);
         let why = remote_unready(0, OWNER, Some(&p), since, FRESH).expect("not ready");
         assert!(why.contains("is starting it"), "{why}");
+    }
+
+    #[test]
+    fn a_partition_whose_owner_refuses_this_nodes_token_is_not_ready_and_says_what_to_do() {
+        let since = Instant::now();
+        let refused = Probe {
+            sent: since + Duration::from_millis(1),
+            answer: Readiness::TokenRefused(401),
+        };
+        let why = remote_unready(0, OWNER, Some(&refused), since, FRESH).expect("not ready");
+        assert!(why.contains("refused this node's token (401)"), "{why}");
+        assert!(why.contains(NODE_TOKEN_HINT), "{why}");
     }
 
     #[test]
