@@ -138,6 +138,12 @@ fn remote_unready(
     }
 }
 
+/// Whether the prober pulls the peers' marks this round, the last pull at `last`: on every
+/// round at the renewal cadence, at most twice a renewal while it probes faster.
+fn marks_due(last: Option<Instant>, renew: Duration) -> bool {
+    last.is_none_or(|at| at.elapsed() >= renew / 2)
+}
+
 /// Logs once when the peer at `url` starts refusing this node's token on readiness probes
 /// (`before`: its previous answer, `now`: this one), and once when it accepts it again.
 fn report_token_refusal(url: &str, before: Option<&Readiness>, now: &Readiness) {
@@ -412,6 +418,7 @@ impl Cluster {
     /// another node, and more often while a peer says a partition it took lately is starting.
     pub async fn probe_peers(self: Arc<Self>, probe: crate::forward::Prober) {
         let mut wait = Duration::ZERO;
+        let mut marks_pulled = None;
         while matches!(*self.life.borrow(), Life::Joining | Life::Member) {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
@@ -434,7 +441,10 @@ impl Cluster {
                 let before = lock(&self.probes).insert(url.clone(), Probe { sent, answer });
                 report_token_refusal(url, before.map(|p| p.answer).as_ref(), &now);
             }
-            self.pull_marks(&urls).await;
+            if marks_due(marks_pulled, self.settings.renew) {
+                self.pull_marks(&urls).await;
+                marks_pulled = Some(Instant::now());
+            }
             wait = match starting {
                 true => self.settings.renew / PROBES_PER_RENEWAL_WHILE_STARTING,
                 false => self.settings.renew,
@@ -1079,6 +1089,23 @@ mod tests {
         let why = remote_unready(0, OWNER, Some(&refused), since, FRESH).expect("not ready");
         assert!(why.contains("refused this node's token (401)"), "{why}");
         assert!(why.contains(NODE_TOKEN_HINT), "{why}");
+    }
+
+    #[test]
+    fn peers_marks_are_pulled_at_most_twice_a_renewal_while_probes_run_faster() {
+        let renew = Duration::from_secs(4);
+        assert!(marks_due(None, renew), "the first round pulls");
+        assert!(
+            !marks_due(Some(Instant::now()), renew),
+            "a fast round right after does not"
+        );
+        let round_ago = Instant::now()
+            .checked_sub(renew)
+            .expect("a monotonic clock this old");
+        assert!(
+            marks_due(Some(round_ago), renew),
+            "a round a renewal later does"
+        );
     }
 
     #[test]
