@@ -237,9 +237,11 @@ impl KvSql {
         let rows = "unnest($1::bytea[], $2::bytea[], $3::bytea[])";
         KvSql {
             get: format!("SELECT value FROM {kv} WHERE partition = $1 AND clustering = $2"),
+            // A lookup per key (a subquery, never a join): a join's plan, cached on a
+            // connection while the table was small, reads the whole table on every call.
             get_many: format!(
-                "SELECT k.n, t.value FROM {keys} WITH ORDINALITY AS k (p, c, n) JOIN {kv} t ON \
-                 t.partition = k.p AND t.clustering = k.c"
+                "SELECT k.n, (SELECT t.value FROM {kv} t WHERE t.partition = k.p AND \
+                 t.clustering = k.c) FROM {keys} WITH ORDINALITY AS k (p, c, n)"
             ),
             insert_new: format!(
                 "INSERT INTO {kv} (partition, clustering, value) SELECT * FROM {rows}"

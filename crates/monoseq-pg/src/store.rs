@@ -371,7 +371,8 @@ pub(crate) async fn read_many<'a>(
             .ok_or_else(|| {
                 Failure::Corrupted(format!("{what}: the server answered key number {ordinal}"))
             })?;
-        *slot = Some(row.try_get::<_, Vec<u8>>(1)?);
+        // Every key has a row; an absent one has no value (the column is never null).
+        *slot = row.try_get::<_, Option<Vec<u8>>>(1)?;
     }
     Ok(values)
 }

@@ -429,3 +429,78 @@ fn acknowledged_writes_survive_an_immediate_server_stop() {
         .unwrap();
     assert_eq!(count, 50);
 }
+
+/// The rows of `monoseq_kv` sequential scans read so far in `database`, and the scans of any
+/// kind (sequential or by index) so far, as the server's statistics report them.
+fn scans(cluster: &PgCluster, database: &str) -> (u64, u64) {
+    let out = cluster
+        .psql(
+            database,
+            "SELECT seq_tup_read, seq_scan + coalesce(idx_scan, 0) FROM pg_stat_user_tables \
+             WHERE relname = 'monoseq_kv'",
+        )
+        .unwrap();
+    let counts: Vec<u64> = out.split('|').filter_map(|n| n.parse().ok()).collect();
+    match counts[..] {
+        [rows, scans] => (rows, scans),
+        _ => panic!("not two counts: {out:?}"),
+    }
+}
+
+#[test]
+fn reading_keys_never_scans_the_table_even_with_a_plan_made_while_it_was_empty() {
+    let cluster = shared();
+    let url = cluster.create_database().unwrap();
+    let database = url.rsplit('/').next().unwrap().to_owned();
+    // Every plan the store's one connection makes is kept for the connection's life, as
+    // PostgreSQL does after a statement's fifth run, and no ANALYZE replaces it.
+    cluster
+        .psql(
+            &database,
+            &format!("ALTER DATABASE {database} SET plan_cache_mode = force_generic_plan"),
+        )
+        .unwrap();
+    let options = quick().pool_connections(1).write_transactions(1);
+    let store = PgStore::open(&url, options).unwrap();
+    cluster
+        .psql(
+            &database,
+            "ALTER TABLE monoseq_kv SET (autovacuum_enabled = false)",
+        )
+        .unwrap();
+    let present = Key::new(b"p", b"\x00\x00\x00\x05");
+    let absent = Key::new(b"p", b"\x7f");
+    assert_eq!(store.get_many(&[present, absent]).unwrap(), [None, None]);
+
+    const ROWS: u64 = 20_000;
+    cluster
+        .psql(
+            &database,
+            &format!(
+                "INSERT INTO monoseq_kv SELECT 'p'::bytea, int4send(i), int4send(i) FROM \
+                 generate_series(1, {ROWS}) AS i"
+            ),
+        )
+        .unwrap();
+    let (rows_before, scans_before) = scans(cluster, &database);
+    for _ in 0..10 {
+        let values = store.get_many(&[present, absent, present]).unwrap();
+        let five = Some(b"\x00\x00\x00\x05".to_vec());
+        assert_eq!(values, [five.clone(), None, five]);
+    }
+    // A backend reports its table statistics when it goes idle a second after its last report.
+    std::thread::sleep(Duration::from_millis(1100));
+    store.get_many(&[absent]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (mut rows, mut scanned) = scans(cluster, &database);
+    while scanned == scans_before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        (rows, scanned) = scans(cluster, &database);
+    }
+    assert!(scanned > scans_before, "the reads were never reported");
+    let scanned = rows - rows_before;
+    assert!(
+        scanned < ROWS,
+        "eleven reads scanned {scanned} rows of a table of {ROWS}: they read it whole"
+    );
+}
