@@ -339,13 +339,7 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
         second.len()
     );
     for n in &nodes {
-        for line in n
-            .log()
-            .lines()
-            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-        {
-            eprintln!("{}: {line}", n.id);
-        }
+        eprintln!("{}", warnings(n, usize::MAX));
     }
     for n in nodes {
         n.terminate();
@@ -378,9 +372,26 @@ async fn wait_refused(client: &reqwest::Client, nodes: &[Node]) -> Vec<(String, 
         if !refused.is_empty() {
             return refused;
         }
-        assert!(Instant::now() < deadline, "no partition was refused");
+        if Instant::now() >= deadline {
+            let logs: Vec<String> = nodes.iter().map(|n| warnings(n, 20)).collect();
+            panic!("no partition was refused within 40 s\n{}", logs.join("\n"));
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The last `n` WARN and ERROR lines of `node`'s log, each prefixed with its name.
+fn warnings(node: &Node, n: usize) -> String {
+    let log = node.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .collect();
+    let tail = &lines[lines.len().saturating_sub(n)..];
+    tail.iter()
+        .map(|l| format!("{}: {l}", node.id))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Partitions whose readiness reason says they are refused below their marks, by node.
