@@ -253,9 +253,10 @@ impl KvSql {
             delete: format!(
                 "DELETE FROM {kv} WHERE (partition, clustering) IN (SELECT * FROM {keys})"
             ),
+            // As `get_many`: a lookup per key, whether it is stored.
             stored_keys: format!(
-                "SELECT partition, clustering FROM {kv} WHERE (partition, clustering) IN (SELECT \
-                 * FROM {keys})"
+                "SELECT k.p, k.c, (SELECT true FROM {kv} t WHERE t.partition = k.p AND \
+                 t.clustering = k.c) FROM {keys} AS k (p, c)"
             ),
             cas_update: format!(
                 "UPDATE {kv} SET value = $4 WHERE partition = $1 AND clustering = $2 AND value = $3"

@@ -305,7 +305,9 @@ async fn stored_conflict(
     let rows = client.query(&statement, &params(&keys)).await?;
     let mut stored: HashSet<(&[u8], &[u8])> = HashSet::with_capacity(rows.len());
     for row in &rows {
-        stored.insert((row.try_get(0)?, row.try_get(1)?));
+        if row.try_get::<_, Option<bool>>(2)?.is_some() {
+            stored.insert((row.try_get(0)?, row.try_get(1)?));
+        }
     }
     Ok(plan
         .first_conflict(|c: &Condition<'_>| stored.contains(&(c.key.partition, c.key.clustering))))

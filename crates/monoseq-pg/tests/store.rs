@@ -447,13 +447,12 @@ fn scans(cluster: &PgCluster, database: &str) -> (u64, u64) {
     }
 }
 
-#[test]
-fn reading_keys_never_scans_the_table_even_with_a_plan_made_while_it_was_empty() {
-    let cluster = shared();
+/// A store on a fresh database whose one connection keeps every plan it makes for its life
+/// (as PostgreSQL does after a statement's fifth run, and no ANALYZE replaces it); the
+/// database's name.
+fn store_keeping_its_first_plans(cluster: &PgCluster) -> (PgStore, String) {
     let url = cluster.create_database().unwrap();
     let database = url.rsplit('/').next().unwrap().to_owned();
-    // Every plan the store's one connection makes is kept for the connection's life, as
-    // PostgreSQL does after a statement's fifth run, and no ANALYZE replaces it.
     cluster
         .psql(
             &database,
@@ -468,39 +467,101 @@ fn reading_keys_never_scans_the_table_even_with_a_plan_made_while_it_was_empty()
             "ALTER TABLE monoseq_kv SET (autovacuum_enabled = false)",
         )
         .unwrap();
-    let present = Key::new(b"p", b"\x00\x00\x00\x05");
-    let absent = Key::new(b"p", b"\x7f");
-    assert_eq!(store.get_many(&[present, absent]).unwrap(), [None, None]);
+    (store, database)
+}
 
-    const ROWS: u64 = 20_000;
+const YOUNG_ROWS: u64 = 20_000;
+
+/// Fills the table of `database` with [`YOUNG_ROWS`] rows of partition `p`, clustering and
+/// value the row's number (big-endian, 4 bytes), after the store made its plans.
+fn fill(cluster: &PgCluster, database: &str) {
     cluster
         .psql(
-            &database,
+            database,
             &format!(
                 "INSERT INTO monoseq_kv SELECT 'p'::bytea, int4send(i), int4send(i) FROM \
-                 generate_series(1, {ROWS}) AS i"
+                 generate_series(1, {YOUNG_ROWS}) AS i"
             ),
         )
         .unwrap();
-    let (rows_before, scans_before) = scans(cluster, &database);
-    for _ in 0..10 {
-        let values = store.get_many(&[present, absent, present]).unwrap();
-        let five = Some(b"\x00\x00\x00\x05".to_vec());
-        assert_eq!(values, [five.clone(), None, five]);
-    }
+}
+
+/// Rows of the table read by sequential scans while `reads` ran (the last of them a second
+/// after the others, so that the connection reports its statistics).
+fn rows_scanned_by(cluster: &PgCluster, database: &str, mut reads: impl FnMut()) -> u64 {
+    let (rows_before, scans_before) = scans(cluster, database);
+    reads();
     // A backend reports its table statistics when it goes idle a second after its last report.
     std::thread::sleep(Duration::from_millis(1100));
-    store.get_many(&[absent]).unwrap();
+    reads();
     let deadline = Instant::now() + Duration::from_secs(15);
-    let (mut rows, mut scanned) = scans(cluster, &database);
+    let (mut rows, mut scanned) = scans(cluster, database);
     while scanned == scans_before && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
-        (rows, scanned) = scans(cluster, &database);
+        (rows, scanned) = scans(cluster, database);
     }
     assert!(scanned > scans_before, "the reads were never reported");
-    let scanned = rows - rows_before;
+    rows - rows_before
+}
+
+#[test]
+fn reading_keys_never_scans_the_table_even_with_a_plan_made_while_it_was_empty() {
+    let cluster = shared();
+    let (store, database) = store_keeping_its_first_plans(cluster);
+    let present = Key::new(b"p", b"\x00\x00\x00\x05");
+    let absent = Key::new(b"p", b"\x7f");
+    assert_eq!(store.get_many(&[present, absent]).unwrap(), [None, None]);
+    fill(cluster, &database);
+    let scanned = rows_scanned_by(cluster, &database, || {
+        for _ in 0..5 {
+            let values = store.get_many(&[present, absent, present]).unwrap();
+            let five = Some(b"\x00\x00\x00\x05".to_vec());
+            assert_eq!(values, [five.clone(), None, five]);
+        }
+    });
     assert!(
-        scanned < ROWS,
-        "eleven reads scanned {scanned} rows of a table of {ROWS}: they read it whole"
+        scanned < YOUNG_ROWS,
+        "ten reads scanned {scanned} rows of a table of {YOUNG_ROWS}: they read it whole"
+    );
+}
+
+#[test]
+fn naming_a_conflict_never_scans_the_table_even_with_a_plan_made_while_it_was_empty() {
+    let cluster = shared();
+    let (store, database) = store_keeping_its_first_plans(cluster);
+    let present = Key::new(b"p", b"\x00\x00\x00\x05");
+    let absent = Key::new(b"p", b"\x7f");
+    // A batch that conflicts within itself reads its keys too: the plan is made on the empty
+    // table.
+    let mut twice = WriteBatch::new();
+    twice
+        .insert_if_absent(absent, b"a")
+        .insert_if_absent(absent, b"b");
+    assert!(matches!(
+        store.write(&twice),
+        Err(WriteError::Conflict { index: 1, .. })
+    ));
+    fill(cluster, &database);
+    let scanned = rows_scanned_by(cluster, &database, || {
+        for _ in 0..5 {
+            let mut batch = WriteBatch::new();
+            batch
+                .insert_if_absent(absent, b"x")
+                .insert_if_absent(present, b"y");
+            let refused = store.write(&batch);
+            assert!(
+                matches!(refused, Err(WriteError::Conflict { index: 1, .. })),
+                "{refused:?}"
+            );
+        }
+    });
+    assert!(
+        scanned < YOUNG_ROWS,
+        "ten conflicts scanned {scanned} rows of a table of {YOUNG_ROWS}: they read it whole"
+    );
+    assert_eq!(
+        store.get(absent).unwrap(),
+        None,
+        "a refused batch wrote nothing"
     );
 }
