@@ -471,6 +471,9 @@ fn store_keeping_its_first_plans(cluster: &PgCluster) -> (PgStore, String) {
 }
 
 const YOUNG_ROWS: u64 = 20_000;
+/// A key [`fill`] stores (its row 5), and one it does not.
+const FILLED: Key<'static> = Key::new(b"p", b"\x00\x00\x00\x05");
+const NOT_FILLED: Key<'static> = Key::new(b"p", b"\x7f");
 
 /// Fills the table of `database` with [`YOUNG_ROWS`] rows of partition `p`, clustering and
 /// value the row's number (big-endian, 4 bytes), after the store made its plans.
@@ -508,8 +511,7 @@ fn rows_scanned_by(cluster: &PgCluster, database: &str, mut reads: impl FnMut())
 fn reading_keys_never_scans_the_table_even_with_a_plan_made_while_it_was_empty() {
     let cluster = shared();
     let (store, database) = store_keeping_its_first_plans(cluster);
-    let present = Key::new(b"p", b"\x00\x00\x00\x05");
-    let absent = Key::new(b"p", b"\x7f");
+    let (present, absent) = (FILLED, NOT_FILLED);
     assert_eq!(store.get_many(&[present, absent]).unwrap(), [None, None]);
     fill(cluster, &database);
     let scanned = rows_scanned_by(cluster, &database, || {
@@ -529,8 +531,7 @@ fn reading_keys_never_scans_the_table_even_with_a_plan_made_while_it_was_empty()
 fn naming_a_conflict_never_scans_the_table_even_with_a_plan_made_while_it_was_empty() {
     let cluster = shared();
     let (store, database) = store_keeping_its_first_plans(cluster);
-    let present = Key::new(b"p", b"\x00\x00\x00\x05");
-    let absent = Key::new(b"p", b"\x7f");
+    let (present, absent) = (FILLED, NOT_FILLED);
     // A batch that conflicts within itself reads its keys too: the plan is made on the empty
     // table.
     let mut twice = WriteBatch::new();
