@@ -10,6 +10,7 @@
 // Library code answers errors; an `expect` states why it cannot fail.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod acked;
 mod command;
 mod error;
 mod idempotency;

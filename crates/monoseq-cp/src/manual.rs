@@ -68,7 +68,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
             failed: None,
             fenced: false,
             lost: None,
-            acked: Arc::new(Mutex::new(acked)),
+            acked: Arc::new(crate::acked::Acked::new(acked)),
             floor: retired.plog,
             unresolved: None,
             slow: crate::partition::SlowGroups::default(),
@@ -84,8 +84,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
     /// serves, as a node pulls them when it takes a partition over).
     pub fn raise_mark(&mut self, mark: Mark) {
         self.writer.mark = self.writer.mark.max(&mark);
-        let mut acked = self.writer.acked.lock().unwrap_or_else(|e| e.into_inner());
-        *acked = acked.max(&mark);
+        self.writer.acked.raise(mark);
     }
 
     /// Runs one step of the sequencer's background work (actualization, flushing).
@@ -108,7 +107,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
     /// The highest numbers this writer acknowledged (or was opened with).
     #[must_use]
     pub fn acked(&self) -> Mark {
-        *self.writer.acked.lock().unwrap_or_else(|e| e.into_inner())
+        self.writer.acked.get()
     }
 
     /// Runs one group of commands, as the partition task does with what its queue holds, and

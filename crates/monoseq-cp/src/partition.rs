@@ -23,6 +23,7 @@ use monoseq_store::{
 };
 use tokio::sync::{mpsc, oneshot};
 
+use crate::acked::Acked;
 use crate::command::{Command, Plan, resolve};
 use crate::error::CommandError;
 use crate::idempotency::{IdempotencyKey, Window};
@@ -187,7 +188,7 @@ pub(crate) struct Writer<S: KvStore + Clone> {
     /// stops serving.
     pub(crate) lost: Option<String>,
     /// The processor's memory of this partition's acknowledged numbers.
-    pub(crate) acked: Arc<Mutex<Mark>>,
+    pub(crate) acked: Arc<Acked>,
     /// The highest PLog offset retired by an accepted loss (0: none): the PLog has a gap
     /// below it, and reads of its tail continue above it.
     pub(crate) floor: u64,
@@ -635,7 +636,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                     .as_ref()
                     .and_then(|m| m.get(template.partition.0).ok())
                     .unwrap_or(template.mark);
-                let acked = *template.acked.lock().unwrap_or_else(|e| e.into_inner());
+                let acked = template.acked.get();
                 let mark = if acked.plog > stored.plog {
                     acked
                 } else {
@@ -731,7 +732,7 @@ pub(crate) struct WriterTemplate<S: KvStore + Clone> {
     pub(crate) marks: Option<Arc<Marks>>,
     pub(crate) mark: Mark,
     pub(crate) counters: Arc<Counters>,
-    pub(crate) acked: Arc<Mutex<Mark>>,
+    pub(crate) acked: Arc<Acked>,
     pub(crate) floor: u64,
 }
 
@@ -849,8 +850,7 @@ impl<S: KvStore + Clone> Writer<S> {
             )
         })?;
         self.mark = mark;
-        let mut acked = self.acked.lock().unwrap_or_else(|e| e.into_inner());
-        *acked = acked.max(&mark);
+        self.acked.raise(mark);
         Ok(())
     }
 
@@ -972,7 +972,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     ) {
         self.seq.mark_durable();
         self.mark = mark;
-        *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = mark;
+        self.acked.set(mark);
         self.counters.groups.fetch_add(1, Ordering::Relaxed);
         for (job, outcome, _) in replays {
             answer(&self.counters, job, Ok(outcome));
@@ -993,7 +993,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         match self.raise_synced(mark) {
             Ok(()) => {
                 self.mark = mark;
-                *self.acked.lock().unwrap_or_else(|e| e.into_inner()) = mark;
+                self.acked.set(mark);
                 for (job, outcome, _) in replays {
                     answer(&self.counters, job, Ok(outcome));
                 }

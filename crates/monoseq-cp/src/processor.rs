@@ -21,6 +21,7 @@ use monoseq_store::{
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::acked::Acked;
 use crate::command::{Command, Plan, plan, resolve};
 use crate::error::{CommandError, ConfigError};
 use crate::idempotency::{IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey, Window, fingerprint};
@@ -204,7 +205,7 @@ struct Inner<S: KvStore + Clone> {
     counters: Arc<Counters>,
     /// Per partition, the highest numbers acknowledged by this process, kept while the
     /// partition is released: acquired again, it refuses to serve a storage that lost them.
-    acked: Vec<Arc<Mutex<Mark>>>,
+    acked: Vec<Arc<Acked>>,
     /// Partitions running on a thread of their own now.
     threads: Arc<AtomicUsize>,
 }
@@ -417,6 +418,32 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     #[must_use]
     pub fn partition_of(&self, ws: WsId) -> u32 {
         (ws.0 % u64::from(self.inner.config.partitions)) as u32
+    }
+
+    /// The end of partition `p`'s PLog as this process knows it: the offset the next
+    /// acknowledged event gets. Every offset below it is durable and final (its event was
+    /// synced and its mark raised before its command was answered), so a reader may deliver
+    /// it; one at or above it may still be taken back by a crash. While another node owns
+    /// the partition this is what this process last knew (a lower bound).
+    ///
+    /// # Panics
+    ///
+    /// When `p` is not below the partition count.
+    #[must_use]
+    pub fn plog_end(&self, p: u32) -> u64 {
+        self.inner.acked[p as usize].end()
+    }
+
+    /// A receiver that wakes whenever [`CommandProcessor::plog_end`] of partition `p` moves:
+    /// the partition's writer signals it after each durable group, so followers learn of new
+    /// events from the write path, without polling the store.
+    ///
+    /// # Panics
+    ///
+    /// When `p` is not below the partition count.
+    #[must_use]
+    pub fn watch_plog_end(&self, p: u32) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.acked[p as usize].subscribe()
     }
 
     /// The event store.
@@ -704,7 +731,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
     store: &EventStore<S>,
     config: &Config,
     p: u32,
-    (runtime, counters, acked): (&Runtime, &Arc<Counters>, &Arc<Mutex<Mark>>),
+    (runtime, counters, acked): (&Runtime, &Arc<Counters>, &Arc<Acked>),
 ) -> Result<(PartitionTask<S>, Arc<PartitionShared<S>>), ConfigError> {
     let retired = config.retired.get(p as usize).copied().unwrap_or_default();
     let params = sequencer_params(config, &retired)?;
@@ -714,7 +741,9 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
             .map_err(|e| ConfigError::Marks(monoseq_kv::chain(&e)))?,
         None => Mark::default(),
     };
-    let mark = higher(stored, *acked.lock().unwrap_or_else(|e| e.into_inner()));
+    let mark = higher(stored, acked.get());
+    // Every number at or below a stored mark was acknowledged: readers may see up to it.
+    acked.raise(mark);
     let storage = Arc::new(store.seq_storage(PartitionId(p)));
     // The sequencer's driver logs inside this span: every line names its partition.
     let seq = {
