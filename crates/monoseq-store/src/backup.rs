@@ -337,6 +337,7 @@ fn accept_restore_losses(
             plog_to: mark.plog,
             mark,
             accepted_at_ms: at,
+            cause: crate::LossCause::Restore,
         });
         retired.push((p, plog_end, mark));
     }

@@ -630,6 +630,7 @@ fn accept_losses(dir: &Path, guarded: &mut DataDir, losses: Vec<Loss>) -> Result
             plog_to: l.mark.plog,
             mark: l.mark,
             accepted_at_ms: at,
+            cause: crate::LossCause::AcceptedLoss,
         });
     }
     // The decision is durable before anything acts on it.

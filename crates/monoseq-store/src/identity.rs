@@ -55,6 +55,33 @@ pub struct AcceptedLoss {
     pub mark: Mark,
     /// When the loss was accepted (Unix milliseconds).
     pub accepted_at_ms: u64,
+    /// How the loss came about (files written before this field name none: an accepted loss).
+    #[serde(default)]
+    pub cause: LossCause,
+}
+
+/// How numbers of an [`AcceptedLoss`] came to be retired; readers of the PLog are told it with
+/// the gap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LossCause {
+    /// An operator started with `--accept-loss` over a store that lost acknowledged events.
+    #[default]
+    AcceptedLoss,
+    /// A restored backup was continued: what the store acknowledged after the backup is gone.
+    Restore,
+}
+
+impl LossCause {
+    /// The stable name (`accepted_loss`, `restore`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossCause::AcceptedLoss => "accepted_loss",
+            LossCause::Restore => "restore",
+        }
+    }
 }
 
 /// The identity file could not be read or written.
@@ -243,6 +270,7 @@ mod tests {
                 owrecord: 9,
             },
             accepted_at_ms: 1,
+            cause: crate::LossCause::AcceptedLoss,
         });
         id.write(dir.path()).expect("write");
         let back = Identity::read(dir.path()).expect("read").expect("present");

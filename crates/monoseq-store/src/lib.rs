@@ -17,6 +17,7 @@ mod event;
 mod identity;
 mod keys;
 mod marks;
+mod plog_page;
 mod seqstore;
 mod store;
 
@@ -36,9 +37,10 @@ pub use datadir::{
     open_database, recorded_partitions, retire_partition,
 };
 pub use event::{ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset};
-pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError};
+pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError, LossCause};
 pub use keys::{AppId, KEY_LAYOUT, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
 pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError};
+pub use plog_page::{Gap, PLOG_PAGE_ITEMS_MAX, PageItem, retired_ranges};
 pub use seqstore::PLogSeqStorage;
 pub use store::{
     AppendError, EventStore, InvalidTrustLevel, ReadError, TrustLevel, WLOG_READ_EVENTS_MAX,

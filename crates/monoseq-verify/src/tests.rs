@@ -749,6 +749,7 @@ fn lost_and_accepted() -> (Fixture, AcceptedLoss) {
         plog_to: 6,
         mark,
         accepted_at_ms: 1,
+        cause: monoseq_store::LossCause::AcceptedLoss,
     };
     (f, loss)
 }

@@ -269,6 +269,7 @@ pub fn find_losses(
             plog_to: mark.plog,
             mark: mark.max(&retired),
             accepted_at_ms: now_ms,
+            cause: monoseq_store::LossCause::AcceptedLoss,
         });
     }
     Ok(out)
@@ -429,6 +430,7 @@ mod tests {
             plog_to: 7,
             mark: mark(7),
             accepted_at_ms: 1,
+            cause: monoseq_store::LossCause::AcceptedLoss,
         };
         node.accept(loss).unwrap();
         node.accept(loss).unwrap();

@@ -1,0 +1,115 @@
+//! Ordered page reads of a partition's PLog for its consumers: the events from an offset on,
+//! in offset order, never at or beyond the partition's end (what is durable and final), with
+//! every range of numbers retired by an accepted loss or a restore given as an explicit
+//! [`Gap`], so a reader never mistakes a retired range for silence, nor silence for a gap.
+
+use monoseq_core::PLogOffset;
+use monoseq_kv::KvStore;
+
+use crate::Event;
+use crate::identity::{AcceptedLoss, LossCause};
+use crate::keys::PartitionId;
+use crate::store::{EventStore, ReadError};
+
+/// Most items (events and gaps) one page read returns.
+pub const PLOG_PAGE_ITEMS_MAX: usize = 10_000;
+
+/// A range of a PLog whose offsets were retired: no event is, or ever will be, delivered there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gap {
+    /// First retired offset delivered by this gap (the asked offset when it starts inside).
+    pub from: u64,
+    /// Last retired offset (inclusive).
+    pub to: u64,
+    /// Why the range was retired.
+    pub cause: LossCause,
+}
+
+/// One item of a page: an event, or a retired range.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PageItem {
+    /// The event at its PLog offset.
+    Event(Event),
+    /// A retired range, delivered in its place in offset order.
+    Gap(Gap),
+}
+
+impl PageItem {
+    /// The offset after this item: where the next item starts.
+    #[must_use]
+    pub fn next_offset(&self) -> u64 {
+        match self {
+            PageItem::Event(e) => e.plog_offset.0 + 1,
+            PageItem::Gap(g) => g.to + 1,
+        }
+    }
+}
+
+/// The retired ranges of `partition` among `losses`, in offset order, empty ones left out.
+#[must_use]
+pub fn retired_ranges(losses: &[AcceptedLoss], partition: u32) -> Vec<Gap> {
+    let mut ranges: Vec<Gap> = losses
+        .iter()
+        .filter(|l| l.partition == partition && l.plog_from <= l.plog_to)
+        .map(|l| Gap {
+            from: l.plog_from,
+            to: l.plog_to,
+            cause: l.cause,
+        })
+        .collect();
+    ranges.sort_by_key(|g| (g.from, g.to));
+    ranges
+}
+
+impl<S: KvStore> EventStore<S> {
+    /// Up to `limit` items (at most [`PLOG_PAGE_ITEMS_MAX`]) of `partition`'s PLog from offset
+    /// `from` on and below `end`, in offset order: each stored event, and each range of
+    /// `retired` (see [`retired_ranges`]) as one [`Gap`] from the first offset it covers at or
+    /// after `from`. The page stops early at an offset below `end` that holds no event and is
+    /// not retired (a store that lost acknowledged events; the partition refuses to serve
+    /// then), so nothing is ever skipped silently.
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError`] when storage fails or a stored event is damaged or misplaced.
+    pub fn read_plog_page(
+        &self,
+        partition: PartitionId,
+        from: u64,
+        limit: usize,
+        end: u64,
+        retired: &[Gap],
+    ) -> Result<Vec<PageItem>, ReadError> {
+        let limit = limit.min(PLOG_PAGE_ITEMS_MAX);
+        let mut items = Vec::new();
+        let mut next = from.max(1);
+        while items.len() < limit && next < end {
+            if let Some(gap) = retired.iter().find(|g| g.from <= next && next <= g.to) {
+                items.push(PageItem::Gap(Gap { from: next, ..*gap }));
+                next = gap.to.saturating_add(1);
+                continue;
+            }
+            // Events up to the next retired range, the end or the page's size.
+            let room = (limit - items.len()) as u64;
+            let bound = retired
+                .iter()
+                .filter(|g| g.from > next)
+                .map(|g| g.from)
+                .min()
+                .unwrap_or(u64::MAX)
+                .min(end)
+                .min(next.saturating_add(room));
+            let before = items.len();
+            self.for_each_event(partition, PLogOffset(next), PLogOffset(bound), &mut |e| {
+                items.push(PageItem::Event(e));
+            })?;
+            let read = (items.len() - before) as u64;
+            next += read;
+            if next < bound {
+                // A hole below the end that no loss retired: stop rather than skip it.
+                break;
+            }
+        }
+        Ok(items)
+    }
+}
