@@ -23,6 +23,7 @@
 mod answers;
 mod batch;
 mod command;
+mod consume;
 
 pub use answers::{
     ArgBody, ClusterBody, ClusterNodeBody, ClusterPartitionBody, ErrorBody, EventBody, InfoBody,
@@ -33,6 +34,10 @@ pub use batch::{
 };
 pub use command::{
     CommandBody, KindBody, NewArgBody, NewRecordBody, OutcomeBody, RecordUpdateBody,
+};
+pub use consume::{
+    GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT, SSE_GAP,
+    SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX,
 };
 
 /// The request header that makes a command safe to retry (IETF httpapi idempotency-key draft).

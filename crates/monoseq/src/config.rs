@@ -148,6 +148,8 @@ pub struct ServeArgs {
     pub edge: crate::edge::EdgeArgs,
     #[command(flatten)]
     pub restore: crate::backup::RestoreArgs,
+    #[command(flatten)]
+    pub follow: crate::server::FollowArgs,
 }
 
 impl ServeArgs {
@@ -156,6 +158,7 @@ impl ServeArgs {
         let mut settings = resolve(&self.storage, &self.store, &self.processor, &self.listen)?;
         settings.edge = self.edge.resolve(&settings.edge_file)?;
         settings.restore = self.restore.resolve();
+        settings.follow = self.follow.resolve()?;
         Ok(settings)
     }
 }
@@ -220,6 +223,8 @@ pub struct Settings {
     pub edge: crate::edge::EdgeLimits,
     /// How to continue a restored backup (`serve` only).
     pub restore: Option<monoseq_store::Restore>,
+    /// The consumer side's limits (`serve`; defaults otherwise).
+    pub follow: crate::server::FollowLimits,
 }
 
 /// The groups a command flattens, merged over the file over the defaults; a command passes
@@ -287,6 +292,7 @@ pub fn resolve(
         edge_file: file.edge.unwrap_or_default(),
         edge: crate::edge::EdgeLimits::default(),
         restore: None,
+        follow: crate::server::FollowLimits::default(),
     };
     settings.validate()?;
     Ok(settings)

@@ -118,6 +118,45 @@ impl Forwarder {
         }
     }
 
+    /// The owner's JSON answer to a read (`target`: its full URL), which may take `timeout`
+    /// (a long poll); a refusal of the owner comes back as its answer, unchanged.
+    ///
+    /// # Errors
+    ///
+    /// The answer to give the reader: the owner's own error answer, `owner_unreachable`, or
+    /// `node_unauthorized` when the owner refused this node's token.
+    pub async fn read_json<T: serde::de::DeserializeOwned>(
+        &self,
+        target: &str,
+        timeout: Duration,
+    ) -> Result<T, Response> {
+        let mut request = self
+            .client
+            .get(target)
+            .timeout(timeout)
+            .header(FORWARDED_BY, self.node_id.clone());
+        if let Some(auth) = &self.authorization {
+            request = request.header(header::AUTHORIZATION, auth.clone());
+        }
+        let answer = match request.send().await {
+            Ok(answer) => answer,
+            Err(e) => return Err(owner_unreachable(target, &e)),
+        };
+        if !answer.status().is_success() {
+            return Err(relay(answer).await);
+        }
+        match answer.bytes().await {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                crate::base::error(
+                    StatusCode::BAD_GATEWAY,
+                    "owner_unreachable",
+                    format!("the partition's owner answered a read with an unexpected body: {e}"),
+                )
+            }),
+            Err(e) => Err(owner_unreachable(target, &e)),
+        }
+    }
+
     /// The answer of the node at `url` to a batch whose `body` (`{"commands":[…]}`) is relayed
     /// as given.
     ///

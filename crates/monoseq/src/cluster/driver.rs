@@ -488,6 +488,11 @@ impl Cluster {
 
     /// What `GET /v1/marks` answers: this node's marks and the losses accepted for the store.
     #[must_use]
+    pub fn losses(&self) -> Vec<monoseq_store::AcceptedLoss> {
+        self.marks.losses()
+    }
+
+    /// What `GET /v1/marks` answers: this node's marks and the losses accepted for the store.
     pub fn marks_answer(&self) -> super::marks::MarksAnswer {
         self.marks.answer()
     }

@@ -16,10 +16,12 @@ use crate::forward::Forwarder;
 
 mod answers;
 mod batch;
+mod consume;
 mod metrics;
 mod routes;
 mod startup;
 
+pub use consume::{FollowArgs, FollowLimits};
 pub use startup::serve;
 
 /// What every handler reads: the command processor, the cluster, `/v1/info` and the metrics.
@@ -30,4 +32,12 @@ pub(crate) struct AppState {
     /// What `GET /v1/info` answers.
     info: serde_json::Value,
     metrics: metrics::Metrics,
+    /// Live tails: their hubs, limits and counters.
+    follow: Arc<consume::Follow>,
+    /// The losses accepted for the store: ranges readers are given as gaps.
+    losses: Losses,
 }
+
+/// Where the accepted losses are read from (the identity file; on a cluster, the losses its
+/// nodes share, which may grow while serving).
+pub(crate) type Losses = Arc<dyn Fn() -> Vec<monoseq_store::AcceptedLoss> + Send + Sync>;

@@ -21,6 +21,7 @@ use serde_json::json;
 
 use super::AppState;
 use super::answers::{command_error, read_error, with_retry_after};
+use super::consume;
 use super::metrics::Metrics;
 use crate::base::error;
 use crate::cluster::{Cluster, Owner};
@@ -46,6 +47,7 @@ pub(super) fn router(
     auth: Arc<crate::auth::Auth>,
     cluster: Option<(Arc<Cluster>, Forwarder)>,
     named_cache: monoseq_named::CacheOptions,
+    (follow, losses): (Arc<super::consume::Follow>, super::Losses),
 ) -> Router {
     let sequences =
         monoseq_named::Sequences::new(monoseq_named::KvBackend::new(Arc::clone(cp.store().kv())))
@@ -55,6 +57,8 @@ pub(super) fn router(
         cluster,
         metrics: Metrics::new(),
         info,
+        follow,
+        losses,
     });
     let router = api_routes()
         .fallback(|| async {
@@ -94,7 +98,16 @@ fn api_routes() -> Router<Arc<AppState>> {
             "/v1/partitions/{partition}/events/{offset}",
             get(read_event),
         )
+        .route(
+            "/v1/partitions/{partition}/events",
+            get(consume::read_partition),
+        )
+        .route(
+            "/v1/partitions/{partition}/events/stream",
+            get(consume::stream_partition),
+        )
         .route("/v1/workspaces/{ws}/wlog", get(read_wlog))
+        .route("/v1/workspaces/{ws}/wlog/stream", get(consume::stream_wlog))
         .route("/v1/workspaces/{ws}/records/{id}", get(read_record))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))

@@ -86,19 +86,37 @@ pub async fn serve(
         cp,
         cluster,
     } = running;
+    let follow = Arc::new(super::consume::Follow::new(settings.follow));
+    let losses: super::Losses = match &cluster {
+        Some((c, _)) => {
+            let c = Arc::clone(c);
+            Arc::new(move || c.losses())
+        }
+        None => {
+            let losses = opened.identity.losses.clone();
+            Arc::new(move || losses.clone())
+        }
+    };
     let app = router(
         cp.clone(),
         info(&settings, &opened),
         Arc::clone(&security.auth),
         cluster,
         settings.named_cache(),
+        (Arc::clone(&follow), losses),
     )
     .merge(crate::backup::Backups::router(
         crate::backup::Backups::new(&settings, &opened),
         Arc::clone(&security.auth),
     ));
-    let superseded =
-        serve_until_stopped(listener, app, &settings, security, members.clone()).await?;
+    let superseded = serve_until_stopped(
+        listener,
+        app,
+        &settings,
+        security,
+        (members.clone(), follow),
+    )
+    .await?;
     if let Some(cluster) = members {
         // Every partition finished and handed over at once, not when its lease expires.
         cluster.leave().await;
@@ -174,7 +192,7 @@ async fn serve_until_stopped(
     app: Router,
     settings: &Settings,
     security: Security,
-    members: Option<Arc<Cluster>>,
+    (members, follow): (Option<Arc<Cluster>>, Arc<super::consume::Follow>),
 ) -> anyhow::Result<Option<String>> {
     let stop = async move {
         match members {
@@ -189,7 +207,10 @@ async fn serve_until_stopped(
     };
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
     let signal = async move {
-        let _ = stop_tx.send(stop.await);
+        let why = stop.await;
+        // Live tails never end by themselves: they end first, so in-flight requests can.
+        follow.close();
+        let _ = stop_tx.send(why);
     };
     match security.tls {
         Some(tls) => {

@@ -1,0 +1,921 @@
+//! The consumer side of the log over HTTP: ordered page reads of a partition's PLog (with a
+//! long-poll form), and live tails of a partition or a workspace as Server-Sent Events.
+//!
+//! Nothing a reader gets is at or beyond its partition's end (`CommandProcessor::plog_end`):
+//! every event delivered is durable and final. A tail first sends what is stored from its
+//! offset, then what its partition's [`Hub`] hands it: one hub per followed partition on this
+//! node reads each new group once, when the partition's writer signals its new end, and
+//! encodes each event's JSON once for every follower. A hub's buffer is bounded; a follower
+//! that falls behind it is cut with a `slow_follower` message naming where to resume. On a
+//! node that does not own the partition, page reads are relayed from the owner and the hub
+//! long-polls the owner's page read, so followers there see the owner's end.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use clap::Args;
+use monoseq_core::WsId;
+use monoseq_store::{PageItem, PartitionId, WLogOffset, retired_ranges};
+use monoseq_wire::{
+    GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT, SSE_GAP,
+    SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX, WLOG_PAGE_MAX,
+};
+use tokio::sync::{broadcast, mpsc, watch};
+
+use super::AppState;
+use super::answers::{read_error, with_retry_after};
+use crate::base::error;
+use crate::cluster::Owner;
+
+/// Default most followers one node serves at once (`--followers-max`).
+pub const FOLLOWERS_MAX_DEFAULT: usize = 1_024;
+/// Default events a partition's hub keeps for its followers (`--follower-buffer-events`).
+pub const FOLLOWER_BUFFER_EVENTS_DEFAULT: usize = 4_096;
+/// Default interval of a tail's heartbeat while idle (`--follower-heartbeat-ms`).
+pub const FOLLOWER_HEARTBEAT_MS_DEFAULT: u64 = 5_000;
+/// Largest `--follower-buffer-events`.
+const FOLLOWER_BUFFER_EVENTS_MAX: usize = 1 << 20;
+/// Entries a page read answers when the request names no `limit`.
+const PAGE_DEFAULT: usize = 100;
+/// Entries a tail reads from the store per step while it catches up.
+const CATCH_UP_PAGE: usize = PLOG_PAGE_MAX;
+/// Chunks queued between a tail's task and its connection: past them the task waits, its hub's
+/// buffer fills, and a follower that does not read is cut.
+const CONNECTION_CHUNKS: usize = 64;
+/// How long a hub on a node that does not own its partition long-polls the owner.
+const RELAY_WAIT: Duration = Duration::from_secs(1);
+/// Pause of a relaying hub after the owner did not answer.
+const RELAY_RETRY: Duration = Duration::from_millis(200);
+/// Time a relayed page read may take beyond its own wait.
+const RELAY_GRACE: Duration = Duration::from_secs(5);
+/// Seconds a follower refused for the cap is told to wait.
+const RETRY_AFTER_FOLLOWERS_SECS: &str = "1";
+/// Largest offset a read starts from (no log reaches near it; the store's block arithmetic
+/// must not overflow).
+const OFFSET_READ_MAX: u64 = u64::MAX >> 1;
+
+/// The `serve` flags of the consumer side.
+#[derive(Debug, Clone, Default, Args)]
+pub struct FollowArgs {
+    /// Most live tails (SSE followers) this node serves at once; one more is answered 503
+    /// with `Retry-After` [default: 1024]
+    #[arg(long, env = "MONOSEQ_FOLLOWERS_MAX", value_name = "COUNT")]
+    pub followers_max: Option<usize>,
+    /// Events a followed partition keeps in memory for its followers on this node; a follower
+    /// that falls further behind is cut with a `slow_follower` message and resumes from its
+    /// offset. Memory is this many events per followed partition, whatever the follower count
+    /// [default: 4096]
+    #[arg(long, env = "MONOSEQ_FOLLOWER_BUFFER_EVENTS", value_name = "EVENTS")]
+    pub follower_buffer_events: Option<usize>,
+    /// Interval of a tail's heartbeat message while no event arrives [default: 5000]
+    #[arg(long, env = "MONOSEQ_FOLLOWER_HEARTBEAT_MS", value_name = "MS")]
+    pub follower_heartbeat_ms: Option<u64>,
+}
+
+/// The consumer side's limits, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FollowLimits {
+    /// See [`FollowArgs::followers_max`].
+    pub followers_max: usize,
+    /// See [`FollowArgs::follower_buffer_events`].
+    pub buffer_events: usize,
+    /// See [`FollowArgs::follower_heartbeat_ms`].
+    pub heartbeat: Duration,
+}
+
+impl Default for FollowLimits {
+    fn default() -> FollowLimits {
+        FollowLimits {
+            followers_max: FOLLOWERS_MAX_DEFAULT,
+            buffer_events: FOLLOWER_BUFFER_EVENTS_DEFAULT,
+            heartbeat: Duration::from_millis(FOLLOWER_HEARTBEAT_MS_DEFAULT),
+        }
+    }
+}
+
+impl FollowArgs {
+    /// The limits these flags give.
+    ///
+    /// # Errors
+    ///
+    /// A flag out of its range, named with the range.
+    pub fn resolve(&self) -> anyhow::Result<FollowLimits> {
+        let d = FollowLimits::default();
+        let followers_max = self.followers_max.unwrap_or(d.followers_max);
+        let buffer_events = self.follower_buffer_events.unwrap_or(d.buffer_events);
+        let heartbeat_ms = self
+            .follower_heartbeat_ms
+            .unwrap_or(FOLLOWER_HEARTBEAT_MS_DEFAULT);
+        anyhow::ensure!(
+            followers_max >= 1,
+            "--followers-max is at least 1 (got {followers_max})"
+        );
+        anyhow::ensure!(
+            (1..=FOLLOWER_BUFFER_EVENTS_MAX).contains(&buffer_events),
+            "--follower-buffer-events is 1 to {FOLLOWER_BUFFER_EVENTS_MAX} (got {buffer_events})"
+        );
+        anyhow::ensure!(
+            (1..=WAIT_MS_MAX).contains(&heartbeat_ms),
+            "--follower-heartbeat-ms is 1 to {WAIT_MS_MAX} (got {heartbeat_ms})"
+        );
+        Ok(FollowLimits {
+            followers_max,
+            buffer_events,
+            heartbeat: Duration::from_millis(heartbeat_ms),
+        })
+    }
+}
+
+/// One item a hub hands its followers: its JSON encoded once, shared by every follower.
+#[derive(Debug)]
+struct Frame {
+    /// First PLog offset it covers.
+    from: u64,
+    /// The offset after it.
+    next: u64,
+    /// An event's workspace and WLog offset (`None` for a gap).
+    wlog: Option<(u64, u64)>,
+    /// `event` or `gap`.
+    kind: &'static str,
+    /// The event's or gap's JSON.
+    json: Bytes,
+}
+
+/// The live side of one followed partition on this node.
+struct Hub {
+    tx: broadcast::Sender<Arc<Frame>>,
+    /// The partition's end as this hub last learned it.
+    end: AtomicU64,
+}
+
+/// Counters of the consumer side, for `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct FollowCounts {
+    /// Tails being served now.
+    pub(crate) followers: AtomicUsize,
+    /// Tails cut for falling behind.
+    pub(crate) cut_slow: AtomicU64,
+    /// Tails refused for the cap.
+    pub(crate) refused: AtomicU64,
+    /// Events and gaps delivered to tails.
+    pub(crate) delivered: AtomicU64,
+}
+
+/// The consumer side of this node: its limits, its hubs and its counters.
+pub(crate) struct Follow {
+    limits: FollowLimits,
+    hubs: Mutex<HashMap<u32, Arc<Hub>>>,
+    pub(crate) counts: FollowCounts,
+    /// Set when the server stops: every tail ends.
+    closing: watch::Sender<bool>,
+}
+
+impl Follow {
+    pub(crate) fn new(limits: FollowLimits) -> Follow {
+        Follow {
+            limits,
+            hubs: Mutex::default(),
+            counts: FollowCounts::default(),
+            closing: watch::Sender::new(false),
+        }
+    }
+
+    /// Ends every tail (the server stops; clients resume elsewhere or later).
+    pub(crate) fn close(&self) {
+        self.closing.send_replace(true);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<Hub>>> {
+        self.hubs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A tail counted against the cap while it lives.
+struct Slot(Arc<AppState>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0
+            .follow
+            .counts
+            .followers
+            .fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The offsets and sizes a read names, each checked with a 400 naming it.
+struct ReadQuery {
+    from: u64,
+    limit: usize,
+    wait: Duration,
+}
+
+/// Parses `from`, `limit` and `wait_ms` of a query (`from` defaults to 1).
+fn read_query(raw: Option<&str>, limit_max: usize) -> Result<ReadQuery, Response> {
+    let mut q = ReadQuery {
+        from: 1,
+        limit: PAGE_DEFAULT.min(limit_max),
+        wait: Duration::ZERO,
+    };
+    for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let number = |what: &str| {
+            value.parse::<u64>().map_err(|_| {
+                bad_request(format!(
+                    "`{name}` is {what}, not {value:?}: send a decimal unsigned integer"
+                ))
+            })
+        };
+        match name {
+            "from" => {
+                q.from = number("an offset (1 or more)")?;
+                if q.from == 0 {
+                    return Err(bad_request("`from` starts at 1 (the first offset)"));
+                }
+            }
+            "limit" => {
+                let n = number(&format!("a count (1 to {limit_max})"))?;
+                if n == 0 || n > limit_max as u64 {
+                    return Err(bad_request(format!(
+                        "`limit` is 1 to {limit_max} (got {n})"
+                    )));
+                }
+                q.limit = n as usize;
+            }
+            "wait_ms" => {
+                let n = number(&format!("milliseconds (0 to {WAIT_MS_MAX})"))?;
+                if n > WAIT_MS_MAX {
+                    return Err(bad_request(format!(
+                        "`wait_ms` is 0 to {WAIT_MS_MAX} (got {n})"
+                    )));
+                }
+                q.wait = Duration::from_millis(n);
+            }
+            _ => {}
+        }
+    }
+    Ok(q)
+}
+
+fn bad_request(message: impl std::fmt::Display) -> Response {
+    error(StatusCode::BAD_REQUEST, "bad_request", message)
+}
+
+fn path_error(rejection: &PathRejection) -> Response {
+    bad_request(format!(
+        "the path's parameters are unsigned integers: {}",
+        rejection.body_text()
+    ))
+}
+
+/// 404 for a partition the server does not have.
+fn check_partition(st: &AppState, partition: u32) -> Result<(), Response> {
+    let partitions = st.cp.config().partitions;
+    if partition < partitions {
+        return Ok(());
+    }
+    Err(error(
+        StatusCode::NOT_FOUND,
+        "no_such_partition",
+        format!(
+            "partition {partition} does not exist: the server has partitions 0 to {}",
+            partitions - 1
+        ),
+    ))
+}
+
+/// The resume point a `Last-Event-ID` names (the offset after it), if sent.
+fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, Response> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    let id = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|id| *id < OFFSET_READ_MAX)
+        .ok_or_else(|| {
+            bad_request(format!(
+                "`Last-Event-ID` is the last offset received, a decimal unsigned integer \
+                 (got {value:?})"
+            ))
+        })?;
+    Ok(Some(id + 1))
+}
+
+/// `GET /v1/partitions/{p}/events?from=N&limit=L&wait_ms=W`.
+pub(super) async fn read_partition(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<u32>, PathRejection>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let partition = match path {
+        Ok(Path(p)) => p,
+        Err(e) => return path_error(&e),
+    };
+    if let Err(r) = check_partition(&st, partition) {
+        return r;
+    }
+    let q = match read_query(raw.as_deref(), PLOG_PAGE_MAX) {
+        Ok(q) => q,
+        Err(r) => return r,
+    };
+    match page(&st, partition, q.from, q.limit, q.wait).await {
+        Ok(page) => axum::Json(page).into_response(),
+        Err(r) => r,
+    }
+}
+
+/// A page of partition `p` from `from`: read here when this node serves the partition (or is
+/// the only node), else relayed from its owner. With `wait`, an empty page waits until an
+/// event is durable there or the wait passes.
+async fn page(
+    st: &Arc<AppState>,
+    p: u32,
+    from: u64,
+    limit: usize,
+    wait: Duration,
+) -> Result<PlogPageBody, Response> {
+    if let Some(url) = owner_elsewhere(st, p)? {
+        return relay_page(st, &url, p, from, limit, wait).await;
+    }
+    if !wait.is_zero() && from >= st.cp.plog_end(p) {
+        let mut end = st.cp.watch_plog_end(p);
+        let _ = tokio::time::timeout(wait, end.wait_for(|end| *end > from)).await;
+    }
+    local_page(st, p, from, limit).await
+}
+
+/// The owner's URL when another node owns partition `p`; `None` when it is read here; 503
+/// while it moves.
+fn owner_elsewhere(st: &AppState, p: u32) -> Result<Option<String>, Response> {
+    let Some((cluster, _)) = &st.cluster else {
+        return Ok(None);
+    };
+    if st.cp.serves(p) {
+        return Ok(None);
+    }
+    match cluster.owner(p) {
+        Owner::Node { url, .. } => Ok(Some(url)),
+        Owner::Here => Ok(None),
+        Owner::Nobody => Err(with_retry_after(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "partition_unavailable",
+            format!("partition {p} is moving between nodes (no live lease); retry"),
+        ))),
+    }
+}
+
+/// A page read from this node's store, below this node's end of the partition.
+async fn local_page(
+    st: &Arc<AppState>,
+    p: u32,
+    from: u64,
+    limit: usize,
+) -> Result<PlogPageBody, Response> {
+    let end = st.cp.plog_end(p);
+    if from > OFFSET_READ_MAX || from >= end {
+        return Ok(PlogPageBody {
+            events: Vec::new(),
+            next: from,
+            end,
+        });
+    }
+    let store = st.cp.store().clone();
+    let retired = retired_ranges(&(st.losses)(), p);
+    let read = tokio::task::spawn_blocking(move || {
+        store.read_plog_page(PartitionId(p), from, limit, end, &retired)
+    })
+    .await;
+    let items = match read {
+        Ok(Ok(items)) => items,
+        Ok(Err(e)) => {
+            return Err(read_error(
+                st,
+                || format!("PLog of partition {p} from offset {from}"),
+                &e,
+            ));
+        }
+        Err(e) => return Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)),
+    };
+    let next = items.last().map_or(from, PageItem::next_offset);
+    Ok(PlogPageBody {
+        events: items.into_iter().map(entry).collect(),
+        next,
+        end,
+    })
+}
+
+/// A store page item as the wire carries it.
+fn entry(item: PageItem) -> PlogEntryBody {
+    match item {
+        PageItem::Event(e) => PlogEntryBody::Event(Box::new(crate::json::event(&e))),
+        PageItem::Gap(g) => PlogEntryBody::Gap {
+            gap: GapBody {
+                from: g.from,
+                to: g.to,
+                reason: g.cause.as_str().to_owned(),
+            },
+        },
+    }
+}
+
+/// A page of partition `p` read by its owner at `url`.
+async fn relay_page(
+    st: &AppState,
+    url: &str,
+    p: u32,
+    from: u64,
+    limit: usize,
+    wait: Duration,
+) -> Result<PlogPageBody, Response> {
+    let Some((_, forwarder)) = &st.cluster else {
+        return Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "no forwarder without a cluster",
+        ));
+    };
+    let target = format!(
+        "{url}/v1/partitions/{p}/events?from={from}&limit={limit}&wait_ms={}",
+        wait.as_millis()
+    );
+    forwarder
+        .read_json::<PlogPageBody>(&target, wait + RELAY_GRACE)
+        .await
+}
+
+/// `GET /v1/partitions/{p}/events/stream?from=N`: the partition's PLog as Server-Sent Events.
+pub(super) async fn stream_partition(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<u32>, PathRejection>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let partition = match path {
+        Ok(Path(p)) => p,
+        Err(e) => return path_error(&e),
+    };
+    if let Err(r) = check_partition(&st, partition) {
+        return r;
+    }
+    let from = match stream_from(raw.as_deref(), &headers) {
+        Ok(from) => from,
+        Err(r) => return r,
+    };
+    let slot = match take_slot(&st) {
+        Ok(slot) => slot,
+        Err(r) => return r,
+    };
+    let (tx, rx) = mpsc::channel(CONNECTION_CHUNKS);
+    tokio::spawn(async move {
+        let _slot = slot;
+        let st = Arc::clone(&_slot.0);
+        let mut tail = Tail::new(&st, partition, tx);
+        tail.follow_partition(from).await;
+    });
+    sse_response(rx)
+}
+
+/// `GET /v1/workspaces/{ws}/wlog/stream?from=N`: the workspace's WLog as Server-Sent Events.
+pub(super) async fn stream_wlog(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<u64>, PathRejection>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let ws = match path {
+        Ok(Path(ws)) => ws,
+        Err(e) => return path_error(&e),
+    };
+    let from = match stream_from(raw.as_deref(), &headers) {
+        Ok(from) => from,
+        Err(r) => return r,
+    };
+    let slot = match take_slot(&st) {
+        Ok(slot) => slot,
+        Err(r) => return r,
+    };
+    let partition = st.cp.partition_of(WsId(ws));
+    let (tx, rx) = mpsc::channel(CONNECTION_CHUNKS);
+    tokio::spawn(async move {
+        let _slot = slot;
+        let st = Arc::clone(&_slot.0);
+        let mut tail = Tail::new(&st, partition, tx);
+        tail.follow_wlog(ws, from).await;
+    });
+    sse_response(rx)
+}
+
+/// Where a tail starts: after `Last-Event-ID` when sent, else `from` (default 1).
+fn stream_from(raw: Option<&str>, headers: &HeaderMap) -> Result<u64, Response> {
+    let q = read_query(raw, PLOG_PAGE_MAX)?;
+    Ok(last_event_id(headers)?.unwrap_or(q.from))
+}
+
+/// Counts a new tail against `--followers-max`, or refuses it.
+fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
+    let counts = &st.follow.counts;
+    let max = st.follow.limits.followers_max;
+    let taken = counts
+        .followers
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        });
+    if taken.is_err() {
+        counts.refused.fetch_add(1, Ordering::Relaxed);
+        let mut r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too_many_followers",
+            format!(
+                "this node serves its most live tails ({max}, --followers-max); retry later or \
+                 follow through another node"
+            ),
+        );
+        r.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from_static(RETRY_AFTER_FOLLOWERS_SECS),
+        );
+        return Err(r);
+    }
+    Ok(Slot(Arc::clone(st)))
+}
+
+/// A `text/event-stream` answer fed by a tail's task.
+fn sse_response(rx: mpsc::Receiver<Bytes>) -> Response {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// Why a tail ended.
+enum Ended {
+    /// The connection closed, or the server stops.
+    Gone,
+    /// It fell behind its hub's buffer (cut with `slow_follower`).
+    Slow,
+}
+
+/// One live tail: its connection and where it is.
+struct Tail<'a> {
+    st: &'a Arc<AppState>,
+    partition: u32,
+    out: mpsc::Sender<Bytes>,
+    closing: watch::Receiver<bool>,
+}
+
+impl<'a> Tail<'a> {
+    fn new(st: &'a Arc<AppState>, partition: u32, out: mpsc::Sender<Bytes>) -> Tail<'a> {
+        Tail {
+            st,
+            partition,
+            out,
+            closing: st.follow.closing.subscribe(),
+        }
+    }
+
+    /// Sends one SSE message; `Err` when the connection closed.
+    async fn send(&self, kind: &str, id: Option<u64>, json: Bytes) -> Result<(), Ended> {
+        let head = match id {
+            Some(id) => format!("id: {id}\nevent: {kind}\ndata: "),
+            None => format!("event: {kind}\ndata: "),
+        };
+        for chunk in [Bytes::from(head), json, Bytes::from_static(b"\n\n")] {
+            self.out.send(chunk).await.map_err(|_| Ended::Gone)?;
+        }
+        if kind == SSE_EVENT || kind == SSE_GAP {
+            self.st
+                .follow
+                .counts
+                .delivered
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    async fn send_body<T: serde::Serialize>(
+        &self,
+        kind: &str,
+        id: Option<u64>,
+        body: &T,
+    ) -> Result<(), Ended> {
+        let json = serde_json::to_vec(body).map_err(|_| Ended::Gone)?;
+        self.send(kind, id, Bytes::from(json)).await
+    }
+
+    /// The last message of a tail cut for falling behind.
+    async fn cut(&self, resume_from: u64) {
+        self.st
+            .follow
+            .counts
+            .cut_slow
+            .fetch_add(1, Ordering::Relaxed);
+        let body = SlowFollowerBody {
+            code: SSE_SLOW_FOLLOWER.to_owned(),
+            message: format!(
+                "this follower fell more than the server's buffer \
+                 (--follower-buffer-events) behind; reconnect from offset {resume_from} \
+                 (Last-Event-ID or from=) and read faster"
+            ),
+            resume_from,
+        };
+        let _ = self.send_body(SSE_SLOW_FOLLOWER, None, &body).await;
+    }
+
+    /// The partition's PLog from `from`: stored first, then live, until the connection closes.
+    async fn follow_partition(&mut self, from: u64) {
+        let mut next = from;
+        loop {
+            match self.partition_round(&mut next).await {
+                Ok(()) => continue,
+                Err(Ended::Slow) => return self.cut(next).await,
+                Err(Ended::Gone) => return,
+            }
+        }
+    }
+
+    /// Catches up from the store, then delivers the hub's frames from `next` until the hub
+    /// ends (`Ok`: another round) or the tail ends. The store is read before the tail
+    /// subscribes, so a long catch-up never counts against the hub's buffer; what was written
+    /// in between is read when the first frame shows it was missed.
+    async fn partition_round(&mut self, next: &mut u64) -> Result<(), Ended> {
+        self.catch_up_plog(next, u64::MAX).await?;
+        let mut rx = subscribe(self.st, self.partition);
+        loop {
+            let Some(frame) = self.recv(&mut rx, *next).await? else {
+                return Ok(());
+            };
+            if frame.next <= *next {
+                continue;
+            }
+            if frame.from > *next {
+                self.catch_up_plog(next, frame.from).await?;
+                if frame.from != *next {
+                    continue;
+                }
+            }
+            let id = if frame.kind == SSE_GAP {
+                frame.next - 1
+            } else {
+                frame.from
+            };
+            self.send(frame.kind, Some(id), frame.json.clone()).await?;
+            *next = frame.next;
+        }
+    }
+
+    /// Sends what is stored from `next` up to `until` (exclusive) and below the end.
+    async fn catch_up_plog(&self, next: &mut u64, until: u64) -> Result<(), Ended> {
+        while *next < until {
+            let page = match page(
+                self.st,
+                self.partition,
+                *next,
+                CATCH_UP_PAGE,
+                Duration::ZERO,
+            )
+            .await
+            {
+                Ok(page) => page,
+                // Storage or the owner failed: the live side retries after its next frame
+                // or heartbeat.
+                Err(_) => return Ok(()),
+            };
+            if page.events.is_empty() {
+                return Ok(());
+            }
+            for e in &page.events {
+                let (kind, id, after) = match e {
+                    PlogEntryBody::Event(e) => (SSE_EVENT, e.plog_offset, e.plog_offset + 1),
+                    PlogEntryBody::Gap { gap } => (SSE_GAP, gap.to, gap.to + 1),
+                };
+                if after > until {
+                    return Ok(());
+                }
+                let json = match e {
+                    PlogEntryBody::Event(e) => serde_json::to_vec(e),
+                    PlogEntryBody::Gap { gap } => serde_json::to_vec(gap),
+                }
+                .map_err(|_| Ended::Gone)?;
+                self.send(kind, Some(id), Bytes::from(json)).await?;
+                *next = after;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next frame of the hub; heartbeats while idle. `None` when the hub ended.
+    async fn recv(
+        &mut self,
+        rx: &mut broadcast::Receiver<Arc<Frame>>,
+        next: u64,
+    ) -> Result<Option<Arc<Frame>>, Ended> {
+        let heartbeat = self.st.follow.limits.heartbeat;
+        loop {
+            tokio::select! {
+                got = rx.recv() => return match got {
+                    Ok(f) => Ok(Some(f)),
+                    Err(broadcast::error::RecvError::Lagged(_)) => Err(Ended::Slow),
+                    Err(broadcast::error::RecvError::Closed) => Ok(None),
+                },
+                () = tokio::time::sleep(heartbeat) => {}
+                _ = self.closing.wait_for(|c| *c) => return Err(Ended::Gone),
+                () = self.out.closed() => return Err(Ended::Gone),
+            }
+            let end = hub_end(self.st, self.partition);
+            let beat = HeartbeatBody {
+                next,
+                end: Some(end),
+            };
+            self.send_body(SSE_HEARTBEAT, None, &beat).await?;
+        }
+    }
+
+    /// Workspace `ws`'s WLog from WLog offset `from`: stored first, then live.
+    async fn follow_wlog(&mut self, ws: u64, from: u64) {
+        let mut next = from;
+        loop {
+            match self.wlog_round(ws, &mut next).await {
+                Ok(()) => continue,
+                Err(Ended::Slow) => return self.cut(next).await,
+                Err(Ended::Gone) => return,
+            }
+        }
+    }
+
+    /// As [`Tail::partition_round`], for the events of one workspace by WLog offset.
+    async fn wlog_round(&mut self, ws: u64, next: &mut u64) -> Result<(), Ended> {
+        self.catch_up_wlog(ws, next, u64::MAX).await?;
+        let mut rx = subscribe(self.st, self.partition);
+        loop {
+            let Some(frame) = self.recv(&mut rx, *next).await? else {
+                return Ok(());
+            };
+            let Some((frame_ws, wlog)) = frame.wlog else {
+                continue;
+            };
+            if frame_ws != ws || wlog < *next {
+                continue;
+            }
+            if wlog > *next {
+                self.catch_up_wlog(ws, next, frame.next).await?;
+                if wlog != *next {
+                    continue;
+                }
+            }
+            self.send(SSE_EVENT, Some(wlog), frame.json.clone()).await?;
+            *next = wlog + 1;
+        }
+    }
+
+    /// Sends the stored events of `ws`'s WLog from `next` whose PLog offsets are below the
+    /// partition's end (and below `plog_until`); a jump in WLog offsets (numbers retired by a
+    /// loss) is sent as a gap.
+    async fn catch_up_wlog(&self, ws: u64, next: &mut u64, plog_until: u64) -> Result<(), Ended> {
+        loop {
+            let end = hub_end(self.st, self.partition).min(plog_until);
+            let store = self.st.cp.store().clone();
+            let from = *next;
+            if from > OFFSET_READ_MAX {
+                return Ok(());
+            }
+            let read = tokio::task::spawn_blocking(move || {
+                store.read_wlog(WsId(ws), WLogOffset(from), WLOG_PAGE_MAX)
+            })
+            .await;
+            let Ok(Ok(events)) = read else {
+                return Ok(());
+            };
+            let mut sent = 0;
+            for e in &events {
+                if e.plog_offset.0 >= end {
+                    return Ok(());
+                }
+                if e.wlog_offset.0 > *next {
+                    let gap = GapBody {
+                        from: *next,
+                        to: e.wlog_offset.0 - 1,
+                        reason: "retired".to_owned(),
+                    };
+                    self.send_body(SSE_GAP, Some(gap.to), &gap).await?;
+                }
+                self.send_body(SSE_EVENT, Some(e.wlog_offset.0), &crate::json::event(e))
+                    .await?;
+                *next = e.wlog_offset.0 + 1;
+                sent += 1;
+            }
+            if sent < WLOG_PAGE_MAX {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// The partition's end as this node's hub (or, serving it, its writer) knows it.
+fn hub_end(st: &AppState, p: u32) -> u64 {
+    let hub_end = st
+        .follow
+        .lock()
+        .get(&p)
+        .map_or(0, |h| h.end.load(Ordering::Acquire));
+    hub_end.max(st.cp.plog_end(p))
+}
+
+/// A receiver of partition `p`'s hub, started when it has none.
+fn subscribe(st: &Arc<AppState>, p: u32) -> broadcast::Receiver<Arc<Frame>> {
+    let mut hubs = st.follow.lock();
+    if let Some(hub) = hubs.get(&p) {
+        return hub.tx.subscribe();
+    }
+    let (tx, rx) = broadcast::channel(st.follow.limits.buffer_events);
+    let hub = Arc::new(Hub {
+        tx,
+        end: AtomicU64::new(st.cp.plog_end(p)),
+    });
+    hubs.insert(p, Arc::clone(&hub));
+    let st = Arc::clone(st);
+    tokio::spawn(async move { run_hub(st, p, hub).await });
+    rx
+}
+
+/// Hands partition `p`'s new events to its followers on this node until none is left.
+async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
+    let mut next = hub.end.load(Ordering::Acquire);
+    let mut signal = st.cp.watch_plog_end(p);
+    let mut closing = st.follow.closing.subscribe();
+    loop {
+        if hub.tx.receiver_count() == 0 || *closing.borrow() {
+            let mut hubs = st.follow.lock();
+            // A follower may have subscribed meanwhile: only a hub nobody follows ends.
+            if hub.tx.receiver_count() == 0 || *closing.borrow() {
+                hubs.remove(&p);
+                return;
+            }
+        }
+        let page = match owner_elsewhere(&st, p) {
+            Ok(Some(url)) => relay_page(&st, &url, p, next, PLOG_PAGE_MAX, RELAY_WAIT).await,
+            Ok(None) => local_page(&st, p, next, PLOG_PAGE_MAX).await,
+            Err(r) => Err(r),
+        };
+        let Ok(page) = page else {
+            tokio::time::sleep(RELAY_RETRY).await;
+            continue;
+        };
+        hub.end.fetch_max(page.end, Ordering::AcqRel);
+        if page.events.is_empty() {
+            if owner_elsewhere(&st, p).is_ok_and(|o| o.is_none()) {
+                tokio::select! {
+                    _ = signal.wait_for(|end| *end > next) => {}
+                    () = tokio::time::sleep(st.follow.limits.heartbeat) => {}
+                    _ = closing.wait_for(|c| *c) => {}
+                }
+            }
+            continue;
+        }
+        for e in page.events {
+            let frame = match frame(e) {
+                Some(f) => f,
+                None => continue,
+            };
+            next = frame.next;
+            // No follower now: the hub ends at the top of the loop.
+            let _ = hub.tx.send(Arc::new(frame));
+        }
+    }
+}
+
+/// A page entry encoded once for every follower.
+fn frame(e: PlogEntryBody) -> Option<Frame> {
+    match e {
+        PlogEntryBody::Event(e) => Some(Frame {
+            from: e.plog_offset,
+            next: e.plog_offset + 1,
+            wlog: Some((e.ws, e.wlog_offset)),
+            kind: SSE_EVENT,
+            json: Bytes::from(serde_json::to_vec(&e).ok()?),
+        }),
+        PlogEntryBody::Gap { gap } => Some(Frame {
+            from: gap.from,
+            next: gap.to + 1,
+            wlog: None,
+            kind: SSE_GAP,
+            json: Bytes::from(serde_json::to_vec(&gap).ok()?),
+        }),
+    }
+}
