@@ -158,7 +158,7 @@ pub(crate) struct Shared<S> {
     /// Mirror of `backlog.len()`, read without the lock by `start`.
     /// Padded to a cache line of its own, as is `stop`: a waiting worker reads both in a loop,
     /// and the status word and the backlog lock, written several times per transaction, must
-    /// not share their line (bench (b): 0.80 → 0.73 µs per cycle, docs/benchmarks.md).
+    /// not share their line (bench (b): 0.80 → 0.73 µs per cycle, docs/benchmarks/sequencer.md).
     pub(crate) backlog_len: CachePadded<AtomicUsize>,
     /// The last flush attempt failed.
     pub(crate) flush_failing: AtomicBool,

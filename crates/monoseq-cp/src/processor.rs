@@ -44,12 +44,12 @@ pub const BACKLOG_VALUES_MAX_DEFAULT: usize = 8_192;
 /// (the reference design's 5 ms): a busy workspace's numbers are then written once per flush rather
 /// than once per few commands. A flush rewrites one row per workspace it touched: 5 → 50 ms saved a
 /// tenth of the CPU per command, 50 → 500 ms another tenth in-process and a quarter of PostgreSQL's
-/// CPU per command (docs/benchmarks.md). A restart replays at most this much more of the PLog (at a
-/// million events a second); the numbers never depend on it.
+/// CPU per command (docs/benchmarks/flush-delay.md). A restart replays at most this much more of
+/// the PLog (at a million events a second); the numbers never depend on it.
 pub const FLUSH_DELAY_DEFAULT: Duration = Duration::from_millis(500);
 /// Default number of partitions that run on a thread of their own (see
 /// [`Config::partition_threads_max`]). In-process it gave 1.11× the commands/s at 64 clients,
-/// over HTTP 0.76–0.85× the server CPU per command (docs/benchmarks.md).
+/// over HTTP 0.76–0.85× the server CPU per command (docs/benchmarks/http.md).
 pub const PARTITION_THREADS_MAX_DEFAULT: usize = 256;
 /// Suggested client back-off when the answer is busy.
 pub const RETRY_AFTER_SECS: u64 = 1;
