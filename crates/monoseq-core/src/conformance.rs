@@ -3,8 +3,9 @@
 //! PLog) and panics with a description on the first broken obligation (see the obligations on
 //! [`SeqStorage`]).
 //!
-//! A storage plugs in with [`seq_storage_conformance_tests!`](crate::seq_storage_conformance_tests),
-//! which expands to one `#[test]` per check:
+//! A storage plugs in with
+//! [`seq_storage_conformance_tests!`](crate::seq_storage_conformance_tests), which expands to one
+//! `#[test]` per check:
 //!
 //! ```
 //! mod mem_conforms {
@@ -270,7 +271,7 @@ pub fn writes_are_visible_to_later_reads_from_any_thread<H: Harness>(mut fresh: 
 }
 
 /// A reader that sees a checkpoint also sees the values written with it (values first, or
-/// both atomically; SPEC invariant 4), while another thread keeps writing.
+/// both atomically; invariant 4 of docs/invariants.md), while another thread keeps writing.
 pub fn values_are_visible_no_later_than_their_checkpoint<H: Harness>(mut fresh: impl FnMut() -> H) {
     const WRITES: u64 = 300;
     let h = fresh();

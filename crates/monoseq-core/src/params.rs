@@ -5,20 +5,24 @@ use std::time::Duration;
 
 use crate::types::{Number, SeqId, WsKind};
 
-/// Default limit of unflushed values (seed `MaxNumUnflushedValues`).
+/// Default limit of unflushed values (the reference design's `MaxNumUnflushedValues`,
+/// docs/invariants.md).
 pub const BACKLOG_VALUES_MAX_DEFAULT: usize = 500;
-/// Default most distinct values actualization holds before writing them (its memory budget:
-/// these values plus at most twice as many remembered stored numbers, about 20 MiB). Separate from the live backlog limit: a replay that must write every
-/// few hundred values rewrites the projection of every workspace again and again when the
-/// PLog tail spreads over many workspaces.
+/// Default most distinct values actualization holds before writing them (its memory budget: these
+/// values plus at most twice as many remembered stored numbers, about 20 MiB). Separate from the
+/// live backlog limit: a replay that must write every few hundred values rewrites the projection of
+/// every workspace again and again when the PLog tail spreads over many workspaces.
 pub const REPLAY_VALUES_MAX_DEFAULT: usize = 1 << 18;
-/// Default number of workspaces whose numbers the cache keeps (seed `LRUCacheSize`).
+/// Default number of workspaces whose numbers the cache keeps (the reference design's
+/// `LRUCacheSize`, docs/invariants.md).
 pub const CACHE_WORKSPACES_MAX_DEFAULT: usize = 100_000;
-/// Default longest wait of the flusher to gather a batch (seed `BatcherDelay`).
+/// Default longest wait of the flusher to gather a batch (the reference design's `BatcherDelay`,
+/// docs/invariants.md).
 pub const BATCHER_DELAY_DEFAULT: Duration = Duration::from_millis(5);
 /// Default first delay before retrying a failed storage call.
 pub const RETRY_DELAY_MIN_DEFAULT: Duration = Duration::from_millis(5);
-/// Default longest delay between retries of a failing storage call (the seed's 500 ms).
+/// Default longest delay between retries of a failing storage call (the reference design's 500 ms,
+/// docs/invariants.md).
 pub const RETRY_DELAY_MAX_DEFAULT: Duration = Duration::from_millis(500);
 /// Default bound on how long `shutdown` waits for background work.
 pub const SHUTDOWN_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
@@ -58,7 +62,8 @@ pub enum ParamsError {
         /// How many it declared.
         count: usize,
     },
-    /// An initial value of 0: 0 means "nothing handed out yet" in storage, so sequences start at 1 or more.
+    /// An initial value of 0: 0 means "nothing handed out yet" in storage, so sequences start at 1
+    /// or more.
     #[error(
         "sequence {seq} of workspace kind {kind} has initial value 0; initial values start at 1"
     )]
@@ -146,7 +151,7 @@ pub struct Params {
 }
 
 impl Params {
-    /// Starts a builder with the defaults of seed 000 and no workspace kinds.
+    /// Starts a builder with the defaults of the reference design and no workspace kinds.
     pub fn builder() -> ParamsBuilder {
         ParamsBuilder {
             kinds: Vec::new(),
@@ -235,7 +240,8 @@ impl ParamsBuilder {
         self
     }
 
-    /// Most unflushed values before `start` answers busy (seed `MaxNumUnflushedValues`).
+    /// Most unflushed values before `start` answers busy (the reference design's
+    /// `MaxNumUnflushedValues`, docs/invariants.md).
     pub fn backlog_values_max(mut self, n: usize) -> Self {
         self.backlog_values_max = n;
         self
@@ -247,13 +253,15 @@ impl ParamsBuilder {
         self
     }
 
-    /// Most workspaces whose numbers the cache keeps (seed `LRUCacheSize`).
+    /// Most workspaces whose numbers the cache keeps (the reference design's `LRUCacheSize`,
+    /// docs/invariants.md).
     pub fn cache_workspaces_max(mut self, n: usize) -> Self {
         self.cache_workspaces_max = n;
         self
     }
 
-    /// Longest wait of the flusher to gather a batch (seed `BatcherDelay`).
+    /// Longest wait of the flusher to gather a batch (the reference design's `BatcherDelay`,
+    /// docs/invariants.md).
     pub fn batcher_delay(mut self, d: Duration) -> Self {
         self.batcher_delay = d;
         self

@@ -13,7 +13,7 @@ use crate::types::PLogOffset;
 use crate::wait::StatusSignal;
 use crate::ws_numbers::NumberMap;
 
-/// What a sequencer is doing, as seed 002's `SequenceStatus`.
+/// What a sequencer is doing, as the reference design's `SequenceStatus` (docs/invariants.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Status {
@@ -60,10 +60,11 @@ impl Status {
 pub enum PoisonReason {
     /// A storage call of the background worker panicked.
     WorkerPanicked,
-    /// Storage refused a write because a newer sequencer claimed it (SPEC invariant 11).
+    /// Storage refused a write because a newer sequencer claimed it (invariant 11 of
+    /// docs/invariants.md).
     Fenced,
     /// The checkpoint read back at actualization is below one written through the same
-    /// storage value: storage lost acknowledged data (SPEC invariant 10).
+    /// storage value: storage lost acknowledged data (invariant 10 of docs/invariants.md).
     CheckpointWentBack {
         /// The checkpoint written before.
         written: PLogOffset,
@@ -157,7 +158,7 @@ pub(crate) struct Shared<S> {
     /// Mirror of `backlog.len()`, read without the lock by `start`.
     /// Padded to a cache line of its own, as is `stop`: a waiting worker reads both in a loop,
     /// and the status word and the backlog lock, written several times per transaction, must
-    /// not share their line (bench (b): 0.80 → 0.73 µs per cycle, docs/benchmarks.md).
+    /// not share their line (bench (b): 0.80 → 0.73 µs per cycle, docs/benchmarks/sequencer.md).
     pub(crate) backlog_len: CachePadded<AtomicUsize>,
     /// The last flush attempt failed.
     pub(crate) flush_failing: AtomicBool,

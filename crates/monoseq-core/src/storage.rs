@@ -1,6 +1,6 @@
-//! The sequence-storage contract (seed 000 `ISeqStorage`): how the sequencer reads and persists
-//! the projection (numbers plus checkpoint) and replays the PLog tail. The sequencer reaches
-//! storage only through this trait.
+//! The sequence-storage contract (the reference design's `ISeqStorage`, docs/invariants.md): how
+//! the sequencer reads and persists the projection (numbers plus checkpoint) and replays the PLog
+//! tail. The sequencer reaches storage only through this trait.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -116,9 +116,9 @@ pub struct Claim {
     pub checkpoint_written: Option<PLogOffset>,
 }
 
-/// Generation fencing inside one process (SPEC invariant 11): the state a [`SeqStorage`]
-/// embeds so that, once a newer writer has claimed it, a late write of an older one changes
-/// nothing. One mutex is held across "is this generation still the newest?" and the write
+/// Generation fencing inside one process (invariant 11 of docs/invariants.md): the state a
+/// [`SeqStorage`] embeds so that, once a newer writer has claimed it, a late write of an older one
+/// changes nothing. One mutex is held across "is this generation still the newest?" and the write
 /// itself, so a claim waits for a write in flight and no window remains between them.
 ///
 /// Share one storage value (for instance an `Arc`) between the sequencers that succeed each
@@ -211,7 +211,8 @@ pub struct ReplayedEvent<'a> {
     /// Where the event sits in the PLog.
     pub offset: PLogOffset,
     /// The kind of the event's workspace; the sequencer uses it to ignore numbers below a
-    /// sequence's initial value (external or reserved IDs, seed issue #688).
+    /// sequence's initial value (external or reserved IDs, the #688 replay rule of
+    /// docs/invariants.md).
     pub ws_kind: WsKind,
     /// Every number the event used, all of the event's workspace; keys may repeat.
     pub values: &'a [SeqValue],
@@ -246,11 +247,11 @@ pub enum ReplayEnd {
 /// - **Values before checkpoint.** [`write_values_and_next_plog_offset`] makes the values
 ///   visible and durable no later than the checkpoint: after a crash at any moment, if the new
 ///   checkpoint is visible then so are all the values of the same call (writing both
-///   atomically is fine). The checkpoint is never written ahead of the values it covers (SPEC
-///   invariant 4).
+///   atomically is fine). The checkpoint is never written ahead of the values it covers (invariant
+///   4 of docs/invariants.md).
 /// - **No loss on `Ok`.** What a write acknowledged survives a crash, as far as the
 ///   implementation's durability setting promises.
-/// - **Fencing (SPEC invariant 11).** Once [`claim`] returned a generation, a
+/// - **Fencing (invariant 11 of docs/invariants.md).** Once [`claim`] returned a generation, a
 ///   [`write_fenced`] of any older generation fails with a [`StorageErrorKind::Fenced`] error
 ///   and changes nothing; `claim` waits for a write in flight, so no write of an older
 ///   generation lands after it returns. The provided methods do this with the embedded
@@ -365,8 +366,8 @@ pub trait SeqStorage: Send + Sync + 'static {
 
     /// Scans the PLog from `from` (inclusive) to its end and passes each event (its offset,
     /// workspace kind and numbers) to `batcher`. Numbers that must not move a sequence (below its
-    /// initial value, seed issue #688) may be left out by the implementation; the sequencer
-    /// ignores them anyway.
+    /// initial value, the #688 replay rule of docs/invariants.md) may be left out by the
+    /// implementation; the sequencer ignores them anyway.
     ///
     /// # Errors
     ///

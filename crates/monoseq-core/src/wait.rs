@@ -47,8 +47,9 @@ fn wait_actualized<S: SeqStorage>(shared: &Shared<S>, wait: Duration) {
 }
 
 impl<S: SeqStorage> Sequencer<S> {
-    /// Like [`start`](Self::start), but while actualization runs it blocks the calling thread
-    /// until actualization ends, up to `wait` (seed 002 `StartEvent(wait)`).
+    /// Like [`start`](Self::start), but while actualization runs it blocks the calling thread until
+    /// actualization ends, up to `wait` (the reference design's `StartEvent(wait)`,
+    /// docs/invariants.md).
     ///
     /// # Errors
     ///

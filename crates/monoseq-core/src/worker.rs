@@ -51,7 +51,7 @@ pub struct Worker<S: SeqStorage> {
 
 /// Merges an event's numbers into `window` by maximum, one lookup per run of one workspace's
 /// numbers. Zeros and numbers below their sequence's initial value are skipped: they never
-/// move a sequence (SPEC invariant 5, seed issue #688).
+/// move a sequence (invariant 5 and the #688 replay rule of docs/invariants.md).
 fn merge_event(window: &mut NumberMap, kind: Option<&KindSequences>, values: &[SeqValue]) {
     let counts = |v: &&SeqValue| {
         let below_initial = kind
@@ -107,13 +107,13 @@ impl Stale {
         self.order = Vec::new();
     }
 
-    /// Adds to `out` every number of `workspaces` that storage does not already hold or
-    /// exceed, so a replay of a PLog with out-of-order numbers can never lower a stored
-    /// sequence (SPEC invariant 5). Reads storage at most once per workspace and actualization
-    /// while the workspace stays in the known set; `remember` says whether to add the
-    /// workspaces to it (see [`Stale::remember_window`]; never for the last window of a
-    /// replay, which no later window will ask about). Counts what it adds to `out` as written:
-    /// the caller writes it next, or abandons the actualization.
+    /// Adds to `out` every number of `workspaces` that storage does not already hold or exceed, so
+    /// a replay of a PLog with out-of-order numbers can never lower a stored sequence (invariant 5
+    /// of docs/invariants.md). Reads storage at most once per workspace and actualization while the
+    /// workspace stays in the known set; `remember` says whether to add the workspaces to it (see
+    /// [`Stale::remember_window`]; never for the last window of a replay, which no later window
+    /// will ask about). Counts what it adds to `out` as written: the caller writes it next, or
+    /// abandons the actualization.
     fn uncovered<S: SeqStorage>(
         &mut self,
         storage: &S,
@@ -244,11 +244,11 @@ impl Stale {
 const WRITE_CHUNK_WORKSPACES: usize = 512;
 
 /// Writes the numbers of `window` that storage does not already cover, in workspace order (an
-/// ordered store then reads and writes neighbouring keys one after the other), with the
-/// checkpoint `next` that the window reaches. Chunks before the last are written with the
-/// checkpoint storage already holds (`stored`), so no checkpoint ever precedes its values.
-/// `last`: no window follows in this replay. On failure `buf` holds every number found new if the window was compared in full (only the
-/// last write failed), and is empty otherwise.
+/// ordered store then reads and writes neighbouring keys one after the other), with the checkpoint
+/// `next` that the window reaches. Chunks before the last are written with the checkpoint storage
+/// already holds (`stored`), so no checkpoint ever precedes its values. `last`: no window follows
+/// in this replay. On failure `buf` holds every number found new if the window was compared in full
+/// (only the last write failed), and is empty otherwise.
 #[allow(
     clippy::too_many_arguments,
     reason = "one call site per window kind, all named"
@@ -608,7 +608,7 @@ impl<S: SeqStorage> Worker<S> {
             && stored < written
         {
             // Paired with the checks where checkpoints are written (never lower than the one
-            // stored): storage lost what it acknowledged (SPEC invariant 10).
+            // stored): storage lost what it acknowledged (invariant 10 of docs/invariants.md).
             self.shared.poison(PoisonReason::CheckpointWentBack {
                 written,
                 read: stored,
@@ -684,9 +684,9 @@ impl<S: SeqStorage> Worker<S> {
         (replay, replayed)
     }
 
-    /// Writes the last window of a completed replay at once, so a restart replays as little
-    /// as possible (SPEC invariant 7). If storage refuses, the numbers found new go to the
-    /// backlog, exact, and the flusher retries them.
+    /// Writes the last window of a completed replay at once, so a restart replays as little as
+    /// possible (invariant 7 of docs/invariants.md). If storage refuses, the numbers found new go
+    /// to the backlog, exact, and the flusher retries them.
     fn write_last_window(&mut self, replay: &mut Replay, completed: bool) -> LastWindow {
         let window = std::mem::take(&mut replay.window);
         let up_to_date = window.is_empty() && replay.stored() == Some(replay.next);

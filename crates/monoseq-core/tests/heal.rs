@@ -1,7 +1,8 @@
 //! How the sequencer fails and heals (issue 12): a poison is reported whichever way the open
-//! transaction ends; a newer sequencer on the same storage fences off the writes of an older
-//! one (SPEC invariant 11); offsets and checkpoints at the edges are refused, never handed out
-//! or panicked on; the backlog stays within its limit; a checkpoint that went back poisons.
+//! transaction ends; a newer sequencer on the same storage fences off the writes of an older one
+//! (invariant 11 of docs/invariants.md); offsets and checkpoints at the edges are refused, never
+//! handed out or panicked on; the backlog stays within its limit; a checkpoint that went back
+//! poisons.
 
 mod common;
 

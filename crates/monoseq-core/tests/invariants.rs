@@ -1,6 +1,6 @@
-//! SPEC invariants 1–8, one test (or more) each, on the real sequencer with injected storage
-//! faults, slow writes and crashes (a crash drops the sequencer and restarts from the image
-//! storage held at that moment).
+//! Invariants 1–8 of docs/invariants.md, one test (or more) each, on the real sequencer with
+//! injected storage faults, slow writes and crashes (a crash drops the sequencer and restarts from
+//! the image storage held at that moment).
 
 mod common;
 

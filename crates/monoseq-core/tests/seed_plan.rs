@@ -1,5 +1,5 @@
-//! The test plan of seed 004 and the edge cases of seed 000, against the real sequencer on the
-//! in-memory storage with a shared runtime (bodies in `common/scenarios.rs`).
+//! The reference design's test plan and edge cases (docs/invariants.md), against the real sequencer
+//! on the in-memory storage with a shared runtime (bodies in `common/scenarios.rs`).
 
 mod common;
 

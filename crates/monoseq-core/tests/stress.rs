@@ -1,5 +1,6 @@
 //! Stress: the whole seed plan in a loop, on several threads at once sharing one runtime (the
-//! seed's "run the suite many times" race test). `MONOSEQ_STRESS_ROUNDS` sets the rounds.
+//! reference design's "run the suite many times" race test, docs/invariants.md).
+//! `MONOSEQ_STRESS_ROUNDS` sets the rounds.
 
 mod common;
 

@@ -1,9 +1,9 @@
-//! Safe retries (SPEC invariant 12): a command may carry an idempotency key (the IETF httpapi
-//! draft's `Idempotency-Key`), scoped to the command's workspace. Each partition remembers the keys of its last
-//! `idempotency_window_events` events — a hash of the key and the event's PLog offset, not the
-//! answer — and a retry with a remembered key is answered from the event itself, which holds
-//! the key, a fingerprint of the request and the raw-to-real IDs. The window is rebuilt from
-//! the PLog tail at start, so retries stay safe across restarts and crashes.
+//! Safe retries (invariant 12 of docs/invariants.md): a command may carry an idempotency key (the
+//! IETF httpapi draft's `Idempotency-Key`), scoped to the command's workspace. Each partition
+//! remembers the keys of its last `idempotency_window_events` events — a hash of the key and the
+//! event's PLog offset, not the answer — and a retry with a remembered key is answered from the
+//! event itself, which holds the key, a fingerprint of the request and the raw-to-real IDs. The
+//! window is rebuilt from the PLog tail at start, so retries stay safe across restarts and crashes.
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hasher;

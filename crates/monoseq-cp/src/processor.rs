@@ -36,20 +36,20 @@ pub const GROUP_COMMANDS_MAX_DEFAULT: usize = 256;
 /// Default commands queued per partition before submissions are answered busy.
 pub const QUEUE_COMMANDS_MAX_DEFAULT: usize = 4_096;
 /// Default limit of unflushed sequence values per partition. Larger than the sequencer's own
-/// default (seed 000's 500) because a group's pending numbers count against it: a full group
-/// of 256 commands with a WLog offset and a few record IDs each must fit.
+/// default (the reference design's 500, docs/invariants.md) because a group's pending numbers count
+/// against it: a full group of 256 commands with a WLog offset and a few record IDs each must fit.
 pub const BACKLOG_VALUES_MAX_DEFAULT: usize = 8_192;
 /// Default longest wait of a partition's sequencer flusher to gather numbers (the sequencer's
-/// batcher delay; the backlog bound hurries it under load). Longer than the sequencer's own
-/// default (seed 000's 5 ms): a busy workspace's numbers are then written once per flush
-/// rather than once per few commands. A flush rewrites one row per workspace it touched: 5 → 50
-/// ms saved a tenth of the CPU per command, 50 → 500 ms another tenth in-process and a quarter
-/// of PostgreSQL's CPU per command (docs/benchmarks.md). A restart replays at most this much
-/// more of the PLog (at a million events a second); the numbers never depend on it.
+/// batcher delay; the backlog bound hurries it under load). Longer than the sequencer's own default
+/// (the reference design's 5 ms): a busy workspace's numbers are then written once per flush rather
+/// than once per few commands. A flush rewrites one row per workspace it touched: 5 → 50 ms saved a
+/// tenth of the CPU per command, 50 → 500 ms another tenth in-process and a quarter of PostgreSQL's
+/// CPU per command (docs/benchmarks/flush-delay.md). A restart replays at most this much more of
+/// the PLog (at a million events a second); the numbers never depend on it.
 pub const FLUSH_DELAY_DEFAULT: Duration = Duration::from_millis(500);
 /// Default number of partitions that run on a thread of their own (see
 /// [`Config::partition_threads_max`]). In-process it gave 1.11× the commands/s at 64 clients,
-/// over HTTP 0.76–0.85× the server CPU per command (docs/benchmarks.md).
+/// over HTTP 0.76–0.85× the server CPU per command (docs/benchmarks/http.md).
 pub const PARTITION_THREADS_MAX_DEFAULT: usize = 256;
 /// Suggested client back-off when the answer is busy.
 pub const RETRY_AFTER_SECS: u64 = 1;

@@ -1,5 +1,5 @@
-//! monoseq-kv: the ordered key-value storage contract ([`KvStore`]) in the seed's model —
-//! partition key plus clustering columns, ordered range reads, atomic batches with
+//! monoseq-kv: the ordered key-value storage contract ([`KvStore`]) in the reference design's model
+//! — partition key plus clustering columns, ordered range reads, atomic batches with
 //! insert-if-absent, compare-and-swap — with its backends and its conformance suite.
 //!
 //! Backends: [`MemoryStore`] (the reference), [`FjallStore`] (the default embedded engine,

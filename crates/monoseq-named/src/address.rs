@@ -1,5 +1,5 @@
 //! Addresses of named sequences: [`Scope`] and [`Address`], their validation, their textual
-//! form (what the CLI and the HTTP paths take) and the storage key layout of seed 003
+//! form (what the CLI and the HTTP paths take) and the storage key layout of the reference design
 //! (`resource=orders/sequence=counter/value`). Nothing path-like gets through: every segment
 //! is checked against one small alphabet before a key is built.
 
@@ -14,11 +14,12 @@ pub const SCOPE_SEGMENT_BYTES_MAX: usize = 128;
 /// Longest custom prefix, in bytes (its trailing `/` included).
 pub const PREFIX_BYTES_MAX: usize = 256;
 
-/// Where a sequence lives: the scopes of seed 003's `createSequence`, each with its key layout.
+/// Where a sequence lives: the scopes of the reference design's `createSequence`, each with its key
+/// layout.
 ///
 /// | scope | key of sequence `counter` |
 /// |-------|---------------------------|
-/// | [`Scope::Global`] | `sequences/counter/value` (seed 003's default key generator) |
+/// | [`Scope::Global`] | `sequences/counter/value` (the reference design's default key generator) |
 /// | [`Scope::Resource`] | `resource=orders/sequence=counter/value` |
 /// | [`Scope::Plugin`] | `plugin=audit/sequence=counter/value` |
 /// | [`Scope::ResourcePlugin`] | `resource=orders/plugin=backup/sequence=counter/value` |
@@ -26,9 +27,9 @@ pub const PREFIX_BYTES_MAX: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Scope {
-    /// No scope: the seed's default layout `sequences/{name}/value`.
+    /// No scope: the reference design's default layout `sequences/{name}/value`.
     Global,
-    /// Scoped to a resource (the seed's recommended scope).
+    /// Scoped to a resource (the reference design's recommended scope, docs/invariants.md).
     Resource(String),
     /// Scoped to a plugin.
     Plugin(String),
@@ -148,8 +149,9 @@ impl Scope {
 /// | `invoice` | [`Scope::Global`] |
 /// | `orders/invoice` or `resource=orders/invoice` | [`Scope::Resource`] |
 /// | `plugin=audit/events` | [`Scope::Plugin`] |
-/// | `resource=orders/plugin=backup/run` (or `orders/plugin=backup/run`) | [`Scope::ResourcePlugin`] |
-/// | `prefix=my-app/counter`, `prefix=tenants/7/counter` | [`Scope::Prefix`] (`my-app/`, `tenants/7/`) |
+/// | `resource=orders/plugin=backup/run` (or `orders/plugin=backup/run`) |
+/// [`Scope::ResourcePlugin`] | | `prefix=my-app/counter`, `prefix=tenants/7/counter` |
+/// [`Scope::Prefix`] (`my-app/`, `tenants/7/`) |
 ///
 /// # Example
 ///

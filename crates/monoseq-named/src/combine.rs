@@ -11,7 +11,7 @@
 //! send their next requests: over HTTP with 16 connections on 4 sequences, one or two calls in
 //! flight lost up to a third of the throughput on PostgreSQL (whose own group commit already
 //! overlaps concurrent commits), while on 16 sequences four in flight serve 1.5–2× the calls
-//! of a write per sequence (see `docs/benchmarks.md`).
+//! of a write per sequence (see `docs/benchmarks/named.md`).
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -1,8 +1,9 @@
-//! monoseq-named: named sequences (seed 003) — counters addressed by scope and name, shared by
-//! many processes, made atomic by conditional writes instead of locks. Owns the operations
-//! ([`Sequences`]), the addresses and key layout ([`Address`], [`Scope`]), the stored format,
-//! the backend contract ([`Backend`]) with its S3 and key-value backends, and the reservation mode
-//! ([`Reserver`], over any [`BlockSource`]) and the server-side number cache ([`CacheOptions`]). The domain only: the HTTP API and its client are
+//! monoseq-named: named sequences in the style of the reference design (docs/invariants.md) —
+//! counters addressed by scope and name, shared by many processes, made atomic by conditional
+//! writes instead of locks. Owns the operations ([`Sequences`]), the addresses and key layout
+//! ([`Address`], [`Scope`]), the stored format, the backend contract ([`Backend`]) with its S3 and
+//! key-value backends, and the reservation mode ([`Reserver`], over any [`BlockSource`]) and the
+//! server-side number cache ([`CacheOptions`]). The domain only: the HTTP API and its client are
 //! the edge crate `monoseq-named-http`, the command line is the `monoseq` binary's.
 //!
 //! # Example

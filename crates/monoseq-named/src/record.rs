@@ -1,7 +1,7 @@
-//! The stored object of a sequence (format 1, JSON, as seed 003's `{ value, name, createdAt,
-//! updatedAt, ...metadata }` with the metadata nested) and [`SequenceData`], what `get_data`
-//! answers. Owns encoding and the strict decoding that turns anything else into
-//! "not a valid sequence" instead of a number.
+//! The stored object of a sequence (format 1, JSON, as the reference design's `{ value, name,
+//! createdAt, updatedAt, ...metadata }` with the metadata nested) and [`SequenceData`], what
+//! `get_data` answers. Owns encoding and the strict decoding that turns anything else into "not a
+//! valid sequence" instead of a number.
 
 use serde::{Deserialize, Serialize};
 

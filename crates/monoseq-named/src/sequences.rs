@@ -1,15 +1,15 @@
-//! [`Sequences`]: every operation of seed 003 on a [`Backend`], made atomic without locks by
-//! optimistic concurrency (read value and version, conditional write, retry with jittered
-//! backoff until the caller's timeout). Owns the options ([`NextOptions`], [`SetOptions`]) and
-//! the in-process combining of concurrent `next` calls on one sequence into one conditional
-//! write (one "lane" per sequence with a leader task), which keeps writers of one process from
-//! racing each other and turns N waiting callers into one storage round trip: between
-//! batches the process remembers the state it last wrote, so a batch writes on it without
-//! reading first (a stale memory is refused like a stale read). On a backend that
-//! [combines](Backend::combines), the leaders of different sequences hand their writes to one
-//! combiner (`combine.rs`), so the ready batches of every sequence share one durable write.
-//! With a number cache (`cache.rs`) a `next` takes its numbers from this process's block of
-//! the sequence without a storage call, and a lane's write reserves a whole block.
+//! [`Sequences`]: every operation of the reference design on a [`Backend`], made atomic without
+//! locks by optimistic concurrency (read value and version, conditional write, retry with jittered
+//! backoff until the caller's timeout). Owns the options ([`NextOptions`], [`SetOptions`]) and the
+//! in-process combining of concurrent `next` calls on one sequence into one conditional write (one
+//! "lane" per sequence with a leader task), which keeps writers of one process from racing each
+//! other and turns N waiting callers into one storage round trip: between batches the process
+//! remembers the state it last wrote, so a batch writes on it without reading first (a stale memory
+//! is refused like a stale read). On a backend that [combines](Backend::combines), the leaders of
+//! different sequences hand their writes to one combiner (`combine.rs`), so the ready batches of
+//! every sequence share one durable write. With a number cache (`cache.rs`) a `next` takes its
+//! numbers from this process's block of the sequence without a storage call, and a lane's write
+//! reserves a whole block.
 
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU64;
@@ -27,7 +27,7 @@ use crate::combine::Combiner;
 use crate::error::{DeleteError, NextError, ReadError, SetError, StorageError};
 use crate::record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX, metadata_len, now_ms};
 
-/// Default timeout of an operation (seed 003's `lockTimeout`).
+/// Default timeout of an operation (the reference design's `lockTimeout`, docs/invariants.md).
 pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 /// Longest timeout accepted; longer ones are cut to it.
 pub const TIMEOUT_MAX: Duration = Duration::from_secs(300);
@@ -330,9 +330,9 @@ impl Sequences {
         Sequences::build(Arc::clone(&inner.backend), inner.combiner.clone(), cache)
     }
 
-    /// Hands out the sequence's current value and advances it by the increment (seed 003's
-    /// pre-increment `next`). A sequence that does not exist is created at the initial value.
-    /// With increment N the caller owns the N numbers starting at the returned one.
+    /// Hands out the sequence's current value and advances it by the increment (the reference
+    /// design's pre-increment `next`). A sequence that does not exist is created at the initial
+    /// value. With increment N the caller owns the N numbers starting at the returned one.
     ///
     /// A number is returned only after the write that advanced past it is durable, so it is
     /// never handed out again (short of a `reset`, `set` or `delete`).
@@ -426,8 +426,8 @@ impl Sequences {
             .map_or(0, VecDeque::len)
     }
 
-    /// Advances the sequence by the increment and returns the value after it (seed 003's
-    /// post-increment `increment`): `next + increment`.
+    /// Advances the sequence by the increment and returns the value after it (the reference
+    /// design's post-increment `increment`): `next + increment`.
     ///
     /// # Errors
     ///

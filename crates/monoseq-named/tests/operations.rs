@@ -1,7 +1,7 @@
-//! Named sequences on the key-value backends (in memory, fjall, redb): the behaviour suite,
-//! and the behaviours that need control over timing — a writer stalled between its read and
-//! its conditional write (the failure of seed 003's lock-with-TTL design), timeouts under
-//! endless contention, storage faults, restart of a durable store, and the reservation mode.
+//! Named sequences on the key-value backends (in memory, fjall, redb): the behaviour suite, and the
+//! behaviours that need control over timing — a writer stalled between its read and its conditional
+//! write (the failure of the reference design's lock-with-TTL design), timeouts under endless
+//! contention, storage faults, restart of a durable store, and the reservation mode.
 
 #[macro_use]
 mod support {

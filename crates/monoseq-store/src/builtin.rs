@@ -1,4 +1,4 @@
-//! Built-in sequences (seed 000 "BuiltInSequences"): their IDs and initial values, which record
+//! Built-in sequences (docs/invariants.md): their IDs and initial values, which record
 //! kinds feed which sequence, and the sequencer parameters that declare them.
 
 use monoseq_core::{Number, PLogOffset, ParamsBuilder, SeqId, WsKind};

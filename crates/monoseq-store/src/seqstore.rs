@@ -1,6 +1,7 @@
 //! [`PLogSeqStorage`]: the sequence storage of one partition over the event store — numbers per
-//! (application, workspace, sequence), the checkpoint per (application, partition), and replay
-//! by scanning the PLog from the checkpoint (seed 000 `ActualizeSequencesFromPLog`).
+//! (application, workspace, sequence), the checkpoint per (application, partition), and replay by
+//! scanning the PLog from the checkpoint (the reference design's `ActualizeSequencesFromPLog`,
+//! docs/invariants.md).
 
 use std::ops::{Bound, ControlFlow};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,10 +24,11 @@ use crate::keys::{
 ///
 /// Values and checkpoint are written in one atomic batch, so the checkpoint is never visible
 /// without the values it covers. The value embeds the [`Fence`] of its partition's writer
-/// generations: keep one value per partition (an `Arc`) and give a clone to every sequencer
-/// that takes the partition over, so a late write of an earlier one is refused. Replay decodes only the numbers of each event (no
-/// allocation per event) and leaves out numbers below a built-in sequence's initial value
-/// (seed issue #688: external or reserved IDs never move a sequence).
+/// generations: keep one value per partition (an `Arc`) and give a clone to every sequencer that
+/// takes the partition over, so a late write of an earlier one is refused. Replay decodes only the
+/// numbers of each event (no allocation per event) and leaves out numbers below a built-in
+/// sequence's initial value (the #688 replay rule of docs/invariants.md: external or reserved IDs
+/// never move a sequence).
 ///
 /// # Example
 ///

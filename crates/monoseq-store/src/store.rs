@@ -19,9 +19,10 @@ use crate::keys::{
 };
 use crate::seqstore::PLogSeqStorage;
 
-/// How events and records are written (seed 000 `SequencesTrustLevel`). The lower the level,
-/// the less the store trusts the sequencer: conditional inserts detect a number handed out
-/// twice ("sequence violation") instead of overwriting what is there.
+/// How events and records are written (the reference design's `SequencesTrustLevel`,
+/// docs/invariants.md). The lower the level, the less the store trusts the sequencer: conditional
+/// inserts detect a number handed out twice ("sequence violation") instead of overwriting what is
+/// there.
 ///
 /// | Level | Events (PLog, WLog) | New records | Updated records |
 /// |-------|---------------------|-------------|-----------------|

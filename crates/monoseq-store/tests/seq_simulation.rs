@@ -1,11 +1,11 @@
-//! Seeded simulation of the sequencer on `PLogSeqStorage` over the in-memory key-value store
-//! behind a `FaultyStore`: transactions (committed, group-committed, rolled back, written
-//! despite a reported error, abandoned), failing reads, scans and writes (of the event store
-//! and of the projection alike), and restarts after which the old sequencer's worker lives on
-//! and steps late (its writes must be fenced off). After every action the sequencer is checked
-//! against a model of the PLog, and the stored projection against the PLog (SPEC invariants 1
-//! to 5 and 11); events are written at trust level 0, so a PLog offset, WLog offset or record
-//! ID handed out twice fails the write and the test.
+//! Seeded simulation of the sequencer on `PLogSeqStorage` over the in-memory key-value store behind
+//! a `FaultyStore`: transactions (committed, group-committed, rolled back, written despite a
+//! reported error, abandoned), failing reads, scans and writes (of the event store and of the
+//! projection alike), and restarts after which the old sequencer's worker lives on and steps late
+//! (its writes must be fenced off). After every action the sequencer is checked against a model of
+//! the PLog, and the stored projection against the PLog (invariants 1 to 5 and 11 of
+//! docs/invariants.md); events are written at trust level 0, so a PLog offset, WLog offset or
+//! record ID handed out twice fails the write and the test.
 //!
 //! The sequencer runs in manual mode, so one seed is one exact schedule.
 //! `MONOSEQ_SIM_SEEDS=n` runs more seeds, `MONOSEQ_SIM_SEED=s` replays one.

@@ -1,6 +1,6 @@
-//! Trust levels, as the seed's integration tests: corrupt the storage with a conflicting key at
-//! the next record ID, the next PLog offset or the next WLog offset, write an event, and check
-//! what is detected and what is overwritten.
+//! Trust levels, as the reference design's integration tests: corrupt the storage with a
+//! conflicting key at the next record ID, the next PLog offset or the next WLog offset, write an
+//! event, and check what is detected and what is overwritten.
 
 mod common;
 

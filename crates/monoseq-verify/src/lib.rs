@@ -1,10 +1,9 @@
 //! monoseq-verify: reads a whole monoseq store and reports every broken invariant, changing
-//! nothing. [`Verifier`] works on any [`KvStore`]: the engine's metadata and the data
-//! directory's identity and marks ([`DirFiles`]), every PLog block of every partition (past
-//! gaps), the numbers each event uses (SPEC invariants 1–5 and 10), each event's WLog entry,
-//! the records table and the stored projection. [`verify_data_dir`] does it for a data
-//! directory of the embedded engine without ever opening the engine on it: it works on a
-//! [`Snapshot`] copy.
+//! nothing. [`Verifier`] works on any [`KvStore`]: the engine's metadata and the data directory's
+//! identity and marks ([`DirFiles`]), every PLog block of every partition (past gaps), the numbers
+//! each event uses (invariants 1–5 and 10 of docs/invariants.md), each event's WLog entry, the
+//! records table and the stored projection. [`verify_data_dir`] does it for a data directory of the
+//! embedded engine without ever opening the engine on it: it works on a [`Snapshot`] copy.
 //!
 //! # Example
 //!

@@ -1,11 +1,11 @@
-//! The PLog pass: reads every PLog block of a partition (past gaps, unlike replay, which stops
-//! at the first block that is not full), decodes every event, checks it sits at its own offset
-//! and that offsets are contiguous except at accepted losses, checks the numbers it uses
-//! (SPEC invariants 1–3 and 10), and remembers per workspace and per record what the later
-//! passes need, among them a digest of the workspace's events that the WLog pass compares
-//! with its entries. The same pass, in comparison mode, reads the PLog again for the few
-//! workspaces whose digests differ and compares their WLog entries byte for byte, to name
-//! each entry that is missing or different.
+//! The PLog pass: reads every PLog block of a partition (past gaps, unlike replay, which stops at
+//! the first block that is not full), decodes every event, checks it sits at its own offset and
+//! that offsets are contiguous except at accepted losses, checks the numbers it uses (invariants
+//! 1–3 and 10 of docs/invariants.md), and remembers per workspace and per record what the later
+//! passes need, among them a digest of the workspace's events that the WLog pass compares with its
+//! entries. The same pass, in comparison mode, reads the PLog again for the few workspaces whose
+//! digests differ and compares their WLog entries byte for byte, to name each entry that is missing
+//! or different.
 
 use std::collections::{HashMap, HashSet};
 
@@ -313,7 +313,7 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
         self.next = self.next.max(offset.saturating_add(1));
     }
 
-    /// SPEC invariants 1, 2 and 10 for the numbers of one event.
+    /// invariants 1, 2 and 10 of docs/invariants.md for the numbers of one event.
     fn numbers(&mut self, event: &Event) {
         let at = At {
             partition: self.partition,

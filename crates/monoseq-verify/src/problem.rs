@@ -226,7 +226,7 @@ pub enum Problem {
         offset: u64,
     },
 
-    // -- Numbers (SPEC invariants 1-5) ---------------------------------------------------------
+    // -- Numbers (invariants 1-5 of docs/invariants.md) ----------------------------------------
     /// A number is not above the last one of its sequence: handed out twice or backwards.
     #[error(
         "partition {partition}: the event at PLog offset {offset} uses {sequence} {number} of \
@@ -246,7 +246,8 @@ pub enum Problem {
         /// The last number before.
         last: u64,
     },
-    /// An event after an accepted loss uses a number the loss retired (SPEC invariant 10).
+    /// An event after an accepted loss uses a number the loss retired (invariant 10 of
+    /// docs/invariants.md).
     #[error(
         "partition {partition}: the event at PLog offset {offset} uses {sequence} {number} of \
          workspace {ws}, but an accepted loss retired every number up to {retired}"

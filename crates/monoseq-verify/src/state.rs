@@ -26,9 +26,9 @@ pub(crate) fn slot(seq: SeqId) -> Option<usize> {
     }
 }
 
-/// The initial value of the sequence in slot `i`: numbers below it are external or reserved
-/// IDs that never move a sequence (SPEC invariant 5), so the checks leave them out as replay
-/// does.
+/// The initial value of the sequence in slot `i`: numbers below it are external or reserved IDs
+/// that never move a sequence (invariant 5 of docs/invariants.md), so the checks leave them out as
+/// replay does.
 pub(crate) fn initial(i: usize) -> u64 {
     [
         WLOG_OFFSET_SEQUENCE.initial.0,

@@ -33,7 +33,7 @@ pub const NAMED_CACHE_DEFAULT: u64 = 1;
 /// Default of `--backlog-values-max` on PostgreSQL: room for the numbers of a whole
 /// [`monoseq_cp::FLUSH_DELAY_DEFAULT`] at full speed, so the flusher is not hurried earlier (a
 /// flush there is a transaction rewriting one row per workspace it touched; PostgreSQL CPU per
-/// command 30–31 → 22.6–24.4 µs, docs/benchmarks.md, "PostgreSQL cost per command").
+/// command 30–31 → 22.6–24.4 µs, docs/benchmarks/pg-stats.md, "PostgreSQL cost per command").
 pub const BACKLOG_VALUES_MAX_DEFAULT_POSTGRES: usize = 65_536;
 
 /// Which storage a command opens; every command that opens the store flattens it. Each flag

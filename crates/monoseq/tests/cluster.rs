@@ -1031,7 +1031,7 @@ fn takes(node: &Node) -> usize {
 const BALANCE_RENEWALS: u32 = 2;
 /// What a loaded two-core test machine adds to a measured time (process scheduling, the
 /// status reads of the test itself; seen up to about 0.8 s with several test binaries
-/// building beside it). The figures without load are in docs/benchmarks.md.
+/// building beside it). The figures without load are in docs/benchmarks/membership-tests.md.
 const SCHEDULING_SLACK: Duration = Duration::from_millis(1_500);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

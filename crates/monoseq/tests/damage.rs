@@ -1,14 +1,14 @@
-//! Damage suite (SPEC invariant 10): a real data directory holding acknowledged events, in
-//! table files and in the journal, is damaged one way at a time — engine files deleted, the
-//! journal cut, bytes flipped in the manifest, journal and table files, our identity and marks
-//! files deleted or garbled. For every case the server either refuses to start, naming the
-//! damage, or serves correct data (an acknowledged event is read back as acknowledged or
-//! answered `corrupted`, never missing); and whether it runs as it is or after an operator's
+//! Damage suite (invariant 10 of docs/invariants.md): a real data directory holding acknowledged
+//! events, in table files and in the journal, is damaged one way at a time — engine files deleted,
+//! the journal cut, bytes flipped in the manifest, journal and table files, our identity and marks
+//! files deleted or garbled. For every case the server either refuses to start, naming the damage,
+//! or serves correct data (an acknowledged event is read back as acknowledged or answered
+//! `corrupted`, never missing); and whether it runs as it is or after an operator's
 //! `--accept-loss`, no PLog offset, WLog offset or record ID acknowledged before is handed out
-//! again. `verify` reports every damage that the server refuses or finds corrupt, and the two
-//! agree on loss: where the server starts and reads every acknowledged event back, `verify`
-//! reports no loss, and where `verify` reports a loss, the server refuses. A directory a server
-//! stopped cleanly loses nothing when its journal is deleted, and both say so.
+//! again. `verify` reports every damage that the server refuses or finds corrupt, and the two agree
+//! on loss: where the server starts and reads every acknowledged event back, `verify` reports no
+//! loss, and where `verify` reports a loss, the server refuses. A directory a server stopped
+//! cleanly loses nothing when its journal is deleted, and both say so.
 
 mod common;
 

@@ -1,8 +1,8 @@
-//! Safe retries over HTTP (SPEC invariant 12) against the real binary: a client whose request
-//! timed out while the server was stopped (SIGSTOP) retries with the same `Idempotency-Key`,
-//! and clients whose server was killed (SIGKILL) under load, some between writing an event and
-//! answering it, retry after the restart. Every key ends up in exactly one event, and a retry
-//! of an answered command gets the same answer again.
+//! Safe retries over HTTP (invariant 12 of docs/invariants.md) against the real binary: a client
+//! whose request timed out while the server was stopped (SIGSTOP) retries with the same
+//! `Idempotency-Key`, and clients whose server was killed (SIGKILL) under load, some between
+//! writing an event and answering it, retry after the restart. Every key ends up in exactly one
+//! event, and a retry of an answered command gets the same answer again.
 
 mod common;
 

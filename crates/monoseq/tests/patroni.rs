@@ -4,7 +4,7 @@
 //! primary's machine dies (Patroni and PostgreSQL killed with SIGKILL) under keyed load;
 //! Patroni promotes the standby and the nodes find it without help. Nothing acknowledged is
 //! lost, no number is handed out twice, no key is applied twice, and the time until commands
-//! are served again is measured (docs/benchmarks.md).
+//! are served again is measured (docs/benchmarks/patroni.md).
 
 mod common;
 mod faults;

@@ -1,5 +1,5 @@
-//! The test plan of seed 004 and the edge cases of seed 000 as plain functions, so the seed
-//! plan runs them once each and the stress test runs them in a loop on several threads.
+//! The reference design's test plan and edge cases (docs/invariants.md) as plain functions, so the
+//! seed plan runs them once each and the stress test runs them in a loop on several threads.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
@@ -344,8 +344,8 @@ pub fn flush_permanently_failing_makes_start_busy_over_the_limit_and_numbers_con
     assert!(report.stopped_in_time);
 }
 
-/// Parameters whose live backlog and replay window both hold `limit` values: the seed's tests
-/// run with one limit for both.
+/// Parameters whose live backlog and replay window both hold `limit` values: the reference design's
+/// tests run with one limit for both.
 fn with_limit(limit: usize) -> monoseq_core::Params {
     builder()
         .backlog_values_max(limit)

@@ -1,7 +1,7 @@
-//! The behaviour suite every named-sequence backend passes: each function takes a fresh
-//! backend and checks one behaviour of seed 003 (or of the backend contract) through it.
-//! `tests/operations.rs` runs it on the key-value backends, `tests/s3.rs` on the S3 server, and
-//! the `monoseq` crate's `tests/pg_named.rs` on PostgreSQL (a crate above named and pg).
+//! The behaviour suite every named-sequence backend passes: each function takes a fresh backend and
+//! checks one behaviour of the reference design (or of the backend contract) through it.
+//! `tests/operations.rs` runs it on the key-value backends, `tests/s3.rs` on the S3 server, and the
+//! `monoseq` crate's `tests/pg_named.rs` on PostgreSQL (a crate above named and pg).
 
 use std::collections::BTreeSet;
 use std::num::NonZeroU64;
