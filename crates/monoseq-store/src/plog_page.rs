@@ -29,7 +29,7 @@ pub struct Gap {
 #[derive(Debug, Clone, PartialEq)]
 pub enum PageItem {
     /// The event at its PLog offset.
-    Event(Event),
+    Event(Box<Event>),
     /// A retired range, delivered in its place in offset order.
     Gap(Gap),
 }
@@ -101,7 +101,7 @@ impl<S: KvStore> EventStore<S> {
                 .min(next.saturating_add(room));
             let before = items.len();
             self.for_each_event(partition, PLogOffset(next), PLogOffset(bound), &mut |e| {
-                items.push(PageItem::Event(e));
+                items.push(PageItem::Event(Box::new(e)));
             })?;
             let read = (items.len() - before) as u64;
             next += read;

@@ -52,9 +52,19 @@ pub async fn record(State(log): State<AnswerLog>, request: Request, next: Next) 
     let path = request.uri().path().to_owned();
     let response = next.run(request).await;
     let (parts, body) = response.into_parts();
-    let bytes = axum::body::to_bytes(body, usize::MAX)
-        .await
-        .unwrap_or_default();
+    // A live tail never ends: it is logged without its body, which passes through as it comes.
+    let streamed = parts
+        .headers
+        .get("content-type")
+        .is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"));
+    let (bytes, body) = if streamed {
+        (axum::body::Bytes::new(), body)
+    } else {
+        let bytes = axum::body::to_bytes(body, usize::MAX)
+            .await
+            .unwrap_or_default();
+        (bytes.clone(), Body::from(bytes))
+    };
     let headers: serde_json::Map<String, serde_json::Value> = LOGGED_HEADERS
         .iter()
         .filter_map(|name| {
@@ -75,5 +85,5 @@ pub async fn record(State(log): State<AnswerLog>, request: Request, next: Next) 
     if let Ok(mut file) = log.0.lock() {
         let _ = file.write_all(text.as_bytes());
     }
-    Response::from_parts(parts, Body::from(bytes))
+    Response::from_parts(parts, body)
 }

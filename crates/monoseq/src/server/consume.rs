@@ -10,6 +10,10 @@
 //! node that does not own the partition, page reads are relayed from the owner and the hub
 //! long-polls the owner's page read, so followers there see the owner's end.
 
+// The helpers return the answer a refused read gets: a `Response` (128 bytes) once per request,
+// not on a hot path.
+#![allow(clippy::result_large_err)]
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -156,17 +160,19 @@ struct Hub {
     end: AtomicU64,
 }
 
-/// Counters of the consumer side, for `/metrics`.
+/// Counters of the consumer side, for `/metrics` (registered by `Metrics::register_follow`).
 #[derive(Debug, Default)]
 pub(crate) struct FollowCounts {
-    /// Tails being served now.
+    /// Tails being served now (the cap's count).
     pub(crate) followers: AtomicUsize,
+    /// The same, as the `followers` gauge.
+    pub(crate) followers_gauge: prometheus_client::metrics::gauge::Gauge,
     /// Tails cut for falling behind.
-    pub(crate) cut_slow: AtomicU64,
+    pub(crate) cut_slow: prometheus_client::metrics::counter::Counter,
     /// Tails refused for the cap.
-    pub(crate) refused: AtomicU64,
+    pub(crate) refused: prometheus_client::metrics::counter::Counter,
     /// Events and gaps delivered to tails.
-    pub(crate) delivered: AtomicU64,
+    pub(crate) delivered: prometheus_client::metrics::counter::Counter,
 }
 
 /// The consumer side of this node: its limits, its hubs and its counters.
@@ -208,6 +214,7 @@ impl Drop for Slot {
             .counts
             .followers
             .fetch_sub(1, Ordering::AcqRel);
+        self.0.follow.counts.followers_gauge.dec();
     }
 }
 
@@ -531,7 +538,7 @@ fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
             (n < max).then_some(n + 1)
         });
     if taken.is_err() {
-        counts.refused.fetch_add(1, Ordering::Relaxed);
+        counts.refused.inc();
         let mut r = error(
             StatusCode::SERVICE_UNAVAILABLE,
             "too_many_followers",
@@ -546,6 +553,7 @@ fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
         );
         return Err(r);
     }
+    counts.followers_gauge.inc();
     Ok(Slot(Arc::clone(st)))
 }
 
@@ -600,11 +608,7 @@ impl<'a> Tail<'a> {
             self.out.send(chunk).await.map_err(|_| Ended::Gone)?;
         }
         if kind == SSE_EVENT || kind == SSE_GAP {
-            self.st
-                .follow
-                .counts
-                .delivered
-                .fetch_add(1, Ordering::Relaxed);
+            self.st.follow.counts.delivered.inc();
         }
         Ok(())
     }
@@ -621,11 +625,7 @@ impl<'a> Tail<'a> {
 
     /// The last message of a tail cut for falling behind.
     async fn cut(&self, resume_from: u64) {
-        self.st
-            .follow
-            .counts
-            .cut_slow
-            .fetch_add(1, Ordering::Relaxed);
+        self.st.follow.counts.cut_slow.inc();
         let body = SlowFollowerBody {
             code: SSE_SLOW_FOLLOWER.to_owned(),
             message: format!(

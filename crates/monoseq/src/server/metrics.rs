@@ -87,6 +87,31 @@ impl Metrics {
         }
     }
 
+    /// Registers the consumer side's series (the same counters its tails raise).
+    pub(super) fn register_follow(&mut self, counts: &super::consume::FollowCounts) {
+        let r = &mut self.registry;
+        r.register(
+            "followers",
+            "Live tails (SSE followers) served now",
+            counts.followers_gauge.clone(),
+        );
+        r.register(
+            "followers_refused",
+            "Live tails refused for the cap (--followers-max), answered 503",
+            counts.refused.clone(),
+        );
+        r.register(
+            "followers_cut_slow",
+            "Live tails cut with slow_follower for falling behind (--follower-buffer-events)",
+            counts.cut_slow.clone(),
+        );
+        r.register(
+            "follower_messages_delivered",
+            "Events and gaps sent to live tails",
+            counts.delivered.clone(),
+        );
+    }
+
     /// Counts one answered command by its outcome code (`ok` has its own held counter).
     pub(super) fn count_command(&self, code: &str) {
         self.commands

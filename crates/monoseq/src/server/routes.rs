@@ -52,10 +52,12 @@ pub(super) fn router(
     let sequences =
         monoseq_named::Sequences::new(monoseq_named::KvBackend::new(Arc::clone(cp.store().kv())))
             .with_cache(named_cache);
+    let mut metrics = Metrics::new();
+    metrics.register_follow(&follow.counts);
     let state = Arc::new(AppState {
         cp,
         cluster,
-        metrics: Metrics::new(),
+        metrics,
         info,
         follow,
         losses,

@@ -1,0 +1,503 @@
+//! The consumer side of the log over real HTTP against the real binary: ordered page reads of
+//! a partition with its end, the long poll, live tails of a partition and of a workspace as
+//! Server-Sent Events (stored first, then live, resumed with `Last-Event-ID`, heartbeats), the
+//! follower cap, a slow follower cut with `slow_follower`, and bad input.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::Server;
+use serde_json::{Value, json};
+
+const PARTITIONS: u64 = 4;
+
+fn command(ws: u64) -> Value {
+    json!({"ws": ws, "ws_kind": 1, "command": "app.Note",
+           "argument": {"raw_id": 1, "name": "app.Arg", "fields": {"n": ws}}})
+}
+
+async fn post(client: &reqwest::Client, url: &str, ws: u64) -> Value {
+    let r = client
+        .post(format!("{url}/v1/commands"))
+        .json(&command(ws))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+async fn get(client: &reqwest::Client, url: &str) -> (u16, Value) {
+    let r = client.get(url).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// One parsed Server-Sent Events message.
+#[derive(Debug, Clone)]
+struct Message {
+    event: String,
+    id: Option<u64>,
+    data: Value,
+}
+
+/// Reads messages of an SSE answer as they come.
+struct Sse {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Sse {
+    async fn open(client: &reqwest::Client, url: &str, last_id: Option<u64>) -> Sse {
+        let mut request = client.get(url);
+        if let Some(id) = last_id {
+            request = request.header("last-event-id", id.to_string());
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 200, "{url}");
+        assert_eq!(
+            response.headers()["content-type"].to_str().unwrap(),
+            "text/event-stream"
+        );
+        Sse {
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next message, waiting at most `bound`.
+    async fn next(&mut self, bound: Duration) -> Option<Message> {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                return Some(parse(&block));
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            match tokio::time::timeout(left, self.response.chunk()).await {
+                Ok(Ok(Some(bytes))) => self.buffer.push_str(&String::from_utf8_lossy(&bytes)),
+                _ => return None,
+            }
+        }
+    }
+
+    /// The next message that is not a heartbeat.
+    async fn next_entry(&mut self, bound: Duration) -> Option<Message> {
+        loop {
+            let m = self.next(bound).await?;
+            if m.event != "heartbeat" {
+                return Some(m);
+            }
+        }
+    }
+}
+
+fn parse(block: &str) -> Message {
+    let mut m = Message {
+        event: "message".into(),
+        id: None,
+        data: Value::Null,
+    };
+    for line in block.lines() {
+        if let Some(v) = line.strip_prefix("event: ") {
+            m.event = v.to_owned();
+        } else if let Some(v) = line.strip_prefix("id: ") {
+            m.id = Some(v.parse().expect("a numeric id"));
+        } else if let Some(v) = line.strip_prefix("data: ") {
+            m.data = serde_json::from_str(v).expect("JSON data");
+        }
+    }
+    m
+}
+
+/// The value of a metric without labels.
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}"))
+}
+
+/// The payload of a chunked HTTP/1.1 body, up to where it was cut.
+fn dechunk(mut raw: &[u8]) -> String {
+    let mut out = Vec::new();
+    while let Some(line_end) = raw.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&raw[..line_end])
+            .ok()
+            .and_then(|h| usize::from_str_radix(h.trim(), 16).ok())
+            .expect("a chunk size");
+        let start = line_end + 2;
+        if size == 0 || raw.len() < start + size {
+            out.extend_from_slice(&raw[start.min(raw.len())..]);
+            break;
+        }
+        out.extend_from_slice(&raw[start..start + size]);
+        raw = &raw[(start + size + 2).min(raw.len())..];
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn start(dir: &std::path::Path, extra: &[&str]) -> Server {
+    let mut args = vec!["--partitions", "4"];
+    args.extend_from_slice(extra);
+    Server::start(dir, &args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_read_gives_the_partitions_events_in_order_with_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &[]);
+    server.ready(&client).await;
+    let url = &server.url;
+    // Partition 1: workspaces 1, 5, 9 (ws mod 4).
+    for i in 0..12 {
+        let out = post(&client, url, 1 + PARTITIONS * (i % 3)).await;
+        assert_eq!(out["plog_offset"], i + 1);
+    }
+    let (status, page) = get(
+        &client,
+        &format!("{url}/v1/partitions/1/events?from=1&limit=5"),
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    let offsets: Vec<u64> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["plog_offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, vec![1, 2, 3, 4, 5]);
+    assert_eq!(page["next"], 6);
+    assert_eq!(page["end"], 13);
+    let (_, rest) = get(
+        &client,
+        &format!("{url}/v1/partitions/1/events?from=6&limit=1000"),
+    )
+    .await;
+    assert_eq!(rest["events"].as_array().unwrap().len(), 7);
+    assert_eq!(rest["next"], 13);
+    let (status, beyond) = get(&client, &format!("{url}/v1/partitions/1/events?from=40")).await;
+    assert_eq!(status, 200);
+    assert_eq!(beyond["events"], json!([]));
+    assert_eq!(beyond["end"], 13, "a reader beyond the end learns the end");
+    let (_, empty) = get(&client, &format!("{url}/v1/partitions/2/events")).await;
+    assert_eq!(empty, json!({"events": [], "next": 1, "end": 1}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_answers_as_soon_as_an_event_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &[]);
+    server.ready(&client).await;
+    let url = server.url.clone();
+    let waiting = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            let began = Instant::now();
+            let page = get(
+                &client,
+                &format!("{url}/v1/partitions/3/events?from=1&wait_ms=20000"),
+            )
+            .await;
+            (page, began.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    post(&client, &url, 3).await;
+    let ((status, page), took) = waiting.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(page["events"][0]["plog_offset"], 1, "{page}");
+    assert!(
+        took < Duration::from_secs(10),
+        "answered at the event, not the wait: {took:?}"
+    );
+    let began = Instant::now();
+    let (_, idle) = get(
+        &client,
+        &format!("{url}/v1/partitions/3/events?from=2&wait_ms=200"),
+    )
+    .await;
+    assert_eq!(idle["events"], json!([]));
+    assert!(
+        began.elapsed() >= Duration::from_millis(200),
+        "waited the whole wait"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_gets_the_stored_events_then_each_new_one_once_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &["--follower-heartbeat-ms", "200"]);
+    server.ready(&client).await;
+    let url = server.url.clone();
+    for _ in 0..5 {
+        post(&client, &url, 2).await;
+    }
+    let mut tail = Sse::open(
+        &client,
+        &format!("{url}/v1/partitions/2/events/stream?from=2"),
+        None,
+    )
+    .await;
+    let writer = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            for i in 0..40 {
+                post(&client, &url, 2 + PARTITIONS * (i % 5)).await;
+            }
+        })
+    };
+    let mut ids = Vec::new();
+    while ids.len() < 44 {
+        let m = tail
+            .next_entry(Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|| panic!("the tail stopped after {ids:?}"));
+        assert_eq!(m.event, "event");
+        assert_eq!(
+            m.data["plog_offset"].as_u64(),
+            m.id,
+            "id: is the PLog offset"
+        );
+        ids.push(m.id.unwrap());
+    }
+    writer.await.unwrap();
+    assert_eq!(
+        ids,
+        (2..=45).collect::<Vec<u64>>(),
+        "every event once, in order"
+    );
+    let beat = tail
+        .next(Duration::from_secs(5))
+        .await
+        .expect("a heartbeat while idle");
+    assert_eq!(beat.event, "heartbeat");
+    assert_eq!(beat.data["next"], 46);
+    assert_eq!(beat.data["end"], 46);
+    drop(tail);
+    // Resuming after the last id seen: nothing repeated, nothing skipped.
+    post(&client, &url, 2).await;
+    let mut resumed = Sse::open(
+        &client,
+        &format!("{url}/v1/partitions/2/events/stream?from=1"),
+        Some(44),
+    )
+    .await;
+    let first = resumed.next_entry(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(first.id, Some(45), "Last-Event-ID wins over from");
+    let second = resumed.next_entry(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(second.id, Some(46));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_follower_gets_only_its_workspaces_events_by_wlog_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &[]);
+    server.ready(&client).await;
+    let url = server.url.clone();
+    for _ in 0..3 {
+        post(&client, &url, 7).await;
+        post(&client, &url, 11).await; // same partition, another workspace
+    }
+    let mut tail = Sse::open(&client, &format!("{url}/v1/workspaces/7/wlog/stream"), None).await;
+    for _ in 0..3 {
+        post(&client, &url, 11).await;
+        post(&client, &url, 7).await;
+    }
+    for wlog in 1..=6u64 {
+        let m = tail
+            .next_entry(Duration::from_secs(10))
+            .await
+            .expect("an event");
+        assert_eq!(m.id, Some(wlog));
+        assert_eq!(m.data["ws"], 7);
+        assert_eq!(m.data["wlog_offset"], wlog);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_beyond_the_cap_are_refused_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &["--followers-max", "1"]);
+    server.ready(&client).await;
+    let url = server.url.clone();
+    let first = Sse::open(
+        &client,
+        &format!("{url}/v1/partitions/0/events/stream"),
+        None,
+    )
+    .await;
+    let r = client
+        .get(format!("{url}/v1/workspaces/4/wlog/stream"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "too_many_followers");
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = client
+            .get(format!("{url}/v1/partitions/0/events/stream"))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot of a closed tail was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        counter(&metrics, "monoseq_followers_refused_total") >= 1,
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_does_not_read_is_cut_with_slow_follower_and_nothing_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &["--follower-buffer-events", "16"]);
+    server.ready(&client).await;
+    let url = server.url.clone();
+    let address = url.trim_start_matches("http://").to_owned();
+    // A follower that sends its request and then reads nothing.
+    let mut socket = std::net::TcpStream::connect(&address).unwrap();
+    write!(
+        socket,
+        "GET /v1/partitions/1/events/stream?from=1 HTTP/1.1\r\nhost: {address}\r\n\r\n"
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Large events fill the socket's buffers quickly.
+    let big = "x".repeat(16 * 1024);
+    for round in 0..40u64 {
+        let commands: Vec<Value> = (0..50)
+            .map(|i| {
+                json!({"ws": 1 + PARTITIONS * ((round * 50 + i) % 7), "ws_kind": 1, "command": "app.Big",
+                       "argument": {"raw_id": 1, "name": "app.Arg", "fields": {"pad": big}}})
+            })
+            .collect();
+        let r = client
+            .post(format!("{url}/v1/commands/batch"))
+            .json(&json!({"commands": commands}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    socket
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut text = Vec::new();
+    let _ = socket.read_to_end(&mut text);
+    let split = text
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an answer head")
+        + 4;
+    let body = dechunk(&text[split..]);
+    let messages: Vec<Message> = body
+        .split("\n\n")
+        .filter(|b| b.contains("event: "))
+        .map(parse)
+        .collect();
+    let last = messages.last().expect("some messages");
+    assert_eq!(
+        last.event, "slow_follower",
+        "the tail ends with slow_follower"
+    );
+    let ids: Vec<u64> = messages.iter().filter_map(|m| m.id).collect();
+    assert_eq!(
+        ids,
+        (1..=ids.len() as u64).collect::<Vec<_>>(),
+        "in order, nothing skipped"
+    );
+    assert_eq!(last.data["resume_from"], ids.len() as u64 + 1);
+    assert!(ids.len() < 2000, "cut before the end: {}", ids.len());
+    let metrics = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        counter(&metrics, "monoseq_followers_cut_slow_total"),
+        1,
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_reads_get_a_400_naming_the_parameter_and_unknown_partitions_404() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &[]);
+    server.ready(&client).await;
+    let url = &server.url;
+    for (query, named) in [
+        ("from=0", "from"),
+        ("from=-1", "from"),
+        ("from=abc", "from"),
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("limit=x", "limit"),
+        ("wait_ms=60001", "wait_ms"),
+        ("wait_ms=-5", "wait_ms"),
+    ] {
+        let (status, body) = get(&client, &format!("{url}/v1/partitions/1/events?{query}")).await;
+        assert_eq!(status, 400, "{query}: {body}");
+        assert_eq!(body["code"], "bad_request");
+        assert!(
+            body["message"].as_str().unwrap().contains(named),
+            "{query}: {body}"
+        );
+    }
+    let (status, body) = get(&client, &format!("{url}/v1/partitions/4/events")).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("no_such_partition"))
+    );
+    let r = client
+        .get(format!("{url}/v1/partitions/1/events/stream"))
+        .header("last-event-id", "seven")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("Last-Event-ID"),
+        "{body}"
+    );
+    let (status, _) = get(&client, &format!("{url}/v1/partitions/9/events/stream")).await;
+    assert_eq!(status, 404);
+    let (status, _) = get(
+        &client,
+        &format!("{url}/v1/workspaces/1/wlog/stream?from=0"),
+    )
+    .await;
+    assert_eq!(status, 400);
+}
