@@ -9,6 +9,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::Server;
+use common::sse::{Message, Sse, parse};
 use serde_json::{Value, json};
 
 const PARTITIONS: u64 = 4;
@@ -32,83 +33,6 @@ async fn post(client: &reqwest::Client, url: &str, ws: u64) -> Value {
 async fn get(client: &reqwest::Client, url: &str) -> (u16, Value) {
     let r = client.get(url).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
-/// One parsed Server-Sent Events message.
-#[derive(Debug, Clone)]
-struct Message {
-    event: String,
-    id: Option<u64>,
-    data: Value,
-}
-
-/// Reads messages of an SSE answer as they come.
-struct Sse {
-    response: reqwest::Response,
-    buffer: String,
-}
-
-impl Sse {
-    async fn open(client: &reqwest::Client, url: &str, last_id: Option<u64>) -> Sse {
-        let mut request = client.get(url);
-        if let Some(id) = last_id {
-            request = request.header("last-event-id", id.to_string());
-        }
-        let response = request.send().await.unwrap();
-        assert_eq!(response.status(), 200, "{url}");
-        assert_eq!(
-            response.headers()["content-type"].to_str().unwrap(),
-            "text/event-stream"
-        );
-        Sse {
-            response,
-            buffer: String::new(),
-        }
-    }
-
-    /// The next message, waiting at most `bound`.
-    async fn next(&mut self, bound: Duration) -> Option<Message> {
-        let deadline = Instant::now() + bound;
-        loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let block: String = self.buffer.drain(..end + 2).collect();
-                return Some(parse(&block));
-            }
-            let left = deadline.checked_duration_since(Instant::now())?;
-            match tokio::time::timeout(left, self.response.chunk()).await {
-                Ok(Ok(Some(bytes))) => self.buffer.push_str(&String::from_utf8_lossy(&bytes)),
-                _ => return None,
-            }
-        }
-    }
-
-    /// The next message that is not a heartbeat.
-    async fn next_entry(&mut self, bound: Duration) -> Option<Message> {
-        loop {
-            let m = self.next(bound).await?;
-            if m.event != "heartbeat" {
-                return Some(m);
-            }
-        }
-    }
-}
-
-fn parse(block: &str) -> Message {
-    let mut m = Message {
-        event: "message".into(),
-        id: None,
-        data: Value::Null,
-    };
-    for line in block.lines() {
-        if let Some(v) = line.strip_prefix("event: ") {
-            m.event = v.to_owned();
-        } else if let Some(v) = line.strip_prefix("id: ") {
-            m.id = Some(v.parse().expect("a numeric id"));
-        } else if let Some(v) = line.strip_prefix("data: ") {
-            m.data = serde_json::from_str(v).expect("JSON data");
-        }
-    }
-    m
 }
 
 /// The value of a metric without labels.

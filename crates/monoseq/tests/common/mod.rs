@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod openapi;
+pub mod sse;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
