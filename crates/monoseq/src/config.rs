@@ -150,6 +150,8 @@ pub struct ServeArgs {
     pub restore: crate::backup::RestoreArgs,
     #[command(flatten)]
     pub follow: crate::server::FollowArgs,
+    #[command(flatten)]
+    pub backup: crate::backup::BackupRootArgs,
 }
 
 impl ServeArgs {
@@ -159,6 +161,8 @@ impl ServeArgs {
         settings.edge = self.edge.resolve(&settings.edge_file)?;
         settings.restore = self.restore.resolve();
         settings.follow = self.follow.resolve()?;
+        let root = self.backup.backup_root.clone().or(settings.backup_root.take());
+        settings.backup_root = crate::backup::resolve_root(root.as_deref(), &settings)?;
         Ok(settings)
     }
 }
@@ -181,6 +185,7 @@ struct SettingsFile {
     idempotency_window_events: Option<u64>,
     partition_threads_max: Option<usize>,
     named_cache: Option<u64>,
+    backup_root: Option<PathBuf>,
     cluster: Option<crate::cluster::ClusterFile>,
     security: Option<crate::auth::SecurityFile>,
     edge: Option<crate::edge::EdgeFile>,
@@ -225,6 +230,9 @@ pub struct Settings {
     pub restore: Option<monoseq_store::Restore>,
     /// The consumer side's limits (`serve`; defaults otherwise).
     pub follow: crate::server::FollowLimits,
+    /// The directory backups are written under (`--backup-root`, resolved by
+    /// `ServeArgs::resolve`; `None`: backups disabled).
+    pub backup_root: Option<PathBuf>,
 }
 
 /// The groups a command flattens, merged over the file over the defaults; a command passes
@@ -293,6 +301,7 @@ pub fn resolve(
         edge: crate::edge::EdgeLimits::default(),
         restore: None,
         follow: crate::server::FollowLimits::default(),
+        backup_root: file.backup_root,
     };
     settings.validate()?;
     Ok(settings)

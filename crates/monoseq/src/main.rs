@@ -116,7 +116,8 @@ enum Cmd {
         command: cluster::ClusterCmd,
     },
     /// Back up a running server's embedded store into a new directory on its machine,
-    /// without holding its commands (`POST /v1/admin/backup`, a write token).
+    /// under its --backup-root, without holding its commands (`POST /v1/admin/backup`, an
+    /// admin token).
     Backup {
         #[command(flatten)]
         args: backup::BackupArgs,
