@@ -98,10 +98,6 @@ pub struct ProcessorArgs {
         "Partitions that run on a thread of their own; those past it run as tasks on the \
          runtime (0: all) [default: {}]", monoseq_cp::PARTITION_THREADS_MAX_DEFAULT))]
     pub partition_threads_max: Option<usize>,
-    /// Benchmarks only: keep no high-water marks, to measure what they cost. A store served
-    /// so is not protected against an undetected loss of acknowledged events.
-    #[arg(long, hide = true)]
-    pub no_marks: bool,
     /// Benchmarks only: the longest a marks cycle waits for the groups of other partitions
     /// already under way, microseconds (0: it waits for none) [default: 500].
     #[arg(long, hide = true)]
@@ -161,7 +157,11 @@ impl ServeArgs {
         settings.edge = self.edge.resolve(&settings.edge_file)?;
         settings.restore = self.restore.resolve();
         settings.follow = self.follow.resolve()?;
-        let root = self.backup.backup_root.clone().or(settings.backup_root.take());
+        let root = self
+            .backup
+            .backup_root
+            .clone()
+            .or(settings.backup_root.take());
         settings.backup_root = crate::backup::resolve_root(root.as_deref(), &settings)?;
         Ok(settings)
     }
@@ -213,8 +213,6 @@ pub struct Settings {
     pub named_cache: u64,
     /// Serve a store with a detected loss (`--accept-loss`).
     pub accept_loss: bool,
-    /// Keep no high-water marks (benchmarks only).
-    pub no_marks: bool,
     /// The marks cycle's gather bound, microseconds (`--marks-gather-us`, benchmarks only).
     pub marks_gather_us: Option<u64>,
     /// The settings file's `[cluster]` table (resolved with the cluster flags by `serve`).
@@ -293,7 +291,6 @@ pub fn resolve(
             .or(file.named_cache)
             .unwrap_or(NAMED_CACHE_DEFAULT),
         accept_loss: listen.accept_loss,
-        no_marks: processor.no_marks,
         marks_gather_us: processor.marks_gather_us,
         cluster: file.cluster.unwrap_or_default(),
         security: file.security.unwrap_or_default(),

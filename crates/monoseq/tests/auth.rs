@@ -581,7 +581,10 @@ fn a_wrong_backup_root_or_loopback_administration_refuses_the_start() {
     let log = refused("127.0.0.1:0", &["--backup-root", file.to_str().unwrap()]);
     assert!(log.contains("is not a directory"), "{log}");
     let log = refused("127.0.0.1:0", &["--backup-root", ""]);
-    assert!(log.contains("a value is required for '--backup-root"), "{log}");
+    assert!(
+        log.contains("a value is required for '--backup-root"),
+        "{log}"
+    );
     let tokens = both_tokens(dir.path());
     let log = refused(
         "127.0.0.1:0",
