@@ -261,6 +261,35 @@ mod tests {
     }
 
     #[test]
+    fn serve_has_no_switch_that_drops_a_protection() {
+        use clap::Parser;
+        for unsafe_flag in ["--no-marks", "--no-fencing"] {
+            let parsed = super::Cli::try_parse_from(["monoseq", "serve", unsafe_flag]);
+            assert!(parsed.is_err(), "serve takes {unsafe_flag}");
+        }
+        // The in-process bench, which serves nobody, measures what the marks cost.
+        assert!(super::Cli::try_parse_from(["monoseq", "bench", "--no-marks"]).is_ok());
+        let against_a_server = [
+            "monoseq",
+            "bench",
+            "--no-marks",
+            "--url",
+            "http://127.0.0.1:1",
+        ];
+        assert!(super::Cli::try_parse_from(against_a_server).is_err());
+        // Every hidden flag of serve was audited against the invariants (the marks cycle's
+        // gather bound only sets how long a cycle waits for other groups): a new one is too.
+        let mut cli = super::Cli::command();
+        let serve = cli.find_subcommand_mut("serve").expect("serve");
+        let hidden: Vec<String> = serve
+            .get_arguments()
+            .filter(|a| a.is_hide_set())
+            .map(|a| a.get_id().to_string())
+            .collect();
+        assert_eq!(hidden, ["marks_gather_us"]);
+    }
+
+    #[test]
     fn every_command_line_is_well_formed() {
         // Clap's own checks: unique argument names, valid defaults, no conflicting flags.
         super::Cli::command().debug_assert();
