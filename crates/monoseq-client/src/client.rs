@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use futures_util::Stream;
 use monoseq_backoff::Backoff;
 use monoseq_wire::{
-    ClusterBody, CommandBody, ErrorBody, EventBody, IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED,
-    InfoBody, OutcomeBody, RecordBody, WlogPageBody,
+    BackupBody, BackupRequestBody, ClusterBody, CommandBody, ErrorBody, EventBody, IDEMPOTENCY_KEY,
+    IDEMPOTENCY_REPLAYED, InfoBody, OutcomeBody, RecordBody, WlogPageBody,
 };
 use reqwest::{Method, StatusCode, header};
 use serde::de::DeserializeOwned;
@@ -25,6 +25,9 @@ const REDIRECTS_UNDELAYED_MAX: u32 = 3;
 /// command retried without waiting for `Retry-After`, which advised retrying the same node.
 pub(crate) const MOVED_CODES: [&str; 3] =
     ["not_owner", "partition_unavailable", "owner_unreachable"];
+
+/// The longest [`Client::backup`] waits for its answer: the copy of a whole store.
+pub const BACKUP_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// A client of one monoseq server or of a cluster of nodes. Cheap to clone (shared
 /// connections and view of the owners).
@@ -362,6 +365,63 @@ impl Client {
     pub async fn cluster(&self) -> Result<ClusterBody, ClientError> {
         let cluster: Option<ClusterBody> = self.read("/v1/cluster").await?;
         cluster.ok_or_else(|| ClientError::Protocol("/v1/cluster answered 404".into()))
+    }
+
+    /// `POST /v1/admin/backup` of a node the client was given (a backup is of one machine:
+    /// build the client with that server's URL alone): the server copies its embedded store
+    /// into `to`, a new directory on its machine under its `--backup-root`.
+    /// Needs an admin token (`ClientBuilder::token`). One attempt, waiting at most
+    /// [`BACKUP_TIMEOUT`]: a backup is not retried, since its directory exists after the
+    /// first.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Api`] with the server's refusal: 403 `forbidden` (not an admin token),
+    /// `admin_on_loopback_off` or `backups_disabled`; 400 naming the rule the path breaks
+    /// (`backup_path_outside_root`, `backup_path_exists`, …); 409 `backup_running`; 500
+    /// `backup_failed`. [`ClientError::Transport`] when no answer came.
+    pub async fn backup(&self, to: &str) -> Result<BackupBody, ClientError> {
+        let body = serde_json::to_vec(&BackupRequestBody { to: to.to_owned() })
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let node = self
+            .inner
+            .view
+            .candidates()
+            .into_iter()
+            .next()
+            .ok_or_else(|| ClientError::Config("no node to ask".into()))?;
+        let url = format!("{node}/v1/admin/backup");
+        let began = Instant::now();
+        let response = self
+            .inner
+            .http
+            .post(&url)
+            .timeout(BACKUP_TIMEOUT)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(ClientError::Transport)?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(ClientError::Transport)?;
+        tracing::debug!(
+            url,
+            status = status.as_u16(),
+            elapsed_ms = began.elapsed().as_secs_f64() * 1e3,
+            "answered"
+        );
+        let answer = Answer {
+            status,
+            retry_after: None,
+            location: None,
+            replayed: false,
+            body,
+        };
+        if status.is_success() {
+            answer.decode()
+        } else {
+            Err(answer.error())
+        }
     }
 
     /// The node a command of workspace `ws` goes to now: its partition's owner as last seen

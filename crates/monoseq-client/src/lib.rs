@@ -37,12 +37,12 @@ pub use builder::{
     BACKOFF_FIRST_DEFAULT, BACKOFF_MAX_DEFAULT, CONNECT_TIMEOUT_DEFAULT, ClientBuilder,
     REQUEST_TIMEOUT_DEFAULT, RETRY_TIMEOUT_DEFAULT, VIEW_MAX_AGE_DEFAULT,
 };
-pub use client::{Client, Submitted};
+pub use client::{BACKUP_TIMEOUT, Client, Submitted};
 pub use error::ClientError;
 pub use key::new_idempotency_key;
 pub use monoseq_named_http::Client as SequencesClient;
 pub use monoseq_wire::{
-    ArgBody, BATCH_COMMANDS_MAX, BatchCommandBody, BatchResultBody, ClusterBody, CommandBody,
-    ErrorBody, EventBody, InfoBody, KindBody, NewArgBody, NewRecordBody, OutcomeBody, RecordBody,
-    RecordUpdateBody, StoredKindBody,
+    ArgBody, BATCH_COMMANDS_MAX, BackupBody, BackupRequestBody, BatchCommandBody, BatchResultBody,
+    ClusterBody, CommandBody, ErrorBody, EventBody, InfoBody, KindBody, NewArgBody, NewRecordBody,
+    OutcomeBody, RecordBody, RecordUpdateBody, StoredKindBody,
 };

@@ -20,11 +20,13 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod admin;
 mod answers;
 mod batch;
 mod command;
 mod consume;
 
+pub use admin::{BackupBody, BackupRequestBody};
 pub use answers::{
     ArgBody, ClusterBody, ClusterNodeBody, ClusterPartitionBody, ErrorBody, EventBody, InfoBody,
     RecordBody, StoredKindBody, WlogPageBody,

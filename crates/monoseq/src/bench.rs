@@ -2,8 +2,9 @@
 //! with `--token` and `--ca-cert`) through the client crate `monoseq-client`, or in-process straight into the command processor on a
 //! fresh embedded store. Prints the throughput and latency percentiles.
 //!
-//! In-process, the shared (hidden) `--no-marks` setting runs the command processor without
-//! high-water marks, to measure what they cost; against a server, start the server with it.
+//! In-process, `--no-marks` runs the command processor without high-water marks, to measure
+//! what they cost; the bench serves nobody, so it is its own flag and `serve` has none (a
+//! server keeps its marks, always).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -60,6 +61,10 @@ pub struct BenchArgs {
     /// per batch.
     #[arg(long, requires = "url", value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub batch: Option<u16>,
+    /// In-process only: keep no high-water marks, to measure what they cost (a server always
+    /// keeps them).
+    #[arg(long, conflicts_with = "url")]
+    pub no_marks: bool,
 }
 
 /// The command every client sends: one CDoc, an argument ODoc referring to it.
@@ -148,9 +153,7 @@ async fn in_process(
     settings.data_dir = dir;
     let opened = open_storage(settings)?;
     let mut config = settings.cp_config();
-    // `--no-marks` is the processor settings flag (`ProcessorArgs`), not a bench flag: one
-    // argument id per command line.
-    if !settings.no_marks {
+    if !args.no_marks {
         config.marks = opened.marks;
         crate::config::set_marks_gather(config.marks.as_deref(), settings.marks_gather_us);
     }

@@ -68,10 +68,6 @@ pub struct ClusterArgs {
     /// cannot take them along; one process per directory [default: the node ID under ./monoseq-marks].
     #[arg(long, env = "MONOSEQ_MARKS_DIR")]
     pub marks_dir: Option<std::path::PathBuf>,
-    /// Benchmarks only: write without the lease epoch condition, to measure what fencing
-    /// costs. Nodes served so can overwrite each other's events.
-    #[arg(long, hide = true)]
-    pub no_fencing: bool,
 }
 
 /// The `[cluster]` table of the settings file.
@@ -102,8 +98,6 @@ pub struct ClusterSettings {
     pub redirect: bool,
     /// CA certificates trusted when forwarding over HTTPS.
     pub peer_ca_cert: Option<std::path::PathBuf>,
-    /// Write without the epoch condition (benchmarks only).
-    pub no_fencing: bool,
     /// This node's marks directory.
     pub marks_dir: std::path::PathBuf,
 }
@@ -161,7 +155,6 @@ impl ClusterArgs {
                 .peer_ca_cert
                 .clone()
                 .or_else(|| file.peer_ca_cert.clone()),
-            no_fencing: self.no_fencing,
             marks_dir,
         })
     }

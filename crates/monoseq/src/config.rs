@@ -98,10 +98,6 @@ pub struct ProcessorArgs {
         "Partitions that run on a thread of their own; those past it run as tasks on the \
          runtime (0: all) [default: {}]", monoseq_cp::PARTITION_THREADS_MAX_DEFAULT))]
     pub partition_threads_max: Option<usize>,
-    /// Benchmarks only: keep no high-water marks, to measure what they cost. A store served
-    /// so is not protected against an undetected loss of acknowledged events.
-    #[arg(long, hide = true)]
-    pub no_marks: bool,
     /// Benchmarks only: the longest a marks cycle waits for the groups of other partitions
     /// already under way, microseconds (0: it waits for none) [default: 500].
     #[arg(long, hide = true)]
@@ -150,6 +146,8 @@ pub struct ServeArgs {
     pub restore: crate::backup::RestoreArgs,
     #[command(flatten)]
     pub follow: crate::server::FollowArgs,
+    #[command(flatten)]
+    pub backup: crate::backup::BackupRootArgs,
 }
 
 impl ServeArgs {
@@ -159,6 +157,12 @@ impl ServeArgs {
         settings.edge = self.edge.resolve(&settings.edge_file)?;
         settings.restore = self.restore.resolve();
         settings.follow = self.follow.resolve()?;
+        let root = self
+            .backup
+            .backup_root
+            .clone()
+            .or(settings.backup_root.take());
+        settings.backup_root = crate::backup::resolve_root(root.as_deref(), &settings)?;
         Ok(settings)
     }
 }
@@ -181,6 +185,7 @@ struct SettingsFile {
     idempotency_window_events: Option<u64>,
     partition_threads_max: Option<usize>,
     named_cache: Option<u64>,
+    backup_root: Option<PathBuf>,
     cluster: Option<crate::cluster::ClusterFile>,
     security: Option<crate::auth::SecurityFile>,
     edge: Option<crate::edge::EdgeFile>,
@@ -208,8 +213,6 @@ pub struct Settings {
     pub named_cache: u64,
     /// Serve a store with a detected loss (`--accept-loss`).
     pub accept_loss: bool,
-    /// Keep no high-water marks (benchmarks only).
-    pub no_marks: bool,
     /// The marks cycle's gather bound, microseconds (`--marks-gather-us`, benchmarks only).
     pub marks_gather_us: Option<u64>,
     /// The settings file's `[cluster]` table (resolved with the cluster flags by `serve`).
@@ -225,6 +228,9 @@ pub struct Settings {
     pub restore: Option<monoseq_store::Restore>,
     /// The consumer side's limits (`serve`; defaults otherwise).
     pub follow: crate::server::FollowLimits,
+    /// The directory backups are written under (`--backup-root`, resolved by
+    /// `ServeArgs::resolve`; `None`: backups disabled).
+    pub backup_root: Option<PathBuf>,
 }
 
 /// The groups a command flattens, merged over the file over the defaults; a command passes
@@ -285,7 +291,6 @@ pub fn resolve(
             .or(file.named_cache)
             .unwrap_or(NAMED_CACHE_DEFAULT),
         accept_loss: listen.accept_loss,
-        no_marks: processor.no_marks,
         marks_gather_us: processor.marks_gather_us,
         cluster: file.cluster.unwrap_or_default(),
         security: file.security.unwrap_or_default(),
@@ -293,6 +298,7 @@ pub fn resolve(
         edge: crate::edge::EdgeLimits::default(),
         restore: None,
         follow: crate::server::FollowLimits::default(),
+        backup_root: file.backup_root,
     };
     settings.validate()?;
     Ok(settings)

@@ -116,7 +116,8 @@ enum Cmd {
         command: cluster::ClusterCmd,
     },
     /// Back up a running server's embedded store into a new directory on its machine,
-    /// without holding its commands (`POST /v1/admin/backup`, a write token).
+    /// under its --backup-root, without holding its commands (`POST /v1/admin/backup`, an
+    /// admin token).
     Backup {
         #[command(flatten)]
         args: backup::BackupArgs,
@@ -257,6 +258,35 @@ mod tests {
             "[default: {}]",
             crate::seq::SEQ_TIMEOUT_DEFAULT_MS
         )));
+    }
+
+    #[test]
+    fn serve_has_no_switch_that_drops_a_protection() {
+        use clap::Parser;
+        for unsafe_flag in ["--no-marks", "--no-fencing"] {
+            let parsed = super::Cli::try_parse_from(["monoseq", "serve", unsafe_flag]);
+            assert!(parsed.is_err(), "serve takes {unsafe_flag}");
+        }
+        // The in-process bench, which serves nobody, measures what the marks cost.
+        assert!(super::Cli::try_parse_from(["monoseq", "bench", "--no-marks"]).is_ok());
+        let against_a_server = [
+            "monoseq",
+            "bench",
+            "--no-marks",
+            "--url",
+            "http://127.0.0.1:1",
+        ];
+        assert!(super::Cli::try_parse_from(against_a_server).is_err());
+        // Every hidden flag of serve was audited against the invariants (the marks cycle's
+        // gather bound only sets how long a cycle waits for other groups): a new one is too.
+        let mut cli = super::Cli::command();
+        let serve = cli.find_subcommand_mut("serve").expect("serve");
+        let hidden: Vec<String> = serve
+            .get_arguments()
+            .filter(|a| a.is_hide_set())
+            .map(|a| a.get_id().to_string())
+            .collect();
+        assert_eq!(hidden, ["marks_gather_us"]);
     }
 
     #[test]

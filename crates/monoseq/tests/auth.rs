@@ -481,3 +481,138 @@ async fn seq_through_a_server_with_tokens_sends_its_token() {
     assert!(!ok && err.contains("forbidden"), "{err}");
     assert!(!err.contains(READ), "the token is never printed: {err}");
 }
+
+/// An admin token of the test servers.
+const ADMIN: &str = "admin-token-0123456789abcdef-A1";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn administration_needs_an_admin_token_which_may_send_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("backups");
+    std::fs::create_dir(&root).unwrap();
+    let tokens = tokens_file(
+        dir.path(),
+        &format!("admin {ADMIN}\nwrite {WRITE}\nread {READ}\n"),
+    );
+    let server = launch(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &[
+            "--tokens-file",
+            tokens.to_str().unwrap(),
+            "--backup-root",
+            root.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .expect("server starts");
+    let client = reqwest::Client::new();
+    server.ready(&client, Some(ADMIN)).await;
+    let url = &server.url;
+    // A relative path: refused by the route (400), so only the token check can answer 403.
+    let body = json!({"to": "relative"});
+    for path in ["/v1/admin/backup", "/v1/admin/nothing"] {
+        let admin = format!("{url}{path}");
+        assert_unauthorized(&send(&client, Method::POST, &admin, None, Some(&body)).await);
+        for token in [READ, WRITE] {
+            let refused = send(&client, Method::POST, &admin, Some(token), Some(&body)).await;
+            assert_forbidden(&refused);
+            assert!(
+                refused.2["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("admin token"),
+                "{}",
+                refused.2
+            );
+        }
+        let get = send(&client, Method::GET, &admin, Some(READ), None).await;
+        assert_forbidden(&get);
+    }
+    let backup = format!("{url}/v1/admin/backup");
+    let (status, _, answer) = send(&client, Method::POST, &backup, Some(ADMIN), Some(&body)).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (400, Some("backup_path_relative")),
+        "{answer}"
+    );
+    // The admin token may send every other request too.
+    for (method, path, body) in [
+        (Method::POST, "/v1/commands", Some(order(2))),
+        (Method::GET, "/v1/info", None),
+        (Method::GET, "/metrics", None),
+    ] {
+        let (status, _, answer) = send(
+            &client,
+            method.clone(),
+            &format!("{url}{path}"),
+            Some(ADMIN),
+            body.as_ref(),
+        )
+        .await;
+        assert_eq!(status, 200, "{method} {path} with an admin token: {answer}");
+    }
+    assert!(
+        std::fs::read_dir(&root).unwrap().next().is_none(),
+        "nothing written"
+    );
+    let log = server.log_text();
+    assert!(log.contains("admin_tokens=1"), "{log}");
+    assert!(!log.contains(ADMIN), "the token is never logged: {log}");
+}
+
+#[test]
+fn a_wrong_backup_root_or_loopback_administration_refuses_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let refused = |listen: &str, args: &[&str]| {
+        launch(&data, listen, args, &[])
+            .err()
+            .expect("the start is refused")
+    };
+    let missing = dir.path().join("missing");
+    let log = refused("127.0.0.1:0", &["--backup-root", missing.to_str().unwrap()]);
+    assert!(
+        log.contains(&format!("--backup-root {}", missing.display())) && log.contains("create"),
+        "{log}"
+    );
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let log = refused("127.0.0.1:0", &["--backup-root", file.to_str().unwrap()]);
+    assert!(log.contains("is not a directory"), "{log}");
+    let log = refused("127.0.0.1:0", &["--backup-root", ""]);
+    assert!(
+        log.contains("a value is required for '--backup-root"),
+        "{log}"
+    );
+    let tokens = both_tokens(dir.path());
+    let log = refused(
+        "127.0.0.1:0",
+        &[
+            "--admin-on-loopback",
+            "--tokens-file",
+            tokens.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        log.contains("--admin-on-loopback") && log.contains("admin <token>"),
+        "{log}"
+    );
+    let log = refused(
+        "0.0.0.0:0",
+        &["--admin-on-loopback", "--allow-unauthenticated"],
+    );
+    assert!(
+        log.contains("--admin-on-loopback") && log.contains("not a loopback address"),
+        "{log}"
+    );
+    assert!(
+        !data.exists(),
+        "refused before the data directory is touched"
+    );
+    // Inside the data directory: the directory exists, so the refusal comes after it is named.
+    std::fs::create_dir_all(data.join("inside")).unwrap();
+    let inside = data.join("inside");
+    let log = refused("127.0.0.1:0", &["--backup-root", inside.to_str().unwrap()]);
+    assert!(log.contains("lies inside the data directory"), "{log}");
+}

@@ -2,11 +2,16 @@
 //! server stops, and the backup is restored into new directories. Started as-is it is refused;
 //! continued with the live marks, and (separately) with a margin, clients write again, and no
 //! PLog offset, WLog offset or record ID is acknowledged twice across the whole history.
+//!
+//! Who may back up and where: only an admin token (or, without tokens, a server started with
+//! `--admin-on-loopback`), only into a new directory under `--backup-root`; every target that
+//! breaks a rule is answered 400 with the rule's code and nothing is written, through the real
+//! client (`Client::backup`) and `monoseq backup`.
 
 mod common;
 
-use std::collections::HashSet;
-use std::path::Path;
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -158,7 +163,17 @@ fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
 async fn a_backup_restored_under_load_hands_out_no_number_twice() {
     let tmp = tempfile::tempdir().unwrap();
     let live = tmp.path().join("live");
-    let server = Server::start(&live, &["--partitions", "4"]);
+    let root = tmp.path().to_str().unwrap();
+    let server = Server::start(
+        &live,
+        &[
+            "--partitions",
+            "4",
+            "--backup-root",
+            root,
+            "--admin-on-loopback",
+        ],
+    );
     let http = reqwest::Client::new();
     server.ready(&http).await;
 
@@ -269,4 +284,256 @@ async fn a_backup_restored_under_load_hands_out_no_number_twice() {
     assert!(said.contains("--skip-ahead 1000000"), "{said}");
     assert_each_once(&[&before, &again]);
     verify(&margin);
+}
+
+const ADMIN: &str = "admin-token-0123456789abcdef-A1";
+const WRITE: &str = "write-token-0123456789abcdef-W1";
+const READ: &str = "read-token-0123456789abcdef-R1";
+
+/// A client of `url` presenting `token`.
+fn client_with(url: &str, token: Option<&str>) -> monoseq_client::Client {
+    let mut builder = monoseq_client::Client::builder([url]);
+    if let Some(token) = token {
+        builder = builder.token(token);
+    }
+    builder.build().unwrap()
+}
+
+/// Every path under `dir`, recursively, without following links.
+fn tree(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut all = BTreeSet::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.symlink_metadata().unwrap().is_dir() {
+                todo.push(path.clone());
+            }
+            all.insert(path);
+        }
+    }
+    all
+}
+
+/// Asserts `refused` is the API's `status` with `code`.
+fn assert_refused(
+    refused: Result<monoseq_client::BackupBody, monoseq_client::ClientError>,
+    status: u16,
+    code: &str,
+    what: &str,
+) {
+    match refused {
+        Ok(body) => panic!("{what}: a backup was taken into {}", body.to),
+        Err(e) => {
+            assert_eq!((e.status(), e.code()), (Some(status), code), "{what}: {e}");
+        }
+    }
+}
+
+/// `monoseq backup --url URL --to TO` with `MONOSEQ_TOKEN=token`.
+fn backup_command(url: &str, to: &Path, token: &str) -> std::process::Output {
+    std::process::Command::new(common::BIN)
+        .args(["backup", "--url", url, "--to"])
+        .arg(to)
+        .env("MONOSEQ_TOKEN", token)
+        .output()
+        .expect("run monoseq backup")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backups_are_written_only_under_the_root_by_an_admin_token_and_restore() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = std::fs::canonicalize(tmp.path()).unwrap();
+    let root = base.join("root");
+    let away = base.join("away");
+    // The data directory lies under the root: a backup there is refused all the same.
+    let data = root.join("data");
+    for dir in [&root, &away] {
+        std::fs::create_dir(dir).unwrap();
+    }
+    let tokens = base.join("tokens");
+    std::fs::write(
+        &tokens,
+        format!("admin {ADMIN}\nwrite {WRITE}\nread {READ}\n"),
+    )
+    .unwrap();
+    let server = Server::start(
+        &data,
+        &[
+            "--partitions",
+            "2",
+            "--tokens-file",
+            tokens.to_str().unwrap(),
+            "--open-health",
+            "--backup-root",
+            root.to_str().unwrap(),
+        ],
+    );
+    server.ready(&reqwest::Client::new()).await;
+    let writer = client_with(&server.url, Some(WRITE));
+    let mut order = monoseq_client::CommandBody::new(7, 1, "app.CreateOrder");
+    order.create.push(monoseq_client::NewRecordBody::new(
+        1,
+        monoseq_client::KindBody::CDoc,
+        "app.Order",
+    ));
+    let written = writer.submit(&order).await.expect("a command");
+
+    // The places a request may not write to.
+    std::fs::create_dir(root.join("existing")).unwrap();
+    std::fs::write(root.join("file"), b"not a directory").unwrap();
+    std::os::unix::fs::symlink(&away, root.join("link")).unwrap();
+    std::os::unix::fs::symlink(away.join("made"), root.join("dangling")).unwrap();
+    let before = (tree(&root), tree(&away));
+
+    // Scopes: read and write tokens may not back up.
+    let good = root.join("good");
+    let good_text = good.to_str().unwrap();
+    for token in [READ, WRITE] {
+        let refused = client_with(&server.url, Some(token))
+            .backup(good_text)
+            .await;
+        assert_refused(refused, 403, "forbidden", token);
+    }
+    assert_refused(
+        client_with(&server.url, None).backup(good_text).await,
+        401,
+        "unauthorized",
+        "no token",
+    );
+
+    // Every rule, with an admin token.
+    let admin = client_with(&server.url, Some(ADMIN));
+    let text = |p: PathBuf| p.to_str().unwrap().to_owned();
+    let cases = [
+        (String::new(), "backup_path_empty"),
+        ("relative/backup".to_owned(), "backup_path_relative"),
+        (
+            format!("{}/../away/b", root.display()),
+            "backup_path_not_normal",
+        ),
+        (text(away.join("b")), "backup_path_outside_root"),
+        (text(root.clone()), "backup_path_outside_root"),
+        (
+            text(root.join("missing").join("b")),
+            "backup_path_parent_missing",
+        ),
+        (text(root.join("link").join("b")), "backup_path_leaves_root"),
+        (text(data.join("b")), "backup_path_in_data_dir"),
+        (text(data.clone()), "backup_path_in_data_dir"),
+        (text(root.join("file")), "backup_path_is_file"),
+        (text(root.join("existing")), "backup_path_exists"),
+        (text(root.join("dangling")), "backup_path_exists"),
+    ];
+    for (to, code) in &cases {
+        assert_refused(admin.backup(to).await, 400, code, to);
+    }
+    assert_eq!(
+        (tree(&root), tree(&away)),
+        before,
+        "a refused backup wrote nothing"
+    );
+
+    // The command line: a write token is refused naming the scope; an admin token is not.
+    let cli = root.join("by-cli");
+    let out = backup_command(&server.url, &cli, WRITE);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("forbidden") && said.contains("admin token"),
+        "{said}"
+    );
+    assert!(!cli.exists());
+    let out = backup_command(&server.url, &cli, ADMIN);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    verify(&cli);
+
+    // A good backup, through the client: restored, it serves what was written before it.
+    let taken = admin
+        .backup(good_text)
+        .await
+        .expect("a backup under the root");
+    assert_eq!(taken.to, good_text);
+    assert!(taken.keys > 0, "{taken:?}");
+    assert_refused(
+        admin.backup(good_text).await,
+        400,
+        "backup_path_exists",
+        "again",
+    );
+    assert!(server.terminate(Duration::from_secs(30)).success());
+    verify(&good);
+    let restored = base.join("restored");
+    copy_dir(&good, &restored);
+    let marks = data.join("monoseq.marks");
+    let server = Server::try_start(
+        &restored,
+        &["--marks-from", marks.to_str().unwrap()],
+        &base.join("restored.log"),
+    )
+    .expect("the backup continues with the live marks");
+    server.ready(&reqwest::Client::new()).await;
+    let event = client_with(&server.url, None)
+        .event(written.outcome.partition, written.outcome.plog_offset)
+        .await
+        .expect("a read")
+        .expect("the event written before the backup");
+    assert_eq!(event.command, "app.CreateOrder");
+    assert!(server.terminate(Duration::from_secs(30)).success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tokens_backups_need_the_loopback_flag_and_a_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(tmp.path()).unwrap();
+    let to = root.join("b");
+    let to_text = to.to_str().unwrap();
+    let http = reqwest::Client::new();
+
+    // No tokens, no flag: administration is refused, naming the flag; commands are not.
+    let plain = Server::start_ready(
+        &root.join("plain"),
+        &["--backup-root", root.to_str().unwrap()],
+        &http,
+    )
+    .await;
+    let client = client_with(&plain.url, None);
+    assert_refused(
+        client.backup(to_text).await,
+        403,
+        "admin_on_loopback_off",
+        "plain",
+    );
+    let refused = http
+        .post(format!("{}/v1/admin/backup", plain.url))
+        .json(&json!({"to": to_text}))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = refused.json().await.unwrap();
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("--admin-on-loopback"),
+        "{body}"
+    );
+    let mut order = monoseq_client::CommandBody::new(3, 1, "app.CreateOrder");
+    order.create.push(monoseq_client::NewRecordBody::new(
+        1,
+        monoseq_client::KindBody::CDoc,
+        "app.Order",
+    ));
+    client.submit(&order).await.expect("commands need no token");
+    drop(plain);
+
+    // The flag without a root: backups are disabled.
+    let no_root = Server::start_ready(&root.join("no-root"), &["--admin-on-loopback"], &http).await;
+    let refused = client_with(&no_root.url, None).backup(to_text).await;
+    assert_refused(refused, 403, "backups_disabled", "no root");
+    drop(no_root);
+    assert!(!to.exists(), "a refused backup wrote nothing");
 }

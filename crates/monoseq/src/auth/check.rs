@@ -15,6 +15,9 @@ use super::settings::{Configured, Kind, Token, digest};
 
 /// Paths answered without a token under `--open-health`.
 pub(super) const HEALTH_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+/// The paths of administration (backups): an admin token only, whatever the method; without
+/// tokens, only with `--admin-on-loopback`.
+pub(crate) const ADMIN_PATH_PREFIX: &str = "/v1/admin/";
 
 /// A token the server accepts, as the digest it is compared by.
 struct Accepted {
@@ -27,15 +30,20 @@ struct Accepted {
 pub struct Auth {
     accepted: Vec<Accepted>,
     pub(crate) open_health: bool,
+    /// Without tokens, administration is allowed (`--admin-on-loopback`; start refused
+    /// unless the listener is loopback and no token is configured).
+    pub(crate) admin_on_loopback: bool,
     outbound: Option<HeaderValue>,
 }
 
 impl fmt::Debug for Auth {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Auth")
+            .field("admin_tokens", &self.count(Kind::Admin))
             .field("write_tokens", &self.count(Kind::Write))
             .field("read_tokens", &self.count(Kind::Read))
             .field("open_health", &self.open_health)
+            .field("admin_on_loopback", &self.admin_on_loopback)
             .field("node_token", &self.outbound.as_ref().map(|_| "<redacted>"))
             .finish()
     }
@@ -50,10 +58,16 @@ pub(super) enum Refusal {
     Invalid,
     /// A read token on a request that needs a write token.
     ReadOnly,
+    /// A read or write token on an administration path.
+    NotAdmin,
+    /// An administration path on a server without tokens, started without
+    /// `--admin-on-loopback`.
+    AdminOff,
 }
 
 impl Auth {
-    /// Accepts `tokens`; presents `node_token` to peers, or else the first write token.
+    /// Accepts `tokens`; presents `node_token` to peers, or else the first write token (an
+    /// admin token is never sent to a peer).
     pub(super) fn new(tokens: &[Configured], node_token: Option<Token>, open_health: bool) -> Auth {
         let outbound = node_token
             .or_else(|| {
@@ -72,6 +86,7 @@ impl Auth {
                 })
                 .collect(),
             open_health,
+            admin_on_loopback: false,
             outbound,
         }
     }
@@ -101,15 +116,18 @@ impl Auth {
     /// nothing about which token matched or how much of one.
     pub(super) fn kind_of(&self, presented: &[u8]) -> Option<Kind> {
         let presented = digest(presented);
-        let (mut write, mut read) = (Choice::from(0), Choice::from(0));
+        let (mut admin, mut write, mut read) = (Choice::from(0), Choice::from(0), Choice::from(0));
         for t in &self.accepted {
             let equal = t.digest.ct_eq(&presented);
             match t.kind {
+                Kind::Admin => admin |= equal,
                 Kind::Write => write |= equal,
                 Kind::Read => read |= equal,
             }
         }
-        if bool::from(write) {
+        if bool::from(admin) {
+            Some(Kind::Admin)
+        } else if bool::from(write) {
             Some(Kind::Write)
         } else if bool::from(read) {
             Some(Kind::Read)
@@ -118,22 +136,33 @@ impl Auth {
         }
     }
 
-    /// Whether a request of `method` on `path` with `headers` may go on.
+    /// Whether a request of `method` on `path` with `headers` may go on: an administration
+    /// path needs an admin token (without tokens, `--admin-on-loopback`); any other path a
+    /// read token for `GET` and `HEAD`, a write token for the rest. An admin token may send
+    /// every request.
     pub(super) fn authorize(
         &self,
         method: &Method,
         path: &str,
         headers: &HeaderMap,
     ) -> Result<(), Refusal> {
-        if !self.is_on() || (self.open_health && HEALTH_PATHS.contains(&path)) {
+        let needed = Kind::needed_for(method, path);
+        if !self.is_on() {
+            return match needed {
+                Kind::Admin if !self.admin_on_loopback => Err(Refusal::AdminOff),
+                _ => Ok(()),
+            };
+        }
+        if self.open_health && HEALTH_PATHS.contains(&path) {
             return Ok(());
         }
         let presented = bearer(headers).ok_or(Refusal::Missing)?;
         let kind = self.kind_of(presented).ok_or(Refusal::Invalid)?;
-        if kind == Kind::Read && Kind::needed_for(method) == Kind::Write {
-            return Err(Refusal::ReadOnly);
+        match (needed, kind) {
+            (_, Kind::Admin) | (Kind::Read, _) | (Kind::Write, Kind::Write) => Ok(()),
+            (Kind::Admin, _) => Err(Refusal::NotAdmin),
+            (Kind::Write, Kind::Read) => Err(Refusal::ReadOnly),
         }
-        Ok(())
     }
 }
 
@@ -150,8 +179,10 @@ fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
 }
 
 /// The middleware on the whole router: a request goes on only with a token that allows it,
-/// and is answered 401 `unauthorized` (no or an unknown token) or 403 `forbidden` (a read
-/// token on a write) before its body is read, so a refused request changes nothing.
+/// and is answered 401 `unauthorized` (no or an unknown token), 403 `forbidden` (a read token
+/// on a write, a read or write token on administration) or 403 `admin_on_loopback_off`
+/// (administration on a server without tokens started without `--admin-on-loopback`) before
+/// its body is read, so a refused request changes nothing.
 pub async fn require_token(
     State(auth): State<Arc<Auth>>,
     request: Request,
@@ -183,6 +214,25 @@ fn refused(refusal: Refusal, method: &Method) -> Response {
             StatusCode::FORBIDDEN,
             "forbidden",
             format!("a read token may only GET; {method} needs a write token"),
+            "",
+        ),
+        Refusal::NotAdmin => (
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "{ADMIN_PATH_PREFIX}* needs an admin token (`admin <token>` in the tokens file); \
+                 read and write tokens may not administer the server"
+            ),
+            "",
+        ),
+        Refusal::AdminOff => (
+            StatusCode::FORBIDDEN,
+            "admin_on_loopback_off",
+            format!(
+                "this server has no tokens, so {ADMIN_PATH_PREFIX}* is refused: configure an \
+                 admin token (--tokens-file), or restart it with --admin-on-loopback to let \
+                 anyone on this machine administer it"
+            ),
             "",
         ),
     };

@@ -20,7 +20,8 @@ use super::check::Auth;
 pub const TOKEN_CHARS_MIN: usize = 16;
 /// Most characters of a token (it travels in a request header).
 pub const TOKEN_CHARS_MAX: usize = 1024;
-/// The environment variable of tokens given without a file: `write:<token>,read:<token>`.
+/// The environment variable of tokens given without a file:
+/// `admin:<token>,write:<token>,read:<token>`.
 pub const TOKENS_ENV: &str = "MONOSEQ_TOKENS";
 /// The environment variable of the token this node presents to its peers.
 pub const NODE_TOKEN_ENV: &str = "MONOSEQ_NODE_TOKEN";
@@ -29,10 +30,12 @@ pub const NODE_TOKEN_ENV: &str = "MONOSEQ_NODE_TOKEN";
 /// settings file's `[security]` table under them.
 #[derive(Debug, Clone, Default, Args)]
 pub struct SecurityArgs {
-    /// File of bearer tokens, one `write <token>` or `read <token>` a line (`#` starts a
-    /// comment line). More tokens come from the environment only, as
-    /// MONOSEQ_TOKENS=write:TOKEN,read:TOKEN. A write token may send every request, a read
-    /// token only GET (and HEAD). Without any token nothing is authenticated.
+    /// File of bearer tokens, one `admin <token>`, `write <token>` or `read <token>` a line
+    /// (`#` starts a comment line). More tokens come from the environment only, as
+    /// MONOSEQ_TOKENS=admin:TOKEN,write:TOKEN,read:TOKEN. An admin token may send every
+    /// request and alone may administer the server (/v1/admin/*, backups); a write token
+    /// every other request; a read token only GET (and HEAD). Without any token nothing is
+    /// authenticated, and administration is refused unless --admin-on-loopback.
     #[arg(long, env = "MONOSEQ_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
     /// File holding the token this node sends when it forwards a request to another node (a
@@ -47,6 +50,12 @@ pub struct SecurityArgs {
     /// read and write. Without it such a start is refused.
     #[arg(long, env = "MONOSEQ_ALLOW_UNAUTHENTICATED")]
     pub allow_unauthenticated: bool,
+    /// On a loopback listener without tokens, allow administration (/v1/admin/*, backups) to
+    /// anyone on this machine. Without it such a request is answered 403
+    /// `admin_on_loopback_off`. Refused with tokens (give an admin token instead) and on a
+    /// listener other than loopback.
+    #[arg(long, env = "MONOSEQ_ADMIN_ON_LOOPBACK")]
+    pub admin_on_loopback: bool,
     /// PEM file of the server's certificate chain: serve HTTPS (give --tls-key too).
     #[arg(long, env = "MONOSEQ_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -64,6 +73,7 @@ pub struct SecurityFile {
     node_token_file: Option<PathBuf>,
     pub(super) open_health: Option<bool>,
     allow_unauthenticated: Option<bool>,
+    admin_on_loopback: Option<bool>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
 }
@@ -160,6 +170,21 @@ impl SecurityArgs {
                  --allow-unauthenticated to serve it open"
             );
         }
+        let admin_on_loopback = self.admin_on_loopback || file.admin_on_loopback.unwrap_or(false);
+        if admin_on_loopback && !tokens.is_empty() {
+            bail!(
+                "--admin-on-loopback is for a server without tokens, and tokens are configured: \
+                 drop the flag and give an admin token (`admin <token>` in the tokens file, or \
+                 admin:<token> in {TOKENS_ENV})"
+            );
+        }
+        if admin_on_loopback && !listen.ip().is_loopback() {
+            bail!(
+                "--admin-on-loopback is given but {listen} is not a loopback address, so anyone \
+                 who reaches it could administer the server: listen on 127.0.0.1 (or ::1), or \
+                 drop the flag and give an admin token"
+            );
+        }
         let tls_cert = self.tls_cert.as_ref().or(file.tls_cert.as_ref());
         let tls_key = self.tls_key.as_ref().or(file.tls_key.as_ref());
         let tls = match (tls_cert, tls_key) {
@@ -168,8 +193,10 @@ impl SecurityArgs {
             (Some(_), None) => bail!("--tls-cert is given without --tls-key: give both or neither"),
             (None, Some(_)) => bail!("--tls-key is given without --tls-cert: give both or neither"),
         };
+        let mut auth = Auth::new(&tokens, node_token, open_health);
+        auth.admin_on_loopback = admin_on_loopback;
         Ok(Security {
-            auth: Arc::new(Auth::new(&tokens, node_token, open_health)),
+            auth: Arc::new(auth),
             tls,
             tls_cert: tls_cert.cloned(),
             allow_unauthenticated,
@@ -194,9 +221,14 @@ impl Security {
     /// and warns about an open or unencrypted non-loopback listener.
     pub fn log_start(&self, listen: SocketAddr) {
         let a = &self.auth;
-        let (write, read) = (a.count(Kind::Write), a.count(Kind::Read));
+        let (admin, write, read) = (
+            a.count(Kind::Admin),
+            a.count(Kind::Write),
+            a.count(Kind::Read),
+        );
         if a.is_on() {
             tracing::info!(
+                admin_tokens = admin,
                 write_tokens = write,
                 read_tokens = read,
                 open_health = a.open_health,
@@ -208,8 +240,16 @@ impl Security {
                 "authentication off on {listen} (--allow-unauthenticated): anyone who reaches it \
                  can read and write"
             );
+        } else if a.admin_on_loopback {
+            tracing::warn!(
+                "authentication off: no token configured (loopback only); administration \
+                 (backups) allowed to anyone on this machine (--admin-on-loopback)"
+            );
         } else {
-            tracing::info!("authentication off: no token configured (loopback only)");
+            tracing::info!(
+                "authentication off: no token configured (loopback only); administration \
+                 (backups) refused without --admin-on-loopback"
+            );
         }
         match &self.tls_cert {
             Some(cert) => tracing::info!(certificate = %cert.display(), "TLS on"),
@@ -222,29 +262,35 @@ impl Security {
     }
 }
 
-/// What a token may do.
+/// What a token may do (its scope).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// `GET` and `HEAD` only: reading events, WLogs, records, named sequences, info, cluster
     /// state, health and metrics.
     Read,
-    /// Every request.
+    /// Every request but administration.
     Write,
+    /// Every request, administration (`/v1/admin/*`: backups) included.
+    Admin,
 }
 
 impl Kind {
     fn parse(word: &str) -> Option<Kind> {
         match word {
+            "admin" => Some(Kind::Admin),
             "write" => Some(Kind::Write),
             "read" => Some(Kind::Read),
             _ => None,
         }
     }
 
-    /// The kind a request needs: a read for `GET` and `HEAD` (which change nothing on any
-    /// route of the server), a write for every other method.
-    pub fn needed_for(method: &Method) -> Kind {
-        if *method == Method::GET || *method == Method::HEAD {
+    /// The kind a request needs: an admin for every method on an administration path
+    /// ([`super::check::ADMIN_PATH_PREFIX`]); else a read for `GET` and `HEAD` (which change
+    /// nothing on any route of the server), a write for every other method.
+    pub fn needed_for(method: &Method, path: &str) -> Kind {
+        if path.starts_with(super::check::ADMIN_PATH_PREFIX) {
+            Kind::Admin
+        } else if *method == Method::GET || *method == Method::HEAD {
             Kind::Read
         } else {
             Kind::Write
@@ -370,7 +416,7 @@ fn read_secret_file(path: &std::path::Path, what: &str) -> anyhow::Result<String
     Ok(text)
 }
 
-/// Parses a tokens file: `write <token>` or `read <token>` a line, blank lines and lines
+/// Parses a tokens file: `admin <token>`, `write <token>` or `read <token>` a line, blank lines and lines
 /// starting with `#` skipped. Errors name `origin` and the line number, never the text.
 pub(super) fn parse_tokens_file(text: &str, origin: &str) -> anyhow::Result<Vec<Configured>> {
     let mut tokens = Vec::new();
@@ -382,7 +428,10 @@ pub(super) fn parse_tokens_file(text: &str, origin: &str) -> anyhow::Result<Vec<
         let at = format!("{origin} line {}", index + 1);
         let mut words = line.split_whitespace();
         let kind = words.next().and_then(Kind::parse).with_context(|| {
-            format!("{at}: a line is `write <token>` or `read <token>`; this one starts otherwise")
+            format!(
+                "{at}: a line is `admin <token>`, `write <token>` or `read <token>`; this one \
+                 starts otherwise"
+            )
         })?;
         let token = words
             .next()
@@ -408,7 +457,9 @@ pub(super) fn parse_tokens_env(list: &str) -> anyhow::Result<Vec<Configured>> {
         let (kind, token) = entry
             .split_once(':')
             .and_then(|(kind, token)| Some((Kind::parse(kind)?, token)))
-            .with_context(|| format!("{at}: an entry is `write:<token>` or `read:<token>`"))?;
+            .with_context(|| {
+                format!("{at}: an entry is `admin:<token>`, `write:<token>` or `read:<token>`")
+            })?;
         tokens.push(configured(kind, token, at)?);
     }
     Ok(tokens)

@@ -11,6 +11,7 @@ fn tokens_of(text: &str) -> anyhow::Result<Vec<Configured>> {
 
 const W: &str = "w-0123456789abcdef";
 const R: &str = "r-0123456789abcdef";
+const A: &str = "a-0123456789abcdef";
 
 fn auth(text: &str, open_health: bool) -> Auth {
     Auth::new(&tokens_of(text).expect("valid tokens"), None, open_health)
@@ -39,7 +40,7 @@ fn a_tokens_file_takes_kinds_comments_and_blank_lines() {
 fn a_malformed_line_is_named_by_number_and_its_token_is_not_repeated() {
     let secret = "s3cr3t-0123456789abcdef";
     for (text, line) in [
-        (format!("write {W}\nadmin {secret}\n"), 2),
+        (format!("write {W}\nowner {secret}\n"), 2),
         (format!("\n\n{secret}\n"), 3),
         (format!("read {secret} extra\n"), 1),
         ("write tiny1\n".to_owned(), 1),
@@ -268,4 +269,118 @@ fn the_settings_file_section_is_read_under_the_flags() {
         .to_string();
     assert!(err.contains("without --tls-key"), "{err}");
     assert!(toml::from_str::<SecurityFile>("tokens = \"x\"\n").is_err());
+}
+
+#[test]
+fn an_admin_token_is_read_from_the_file_and_the_environment() {
+    let tokens = tokens_of(&format!("admin {A}\nwrite {W}\n")).expect("valid");
+    assert_eq!(tokens[0].kind, Kind::Admin);
+    let env = parse_tokens_env(&format!("admin:{A},read:{R}")).expect("valid");
+    assert_eq!(env[0].kind, Kind::Admin);
+    let a = Auth::new(&tokens, None, false);
+    assert_eq!(a.kind_of(A.as_bytes()), Some(Kind::Admin));
+    assert_eq!(a.kind_of(W.as_bytes()), Some(Kind::Write));
+    // An admin token is never presented to peers.
+    let admin_only = Auth::new(&tokens_of(&format!("admin {A}\n")).unwrap(), None, false);
+    assert_eq!(admin_only.outbound_authorization(), None);
+}
+
+#[test]
+fn administration_needs_an_admin_token_which_may_send_everything() {
+    let a = auth(&format!("admin {A}\nwrite {W}\nread {R}\n"), false);
+    let backup = "/v1/admin/backup";
+    assert!(backup.starts_with(crate::auth::ADMIN_PATH_PREFIX));
+    for method in [Method::POST, Method::GET, Method::DELETE] {
+        assert_eq!(
+            a.authorize(&method, backup, &with_bearer(W)),
+            Err(Refusal::NotAdmin),
+            "{method}"
+        );
+        assert_eq!(
+            a.authorize(&method, backup, &with_bearer(R)),
+            Err(Refusal::NotAdmin),
+            "{method}"
+        );
+        assert_eq!(a.authorize(&method, backup, &with_bearer(A)), Ok(()));
+    }
+    assert_eq!(
+        a.authorize(&Method::POST, backup, &HeaderMap::new()),
+        Err(Refusal::Missing)
+    );
+    assert_eq!(
+        a.authorize(&Method::POST, "/v1/commands", &with_bearer(A)),
+        Ok(())
+    );
+    assert_eq!(
+        a.authorize(&Method::GET, "/v1/info", &with_bearer(A)),
+        Ok(())
+    );
+    // Only the prefix with its slash is administration.
+    assert_eq!(
+        a.authorize(&Method::POST, "/v1/administer", &with_bearer(W)),
+        Ok(())
+    );
+}
+
+#[test]
+fn without_tokens_administration_needs_admin_on_loopback() {
+    let mut a = Auth::new(&[], None, false);
+    let backup = "/v1/admin/backup";
+    assert_eq!(
+        a.authorize(&Method::POST, backup, &HeaderMap::new()),
+        Err(Refusal::AdminOff)
+    );
+    assert_eq!(
+        a.authorize(&Method::POST, "/v1/commands", &HeaderMap::new()),
+        Ok(())
+    );
+    a.admin_on_loopback = true;
+    assert_eq!(
+        a.authorize(&Method::POST, backup, &HeaderMap::new()),
+        Ok(())
+    );
+}
+
+#[test]
+fn admin_on_loopback_is_refused_with_tokens_or_off_loopback() {
+    let flag = SecurityArgs {
+        admin_on_loopback: true,
+        ..SecurityArgs::default()
+    };
+    let on = resolve(&flag, "127.0.0.1:8080", EnvSecrets::default()).expect("loopback, no token");
+    assert!(on.auth.admin_on_loopback);
+    assert!(resolve(&flag, "[::1]:8080", EnvSecrets::default()).is_ok());
+    let err = resolve(&flag, "0.0.0.0:8080", EnvSecrets::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--tokens-file"), "{err}");
+    let open = SecurityArgs {
+        allow_unauthenticated: true,
+        ..flag.clone()
+    };
+    let err = resolve(&open, "0.0.0.0:8080", EnvSecrets::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--admin-on-loopback") && err.contains("not a loopback address"),
+        "{err}"
+    );
+    let env = EnvSecrets {
+        tokens: Some(format!("write:{W}")),
+        node_token: None,
+    };
+    let err = resolve(&flag, "127.0.0.1:8080", env)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--admin-on-loopback") && err.contains("admin <token>") && !err.contains(W),
+        "{err}"
+    );
+    let off = resolve(
+        &SecurityArgs::default(),
+        "127.0.0.1:8080",
+        EnvSecrets::default(),
+    )
+    .expect("defaults");
+    assert!(!off.auth.admin_on_loopback);
 }

@@ -187,7 +187,6 @@ pub struct Cluster {
     partitions: u32,
     table: Arc<dyn FencedLeases>,
     cp: CommandProcessor<Store>,
-    base: Store,
     trust: TrustLevel,
     view: RwLock<Arc<View>>,
     /// Peer URL → its last answer to a readiness probe.
@@ -240,7 +239,7 @@ impl Cluster {
         settings: ClusterSettings,
         table: Arc<dyn FencedLeases>,
         cp: CommandProcessor<Store>,
-        (base, trust): (Store, TrustLevel),
+        trust: TrustLevel,
         marks: Arc<NodeMarks>,
         prober: crate::forward::Prober,
     ) -> anyhow::Result<Arc<Cluster>> {
@@ -262,7 +261,6 @@ impl Cluster {
             partitions,
             table,
             cp,
-            base,
             trust,
             view: RwLock::new(Arc::new(View {
                 status: TableStatus::default(),
@@ -297,12 +295,6 @@ impl Cluster {
             renew_ms = ms(cluster.settings.renew),
             "joined the cluster"
         );
-        if cluster.settings.no_fencing {
-            tracing::warn!(
-                "--no-fencing: partition writes carry no lease epoch; nodes can overwrite each \
-                 other's events (benchmarks only)"
-            );
-        }
         Ok(cluster)
     }
 
@@ -848,11 +840,7 @@ impl Cluster {
     }
 
     fn view_of(&self, p: u32, epoch: u64) -> Store {
-        if self.settings.no_fencing {
-            Arc::clone(&self.base)
-        } else {
-            self.table.fenced(p, epoch, &self.settings.node_id)
-        }
+        self.table.fenced(p, epoch, &self.settings.node_id)
     }
 
     fn start_serving(self: &Arc<Self>, p: u32, epoch: u64, previous: Option<&str>) {

@@ -153,7 +153,7 @@ async fn open_while_answering(
             return Err(e);
         }
     };
-    let cluster = match join_cluster(node, settings, &cp, &opened).await {
+    let cluster = match join_cluster(node, settings, &cp).await {
         Ok(c) => c,
         Err(e) => {
             opening.stop().await;
@@ -295,15 +295,8 @@ async fn start(
     config.retired = (0..opened.identity.partitions)
         .map(|p| opened.identity.retired(p))
         .collect();
-    if settings.no_marks {
-        tracing::warn!(
-            "--no-marks: high-water marks are not kept; a loss of acknowledged events would go \
-             unnoticed (benchmarks only)"
-        );
-    } else {
-        config.marks = opened.marks.clone();
-        crate::config::set_marks_gather(config.marks.as_deref(), settings.marks_gather_us);
-    }
+    config.marks = opened.marks.clone();
+    crate::config::set_marks_gather(config.marks.as_deref(), settings.marks_gather_us);
     let cp = if opened.postgres.is_some() {
         // Partitions start as their leases are taken (`join_cluster`).
         CommandProcessor::start_unowned(store, config)?
@@ -368,7 +361,6 @@ async fn join_cluster(
     node: Option<NodeReady>,
     settings: &Settings,
     cp: &CommandProcessor<Store>,
-    opened: &crate::config::Opened,
 ) -> anyhow::Result<Option<(Arc<Cluster>, Forwarder)>> {
     let Some(NodeReady {
         start: NodeStart { cluster, forwarder },
@@ -382,7 +374,7 @@ async fn join_cluster(
         cluster,
         table,
         cp.clone(),
-        (Arc::clone(&opened.kv), settings.trust),
+        settings.trust,
         marks,
         forwarder.prober(),
     )
