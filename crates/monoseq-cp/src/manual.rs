@@ -5,7 +5,7 @@
 //! on its own thread, and reads back after a failed group, as the task does before it takes
 //! another command. No tokio runtime is involved.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use monoseq_core::{Sequencer, Status, Step, Worker};
 use monoseq_kv::KvStore;

@@ -138,6 +138,11 @@ const COMMON_VALUE_MAX: u128 = 16;
 /// Bare literals that equal a constant of their crate by coincidence: (file, value, why).
 const COINCIDENCES: &[(&str, u128, &str)] = &[
     (
+        "monoseq/src/edge.rs",
+        4096,
+        "the bytes of a shed connection's scratch buffer, not events a follower's hub keeps",
+    ),
+    (
         "monoseq/src/edge/connection.rs",
         20,
         "the watchdog's shortest tick in ms, not problems shown",
