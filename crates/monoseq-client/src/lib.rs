@@ -30,6 +30,7 @@ mod batch;
 mod builder;
 mod client;
 mod error;
+mod follow;
 mod key;
 mod routing;
 
@@ -39,10 +40,12 @@ pub use builder::{
 };
 pub use client::{BACKUP_TIMEOUT, Client, Submitted};
 pub use error::ClientError;
+pub use follow::{FOLLOW_IDLE_MAX, FollowItem, PositionBody, SSE_MESSAGE_MAX};
 pub use key::new_idempotency_key;
 pub use monoseq_named_http::Client as SequencesClient;
 pub use monoseq_wire::{
     ArgBody, BATCH_COMMANDS_MAX, BackupBody, BackupRequestBody, BatchCommandBody, BatchResultBody,
-    ClusterBody, CommandBody, ErrorBody, EventBody, InfoBody, KindBody, NewArgBody, NewRecordBody,
-    OutcomeBody, RecordBody, RecordUpdateBody, StoredKindBody,
+    ClusterBody, CommandBody, ErrorBody, EventBody, GapBody, InfoBody, KindBody, NewArgBody,
+    NewRecordBody, OutcomeBody, PlogEntryBody, PlogPageBody, RecordBody, RecordUpdateBody,
+    StoredKindBody,
 };

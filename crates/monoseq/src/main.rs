@@ -17,6 +17,7 @@ mod ops;
 mod seq;
 mod seq_command;
 mod server;
+mod tail;
 mod tls;
 mod wire;
 
@@ -122,6 +123,12 @@ enum Cmd {
         #[command(flatten)]
         args: backup::BackupArgs,
     },
+    /// Follow a partition and print each event as one JSON line (a console consumer):
+    /// `monoseq tail --url U --partition P [--from N] [--consumer NAME] [--max-events N]`.
+    Tail {
+        #[command(flatten)]
+        args: tail::TailArgs,
+    },
     /// Generate load against a server (--url) or in-process, and print throughput and latency.
     Bench {
         #[command(flatten)]
@@ -203,6 +210,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => ops::verify(&tool_settings(&storage, &store)?, show),
         Cmd::Seq { args } => runtime.block_on(seq::main(args)),
         Cmd::Backup { args } => runtime.block_on(backup::run(args)),
+        Cmd::Tail { args } => runtime.block_on(tail::run(args)),
         Cmd::Bench {
             storage,
             store,

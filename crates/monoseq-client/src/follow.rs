@@ -1,0 +1,545 @@
+//! The consumer side through the client: page reads of a partition's PLog
+//! ([`Client::read_partition`], with a long-poll form), live tails of a partition or a
+//! workspace ([`Client::follow`], [`Client::follow_wlog`]) as a `Stream` that parses the
+//! server's Server-Sent Events itself and resumes by itself, and consumer positions
+//! ([`Client::consumer_position`], [`Client::store_consumer_position`]).
+//!
+//! A tail tracks the next offset it owes its caller and checks every message's offset against
+//! it: after a `slow_follower` cut, a dropped connection, a 503 or a server restart it
+//! reconnects with `Last-Event-ID` (the last offset delivered), drops what it already
+//! delivered, and refuses a message that would skip an offset. So each offset is yielded once,
+//! in order, with nothing left out; heartbeats are not yielded.
+
+use std::time::{Duration, Instant};
+
+use futures_util::Stream;
+use monoseq_wire::{
+    ErrorBody, EventBody, GapBody, PlogPageBody, SSE_EVENT, SSE_GAP, SSE_SLOW_FOLLOWER,
+    SlowFollowerBody, WAIT_MS_MAX,
+};
+use reqwest::{StatusCode, header};
+use serde::{Deserialize, Serialize};
+
+use crate::client::{Client, MOVED_CODES};
+use crate::error::ClientError;
+
+/// A tail with no message (not even a heartbeat, sent every few seconds while idle) for this
+/// long is taken as a dead connection and reopened. Above the longest heartbeat interval a
+/// server can be given (`--follower-heartbeat-ms` at most [`WAIT_MS_MAX`]).
+pub const FOLLOW_IDLE_MAX: Duration = Duration::from_millis(WAIT_MS_MAX + 15_000);
+/// Largest SSE message a tail accepts (an event's JSON with its fields); a larger one ends the
+/// tail with [`ClientError::Protocol`].
+pub const SSE_MESSAGE_MAX: usize = 64 << 20;
+
+/// What a tail yields: an event, or a retired range in its place.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FollowItem {
+    /// The event at the next offset.
+    Event(Box<EventBody>),
+    /// Offsets that were retired (an operator's accepted loss, a restored backup): no event
+    /// is, or will ever be, there. `from` is the next offset owed.
+    Gap(GapBody),
+}
+
+/// A consumer's stored position: the last offset it processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PositionBody {
+    /// The offset.
+    pub offset: u64,
+}
+
+/// `PUT /v1/consumers/{name}/partitions/{p}`: a compare-and-set of a consumer's position.
+#[derive(Debug, Serialize)]
+struct PutPositionBody {
+    offset: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expected: Option<u64>,
+}
+
+/// Which log a tail follows.
+#[derive(Debug, Clone, Copy)]
+enum Log {
+    /// A partition's PLog: offsets are `plog_offset`.
+    Partition(u32),
+    /// A workspace's WLog: offsets are `wlog_offset`.
+    Workspace(u64),
+}
+
+impl Client {
+    /// At most `limit` (1 to [`monoseq_wire::PLOG_PAGE_MAX`]) entries of partition `p`'s PLog
+    /// from offset `from` (1 is the first), with the partition's end; fewer, or none, at the
+    /// end. Any node answers (one that does not own the partition relays from its owner).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Api`]: `bad_request` for a `limit` out of range or `from` 0,
+    /// `no_such_partition`, a 503 past the retries; [`ClientError::Transport`].
+    pub async fn read_partition(
+        &self,
+        p: u32,
+        from: u64,
+        limit: usize,
+    ) -> Result<PlogPageBody, ClientError> {
+        self.read_partition_wait(p, from, limit, Duration::ZERO)
+            .await
+    }
+
+    /// As [`Client::read_partition`], but a page that would be empty waits up to `wait` (at
+    /// most [`WAIT_MS_MAX`] ms) for an event to become durable at `from` (a long poll).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::read_partition`]; `bad_request` for a `wait` past the maximum.
+    pub async fn read_partition_wait(
+        &self,
+        p: u32,
+        from: u64,
+        limit: usize,
+        wait: Duration,
+    ) -> Result<PlogPageBody, ClientError> {
+        let wait_ms = wait.as_millis();
+        let path = format!("/v1/partitions/{p}/events?from={from}&limit={limit}&wait_ms={wait_ms}");
+        let node = self.inner.view.node_for(Some(p));
+        let answer = self
+            .get_retried(&node, &path, self.inner.request_timeout + wait)
+            .await?;
+        match answer {
+            Some(body) => decode(&body),
+            None => Err(ClientError::Protocol(format!("{path} answered 404"))),
+        }
+    }
+
+    /// The last offset consumer `name` stored for partition `p` (`None` when it stored none).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Api`] (`bad_request` for a name that is not 1–255 printable ASCII
+    /// characters, a 503 past the retries), [`ClientError::Transport`].
+    pub async fn consumer_position(&self, name: &str, p: u32) -> Result<Option<u64>, ClientError> {
+        let path = format!("/v1/consumers/{name}/partitions/{p}");
+        let node = self.inner.view.any_node();
+        match self
+            .get_retried(&node, &path, self.inner.request_timeout)
+            .await?
+        {
+            Some(body) => Ok(Some(decode::<PositionBody>(&body)?.offset)),
+            None => Ok(None),
+        }
+    }
+
+    /// Stores `offset` as consumer `name`'s position in partition `p` if the stored one is
+    /// still `expected` (`None`: none is stored yet). Never retried: a compare-and-set that
+    /// got no answer is checked by reading the position back.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Api`] `position_conflict` (409) when the stored position is not
+    /// `expected` (another consumer of that name moved it), others as
+    /// [`Client::consumer_position`].
+    pub async fn store_consumer_position(
+        &self,
+        name: &str,
+        p: u32,
+        offset: u64,
+        expected: Option<u64>,
+    ) -> Result<(), ClientError> {
+        let node = self.inner.view.any_node();
+        let body = serde_json::to_vec(&PutPositionBody { offset, expected })
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let response = self
+            .inner
+            .http
+            .put(format!("{node}/v1/consumers/{name}/partitions/{p}"))
+            .timeout(self.inner.request_timeout)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(ClientError::Transport)?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(ClientError::Transport)?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(api_error(status, &body))
+        }
+    }
+
+    /// Partition `p`'s PLog from offset `from` (1 is the first), stored events first, then
+    /// each new one once it is durable, for as long as the stream is polled. Each offset is
+    /// yielded once and in order, as an event or within a gap; heartbeats are skipped. The
+    /// tail goes to the partition's owner as last seen (any node serves it) and resumes by
+    /// itself after a `slow_follower` cut, a dropped connection, a 503 or a server restart.
+    /// It ends after yielding an error: a refusal (`no_such_partition`, a bad token), a message
+    /// that breaks the order, or no node answering for the client's retry timeout.
+    pub fn follow(
+        &self,
+        p: u32,
+        from: u64,
+    ) -> impl Stream<Item = Result<FollowItem, ClientError>> + Send + 'static {
+        self.tail(Log::Partition(p), from)
+    }
+
+    /// Workspace `ws`'s WLog from offset `from` (1 is the first), as [`Client::follow`]: its
+    /// events by `wlog_offset`, stored then live, each once and in order.
+    pub fn follow_wlog(
+        &self,
+        ws: u64,
+        from: u64,
+    ) -> impl Stream<Item = Result<FollowItem, ClientError>> + Send + 'static {
+        self.tail(Log::Workspace(ws), from)
+    }
+
+    fn tail(
+        &self,
+        log: Log,
+        from: u64,
+    ) -> impl Stream<Item = Result<FollowItem, ClientError>> + Send + 'static {
+        let tail = Tail {
+            client: self.clone(),
+            log,
+            next: from.max(1),
+            response: None,
+            buffer: Vec::new(),
+            failing_since: None,
+            failures: 0,
+            ended: false,
+        };
+        futures_util::stream::unfold(tail, |mut tail| async move {
+            if tail.ended {
+                return None;
+            }
+            let item = tail.next_item().await;
+            tail.ended = item.is_err();
+            Some((item, tail))
+        })
+    }
+
+    /// A GET of `node` retried on a 503 (after `Retry-After`) or no answer, within the retry
+    /// timeout: the body of a success, `None` for a 404, else the error.
+    async fn get_retried(
+        &self,
+        node: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<Option<bytes::Bytes>, ClientError> {
+        let started = Instant::now();
+        let mut failures = 0u32;
+        let mut node = node.to_owned();
+        loop {
+            let sent = self
+                .inner
+                .http
+                .get(format!("{node}{path}"))
+                .timeout(timeout)
+                .send()
+                .await;
+            let (error, floor) = match sent {
+                Ok(r) => {
+                    let status = r.status();
+                    let retry_after = retry_after(&r);
+                    let body = r.bytes().await.map_err(ClientError::Transport)?;
+                    if status.is_success() {
+                        return Ok(Some(body));
+                    }
+                    let error = api_error(status, &body);
+                    if status == StatusCode::NOT_FOUND && error.code() != "no_such_partition" {
+                        return Ok(None);
+                    }
+                    if status != StatusCode::SERVICE_UNAVAILABLE {
+                        return Err(error);
+                    }
+                    (error, retry_after.unwrap_or_default())
+                }
+                Err(e) => {
+                    if e.is_connect() {
+                        self.inner.view.forget_node(&node);
+                        node = self.inner.view.any_node();
+                    }
+                    (ClientError::Transport(e), Duration::ZERO)
+                }
+            };
+            failures += 1;
+            let wait = floor + self.inner.backoff.jittered(failures);
+            if started.elapsed() + wait > self.inner.retry_timeout {
+                return Err(error);
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// One live tail's state: where it is, its open connection and what it has not parsed yet.
+struct Tail {
+    client: Client,
+    log: Log,
+    /// The next offset owed to the caller.
+    next: u64,
+    response: Option<reqwest::Response>,
+    buffer: Vec<u8>,
+    /// When the current run of failed connections began (`None` while messages flow).
+    failing_since: Option<Instant>,
+    failures: u32,
+    ended: bool,
+}
+
+/// What one SSE message means to a tail.
+enum Parsed {
+    Item(FollowItem),
+    /// Already delivered (a resumed tail's overlap), a heartbeat or an unknown message.
+    Skip,
+    /// `slow_follower`: the server closes; reopen at once.
+    Reopen,
+}
+
+impl Tail {
+    async fn next_item(&mut self) -> Result<FollowItem, ClientError> {
+        loop {
+            if self.response.is_none() {
+                self.connect().await?;
+                continue;
+            }
+            if let Some(block) = self.take_block()? {
+                match self.parse(&block)? {
+                    Parsed::Item(item) => {
+                        self.failing_since = None;
+                        self.failures = 0;
+                        return Ok(item);
+                    }
+                    Parsed::Skip => continue,
+                    Parsed::Reopen => {
+                        self.close();
+                        continue;
+                    }
+                }
+            }
+            let Some(response) = self.response.as_mut() else {
+                continue;
+            };
+            match tokio::time::timeout(FOLLOW_IDLE_MAX, response.chunk()).await {
+                Ok(Ok(Some(bytes))) => {
+                    self.buffer.extend_from_slice(&bytes);
+                    if self.buffer.len() > SSE_MESSAGE_MAX {
+                        return Err(ClientError::Protocol(format!(
+                            "an SSE message past {SSE_MESSAGE_MAX} bytes"
+                        )));
+                    }
+                }
+                Ok(Ok(None)) => {
+                    tracing::debug!(next = self.next, "the tail's connection closed; resuming");
+                    self.close();
+                    self.fail(ClientError::Protocol("the tail closed".into()), None)
+                        .await?;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(next = self.next, error = %e, "the tail's connection broke; resuming");
+                    self.close();
+                    self.fail(ClientError::Transport(e), None).await?;
+                }
+                Err(_) => {
+                    tracing::debug!(next = self.next, "the tail was silent too long; resuming");
+                    self.close();
+                }
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        self.response = None;
+        self.buffer.clear();
+    }
+
+    /// Opens the stream from `next` (with `Last-Event-ID`), or waits before the next attempt.
+    async fn connect(&mut self) -> Result<(), ClientError> {
+        let client = &self.client;
+        let (node, path) = match self.log {
+            Log::Partition(p) => (
+                client.inner.view.node_for(Some(p)),
+                format!("/v1/partitions/{p}/events/stream"),
+            ),
+            Log::Workspace(ws) => (
+                client.node_of(ws).await,
+                format!("/v1/workspaces/{ws}/wlog/stream"),
+            ),
+        };
+        let mut request = client
+            .inner
+            .http
+            .get(format!("{node}{path}?from={}", self.next))
+            .header(header::ACCEPT, "text/event-stream");
+        if self.next > 1 {
+            request = request.header("last-event-id", (self.next - 1).to_string());
+        }
+        let response = match request.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                if e.is_connect() {
+                    client.inner.view.forget_node(&node);
+                }
+                return self.fail(ClientError::Transport(e), None).await;
+            }
+        };
+        let status = response.status();
+        if status.is_success() {
+            tracing::debug!(node, path, next = self.next, "tail opened");
+            self.response = Some(response);
+            return Ok(());
+        }
+        let floor = retry_after(&response);
+        let body = response.bytes().await.unwrap_or_default();
+        let error = api_error(status, &body);
+        if status != StatusCode::SERVICE_UNAVAILABLE {
+            return Err(error);
+        }
+        if MOVED_CODES.contains(&error.code()) {
+            if let Log::Partition(p) = self.log {
+                client.inner.view.forget_owner(p);
+            }
+            client.refresh_after_move().await;
+        }
+        self.fail(error, floor).await
+    }
+
+    /// Waits before the next attempt (at least `floor`, the server's `Retry-After`), or
+    /// answers `error` once the failures in a row have lasted the client's retry timeout.
+    async fn fail(
+        &mut self,
+        error: ClientError,
+        floor: Option<Duration>,
+    ) -> Result<(), ClientError> {
+        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        self.failures += 1;
+        let inner = &self.client.inner;
+        let wait = floor.unwrap_or_default() + inner.backoff.jittered(self.failures);
+        if since.elapsed() + wait > inner.retry_timeout {
+            return Err(error);
+        }
+        tracing::debug!(failures = self.failures, wait_ms = wait.as_secs_f64() * 1e3, %error, "tail: retrying after a wait");
+        tokio::time::sleep(wait).await;
+        Ok(())
+    }
+
+    /// The next whole message of the buffer, if one arrived.
+    fn take_block(&mut self) -> Result<Option<String>, ClientError> {
+        let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") else {
+            return Ok(None);
+        };
+        let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
+        String::from_utf8(block)
+            .map(Some)
+            .map_err(|_| ClientError::Protocol("an SSE message that is not UTF-8".into()))
+    }
+
+    /// What one message means, checked against the next offset owed.
+    fn parse(&mut self, block: &str) -> Result<Parsed, ClientError> {
+        let mut event = "message";
+        let mut id: Option<&str> = None;
+        let mut data = String::new();
+        for line in block.lines() {
+            let (field, value) = line.split_once(':').unwrap_or((line, ""));
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match field {
+                "event" => event = value,
+                "id" => id = Some(value),
+                "data" => {
+                    if !data.is_empty() {
+                        data.push('\n');
+                    }
+                    data.push_str(value);
+                }
+                _ => {}
+            }
+        }
+        let id = id
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| {
+                    ClientError::Protocol(format!("an SSE id that is not an offset: {v:?}"))
+                })
+            })
+            .transpose()?;
+        match event {
+            SSE_EVENT => {
+                let body: EventBody = decode(data.as_bytes())?;
+                let offset = match self.log {
+                    Log::Partition(_) => body.plog_offset,
+                    Log::Workspace(_) => body.wlog_offset,
+                };
+                if id.is_some_and(|id| id != offset) {
+                    return Err(ClientError::Protocol(format!(
+                        "an event with id {id:?} holds offset {offset}"
+                    )));
+                }
+                if offset > self.next {
+                    return Err(self.skipped(offset));
+                }
+                if offset < self.next {
+                    return Ok(Parsed::Skip);
+                }
+                self.next += 1;
+                Ok(Parsed::Item(FollowItem::Event(Box::new(body))))
+            }
+            SSE_GAP => {
+                let mut gap: GapBody = decode(data.as_bytes())?;
+                if gap.to < self.next {
+                    return Ok(Parsed::Skip);
+                }
+                if gap.from > self.next {
+                    return Err(self.skipped(gap.from));
+                }
+                gap.from = self.next;
+                self.next = gap.to + 1;
+                Ok(Parsed::Item(FollowItem::Gap(gap)))
+            }
+            SSE_SLOW_FOLLOWER => {
+                let cut: Option<SlowFollowerBody> = serde_json::from_str(&data).ok();
+                tracing::debug!(
+                    next = self.next,
+                    resume_from = cut.map(|c| c.resume_from),
+                    "tail cut as a slow follower; resuming"
+                );
+                Ok(Parsed::Reopen)
+            }
+            _ => Ok(Parsed::Skip),
+        }
+    }
+
+    fn skipped(&self, at: u64) -> ClientError {
+        ClientError::Protocol(format!(
+            "the tail sent offset {at} where {} was owed: offsets would be skipped; follow \
+             again from {}",
+            self.next, self.next
+        ))
+    }
+}
+
+fn retry_after(response: &reqwest::Response) -> Option<Duration> {
+    response
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<ErrorBody>(body) {
+        Ok(e) => ClientError::Api {
+            status: status.as_u16(),
+            code: e.code,
+            message: e.message,
+        },
+        Err(_) => ClientError::Protocol(format!(
+            "status {status} without an error body: {}",
+            String::from_utf8_lossy(body)
+        )),
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ClientError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ClientError::Protocol(format!(
+            "body not as documented ({e}): {}",
+            String::from_utf8_lossy(body)
+        ))
+    })
+}

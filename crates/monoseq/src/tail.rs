@@ -1,0 +1,178 @@
+//! `monoseq tail`: a console consumer of one partition. Follows the partition through
+//! `monoseq-client`'s tail (stored events, then live ones; it resumes by itself) and prints
+//! each event as one JSON line on stdout, a retired range as a `{"gap": {...}}` line. With
+//! `--consumer NAME` it starts after that consumer's stored position and stores its own with a
+//! compare-and-set as it goes.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use futures_util::StreamExt;
+use monoseq_client::{Client, FollowItem, PlogEntryBody};
+
+/// A consumer's position is stored after at most this many printed entries…
+const STORE_EVERY_ENTRIES: u64 = 1_000;
+/// …or after an entry printed this long after the last store.
+const STORE_EVERY: Duration = Duration::from_secs(1);
+
+/// `monoseq tail`'s flags.
+#[derive(Debug, Clone, Args)]
+pub struct TailArgs {
+    /// A node of the server or cluster, e.g. http://127.0.0.1:8080 (repeat for several).
+    #[arg(long, required = true)]
+    pub url: Vec<String>,
+    /// The partition to follow.
+    #[arg(long)]
+    pub partition: u32,
+    /// The first offset to print (1 is the first); with --consumer, only when that consumer
+    /// has stored no position yet [default: 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub from: Option<u64>,
+    /// A named consumer: start after its stored position in the partition, and store the last
+    /// offset printed (every second or every 1000 entries, and at the end) with a
+    /// compare-and-set, so two tails of one name cannot both advance it.
+    #[arg(long, value_name = "NAME")]
+    pub consumer: Option<String>,
+    /// Stop after printing this many entries (events and gaps).
+    #[arg(long, value_name = "N")]
+    pub max_events: Option<u64>,
+    /// A file holding a read token of the server (a write token with --consumer).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// PEM file of the CA certificate(s) to trust for an https --url [default: the system's
+    /// trusted CAs].
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+}
+
+/// A consumer's position as this tail knows it.
+struct Position {
+    name: String,
+    /// The stored offset (`None`: none stored yet): the compare-and-set's `expected`.
+    stored: Option<u64>,
+    /// The last offset printed.
+    printed: Option<u64>,
+    /// Entries printed since the last store.
+    unstored: u64,
+    stored_at: Instant,
+}
+
+impl Position {
+    /// Stores the last printed offset if it moved.
+    async fn store(&mut self, client: &Client, p: u32) -> anyhow::Result<()> {
+        let Some(offset) = self.printed.filter(|o| Some(*o) != self.stored) else {
+            return Ok(());
+        };
+        client
+            .store_consumer_position(&self.name, p, offset, self.stored)
+            .await
+            .with_context(|| {
+                format!(
+                    "storing consumer {}'s position {offset} in partition {p} (expected {:?}); \
+                     another tail of that name may be running",
+                    self.name, self.stored
+                )
+            })?;
+        self.stored = Some(offset);
+        self.unstored = 0;
+        self.stored_at = Instant::now();
+        Ok(())
+    }
+}
+
+/// Runs `monoseq tail`.
+///
+/// # Errors
+///
+/// A token file that cannot be read, a client that cannot be built, the tail's error (after
+/// its own retries), a position conflict, or stdout closed.
+pub async fn run(args: TailArgs) -> anyhow::Result<()> {
+    let mut builder = Client::builder(args.url.clone());
+    if let Some(path) = &args.token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the token file {}", path.display()))?;
+        builder = builder.token(token.trim());
+    }
+    if let Some(path) = &args.ca_cert {
+        let pem = std::fs::read(path)
+            .with_context(|| format!("reading the CA file {}", path.display()))?;
+        builder = builder.ca_pem(pem);
+    }
+    let client = builder.build()?;
+    let p = args.partition;
+    let mut position = match &args.consumer {
+        Some(name) => {
+            let stored = client
+                .consumer_position(name, p)
+                .await
+                .with_context(|| format!("reading consumer {name}'s position in partition {p}"))?;
+            Some(Position {
+                name: name.clone(),
+                stored,
+                printed: None,
+                unstored: 0,
+                stored_at: Instant::now(),
+            })
+        }
+        None => None,
+    };
+    let from = match position.as_ref().and_then(|c| c.stored) {
+        Some(stored) => stored + 1,
+        None => args.from.unwrap_or(1),
+    };
+    let printed = print(&client, p, from, args.max_events, position.as_mut()).await;
+    if let Some(position) = &mut position {
+        position.store(&client, p).await?;
+    }
+    printed
+}
+
+/// Prints the partition's entries from `from` until `max` were printed (or forever).
+async fn print(
+    client: &Client,
+    p: u32,
+    from: u64,
+    max: Option<u64>,
+    mut position: Option<&mut Position>,
+) -> anyhow::Result<()> {
+    if max == Some(0) {
+        return Ok(());
+    }
+    let tail = client.follow(p, from);
+    futures_util::pin_mut!(tail);
+    let mut count = 0u64;
+    let mut out = std::io::stdout().lock();
+    while let Some(item) = tail.next().await {
+        let item = item.with_context(|| format!("following partition {p}"))?;
+        let (entry, last) = match item {
+            FollowItem::Event(event) => {
+                let offset = event.plog_offset;
+                (PlogEntryBody::Event(event), offset)
+            }
+            FollowItem::Gap(gap) => {
+                let to = gap.to;
+                (PlogEntryBody::Gap { gap }, to)
+            }
+        };
+        serde_json::to_writer(&mut out, &entry)?;
+        out.write_all(b"\n")?;
+        out.flush()?;
+        count += 1;
+        if let Some(position) = position.as_deref_mut() {
+            position.printed = Some(last);
+            position.unstored += 1;
+            if position.unstored >= STORE_EVERY_ENTRIES
+                || position.stored_at.elapsed() >= STORE_EVERY
+            {
+                position.store(client, p).await?;
+            }
+        }
+        if max.is_some_and(|max| count >= max) {
+            break;
+        }
+    }
+    Ok(())
+}
