@@ -432,24 +432,7 @@ impl Tail {
 
     /// What one message means, checked against the next offset owed.
     fn parse(&mut self, block: &str) -> Result<Parsed, ClientError> {
-        let mut event = "message";
-        let mut id: Option<&str> = None;
-        let mut data = String::new();
-        for line in block.lines() {
-            let (field, value) = line.split_once(':').unwrap_or((line, ""));
-            let value = value.strip_prefix(' ').unwrap_or(value);
-            match field {
-                "event" => event = value,
-                "id" => id = Some(value),
-                "data" => {
-                    if !data.is_empty() {
-                        data.push('\n');
-                    }
-                    data.push_str(value);
-                }
-                _ => {}
-            }
-        }
+        let (event, id, data) = fields(block);
         let id = id
             .map(|v| {
                 v.parse::<u64>().map_err(|_| {
@@ -510,6 +493,29 @@ impl Tail {
             self.next, self.next
         ))
     }
+}
+
+/// An SSE message's `event` (default `message`), `id` and `data` (its lines joined).
+fn fields(block: &str) -> (&str, Option<&str>, String) {
+    let mut event = "message";
+    let mut id: Option<&str> = None;
+    let mut data = String::new();
+    for line in block.lines() {
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "event" => event = value,
+            "id" => id = Some(value),
+            "data" => {
+                if !data.is_empty() {
+                    data.push('\n');
+                }
+                data.push_str(value);
+            }
+            _ => {}
+        }
+    }
+    (event, id, data)
 }
 
 fn retry_after(response: &reqwest::Response) -> Option<Duration> {
