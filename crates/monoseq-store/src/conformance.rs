@@ -2,12 +2,14 @@
 //! (feature `conformance`): what `monoseq_core::conformance` needs to drive the suite —
 //! the storage, and events appended to its PLog through the event store. Every backend's
 //! tests run the suite through it. Also [`sample_event`], the typical small event the
-//! benchmarks of every backend write.
+//! benchmarks of every backend write. And the consumer positions' checks every backend passes
+//! ([`positions_compare_and_set`], [`positions_one_writer_wins`]).
 
 use monoseq_core::conformance::{EventShape, Harness};
 use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
 use monoseq_kv::KvStore;
 
+pub use crate::positions::checks::{positions_compare_and_set, positions_one_writer_wins};
 use crate::{
     AppId, CRECORD_ID_SEQUENCE, Event, EventStore, PLogSeqStorage, PartitionId, Record, RecordId,
     RecordKind, TrustLevel, WLOG_OFFSET_SEQUENCE, WLogOffset,

@@ -47,6 +47,11 @@ pub(crate) const TAG_WLOG: u8 = 0x02;
 pub(crate) const TAG_RECORD: u8 = 0x03;
 pub(crate) const TAG_NUMBERS: u8 = 0x04;
 pub(crate) const TAG_CHECKPOINT: u8 = 0x05;
+pub(crate) const TAG_POSITION: u8 = 0x06;
+
+/// Ends a consumer name in a position's clustering columns: below every byte a name may hold
+/// (printable ASCII), so one consumer's positions are contiguous and ordered by partition.
+pub(crate) const CONSUMER_NAME_END: u8 = 0x00;
 
 /// Longest partition key: the tag and three varints of at most 10 bytes.
 const PART_KEY_BYTES_MAX: usize = 1 + 3 * 10;
@@ -217,6 +222,37 @@ pub(crate) fn checkpoint_partition(app: AppId, partition: PartitionId) -> PartKe
     PartKey::fixed(TAG_CHECKPOINT, app).push_be(&partition.0.to_be_bytes())
 }
 
+/// Consumer positions: partition `06 app:varint` (every consumer of the application in one
+/// storage partition, so one range read lists them all).
+pub(crate) fn position_partition(app: AppId) -> PartKey {
+    PartKey::new(TAG_POSITION, app)
+}
+
+/// The clustering columns of `consumer`'s position on `partition`: the name's bytes, `00`,
+/// then `partition:be32`.
+pub(crate) fn position_clustering(consumer: &str, partition: PartitionId) -> Vec<u8> {
+    let mut c = position_prefix(consumer);
+    c.extend_from_slice(&partition.0.to_be_bytes());
+    c
+}
+
+/// The clustering prefix every position of `consumer` starts with: the name's bytes, `00`.
+pub(crate) fn position_prefix(consumer: &str) -> Vec<u8> {
+    let mut c = Vec::with_capacity(consumer.len() + 1 + 4);
+    c.extend_from_slice(consumer.as_bytes());
+    c.push(CONSUMER_NAME_END);
+    c
+}
+
+/// The consumer name and partition of a position's clustering columns; `None` unless they
+/// are a name, `00` and 4 bytes.
+pub(crate) fn from_position_clustering(clustering: &[u8]) -> Option<(&[u8], PartitionId)> {
+    let end = clustering.iter().position(|&b| b == CONSUMER_NAME_END)?;
+    let (name, rest) = clustering.split_at(end);
+    let partition: [u8; 4] = rest.get(1..)?.try_into().ok()?;
+    Some((name, PartitionId(u32::from_be_bytes(partition))))
+}
+
 /// Reads a big-endian `u64` value; `None` unless exactly 8 bytes.
 pub(crate) fn be64(bytes: &[u8]) -> Option<u64> {
     let arr: [u8; 8] = bytes.try_into().ok()?;
@@ -337,6 +373,26 @@ mod tests {
         let ws = WsId(140_737_488_486_400);
         let part = numbers_partition(AppId(1), ws);
         assert!(2 + part.as_bytes().len() + 4 <= 20);
+    }
+
+    #[test]
+    fn one_consumers_positions_are_contiguous_and_in_partition_order() {
+        assert_eq!(position_partition(AppId(1)).as_bytes(), &[6, 1]);
+        let a = position_clustering("a", PartitionId(7));
+        let a_last = position_clustering("a", PartitionId(u32::MAX));
+        let ab = position_clustering("ab", PartitionId(0));
+        let space = position_clustering("a ", PartitionId(0));
+        assert_eq!(a, [b'a', 0, 0, 0, 0, 7]);
+        // Every position of "a" sorts before those of any longer name starting with "a".
+        assert!(a < a_last && a_last < space && a_last < ab);
+        assert!(a.starts_with(&position_prefix("a")));
+        assert!(!ab.starts_with(&position_prefix("a")));
+        assert_eq!(
+            from_position_clustering(&a),
+            Some((&b"a"[..], PartitionId(7)))
+        );
+        assert_eq!(from_position_clustering(&a[..5]), None);
+        assert_eq!(from_position_clustering(b"abc"), None);
     }
 
     #[test]

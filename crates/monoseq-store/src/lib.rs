@@ -1,6 +1,7 @@
 //! monoseq event store: the versioned event encoding, the built-in sequences, the PLog, WLog
 //! and records tables on the key-value contract ([`EventStore`]), and the PLog-backed
-//! sequence storage the sequencer runs on ([`PLogSeqStorage`]).
+//! sequence storage the sequencer runs on ([`PLogSeqStorage`]); and the consumers' positions
+//! in the same store ([`EventStore::set_position`]).
 //!
 //! Byte layouts of values and keys are in `docs/format.md`.
 
@@ -18,6 +19,7 @@ mod identity;
 mod keys;
 mod marks;
 mod plog_page;
+mod positions;
 mod seqstore;
 mod store;
 
@@ -41,6 +43,10 @@ pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError, LossCau
 pub use keys::{AppId, KEY_LAYOUT, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
 pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError};
 pub use plog_page::{Gap, PLOG_PAGE_ITEMS_MAX, PageItem, retired_ranges};
+pub use positions::{
+    CONSUMER_NAME_BYTES_MAX, ConsumerName, ConsumerPosition, InvalidConsumerName,
+    POSITION_FORMAT_VERSION, PositionError, SetPosition,
+};
 pub use seqstore::PLogSeqStorage;
 pub use store::{
     AppendError, EventStore, InvalidTrustLevel, ReadError, TrustLevel, WLOG_READ_EVENTS_MAX,

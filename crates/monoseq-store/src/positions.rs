@@ -1,0 +1,886 @@
+//! Consumer positions: the PLog offset up to which a named consumer has processed a
+//! partition, one entry per consumer and partition in the event store's own key-value store
+//! (so every backend keeps them, and a backup holds them beside the events). A position is set
+//! by compare-and-swap on the value stored, so two writers of one position never both succeed
+//! on the same expected value, and it never moves back unless the caller forces it
+//! (invariant 17). Owns the consumer name's rules, the positions table's key and value layout
+//! (`docs/format.md`, "Consumer positions") and its errors.
+
+use std::ops::{Bound, ControlFlow};
+
+use monoseq_kv::{CasError, Key, KvError, KvStore, Order};
+
+use crate::keys::{
+    CONSUMER_NAME_END, PartitionId, from_position_clustering, position_clustering,
+    position_partition, position_prefix,
+};
+use crate::store::EventStore;
+
+/// Longest consumer name, in bytes (each a printable ASCII character).
+pub const CONSUMER_NAME_BYTES_MAX: usize = 255;
+/// The format version of a stored position this build writes and reads.
+pub const POSITION_FORMAT_VERSION: u8 = 1;
+/// Version byte and CRC-32 before a position's body.
+const POSITION_HEADER_BYTES: usize = 5;
+/// Longest stored position: the header and a 10-byte varint.
+const POSITION_BYTES_MAX: usize = POSITION_HEADER_BYTES + 10;
+
+/// A consumer's name: 1 to [`CONSUMER_NAME_BYTES_MAX`] printable ASCII characters (space to
+/// `~`), as the idempotency keys.
+///
+/// # Example
+///
+/// ```
+/// use monoseq_store::ConsumerName;
+///
+/// assert_eq!(ConsumerName::new("orders-projector")?.as_str(), "orders-projector");
+/// assert!(ConsumerName::new("").is_err());
+/// assert!(ConsumerName::new("tab\there").is_err());
+/// # Ok::<(), monoseq_store::InvalidConsumerName>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConsumerName(String);
+
+/// A consumer name that is empty, too long or not printable ASCII.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the consumer name {shown} is not valid ({why}): a consumer name is 1 to \
+     {CONSUMER_NAME_BYTES_MAX} printable ASCII characters"
+)]
+pub struct InvalidConsumerName {
+    /// The name as given, quoted and cut to a readable length.
+    shown: String,
+    /// What is wrong with it.
+    why: &'static str,
+}
+
+impl ConsumerName {
+    /// Checks `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidConsumerName`] for an empty name, one over [`CONSUMER_NAME_BYTES_MAX`] bytes, or
+    /// one holding anything but printable ASCII.
+    pub fn new(name: &str) -> Result<ConsumerName, InvalidConsumerName> {
+        let why = if name.is_empty() {
+            Some("it is empty")
+        } else if name.len() > CONSUMER_NAME_BYTES_MAX {
+            Some("it is too long")
+        } else if !name.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+            Some("it holds a character that is not printable ASCII")
+        } else {
+            None
+        };
+        match why {
+            None => Ok(ConsumerName(name.to_owned())),
+            Some(why) => Err(InvalidConsumerName {
+                shown: format!("{:?}", name.chars().take(64).collect::<String>()),
+                why,
+            }),
+        }
+    }
+
+    /// The name.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ConsumerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What [`EventStore::set_position`] writes, and on which condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetPosition {
+    /// The new position: the PLog offset up to which the consumer has processed the partition
+    /// (0: nothing yet).
+    pub offset: u64,
+    /// The position the caller read before (`None`: the consumer has no position on the
+    /// partition yet). The write happens only if this is what is stored.
+    pub expected: Option<u64>,
+    /// Allows `offset` below `expected` (a consumer rewinding to read again).
+    pub force: bool,
+}
+
+/// One stored position, as [`EventStore::all_positions`] lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerPosition {
+    /// The consumer.
+    pub consumer: ConsumerName,
+    /// The partition.
+    pub partition: PartitionId,
+    /// The PLog offset processed.
+    pub offset: u64,
+}
+
+/// Why a position was not read or set. Whatever the variant, nothing was written (except
+/// after [`KvError::OutcomeUnknown`] inside [`PositionError::Storage`]: then the write may
+/// have happened; read the position to tell).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PositionError {
+    /// The stored position is not the one the caller expected.
+    #[error(
+        "the position of consumer {consumer} on partition {partition} is {}, not {} as \
+         expected; nothing was written: read it and decide again",
+        show(*current),
+        show(*expected)
+    )]
+    Conflict {
+        /// The consumer.
+        consumer: ConsumerName,
+        /// The partition.
+        partition: PartitionId,
+        /// What is stored (`None`: no position).
+        current: Option<u64>,
+        /// What the caller expected.
+        expected: Option<u64>,
+    },
+    /// The new position is below the stored one and the caller did not force it.
+    #[error(
+        "the position of consumer {consumer} on partition {partition} would move back from \
+         {current} to {offset}; nothing was written: positions only move forward unless the \
+         request says \"force\": true"
+    )]
+    Backwards {
+        /// The consumer.
+        consumer: ConsumerName,
+        /// The partition.
+        partition: PartitionId,
+        /// What is stored.
+        current: u64,
+        /// The refused new position.
+        offset: u64,
+    },
+    /// A stored position does not decode.
+    #[error(
+        "the stored position of consumer {consumer} on partition {partition} is damaged \
+         ({reason}); set it again with \"force\": true, or restore the store from a backup"
+    )]
+    Corrupt {
+        /// The consumer (as far as its key says).
+        consumer: String,
+        /// The partition.
+        partition: PartitionId,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A storage fault; retry.
+    #[error("the positions' storage failed")]
+    Storage(#[from] KvError),
+}
+
+/// An offset for a message: the number, or "none".
+fn show(offset: Option<u64>) -> String {
+    offset.map_or_else(|| "none".to_owned(), |o| o.to_string())
+}
+
+/// The stored bytes of position `offset`: version, CRC-32 (little-endian) of the body, then
+/// the body, `offset` as a varint.
+fn encode_position(offset: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(POSITION_BYTES_MAX);
+    out.push(POSITION_FORMAT_VERSION);
+    out.extend_from_slice(&[0; 4]);
+    let mut v = offset;
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+    let crc = crc32fast::hash(&out[POSITION_HEADER_BYTES..]);
+    out[1..POSITION_HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// The offset of stored position bytes, or what is wrong with them.
+fn decode_position(bytes: &[u8]) -> Result<u64, String> {
+    let (&version, rest) = bytes.split_first().ok_or("no bytes")?;
+    if version != POSITION_FORMAT_VERSION {
+        return Err(format!(
+            "format version {version}; this build reads version {POSITION_FORMAT_VERSION}: \
+             upgrade monoseq"
+        ));
+    }
+    let (crc, body) = rest
+        .split_first_chunk::<4>()
+        .ok_or("truncated before the checksum ends")?;
+    let (stored, computed) = (u32::from_le_bytes(*crc), crc32fast::hash(body));
+    if stored != computed {
+        return Err(format!(
+            "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+        ));
+    }
+    let mut v = 0u64;
+    for (i, &b) in body.iter().enumerate() {
+        if i == 9 && b > 1 {
+            return Err("the offset is over 64 bits".into());
+        }
+        v |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return match body.len() - i - 1 {
+                0 => Ok(v),
+                extra => Err(format!("{extra} bytes after the offset")),
+            };
+        }
+    }
+    Err("truncated inside the offset".into())
+}
+
+impl<S: KvStore> EventStore<S> {
+    /// The position of `consumer` on `partition`: the PLog offset it has processed, `None`
+    /// when it never set one.
+    ///
+    /// # Errors
+    ///
+    /// [`PositionError::Corrupt`] when the stored bytes are damaged,
+    /// [`PositionError::Storage`] on a storage fault.
+    pub fn position(
+        &self,
+        consumer: &ConsumerName,
+        partition: PartitionId,
+    ) -> Result<Option<u64>, PositionError> {
+        let part = position_partition(self.app());
+        let clustering = position_clustering(consumer.as_str(), partition);
+        let stored = self.kv().get(Key::new(part.as_bytes(), &clustering))?;
+        stored
+            .map(|bytes| decode_position(&bytes).map_err(|r| corrupt(consumer, partition, r)))
+            .transpose()
+    }
+
+    /// Sets the position of `consumer` on `partition` to `set.offset` if the stored position
+    /// is `set.expected` (`None`: none is stored), by compare-and-swap: of several writers
+    /// expecting the same position, exactly one succeeds. Without `set.force` a position never
+    /// moves back: an `offset` below `expected` is refused before anything is written.
+    /// The write is durable as the store's writes are (see [`EventStore::sync`]).
+    ///
+    /// # Errors
+    ///
+    /// - [`PositionError::Conflict`] with the stored position when it is not `set.expected`.
+    /// - [`PositionError::Backwards`] when `set.offset` is below the stored position and
+    ///   `set.force` is false.
+    /// - [`PositionError::Corrupt`] when the stored position does not decode and `set.force`
+    ///   is false (a forced write replaces damaged bytes, whatever it expected).
+    /// - [`PositionError::Storage`] on a storage fault; after
+    ///   [`KvError::OutcomeUnknown`] the position may have been set.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use monoseq_kv::MemoryStore;
+    /// use monoseq_store::{AppId, ConsumerName, EventStore, PartitionId, PositionError,
+    ///     SetPosition, TrustLevel};
+    ///
+    /// let store = EventStore::new(MemoryStore::new(), AppId(1), TrustLevel::Level0);
+    /// let name = ConsumerName::new("projector")?;
+    /// let p = PartitionId(0);
+    /// store.set_position(&name, p, SetPosition { offset: 10, expected: None, force: false })?;
+    /// store.set_position(&name, p, SetPosition { offset: 25, expected: Some(10), force: false })?;
+    /// // A second writer that also read 10 loses, and learns what is stored.
+    /// let lost = store.set_position(&name, p, SetPosition { offset: 30, expected: Some(10), force: false });
+    /// assert!(matches!(lost, Err(PositionError::Conflict { current: Some(25), .. })));
+    /// assert_eq!(store.position(&name, p)?, Some(25));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_position(
+        &self,
+        consumer: &ConsumerName,
+        partition: PartitionId,
+        set: SetPosition,
+    ) -> Result<(), PositionError> {
+        if let Some(expected) = set.expected
+            && set.offset < expected
+            && !set.force
+        {
+            // Refused whatever is stored; the answer says which refusal applies.
+            let current = self.position(consumer, partition)?;
+            return Err(match current {
+                Some(current) if current == expected => PositionError::Backwards {
+                    consumer: consumer.clone(),
+                    partition,
+                    current,
+                    offset: set.offset,
+                },
+                current => PositionError::Conflict {
+                    consumer: consumer.clone(),
+                    partition,
+                    current,
+                    expected: set.expected,
+                },
+            });
+        }
+        let part = position_partition(self.app());
+        let clustering = position_clustering(consumer.as_str(), partition);
+        let key = Key::new(part.as_bytes(), &clustering);
+        let new = encode_position(set.offset);
+        let conflict = |current| PositionError::Conflict {
+            consumer: consumer.clone(),
+            partition,
+            current,
+            expected: set.expected,
+        };
+        let mut expected_bytes = set.expected.map(encode_position);
+        // A second attempt only when the expected position is stored in other bytes (an
+        // encoding this build does not write, such as a longer varint: the condition is on
+        // the offset, not on its bytes), or when a forced write meets damaged bytes, which
+        // it replaces (still by compare-and-swap, on exactly those bytes).
+        for _ in 0..2 {
+            let current =
+                match self
+                    .kv()
+                    .compare_and_swap(key, expected_bytes.as_deref(), Some(&new))
+                {
+                    Ok(()) => return Ok(()),
+                    Err(CasError::Mismatch { current }) => current,
+                    Err(CasError::Storage(e)) => return Err(PositionError::Storage(e)),
+                    Err(other) => {
+                        // Over a size limit: a name is at most 255 bytes, so the key is far below
+                        // every limit, and the value is at most 15 bytes.
+                        return Err(PositionError::Storage(KvError::Backend {
+                            message: format!("a position cannot be written: {other}"),
+                            source: None,
+                        }));
+                    }
+                };
+            let Some(bytes) = current else {
+                return Err(conflict(None));
+            };
+            match decode_position(&bytes) {
+                Ok(stored) if Some(stored) == set.expected => {}
+                Ok(stored) => return Err(conflict(Some(stored))),
+                Err(_) if set.force => {}
+                Err(reason) => return Err(corrupt(consumer, partition, reason)),
+            }
+            expected_bytes = Some(bytes);
+        }
+        // Other bytes than expected twice in a row: another writer keeps rewriting them.
+        Err(conflict(set.expected))
+    }
+
+    /// Every position of `consumer`, in partition order (empty when it has none).
+    ///
+    /// # Errors
+    ///
+    /// As [`EventStore::position`].
+    pub fn positions(
+        &self,
+        consumer: &ConsumerName,
+    ) -> Result<Vec<(PartitionId, u64)>, PositionError> {
+        let part = position_partition(self.app());
+        let from = position_prefix(consumer.as_str());
+        let mut to = from.clone();
+        if let Some(end) = to.last_mut() {
+            // The prefix ends with the name's end marker; one above it bounds the consumer.
+            *end = CONSUMER_NAME_END + 1;
+        }
+        let mut out = Vec::new();
+        let mut failed = None;
+        self.kv().scan(
+            part.as_bytes(),
+            Bound::Included(&from),
+            Bound::Excluded(&to),
+            Order::Ascending,
+            &mut |clustering, value| match parse_entry(clustering, value) {
+                Ok(position) => {
+                    out.push((position.partition, position.offset));
+                    ControlFlow::Continue(())
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    ControlFlow::Break(())
+                }
+            },
+        )?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// The first `max` positions of every consumer, in name then partition order, and whether
+    /// more are stored. One range read; at most `max + 1` entries are visited.
+    ///
+    /// # Errors
+    ///
+    /// As [`EventStore::position`].
+    pub fn all_positions(
+        &self,
+        max: usize,
+    ) -> Result<(Vec<ConsumerPosition>, bool), PositionError> {
+        let part = position_partition(self.app());
+        let mut out = Vec::new();
+        let mut more = false;
+        let mut failed = None;
+        self.kv().scan(
+            part.as_bytes(),
+            Bound::Unbounded,
+            Bound::Unbounded,
+            Order::Ascending,
+            &mut |clustering, value| {
+                if out.len() == max {
+                    more = true;
+                    return ControlFlow::Break(());
+                }
+                match parse_entry(clustering, value) {
+                    Ok(position) => {
+                        out.push(position);
+                        ControlFlow::Continue(())
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        ControlFlow::Break(())
+                    }
+                }
+            },
+        )?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok((out, more)),
+        }
+    }
+}
+
+/// A stored entry of the positions table, or why it is damaged.
+fn parse_entry(clustering: &[u8], value: &[u8]) -> Result<ConsumerPosition, PositionError> {
+    let shown = String::from_utf8_lossy(clustering).into_owned();
+    let Some((name, partition)) = from_position_clustering(clustering) else {
+        return Err(PositionError::Corrupt {
+            consumer: shown,
+            partition: PartitionId(0),
+            reason: "its key is not a consumer name and a partition".into(),
+        });
+    };
+    let name = std::str::from_utf8(name)
+        .ok()
+        .and_then(|n| ConsumerName::new(n).ok());
+    let Some(consumer) = name else {
+        return Err(PositionError::Corrupt {
+            consumer: shown,
+            partition,
+            reason: "its key holds no valid consumer name".into(),
+        });
+    };
+    let offset = decode_position(value).map_err(|r| corrupt(&consumer, partition, r))?;
+    Ok(ConsumerPosition {
+        consumer,
+        partition,
+        offset,
+    })
+}
+
+fn corrupt(consumer: &ConsumerName, partition: PartitionId, reason: String) -> PositionError {
+    PositionError::Corrupt {
+        consumer: consumer.to_string(),
+        partition,
+        reason,
+    }
+}
+
+/// Checks of the positions table that every backend passes (feature `conformance`; re-exported
+/// by [`crate::conformance`]).
+#[cfg(feature = "conformance")]
+pub(crate) mod checks {
+    use std::sync::Barrier;
+
+    use monoseq_kv::KvStore;
+
+    use super::{ConsumerName, PositionError, SetPosition};
+    use crate::keys::PartitionId;
+    use crate::store::EventStore;
+
+    fn name(n: &str) -> ConsumerName {
+        ConsumerName::new(n).expect("a valid name")
+    }
+
+    /// The compare-and-set rules on `store` (a fresh one): a position is created only when none
+    /// is stored, moves only from the value expected, never back unless forced, and a refusal
+    /// names the stored value and writes nothing.
+    ///
+    /// # Panics
+    ///
+    /// When the store breaks a rule.
+    pub fn positions_compare_and_set<K: KvStore>(store: &EventStore<K>) {
+        let (c, p) = (name("conformance"), PartitionId(1));
+        let set = |offset, expected, force| SetPosition {
+            offset,
+            expected,
+            force,
+        };
+        assert_eq!(store.position(&c, p).expect("read"), None);
+        store
+            .set_position(&c, p, set(0, None, false))
+            .expect("create at 0");
+        assert!(matches!(
+            store.set_position(&c, p, set(3, None, false)),
+            Err(PositionError::Conflict {
+                current: Some(0),
+                expected: None,
+                ..
+            })
+        ));
+        store
+            .set_position(&c, p, set(40, Some(0), false))
+            .expect("forward");
+        assert!(matches!(
+            store.set_position(&c, p, set(50, Some(39), false)),
+            Err(PositionError::Conflict {
+                current: Some(40),
+                ..
+            })
+        ));
+        assert!(matches!(
+            store.set_position(&c, p, set(39, Some(40), false)),
+            Err(PositionError::Backwards {
+                current: 40,
+                offset: 39,
+                ..
+            })
+        ));
+        assert_eq!(store.position(&c, p).expect("read"), Some(40));
+        store
+            .set_position(&c, p, set(7, Some(40), true))
+            .expect("forced back");
+        store
+            .set_position(&c, p, set(u64::MAX, Some(7), false))
+            .expect("to the top");
+        assert_eq!(store.position(&c, p).expect("read"), Some(u64::MAX));
+        assert!(matches!(
+            store.set_position(&c, PartitionId(2), set(1, Some(0), false)),
+            Err(PositionError::Conflict { current: None, .. })
+        ));
+        assert_eq!(store.positions(&c).expect("list"), vec![(p, u64::MAX)]);
+    }
+
+    /// `writers` threads, `rounds` times, each set the same position from the same expected
+    /// value to an offset of their own, all released at once: in every round exactly one
+    /// succeeds, and every other is refused naming the winner's offset (invariant 17).
+    /// Answers how many rounds ran.
+    ///
+    /// # Panics
+    ///
+    /// When a round has no winner or more than one, or a loser names another value.
+    pub fn positions_one_writer_wins<K: KvStore>(
+        store: &EventStore<K>,
+        writers: u64,
+        rounds: u64,
+    ) -> u64 {
+        let (c, p) = (name("race"), PartitionId(0));
+        store
+            .set_position(
+                &c,
+                p,
+                SetPosition {
+                    offset: 0,
+                    expected: None,
+                    force: false,
+                },
+            )
+            .expect("the first position");
+        let barrier = Barrier::new(usize::try_from(writers).expect("a thread count"));
+        let outcomes = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..writers)
+                .map(|w| {
+                    let (barrier, c) = (&barrier, &c);
+                    scope.spawn(move || {
+                        let mut mine = Vec::new();
+                        for round in 0..rounds {
+                            let expected = round * writers;
+                            barrier.wait();
+                            let offset = expected + writers + w;
+                            let set = SetPosition {
+                                offset,
+                                expected: Some(expected),
+                                force: false,
+                            };
+                            mine.push(match store.set_position(c, p, set) {
+                                Ok(()) => Ok(offset),
+                                Err(PositionError::Conflict { current, .. }) => Err(current),
+                                Err(e) => panic!("round {round}, writer {w}: {e}"),
+                            });
+                            // Every writer has tried before the round's winner is moved to the
+                            // next round's expected value.
+                            barrier.wait();
+                            if w == 0 {
+                                let now = store.position(c, p).expect("read");
+                                let winner = now.expect("a position");
+                                store
+                                    .set_position(
+                                        c,
+                                        p,
+                                        SetPosition {
+                                            offset: (round + 1) * writers,
+                                            expected: Some(winner),
+                                            force: true,
+                                        },
+                                    )
+                                    .expect("the next round's start");
+                            }
+                            barrier.wait();
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().expect("a writer"))
+                .collect::<Vec<_>>()
+        });
+        for round in 0..usize::try_from(rounds).expect("a round count") {
+            let answers: Vec<&Result<u64, Option<u64>>> =
+                outcomes.iter().map(|mine| &mine[round]).collect();
+            let winners: Vec<u64> = answers
+                .iter()
+                .filter_map(|a| a.as_ref().ok().copied())
+                .collect();
+            assert_eq!(
+                winners.len(),
+                1,
+                "round {round}: {} writers succeeded on the same expected position: {answers:?}",
+                winners.len()
+            );
+            for a in &answers {
+                if let Err(current) = a {
+                    assert_eq!(*current, Some(winners[0]), "round {round}: {answers:?}");
+                }
+            }
+        }
+        rounds
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use monoseq_kv::MemoryStore;
+
+    use super::*;
+    use crate::keys::AppId;
+    use crate::store::TrustLevel;
+
+    fn store() -> EventStore<MemoryStore> {
+        EventStore::new(MemoryStore::new(), AppId(1), TrustLevel::Level0)
+    }
+
+    fn name(n: &str) -> ConsumerName {
+        ConsumerName::new(n).unwrap()
+    }
+
+    fn set(offset: u64, expected: Option<u64>) -> SetPosition {
+        SetPosition {
+            offset,
+            expected,
+            force: false,
+        }
+    }
+
+    #[test]
+    fn a_position_round_trips_through_its_stored_bytes() {
+        for offset in [0, 1, 127, 128, 300, u64::from(u32::MAX), u64::MAX] {
+            let bytes = encode_position(offset);
+            assert!(bytes.len() <= POSITION_BYTES_MAX);
+            assert_eq!(decode_position(&bytes), Ok(offset));
+        }
+        // CRC-32 of [0] is 0xd202ef8d, stored little-endian.
+        assert_eq!(encode_position(0), [1, 0x8d, 0xef, 0x02, 0xd2, 0]);
+    }
+
+    #[test]
+    fn damaged_position_bytes_are_refused_naming_what_is_wrong() {
+        let mut flipped = encode_position(300);
+        flipped[5] ^= 1;
+        assert!(decode_position(&flipped).unwrap_err().contains("checksum"));
+        let mut newer = encode_position(300);
+        newer[0] = 2;
+        assert!(decode_position(&newer).unwrap_err().contains("version 2"));
+        assert!(decode_position(&[]).is_err());
+        assert!(decode_position(&[1, 0, 0]).is_err());
+        let mut long = encode_position(1);
+        long.push(0);
+        let crc = crc32fast::hash(&long[5..]);
+        long[1..5].copy_from_slice(&crc.to_le_bytes());
+        assert!(
+            decode_position(&long)
+                .unwrap_err()
+                .contains("after the offset")
+        );
+    }
+
+    #[test]
+    fn consumer_names_are_one_to_255_printable_ascii_characters() {
+        assert!(ConsumerName::new(&"x".repeat(255)).is_ok());
+        assert!(ConsumerName::new(" ~").is_ok());
+        for bad in [
+            String::new(),
+            "x".repeat(256),
+            "é".into(),
+            "a\u{0}b".into(),
+            "\n".into(),
+        ] {
+            let e = ConsumerName::new(&bad).unwrap_err().to_string();
+            assert!(e.contains("1 to 255 printable ASCII"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_position_is_created_only_when_none_is_stored_and_then_moves_by_compare_and_set() {
+        let s = store();
+        let (c, p) = (name("c"), PartitionId(2));
+        assert_eq!(s.position(&c, p).unwrap(), None);
+        s.set_position(&c, p, set(0, None)).unwrap();
+        assert_eq!(s.position(&c, p).unwrap(), Some(0));
+        let again = s.set_position(&c, p, set(5, None)).unwrap_err();
+        assert!(
+            matches!(
+                again,
+                PositionError::Conflict {
+                    current: Some(0),
+                    expected: None,
+                    ..
+                }
+            ),
+            "{again}"
+        );
+        let wrong = s.set_position(&c, p, set(5, Some(3))).unwrap_err();
+        assert!(matches!(
+            wrong,
+            PositionError::Conflict {
+                current: Some(0),
+                ..
+            }
+        ));
+        s.set_position(&c, p, set(5, Some(0))).unwrap();
+        s.set_position(&c, p, set(5, Some(5))).unwrap();
+        assert_eq!(s.position(&c, p).unwrap(), Some(5));
+        let none = s
+            .set_position(&c, PartitionId(3), set(1, Some(1)))
+            .unwrap_err();
+        assert!(matches!(
+            none,
+            PositionError::Conflict { current: None, .. }
+        ));
+    }
+
+    #[test]
+    fn a_position_moves_back_only_when_forced() {
+        let s = store();
+        let (c, p) = (name("c"), PartitionId(0));
+        s.set_position(&c, p, set(10, None)).unwrap();
+        let back = s.set_position(&c, p, set(9, Some(10))).unwrap_err();
+        assert!(
+            matches!(
+                back,
+                PositionError::Backwards {
+                    current: 10,
+                    offset: 9,
+                    ..
+                }
+            ),
+            "{back}"
+        );
+        assert!(back.to_string().contains("\"force\": true"), "{back}");
+        // Backwards and unexpected: the conflict is what the caller must learn first.
+        let stale = s.set_position(&c, p, set(3, Some(7))).unwrap_err();
+        assert!(matches!(
+            stale,
+            PositionError::Conflict {
+                current: Some(10),
+                ..
+            }
+        ));
+        assert_eq!(s.position(&c, p).unwrap(), Some(10));
+        s.set_position(
+            &c,
+            p,
+            SetPosition {
+                offset: 2,
+                expected: Some(10),
+                force: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(s.position(&c, p).unwrap(), Some(2));
+    }
+
+    #[test]
+    fn the_condition_is_on_the_offset_not_on_its_bytes() {
+        let s = store();
+        let (c, p) = (name("c"), PartitionId(0));
+        // Offset 5 as a two-byte varint, as no build writes it but every build reads it.
+        let mut other = vec![1, 0, 0, 0, 0, 0x85, 0x00];
+        let crc = crc32fast::hash(&other[5..]);
+        other[1..5].copy_from_slice(&crc.to_le_bytes());
+        let part = position_partition(AppId(1));
+        let clustering = position_clustering("c", p);
+        s.kv()
+            .put(Key::new(part.as_bytes(), &clustering), &other)
+            .unwrap();
+        assert_eq!(s.position(&c, p).unwrap(), Some(5));
+        s.set_position(&c, p, set(6, Some(5))).unwrap();
+        assert_eq!(s.position(&c, p).unwrap(), Some(6));
+    }
+
+    #[test]
+    fn listings_give_one_consumers_positions_and_everyones_up_to_a_bound() {
+        let s = store();
+        for (n, p, o) in [
+            ("a", 1, 10),
+            ("a", 0, 4),
+            ("ab", 0, 7),
+            ("a ", 3, 1),
+            ("b", 2, 9),
+        ] {
+            s.set_position(&name(n), PartitionId(p), set(o, None))
+                .unwrap();
+        }
+        assert_eq!(
+            s.positions(&name("a")).unwrap(),
+            vec![(PartitionId(0), 4), (PartitionId(1), 10)]
+        );
+        assert_eq!(s.positions(&name("c")).unwrap(), vec![]);
+        let (all, more) = s.all_positions(10).unwrap();
+        let listed: Vec<_> = all
+            .iter()
+            .map(|p| (p.consumer.as_str(), p.partition.0, p.offset))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                ("a", 0, 4),
+                ("a", 1, 10),
+                ("a ", 3, 1),
+                ("ab", 0, 7),
+                ("b", 2, 9)
+            ]
+        );
+        assert!(!more);
+        let (first, more) = s.all_positions(2).unwrap();
+        assert_eq!(first.len(), 2);
+        assert!(more);
+    }
+
+    #[test]
+    fn a_damaged_position_is_named_not_read_as_a_number() {
+        let s = store();
+        let (c, p) = (name("c"), PartitionId(4));
+        let part = position_partition(AppId(1));
+        let clustering = position_clustering("c", p);
+        s.kv()
+            .put(Key::new(part.as_bytes(), &clustering), &[1, 2, 3])
+            .unwrap();
+        let e = s.position(&c, p).unwrap_err().to_string();
+        assert!(e.contains("consumer c on partition 4 is damaged"), "{e}");
+        assert!(s.positions(&c).is_err());
+        assert!(s.set_position(&c, p, set(1, Some(0))).is_err());
+        // A forced write replaces the damaged bytes.
+        let forced = SetPosition {
+            offset: 1,
+            expected: Some(0),
+            force: true,
+        };
+        s.set_position(&c, p, forced).unwrap();
+        assert_eq!(s.position(&c, p).unwrap(), Some(1));
+    }
+}
