@@ -68,16 +68,16 @@ pub struct Submitted {
 }
 
 /// One attempt's answer, what the decisions need of it.
-struct Answer {
-    status: StatusCode,
-    retry_after: Option<Duration>,
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) retry_after: Option<Duration>,
     location: Option<String>,
     replayed: bool,
-    body: bytes::Bytes,
+    pub(crate) body: bytes::Bytes,
 }
 
 impl Answer {
-    fn error(&self) -> ClientError {
+    pub(crate) fn error(&self) -> ClientError {
         match serde_json::from_slice::<ErrorBody>(&self.body) {
             Ok(e) => ClientError::Api {
                 status: self.status.as_u16(),
@@ -92,7 +92,7 @@ impl Answer {
         }
     }
 
-    fn decode<T: DeserializeOwned>(&self) -> Result<T, ClientError> {
+    pub(crate) fn decode<T: DeserializeOwned>(&self) -> Result<T, ClientError> {
         serde_json::from_slice(&self.body).map_err(|e| {
             ClientError::Protocol(format!(
                 "status {}, body not as documented ({e}): {}",
@@ -505,7 +505,10 @@ impl Client {
 
     /// A GET that any node answers, retried like a command; 404 `not_found` and
     /// `unknown_record` are `None`.
-    async fn read<T: DeserializeOwned>(&self, path: &str) -> Result<Option<T>, ClientError> {
+    pub(crate) async fn read<T: DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<Option<T>, ClientError> {
         let started = Instant::now();
         let mut failures = 0u32;
         loop {
@@ -554,7 +557,7 @@ impl Client {
 
     /// Sleeps before the next attempt — at least `floor` (the server's `Retry-After`), plus a
     /// jittered backoff delay — or answers `error` when that would pass `retry_timeout`.
-    async fn wait_or_fail(
+    pub(crate) async fn wait_or_fail(
         &self,
         started: Instant,
         floor: Duration,
@@ -573,7 +576,7 @@ impl Client {
 
     /// One attempt: the answer whole, or the transport's error. Logged at debug level with
     /// its time, so a slow or failing call shows where its time went.
-    async fn send(
+    pub(crate) async fn send(
         &self,
         method: Method,
         url: &str,

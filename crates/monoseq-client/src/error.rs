@@ -32,6 +32,18 @@ pub enum ClientError {
         /// Why there was no answer.
         reason: String,
     },
+    /// A position's compare-and-set was refused (HTTP 409): `position_conflict` when the stored
+    /// position is not the one expected, `position_backwards` when the new one is below it
+    /// and not forced. Read the position (`current` is what was stored) and decide again.
+    #[error("{message} ({code}, HTTP 409)")]
+    PositionConflict {
+        /// `position_conflict` or `position_backwards`.
+        code: String,
+        /// The server's message.
+        message: String,
+        /// The stored position (`None`: the consumer has none on the partition).
+        current: Option<u64>,
+    },
     /// The answer is not what the API documents.
     #[error("unexpected answer from the server: {0}")]
     Protocol(String),
@@ -45,7 +57,7 @@ impl ClientError {
     #[must_use]
     pub fn code(&self) -> &str {
         match self {
-            ClientError::Api { code, .. } => code,
+            ClientError::Api { code, .. } | ClientError::PositionConflict { code, .. } => code,
             ClientError::Transport(_) | ClientError::Unanswered { .. } => "transport",
             ClientError::Protocol(_) => "protocol",
             ClientError::Config(_) => "config",
@@ -57,6 +69,7 @@ impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Api { status, .. } => Some(*status),
+            ClientError::PositionConflict { .. } => Some(409),
             _ => None,
         }
     }

@@ -4,7 +4,8 @@
 //! on every retry; `Retry-After` honoured, with jittered backoff), and, given several nodes,
 //! sending each command to its partition's owner (learned from `/v1/cluster` and from 307
 //! redirects, refreshed on `not_owner`, a redirect or a refused connection). Reads: events,
-//! WLog pages as a stream, records; named sequences through `monoseq-named-http`. Each attempt
+//! WLog pages as a stream, records; consumer positions, set by compare-and-set; named
+//! sequences through `monoseq-named-http`. Each attempt
 //! (status or error, and its time) and each wait before a retry is logged at debug level
 //! through `tracing`.
 //!
@@ -32,6 +33,7 @@ mod client;
 mod error;
 mod follow;
 mod key;
+mod positions;
 mod routing;
 
 pub use builder::{
@@ -49,3 +51,4 @@ pub use monoseq_wire::{
     NewRecordBody, OutcomeBody, PlogEntryBody, PlogPageBody, RecordBody, RecordUpdateBody,
     StoredKindBody,
 };
+pub use monoseq_wire::{PartitionPositionBody, PositionBody, PositionsBody, PutPositionBody};

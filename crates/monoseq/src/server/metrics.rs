@@ -33,6 +33,10 @@ pub(super) struct Metrics {
     pub(super) forwarded: Counter,
     /// Corrupt places already logged, so each is logged once (bounded).
     pub(super) corrupted_logged: Mutex<HashSet<String>>,
+    /// Events each consumer has not processed, per partition (set when `/metrics` is read).
+    pub(super) consumer_lag: Family<Vec<(String, String)>, Gauge>,
+    /// 1 when more positions are stored than `consumer_lag` reports.
+    pub(super) consumer_lag_truncated: Gauge,
 }
 
 /// The gauges set from the command processor's statistics when `/metrics` is read.
@@ -72,6 +76,21 @@ impl Metrics {
             "forwarded_commands",
             "Commands forwarded to (or redirected to) the node owning their partition",
         );
+        let consumer_lag = Family::<Vec<(String, String)>, Gauge>::default();
+        registry.register(
+            "consumer_lag_events",
+            format!(
+                "Events of a partition's PLog a consumer has not processed (end - 1 - position), \
+                 per consumer and partition served by this node; at most {} series",
+                super::positions::CONSUMER_LAG_SERIES_MAX
+            ),
+            consumer_lag.clone(),
+        );
+        let consumer_lag_truncated = gauge(
+            &mut registry,
+            "consumer_lag_truncated",
+            "1 when more consumer positions are stored than consumer_lag_events reports",
+        );
         crate::edge::metrics().register(&mut registry);
         let commands_ok = commands
             .get_or_create(&vec![("code".into(), "ok".into())])
@@ -84,6 +103,8 @@ impl Metrics {
             corrupted,
             forwarded,
             corrupted_logged: Mutex::default(),
+            consumer_lag,
+            consumer_lag_truncated,
         }
     }
 

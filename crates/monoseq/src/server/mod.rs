@@ -3,7 +3,7 @@
 //! graceful, bounded shutdown. Errors are JSON `{"code", "message"}` with stable codes.
 //!
 //! `routes.rs` holds the router and its handlers, `batch.rs` the batch endpoint's, `answers.rs` the error answers they share,
-//! `metrics.rs` the Prometheus registry, and `startup.rs` `serve`: the listener, opening the
+//! `positions.rs` the consumer positions', `metrics.rs` the Prometheus registry, and `startup.rs` `serve`: the listener, opening the
 //! storage, joining a cluster and the shutdown.
 
 use std::sync::Arc;
@@ -18,6 +18,7 @@ mod answers;
 mod batch;
 mod consume;
 mod metrics;
+mod positions;
 mod routes;
 mod startup;
 

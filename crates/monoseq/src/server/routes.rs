@@ -111,6 +111,11 @@ fn api_routes() -> Router<Arc<AppState>> {
         .route("/v1/workspaces/{ws}/wlog", get(read_wlog))
         .route("/v1/workspaces/{ws}/wlog/stream", get(consume::stream_wlog))
         .route("/v1/workspaces/{ws}/records/{id}", get(read_record))
+        .route("/v1/consumers/{name}", get(super::positions::get_positions))
+        .route(
+            "/v1/consumers/{name}/partitions/{partition}",
+            get(super::positions::get_position).put(super::positions::put_position),
+        )
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -481,6 +486,7 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
 
 /// `GET /metrics`: the OpenMetrics text of every series.
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    super::positions::refresh_consumer_lag(&st).await;
     match st.metrics.render(&st.cp) {
         Ok(text) => (
             [(

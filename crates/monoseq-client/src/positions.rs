@@ -1,0 +1,211 @@
+//! Consumer positions through the client: read one ([`Client::position`]) or all of a
+//! consumer's ([`Client::positions`]), and set one by compare-and-set
+//! ([`Client::set_position`], [`Client::force_position`] to move it back). Any node answers;
+//! a `PUT` that got no answer, or a 503, is sent again, and a retry refused because the stored
+//! position already is the one it sets counts as done (the earlier attempt was applied).
+
+use std::time::{Duration, Instant};
+
+use monoseq_wire::{
+    POSITION_BACKWARDS, POSITION_CONFLICT, PartitionPositionBody, PositionBody,
+    PositionConflictBody, PositionsBody, PutPositionBody, UNKNOWN_CONSUMER,
+};
+use reqwest::{Method, StatusCode};
+
+use crate::client::Client;
+use crate::error::ClientError;
+
+impl Client {
+    /// The position of `consumer` on `partition`: the PLog offset it has processed; `None`
+    /// when it has set none there.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Api`]: `bad_request` for a name that is not 1 to 255 printable ASCII
+    /// characters, `no_such_partition`, `corrupted`, a 503 past the retries;
+    /// [`ClientError::Transport`].
+    pub async fn position(
+        &self,
+        consumer: &str,
+        partition: u32,
+    ) -> Result<Option<u64>, ClientError> {
+        let path = format!(
+            "/v1/consumers/{}/partitions/{partition}",
+            path_segment(consumer)
+        );
+        match self.read::<PositionBody>(&path).await {
+            Ok(p) => Ok(p.map(|p| p.offset)),
+            Err(e) if e.code() == UNKNOWN_CONSUMER => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every position of `consumer`, in partition order; empty when it has none.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::position`].
+    pub async fn positions(
+        &self,
+        consumer: &str,
+    ) -> Result<Vec<PartitionPositionBody>, ClientError> {
+        let path = format!("/v1/consumers/{}", path_segment(consumer));
+        match self.read::<PositionsBody>(&path).await {
+            Ok(p) => Ok(p.map(|p| p.partitions).unwrap_or_default()),
+            Err(e) if e.code() == UNKNOWN_CONSUMER => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets the position of `consumer` on `partition` to `offset` if it is `expected` (what
+    /// the caller read; `None`: it has none yet). Of several callers expecting the same
+    /// position exactly one succeeds. A position never moves back this way: see
+    /// [`Client::force_position`].
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::PositionConflict`] with the stored position when it is not `expected`
+    /// (`position_conflict`) or above `offset` (`position_backwards`); else as
+    /// [`Client::position`].
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(client: monoseq_client::Client) -> Result<(), monoseq_client::ClientError> {
+    /// let done = client.position("projector", 0).await?;
+    /// // ... process the events after `done` up to offset 500 ...
+    /// match client.set_position("projector", 0, 500, done).await {
+    ///     Ok(()) => {}
+    ///     Err(monoseq_client::ClientError::PositionConflict { current, .. }) => {
+    ///         // Another instance moved it to `current`: stop, or continue from there.
+    ///         let _ = current;
+    ///     }
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn set_position(
+        &self,
+        consumer: &str,
+        partition: u32,
+        offset: u64,
+        expected: Option<u64>,
+    ) -> Result<(), ClientError> {
+        self.put_position(consumer, partition, offset, expected, false)
+            .await
+    }
+
+    /// As [`Client::set_position`], but `offset` may be below `expected`: a consumer
+    /// rewinding to process events again. Still only if the stored position is `expected`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::set_position`] (never `position_backwards`).
+    pub async fn force_position(
+        &self,
+        consumer: &str,
+        partition: u32,
+        offset: u64,
+        expected: Option<u64>,
+    ) -> Result<(), ClientError> {
+        self.put_position(consumer, partition, offset, expected, true)
+            .await
+    }
+
+    async fn put_position(
+        &self,
+        consumer: &str,
+        partition: u32,
+        offset: u64,
+        expected: Option<u64>,
+        force: bool,
+    ) -> Result<(), ClientError> {
+        let body = serde_json::to_vec(&PutPositionBody {
+            offset,
+            expected,
+            force,
+        })
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let body = bytes::Bytes::from(body);
+        let path = format!(
+            "/v1/consumers/{}/partitions/{partition}",
+            path_segment(consumer)
+        );
+        let started = Instant::now();
+        let mut failures = 0u32;
+        // An earlier attempt may have been applied (no answer, or a 503 after the write left).
+        let mut maybe_applied = false;
+        loop {
+            let node = self.inner.view.any_node();
+            let sent = self
+                .send(Method::PUT, &format!("{node}{path}"), Some((&body, None)))
+                .await;
+            let (error, floor) = match sent {
+                Ok(a) if a.status.is_success() => return Ok(()),
+                Ok(a) if a.status == StatusCode::CONFLICT => {
+                    let conflict: PositionConflictBody = a.decode()?;
+                    if maybe_applied
+                        && conflict.code == POSITION_CONFLICT
+                        && conflict.current == Some(offset)
+                    {
+                        tracing::debug!(
+                            consumer,
+                            partition,
+                            offset,
+                            "a retried position is stored already: an earlier attempt applied it"
+                        );
+                        return Ok(());
+                    }
+                    debug_assert!(
+                        [POSITION_CONFLICT, POSITION_BACKWARDS].contains(&conflict.code.as_str())
+                    );
+                    return Err(ClientError::PositionConflict {
+                        code: conflict.code,
+                        message: conflict.message,
+                        current: conflict.current,
+                    });
+                }
+                Ok(a) if a.status == StatusCode::SERVICE_UNAVAILABLE => {
+                    maybe_applied = true;
+                    (a.error(), a.retry_after.unwrap_or_default())
+                }
+                Ok(a) => return Err(a.error()),
+                Err(e) => {
+                    maybe_applied = true;
+                    if e.is_connect() {
+                        self.inner.view.forget_node(&node);
+                    }
+                    (ClientError::Transport(e), Duration::ZERO)
+                }
+            };
+            failures += 1;
+            self.wait_or_fail(started, floor, failures, error).await?;
+        }
+    }
+}
+
+/// `name` as one path segment: every byte but the URL's unreserved characters
+/// percent-encoded (a consumer name may hold `/`, `?`, `%` or a space).
+fn path_segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::path_segment;
+
+    #[test]
+    fn a_consumer_name_travels_as_one_path_segment() {
+        assert_eq!(path_segment("orders-v2.x_~"), "orders-v2.x_~");
+        assert_eq!(path_segment("a/b c%?#"), "a%2Fb%20c%25%3F%23");
+    }
+}
