@@ -203,11 +203,7 @@ fn put_body(
             "a position is sent with `Content-Type: application/json`",
         ));
     }
-    serde_json::from_slice(&body).map_err(|e| {
-        let what = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| invalid_field(&v))
-            .unwrap_or_else(|| e.to_string());
+    let refused = |what: String| {
         error(
             StatusCode::BAD_REQUEST,
             "bad_request",
@@ -216,7 +212,15 @@ fn put_body(
                  unsigned integers, expected and force optional): {what}"
             ),
         )
-    })
+    };
+    let value: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|e| refused(format!("not JSON: {e}")))?;
+    if !value.is_object() {
+        // serde would read a struct from an array too; the document says an object.
+        return Err(refused("not a JSON object".into()));
+    }
+    serde_json::from_value(value.clone())
+        .map_err(|e| refused(invalid_field(&value).unwrap_or_else(|| e.to_string())))
 }
 
 /// The first field of a `PUT` body that is not as documented, said for people.

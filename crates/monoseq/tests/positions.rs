@@ -1,0 +1,528 @@
+//! Consumer positions end to end, against the real binary and the real client: compare-and-set
+//! over HTTP (exactly one of many writers on one expected position wins), never backwards
+//! unless forced, bad input answered 400/404/415 naming what is wrong, a read token that may
+//! read but not set, each consumer's lag in `/metrics`, a position that survives a restart
+//! and is in a backup, and on PostgreSQL, positions set through one node of two and read, and
+//! raced for, through the other. Every answer is checked against the OpenAPI document.
+
+mod common;
+mod security;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{BIN, Backend, Server};
+use futures_util::future::join_all;
+use monoseq_client::{Client, ClientError, PartitionPositionBody};
+use serde_json::{Value, json};
+
+/// Writers racing on one position over HTTP.
+const WRITERS: u64 = 16;
+
+fn client(url: &str) -> Client {
+    Client::builder([url]).build().unwrap()
+}
+
+/// `PUT` of `body` (sent as it is) to the position of `name` (already a path segment) on
+/// `partition`: the status and the JSON answer.
+async fn put_raw(
+    http: &reqwest::Client,
+    url: &str,
+    name: &str,
+    partition: &str,
+    body: &str,
+) -> (u16, Value) {
+    let r = http
+        .put(format!("{url}/v1/consumers/{name}/partitions/{partition}"))
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+async fn get_raw(http: &reqwest::Client, url: &str, path: &str) -> (u16, Value) {
+    let r = http.get(format!("{url}{path}")).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+fn conflict_current(e: &ClientError) -> Option<u64> {
+    match e {
+        ClientError::PositionConflict { current, .. } => *current,
+        other => panic!("not a position conflict: {other}"),
+    }
+}
+
+/// Sends `WRITERS` set_position calls expecting `expected` at once (through `urls` in turn);
+/// answers the offsets that were set.
+async fn race(urls: &[String], name: &str, expected: u64) -> Vec<u64> {
+    let clients: Vec<Client> = urls.iter().map(|u| client(u)).collect();
+    let tries = (0..WRITERS).map(|w| {
+        let c = clients[w as usize % clients.len()].clone();
+        async move {
+            let offset = expected + 1 + w;
+            match c.set_position(name, 0, offset, Some(expected)).await {
+                Ok(()) => Some(offset),
+                Err(e) => {
+                    assert_eq!(e.code(), "position_conflict", "{e}");
+                    None
+                }
+            }
+        }
+    });
+    join_all(tries).await.into_iter().flatten().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_position_is_set_by_compare_and_set_and_never_moves_back_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &http).await;
+    let c = client(&server.url);
+    // A name that needs encoding in a path travels as one segment.
+    let name = "billing/v2 #1";
+    assert_eq!(c.position(name, 3).await.unwrap(), None);
+    assert_eq!(c.positions(name).await.unwrap(), vec![]);
+    c.set_position(name, 3, 0, None).await.unwrap();
+    assert_eq!(c.position(name, 3).await.unwrap(), Some(0));
+    // Created only once.
+    let again = c.set_position(name, 3, 5, None).await.unwrap_err();
+    assert_eq!(
+        (again.code(), conflict_current(&again)),
+        ("position_conflict", Some(0))
+    );
+    c.set_position(name, 3, 120, Some(0)).await.unwrap();
+    // A writer that read an older position loses, and learns the stored one.
+    let stale = c.set_position(name, 3, 130, Some(0)).await.unwrap_err();
+    assert_eq!(
+        (stale.code(), conflict_current(&stale)),
+        ("position_conflict", Some(120))
+    );
+    assert_eq!(stale.status(), Some(409));
+    // Backwards without force: refused, saying how to force it.
+    let back = c.set_position(name, 3, 100, Some(120)).await.unwrap_err();
+    assert_eq!(
+        (back.code(), conflict_current(&back)),
+        ("position_backwards", Some(120))
+    );
+    assert!(back.to_string().contains("\"force\": true"), "{back}");
+    assert_eq!(c.position(name, 3).await.unwrap(), Some(120));
+    c.force_position(name, 3, 100, Some(120)).await.unwrap();
+    assert_eq!(c.position(name, 3).await.unwrap(), Some(100));
+    // Forcing still needs the expected position.
+    let forced_stale = c.force_position(name, 3, 1, Some(120)).await.unwrap_err();
+    assert_eq!(conflict_current(&forced_stale), Some(100));
+    c.set_position(name, 1, u64::MAX, None).await.unwrap();
+    assert_eq!(
+        c.positions(name).await.unwrap(),
+        vec![
+            PartitionPositionBody {
+                partition: 1,
+                offset: u64::MAX
+            },
+            PartitionPositionBody {
+                partition: 3,
+                offset: 100
+            },
+        ]
+    );
+    // The answers as they travel.
+    let (status, body) = get_raw(
+        &http,
+        &server.url,
+        "/v1/consumers/billing%2Fv2%20%231/partitions/3",
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({"offset": 100})));
+    let (status, body) = put_raw(
+        &http,
+        &server.url,
+        "billing%2Fv2%20%231",
+        "3",
+        r#"{"offset": 7, "expected": 99}"#,
+    )
+    .await;
+    assert_eq!(status, 409);
+    assert_eq!(
+        (body["code"].as_str(), body["current"].as_u64()),
+        (Some("position_conflict"), Some(100))
+    );
+    let (status, body) = put_raw(
+        &http,
+        &server.url,
+        "fresh",
+        "0",
+        r#"{"offset": 7, "expected": 6}"#,
+    )
+    .await;
+    assert_eq!((status, &body["current"]), (409, &Value::Null), "{body}");
+    let (status, body) = put_raw(
+        &http,
+        &server.url,
+        "fresh",
+        "0",
+        r#"{"offset": 7, "expected": null}"#,
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({"offset": 7})));
+    let (status, body) = get_raw(&http, &server.url, "/v1/consumers/fresh").await;
+    assert_eq!(
+        (status, body),
+        (
+            200,
+            json!({"consumer": "fresh", "partitions": [{"partition": 0, "offset": 7}]})
+        )
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_many_writers_expecting_one_position_over_http_exactly_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "2"], &http).await;
+    let c = client(&server.url);
+    c.set_position("race", 0, 0, None).await.unwrap();
+    let mut expected = 0;
+    for round in 0..20 {
+        let won = race(std::slice::from_ref(&server.url), "race", expected).await;
+        assert_eq!(
+            won.len(),
+            1,
+            "round {round}: {won:?} all succeeded from {expected}"
+        );
+        assert_eq!(c.position("race", 0).await.unwrap(), Some(won[0]));
+        expected = won[0];
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_consumer_names_offsets_and_partitions_are_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &http).await;
+    let url = &server.url;
+    let long = "n".repeat(256);
+    for (name, why) in [
+        (long.as_str(), "too long"),
+        ("caf%C3%A9", "not printable ASCII"),
+        ("tab%09", "not printable ASCII"),
+    ] {
+        for path in [
+            format!("/v1/consumers/{name}/partitions/0"),
+            format!("/v1/consumers/{name}"),
+        ] {
+            let (status, body) = get_raw(&http, url, &path).await;
+            assert_eq!(status, 400, "{path}: {body}");
+            let message = body["message"].as_str().unwrap();
+            assert!(
+                message.contains("consumer name") && message.contains(why),
+                "{message}"
+            );
+        }
+        let (status, _) = put_raw(&http, url, name, "0", r#"{"offset": 1}"#).await;
+        assert_eq!(status, 400);
+    }
+    assert!(
+        client(url)
+            .position(&"n".repeat(255), 0)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for (body, names) in [
+        (r#"{"offset": -1}"#, "offset is -1"),
+        (r#"{"offset": "12"}"#, "offset is \"12\""),
+        (r#"{"offset": 1.5}"#, "offset is 1.5"),
+        (r#"{"offset": 18446744073709551616}"#, "offset is"),
+        (r#"{"offset": 3, "expected": -2}"#, "expected is -2"),
+        (r#"{"offset": 3, "force": "yes"}"#, "force is true or false"),
+        (
+            r#"{"offset": 3, "expect": 2}"#,
+            "unknown fields [\"expect\"]",
+        ),
+        (r#"{"expected": 2}"#, "offset is missing"),
+        ("[1]", "the body is"),
+        ("{", "the body is"),
+    ] {
+        let (status, answer) = put_raw(&http, url, "c", "0", body).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        let message = answer["message"].as_str().unwrap();
+        assert!(message.contains(names), "{body}: {message}");
+    }
+    let (status, body) = put_raw(&http, url, "c", "4", r#"{"offset": 1}"#).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("no_such_partition"))
+    );
+    let (status, body) = get_raw(&http, url, "/v1/consumers/c/partitions/4").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("no_such_partition"))
+    );
+    for partition in ["x", "-1", "4294967296"] {
+        let (status, body) = get_raw(
+            &http,
+            url,
+            &format!("/v1/consumers/c/partitions/{partition}"),
+        )
+        .await;
+        assert_eq!(status, 400, "{partition}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains("partition"),
+            "{body}"
+        );
+    }
+    let (status, body) = get_raw(&http, url, "/v1/consumers/c/partitions/0").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("unknown_consumer"))
+    );
+    let (status, body) = get_raw(&http, url, "/v1/consumers/c").await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (404, Some("unknown_consumer"))
+    );
+    let r = http
+        .put(format!("{url}/v1/consumers/c/partitions/0"))
+        .body(r#"{"offset": 1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    // 0 is a position: nothing processed yet.
+    let (status, _) = put_raw(&http, url, "c", "0", r#"{"offset": 0}"#).await;
+    assert_eq!(status, 200);
+    // Nothing refused was stored.
+    assert_eq!(
+        client(url).positions("c").await.unwrap(),
+        vec![PartitionPositionBody {
+            partition: 0,
+            offset: 0
+        }]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_token_reads_positions_and_only_a_write_token_sets_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = security::both_tokens(dir.path());
+    let server = security::launch(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--tokens-file", tokens.to_str().unwrap()],
+        &[],
+    )
+    .expect("server starts");
+    let http = reqwest::Client::new();
+    server.ready(&http, Some(security::WRITE)).await;
+    let url = format!("{}/v1/consumers/c/partitions/0", server.url);
+    let body = json!({"offset": 4});
+    let send = |method, token, body| security::send(&http, method, &url, token, body);
+    assert_eq!(
+        send(reqwest::Method::PUT, Some(security::READ), Some(&body))
+            .await
+            .0,
+        403
+    );
+    assert_eq!(send(reqwest::Method::PUT, None, Some(&body)).await.0, 401);
+    assert_eq!(send(reqwest::Method::GET, None, None).await.0, 401);
+    assert_eq!(
+        send(reqwest::Method::PUT, Some(security::WRITE), Some(&body))
+            .await
+            .0,
+        200
+    );
+    let (status, _, answer) = send(reqwest::Method::GET, Some(security::READ), None).await;
+    assert_eq!((status, answer), (200, json!({"offset": 4})));
+}
+
+/// The value of the series `name{labels}` in OpenMetrics `text`.
+fn series(text: &str, name_labels: &str) -> Option<i64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name_labels)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_report_each_consumers_lag_behind_its_partitions_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "2"], &http).await;
+    let c = client(&server.url);
+    // Workspace 2 is in partition 0: five events, PLog offsets 1 to 5.
+    for n in 0..5 {
+        let r = http
+            .post(format!("{}/v1/commands", server.url))
+            .json(&json!({"ws": 2, "ws_kind": 1, "command": "lag.Do", "create": [{"raw_id": 1, "kind": "CDoc", "name": "lag.Doc", "fields": {"n": n}}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    c.set_position("behind", 0, 2, None).await.unwrap();
+    c.set_position("done", 0, 5, None).await.unwrap();
+    c.set_position("ahead", 0, 50, None).await.unwrap();
+    c.set_position("idle", 1, 0, None).await.unwrap();
+    let text = http
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lag = |consumer: &str, partition: u32| {
+        series(
+            &text,
+            &format!(
+                "monoseq_consumer_lag_events{{consumer=\"{consumer}\",partition=\"{partition}\"}}"
+            ),
+        )
+    };
+    assert_eq!(lag("behind", 0), Some(3), "{text}");
+    assert_eq!(lag("done", 0), Some(0));
+    assert_eq!(lag("ahead", 0), Some(0));
+    assert_eq!(lag("idle", 1), Some(0));
+    assert_eq!(series(&text, "monoseq_consumer_lag_truncated"), Some(0));
+    assert!(
+        text.contains("# HELP monoseq_consumer_lag_events"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_position_survives_a_restart_and_a_backup_restored_keeps_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let live = tmp.path().join("live");
+    let http = reqwest::Client::new();
+    let server = Server::start_ready(&live, &["--partitions", "2"], &http).await;
+    client(&server.url)
+        .set_position("projector", 1, 40, None)
+        .await
+        .unwrap();
+    assert!(server.terminate(Duration::from_secs(30)).success());
+
+    let server = Server::start_ready(&live, &[], &http).await;
+    let c = client(&server.url);
+    assert_eq!(c.position("projector", 1).await.unwrap(), Some(40));
+    c.set_position("projector", 1, 41, Some(40)).await.unwrap();
+    let backup = tmp.path().join("backup");
+    let out = common::run(&[
+        "backup",
+        "--url",
+        &server.url,
+        "--to",
+        backup.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    c.set_position("projector", 1, 90, Some(41)).await.unwrap();
+    assert!(server.terminate(Duration::from_secs(30)).success());
+
+    let restored = Server::try_start(
+        &backup,
+        &["--skip-ahead", "1000"],
+        &tmp.path().join("restored.log"),
+    )
+    .expect("the backup continues with a margin");
+    restored.ready(&http).await;
+    assert_eq!(
+        client(&restored.url)
+            .position("projector", 1)
+            .await
+            .unwrap(),
+        Some(41)
+    );
+}
+
+/// One `monoseq serve` of a two-node cluster on PostgreSQL database `db`.
+struct Node {
+    child: Child,
+    url: String,
+}
+
+impl Node {
+    fn start(db: &str, id: &str, dir: &Path) -> Node {
+        let log = dir.join(format!("{id}.log"));
+        let mut child = Command::new(BIN)
+            .args([
+                "serve",
+                "--storage",
+                db,
+                "--listen",
+                "127.0.0.1:0",
+                "--partitions",
+                "4",
+            ])
+            .args([
+                "--node-id",
+                id,
+                "--lease-ms",
+                "1500",
+                "--lease-renew-ms",
+                "300",
+            ])
+            .arg("--marks-dir")
+            .arg(dir.join(format!("marks-{id}")))
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn monoseq serve");
+        let url = common::listening_url(&mut child, &log);
+        Node { child, url }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgresql_a_position_set_through_one_node_is_read_and_raced_for_through_the_other() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        Node::start(&db, "a", dir.path()),
+        Node::start(&db, "b", dir.path()),
+    );
+    let (ca, cb) = (client(&a.url), client(&b.url));
+    // Positions need no partition owner: any node answers them from the database.
+    ca.set_position("shared", 2, 10, None).await.unwrap();
+    assert_eq!(cb.position("shared", 2).await.unwrap(), Some(10));
+    cb.set_position("shared", 2, 11, Some(10)).await.unwrap();
+    let stale = ca
+        .set_position("shared", 2, 12, Some(10))
+        .await
+        .unwrap_err();
+    assert_eq!(conflict_current(&stale), Some(11));
+    assert_eq!(
+        ca.positions("shared").await.unwrap(),
+        vec![PartitionPositionBody {
+            partition: 2,
+            offset: 11
+        }]
+    );
+    // Writers on both nodes, expecting the same position: one wins per round.
+    ca.set_position("race", 0, 0, None).await.unwrap();
+    let urls = [a.url.clone(), b.url.clone()];
+    let mut expected = 0;
+    for round in 0..10 {
+        let won = race(&urls, "race", expected).await;
+        assert_eq!(
+            won.len(),
+            1,
+            "round {round}: {won:?} all succeeded from {expected}"
+        );
+        expected = won[0];
+    }
+    assert_eq!(cb.position("race", 0).await.unwrap(), Some(expected));
+}
