@@ -24,6 +24,8 @@ pub const POSITION_FORMAT_VERSION: u8 = 1;
 const POSITION_HEADER_BYTES: usize = 5;
 /// Longest stored position: the header and a 10-byte varint.
 const POSITION_BYTES_MAX: usize = POSITION_HEADER_BYTES + 10;
+/// Characters of a refused consumer name repeated in the error.
+const NAME_SHOWN_CHARS_MAX: usize = 64;
 
 /// A consumer's name: 1 to [`CONSUMER_NAME_BYTES_MAX`] printable ASCII characters (space to
 /// `~`), as the idempotency keys.
@@ -74,7 +76,10 @@ impl ConsumerName {
         match why {
             None => Ok(ConsumerName(name.to_owned())),
             Some(why) => Err(InvalidConsumerName {
-                shown: format!("{:?}", name.chars().take(64).collect::<String>()),
+                shown: format!(
+                    "{:?}",
+                    name.chars().take(NAME_SHOWN_CHARS_MAX).collect::<String>()
+                ),
                 why,
             }),
         }
@@ -295,22 +300,7 @@ impl<S: KvStore> EventStore<S> {
             && set.offset < expected
             && !set.force
         {
-            // Refused whatever is stored; the answer says which refusal applies.
-            let current = self.position(consumer, partition)?;
-            return Err(match current {
-                Some(current) if current == expected => PositionError::Backwards {
-                    consumer: consumer.clone(),
-                    partition,
-                    current,
-                    offset: set.offset,
-                },
-                current => PositionError::Conflict {
-                    consumer: consumer.clone(),
-                    partition,
-                    current,
-                    expected: set.expected,
-                },
-            });
+            return Err(self.refuse_backwards(consumer, partition, set, expected));
         }
         let part = position_partition(self.app());
         let clustering = position_clustering(consumer.as_str(), partition);
@@ -328,24 +318,11 @@ impl<S: KvStore> EventStore<S> {
         // the offset, not on its bytes), or when a forced write meets damaged bytes, which
         // it replaces (still by compare-and-swap, on exactly those bytes).
         for _ in 0..2 {
-            let current =
-                match self
-                    .kv()
-                    .compare_and_swap(key, expected_bytes.as_deref(), Some(&new))
-                {
-                    Ok(()) => return Ok(()),
-                    Err(CasError::Mismatch { current }) => current,
-                    Err(CasError::Storage(e)) => return Err(PositionError::Storage(e)),
-                    Err(other) => {
-                        // Over a size limit: a name is at most 255 bytes, so the key is far below
-                        // every limit, and the value is at most 15 bytes.
-                        return Err(PositionError::Storage(KvError::Backend {
-                            message: format!("a position cannot be written: {other}"),
-                            source: None,
-                        }));
-                    }
-                };
-            let Some(bytes) = current else {
+            let Swapped::Not(bytes) = self.swap_position(key, expected_bytes.as_deref(), &new)?
+            else {
+                return Ok(());
+            };
+            let Some(bytes) = bytes else {
                 return Err(conflict(None));
             };
             match decode_position(&bytes) {
@@ -358,6 +335,53 @@ impl<S: KvStore> EventStore<S> {
         }
         // Other bytes than expected twice in a row: another writer keeps rewriting them.
         Err(conflict(set.expected))
+    }
+
+    /// The refusal of an unforced write of `set.offset` below `expected`, without writing:
+    /// [`PositionError::Backwards`] when `expected` is stored, else the conflict (what the
+    /// caller must learn first).
+    fn refuse_backwards(
+        &self,
+        consumer: &ConsumerName,
+        partition: PartitionId,
+        set: SetPosition,
+        expected: u64,
+    ) -> PositionError {
+        match self.position(consumer, partition) {
+            Err(e) => e,
+            Ok(Some(current)) if current == expected => PositionError::Backwards {
+                consumer: consumer.clone(),
+                partition,
+                current,
+                offset: set.offset,
+            },
+            Ok(current) => PositionError::Conflict {
+                consumer: consumer.clone(),
+                partition,
+                current,
+                expected: set.expected,
+            },
+        }
+    }
+
+    /// One compare-and-swap of a position's bytes.
+    fn swap_position(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: &[u8],
+    ) -> Result<Swapped, PositionError> {
+        match self.kv().compare_and_swap(key, expected, Some(new)) {
+            Ok(()) => Ok(Swapped::Yes),
+            Err(CasError::Mismatch { current }) => Ok(Swapped::Not(current)),
+            Err(CasError::Storage(e)) => Err(PositionError::Storage(e)),
+            // Over a size limit: a name is at most 255 bytes, so the key is far below every
+            // limit, and the value is at most 15 bytes.
+            Err(other) => Err(PositionError::Storage(KvError::Backend {
+                message: format!("a position cannot be written: {other}"),
+                source: None,
+            })),
+        }
     }
 
     /// Every position of `consumer`, in partition order (empty when it has none).
@@ -441,6 +465,14 @@ impl<S: KvStore> EventStore<S> {
             None => Ok((out, more)),
         }
     }
+}
+
+/// What one compare-and-swap of a position did.
+enum Swapped {
+    /// The new bytes are stored.
+    Yes,
+    /// Other bytes than expected were stored (`None`: none), and still are.
+    Not(Option<Vec<u8>>),
 }
 
 /// A stored entry of the positions table, or why it is damaged.
@@ -568,60 +600,26 @@ pub(crate) mod checks {
         rounds: u64,
     ) -> u64 {
         let (c, p) = (name("race"), PartitionId(0));
+        let first = SetPosition {
+            offset: 0,
+            expected: None,
+            force: false,
+        };
         store
-            .set_position(
-                &c,
-                p,
-                SetPosition {
-                    offset: 0,
-                    expected: None,
-                    force: false,
-                },
-            )
+            .set_position(&c, p, first)
             .expect("the first position");
         let barrier = Barrier::new(usize::try_from(writers).expect("a thread count"));
         let outcomes = std::thread::scope(|scope| {
             let threads: Vec<_> = (0..writers)
                 .map(|w| {
-                    let (barrier, c) = (&barrier, &c);
-                    scope.spawn(move || {
-                        let mut mine = Vec::new();
-                        for round in 0..rounds {
-                            let expected = round * writers;
-                            barrier.wait();
-                            let offset = expected + writers + w;
-                            let set = SetPosition {
-                                offset,
-                                expected: Some(expected),
-                                force: false,
-                            };
-                            mine.push(match store.set_position(c, p, set) {
-                                Ok(()) => Ok(offset),
-                                Err(PositionError::Conflict { current, .. }) => Err(current),
-                                Err(e) => panic!("round {round}, writer {w}: {e}"),
-                            });
-                            // Every writer has tried before the round's winner is moved to the
-                            // next round's expected value.
-                            barrier.wait();
-                            if w == 0 {
-                                let now = store.position(c, p).expect("read");
-                                let winner = now.expect("a position");
-                                store
-                                    .set_position(
-                                        c,
-                                        p,
-                                        SetPosition {
-                                            offset: (round + 1) * writers,
-                                            expected: Some(winner),
-                                            force: true,
-                                        },
-                                    )
-                                    .expect("the next round's start");
-                            }
-                            barrier.wait();
-                        }
-                        mine
-                    })
+                    let race = Race {
+                        store,
+                        barrier: &barrier,
+                        consumer: &c,
+                        partition: p,
+                        writers,
+                    };
+                    scope.spawn(move || race.writer(w, rounds))
                 })
                 .collect();
             threads
@@ -649,6 +647,56 @@ pub(crate) mod checks {
             }
         }
         rounds
+    }
+
+    /// What the writers of [`positions_one_writer_wins`] share.
+    struct Race<'a, K> {
+        store: &'a EventStore<K>,
+        barrier: &'a Barrier,
+        consumer: &'a ConsumerName,
+        partition: PartitionId,
+        writers: u64,
+    }
+
+    impl<K: KvStore> Race<'_, K> {
+        /// Writer `w`'s rounds: in round `r` every writer expects `r × writers` and sets an
+        /// offset of its own above it. Answers per round the offset set, or the position the
+        /// refusal named.
+        fn writer(&self, w: u64, rounds: u64) -> Vec<Result<u64, Option<u64>>> {
+            let (c, p) = (self.consumer, self.partition);
+            let mut mine = Vec::new();
+            for round in 0..rounds {
+                let expected = round * self.writers;
+                self.barrier.wait();
+                let offset = expected + self.writers + w;
+                let set = SetPosition {
+                    offset,
+                    expected: Some(expected),
+                    force: false,
+                };
+                mine.push(match self.store.set_position(c, p, set) {
+                    Ok(()) => Ok(offset),
+                    Err(PositionError::Conflict { current, .. }) => Err(current),
+                    Err(e) => panic!("round {round}, writer {w}: {e}"),
+                });
+                // Every writer has tried before the winner's position is moved to the next
+                // round's expected value.
+                self.barrier.wait();
+                if w == 0 {
+                    let winner = self.store.position(c, p).expect("read");
+                    let next = SetPosition {
+                        offset: (round + 1) * self.writers,
+                        expected: winner,
+                        force: true,
+                    };
+                    self.store
+                        .set_position(c, p, next)
+                        .expect("the next round's start");
+                }
+                self.barrier.wait();
+            }
+            mine
+        }
     }
 }
 

@@ -41,7 +41,7 @@ pub(super) async fn get_position(
 ) -> Response {
     let (consumer, partition) = match consumer_partition(&st, path) {
         Ok(cp) => cp,
-        Err(answer) => return answer,
+        Err((status, code, message)) => return error(status, code, message),
     };
     let store = st.cp.store().clone();
     let name = consumer.clone();
@@ -70,11 +70,11 @@ pub(super) async fn put_position(
 ) -> Response {
     let (consumer, partition) = match consumer_partition(&st, path) {
         Ok(cp) => cp,
-        Err(answer) => return answer,
+        Err((status, code, message)) => return error(status, code, message),
     };
     let put = match put_body(&headers, body) {
         Ok(put) => put,
-        Err(answer) => return answer,
+        Err((status, code, message)) => return error(status, code, message),
     };
     let store = st.cp.store().clone();
     let set = SetPosition {
@@ -101,7 +101,10 @@ pub(super) async fn get_positions(
             Ok(c) => c,
             Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e),
         },
-        Err(e) => return bad_path(&e),
+        Err(e) => {
+            let (status, code, message) = bad_path(&e);
+            return error(status, code, message);
+        }
     };
     let store = st.cp.store().clone();
     let name = consumer.clone();
@@ -128,20 +131,23 @@ pub(super) async fn get_positions(
     }
 }
 
-/// The consumer and partition of a path, or the answer refusing them: 400 naming what does
-/// not parse, 404 `no_such_partition` for a partition the server does not have.
+/// A refused request: status, stable code and message.
+type Refusal = (StatusCode, &'static str, String);
+
+/// The consumer and partition of a path, or why they are refused: 400 naming what does not
+/// parse, 404 `no_such_partition` for a partition the server does not have.
 fn consumer_partition(
     st: &AppState,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> Result<(ConsumerName, PartitionId), Response> {
+) -> Result<(ConsumerName, PartitionId), Refusal> {
     let (name, partition) = match path {
         Ok(Path(p)) => p,
         Err(e) => return Err(bad_path(&e)),
     };
-    let consumer =
-        ConsumerName::new(&name).map_err(|e| error(StatusCode::BAD_REQUEST, "bad_request", e))?;
+    let consumer = ConsumerName::new(&name)
+        .map_err(|e| (StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
     let Ok(partition) = partition.parse::<u32>() else {
-        return Err(error(
+        return Err((
             StatusCode::BAD_REQUEST,
             "bad_request",
             format!(
@@ -152,7 +158,7 @@ fn consumer_partition(
     };
     let partitions = st.cp.config().partitions;
     if partition >= partitions {
-        return Err(error(
+        return Err((
             StatusCode::NOT_FOUND,
             "no_such_partition",
             format!(
@@ -164,8 +170,8 @@ fn consumer_partition(
     Ok((consumer, PartitionId(partition)))
 }
 
-fn bad_path(rejection: &PathRejection) -> Response {
-    error(
+fn bad_path(rejection: &PathRejection) -> Refusal {
+    (
         StatusCode::BAD_REQUEST,
         "bad_request",
         format!(
@@ -175,21 +181,21 @@ fn bad_path(rejection: &PathRejection) -> Response {
     )
 }
 
-/// The body of a `PUT`, or the answer refusing it: 413 when too large, 415 without a JSON
+/// The body of a `PUT`, or why it is refused: 413 when too large, 415 without a JSON
 /// content type, 400 naming the field that is not as documented.
 fn put_body(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<PutPositionBody, Response> {
+) -> Result<PutPositionBody, Refusal> {
     let body = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            error(
+            (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too_large",
                 rejection.body_text(),
             )
         } else {
-            error(
+            (
                 StatusCode::BAD_REQUEST,
                 "bad_request",
                 rejection.body_text(),
@@ -197,14 +203,14 @@ fn put_body(
         }
     })?;
     if !super::batch::is_json(headers) {
-        return Err(error(
+        return Err((
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "content_type",
-            "a position is sent with `Content-Type: application/json`",
+            "a position is sent with `Content-Type: application/json`".to_owned(),
         ));
     }
     let refused = |what: String| {
-        error(
+        (
             StatusCode::BAD_REQUEST,
             "bad_request",
             format!(
