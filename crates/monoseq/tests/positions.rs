@@ -403,7 +403,13 @@ async fn a_position_survives_a_restart_and_a_backup_restored_keeps_it() {
         .unwrap();
     assert!(server.terminate(Duration::from_secs(30)).success());
 
-    let server = Server::start_ready(&live, &[], &http).await;
+    let root = tmp.path().to_str().unwrap();
+    let server = Server::start_ready(
+        &live,
+        &["--backup-root", root, "--admin-on-loopback"],
+        &http,
+    )
+    .await;
     let c = client(&server.url);
     assert_eq!(c.position("projector", 1).await.unwrap(), Some(40));
     c.set_position("projector", 1, 41, Some(40)).await.unwrap();

@@ -3,8 +3,8 @@
 //! graceful, bounded shutdown. Errors are JSON `{"code", "message"}` with stable codes.
 //!
 //! `routes.rs` holds the router and its handlers, `batch.rs` the batch endpoint's, `answers.rs` the error answers they share,
-//! `positions.rs` the consumer positions', `metrics.rs` the Prometheus registry, and `startup.rs` `serve`: the listener, opening the
-//! storage, joining a cluster and the shutdown.
+//! `positions.rs` the consumer positions' handlers, `metrics.rs` the Prometheus registry, and
+//! `startup.rs` `serve`: the listener, opening the storage, joining a cluster and the shutdown.
 
 use std::sync::Arc;
 

@@ -338,11 +338,8 @@ pub(super) async fn refresh_consumer_lag(st: &AppState) {
     st.metrics.consumer_lag_truncated.set(i64::from(more));
 }
 
-/// The end of `partition`'s PLog (the next offset to be written) when this node serves it.
+/// The end of `partition`'s PLog (the next offset to be written) when this node serves it
+/// (another node's view of it is only a lower bound, and the owner reports it).
 fn plog_end(cp: &CommandProcessor<Store>, partition: u32) -> Option<u64> {
-    cp.owned()
-        .into_iter()
-        .zip(cp.partition_stats())
-        .find(|(p, _)| *p == partition)
-        .map(|(_, stats)| stats.next_offset)
+    cp.serves(partition).then(|| cp.plog_end(partition))
 }
