@@ -18,7 +18,6 @@ use monoseq_wire::{
     SlowFollowerBody, WAIT_MS_MAX,
 };
 use reqwest::{StatusCode, header};
-use serde::{Deserialize, Serialize};
 
 use crate::client::{Client, MOVED_CODES};
 use crate::error::ClientError;
@@ -39,21 +38,6 @@ pub enum FollowItem {
     /// Offsets that were retired (an operator's accepted loss, a restored backup): no event
     /// is, or will ever be, there. `from` is the next offset owed.
     Gap(GapBody),
-}
-
-/// A consumer's stored position: the last offset it processed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PositionBody {
-    /// The offset.
-    pub offset: u64,
-}
-
-/// `PUT /v1/consumers/{name}/partitions/{p}`: a compare-and-set of a consumer's position.
-#[derive(Debug, Serialize)]
-struct PutPositionBody {
-    offset: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    expected: Option<u64>,
 }
 
 /// Which log a tail follows.
@@ -109,33 +93,23 @@ impl Client {
         }
     }
 
-    /// The last offset consumer `name` stored for partition `p` (`None` when it stored none).
+    /// The last offset consumer `name` stored for partition `p` (`None` when it stored none):
+    /// [`Client::position`].
     ///
     /// # Errors
     ///
-    /// [`ClientError::Api`] (`bad_request` for a name that is not 1–255 printable ASCII
-    /// characters, a 503 past the retries), [`ClientError::Transport`].
+    /// As [`Client::position`].
     pub async fn consumer_position(&self, name: &str, p: u32) -> Result<Option<u64>, ClientError> {
-        let path = format!("/v1/consumers/{name}/partitions/{p}");
-        let node = self.inner.view.any_node();
-        match self
-            .get_retried(&node, &path, self.inner.request_timeout)
-            .await?
-        {
-            Some(body) => Ok(Some(decode::<PositionBody>(&body)?.offset)),
-            None => Ok(None),
-        }
+        self.position(name, p).await
     }
 
     /// Stores `offset` as consumer `name`'s position in partition `p` if the stored one is
-    /// still `expected` (`None`: none is stored yet). Never retried: a compare-and-set that
-    /// got no answer is checked by reading the position back.
+    /// still `expected` (`None`: none is stored yet): [`Client::set_position`].
     ///
     /// # Errors
     ///
-    /// [`ClientError::Api`] `position_conflict` (409) when the stored position is not
-    /// `expected` (another consumer of that name moved it), others as
-    /// [`Client::consumer_position`].
+    /// As [`Client::set_position`]: [`ClientError::PositionConflict`] when the stored position
+    /// is not `expected` (another consumer of that name moved it).
     pub async fn store_consumer_position(
         &self,
         name: &str,
@@ -143,26 +117,7 @@ impl Client {
         offset: u64,
         expected: Option<u64>,
     ) -> Result<(), ClientError> {
-        let node = self.inner.view.any_node();
-        let body = serde_json::to_vec(&PutPositionBody { offset, expected })
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let response = self
-            .inner
-            .http
-            .put(format!("{node}/v1/consumers/{name}/partitions/{p}"))
-            .timeout(self.inner.request_timeout)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
-            .await
-            .map_err(ClientError::Transport)?;
-        let status = response.status();
-        let body = response.bytes().await.map_err(ClientError::Transport)?;
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(api_error(status, &body))
-        }
+        self.set_position(name, p, offset, expected).await
     }
 
     /// Partition `p`'s PLog from offset `from` (1 is the first), stored events first, then

@@ -42,7 +42,7 @@ pub use builder::{
 };
 pub use client::{BACKUP_TIMEOUT, Client, Submitted};
 pub use error::ClientError;
-pub use follow::{FOLLOW_IDLE_MAX, FollowItem, PositionBody, SSE_MESSAGE_MAX};
+pub use follow::{FOLLOW_IDLE_MAX, FollowItem, SSE_MESSAGE_MAX};
 pub use key::new_idempotency_key;
 pub use monoseq_named_http::Client as SequencesClient;
 pub use monoseq_wire::{

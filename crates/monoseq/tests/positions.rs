@@ -532,3 +532,59 @@ async fn on_postgresql_a_position_set_through_one_node_is_read_and_raced_for_thr
     }
     assert_eq!(cb.position("race", 0).await.unwrap(), Some(expected));
 }
+
+/// `monoseq tail` of partition 0 of `url` as consumer `name`, stopping after `max` events: the
+/// PLog offsets it printed.
+async fn tail_as(url: &str, name: &str, max: u64) -> Vec<u64> {
+    let (url, name, max) = (url.to_owned(), name.to_owned(), max.to_string());
+    let out = tokio::task::spawn_blocking(move || {
+        common::run(&[
+            "tail",
+            "--url",
+            &url,
+            "--partition",
+            "0",
+            "--consumer",
+            &name,
+            "--max-events",
+            &max,
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["plog_offset"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monoseq_tail_as_a_consumer_resumes_after_the_position_it_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "2"], &http).await;
+    for n in 0..3 {
+        let r = http
+            .post(format!("{}/v1/commands", server.url))
+            .json(&json!({"ws": 2, "ws_kind": 1, "command": "tail.Do", "create": [{"raw_id": 1, "kind": "CDoc", "name": "tail.Doc", "fields": {"n": n}}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(tail_as(&server.url, "printer", 2).await, vec![1, 2]);
+    let c = client(&server.url);
+    assert_eq!(c.position("printer", 0).await.unwrap(), Some(2));
+    assert_eq!(tail_as(&server.url, "printer", 1).await, vec![3]);
+    assert_eq!(c.position("printer", 0).await.unwrap(), Some(3));
+}
