@@ -233,6 +233,9 @@ struct Group {
     followers: Vec<(Job, usize)>,
     /// Retries of events above the mark, answered once the mark covers them.
     replays: Vec<(Job, Outcome, Mark)>,
+    /// Commands refused on an expected WLog offset after the group accepted others: answered
+    /// once the group is written, retried with its innocent commands if it fails.
+    conflicts: Vec<(Job, CommandError)>,
 }
 
 impl Group {
@@ -243,6 +246,7 @@ impl Group {
             in_group: HashMap::new(),
             followers: Vec::new(),
             replays: Vec::new(),
+            conflicts: Vec::new(),
         }
     }
 }
@@ -887,6 +891,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             events,
             followers,
             replays,
+            conflicts,
             ..
         } = group;
         let replayed = replays.iter().fold(self.mark, |m, r| m.max(&r.2));
@@ -903,6 +908,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             Ok(()) => {
                 let write = writing.elapsed();
                 self.written_group(mark, accepted, followers, replays);
+                self.answer_conflicts(conflicts);
                 self.slow
                     .note(self.partition, commands, (oldest, began), write);
                 Vec::new()
@@ -912,7 +918,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 for (job, _, _) in replays {
                     answer(&self.counters, job, Err(storage_error(&e)));
                 }
-                self.failed_group(&e, accepted, followers)
+                let mut retry = self.failed_group(&e, accepted, followers);
+                retry.extend(conflicts.into_iter().map(|(job, _)| job));
+                retry
             }
         }
     }
@@ -957,7 +965,19 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 group.events.push(event);
                 group.accepted.push(Accepted { job, outcome });
             }
+            // Decided against this group's unwritten events too: answered once they are
+            // durable (a refusal never names an offset that may not be written).
+            Err(e @ CommandError::WlogConflict { .. }) if !group.accepted.is_empty() => {
+                group.conflicts.push((job, e));
+            }
             Err(e) => answer(&self.counters, job, Err(e)),
+        }
+    }
+
+    /// Answers the group's refusals on an expected WLog offset, once its events are durable.
+    fn answer_conflicts(&self, conflicts: Vec<(Job, CommandError)>) {
+        for (job, e) in conflicts {
+            answer(&self.counters, job, Err(e));
         }
     }
 
@@ -1133,7 +1153,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         )))
     }
 
-    /// Runs the sequencing transaction of one command, committed as pending.
+    /// Runs the sequencing transaction of one command, committed as pending. A command whose
+    /// expected WLog offset is not where its workspace's WLog ends (the group's earlier
+    /// commands included) cancels the transaction: it takes no number.
     fn sequence(&mut self, job: &Job, now_ms: u64) -> Result<(Event, Outcome), CommandError> {
         let plan = &job.plan;
         let updated = self.read_updated(job)?;
@@ -1159,12 +1181,6 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 });
             }
         };
-        let wlog = tx.next(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
-        let mut ids = BTreeMap::new();
-        for &(raw, kind) in &plan.raw_ids {
-            let n = tx.next(RecordKind::id_sequence(kind)).map_err(next_error)?;
-            ids.insert(raw, n.0);
-        }
         let plog = tx.plog_offset();
         if plog.0 <= self.mark.plog {
             // The PLog was re-read (an actualization) and ends before events this partition
@@ -1173,6 +1189,27 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             let reason = lost_reason(self.partition.0, self.mark.plog, plog.0 - 1);
             self.lost = Some(reason.clone());
             return Err(CommandError::Corrupted(reason));
+        }
+        if let Some(expected) = job.cmd.expected_wlog_offset {
+            let current = tx.current(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
+            if current.0 != expected {
+                // Nothing handed out yet, so the cancel succeeds: the PLog offset and every
+                // number stay for the next command, and no actualization runs.
+                if let Err(tx) = tx.cancel() {
+                    tx.actualize();
+                }
+                return Err(CommandError::WlogConflict {
+                    ws: plan.ws.0,
+                    expected,
+                    current: current.0,
+                });
+            }
+        }
+        let wlog = tx.next(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
+        let mut ids = BTreeMap::new();
+        for &(raw, kind) in &plan.raw_ids {
+            let n = tx.next(RecordKind::id_sequence(kind)).map_err(next_error)?;
+            ids.insert(raw, n.0);
         }
         let kinds: Vec<(RecordKind, String)> =
             updated.iter().map(|r| (r.kind, r.name.clone())).collect();
