@@ -67,12 +67,12 @@ pub enum CommandError {
     #[error("storage unavailable: {0}; retry later")]
     Storage(String),
     /// The command carried an expected WLog offset and its workspace's WLog does not end
-    /// there: nothing was written and no number taken. Read the workspace's events after
-    /// `expected` (up to `current`), decide again, and resend with `current`.
+    /// there: nothing was written and no number taken. Read the workspace's WLog up to
+    /// `current`, decide again, and resend expecting `current`.
     #[error(
         "the WLog of workspace {ws} ends at offset {current}, not at the expected \
-         {expected}; read its events after {expected} and resend with expected_wlog_offset \
-         {current} if the command still holds"
+         {expected}; nothing was written: read the workspace's WLog up to {current} and resend \
+         with expected_wlog_offset {current} if the command still holds"
     )]
     WlogConflict {
         /// The workspace.
