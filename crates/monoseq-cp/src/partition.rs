@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use monoseq_backoff::Backoff;
 use monoseq_core::{
     Busy, NextError, Params, PoisonReason, Runtime, Sequencer, SequencerHandle, Start, StartError,
-    Status,
+    Status, Transaction,
 };
 use monoseq_kv::{KvError, KvStore};
 use monoseq_store::{
@@ -1159,7 +1159,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     fn sequence(&mut self, job: &Job, now_ms: u64) -> Result<(Event, Outcome), CommandError> {
         let plan = &job.plan;
         let updated = self.read_updated(job)?;
-        let mut tx = match self.seq.start(plan.ws_kind, plan.ws) {
+        let tx = match self.seq.start(plan.ws_kind, plan.ws) {
             Ok(Start::Began(tx)) => tx,
             Ok(Start::Busy(b)) => return Err(busy(b)),
             Err(StartError::UnknownWsKind(k)) => return Err(CommandError::UnknownWsKind(k.0)),
@@ -1190,21 +1190,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             self.lost = Some(reason.clone());
             return Err(CommandError::Corrupted(reason));
         }
-        if let Some(expected) = job.cmd.expected_wlog_offset {
-            let current = tx.current(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
-            if current.0 != expected {
-                // Nothing handed out yet, so the cancel succeeds: the PLog offset and every
-                // number stay for the next command, and no actualization runs.
-                if let Err(tx) = tx.cancel() {
-                    tx.actualize();
-                }
-                return Err(CommandError::WlogConflict {
-                    ws: plan.ws.0,
-                    expected,
-                    current: current.0,
-                });
-            }
-        }
+        let mut tx = on_expected_wlog(tx, &job.cmd)?;
         let wlog = tx.next(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
         let mut ids = BTreeMap::new();
         for &(raw, kind) in &plan.raw_ids {
@@ -1284,6 +1270,31 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             .fetch_add(s.misses.saturating_sub(m), Ordering::Relaxed);
         self.reported = (s.hits, s.misses);
     }
+}
+
+/// The transaction, when the command expects no WLog offset or the one its workspace's WLog
+/// ends at; else the transaction is cancelled (it handed out nothing yet, so the PLog offset
+/// and every number stay for the next command, and no actualization runs) and the command
+/// refused.
+fn on_expected_wlog<'a, S: KvStore + Clone>(
+    tx: Transaction<'a, Storage<S>>,
+    cmd: &Command,
+) -> Result<Transaction<'a, Storage<S>>, CommandError> {
+    let Some(expected) = cmd.expected_wlog_offset else {
+        return Ok(tx);
+    };
+    let current = tx.current(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
+    if current.0 == expected {
+        return Ok(tx);
+    }
+    if let Err(tx) = tx.cancel() {
+        tx.actualize();
+    }
+    Err(CommandError::WlogConflict {
+        ws: cmd.ws,
+        expected,
+        current: current.0,
+    })
 }
 
 fn answer(counters: &Counters, job: Job, result: Result<Outcome, CommandError>) {
