@@ -241,11 +241,7 @@ fn node_answer(status: StatusCode, body: &[u8], sent: usize) -> NodeAnswer {
         };
     }
     let error = match serde_json::from_slice::<ErrorBody>(body) {
-        Ok(e) => ClientError::Api {
-            status: status.as_u16(),
-            code: e.code,
-            message: e.message,
-        },
+        Ok(e) => ClientError::of_body(status.as_u16(), e),
         Err(_) => ClientError::Protocol(format!("status {status} without an error body")),
     };
     if status == StatusCode::SERVICE_UNAVAILABLE {
@@ -265,6 +261,7 @@ fn to_body(error: &ClientError) -> ErrorBody {
         code: error.code().to_owned(),
         message: error.to_string(),
         key: None,
+        current_wlog_offset: error.current_wlog_offset(),
     }
 }
 
@@ -281,11 +278,7 @@ fn submitted(
             key: command.idempotency_key.clone().unwrap_or_default(),
             attempts,
         }),
-        (_, Some(error)) => Err(ClientError::Api {
-            status: result.status,
-            code: error.code,
-            message: error.message,
-        }),
+        (_, Some(error)) => Err(ClientError::of_body(result.status, error)),
         _ => Err(ClientError::Protocol(format!(
             "a result with status {} and neither an outcome nor an error",
             result.status

@@ -79,11 +79,7 @@ pub(crate) struct Answer {
 impl Answer {
     pub(crate) fn error(&self) -> ClientError {
         match serde_json::from_slice::<ErrorBody>(&self.body) {
-            Ok(e) => ClientError::Api {
-                status: self.status.as_u16(),
-                code: e.code,
-                message: e.message,
-            },
+            Ok(e) => ClientError::of_body(self.status.as_u16(), e),
             Err(_) => ClientError::Protocol(format!(
                 "status {} without an error body: {}",
                 self.status,

@@ -1,5 +1,7 @@
 //! [`ClientError`]: what a call through the client can end with, after its retries.
 
+use monoseq_wire::ErrorBody;
+
 /// A call through [`crate::Client`] failed (after the retries its kind allows).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -12,6 +14,19 @@ pub enum ClientError {
         status: u16,
         /// The stable error code (the README lists them).
         code: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The command carried an expected WLog offset
+    /// ([`CommandBody::expected_wlog_offset`](crate::CommandBody::expected_wlog_offset)) and
+    /// its workspace's WLog ends elsewhere: it was not applied and took no number (HTTP 409,
+    /// `wlog_conflict`). Read the workspace's events up to `current_wlog_offset`
+    /// ([`crate::Client::wlog`]), decide again, and resend expecting it (with a new
+    /// idempotency key, or the same one: a refusal is not remembered).
+    #[error("{message} (wlog_conflict, HTTP 409)")]
+    WlogConflict {
+        /// The WLog offset the workspace's WLog ends at: its last event's (0: none yet).
+        current_wlog_offset: u64,
         /// The server's message.
         message: String,
     },
@@ -58,6 +73,7 @@ impl ClientError {
     pub fn code(&self) -> &str {
         match self {
             ClientError::Api { code, .. } | ClientError::PositionConflict { code, .. } => code,
+            ClientError::WlogConflict { .. } => WLOG_CONFLICT,
             ClientError::Transport(_) | ClientError::Unanswered { .. } => "transport",
             ClientError::Protocol(_) => "protocol",
             ClientError::Config(_) => "config",
@@ -69,8 +85,38 @@ impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Api { status, .. } => Some(*status),
-            ClientError::PositionConflict { .. } => Some(409),
+            ClientError::PositionConflict { .. } | ClientError::WlogConflict { .. } => Some(409),
             _ => None,
         }
     }
+
+    /// With [`ClientError::WlogConflict`]: the offset the workspace's WLog ends at.
+    #[must_use]
+    pub fn current_wlog_offset(&self) -> Option<u64> {
+        match self {
+            ClientError::WlogConflict {
+                current_wlog_offset,
+                ..
+            } => Some(*current_wlog_offset),
+            _ => None,
+        }
+    }
+
+    /// The error of a server's answer with `status` and error `body`.
+    pub(crate) fn of_body(status: u16, body: ErrorBody) -> ClientError {
+        match body.current_wlog_offset {
+            Some(current_wlog_offset) if body.code == WLOG_CONFLICT => ClientError::WlogConflict {
+                current_wlog_offset,
+                message: body.message,
+            },
+            _ => ClientError::Api {
+                status,
+                code: body.code,
+                message: body.message,
+            },
+        }
+    }
 }
+
+/// The code of a refusal on an expected WLog offset.
+const WLOG_CONFLICT: &str = "wlog_conflict";

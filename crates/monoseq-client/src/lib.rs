@@ -3,7 +3,9 @@
 //! `monoseq-wire`), retries that are safe (one `Idempotency-Key` per logical command, reused
 //! on every retry; `Retry-After` honoured, with jittered backoff), and, given several nodes,
 //! sending each command to its partition's owner (learned from `/v1/cluster` and from 307
-//! redirects, refreshed on `not_owner`, a redirect or a refused connection). Reads: events,
+//! redirects, refreshed on `not_owner`, a redirect or a refused connection). A command may
+//! carry an append condition (`CommandBody::with_expected_wlog_offset`); a refusal on it is
+//! [`ClientError::WlogConflict`] with the workspace's current WLog offset. Reads: events,
 //! WLog pages as a stream, records; consumer positions, set by compare-and-set; named
 //! sequences through `monoseq-named-http`. Each attempt
 //! (status or error, and its time) and each wait before a retry is logged at debug level

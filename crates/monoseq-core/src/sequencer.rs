@@ -1,6 +1,7 @@
 //! The sequencer: hands out PLog offsets and per-workspace numbers in sequencing transactions
-//! (start → next* → flush | actualize). Owns the cache of recent workspaces and the numbers of
-//! the open transaction; shares the backlog with its background worker.
+//! (start → next* → flush | actualize, or start → cancel when nothing was handed out). Owns
+//! the cache of recent workspaces and the numbers of the open transaction; shares the backlog
+//! with its background worker.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -773,8 +774,9 @@ impl<S: SeqStorage> Drop for Sequencer<S> {
 }
 
 /// An open sequencing transaction. Finish it with [`flush`](Self::flush) once the event is
-/// durable, or [`actualize`](Self::actualize) when writing it failed. Dropping it unfinished
-/// actualizes, so its numbers are handed out again unless the PLog shows them used.
+/// durable, or [`actualize`](Self::actualize) when writing it failed; one that handed out
+/// nothing may [`cancel`](Self::cancel) instead. Dropping it unfinished actualizes, so its
+/// numbers are handed out again unless the PLog shows them used.
 #[must_use = "finish the transaction with flush() or actualize()"]
 pub struct Transaction<'a, S: SeqStorage> {
     seq: &'a mut Sequencer<S>,
@@ -835,6 +837,70 @@ impl<S: SeqStorage> Transaction<'_, S> {
         self.seq.current_numbers[i] = n;
         self.seq.tx_touched |= 1 << i;
         Ok(n)
+    }
+
+    /// The last number of sequence `seq` in the transaction's workspace, without handing one
+    /// out: the largest stored or handed out (by this transaction's [`next`](Self::next)
+    /// too), `Number(0)` when there is none. It is not raised to the sequence's initial value:
+    /// a workspace that never had a number answers `Number(0)` whatever its initial value, and
+    /// a number below the initial value (carried by an event without this sequence handing it
+    /// out, or handed out before the initial value was raised) is answered as it is; `next`
+    /// then hands out the initial value.
+    ///
+    /// # Errors
+    ///
+    /// [`NextError::UnknownSequence`] if the workspace kind has no such sequence.
+    #[inline]
+    pub fn current(&self, seq: SeqId) -> Result<Number, NextError> {
+        let kind = &self.seq.shared.params.kinds[self.kind_index];
+        match kind.index_of(seq) {
+            Some(i) => Ok(self.seq.current_numbers[i]),
+            None => Err(NextError::UnknownSequence {
+                kind: kind.kind,
+                seq,
+            }),
+        }
+    }
+
+    /// Ends a transaction that handed out nothing as if it never started: its PLog offset goes
+    /// to the next transaction, every sequence keeps its numbers, nothing reaches the backlog
+    /// and no actualization runs. For a command refused after a look at
+    /// [`current`](Self::current), such as an append on an expected WLog offset that does not
+    /// match.
+    ///
+    /// # Errors
+    ///
+    /// The transaction itself, unchanged, once [`next`](Self::next) handed out a number: a
+    /// number handed out cannot be taken back without the PLog deciding. Finish it with
+    /// [`flush`](Self::flush), [`commit_pending`](Self::commit_pending) or
+    /// [`actualize`](Self::actualize) (dropping it actualizes).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use monoseq_core::mem::MemSeqStorage;
+    /// use monoseq_core::{Number, PLogOffset, Params, SeqId, Sequencer, Start, Step, WsId, WsKind};
+    ///
+    /// let params = Params::builder().kind(WsKind(1), [(SeqId(1), Number(1))]).build()?;
+    /// let (mut seq, mut worker) = Sequencer::new_manual(params, MemSeqStorage::new());
+    /// assert_eq!(worker.step(), Step::Idle); // actualized
+    /// let Start::Began(tx) = seq.start(WsKind(1), WsId(7))? else { panic!("busy") };
+    /// assert_eq!(tx.current(SeqId(1))?, Number(0)); // no number yet
+    /// tx.cancel().expect("nothing was handed out");
+    /// let Start::Began(mut tx) = seq.start(WsKind(1), WsId(7))? else { panic!("busy") };
+    /// assert_eq!(tx.plog_offset(), PLogOffset(1)); // the cancelled one took no offset
+    /// assert_eq!(tx.next(SeqId(1))?, Number(1));
+    /// let tx = tx.cancel().expect_err("a number was handed out");
+    /// tx.actualize();
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cancel(mut self) -> Result<(), Self> {
+        if self.seq.tx_touched != 0 {
+            return Err(self);
+        }
+        self.done = true;
+        self.seq.shared.set_status(Status::Ready);
+        Ok(())
     }
 
     /// Commits the transaction: call it only after the event is durable in the PLog. Its

@@ -1,5 +1,5 @@
 //! Deterministic simulation of the sequencer: seeded schedules of transactions, flushes,
-//! actualizations, background steps, storage failures and crashes (also in the middle of a
+//! cancels, actualizations, background steps, storage failures and crashes (also in the middle of a
 //! storage write), checked after every action against a model of the PLog.
 //!
 //! The sequencer runs in manual mode: the simulation decides when its worker steps, so one seed
@@ -211,6 +211,14 @@ impl Sim {
             }
         }
         let old_wlog = self.expected_next(kind, NumberKey { ws, seq: WLOG }) > Number(2);
+        // Per sequence, its initial value and the number `next` must hand out, if declared.
+        let model = [WLOG, CREC, OWREC].map(|s| {
+            let declared = self.params.initial_value(kind, s);
+            (
+                s,
+                declared.map(|i| (i, self.expected_next(kind, NumberKey { ws, seq: s }))),
+            )
+        });
         let (seq, _) = self.seq.as_mut().unwrap();
         let mut tx = match seq.start(kind, ws) {
             Ok(Start::Began(tx)) => tx,
@@ -227,6 +235,31 @@ impl Sim {
             expect_offset,
             "PLog offset not contiguous"
         );
+        for (s, declared) in model {
+            let Some((initial, next)) = declared else {
+                assert!(tx.current(s).is_err(), "current of an undeclared sequence");
+                continue;
+            };
+            let current = tx.current(s).unwrap();
+            if next > initial {
+                assert_eq!(
+                    Number(current.0 + 1),
+                    next,
+                    "current is not the last number"
+                );
+            } else {
+                assert!(
+                    current < initial,
+                    "current {current} but nothing handed out"
+                );
+            }
+        }
+        if outcome >= 97 {
+            // Refused after a look at `current`: cancelled, as if it never started (the next
+            // transaction's offset and numbers are checked against the model).
+            tx.cancel().expect("nothing was handed out");
+            return;
+        }
         let mut values = Vec::new();
         let mut expected = expected.into_iter();
         for &s in &seqs {
@@ -242,6 +275,7 @@ impl Sim {
                 ),
             }
         }
+        let handed_out = !values.is_empty();
         if external {
             // An event may carry numbers this transaction did not hand out: a reserved or
             // singleton ID below the initial value, and an old, already used WLog number
@@ -288,10 +322,23 @@ impl Sim {
                 tx.actualize();
             }
             // The caller gave up without finishing.
-            _ => {
+            95 => {
                 self.pending.clear();
                 drop(tx);
             }
+            // The caller cancels; once `next` handed out a number the transaction is handed
+            // back, and it gives up on it.
+            _ => match tx.cancel() {
+                Ok(()) => assert!(!handed_out, "cancelled after handing out numbers"),
+                Err(tx) => {
+                    assert!(
+                        handed_out,
+                        "a transaction without numbers was not cancelled"
+                    );
+                    self.pending.clear();
+                    drop(tx);
+                }
+            },
         }
     }
 

@@ -42,6 +42,13 @@ pub struct Command {
     /// The argument object (an ODoc with nested ORecords), with raw IDs.
     #[serde(default)]
     pub argument: Option<NewArg>,
+    /// Applies the command only if its workspace's WLog ends at this offset: the WLog offset
+    /// of the workspace's last event, 0 when it has none yet. Otherwise the command is refused
+    /// with [`CommandError::WlogConflict`](crate::CommandError::WlogConflict) and takes no
+    /// number. Part of the idempotency fingerprint when present; left out of it when absent,
+    /// so fingerprints of commands without it are what they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_wlog_offset: Option<u64>,
 }
 
 /// A record to create.

@@ -66,6 +66,22 @@ pub enum CommandError {
     /// retry with the same idempotency key is safe). Retry later.
     #[error("storage unavailable: {0}; retry later")]
     Storage(String),
+    /// The command carried an expected WLog offset and its workspace's WLog does not end
+    /// there: nothing was written and no number taken. Read the workspace's WLog up to
+    /// `current`, decide again, and resend expecting `current`.
+    #[error(
+        "the WLog of workspace {ws} ends at offset {current}, not at the expected \
+         {expected}; nothing was written: read the workspace's WLog up to {current} and resend \
+         with expected_wlog_offset {current} if the command still holds"
+    )]
+    WlogConflict {
+        /// The workspace.
+        ws: u64,
+        /// The offset the command expected.
+        expected: u64,
+        /// The WLog offset of the workspace's last event (0: none yet).
+        current: u64,
+    },
     /// The processor is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
@@ -97,6 +113,7 @@ impl CommandError {
             CommandError::Storage(_) => "storage_unavailable",
             CommandError::ShuttingDown => "shutting_down",
             CommandError::NotOwner { .. } => "not_owner",
+            CommandError::WlogConflict { .. } => "wlog_conflict",
         }
     }
 
@@ -109,7 +126,9 @@ impl CommandError {
             | CommandError::UnknownWsKind(_)
             | CommandError::InvalidKey(_) => ErrorClass::Invalid,
             CommandError::UnknownRecord { .. } => ErrorClass::NotFound,
-            CommandError::SequenceViolation(_) | CommandError::Exhausted(_) => ErrorClass::Conflict,
+            CommandError::SequenceViolation(_)
+            | CommandError::Exhausted(_)
+            | CommandError::WlogConflict { .. } => ErrorClass::Conflict,
             CommandError::TooLarge(_) => ErrorClass::TooLarge,
             CommandError::KeyReused { .. } => ErrorClass::Unprocessable,
             CommandError::Corrupted(_) => ErrorClass::Damaged,
@@ -118,6 +137,15 @@ impl CommandError {
             | CommandError::Storage(_)
             | CommandError::ShuttingDown
             | CommandError::NotOwner { .. } => ErrorClass::Transient,
+        }
+    }
+
+    /// With [`CommandError::WlogConflict`]: the WLog offset the workspace's WLog ends at.
+    #[must_use]
+    pub fn current_wlog_offset(&self) -> Option<u64> {
+        match self {
+            CommandError::WlogConflict { current, .. } => Some(*current),
+            _ => None,
         }
     }
 
@@ -159,8 +187,9 @@ pub enum ErrorClass {
     Invalid,
     /// Something the command names does not exist.
     NotFound,
-    /// The command conflicts with stored state (a sequence violation or an exhausted
-    /// sequence); retrying the same command does not help.
+    /// The command conflicts with stored state (a sequence violation, an exhausted sequence,
+    /// or a WLog that does not end at the expected offset); retrying the same command does
+    /// not help.
     Conflict,
     /// The command is over a limit.
     TooLarge,

@@ -215,4 +215,19 @@ mod tests {
         assert_eq!(fingerprint(&a), fingerprint(&b));
         assert_ne!(fingerprint(&a), fingerprint(&c));
     }
+
+    #[test]
+    fn an_expected_wlog_offset_is_part_of_the_fingerprint_only_when_given() {
+        let plain: Command =
+            serde_json::from_str(r#"{"ws": 1, "ws_kind": 1, "command": "c"}"#).unwrap();
+        // Fingerprints stored before the field existed still match a command without it.
+        assert_eq!(fingerprint(&plain), 0x9582_0d04_d74a_c0ef);
+        let on = |n| Command {
+            expected_wlog_offset: Some(n),
+            ..plain.clone()
+        };
+        assert_ne!(fingerprint(&on(0)), fingerprint(&plain));
+        assert_ne!(fingerprint(&on(0)), fingerprint(&on(1)));
+        assert_eq!(fingerprint(&on(1)), fingerprint(&on(1)));
+    }
 }

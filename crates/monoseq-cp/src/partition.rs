@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use monoseq_backoff::Backoff;
 use monoseq_core::{
     Busy, NextError, Params, PoisonReason, Runtime, Sequencer, SequencerHandle, Start, StartError,
-    Status,
+    Status, Transaction,
 };
 use monoseq_kv::{KvError, KvStore};
 use monoseq_store::{
@@ -233,6 +233,9 @@ struct Group {
     followers: Vec<(Job, usize)>,
     /// Retries of events above the mark, answered once the mark covers them.
     replays: Vec<(Job, Outcome, Mark)>,
+    /// Commands refused on an expected WLog offset after the group accepted others: answered
+    /// once the group is written, retried with its innocent commands if it fails.
+    conflicts: Vec<(Job, CommandError)>,
 }
 
 impl Group {
@@ -243,6 +246,7 @@ impl Group {
             in_group: HashMap::new(),
             followers: Vec::new(),
             replays: Vec::new(),
+            conflicts: Vec::new(),
         }
     }
 }
@@ -887,6 +891,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             events,
             followers,
             replays,
+            conflicts,
             ..
         } = group;
         let replayed = replays.iter().fold(self.mark, |m, r| m.max(&r.2));
@@ -903,6 +908,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             Ok(()) => {
                 let write = writing.elapsed();
                 self.written_group(mark, accepted, followers, replays);
+                self.answer_conflicts(conflicts);
                 self.slow
                     .note(self.partition, commands, (oldest, began), write);
                 Vec::new()
@@ -912,7 +918,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 for (job, _, _) in replays {
                     answer(&self.counters, job, Err(storage_error(&e)));
                 }
-                self.failed_group(&e, accepted, followers)
+                let mut retry = self.failed_group(&e, accepted, followers);
+                retry.extend(conflicts.into_iter().map(|(job, _)| job));
+                retry
             }
         }
     }
@@ -957,7 +965,19 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 group.events.push(event);
                 group.accepted.push(Accepted { job, outcome });
             }
+            // Decided against this group's unwritten events too: answered once they are
+            // durable (a refusal never names an offset that may not be written).
+            Err(e @ CommandError::WlogConflict { .. }) if !group.accepted.is_empty() => {
+                group.conflicts.push((job, e));
+            }
             Err(e) => answer(&self.counters, job, Err(e)),
+        }
+    }
+
+    /// Answers the group's refusals on an expected WLog offset, once its events are durable.
+    fn answer_conflicts(&self, conflicts: Vec<(Job, CommandError)>) {
+        for (job, e) in conflicts {
+            answer(&self.counters, job, Err(e));
         }
     }
 
@@ -1133,11 +1153,13 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         )))
     }
 
-    /// Runs the sequencing transaction of one command, committed as pending.
+    /// Runs the sequencing transaction of one command, committed as pending. A command whose
+    /// expected WLog offset is not where its workspace's WLog ends (the group's earlier
+    /// commands included) cancels the transaction: it takes no number.
     fn sequence(&mut self, job: &Job, now_ms: u64) -> Result<(Event, Outcome), CommandError> {
         let plan = &job.plan;
         let updated = self.read_updated(job)?;
-        let mut tx = match self.seq.start(plan.ws_kind, plan.ws) {
+        let tx = match self.seq.start(plan.ws_kind, plan.ws) {
             Ok(Start::Began(tx)) => tx,
             Ok(Start::Busy(b)) => return Err(busy(b)),
             Err(StartError::UnknownWsKind(k)) => return Err(CommandError::UnknownWsKind(k.0)),
@@ -1159,12 +1181,6 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 });
             }
         };
-        let wlog = tx.next(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
-        let mut ids = BTreeMap::new();
-        for &(raw, kind) in &plan.raw_ids {
-            let n = tx.next(RecordKind::id_sequence(kind)).map_err(next_error)?;
-            ids.insert(raw, n.0);
-        }
         let plog = tx.plog_offset();
         if plog.0 <= self.mark.plog {
             // The PLog was re-read (an actualization) and ends before events this partition
@@ -1173,6 +1189,13 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             let reason = lost_reason(self.partition.0, self.mark.plog, plog.0 - 1);
             self.lost = Some(reason.clone());
             return Err(CommandError::Corrupted(reason));
+        }
+        let mut tx = on_expected_wlog(tx, &job.cmd)?;
+        let wlog = tx.next(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
+        let mut ids = BTreeMap::new();
+        for &(raw, kind) in &plan.raw_ids {
+            let n = tx.next(RecordKind::id_sequence(kind)).map_err(next_error)?;
+            ids.insert(raw, n.0);
         }
         let kinds: Vec<(RecordKind, String)> =
             updated.iter().map(|r| (r.kind, r.name.clone())).collect();
@@ -1247,6 +1270,31 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             .fetch_add(s.misses.saturating_sub(m), Ordering::Relaxed);
         self.reported = (s.hits, s.misses);
     }
+}
+
+/// The transaction, when the command expects no WLog offset or the one its workspace's WLog
+/// ends at; else the transaction is cancelled (it handed out nothing yet, so the PLog offset
+/// and every number stay for the next command, and no actualization runs) and the command
+/// refused.
+fn on_expected_wlog<'a, S: KvStore + Clone>(
+    tx: Transaction<'a, Storage<S>>,
+    cmd: &Command,
+) -> Result<Transaction<'a, Storage<S>>, CommandError> {
+    let Some(expected) = cmd.expected_wlog_offset else {
+        return Ok(tx);
+    };
+    let current = tx.current(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
+    if current.0 == expected {
+        return Ok(tx);
+    }
+    if let Err(tx) = tx.cancel() {
+        tx.actualize();
+    }
+    Err(CommandError::WlogConflict {
+        ws: cmd.ws,
+        expected,
+        current: current.0,
+    })
 }
 
 fn answer(counters: &Counters, job: Job, result: Result<Outcome, CommandError>) {

@@ -152,6 +152,7 @@ fn command(ws: u64, op: u64) -> Command {
         }],
         update: Vec::new(),
         argument: None,
+        expected_wlog_offset: None,
     }
 }
 

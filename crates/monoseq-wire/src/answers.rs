@@ -14,6 +14,10 @@ pub struct ErrorBody {
     /// With `corrupted`: the damaged place.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// With `wlog_conflict`: the WLog offset the workspace's WLog ends at (the offset of its
+    /// last event, 0 when it has none), to read up to and resend the command expecting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_wlog_offset: Option<u64>,
 }
 
 /// The kind of a stored record or argument object.
@@ -190,6 +194,22 @@ mod tests {
         .unwrap();
         assert!(
             matches!(many, ClusterBody::Clustered { ref nodes, .. } if nodes[0].url == "http://a")
+        );
+    }
+
+    #[test]
+    fn a_wlog_conflict_carries_the_current_offset() {
+        let e: ErrorBody = serde_json::from_value(
+            json!({"code": "wlog_conflict", "message": "m", "current_wlog_offset": 12}),
+        )
+        .unwrap();
+        assert_eq!(e.current_wlog_offset, Some(12));
+        let plain: ErrorBody =
+            serde_json::from_value(json!({"code": "busy", "message": "m"})).unwrap();
+        assert_eq!(plain.current_wlog_offset, None);
+        assert_eq!(
+            serde_json::to_value(&plain).unwrap(),
+            json!({"code": "busy", "message": "m"})
         );
     }
 

@@ -57,6 +57,16 @@ pub struct BatchCommandBody {
     /// As [`CommandBody::argument`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub argument: Option<NewArgBody>,
+    /// As [`CommandBody::expected_wlog_offset`]: this command alone is refused
+    /// (`wlog_conflict`) when its workspace's WLog does not end there. Commands of one batch
+    /// on one workspace run in the order sent, so the second of two on the same expected
+    /// offset sees the first's event.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::command::expected_wlog_offset"
+    )]
+    pub expected_wlog_offset: Option<u64>,
 }
 
 impl BatchCommandBody {
@@ -71,6 +81,7 @@ impl BatchCommandBody {
             create: command.create,
             update: command.update,
             argument: command.argument,
+            expected_wlog_offset: command.expected_wlog_offset,
         }
     }
 
@@ -84,6 +95,7 @@ impl BatchCommandBody {
             create: self.create,
             update: self.update,
             argument: self.argument,
+            expected_wlog_offset: self.expected_wlog_offset,
         };
         (self.idempotency_key, command)
     }
@@ -163,6 +175,22 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_command_carries_its_expected_wlog_offset() {
+        let item: BatchCommandBody = serde_json::from_value(json!({
+            "ws": 7, "ws_kind": 1, "command": "c", "expected_wlog_offset": 4
+        }))
+        .expect("a valid command");
+        let (_, command) = item.clone().into_parts();
+        assert_eq!(command.expected_wlog_offset, Some(4));
+        assert_eq!(BatchCommandBody::new(command, None), item);
+        let e = serde_json::from_value::<BatchCommandBody>(json!({
+            "ws": 7, "ws_kind": 1, "command": "c", "expected_wlog_offset": -4
+        }))
+        .expect_err("a negative offset");
+        assert!(e.to_string().contains("expected_wlog_offset"), "{e}");
+    }
+
+    #[test]
     fn unknown_fields_of_a_batch_command_are_refused() {
         let e = serde_json::from_value::<BatchCommandBody>(json!({
             "ws": 7, "ws_kind": 1, "command": "c", "key": "k"
@@ -187,6 +215,7 @@ mod tests {
                 code: "busy".into(),
                 message: "retry".into(),
                 key: None,
+                current_wlog_offset: None,
             },
             Some(1),
         );

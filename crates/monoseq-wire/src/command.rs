@@ -24,6 +24,16 @@ pub struct CommandBody {
     /// The argument object, with raw IDs.
     #[serde(default)]
     pub argument: Option<NewArgBody>,
+    /// Applies the command only if the workspace's WLog ends at this offset (the WLog offset
+    /// of its last event; 0: it has none yet); otherwise it is refused `409 wlog_conflict`
+    /// with `current_wlog_offset` in the error body, and takes no number. Optimistic
+    /// concurrency per workspace: of commands sent on the same expected offset, one succeeds.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "expected_wlog_offset"
+    )]
+    pub expected_wlog_offset: Option<u64>,
 }
 
 impl CommandBody {
@@ -37,8 +47,85 @@ impl CommandBody {
             create: Vec::new(),
             update: Vec::new(),
             argument: None,
+            expected_wlog_offset: None,
         }
     }
+
+    /// The command, applied only if its workspace's WLog ends at `offset` (0: the workspace
+    /// has no event yet); see [`CommandBody::expected_wlog_offset`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use monoseq_wire::CommandBody;
+    ///
+    /// let first = CommandBody::new(7, 1, "app.Open").with_expected_wlog_offset(0);
+    /// let json = serde_json::to_value(&first).expect("serializes");
+    /// assert_eq!(json["expected_wlog_offset"], 0);
+    /// ```
+    #[must_use]
+    pub fn with_expected_wlog_offset(mut self, offset: u64) -> CommandBody {
+        self.expected_wlog_offset = Some(offset);
+        self
+    }
+}
+
+/// Reads `expected_wlog_offset` (absent or `null`: none) and refuses, naming the field,
+/// anything but a whole number from 0 to `u64::MAX`: a negative number, a fraction, a number
+/// too large, text.
+pub(crate) fn expected_wlog_offset<'de, D>(d: D) -> Result<Option<u64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Offset;
+
+    impl<'de> serde::de::Visitor<'de> for Offset {
+        type Value = Option<u64>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(
+                f,
+                "expected_wlog_offset as a whole number from 0 to {}",
+                u64::MAX
+            )
+        }
+
+        fn visit_none<E: serde::de::Error>(self) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Option<u64>, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D2: serde::Deserializer<'de>>(self, d: D2) -> Result<Option<u64>, D2::Error> {
+            d.deserialize_any(Offset)
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Option<u64>, E> {
+            Ok(Some(v))
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Option<u64>, E> {
+            u64::try_from(v).map(Some).map_err(|_| {
+                E::custom(format!(
+                    "expected_wlog_offset is {v}: give the WLog offset as a whole number from 0 \
+                     to {}",
+                    u64::MAX
+                ))
+            })
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Option<u64>, E> {
+            Err(E::custom(format!(
+                "expected_wlog_offset is {v}: give the WLog offset as a whole number from 0 to \
+                 {} (no fraction, no exponent)",
+                u64::MAX
+            )))
+        }
+    }
+
+    d.deserialize_option(Offset)
 }
 
 /// A record to create.
@@ -133,6 +220,58 @@ mod tests {
         }))
         .unwrap_err();
         assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn an_expected_wlog_offset_is_read_and_written_only_when_given() {
+        let none: CommandBody =
+            serde_json::from_value(json!({"ws": 7, "ws_kind": 1, "command": "c"})).unwrap();
+        assert_eq!(none.expected_wlog_offset, None);
+        assert!(
+            !serde_json::to_string(&none)
+                .unwrap()
+                .contains("expected_wlog_offset")
+        );
+        let null: CommandBody = serde_json::from_value(
+            json!({"ws": 7, "ws_kind": 1, "command": "c", "expected_wlog_offset": null}),
+        )
+        .unwrap();
+        assert_eq!(null.expected_wlog_offset, None);
+        for n in [0, 5, u64::MAX] {
+            let text =
+                format!(r#"{{"ws":7,"ws_kind":1,"command":"c","expected_wlog_offset":{n}}}"#);
+            let body: CommandBody = serde_json::from_str(&text).unwrap();
+            assert_eq!(body.expected_wlog_offset, Some(n));
+            assert_eq!(
+                body,
+                CommandBody::new(7, 1, "c").with_expected_wlog_offset(n)
+            );
+            assert!(
+                serde_json::to_string(&body)
+                    .unwrap()
+                    .contains(&n.to_string())
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_expected_wlog_offset_is_refused_naming_the_field() {
+        for bad in [
+            "-1",
+            "1.5",
+            "18446744073709551616",
+            "1e3",
+            "\"5\"",
+            "true",
+            "[]",
+            "{}",
+        ] {
+            let text =
+                format!(r#"{{"ws":7,"ws_kind":1,"command":"c","expected_wlog_offset":{bad}}}"#);
+            let e = serde_json::from_str::<CommandBody>(&text).unwrap_err();
+            assert!(e.is_data(), "{bad}: {e}");
+            assert!(e.to_string().contains("expected_wlog_offset"), "{bad}: {e}");
+        }
     }
 
     #[test]

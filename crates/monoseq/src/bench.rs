@@ -7,6 +7,8 @@
 //! server keeps its marks, always).
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -56,6 +58,12 @@ pub struct BenchArgs {
     /// Send every command with its own `Idempotency-Key`, to measure what keys cost.
     #[arg(long)]
     pub idempotency_keys: bool,
+    /// In-process only: send every command on the expected WLog offset of its workspace
+    /// (`expected_wlog_offset`, as the clients last saw it), to measure what the condition
+    /// costs. A command refused `wlog_conflict` (two clients on one workspace at once) is
+    /// counted apart, as `conflicts`.
+    #[arg(long, conflicts_with = "url")]
+    pub expected_wlog_offset: bool,
     /// With --url: send the commands in batches of this many (`POST /v1/commands/batch`), each
     /// gathered from the commands of one partition owner, counting each command; latencies are
     /// per batch.
@@ -82,6 +90,8 @@ struct Tally {
     ok: u64,
     busy: u64,
     failed: u64,
+    /// Refused `wlog_conflict` (`--expected-wlog-offset`).
+    conflicts: u64,
     latency_us: Histogram<u64>,
 }
 
@@ -91,6 +101,7 @@ impl Tally {
             ok: 0,
             busy: 0,
             failed: 0,
+            conflicts: 0,
             latency_us: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
         }
     }
@@ -99,6 +110,7 @@ impl Tally {
         self.ok += other.ok;
         self.busy += other.busy;
         self.failed += other.failed;
+        self.conflicts += other.conflicts;
         let _ = self.latency_us.add(&other.latency_us);
     }
 }
@@ -183,9 +195,14 @@ fn print_results(
         (None, _) => "2",
     };
     let h = &tally.latency_us;
+    let conflicts = if args.expected_wlog_offset {
+        format!(" conflicts={}", tally.conflicts)
+    } else {
+        String::new()
+    };
     println!(
         "bench: mode={mode} trust={trust} partitions={} clients={} ok={} busy={} failed={} \
-         throughput={:.0} cmd/s p50={}us p90={}us p99={}us p999={}us max={}us",
+         throughput={:.0} cmd/s p50={}us p90={}us p99={}us p999={}us max={}us{conflicts}",
         if args.url.is_some() {
             "server's".to_owned()
         } else {
@@ -210,10 +227,16 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
     deadline: Instant,
 ) -> Tally {
     let mut tasks = Vec::with_capacity(args.clients);
+    // With `--expected-wlog-offset`: the last WLog offset seen of each workspace, shared by
+    // the clients (a fresh store starts every workspace at 0).
+    let ends: Option<Arc<[AtomicU64]>> = args
+        .expected_wlog_offset
+        .then(|| (0..args.workspaces).map(|_| AtomicU64::new(0)).collect());
     for client in 0..args.clients as u64 {
         let cp = cp.clone();
         let workspaces = args.workspaces;
         let keys = args.idempotency_keys;
+        let ends = ends.clone();
         tasks.push(tokio::spawn(async move {
             let mut t = Tally::new();
             let mut i = client;
@@ -225,15 +248,26 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
                 n += 1;
                 let mut cmd = crate::wire::command(template.clone());
                 cmd.ws = ws;
+                let end = ends.as_deref().map(|e| &e[(ws - 1) as usize]);
+                cmd.expected_wlog_offset = end.map(|e| e.load(Ordering::Relaxed));
                 let key = keys.then(|| {
                     monoseq_cp::IdempotencyKey::new(&format!("bench-{client}-{n}"))
                         .expect("a valid key")
                 });
                 let began = Instant::now();
                 match cp.submit_keyed(cmd, key).await {
-                    Ok(_) => {
+                    Ok(out) => {
                         t.ok += 1;
                         let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
+                        if let Some(e) = end {
+                            e.fetch_max(out.wlog_offset, Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) if e.current_wlog_offset().is_some() => {
+                        t.conflicts += 1;
+                        if let (Some(end), Some(current)) = (end, e.current_wlog_offset()) {
+                            end.fetch_max(current, Ordering::Relaxed);
+                        }
                     }
                     Err(e) if e.is_transient() => {
                         t.busy += 1;

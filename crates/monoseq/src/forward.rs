@@ -206,6 +206,7 @@ async fn batch_results(answer: Response) -> Result<BatchAnswerBody, BatchResultB
              commands ran is unknown: retry them with their idempotency keys"
         ),
         key: None,
+        current_wlog_offset: None,
     });
     Err(BatchResultBody::refused(
         status.as_u16(),

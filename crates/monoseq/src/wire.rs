@@ -15,6 +15,7 @@ pub fn command(b: CommandBody) -> Command {
         create: b.create.into_iter().map(new_record).collect(),
         update: b.update.into_iter().map(record_update).collect(),
         argument: b.argument.map(new_arg),
+        expected_wlog_offset: b.expected_wlog_offset,
     }
 }
 
@@ -72,7 +73,8 @@ mod tests {
             "ws": 7, "ws_kind": 1, "command": "app.Create",
             "create": [{"raw_id": 1, "kind": "WRecord", "name": "app.Row", "fields": {"n": 1}}],
             "update": [{"id": 9, "fields": {"paid": true}}],
-            "argument": {"raw_id": 2, "name": "app.Arg", "children": [{"raw_id": 3, "name": "c"}]}
+            "argument": {"raw_id": 2, "name": "app.Arg", "children": [{"raw_id": 3, "name": "c"}]},
+            "expected_wlog_offset": 4
         }))
         .expect("a valid body");
         let cmd = command(body);
@@ -84,6 +86,7 @@ mod tests {
         assert_eq!(cmd.update[0].id, 9);
         let arg = cmd.argument.expect("argument");
         assert_eq!((arg.raw_id, arg.children[0].raw_id), (2, 3));
+        assert_eq!(cmd.expected_wlog_offset, Some(4));
     }
 
     #[test]

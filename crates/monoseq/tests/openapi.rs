@@ -51,6 +51,14 @@ async fn exercise(client: &reqwest::Client, url: &str) {
             Some("k-1"),
         ),
         (command.clone(), Some(&long_key)),
+        (
+            json!({"ws": 6, "ws_kind": 1, "command": "c", "expected_wlog_offset": 0}),
+            None,
+        ),
+        (
+            json!({"ws": 6, "ws_kind": 1, "command": "c", "expected_wlog_offset": -1}),
+            None,
+        ),
     ] {
         post(body, key).await.unwrap();
     }

@@ -27,6 +27,7 @@ fn order(ws: u64) -> Command {
         }],
         update: Vec::new(),
         argument: None,
+        expected_wlog_offset: None,
     }
 }
 

@@ -380,6 +380,7 @@ fn bare(n: u64) -> monoseq_cp::Command {
         create: Vec::new(),
         update: Vec::new(),
         argument: None,
+        expected_wlog_offset: None,
     }
 }
 

@@ -72,9 +72,19 @@ fn first_report(st: &AppState, place: &str) -> bool {
     logged.insert(place.to_owned())
 }
 
-/// Answers a refused command with the status of its class and its stable code.
+/// Answers a refused command with the status of its class and its stable code (a
+/// `wlog_conflict` with the offset the workspace's WLog ends at).
 pub(super) fn command_error(e: &CommandError) -> Response {
     let status = status_of(e.class());
+    if let Some(current) = e.current_wlog_offset() {
+        let body = monoseq_wire::ErrorBody {
+            code: e.code().to_owned(),
+            message: chain(e),
+            key: None,
+            current_wlog_offset: Some(current),
+        };
+        return (status, axum::Json(body)).into_response();
+    }
     let r = error(status, e.code(), chain(e));
     if e.is_transient() {
         with_retry_after(r)

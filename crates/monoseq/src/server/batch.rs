@@ -207,6 +207,7 @@ fn route<'a>(
                      changed just now); retry"
                 ),
                 key: None,
+                current_wlog_offset: None,
             },
             Some(RETRY_AFTER_SECS),
         )),
@@ -277,6 +278,7 @@ fn refused(e: &CommandError) -> BatchResultBody {
             code: e.code().to_owned(),
             message: chain(e),
             key: None,
+            current_wlog_offset: e.current_wlog_offset(),
         },
         e.is_transient().then_some(RETRY_AFTER_SECS),
     )
@@ -289,6 +291,7 @@ fn invalid(code: &str, message: String) -> BatchResultBody {
             code: code.to_owned(),
             message,
             key: None,
+            current_wlog_offset: None,
         },
         None,
     )
@@ -301,6 +304,7 @@ fn internal(message: impl Into<String>) -> BatchResultBody {
             code: "internal".into(),
             message: message.into(),
             key: None,
+            current_wlog_offset: None,
         },
         None,
     )
