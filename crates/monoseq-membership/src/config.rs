@@ -23,6 +23,7 @@ pub struct Config {
     pub(crate) partitions: u32,
     pub(crate) lease_ms: u64,
     pub(crate) renew_ms: u64,
+    pub(crate) dir_id: String,
 }
 
 /// Parameters that cannot work together.
@@ -105,7 +106,30 @@ impl Config {
             partitions,
             lease_ms,
             renew_ms,
+            dir_id: String::new(),
         })
+    }
+
+    /// The same parameters for a run that holds the lock of the directory whose identity is
+    /// `dir_id` (recorded with its name): an earlier run of the name that recorded the same
+    /// identity held that lock too, and is therefore dead, so this run claims the name from it
+    /// and takes its leases back at once instead of waiting for it to go stale.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Name`] when `dir_id` is empty or longer than [`NODE_ID_BYTES_MAX`].
+    pub fn with_dir_id(mut self, dir_id: &str) -> Result<Config, ConfigError> {
+        if dir_id.is_empty() || dir_id.len() > NODE_ID_BYTES_MAX {
+            return Err(ConfigError::Name("a directory identity".to_owned()));
+        }
+        self.dir_id = dir_id.to_owned();
+        Ok(self)
+    }
+
+    /// The identity of the directory whose lock this run holds (empty: none).
+    #[must_use]
+    pub fn dir_id(&self) -> &str {
+        &self.dir_id
     }
 
     /// The node's name.

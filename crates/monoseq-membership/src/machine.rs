@@ -118,10 +118,11 @@ pub fn execute(call: &Call, table: &dyn LeaseTable, config: &Config) -> Reply {
         run_id: &config.run_id,
         url: &config.url,
         stale: Duration::from_millis(config.name_stale_ms()),
+        dir_id: &config.dir_id,
     };
     match call {
         Call::EnsurePartitions => Reply::Ensured(table.ensure_partitions(config.partitions)),
-        Call::Heartbeat => Reply::Heartbeat(table.heartbeat(me, name.run_id, name.url, name.stale)),
+        Call::Heartbeat => Reply::Heartbeat(table.heartbeat(&name)),
         Call::Renew { held } => Reply::Renewed(table.renew(me, held, lease)),
         Call::HeartbeatRenew { held } => {
             Reply::HeartbeatRenewed(table.heartbeat_and_renew(&name, held, lease))
@@ -162,6 +163,9 @@ pub struct NameTaken {
     /// Milliseconds since its last heartbeat: its age at the last read (by the database's
     /// clock) plus the time since that read's answer (by this node's clock).
     pub seen_ms_ago: u64,
+    /// It recorded the identity of the directory whose lock this run holds: it is dead, and
+    /// the name was taken from it without waiting for it to go stale.
+    pub dead: bool,
 }
 
 /// What the caller does next.
@@ -609,7 +613,10 @@ impl Membership {
                 // An earlier run stops serving once its name could be claimed as stale; a run
                 // that left gave its name up sooner, and may still be draining until then.
                 // (Its last heartbeat may predate this process's clock: added before subtracted.)
+                // One that recorded the directory whose lock this run holds is dead: its
+                // leases are taken back at once.
                 self.takeback_at = match &self.name_holder {
+                    Some(n) if self.holder_is_dead(n) => 0,
                     Some(n) => (self.name_holder_at + self.cfg.name_stale_ms())
                         .saturating_sub(n.seen_ms_ago),
                     None => now + self.cfg.name_stale_ms(),
@@ -632,6 +639,7 @@ impl Membership {
                             run_id: String::new(),
                             url: String::new(),
                             seen_ms_ago: 0,
+                            dead: false,
                         })));
                 }
             }
@@ -665,8 +673,15 @@ impl Membership {
         }
     }
 
+    /// Whether the run `n` that held this node's name is dead: it recorded the identity of the
+    /// directory whose lock this run holds, and held that lock while it ran.
+    fn holder_is_dead(&self, n: &NodeRow) -> bool {
+        !self.cfg.dir_id.is_empty() && n.dir_id == self.cfg.dir_id
+    }
+
     fn taken(&self, n: NodeRow, now: u64) -> NameTaken {
         NameTaken {
+            dead: self.holder_is_dead(&n),
             node_id: n.node_id,
             run_id: n.run_id,
             url: n.url,
@@ -876,9 +891,12 @@ impl Membership {
         now: u64,
     ) -> u64 {
         if self.settle_until.is_none() {
+            // A run that took its name from a dead earlier run holding leases is no fresh
+            // cluster either: it takes them back at once.
             let others_hold = status.leases.iter().any(|l| {
-                l.live_owner()
-                    .is_some_and(|o| o != me && live.iter().any(|n| n == o))
+                l.live_owner().is_some_and(|o| {
+                    (o != me && live.iter().any(|n| n == o)) || (o == me && self.takeback_at == 0)
+                })
             });
             let claimed = self.claimed_at.unwrap_or(now);
             self.settle_until = Some(if others_hold {

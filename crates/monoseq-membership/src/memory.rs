@@ -22,6 +22,7 @@ struct Node {
     run_id: String,
     url: String,
     seen_at_ms: u64,
+    dir_id: String,
 }
 
 #[derive(Debug, Default)]
@@ -32,18 +33,30 @@ struct Rows {
 }
 
 impl Rows {
-    fn heartbeat(&mut self, name: &NameClaim<'_>) -> bool {
+    /// A heartbeat of `name`; `by_dir`: a claim that may take the name from a run recorded
+    /// with its directory (not a member's heartbeat).
+    fn heartbeat(&mut self, name: &NameClaim<'_>, by_dir: bool) -> bool {
         let now = self.now_ms;
         let claimable = self.nodes.get(name.node_id).is_none_or(|n| {
-            n.run_id == name.run_id || now.saturating_sub(n.seen_at_ms) >= ms(name.stale)
+            n.run_id == name.run_id
+                || now.saturating_sub(n.seen_at_ms) >= ms(name.stale)
+                || (by_dir && !name.dir_id.is_empty() && n.dir_id == name.dir_id)
         });
         if claimable {
+            // A member's heartbeat keeps the identity its run claimed the name with, and
+            // records none when it takes a stale name over (as the PostgreSQL table does).
+            let dir_id = match self.nodes.get(name.node_id) {
+                _ if by_dir => name.dir_id.to_owned(),
+                Some(n) if n.run_id == name.run_id => n.dir_id.clone(),
+                _ => String::new(),
+            };
             self.nodes.insert(
                 name.node_id.to_owned(),
                 Node {
                     run_id: name.run_id.to_owned(),
                     url: name.url.to_owned(),
                     seen_at_ms: now,
+                    dir_id,
                 },
             );
         }
@@ -167,20 +180,8 @@ impl LeaseTable for MemoryLeaseTable {
         Ok(())
     }
 
-    fn heartbeat(
-        &self,
-        node_id: &str,
-        run_id: &str,
-        url: &str,
-        stale: Duration,
-    ) -> Result<bool, TableError> {
-        let name = NameClaim {
-            node_id,
-            run_id,
-            url,
-            stale,
-        };
-        Ok(self.rows().heartbeat(&name))
+    fn heartbeat(&self, name: &NameClaim<'_>) -> Result<bool, TableError> {
+        Ok(self.rows().heartbeat(name, true))
     }
 
     fn leave(&self, node_id: &str, run_id: &str) -> Result<(), TableError> {
@@ -231,7 +232,7 @@ impl LeaseTable for MemoryLeaseTable {
     ) -> Result<Option<Vec<u32>>, TableError> {
         let mut rows = self.rows();
         Ok(rows
-            .heartbeat(name)
+            .heartbeat(name, false)
             .then(|| rows.renew(name.node_id, held, lease)))
     }
 
@@ -277,6 +278,7 @@ impl LeaseTable for MemoryLeaseTable {
                     run_id: n.run_id.clone(),
                     url: n.url.clone(),
                     seen_ms_ago: now.saturating_sub(n.seen_at_ms),
+                    dir_id: n.dir_id.clone(),
                 })
                 .collect(),
         })

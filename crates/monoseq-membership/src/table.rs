@@ -37,6 +37,9 @@ pub struct NodeRow {
     pub url: String,
     /// Milliseconds since its last heartbeat by the table's clock.
     pub seen_ms_ago: u64,
+    /// The identity of the marks directory whose lock the run held when it claimed the name
+    /// (empty: none recorded).
+    pub dir_id: String,
 }
 
 /// A run's claim on its node's name, as [`LeaseTable::heartbeat_and_renew`] records it.
@@ -50,6 +53,11 @@ pub struct NameClaim<'a> {
     pub url: &'a str,
     /// How old another run's last heartbeat must be for this run to take the name over.
     pub stale: Duration,
+    /// The identity of the directory whose lock this run holds (empty: none). An earlier run
+    /// that recorded the same identity held that lock too, so it is dead: a claim
+    /// ([`LeaseTable::heartbeat`]) takes the name from it at once, without waiting for it to
+    /// go stale.
+    pub dir_id: &'a str,
 }
 
 /// Leases and nodes, read in one snapshot at one instant of the table's clock.
@@ -103,8 +111,11 @@ impl std::error::Error for TableError {}
 ///   (partition, epoch) pair therefore names one acquisition by one caller.
 /// - `renew` and `release` change a lease only when the caller holds it with the given epoch.
 /// - `heartbeat` records the run under the name only when the name is new, already this run's,
-///   or its last heartbeat is older than `stale`; it answers whether it did.
-/// - `heartbeat_and_renew` is one step: it renews only when its heartbeat was recorded.
+///   its last heartbeat is older than `stale`, or it was recorded with the claim's non-empty
+///   `dir_id`; it answers whether it did, and records the claim's `dir_id` with the run.
+/// - `heartbeat_and_renew` is one step: it renews only when its heartbeat was recorded. Its
+///   heartbeat never takes the name by `dir_id` (a member keeps its name by its run, so two
+///   live runs that claim one directory cannot take the name from each other in turn).
 /// - `status` reads every row in one snapshot at one instant.
 pub trait LeaseTable: Send + Sync {
     /// Creates the free leases of partitions `0..partitions` that are missing.
@@ -114,19 +125,14 @@ pub trait LeaseTable: Send + Sync {
     /// When the table cannot be reached.
     fn ensure_partitions(&self, partitions: u32) -> Result<(), TableError>;
 
-    /// Records that run `run_id` of `node_id` at `url` is alive now, if the name is free, this
-    /// run's, or stale (last seen `stale` ago or longer); answers whether it did.
+    /// Records that the claiming run is alive now, if the name is free, this run's, stale (last
+    /// seen `name.stale` ago or longer), or recorded with `name.dir_id` (not empty): the run
+    /// there held the lock this run holds, so it is dead. Answers whether it did.
     ///
     /// # Errors
     ///
     /// When the table cannot be reached.
-    fn heartbeat(
-        &self,
-        node_id: &str,
-        run_id: &str,
-        url: &str,
-        stale: Duration,
-    ) -> Result<bool, TableError>;
+    fn heartbeat(&self, name: &NameClaim<'_>) -> Result<bool, TableError>;
 
     /// Forgets `node_id` if run `run_id` holds the name.
     ///

@@ -1,6 +1,6 @@
 //! [`Leases`]: partition ownership among several nodes on one database, as rows of
 //! `monoseq_leases (partition, epoch, node_id, expires_at)`, and the node registry
-//! `monoseq_nodes (node_id, url, seen_at, run_id)`. Owns the lease statements and their guarantees:
+//! `monoseq_nodes (node_id, url, seen_at, run_id, dir_id)`. Owns the lease statements and their guarantees:
 //! every change of a lease is one conditional statement, every time is the database's clock
 //! (`now()`), and every takeover increments the epoch that fences the writes
 //! ([`crate::FencedPgStore`]).
@@ -100,6 +100,8 @@ pub struct NodeStatus {
     pub seen_ago_ms: i64,
     /// The run (one start of the node's process) that heartbeats under the name.
     pub run_id: String,
+    /// The identity of the directory whose lock the run held (empty: none recorded).
+    pub dir_id: String,
 }
 
 /// Every lease and every node, read in one snapshot.
@@ -268,6 +270,7 @@ async fn status(inner: &Inner) -> Result<ClusterStatus, Failure> {
             url: row.try_get(1)?,
             seen_ago_ms: row.try_get(2)?,
             run_id: row.try_get(3)?,
+            dir_id: row.try_get(4)?,
         });
     }
     Ok(ClusterStatus { leases, nodes })
@@ -327,13 +330,33 @@ impl Leases {
         url: &str,
         stale: Duration,
     ) -> Result<bool, KvError> {
+        self.claim(node_id, run_id, url, stale, "")
+    }
+
+    /// [`Leases::heartbeat`] of a run that holds the lock of the directory whose identity is
+    /// `dir_id`, recorded with the run: it also takes a name recorded with the same `dir_id`
+    /// (not empty) however fresh its heartbeat, because the run recorded there held that lock
+    /// and so is dead. Only a run claiming its name calls it: a member heartbeats with
+    /// [`Leases::heartbeat_and_renew`], which never takes a name by its directory.
+    ///
+    /// # Errors
+    ///
+    /// A storage error when the database fails.
+    pub fn claim(
+        &self,
+        node_id: &str,
+        run_id: &str,
+        url: &str,
+        stale: Duration,
+        dir_id: &str,
+    ) -> Result<bool, KvError> {
         let stale_ms = i64::try_from(stale.as_millis()).unwrap_or(i64::MAX);
         let text = &self.core.inner.sql.nodes.heartbeat;
         self.run("recording a node's heartbeat", async {
             let rows = query(
                 &self.core.inner,
                 text,
-                &[&node_id, &url, &run_id, &stale_ms],
+                &[&node_id, &url, &run_id, &stale_ms, &dir_id],
             )
             .await?;
             Ok(!rows.is_empty())
@@ -457,7 +480,8 @@ impl Leases {
     /// [`Leases::heartbeat`] and, only when it was recorded, [`Leases::renew`], in one
     /// statement (one round trip): the partitions extended, or `None` when the name is another
     /// run's (nothing was extended). A node that heartbeats with every renewal confirms its name
-    /// as often as its leases, however slow the database's answers.
+    /// as often as its leases, however slow the database's answers. It keeps the directory
+    /// identity its run claimed the name with ([`Leases::claim`]), and never takes a name by it.
     ///
     /// # Errors
     ///

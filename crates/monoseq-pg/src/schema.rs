@@ -2,7 +2,7 @@
 //! table with the recorded schema version, the key-value table, and the lease and node
 //! tables. Owns the rules that a database of an older version is migrated in place (version
 //! 1 gains the lease and node tables, version 2 the nodes' run IDs, version 3 the leases'
-//! write counts) and that one written by a
+//! write counts, version 4 the nodes' directory identities) and that one written by a
 //! newer build (a higher schema version) is refused, never used.
 
 use monoseq_kv::{KvError, OpenError};
@@ -11,8 +11,8 @@ use tokio_postgres::error::SqlState;
 use crate::error::{Failure, storage_open_error};
 use crate::exec::Conn;
 use crate::sql::{
-    SCHEMA_VERSION, SCHEMA_VERSION_KV_ONLY, SCHEMA_VERSION_NO_RUN_ID, SCHEMA_VERSION_NO_WRITES,
-    Sql, VERSION_ROW,
+    SCHEMA_VERSION, SCHEMA_VERSION_KV_ONLY, SCHEMA_VERSION_NO_DIR_ID, SCHEMA_VERSION_NO_RUN_ID,
+    SCHEMA_VERSION_NO_WRITES, Sql, VERSION_ROW,
 };
 
 /// Attempts of the whole migration: two stores opening a new schema at once may race in the
@@ -94,10 +94,16 @@ async fn versioned(
         Some(SCHEMA_VERSION_NO_RUN_ID) => {
             client.batch_execute(&sql.schema.add_run_id).await?;
             client.batch_execute(&sql.schema.add_writes).await?;
+            client.batch_execute(&sql.schema.add_dir_id).await?;
             write_version(conn, sql).await?;
         }
         Some(SCHEMA_VERSION_NO_WRITES) => {
             client.batch_execute(&sql.schema.add_writes).await?;
+            client.batch_execute(&sql.schema.add_dir_id).await?;
+            write_version(conn, sql).await?;
+        }
+        Some(SCHEMA_VERSION_NO_DIR_ID) => {
+            client.batch_execute(&sql.schema.add_dir_id).await?;
             write_version(conn, sql).await?;
         }
         Some(version) => return Ok(Err(unreadable_version(version, location))),

@@ -15,9 +15,13 @@ use monoseq_kv::Order;
 /// Version 1: the key-value table. Version 2 adds the lease and node tables. Version 3 adds
 /// the node table's `run_id` (which run of a node heartbeats under its name). Version 4 adds
 /// the lease table's `writes` (fenced writes committed under the partition's leases, which
-/// tells a fenced view that the database went back in time). A database at an older version
-/// is migrated in place.
-pub(crate) const SCHEMA_VERSION: i64 = 4;
+/// tells a fenced view that the database went back in time). Version 5 adds the node table's
+/// `dir_id` (the identity of the directory whose lock the run held, which proves a restarted
+/// run's predecessor dead). A database at an older version is migrated in place.
+pub(crate) const SCHEMA_VERSION: i64 = 5;
+
+/// The schema version whose node table has no `dir_id`.
+pub(crate) const SCHEMA_VERSION_NO_DIR_ID: i64 = 4;
 
 /// The schema version whose lease table has no `writes`.
 pub(crate) const SCHEMA_VERSION_NO_WRITES: i64 = 3;
@@ -58,6 +62,8 @@ pub(crate) struct SchemaSql {
     pub(crate) add_run_id: String,
     /// Adds `writes` to a lease table of schema version 3 or older.
     pub(crate) add_writes: String,
+    /// Adds `dir_id` to a node table of schema version 4 or older.
+    pub(crate) add_dir_id: String,
     pub(crate) read_version: String,
     pub(crate) write_version: String,
 }
@@ -99,8 +105,9 @@ pub(crate) struct LeaseSql {
     /// partitions extended. Locks the rows in partition order, as a combined write's fences
     /// do (`combine.rs`), so that the two never wait for each other in a cycle.
     pub(crate) renew: String,
-    /// Heartbeats node $1 at URL $2 as run $3 (as [`NodeSql::heartbeat`], stale after $4 ms)
-    /// and, only when that was recorded, extends for $7 ms the leases of node $1 among
+    /// Heartbeats node $1 at URL $2 as run $3 (as [`NodeSql::heartbeat`], stale after $4 ms,
+    /// but never taking the name by its directory) and, only when that was recorded, extends
+    /// for $7 ms the leases of node $1 among
     /// partitions $5 with epochs $6 (as `renew`); returns whether the heartbeat was recorded
     /// and the partitions extended.
     pub(crate) heartbeat_renew: String,
@@ -116,8 +123,9 @@ pub(crate) struct LeaseSql {
 /// Statements on the node table.
 #[derive(Debug)]
 pub(crate) struct NodeSql {
-    /// Records node $1 at URL $2 as run $3 seen now, if the name is new, run $3's, or last
-    /// seen at least $4 ms ago; returns a row when it did.
+    /// Records node $1 at URL $2 as run $3 of directory $5 seen now, if the name is new, run
+    /// $3's, last seen at least $4 ms ago, or recorded with directory $5 (not empty); returns a
+    /// row when it did.
     pub(crate) heartbeat: String,
     pub(crate) leave: String,
     /// Every node: id, URL, milliseconds since its last heartbeat by the database's clock.
@@ -214,13 +222,17 @@ impl SchemaSql {
             ),
             create_nodes: format!(
                 "CREATE TABLE IF NOT EXISTS {nodes} (node_id text PRIMARY KEY, url text NOT NULL, \
-                 seen_at timestamptz NOT NULL, run_id text NOT NULL DEFAULT '')"
+                 seen_at timestamptz NOT NULL, run_id text NOT NULL DEFAULT '', dir_id text NOT \
+                 NULL DEFAULT '')"
             ),
             add_run_id: format!(
                 "ALTER TABLE {nodes} ADD COLUMN IF NOT EXISTS run_id text NOT NULL DEFAULT ''"
             ),
             add_writes: format!(
                 "ALTER TABLE {leases} ADD COLUMN IF NOT EXISTS writes bigint NOT NULL DEFAULT 0"
+            ),
+            add_dir_id: format!(
+                "ALTER TABLE {nodes} ADD COLUMN IF NOT EXISTS dir_id text NOT NULL DEFAULT ''"
             ),
             read_version: format!("SELECT value FROM {meta} WHERE name = $1 FOR UPDATE"),
             write_version: format!(
@@ -274,7 +286,7 @@ impl KvSql {
 
 impl LeaseSql {
     fn new(leases: &str, nodes: &str) -> LeaseSql {
-        let heartbeat = heartbeat_sql(nodes);
+        let heartbeat = heartbeat_sql(nodes, false);
         // The leases of partitions $2 with epochs $3 that node $1 holds, locked in partition
         // order (as acquisitions and combined writes lock them).
         let held = format!(
@@ -339,22 +351,40 @@ impl LeaseSql {
 impl NodeSql {
     fn new(nodes: &str) -> NodeSql {
         NodeSql {
-            heartbeat: heartbeat_sql(nodes),
+            heartbeat: heartbeat_sql(nodes, true),
             leave: format!("DELETE FROM {nodes} WHERE node_id = $1 AND run_id = $2"),
             status: format!(
-                "SELECT node_id, url, -{}, run_id FROM {nodes} ORDER BY node_id",
+                "SELECT node_id, url, -{}, run_id, dir_id FROM {nodes} ORDER BY node_id",
                 ms_until("seen_at")
             ),
         }
     }
 }
 
-fn heartbeat_sql(nodes: &str) -> String {
+/// The heartbeat of node $1 at URL $2 as run $3, stale after $4 ms. `claim`: a run claiming
+/// its name, its directory's identity in $5, which also takes a name recorded with that
+/// identity (not empty); otherwise a member's, which keeps the identity its run claimed with
+/// (and records none when it takes a stale name over).
+fn heartbeat_sql(nodes: &str, claim: bool) -> String {
+    let (dir, set_dir, dead) = if claim {
+        (
+            "$5",
+            "EXCLUDED.dir_id".to_owned(),
+            format!(" OR ({nodes}.dir_id = EXCLUDED.dir_id AND EXCLUDED.dir_id <> '')"),
+        )
+    } else {
+        (
+            "''",
+            format!("CASE WHEN {nodes}.run_id = EXCLUDED.run_id THEN {nodes}.dir_id ELSE '' END"),
+            String::new(),
+        )
+    };
     format!(
-        "INSERT INTO {nodes} (node_id, url, seen_at, run_id) VALUES ($1, $2, now(), $3) ON \
-         CONFLICT (node_id) DO UPDATE SET url = EXCLUDED.url, seen_at = EXCLUDED.seen_at, run_id \
-         = EXCLUDED.run_id WHERE {nodes}.run_id = EXCLUDED.run_id OR {nodes}.seen_at <= now() - \
-         $4::bigint * interval '1 millisecond' RETURNING 1"
+        "INSERT INTO {nodes} (node_id, url, seen_at, run_id, dir_id) VALUES ($1, $2, now(), $3, \
+         {dir}) ON CONFLICT (node_id) DO UPDATE SET url = EXCLUDED.url, seen_at = \
+         EXCLUDED.seen_at, run_id = EXCLUDED.run_id, dir_id = {set_dir} WHERE {nodes}.run_id = \
+         EXCLUDED.run_id OR {nodes}.seen_at <= now() - $4::bigint * interval '1 \
+         millisecond'{dead} RETURNING 1"
     )
 }
 

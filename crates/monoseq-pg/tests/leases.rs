@@ -446,7 +446,7 @@ fn a_version_1_database_is_migrated_in_place_and_keeps_its_data() {
             &format!("SELECT value FROM {schema}.monoseq_meta WHERE name = 'schema_version'"),
         )
         .unwrap();
-    assert_eq!(version, "4");
+    assert_eq!(version, "5");
     let leases = store.leases();
     leases.ensure_partitions(1).unwrap();
     assert_eq!(leases.acquire(0, "a", SHORT).unwrap(), Some(1));
@@ -475,6 +475,54 @@ fn a_live_name_is_kept_by_its_run_and_claimed_by_another_only_once_stale() {
     assert!(!leases.heartbeat("a", "r1", "http://a:1", LONG).unwrap());
     let a = leases.status().unwrap().node("a").unwrap().clone();
     assert_eq!(a.run_id, "r2");
+}
+
+#[test]
+fn a_claim_with_the_directory_recorded_on_a_live_name_takes_it_and_a_members_heartbeat_never_does()
+{
+    let leases = fresh().leases();
+    assert!(leases.claim("a", "r1", "http://a:1", LONG, "d1").unwrap());
+    assert!(
+        !leases.claim("a", "r2", "http://a:2", LONG, "d2").unwrap(),
+        "another directory waits for staleness"
+    );
+    assert!(
+        !leases.claim("a", "r2", "http://a:2", LONG, "").unwrap(),
+        "no directory proves nothing"
+    );
+    assert!(
+        leases.claim("a", "r2", "http://a:2", LONG, "d1").unwrap(),
+        "the run recorded with this directory held its lock: it is dead"
+    );
+    let a = leases.status().unwrap().node("a").unwrap().clone();
+    assert_eq!(
+        (a.run_id.as_str(), a.url.as_str(), a.dir_id.as_str()),
+        ("r2", "http://a:2", "d1")
+    );
+    assert_eq!(
+        leases
+            .heartbeat_and_renew("a", "r1", "http://a:1", LONG, &[], LONG)
+            .unwrap(),
+        None,
+        "the earlier run's member heartbeat does not take the name back by its directory"
+    );
+    assert!(
+        leases
+            .heartbeat_and_renew("a", "r2", "http://a:2", LONG, &[], LONG)
+            .unwrap()
+            .is_some()
+    );
+    let a = leases.status().unwrap().node("a").unwrap().clone();
+    assert_eq!(a.dir_id, "d1", "a member's heartbeat keeps its directory");
+    // A member taking a stale name over records no directory: it cannot vouch for one.
+    thread::sleep(PAST_SHORT);
+    assert!(
+        leases
+            .heartbeat_and_renew("a", "r3", "http://a:3", SHORT, &[], LONG)
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(leases.status().unwrap().node("a").unwrap().dir_id, "");
 }
 
 /// Rebuilds a fresh store's lease and node tables as schema `version` (2: neither the nodes'
@@ -573,7 +621,7 @@ fn an_older_database_is_migrated_in_place(version: u32) {
     });
     let current = (
         "partition,epoch,node_id,expires_at,writes",
-        "node_id,url,seen_at,run_id",
+        "node_id,url,seen_at,run_id,dir_id",
     );
     assert_eq!(
         (
@@ -588,7 +636,7 @@ fn an_older_database_is_migrated_in_place(version: u32) {
             &format!("SELECT value FROM {schema}.monoseq_meta WHERE name = 'schema_version'"),
         )
         .unwrap();
-    assert_eq!(version_now, "4");
+    assert_eq!(version_now, "5");
     let store = &stores[0];
     assert_eq!(
         store.get(Key::new(b"p", b"a")).unwrap(),

@@ -91,7 +91,7 @@ fn a_database_with_a_newer_schema_version_is_refused_with_both_versions() {
         other => panic!("expected a storage error, got {other}"),
     };
     assert!(message.contains("version 7"), "{message}");
-    assert!(message.contains("version 4"), "{message}");
+    assert!(message.contains("version 5"), "{message}");
     // Refused, not changed: the recorded version stays.
     let version = cluster
         .psql(
@@ -120,7 +120,7 @@ fn a_reopened_store_reads_what_was_written_and_records_its_version() {
             &format!("SELECT value FROM {schema}.monoseq_meta WHERE name = 'schema_version'"),
         )
         .unwrap();
-    assert_eq!(version, "4");
+    assert_eq!(version, "5");
 }
 
 #[test]

@@ -197,6 +197,113 @@ fn a_restart_takes_its_leases_back_before_they_expire() {
     );
 }
 
+/// Node `name`'s run `run`, holding the lock of the directory whose identity is `dir`.
+fn node_in(name: &str, run: &str, partitions: u32, dir: &str) -> Node {
+    let mut n = node(name, run, partitions);
+    let cfg =
+        n.m.config()
+            .clone()
+            .with_dir_id(dir)
+            .expect("a valid identity");
+    n.m = Membership::new(cfg, 0);
+    n
+}
+
+#[test]
+fn a_restart_that_holds_its_earlier_runs_directory_takes_name_and_leases_back_at_once() {
+    let table = MemoryLeaseTable::new();
+    let mut nodes = vec![node_in("a", "1", 4, "d1"), node_in("b", "1", 4, "d2")];
+    run(&table, &mut nodes, 0, 1_000);
+    let before: Vec<u32> = nodes[0].serving.keys().copied().collect();
+    assert_eq!(before.len(), 2);
+    // Run 1 of "a" dies at 1000; run 2 starts at 1020 with the same directory, so it holds the
+    // lock run 1 held: run 1 is dead, long before its heartbeat (last at about 900) is stale.
+    let mut restarted = node_in("a", "2", 4, "d1");
+    restarted.started_at = 1_020;
+    nodes[0] = restarted;
+    run(&table, &mut nodes, 1_020, 1_300);
+    let after: Vec<u32> = nodes[0].serving.keys().copied().collect();
+    assert_eq!(after, before, "taken back under the name at once");
+    let claimed = nodes[0].claimed_at.expect("claimed");
+    let served = nodes[0].first_served_at.expect("served");
+    assert!(
+        claimed <= 1_040 && served <= 1_060,
+        "claimed at {claimed} ms, served at {served} ms"
+    );
+    assert!(nodes[0].actions.iter().any(|a| matches!(
+        a,
+        Action::Claimed {
+            previous: Some(NameTaken { dead: true, .. })
+        }
+    )));
+    assert_eq!(table.node("a").expect("a's row").0, "2");
+}
+
+#[test]
+fn a_run_of_the_name_with_another_directory_waits_for_staleness_and_refuses_a_live_one() {
+    let table = MemoryLeaseTable::new();
+    let mut nodes = vec![node_in("a", "1", 4, "d1"), node_in("b", "1", 4, "d2")];
+    run(&table, &mut nodes, 0, 1_000);
+    let owned: Vec<u32> = nodes[0].serving.keys().copied().collect();
+    // A second process under "a" elsewhere (its own directory) while run 1 lives: refused,
+    // and nothing moves.
+    let mut twin = node_in("a", "2", 4, "d3");
+    twin.started_at = 1_000;
+    nodes.push(twin);
+    run(&table, &mut nodes, 1_000, 4_000);
+    assert!(
+        nodes[2]
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Refuse(_)))
+    );
+    assert!(nodes[2].serving.is_empty());
+    assert_eq!(nodes[0].serving.keys().copied().collect::<Vec<_>>(), owned);
+    // Run 1 dies; a run with another directory cannot prove it: it waits for staleness.
+    nodes.truncate(2);
+    let mut elsewhere = node_in("a", "3", 4, "d3");
+    elsewhere.started_at = 4_020;
+    nodes[0] = elsewhere;
+    run(&table, &mut nodes, 4_020, 6_000);
+    let claimed = nodes[0].claimed_at.expect("claimed once stale");
+    assert!(
+        claimed >= 3_990 + 900,
+        "claimed at {claimed} ms, before run 1's heartbeat was stale"
+    );
+    assert!(nodes[0].actions.iter().any(|a| matches!(
+        a,
+        Action::Claimed {
+            previous: Some(NameTaken { dead: false, .. })
+        }
+    )));
+}
+
+#[test]
+fn a_members_heartbeat_never_takes_the_name_by_its_directory() {
+    let table = MemoryLeaseTable::new();
+    table.ensure_partitions(1).expect("in memory");
+    let claim = |run: &'static str| NameClaim {
+        node_id: "a",
+        run_id: run,
+        url: "http://a",
+        stale: Duration::from_millis(900),
+        dir_id: "d1",
+    };
+    assert!(table.heartbeat(&claim("1")).expect("in memory"));
+    assert!(
+        table.heartbeat(&claim("2")).expect("in memory"),
+        "a claim with the same directory takes the live name"
+    );
+    assert_eq!(
+        table
+            .heartbeat_and_renew(&claim("1"), &[], Duration::from_millis(1_500))
+            .expect("in memory"),
+        None,
+        "the earlier run's member heartbeat does not take it back"
+    );
+    assert_eq!(table.node("a").expect("a's row").0, "2");
+}
+
 #[test]
 fn a_run_claiming_the_name_a_leaving_run_gave_up_serves_nothing_while_that_run_drains() {
     let table = MemoryLeaseTable::new();

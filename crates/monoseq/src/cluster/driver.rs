@@ -252,6 +252,7 @@ impl Cluster {
             ms(settings.lease),
             ms(settings.renew),
         )
+        .and_then(|c| c.with_dir_id(marks.dir_id()))
         .map_err(|e| anyhow::anyhow!("{}", crate::base::chain(&e)))?;
         let (leave, leave_rx) = mpsc::channel(1);
         let (life, mut life_rx) = watch::channel(Life::Joining);
@@ -1002,6 +1003,18 @@ fn log_failure(reply: &Reply) {
 
 /// The warning of a run that took its node's name over from an earlier run.
 fn log_name_taken_over(p: &NameTaken) {
+    if p.dead {
+        tracing::warn!(
+            node_id = %p.node_id,
+            earlier_run = %p.run_id,
+            earlier_url = %p.url,
+            "took this node's name over from an earlier run that held this marks directory's \
+             lock, so it is dead (its heartbeat stopped {} ms before); its partitions are taken \
+             back at once with new epochs",
+            p.seen_ms_ago
+        );
+        return;
+    }
     tracing::warn!(
         node_id = %p.node_id,
         earlier_run = %p.run_id,

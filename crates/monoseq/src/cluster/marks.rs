@@ -10,6 +10,12 @@
 //! acknowledged. Losses an operator accepted (`serve --accept-loss`) are kept beside the marks
 //! (`monoseq.losses.json`) and shared the same way, so every node that later serves such a
 //! partition continues its numbers above the loss.
+//!
+//! The directory's lock is held for the whole run, and the directory has an identity (a
+//! random ID written at its first use, `monoseq-marks.id`) that the run records with its name
+//! in the node table: a later run that holds the lock and finds that identity on its name knows
+//! the run recorded there is dead (the kernel released its lock when it died), and takes the
+//! name and its partitions back at once.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -28,6 +34,12 @@ pub const LOCK_FILE: &str = "monoseq-marks.lock";
 pub const LOSSES_FILE: &str = "monoseq.losses.json";
 /// Longest wait for one peer's marks.
 pub const PULL_TIMEOUT: Duration = Duration::from_millis(800);
+/// The identity of a store's marks directory: a random ID written at its first use.
+pub const ID_FILE: &str = "monoseq-marks.id";
+/// Hexadecimal digits of a directory identity (128 random bits).
+const ID_DIGITS: usize = 32;
+/// How often a run waiting for another process's lock of the marks directory tries again.
+const LOCK_RETRY: Duration = Duration::from_millis(50);
 
 /// What `GET /v1/marks` answers.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,35 +62,38 @@ pub struct NodeMarks {
     store_id: String,
     marks: Arc<Marks>,
     losses: Mutex<Vec<AcceptedLoss>>,
+    dir_id: String,
     _lock: File,
 }
 
 impl NodeMarks {
     /// Opens (creating) the marks of store `store_id` in `base` (`<base>/<store_id>/`), with
-    /// `partitions` partitions; locks them so that no other process uses them.
+    /// `partitions` partitions; locks them so that no other process uses them, waiting up to
+    /// `lock_wait` for another process that holds the lock (an earlier run still stopping, or
+    /// paused) to release it, and gives the directory its identity at its first use.
     ///
     /// # Errors
     ///
-    /// When the directory cannot be created or locked, or the files are damaged or hold
+    /// When the directory cannot be created or written (a read-only disk), when another
+    /// process still holds its lock after `lock_wait`, or when the files are damaged or hold
     /// another partition count.
-    pub fn open(base: &Path, store_id: &str, partitions: u32) -> anyhow::Result<NodeMarks> {
+    pub fn open(
+        base: &Path,
+        store_id: &str,
+        partitions: u32,
+        lock_wait: Duration,
+    ) -> anyhow::Result<NodeMarks> {
         let dir = base.join(store_id);
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("creating marks directory {}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| unwritable(&dir, &e))?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = File::options()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&lock_path)
-            .with_context(|| format!("opening {}", lock_path.display()))?;
-        if lock.try_lock().is_err() {
-            bail!(
-                "marks directory {} is in use by another process of this database (another \
-                 node, or another run of this one): give each node its own --marks-dir",
-                base.display()
-            );
-        }
+            .map_err(|e| unwritable(&dir, &e))?;
+        lock_within(&lock, base, lock_wait)?;
+        let dir_id = dir_identity(&dir)?;
         let marks = match Marks::open(&dir, partitions)? {
             Some(m) => m,
             None => Marks::create(&dir, partitions)?,
@@ -89,8 +104,15 @@ impl NodeMarks {
             store_id: store_id.to_owned(),
             marks: Arc::new(marks),
             losses: Mutex::new(losses),
+            dir_id,
             _lock: lock,
         })
+    }
+
+    /// The identity of this store's marks directory, whose lock this process holds.
+    #[must_use]
+    pub fn dir_id(&self) -> &str {
+        &self.dir_id
     }
 
     /// The marks file, raised by the command processor with every group.
@@ -187,6 +209,109 @@ impl NodeMarks {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<AcceptedLoss>> {
         self.losses.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The refusal of a marks directory this process cannot write in.
+fn unwritable(dir: &Path, e: &std::io::Error) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the marks directory {} cannot be written ({e}); a node makes its high-water marks \
+         durable there before each answer: give --marks-dir a writable directory on the node's \
+         own disk (not a read-only one)",
+        dir.display()
+    )
+}
+
+/// Takes `lock`, waiting up to `wait` for another process that holds it: an earlier run of
+/// this node still stopping (or paused), which must not be written beside.
+fn lock_within(lock: &File, base: &Path, wait: Duration) -> anyhow::Result<()> {
+    let began = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        match lock.try_lock() {
+            Ok(()) => {
+                if told {
+                    tracing::info!(
+                        marks_dir = %base.display(),
+                        waited_ms = began.elapsed().as_millis(),
+                        "the other process released the marks directory's lock"
+                    );
+                }
+                return Ok(());
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(e)) => {
+                bail!("locking the marks directory {}: {e}", base.display())
+            }
+        }
+        if began.elapsed() >= wait {
+            bail!(
+                "marks directory {} is in use by another process of this database (another \
+                 node, or another run of this one that is still running or paused) after \
+                 waiting {} ms: stop that process, or give each node its own --marks-dir",
+                base.display(),
+                wait.as_millis()
+            );
+        }
+        if !told {
+            told = true;
+            tracing::warn!(
+                marks_dir = %base.display(),
+                wait_ms = wait.as_millis(),
+                "another process holds the marks directory's lock (an earlier run still \
+                 stopping, or paused?); waiting for it to end before joining the cluster"
+            );
+        }
+        std::thread::sleep(LOCK_RETRY);
+    }
+}
+
+/// The identity of marks directory `dir` (locked by this process): read from [`ID_FILE`], or
+/// a new random one written durably there when it is missing or unreadable (a first use, or a
+/// write cut short; a new identity only means the next start cannot prove this run dead).
+fn dir_identity(dir: &Path) -> anyhow::Result<String> {
+    let path = dir.join(ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) if is_identity(text.trim()) => return Ok(text.trim().to_owned()),
+        Ok(_) => tracing::warn!(
+            file = %path.display(),
+            "the marks directory's identity file is damaged; writing a new identity (this start \
+             waits for the earlier run's name to go stale)"
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let id = random_id();
+    let tmp = dir.join(format!("{ID_FILE}.tmp"));
+    std::fs::write(&tmp, format!("{id}\n")).map_err(|e| unwritable(dir, &e))?;
+    File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .with_context(|| format!("syncing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).map_err(|e| unwritable(dir, &e))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing {}", dir.display()))?;
+    Ok(id)
+}
+
+fn is_identity(text: &str) -> bool {
+    text.len() == ID_DIGITS && text.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// 128 random bits in hexadecimal: two outputs of randomly keyed hashers over the process
+/// ID and the time.
+fn random_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let half = |salt: u8| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u8(salt);
+        h.write_u32(std::process::id());
+        h.write_u128(nanos);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(0), half(1))
 }
 
 fn read_losses(dir: &Path) -> anyhow::Result<Vec<AcceptedLoss>> {
@@ -321,8 +446,21 @@ pub async fn prepare(
         opened.identity.store_id.clone(),
         opened.identity.partitions,
     );
-    let node =
-        tokio::task::spawn_blocking(move || NodeMarks::open(&dir, &store_id, partitions)).await??;
+    // As long as a run waits for a live run of its name before refusing to start.
+    let lock_wait = monoseq_membership::Config::new(
+        &cluster.node_id,
+        "marks",
+        &cluster.advertise_url,
+        partitions,
+        u64::try_from(cluster.lease.as_millis()).unwrap_or(u64::MAX),
+        u64::try_from(cluster.renew.as_millis()).unwrap_or(u64::MAX),
+    )
+    .map(|c| Duration::from_millis(c.name_wait_ms()))
+    .map_err(|e| anyhow::anyhow!("{}", crate::base::chain(&e)))?;
+    let node = tokio::task::spawn_blocking(move || {
+        NodeMarks::open(&dir, &store_id, partitions, lock_wait)
+    })
+    .await??;
     let node = Arc::new(node);
     let t = Arc::clone(table);
     match tokio::task::spawn_blocking(move || t.status()).await? {
@@ -403,8 +541,8 @@ mod tests {
     #[test]
     fn a_marks_directory_is_used_by_one_process_and_merges_its_peers() {
         let dir = tempfile::tempdir().unwrap();
-        let node = NodeMarks::open(dir.path(), "store-a", 4).unwrap();
-        let err = NodeMarks::open(dir.path(), "store-a", 4).unwrap_err();
+        let node = NodeMarks::open(dir.path(), "store-a", 4, Duration::ZERO).unwrap();
+        let err = NodeMarks::open(dir.path(), "store-a", 4, Duration::ZERO).unwrap_err();
         assert!(err.to_string().contains("--marks-dir"), "{err}");
         node.marks().raise(1, &mark(5)).unwrap();
         let mut peer = node.answer();
@@ -416,14 +554,14 @@ mod tests {
         peer.store_id = "store-b".into();
         assert!(node.merge(&peer).is_err(), "another store's marks");
         drop(node);
-        let again = NodeMarks::open(dir.path(), "store-a", 4).unwrap();
+        let again = NodeMarks::open(dir.path(), "store-a", 4, Duration::ZERO).unwrap();
         assert_eq!(again.marks().get(2).unwrap(), mark(9), "durable");
     }
 
     #[test]
     fn an_accepted_loss_is_kept_once_and_retires_its_mark() {
         let dir = tempfile::tempdir().unwrap();
-        let node = NodeMarks::open(dir.path(), "s", 2).unwrap();
+        let node = NodeMarks::open(dir.path(), "s", 2, Duration::ZERO).unwrap();
         let loss = AcceptedLoss {
             partition: 1,
             plog_from: 4,
@@ -438,7 +576,7 @@ mod tests {
         assert_eq!(node.retired(1), mark(7));
         assert_eq!(node.retired(0), Mark::default());
         drop(node);
-        let again = NodeMarks::open(dir.path(), "s", 2).unwrap();
+        let again = NodeMarks::open(dir.path(), "s", 2, Duration::ZERO).unwrap();
         assert_eq!(again.losses(), vec![loss]);
     }
 }

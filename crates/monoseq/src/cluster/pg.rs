@@ -50,15 +50,9 @@ impl LeaseTable for PgLeaseTable {
             .map_err(table_error)
     }
 
-    fn heartbeat(
-        &self,
-        node_id: &str,
-        run_id: &str,
-        url: &str,
-        stale: Duration,
-    ) -> Result<bool, TableError> {
+    fn heartbeat(&self, name: &NameClaim<'_>) -> Result<bool, TableError> {
         self.leases
-            .heartbeat(node_id, run_id, url, stale)
+            .claim(name.node_id, name.run_id, name.url, name.stale, name.dir_id)
             .map_err(table_error)
     }
 
@@ -122,6 +116,7 @@ impl LeaseTable for PgLeaseTable {
                     run_id: n.run_id,
                     url: n.url,
                     seen_ms_ago: n.seen_ago_ms.max(0).unsigned_abs(),
+                    dir_id: n.dir_id,
                 })
                 .collect(),
         })
