@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use monoseq_core::{PLogOffset, ReplayedEvent, SeqStorage, Sequencer, Status, Step, WsKind};
-use monoseq_kv::{Key, KvError, KvStore, WriteBatch};
+use monoseq_kv::{Key, KvError, KvStore, WriteBatch, WriteError};
 
 use crate::builtin::{
     CRECORD_ID_SEQUENCE, OWRECORD_ID_SEQUENCE, WLOG_OFFSET_SEQUENCE, built_in_params,
@@ -554,9 +554,41 @@ pub fn open_database<S: KvStore>(kv: &S, policy: &OpenPolicy) -> Result<Identity
     let mut identity = Identity::new(partitions, KEY_LAYOUT, FORMAT_VERSION);
     match meta.store_id {
         Some(id) => identity.store_id = id,
-        None => write_meta(kv, &identity).map_err(storage)?,
+        None => {
+            // Several nodes may open a new database at once: the first store ID written is
+            // the store's, and every other opener reads the store again.
+            if !create_meta(kv, &identity).map_err(storage)? {
+                return open_database(kv, policy);
+            }
+        }
     }
     Ok(identity)
+}
+
+/// Writes a new store's records (as [`write_meta`]) only if no other opener wrote its store
+/// ID first; answers whether it did.
+fn create_meta<S: KvStore>(kv: &S, identity: &Identity) -> Result<bool, KvError> {
+    let mut batch = WriteBatch::new();
+    batch.insert_if_absent(
+        Key::new(META_PARTITION, META_STORE_ID),
+        identity.store_id.as_bytes(),
+    );
+    batch.put(
+        Key::new(META_PARTITION, META_PARTITIONS),
+        &identity.partitions.to_be_bytes(),
+    );
+    batch.put(
+        Key::new(META_PARTITION, META_KEY_LAYOUT),
+        &KEY_LAYOUT.to_be_bytes(),
+    );
+    match kv.write(&batch) {
+        Ok(()) => kv.sync().map(|()| true),
+        Err(WriteError::Conflict { .. }) => Ok(false),
+        Err(e) => Err(KvError::backend(
+            "writing the key layout and the store ID",
+            e,
+        )),
+    }
 }
 
 fn check_configured(policy: &OpenPolicy, stored: u32) -> Result<(), DataDirError> {
@@ -806,5 +838,31 @@ mod tests {
             recorded_partitions(&kv, Path::new("d")).expect("current"),
             Some(6)
         );
+    }
+
+    #[test]
+    fn databases_opened_by_several_nodes_at_once_give_every_node_one_store_id() {
+        let policy = OpenPolicy {
+            default_partitions: 4,
+            ..OpenPolicy::default()
+        };
+        for _ in 0..5 {
+            // Every opener has read the store empty before the first one writes.
+            let kv = monoseq_kv::FaultyStore::new(MemoryStore::new());
+            let read_all = std::sync::Arc::new(std::sync::Barrier::new(4));
+            let writes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            kv.on_write(move |_| {
+                if writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 4 {
+                    read_all.wait();
+                }
+            });
+            let ids: Vec<String> = std::thread::scope(|s| {
+                let opens: Vec<_> = (0..4)
+                    .map(|_| s.spawn(|| open_database(&kv, &policy).expect("open").store_id))
+                    .collect();
+                opens.into_iter().map(|h| h.join().expect("join")).collect()
+            });
+            assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+        }
     }
 }

@@ -62,14 +62,12 @@ impl Node {
         let renew = RENEW_MS.to_string();
         let child = Command::new(BIN)
             .args(["serve", "--storage", db, "--listen", "127.0.0.1:0"])
-            .args([
-                "--node-id",
-                id,
-                "--lease-ms",
-                &lease,
-                "--lease-renew-ms",
-                &renew,
-            ])
+            .args(["--node-id", id])
+            .args(if extra.contains(&"--lease-ms") {
+                Vec::new()
+            } else {
+                vec!["--lease-ms", &lease, "--lease-renew-ms", &renew]
+            })
             .args(if extra.contains(&"--partitions") {
                 &[][..]
             } else {
@@ -1221,4 +1219,253 @@ async fn after_any_node_is_ready_every_partition_answers_without_partition_unava
             "partition {p} answered {status} {code} after readiness"
         );
     }
+}
+
+/// `serve`'s default lease and renewal interval, for what an operator sees with them.
+const DEFAULT_LEASE: [&str; 4] = ["--lease-ms", "10000", "--lease-renew-ms", "2000"];
+
+/// The marks directory of node `id` in `dir`, kept across its restarts.
+fn marks_of(dir: &Path, id: &str) -> String {
+    dir.join(format!("marks-{id}")).display().to_string()
+}
+
+/// Starts nodes `ids` at once, each with its own marks directory kept across restarts.
+fn start_with_marks(db: &str, ids: &[&str], dir: &Path, extra: &[&str]) -> Vec<Node> {
+    let spawned: Vec<Node> = ids
+        .iter()
+        .map(|id| {
+            let marks = marks_of(dir, id);
+            let mut args = vec!["--marks-dir", marks.as_str()];
+            args.extend_from_slice(extra);
+            Node::spawn(db, id, dir, &args, &[])
+        })
+        .collect();
+    spawned.into_iter().map(Node::listening).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_killed_and_restarted_serves_every_partition_within_two_seconds_of_the_restart()
+{
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    let ids = ["a", "b", "c"];
+    let nodes = start_with_marks(&db, &ids, dir.path(), &DEFAULT_LEASE);
+    let before = balanced(&client, &nodes[0].url, &ids).await;
+    let urls: Urls = Arc::new(Mutex::new(nodes.iter().map(|n| n.url.clone()).collect()));
+    let mut acks = Vec::new();
+    for p in 0..6 {
+        acks.push(send(&client, &urls, ws_of(p, 0), &format!("before-{p}"), p).await);
+    }
+    // A power cut: every node dies at once, and is started again a moment later.
+    for n in nodes {
+        n.kill();
+    }
+    let restarted = Instant::now();
+    let nodes = start_with_marks(&db, &ids, dir.path(), &DEFAULT_LEASE);
+    let listening = restarted.elapsed();
+    let mut served: HashMap<u64, Duration> = HashMap::new();
+    let mut k = 0;
+    while served.len() < 6 {
+        assert!(
+            restarted.elapsed() < Duration::from_secs(30),
+            "partitions served after the restart: {served:?}"
+        );
+        let waiting: Vec<u64> = (0..6).filter(|p| !served.contains_key(p)).collect();
+        for p in waiting {
+            k += 1;
+            let via = &nodes[k % nodes.len()].url;
+            if send_once(&client, via, ws_of(p, 1)).await.0 == 200 {
+                served.insert(p, restarted.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let last = served.values().max().copied().unwrap_or_default();
+    eprintln!(
+        "every partition served {last:?} after the restart of every node (all listening after \
+         {listening:?}; the old leases, renewed last within 2 s before the kill, expire 8-10 s \
+         after it)"
+    );
+    assert!(
+        last < Duration::from_secs(2),
+        "every partition served only {last:?} after the restart; the logs:\n{}",
+        nodes
+            .iter()
+            .map(|n| format!("{}:\n{}", n.id, n.log()))
+            .collect::<String>()
+    );
+    let after = owners(&client, &nodes[0].url).await;
+    for (p, (owner, epoch)) in &before {
+        assert_eq!(
+            after.get(p).map(|(o, _)| o),
+            Some(owner),
+            "partition {p} back with its node"
+        );
+        assert!(after[p].1 > *epoch, "partition {p} taken with a new epoch");
+    }
+    for n in &nodes {
+        assert!(
+            n.log().contains("held this marks directory's lock"),
+            "{} took its name from its dead run:\n{}",
+            n.id,
+            n.log()
+        );
+    }
+    check_acks(&client, &nodes[0].url, &acks).await;
+    check_applied_once(&client, &nodes[0].url).await;
+}
+
+/// Every file in `dir` (recursively) with its length and contents.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("read the directory") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let bytes = std::fs::read(&path).expect("read the file");
+                out.push((path, bytes));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_beside_a_paused_run_waits_for_its_lock_writes_nothing_and_takes_over_once_it_dies()
+ {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client();
+    // A lease of 6 s: the new run waits up to 5 s (stale time and two renewals) for the lock.
+    let lease = ["--lease-ms", "6000", "--lease-renew-ms", "1000"];
+    let nodes = start_with_marks(&db, &["a", "b"], dir.path(), &lease);
+    let before = balanced(&client, &nodes[1].url, &["a", "b"]).await;
+    let mut nodes = nodes.into_iter();
+    let (paused, b) = (nodes.next().unwrap(), nodes.next().unwrap());
+    let run_of_a = |v: &Value| {
+        v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node_id"] == "a")
+            .map(|n| n["run_id"].clone())
+    };
+    let first_run = run_of_a(&cluster(&client, &b.url).await);
+    paused.signal("-STOP");
+    let marks = PathBuf::from(marks_of(dir.path(), "a"));
+    let files = snapshot(&marks);
+    // Its port answers 503 while it opens; it prints that it listens once it joined.
+    let marks_dir = marks.display().to_string();
+    let mut args = vec!["--marks-dir", marks_dir.as_str()];
+    args.extend_from_slice(&lease);
+    let second = Node::spawn(&db, "a", dir.path(), &args, &[]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        second
+            .log()
+            .contains("another process holds the marks directory's lock"),
+        "the new run says what it waits for:\n{}",
+        second.log()
+    );
+    assert_eq!(
+        snapshot(&marks),
+        files,
+        "the new run wrote in the paused run's directory"
+    );
+    assert_eq!(
+        run_of_a(&cluster(&client, &b.url).await),
+        first_run,
+        "the new run claimed the name beside the paused run"
+    );
+    // The paused run dies: the kernel releases its lock, and the new run takes over at once.
+    let died = Instant::now();
+    paused.kill();
+    let second = second.listening();
+    let deadline = died + Duration::from_secs(20);
+    loop {
+        let o = owners(&client, &b.url).await;
+        let taken = o
+            .iter()
+            .filter(|(p, (n, epoch))| n == "a" && *epoch > before[*p].1)
+            .count();
+        if o.len() == 6 && taken == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never balanced again: {o:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "the new run held its share {:?} after the paused run died",
+        died.elapsed()
+    );
+    let log = second.log();
+    assert!(
+        log.contains("released the marks directory's lock")
+            && log.contains("held this marks directory's lock"),
+        "{log}"
+    );
+    assert_ne!(run_of_a(&cluster(&client, &b.url).await), first_run);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_marks_directory_is_on_a_read_only_disk_refuses_to_start_naming_it() {
+    let uid = Command::new("id").arg("-u").output().expect("id -u");
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        eprintln!("skipped: mounting a read-only file system needs root");
+        return;
+    }
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let mount = |options: &str| {
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(&disk)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mount -o {options}");
+    };
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    mount("size=4m");
+    let _unmount = Unmount(disk.clone());
+    let marks = disk.join("marks").display().to_string();
+    let args = ["--marks-dir", marks.as_str()];
+    // Its first run leaves the directory there; the disk then turns read-only.
+    let first = Node::start(&db, "a", dir.path(), &args);
+    first.terminate(Duration::from_secs(30));
+    let remount = Command::new("mount")
+        .args(["-o", "remount,ro"])
+        .arg(&disk)
+        .status()
+        .expect("mount");
+    assert!(remount.success());
+    let mut again = Node::spawn(&db, "a", dir.path(), &args, &[]);
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = again.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "a node with a read-only marks directory kept running"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success());
+    let log = again.log();
+    assert!(
+        log.contains("cannot be written") && log.contains(&marks) && log.contains("--marks-dir"),
+        "the refusal names the directory and what to do:\n{log}"
+    );
 }
