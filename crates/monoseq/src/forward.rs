@@ -2,9 +2,21 @@
 //! (or, with `--redirect`, answered with a redirect naming it), so clients can sit behind one
 //! load balancer. A forwarded request carries this node's name; a node never forwards a
 //! forwarded request again, so a stale view of the owners cannot make requests loop.
+//!
+//! A forwarded request goes on a pooled connection, which can go silent (the owner's machine
+//! lost, its link blackholed) without an error for a long time. So while the owner's answer
+//! has not begun, the forwarder checks every [`FORWARD_SILENCE`] that the owner still answers
+//! `/healthz` on a new connection within [`LIVENESS_TIMEOUT`] (one check per owner at a time,
+//! shared by the requests waiting on it): an owner that does not is answered
+//! `owner_unreachable` about a second after the request was sent. A slow command on an owner
+//! that answers is never cut short before [`FORWARD_TIMEOUT`].
 
-use std::collections::BTreeSet;
-use std::time::Duration;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
@@ -28,6 +40,15 @@ const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 const FORWARD_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Idle time before TCP keepalives probe a pooled connection to a peer.
 const FORWARD_KEEPALIVE: Duration = Duration::from_secs(5);
+/// How long the owner's answer may be in coming before the forwarder checks that the owner
+/// still answers at all (and again this often while it waits). Commands are answered in
+/// milliseconds; one that takes longer is only checked on, never cut short for it.
+const FORWARD_SILENCE: Duration = Duration::from_millis(400);
+/// Longest wait for the owner's `/healthz` on a new connection (connection, TLS handshake and
+/// answer): peers are near, and a live owner answers it without touching its storage.
+const LIVENESS_TIMEOUT: Duration = Duration::from_millis(600);
+/// A liveness check of an owner begun this recently is shared by the requests that need one.
+const LIVENESS_SHARED: Duration = Duration::from_millis(200);
 /// Headers of a command request that go with it to the owner.
 const PASSED_ON: [&str; 1] = ["idempotency-key"];
 /// Headers of the owner's answer that go back to the client.
@@ -40,6 +61,62 @@ pub struct Forwarder {
     redirect: bool,
     /// What this node presents to its peers (`Authorization`), when they require a token.
     authorization: Option<HeaderValue>,
+    liveness: Liveness,
+}
+
+/// A liveness check's outcome: `Err` says why the owner is taken for gone.
+type Check = Shared<BoxFuture<'static, Result<(), String>>>;
+
+/// Checks that owners still answer, on new connections.
+struct Liveness {
+    /// Keeps no idle connection: every check opens a new one.
+    client: reqwest::Client,
+    /// The latest check of each owner, with when it began.
+    checks: Mutex<HashMap<String, (Instant, Check)>>,
+}
+
+impl Liveness {
+    /// Whether the owner at `url` answers `/healthz` on a new connection within
+    /// [`LIVENESS_TIMEOUT`]; a check begun within [`LIVENESS_SHARED`] is shared.
+    async fn check(&self, url: &str) -> Result<(), String> {
+        let check = {
+            let mut checks = self.checks.lock().unwrap_or_else(|e| e.into_inner());
+            match checks.get(url) {
+                Some((began, check)) if began.elapsed() < LIVENESS_SHARED => check.clone(),
+                _ => {
+                    let request = self.client.get(format!("{url}/healthz")).send();
+                    let check = async move {
+                        match request.await {
+                            Ok(_) => Ok(()),
+                            Err(e) => Err(format!(
+                                "its answer did not begin within {} ms, and it did not answer \
+                                 /healthz on a new connection within {} ms: {}",
+                                FORWARD_SILENCE.as_millis(),
+                                LIVENESS_TIMEOUT.as_millis(),
+                                crate::base::chain(&e)
+                            )),
+                        }
+                    }
+                    .boxed()
+                    .shared();
+                    checks.insert(url.to_owned(), (Instant::now(), check.clone()));
+                    check
+                }
+            }
+        };
+        check.await
+    }
+
+    /// Resolves with why once the owner at `url` fails a liveness check made after each
+    /// [`FORWARD_SILENCE`] of waiting; never while it answers them.
+    async fn gone(&self, url: &str) -> String {
+        loop {
+            tokio::time::sleep(FORWARD_SILENCE).await;
+            if let Err(why) = self.check(url).await {
+                return why;
+            }
+        }
+    }
 }
 
 impl Forwarder {
@@ -62,10 +139,15 @@ impl Forwarder {
             .connect_timeout(FORWARD_CONNECT_TIMEOUT)
             .tcp_keepalive(FORWARD_KEEPALIVE)
             .pool_idle_timeout(Duration::from_secs(60));
+        let mut fresh = reqwest::Client::builder()
+            .timeout(LIVENESS_TIMEOUT)
+            .pool_max_idle_per_host(0);
         // Without trusted roots (no CA given and none on the system) only plain HTTP peers
         // are reachable.
         if let Ok(tls) = tls {
-            client = client.tls_backend_preconfigured(std::sync::Arc::unwrap_or_clone(tls));
+            let tls = std::sync::Arc::unwrap_or_clone(tls);
+            fresh = fresh.tls_backend_preconfigured(tls.clone());
+            client = client.tls_backend_preconfigured(tls);
         }
         let client = client.build()?;
         Ok(Forwarder {
@@ -73,6 +155,10 @@ impl Forwarder {
             node_id: HeaderValue::from_str(node_id)?,
             redirect,
             authorization,
+            liveness: Liveness {
+                client: fresh.build()?,
+                checks: Mutex::new(HashMap::new()),
+            },
         })
     }
 
@@ -112,9 +198,18 @@ impl Forwarder {
         if let Some(auth) = &self.authorization {
             request = request.header(header::AUTHORIZATION, auth.clone());
         }
-        match request.send().await {
-            Ok(answer) => relay(answer).await,
-            Err(e) => owner_unreachable(url, &e),
+        self.send(url, request).await
+    }
+
+    /// The owner's relayed answer to `request`, or `owner_unreachable` when it fails, or when
+    /// the owner stops answering liveness checks while the answer has not begun.
+    async fn send(&self, url: &str, request: reqwest::RequestBuilder) -> Response {
+        tokio::select! {
+            sent = request.send() => match sent {
+                Ok(answer) => relay(answer).await,
+                Err(e) => owner_unreachable(url, &crate::base::chain(&e)),
+            },
+            why = self.liveness.gone(url) => owner_unreachable(url, &why),
         }
     }
 
@@ -175,10 +270,7 @@ impl Forwarder {
         if let Some(auth) = &self.authorization {
             request = request.header(header::AUTHORIZATION, auth.clone());
         }
-        let answer = match request.send().await {
-            Ok(answer) => relay(answer).await,
-            Err(e) => owner_unreachable(url, &e),
-        };
+        let answer = self.send(url, request).await;
         batch_results(answer).await
     }
 }
@@ -343,24 +435,95 @@ async fn relay(answer: reqwest::Response) -> Response {
             *r.headers_mut() = headers;
             r
         }
-        Err(e) => owner_unreachable("the owner", &e),
+        Err(e) => owner_unreachable("the owner", &crate::base::chain(&e)),
     }
 }
 
-/// The owner could not be reached or did not answer in time. The command may have been
+/// The owner could not be reached or did not answer in time (`why`). The command may have been
 /// applied if the request reached it: a retry with the same `Idempotency-Key` is safe.
-fn owner_unreachable(url: &str, e: &reqwest::Error) -> Response {
-    tracing::warn!(owner = %url, "forwarding a command failed: {}", crate::base::chain(e));
+fn owner_unreachable(url: &str, why: &str) -> Response {
+    tracing::warn!(owner = %url, "forwarding a command failed: {why}");
     let mut r = crate::base::error(
         StatusCode::SERVICE_UNAVAILABLE,
         "owner_unreachable",
         format!(
-            "the node owning the partition ({url}) did not answer: {}; retry (with the same \
-             Idempotency-Key, the command is applied at most once)",
-            crate::base::chain(e)
+            "the node owning the partition ({url}) did not answer: {why}; retry (with the same \
+             Idempotency-Key, the command is applied at most once)"
         ),
     );
     r.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node at `127.0.0.1:<port>` answering `/healthz` at once and every command after
+    /// `delay`.
+    async fn slow_owner(delay: Duration) -> String {
+        let app = axum::Router::new()
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/v1/commands",
+                axum::routing::post(move || async move {
+                    tokio::time::sleep(delay).await;
+                    "{}"
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        url
+    }
+
+    fn forwarder() -> Forwarder {
+        Forwarder::new("n1", false, None, None).expect("a forwarder")
+    }
+
+    #[tokio::test]
+    async fn a_slow_command_on_an_owner_that_answers_is_relayed_not_cut_short() {
+        let slow = FORWARD_SILENCE * 5;
+        let url = slow_owner(slow).await;
+        let began = Instant::now();
+        let answer = forwarder()
+            .command(&url, Bytes::from_static(b"{}"), &HeaderMap::new())
+            .await;
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert!(began.elapsed() >= slow);
+    }
+
+    #[tokio::test]
+    async fn an_owner_that_accepts_connections_but_never_answers_is_unreachable_within_a_second() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        // Accepts every connection and never answers on any.
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let began = Instant::now();
+        let answer = forwarder()
+            .command(&url, Bytes::from_static(b"{}"), &HeaderMap::new())
+            .await;
+        let waited = began.elapsed();
+        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
+            .await
+            .expect("the body");
+        let body: ErrorBody = serde_json::from_slice(&body).expect("an error body");
+        assert_eq!(body.code, "owner_unreachable");
+        assert!(body.message.contains("/healthz"), "{}", body.message);
+        assert!(
+            waited < FORWARD_SILENCE + LIVENESS_TIMEOUT + Duration::from_millis(300),
+            "answered after {waited:?}"
+        );
+    }
 }

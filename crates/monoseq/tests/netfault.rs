@@ -314,17 +314,28 @@ async fn a_blackholed_link_between_nodes_ends_in_owner_unreachable_and_retries_e
         .await
         .expect("the load runs before the fault");
 
+    // A command forwarded by n1 to n2 leaves n1 a pooled connection to n2.
+    let p = owned_by(&owners(&probe_client(), &s.nodes[0].url).await, "n2")[0];
+    let patient = keyed::client(Duration::from_secs(60));
+    let warm = attempt(&patient, &s.nodes[0].url, ws_of(p, 1), "blackhole-warm", 1)
+        .await
+        .unwrap_or_else(|e| panic!("n1 forwarded no command to n2: {e:?}"));
     // Packets between n1 and the other nodes vanish; every node still reaches the database.
     let others: Vec<&Host> = s.hosts[1..].iter().collect();
     s.net.cut(&s.hosts[0], &others, Verdict::Blackhole);
-    let p = owned_by(&owners(&probe_client(), &s.nodes[0].url).await, "n2")[0];
     let asked = Instant::now();
-    let patient = keyed::client(Duration::from_secs(60));
     let through_n1 = attempt(&patient, &s.nodes[0].url, ws_of(p, 1), "blackhole-probe", 1).await;
     let waited = asked.elapsed();
-    eprintln!("a command forwarded into a blackhole was answered after {waited:?}");
+    eprintln!(
+        "a command forwarded on a pooled connection into a blackhole was answered after \
+         {waited:?}"
+    );
     let (code, text) = through_n1.expect_err("n1 could not have reached n2");
     assert_eq!(code, "owner_unreachable", "{text}");
+    assert!(
+        waited < Duration::from_secs(2),
+        "a silent owner was noticed only after {waited:?}"
+    );
     let during = load.acked();
     load.progress(100, Duration::from_secs(60))
         .await
@@ -335,7 +346,7 @@ async fn a_blackholed_link_between_nodes_ends_in_owner_unreachable_and_retries_e
         .await
         .expect("the load runs after the fault");
     eprintln!("{during} commands acknowledged by the time the probe was answered");
-    s.finish(load, Vec::new(), 1).await;
+    s.finish(load, vec![warm], 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
