@@ -36,8 +36,6 @@ pub const LOSSES_FILE: &str = "monoseq.losses.json";
 pub const PULL_TIMEOUT: Duration = Duration::from_millis(800);
 /// The identity of a store's marks directory: a random ID written at its first use.
 pub const ID_FILE: &str = "monoseq-marks.id";
-/// Hexadecimal digits of a directory identity (128 random bits).
-const ID_DIGITS: usize = 32;
 /// How often a run waiting for another process's lock of the marks directory tries again.
 const LOCK_RETRY: Duration = Duration::from_millis(50);
 
@@ -293,8 +291,10 @@ fn dir_identity(dir: &Path) -> anyhow::Result<String> {
     Ok(id)
 }
 
+/// Whether `text` is an identity as [`random_id`] writes them: 128 bits in lowercase
+/// hexadecimal, every digit written.
 fn is_identity(text: &str) -> bool {
-    text.len() == ID_DIGITS && text.bytes().all(|b| b.is_ascii_hexdigit())
+    u128::from_str_radix(text, 16).is_ok_and(|v| format!("{v:032x}") == text)
 }
 
 /// 128 random bits in hexadecimal: two outputs of randomly keyed hashers over the process
@@ -311,7 +311,8 @@ fn random_id() -> String {
         h.write_u128(nanos);
         h.finish()
     };
-    format!("{:016x}{:016x}", half(0), half(1))
+    let bits = (u128::from(half(0)) << u64::BITS) | u128::from(half(1));
+    format!("{bits:032x}")
 }
 
 fn read_losses(dir: &Path) -> anyhow::Result<Vec<AcceptedLoss>> {
@@ -441,27 +442,7 @@ pub async fn prepare(
     opened: &mut crate::config::Opened,
     accept_loss: bool,
 ) -> anyhow::Result<Arc<NodeMarks>> {
-    let (dir, store_id, partitions) = (
-        cluster.marks_dir.clone(),
-        opened.identity.store_id.clone(),
-        opened.identity.partitions,
-    );
-    // As long as a run waits for a live run of its name before refusing to start.
-    let lock_wait = monoseq_membership::Config::new(
-        &cluster.node_id,
-        "marks",
-        &cluster.advertise_url,
-        partitions,
-        u64::try_from(cluster.lease.as_millis()).unwrap_or(u64::MAX),
-        u64::try_from(cluster.renew.as_millis()).unwrap_or(u64::MAX),
-    )
-    .map(|c| Duration::from_millis(c.name_wait_ms()))
-    .map_err(|e| anyhow::anyhow!("{}", crate::base::chain(&e)))?;
-    let node = tokio::task::spawn_blocking(move || {
-        NodeMarks::open(&dir, &store_id, partitions, lock_wait)
-    })
-    .await??;
-    let node = Arc::new(node);
+    let node = Arc::new(open_locked(cluster, &opened.identity).await?);
     let t = Arc::clone(table);
     match tokio::task::spawn_blocking(move || t.status()).await? {
         Ok(status) => {
@@ -517,6 +498,36 @@ pub async fn prepare(
     Ok(node)
 }
 
+/// This node's marks of the store `identity` names, locked ([`NodeMarks::open`]), waiting for
+/// another process's lock as long as a run waits for a live run of its name before refusing to
+/// start.
+async fn open_locked(
+    cluster: &super::ClusterSettings,
+    identity: &monoseq_store::Identity,
+) -> anyhow::Result<NodeMarks> {
+    let (dir, store_id, partitions) = (
+        cluster.marks_dir.clone(),
+        identity.store_id.clone(),
+        identity.partitions,
+    );
+    let wait = lock_wait(cluster, partitions)?;
+    tokio::task::spawn_blocking(move || NodeMarks::open(&dir, &store_id, partitions, wait)).await?
+}
+
+/// How long a start waits for another process to release the marks directory's lock.
+fn lock_wait(cluster: &super::ClusterSettings, partitions: u32) -> anyhow::Result<Duration> {
+    monoseq_membership::Config::new(
+        &cluster.node_id,
+        "marks",
+        &cluster.advertise_url,
+        partitions,
+        u64::try_from(cluster.lease.as_millis()).unwrap_or(u64::MAX),
+        u64::try_from(cluster.renew.as_millis()).unwrap_or(u64::MAX),
+    )
+    .map(|c| Duration::from_millis(c.name_wait_ms()))
+    .map_err(|e| anyhow::anyhow!("{}", crate::base::chain(&e)))
+}
+
 /// Unix milliseconds now.
 #[must_use]
 pub fn now_ms() -> u64 {
@@ -556,6 +567,24 @@ mod tests {
         drop(node);
         let again = NodeMarks::open(dir.path(), "store-a", 4, Duration::ZERO).unwrap();
         assert_eq!(again.marks().get(2).unwrap(), mark(9), "durable");
+    }
+
+    #[test]
+    fn a_marks_directory_keeps_its_identity_across_runs_and_a_damaged_one_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = NodeMarks::open(dir.path(), "s", 2, Duration::ZERO).unwrap();
+        let id = first.dir_id().to_owned();
+        assert!(is_identity(&id), "{id}");
+        drop(first);
+        let again = NodeMarks::open(dir.path(), "s", 2, Duration::ZERO).unwrap();
+        assert_eq!(again.dir_id(), id);
+        drop(again);
+        std::fs::write(dir.path().join("s").join(ID_FILE), "not an id").unwrap();
+        let replaced = NodeMarks::open(dir.path(), "s", 2, Duration::ZERO).unwrap();
+        assert!(is_identity(replaced.dir_id()) && replaced.dir_id() != id);
+        let other = tempfile::tempdir().unwrap();
+        let elsewhere = NodeMarks::open(other.path(), "s", 2, Duration::ZERO).unwrap();
+        assert_ne!(elsewhere.dir_id(), replaced.dir_id());
     }
 
     #[test]
