@@ -235,7 +235,7 @@ impl Forwarder {
         }
         let answer = match request.send().await {
             Ok(answer) => answer,
-            Err(e) => return Err(owner_unreachable(target, &e)),
+            Err(e) => return Err(owner_unreachable(target, &crate::base::chain(&e))),
         };
         if !answer.status().is_success() {
             return Err(relay(answer).await);
@@ -248,7 +248,7 @@ impl Forwarder {
                     format!("the partition's owner answered a read with an unexpected body: {e}"),
                 )
             }),
-            Err(e) => Err(owner_unreachable(target, &e)),
+            Err(e) => Err(owner_unreachable(target, &crate::base::chain(&e))),
         }
     }
 
