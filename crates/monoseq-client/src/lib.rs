@@ -4,7 +4,9 @@
 //! on every retry; `Retry-After` honoured, with jittered backoff), and, given several nodes,
 //! sending each command to its partition's owner (learned from `/v1/cluster` and from 307
 //! redirects, refreshed on `not_owner`, a redirect or a refused connection). Reads: events,
-//! WLog pages as a stream, records; named sequences through `monoseq-named-http`. Each attempt
+//! WLog pages as a stream, records; named sequences ([`SequencesClient`]). It depends on an
+//! HTTP client, the wire types and the named-sequence domain only: no server framework, no
+//! storage engine, no database driver (the architecture test holds it to that). Each attempt
 //! (status or error, and its time) and each wait before a retry is logged at debug level
 //! through `tracing`.
 //!
@@ -33,6 +35,7 @@ mod error;
 mod follow;
 mod key;
 mod routing;
+mod sequences;
 
 pub use builder::{
     BACKOFF_FIRST_DEFAULT, BACKOFF_MAX_DEFAULT, CONNECT_TIMEOUT_DEFAULT, ClientBuilder,
@@ -42,10 +45,10 @@ pub use client::{BACKUP_TIMEOUT, Client, Submitted};
 pub use error::ClientError;
 pub use follow::{FOLLOW_IDLE_MAX, FollowItem, PositionBody, SSE_MESSAGE_MAX};
 pub use key::new_idempotency_key;
-pub use monoseq_named_http::Client as SequencesClient;
 pub use monoseq_wire::{
     ArgBody, BATCH_COMMANDS_MAX, BackupBody, BackupRequestBody, BatchCommandBody, BatchResultBody,
     ClusterBody, CommandBody, ErrorBody, EventBody, GapBody, InfoBody, KindBody, NewArgBody,
     NewRecordBody, OutcomeBody, PlogEntryBody, PlogPageBody, RecordBody, RecordUpdateBody,
     StoredKindBody,
 };
+pub use sequences::{SEQUENCES_GRACE, SequencesClient, SequencesError};

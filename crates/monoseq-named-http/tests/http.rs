@@ -1,12 +1,13 @@
 //! The HTTP API over real HTTP: a server on 127.0.0.1:0 serving `router`, driven by the
-//! crate's `Client`, and by raw requests (for status codes and the `{"code", "message"}` errors
+//! client (`monoseq_client::SequencesClient`), and by raw requests (for status codes and the `{"code", "message"}` errors
 //! of bad input).
 
 use std::sync::Arc;
 
+use monoseq_client::SequencesClient as Client;
 use monoseq_kv::{Key, KvStore, MemoryStore};
 use monoseq_named::{KV_TAG, KvBackend, NextOptions, Sequences, SetOptions};
-use monoseq_named_http::{Client, router};
+use monoseq_named_http::router;
 use serde_json::{Value, json};
 
 struct Server {

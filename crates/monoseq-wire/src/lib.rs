@@ -25,6 +25,7 @@ mod answers;
 mod batch;
 mod command;
 mod consume;
+mod sequences;
 
 pub use admin::{BackupBody, BackupRequestBody};
 pub use answers::{
@@ -40,6 +41,9 @@ pub use command::{
 pub use consume::{
     GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT, SSE_GAP,
     SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX,
+};
+pub use sequences::{
+    Checked, NextRequestBody, ResetRequestBody, SequenceExistsBody, SequenceValueBody,
 };
 
 /// The request header that makes a command safe to retry (IETF httpapi idempotency-key draft).
