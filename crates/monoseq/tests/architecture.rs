@@ -2,8 +2,8 @@
 //! fails on a dependency the crate graph does not draw (normal or dev), a cycle among the
 //! workspace's crates (dev-dependencies count), an HTTP, CLI or JSON library outside the edge
 //! crates, a storage engine outside the kv crate, a server framework, storage engine or database
-//! driver anywhere in the client's dependency tree, a clock read or a sleep in the core's state
-//! machine, a bare literal where the crate names that limit, and a function in `src` longer
+//! driver anywhere in the client's dependency tree, a `json!` body in the server crate (every
+//! body is a `monoseq-wire` type), a clock read or a sleep in the core's state machine, a bare literal where the crate names that limit, and a function in `src` longer
 //! than `FUNCTION_LINES_MAX`. Each rule is a
 //! pure function over parsed inputs; the unit tests at the end break each rule on purpose and
 //! check that it is reported.
@@ -149,6 +149,10 @@ const NOT_IN_THE_CLIENT: &[(&str, Option<&str>)] = &[
     ("sqlx", None),
     ("monoseq-pg", None),
 ];
+
+/// The crate whose `src` writes no JSON by hand: every body it reads or writes is a type of
+/// the wire crate (`monoseq-wire`), so the protocol has one owner.
+const TYPED_JSON_CRATE: &str = "monoseq";
 
 /// The files of `monoseq-core/src` that may read a clock or sleep: the driver, the caller's
 /// bounded wait for actualization, and the conformance suite. Every other file is the state
@@ -550,6 +554,31 @@ fn heavy_client_dependencies(tree: &[TreeEntry]) -> Vec<String> {
     found
 }
 
+/// A `json!` macro anywhere in `files` (test modules included: they show how bodies are built).
+fn json_macros(files: &[Source]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in files {
+        for (i, line) in file.lines.iter().enumerate() {
+            let macro_at = line.match_indices("json!").any(|(at, _)| {
+                !line[..at]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_')
+            });
+            if macro_at {
+                found.push(format!(
+                    "{}:{} builds JSON with `json!`: every body the server reads or writes is a \
+                     monoseq-wire type; add or extend one there (tests: a typed body, or JSON \
+                     text parsed into one)",
+                    file.path,
+                    i + 1
+                ));
+            }
+        }
+    }
+    found
+}
+
 /// A clock read or a sleep in a non-test line of a core state-machine file.
 fn clock_in_state_machine(core: &[Source]) -> Vec<String> {
     let mut found = Vec::new();
@@ -704,6 +733,12 @@ fn the_client_depends_on_no_server_framework_storage_engine_or_database_driver()
 }
 
 #[test]
+fn the_server_writes_no_json_by_hand() {
+    let server = crate_named(&workspace(), TYPED_JSON_CRATE);
+    assert_none("`json!` in the server", json_macros(&sources(&server)));
+}
+
+#[test]
 fn the_core_state_machine_reads_no_clock_and_never_sleeps() {
     let core = crate_named(&workspace(), "monoseq-core");
     assert_none(
@@ -853,6 +888,21 @@ fn a_server_framework_or_engine_under_the_client_is_reported_but_an_http_client_
     assert!(found[1].contains("on fjall:"), "{found:?}");
     assert!(
         found[2].contains("on hyper with its feature \"server\""),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn a_json_macro_is_reported_even_in_a_test_but_not_in_a_comment_or_string() {
+    let text = "fn f() -> Value {\n    serde_json::json!({\"a\": 1})\n}\n// json!({})\nconst S: &str = \"json!\";\nfn my_json!() {}\n#[cfg(test)]\nmod tests {\n    fn g() { json!(1); }\n}\n";
+    let found = json_macros(&[Source::new("monoseq/src/routes.rs", text)]);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].starts_with("monoseq/src/routes.rs:2 builds JSON with `json!`"),
+        "{found:?}"
+    );
+    assert!(
+        found[1].starts_with("monoseq/src/routes.rs:9 "),
         "{found:?}"
     );
 }
