@@ -69,6 +69,8 @@ struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// With a 405: the methods the path takes (RFC 9110's `Allow`).
+    allow: Option<&'static str>,
 }
 
 impl ApiError {
@@ -77,6 +79,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            allow: None,
         }
     }
 
@@ -93,6 +96,11 @@ impl IntoResponse for ApiError {
             key: None,
         };
         let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(allow) = self.allow {
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
         if self.code == code::BUSY || self.code == code::STORAGE {
             response
                 .headers_mut()
@@ -166,7 +174,17 @@ async fn handle(
         .map(|(_, value)| value)
         .unwrap_or_default();
     if *method == Method::DELETE {
-        let address = parse_address(path)?;
+        // An address is deleted; a path that is no address but names an operation is that
+        // operation's, which DELETE is not.
+        let address = match parse_address(path) {
+            Ok(address) => address,
+            Err(e) => {
+                return Err(match route(path, method) {
+                    Err(not_allowed) if not_allowed.allow.is_some() => not_allowed,
+                    _ => e,
+                });
+            }
+        };
         sequences.delete(&address).await?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
@@ -208,37 +226,54 @@ fn answer(body: impl serde::Serialize) -> Result<Response, ApiError> {
 }
 
 /// The address and operation a path names (`ADDRESS/OPERATION`), checked against `method`.
+/// A path that is an address alone takes DELETE only.
 fn route<'p>(path: &'p str, method: &Method) -> Result<(Address, &'p str), ApiError> {
+    let unknown =
+        |message: String| ApiError::new(StatusCode::NOT_FOUND, code::UNKNOWN_OPERATION, message);
     let (address, operation) = path.rsplit_once('/').ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            code::UNKNOWN_OPERATION,
-            format!("{path:?} names no operation; use /v1/sequences/ADDRESS/OPERATION"),
-        )
+        unknown(format!(
+            "{path:?} names no operation; use /v1/sequences/ADDRESS/OPERATION"
+        ))
     })?;
-    let address = parse_address(address)?;
-    let allowed = match operation {
-        "value" | "data" | "exists" => Method::GET,
-        "next" | "increment" | "reset" | "set" => Method::POST,
-        _ => {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                code::UNKNOWN_OPERATION,
+    let (allowed, allow) = match operation {
+        "value" | "data" | "exists" => (Method::GET, "GET, HEAD"),
+        "next" | "increment" | "reset" | "set" => (Method::POST, "POST"),
+        _ if path.parse::<Address>().is_ok() => {
+            return Err(not_allowed(
                 format!(
-                    "unknown operation {operation:?}; use next, increment, reset, set (POST), \
-                     value, data, exists (GET) or DELETE on the address"
+                    "{path} is a sequence: it takes DELETE only, not {method}; add an operation to the path"
                 ),
+                "DELETE",
             ));
         }
+        _ => {
+            parse_address(address)?;
+            return Err(unknown(format!(
+                "unknown operation {operation:?}; use next, increment, reset, set (POST), \
+                 value, data, exists (GET) or DELETE on the address"
+            )));
+        }
     };
+    let address = parse_address(address)?;
     if *method != allowed && !(allowed == Method::GET && *method == Method::HEAD) {
-        return Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            code::METHOD_NOT_ALLOWED,
+        return Err(not_allowed(
             format!("{operation} takes {allowed}, not {method}"),
+            allow,
         ));
     }
     Ok((address, operation))
+}
+
+/// A 405 naming the methods the path takes.
+fn not_allowed(message: String, allow: &'static str) -> ApiError {
+    ApiError {
+        allow: Some(allow),
+        ..ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            code::METHOD_NOT_ALLOWED,
+            message,
+        )
+    }
 }
 
 /// The body of `reset` / `set`: the value and the options.

@@ -24,18 +24,36 @@ impl<T> From<T> for Checked<T> {
     }
 }
 
+/// A field that is present, `null` included: a number field holding `null` is a wrong value
+/// (refused with its field's code), not an absent one. (`metadata: null` is absent.)
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Checked<u64>>, D::Error> {
+    Checked::deserialize(d).map(Some)
+}
+
 /// `POST /v1/sequences/{address}/next` and `…/increment`: every field optional.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NextRequestBody {
     /// The first number of a sequence that does not exist yet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub initial: Option<Checked<u64>>,
     /// How far one call advances the sequence (1 or more).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub increment: Option<Checked<u64>>,
     /// How long the server may try, in milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub timeout_ms: Option<Checked<u64>>,
     /// Metadata stored with the write (a JSON object).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -47,10 +65,18 @@ pub struct NextRequestBody {
 #[serde(deny_unknown_fields)]
 pub struct ResetRequestBody {
     /// The value to store (required: a server refuses the body without it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub value: Option<Checked<u64>>,
     /// How long the server may try, in milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub timeout_ms: Option<Checked<u64>>,
     /// Metadata stored with the write (a JSON object).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,6 +123,14 @@ mod tests {
             serde_json::to_value(&body).unwrap(),
             json!({"increment": 5})
         );
+    }
+
+    #[test]
+    fn a_null_number_is_a_wrong_value_not_an_absent_one() {
+        let body: NextRequestBody =
+            serde_json::from_value(json!({"timeout_ms": null, "metadata": null})).unwrap();
+        assert_eq!(body.timeout_ms, Some(Checked::Invalid(Value::Null)));
+        assert_eq!(body.metadata, None);
     }
 
     #[test]

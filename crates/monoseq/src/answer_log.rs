@@ -16,7 +16,8 @@ use serde::Serialize;
 /// The environment variable naming the file.
 pub const ANSWER_LOG_ENV: &str = "MONOSEQ_ANSWER_LOG";
 /// The answer headers the document describes, and so the ones logged.
-const LOGGED_HEADERS: [&str; 5] = [
+const LOGGED_HEADERS: [&str; 6] = [
+    "allow",
     "content-type",
     "retry-after",
     "location",
