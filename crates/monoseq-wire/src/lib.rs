@@ -43,7 +43,7 @@ pub use consume::{
     GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT, SSE_GAP,
     SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX,
 };
-pub use marks::{AcceptedLossBody, MarkBody, MarksBody};
+pub use marks::{AcceptedLossBody, LossCauseBody, MarkBody, MarksBody};
 pub use sequences::{
     Checked, NextRequestBody, ResetRequestBody, SequenceExistsBody, SequenceValueBody,
 };

@@ -46,4 +46,18 @@ pub struct AcceptedLossBody {
     pub mark: MarkBody,
     /// When the loss was accepted (Unix milliseconds).
     pub accepted_at_ms: u64,
+    /// How the loss came about (absent from older nodes: an accepted loss).
+    #[serde(default)]
+    pub cause: LossCauseBody,
+}
+
+/// How the numbers of an [`AcceptedLossBody`] came to be retired.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossCauseBody {
+    /// An operator started with `--accept-loss` over a store that lost acknowledged events.
+    #[default]
+    AcceptedLoss,
+    /// A restored backup was continued: what the store acknowledged after the backup is gone.
+    Restore,
 }

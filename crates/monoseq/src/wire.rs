@@ -3,9 +3,10 @@
 //! `monoseq-wire`; this module is the one place the two meet.
 
 use monoseq_cp::{Command, KindName, NewArg, NewRecord, Outcome, RecordUpdate};
-use monoseq_store::{AcceptedLoss, Mark};
+use monoseq_store::{AcceptedLoss, LossCause, Mark};
 use monoseq_wire::{
-    AcceptedLossBody, KindBody, MarkBody, NewArgBody, NewRecordBody, RecordUpdateBody,
+    AcceptedLossBody, KindBody, LossCauseBody, MarkBody, NewArgBody, NewRecordBody,
+    RecordUpdateBody,
 };
 pub use monoseq_wire::{CommandBody, OutcomeBody};
 
@@ -93,6 +94,10 @@ pub fn loss_body(l: &AcceptedLoss) -> AcceptedLossBody {
         plog_to: l.plog_to,
         mark: mark_body(&l.mark),
         accepted_at_ms: l.accepted_at_ms,
+        cause: match l.cause {
+            LossCause::Restore => LossCauseBody::Restore,
+            _ => LossCauseBody::AcceptedLoss,
+        },
     }
 }
 
@@ -104,6 +109,10 @@ pub fn loss(b: &AcceptedLossBody) -> AcceptedLoss {
         plog_to: b.plog_to,
         mark: mark(&b.mark),
         accepted_at_ms: b.accepted_at_ms,
+        cause: match b.cause {
+            LossCauseBody::AcceptedLoss => LossCause::AcceptedLoss,
+            LossCauseBody::Restore => LossCause::Restore,
+        },
     }
 }
 

@@ -515,6 +515,12 @@ async fn every_route_answers_a_method_it_does_not_take_405_with_allow() {
                 .send()
                 .await
                 .unwrap();
+            if path.starts_with("/v1/admin/") {
+                // The admin scope's token check answers before the route does (403 here, a
+                // server without an admin token).
+                assert_eq!(r.status(), 403, "{method} {path}");
+                continue;
+            }
             let allow = r
                 .headers()
                 .get("allow")
