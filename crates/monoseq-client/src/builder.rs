@@ -129,7 +129,7 @@ impl ClientBuilder {
             nodes.push(url.to_owned());
         }
         let http = self.http()?;
-        let sequences = monoseq_named_http::Client::with_http(&nodes[0], http.clone());
+        let sequences = crate::SequencesClient::with_http(&nodes[0], http.clone());
         Ok(Client {
             inner: Arc::new(Inner {
                 http,

@@ -39,7 +39,7 @@ pub struct Client {
 pub(crate) struct Inner {
     pub(crate) http: reqwest::Client,
     pub(crate) view: View,
-    pub(crate) sequences: monoseq_named_http::Client,
+    pub(crate) sequences: crate::SequencesClient,
     pub(crate) request_timeout: Duration,
     pub(crate) retry_timeout: Duration,
     pub(crate) backoff: Backoff,
@@ -122,7 +122,7 @@ impl Client {
     /// Named sequences on the same server (`next`, `reserve` through a
     /// `monoseq_named::Reserver`, `get`, …), with this client's token, TLS and timeouts.
     #[must_use]
-    pub fn sequences(&self) -> &monoseq_named_http::Client {
+    pub fn sequences(&self) -> &crate::SequencesClient {
         &self.inner.sequences
     }
 

@@ -6,8 +6,11 @@
 //! redirects, refreshed on `not_owner`, a redirect or a refused connection). A command may
 //! carry an append condition (`CommandBody::with_expected_wlog_offset`); a refusal on it is
 //! [`ClientError::WlogConflict`] with the workspace's current WLog offset. Reads: events,
-//! WLog pages as a stream, records; consumer positions, set by compare-and-set; named
-//! sequences through `monoseq-named-http`. Each attempt
+//! WLog pages as a stream, records, partition pages and live tails ([`Client::follow`]);
+//! consumer positions, set by compare-and-set; named sequences ([`SequencesClient`]). It
+//! depends on an HTTP client, the wire types and the named-sequence domain only: no server
+//! framework, no storage engine, no database driver (the architecture test holds it to
+//! that). Each attempt
 //! (status or error, and its time) and each wait before a retry is logged at debug level
 //! through `tracing`.
 //!
@@ -37,6 +40,7 @@ mod follow;
 mod key;
 mod positions;
 mod routing;
+mod sequences;
 
 pub use builder::{
     BACKOFF_FIRST_DEFAULT, BACKOFF_MAX_DEFAULT, CONNECT_TIMEOUT_DEFAULT, ClientBuilder,
@@ -46,7 +50,6 @@ pub use client::{BACKUP_TIMEOUT, Client, Submitted};
 pub use error::ClientError;
 pub use follow::{FOLLOW_IDLE_MAX, FollowItem, SSE_MESSAGE_MAX};
 pub use key::new_idempotency_key;
-pub use monoseq_named_http::Client as SequencesClient;
 pub use monoseq_wire::{
     ArgBody, BATCH_COMMANDS_MAX, BackupBody, BackupRequestBody, BatchCommandBody, BatchResultBody,
     ClusterBody, CommandBody, ErrorBody, EventBody, GapBody, InfoBody, KindBody, NewArgBody,
@@ -54,3 +57,4 @@ pub use monoseq_wire::{
     StoredKindBody,
 };
 pub use monoseq_wire::{PartitionPositionBody, PositionBody, PositionsBody, PutPositionBody};
+pub use sequences::{SEQUENCES_GRACE, SequencesClient, SequencesError};

@@ -201,11 +201,13 @@ mod tests {
                     url: "http://b/".into(),
                     alive: true,
                     partitions: vec![1],
+                    ..ClusterNodeBody::default()
                 }],
                 partitions: vec![ClusterPartitionBody {
                     partition: 1,
                     epoch: 3,
                     owner: Some("n2".into()),
+                    ..ClusterPartitionBody::default()
                 }],
             },
             "http://a",

@@ -1,22 +1,20 @@
-//! monoseq-named-http: the HTTP edge of named sequences. [`router`] serves the
-//! `/v1/sequences/…` API over a [`monoseq_named::Sequences`]; [`Client`] calls it from another
-//! process. Owns the route scheme, the JSON bodies on the wire, and the mapping of the domain's
-//! stable error codes ([`monoseq_named::code`]) to HTTP status codes; `monoseq-named` knows
-//! nothing of HTTP.
+//! monoseq-named-http: the server side of named sequences' HTTP API. [`router`] serves the
+//! `/v1/sequences/…` API over a [`monoseq_named::Sequences`]. Owns the route scheme, the
+//! checking of request bodies (their types are `monoseq-wire`'s, shared with the client in
+//! `monoseq-client`), and the mapping of the domain's stable error codes
+//! ([`monoseq_named::code`]) to HTTP status codes; `monoseq-named` knows nothing of HTTP.
 //!
 //! # Example
 //!
 //! ```no_run
 //! use monoseq_kv::MemoryStore;
-//! use monoseq_named::{KvBackend, NextOptions, Sequences};
-//! use monoseq_named_http::{Client, router};
+//! use monoseq_named::{KvBackend, Sequences};
+//! use monoseq_named_http::router;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let sequences = Sequences::new(KvBackend::new(MemoryStore::new()));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! tokio::spawn(async move { axum::serve(listener, router(sequences)).await });
-//! let client = Client::new("http://127.0.0.1:8080")?;
-//! assert_eq!(client.next(&"orders/invoice".parse()?, &NextOptions::new()).await?, 1);
+//! axum::serve(listener, router(sequences)).await?; // `monoseq_client::SequencesClient` calls it
 //! # Ok(())
 //! # }
 //! ```
@@ -24,7 +22,6 @@
 // Library code answers errors; an `expect` states why it cannot fail.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-mod client;
 mod router;
 
 /// Stable error codes of the HTTP API: every code of the operations
@@ -40,5 +37,4 @@ pub mod code {
     pub const TOO_LARGE: &str = "too_large";
 }
 
-pub use client::{CLIENT_GRACE, Client, ClientError};
 pub use router::{BODY_BYTES_MAX, router};

@@ -1,7 +1,8 @@
 //! The HTTP API of named sequences: [`router`], JSON in and out, errors as
 //! `{"code": ..., "message": ...}` with the stable codes of [`crate::code`]. Owns the route
-//! scheme, the request-body parsing (where negative, fractional, zero or oversized numbers
-//! become typed errors) and the mapping of errors to status codes.
+//! scheme, the checking of the request bodies (`monoseq-wire`'s types, where negative,
+//! fractional, zero or oversized numbers become typed errors) and the mapping of errors to
+//! status codes.
 //!
 //! Routes (`{address}` is the textual [`monoseq_named::Address`], e.g. `orders/invoice` or
 //! `resource=orders/plugin=backup/run`; the last segment names the operation):
@@ -23,11 +24,15 @@ use axum::extract::{DefaultBodyLimit, RawPathParams, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
-use serde_json::{Map, Value, json};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use monoseq_named::{
     Address, AddressError, DeleteError, METADATA_BYTES_MAX, Metadata, NextError, NextOptions,
     ReadError, Sequences, SetError, SetOptions, VALUE_MAX,
+};
+use monoseq_wire::{
+    Checked, ErrorBody, NextRequestBody, ResetRequestBody, SequenceExistsBody, SequenceValueBody,
 };
 
 use crate::code;
@@ -64,6 +69,8 @@ struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// With a 405: the methods the path takes (RFC 9110's `Allow`).
+    allow: Option<&'static str>,
 }
 
 impl ApiError {
@@ -72,6 +79,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            allow: None,
         }
     }
 
@@ -82,8 +90,13 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({ "code": self.code, "message": self.message });
+        let body = ErrorBody::new(self.code, self.message);
         let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(allow) = self.allow {
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
         if self.code == code::BUSY || self.code == code::STORAGE {
             response
                 .headers_mut()
@@ -157,17 +170,29 @@ async fn handle(
         .map(|(_, value)| value)
         .unwrap_or_default();
     if *method == Method::DELETE {
-        let address = parse_address(path)?;
+        // An address is deleted; a path that is no address but names an operation is that
+        // operation's, which DELETE is not.
+        let address = match parse_address(path) {
+            Ok(address) => address,
+            Err(e) => {
+                return Err(match route(path, method) {
+                    Err(not_allowed) if not_allowed.allow.is_some() => not_allowed,
+                    _ => e,
+                });
+            }
+        };
         sequences.delete(&address).await?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     let (address, operation) = route(path, method)?;
-    let ok = |value: Value| Ok(axum::Json(value).into_response());
+    let value = |value| answer(SequenceValueBody { value });
     match operation {
-        "value" => ok(json!({ "value": sequences.get(&address).await? })),
-        "exists" => ok(json!({ "exists": sequences.exists(&address).await? })),
+        "value" => value(sequences.get(&address).await?),
+        "exists" => answer(SequenceExistsBody {
+            exists: sequences.exists(&address).await?,
+        }),
         "data" => match sequences.get_data(&address).await? {
-            Some(data) => ok(serde_json::to_value(data).expect("data serializes")),
+            Some(data) => answer(data),
             None => Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 code::NOT_FOUND,
@@ -175,63 +200,92 @@ async fn handle(
             )),
         },
         "next" | "increment" => {
-            let options = next_options(body_object(body)?)?;
-            let value = if operation == "next" {
+            let options = next_options(body_of(body)?)?;
+            let number = if operation == "next" {
                 sequences.next(&address, &options).await?
             } else {
                 sequences.increment(&address, &options).await?
             };
-            ok(json!({ "value": value }))
+            value(Some(number))
         }
         _ => {
-            let (value, options) = reset_body(body_object(body)?)?;
+            let (value, options) = reset_body(body_of(body)?)?;
             let data = sequences.reset(&address, value, &options).await?;
-            ok(serde_json::to_value(data).expect("data serializes"))
+            answer(data)
         }
     }
 }
 
+/// A 200 answer with `body` as JSON.
+fn answer(body: impl serde::Serialize) -> Result<Response, ApiError> {
+    Ok(axum::Json(body).into_response())
+}
+
 /// The address and operation a path names (`ADDRESS/OPERATION`), checked against `method`.
+/// A path that is an address alone takes DELETE only.
 fn route<'p>(path: &'p str, method: &Method) -> Result<(Address, &'p str), ApiError> {
+    let unknown =
+        |message: String| ApiError::new(StatusCode::NOT_FOUND, code::UNKNOWN_OPERATION, message);
     let (address, operation) = path.rsplit_once('/').ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            code::UNKNOWN_OPERATION,
-            format!("{path:?} names no operation; use /v1/sequences/ADDRESS/OPERATION"),
-        )
+        unknown(format!(
+            "{path:?} names no operation; use /v1/sequences/ADDRESS/OPERATION"
+        ))
     })?;
-    let address = parse_address(address)?;
-    let allowed = match operation {
-        "value" | "data" | "exists" => Method::GET,
-        "next" | "increment" | "reset" | "set" => Method::POST,
-        _ => {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                code::UNKNOWN_OPERATION,
+    let (allowed, allow) = match operation {
+        "value" | "data" | "exists" => (Method::GET, "GET, HEAD"),
+        "next" | "increment" | "reset" | "set" => (Method::POST, "POST"),
+        _ if path.parse::<Address>().is_ok() => {
+            return Err(not_allowed(
                 format!(
-                    "unknown operation {operation:?}; use next, increment, reset, set (POST), \
-                     value, data, exists (GET) or DELETE on the address"
+                    "{path} is a sequence: it takes DELETE only, not {method}; add an operation to the path"
                 ),
+                "DELETE",
             ));
         }
+        _ => {
+            parse_address(address)?;
+            return Err(unknown(format!(
+                "unknown operation {operation:?}; use next, increment, reset, set (POST), \
+                 value, data, exists (GET) or DELETE on the address"
+            )));
+        }
     };
+    let address = parse_address(address)?;
     if *method != allowed && !(allowed == Method::GET && *method == Method::HEAD) {
-        return Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            code::METHOD_NOT_ALLOWED,
+        return Err(not_allowed(
             format!("{operation} takes {allowed}, not {method}"),
+            allow,
         ));
     }
     Ok((address, operation))
 }
 
+/// A 405 naming the methods the path takes.
+fn not_allowed(message: String, allow: &'static str) -> ApiError {
+    ApiError {
+        allow: Some(allow),
+        ..ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            code::METHOD_NOT_ALLOWED,
+            message,
+        )
+    }
+}
+
 /// The body of `reset` / `set`: the value and the options.
-fn reset_body(mut body: Map<String, Value>) -> Result<(u64, SetOptions), ApiError> {
-    let value = body.remove("value").ok_or_else(|| {
+fn reset_body(body: ResetRequestBody) -> Result<(u64, SetOptions), ApiError> {
+    let value = body.value.ok_or_else(|| {
         ApiError::bad_request(code::INVALID_VALUE, "the body needs a \"value\" field")
     })?;
-    let value = value_u64(&value, "value", code::INVALID_VALUE)?;
-    Ok((value, set_options(body)?))
+    let value = value_u64(value, "value", code::INVALID_VALUE)?;
+    let mut options = SetOptions::new();
+    if let Some(timeout) = timeout(body.timeout_ms)? {
+        options = options.timeout(timeout);
+    }
+    if let Some(metadata) = metadata(body.metadata)? {
+        options = options.metadata(metadata);
+    }
+    Ok((value, options))
 }
 
 fn parse_address(text: &str) -> Result<Address, ApiError> {
@@ -239,8 +293,10 @@ fn parse_address(text: &str) -> Result<Address, ApiError> {
         .map_err(|e: AddressError| ApiError::bad_request(e.code(), e.to_string()))
 }
 
-/// The body as a JSON object (an empty body is an empty object).
-fn body_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
+/// The body as a request type (an empty body is an empty object).
+fn body_of<T: DeserializeOwned + Default>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             let message = format!("the body is over the limit of {BODY_BYTES_MAX} bytes");
@@ -249,32 +305,37 @@ fn body_object(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>
             ApiError::new(e.status(), code::BAD_REQUEST, e.body_text())
         }
     })?;
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => return Ok(T::default()),
+        // A derived struct would also read a JSON array, field by field in order.
+        Some(b'{') => {}
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                code::BAD_REQUEST,
+                "the body must be a JSON object",
+            ));
+        }
     }
-    match serde_json::from_slice(&body) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(ApiError::bad_request(
-            code::BAD_REQUEST,
-            "the body must be a JSON object",
-        )),
-        Err(e) => Err(ApiError::bad_request(
-            code::BAD_REQUEST,
-            format!("the body is not JSON: {e}"),
-        )),
-    }
+    serde_json::from_slice(&body).map_err(|e| {
+        let problem = if e.is_data() {
+            "is not a JSON object of the documented fields"
+        } else {
+            "is not JSON"
+        };
+        ApiError::bad_request(code::BAD_REQUEST, format!("the body {problem}: {e}"))
+    })
 }
 
-/// A JSON number as a value in `0..=VALUE_MAX`, or the typed error `code`.
-fn value_u64(value: &Value, field: &str, code: &'static str) -> Result<u64, ApiError> {
+/// A request number as a value in `0..=VALUE_MAX`, or the typed error `code`.
+fn value_u64(value: Checked<u64>, field: &str, code: &'static str) -> Result<u64, ApiError> {
     let problem = match value {
-        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
-            (Some(v), _) if v <= VALUE_MAX => return Ok(v),
-            (Some(v), _) => format!("{v} is over the largest value {VALUE_MAX}"),
-            (None, Some(v)) => format!("{v} is negative"),
-            (None, None) => float_problem(n),
+        Checked::Valid(v) if v <= VALUE_MAX => return Ok(v),
+        Checked::Valid(v) => format!("{v} is over the largest value {VALUE_MAX}"),
+        Checked::Invalid(Value::Number(n)) => match n.as_i64() {
+            Some(v) => format!("{v} is negative"),
+            None => float_problem(&n),
         },
-        other => format!("{other} is not a number"),
+        Checked::Invalid(other) => format!("{other} is not a number"),
     };
     Err(ApiError::bad_request(
         code,
@@ -297,41 +358,31 @@ fn float_problem(n: &serde_json::Number) -> String {
     }
 }
 
-fn take_timeout(body: &mut Map<String, Value>) -> Result<Option<std::time::Duration>, ApiError> {
-    body.remove("timeout_ms")
-        .map(|v| value_u64(&v, "timeout_ms", code::BAD_REQUEST))
+fn timeout(timeout_ms: Option<Checked<u64>>) -> Result<Option<std::time::Duration>, ApiError> {
+    timeout_ms
+        .map(|v| value_u64(v, "timeout_ms", code::BAD_REQUEST))
         .transpose()
         .map(|ms| ms.map(std::time::Duration::from_millis))
 }
 
-fn take_metadata(body: &mut Map<String, Value>) -> Result<Option<Metadata>, ApiError> {
-    match body.remove("metadata") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(map)) => Ok(Some(map)),
-        Some(_) => Err(ApiError::bad_request(
+fn metadata(metadata: Option<Checked<Metadata>>) -> Result<Option<Metadata>, ApiError> {
+    match metadata {
+        None => Ok(None),
+        Some(Checked::Valid(map)) => Ok(Some(map)),
+        Some(Checked::Invalid(_)) => Err(ApiError::bad_request(
             code::INVALID_METADATA,
             format!("\"metadata\" must be a JSON object of at most {METADATA_BYTES_MAX} bytes"),
         )),
     }
 }
 
-fn no_other_fields(body: &Map<String, Value>, allowed: &str) -> Result<(), ApiError> {
-    match body.keys().next() {
-        None => Ok(()),
-        Some(field) => Err(ApiError::bad_request(
-            code::BAD_REQUEST,
-            format!("unknown field {field:?}; the fields are {allowed}"),
-        )),
-    }
-}
-
-fn next_options(mut body: Map<String, Value>) -> Result<NextOptions, ApiError> {
+fn next_options(body: NextRequestBody) -> Result<NextOptions, ApiError> {
     let mut options = NextOptions::new();
-    if let Some(initial) = body.remove("initial") {
-        options = options.initial(value_u64(&initial, "initial", code::INVALID_VALUE)?);
+    if let Some(initial) = body.initial {
+        options = options.initial(value_u64(initial, "initial", code::INVALID_VALUE)?);
     }
-    if let Some(increment) = body.remove("increment") {
-        let increment = value_u64(&increment, "increment", code::INVALID_INCREMENT)?;
+    if let Some(increment) = body.increment {
+        let increment = value_u64(increment, "increment", code::INVALID_INCREMENT)?;
         let increment = std::num::NonZeroU64::new(increment).ok_or_else(|| {
             ApiError::bad_request(
                 code::INVALID_INCREMENT,
@@ -340,24 +391,11 @@ fn next_options(mut body: Map<String, Value>) -> Result<NextOptions, ApiError> {
         })?;
         options = options.increment(increment);
     }
-    if let Some(timeout) = take_timeout(&mut body)? {
+    if let Some(timeout) = timeout(body.timeout_ms)? {
         options = options.timeout(timeout);
     }
-    if let Some(metadata) = take_metadata(&mut body)? {
+    if let Some(metadata) = metadata(body.metadata)? {
         options = options.metadata(metadata);
     }
-    no_other_fields(&body, "initial, increment, timeout_ms, metadata")?;
-    Ok(options)
-}
-
-fn set_options(mut body: Map<String, Value>) -> Result<SetOptions, ApiError> {
-    let mut options = SetOptions::new();
-    if let Some(timeout) = take_timeout(&mut body)? {
-        options = options.timeout(timeout);
-    }
-    if let Some(metadata) = take_metadata(&mut body)? {
-        options = options.metadata(metadata);
-    }
-    no_other_fields(&body, "value, timeout_ms, metadata")?;
     Ok(options)
 }

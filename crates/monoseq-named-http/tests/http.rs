@@ -1,12 +1,13 @@
 //! The HTTP API over real HTTP: a server on 127.0.0.1:0 serving `router`, driven by the
-//! crate's `Client`, and by raw requests (for status codes and the `{"code", "message"}` errors
+//! client (`monoseq_client::SequencesClient`), and by raw requests (for status codes and the `{"code", "message"}` errors
 //! of bad input).
 
 use std::sync::Arc;
 
+use monoseq_client::SequencesClient as Client;
 use monoseq_kv::{Key, KvStore, MemoryStore};
 use monoseq_named::{KV_TAG, KvBackend, NextOptions, Sequences, SetOptions};
-use monoseq_named_http::{Client, router};
+use monoseq_named_http::router;
 use serde_json::{Value, json};
 
 struct Server {
@@ -181,6 +182,20 @@ async fn bad_input_gets_a_stable_code_and_changes_nothing() {
         ),
         (
             "POST",
+            url("orders/id/next"),
+            Some(r#"{"timeout_ms": null}"#),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            url("orders/id/next"),
+            Some(r#"{"initial": null}"#),
+            400,
+            "invalid_value",
+        ),
+        (
+            "POST",
             url("orders/id/reset"),
             Some(r#"{}"#),
             400,
@@ -238,6 +253,7 @@ async fn bad_input_gets_a_stable_code_and_changes_nothing() {
             "invalid_address",
         ),
         ("POST", url("a/b/c/next"), None, 400, "invalid_address"),
+        ("DELETE", url("orders/%C3%97"), None, 400, "invalid_address"),
         (
             "POST",
             url("orders/id/jump"),
@@ -359,4 +375,35 @@ async fn an_oversized_body_is_answered_too_large() {
         (413, Some("too_large")),
         "{body}"
     );
+}
+
+#[tokio::test]
+async fn a_405_names_the_methods_the_path_takes_in_allow() {
+    let server = serve().await;
+    let http = reqwest::Client::new();
+    let url = |path: &str| format!("{}/v1/sequences/{path}", server.base);
+    let cases = [
+        ("GET", "orders/id/next", "POST"),
+        ("DELETE", "orders/id/value", "GET, HEAD"),
+        ("PUT", "orders/id/reset", "POST"),
+        ("POST", "orders/id/exists", "GET, HEAD"),
+        ("GET", "orders/id", "DELETE"),
+        ("PATCH", "resource=orders/plugin=backup/run", "DELETE"),
+    ];
+    for (method, path, allow) in cases {
+        let response = http
+            .request(method.parse().unwrap(), url(path))
+            .send()
+            .await
+            .unwrap();
+        let got = response
+            .headers()
+            .get("allow")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(
+            (response.status().as_u16(), got.as_deref()),
+            (405, Some(allow)),
+            "{method} {path}"
+        );
+    }
 }

@@ -27,12 +27,13 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use monoseq_client::SequencesClient as Client;
 use monoseq_kv::{Durability, FjallStore, Options};
 use monoseq_named::{
     Address, Backend, BoxFuture, KvBackend, NextError, NextOptions, Object, S3Backend, S3Config,
     Sequences, StorageError, Version, WriteFailure,
 };
-use monoseq_named_http::{Client, router};
+use monoseq_named_http::router;
 
 const ROLE_VAR: &str = "MONOSEQ_NAMED_ROLE";
 const ADDRESS: &str = "orders/invoice";
@@ -348,7 +349,7 @@ fn assert_unique(values: &[u64]) -> BTreeSet<u64> {
     seen
 }
 
-fn client_next(url: &str) -> Result<u64, monoseq_named_http::ClientError> {
+fn client_next(url: &str) -> Result<u64, monoseq_client::SequencesError> {
     runtime().block_on(async {
         Client::new(url)
             .unwrap()

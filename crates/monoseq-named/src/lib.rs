@@ -3,8 +3,10 @@
 //! writes instead of locks. Owns the operations ([`Sequences`]), the addresses and key layout
 //! ([`Address`], [`Scope`]), the stored format, the backend contract ([`Backend`]) with its S3 and
 //! key-value backends, and the reservation mode ([`Reserver`], over any [`BlockSource`]) and the
-//! server-side number cache ([`CacheOptions`]). The domain only: the HTTP API and its client are
-//! the edge crate `monoseq-named-http`, the command line is the `monoseq` binary's.
+//! server-side number cache ([`CacheOptions`]). The domain only: the HTTP API is the edge crate
+//! `monoseq-named-http`, its client is in `monoseq-client`, the command line is the `monoseq`
+//! binary's. The backends are features (`kv`, `s3`, both default); without them a client gets
+//! the domain types and no storage.
 //!
 //! # Example
 //!
@@ -30,6 +32,7 @@ mod backend;
 mod cache;
 mod combine;
 mod error;
+#[cfg(feature = "kv")]
 mod kv;
 mod record;
 mod reserve;
@@ -42,6 +45,7 @@ pub use backend::{Backend, BoxFuture, ConditionalWrite, Object, Version, WriteFa
 pub use cache::{CACHE_BLOCKS_MAX_DEFAULT, CacheOptions};
 pub use combine::{COMBINE_WRITES_MAX, DURABLE_WRITES_IN_FLIGHT};
 pub use error::{AddressError, DeleteError, NextError, ReadError, SetError, StorageError, code};
+#[cfg(feature = "kv")]
 pub use kv::{KV_TAG, KvBackend};
 pub use record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX};
 pub use reserve::{BlockSource, ReserveOptions, Reserver};

@@ -1,4 +1,5 @@
-//! What the reading endpoints, `/v1/info`, `/v1/cluster` and every error answer carry.
+//! What the reading endpoints, `/v1/info`, `/v1/cluster`, `/readyz`'s refusal and every error
+//! answer carry.
 //! Answers accept unknown fields: a server may add one without breaking older clients.
 
 use serde::{Deserialize, Serialize};
@@ -18,6 +19,41 @@ pub struct ErrorBody {
     /// last event, 0 when it has none), to read up to and resend the command expecting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_wlog_offset: Option<u64>,
+}
+
+impl ErrorBody {
+    /// An error answer with `code` and `message` (and no damaged place).
+    #[must_use]
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> ErrorBody {
+        ErrorBody {
+            code: code.into(),
+            message: message.into(),
+            key: None,
+            current_wlog_offset: None,
+        }
+    }
+}
+
+/// `GET /readyz`'s 503: the partitions that cannot be answered yet, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotReadyBody {
+    /// Always `not_ready`.
+    pub code: String,
+    /// How many partitions, for people.
+    pub message: String,
+    /// Each partition not ready; absent from a `not_ready` of a node whose storage is still
+    /// opening (no partition is known yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<Vec<NotReadyPartitionBody>>,
+}
+
+/// A partition of [`NotReadyBody`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotReadyPartitionBody {
+    /// The partition.
+    pub partition: u32,
+    /// Why it cannot be answered yet.
+    pub reason: String,
 }
 
 /// The kind of a stored record or argument object.
@@ -147,12 +183,18 @@ pub enum ClusterBody {
 }
 
 /// A node of [`ClusterBody::Clustered`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterNodeBody {
     /// Its name (`--node-id`).
     pub node_id: String,
+    /// The run (process) that holds the name.
+    #[serde(default)]
+    pub run_id: Option<String>,
     /// The URL it advertises to clients and peers.
     pub url: String,
+    /// How long ago it last renewed, in milliseconds.
+    #[serde(default)]
+    pub seen_ms_ago: u64,
     /// Whether it renewed lately.
     pub alive: bool,
     /// The partitions it holds a live lease on.
@@ -160,14 +202,23 @@ pub struct ClusterNodeBody {
 }
 
 /// A partition of [`ClusterBody::Clustered`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterPartitionBody {
     /// The partition.
     pub partition: u32,
     /// Its lease's epoch.
-    pub epoch: i64,
+    pub epoch: u64,
     /// The node holding a live lease on it, if any.
     pub owner: Option<String>,
+    /// Time left on its lease, in milliseconds (negative: expired).
+    #[serde(default)]
+    pub expires_in_ms: i64,
+    /// Time since its lease was last renewed, in milliseconds.
+    #[serde(default)]
+    pub lease_age_ms: i64,
+    /// Whether the answering node serves it.
+    #[serde(default)]
+    pub served_here: bool,
 }
 
 #[cfg(test)]

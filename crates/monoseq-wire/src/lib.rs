@@ -25,12 +25,14 @@ mod answers;
 mod batch;
 mod command;
 mod consume;
+mod marks;
 mod positions;
+mod sequences;
 
 pub use admin::{BackupBody, BackupRequestBody};
 pub use answers::{
     ArgBody, ClusterBody, ClusterNodeBody, ClusterPartitionBody, ErrorBody, EventBody, InfoBody,
-    RecordBody, StoredKindBody, WlogPageBody,
+    NotReadyBody, NotReadyPartitionBody, RecordBody, StoredKindBody, WlogPageBody,
 };
 pub use batch::{
     BATCH_COMMANDS_MAX, BatchAnswerBody, BatchBody, BatchCommandBody, BatchResultBody, RawBatchBody,
@@ -42,9 +44,13 @@ pub use consume::{
     GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT, SSE_GAP,
     SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX,
 };
+pub use marks::{AcceptedLossBody, LossCauseBody, MarkBody, MarksBody};
 pub use positions::{
     POSITION_BACKWARDS, POSITION_CONFLICT, PartitionPositionBody, PositionBody,
     PositionConflictBody, PositionsBody, PutPositionBody, UNKNOWN_CONSUMER,
+};
+pub use sequences::{
+    Checked, NextRequestBody, ResetRequestBody, SequenceExistsBody, SequenceValueBody,
 };
 
 /// The request header that makes a command safe to retry (IETF httpapi idempotency-key draft).

@@ -9,7 +9,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use monoseq_kv::KvStore;
 use monoseq_store::AppId;
-use serde_json::json;
 
 /// A key-value store of either kind, as the server and the tools use it.
 pub type Store = Arc<dyn KvStore>;
@@ -21,7 +20,7 @@ pub const APP: AppId = AppId(1);
 pub(crate) fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
     (
         status,
-        axum::Json(json!({"code": code, "message": message.to_string()})),
+        axum::Json(monoseq_wire::ErrorBody::new(code, message.to_string())),
     )
         .into_response()
 }

@@ -16,7 +16,8 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use monoseq_cp::CommandProcessor;
 use monoseq_store::{EventStore, TrustLevel};
-use serde_json::json;
+use monoseq_wire::{KindBody, NewArgBody, NewRecordBody};
+use serde_json::{Map, Value};
 
 use crate::config::{APP, Settings, open_storage};
 use crate::wire::CommandBody;
@@ -77,12 +78,18 @@ pub struct BenchArgs {
 
 /// The command every client sends: one CDoc, an argument ODoc referring to it.
 fn command(ws: u64) -> CommandBody {
-    serde_json::from_value(json!({
-        "ws": ws, "ws_kind": 1, "command": "bench.Create",
-        "create": [{"raw_id": 1, "kind": "CDoc", "name": "bench.Doc", "fields": {"n": ws}}],
-        "argument": {"raw_id": 2, "name": "bench.Arg", "fields": {"doc": {"$raw": 1}}}
-    }))
-    .expect("valid bench command")
+    let field = |name: &str, value: Value| Map::from_iter([(name.to_owned(), value)]);
+    let mut command = CommandBody::new(ws, 1, "bench.Create");
+    let mut doc = NewRecordBody::new(1, KindBody::CDoc, "bench.Doc");
+    doc.fields = field("n", ws.into());
+    command.create.push(doc);
+    command.argument = Some(NewArgBody {
+        raw_id: 2,
+        name: "bench.Arg".to_owned(),
+        fields: field("doc", Value::Object(field("$raw", 1.into()))),
+        children: Vec::new(),
+    });
+    command
 }
 
 /// What the clients measured.

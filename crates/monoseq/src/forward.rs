@@ -327,18 +327,6 @@ pub struct Prober {
     authorization: Option<HeaderValue>,
 }
 
-/// The part of a `/readyz` refusal a prober reads.
-#[derive(serde::Deserialize)]
-struct NotReadyBody {
-    code: String,
-    partitions: Vec<NotReadyPartition>,
-}
-
-#[derive(serde::Deserialize)]
-struct NotReadyPartition {
-    partition: u32,
-}
-
 impl Prober {
     /// `GET url path` within `timeout`, with this node's token.
     fn get(&self, url: &str, path: &str, timeout: Duration) -> reqwest::RequestBuilder {
@@ -365,9 +353,11 @@ impl Prober {
         if status != reqwest::StatusCode::SERVICE_UNAVAILABLE {
             return None;
         }
-        let body: NotReadyBody = answer.json().await.ok()?;
-        (body.code == "not_ready")
-            .then(|| Readiness::Unready(body.partitions.iter().map(|p| p.partition).collect()))
+        let body: monoseq_wire::NotReadyBody = answer.json().await.ok()?;
+        let partitions = body.partitions.filter(|_| body.code == "not_ready")?;
+        Some(Readiness::Unready(
+            partitions.iter().map(|p| p.partition).collect(),
+        ))
     }
 
     /// The high-water marks of the node at `url` (`GET /v1/marks`), within `timeout`.
@@ -379,7 +369,7 @@ impl Prober {
         &self,
         url: &str,
         timeout: Duration,
-    ) -> anyhow::Result<crate::cluster::marks::MarksAnswer> {
+    ) -> anyhow::Result<monoseq_wire::MarksBody> {
         let answer = self.get(url, "/v1/marks", timeout).send().await?;
         let status = answer.status();
         if !status.is_success() {

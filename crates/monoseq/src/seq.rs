@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use monoseq_client::SequencesClient;
 use monoseq_kv::{EmbeddedStore, OpenError};
 use monoseq_named::{KvBackend, Metadata, Sequences, TIMEOUT_DEFAULT};
-use monoseq_named_http::Client;
 
 use crate::config::{DATA_DIR_DEFAULT, open_postgres, open_store};
 use crate::seq_command::{Target, run};
@@ -247,8 +247,8 @@ pub async fn main(args: SeqArgs) -> anyhow::Result<()> {
 async fn open_target(backend: &SeqBackend, timeout: Duration) -> anyhow::Result<Target> {
     if let Some(url) = &backend.url {
         let client = match &backend.token {
-            Some(token) => Client::with_token(url, token),
-            None => Client::new(url),
+            Some(token) => SequencesClient::with_token(url, token),
+            None => SequencesClient::new(url),
         };
         return Ok(Target::Remote(client.context("connecting to the server")?));
     }

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
+use monoseq_client::{SequencesClient, SequencesError};
 use monoseq_named::{
     Address, DeleteError, NextError, NextOptions, ReadError, SequenceData, Sequences, SetError,
     SetOptions, code,
 };
-use monoseq_named_http::{Client, ClientError};
 
 use crate::seq::{Operation, TakeArgs};
 
@@ -17,7 +17,7 @@ pub enum Target {
     /// Directly on storage (a data directory or a bucket) from this process.
     Local(Sequences),
     /// Through a running server's HTTP API.
-    Remote(Client),
+    Remote(SequencesClient),
 }
 
 /// A command failed. [`CommandError::code`] is the stable code.
@@ -37,7 +37,7 @@ pub enum CommandError {
     Delete(#[from] DeleteError),
     /// The server answered an error or could not be reached.
     #[error(transparent)]
-    Client(#[from] ClientError),
+    Client(#[from] SequencesError),
     /// `get` or `data` of a sequence that does not exist.
     #[error("sequence {address} does not exist")]
     NotFound {

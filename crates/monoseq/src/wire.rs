@@ -3,8 +3,12 @@
 //! `monoseq-wire`; this module is the one place the two meet.
 
 use monoseq_cp::{Command, KindName, NewArg, NewRecord, Outcome, RecordUpdate};
+use monoseq_store::{AcceptedLoss, LossCause, Mark};
+use monoseq_wire::{
+    AcceptedLossBody, KindBody, LossCauseBody, MarkBody, NewArgBody, NewRecordBody,
+    RecordUpdateBody,
+};
 pub use monoseq_wire::{CommandBody, OutcomeBody};
-use monoseq_wire::{KindBody, NewArgBody, NewRecordBody, RecordUpdateBody};
 
 /// The domain command of a request body.
 pub fn command(b: CommandBody) -> Command {
@@ -63,19 +67,71 @@ pub fn outcome(o: &Outcome) -> OutcomeBody {
     }
 }
 
+/// A partition's high-water mark, as `/v1/marks` answers it.
+pub fn mark_body(m: &Mark) -> MarkBody {
+    MarkBody {
+        plog: m.plog,
+        wlog: m.wlog,
+        crecord: m.crecord,
+        owrecord: m.owrecord,
+    }
+}
+
+/// A high-water mark a peer's `/v1/marks` answered.
+pub fn mark(b: &MarkBody) -> Mark {
+    Mark {
+        plog: b.plog,
+        wlog: b.wlog,
+        crecord: b.crecord,
+        owrecord: b.owrecord,
+    }
+}
+
+/// An accepted loss, as `/v1/marks` answers it.
+pub fn loss_body(l: &AcceptedLoss) -> AcceptedLossBody {
+    AcceptedLossBody {
+        partition: l.partition,
+        plog_from: l.plog_from,
+        plog_to: l.plog_to,
+        mark: mark_body(&l.mark),
+        accepted_at_ms: l.accepted_at_ms,
+        cause: match l.cause {
+            LossCause::Restore => LossCauseBody::Restore,
+            _ => LossCauseBody::AcceptedLoss,
+        },
+    }
+}
+
+/// An accepted loss a peer's `/v1/marks` answered.
+pub fn loss(b: &AcceptedLossBody) -> AcceptedLoss {
+    AcceptedLoss {
+        partition: b.partition,
+        plog_from: b.plog_from,
+        plog_to: b.plog_to,
+        mark: mark(&b.mark),
+        accepted_at_ms: b.accepted_at_ms,
+        cause: match b.cause {
+            LossCauseBody::AcceptedLoss => LossCause::AcceptedLoss,
+            LossCauseBody::Restore => LossCause::Restore,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_body_becomes_the_domain_command_field_by_field() {
-        let body: CommandBody = serde_json::from_value(serde_json::json!({
-            "ws": 7, "ws_kind": 1, "command": "app.Create",
-            "create": [{"raw_id": 1, "kind": "WRecord", "name": "app.Row", "fields": {"n": 1}}],
-            "update": [{"id": 9, "fields": {"paid": true}}],
-            "argument": {"raw_id": 2, "name": "app.Arg", "children": [{"raw_id": 3, "name": "c"}]},
-            "expected_wlog_offset": 4
-        }))
+        let body: CommandBody = serde_json::from_str(
+            r#"{
+                "ws": 7, "ws_kind": 1, "command": "app.Create",
+                "create": [{"raw_id": 1, "kind": "WRecord", "name": "app.Row", "fields": {"n": 1}}],
+                "update": [{"id": 9, "fields": {"paid": true}}],
+                "argument": {"raw_id": 2, "name": "app.Arg", "children": [{"raw_id": 3, "name": "c"}]},
+                "expected_wlog_offset": 4
+            }"#,
+        )
         .expect("a valid body");
         let cmd = command(body);
         assert_eq!(

@@ -1,8 +1,9 @@
 //! ARCHITECTURE.md, enforced. Reads `cargo metadata` (no build) and the workspace's sources and
 //! fails on a dependency the crate graph does not draw (normal or dev), a cycle among the
 //! workspace's crates (dev-dependencies count), an HTTP, CLI or JSON library outside the edge
-//! crates, a storage engine outside the kv crate, a clock read or a sleep in the core's state
-//! machine, a bare literal where the crate names that limit, and a function in `src` longer
+//! crates, a storage engine outside the kv crate, a server framework, storage engine or database
+//! driver anywhere in the client's dependency tree, a `json!` body in the server crate (every
+//! body is a `monoseq-wire` type), a clock read or a sleep in the core's state machine, a bare literal where the crate names that limit, and a function in `src` longer
 //! than `FUNCTION_LINES_MAX`. Each rule is a
 //! pure function over parsed inputs; the unit tests at the end break each rule on purpose and
 //! check that it is reported.
@@ -32,7 +33,11 @@ const ALLOWED: &[(&str, &[&str], &[&str])] = &[
     ("monoseq-pg", &["monoseq-kv"], &[]),
     ("monoseq-store", &["monoseq-core", "monoseq-kv"], &[]),
     ("monoseq-named", &["monoseq-backoff", "monoseq-kv"], &[]),
-    ("monoseq-named-http", &["monoseq-named"], &["monoseq-kv"]),
+    (
+        "monoseq-named-http",
+        &["monoseq-named", "monoseq-wire"],
+        &["monoseq-client", "monoseq-kv"],
+    ),
     (
         "monoseq-cp",
         &[
@@ -50,7 +55,7 @@ const ALLOWED: &[(&str, &[&str], &[&str])] = &[
     ),
     (
         "monoseq-client",
-        &["monoseq-backoff", "monoseq-named-http", "monoseq-wire"],
+        &["monoseq-backoff", "monoseq-named", "monoseq-wire"],
         &[],
     ),
     (
@@ -115,6 +120,39 @@ const STORED_JSON: &[(&str, &str)] = &[
 /// storage through `KvStore`.
 const ENGINES: &[&str] = &["fjall", "redb"];
 const ENGINE_CRATE: &str = "monoseq-kv";
+
+/// The crate a client of the HTTP API builds, and what its normal dependency tree (transitively,
+/// with the features it resolves to) must not hold: a client needs an HTTP client and the wire
+/// types, not a server framework, a storage engine or a database driver. (package, feature):
+/// with a feature, only that feature of the package is refused (hyper is the HTTP client's
+/// too; its `server` half is not). reqwest's own tower-http (redirects) is client-side.
+const LIGHT_CLIENT: &str = "monoseq-client";
+const NOT_IN_THE_CLIENT: &[(&str, Option<&str>)] = &[
+    // Server frameworks.
+    ("axum", None),
+    ("axum-core", None),
+    ("actix-web", None),
+    ("warp", None),
+    ("hyper", Some("server")),
+    ("hyper-util", Some("server")),
+    ("monoseq-named-http", None),
+    // Storage engines and the crates that open them.
+    ("fjall", None),
+    ("lsm-tree", None),
+    ("redb", None),
+    ("monoseq-kv", None),
+    ("object_store", None),
+    // Database drivers.
+    ("postgres", None),
+    ("tokio-postgres", None),
+    ("postgres-protocol", None),
+    ("sqlx", None),
+    ("monoseq-pg", None),
+];
+
+/// The crate whose `src` writes no JSON by hand: every body it reads or writes is a type of
+/// the wire crate (`monoseq-wire`), so the protocol has one owner.
+const TYPED_JSON_CRATE: &str = "monoseq";
 
 /// The files of `monoseq-core/src` that may read a clock or sleep: the driver, the caller's
 /// bounded wait for actualization, and the conformance suite. Every other file is the state
@@ -284,6 +322,50 @@ fn parse_package(package: &serde_json::Value) -> Crate {
     }
 }
 
+/// An entry of `cargo tree -e normal,features --prefix none`: a package (`name vX.Y.Z …`) or
+/// one of its enabled features (`name feature "f"`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct TreeEntry {
+    package: String,
+    feature: Option<String>,
+}
+
+/// The normal dependency tree of `package`, features resolved as a build of it alone resolves
+/// them (unlike `cargo metadata`, which unifies the workspace's features).
+fn dependency_tree(package: &str) -> Vec<TreeEntry> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let output = Command::new(cargo)
+        .args(["tree", "-p", package, "-e", "normal,features"])
+        .args(["--prefix", "none", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap_or_else(|e| panic!("running `cargo tree`: {e}"));
+    assert!(
+        output.status.success(),
+        "`cargo tree` failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    parse_tree(&String::from_utf8_lossy(&output.stdout))
+}
+
+fn parse_tree(text: &str) -> Vec<TreeEntry> {
+    let entries: BTreeSet<TreeEntry> = text
+        .lines()
+        .filter_map(|line| {
+            let (package, rest) = line.trim().split_once(' ')?;
+            let feature = rest
+                .strip_prefix("feature \"")
+                .and_then(|f| f.split_once('"'))
+                .map(|(f, _)| f.to_owned());
+            Some(TreeEntry {
+                package: package.to_owned(),
+                feature,
+            })
+        })
+        .collect();
+    entries.into_iter().collect()
+}
+
 /// Every `.rs` file under a crate's `src`, read and lexed, with paths like
 /// `monoseq-core/src/worker.rs`.
 fn sources(krate: &Crate) -> Vec<Source> {
@@ -447,6 +529,56 @@ fn engines_outside_kv(crates: &[Crate]) -> Vec<String> {
     found
 }
 
+/// A package (or a package's feature) of `NOT_IN_THE_CLIENT` in the client's dependency tree.
+fn heavy_client_dependencies(tree: &[TreeEntry]) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in tree {
+        let refused = NOT_IN_THE_CLIENT.iter().any(|(package, feature)| {
+            entry.package == *package && entry.feature.as_deref() == *feature
+        });
+        if !refused {
+            continue;
+        }
+        let what = match &entry.feature {
+            Some(feature) => format!("{} with its feature {feature:?}", entry.package),
+            None => entry.package.clone(),
+        };
+        found.push(format!(
+            "{LIGHT_CLIENT} depends (transitively) on {what}: a client needs an HTTP client and \
+             the wire types only; find the path with `cargo tree -p {LIGHT_CLIENT} -e \
+             normal,features -i {}` and cut it (a default feature, or code that belongs to the \
+             server)",
+            entry.package
+        ));
+    }
+    found
+}
+
+/// A `json!` macro anywhere in `files` (test modules included: they show how bodies are built).
+fn json_macros(files: &[Source]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in files {
+        for (i, line) in file.lines.iter().enumerate() {
+            let macro_at = line.match_indices("json!").any(|(at, _)| {
+                !line[..at]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_')
+            });
+            if macro_at {
+                found.push(format!(
+                    "{}:{} builds JSON with `json!`: every body the server reads or writes is a \
+                     monoseq-wire type; add or extend one there (tests: a typed body, or JSON \
+                     text parsed into one)",
+                    file.path,
+                    i + 1
+                ));
+            }
+        }
+    }
+    found
+}
+
 /// A clock read or a sleep in a non-test line of a core state-machine file.
 fn clock_in_state_machine(core: &[Source]) -> Vec<String> {
     let mut found = Vec::new();
@@ -593,6 +725,20 @@ fn only_the_kv_crate_touches_a_storage_engine() {
 }
 
 #[test]
+fn the_client_depends_on_no_server_framework_storage_engine_or_database_driver() {
+    assert_none(
+        "heavy dependencies of the client",
+        heavy_client_dependencies(&dependency_tree(LIGHT_CLIENT)),
+    );
+}
+
+#[test]
+fn the_server_writes_no_json_by_hand() {
+    let server = crate_named(&workspace(), TYPED_JSON_CRATE);
+    assert_none("`json!` in the server", json_macros(&sources(&server)));
+}
+
+#[test]
 fn the_core_state_machine_reads_no_clock_and_never_sleeps() {
     let core = crate_named(&workspace(), "monoseq-core");
     assert_none(
@@ -717,6 +863,46 @@ fn fjall_in_the_verifier_is_reported() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert!(
         found[0].starts_with("monoseq-verify uses the engine fjall"),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn a_server_framework_or_engine_under_the_client_is_reported_but_an_http_client_is_not() {
+    let tree = parse_tree(
+        "monoseq-client v0.1.0 (/w/crates/monoseq-client)\n\
+         reqwest v0.13.5\n\
+         hyper v1.12.0\n\
+         hyper feature \"client\"\n\
+         hyper feature \"server\"\n\
+         axum v0.8.9 (*)\n\
+         axum feature \"json\"\n\
+         fjall v3.1.13 (/w/vendor/fjall)\n",
+    );
+    let found = heavy_client_dependencies(&tree);
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(
+        found[0].contains("depends (transitively) on axum:"),
+        "{found:?}"
+    );
+    assert!(found[1].contains("on fjall:"), "{found:?}");
+    assert!(
+        found[2].contains("on hyper with its feature \"server\""),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn a_json_macro_is_reported_even_in_a_test_but_not_in_a_comment_or_string() {
+    let text = "fn f() -> Value {\n    serde_json::json!({\"a\": 1})\n}\n// json!({})\nconst S: &str = \"json!\";\nfn my_json!() {}\n#[cfg(test)]\nmod tests {\n    fn g() { json!(1); }\n}\n";
+    let found = json_macros(&[Source::new("monoseq/src/routes.rs", text)]);
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(
+        found[0].starts_with("monoseq/src/routes.rs:2 builds JSON with `json!`"),
+        "{found:?}"
+    );
+    assert!(
+        found[1].starts_with("monoseq/src/routes.rs:9 "),
         "{found:?}"
     );
 }

@@ -479,3 +479,59 @@ async fn every_actualization_log_line_names_its_partition_and_durations_have_fix
     }
     server.kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_a_method_it_does_not_take_405_with_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "1"], &client).await;
+    let document: Value = serde_json::from_str(common::openapi::DOCUMENT).unwrap();
+    let paths = document["paths"].as_object().unwrap();
+    for (template, operations) in paths {
+        let mut path = template.clone();
+        for (param, value) in [
+            ("{scope}", "orders"),
+            ("{name}", "id"),
+            ("{partition}", "0"),
+            ("{offset}", "1"),
+            ("{ws}", "1"),
+            ("{id}", "1"),
+        ] {
+            path = path.replace(param, value);
+        }
+        let documented: Vec<String> = operations
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|m| ["get", "post", "put", "delete", "patch"].contains(&m.as_str()))
+            .map(|m| m.to_uppercase())
+            .collect();
+        for method in ["GET", "POST", "PUT", "DELETE", "PATCH"] {
+            if documented.iter().any(|m| m == method) {
+                continue;
+            }
+            let r = client
+                .request(method.parse().unwrap(), format!("{}{path}", server.url))
+                .send()
+                .await
+                .unwrap();
+            if path.starts_with("/v1/admin/") {
+                // The admin scope's token check answers before the route does (403 here, a
+                // server without an admin token).
+                assert_eq!(r.status(), 403, "{method} {path}");
+                continue;
+            }
+            let allow = r
+                .headers()
+                .get("allow")
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default();
+            let allowed: Vec<&str> = allow.split(',').map(str::trim).collect();
+            assert_eq!(r.status(), 405, "{method} {path}");
+            assert!(
+                documented.iter().all(|m| allowed.contains(&m.as_str())),
+                "{method} {path}: Allow {allow:?} does not name {documented:?}"
+            );
+        }
+    }
+}

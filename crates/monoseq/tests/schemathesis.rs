@@ -14,10 +14,15 @@ use std::process::Command;
 use common::Server;
 use serde_json::Value;
 
-/// The checks every run makes (`st run --checks`).
-const CHECKS: &str = "not_a_server_error,status_code_conformance,content_type_conformance,\
-                      response_headers_conformance,response_schema_conformance,\
-                      negative_data_rejection";
+/// The checks every run makes (`st run --checks`): all of them, but `EXCLUDED_CHECKS`.
+const CHECKS: &str = "all";
+/// Checks left out, each with why. `positive_data_acceptance`: its stateful phase sends a
+/// command again with the `Idempotency-Key` of an earlier one and another body, which the
+/// server rightly answers 422 `idempotency_key_reused` (the document says so; the check cannot
+/// know a header ties two requests); and it sends whole numbers written with a fraction
+/// (`"raw_id": 2.0`, `"initial": 5.0`), which JSON Schema counts as integers and the server
+/// refuses, naming them (the document cannot tell `2.0` from `2`).
+const EXCLUDED_CHECKS: &str = "positive_data_acceptance";
 /// Examples per operation and phase: enough to reach every status the document lists in a
 /// few seconds.
 const MAX_EXAMPLES: &str = "25";
@@ -48,6 +53,8 @@ fn run(document: &Path, url: &str, only: Option<&str>) -> (bool, String) {
             url,
             "--checks",
             CHECKS,
+            "--exclude-checks",
+            EXCLUDED_CHECKS,
             "--max-examples",
             MAX_EXAMPLES,
         ])

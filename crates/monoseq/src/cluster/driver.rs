@@ -17,6 +17,7 @@ use monoseq_membership::{
     TableError, TableStatus, assign, execute,
 };
 use monoseq_store::{EventStore, PartitionId, TrustLevel, ensure_retired};
+use monoseq_wire::{ClusterBody, ClusterNodeBody, ClusterPartitionBody};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::ClusterSettings;
@@ -486,7 +487,7 @@ impl Cluster {
     }
 
     /// What `GET /v1/marks` answers: this node's marks and the losses accepted for the store.
-    pub fn marks_answer(&self) -> super::marks::MarksAnswer {
+    pub fn marks_answer(&self) -> monoseq_wire::MarksBody {
         self.marks.answer()
     }
 
@@ -496,7 +497,7 @@ impl Cluster {
     /// # Errors
     ///
     /// When the database cannot be read.
-    pub async fn status_json(self: &Arc<Self>) -> anyhow::Result<serde_json::Value> {
+    pub async fn status(self: &Arc<Self>) -> anyhow::Result<ClusterBody> {
         let table = Arc::clone(&self.table);
         let status = tokio::task::spawn_blocking(move || table.status()).await??;
         let lease_ms = i64::try_from(self.settings.lease.as_millis()).unwrap_or(i64::MAX);
@@ -504,15 +505,13 @@ impl Cluster {
         let partitions: Vec<_> = status
             .leases
             .iter()
-            .map(|l| {
-                serde_json::json!({
-                    "partition": l.partition,
-                    "epoch": l.epoch,
-                    "owner": l.live_owner(),
-                    "expires_in_ms": l.expires_in_ms,
-                    "lease_age_ms": lease_ms - l.expires_in_ms,
-                    "served_here": served.contains(&l.partition),
-                })
+            .map(|l| ClusterPartitionBody {
+                partition: l.partition,
+                epoch: l.epoch,
+                owner: l.live_owner().map(str::to_owned),
+                expires_in_ms: l.expires_in_ms,
+                lease_age_ms: lease_ms - l.expires_in_ms,
+                served_here: served.contains(&l.partition),
             })
             .collect();
         let nodes: Vec<_> = status
@@ -525,23 +524,24 @@ impl Cluster {
                     .filter(|l| l.live_owner() == Some(n.node_id.as_str()))
                     .map(|l| l.partition)
                     .collect();
-                serde_json::json!({
-                    "node_id": n.node_id,
-                    "run_id": n.run_id,
-                    "url": n.url,
-                    "seen_ms_ago": n.seen_ms_ago,
-                    "alive": i64::try_from(n.seen_ms_ago).unwrap_or(i64::MAX) < lease_ms,
-                    "partitions": mine,
-                })
+                ClusterNodeBody {
+                    node_id: n.node_id.clone(),
+                    run_id: Some(n.run_id.clone()),
+                    url: n.url.clone(),
+                    seen_ms_ago: n.seen_ms_ago,
+                    alive: i64::try_from(n.seen_ms_ago).unwrap_or(i64::MAX) < lease_ms,
+                    partitions: mine,
+                }
             })
             .collect();
-        Ok(serde_json::json!({
-            "node_id": self.settings.node_id,
-            "lease_ms": lease_ms,
-            "renew_ms": ms(self.settings.renew),
-            "nodes": nodes,
-            "partitions": partitions,
-        }))
+        Ok(ClusterBody::Clustered {
+            clustered: true,
+            node_id: self.settings.node_id.clone(),
+            lease_ms,
+            renew_ms: ms(self.settings.renew),
+            nodes,
+            partitions,
+        })
     }
 
     /// Leaves the cluster: removes this node's row (so the others take each partition as soon

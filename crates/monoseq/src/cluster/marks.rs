@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use monoseq_store::{AcceptedLoss, EventStore, Mark, Marks, PartitionId};
-use serde::{Deserialize, Serialize};
+use monoseq_wire::MarksBody;
 
 use crate::base::Store;
 
@@ -38,20 +38,6 @@ pub const PULL_TIMEOUT: Duration = Duration::from_millis(800);
 pub const ID_FILE: &str = "monoseq-marks.id";
 /// How often a run waiting for another process's lock of the marks directory tries again.
 const LOCK_RETRY: Duration = Duration::from_millis(50);
-
-/// What `GET /v1/marks` answers.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MarksAnswer {
-    /// The store (database) the marks belong to.
-    pub store_id: String,
-    /// Its partition count.
-    pub partitions: u32,
-    /// Per partition, the highest numbers acknowledged that this node knows of.
-    pub marks: Vec<Mark>,
-    /// Losses accepted for the store, oldest first.
-    #[serde(default)]
-    pub losses: Vec<AcceptedLoss>,
-}
 
 /// A node's marks directory, opened for one store.
 #[derive(Debug)]
@@ -142,12 +128,17 @@ impl NodeMarks {
 
     /// What `GET /v1/marks` answers.
     #[must_use]
-    pub fn answer(&self) -> MarksAnswer {
-        MarksAnswer {
+    pub fn answer(&self) -> MarksBody {
+        MarksBody {
             store_id: self.store_id.clone(),
             partitions: self.marks.partitions(),
-            marks: self.marks.all(),
-            losses: self.losses(),
+            marks: self
+                .marks
+                .all()
+                .iter()
+                .map(crate::wire::mark_body)
+                .collect(),
+            losses: self.losses().iter().map(crate::wire::loss_body).collect(),
         }
     }
 
@@ -158,7 +149,7 @@ impl NodeMarks {
     ///
     /// When the peer's answer belongs to another store or partition count, or the files
     /// cannot be written.
-    pub fn merge(&self, peer: &MarksAnswer) -> anyhow::Result<Vec<u32>> {
+    pub fn merge(&self, peer: &MarksBody) -> anyhow::Result<Vec<u32>> {
         if peer.store_id != self.store_id || peer.partitions != self.marks.partitions() {
             bail!(
                 "the peer's marks are of store {} with {} partitions, this node's of store {} \
@@ -172,13 +163,14 @@ impl NodeMarks {
         let mut raised = Vec::new();
         for (p, mark) in peer.marks.iter().enumerate() {
             let p = u32::try_from(p).unwrap_or(u32::MAX);
+            let mark = &crate::wire::mark(mark);
             if !self.marks.get(p)?.covers(mark) {
                 self.marks.raise(p, mark)?;
                 raised.push(p);
             }
         }
         for loss in &peer.losses {
-            self.accept(*loss)?;
+            self.accept(crate::wire::loss(loss))?;
         }
         Ok(raised)
     }
@@ -557,8 +549,8 @@ mod tests {
         assert!(err.to_string().contains("--marks-dir"), "{err}");
         node.marks().raise(1, &mark(5)).unwrap();
         let mut peer = node.answer();
-        peer.marks[1] = mark(3);
-        peer.marks[2] = mark(9);
+        peer.marks[1] = crate::wire::mark_body(&mark(3));
+        peer.marks[2] = crate::wire::mark_body(&mark(9));
         assert_eq!(node.merge(&peer).unwrap(), vec![2]);
         assert_eq!(node.marks().get(1).unwrap(), mark(5));
         assert_eq!(node.marks().get(2).unwrap(), mark(9));

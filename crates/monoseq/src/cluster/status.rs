@@ -2,6 +2,7 @@
 //! partitions as aligned tables (or the JSON as it came).
 
 use anyhow::{Context, bail};
+use monoseq_wire::{ClusterBody, ErrorBody};
 
 /// `monoseq cluster …`.
 #[derive(Debug, clap::Subcommand)]
@@ -38,47 +39,48 @@ pub async fn run_command(command: ClusterCmd) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("asking {url}"))?;
     let status = answer.status();
-    let body: serde_json::Value = answer
-        .json()
+    let bytes = answer
+        .bytes()
         .await
         .with_context(|| format!("reading the answer of {url}"))?;
     if !status.is_success() {
-        bail!(
-            "{url} answered {status}: {}",
-            body["message"].as_str().unwrap_or("no message")
-        );
+        let message = serde_json::from_slice::<ErrorBody>(&bytes)
+            .map_or_else(|_| "no message".to_owned(), |e| e.message);
+        bail!("{url} answered {status}: {message}");
     }
     if json {
+        let body: serde_json::Value = serde_json::from_slice(&bytes)
+            .with_context(|| format!("reading the answer of {url}"))?;
         println!("{}", serde_json::to_string_pretty(&body)?);
     } else {
+        let body: ClusterBody = serde_json::from_slice(&bytes)
+            .with_context(|| format!("reading the answer of {url} as a cluster view"))?;
         print_status(&body);
     }
     Ok(())
 }
 
-fn print_status(v: &serde_json::Value) {
-    if v["clustered"] == serde_json::json!(false) {
+fn print_status(body: &ClusterBody) {
+    let ClusterBody::Clustered {
+        nodes, partitions, ..
+    } = body
+    else {
         println!("one node on embedded storage serves every partition");
         return;
-    }
-    // `Value`'s own formatting ignores widths: every cell becomes a string first.
-    let text = |v: &serde_json::Value| match v {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Null => "(none)".to_owned(),
-        other => other.to_string(),
     };
+    let list = |partitions: &[u32]| serde_json::to_string(partitions).unwrap_or_default();
     println!(
         "{:<24} {:<32} {:>8} {:>6}  partitions",
         "node", "url", "seen ms", "alive"
     );
-    for n in v["nodes"].as_array().into_iter().flatten() {
+    for n in nodes {
         println!(
             "{:<24} {:<32} {:>8} {:>6}  {}",
-            text(&n["node_id"]),
-            text(&n["url"]),
-            text(&n["seen_ms_ago"]),
-            text(&n["alive"]),
-            text(&n["partitions"])
+            n.node_id,
+            n.url,
+            n.seen_ms_ago,
+            n.alive,
+            list(&n.partitions)
         );
     }
     println!();
@@ -86,13 +88,13 @@ fn print_status(v: &serde_json::Value) {
         "{:>9} {:<24} {:>6} {:>12}",
         "partition", "owner", "epoch", "lease age ms"
     );
-    for p in v["partitions"].as_array().into_iter().flatten() {
+    for p in partitions {
         println!(
             "{:>9} {:<24} {:>6} {:>12}",
-            text(&p["partition"]),
-            text(&p["owner"]),
-            text(&p["epoch"]),
-            text(&p["lease_age_ms"])
+            p.partition,
+            p.owner.as_deref().unwrap_or("(none)"),
+            p.epoch,
+            p.lease_age_ms
         );
     }
 }

@@ -4,7 +4,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use monoseq_cp::{CommandError, ErrorClass, RETRY_AFTER_SECS};
-use serde_json::json;
+use monoseq_wire::ErrorBody;
 
 use super::AppState;
 use crate::base::{chain, error};
@@ -43,7 +43,10 @@ pub(super) fn read_error(
             }
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                axum::Json(json!({"code": "corrupted", "key": place, "message": message})),
+                axum::Json(ErrorBody {
+                    key: Some(place),
+                    ..ErrorBody::new("corrupted", message)
+                }),
             )
                 .into_response()
         }

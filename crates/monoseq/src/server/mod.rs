@@ -31,7 +31,7 @@ pub(crate) struct AppState {
     /// This node's cluster membership and its forwarder (PostgreSQL storage only).
     cluster: Option<(Arc<Cluster>, Forwarder)>,
     /// What `GET /v1/info` answers.
-    info: serde_json::Value,
+    info: monoseq_wire::InfoBody,
     metrics: metrics::Metrics,
     /// Live tails: their hubs, limits and counters.
     follow: Arc<consume::Follow>,

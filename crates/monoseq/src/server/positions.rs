@@ -22,7 +22,6 @@ use monoseq_wire::{
     POSITION_BACKWARDS, POSITION_CONFLICT, PartitionPositionBody, PositionBody,
     PositionConflictBody, PositionsBody, PutPositionBody, UNKNOWN_CONSUMER,
 };
-use serde_json::json;
 
 use super::AppState;
 use super::answers::with_retry_after;
@@ -283,7 +282,10 @@ fn position_error(st: &AppState, e: &PositionError) -> Response {
             tracing::error!(place = %place, "corrupt data in storage: {e}");
             (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                axum::Json(json!({"code": "corrupted", "key": place, "message": chain(e)})),
+                axum::Json(monoseq_wire::ErrorBody {
+                    key: Some(place),
+                    ..monoseq_wire::ErrorBody::new("corrupted", chain(e))
+                }),
             )
                 .into_response()
         }

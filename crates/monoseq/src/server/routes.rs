@@ -15,9 +15,11 @@ use axum::routing::{get, post};
 use monoseq_core::{PLogOffset, WsId};
 use monoseq_cp::{CommandError, CommandProcessor, IdempotencyKey};
 use monoseq_store::{PartitionId, RecordId, WLogOffset};
-use monoseq_wire::{IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED, WLOG_PAGE_MAX};
+use monoseq_wire::{
+    ClusterBody, IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED, InfoBody, MarksBody, NotReadyBody,
+    NotReadyPartitionBody, WLOG_PAGE_MAX,
+};
 use serde::Deserialize;
-use serde_json::json;
 
 use super::AppState;
 use super::answers::{command_error, read_error, with_retry_after};
@@ -43,7 +45,7 @@ const WLOG_OFFSET_SCANNED_MAX: u64 = u64::MAX >> 1;
 /// and the fallbacks behind the token check of `auth`.
 pub(super) fn router(
     cp: CommandProcessor<Store>,
-    info: serde_json::Value,
+    info: monoseq_wire::InfoBody,
     auth: Arc<crate::auth::Auth>,
     cluster: Option<(Arc<Cluster>, Forwarder)>,
     named_cache: monoseq_named::CacheOptions,
@@ -134,7 +136,7 @@ fn with_answer_log(router: Router) -> Router {
 }
 
 /// `GET /v1/info`.
-async fn info(State(st): State<Arc<AppState>>) -> axum::Json<serde_json::Value> {
+async fn info(State(st): State<Arc<AppState>>) -> axum::Json<InfoBody> {
     axum::Json(st.info.clone())
 }
 
@@ -419,18 +421,15 @@ async fn route_elsewhere(
 /// `GET /v1/cluster`: the nodes, their partitions, epochs and lease ages.
 async fn cluster_status(State(st): State<Arc<AppState>>) -> Response {
     let Some((cluster, _)) = &st.cluster else {
-        return axum::Json(json!({
-            "clustered": false,
-            "message": "one node on embedded storage serves every partition",
-            "partitions": st.cp.owned(),
-        }))
+        return axum::Json(ClusterBody::Single {
+            clustered: false,
+            message: "one node on embedded storage serves every partition".to_owned(),
+            partitions: st.cp.owned(),
+        })
         .into_response();
     };
-    match cluster.status_json().await {
-        Ok(mut v) => {
-            v["clustered"] = json!(true);
-            axum::Json(v).into_response()
-        }
+    match cluster.status().await {
+        Ok(status) => axum::Json(status).into_response(),
         Err(e) => with_retry_after(error(
             StatusCode::SERVICE_UNAVAILABLE,
             "storage_unavailable",
@@ -446,12 +445,12 @@ async fn marks(State(st): State<Arc<AppState>>) -> Response {
         return axum::Json(cluster.marks_answer()).into_response();
     }
     let marks = st.cp.config().marks.as_ref().map(|m| m.all());
-    axum::Json(json!({
-        "store_id": st.info["store_id"],
-        "partitions": st.cp.config().partitions,
-        "marks": marks.unwrap_or_default(),
-        "losses": [],
-    }))
+    axum::Json(MarksBody {
+        store_id: st.info.store_id.clone(),
+        partitions: st.cp.config().partitions,
+        marks: marks.iter().flatten().map(crate::wire::mark_body).collect(),
+        losses: Vec::new(),
+    })
     .into_response()
 }
 
@@ -467,18 +466,19 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     if unready.is_empty() {
         return "ready".into_response();
     }
-    let partitions: Vec<_> = unready
-        .iter()
-        .map(|(p, why)| json!({"partition": p, "reason": why}))
+    let message = format!("{} partitions cannot be answered yet", unready.len());
+    let partitions = unready
+        .into_iter()
+        .map(|(partition, reason)| NotReadyPartitionBody { partition, reason })
         .collect();
     with_retry_after(
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({
-                "code": "not_ready",
-                "message": format!("{} partitions cannot be answered yet", unready.len()),
-                "partitions": partitions,
-            })),
+            axum::Json(NotReadyBody {
+                code: "not_ready".to_owned(),
+                message,
+                partitions: Some(partitions),
+            }),
         )
             .into_response(),
     )

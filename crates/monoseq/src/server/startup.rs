@@ -8,7 +8,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use axum::Router;
 use monoseq_cp::CommandProcessor;
-use serde_json::json;
 
 use super::routes::{opening_router, router};
 use crate::auth::Security;
@@ -170,19 +169,19 @@ async fn open_while_answering(
 }
 
 /// What `GET /v1/info` answers.
-fn info(settings: &Settings, opened: &crate::config::Opened) -> serde_json::Value {
-    json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "partitions": settings.partitions,
-        "trust_level": match settings.trust {
+fn info(settings: &Settings, opened: &crate::config::Opened) -> monoseq_wire::InfoBody {
+    monoseq_wire::InfoBody {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        partitions: settings.partitions,
+        trust_level: match settings.trust {
             monoseq_store::TrustLevel::Level0 => 0,
             monoseq_store::TrustLevel::Level1 => 1,
             _ => 2,
         },
-        "storage": settings.storage.describe(),
-        "store_id": opened.identity.store_id,
-        "idempotency_window_events": settings.idempotency_window_events,
-    })
+        storage: settings.storage.describe(),
+        store_id: opened.identity.store_id.clone(),
+        idempotency_window_events: settings.idempotency_window_events,
+    }
 }
 
 /// Serves `app` until SIGTERM or Ctrl-C, or until another run took this node's name (then

@@ -1,30 +1,34 @@
-//! [`Client`]: the named-sequence operations over the HTTP API of [`crate::router`], for the
-//! `monoseq seq` command, for other processes and for the tests. Owns the request building and
-//! the decoding of answers and `{"code", "message"}` errors. A client is also a
+//! [`SequencesClient`]: the named-sequence operations over the HTTP API
+//! (`/v1/sequences/…`, served by `monoseq-named-http`), for the `monoseq seq` command, for
+//! other processes and for the tests. Owns the request building and the decoding of answers
+//! and `{"code", "message"}` errors, with `monoseq-wire`'s bodies. A client is also a
 //! [`BlockSource`], so a [`monoseq_named::Reserver`] can take its blocks through a server.
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde::de::DeserializeOwned;
 
 use monoseq_named::{
     Address, BlockSource, BoxFuture, NextError, NextOptions, SequenceData, SetOptions, StorageError,
 };
+use monoseq_wire::{
+    Checked, ErrorBody, NextRequestBody, ResetRequestBody, SequenceExistsBody, SequenceValueBody,
+};
 
-/// Time a request may take beyond the operation's own timeout.
-pub const CLIENT_GRACE: Duration = Duration::from_secs(2);
+/// Time a named-sequence request may take beyond the operation's own timeout.
+pub const SEQUENCES_GRACE: Duration = Duration::from_secs(2);
 
 /// Longest opening a connection may take, for a client this crate builds.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Time the server may take for an operation without a timeout of its own (`get`, `get_data`,
-/// `exists`, `delete`); the request may take [`CLIENT_GRACE`] beyond it.
+/// `exists`, `delete`); the request may take [`SEQUENCES_GRACE`] beyond it.
 const PLAIN_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A request through [`Client`] failed.
+/// A request through [`SequencesClient`] failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ClientError {
+pub enum SequencesError {
     /// The server answered with an error (its stable code and message).
     #[error("{message} ({code})")]
     Api {
@@ -47,14 +51,14 @@ pub enum ClientError {
     InvalidToken,
 }
 
-impl ClientError {
+impl SequencesError {
     /// The stable code: the server's, or `transport` / `protocol` / `invalid_token`.
     pub fn code(&self) -> &str {
         match self {
-            ClientError::Api { code, .. } => code,
-            ClientError::Transport(_) => "transport",
-            ClientError::Protocol(_) => "protocol",
-            ClientError::InvalidToken => "invalid_token",
+            SequencesError::Api { code, .. } => code,
+            SequencesError::Transport(_) => "transport",
+            SequencesError::Protocol(_) => "protocol",
+            SequencesError::InvalidToken => "invalid_token",
         }
     }
 }
@@ -65,29 +69,29 @@ impl ClientError {
 ///
 /// ```no_run
 /// use monoseq_named::NextOptions;
-/// use monoseq_named_http::Client;
+/// use monoseq_client::SequencesClient;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let client = Client::new("http://127.0.0.1:8080")?;
+/// let client = SequencesClient::new("http://127.0.0.1:8080")?;
 /// let number = client.next(&"orders/invoice".parse()?, &NextOptions::new()).await?;
 /// # let _ = number;
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Debug, Clone)]
-pub struct Client {
+pub struct SequencesClient {
     http: reqwest::Client,
     base: String,
 }
 
-impl Client {
+impl SequencesClient {
     /// A client of the server at `base_url` (such as `http://127.0.0.1:8080`).
     ///
     /// # Errors
     ///
-    /// [`ClientError::Transport`] when the HTTP client cannot be built.
-    pub fn new(base_url: &str) -> Result<Client, ClientError> {
-        Client::build(base_url, reqwest::header::HeaderMap::new())
+    /// [`SequencesError::Transport`] when the HTTP client cannot be built.
+    pub fn new(base_url: &str) -> Result<SequencesClient, SequencesError> {
+        SequencesClient::build(base_url, reqwest::header::HeaderMap::new())
     }
 
     /// A client of the server at `base_url` that presents `token` as a bearer token on every
@@ -95,35 +99,38 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// [`ClientError::InvalidToken`] when the token is not a valid header value,
-    /// [`ClientError::Transport`] when the HTTP client cannot be built.
-    pub fn with_token(base_url: &str, token: &str) -> Result<Client, ClientError> {
+    /// [`SequencesError::InvalidToken`] when the token is not a valid header value,
+    /// [`SequencesError::Transport`] when the HTTP client cannot be built.
+    pub fn with_token(base_url: &str, token: &str) -> Result<SequencesClient, SequencesError> {
         let mut value = reqwest::header::HeaderValue::try_from(format!("Bearer {token}"))
-            .map_err(|_| ClientError::InvalidToken)?;
+            .map_err(|_| SequencesError::InvalidToken)?;
         value.set_sensitive(true);
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(reqwest::header::AUTHORIZATION, value);
-        Client::build(base_url, headers)
+        SequencesClient::build(base_url, headers)
     }
 
     /// A client of the server at `base_url` that sends through `http`, a client its caller
     /// configured (timeouts, a CA for TLS, a bearer token among its default headers). The
     /// command client (`monoseq-client`) shares its connections and settings this way.
     #[must_use]
-    pub fn with_http(base_url: &str, http: reqwest::Client) -> Client {
-        Client {
+    pub fn with_http(base_url: &str, http: reqwest::Client) -> SequencesClient {
+        SequencesClient {
             http,
             base: base_url.trim_end_matches('/').to_owned(),
         }
     }
 
-    fn build(base_url: &str, headers: reqwest::header::HeaderMap) -> Result<Client, ClientError> {
+    fn build(
+        base_url: &str,
+        headers: reqwest::header::HeaderMap,
+    ) -> Result<SequencesClient, SequencesError> {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .default_headers(headers)
             .build()
-            .map_err(ClientError::Transport)?;
-        Ok(Client {
+            .map_err(SequencesError::Transport)?;
+        Ok(SequencesClient {
             http,
             base: base_url.trim_end_matches('/').to_owned(),
         })
@@ -136,67 +143,65 @@ impl Client {
         }
     }
 
-    async fn call(
+    /// Sends `request` (with `body` as JSON) and reads a success answer as `T`; `None` for a
+    /// 204 (no content).
+    async fn call<T: DeserializeOwned>(
         &self,
         request: reqwest::RequestBuilder,
-        body: Option<Value>,
+        body: Option<Vec<u8>>,
         timeout: Duration,
-    ) -> Result<Option<Value>, ClientError> {
-        let mut request = request.timeout(timeout + CLIENT_GRACE);
+    ) -> Result<Option<T>, SequencesError> {
+        let mut request = request.timeout(timeout + SEQUENCES_GRACE);
         if let Some(body) = body {
             request = request
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body.to_string());
+                .body(body);
         }
-        let response = request.send().await.map_err(ClientError::Transport)?;
+        let response = request.send().await.map_err(SequencesError::Transport)?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(ClientError::Transport)?;
+        let bytes = response.bytes().await.map_err(SequencesError::Transport)?;
         if status == reqwest::StatusCode::NO_CONTENT {
             return Ok(None);
         }
-        let value: Value = serde_json::from_slice(&bytes).map_err(|e| {
-            ClientError::Protocol(format!(
-                "status {status}, body not JSON ({e}): {}",
+        let unexpected = |e: serde_json::Error| {
+            SequencesError::Protocol(format!(
+                "status {status}, body not as documented ({e}): {}",
                 String::from_utf8_lossy(&bytes)
             ))
-        })?;
+        };
         if status.is_success() {
-            return Ok(Some(value));
+            return serde_json::from_slice(&bytes).map(Some).map_err(unexpected);
         }
-        let field = |name: &str| value.get(name).and_then(Value::as_str).map(str::to_owned);
-        match (field("code"), field("message")) {
-            (Some(code), Some(message)) => Err(ClientError::Api {
-                status: status.as_u16(),
-                code,
-                message,
-            }),
-            _ => Err(ClientError::Protocol(format!("status {status}: {value}"))),
+        let error: ErrorBody = serde_json::from_slice(&bytes).map_err(unexpected)?;
+        Err(SequencesError::Api {
+            status: status.as_u16(),
+            code: error.code,
+            message: error.message,
+        })
+    }
+
+    /// The answer `T` of a request that does not answer 204.
+    fn answered<T>(answer: Option<T>) -> Result<T, SequencesError> {
+        answer.ok_or_else(|| SequencesError::Protocol("no body in the answer".to_owned()))
+    }
+
+    fn timeout_ms(timeout: Duration) -> Option<Checked<u64>> {
+        Some(Checked::from(
+            u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        ))
+    }
+
+    fn next_body(options: &NextOptions) -> NextRequestBody {
+        NextRequestBody {
+            initial: Some(Checked::from(options.initial_value())),
+            increment: Some(Checked::from(options.increment_value().get())),
+            timeout_ms: SequencesClient::timeout_ms(options.timeout_value()),
+            metadata: options.metadata_value().cloned().map(Checked::from),
         }
     }
 
-    fn field_u64(value: Option<Value>, field: &str) -> Result<Option<u64>, ClientError> {
-        match value.as_ref().and_then(|v| v.get(field)) {
-            Some(Value::Null) => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| ClientError::Protocol(format!("\"{field}\" is {v}"))),
-            None => Err(ClientError::Protocol(format!(
-                "no \"{field}\" in the answer"
-            ))),
-        }
-    }
-
-    fn next_body(options: &NextOptions) -> Value {
-        let mut body = json!({
-            "initial": options.initial_value(),
-            "increment": options.increment_value().get(),
-            "timeout_ms": u64::try_from(options.timeout_value().as_millis()).unwrap_or(u64::MAX),
-        });
-        if let Some(metadata) = options.metadata_value() {
-            body["metadata"] = Value::Object(metadata.clone());
-        }
-        body
+    fn json(body: &impl serde::Serialize) -> Result<Vec<u8>, SequencesError> {
+        serde_json::to_vec(body).map_err(|e| SequencesError::Protocol(e.to_string()))
     }
 
     async fn advance(
@@ -204,26 +209,31 @@ impl Client {
         address: &Address,
         options: &NextOptions,
         operation: &str,
-    ) -> Result<u64, ClientError> {
-        let body = Client::next_body(options);
-        let answer = self
+    ) -> Result<u64, SequencesError> {
+        let body = SequencesClient::json(&SequencesClient::next_body(options))?;
+        let answer: Option<SequenceValueBody> = self
             .call(
                 self.http.post(self.url(address, Some(operation))),
                 Some(body),
                 options.timeout_value(),
             )
             .await?;
-        Client::field_u64(answer, "value")?
-            .ok_or_else(|| ClientError::Protocol("\"value\" is null".to_owned()))
+        SequencesClient::answered(answer)?
+            .value
+            .ok_or_else(|| SequencesError::Protocol("\"value\" is null".to_owned()))
     }
 
     /// [`monoseq_named::Sequences::next`] on the server.
     ///
     /// # Errors
     ///
-    /// [`ClientError::Api`] with the server's code (such as `busy`), or a transport or protocol
+    /// [`SequencesError::Api`] with the server's code (such as `busy`), or a transport or protocol
     /// failure.
-    pub async fn next(&self, address: &Address, options: &NextOptions) -> Result<u64, ClientError> {
+    pub async fn next(
+        &self,
+        address: &Address,
+        options: &NextOptions,
+    ) -> Result<u64, SequencesError> {
         self.advance(address, options, "next").await
     }
 
@@ -231,12 +241,12 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`Client::next`].
+    /// As [`SequencesClient::next`].
     pub async fn increment(
         &self,
         address: &Address,
         options: &NextOptions,
-    ) -> Result<u64, ClientError> {
+    ) -> Result<u64, SequencesError> {
         self.advance(address, options, "increment").await
     }
 
@@ -244,25 +254,27 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`Client::next`].
-    pub async fn get(&self, address: &Address) -> Result<Option<u64>, ClientError> {
+    /// As [`SequencesClient::next`].
+    pub async fn get(&self, address: &Address) -> Result<Option<u64>, SequencesError> {
         let request = self.http.get(self.url(address, Some("value")));
-        let answer = self.call(request, None, PLAIN_OPERATION_TIMEOUT).await?;
-        Client::field_u64(answer, "value")
+        let answer: Option<SequenceValueBody> =
+            self.call(request, None, PLAIN_OPERATION_TIMEOUT).await?;
+        Ok(SequencesClient::answered(answer)?.value)
     }
 
     /// [`monoseq_named::Sequences::get_data`] on the server.
     ///
     /// # Errors
     ///
-    /// As [`Client::next`].
-    pub async fn get_data(&self, address: &Address) -> Result<Option<SequenceData>, ClientError> {
+    /// As [`SequencesClient::next`].
+    pub async fn get_data(
+        &self,
+        address: &Address,
+    ) -> Result<Option<SequenceData>, SequencesError> {
         let request = self.http.get(self.url(address, Some("data")));
         match self.call(request, None, PLAIN_OPERATION_TIMEOUT).await {
-            Ok(answer) => serde_json::from_value(answer.unwrap_or_default())
-                .map(Some)
-                .map_err(|e| ClientError::Protocol(e.to_string())),
-            Err(ClientError::Api { code, .. }) if code == monoseq_named::code::NOT_FOUND => {
+            Ok(answer) => SequencesClient::answered(answer).map(Some),
+            Err(SequencesError::Api { code, .. }) if code == monoseq_named::code::NOT_FOUND => {
                 Ok(None)
             }
             Err(e) => Err(e),
@@ -273,51 +285,46 @@ impl Client {
     ///
     /// # Errors
     ///
-    /// As [`Client::next`].
-    pub async fn exists(&self, address: &Address) -> Result<bool, ClientError> {
+    /// As [`SequencesClient::next`].
+    pub async fn exists(&self, address: &Address) -> Result<bool, SequencesError> {
         let request = self.http.get(self.url(address, Some("exists")));
-        let answer = self.call(request, None, PLAIN_OPERATION_TIMEOUT).await?;
-        answer
-            .as_ref()
-            .and_then(|v| v.get("exists"))
-            .and_then(Value::as_bool)
-            .ok_or_else(|| ClientError::Protocol("no boolean \"exists\"".to_owned()))
+        let answer: Option<SequenceExistsBody> =
+            self.call(request, None, PLAIN_OPERATION_TIMEOUT).await?;
+        Ok(SequencesClient::answered(answer)?.exists)
     }
 
     /// [`monoseq_named::Sequences::reset`] on the server.
     ///
     /// # Errors
     ///
-    /// As [`Client::next`].
+    /// As [`SequencesClient::next`].
     pub async fn reset(
         &self,
         address: &Address,
         value: u64,
         options: &SetOptions,
-    ) -> Result<SequenceData, ClientError> {
-        let mut body = json!({
-            "value": value,
-            "timeout_ms": u64::try_from(options.timeout_value().as_millis()).unwrap_or(u64::MAX),
-        });
-        if let Some(metadata) = options.metadata_value() {
-            body["metadata"] = Value::Object(metadata.clone());
-        }
+    ) -> Result<SequenceData, SequencesError> {
+        let body = SequencesClient::json(&ResetRequestBody {
+            value: Some(Checked::from(value)),
+            timeout_ms: SequencesClient::timeout_ms(options.timeout_value()),
+            metadata: options.metadata_value().cloned().map(Checked::from),
+        })?;
         let request = self.http.post(self.url(address, Some("reset")));
         let answer = self
             .call(request, Some(body), options.timeout_value())
             .await?;
-        serde_json::from_value(answer.unwrap_or_default())
-            .map_err(|e| ClientError::Protocol(e.to_string()))
+        SequencesClient::answered(answer)
     }
 
     /// [`monoseq_named::Sequences::delete`] on the server.
     ///
     /// # Errors
     ///
-    /// As [`Client::next`].
-    pub async fn delete(&self, address: &Address) -> Result<(), ClientError> {
+    /// As [`SequencesClient::next`].
+    pub async fn delete(&self, address: &Address) -> Result<(), SequencesError> {
         let request = self.http.delete(self.url(address, None));
-        self.call(request, None, PLAIN_OPERATION_TIMEOUT).await?;
+        let _: Option<serde::de::IgnoredAny> =
+            self.call(request, None, PLAIN_OPERATION_TIMEOUT).await?;
         Ok(())
     }
 }
@@ -332,10 +339,10 @@ impl Client {
 /// ```no_run
 /// use std::num::NonZeroU64;
 /// use monoseq_named::{ReserveOptions, Reserver};
-/// use monoseq_named_http::Client;
+/// use monoseq_client::SequencesClient;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let client = Client::new("http://127.0.0.1:8080")?;
+/// let client = SequencesClient::new("http://127.0.0.1:8080")?;
 /// let options = ReserveOptions::new(NonZeroU64::new(10_000).unwrap());
 /// let ids = Reserver::new(client, "orders/id".parse()?, options);
 /// let id = ids.next().await?; // one request per 5 000 numbers
@@ -343,7 +350,7 @@ impl Client {
 /// # Ok(())
 /// # }
 /// ```
-impl BlockSource for Client {
+impl BlockSource for SequencesClient {
     fn take<'a>(
         &'a self,
         address: &'a Address,
