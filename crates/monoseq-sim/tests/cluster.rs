@@ -23,10 +23,13 @@ fn run_range(range: u64) {
             (first..first + n).collect()
         }
     };
-    let mut acked = 0;
+    let (mut acked, mut followed) = (0, 0);
     for seed in &seeds {
         match run_seed(*seed) {
-            Ok(report) => acked += report.acked,
+            Ok(report) => {
+                acked += report.acked;
+                followed += report.followed;
+            }
             Err(e) => panic!(
                 "seed {seed}: {e}\nreplay: MONOSEQ_SIM_SEED={seed} cargo test -p monoseq-sim \
                  --test cluster"
@@ -36,6 +39,10 @@ fn run_range(range: u64) {
     assert!(
         seeds.is_empty() || acked > 0,
         "the clients got nothing acknowledged"
+    );
+    assert!(
+        seeds.is_empty() || followed > 0,
+        "the followers were delivered nothing"
     );
 }
 
