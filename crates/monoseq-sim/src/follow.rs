@@ -168,7 +168,7 @@ impl Sim {
     /// A page of `p` from `from` asked of node `to`: read there when it holds `p`, else
     /// relayed to the owner its lease table names (once: the owner reads it or refuses).
     /// `None` when no answer comes (the node is down or paused).
-    fn read_at(
+    pub(crate) fn read_at(
         &mut self,
         to: usize,
         p: u32,

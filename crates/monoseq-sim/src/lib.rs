@@ -15,6 +15,7 @@
 // Library code answers errors; an `expect` states why it cannot fail.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod consume;
 mod db;
 mod follow;
 mod node;
@@ -27,6 +28,7 @@ use monoseq_store::{AcceptedLoss, AppId, EventStore, PartitionId, TrustLevel};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+pub use consume::CONSUMERS_MAX;
 pub use db::{Db, DbFaults, SimKv};
 pub use follow::FOLLOWERS_MAX;
 use node::{Node, Request};
@@ -96,6 +98,12 @@ pub struct Report {
     pub faults: BTreeMap<&'static str, u64>,
     /// Events and gaps delivered to followers.
     pub followed: u64,
+    /// Consumer positions stored (answered as such).
+    pub positions_set: u64,
+    /// Position writes refused because another instance had moved the position.
+    pub position_conflicts: u64,
+    /// Position writes whose answer was lost, found written by reading back.
+    pub positions_read_back: u64,
 }
 
 /// A client: one workspace, one command at a time, retried with its key until answered.
@@ -132,6 +140,9 @@ pub struct Sim {
     followers: Vec<follow::Follower>,
     in_flight: Vec<follow::InFlight>,
     readers_rng: ChaCha8Rng,
+    /// The consumer instances, and what the checks know of each consumer name's position.
+    consumers: Vec<consume::Consumer>,
+    known: Vec<consume::Known>,
 }
 
 /// The config every partition writer runs with.
@@ -185,6 +196,7 @@ impl Sim {
                 follow::Follower::new(p, limit, readers_rng.random_range(0..2_000))
             })
             .collect();
+        let (consumers, known) = consume::consumers(&mut readers_rng, plan.partitions);
         let clients = (0..plan.clients)
             .map(|c| Client {
                 ws: c as u64 + 1,
@@ -211,6 +223,8 @@ impl Sim {
             followers,
             in_flight: Vec::new(),
             readers_rng,
+            consumers,
+            known,
         }
     }
 
@@ -527,6 +541,7 @@ impl Sim {
             self.answer(request, result);
         }
         self.tick_followers();
+        self.tick_consumers();
     }
 
     /// Delivers `request` to node `to`; an immediate answer when it does not queue it.

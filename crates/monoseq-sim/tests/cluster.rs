@@ -23,12 +23,14 @@ fn run_range(range: u64) {
             (first..first + n).collect()
         }
     };
-    let (mut acked, mut followed) = (0, 0);
+    let (mut acked, mut followed, mut positions, mut conflicts) = (0, 0, 0, 0);
     for seed in &seeds {
         match run_seed(*seed) {
             Ok(report) => {
                 acked += report.acked;
                 followed += report.followed;
+                positions += report.positions_set;
+                conflicts += report.position_conflicts;
             }
             Err(e) => panic!(
                 "seed {seed}: {e}\nreplay: MONOSEQ_SIM_SEED={seed} cargo test -p monoseq-sim \
@@ -43,6 +45,10 @@ fn run_range(range: u64) {
     assert!(
         seeds.is_empty() || followed > 0,
         "the followers were delivered nothing"
+    );
+    assert!(
+        seeds.len() < 10 || positions > 0 && conflicts > 0,
+        "the consumers stored {positions} positions and met {conflicts} conflicts: no race"
     );
 }
 
