@@ -64,6 +64,8 @@ enum Applied {
     Batch(u32, WriteBatch),
     Swap(u32, KeyBuf, Option<Vec<u8>>, Option<Vec<u8>>),
     Lease(Call, Box<Config>),
+    /// A client's unfenced compare-and-swap (a consumer position, which any node writes).
+    Unfenced(KeyBuf, Option<Vec<u8>>, Option<Vec<u8>>),
 }
 
 impl Applied {
@@ -71,7 +73,7 @@ impl Applied {
     fn partition(&self) -> Option<u32> {
         match self {
             Applied::Batch(p, _) | Applied::Swap(p, ..) => Some(*p),
-            Applied::Lease(..) => None,
+            Applied::Lease(..) | Applied::Unfenced(..) => None,
         }
     }
 }
@@ -183,7 +185,7 @@ impl Db {
                 Applied::Batch(_, batch) => {
                     let _ = kv.write(batch);
                 }
-                Applied::Swap(_, key, expected, new) => {
+                Applied::Swap(_, key, expected, new) | Applied::Unfenced(key, expected, new) => {
                     let _ = kv.compare_and_swap(key.as_key(), expected.as_deref(), new.as_deref());
                 }
                 Applied::Lease(call, config) => {
@@ -436,5 +438,105 @@ impl KvStore for SimKv {
 
     fn sync(&self) -> Result<(), KvError> {
         self.read_gate()
+    }
+}
+
+/// What becomes of one call of a client of the consumer side, decided by the client's own
+/// random source (so that the database's own dice, and with them a seed's commands and
+/// faults, are the same with or without such clients).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClientFate {
+    Normal,
+    /// Fails cleanly: nothing applied.
+    Fail,
+    /// A write's request is lost: nothing applied, the outcome unknown to the caller.
+    LoseRequest,
+    /// A write is applied and its answer lost.
+    LoseAnswer,
+}
+
+/// The database as a node reaches it for a client's unfenced call (consumer positions: any
+/// node reads and writes them), with the fate its caller decided; the writes applied are
+/// logged, so that a database going back keeps those before its point and loses the others.
+pub(crate) struct ClientKv {
+    pub(crate) db: Arc<Db>,
+    pub(crate) node: String,
+    pub(crate) fate: ClientFate,
+}
+
+impl ClientKv {
+    fn gate(&self) -> Result<(), KvError> {
+        if !self.db.reachable(&self.node) || self.fate == ClientFate::Fail {
+            return Err(unreachable());
+        }
+        Ok(())
+    }
+}
+
+impl KvStore for ClientKv {
+    fn get(&self, key: Key<'_>) -> Result<Option<Vec<u8>>, KvError> {
+        self.gate()?;
+        self.db.kv().get(key)
+    }
+
+    fn get_many(&self, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        self.gate()?;
+        self.db.kv().get_many(keys)
+    }
+
+    fn scan(
+        &self,
+        partition: &[u8],
+        from: Bound<&[u8]>,
+        to: Bound<&[u8]>,
+        order: Order,
+        visit: &mut Visitor<'_>,
+    ) -> Result<(), KvError> {
+        self.gate()?;
+        self.db.kv().scan(partition, from, to, order, visit)
+    }
+
+    fn write(&self, _batch: &WriteBatch) -> Result<(), WriteError> {
+        Err(KvError::Backend {
+            message: "a client of the consumer side writes by compare-and-swap only".to_owned(),
+            source: None,
+        }
+        .into())
+    }
+
+    fn compare_and_swap(
+        &self,
+        key: Key<'_>,
+        expected: Option<&[u8]>,
+        new: Option<&[u8]>,
+    ) -> Result<(), CasError> {
+        self.gate()?;
+        if self.fate == ClientFate::LoseRequest {
+            return Err(lost("the request was lost").into());
+        }
+        let kv = self.db.kv();
+        let result = kv.compare_and_swap(key, expected, new);
+        if result.is_ok() {
+            let mut s = self.db.state();
+            let now = s.now;
+            s.log.push((
+                now,
+                Applied::Unfenced(
+                    key.to_owned(),
+                    expected.map(<[u8]>::to_vec),
+                    new.map(<[u8]>::to_vec),
+                ),
+            ));
+        }
+        match self.fate {
+            ClientFate::LoseAnswer => {
+                Err(lost("the write was applied, then its answer was lost").into())
+            }
+            _ => result,
+        }
+    }
+
+    fn sync(&self) -> Result<(), KvError> {
+        self.gate()
     }
 }

@@ -15,18 +15,22 @@
 // Library code answers errors; an `expect` states why it cannot fail.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod consume;
 mod db;
+mod follow;
 mod node;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use monoseq_cp::{Command, CommandError, KindName, NewRecord, Outcome};
-use monoseq_store::{AppId, EventStore, PartitionId, TrustLevel};
+use monoseq_store::{AcceptedLoss, AppId, EventStore, PartitionId, TrustLevel};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+pub use consume::CONSUMERS_MAX;
 pub use db::{Db, DbFaults, SimKv};
+pub use follow::FOLLOWERS_MAX;
 use node::{Node, Request};
 
 /// Simulated milliseconds per tick.
@@ -92,6 +96,14 @@ pub struct Report {
     pub retried: u64,
     /// Faults injected, by kind.
     pub faults: BTreeMap<&'static str, u64>,
+    /// Events and gaps delivered to followers.
+    pub followed: u64,
+    /// Consumer positions stored (answered as such).
+    pub positions_set: u64,
+    /// Position writes refused because another instance had moved the position.
+    pub position_conflicts: u64,
+    /// Position writes whose answer was lost, found written by reading back.
+    pub positions_read_back: u64,
 }
 
 /// A client: one workspace, one command at a time, retried with its key until answered.
@@ -123,6 +135,14 @@ pub struct Sim {
     report: Report,
     /// Runs started so far.
     runs: u64,
+    /// The followers, their answers on the way, and the random source of their choices
+    /// (their own, so that a seed's commands and faults do not depend on them).
+    followers: Vec<follow::Follower>,
+    in_flight: Vec<follow::InFlight>,
+    readers_rng: ChaCha8Rng,
+    /// The consumer instances, and what the checks know of each consumer name's position.
+    consumers: Vec<consume::Consumer>,
+    known: Vec<consume::Known>,
 }
 
 /// The config every partition writer runs with.
@@ -168,6 +188,15 @@ impl Sim {
                 Node::start(format!("n{i}"), i as u64, true, drift, 0, &plan)
             })
             .collect();
+        let mut readers_rng = ChaCha8Rng::seed_from_u64(seed ^ 0xf011);
+        let followers = (0..readers_rng.random_range(1..=follow::FOLLOWERS_MAX))
+            .map(|_| {
+                let p = readers_rng.random_range(0..plan.partitions);
+                let limit = readers_rng.random_range(1..=64);
+                follow::Follower::new(p, limit, readers_rng.random_range(0..2_000))
+            })
+            .collect();
+        let (consumers, known) = consume::consumers(&mut readers_rng, plan.partitions);
         let clients = (0..plan.clients)
             .map(|c| Client {
                 ws: c as u64 + 1,
@@ -191,6 +220,11 @@ impl Sim {
             answers: BTreeMap::new(),
             report: Report::default(),
             runs: plan.nodes as u64,
+            followers,
+            in_flight: Vec::new(),
+            readers_rng,
+            consumers,
+            known,
         }
     }
 
@@ -244,7 +278,10 @@ impl Sim {
                 }
             }
         }
+        self.catch_up_followers()
+            .map_err(|e| format!("at the end: {e}"))?;
         self.check_end()?;
+        self.report.followed = self.followers.iter().map(|f| f.seen.len() as u64).sum();
         Ok(self.report)
     }
 
@@ -503,6 +540,8 @@ impl Sim {
         for (request, result) in answers {
             self.answer(request, result);
         }
+        self.tick_followers();
+        self.tick_consumers();
     }
 
     /// Delivers `request` to node `to`; an immediate answer when it does not queue it.
@@ -658,6 +697,7 @@ impl Sim {
                 self.ids.get(&(request.ws, *id)),
             );
         }
+        self.check_followers_saw(o.partition, o.plog_offset, key);
         self.plog.insert((o.partition, o.plog_offset), key.clone());
         self.wlog.insert((request.ws, o.wlog_offset), key.clone());
         for id in o.ids.values() {
@@ -738,8 +778,13 @@ impl Sim {
         // Offsets retired by accepted losses: the PLog has a gap below each, and continues
         // above it.
         let mut floors: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
-        for (p, m) in self.nodes.iter().flat_map(|n| n.losses_accepted.iter()) {
-            floors.entry(*p).or_default().insert(m.plog);
+        let losses: Vec<AcceptedLoss> = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.losses_accepted.iter().copied())
+            .collect();
+        for l in &losses {
+            floors.entry(l.partition).or_default().insert(l.mark.plog);
         }
         let retired: BTreeMap<u32, u64> = floors
             .iter()
@@ -795,7 +840,7 @@ impl Sim {
                 }
             }
         }
-        Ok(())
+        self.check_followers_end(&offsets, &losses)
     }
 
     /// The state of the leases and of every node, for a failure's message.

@@ -10,7 +10,10 @@ use std::sync::Arc;
 use monoseq_core::{Status, Step};
 use monoseq_cp::{Command, CommandError, ManualPartition, Outcome};
 use monoseq_membership::{Action, Call, Config, Membership, Phase, Reply, TableError};
-use monoseq_store::{AppId, EventStore, Mark, PartitionId, TrustLevel, ensure_retired};
+use monoseq_store::{
+    AcceptedLoss, AppId, EventStore, LossCause, Mark, PageItem, PartitionId, ReadError, TrustLevel,
+    ensure_retired, retired_ranges,
+};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -76,8 +79,9 @@ pub(crate) struct Node {
     /// PLog lacks the event at its mark has the loss accepted ([`Node::begin_run`]).
     pub(crate) accept_loss: bool,
     /// The accepted losses in the node's marks directory (kept across restarts, merged from
-    /// the nodes it reaches, as its marks are): partition and the mark retired.
-    pub(crate) losses_accepted: Vec<(u32, Mark)>,
+    /// the nodes it reaches, as its marks are): partition, the PLog range lost and the mark
+    /// retired.
+    pub(crate) losses_accepted: Vec<AcceptedLoss>,
     /// The losses this run knew at its start, per partition (the command processor's
     /// `Config::retired`): its numbers continue above them.
     retired: Vec<Mark>,
@@ -200,7 +204,24 @@ impl Node {
                         let run = format!("{}-r{}", self.name, self.run);
                         format!("{now} {run} accepts the loss of partition {p} up to {mark:?}")
                     });
-                    self.losses_accepted.push((p, mark.max(&retired)));
+                    // As the server's `find_losses`: the range lost starts after the last
+                    // event the store still holds above what was retired before.
+                    let mut held_end = retired.plog;
+                    let _ = store.for_each_event(
+                        PartitionId(p),
+                        monoseq_core::PLogOffset(retired.plog + 1),
+                        monoseq_core::PLogOffset(mark.plog),
+                        &mut |e| held_end = e.plog_offset.0,
+                    );
+                    let mark = mark.max(&retired);
+                    self.losses_accepted.push(AcceptedLoss {
+                        partition: p,
+                        plog_from: held_end + 1,
+                        plog_to: mark.plog,
+                        mark,
+                        accepted_at_ms: now,
+                        cause: LossCause::AcceptedLoss,
+                    });
                 }
             }
         }
@@ -211,8 +232,8 @@ impl Node {
     fn retired_of(&self, p: u32) -> Mark {
         self.losses_accepted
             .iter()
-            .filter(|(q, _)| *q == p)
-            .fold(Mark::default(), |m, (_, l)| m.max(l))
+            .filter(|l| l.partition == p)
+            .fold(Mark::default(), |m, l| m.max(&l.mark))
     }
 
     /// The command processor's configuration of this run.
@@ -280,7 +301,7 @@ impl Node {
 
     /// Raises the marks file with marks learned from another node, and adds the losses it
     /// accepted.
-    pub(crate) fn learn_marks(&mut self, marks: &BTreeMap<u32, Mark>, losses: &[(u32, Mark)]) {
+    pub(crate) fn learn_marks(&mut self, marks: &BTreeMap<u32, Mark>, losses: &[AcceptedLoss]) {
         for (p, m) in marks {
             let mine = self.disk.entry(*p).or_default();
             *mine = mine.max(m);
@@ -327,6 +348,37 @@ impl Node {
             && self.parts.get(&p).is_some_and(|x| {
                 x.started && x.writer.unresolved().is_none() && x.writer.status() == Status::Ready
             })
+    }
+
+    /// Whether this run holds partition `p` (acquired and not fenced off: starting, serving
+    /// or handing off), as the server's `CommandProcessor::serves`: it answers reads of `p`
+    /// itself.
+    pub(crate) fn holds(&self, p: u32) -> bool {
+        self.alive && self.parts.contains_key(&p)
+    }
+
+    /// The end of `p` as this run knows it: one past the highest PLog offset its writer
+    /// acknowledged (`CommandProcessor::plog_end`); `None` when it does not hold `p`.
+    pub(crate) fn plog_end(&self, p: u32) -> Option<u64> {
+        self.parts.get(&p).map(|part| part.writer.acked().plog + 1)
+    }
+
+    /// A page of `p`'s PLog from `from`, as the server's `local_page` reads it: below this
+    /// run's end of `p`, with the ranges its known accepted losses retired as gaps. `None`
+    /// when this run does not hold `p`. Reads go to the database unfenced (any reader may
+    /// read), through no fault of the database's own random source (the caller decides the
+    /// faults of its reads, see `crate::follow`).
+    pub(crate) fn read_page(
+        &self,
+        db: &Db,
+        p: u32,
+        from: u64,
+        limit: usize,
+    ) -> Option<Result<Vec<PageItem>, ReadError>> {
+        let end = self.plog_end(p)?;
+        let retired = retired_ranges(&self.losses_accepted, p);
+        let store = EventStore::new(db.kv(), AppId(1), TrustLevel::Level0);
+        Some(store.read_plog_page(PartitionId(p), from, limit, end, &retired))
     }
 
     pub(crate) fn enqueue(&mut self, p: u32, r: Request) {
