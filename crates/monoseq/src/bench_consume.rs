@@ -523,13 +523,15 @@ async fn follow(
         };
         let at = origin.elapsed().as_micros() as u64;
         buffer.extend_from_slice(&chunk);
-        while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
-            if let Some(offset) = event_id(&buffer[..end]) {
+        let mut start = 0;
+        while let Some(end) = buffer[start..].windows(2).position(|w| w == b"\n\n") {
+            if let Some(offset) = event_id(&buffer[start..start + end]) {
                 arrivals.push((offset, at));
                 last_seen = last_seen.max(offset);
             }
-            buffer.drain(..end + 2);
+            start += end + 2;
         }
+        buffer.drain(..start);
     }
 }
 
