@@ -109,7 +109,8 @@ impl Tally {
             busy: 0,
             failed: 0,
             conflicts: 0,
-            latency_us: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+            latency_us: Histogram::new_with_bounds(1, crate::bench_consume::LATENCY_US_MAX, 3)
+                .expect("valid bounds"),
         }
     }
 

@@ -1,5 +1,5 @@
 //! The `monoseq` binary: `serve` runs the HTTP server on the embedded store; `inspect`,
-//! `verify` and `bench` are the operator commands; `seq` runs named-sequence operations.
+//! `verify`, `bench` and `bench-consume` are the operator commands; `seq` runs named-sequence operations.
 //! Owns the command line (each command flattens only the setting groups it uses) and the exit
 //! codes.
 
@@ -8,6 +8,7 @@ mod auth;
 mod backup;
 mod base;
 mod bench;
+mod bench_consume;
 mod cluster;
 mod config;
 mod edge;
@@ -140,6 +141,12 @@ enum Cmd {
         #[command(flatten)]
         bench: bench::BenchArgs,
     },
+    /// Generate load on a server's consumer side (--url): fill a partition, read it from the
+    /// start in pages, or follow it live while commands are written, and print the figures.
+    BenchConsume {
+        #[command(flatten)]
+        args: bench_consume::ConsumeBenchArgs,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -220,6 +227,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let settings = config::resolve(&storage, &store, &processor, &Default::default())?;
             runtime.block_on(bench::run(bench, settings))
         }
+        Cmd::BenchConsume { args } => runtime.block_on(bench_consume::run(args)),
     }
 }
 

@@ -176,6 +176,26 @@ const COMMON_VALUE_MAX: u128 = 16;
 /// Bare literals that equal a constant of their crate by coincidence: (file, value, why).
 const COINCIDENCES: &[(&str, u128, &str)] = &[
     (
+        "monoseq-sim/src/follow.rs",
+        20,
+        "the shortest pause of a follower after a failed read, in ms, not answers lost",
+    ),
+    (
+        "monoseq-sim/src/lib.rs",
+        20,
+        "fault odds and the partition faults' roll ranges, not answers lost",
+    ),
+    (
+        "monoseq-sim/src/lib.rs",
+        200,
+        "the shortest database outage, in ms, not a follower's idle pause",
+    ),
+    (
+        "monoseq-sim/src/lib.rs",
+        32,
+        "a fault roll's range, not a consumer's page",
+    ),
+    (
         "monoseq/src/edge.rs",
         4096,
         "the bytes of a shed connection's scratch buffer, not events a follower's hub keeps",

@@ -1,0 +1,572 @@
+//! `monoseq bench-consume`: a load generator for the consumer side of a running server, on
+//! its `--url` only. `fill` writes a number of events into one partition in batches; `catch-up`
+//! reads a partition from an offset to its end in pages (`GET /v1/partitions/{p}/events`);
+//! `tail` attaches live tails (`…/events/stream`) and writes commands at a steady rate while
+//! they follow, and measures each event's way from its command's acknowledgement to its
+//! arrival at every follower. Each prints one `consume:` line of `key=value` fields, which
+//! `scripts/bench consume` reads. Every loop ends: by a count, by `--seconds` or by a drain
+//! bound.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use hdrhistogram::Histogram;
+use monoseq_client::{BatchCommandBody, Client};
+use monoseq_wire::{PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT};
+
+use crate::wire::CommandBody;
+
+/// Default of `--seconds` for `tail`.
+pub const TAIL_SECONDS_DEFAULT: u64 = 10;
+/// Default of `--clients`: concurrent writers.
+pub const WRITERS_DEFAULT: usize = 64;
+/// Default of `--workspaces`: the workspaces of the followed partition the commands spread over.
+pub const WORKSPACES_DEFAULT: u64 = 1_000;
+/// Longest a `tail` waits, after its last command, for every follower to receive every event.
+const DRAIN_BOUND: Duration = Duration::from_secs(30);
+/// Longest one request of the tool may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Batches a `fill` keeps in flight.
+const FILL_BATCHES_IN_FLIGHT: usize = 4;
+/// Commands/s an unpaced `tail` (`--rate 0`) has room to note acknowledgements for.
+const UNPACED_RATE_MAX: u64 = 200_000;
+/// Highest latency the histograms hold, in µs (a minute).
+pub(crate) const LATENCY_US_MAX: u64 = 60_000_000;
+/// Significant figures of the histograms.
+const HISTOGRAM_FIGURES: u8 = 3;
+
+/// `monoseq bench-consume` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ConsumeBenchArgs {
+    /// Server to load, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    pub url: String,
+    /// Bearer token (a write token: `fill` and `tail` write); prefer the environment variable.
+    #[arg(long, env = "MONOSEQ_TOKEN", hide_env_values = true)]
+    pub token: Option<crate::auth::TokenArg>,
+    /// What to measure.
+    #[command(subcommand)]
+    pub mode: Mode,
+}
+
+/// What to measure.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Mode {
+    /// Write `--events` commands into partition `--partition`, in batches of 1 000.
+    Fill {
+        /// The partition to write (its workspaces: `ws mod partitions`).
+        #[arg(long)]
+        partition: u32,
+        /// Commands to write.
+        #[arg(long)]
+        events: u64,
+        /// Workspaces of the partition the commands spread over.
+        #[arg(long, default_value_t = WORKSPACES_DEFAULT)]
+        workspaces: u64,
+    },
+    /// Read partition `--partition` from `--from` to the end it had when the read began, one
+    /// page of `--limit` at a time.
+    CatchUp {
+        /// The partition to read.
+        #[arg(long)]
+        partition: u32,
+        /// The first offset to read.
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        /// Entries per page.
+        #[arg(long, default_value_t = PLOG_PAGE_MAX as u64)]
+        limit: u64,
+    },
+    /// Attach `--followers` live tails, spread over `--partitions` (a comma-separated list;
+    /// followers go round-robin), write `--rate` commands/s (0: as fast as `--clients` go) to
+    /// workspaces of those partitions for `--seconds`, then wait until every follower has
+    /// every event of its partition.
+    Tail {
+        /// Live tails to attach.
+        #[arg(long, default_value_t = 0)]
+        followers: usize,
+        /// The partitions followed and written.
+        #[arg(long, value_delimiter = ',', default_value = "0")]
+        partitions: Vec<u32>,
+        /// Commands/s in all (0: as fast as the writers go).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        /// Seconds to write.
+        #[arg(long, default_value_t = TAIL_SECONDS_DEFAULT)]
+        seconds: u64,
+        /// Concurrent writers, one command at a time each.
+        #[arg(long, default_value_t = WRITERS_DEFAULT)]
+        clients: usize,
+        /// Workspaces of each partition the commands spread over.
+        #[arg(long, default_value_t = WORKSPACES_DEFAULT)]
+        workspaces: u64,
+    },
+}
+
+/// Runs the chosen mode and prints its `consume:` line.
+pub async fn run(args: ConsumeBenchArgs) -> anyhow::Result<()> {
+    if !args.url.starts_with("http://") {
+        bail!("--url must start with http:// (the consumer bench runs on loopback)");
+    }
+    let mut builder = Client::builder([args.url.as_str()])
+        .retry_timeout(Duration::ZERO)
+        .request_timeout(REQUEST_TIMEOUT);
+    let mut http = reqwest::Client::builder();
+    if let Some(token) = &args.token {
+        let secret = token.token("--token (MONOSEQ_TOKEN)")?.secret().to_owned();
+        builder = builder.token(secret.clone());
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            format!("Bearer {secret}").parse()?,
+        );
+        http = http.default_headers(headers);
+    }
+    let tool = Tool {
+        url: args.url.clone(),
+        client: builder.build()?,
+        http: http.build()?,
+    };
+    let partitions = tool
+        .client
+        .info()
+        .await
+        .context("asking /v1/info")?
+        .partitions;
+    match args.mode {
+        Mode::Fill {
+            partition,
+            events,
+            workspaces,
+        } => {
+            let ws = Workspaces::new(&[partition], partitions, workspaces)?;
+            fill(&tool, &ws, events).await
+        }
+        Mode::CatchUp {
+            partition,
+            from,
+            limit,
+        } => catch_up(&tool, partition, from, limit).await,
+        Mode::Tail {
+            followers,
+            partitions: followed,
+            rate,
+            seconds,
+            clients,
+            workspaces,
+        } => {
+            let ws = Workspaces::new(&followed, partitions, workspaces)?;
+            let load = Load {
+                rate,
+                seconds,
+                clients: clients.max(1),
+            };
+            tail(&tool, &ws, followers, load).await
+        }
+    }
+}
+
+/// The server, through the client crate (commands) and plain HTTP (reads).
+struct Tool {
+    url: String,
+    client: Client,
+    http: reqwest::Client,
+}
+
+/// The workspaces commands go to: `count` of each chosen partition (`ws mod partitions`).
+struct Workspaces {
+    partitions: Vec<u32>,
+    of_server: u32,
+    count: u64,
+}
+
+impl Workspaces {
+    fn new(chosen: &[u32], of_server: u32, count: u64) -> anyhow::Result<Workspaces> {
+        if chosen.is_empty() || chosen.iter().any(|p| *p >= of_server) || count == 0 {
+            bail!(
+                "--partitions must name partitions below the server's {of_server}, --workspaces at least 1"
+            );
+        }
+        Ok(Workspaces {
+            partitions: chosen.to_vec(),
+            of_server,
+            count,
+        })
+    }
+
+    /// The `i`th workspace: round-robin over the partitions, then over `count` of each.
+    fn nth(&self, i: u64) -> u64 {
+        let len = self.partitions.len() as u64;
+        let p = u64::from(self.partitions[(i % len) as usize]);
+        let k = (i / len) % self.count + 1;
+        k * u64::from(self.of_server) + p
+    }
+}
+
+/// The command every writer sends (the one `monoseq bench` sends).
+fn command(ws: u64) -> anyhow::Result<CommandBody> {
+    Ok(serde_json::from_str(&format!(
+        r#"{{"ws": {ws}, "ws_kind": 1, "command": "bench.Create",
+            "create": [{{"raw_id": 1, "kind": "CDoc", "name": "bench.Doc", "fields": {{"n": {ws}}}}}],
+            "argument": {{"raw_id": 2, "name": "bench.Arg", "fields": {{"doc": {{"$raw": 1}}}}}}}}"#
+    ))?)
+}
+
+/// Writes `events` commands in batches of `PLOG_PAGE_MAX`, a few batches in flight.
+async fn fill(tool: &Tool, ws: &Workspaces, events: u64) -> anyhow::Result<()> {
+    let began = Instant::now();
+    let batch = PLOG_PAGE_MAX as u64;
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..FILL_BATCHES_IN_FLIGHT {
+        let (client, next) = (tool.client.clone(), Arc::clone(&next));
+        let items: Vec<BatchCommandBody> = (0..batch)
+            .map(|i| Ok(BatchCommandBody::new(command(ws.nth(i))?, None)))
+            .collect::<anyhow::Result<_>>()?;
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let first = next.fetch_add(batch, Ordering::Relaxed);
+                if first >= events {
+                    return anyhow::Ok(());
+                }
+                let n = (events - first).min(batch) as usize;
+                let answers = client.submit_batch(&items[..n]).await?;
+                if let Some(Err(e)) = answers.into_iter().find(Result::is_err) {
+                    bail!("a command of the fill was refused: {e}");
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    println!(
+        "consume: mode=fill events={events} seconds={seconds:.3} rate={:.0}",
+        events as f64 / seconds
+    );
+    Ok(())
+}
+
+/// One page of partition `p` from `from`.
+async fn page(tool: &Tool, p: u32, from: u64, limit: u64) -> anyhow::Result<PlogPageBody> {
+    let url = format!(
+        "{}/v1/partitions/{p}/events?from={from}&limit={limit}",
+        tool.url
+    );
+    let answer = tool.http.get(&url).send().await?.error_for_status()?;
+    Ok(serde_json::from_slice(&answer.bytes().await?)?)
+}
+
+/// Reads partition `p` from `from` up to the end its first page named.
+async fn catch_up(tool: &Tool, p: u32, from: u64, limit: u64) -> anyhow::Result<()> {
+    let began = Instant::now();
+    let (mut next, mut end, mut events, mut gaps, mut pages) = (from, None, 0u64, 0u64, 0u64);
+    while end.is_none_or(|end| next < end) {
+        let got = page(tool, p, next, limit).await?;
+        let end = *end.get_or_insert(got.end);
+        pages += 1;
+        for entry in &got.events {
+            match entry {
+                PlogEntryBody::Event(e) if e.plog_offset < end => events += 1,
+                PlogEntryBody::Event(_) => {}
+                PlogEntryBody::Gap { .. } => gaps += 1,
+            }
+        }
+        if got.next <= next {
+            bail!("the page from {next} did not advance (next {})", got.next);
+        }
+        next = got.next;
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    println!(
+        "consume: mode=catch-up events={events} gaps={gaps} pages={pages} seconds={seconds:.3} \
+         rate={:.0}",
+        events as f64 / seconds
+    );
+    Ok(())
+}
+
+/// The write side of a `tail`.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    rate: u64,
+    seconds: u64,
+    clients: usize,
+}
+
+/// When each command of the run was acknowledged: µs since `origin` + 1 by PLog offset (0: not
+/// acknowledged), for each followed partition, from its end when the run began.
+struct Acks {
+    origin: Instant,
+    from: Vec<u64>,
+    at: Vec<Vec<AtomicU64>>,
+}
+
+impl Acks {
+    fn set(&self, slot: usize, offset: u64) {
+        let i = offset.wrapping_sub(self.from[slot]) as usize;
+        if let Some(cell) = self.at[slot].get(i) {
+            cell.store(
+                self.origin.elapsed().as_micros() as u64 + 1,
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    fn get(&self, slot: usize, offset: u64) -> Option<u64> {
+        let i = offset.wrapping_sub(self.from[slot]) as usize;
+        let at = self.at[slot].get(i)?.load(Ordering::Relaxed);
+        (at > 0).then(|| at - 1)
+    }
+}
+
+/// Follows, writes, drains, and prints the latencies.
+async fn tail(tool: &Tool, ws: &Workspaces, followers: usize, load: Load) -> anyhow::Result<()> {
+    let origin = Instant::now();
+    let mut from = Vec::new();
+    for p in &ws.partitions {
+        from.push(page(tool, *p, 1, 1).await?.end);
+    }
+    // Room for twice a partition's share of the commands of the run.
+    let rate = if load.rate > 0 {
+        load.rate
+    } else {
+        UNPACED_RATE_MAX
+    };
+    let room = (rate * load.seconds * 2 / ws.partitions.len() as u64) as usize;
+    let acks = Arc::new(Acks {
+        origin,
+        at: from
+            .iter()
+            .map(|_| (0..room).map(|_| AtomicU64::new(0)).collect())
+            .collect(),
+        from: from.clone(),
+    });
+    let (done_tx, done_rx) = tokio::sync::watch::channel(None::<Vec<u64>>);
+    let mut tails = Vec::new();
+    for f in 0..followers {
+        let slot = f % ws.partitions.len();
+        let url = format!(
+            "{}/v1/partitions/{}/events/stream?from={}",
+            tool.url, ws.partitions[slot], from[slot]
+        );
+        let answer = tool.http.get(&url).send().await?.error_for_status()?;
+        let done = done_rx.clone();
+        tails.push((slot, tokio::spawn(follow(answer, origin, slot, done))));
+    }
+    let written = write(tool, ws, load, &acks).await?;
+    let ends = ws.partitions.iter().map(|p| page(tool, *p, 1, 1));
+    let mut last = Vec::new();
+    for end in futures_util::future::join_all(ends).await {
+        last.push(end?.end);
+    }
+    let _ = done_tx.send(Some(last.clone()));
+    let mut latency = histogram();
+    let (mut delivered, mut missing, mut early) = (0u64, 0u64, 0u64);
+    for (slot, task) in tails {
+        let arrivals = task.await??;
+        let expected = last[slot] - from[slot];
+        missing += expected.saturating_sub(arrivals.len() as u64);
+        for (offset, at) in arrivals {
+            let Some(acked) = acks.get(slot, offset) else {
+                continue;
+            };
+            delivered += 1;
+            early += u64::from(at < acked);
+            let _ = latency.record(at.saturating_sub(acked).max(1));
+        }
+    }
+    print_tail(
+        followers,
+        load,
+        &written,
+        &latency,
+        [delivered, missing, early],
+    );
+    Ok(())
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, LATENCY_US_MAX, HISTOGRAM_FIGURES).expect("valid bounds")
+}
+
+fn print_tail(followers: usize, load: Load, w: &Written, h: &Histogram<u64>, counts: [u64; 3]) {
+    let [delivered, missing, early] = counts;
+    println!(
+        "consume: mode=tail followers={followers} clients={} target_rate={} ok={} failed={} \
+         seconds={:.3} rate={:.0} delivered={delivered} missing={missing} before_ack={early} \
+         p50={}us p90={}us p99={}us p999={}us max={}us ack_p50={}us ack_p99={}us",
+        load.clients,
+        load.rate,
+        w.ok,
+        w.failed,
+        w.seconds,
+        w.ok as f64 / w.seconds,
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.9),
+        h.value_at_quantile(0.99),
+        h.value_at_quantile(0.999),
+        h.max(),
+        w.answers.value_at_quantile(0.5),
+        w.answers.value_at_quantile(0.99),
+    );
+}
+
+/// What the writers did.
+struct Written {
+    ok: u64,
+    failed: u64,
+    seconds: f64,
+    answers: Histogram<u64>,
+}
+
+/// `load.clients` writers, each sending one command at a time on its share of `load.rate`
+/// (none when 0) until `load.seconds` have passed; each acknowledgement is noted in `acks`.
+async fn write(
+    tool: &Tool,
+    ws: &Workspaces,
+    load: Load,
+    acks: &Arc<Acks>,
+) -> anyhow::Result<Written> {
+    let began = Instant::now();
+    let deadline = began + Duration::from_secs(load.seconds);
+    let interval =
+        (load.rate > 0).then(|| Duration::from_secs_f64(load.clients as f64 / load.rate as f64));
+    let mut tasks = Vec::new();
+    for c in 0..load.clients {
+        let (client, acks) = (tool.client.clone(), Arc::clone(acks));
+        let slots: Vec<u32> = ws.partitions.clone();
+        let mut body = command(1)?;
+        let nth: Vec<u64> = (0..ws.count * slots.len() as u64)
+            .map(|i| ws.nth(i))
+            .collect();
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut failed, mut answers) = (0u64, 0u64, histogram());
+            let mut i = c;
+            let mut due = began
+                + interval.map_or(Duration::ZERO, |d| {
+                    d.mul_f64(c as f64 / load.clients as f64)
+                });
+            while Instant::now() < deadline {
+                if let Some(step) = interval {
+                    tokio::time::sleep_until(due.into()).await;
+                    due += step;
+                }
+                body.ws = nth[i % nth.len()];
+                i += load.clients;
+                let sent = Instant::now();
+                match client.submit_unkeyed(&body).await {
+                    Ok(s) => {
+                        ok += 1;
+                        let _ = answers.record(sent.elapsed().as_micros() as u64);
+                        if let Some(slot) = slots.iter().position(|p| *p == s.outcome.partition) {
+                            acks.set(slot, s.outcome.plog_offset);
+                        }
+                    }
+                    Err(_) => failed += 1,
+                }
+            }
+            (ok, failed, answers)
+        }));
+    }
+    let mut all = Written {
+        ok: 0,
+        failed: 0,
+        seconds: 0.0,
+        answers: histogram(),
+    };
+    for task in tasks {
+        let (ok, failed, answers) = task.await?;
+        all.ok += ok;
+        all.failed += failed;
+        let _ = all.answers.add(&answers);
+    }
+    all.seconds = began.elapsed().as_secs_f64();
+    Ok(all)
+}
+
+/// One live tail: (offset, µs since `origin` it arrived at) of each event, until it has the
+/// events below the ends `done` names for its partition's `slot`, or `DRAIN_BOUND` after that.
+async fn follow(
+    mut answer: reqwest::Response,
+    origin: Instant,
+    slot: usize,
+    mut done: tokio::sync::watch::Receiver<Option<Vec<u64>>>,
+) -> anyhow::Result<Vec<(u64, u64)>> {
+    let mut arrivals = Vec::new();
+    let mut buffer: Vec<u8> = Vec::new();
+    let mut drain_until = None;
+    let mut last_seen = 0u64;
+    loop {
+        let target = done.borrow().as_ref().map(|ends| ends[slot]);
+        if let Some(end) = target {
+            if last_seen + 1 >= end {
+                return Ok(arrivals);
+            }
+            let until = *drain_until.get_or_insert_with(|| Instant::now() + DRAIN_BOUND);
+            if Instant::now() >= until {
+                return Ok(arrivals);
+            }
+        }
+        let chunk = tokio::select! {
+            chunk = answer.chunk() => chunk?,
+            _ = done.changed(), if target.is_none() => continue,
+            () = tokio::time::sleep(DRAIN_BOUND), if target.is_some() => continue,
+        };
+        let Some(chunk) = chunk else {
+            bail!("a tail ended before the run did");
+        };
+        let at = origin.elapsed().as_micros() as u64;
+        buffer.extend_from_slice(&chunk);
+        let mut start = 0;
+        while let Some(end) = buffer[start..].windows(2).position(|w| w == b"\n\n") {
+            if let Some(offset) = event_id(&buffer[start..start + end]) {
+                arrivals.push((offset, at));
+                last_seen = last_seen.max(offset);
+            }
+            start += end + 2;
+        }
+        buffer.drain(..start);
+    }
+}
+
+/// The `id:` of an SSE message block whose `event:` is an event.
+fn event_id(block: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(block).ok()?;
+    let mut is_event = false;
+    let mut id = None;
+    for line in text.lines() {
+        if let Some(kind) = line.strip_prefix("event:") {
+            is_event = kind.trim() == SSE_EVENT;
+        } else if let Some(n) = line.strip_prefix("id:") {
+            id = n.trim().parse().ok();
+        }
+    }
+    id.filter(|_| is_event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_sse_block_gives_the_id_of_an_event_only() {
+        assert_eq!(event_id(b"event: event\nid: 42\ndata: {}"), Some(42));
+        assert_eq!(event_id(b"event: heartbeat\ndata: {\"next\":3}"), None);
+        assert_eq!(event_id(b"event: gap\nid: 7\ndata: {}"), None);
+    }
+
+    #[test]
+    fn workspaces_fall_in_the_chosen_partitions() -> anyhow::Result<()> {
+        let ws = Workspaces::new(&[2, 5], 8, 3)?;
+        let got: Vec<u64> = (0..6).map(|i| ws.nth(i)).collect();
+        assert_eq!(got, [10, 13, 18, 21, 26, 29]);
+        assert!(got.iter().all(|w| [2, 5].contains(&(w % 8))));
+        assert!(Workspaces::new(&[8], 8, 3).is_err());
+        Ok(())
+    }
+}
