@@ -134,6 +134,13 @@ pub enum PartitionState {
         /// What was lost.
         reason: String,
     },
+    /// The storage failed fatally (its engine is poisoned: no write can succeed until it is
+    /// re-opened): commands answer [`CommandError::Storage`] naming the first failure until
+    /// the server is restarted.
+    Failed {
+        /// The first fatal failure, with its causes, and what to do.
+        reason: String,
+    },
 }
 
 /// What the processor and a partition's task share.
@@ -198,6 +205,9 @@ pub(crate) struct Writer<S: KvStore + Clone> {
     pub(crate) unresolved: Option<u64>,
     /// Slow groups not logged yet.
     pub(crate) slow: SlowGroups,
+    /// Set when a write failed fatally (the store is poisoned), with the failure's causes:
+    /// the task stops writing.
+    pub(crate) fatal: Option<String>,
 }
 
 /// The async side of a partition.
@@ -283,6 +293,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             if self.writer.as_ref().is_some_and(|w| w.fenced) {
                 return self.fenced(retry, rx).await;
             }
+            if let Some(cause) = self.writer.as_mut().and_then(|w| w.fatal.take()) {
+                return self.storage_failed(&cause, retry, rx).await;
+            }
             if let Some(reason) = self.writer.as_mut().and_then(|w| w.lost.take()) {
                 return self.lost(reason, retry, rx).await;
             }
@@ -338,6 +351,28 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             let _ = j.reply.send(Err(not_owner()));
         }
         drain(&mut rx, &not_owner).await;
+        self.stop(rx).await;
+    }
+
+    /// The storage failed fatally (its engine is poisoned): logs the failure once, with its
+    /// causes and what to do, and answers every command with it (writing can only fail the
+    /// same way, and each attempt would log again) until the processor stops.
+    async fn storage_failed(self, cause: &str, retry: Vec<Job>, mut rx: mpsc::Receiver<Job>) {
+        let partition = self.template.partition.0;
+        // The store's error says what to do (check the disk, restart the server).
+        let reason = format!(
+            "the storage failed fatally: {cause}. Partition {partition} writes nothing more \
+             until the server is restarted"
+        );
+        tracing::error!(partition, "{reason}");
+        self.shared.set_state(PartitionState::Failed {
+            reason: reason.clone(),
+        });
+        let refused = || CommandError::Storage(reason.clone());
+        for j in retry {
+            let _ = j.reply.send(Err(refused()));
+        }
+        drain(&mut rx, &refused).await;
         self.stop(rx).await;
     }
 
@@ -662,6 +697,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                     floor: template.floor,
                     unresolved: None,
                     slow: SlowGroups::default(),
+                    fatal: None,
                 });
             }
         }
@@ -1056,11 +1092,16 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             }
             return Vec::new();
         }
+        let fatal = monoseq_kv::is_poisoned(e);
+        if fatal {
+            // Logged once by the task, which stops writing.
+            self.fatal = Some(crate::error::chain(e));
+        }
         self.seq.actualize();
         let first = accepted.first().map(|a| a.outcome.plog_offset);
         self.unresolved = self.unresolved.or(first);
         let blamed = CommandError::of_append(e);
-        if blamed.is_none() {
+        if blamed.is_none() && !fatal {
             tracing::warn!(
                 partition = self.partition.0,
                 "writing a group of {} commands failed: {}",
