@@ -143,7 +143,14 @@ impl FjallStore {
     /// # Errors
     ///
     /// A [`KvError`] when writing the tables failed; the journal still holds everything.
+    /// [`KvError::Poisoned`] at once when the store is poisoned: fjall's flush worker may be
+    /// gone, and waiting for it would never end.
     pub fn flush_memtables(&self) -> Result<(), KvError> {
+        let commits = &self.store.shared.commits;
+        commits.check()?;
+        if self.files().engine_poisoned() {
+            return Err(commits.poison(&KvError::poisoned(crate::group_commit::FIRST_UNSEEN)));
+        }
         self.files()
             .kv
             .rotate_memtable_and_wait()

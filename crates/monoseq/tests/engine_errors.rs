@@ -3,7 +3,8 @@
 //! flush of the journal fails), the engine's own error line (fjall logs through the `log`
 //! crate) is in the server's standard error under the default log filter; the server logs the
 //! fatal failure once per partition with its first cause and what to do, answers commands
-//! with it, and `/readyz` and `/metrics` name it. Needs root (`chattr +i`); CI runs as root.
+//! with it, `/readyz` and `/metrics` name it, and SIGTERM still stops the server at once. Needs
+//! root (`chattr +i`); CI runs as root.
 
 mod common;
 
@@ -13,6 +14,10 @@ use std::time::{Duration, Instant};
 
 use common::{BIN, listening_url};
 use serde_json::json;
+
+/// How long a server with a poisoned store may take to stop after SIGTERM: well under the
+/// shutdown timeout (10 s), since nothing can be flushed.
+const STOP_WITHIN: Duration = Duration::from_secs(5);
 
 /// Marks every journal file of the data directory immutable until dropped.
 struct Immutable(Vec<PathBuf>);
@@ -149,9 +154,30 @@ async fn a_failed_journal_flush_is_in_the_default_log_once_and_readiness_and_met
         .count();
     assert_eq!(fatal_series, 2, "{metrics}");
 
-    let _ = child.kill();
-    let _ = child.wait();
+    // A poisoned store does not keep the server from stopping.
+    let stopped = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(stopped.success());
+    let deadline = Instant::now() + STOP_WITHIN;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     drop(marked);
+    assert!(
+        status.is_some(),
+        "SIGTERM did not stop the server within {STOP_WITHIN:?}: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     let text = std::fs::read_to_string(&log).expect("the server's log");
     assert!(
         text.lines()
