@@ -283,11 +283,10 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             } else {
                 jobs.append(&mut retry);
             }
-            while jobs.len() < self.group_max {
-                match rx.try_recv() {
-                    Ok(j) => jobs.push(j),
-                    Err(_) => break,
-                }
+            while jobs.len() < self.group_max
+                && let Ok(j) = rx.try_recv()
+            {
+                jobs.push(j);
             }
             retry = self.group(std::mem::take(&mut jobs)).await;
             if self.writer.as_ref().is_some_and(|w| w.fenced) {
@@ -319,13 +318,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                     return self.fenced(retry, rx).await;
                 }
             }
-            // After a rebuild or a read-back the PLog was re-read: it may end below the mark.
-            let whole = !reread
-                || self
-                    .writer
-                    .as_mut()
-                    .is_none_or(|w| w.fenced || w.check_whole());
-            if !whole && let Some(reason) = self.writer.as_mut().and_then(|w| w.lost.take()) {
+            if let Some(reason) = self.lost_after(reread) {
                 return self.lost(reason, retry, rx).await;
             }
         }
@@ -333,6 +326,20 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             let _ = j.reply.send(Err(CommandError::ShuttingDown));
         }
         self.stop(rx).await;
+    }
+
+    /// After a rebuild or a read-back (`reread`) the PLog was re-read: it may end below the
+    /// mark. What was lost, if it does.
+    fn lost_after(&mut self, reread: bool) -> Option<String> {
+        let whole = !reread
+            || self
+                .writer
+                .as_mut()
+                .is_none_or(|w| w.fenced || w.check_whole());
+        if whole {
+            return None;
+        }
+        self.writer.as_mut().and_then(|w| w.lost.take())
     }
 
     /// Another node owns the partition now: answers every command [`CommandError::NotOwner`]

@@ -81,6 +81,9 @@ pub struct BenchArgs {
     pub rate: Option<u64>,
 }
 
+/// The least HTTP status of a server error (5xx), counted apart.
+const SERVER_ERROR_STATUS_MIN: u16 = 500;
+
 /// Largest `--rate`, commands per second.
 pub const RATE_MAX: u64 = 100_000_000;
 
@@ -153,7 +156,7 @@ impl Tally {
 
     /// Counts a command answered with `status`, when it is a 5xx.
     fn count_server_error(&mut self, status: Option<u16>) {
-        if status.is_some_and(|s| s >= 500) {
+        if status.is_some_and(|s| s >= SERVER_ERROR_STATUS_MIN) {
             self.server_errors += 1;
         }
     }
