@@ -72,6 +72,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
             floor: retired.plog,
             unresolved: None,
             slow: crate::partition::SlowGroups::default(),
+            fatal: None,
         };
         Ok(ManualPartition {
             writer,

@@ -134,6 +134,13 @@ pub enum PartitionState {
         /// What was lost.
         reason: String,
     },
+    /// The storage failed fatally (its engine is poisoned: no write can succeed until it is
+    /// re-opened): commands answer [`CommandError::Storage`] naming the first failure until
+    /// the server is restarted.
+    Failed {
+        /// The first fatal failure, with its causes, and what to do.
+        reason: String,
+    },
 }
 
 /// What the processor and a partition's task share.
@@ -198,6 +205,9 @@ pub(crate) struct Writer<S: KvStore + Clone> {
     pub(crate) unresolved: Option<u64>,
     /// Slow groups not logged yet.
     pub(crate) slow: SlowGroups,
+    /// Set when a write failed fatally (the store is poisoned), with the failure's causes:
+    /// the task stops writing.
+    pub(crate) fatal: Option<String>,
 }
 
 /// The async side of a partition.
@@ -273,15 +283,17 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             } else {
                 jobs.append(&mut retry);
             }
-            while jobs.len() < self.group_max {
-                match rx.try_recv() {
-                    Ok(j) => jobs.push(j),
-                    Err(_) => break,
-                }
+            while jobs.len() < self.group_max
+                && let Ok(j) = rx.try_recv()
+            {
+                jobs.push(j);
             }
             retry = self.group(std::mem::take(&mut jobs)).await;
             if self.writer.as_ref().is_some_and(|w| w.fenced) {
                 return self.fenced(retry, rx).await;
+            }
+            if let Some(cause) = self.writer.as_mut().and_then(|w| w.fatal.take()) {
+                return self.storage_failed(&cause, retry, rx).await;
             }
             if let Some(reason) = self.writer.as_mut().and_then(|w| w.lost.take()) {
                 return self.lost(reason, retry, rx).await;
@@ -306,13 +318,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                     return self.fenced(retry, rx).await;
                 }
             }
-            // After a rebuild or a read-back the PLog was re-read: it may end below the mark.
-            let whole = !reread
-                || self
-                    .writer
-                    .as_mut()
-                    .is_none_or(|w| w.fenced || w.check_whole());
-            if !whole && let Some(reason) = self.writer.as_mut().and_then(|w| w.lost.take()) {
+            if let Some(reason) = self.lost_after(reread) {
                 return self.lost(reason, retry, rx).await;
             }
         }
@@ -320,6 +326,20 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             let _ = j.reply.send(Err(CommandError::ShuttingDown));
         }
         self.stop(rx).await;
+    }
+
+    /// After a rebuild or a read-back (`reread`) the PLog was re-read: it may end below the
+    /// mark. What was lost, if it does.
+    fn lost_after(&mut self, reread: bool) -> Option<String> {
+        let whole = !reread
+            || self
+                .writer
+                .as_mut()
+                .is_none_or(|w| w.fenced || w.check_whole());
+        if whole {
+            return None;
+        }
+        self.writer.as_mut().and_then(|w| w.lost.take())
     }
 
     /// Another node owns the partition now: answers every command [`CommandError::NotOwner`]
@@ -338,6 +358,28 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             let _ = j.reply.send(Err(not_owner()));
         }
         drain(&mut rx, &not_owner).await;
+        self.stop(rx).await;
+    }
+
+    /// The storage failed fatally (its engine is poisoned): logs the failure once, with its
+    /// causes and what to do, and answers every command with it (writing can only fail the
+    /// same way, and each attempt would log again) until the processor stops.
+    async fn storage_failed(self, cause: &str, retry: Vec<Job>, mut rx: mpsc::Receiver<Job>) {
+        let partition = self.template.partition.0;
+        // The store's error says what to do (check the disk, restart the server).
+        let reason = format!(
+            "the storage failed fatally: {cause}. Partition {partition} writes nothing more \
+             until the server is restarted"
+        );
+        tracing::error!(partition, "{reason}");
+        self.shared.set_state(PartitionState::Failed {
+            reason: reason.clone(),
+        });
+        let refused = || CommandError::Storage(reason.clone());
+        for j in retry {
+            let _ = j.reply.send(Err(refused()));
+        }
+        drain(&mut rx, &refused).await;
         self.stop(rx).await;
     }
 
@@ -662,6 +704,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                     floor: template.floor,
                     unresolved: None,
                     slow: SlowGroups::default(),
+                    fatal: None,
                 });
             }
         }
@@ -1056,11 +1099,16 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             }
             return Vec::new();
         }
+        let fatal = monoseq_kv::is_poisoned(e);
+        if fatal {
+            // Logged once by the task, which stops writing.
+            self.fatal = Some(crate::error::chain(e));
+        }
         self.seq.actualize();
         let first = accepted.first().map(|a| a.outcome.plog_offset);
         self.unresolved = self.unresolved.or(first);
         let blamed = CommandError::of_append(e);
-        if blamed.is_none() {
+        if blamed.is_none() && !fatal {
             tracing::warn!(
                 partition = self.partition.0,
                 "writing a group of {} commands failed: {}",

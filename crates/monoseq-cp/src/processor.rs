@@ -512,7 +512,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     }
 
     /// Partitions that do not serve now, each with why: starting, actualizing, storage
-    /// failing, or being rebuilt after a failure.
+    /// failing (a fatal failure names its first cause), or being rebuilt after a failure.
     #[must_use]
     pub fn unready(&self) -> Vec<(u32, String)> {
         let mut out = Vec::new();
@@ -523,6 +523,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
                 PartitionState::Stopped => Some("stopped".to_owned()),
                 PartitionState::Fenced => Some("fenced: another node took it over".to_owned()),
                 PartitionState::Lost { reason } => Some(format!("refused: {reason}")),
+                PartitionState::Failed { reason } => Some(reason),
                 PartitionState::Starting => {
                     Some(sequencer_unready(&st).unwrap_or_else(|| "starting".to_owned()))
                 }
@@ -533,6 +534,18 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             }
         }
         out
+    }
+
+    /// Partitions whose storage failed fatally (its engine is poisoned), each with the first
+    /// failure and what to do: they write nothing until the server is restarted.
+    #[must_use]
+    pub fn storage_failures(&self) -> Vec<(u32, String)> {
+        self.served()
+            .filter_map(|(p, shared)| match shared.state() {
+                PartitionState::Failed { reason } => Some((p, reason)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The sequencer counters of each partition.
@@ -781,6 +794,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         floor: retired.plog,
         unresolved: None,
         slow: crate::partition::SlowGroups::default(),
+        fatal: None,
     };
     let task = PartitionTask {
         writer: Some(writer),

@@ -20,10 +20,19 @@ pub enum KvError {
         #[source]
         source: std::io::Error,
     },
-    /// The engine stopped accepting work after an earlier fatal failure (typically a failed
-    /// flush to disk); every later call fails the same way.
-    #[error("storage is poisoned by an earlier fatal I/O failure; close and re-open the store")]
-    Poisoned,
+    /// The engine stopped accepting writes after a fatal failure (typically a failed flush or
+    /// journal write, after which nothing is known about what reached the disk); every later
+    /// write fails the same way, naming that first failure. Only closing and re-opening the
+    /// store recovers: the engine then replays its journal.
+    #[error(
+        "{POISONED}: {first}. Nothing more is written: check the disk (free space, errors in \
+         the kernel log), then close and re-open the store (restart the server); it recovers \
+         from its journal"
+    )]
+    Poisoned {
+        /// The first fatal failure with its causes, as far as the store knows it.
+        first: String,
+    },
     /// Stored bytes do not decode; the data directory is damaged or was written by something
     /// else.
     #[error("stored data is corrupted: {message}; restore the data directory from a backup")]
@@ -74,7 +83,24 @@ pub enum KvError {
     },
 }
 
+/// How a [`KvError::Poisoned`] begins.
+pub const POISONED: &str = "storage is poisoned by an earlier fatal failure";
+
 impl KvError {
+    /// A poisoned store's error naming its first fatal failure.
+    pub fn poisoned(first: impl Into<String>) -> KvError {
+        KvError::Poisoned {
+            first: first.into(),
+        }
+    }
+
+    /// Whether the store is poisoned ([`KvError::Poisoned`]): no later write can succeed until
+    /// it is re-opened.
+    #[must_use]
+    pub fn is_poisoned(&self) -> bool {
+        matches!(self, KvError::Poisoned { .. })
+    }
+
     /// Whether the write that failed this way may have been applied ([`KvError::OutcomeUnknown`]).
     #[must_use]
     pub fn is_outcome_unknown(&self) -> bool {
@@ -221,4 +247,21 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         cause = c.source();
     }
     text
+}
+
+/// Whether `e` or one of its causes says the store is poisoned ([`KvError::Poisoned`], also
+/// when a wrapper shows it transparently): a fatal storage failure, not a passing one.
+#[must_use]
+pub fn is_poisoned(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut layer = Some(e);
+    while let Some(l) = layer {
+        if l.downcast_ref::<KvError>()
+            .is_some_and(KvError::is_poisoned)
+            || l.to_string().starts_with(POISONED)
+        {
+            return true;
+        }
+        layer = l.source();
+    }
+    false
 }

@@ -89,6 +89,8 @@ pub struct FaultyStore<S> {
     /// Writes still to drop and report lost (the request never arrived).
     lose_requests: AtomicU64,
     hooks: std::sync::RwLock<Hooks>,
+    /// Set by [`FaultyStore::poison`]: the injected first fatal failure.
+    poisoned: std::sync::OnceLock<String>,
 }
 
 /// Code run before calls, to slow them down or make them panic (a broken storage call).
@@ -126,7 +128,18 @@ impl<S> FaultyStore<S> {
             lose_answers: AtomicU64::new(0),
             lose_requests: AtomicU64::new(0),
             hooks: Default::default(),
+            poisoned: std::sync::OnceLock::new(),
         }
+    }
+
+    /// From now on every write and sync answers [`KvError::Poisoned`] naming `first` as the
+    /// first fatal failure, as an engine whose flush to disk failed; reads still pass.
+    /// [`heal`](Self::heal) does not undo it (a poisoned engine stays poisoned until it is
+    /// re-opened); a second call keeps the first cause.
+    pub fn poison(&self, first: &str) {
+        let _ = self
+            .poisoned
+            .set(format!("injected fatal failure (FaultyStore): {first}"));
     }
 
     /// Runs `hook` with the partition key of every key a read (`get`, `get_many`) asks for,
@@ -267,6 +280,10 @@ impl<S> FaultyStore<S> {
     fn check(&self, op: FaultOp) -> Result<(), KvError> {
         let s = self.switch(op);
         s.calls.fetch_add(1, Ordering::SeqCst);
+        if let (FaultOp::Write | FaultOp::Sync, Some(first)) = (op, self.poisoned.get()) {
+            s.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(KvError::poisoned(first.clone()));
+        }
         let fail = s.on.load(Ordering::SeqCst)
             || s.next
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))

@@ -72,7 +72,7 @@ fn fault(context: &'static str, error: fjall::Error) -> KvError {
     use fjall::LsmError;
     match error {
         fjall::Error::Io(source) => KvError::Io { context, source },
-        fjall::Error::Poisoned => KvError::Poisoned,
+        fjall::Error::Poisoned => KvError::poisoned(crate::group_commit::FIRST_UNSEEN),
         // Bytes that fail their checksum or do not decode: damage, not a passing fault.
         fjall::Error::Storage(
             e @ (LsmError::ChecksumMismatch { .. }
@@ -143,7 +143,14 @@ impl FjallStore {
     /// # Errors
     ///
     /// A [`KvError`] when writing the tables failed; the journal still holds everything.
+    /// [`KvError::Poisoned`] at once when the store is poisoned: fjall's flush worker may be
+    /// gone, and waiting for it would never end.
     pub fn flush_memtables(&self) -> Result<(), KvError> {
+        let commits = &self.store.shared.commits;
+        commits.check()?;
+        if self.files().engine_poisoned() {
+            return Err(commits.poison(&KvError::poisoned(crate::group_commit::FIRST_UNSEEN)));
+        }
         self.files()
             .kv
             .rotate_memtable_and_wait()
@@ -237,6 +244,15 @@ impl FjallFiles {
 }
 
 impl FjallFiles {
+    /// Whether fjall refuses every write after a fatal failure of its own (asked after a
+    /// failed write: a buffered persist, which a healthy database answers at once).
+    fn engine_poisoned(&self) -> bool {
+        matches!(
+            self.db.persist(PersistMode::Buffer),
+            Err(fjall::Error::Poisoned)
+        )
+    }
+
     fn get(&self, key: Key<'_>, buf: &mut Vec<u8>) -> Result<Option<Vec<u8>>, KvError> {
         if !encoding::storable(key.partition) {
             return Ok(None);
@@ -338,15 +354,19 @@ impl FjallStore {
         })
     }
 
-    /// Commits the batch of `session`, under the write lock it holds.
+    /// Commits the batch of `session`, under the write lock it holds. A failure that poisoned
+    /// fjall (its journal write failed) poisons the store, naming it as the first cause.
     fn commit(&self, session: Bounded<'_, FjallSession<'_>>) -> Result<(), KvError> {
         let shared = &self.store.shared;
         shared.commits.check()?;
-        session
-            .session
-            .prepared
-            .commit()
-            .map_err(|error| fault("committing a batch", error))?;
+        if let Err(error) = session.session.prepared.commit() {
+            let error = fault("committing a batch", error);
+            return Err(if self.files().engine_poisoned() {
+                shared.commits.poison(&error)
+            } else {
+                error
+            });
+        }
         shared.commits.acknowledged();
         Ok(())
     }

@@ -6,11 +6,11 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{RecvTimeoutError, SyncSender, sync_channel};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::error::KvError;
+use crate::error::{KvError, chain};
 use crate::options::Durability;
 
 /// Counts writes and flushes of one store.
@@ -20,17 +20,42 @@ pub(crate) struct Commits {
     acked: AtomicU64,
     /// Writes covered by the last successful flush; the lock serialises flushes.
     flushed: Mutex<u64>,
-    /// Set by a failed flush: after it nothing is known about what reached the disk.
+    /// Set by a failed flush (or a failure that poisoned the engine itself): after it nothing
+    /// is known about what reached the disk.
     poisoned: AtomicBool,
+    /// The first such failure with its causes, named by every later error.
+    first: OnceLock<String>,
 }
 
+/// The first failure of a store whose engine poisoned itself where the store could not see
+/// why (fjall's background flush or compaction failed: fjall logs it).
+pub(crate) const FIRST_UNSEEN: &str = "the storage engine stopped after a failure of its own \
+     (a failed flush or compaction of its background workers; its own error line in the log \
+     names it)";
+
 impl Commits {
-    /// Fails when an earlier flush failed.
+    /// Fails when an earlier flush failed, naming the first failure.
     pub(crate) fn check(&self) -> Result<(), KvError> {
         if self.poisoned.load(Ordering::Acquire) {
-            return Err(KvError::Poisoned);
+            return Err(self.poisoned_error());
         }
         Ok(())
+    }
+
+    fn poisoned_error(&self) -> KvError {
+        KvError::poisoned(self.first.get().map_or(FIRST_UNSEEN, String::as_str))
+    }
+
+    /// Poisons the store because of `failure` (the first one is kept as the cause every later
+    /// error names) and answers the store's poisoned error.
+    pub(crate) fn poison(&self, failure: &KvError) -> KvError {
+        let first = match failure {
+            KvError::Poisoned { first } => first.clone(),
+            other => chain(other),
+        };
+        let _ = self.first.set(first);
+        self.poisoned.store(true, Ordering::Release);
+        self.poisoned_error()
     }
 
     /// Records one more acknowledged write (call after it is visible).
@@ -61,10 +86,7 @@ impl Commits {
                 *flushed = covered;
                 Ok(())
             }
-            Err(error) => {
-                self.poisoned.store(true, Ordering::Release);
-                Err(error)
-            }
+            Err(error) => Err(self.poison(&error)),
         }
     }
 }
@@ -158,13 +180,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_failed_flush_poisons_every_later_call() {
+    fn a_failed_flush_poisons_every_later_call_naming_the_first_failure() {
         let commits = Commits::default();
         commits.acknowledged();
-        let failed = commits.sync(|| Err(KvError::Poisoned));
-        assert!(failed.is_err());
-        assert!(matches!(commits.check(), Err(KvError::Poisoned)));
-        assert!(matches!(commits.sync(|| Ok(())), Err(KvError::Poisoned)));
+        let failed = commits.sync(|| {
+            Err(KvError::Io {
+                context: "flushing the journal",
+                source: std::io::Error::other("no space left on the test disk"),
+            })
+        });
+        let named = |e: &KvError| {
+            e.is_poisoned()
+                && e.to_string().contains("flushing the journal")
+                && e.to_string().contains("no space left on the test disk")
+        };
+        assert!(failed.as_ref().is_err_and(named), "{failed:?}");
+        assert!(commits.check().as_ref().is_err_and(named));
+        commits.acknowledged();
+        let later = commits.sync(|| Err(KvError::poisoned("a later failure")));
+        assert!(later.as_ref().is_err_and(named), "{later:?}");
+        assert!(!later.is_err_and(|e| e.to_string().contains("a later failure")));
     }
 
     #[test]

@@ -36,7 +36,9 @@ mod redb_store;
 mod store;
 
 pub use batch::{BatchItem, Op, WriteBatch};
-pub use error::{CasError, KvError, OpenError, Oversized, WriteError, chain};
+pub use error::{
+    CasError, KvError, OpenError, Oversized, POISONED, WriteError, chain, is_poisoned,
+};
 #[cfg(feature = "testing")]
 pub use faulty::{FaultOp, FaultyStore};
 #[cfg(feature = "fjall")]

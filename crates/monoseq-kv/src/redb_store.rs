@@ -64,7 +64,10 @@ impl std::fmt::Debug for RedbStore {
 fn fault(context: &'static str, error: impl Into<redb::Error>) -> KvError {
     match error.into() {
         redb::Error::Io(source) => KvError::Io { context, source },
-        redb::Error::PreviousIo => KvError::Poisoned,
+        redb::Error::PreviousIo => KvError::poisoned(
+            "redb stopped after an earlier failed write to its file (its first error was \
+             answered to the write that hit it)",
+        ),
         redb::Error::Corrupted(message) => KvError::Corrupted { message },
         other => KvError::backend(format!("redb failed while {context}"), other),
     }

@@ -930,7 +930,7 @@ mod tests {
             .map(|p| {
                 let marks = marks.clone();
                 std::thread::spawn(move || {
-                    marks.raise_after(p, &mark(7), || Err(KvError::Poisoned))
+                    marks.raise_after(p, &mark(7), || Err(KvError::poisoned("a test")))
                 })
             })
             .collect();
@@ -941,7 +941,10 @@ mod tests {
             .collect();
         answers.sort_by_key(|a| matches!(a, Err(MarksError::Shared { .. })));
         assert!(
-            matches!(&answers[0], Err(MarksError::Store(KvError::Poisoned))),
+            matches!(
+                &answers[0],
+                Err(MarksError::Store(KvError::Poisoned { .. }))
+            ),
             "the leader's own error: {answers:?}"
         );
         assert!(

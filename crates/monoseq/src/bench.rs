@@ -74,6 +74,42 @@ pub struct BenchArgs {
     /// keeps them).
     #[arg(long, conflicts_with = "url")]
     pub no_marks: bool,
+    /// With --url: commands per second to offer in all, spread evenly over the clients, each
+    /// sending on a fixed schedule; latencies are then measured from when a request was due,
+    /// so that a stall of the server counts in full. Without it each client sends its next
+    /// request as soon as the last is answered.
+    #[arg(long, requires = "url", value_parser = clap::value_parser!(u64).range(1..=RATE_MAX))]
+    pub rate: Option<u64>,
+}
+
+/// The least HTTP status of a server error (5xx), counted apart.
+const SERVER_ERROR_STATUS_MIN: u16 = 500;
+
+/// Largest `--rate`, commands per second.
+pub const RATE_MAX: u64 = 100_000_000;
+
+/// The schedule of one client under `--rate`: a request every `clients × commands per
+/// request ÷ rate` seconds. A request that falls behind is sent at once (the schedule does not
+/// move), so the latency of what was held up includes the hold-up.
+struct Pace(Option<tokio::time::Interval>);
+
+impl Pace {
+    fn new(args: &BenchArgs, per_request: usize) -> Pace {
+        Pace(args.rate.map(|rate| {
+            let period = Duration::from_secs_f64((args.clients * per_request) as f64 / rate as f64);
+            let mut interval = tokio::time::interval(period.max(Duration::from_micros(1)));
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            interval
+        }))
+    }
+
+    /// Waits until the next request is due and answers when it was due (now, unpaced).
+    async fn due(&mut self) -> Instant {
+        match &mut self.0 {
+            Some(interval) => interval.tick().await.into_std(),
+            None => Instant::now(),
+        }
+    }
 }
 
 /// The command every client sends: one CDoc, an argument ODoc referring to it.
@@ -99,6 +135,8 @@ struct Tally {
     failed: u64,
     /// Refused `wlog_conflict` (`--expected-wlog-offset`).
     conflicts: u64,
+    /// Commands answered with a 5xx status (busy ones included).
+    server_errors: u64,
     latency_us: Histogram<u64>,
 }
 
@@ -109,6 +147,7 @@ impl Tally {
             busy: 0,
             failed: 0,
             conflicts: 0,
+            server_errors: 0,
             latency_us: Histogram::new_with_bounds(1, crate::bench_consume::LATENCY_US_MAX, 3)
                 .expect("valid bounds"),
         }
@@ -119,7 +158,15 @@ impl Tally {
         self.busy += other.busy;
         self.failed += other.failed;
         self.conflicts += other.conflicts;
+        self.server_errors += other.server_errors;
         let _ = self.latency_us.add(&other.latency_us);
+    }
+
+    /// Counts a command answered with `status`, when it is a 5xx.
+    fn count_server_error(&mut self, status: Option<u16>) {
+        if status.is_some_and(|s| s >= SERVER_ERROR_STATUS_MIN) {
+            self.server_errors += 1;
+        }
     }
 }
 
@@ -210,7 +257,7 @@ fn print_results(
     };
     println!(
         "bench: mode={mode} trust={trust} partitions={} clients={} ok={} busy={} failed={} \
-         throughput={:.0} cmd/s p50={}us p90={}us p99={}us p999={}us max={}us{conflicts}",
+         5xx={} throughput={:.0} cmd/s p50={}us p90={}us p99={}us p999={}us max={}us{conflicts}",
         if args.url.is_some() {
             "server's".to_owned()
         } else {
@@ -220,6 +267,7 @@ fn print_results(
         tally.ok,
         tally.busy,
         tally.failed,
+        tally.server_errors,
         tally.ok as f64 / elapsed.as_secs_f64(),
         h.value_at_quantile(0.5),
         h.value_at_quantile(0.9),
@@ -346,6 +394,7 @@ async fn http_batch_load(
     for c in 0..args.clients as u64 {
         let client = client.clone();
         let (workspaces, keys) = (args.workspaces, args.idempotency_keys);
+        let mut pace = Pace::new(args, size);
         tasks.push(tokio::spawn(async move {
             let mut t = Tally::new();
             let mut i = c;
@@ -362,7 +411,8 @@ async fn http_batch_load(
                 batch.push(item);
                 if batch.len() >= size {
                     let batch = std::mem::take(batch);
-                    submit_batch(&client, &batch, &mut t).await;
+                    let due = pace.due().await;
+                    submit_batch(&client, &batch, due, &mut t).await;
                 }
             }
             t
@@ -375,25 +425,37 @@ async fn http_batch_load(
     Ok(all)
 }
 
-/// Sends one batch and counts each command's answer, and the batch's latency.
+/// Sends one batch, due at `due`, and counts each command's answer, and the batch's latency
+/// from `due`.
 async fn submit_batch(
     client: &monoseq_client::Client,
     batch: &[monoseq_client::BatchCommandBody],
+    due: Instant,
     t: &mut Tally,
 ) {
-    let began = Instant::now();
     match client.submit_batch(batch).await {
         Ok(results) => {
             for result in results {
                 match result {
                     Ok(_) => t.ok += 1,
-                    Err(e) if e.status() == Some(503) => t.busy += 1,
-                    Err(_) => t.failed += 1,
+                    Err(e) => {
+                        t.count_server_error(e.status());
+                        if e.status() == Some(503) {
+                            t.busy += 1;
+                        } else {
+                            t.failed += 1;
+                        }
+                    }
                 }
             }
-            let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
+            let _ = t.latency_us.record(due.elapsed().as_micros() as u64);
         }
-        Err(_) => t.failed += batch.len() as u64,
+        Err(e) => {
+            for _ in batch {
+                t.count_server_error(e.status());
+            }
+            t.failed += batch.len() as u64;
+        }
     }
 }
 
@@ -407,6 +469,7 @@ async fn http_load(
         let client = client.clone();
         let workspaces = args.workspaces;
         let keys = args.idempotency_keys;
+        let mut pace = Pace::new(args, 1);
         tasks.push(tokio::spawn(async move {
             let mut t = Tally::new();
             let mut i = c;
@@ -414,7 +477,7 @@ async fn http_load(
             while Instant::now() < deadline {
                 command.ws = i % workspaces + 1;
                 i += 7919;
-                let began = Instant::now();
+                let began = pace.due().await;
                 let answer = if keys {
                     client.submit(&command).await
                 } else {
@@ -426,10 +489,14 @@ async fn http_load(
                         let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
                     }
                     Err(e) if e.status() == Some(503) => {
+                        t.count_server_error(e.status());
                         t.busy += 1;
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
-                    Err(_) => t.failed += 1,
+                    Err(e) => {
+                        t.count_server_error(e.status());
+                        t.failed += 1;
+                    }
                 }
             }
             t

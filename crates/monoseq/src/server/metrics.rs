@@ -54,6 +54,8 @@ struct StateGauges {
     replayed_commands: Gauge,
     /// Partitions this node serves now.
     owned: Gauge,
+    /// 1 for each partition whose storage failed fatally (labelled `partition`).
+    storage_fatal: Family<Vec<(String, String)>, Gauge>,
 }
 
 impl Metrics {
@@ -206,6 +208,16 @@ impl StateGauges {
                 "Retries answered from the original event of their idempotency key",
             ),
             owned: gauge(r, "owned_partitions", "Partitions this node serves now"),
+            storage_fatal: {
+                let family = Family::<Vec<(String, String)>, Gauge>::default();
+                r.register(
+                    "storage_fatal",
+                    "1 for a partition whose storage failed fatally (a poisoned engine): it \
+                     writes nothing until the server is restarted; /readyz names the failure",
+                    family.clone(),
+                );
+                family
+            },
             cache_hit_ratio: float_gauge(
                 r,
                 "cache_hit_ratio",
@@ -230,6 +242,11 @@ impl StateGauges {
         self.unavailable.set(s.unavailable_partitions as i64);
         self.replayed_commands.set(s.replayed as i64);
         self.owned.set(cp.owned().len() as i64);
+        for (partition, _) in cp.storage_failures() {
+            self.storage_fatal
+                .get_or_create(&vec![("partition".into(), partition.to_string())])
+                .set(1);
+        }
         let lookups = s.cache_hits + s.cache_misses;
         self.cache_hit_ratio.set(if lookups == 0 {
             0.0

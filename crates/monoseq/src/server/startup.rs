@@ -230,14 +230,26 @@ async fn shut_down(
 ) -> anyhow::Result<()> {
     tracing::info!(timeout = ?settings.shutdown_timeout, "shutting down: finishing queued commands and flushing sequence numbers");
     let clean = cp.shutdown(settings.shutdown_timeout).await;
-    if clean
-        && let Some(kv) = opened.embedded
-        && let Err(e) = tokio::task::spawn_blocking(move || kv.flush_memtables()).await?
-    {
-        tracing::warn!(
-            "writing the journal into table files at shutdown failed: {}",
-            crate::base::chain(&e)
-        );
+    if clean && let Some(kv) = opened.embedded {
+        // Bounded as the processor's shutdown is: a storage engine that fails its flush must
+        // not keep the process from exiting (the journal still holds everything).
+        let flush = tokio::task::spawn_blocking(move || kv.flush_memtables());
+        match tokio::time::timeout(settings.shutdown_timeout, flush).await {
+            Ok(flushed) => {
+                if let Err(e) = flushed? {
+                    tracing::warn!(
+                        "writing the journal into table files at shutdown failed: {}; the \
+                         next start replays the journal",
+                        crate::base::chain(&e)
+                    );
+                }
+            }
+            Err(_) => tracing::warn!(
+                timeout = ?settings.shutdown_timeout,
+                "writing the journal into table files at shutdown did not finish in time; \
+                 stopping without it: the next start replays the journal"
+            ),
+        }
     }
     if clean {
         tracing::info!("stopped");

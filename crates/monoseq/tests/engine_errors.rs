@@ -1,0 +1,201 @@
+//! The storage engine's errors are never silent, seen from outside: with the embedded
+//! engine's journal made unwritable under a running `monoseq serve` (`chattr +i`: the next
+//! flush of the journal fails), the engine's own error line (fjall logs through the `log`
+//! crate) is in the server's standard error under the default log filter; the server logs the
+//! fatal failure once per partition with its first cause and what to do, answers commands
+//! with it, `/readyz` and `/metrics` name it, and SIGTERM still stops the server at once. Needs
+//! root (`chattr +i`); CI runs as root.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{BIN, listening_url};
+use serde_json::json;
+
+/// How long a server with a poisoned store may take to stop after SIGTERM: well under the
+/// shutdown timeout (10 s), since nothing can be flushed.
+const STOP_WITHIN: Duration = Duration::from_secs(5);
+
+/// Marks every journal file of the data directory immutable until dropped.
+struct Immutable(Vec<PathBuf>);
+
+impl Immutable {
+    fn journals(dir: &Path) -> Immutable {
+        let mut files = Vec::new();
+        let mut dirs = vec![dir.to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for entry in std::fs::read_dir(&d).expect("read the data directory") {
+                let path = entry.expect("an entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "jnl") {
+                    files.push(path);
+                }
+            }
+        }
+        assert!(!files.is_empty(), "no journal file under {}", dir.display());
+        let marked = Immutable(files);
+        for f in &marked.0 {
+            chattr("+i", f);
+        }
+        marked
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        for f in &self.0 {
+            chattr("-i", f);
+        }
+    }
+}
+
+fn chattr(flag: &str, file: &Path) {
+    let status = Command::new("chattr")
+        .arg(flag)
+        .arg(file)
+        .status()
+        .expect("run chattr");
+    assert!(status.success(), "chattr {flag} {}", file.display());
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+fn command(ws: u64) -> serde_json::Value {
+    json!({
+        "ws": ws, "ws_kind": 1, "command": "t.Create",
+        "create": [{"raw_id": 1, "kind": "CDoc", "name": "t.Doc", "fields": {"n": ws}}],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_journal_flush_is_in_the_default_log_once_and_readiness_and_metrics_name_it() {
+    if !is_root() {
+        eprintln!("skipped: making the journal immutable (chattr +i) needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--partitions", "2"])
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("create the log file"))
+        .spawn()
+        .expect("spawn monoseq serve");
+    let url = listening_url(&mut child, &log);
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !client
+        .get(format!("{url}/readyz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+    {
+        assert!(Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let post = |ws: u64| {
+        client
+            .post(format!("{url}/v1/commands"))
+            .json(&command(ws))
+            .send()
+    };
+    for ws in 1..=4 {
+        let answer = post(ws).await.expect("an answer");
+        assert_eq!(answer.status(), 200, "before the fault");
+    }
+
+    let marked = Immutable::journals(&data);
+    let mut failed = 0;
+    for ws in 5..=44 {
+        let answer = post(ws).await.expect("an answer");
+        if answer.status().is_server_error() {
+            failed += 1;
+            let body = answer.text().await.unwrap_or_default();
+            assert!(body.contains("Operation not permitted"), "{body}");
+        }
+    }
+    assert_eq!(failed, 40, "every command after the fault fails");
+
+    let ready = client
+        .get(format!("{url}/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 503);
+    let why = ready.text().await.expect("readyz body");
+    assert!(why.contains("the storage failed fatally"), "{why}");
+    assert!(why.contains("Operation not permitted"), "{why}");
+    let metrics = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    let fatal_series = metrics
+        .lines()
+        .filter(|l| l.starts_with("monoseq_storage_fatal{partition=") && l.ends_with(" 1"))
+        .count();
+    assert_eq!(fatal_series, 2, "{metrics}");
+
+    // A poisoned store does not keep the server from stopping.
+    let stopped = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(stopped.success());
+    let deadline = Instant::now() + STOP_WITHIN;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    drop(marked);
+    assert!(
+        status.is_some(),
+        "SIGTERM did not stop the server within {STOP_WITHIN:?}: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let text = std::fs::read_to_string(&log).expect("the server's log");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("ERROR") && l.contains("fjall") && l.contains("FATAL")),
+        "fjall's own error is in the default log: {text}"
+    );
+    let ours: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("the storage failed fatally"))
+        .collect();
+    assert_eq!(ours.len(), 2, "once per partition: {text}");
+    for line in ours {
+        assert!(line.contains("ERROR"), "{line}");
+        assert!(line.contains("Operation not permitted"), "{line}");
+        assert!(line.contains("restart the server"), "{line}");
+    }
+    assert!(
+        !text.contains("writing a group of"),
+        "no line per failed group: {text}"
+    );
+}
