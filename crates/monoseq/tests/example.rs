@@ -1,5 +1,6 @@
 //! The Python example (`examples/python/monoseq_example.py`, standard library only) against a
-//! live server: commands with keys and retries, read back, a named number.
+//! live server: commands with keys and retries, read back, a named number; and the projector
+//! (`examples/python/projector.py`): a partition followed with its consumer position.
 
 mod common;
 
@@ -26,4 +27,73 @@ async fn the_python_example_runs_against_a_live_server() {
     );
     assert!(stdout.trim_end().ends_with("ok"), "{stdout}");
     assert!(stdout.contains("invoice number 1000"), "{stdout}");
+}
+
+/// Runs the projector example once; its standard output.
+fn project(url: &str, state: &std::path::Path, extra: &[&str]) -> String {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/python/projector.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(["--url", url, "--partition", "0", "--consumer", "view"])
+        .arg("--state")
+        .arg(state)
+        .args(extra)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the projector failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_projector_follows_a_partition_and_resumes_after_its_stored_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &client).await;
+    let post = |ws: u64| {
+        let (client, url) = (client.clone(), server.url.clone());
+        async move {
+            let r = client
+                .post(format!("{url}/v1/commands"))
+                .json(
+                    &serde_json::json!({"ws": ws, "ws_kind": 1, "command": "app.Note",
+                    "create": [{"raw_id": 1, "kind": "CDoc", "name": "app.Doc"}]}),
+                )
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    };
+    for i in 0..30 {
+        post(4 * (i % 3 + 1)).await; // workspaces 4, 8, 12: partition 0
+    }
+    let state = dir.path().join("view.json");
+    let first = project(&server.url, &state, &["--max-events", "10"]);
+    assert!(
+        first.contains("resuming partition 0 at offset 1"),
+        "{first}"
+    );
+    assert!(first.contains("applied 10 events; position 10"), "{first}");
+    // A restart resumes after the stored position: nothing applied twice, nothing skipped.
+    let second = project(&server.url, &state, &["--idle-exit-s", "2"]);
+    assert!(
+        second.contains("resuming partition 0 at offset 11"),
+        "{second}"
+    );
+    assert!(
+        second.contains("applied 20 events; position 30; 30 events in the projection"),
+        "{second}"
+    );
+    let view: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+    for ws in ["4", "8", "12"] {
+        assert_eq!(view["workspaces"][ws]["events"], 10, "{view}");
+        assert_eq!(view["workspaces"][ws]["created"], 10, "{view}");
+    }
 }
