@@ -75,7 +75,7 @@ enum Route<'a> {
 }
 
 /// Why a batch is refused whole: the status, the code and the message.
-type Refusal = (StatusCode, &'static str, String);
+pub(super) type Refusal = (StatusCode, &'static str, String);
 
 /// Reads a batch's body: the commands as text, or why the whole batch is refused.
 ///
@@ -115,6 +115,31 @@ fn read<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<Vec<&'a RawValue>, Re
         ));
     }
     Ok(raw.commands)
+}
+
+/// A request's body when it was read whole and is declared JSON; else the refusal: 413
+/// `too_large`, 400 `bad_request` (unreadable), 415 `content_type` (naming `what` is sent).
+pub(super) fn json_bytes(
+    headers: &HeaderMap,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    what: &str,
+) -> Result<axum::body::Bytes, Refusal> {
+    let body = body.map_err(|rejection| {
+        let (status, code) = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+        } else {
+            (StatusCode::BAD_REQUEST, "bad_request")
+        };
+        (status, code, rejection.body_text())
+    })?;
+    if !is_json(headers) {
+        return Err((
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "content_type",
+            format!("{what} is sent with `Content-Type: application/json`"),
+        ));
+    }
+    Ok(body)
 }
 
 pub(super) fn is_json(headers: &HeaderMap) -> bool {

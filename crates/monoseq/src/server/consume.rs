@@ -474,22 +474,7 @@ pub(super) async fn stream_partition(
     if let Err(r) = check_partition(&st, partition) {
         return r;
     }
-    let from = match stream_from(raw.as_deref(), &headers) {
-        Ok(from) => from,
-        Err(r) => return r,
-    };
-    let slot = match take_slot(&st) {
-        Ok(slot) => slot,
-        Err(r) => return r,
-    };
-    let (tx, rx) = mpsc::channel(CONNECTION_CHUNKS);
-    tokio::spawn(async move {
-        let _slot = slot;
-        let st = Arc::clone(&_slot.0);
-        let mut tail = Tail::new(&st, partition, tx);
-        tail.follow_partition(from).await;
-    });
-    sse_response(rx)
+    start_tail(&st, partition, None, (raw.as_deref(), &headers))
 }
 
 /// `GET /v1/workspaces/{ws}/wlog/stream?from=N`: the workspace's WLog as Server-Sent Events.
@@ -503,21 +488,35 @@ pub(super) async fn stream_wlog(
         Ok(Path(ws)) => ws,
         Err(e) => return path_error(&e),
     };
-    let from = match stream_from(raw.as_deref(), &headers) {
+    let partition = st.cp.partition_of(WsId(ws));
+    start_tail(&st, partition, Some(ws), (raw.as_deref(), &headers))
+}
+
+/// Starts a tail of `partition` (of workspace `ws`'s WLog when given) from where the request
+/// asks, counted against the cap, on a task of its own that feeds the answer.
+fn start_tail(
+    st: &Arc<AppState>,
+    partition: u32,
+    ws: Option<u64>,
+    (raw, headers): (Option<&str>, &HeaderMap),
+) -> Response {
+    let from = match stream_from(raw, headers) {
         Ok(from) => from,
         Err(r) => return r,
     };
-    let slot = match take_slot(&st) {
+    let slot = match take_slot(st) {
         Ok(slot) => slot,
         Err(r) => return r,
     };
-    let partition = st.cp.partition_of(WsId(ws));
     let (tx, rx) = mpsc::channel(CONNECTION_CHUNKS);
     tokio::spawn(async move {
-        let _slot = slot;
-        let st = Arc::clone(&_slot.0);
+        let st = Arc::clone(&slot.0);
         let mut tail = Tail::new(&st, partition, tx);
-        tail.follow_wlog(ws, from).await;
+        match ws {
+            Some(ws) => tail.follow_wlog(ws, from).await,
+            None => tail.follow_partition(from).await,
+        }
+        drop(slot);
     });
     sse_response(rx)
 }

@@ -186,28 +186,7 @@ fn put_body(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<PutPositionBody, Refusal> {
-    let body = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                rejection.body_text(),
-            )
-        } else {
-            (
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                rejection.body_text(),
-            )
-        }
-    })?;
-    if !super::batch::is_json(headers) {
-        return Err((
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "content_type",
-            "a position is sent with `Content-Type: application/json`".to_owned(),
-        ));
-    }
+    let body = super::batch::json_bytes(headers, body, "a position")?;
     let refused = |what: String| {
         (
             StatusCode::BAD_REQUEST,

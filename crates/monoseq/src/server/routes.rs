@@ -227,28 +227,7 @@ fn command_body(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(CommandBody, Bytes), (StatusCode, &'static str, String)> {
-    let body = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                rejection.body_text(),
-            )
-        } else {
-            (
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                rejection.body_text(),
-            )
-        }
-    })?;
-    if !super::batch::is_json(headers) {
-        return Err((
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "content_type",
-            "a command is sent with `Content-Type: application/json`".to_owned(),
-        ));
-    }
+    let body = super::batch::json_bytes(headers, body, "a command")?;
     match serde_json::from_slice(&body) {
         Ok(cmd) => Ok((cmd, body)),
         Err(e) if e.is_data() => Err((
