@@ -2,7 +2,9 @@
 //! cluster of two nodes, one follower per partition follows it through the nodes (each resuming
 //! from the last offset it saw on whichever node answers); one node is SIGKILLed mid-load.
 //! Every acknowledged event reaches its partition's follower exactly once, in PLog order, and
-//! nothing else does (invariant 15 of docs/invariants.md).
+//! nothing else does (invariant 15 of docs/invariants.md). Beside them, one consumer per
+//! partition reads pages through the nodes and stores its position with compare-and-set after
+//! each: its position never goes back, and ends past every acknowledged event (invariant 17).
 
 mod common;
 mod faults;
@@ -64,8 +66,82 @@ async fn follow(p: u64, urls: keyed::Urls, done: Arc<AtomicBool>, got: Arc<Mutex
     }
 }
 
+/// What one consumer did: the positions it stored, in order, and anything wrong.
+#[derive(Debug, Default)]
+struct Consumed {
+    stored: Vec<u64>,
+    wrong: Vec<String>,
+}
+
+/// Consumes partition `p` through the nodes of `urls` in turn until `done`: reads its stored
+/// position, the page after it, checks the page starts there and is contiguous, and stores the
+/// new position expecting the one it read.
+async fn consume(p: u64, urls: keyed::Urls, done: Arc<AtomicBool>, got: Arc<Mutex<Consumed>>) {
+    let client = keyed::client(Duration::from_secs(5));
+    let mut turn = p as usize;
+    while !done.load(Ordering::SeqCst) {
+        turn += 1;
+        let url = {
+            let urls = urls.lock().unwrap();
+            urls[turn % urls.len()].clone()
+        };
+        let position = format!("{url}/v1/consumers/projector/partitions/{p}");
+        let stored = match client.get(&position).send().await {
+            Ok(r) if r.status() == 200 => r
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .and_then(|v| v["offset"].as_u64()),
+            Ok(r) if r.status() == 404 => None,
+            _ => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let from = stored.unwrap_or(0) + 1;
+        let page = format!("{url}/v1/partitions/{p}/events?from={from}&limit=50&wait_ms=500");
+        let Ok(answer) = client.get(&page).send().await else {
+            continue;
+        };
+        if answer.status() != 200 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let Ok(page) = answer.json::<serde_json::Value>().await else {
+            continue;
+        };
+        let events = page["events"].as_array().cloned().unwrap_or_default();
+        for (i, e) in events.iter().enumerate() {
+            if e["plog_offset"].as_u64() != Some(from + i as u64) {
+                got.lock()
+                    .unwrap()
+                    .wrong
+                    .push(format!("page from {from} via {url}: {e}"));
+            }
+        }
+        let Some(last) = events.last().and_then(|e| e["plog_offset"].as_u64()) else {
+            continue;
+        };
+        let mut body = serde_json::json!({"offset": last});
+        if let Some(stored) = stored {
+            body["expected"] = stored.into();
+        }
+        if let Ok(r) = client.put(&position).json(&body).send().await
+            && r.status() == 200
+        {
+            let mut got = got.lock().unwrap();
+            let previous = got.stored.last().copied();
+            if previous.is_some_and(|l| l > last) {
+                got.wrong
+                    .push(format!("position went back to {last} after {previous:?}"));
+            }
+            got.stored.push(last);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn followers_through_a_sigkilled_node_get_every_acknowledged_event_once_in_order() {
+async fn followers_and_consumers_through_a_sigkilled_node_get_every_acknowledged_event_once_in_order() {
     let db = common::Backend::postgres_url();
     let dir = tempfile::tempdir().unwrap();
     let n1 = Node::start(None, &db, "n1", "127.0.0.1:0", dir.path());
@@ -78,6 +154,18 @@ async fn followers_through_a_sigkilled_node_get_every_acknowledged_event_once_in
         .map(|p| {
             let got = Arc::new(Mutex::new(Received::default()));
             let task = tokio::spawn(follow(
+                p,
+                Arc::clone(&urls),
+                Arc::clone(&done),
+                Arc::clone(&got),
+            ));
+            (got, task)
+        })
+        .collect();
+    let consumers: Vec<_> = (0..PARTITIONS)
+        .map(|p| {
+            let got = Arc::new(Mutex::new(Consumed::default()));
+            let task = tokio::spawn(consume(
                 p,
                 Arc::clone(&urls),
                 Arc::clone(&done),
@@ -150,6 +238,15 @@ async fn followers_through_a_sigkilled_node_get_every_acknowledged_event_once_in
                 "partition {p}: acknowledged {plog} never delivered"
             );
         }
+    }
+    for (p, (got, task)) in consumers.into_iter().enumerate() {
+        task.abort();
+        let got = got.lock().unwrap();
+        assert!(
+            got.wrong.is_empty(),
+            "consumer of partition {p}: {:?}",
+            got.wrong
+        );
     }
     drop(n2);
 }
