@@ -54,6 +54,7 @@ async fn patroni_promotes_the_synchronous_standby_and_the_nodes_serve_again_losi
     let f2 = Node::start(None, &db, "f2", "127.0.0.1:0", dir.path());
     balanced(&client, &f1.url, &["f1", "f2"]).await;
     let urls = keyed::urls(&[&f1.url, &f2.url]);
+    let readers = faults::readers::Readers::start(&urls);
     let load = Load::start(&urls, 6, "patroni");
     load.progress(200, Duration::from_secs(60))
         .await
@@ -128,6 +129,8 @@ async fn patroni_promotes_the_synchronous_standby_and_the_nodes_serve_again_losi
         }
     }
     closing_checks(&f1.url, &acks, &db, dir.path()).await;
+    // Followers and consumers through the failover: every acknowledged event once, in order.
+    readers.check(&acks).await;
     f1.terminate(Duration::from_secs(30));
     f2.terminate(Duration::from_secs(30));
     drop(pair);

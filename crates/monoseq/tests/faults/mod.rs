@@ -1,7 +1,7 @@
 //! Support of the fault tests (`tests/netfault.rs`, `tests/patroni.rs`): nodes started in
 //! network namespaces or on loopback (`node.rs`), the namespaces and their nftables faults
-//! (`netns.rs`), a PostgreSQL pair managed by Patroni and etcd (`patroni.rs`), and the keyed
-//! load with its closing checks (`keyed.rs`).
+//! (`netns.rs`), a PostgreSQL pair managed by Patroni and etcd (`patroni.rs`), the keyed
+//! load with its closing checks (`keyed.rs`), and followers and consumers (`readers.rs`).
 
 #![allow(dead_code)]
 
@@ -9,6 +9,7 @@ pub mod keyed;
 pub mod netns;
 pub mod node;
 pub mod patroni;
+pub mod readers;
 
 use std::path::PathBuf;
 
