@@ -1,7 +1,8 @@
 //! The consumer side of the log over real HTTP against the real binary: ordered page reads of
 //! a partition with its end, the long poll, live tails of a partition and of a workspace as
 //! Server-Sent Events (stored first, then live, resumed with `Last-Event-ID`, heartbeats), the
-//! follower cap, a slow follower cut with `slow_follower`, and bad input.
+//! follower cap, a slow follower cut with `slow_follower`, numbers retired by a restore as a gap
+//! entry, and bad input.
 
 mod common;
 
@@ -424,4 +425,93 @@ async fn bad_reads_get_a_400_naming_the_parameter_and_unknown_partitions_404() {
     )
     .await;
     assert_eq!(status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbers_retired_by_a_restore_are_one_gap_entry_in_pages_and_tails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let live = tmp.path().join("live");
+    let client = reqwest::Client::new();
+    let root = tmp.path().to_str().unwrap().to_owned();
+    let server = start(&live, &["--backup-root", &root, "--admin-on-loopback"]);
+    server.ready(&client).await;
+    for _ in 0..5 {
+        post(&client, &server.url, 1).await;
+    }
+    let backup = tmp.path().join("backup");
+    let out = common::run(&[
+        "backup",
+        "--url",
+        &server.url,
+        "--to",
+        backup.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for _ in 0..3 {
+        post(&client, &server.url, 1).await; // acknowledged, then lost with the live store
+    }
+    assert!(server.terminate(Duration::from_secs(30)).success());
+    let restored = Server::try_start(
+        &backup,
+        &["--partitions", "4", "--skip-ahead", "100"],
+        &tmp.path().join("restored.log"),
+    )
+    .expect("the backup continues with a margin");
+    restored.ready(&client).await;
+    let after = post(&client, &restored.url, 1).await;
+    let after = after["plog_offset"].as_u64().unwrap();
+    assert!(
+        after > 8,
+        "no number handed out before the restore is handed out again"
+    );
+    let (_, page) = get(
+        &client,
+        &format!("{}/v1/partitions/1/events?from=1", restored.url),
+    )
+    .await;
+    let events = page["events"].as_array().unwrap();
+    assert_eq!(
+        events.len(),
+        7,
+        "five events, the gap, the new event: {page}"
+    );
+    for (i, e) in events[..5].iter().enumerate() {
+        assert_eq!(e["plog_offset"], i as u64 + 1);
+    }
+    assert_eq!(
+        events[5]["gap"],
+        json!({"from": 6, "to": after - 1, "reason": "restore"})
+    );
+    assert_eq!(events[6]["plog_offset"], after);
+    let mut tail = Sse::open(
+        &client,
+        &format!("{}/v1/partitions/1/events/stream?from=4", restored.url),
+        None,
+    )
+    .await;
+    let kinds: Vec<(String, Option<u64>)> = {
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let m = tail
+                .next_entry(Duration::from_secs(10))
+                .await
+                .expect("a message");
+            seen.push((m.event, m.id));
+        }
+        seen
+    };
+    assert_eq!(
+        kinds,
+        vec![
+            ("event".to_owned(), Some(4)),
+            ("event".to_owned(), Some(5)),
+            ("gap".to_owned(), Some(after - 1)),
+            ("event".to_owned(), Some(after)),
+        ],
+        "the gap in its place, never silence"
+    );
 }
