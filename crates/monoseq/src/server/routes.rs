@@ -326,13 +326,22 @@ async fn read_wlog(
         // No WLog reaches there, and the store's block arithmetic would overflow: nothing.
         return axum::Json(monoseq_wire::WlogPageBody { events: Vec::new() }).into_response();
     }
+    // Where this node writes the partition (or is the only node), nothing at or beyond its
+    // end: an event not yet synced is not answered. Another node's end here is stale, and the
+    // owner's committed events on the shared database are read as they are.
+    let partition = st.cp.partition_of(WsId(ws));
+    let end = (st.cluster.is_none() || st.cp.serves(partition)).then(|| st.cp.plog_end(partition));
     let store = st.cp.store().clone();
     let read =
         tokio::task::spawn_blocking(move || store.read_wlog(WsId(ws), WLogOffset(q.from), q.limit))
             .await;
     match read {
         Ok(Ok(events)) => axum::Json(monoseq_wire::WlogPageBody {
-            events: events.iter().map(json::event).collect(),
+            events: events
+                .iter()
+                .take_while(|e| end.is_none_or(|end| e.plog_offset.0 < end))
+                .map(json::event)
+                .collect(),
         })
         .into_response(),
         Ok(Err(e)) => read_error(
