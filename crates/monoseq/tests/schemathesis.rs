@@ -85,7 +85,12 @@ fn document() -> PathBuf {
 async fn schemathesis_finds_every_operation_as_documented_and_nothing_stored_from_a_rejection() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &client).await;
+    let server = Server::start_ready(
+        dir.path(),
+        &["--partitions", "4", "--follower-heartbeat-ms", "100"],
+        &client,
+    )
+    .await;
     let (passed, output) = run(&document(), &server.url, None);
     assert!(passed, "schemathesis failed:\n{output}");
     let summary: Vec<&str> = output
