@@ -36,14 +36,6 @@ async fn get(client: &reqwest::Client, url: &str) -> (u16, Value) {
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
-/// The value of a metric without labels.
-fn counter(metrics: &str, name: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name}"))
-}
-
 /// The payload of a chunked HTTP/1.1 body, up to where it was cut.
 fn dechunk(mut raw: &[u8]) -> String {
     let mut out = Vec::new();
@@ -284,16 +276,9 @@ async fn followers_beyond_the_cap_are_refused_with_retry_after() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let metrics = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics(&client, &url).await;
     assert!(
-        counter(&metrics, "monoseq_followers_refused_total") >= 1,
+        common::metric(&metrics, "monoseq_followers_refused_total") >= 1,
         "{metrics}"
     );
 }
@@ -360,16 +345,9 @@ async fn a_follower_that_does_not_read_is_cut_with_slow_follower_and_nothing_ski
     );
     assert_eq!(last.data["resume_from"], ids.len() as u64 + 1);
     assert!(ids.len() < 2000, "cut before the end: {}", ids.len());
-    let metrics = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics(&client, &url).await;
     assert_eq!(
-        counter(&metrics, "monoseq_followers_cut_slow_total"),
+        common::metric(&metrics, "monoseq_followers_cut_slow_total"),
         1,
         "{metrics}"
     );

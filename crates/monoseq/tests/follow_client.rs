@@ -43,13 +43,6 @@ where
     seen
 }
 
-fn counter(metrics: &str, name: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_read_and_a_tail_give_stored_then_live_events_in_order() {
     let dir = tempfile::tempdir().unwrap();
@@ -137,16 +130,9 @@ async fn a_tail_cut_as_a_slow_follower_resumes_by_itself_without_a_repeat_or_a_s
         (2..=total).collect::<Vec<_>>(),
         "every offset once, in order"
     );
-    let metrics = http
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::metrics(&http, &url).await;
     assert!(
-        counter(&metrics, "monoseq_followers_cut_slow_total") >= 1,
+        common::metric(&metrics, "monoseq_followers_cut_slow_total") >= 1,
         "the tail was cut at least once: {metrics}"
     );
 }

@@ -255,3 +255,23 @@ pub fn listening_url(child: &mut Child, log: &Path) -> String {
         }
     }
 }
+
+/// The `/metrics` text of the server at `url`.
+pub async fn metrics(client: &reqwest::Client, url: &str) -> String {
+    client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("the metrics text")
+}
+
+/// The value of a series without labels in a `/metrics` text; panics naming it when absent.
+pub fn metric(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in the metrics"))
+}

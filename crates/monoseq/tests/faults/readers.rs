@@ -17,6 +17,12 @@ const CATCH_UP_BOUND: Duration = Duration::from_secs(60);
 /// Longest a follower waits for a message before it reconnects (heartbeats come every 5 s).
 const SILENCE: Duration = Duration::from_secs(8);
 
+/// The node of `urls` whose turn it is (round robin over the nodes a client may use now).
+fn at(urls: &keyed::Urls, turn: usize) -> String {
+    let urls = urls.lock().unwrap();
+    urls[turn % urls.len()].clone()
+}
+
 /// What one follower received: the ids in arrival order, and anything out of order.
 #[derive(Debug, Default)]
 pub struct Received {
@@ -31,10 +37,7 @@ async fn follow(p: u64, urls: keyed::Urls, done: Arc<AtomicBool>, got: Arc<Mutex
     let mut turn = p as usize;
     while !done.load(Ordering::SeqCst) {
         turn += 1;
-        let url = {
-            let urls = urls.lock().unwrap();
-            urls[turn % urls.len()].clone()
-        };
+        let url = at(&urls, turn);
         let last = got.lock().unwrap().ids.last().copied();
         let stream = format!("{url}/v1/partitions/{p}/events/stream?from=1");
         let Some(mut tail) = Sse::try_open(&client, &stream, last).await else {
@@ -75,10 +78,7 @@ async fn consume(p: u64, urls: keyed::Urls, done: Arc<AtomicBool>, got: Arc<Mute
     let mut turn = p as usize;
     while !done.load(Ordering::SeqCst) {
         turn += 1;
-        let url = {
-            let urls = urls.lock().unwrap();
-            urls[turn % urls.len()].clone()
-        };
+        let url = at(&urls, turn);
         let position = format!("{url}/v1/consumers/projector/partitions/{p}");
         let stored = match client.get(&position).send().await {
             Ok(r) if r.status() == 200 => r
