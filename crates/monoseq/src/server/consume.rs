@@ -54,8 +54,9 @@ const CATCH_UP_PAGE: usize = PLOG_PAGE_MAX;
 /// Chunks queued between a tail's task and its connection: past them the task waits, its hub's
 /// buffer fills, and a follower that does not read is cut.
 const CONNECTION_CHUNKS: usize = 64;
-/// How long a hub on a node that does not own its partition long-polls the owner.
-const RELAY_WAIT: Duration = Duration::from_secs(1);
+/// How long a hub's read waits for a new event (on the writer's signal, or the owner's long
+/// poll) before it looks again whether anyone still follows.
+const HUB_WAIT: Duration = Duration::from_secs(1);
 /// Pause of a relaying hub after the owner did not answer.
 const RELAY_RETRY: Duration = Duration::from_millis(200);
 /// Time a relayed page read may take beyond its own wait.
@@ -856,8 +857,7 @@ fn subscribe(st: &Arc<AppState>, p: u32) -> broadcast::Receiver<Arc<Frame>> {
 /// Hands partition `p`'s new events to its followers on this node until none is left.
 async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
     let mut next = hub.end.load(Ordering::Acquire);
-    let mut signal = st.cp.watch_plog_end(p);
-    let mut closing = st.follow.closing.subscribe();
+    let closing = st.follow.closing.subscribe();
     loop {
         if hub.tx.receiver_count() == 0 || *closing.borrow() {
             let mut hubs = st.follow.lock();
@@ -867,26 +867,12 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
                 return;
             }
         }
-        let page = match owner_elsewhere(&st, p) {
-            Ok(Some(url)) => relay_page(&st, &url, p, next, PLOG_PAGE_MAX, RELAY_WAIT).await,
-            Ok(None) => local_page(&st, p, next, PLOG_PAGE_MAX).await,
-            Err(r) => Err(r),
-        };
-        let Ok(page) = page else {
+        // A long poll: here it waits on the writer's end signal, elsewhere on the owner.
+        let Ok(page) = page(&st, p, next, PLOG_PAGE_MAX, HUB_WAIT).await else {
             tokio::time::sleep(RELAY_RETRY).await;
             continue;
         };
         hub.end.fetch_max(page.end, Ordering::AcqRel);
-        if page.events.is_empty() {
-            if owner_elsewhere(&st, p).is_ok_and(|o| o.is_none()) {
-                tokio::select! {
-                    _ = signal.wait_for(|end| *end > next) => {}
-                    () = tokio::time::sleep(st.follow.limits.heartbeat) => {}
-                    _ = closing.wait_for(|c| *c) => {}
-                }
-            }
-            continue;
-        }
         for e in page.events {
             let frame = match frame(e) {
                 Some(f) => f,
