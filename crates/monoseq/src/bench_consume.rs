@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesOrdered;
 use hdrhistogram::Histogram;
 use monoseq_client::{BatchCommandBody, Client};
-use monoseq_wire::{PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT};
+use monoseq_wire::{PLOG_PAGE_MAX, PlogEntryBody, SSE_EVENT};
 
 use crate::wire::CommandBody;
 
@@ -29,6 +31,9 @@ pub const WORKSPACES_DEFAULT: u64 = 1_000;
 const DRAIN_BOUND: Duration = Duration::from_secs(30);
 /// Longest one request of the tool may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default of `--depth`: pages a `catch-up` keeps in flight, so that the server reads the next
+/// page while the reader decodes this one.
+pub const CATCH_UP_DEPTH_DEFAULT: u64 = 2;
 /// Batches a `fill` keeps in flight.
 const FILL_BATCHES_IN_FLIGHT: usize = 4;
 /// Commands/s an unpaced `tail` (`--rate 0`) has room to note acknowledgements for.
@@ -67,8 +72,10 @@ pub enum Mode {
         #[arg(long, default_value_t = WORKSPACES_DEFAULT)]
         workspaces: u64,
     },
-    /// Read partition `--partition` from `--from` to the end it had when the read began, one
-    /// page of `--limit` at a time.
+    /// Read partition `--partition` from `--from` to the end it had when the read began, in
+    /// pages of `--limit`, with `--depth` pages asked ahead (a page is asked at the offset the
+    /// one before it would end at if it is whole; a guess a gap or a short page proves wrong
+    /// is dropped and asked again).
     CatchUp {
         /// The partition to read.
         #[arg(long)]
@@ -79,6 +86,9 @@ pub enum Mode {
         /// Entries per page.
         #[arg(long, default_value_t = PLOG_PAGE_MAX as u64)]
         limit: u64,
+        /// Pages in flight (1: one page at a time).
+        #[arg(long, default_value_t = CATCH_UP_DEPTH_DEFAULT, value_parser = clap::value_parser!(u64).range(1..=64))]
+        depth: u64,
     },
     /// Attach `--followers` live tails, spread over `--partitions` (a comma-separated list;
     /// followers go round-robin), write `--rate` commands/s (0: as fast as `--clients` go) to
@@ -149,7 +159,8 @@ pub async fn run(args: ConsumeBenchArgs) -> anyhow::Result<()> {
             partition,
             from,
             limit,
-        } => catch_up(&tool, partition, from, limit).await,
+            depth,
+        } => catch_up(&tool, partition, from, limit, depth).await,
         Mode::Tail {
             followers,
             partitions: followed,
@@ -252,39 +263,61 @@ async fn fill(tool: &Tool, ws: &Workspaces, events: u64) -> anyhow::Result<()> {
 }
 
 /// One page of partition `p` from `from`.
-async fn page(tool: &Tool, p: u32, from: u64, limit: u64) -> anyhow::Result<PlogPageBody> {
-    let url = format!(
-        "{}/v1/partitions/{p}/events?from={from}&limit={limit}",
-        tool.url
-    );
-    let answer = tool.http.get(&url).send().await?.error_for_status()?;
-    Ok(serde_json::from_slice(&answer.bytes().await?)?)
-}
-
-/// Reads partition `p` from `from` up to the end its first page named.
-async fn catch_up(tool: &Tool, p: u32, from: u64, limit: u64) -> anyhow::Result<()> {
+/// Reads partition `p` from `from` up to the end its first page named, through the client's
+/// page read, `depth` pages in flight.
+async fn catch_up(tool: &Tool, p: u32, from: u64, limit: u64, depth: u64) -> anyhow::Result<()> {
     let began = Instant::now();
-    let (mut next, mut end, mut events, mut gaps, mut pages) = (from, None, 0u64, 0u64, 0u64);
-    while end.is_none_or(|end| next < end) {
-        let got = page(tool, p, next, limit).await?;
-        let end = *end.get_or_insert(got.end);
-        pages += 1;
-        for entry in &got.events {
-            match entry {
-                PlogEntryBody::Event(e) if e.plog_offset < end => events += 1,
-                PlogEntryBody::Event(_) => {}
-                PlogEntryBody::Gap { .. } => gaps += 1,
+    let size = usize::try_from(limit)?;
+    let read = |at: u64| async move { (at, tool.client.read_partition(p, at, size).await) };
+    let (mut next, mut events, mut gaps, mut pages, mut dropped) = (from, 0u64, 0u64, 0u64, 0u64);
+    let first = tool.client.read_partition(p, from, size).await?;
+    let end = first.end;
+    let mut answer = Some((from, first));
+    let mut in_flight = FuturesOrdered::new();
+    let mut ask = from;
+    loop {
+        if let Some((at, got)) = answer.take() {
+            if at != next {
+                // Asked on a guess that a gap or a short page proved wrong.
+                dropped += 1;
+            } else {
+                pages += 1;
+                for entry in &got.events {
+                    match entry {
+                        PlogEntryBody::Event(e) if e.plog_offset < end => events += 1,
+                        PlogEntryBody::Event(_) => {}
+                        PlogEntryBody::Gap { .. } => gaps += 1,
+                    }
+                }
+                if got.next <= next {
+                    bail!("the page from {next} did not advance (next {})", got.next);
+                }
+                next = got.next;
+                if at.saturating_add(limit) != next {
+                    // A gap or a short page: every page asked beyond it guessed wrong.
+                    in_flight = FuturesOrdered::new();
+                    ask = next;
+                } else {
+                    ask = ask.max(next);
+                }
             }
         }
-        if got.next <= next {
-            bail!("the page from {next} did not advance (next {})", got.next);
+        if next >= end {
+            break;
         }
-        next = got.next;
+        while ask < end && (in_flight.len() as u64) < depth {
+            in_flight.push_back(read(ask));
+            ask = ask.saturating_add(limit);
+        }
+        let Some((at, got)) = in_flight.next().await else {
+            bail!("no page in flight below the end {end} (next {next})");
+        };
+        answer = Some((at, got?));
     }
     let seconds = began.elapsed().as_secs_f64();
     println!(
-        "consume: mode=catch-up events={events} gaps={gaps} pages={pages} seconds={seconds:.3} \
-         rate={:.0}",
+        "consume: mode=catch-up events={events} gaps={gaps} pages={pages} dropped={dropped} \
+         depth={depth} seconds={seconds:.3} rate={:.0}",
         events as f64 / seconds
     );
     Ok(())
@@ -329,7 +362,7 @@ async fn tail(tool: &Tool, ws: &Workspaces, followers: usize, load: Load) -> any
     let origin = Instant::now();
     let mut from = Vec::new();
     for p in &ws.partitions {
-        from.push(page(tool, *p, 1, 1).await?.end);
+        from.push(tool.client.read_partition(*p, 1, 1).await?.end);
     }
     // Room for twice a partition's share of the commands of the run.
     let rate = if load.rate > 0 {
@@ -359,7 +392,10 @@ async fn tail(tool: &Tool, ws: &Workspaces, followers: usize, load: Load) -> any
         tails.push((slot, tokio::spawn(follow(answer, origin, slot, done))));
     }
     let written = write(tool, ws, load, &acks).await?;
-    let ends = ws.partitions.iter().map(|p| page(tool, *p, 1, 1));
+    let ends = ws
+        .partitions
+        .iter()
+        .map(|p| tool.client.read_partition(*p, 1, 1));
     let mut last = Vec::new();
     for end in futures_util::future::join_all(ends).await {
         last.push(end?.end);
