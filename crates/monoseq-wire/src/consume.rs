@@ -32,24 +32,26 @@ pub struct GapBody {
     pub reason: String,
 }
 
-/// One entry of a page: an event, or a gap.
+/// One entry of a page: an event, or a gap. `E` is how the event is carried: a client decodes
+/// an [`EventBody`]; a server may write its stored events through a type of its own that
+/// encodes to the same JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum PlogEntryBody {
+pub enum PlogEntryBody<E = EventBody> {
     /// A retired range in its place: `{"gap": {...}}`.
     Gap {
         /// The range.
         gap: GapBody,
     },
     /// An event.
-    Event(Box<EventBody>),
+    Event(Box<E>),
 }
 
 /// `GET /v1/partitions/{p}/events`: consecutive entries of a partition's PLog.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PlogPageBody {
+pub struct PlogPageBody<E = EventBody> {
     /// From the asked offset on, in offset order, at most `limit`; fewer (or none) at the end.
-    pub events: Vec<PlogEntryBody>,
+    pub events: Vec<PlogEntryBody<E>>,
     /// The offset to ask for next: after the last entry, or the asked one.
     pub next: u64,
     /// The partition's end: the next offset to be written; every offset below it is final.

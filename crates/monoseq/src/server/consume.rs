@@ -16,6 +16,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,19 +26,22 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use bytes::{BufMut, BytesMut};
 use clap::Args;
 use monoseq_core::WsId;
 use monoseq_store::{PageItem, PartitionId, WLogOffset, retired_ranges};
 use monoseq_wire::{
-    GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT, SSE_GAP,
-    SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX, WLOG_PAGE_MAX,
+    EventBody, GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT,
+    SSE_GAP, SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX, WLOG_PAGE_MAX,
 };
 use tokio::sync::{broadcast, mpsc, watch};
+use tokio::time::{Instant, Sleep};
 
 use super::AppState;
 use super::answers::{read_error, with_retry_after};
 use crate::base::error;
 use crate::cluster::Owner;
+use crate::json::{StoredEvent, StoredEventRef};
 
 /// Default most followers one node serves at once (`--followers-max`).
 pub const FOLLOWERS_MAX_DEFAULT: usize = 1_024;
@@ -54,6 +58,10 @@ const CATCH_UP_PAGE: usize = PLOG_PAGE_MAX;
 /// Chunks queued between a tail's task and its connection: past them the task waits, its hub's
 /// buffer fills, and a follower that does not read is cut.
 const CONNECTION_CHUNKS: usize = 64;
+/// Bytes gathered for a tail past which they go to its connection at once.
+const CHUNK_BYTES: usize = 64 * 1024;
+/// What an event's JSON is sized for when a buffer is reserved for it (it grows past).
+const EVENT_JSON_BYTES: usize = 512;
 /// How long a hub's read waits for a new event (on the writer's signal, or the owner's long
 /// poll) before it looks again whether anyone still follows.
 const HUB_WAIT: Duration = Duration::from_secs(1);
@@ -148,10 +156,17 @@ struct Frame {
     next: u64,
     /// An event's workspace and WLog offset (`None` for a gap).
     wlog: Option<(u64, u64)>,
-    /// `event` or `gap`.
-    kind: &'static str,
+    /// The whole SSE message of a partition's tail (`id:` the PLog offset, or a gap's last).
+    sse: Bytes,
+    /// Where the event's JSON lies in `sse` (a workspace's tail sends it with its own `id:`).
+    json: std::ops::Range<usize>,
+}
+
+impl Frame {
     /// The event's or gap's JSON.
-    json: Bytes,
+    fn json(&self) -> &[u8] {
+        &self.sse[self.json.clone()]
+    }
 }
 
 /// The live side of one followed partition on this node.
@@ -337,8 +352,59 @@ pub(super) async fn read_partition(
         Err(r) => return r,
     };
     match page(&st, partition, q.from, q.limit, q.wait).await {
-        Ok(page) => axum::Json(page).into_response(),
+        Ok(page) => page_answer(&page),
         Err(r) => r,
+    }
+}
+
+/// A page as its JSON answer, written once into a buffer sized for it.
+fn page_answer(page: &Page) -> Response {
+    let mut body = BytesMut::with_capacity((page.events.len() + 1) * EVENT_JSON_BYTES).writer();
+    match serde_json::to_writer(&mut body, page) {
+        Ok(()) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            body.into_inner().freeze(),
+        )
+            .into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+    }
+}
+
+/// A page as this node answers it: its events read from its store, or relayed from the owner.
+type Page = PlogPageBody<PageEvent>;
+
+/// An event of a [`Page`].
+#[derive(Debug)]
+enum PageEvent {
+    /// Read from this node's store, written without building its body.
+    Stored(StoredEvent),
+    /// Relayed from the partition's owner.
+    Relayed(EventBody),
+}
+
+impl PageEvent {
+    fn plog_offset(&self) -> u64 {
+        match self {
+            PageEvent::Stored(e) => e.0.plog_offset.0,
+            PageEvent::Relayed(e) => e.plog_offset,
+        }
+    }
+
+    /// Its workspace and WLog offset.
+    fn wlog(&self) -> (u64, u64) {
+        match self {
+            PageEvent::Stored(e) => (e.0.ws.0, e.0.wlog_offset.0),
+            PageEvent::Relayed(e) => (e.ws, e.wlog_offset),
+        }
+    }
+}
+
+impl serde::Serialize for PageEvent {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            PageEvent::Stored(e) => e.serialize(s),
+            PageEvent::Relayed(e) => e.serialize(s),
+        }
     }
 }
 
@@ -351,7 +417,7 @@ async fn page(
     from: u64,
     limit: usize,
     wait: Duration,
-) -> Result<PlogPageBody, Response> {
+) -> Result<Page, Response> {
     if let Some(url) = owner_elsewhere(st, p)? {
         return relay_page(st, &url, p, from, limit, wait).await;
     }
@@ -383,15 +449,10 @@ fn owner_elsewhere(st: &AppState, p: u32) -> Result<Option<String>, Response> {
 }
 
 /// A page read from this node's store, below this node's end of the partition.
-async fn local_page(
-    st: &Arc<AppState>,
-    p: u32,
-    from: u64,
-    limit: usize,
-) -> Result<PlogPageBody, Response> {
+async fn local_page(st: &Arc<AppState>, p: u32, from: u64, limit: usize) -> Result<Page, Response> {
     let end = st.cp.plog_end(p);
     if from > OFFSET_READ_MAX || from >= end {
-        return Ok(PlogPageBody {
+        return Ok(Page {
             events: Vec::new(),
             next: from,
             end,
@@ -415,7 +476,7 @@ async fn local_page(
         Err(e) => return Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)),
     };
     let next = items.last().map_or(from, PageItem::next_offset);
-    Ok(PlogPageBody {
+    Ok(Page {
         events: items.into_iter().map(entry).collect(),
         next,
         end,
@@ -423,9 +484,9 @@ async fn local_page(
 }
 
 /// A store page item as the wire carries it.
-fn entry(item: PageItem) -> PlogEntryBody {
+fn entry(item: PageItem) -> PlogEntryBody<PageEvent> {
     match item {
-        PageItem::Event(e) => PlogEntryBody::Event(Box::new(crate::json::event(&e))),
+        PageItem::Event(e) => PlogEntryBody::Event(Box::new(PageEvent::Stored(StoredEvent(*e)))),
         PageItem::Gap(g) => PlogEntryBody::Gap {
             gap: GapBody {
                 from: g.from,
@@ -444,7 +505,7 @@ async fn relay_page(
     from: u64,
     limit: usize,
     wait: Duration,
-) -> Result<PlogPageBody, Response> {
+) -> Result<Page, Response> {
     let Some((_, forwarder)) = &st.cluster else {
         return Err(error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -456,9 +517,22 @@ async fn relay_page(
         "{url}/v1/partitions/{p}/events?from={from}&limit={limit}&wait_ms={}",
         wait.as_millis()
     );
-    forwarder
+    let page = forwarder
         .read_json::<PlogPageBody>(&target, wait + RELAY_GRACE)
-        .await
+        .await?;
+    let events = page
+        .events
+        .into_iter()
+        .map(|e| match e {
+            PlogEntryBody::Event(e) => PlogEntryBody::Event(Box::new(PageEvent::Relayed(*e))),
+            PlogEntryBody::Gap { gap } => PlogEntryBody::Gap { gap },
+        })
+        .collect();
+    Ok(Page {
+        events,
+        next: page.next,
+        end: page.end,
+    })
 }
 
 /// `GET /v1/partitions/{p}/events/stream?from=N`: the partition's PLog as Server-Sent Events.
@@ -580,52 +654,111 @@ enum Ended {
     Slow,
 }
 
-/// One live tail: its connection and where it is.
+/// One live tail: its connection, where it is, and the messages gathered for its next chunk.
 struct Tail<'a> {
     st: &'a Arc<AppState>,
     partition: u32,
     out: mpsc::Sender<Bytes>,
     closing: watch::Receiver<bool>,
+    /// Messages not yet handed to the connection: everything a wake-up delivers goes out as
+    /// one chunk (one write), not one per message.
+    buf: BytesMut,
+    /// Events and gaps in `buf`, for the delivered count.
+    buffered: u64,
+    /// When the tail last handed the connection a chunk (heartbeats go after a quiet
+    /// interval).
+    sent_at: Instant,
+    /// Fires when a heartbeat may be due; re-armed only when it fires, never per message.
+    beat: Pin<Box<Sleep>>,
 }
 
 impl<'a> Tail<'a> {
     fn new(st: &'a Arc<AppState>, partition: u32, out: mpsc::Sender<Bytes>) -> Tail<'a> {
+        let now = Instant::now();
         Tail {
             st,
             partition,
             out,
             closing: st.follow.closing.subscribe(),
+            buf: BytesMut::new(),
+            buffered: 0,
+            sent_at: now,
+            beat: Box::pin(tokio::time::sleep_until(now + st.follow.limits.heartbeat)),
         }
     }
 
-    /// Sends one SSE message; `Err` when the connection closed.
-    async fn send(&self, kind: &str, id: Option<u64>, json: Bytes) -> Result<(), Ended> {
-        let head = match id {
-            Some(id) => format!("id: {id}\nevent: {kind}\ndata: "),
-            None => format!("event: {kind}\ndata: "),
-        };
-        for chunk in [Bytes::from(head), json, Bytes::from_static(b"\n\n")] {
-            self.out.send(chunk).await.map_err(|_| Ended::Gone)?;
-        }
-        if kind == SSE_EVENT || kind == SSE_GAP {
-            self.st.follow.counts.delivered.inc();
-        }
-        Ok(())
-    }
-
-    async fn send_body<T: serde::Serialize>(
-        &self,
+    /// Adds one SSE message with `body` as its data to the next chunk, its JSON written in
+    /// place.
+    fn push<T: serde::Serialize + ?Sized>(
+        &mut self,
         kind: &str,
         id: Option<u64>,
         body: &T,
     ) -> Result<(), Ended> {
-        let json = serde_json::to_vec(body).map_err(|_| Ended::Gone)?;
-        self.send(kind, id, Bytes::from(json)).await
+        let start = self.buf.len();
+        sse_head(&mut self.buf, kind, id);
+        if serde_json::to_writer((&mut self.buf).writer(), body).is_err() {
+            // Nothing of it goes out (a body of this server's types always encodes).
+            self.buf.truncate(start);
+            return Err(Ended::Gone);
+        }
+        self.buf.extend_from_slice(b"\n\n");
+        if kind == SSE_EVENT || kind == SSE_GAP {
+            self.buffered += 1;
+        }
+        Ok(())
+    }
+
+    /// Adds one SSE message whose data is JSON text already written (`json`).
+    fn push_json(&mut self, kind: &str, id: u64, json: &[u8]) {
+        sse_head(&mut self.buf, kind, Some(id));
+        self.buf.extend_from_slice(json);
+        self.buf.extend_from_slice(b"\n\n");
+        self.buffered += 1;
+    }
+
+    /// Adds a message its hub encoded whole (`id`, `event`, `data`) to the next chunk.
+    fn push_encoded(&mut self, sse: &[u8]) {
+        self.buf.extend_from_slice(sse);
+        self.buffered += 1;
+    }
+
+    /// Hands the gathered messages to the connection as one chunk; `Err` when it closed.
+    async fn flush(&mut self) -> Result<(), Ended> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = self.buf.split().freeze();
+        self.out.send(chunk).await.map_err(|_| Ended::Gone)?;
+        self.st.follow.counts.delivered.inc_by(self.buffered);
+        self.buffered = 0;
+        self.sent_at = Instant::now();
+        Ok(())
+    }
+
+    /// Flushes once the next chunk is large.
+    async fn flush_large(&mut self) -> Result<(), Ended> {
+        if self.buf.len() >= CHUNK_BYTES {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Sends one SSE message with `body` as its data, with what was gathered before it.
+    async fn send_body<T: serde::Serialize>(
+        &mut self,
+        kind: &str,
+        id: Option<u64>,
+        body: &T,
+    ) -> Result<(), Ended> {
+        self.push(kind, id, body)?;
+        self.flush().await
     }
 
     /// The last message of a tail cut for falling behind.
-    async fn cut(&self, resume_from: u64) {
+    async fn cut(&mut self, resume_from: u64) {
         self.st.follow.counts.cut_slow.inc();
+        // What was gathered is below `resume_from`: it goes first.
         let body = SlowFollowerBody {
             code: SSE_SLOW_FOLLOWER.to_owned(),
             message: format!(
@@ -653,35 +786,47 @@ impl<'a> Tail<'a> {
     /// Catches up from the store, then delivers the hub's frames from `next` until the hub
     /// ends (`Ok`: another round) or the tail ends. The store is read before the tail
     /// subscribes, so a long catch-up never counts against the hub's buffer; what was written
-    /// in between is read when the first frame shows it was missed.
+    /// in between is read when the first frame shows it was missed. Each wake-up takes every
+    /// frame the hub holds for it and sends them as one chunk.
     async fn partition_round(&mut self, next: &mut u64) -> Result<(), Ended> {
         self.catch_up_plog(next, u64::MAX).await?;
         let mut rx = subscribe(self.st, self.partition);
         loop {
-            let Some(frame) = self.recv(&mut rx, *next).await? else {
+            let Some(first) = self.recv(&mut rx, *next).await? else {
                 return Ok(());
             };
-            if frame.next <= *next {
-                continue;
+            let mut got = Some(first);
+            while let Some(frame) = got.take() {
+                self.take_plog_frame(&frame, next).await?;
+                self.flush_large().await?;
+                got = match try_recv(&mut rx)? {
+                    Some(f) => Some(f),
+                    None => break,
+                };
             }
-            if frame.from > *next {
-                self.catch_up_plog(next, frame.from).await?;
-                if frame.from != *next {
-                    continue;
-                }
-            }
-            let id = if frame.kind == SSE_GAP {
-                frame.next - 1
-            } else {
-                frame.from
-            };
-            self.send(frame.kind, Some(id), frame.json.clone()).await?;
-            *next = frame.next;
+            self.flush().await?;
         }
     }
 
+    /// Adds a hub frame to the next chunk when it is the tail's next, reading what the tail
+    /// missed from the store first.
+    async fn take_plog_frame(&mut self, frame: &Frame, next: &mut u64) -> Result<(), Ended> {
+        if frame.next <= *next {
+            return Ok(());
+        }
+        if frame.from > *next {
+            self.catch_up_plog(next, frame.from).await?;
+            if frame.from != *next {
+                return Ok(());
+            }
+        }
+        self.push_encoded(&frame.sse);
+        *next = frame.next;
+        Ok(())
+    }
+
     /// Sends what is stored from `next` up to `until` (exclusive) and below the end.
-    async fn catch_up_plog(&self, next: &mut u64, until: u64) -> Result<(), Ended> {
+    async fn catch_up_plog(&mut self, next: &mut u64, until: u64) -> Result<(), Ended> {
         while *next < until {
             let page = match page(
                 self.st,
@@ -695,29 +840,28 @@ impl<'a> Tail<'a> {
                 Ok(page) => page,
                 // Storage or the owner failed: the live side retries after its next frame
                 // or heartbeat.
-                Err(_) => return Ok(()),
+                Err(_) => break,
             };
             if page.events.is_empty() {
-                return Ok(());
+                break;
             }
             for e in &page.events {
                 let (kind, id, after) = match e {
-                    PlogEntryBody::Event(e) => (SSE_EVENT, e.plog_offset, e.plog_offset + 1),
+                    PlogEntryBody::Event(e) => (SSE_EVENT, e.plog_offset(), e.plog_offset() + 1),
                     PlogEntryBody::Gap { gap } => (SSE_GAP, gap.to, gap.to + 1),
                 };
                 if after > until {
-                    return Ok(());
+                    return self.flush().await;
                 }
-                let json = match e {
-                    PlogEntryBody::Event(e) => serde_json::to_vec(e),
-                    PlogEntryBody::Gap { gap } => serde_json::to_vec(gap),
-                }
-                .map_err(|_| Ended::Gone)?;
-                self.send(kind, Some(id), Bytes::from(json)).await?;
+                match e {
+                    PlogEntryBody::Event(e) => self.push(kind, Some(id), &**e),
+                    PlogEntryBody::Gap { gap } => self.push(kind, Some(id), gap),
+                }?;
                 *next = after;
+                self.flush_large().await?;
             }
         }
-        Ok(())
+        self.flush().await
     }
 
     /// The next frame of the hub; heartbeats while idle. `None` when the hub ended.
@@ -734,9 +878,15 @@ impl<'a> Tail<'a> {
                     Err(broadcast::error::RecvError::Lagged(_)) => Err(Ended::Slow),
                     Err(broadcast::error::RecvError::Closed) => Ok(None),
                 },
-                () = tokio::time::sleep(heartbeat) => {}
+                () = self.beat.as_mut() => {}
                 _ = self.closing.wait_for(|c| *c) => return Err(Ended::Gone),
                 () = self.out.closed() => return Err(Ended::Gone),
+            }
+            let due = self.sent_at + heartbeat;
+            if Instant::now() < due {
+                // Something was sent since the timer was armed: wait out the quiet interval.
+                self.beat.as_mut().reset(due);
+                continue;
             }
             let end = hub_end(self.st, self.partition);
             let beat = HeartbeatBody {
@@ -744,6 +894,7 @@ impl<'a> Tail<'a> {
                 end: Some(end),
             };
             self.send_body(SSE_HEARTBEAT, None, &beat).await?;
+            self.beat.as_mut().reset(self.sent_at + heartbeat);
         }
     }
 
@@ -764,48 +915,74 @@ impl<'a> Tail<'a> {
         self.catch_up_wlog(ws, next, u64::MAX).await?;
         let mut rx = subscribe(self.st, self.partition);
         loop {
-            let Some(frame) = self.recv(&mut rx, *next).await? else {
+            let Some(first) = self.recv(&mut rx, *next).await? else {
                 return Ok(());
             };
-            let Some((frame_ws, wlog)) = frame.wlog else {
-                continue;
-            };
-            if frame_ws != ws || wlog < *next {
-                continue;
+            let mut got = Some(first);
+            while let Some(frame) = got.take() {
+                self.take_wlog_frame(&frame, ws, next).await?;
+                self.flush_large().await?;
+                got = match try_recv(&mut rx)? {
+                    Some(f) => Some(f),
+                    None => break,
+                };
             }
-            if wlog > *next {
-                self.catch_up_wlog(ws, next, frame.next).await?;
-                if wlog != *next {
-                    continue;
-                }
-            }
-            self.send(SSE_EVENT, Some(wlog), frame.json.clone()).await?;
-            *next = wlog + 1;
+            self.flush().await?;
         }
+    }
+
+    /// Adds a hub frame to the next chunk when it is the next event of `ws`'s WLog, reading
+    /// what the tail missed from the store first.
+    async fn take_wlog_frame(
+        &mut self,
+        frame: &Frame,
+        ws: u64,
+        next: &mut u64,
+    ) -> Result<(), Ended> {
+        let Some((frame_ws, wlog)) = frame.wlog else {
+            return Ok(());
+        };
+        if frame_ws != ws || wlog < *next {
+            return Ok(());
+        }
+        if wlog > *next {
+            self.catch_up_wlog(ws, next, frame.next).await?;
+            if wlog != *next {
+                return Ok(());
+            }
+        }
+        self.push_json(SSE_EVENT, wlog, frame.json());
+        *next = wlog + 1;
+        Ok(())
     }
 
     /// Sends the stored events of `ws`'s WLog from `next` whose PLog offsets are below the
     /// partition's end (and below `plog_until`); a jump in WLog offsets (numbers retired by a
     /// loss) is sent as a gap.
-    async fn catch_up_wlog(&self, ws: u64, next: &mut u64, plog_until: u64) -> Result<(), Ended> {
+    async fn catch_up_wlog(
+        &mut self,
+        ws: u64,
+        next: &mut u64,
+        plog_until: u64,
+    ) -> Result<(), Ended> {
         loop {
             let end = hub_end(self.st, self.partition).min(plog_until);
             let store = self.st.cp.store().clone();
             let from = *next;
             if from > OFFSET_READ_MAX {
-                return Ok(());
+                break;
             }
             let read = tokio::task::spawn_blocking(move || {
                 store.read_wlog(WsId(ws), WLogOffset(from), WLOG_PAGE_MAX)
             })
             .await;
             let Ok(Ok(events)) = read else {
-                return Ok(());
+                break;
             };
             let mut sent = 0;
             for e in &events {
                 if e.plog_offset.0 >= end {
-                    return Ok(());
+                    return self.flush().await;
                 }
                 if e.wlog_offset.0 > *next {
                     let gap = GapBody {
@@ -813,18 +990,40 @@ impl<'a> Tail<'a> {
                         to: e.wlog_offset.0 - 1,
                         reason: "retired".to_owned(),
                     };
-                    self.send_body(SSE_GAP, Some(gap.to), &gap).await?;
+                    self.push(SSE_GAP, Some(gap.to), &gap)?;
                 }
-                self.send_body(SSE_EVENT, Some(e.wlog_offset.0), &crate::json::event(e))
-                    .await?;
+                self.push(SSE_EVENT, Some(e.wlog_offset.0), &StoredEventRef(e))?;
                 *next = e.wlog_offset.0 + 1;
                 sent += 1;
+                self.flush_large().await?;
             }
             if sent < WLOG_PAGE_MAX {
-                return Ok(());
+                break;
             }
         }
+        self.flush().await
     }
+}
+
+/// The hub's next frame for a tail if it holds one now; `Err` when the tail fell behind.
+fn try_recv(rx: &mut broadcast::Receiver<Arc<Frame>>) -> Result<Option<Arc<Frame>>, Ended> {
+    match rx.try_recv() {
+        Ok(f) => Ok(Some(f)),
+        Err(broadcast::error::TryRecvError::Lagged(_)) => Err(Ended::Slow),
+        Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed) => {
+            Ok(None)
+        }
+    }
+}
+
+/// Writes an SSE message's head (`id:` when given, `event:`, the start of `data:`) into `buf`.
+fn sse_head(buf: &mut BytesMut, kind: &str, id: Option<u64>) {
+    use std::fmt::Write as _;
+    // Writing into a `BytesMut` grows it and cannot fail.
+    let _ = match id {
+        Some(id) => write!(buf, "id: {id}\nevent: {kind}\ndata: "),
+        None => write!(buf, "event: {kind}\ndata: "),
+    };
 }
 
 /// The partition's end as this node's hub (or, serving it, its writer) knows it.
@@ -873,7 +1072,7 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
             continue;
         };
         hub.end.fetch_max(page.end, Ordering::AcqRel);
-        for e in page.events {
+        for e in &page.events {
             let frame = match frame(e) {
                 Some(f) => f,
                 None => continue,
@@ -886,21 +1085,33 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
 }
 
 /// A page entry encoded once for every follower.
-fn frame(e: PlogEntryBody) -> Option<Frame> {
+fn frame(e: &PlogEntryBody<PageEvent>) -> Option<Frame> {
+    let (from, next, wlog, kind) = match e {
+        PlogEntryBody::Event(e) => (
+            e.plog_offset(),
+            e.plog_offset() + 1,
+            Some(e.wlog()),
+            SSE_EVENT,
+        ),
+        PlogEntryBody::Gap { gap } => (gap.from, gap.to + 1, None, SSE_GAP),
+    };
+    let mut sse = BytesMut::with_capacity(EVENT_JSON_BYTES);
+    sse_head(&mut sse, kind, Some(next - 1));
+    let start = sse.len();
+    let mut w = sse.writer();
     match e {
-        PlogEntryBody::Event(e) => Some(Frame {
-            from: e.plog_offset,
-            next: e.plog_offset + 1,
-            wlog: Some((e.ws, e.wlog_offset)),
-            kind: SSE_EVENT,
-            json: Bytes::from(serde_json::to_vec(&e).ok()?),
-        }),
-        PlogEntryBody::Gap { gap } => Some(Frame {
-            from: gap.from,
-            next: gap.to + 1,
-            wlog: None,
-            kind: SSE_GAP,
-            json: Bytes::from(serde_json::to_vec(&gap).ok()?),
-        }),
+        PlogEntryBody::Event(e) => serde_json::to_writer(&mut w, &**e),
+        PlogEntryBody::Gap { gap } => serde_json::to_writer(&mut w, gap),
     }
+    .ok()?;
+    let mut sse = w.into_inner();
+    let end = sse.len();
+    sse.extend_from_slice(b"\n\n");
+    Some(Frame {
+        from,
+        next,
+        wlog,
+        sse: sse.freeze(),
+        json: start..end,
+    })
 }
