@@ -349,6 +349,20 @@ impl Membership {
         &self.went_back
     }
 
+    /// Asks for a read of the table soon, because what this node last read sent a command
+    /// nowhere useful: a partition without a live owner in it, or an owner that did not
+    /// answer (a node restarted under a new address, a partition taken back or moved since).
+    /// The read goes at once, or one [`Config::handoff_poll_ms`] after the last read (so a
+    /// stream of such commands reads the table at most that often); a member only.
+    pub fn read_soon(&mut self, now: u64) {
+        if self.phase != Phase::Member {
+            return;
+        }
+        let last = self.view.as_ref().map_or(0, |v| v.read_at);
+        let at = now.max(last + self.cfg.handoff_poll_ms());
+        self.next_poll = Some(self.next_poll.map_or(at, |t| t.min(at)));
+    }
+
     /// When [`Membership::poll`] next has something to do if nothing else happens.
     #[must_use]
     pub fn next_wake(&self) -> u64 {

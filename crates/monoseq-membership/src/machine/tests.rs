@@ -436,6 +436,60 @@ fn a_node_forwarding_to_a_partition_that_moves_learns_its_new_owner_within_a_pol
     }
 }
 
+#[test]
+fn a_node_asked_to_read_soon_reads_the_table_within_a_poll_not_a_renewal() {
+    let table = MemoryLeaseTable::new();
+    let mut nodes = vec![node("a", "1", 8), node("b", "1", 8)];
+    run(&table, &mut nodes, 0, 2_000);
+    let reads = |n: &Node| calls(n, |c| matches!(c, Call::Status)).len();
+    let poll = nodes[0].m.config().handoff_poll_ms();
+    // Up to a round's read of the table by "a", and a poll and more past it: no other read.
+    let mut t = 2_000;
+    let mut seen = reads(&nodes[0]);
+    loop {
+        run(&table, &mut nodes, t, t + 10);
+        t += 10;
+        if reads(&nodes[0]) > seen {
+            break;
+        }
+        seen = reads(&nodes[0]);
+    }
+    run(&table, &mut nodes, t, t + 20);
+    t += 20;
+    seen = reads(&nodes[0]);
+    run(&table, &mut nodes, t, t + poll + 20);
+    t += poll + 20;
+    assert_eq!(reads(&nodes[0]), seen, "a read nobody asked for");
+    // Asked: it reads at once.
+    nodes[0].m.read_soon(t);
+    run(&table, &mut nodes, t, t + 20);
+    t += 20;
+    assert_eq!(
+        reads(&nodes[0]),
+        seen + 1,
+        "no read within 20 ms of being asked"
+    );
+    // Asked again at once: not before a poll has passed since that read.
+    let read_at = t - 20;
+    nodes[0].m.read_soon(t);
+    while t < read_at + poll - 10 {
+        run(&table, &mut nodes, t, t + 10);
+        t += 10;
+        assert_eq!(
+            reads(&nodes[0]),
+            seen + 1,
+            "read again after {} ms",
+            t - read_at
+        );
+    }
+    run(&table, &mut nodes, t, t + 30);
+    assert_eq!(
+        reads(&nodes[0]),
+        seen + 2,
+        "not read again after a poll ({poll} ms)"
+    );
+}
+
 /// Node "a", alone for its first 2 s on `table`: it serves every one of `partitions`.
 fn serving_alone(table: &MemoryLeaseTable, partitions: u32) -> Node {
     let mut n = node("a", "a-1", partitions);

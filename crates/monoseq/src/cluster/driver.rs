@@ -194,6 +194,9 @@ pub struct Cluster {
     probes: Mutex<HashMap<String, Probe>>,
     /// Wakes the prober when a read finds a partition taken by another node.
     probe_soon: tokio::sync::Notify,
+    /// Asks the driver for a read of the table soon: routing found no live owner, or the owner
+    /// it read did not answer (see [`Cluster::read_soon`]).
+    read_soon: tokio::sync::Notify,
     leave: mpsc::Sender<oneshot::Sender<()>>,
     life: watch::Sender<Life>,
     /// This node's high-water marks and the losses accepted for the store.
@@ -272,6 +275,7 @@ impl Cluster {
             })),
             probes: Mutex::new(HashMap::new()),
             probe_soon: tokio::sync::Notify::new(),
+            read_soon: tokio::sync::Notify::new(),
             leave,
             life,
             marks,
@@ -317,9 +321,18 @@ impl Cluster {
         }
     }
 
-    /// Where partition `p` is served, by the last status read.
+    /// Where partition `p` is served, by the last status read. Finding nobody asks for a read
+    /// of the table soon ([`Cluster::read_soon`]).
     #[must_use]
     pub fn owner(&self, p: u32) -> Owner {
+        let owner = self.owner_read(p);
+        if owner == Owner::Nobody {
+            self.read_soon();
+        }
+        owner
+    }
+
+    fn owner_read(&self, p: u32) -> Owner {
         let view = self.view();
         let age = i64::try_from(view.read_at.elapsed().as_millis()).unwrap_or(i64::MAX);
         let Some(row) = view.status.lease(p) else {
@@ -341,6 +354,14 @@ impl Cluster {
             },
             None => Owner::Nobody,
         }
+    }
+
+    /// Asks for a read of the lease table soon (at once, or one handoff poll after the last
+    /// read): what this node last read sent a command nowhere useful (no live owner, or an
+    /// owner that did not answer: a node restarted under a new address, a partition moved
+    /// since). Without it the routing view waits for the next renewal's read.
+    pub fn read_soon(&self) {
+        self.read_soon.notify_one();
     }
 
     fn view(&self) -> Arc<View> {
@@ -598,6 +619,7 @@ impl Cluster {
                     m.leave(now());
                     leaving = Some(tx);
                 }
+                () = self.read_soon.notified() => m.read_soon(now()),
                 () = tokio::time::sleep_until(wake.into()) => {}
             }
         }

@@ -185,6 +185,16 @@ async fn run(
         relay(forwarder, &url, items).await
     }));
     let (local, relayed) = tokio::join!(local, relayed);
+    let unavailable = StatusCode::SERVICE_UNAVAILABLE.as_u16();
+    if let Some((cluster, _)) = cluster
+        && relayed
+            .iter()
+            .flatten()
+            .any(|(_, r)| r.status == unavailable)
+    {
+        // An owner read last did not answer, or no longer serves the partition.
+        cluster.read_soon();
+    }
     for (i, result) in local.into_iter().chain(relayed.into_iter().flatten()) {
         results[i] = Some(result);
     }

@@ -392,7 +392,12 @@ async fn route_elsewhere(
     let answer = match cluster.owner(partition) {
         Owner::Node { url, .. } if !Forwarder::was_forwarded(headers) => {
             st.metrics.forwarded.inc();
-            forwarder.command(&url, body, headers).await
+            let answer = forwarder.command(&url, body, headers).await;
+            if answer.status() == StatusCode::SERVICE_UNAVAILABLE {
+                // The owner read last did not answer, or no longer serves the partition.
+                cluster.read_soon();
+            }
+            answer
         }
         _ => with_retry_after(error(
             StatusCode::SERVICE_UNAVAILABLE,
