@@ -27,15 +27,43 @@ const COMMANDS_PER_CLIENT_MAX: u64 = 20_000;
 /// Workspaces a [`Load`]'s clients send to (`1..=LOAD_WORKSPACES`) unless given a partition.
 const LOAD_WORKSPACES: u64 = 30;
 
-/// What a client was told for one command.
+/// What a client was told for one command, and when.
 #[derive(Debug, Clone)]
 pub struct Ack {
+    /// Its `Idempotency-Key` (empty: sent without one).
     pub key: String,
     pub ws: u64,
     pub partition: u64,
     pub plog: u64,
     pub wlog: u64,
-    pub id: u64,
+    /// The real IDs of its records, by raw ID.
+    pub ids: Vec<u64>,
+    /// When it was acknowledged, and how long after it was first sent.
+    pub at: Instant,
+    pub took: Duration,
+}
+
+impl Ack {
+    /// The acknowledgement `body` (a 200 answer to `POST /v1/commands`) of a command of
+    /// workspace `ws` with `key` (empty: none), first sent at `sent`.
+    pub fn of(key: &str, ws: u64, body: &Value, sent: Instant) -> Ack {
+        let ids = body["ids"].as_object().expect("the real IDs");
+        let mut ids: Vec<(u64, u64)> = ids
+            .iter()
+            .map(|(raw, id)| (raw.parse().expect("a raw ID"), id.as_u64().expect("an ID")))
+            .collect();
+        ids.sort_unstable();
+        Ack {
+            key: key.to_owned(),
+            ws,
+            partition: body["partition"].as_u64().expect("a partition"),
+            plog: body["plog_offset"].as_u64().expect("a PLog offset"),
+            wlog: body["wlog_offset"].as_u64().expect("a WLog offset"),
+            ids: ids.into_iter().map(|(_, id)| id).collect(),
+            at: Instant::now(),
+            took: sent.elapsed(),
+        }
+    }
 }
 
 /// The URLs clients may use now (a load balancer's view).
@@ -98,11 +126,12 @@ pub fn rust_client<S: AsRef<str>>(urls: &[S], retry: Duration) -> monoseq_client
         .expect("a client of the nodes")
 }
 
-/// Command `n` of workspace `ws`: one document created.
+/// Command `n` of workspace `ws`: a document and a row created.
 pub fn command(ws: u64, n: u64) -> Value {
     json!({
         "ws": ws, "ws_kind": 1, "command": "test.Create",
-        "create": [{"raw_id": 1, "kind": "CDoc", "name": "test.Doc", "fields": {"n": n}}],
+        "create": [{"raw_id": 1, "kind": "CDoc", "name": "test.Doc", "fields": {"n": n}},
+                   {"raw_id": 2, "kind": "WRecord", "name": "test.Row"}],
     })
 }
 
@@ -138,6 +167,7 @@ async fn attempt_raw(
     url: &str,
     (ws, key, n): (u64, &str, u64),
 ) -> Result<Ack, Refusal> {
+    let sent = Instant::now();
     let answer = client
         .post(format!("{url}/v1/commands"))
         .header("idempotency-key", key)
@@ -157,14 +187,7 @@ async fn attempt_raw(
         let code = body["code"].as_str().unwrap_or("none").to_owned();
         return Err((Some(status), code, body.to_string()));
     }
-    Ok(Ack {
-        key: key.to_owned(),
-        ws,
-        partition: body["partition"].as_u64().expect("a partition"),
-        plog: body["plog_offset"].as_u64().expect("a PLog offset"),
-        wlog: body["wlog_offset"].as_u64().expect("a WLog offset"),
-        id: body["ids"]["1"].as_u64().expect("a record ID"),
-    })
+    Ok(Ack::of(key, ws, &body, sent))
 }
 
 /// An error with every error it came from, one after the other.
@@ -284,6 +307,7 @@ impl Sender {
         let (_, client) = self.built.as_ref().expect("built above");
         let body: monoseq_client::CommandBody =
             serde_json::from_value(command(ws, n)).expect("a command body");
+        let sent = Instant::now();
         let answer = match client.submit_with_key(&body, key).await {
             Ok(done) => {
                 let o = done.outcome;
@@ -293,7 +317,9 @@ impl Sender {
                     partition: u64::from(o.partition),
                     plog: o.plog_offset,
                     wlog: o.wlog_offset,
-                    id: o.ids[&1],
+                    ids: o.ids.into_values().collect(),
+                    at: Instant::now(),
+                    took: sent.elapsed(),
                 })
             }
             Err(e) => {
@@ -495,11 +521,14 @@ pub fn assert_once(acks: &[Ack]) {
             "PLog offset twice: {a:?}"
         );
         assert!(wlogs.insert((a.ws, a.wlog)), "WLog offset twice: {a:?}");
-        assert!(ids.insert((a.ws, a.id)), "record ID twice: {a:?}");
+        for id in &a.ids {
+            assert!(ids.insert((a.ws, *id)), "record ID {id} twice: {a:?}");
+        }
     }
 }
 
-/// Every acknowledged event reads back through `client` as acknowledged, with its key.
+/// Every acknowledged event reads back through `client` as acknowledged: its workspace, WLog
+/// offset, record and argument IDs, and its key (or none).
 pub async fn assert_read_back(client: &monoseq_client::Client, acks: &[Ack]) {
     for a in acks {
         let partition = u32::try_from(a.partition).expect("a partition number");
@@ -510,8 +539,14 @@ pub async fn assert_read_back(client: &monoseq_client::Client, acks: &[Ack]) {
             .unwrap_or_else(|| panic!("acknowledged event lost: {a:?}"));
         assert_eq!(e.ws, a.ws, "acknowledged event replaced: {a:?}: {e:?}");
         assert_eq!(e.wlog_offset, a.wlog, "{a:?}: {e:?}");
-        assert_eq!(e.created.first().map(|r| r.id), Some(a.id), "{a:?}: {e:?}");
-        assert_eq!(e.idempotency_key.as_deref(), Some(&*a.key), "{a:?}: {e:?}");
+        let mut stored: Vec<u64> = e.created.iter().map(|r| r.id).collect();
+        stored.extend(e.argument.as_ref().map(|arg| arg.id));
+        let mut acked = a.ids.clone();
+        stored.sort_unstable();
+        acked.sort_unstable();
+        assert_eq!(stored, acked, "the IDs of {a:?}: {e:?}");
+        let key = (!a.key.is_empty()).then_some(&*a.key);
+        assert_eq!(e.idempotency_key.as_deref(), key, "{a:?}: {e:?}");
     }
 }
 
