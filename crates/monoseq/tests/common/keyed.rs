@@ -272,7 +272,10 @@ impl Sender {
             turn += 1;
             let (url, answer) = self.once((ws, key, n), turn).await;
             let (status, code, text) = match answer {
-                Ok(ack) => return Ok(ack),
+                Ok(ack) => {
+                    let took = began.elapsed();
+                    return Ok(Ack { took, ..ack });
+                }
                 Err(refusal) => refusal,
             };
             let retried = matches!(status, None | Some(503)) || self.retried.contains(&&*code);
