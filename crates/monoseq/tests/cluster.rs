@@ -450,6 +450,20 @@ async fn cluster_status_names_every_owner_and_with_redirect_a_node_points_to_the
         .await
         .expect("answer");
     assert_eq!(followed.status(), 200);
+    // The redirect and the owners are among the answers checked against docs/openapi.json.
+    let logged = a.answers();
+    let redirects = logged
+        .iter()
+        .filter(|x| x.path == "/v1/commands" && x.status == 307)
+        .count();
+    let views = logged
+        .iter()
+        .filter(|x| x.path == "/v1/cluster" && x.status == 200)
+        .count();
+    assert!(
+        redirects >= 1 && views >= 1,
+        "A's answer log holds {redirects} redirects and {views} cluster views"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -293,6 +293,14 @@ async fn nodes_cut_off_from_one_another_answer_owner_unreachable_and_a_retry_thr
         "owner_unreachable took {:?}",
         asked.elapsed()
     );
+    // The refusal is among the answers checked against docs/openapi.json.
+    let logged = s.nodes[0].answers();
+    assert!(
+        logged
+            .iter()
+            .any(|a| a.status == 503 && a.body.contains("owner_unreachable")),
+        "n1's answer log holds no owner_unreachable"
+    );
     let direct = attempt(&client, &s.nodes[1].url, ws_of(p, 1), "peer-probe", 1)
         .await
         .unwrap_or_else(|e| panic!("the owner refused the retry: {e:?}"));
