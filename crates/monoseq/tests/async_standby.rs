@@ -9,209 +9,30 @@
 
 mod common;
 
-use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::BIN;
+use common::keyed::{self, Load, Plan, assert_once};
+use common::node::Node;
 use monoseq_pg::testing::{DATABASE, PgCluster, PgPair};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-const PARTITIONS: u64 = 6;
 /// How long a client keeps retrying one command before giving it up (a refused partition).
 const GIVE_UP: Duration = Duration::from_secs(3);
 
-struct Node {
-    id: String,
-    child: Child,
-    url: String,
-    log: PathBuf,
-}
-
-impl Node {
-    fn start(db: &str, id: &str, dir: &Path, extra: &[&str]) -> Node {
-        let log = dir.join(format!("{id}.log"));
-        let marks = dir.join(format!("marks-{id}"));
-        let mut child = Command::new(BIN)
-            .args(["serve", "--storage", db, "--listen", "127.0.0.1:0"])
-            .args([
-                "--node-id",
-                id,
-                "--lease-ms",
-                "1500",
-                "--lease-renew-ms",
-                "300",
-            ])
-            .args(["--partitions", &PARTITIONS.to_string()])
-            .args(["--marks-dir", &marks.display().to_string()])
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap();
-        let url = common::listening_url(&mut child, &log);
-        Node {
-            id: id.to_owned(),
-            child,
-            url,
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn terminate(mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "{} did not stop", self.id);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Ack {
-    ws: u64,
-    partition: u64,
-    plog: u64,
-    wlog: u64,
-    id: u64,
-}
-
-type Urls = Arc<Mutex<Vec<String>>>;
-
-/// Sends one keyed command until acknowledged (`Some`) or given up after [`GIVE_UP`] of
-/// refusals (`None`); any answer but 200, 503 and a refused partition's 500 fails the test.
-async fn send(client: &reqwest::Client, urls: &Urls, ws: u64, key: &str, n: u64) -> Option<Ack> {
-    let began = Instant::now();
-    let mut attempt = n as usize;
-    while began.elapsed() < GIVE_UP {
-        attempt += 1;
-        let url = {
-            let urls = urls.lock().unwrap();
-            urls[attempt % urls.len()].clone()
-        };
-        let body = json!({
-            "ws": ws, "ws_kind": 1, "command": "t.Create",
-            "create": [{"raw_id": 1, "kind": "CDoc", "name": "t.Doc", "fields": {"n": n}}],
-        });
-        let answer = client
-            .post(format!("{url}/v1/commands"))
-            .header("idempotency-key", key)
-            .json(&body)
-            .send()
-            .await;
-        let Ok(answer) = answer else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        };
-        let status = answer.status().as_u16();
-        let body: Value = answer.json().await.unwrap_or(Value::Null);
-        match status {
-            200 => {
-                return Some(Ack {
-                    ws,
-                    partition: body["partition"].as_u64().unwrap(),
-                    plog: body["plog_offset"].as_u64().unwrap(),
-                    wlog: body["wlog_offset"].as_u64().unwrap(),
-                    id: body["ids"]["1"].as_u64().unwrap(),
-                });
-            }
-            503 => tokio::time::sleep(Duration::from_millis(20)).await,
-            // A refused partition. (A node that kept its lease through the loss has its next
-            // write fenced off by the lease row's write count, so it never writes on what the
-            // database lost: no `sequence_violation` either.)
-            500 if body["code"] == "corrupted" => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            other => panic!("a client got a wrong answer {other}: {body}"),
-        }
-    }
-    None
-}
-
-struct Load {
-    acks: Arc<Mutex<Vec<Ack>>>,
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-fn start_load(urls: &Urls, clients: u64, round: &str) -> Load {
-    let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks = (0..clients)
-        .map(|c| {
-            let (urls, acks, stop) = (Arc::clone(urls), Arc::clone(&acks), Arc::clone(&stop));
-            let round = round.to_owned();
-            tokio::spawn(async move {
-                let client = reqwest::Client::builder()
-                    .timeout(Duration::from_secs(10))
-                    .build()
-                    .unwrap();
-                let mut n = 0;
-                while !stop.load(Ordering::SeqCst) {
-                    n += 1;
-                    let ws = (c * 7 + n) % 24 + 1;
-                    let key = format!("{round}-c{c}-{n}");
-                    match send(&client, &urls, ws, &key, n).await {
-                        Some(ack) => acks.lock().unwrap().push(ack),
-                        None => eprintln!("gave up {key} (workspace {ws})"),
-                    }
-                }
-            })
-        })
-        .collect();
-    Load { acks, stop, tasks }
-}
-
-impl Load {
-    async fn stop(self) -> Vec<Ack> {
-        self.stop.store(true, Ordering::SeqCst);
-        for t in self.tasks {
-            t.await.expect("a client saw a wrong answer");
-        }
-        self.acks.lock().unwrap().clone()
-    }
-
-    fn count(&self) -> usize {
-        self.acks.lock().unwrap().len()
-    }
-}
-
-/// No PLog offset, WLog offset or record ID acknowledged twice.
-fn assert_once(acks: &[Ack]) {
-    let (mut plogs, mut wlogs, mut ids) = (HashSet::new(), HashSet::new(), HashSet::new());
-    for a in acks {
-        assert!(
-            plogs.insert((a.partition, a.plog)),
-            "PLog offset twice: {a:?}"
-        );
-        assert!(wlogs.insert((a.ws, a.wlog)), "WLog offset twice: {a:?}");
-        assert!(ids.insert((a.ws, a.id)), "record ID twice: {a:?}");
-    }
+/// `clients` clients sending through the nodes of `urls`, keys prefixed `round`; a command
+/// refused for `GIVE_UP` is given up. Beside 503s, a refused partition's 500 (`corrupted`) is
+/// retried: a node that kept its lease through the loss has its next write fenced off by the
+/// lease row's write count, so it never writes on what the database lost (no
+/// `sequence_violation` either).
+fn start_load(urls: &keyed::Urls, clients: u64, round: &str) -> Load {
+    let plan = Plan {
+        give_up: Some(GIVE_UP),
+        retried: &["corrupted"],
+        ..Plan::default()
+    };
+    Load::start_with(urls, clients, round, plan)
 }
 
 async fn readyz(client: &reqwest::Client, url: &str) -> (u16, Value) {
@@ -266,7 +87,7 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
         .unwrap();
     let ids = ["a1", "a2", "a3"];
     let nodes = start_nodes(&db, &ids, dir.path(), &[]);
-    let urls: Urls = Arc::new(Mutex::new(nodes.iter().map(|n| n.url.clone()).collect()));
+    let urls = keyed::urls(&common::node::urls_of(&nodes));
     wait_ready(&client, &nodes[..1]).await;
 
     let load = start_load(&urls, 6, "first");
@@ -275,9 +96,9 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
     tokio::task::spawn_blocking(move || p.stall_replication().unwrap())
         .await
         .unwrap();
-    let stalled_at = load.count();
+    let stalled_at = load.acked();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let unreplicated = load.count() - stalled_at;
+    let unreplicated = load.acked() - stalled_at;
     assert!(
         unreplicated > 0,
         "nothing was acknowledged while replication stalled"
@@ -292,7 +113,7 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
 
     // The nodes reconnect to the promoted standby; partitions that lost events are refused.
     let refused = wait_refused(&client, &nodes).await;
-    let first = load.stop().await;
+    let first = load.stop().await.0;
     eprintln!(
         "{} acknowledged ({unreplicated} while replication stalled); refused: {refused:?}",
         first.len()
@@ -315,10 +136,10 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
 
     // The operator's decision: every node restarted with --accept-loss.
     for n in nodes {
-        n.terminate();
+        n.terminate(Duration::from_secs(30));
     }
     let nodes = start_nodes(&db, &ids, dir.path(), &["--accept-loss"]);
-    *urls.lock().unwrap() = nodes.iter().map(|n| n.url.clone()).collect();
+    *urls.lock().unwrap() = common::node::urls_of(&nodes);
     wait_ready(&client, &nodes).await;
     assert!(
         nodes.iter().any(|n| n.log().contains("loss accepted")),
@@ -326,7 +147,7 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
     );
     let load = start_load(&urls, 6, "second");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let second = load.stop().await;
+    let second = load.stop().await.0;
     assert!(
         !second.is_empty(),
         "nothing acknowledged after --accept-loss"
@@ -342,14 +163,14 @@ async fn a_promoted_asynchronous_standby_that_lost_acknowledged_commands_is_refu
         eprintln!("{}", warnings(n, usize::MAX));
     }
     for n in nodes {
-        n.terminate();
+        n.terminate(Duration::from_secs(30));
     }
 }
 
 /// Starts one node per name on `db`, each with its own marks directory under `dir`.
 fn start_nodes(db: &str, ids: &[&str], dir: &Path, extra: &[&str]) -> Vec<Node> {
     ids.iter()
-        .map(|id| Node::start(db, id, dir, extra))
+        .map(|id| Node::on(db, id, dir).kept_marks().args(extra).start())
         .collect()
 }
 
@@ -454,7 +275,7 @@ async fn a_restored_database_is_refused_until_the_loss_is_accepted_and_a_failed_
         .unwrap();
     let ids = ["b1", "b2", "b3"];
     let nodes = start_nodes(&db, &ids, dir.path(), &[]);
-    let urls: Urls = Arc::new(Mutex::new(nodes.iter().map(|n| n.url.clone()).collect()));
+    let urls = keyed::urls(&common::node::urls_of(&nodes));
     wait_ready(&client, &nodes[..1]).await;
 
     // A base backup taken under load, then more commands acknowledged after it.
@@ -464,15 +285,15 @@ async fn a_restored_database_is_refused_until_the_loss_is_accepted_and_a_failed_
     let backup = tokio::task::spawn_blocking(move || c.base_backup("backup").unwrap())
         .await
         .unwrap();
-    let at_backup = load.count();
+    let at_backup = load.acked();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let first = load.stop().await;
+    let first = load.stop().await.0;
     assert!(
         first.len() > at_backup,
         "nothing was acknowledged after the backup"
     );
     for n in nodes {
-        n.terminate();
+        n.terminate(Duration::from_secs(30));
     }
 
     // The operator restores the database from the backup and starts the nodes again: the
@@ -482,7 +303,7 @@ async fn a_restored_database_is_refused_until_the_loss_is_accepted_and_a_failed_
         .await
         .unwrap();
     let nodes = start_nodes(&db, &ids, dir.path(), &[]);
-    *urls.lock().unwrap() = nodes.iter().map(|n| n.url.clone()).collect();
+    *urls.lock().unwrap() = common::node::urls_of(&nodes);
     let refused = wait_refused(&client, &nodes).await;
     let (node, why) = &refused[0];
     assert!(
@@ -492,7 +313,7 @@ async fn a_restored_database_is_refused_until_the_loss_is_accepted_and_a_failed_
     // Commands for a refused partition are refused too, not applied on the old state.
     let probe = start_load(&urls, 3, "refused");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let during = probe.stop().await;
+    let during = probe.stop().await.0;
     let mut all = first.clone();
     all.extend(during.iter().cloned());
     assert_once(&all);
@@ -501,11 +322,11 @@ async fn a_restored_database_is_refused_until_the_loss_is_accepted_and_a_failed_
     // writes at first: retiring the lost numbers fails, is logged, and is retried until the
     // database takes writes again.
     for n in nodes {
-        n.terminate();
+        n.terminate(Duration::from_secs(30));
     }
     refuse_data_writes(&cluster, true);
     let nodes = start_nodes(&db, &ids, dir.path(), &["--accept-loss"]);
-    *urls.lock().unwrap() = nodes.iter().map(|n| n.url.clone()).collect();
+    *urls.lock().unwrap() = common::node::urls_of(&nodes);
     wait_logged(
         &nodes,
         &["ERROR", "accepted loss failed", "data writes refused"],
@@ -520,7 +341,7 @@ async fn a_restored_database_is_refused_until_the_loss_is_accepted_and_a_failed_
     .await;
     let load = start_load(&urls, 6, "second");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let second = load.stop().await;
+    let second = load.stop().await.0;
     assert!(
         !second.is_empty(),
         "nothing acknowledged after --accept-loss"
@@ -536,6 +357,6 @@ async fn a_restored_database_is_refused_until_the_loss_is_accepted_and_a_failed_
         second.len()
     );
     for n in nodes {
-        n.terminate();
+        n.terminate(Duration::from_secs(30));
     }
 }

@@ -10,124 +10,22 @@
 
 mod common;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Server;
+use common::keyed::{self, Ack, Load, assert_once};
 use serde_json::{Value, json};
 
+/// Clients writing under load.
 const CLIENTS: u64 = 8;
-const WORKSPACES: u64 = 20;
 
-/// What a client was told, and when.
-#[derive(Debug, Clone)]
-struct Ack {
-    ws: u64,
-    partition: u64,
-    plog: u64,
-    wlog: u64,
-    ids: Vec<u64>,
-    at: Instant,
-    took: Duration,
-}
-
-fn command(ws: u64, n: u64) -> Value {
-    json!({
-        "ws": ws, "ws_kind": 1, "command": "backup.Create",
-        "create": [{"raw_id": 1, "kind": "CDoc", "name": "backup.Doc", "fields": {"n": n}},
-                   {"raw_id": 2, "kind": "WRecord", "name": "backup.Row"}]
-    })
-}
-
-/// Clients writing to `url` until `stop`; every acknowledgement lands in `acks`.
-fn load(
-    url: &str,
-    acks: &Arc<Mutex<Vec<Ack>>>,
-    stop: &Arc<AtomicBool>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..CLIENTS)
-        .map(|c| {
-            let (url, acks, stop) = (url.to_owned(), Arc::clone(acks), Arc::clone(stop));
-            tokio::spawn(async move {
-                let client = reqwest::Client::builder()
-                    .timeout(Duration::from_secs(10))
-                    .build()
-                    .unwrap();
-                let mut n = c;
-                while !stop.load(Ordering::Relaxed) {
-                    let ws = n % WORKSPACES + 1;
-                    n += CLIENTS;
-                    let sent = Instant::now();
-                    let r = client
-                        .post(format!("{url}/v1/commands"))
-                        .json(&command(ws, n))
-                        .send()
-                        .await
-                        .expect("the server answers");
-                    if r.status() == 503 {
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        continue;
-                    }
-                    let status = r.status();
-                    let body: Value = r.json().await.expect("a JSON answer");
-                    assert_eq!(status, 200, "{body}");
-                    let ids = ["1", "2"]
-                        .iter()
-                        .map(|k| body["ids"][k].as_u64().unwrap())
-                        .collect();
-                    acks.lock().unwrap().push(Ack {
-                        ws,
-                        partition: body["partition"].as_u64().unwrap(),
-                        plog: body["plog_offset"].as_u64().unwrap(),
-                        wlog: body["wlog_offset"].as_u64().unwrap(),
-                        ids,
-                        at: Instant::now(),
-                        took: sent.elapsed(),
-                    });
-                }
-            })
-        })
-        .collect()
-}
-
-/// Runs the load on `url` for `secs`; every acknowledgement.
-async fn write_for(url: &str, secs: Duration) -> Vec<Ack> {
-    let acks = Arc::new(Mutex::new(Vec::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks = load(url, &acks, &stop);
+/// Keyed load on `url` for `secs`, keys prefixed `tag`; every acknowledgement.
+async fn write_for(url: &str, secs: Duration, tag: &str) -> Vec<Ack> {
+    let load = Load::start(&keyed::urls(&[url]), CLIENTS, tag);
     tokio::time::sleep(secs).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.expect("a client");
-    }
-    Arc::try_unwrap(acks).unwrap().into_inner().unwrap()
-}
-
-/// Panics naming any PLog offset, WLog offset or record ID acknowledged twice.
-fn assert_each_once(history: &[&[Ack]]) {
-    let (mut plog, mut wlog, mut ids) = (HashSet::new(), HashSet::new(), HashSet::new());
-    let mut n = 0;
-    for a in history.iter().flat_map(|h| h.iter()) {
-        n += 1;
-        assert!(
-            plog.insert((a.partition, a.plog)),
-            "PLog offset acknowledged twice: {a:?}"
-        );
-        assert!(
-            wlog.insert((a.ws, a.wlog)),
-            "WLog offset acknowledged twice: {a:?}"
-        );
-        for id in &a.ids {
-            assert!(
-                ids.insert((a.ws, *id)),
-                "record ID {id} acknowledged twice: {a:?}"
-            );
-        }
-    }
-    assert!(n > 0);
+    load.stop().await.0
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -178,9 +76,7 @@ async fn a_backup_restored_under_load_hands_out_no_number_twice() {
     server.ready(&http).await;
 
     // Write, take a backup in the middle, keep writing.
-    let acks = Arc::new(Mutex::new(Vec::new()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks = load(&server.url, &acks, &stop);
+    let load = Load::start(&keyed::urls(&[&server.url]), CLIENTS, "before");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let backup = tmp.path().join("backup");
     let (url, to) = (server.url.clone(), backup.clone());
@@ -198,11 +94,7 @@ async fn a_backup_restored_under_load_hands_out_no_number_twice() {
         String::from_utf8_lossy(&out.stderr)
     );
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let before: Vec<Ack> = Arc::try_unwrap(acks).unwrap().into_inner().unwrap();
+    let (before, _) = load.stop().await;
     assert!(server.terminate(Duration::from_secs(30)).success());
 
     // What commands saw while the backup ran, against the second before it.
@@ -256,14 +148,15 @@ async fn a_backup_restored_under_load_hands_out_no_number_twice() {
     let server = Server::try_start(&restored, &["--marks-from", marks.to_str().unwrap()], &log)
         .expect("continued with the live marks");
     server.ready(&http).await;
-    let again = write_for(&server.url, Duration::from_secs(1)).await;
+    let again = write_for(&server.url, Duration::from_secs(1), "marks").await;
     assert!(server.terminate(Duration::from_secs(30)).success());
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(
         said.contains("restored backup continued with the live marks"),
         "{said}"
     );
-    assert_each_once(&[&before, &again]);
+    assert!(!again.is_empty(), "nothing written on the continued copy");
+    assert_once(&[before.clone(), again].concat());
     assert!(!restored.join("monoseq.backup").exists());
     verify(&restored);
     // The stamp is gone: the next start needs no flag.
@@ -278,11 +171,15 @@ async fn a_backup_restored_under_load_hands_out_no_number_twice() {
     let server = Server::try_start(&margin, &["--skip-ahead", "1000000"], &log)
         .expect("continued with a margin");
     server.ready(&http).await;
-    let again = write_for(&server.url, Duration::from_secs(1)).await;
+    let again = write_for(&server.url, Duration::from_secs(1), "margin").await;
     assert!(server.terminate(Duration::from_secs(30)).success());
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(said.contains("--skip-ahead 1000000"), "{said}");
-    assert_each_once(&[&before, &again]);
+    assert!(
+        !again.is_empty(),
+        "nothing written on the copy with a margin"
+    );
+    assert_once(&[before, again].concat());
     verify(&margin);
 }
 

@@ -8,481 +8,41 @@ mod security;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{BIN, Backend};
-use serde_json::{Value, json};
-
-const LEASE_MS: u64 = 1_500;
-const RENEW_MS: u64 = 300;
-/// Longest a client retries one command (same idempotency key) before the test fails.
-const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
-
-/// One `monoseq serve` of the cluster.
-struct Node {
-    id: String,
-    child: Child,
-    url: String,
-    log: PathBuf,
-}
-
-impl Node {
-    /// Starts node `id` on database `db`; waits until it listens.
-    fn start(db: &str, id: &str, dir: &Path, extra: &[&str]) -> Node {
-        Node::start_with(db, id, dir, extra, &[])
-    }
-
-    /// [`start`](Node::start) with environment variables.
-    fn start_with(db: &str, id: &str, dir: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Node {
-        Node::spawn(db, id, dir, extra, envs).listening()
-    }
-
-    /// Starts nodes `ids` at once and waits until each listens.
-    fn start_together(db: &str, ids: &[&str], dir: &Path, extra: &[&str]) -> Vec<Node> {
-        let spawned: Vec<Node> = ids
-            .iter()
-            .map(|id| Node::spawn(db, id, dir, extra, &[]))
-            .collect();
-        spawned.into_iter().map(Node::listening).collect()
-    }
-
-    /// Waits until the node listens.
-    fn listening(mut self) -> Node {
-        self.url = common::listening_url(&mut self.child, &self.log);
-        self
-    }
-
-    /// Starts node `id` without waiting for it (6 partitions unless `extra` says otherwise).
-    fn spawn(db: &str, id: &str, dir: &Path, extra: &[&str], envs: &[(&str, &str)]) -> Node {
-        let log = dir.join(format!("{id}.log"));
-        let lease = LEASE_MS.to_string();
-        let renew = RENEW_MS.to_string();
-        let child = Command::new(BIN)
-            .args(["serve", "--storage", db, "--listen", "127.0.0.1:0"])
-            .args(["--node-id", id])
-            .args(if extra.contains(&"--lease-ms") {
-                Vec::new()
-            } else {
-                vec!["--lease-ms", &lease, "--lease-renew-ms", &renew]
-            })
-            .args(if extra.contains(&"--partitions") {
-                &[][..]
-            } else {
-                &["--partitions", "6"][..]
-            })
-            .args(extra)
-            .args(if extra.contains(&"--marks-dir") {
-                Vec::new()
-            } else {
-                // Each process its own marks (a second run under a live name is refused by the
-                // membership, not by the marks directory's lock).
-                static RUNS: AtomicU64 = AtomicU64::new(0);
-                let run = RUNS.fetch_add(1, Ordering::Relaxed);
-                let marks = dir.join(format!("marks-{id}-{run}"));
-                vec!["--marks-dir".to_owned(), marks.display().to_string()]
-            })
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .envs(envs.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .expect("open the node's log"),
-            )
-            .spawn()
-            .expect("spawn monoseq serve");
-        Node {
-            id: id.to_owned(),
-            child,
-            url: String::new(),
-            log,
-        }
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    }
-
-    fn kill(mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().expect("reap");
-    }
-
-    /// SIGTERM, and the exit within `bound`.
-    fn terminate(mut self, bound: Duration) {
-        self.signal("-TERM");
-        let deadline = Instant::now() + bound;
-        while self.child.try_wait().expect("wait").is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "{} did not stop in time",
-                self.id
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// What a client was told for one command.
-#[derive(Debug, Clone)]
-struct Ack {
-    ws: u64,
-    partition: u64,
-    plog: u64,
-    wlog: u64,
-    id: u64,
-}
-
-fn command(ws: u64, n: u64) -> Value {
-    json!({
-        "ws": ws, "ws_kind": 1, "command": "cluster.Create",
-        "create": [{"raw_id": 1, "kind": "CDoc", "name": "cluster.Doc", "fields": {"n": n}}],
-    })
-}
+use common::Backend;
+use common::keyed::{
+    self, Ack, Load, Plan, Sender, Through, balanced, closing_checks, command, owners, ws_of,
+};
+use common::node::{LEASE_MS, Node, RENEW_MS, Start};
+use serde_json::Value;
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .expect("client")
+    keyed::client(Duration::from_secs(20))
 }
 
-/// The URLs clients may use now (a load balancer's view).
-type Urls = Arc<Mutex<Vec<String>>>;
-
-/// Sends one command with an idempotency key until a node acknowledges it, trying the nodes
-/// in turn; a wrong answer (anything but 200 or a retryable 503) fails the test.
-async fn send(client: &reqwest::Client, urls: &Urls, ws: u64, key: &str, n: u64) -> Ack {
-    let began = Instant::now();
-    let mut attempt = n as usize;
-    let mut last = String::new();
-    loop {
-        assert!(
-            began.elapsed() < COMMAND_DEADLINE,
-            "command {key} never acknowledged; last answer: {last}"
-        );
-        attempt += 1;
-        let url = {
-            let urls = urls.lock().unwrap();
-            urls[attempt % urls.len()].clone()
-        };
-        let answer = client
-            .post(format!("{url}/v1/commands"))
-            .header("idempotency-key", key)
-            .json(&command(ws, n))
-            .send()
-            .await;
-        let answer = match answer {
-            Ok(a) => a,
-            Err(e) => {
-                last = format!("{url}: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        let status = answer.status().as_u16();
-        let Ok(body) = answer.json::<Value>().await else {
-            last = format!("{url}: {status} without a JSON body");
-            continue;
-        };
-        match status {
-            200 => {
-                return Ack {
-                    ws,
-                    partition: body["partition"].as_u64().unwrap(),
-                    plog: body["plog_offset"].as_u64().unwrap(),
-                    wlog: body["wlog_offset"].as_u64().unwrap(),
-                    id: body["ids"]["1"].as_u64().unwrap(),
-                };
-            }
-            503 => {
-                last = format!("{url}: 503 {body}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => panic!("a client got a wrong answer {other}: {body}"),
-        }
-    }
-}
-
-/// The Rust client (`monoseq-client`) of a load task, on the URLs clients may use now: it
-/// sends each command to its partition's owner and retries it with its one key; rebuilt when
-/// the URLs change (a node killed, one restarted on another port).
-struct Routed {
-    urls: Urls,
-    seen: Vec<String>,
-    client: monoseq_client::Client,
-}
-
-impl Routed {
-    fn new(urls: Urls) -> Routed {
-        let seen = urls.lock().unwrap().clone();
-        let client = Routed::build(&seen);
-        Routed { urls, seen, client }
-    }
-
-    fn build(urls: &[String]) -> monoseq_client::Client {
-        monoseq_client::Client::builder(urls.iter().cloned())
-            .retry_timeout(Duration::from_secs(5))
-            .build()
-            .expect("a client of the nodes")
-    }
-
-    /// Sends one command with `key` until a node acknowledges it; a wrong answer (anything
-    /// but 200 or a retryable 503) fails the test.
-    async fn send(&mut self, ws: u64, key: &str, n: u64) -> Ack {
-        let command: monoseq_client::CommandBody =
-            serde_json::from_value(command(ws, n)).expect("a command body");
-        let began = Instant::now();
-        loop {
-            let now = self.urls.lock().unwrap().clone();
-            if now != self.seen {
-                self.client = Routed::build(&now);
-                self.seen = now;
-            }
-            match self.client.submit_with_key(&command, key).await {
-                Ok(done) => {
-                    let o = done.outcome;
-                    return Ack {
-                        ws,
-                        partition: u64::from(o.partition),
-                        plog: o.plog_offset,
-                        wlog: o.wlog_offset,
-                        id: o.ids[&1],
-                    };
-                }
-                Err(e) if e.status() == Some(503) || e.code() == "transport" => assert!(
-                    began.elapsed() < COMMAND_DEADLINE,
-                    "command {key} never acknowledged; last answer: {e}"
-                ),
-                Err(e) => panic!("a client got a wrong answer: {e}"),
-            }
-        }
-    }
-}
-
-/// A client sending commands until `stop`: to workspaces `1..=30`, or to one workspace of
-/// `partition`, through the Rust client.
-async fn load(
-    urls: Urls,
-    acks: Arc<Mutex<Vec<Ack>>>,
-    stop: Arc<AtomicBool>,
-    client_no: u64,
-    partition: Option<u64>,
-) {
-    let mut routed = Routed::new(urls);
-    let mut n = 0u64;
-    while !stop.load(Ordering::SeqCst) && n < 100_000 {
-        n += 1;
-        let ws = match partition {
-            Some(p) => ws_of(p, client_no),
-            None => (client_no * 7 + n) % 30 + 1,
-        };
-        let key = format!("c{client_no}-{n}");
-        let ack = routed.send(ws, &key, n).await;
-        acks.lock().unwrap().push(ack);
-    }
-}
-
-/// Clients under way: what they were told, the switch that stops them, their tasks.
-struct Load {
-    acks: Arc<Mutex<Vec<Ack>>>,
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-fn start_load(urls: &Urls, clients: u64) -> Load {
-    start_load_on(urls, clients, None)
-}
-
-/// [`start_load`], every client on its own workspace of `partition` when one is given.
-fn start_load_on(urls: &Urls, clients: u64, partition: Option<u64>) -> Load {
-    let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let tasks = (0..clients)
-        .map(|c| {
-            tokio::spawn(load(
-                Arc::clone(urls),
-                Arc::clone(&acks),
-                Arc::clone(&stop),
-                c,
-                partition,
-            ))
-        })
-        .collect();
-    Load { acks, stop, tasks }
-}
-
-async fn stop_load(stop: &AtomicBool, tasks: Vec<tokio::task::JoinHandle<()>>) {
-    stop.store(true, Ordering::SeqCst);
-    for t in tasks {
-        t.await.expect("a client saw a wrong answer");
-    }
-}
-
+/// `GET /v1/cluster` of `url`.
 async fn cluster(client: &reqwest::Client, url: &str) -> Value {
-    client
-        .get(format!("{url}/v1/cluster"))
-        .send()
-        .await
-        .expect("GET /v1/cluster")
-        .json()
-        .await
-        .expect("cluster JSON")
+    keyed::cluster(client, url).await.expect("GET /v1/cluster")
 }
 
-/// The live owner of each partition, by `url`'s reading.
-async fn owners(client: &reqwest::Client, url: &str) -> HashMap<u64, (String, u64)> {
-    let v = cluster(client, url).await;
-    v["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| {
-            let owner = p["owner"].as_str()?;
-            Some((
-                p["partition"].as_u64().unwrap(),
-                (owner.to_owned(), p["epoch"].as_u64().unwrap()),
-            ))
-        })
-        .collect()
+/// Nodes `ids` on `db`, each with `args`, started at once.
+fn together(db: &str, ids: &[&str], dir: &Path, args: &[&str]) -> Vec<Node> {
+    Node::start_together(
+        ids.iter()
+            .map(|id| Node::on(db, id, dir).args(args))
+            .collect(),
+    )
 }
 
-/// Waits until every partition has a live owner and each of `nodes` holds its fair share.
-async fn balanced(
-    client: &reqwest::Client,
-    url: &str,
-    nodes: &[&str],
-) -> HashMap<u64, (String, u64)> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let owners = owners(client, url).await;
-        let share = 6usize.div_ceil(nodes.len());
-        let fair = owners.len() == 6
-            && nodes.iter().all(|n| {
-                let holds = owners.values().filter(|(o, _)| o == n).count();
-                holds + 1 >= share && holds <= share
-            });
-        if fair {
-            return owners;
-        }
-        assert!(Instant::now() < deadline, "never balanced: {owners:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// No PLog offset, WLog offset or record ID acknowledged twice; every acknowledged event
-/// reads back as acknowledged from `url`.
-async fn check_acks(client: &reqwest::Client, url: &str, acks: &[Ack]) {
-    let (mut plogs, mut wlogs, mut ids) = (HashSet::new(), HashSet::new(), HashSet::new());
-    for a in acks {
-        assert!(
-            plogs.insert((a.partition, a.plog)),
-            "PLog offset twice: {a:?}"
-        );
-        assert!(wlogs.insert((a.ws, a.wlog)), "WLog offset twice: {a:?}");
-        assert!(ids.insert((a.ws, a.id)), "record ID twice: {a:?}");
-    }
-    for a in acks {
-        let e: Value = client
-            .get(format!(
-                "{url}/v1/partitions/{}/events/{}",
-                a.partition, a.plog
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(
-            e["ws"], a.ws,
-            "acknowledged event lost or replaced: {a:?}: {e}"
-        );
-        assert_eq!(e["wlog_offset"], a.wlog, "{a:?}: {e}");
-        assert_eq!(e["created"][0]["id"], a.id, "{a:?}: {e}");
-    }
-}
-
-/// Reads every partition's PLog from `url` (up to its first missing offset) and checks that
-/// no idempotency key was written twice: a retry that reached another node after a failover
-/// or a handover was answered from the original event, not applied again.
-async fn check_applied_once(client: &reqwest::Client, url: &str) {
-    let mut keys = HashSet::new();
-    for p in 0..6 {
-        let mut offset = 1;
-        loop {
-            let r = client
-                .get(format!("{url}/v1/partitions/{p}/events/{offset}"))
-                .send()
-                .await
-                .unwrap();
-            if r.status() == 404 {
-                break;
-            }
-            assert_eq!(r.status(), 200, "partition {p} offset {offset}");
-            let e: Value = r.json().await.unwrap();
-            if let Some(key) = e["idempotency_key"].as_str() {
-                assert!(
-                    keys.insert((e["ws"].as_u64(), key.to_owned())),
-                    "command {key} applied twice (partition {p}, offset {offset})"
-                );
-            }
-            offset += 1;
-        }
-    }
-}
-
-/// After the load: every acknowledgement checked through `url`, no command applied twice, the
-/// nodes stopped gracefully, and `verify` passing on the database.
-async fn check_and_stop(
-    client: &reqwest::Client,
-    url: &str,
-    acks: &[Ack],
-    nodes: Vec<Node>,
-    (db, dir): (&str, &Path),
-) {
-    check_acks(client, url, acks).await;
-    check_applied_once(client, url).await;
+/// The closing checks through `url`, then the nodes stopped gracefully.
+async fn check_and_stop(url: &str, acks: &[Ack], nodes: Vec<Node>, (db, dir): (&str, &Path)) {
+    closing_checks(url, acks, db, dir).await;
     for n in nodes {
         n.terminate(Duration::from_secs(20));
     }
-    verify(db, dir);
-}
-
-fn verify(db: &str, dir: &Path) {
-    let out = Backend::Postgres(db.to_owned()).verify(dir);
-    assert!(
-        out.status.success(),
-        "verify failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A workspace of partition `p` (of 6).
-fn ws_of(p: u64, k: u64) -> u64 {
-    if p == 0 { 6 * (k + 1) } else { p + 6 * k }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -494,12 +54,8 @@ async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_i
     let n2 = Node::start(&db, "n2", dir.path(), &[]);
     let n3 = Node::start(&db, "n3", dir.path(), &[]);
     let before = balanced(&client, &n1.url, &["n1", "n2", "n3"]).await;
-    let urls: Urls = Arc::new(Mutex::new(vec![
-        n1.url.clone(),
-        n2.url.clone(),
-        n3.url.clone(),
-    ]));
-    let Load { acks, stop, tasks } = start_load(&urls, 6);
+    let urls = keyed::urls(&[&n1.url, &n2.url, &n3.url]);
+    let load = Load::start(&urls, 6, "load");
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
     let moved: Vec<u64> = before
@@ -512,13 +68,12 @@ async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_i
     n2.kill();
     // Each moved partition answers again through a surviving node within the lease plus
     // actualization.
-    let probe_urls: Urls = Arc::new(Mutex::new(vec![n1.url.clone(), n3.url.clone()]));
-    let probes = AtomicU64::new(0);
+    let mut probe = Sender::new(&keyed::urls(&[&n1.url, &n3.url]), Through::Client);
+    let mut probes = Vec::new();
     for &p in &moved {
-        let n = probes.fetch_add(1, Ordering::SeqCst);
-        let ack = send(&client, &probe_urls, ws_of(p, 0), &format!("probe-{p}"), n).await;
+        let ack = probe.send(ws_of(p, 0), &format!("probe-{p}"), p).await;
         assert_eq!(ack.partition, p);
-        acks.lock().unwrap().push(ack);
+        probes.push(ack);
     }
     let failover = killed.elapsed();
     eprintln!("failover: {failover:?} from SIGKILL to the last moved partition's first answer");
@@ -527,7 +82,8 @@ async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_i
         "moved partitions served again only after {failover:?}"
     );
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    stop_load(&stop, tasks).await;
+    let (mut acks, _) = load.stop().await;
+    acks.extend(probes);
 
     let after = owners(&client, &n1.url).await;
     for p in &moved {
@@ -538,10 +94,9 @@ async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_i
         );
         assert!(*epoch > before[p].1, "partition {p} kept epoch {epoch}");
     }
-    let acks = acks.lock().unwrap().clone();
     assert!(acks.len() > 50, "too little load: {}", acks.len());
     let url = n1.url.clone();
-    check_and_stop(&client, &url, &acks, vec![n1, n3], (&db, dir.path())).await;
+    check_and_stop(&url, &acks, vec![n1, n3], (&db, dir.path())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -572,7 +127,7 @@ async fn a_node_paused_past_its_lease_writes_nothing_and_steps_down() {
     }
     let log = a.log();
     let url = b.url.clone();
-    check_and_stop(&client, &url, &all, vec![a, b], (&db, dir.path())).await;
+    check_and_stop(&url, &all, vec![a, b], (&db, dir.path())).await;
     // A attempted writes after it woke up, and the database refused them.
     assert!(
         log.contains(FENCED_WRITE),
@@ -600,8 +155,12 @@ async fn pause_past_the_lease(
         .find(|(p, (o, _))| o == "a" && !used.contains(*p))
         .expect("a partition of A's not paused yet");
     used.insert(p);
-    let to_a: Urls = Arc::new(Mutex::new(vec![a.url.clone()]));
-    let Load { acks, stop, tasks } = start_load_on(&to_a, 8, Some(p));
+    let to_a = keyed::urls(&[&a.url]);
+    let on_p = Plan {
+        partition: Some(p),
+        ..Plan::default()
+    };
+    let load = Load::start_with(&to_a, 8, &format!("pause-{p}"), on_p);
     tokio::time::sleep(Duration::from_millis(500)).await;
     a.signal("-STOP");
     // B takes the partition over and writes to it.
@@ -614,17 +173,17 @@ async fn pause_past_the_lease(
         assert!(Instant::now() < deadline, "B never took partition {p} over");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let to_b: Urls = Arc::new(Mutex::new(vec![b.url.clone()]));
+    let mut to_b = Sender::new(&keyed::urls(&[&b.url]), Through::Client);
     let mut written_by_b = Vec::new();
     for k in 0..20 {
-        written_by_b.push(send(client, &to_b, ws_of(p, 20 + k), &format!("b-{k}"), k).await);
+        written_by_b.push(to_b.send(ws_of(p, 20 + k), &format!("b-{p}-{k}"), k).await);
     }
     // A wakes up: its queued commands are sequenced on its stale state and written late.
     a.signal("-CONT");
     // Its clients move on to B once A steps down.
     to_a.lock().unwrap().push(b.url.clone());
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    stop_load(&stop, tasks).await;
+    let (mut all, _) = load.stop().await;
     // A stepped down: B owns the partition, or A took it back from B in a handoff after it
     // woke (the balanced assignment may give it back), with an epoch above B's.
     let now = owners(client, &a.url).await;
@@ -635,7 +194,6 @@ async fn pause_past_the_lease(
         "A stepped down and B owns partition {p}, or A took it back later: {owner} with epoch \
          {epoch} (A held it with {taken_over})"
     );
-    let mut all = acks.lock().unwrap().clone();
     all.extend(written_by_b);
     all
 }
@@ -651,8 +209,8 @@ async fn restarting_every_node_in_turn_under_load_gives_no_client_a_wrong_answer
         .map(|id| Node::start(&db, id, dir.path(), &[]))
         .collect();
     balanced(&client, &nodes[0].url, &ids).await;
-    let urls: Urls = Arc::new(Mutex::new(nodes.iter().map(|n| n.url.clone()).collect()));
-    let Load { acks, stop, tasks } = start_load(&urls, 6);
+    let urls = keyed::urls(&common::node::urls_of(&nodes));
+    let load = Load::start(&urls, 6, "load");
     for (i, id) in ids.iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(700)).await;
         let old = nodes.remove(i);
@@ -664,11 +222,10 @@ async fn restarting_every_node_in_turn_under_load_gives_no_client_a_wrong_answer
     }
     balanced(&client, &nodes[0].url, &ids).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop_load(&stop, tasks).await;
-    let acks = acks.lock().unwrap().clone();
+    let (acks, _) = load.stop().await;
     assert!(acks.len() > 50, "too little load: {}", acks.len());
     let url = nodes[0].url.clone();
-    check_and_stop(&client, &url, &acks, nodes, (&db, dir.path())).await;
+    check_and_stop(&url, &acks, nodes, (&db, dir.path())).await;
 }
 
 /// A client that trusts `pki`'s CA and presents `token` on every request.
@@ -779,19 +336,23 @@ async fn nodes_forward_over_https_with_their_own_token_and_a_refused_token_write
     assert_eq!(forwarded_count(&writer, &a.url).await, 0);
 
     // A write token: A forwards to B over HTTPS, presenting its own token.
-    let urls: Urls = Arc::new(Mutex::new(vec![a.url.clone()]));
-    let ack = send(&writer, &urls, ws, "fwd-1", 1).await;
+    let through_a = Through::Turns(writer.clone());
+    let ack = Sender::new(&keyed::urls(&[&a.url]), through_a)
+        .send(ws, "fwd-1", 1)
+        .await;
     assert!(forwarded_count(&writer, &a.url).await >= 1);
-    check_acks(&writer, &b.url, std::slice::from_ref(&ack)).await;
+    let reader_of_b = monoseq_client::Client::builder([b.url.clone()])
+        .token(security::WRITE)
+        .ca_pem(std::fs::read(&pki.ca).expect("read ca.pem"))
+        .build()
+        .expect("a client of B");
+    keyed::assert_read_back(&reader_of_b, std::slice::from_ref(&ack)).await;
 
     // A node whose own token the others do not accept cannot write through them.
-    let c = Node::start_with(
-        &db,
-        "c",
-        dir.path(),
-        &tls,
-        &[("MONOSEQ_NODE_TOKEN", "not-a-token-the-others-know")],
-    );
+    let c = Node::on(&db, "c", dir.path())
+        .args(&tls)
+        .env("MONOSEQ_NODE_TOKEN", "not-a-token-the-others-know")
+        .start();
     balanced(&writer, &a.url, &["a", "b", "c"]).await;
     let ws_b = ws_owned_by(&writer, &a.url, "b").await;
     let answer = writer
@@ -889,6 +450,20 @@ async fn cluster_status_names_every_owner_and_with_redirect_a_node_points_to_the
         .await
         .expect("answer");
     assert_eq!(followed.status(), 200);
+    // The redirect and the owners are among the answers checked against docs/openapi.json.
+    let logged = a.answers();
+    let redirects = logged
+        .iter()
+        .filter(|x| x.path == "/v1/commands" && x.status == 307)
+        .count();
+    let views = logged
+        .iter()
+        .filter(|x| x.path == "/v1/cluster" && x.status == 200)
+        .count();
+    assert!(
+        redirects >= 1 && views >= 1,
+        "A's answer log holds {redirects} redirects and {views} cluster views"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -905,10 +480,10 @@ async fn a_database_failover_to_its_synchronous_standby_loses_nothing_and_nodes_
     let f1 = Node::start(&db, "f1", dir.path(), &[]);
     let f2 = Node::start(&db, "f2", dir.path(), &[]);
     balanced(&client, &f1.url, &["f1", "f2"]).await;
-    let urls: Urls = Arc::new(Mutex::new(vec![f1.url.clone(), f2.url.clone()]));
-    let Load { acks, stop, tasks } = start_load(&urls, 6);
+    let urls = keyed::urls(&[&f1.url, &f2.url]);
+    let load = Load::start(&urls, 6, "load");
     tokio::time::sleep(Duration::from_millis(1_000)).await;
-    let before = acks.lock().unwrap().len();
+    let before = load.acked();
 
     let p = Arc::clone(&pair);
     tokio::task::spawn_blocking(move || {
@@ -920,7 +495,7 @@ async fn a_database_failover_to_its_synchronous_standby_loses_nothing_and_nodes_
     // The nodes reconnect by themselves and serve again.
     let deadline = Instant::now() + Duration::from_secs(60);
     let resumed = loop {
-        let now = acks.lock().unwrap().len();
+        let now = load.acked();
         if now > before + 200 {
             break now;
         }
@@ -928,10 +503,9 @@ async fn a_database_failover_to_its_synchronous_standby_loses_nothing_and_nodes_
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     eprintln!("{before} commands before the failover, {resumed} once serving again");
-    stop_load(&stop, tasks).await;
-    let acks = acks.lock().unwrap().clone();
+    let (acks, _) = load.stop().await;
     let url = f1.url.clone();
-    check_and_stop(&client, &url, &acks, vec![f1, f2], (&db, dir.path())).await;
+    check_and_stop(&url, &acks, vec![f1, f2], (&db, dir.path())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -943,8 +517,8 @@ async fn a_lease_whose_epoch_went_back_is_never_served_again_by_a_node_that_saw_
     let node = Node::start(&db, "solo", dir.path(), &[]);
     let before = balanced(&client, &node.url, &["solo"]).await;
     assert_eq!(before[&0].1, 1);
-    let urls: Urls = Arc::new(Mutex::new(vec![node.url.clone()]));
-    send(&client, &urls, ws_of(0, 0), "before", 1).await;
+    let mut sender = Sender::new(&keyed::urls(&[&node.url]), Through::Client);
+    sender.send(ws_of(0, 0), "before", 1).await;
 
     // The database goes back to before the node took partition 0 (a failover to a standby
     // that was behind, as far as the lease table shows it).
@@ -971,7 +545,7 @@ async fn a_lease_whose_epoch_went_back_is_never_served_again_by_a_node_that_saw_
     );
     assert!(node.log().contains("went back in time"), "{}", node.log());
     // The other partitions are served as before.
-    send(&client, &urls, ws_of(1, 0), "other", 3).await;
+    sender.send(ws_of(1, 0), "other", 3).await;
 }
 
 /// Partitions of the balance and readiness tests.
@@ -1037,7 +611,7 @@ async fn nodes_started_together_split_64_partitions_within_two_renewals_and_none
     let db = Backend::postgres_url();
     let dir = tempfile::tempdir().unwrap();
     let client = client();
-    let nodes = Node::start_together(&db, &["a", "b", "c"], dir.path(), &["--partitions", "64"]);
+    let nodes = together(&db, &["a", "b", "c"], dir.path(), &["--partitions", "64"]);
     let took = time_to_balance(&client, &nodes[0].url, &["a", "b", "c"], MANY).await;
     eprintln!("balanced {took:?} after the last of three nodes listened");
     let bound = Duration::from_millis(RENEW_MS) * BALANCE_RENEWALS + SCHEDULING_SLACK;
@@ -1057,7 +631,7 @@ async fn a_joining_node_gets_its_share_of_64_partitions_within_two_renewals() {
     let db = Backend::postgres_url();
     let dir = tempfile::tempdir().unwrap();
     let client = client();
-    let first = Node::start_together(&db, &["a", "b"], dir.path(), &["--partitions", "64"]);
+    let first = together(&db, &["a", "b"], dir.path(), &["--partitions", "64"]);
     time_to_balance(&client, &first[0].url, &["a", "b"], MANY).await;
     let c = Node::start(&db, "c", dir.path(), &["--partitions", "64"]);
     let took = time_to_balance(&client, &c.url, &["a", "b", "c"], MANY).await;
@@ -1082,10 +656,10 @@ async fn a_second_process_under_a_live_nodes_name_takes_nothing_and_refuses_nami
     let a = Node::start(&db, "a", dir.path(), &[]);
     let b = Node::start(&db, "b", dir.path(), &[]);
     let before = balanced(&client, &a.url, &["a", "b"]).await;
-    let mut twin = Node::spawn(&db, "a", dir.path(), &[], &[]);
+    let mut twin = Node::on(&db, "a", dir.path()).spawn();
     let began = Instant::now();
     let status = loop {
-        if let Some(status) = twin.child.try_wait().expect("wait") {
+        if let Some(status) = twin.try_wait() {
             break status;
         }
         assert!(
@@ -1186,7 +760,7 @@ async fn after_any_node_is_ready_every_partition_answers_without_partition_unava
     let db = Backend::postgres_url();
     let dir = tempfile::tempdir().unwrap();
     let client = client();
-    let nodes = Node::start_together(&db, &["a", "b", "c"], dir.path(), &["--partitions", "64"]);
+    let nodes = together(&db, &["a", "b", "c"], dir.path(), &["--partitions", "64"]);
     let began = Instant::now();
     let ready = 'wait: loop {
         for n in &nodes {
@@ -1224,23 +798,10 @@ async fn after_any_node_is_ready_every_partition_answers_without_partition_unava
 /// `serve`'s default lease and renewal interval, for what an operator sees with them.
 const DEFAULT_LEASE: [&str; 4] = ["--lease-ms", "10000", "--lease-renew-ms", "2000"];
 
-/// The marks directory of node `id` in `dir`, kept across its restarts.
-fn marks_of(dir: &Path, id: &str) -> String {
-    dir.join(format!("marks-{id}")).display().to_string()
-}
-
 /// Starts nodes `ids` at once, each with its own marks directory kept across restarts.
 fn start_with_marks(db: &str, ids: &[&str], dir: &Path, extra: &[&str]) -> Vec<Node> {
-    let spawned: Vec<Node> = ids
-        .iter()
-        .map(|id| {
-            let marks = marks_of(dir, id);
-            let mut args = vec!["--marks-dir", marks.as_str()];
-            args.extend_from_slice(extra);
-            Node::spawn(db, id, dir, &args, &[])
-        })
-        .collect();
-    spawned.into_iter().map(Node::listening).collect()
+    let start = |id: &&str| Node::on(db, id, dir).kept_marks().args(extra);
+    Node::start_together(ids.iter().map(start).collect::<Vec<Start>>())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1251,10 +812,13 @@ async fn every_node_killed_and_restarted_serves_every_partition_at_once_not_afte
     let ids = ["a", "b", "c"];
     let nodes = start_with_marks(&db, &ids, dir.path(), &DEFAULT_LEASE);
     let before = balanced(&client, &nodes[0].url, &ids).await;
-    let urls: Urls = Arc::new(Mutex::new(nodes.iter().map(|n| n.url.clone()).collect()));
+    let mut sender = Sender::new(
+        &keyed::urls(&common::node::urls_of(&nodes)),
+        Through::Client,
+    );
     let mut acks = Vec::new();
     for p in 0..6 {
-        acks.push(send(&client, &urls, ws_of(p, 0), &format!("before-{p}"), p).await);
+        acks.push(sender.send(ws_of(p, 0), &format!("before-{p}"), p).await);
     }
     // A power cut: every node dies at once, and is started again a moment later.
     for n in nodes {
@@ -1315,8 +879,7 @@ async fn every_node_killed_and_restarted_serves_every_partition_at_once_not_afte
             n.log()
         );
     }
-    check_acks(&client, &nodes[0].url, &acks).await;
-    check_applied_once(&client, &nodes[0].url).await;
+    closing_checks(&nodes[0].url, &acks, &db, dir.path()).await;
 }
 
 /// Every file in `dir` (recursively) with its length and contents.
@@ -1360,13 +923,13 @@ async fn a_restart_beside_a_paused_run_waits_for_its_lock_writes_nothing_and_tak
     };
     let first_run = run_of_a(&cluster(&client, &b.url).await);
     paused.signal("-STOP");
-    let marks = PathBuf::from(marks_of(dir.path(), "a"));
+    let marks = Node::marks_of(dir.path(), "a");
     let files = snapshot(&marks);
     // Its port answers 503 while it opens; it prints that it listens once it joined.
-    let marks_dir = marks.display().to_string();
-    let mut args = vec!["--marks-dir", marks_dir.as_str()];
-    args.extend_from_slice(&lease);
-    let second = Node::spawn(&db, "a", dir.path(), &args, &[]);
+    let second = Node::on(&db, "a", dir.path())
+        .kept_marks()
+        .args(&lease)
+        .spawn();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         second
@@ -1453,10 +1016,10 @@ async fn a_node_whose_marks_directory_is_on_a_read_only_disk_refuses_to_start_na
         .status()
         .expect("mount");
     assert!(remount.success());
-    let mut again = Node::spawn(&db, "a", dir.path(), &args, &[]);
+    let mut again = Node::on(&db, "a", dir.path()).args(&args).spawn();
     let began = Instant::now();
     let status = loop {
-        if let Some(status) = again.child.try_wait().expect("wait") {
+        if let Some(status) = again.try_wait() {
             break status;
         }
         assert!(

@@ -6,10 +6,11 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::keyed::{self, Ack, assert_once, assert_read_back};
 use common::{Backend, Server};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -19,16 +20,6 @@ const ROUNDS: usize = 10;
 const CLIENTS: usize = 12;
 const WORKSPACES: u64 = 30;
 const PARTITIONS: &str = "3";
-
-/// What a client was told.
-#[derive(Debug, Clone)]
-struct Ack {
-    ws: u64,
-    partition: u64,
-    plog: u64,
-    wlog: u64,
-    ids: Vec<u64>,
-}
 
 /// Every acknowledged event is in its workspace's WLog at its WLog offset, read back through
 /// the WLog (whose entries name the PLog events), and each workspace's WLog has no gap.
@@ -96,6 +87,7 @@ async fn load(url: String, acks: Arc<Mutex<Vec<Ack>>>, client_no: u64) {
     loop {
         let ws = n % WORKSPACES + 1;
         n += CLIENTS as u64;
+        let sent = std::time::Instant::now();
         let Ok(r) = client
             .post(format!("{url}/v1/commands"))
             .json(&command(ws, n))
@@ -113,17 +105,7 @@ async fn load(url: String, acks: Arc<Mutex<Vec<Ack>>>, client_no: u64) {
             return;
         };
         assert_eq!(status, 200, "{body}");
-        let ids = ["1", "2", "3"]
-            .iter()
-            .map(|k| body["ids"][k].as_u64().unwrap())
-            .collect();
-        acks.lock().unwrap().push(Ack {
-            ws,
-            partition: body["partition"].as_u64().unwrap(),
-            plog: body["plog_offset"].as_u64().unwrap(),
-            wlog: body["wlog_offset"].as_u64().unwrap(),
-            ids,
-        });
+        acks.lock().unwrap().push(Ack::of("", ws, &body, sent));
     }
 }
 
@@ -172,41 +154,14 @@ async fn crash_rounds(backend: Backend) {
     eprintln!("{ROUNDS} crashes, {} acknowledged commands", acks.len());
 
     // No offset or number acknowledged twice.
-    let mut plogs = HashSet::new();
-    let mut wlogs = HashSet::new();
-    let mut ids = HashSet::new();
-    for a in &acks {
-        assert!(
-            plogs.insert((a.partition, a.plog)),
-            "PLog offset twice: {a:?}"
-        );
-        assert!(wlogs.insert((a.ws, a.wlog)), "WLog offset twice: {a:?}");
-        for id in &a.ids {
-            assert!(ids.insert((a.ws, *id)), "record ID twice: {a:?}");
-        }
-    }
+    assert_once(&acks);
 
     // Every acknowledged event is stored as acknowledged; PLogs are contiguous.
     let server = Server::start_ready(dir.path(), &args, &probe).await;
+    let reader = keyed::rust_client(&[&server.url], Duration::from_secs(20));
+    assert_read_back(&reader, &acks).await;
     let mut ends: HashMap<u64, u64> = HashMap::new();
     for a in &acks {
-        let e: Value = probe
-            .get(format!(
-                "{}/v1/partitions/{}/events/{}",
-                server.url, a.partition, a.plog
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(
-            e["ws"], a.ws,
-            "acknowledged event lost or replaced: {a:?}: {e}"
-        );
-        assert_eq!(e["wlog_offset"], a.wlog);
-        assert_eq!(e["created"][0]["id"], a.ids[0]);
         let end = ends.entry(a.partition).or_default();
         *end = (*end).max(a.plog);
     }

@@ -9,8 +9,7 @@ mod faults;
 
 use std::time::Duration;
 
-use faults::keyed::{self, Load};
-use faults::node::Node;
+use common::keyed::{self, Load};
 use faults::readers::Readers;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -18,8 +17,8 @@ async fn followers_and_consumers_through_a_sigkilled_node_get_every_acknowledged
  {
     let db = common::Backend::postgres_url();
     let dir = tempfile::tempdir().unwrap();
-    let n1 = Node::start(None, &db, "n1", "127.0.0.1:0", dir.path());
-    let n2 = Node::start(None, &db, "n2", "127.0.0.1:0", dir.path());
+    let n1 = faults::node(&db, "n1", dir.path()).start();
+    let n2 = faults::node(&db, "n2", dir.path()).start();
     let client = keyed::client(Duration::from_secs(10));
     keyed::balanced(&client, &n1.url, &["n1", "n2"]).await;
     let urls = keyed::urls(&[&n1.url, &n2.url]);

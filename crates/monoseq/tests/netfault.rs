@@ -13,9 +13,10 @@ mod faults;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use faults::keyed::{self, Load, attempt, balanced, closing_checks, owners, ws_of};
+use common::keyed::{self, Load, Plan, Through, attempt, balanced, closing_checks, owners, ws_of};
+use common::node::{LogLine, Node};
+use faults::LEASE_MS;
 use faults::netns::{Host, Net, NetDb, Verdict};
-use faults::node::{LEASE_MS, LogLine, Node};
 
 /// Codes with which a node that does not serve a partition answers at once.
 const NOT_SERVING: [&str; 3] = ["partition_unavailable", "not_owner", "storage_unavailable"];
@@ -50,13 +51,11 @@ impl Setup {
             let id = format!("n{i}");
             let host = net.host(&id);
             let listen = format!("{}:8080", host.ip);
-            nodes.push(Node::start(
-                Some(&host.ns),
-                &db.url,
-                &id,
-                &listen,
-                dir.path(),
-            ));
+            nodes.push(
+                faults::node(&db.url, &id, dir.path())
+                    .in_netns(&host.ns, &listen)
+                    .start(),
+            );
             hosts.push(host);
         }
         let setup = Setup {
@@ -80,6 +79,17 @@ impl Setup {
     fn urls(&self) -> keyed::Urls {
         let urls: Vec<&str> = self.nodes.iter().map(|n| n.url.as_str()).collect();
         keyed::urls(&urls)
+    }
+
+    /// Keyed load of `clients` clients through the nodes in turn (what each node answers is
+    /// what these tests check), keys prefixed `tag`.
+    fn load(&self, clients: u64, tag: &str) -> Load {
+        let through = Through::Turns(keyed::client(keyed::ANSWER_TIMEOUT));
+        let plan = Plan {
+            through,
+            ..Plan::default()
+        };
+        Load::start_with(&self.urls(), clients, tag, plan)
     }
 
     /// Every node's log length now: what a fault's effects are looked for after.
@@ -125,7 +135,7 @@ fn owned_by(owners: &HashMap<u64, (String, u64)>, node: &str) -> Vec<u64> {
 async fn a_node_cut_off_from_the_database_stops_serving_before_its_lease_can_be_taken_over() {
     let s = Setup::start(3).await;
     let client = probe_client();
-    let load = Load::start(&s.urls(), 8, "dbcut");
+    let load = s.load(8, "dbcut");
     load.progress(100, Duration::from_secs(60))
         .await
         .expect("the load runs before the fault");
@@ -262,7 +272,7 @@ async fn nodes_cut_off_from_one_another_answer_owner_unreachable_and_a_retry_thr
  {
     let s = Setup::start(3).await;
     let client = probe_client();
-    let load = Load::start(&s.urls(), 6, "peercut");
+    let load = s.load(6, "peercut");
     load.progress(100, Duration::from_secs(60))
         .await
         .expect("the load runs before the fault");
@@ -282,6 +292,14 @@ async fn nodes_cut_off_from_one_another_answer_owner_unreachable_and_a_retry_thr
         asked.elapsed() < Duration::from_secs(3),
         "owner_unreachable took {:?}",
         asked.elapsed()
+    );
+    // The refusal is among the answers checked against docs/openapi.json.
+    let logged = s.nodes[0].answers();
+    assert!(
+        logged
+            .iter()
+            .any(|a| a.status == 503 && a.body.contains("owner_unreachable")),
+        "n1's answer log holds no owner_unreachable"
     );
     let direct = attempt(&client, &s.nodes[1].url, ws_of(p, 1), "peer-probe", 1)
         .await
@@ -309,7 +327,7 @@ async fn nodes_cut_off_from_one_another_answer_owner_unreachable_and_a_retry_thr
 async fn a_blackholed_link_between_nodes_ends_in_owner_unreachable_and_retries_elsewhere_lose_nothing()
  {
     let s = Setup::start(3).await;
-    let load = Load::start(&s.urls(), 6, "blackhole");
+    let load = s.load(6, "blackhole");
     load.progress(100, Duration::from_secs(60))
         .await
         .expect("the load runs before the fault");
@@ -352,7 +370,7 @@ async fn a_blackholed_link_between_nodes_ends_in_owner_unreachable_and_retries_e
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_packet_loss_on_every_node_loses_no_acknowledged_event_and_applies_no_key_twice() {
     let s = Setup::start(3).await;
-    let load = Load::start(&s.urls(), 8, "loss");
+    let load = s.load(8, "loss");
     load.progress(100, Duration::from_secs(60))
         .await
         .expect("the load runs before the fault");

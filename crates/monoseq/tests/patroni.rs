@@ -11,8 +11,8 @@ mod faults;
 
 use std::time::{Duration, Instant};
 
-use faults::keyed::{self, Answers, Load, PARTITIONS, balanced, closing_checks, send, ws_of};
-use faults::node::Node;
+use common::keyed::{self, Load, Sender, Through, balanced, closing_checks, ws_of};
+use common::node::PARTITIONS;
 use faults::patroni::{MemberSettings, PatroniPair, member_yaml};
 
 /// The database the nodes use.
@@ -50,8 +50,8 @@ async fn patroni_promotes_the_synchronous_standby_and_the_nodes_serve_again_losi
     let db = pair.url(DATABASE);
     let dir = tempfile::tempdir().expect("a temporary directory");
     let client = keyed::client(Duration::from_secs(10));
-    let f1 = Node::start(None, &db, "f1", "127.0.0.1:0", dir.path());
-    let f2 = Node::start(None, &db, "f2", "127.0.0.1:0", dir.path());
+    let f1 = faults::node(&db, "f1", dir.path()).start();
+    let f2 = faults::node(&db, "f2", dir.path()).start();
     balanced(&client, &f1.url, &["f1", "f2"]).await;
     let urls = keyed::urls(&[&f1.url, &f2.url]);
     let readers = faults::readers::Readers::start(&urls);
@@ -83,11 +83,11 @@ async fn patroni_promotes_the_synchronous_standby_and_the_nodes_serve_again_losi
     let first = load.progress(1, Duration::from_secs(120)).await;
     let first = first.map(|_| killed.elapsed());
     // Every partition answers again (one probe each, retried until acknowledged).
-    let probe_answers = Answers::default();
+    let mut probe = Sender::new(&urls, Through::Client);
     let mut probes = Vec::new();
     for p in 0..PARTITIONS {
         let key = format!("after-failover-{p}");
-        probes.push(send(&client, &urls, &probe_answers, (ws_of(p, 9), &key, p)).await);
+        probes.push(probe.send(ws_of(p, 9), &key, p).await);
     }
     let every = killed.elapsed();
     let (pair, promoted) = promotion.await.expect("the standby promoted");

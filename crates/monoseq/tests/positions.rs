@@ -9,10 +9,10 @@ mod common;
 mod security;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{BIN, Backend, Server};
+use common::node::Node;
+use common::{Backend, Server};
 use futures_util::future::join_all;
 use monoseq_client::{Client, ClientError, PartitionPositionBody};
 use serde_json::{Value, json};
@@ -445,61 +445,16 @@ async fn a_position_survives_a_restart_and_a_backup_restored_keeps_it() {
     );
 }
 
-/// One `monoseq serve` of a two-node cluster on PostgreSQL database `db`.
-struct Node {
-    child: Child,
-    url: String,
-}
-
-impl Node {
-    fn start(db: &str, id: &str, dir: &Path) -> Node {
-        let log = dir.join(format!("{id}.log"));
-        let mut child = Command::new(BIN)
-            .args([
-                "serve",
-                "--storage",
-                db,
-                "--listen",
-                "127.0.0.1:0",
-                "--partitions",
-                "4",
-            ])
-            .args([
-                "--node-id",
-                id,
-                "--lease-ms",
-                "1500",
-                "--lease-renew-ms",
-                "300",
-            ])
-            .arg("--marks-dir")
-            .arg(dir.join(format!("marks-{id}")))
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("spawn monoseq serve");
-        let url = common::listening_url(&mut child, &log);
-        Node { child, url }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Node `id` of a two-node cluster on PostgreSQL database `db`, with four partitions.
+fn node(db: &str, id: &str, dir: &Path) -> Node {
+    Node::on(db, id, dir).args(&["--partitions", "4"]).start()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgresql_a_position_set_through_one_node_is_read_and_raced_for_through_the_other() {
     let db = Backend::postgres_url();
     let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (
-        Node::start(&db, "a", dir.path()),
-        Node::start(&db, "b", dir.path()),
-    );
+    let (a, b) = (node(&db, "a", dir.path()), node(&db, "b", dir.path()));
     let (ca, cb) = (client(&a.url), client(&b.url));
     // Positions need no partition owner: any node answers them from the database.
     ca.set_position("shared", 2, 10, None).await.unwrap();

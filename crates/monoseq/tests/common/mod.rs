@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod keyed;
+pub mod node;
 pub mod openapi;
 pub mod sse;
 

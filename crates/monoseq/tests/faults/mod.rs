@@ -1,17 +1,27 @@
-//! Support of the fault tests (`tests/netfault.rs`, `tests/patroni.rs`): nodes started in
-//! network namespaces or on loopback (`node.rs`), the namespaces and their nftables faults
-//! (`netns.rs`), a PostgreSQL pair managed by Patroni and etcd (`patroni.rs`), the keyed
-//! load with its closing checks (`keyed.rs`), and followers and consumers (`readers.rs`).
+//! Support of the fault tests (`tests/netfault.rs`, `tests/patroni.rs`,
+//! `tests/follow_faults.rs`), beside the nodes, keyed load and closing checks of
+//! `tests/common`: network namespaces and their nftables faults (`netns.rs`), a PostgreSQL
+//! pair managed by Patroni and etcd (`patroni.rs`), and followers and consumers
+//! (`readers.rs`).
 
 #![allow(dead_code)]
 
-pub mod keyed;
 pub mod netns;
-pub mod node;
 pub mod patroni;
 pub mod readers;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use crate::common::node::{Node, Start};
+
+/// Lease of every node of the fault tests, and its renewal interval.
+pub const LEASE_MS: u64 = 2_000;
+pub const RENEW_MS: u64 = 400;
+
+/// Node `id` of a fault test: [`Node::on`] with the fault tests' lease.
+pub fn node(db: &str, id: &str, dir: &Path) -> Start {
+    Node::on(db, id, dir).lease(LEASE_MS, RENEW_MS)
+}
 
 /// The directory of PostgreSQL's server binaries: `MONOSEQ_PG_BINDIR`, else the newest
 /// `/usr/lib/postgresql/<version>/bin` that holds `initdb` (Debian's layout).

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::keyed::{self, Ack, PARTITIONS};
+use crate::common::keyed::{self, Ack};
+use crate::common::node::PARTITIONS;
 use crate::common::sse::Sse;
 
 /// Longest the followers may take to receive every acknowledged event after the load stops.
