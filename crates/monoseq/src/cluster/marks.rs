@@ -431,7 +431,7 @@ pub async fn prepare(
     cluster: &super::ClusterSettings,
     prober: &crate::forward::Prober,
     table: &Arc<dyn super::FencedLeases>,
-    opened: &mut crate::config::Opened,
+    opened: &mut crate::storage::Opened,
     accept_loss: bool,
 ) -> anyhow::Result<Arc<NodeMarks>> {
     let node = Arc::new(open_locked(cluster, &opened.identity).await?);
