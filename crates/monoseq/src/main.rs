@@ -15,6 +15,7 @@ mod edge;
 mod forward;
 mod json;
 mod ops;
+mod peers;
 mod seq;
 mod seq_command;
 mod server;
