@@ -42,12 +42,12 @@ use std::time::{Duration, Instant};
 use monoseq_kv::{Key, WriteBatch, WriteError};
 use tokio::runtime::Handle;
 
+use crate::core::Inner;
 use crate::error::{Failure, unknown_outcome};
 use crate::exec::within;
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::options::PgOptions;
 use crate::plan::Plan;
-use crate::store::{Core, Inner, PgStore};
 use crate::write::{self, Outcome};
 
 /// Most batches one combined transaction carries; the others wait for the next one.
@@ -59,7 +59,8 @@ pub const COMBINE_BYTES_MAX: usize = 4 << 20;
 /// What a batch that went in a combined transaction whose answer was lost reports.
 const COMBINED_WRITE: &str = "writing a batch together with others in one transaction";
 
-/// How a store's batch writes shared transactions since it opened ([`PgStore::combining`]).
+/// How a store's batch writes shared transactions since it opened
+/// ([`PgStore::combining`](crate::PgStore::combining)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Combining {
@@ -72,14 +73,6 @@ pub struct Combining {
     pub fallbacks: u64,
     /// Batches waiting now for a transaction to carry them.
     pub waiting: usize,
-}
-
-impl PgStore {
-    /// How the batch writes of this store and of its fenced views shared transactions: see
-    /// [`Combining`]. Cheap; for metrics and tests.
-    pub fn combining(&self) -> Combining {
-        self.core.combiner.counts()
-    }
 }
 
 /// The slots of the store's write transactions, the batches waiting for one, and what the
@@ -199,7 +192,7 @@ impl Combiner {
         }
     }
 
-    fn counts(&self) -> Combining {
+    pub(crate) fn counts(&self) -> Combining {
         Combining {
             transactions: self.transactions.load(Ordering::Relaxed),
             writes: self.writes.load(Ordering::Relaxed),
@@ -308,6 +301,40 @@ impl Combiner {
                 }
             }
         });
+    }
+
+    /// Writes `batch`, whose limits are checked and which is not empty, in a transaction
+    /// that first checks `fence` when there is one: with `alone` (the batch in a transaction
+    /// of its own) when a slot is free, else together with the other batches waiting (module
+    /// docs). `settle` waits until no transaction in flight writes a key (`Core::settle`).
+    pub(crate) fn write(
+        self: &Arc<Self>,
+        batch: &WriteBatch,
+        fence: Option<&Fence>,
+        alone: impl FnOnce() -> Result<(), WriteError>,
+        settle: impl FnOnce(Key<'_>) -> bool,
+    ) -> Result<(), WriteError> {
+        let waiter = match self.enter(batch, fence) {
+            Entry::Slot => {
+                let _slot = Slot(self);
+                return alone();
+            }
+            Entry::Queued(waiter) => waiter,
+        };
+        match self.wait_turn(&waiter) {
+            Answer::Written => Ok(()),
+            Answer::Unknown(cause) => {
+                // As a batch alone: wait until the server ended the transaction.
+                let key = batch.get(0).map(|item| item.key);
+                let settled = key.is_some_and(settle);
+                Err(WriteError::Storage(unknown_outcome(
+                    COMBINED_WRITE,
+                    &cause,
+                    settled,
+                )))
+            }
+            Answer::Alone | Answer::Pending => alone(),
+        }
     }
 
     /// Waits for a queued batch's turn: its answer, or, when no transaction took it within
@@ -434,43 +461,6 @@ impl Drop for Taken {
             waiter.answer(Answer::Unknown(
                 "the store stopped the transaction carrying it (it is closing)".to_owned(),
             ));
-        }
-    }
-}
-
-impl Core {
-    /// Writes `batch`, in a transaction that first checks `fence` when there is one: alone
-    /// when a slot is free, else together with the other batches waiting (module docs).
-    pub(crate) fn write(
-        &self,
-        batch: &WriteBatch,
-        fence: Option<&Fence>,
-    ) -> Result<(), WriteError> {
-        batch.check_limits()?;
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let combiner = &self.combiner;
-        let waiter = match combiner.enter(batch, fence) {
-            Entry::Slot => {
-                let _slot = Slot(combiner);
-                return self.write_alone(batch, fence);
-            }
-            Entry::Queued(waiter) => waiter,
-        };
-        match combiner.wait_turn(&waiter) {
-            Answer::Written => Ok(()),
-            Answer::Unknown(cause) => {
-                // As a batch alone: wait until the server ended the transaction.
-                let key = batch.get(0).map(|item| item.key);
-                let settled = key.is_some_and(|key| self.settle(key));
-                Err(WriteError::Storage(unknown_outcome(
-                    COMBINED_WRITE,
-                    &cause,
-                    settled,
-                )))
-            }
-            Answer::Alone | Answer::Pending => self.write_alone(batch, fence),
         }
     }
 }

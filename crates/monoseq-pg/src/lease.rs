@@ -11,8 +11,9 @@ use std::time::Duration;
 use futures_util::future::join4;
 use monoseq_kv::KvError;
 
+use crate::core::Inner;
 use crate::error::Failure;
-use crate::store::{Core, Inner};
+use crate::store::{Core, PgStore};
 
 /// Most partitions whose leases [`Leases::ensure_partitions`] creates (as many as a command
 /// processor hosts).
@@ -202,23 +203,6 @@ fn unsigned(value: i64, what: &str) -> Result<u64, Failure> {
         .map_err(|_| Failure::Corrupted(format!("the lease table holds {what} {value}")))
 }
 
-/// The epoch and node of the lease of `partition`; `None` when it has no row.
-pub(crate) async fn holder(
-    inner: &Inner,
-    partition: i32,
-) -> Result<Option<(i64, Option<String>)>, Failure> {
-    let conn = inner.conn().await?;
-    let client = conn.client()?;
-    let statement = client.prepare_cached(&inner.sql.leases.holder).await?;
-    let row = client.query_opt(&statement, &[&partition]).await?;
-    let holder = match row {
-        Some(row) => Some((row.try_get(0)?, row.try_get(1)?)),
-        None => None,
-    };
-    conn.release();
-    Ok(holder)
-}
-
 /// Runs one statement text with `params` on a pooled connection; answers its rows.
 async fn query(
     inner: &Inner,
@@ -274,6 +258,15 @@ async fn status(inner: &Inner) -> Result<ClusterStatus, Failure> {
         });
     }
     Ok(ClusterStatus { leases, nodes })
+}
+
+impl PgStore {
+    /// The partition leases and node registry of this database (tables `monoseq_leases` and
+    /// `monoseq_nodes` in the store's schema), on the store's connections. Cheap to clone;
+    /// usable from any thread.
+    pub fn leases(&self) -> Leases {
+        Leases::new(Arc::clone(&self.core))
+    }
 }
 
 impl Leases {

@@ -16,8 +16,10 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod combine;
+mod core;
 mod error;
 mod exec;
+mod fence;
 mod fenced;
 mod lease;
 mod options;

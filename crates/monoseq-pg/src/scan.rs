@@ -12,9 +12,9 @@ use monoseq_kv::{Order, Visitor};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
+use crate::core::Inner;
 use crate::error::Failure;
 use crate::exec::within;
-use crate::store::Inner;
 
 /// Rows of a scan's first page: small, because many scans stop after a few entries (the last
 /// entry of a log, a bounded read).

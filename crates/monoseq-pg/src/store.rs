@@ -1,8 +1,9 @@
 //! [`PgStore`]: the key-value contract on a PostgreSQL table. Owns opening (connection string,
 //! pool, runtime, schema check), point reads, compare-and-swap, and the dispatch of every call
 //! onto the store's runtime with its time limit, for the store and for its fenced views
-//! (`fenced.rs`, which passes the lease epoch every write checks); batches are in `write.rs`,
-//! scans in `scan.rs`, leases in `lease.rs`.
+//! (`fenced.rs`, which passes the lease epoch every write checks, `fence.rs`); what every
+//! operation shares is in `core.rs`, batches in `write.rs` and `combine.rs`, scans in `scan.rs`,
+//! leases in `lease.rs`.
 
 use std::ops::Bound;
 use std::sync::Arc;
@@ -18,41 +19,15 @@ use tokio_postgres::config::Host;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Statement};
 
-use crate::combine::Combiner;
+use crate::combine::{Combiner, Combining};
+use crate::core::{CAS_ATTEMPTS_MAX, Inner, WRITE_ATTEMPTS_MAX, read_many};
 use crate::error::{Failure, storage_open_error};
 use crate::exec::{self, Conn, within};
-use crate::fenced::{Fence, FencedPgStore};
-use crate::lease::Leases;
+use crate::fence::Fence;
 use crate::options::PgOptions;
 use crate::plan::Plan;
 use crate::sql::Sql;
 use crate::write::{self, Outcome};
-
-/// Attempts of a batch that the server rolled back for a serialization failure or a deadlock
-/// (nothing of it was written, so it runs again).
-pub(crate) const WRITE_ATTEMPTS_MAX: u32 = 5;
-/// Attempts of a compare-and-swap whose comparison failed while a read right after found the
-/// expected value again (a concurrent writer changed it back in between).
-pub(crate) const CAS_ATTEMPTS_MAX: u32 = 64;
-
-/// What every operation needs: the pool, the statements and the time limits.
-pub(crate) struct Inner {
-    pub(crate) pool: Pool,
-    pub(crate) sql: Sql,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) statement_timeout: Duration,
-}
-
-impl Inner {
-    /// Longest a call that is not a scan may take: a connection, then its statements.
-    pub(crate) fn call_timeout(&self) -> Duration {
-        self.connect_timeout + self.statement_timeout
-    }
-
-    pub(crate) async fn conn(&self) -> Result<Conn, Failure> {
-        within(self.connect_timeout, Conn::get(&self.pool)).await
-    }
-}
 
 /// The PostgreSQL backend: one table `monoseq_kv (partition bytea, clustering bytea, value
 /// bytea, primary key (partition, clustering))` in the schema of [`PgOptions::schema`], reached
@@ -270,19 +245,10 @@ impl PgStore {
         &self.core.schema
     }
 
-    /// The partition leases and node registry of this database (tables `monoseq_leases` and
-    /// `monoseq_nodes` in the store's schema), on the store's connections. Cheap to clone;
-    /// usable from any thread.
-    pub fn leases(&self) -> Leases {
-        Leases::new(Arc::clone(&self.core))
-    }
-
-    /// A view of this store whose every batch write and compare-and-swap commits only while
-    /// the lease of `partition` still has `epoch` and `node_id` as its owner (the node it was
-    /// acquired for; checked in the write's own transaction, see [`FencedPgStore`]). Reads pass
-    /// through unchanged. Cheap; shares the store's connections.
-    pub fn fenced(&self, partition: u32, epoch: u64, node_id: &str) -> FencedPgStore {
-        FencedPgStore::new(Arc::clone(&self.core), partition, epoch, node_id)
+    /// How the batch writes of this store and of its fenced views shared transactions: see
+    /// [`Combining`]. Cheap; for metrics and tests.
+    pub fn combining(&self) -> Combining {
+        self.core.combiner.counts()
     }
 }
 
@@ -344,36 +310,6 @@ async fn get_many(inner: &Inner, keys: &[Key<'_>]) -> Result<Vec<Option<Vec<u8>>
     let conn = inner.conn().await?;
     let values = read_many(inner, &conn, keys.iter().copied(), "get_many").await?;
     conn.release();
-    Ok(values)
-}
-
-/// The stored values of `keys` in order (`None` where absent), in one query on `conn`;
-/// `what` names the operation in the error of an answer naming no key asked for.
-pub(crate) async fn read_many<'a>(
-    inner: &Inner,
-    conn: &Conn,
-    keys: impl ExactSizeIterator<Item = Key<'a>>,
-    what: &str,
-) -> Result<Vec<Option<Vec<u8>>>, Failure> {
-    let mut values = vec![None; keys.len()];
-    let (partitions, clusterings): (Vec<&[u8]>, Vec<&[u8]>) =
-        keys.map(|k| (k.partition, k.clustering)).unzip();
-    let client = conn.client()?;
-    let statement = client.prepare_cached(&inner.sql.kv.get_many).await?;
-    let rows = client
-        .query(&statement, &[&partitions, &clusterings])
-        .await?;
-    for row in rows {
-        let ordinal: i64 = row.try_get(0)?;
-        let slot = usize::try_from(ordinal - 1)
-            .ok()
-            .and_then(|i| values.get_mut(i))
-            .ok_or_else(|| {
-                Failure::Corrupted(format!("{what}: the server answered key number {ordinal}"))
-            })?;
-        // Every key has a row; an absent one has no value (the column is never null).
-        *slot = row.try_get::<_, Option<Vec<u8>>>(1)?;
-    }
     Ok(values)
 }
 
@@ -544,8 +480,27 @@ impl Core {
         .map_err(|f| f.into_kv("scanning a partition"))
     }
 
+    /// Writes `batch`, in a transaction that first checks `fence` when there is one: alone
+    /// when a slot is free, else together with the other batches waiting (`combine.rs`).
+    pub(crate) fn write(
+        &self,
+        batch: &WriteBatch,
+        fence: Option<&Fence>,
+    ) -> Result<(), WriteError> {
+        batch.check_limits()?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.combiner.write(
+            batch,
+            fence,
+            || self.write_alone(batch, fence),
+            |key| self.settle(key),
+        )
+    }
+
     /// Writes `batch` in a transaction of its own, which first checks `fence` when there is
-    /// one (`Core::write`, in `combine.rs`, carries concurrent batches together).
+    /// one (`Core::write` carries concurrent batches together).
     pub(crate) fn write_alone(
         &self,
         batch: &WriteBatch,
@@ -661,7 +616,9 @@ impl Core {
     /// The error of a write that `fence` refused, naming the lease's current holder.
     fn fenced_error(&self, fence: Option<&Fence>) -> KvError {
         match fence {
-            Some(fence) => fence.error(self),
+            Some(fence) => {
+                fence.error(self.run(self.inner.call_timeout(), fence.holder(&self.inner)))
+            }
             None => KvError::Corrupted {
                 message: "an unfenced write was reported as fenced".to_owned(),
             },

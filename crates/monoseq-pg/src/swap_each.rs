@@ -27,9 +27,10 @@ use futures_util::future::{join_all, join3};
 use monoseq_kv::{CasError, Key, KvError, Swap, limits};
 use tokio_postgres::types::ToSql;
 
+use crate::core::{CAS_ATTEMPTS_MAX, Inner, WRITE_ATTEMPTS_MAX, read_many};
 use crate::error::Failure;
 use crate::exec::Conn;
-use crate::store::{CAS_ATTEMPTS_MAX, Core, Inner, WRITE_ATTEMPTS_MAX, read_many};
+use crate::store::Core;
 
 /// Whether one transaction carries `swaps`: several, each writing or deleting, no key twice.
 fn fits_one_transaction(swaps: &[Swap<'_>]) -> bool {

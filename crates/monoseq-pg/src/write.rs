@@ -5,7 +5,7 @@
 //! together. The inserts carry no `ON CONFLICT`: a present key fails the statement, which
 //! aborts the transaction, so the `COMMIT` sent behind it rolls back without a second round
 //! trip; only then are the keys read to name the first conflicting item. A fenced batch
-//! (`fenced.rs`) adds its lease check to the same pipeline, first in the transaction.
+//! (`fence.rs`) adds its lease check to the same pipeline, first in the transaction.
 //!
 //! Isolation: READ COMMITTED is enough. An insert decides on the unique index, which sees
 //! committed and in-flight rows (it waits for a concurrent inserter of the same key and then
@@ -20,11 +20,11 @@ use tokio_postgres::Statement;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
+use crate::core::Inner;
 use crate::error::Failure;
 use crate::exec::Conn;
-use crate::fenced::Fence;
+use crate::fence::Fence;
 use crate::plan::{Condition, Plan};
-use crate::store::Inner;
 
 /// How a batch ended when the server answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -356,7 +356,7 @@ impl Backups {
     /// The backups of an embedded store; `None` for PostgreSQL (its own tools back it up).
     pub fn new(
         settings: &crate::config::Settings,
-        opened: &crate::config::Opened,
+        opened: &crate::storage::Opened,
     ) -> Option<Backups> {
         Some(Backups {
             kv: Arc::clone(opened.embedded.as_ref()?),
@@ -737,7 +737,7 @@ mod tests {
     }
 
     fn serve_with_root(data: &Path, root: &Path) -> anyhow::Result<crate::config::Settings> {
-        let mut args = crate::config::ServeArgs::default();
+        let mut args = crate::server::ServeArgs::default();
         args.storage.data_dir = Some(data.to_path_buf());
         args.backup.backup_root = Some(root.to_path_buf());
         args.resolve()
@@ -763,7 +763,7 @@ mod tests {
         assert!(e.contains("lies inside the data directory"), "{e}");
         let e = err(Path::new(""));
         assert!(e.contains("--backup-root is empty"), "{e}");
-        let mut args = crate::config::ServeArgs::default();
+        let mut args = crate::server::ServeArgs::default();
         args.storage.storage = Some("postgres://u@127.0.0.1:5432/db".into());
         args.backup.backup_root = Some(root.clone());
         let e = format!("{:#}", args.resolve().unwrap_err());
@@ -771,7 +771,7 @@ mod tests {
             e.contains("PostgreSQL") && e.contains("pg_basebackup"),
             "{e}"
         );
-        let unset = crate::config::ServeArgs::default()
+        let unset = crate::server::ServeArgs::default()
             .resolve()
             .expect("defaults");
         assert_eq!(unset.backup_root, None);

@@ -19,7 +19,8 @@ use monoseq_store::{EventStore, TrustLevel};
 use monoseq_wire::{KindBody, NewArgBody, NewRecordBody};
 use serde_json::{Map, Value};
 
-use crate::config::{APP, Settings, open_storage};
+use crate::config::{APP, Settings};
+use crate::storage::open_storage;
 use crate::wire::CommandBody;
 
 /// Default of `--clients`.
@@ -222,7 +223,7 @@ async fn in_process(
     let mut config = settings.cp_config();
     if !args.no_marks {
         config.marks = opened.marks;
-        crate::config::set_marks_gather(config.marks.as_deref(), settings.marks_gather_us);
+        crate::storage::set_marks_gather(config.marks.as_deref(), settings.marks_gather_us);
     }
     let cp = CommandProcessor::start(EventStore::new(opened.kv, APP, settings.trust), config)?;
     while !cp.ready() {

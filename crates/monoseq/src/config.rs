@@ -1,16 +1,14 @@
 //! Server settings: defaults that just work, overridden by a TOML file, then by environment
-//! variables (`MONOSEQ_*`), then by flags. Also the data directory's own record of the
-//! settings that must never change under existing data (the partition count).
+//! variables (`MONOSEQ_*`), then by flags. Opening the storage they name, and settling the
+//! partition count on what the store records: `storage.rs`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
 use monoseq_core::WsKind;
-use monoseq_kv::{EmbeddedStore, Options};
 use monoseq_store::TrustLevel;
 use serde::Deserialize;
 
@@ -123,48 +121,6 @@ pub struct ListenArgs {
     /// before it is handed out again. Without it such a store is refused.
     #[arg(long, env = "MONOSEQ_ACCEPT_LOSS")]
     pub accept_loss: bool,
-}
-
-/// Every flag of `serve`, group by group; a new group is one more flattened field.
-#[derive(Debug, Clone, Default, Args)]
-pub struct ServeArgs {
-    #[command(flatten)]
-    pub storage: StorageArgs,
-    #[command(flatten)]
-    pub store: StoreArgs,
-    #[command(flatten)]
-    pub processor: ProcessorArgs,
-    #[command(flatten)]
-    pub listen: ListenArgs,
-    #[command(flatten)]
-    pub cluster: crate::cluster::ClusterArgs,
-    #[command(flatten)]
-    pub security: crate::auth::SecurityArgs,
-    #[command(flatten)]
-    pub edge: crate::edge::EdgeArgs,
-    #[command(flatten)]
-    pub restore: crate::backup::RestoreArgs,
-    #[command(flatten)]
-    pub follow: crate::server::FollowArgs,
-    #[command(flatten)]
-    pub backup: crate::backup::BackupRootArgs,
-}
-
-impl ServeArgs {
-    /// Merges flags/environment over the file over the defaults.
-    pub fn resolve(&self) -> anyhow::Result<Settings> {
-        let mut settings = resolve(&self.storage, &self.store, &self.processor, &self.listen)?;
-        settings.edge = self.edge.resolve(&settings.edge_file)?;
-        settings.restore = self.restore.resolve();
-        settings.follow = self.follow.resolve()?;
-        let root = self
-            .backup
-            .backup_root
-            .clone()
-            .or(settings.backup_root.take());
-        settings.backup_root = crate::backup::resolve_root(root.as_deref(), &settings)?;
-        Ok(settings)
-    }
 }
 
 /// The same settings as a TOML file spells them.
@@ -434,17 +390,6 @@ impl Settings {
     }
 }
 
-/// Applies `--marks-gather-us` (benchmarks only) to the marks, if both are there.
-pub fn set_marks_gather(marks: Option<&monoseq_store::Marks>, gather_us: Option<u64>) {
-    if let (Some(marks), Some(us)) = (marks, gather_us) {
-        marks.set_gather(std::time::Duration::from_micros(us));
-        tracing::warn!(
-            gather_us = us,
-            "--marks-gather-us: the marks cycle's gather bound is set (benchmarks only)"
-        );
-    }
-}
-
 /// The first address `text` (`IP:port` or `host:port`) resolves to.
 fn listen_address(text: &str) -> anyhow::Result<SocketAddr> {
     use std::net::ToSocketAddrs;
@@ -494,151 +439,15 @@ impl Storage {
 
 pub use crate::base::Store;
 
-/// An opened storage: the store, the embedded engine when it is one (for its maintenance
-/// calls), and what opening found.
-pub struct Opened {
-    pub kv: Store,
-    pub embedded: Option<Arc<EmbeddedStore>>,
-    /// The database, when the storage is PostgreSQL (its leases and fenced views).
-    pub postgres: Option<Arc<monoseq_pg::PgStore>>,
-    pub identity: monoseq_store::Identity,
-    /// High-water marks (embedded storage only: they live in the data directory).
-    pub marks: Option<Arc<monoseq_store::Marks>>,
-    pub report: monoseq_store::OpenReport,
-}
-
-/// Opens the configured storage for serving: the embedded engine through its data
-/// directory's identity and high-water marks ([`open_data_dir`]), or a PostgreSQL database
-/// through its recorded metadata. Settles `settings.partitions` on the store's count.
-pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
-    match settings.storage.clone() {
-        Storage::Embedded => {
-            let (kv, dir) = open_data_dir(settings)?;
-            Ok(Opened {
-                kv: kv.clone(),
-                embedded: Some(kv),
-                postgres: None,
-                identity: dir.identity,
-                marks: Some(dir.marks),
-                report: dir.report,
-            })
-        }
-        Storage::Postgres(url) => {
-            let pg = open_pg(&url)?;
-            let kv: Store = pg.clone();
-            let policy = monoseq_store::OpenPolicy {
-                partitions: settings
-                    .partitions_configured
-                    .then_some(settings.partitions),
-                default_partitions: settings.partitions,
-                accept_loss: settings.accept_loss,
-                restore: None,
-            };
-            let identity = monoseq_store::open_database(&kv, &policy)?;
-            settings.partitions = identity.partitions;
-            Ok(Opened {
-                kv,
-                embedded: None,
-                postgres: Some(pg),
-                identity,
-                marks: None,
-                report: monoseq_store::OpenReport::default(),
-            })
-        }
-    }
-}
-
-/// Opens a PostgreSQL store (schema created or migrated).
-pub fn open_postgres(url: &str) -> anyhow::Result<Store> {
-    Ok(open_pg(url)?)
-}
-
-/// Opens a PostgreSQL store (schema created or migrated), as itself.
-fn open_pg(url: &str) -> anyhow::Result<Arc<monoseq_pg::PgStore>> {
-    // The store's errors name their causes in their own text: no chain, so nothing is said
-    // twice.
-    let store = monoseq_pg::PgStore::open(url, monoseq_pg::PgOptions::default()).map_err(|e| {
-        anyhow::anyhow!(
-            "opening PostgreSQL storage {}: {}",
-            Storage::Postgres(url.to_owned()).describe(),
-            crate::base::chain(&e)
-        )
-    })?;
-    Ok(Arc::new(store))
-}
-
-/// Opens the configured storage for a tool (no identity check, nothing created): the
-/// embedded engine in an existing data directory, or the PostgreSQL database.
-pub fn open_for_tool(settings: &Settings) -> anyhow::Result<Store> {
-    match &settings.storage {
-        Storage::Embedded => {
-            if !settings.data_dir.exists() {
-                bail!(
-                    "data directory {} does not exist; give the right --data-dir",
-                    settings.data_dir.display()
-                );
-            }
-            Ok(open_store(&settings.data_dir)?)
-        }
-        Storage::Postgres(url) => open_postgres(url),
-    }
-}
-
 pub use crate::base::APP;
 
-/// Longest time a write of the sequence projection may wait for its flush. Events are never
-/// left waiting: the command processor syncs every group before answering.
-pub const GROUP_COMMIT_DELAY: Duration = Duration::from_millis(5);
-
-/// What the embedded engine does with a damaged journal when it opens, named in the log at
-/// every start.
-pub const ENGINE_RECOVERY_POLICY: &str = concat!(
-    "fjall journal recovery TolerateCorruptTail: a damaged last batch of the journal is ",
-    "dropped silently; the high-water marks catch an acknowledged one"
-);
-
-/// What a PostgreSQL store relies on after a crash, named in the log at every start.
-pub const POSTGRES_RECOVERY_POLICY: &str = concat!(
-    "PostgreSQL: every commit is durable on return (synchronous_commit on); its write-ahead log ",
-    "recovers acknowledged groups; no high-water marks are kept on this node"
-);
-
-/// Opens the embedded store in `dir` (creating it) with group commit: concurrent partitions
-/// share flushes, and the command processor syncs before it acknowledges.
-pub fn open_store(dir: &Path) -> anyhow::Result<Arc<EmbeddedStore>> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("creating data directory {}", dir.display()))?;
-    let options = Options::default().durability(monoseq_kv::Durability::GroupCommit {
-        max_delay: GROUP_COMMIT_DELAY,
-    });
-    let store = EmbeddedStore::open(dir, options)
-        .with_context(|| format!("opening data directory {}", dir.display()))?;
-    Ok(Arc::new(store))
-}
-
-/// Opens the data directory for serving: the engine, then its identity and high-water marks
-/// (`monoseq_store::open_data_dir`), which refuse a store that lost or damaged acknowledged
-/// data unless `settings.accept_loss`. Settles `settings.partitions` on the store's count.
-pub fn open_data_dir(
-    settings: &mut Settings,
-) -> anyhow::Result<(Arc<EmbeddedStore>, monoseq_store::DataDir)> {
-    let kv = open_store(&settings.data_dir)?;
-    let policy = monoseq_store::OpenPolicy {
-        partitions: settings
-            .partitions_configured
-            .then_some(settings.partitions),
-        default_partitions: settings.partitions,
-        accept_loss: settings.accept_loss,
-        restore: settings.restore.clone(),
-    };
-    let dir = monoseq_store::open_data_dir(&settings.data_dir, &kv, APP, &policy)?;
-    settings.partitions = dir.identity.partitions;
-    Ok((kv, dir))
-}
+/// Named here too for `seq.rs`, which opens storage through these names.
+pub use crate::storage::{open_postgres, open_store};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::ServeArgs;
 
     #[test]
     fn the_settings_file_holds_a_security_table() {
@@ -733,27 +542,6 @@ mod tests {
         args.processor.partition_threads_max = Some(0);
         let from_flag = args.resolve().expect("flag resolves");
         assert_eq!(from_flag.cp_config().partition_threads_max, 0);
-    }
-
-    #[test]
-    fn a_new_data_directory_gets_an_identity_and_a_second_start_passes() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let mut args = ServeArgs::default();
-        args.storage.data_dir = Some(dir.path().join("data"));
-        args.store.partitions = Some(4);
-        let mut settings = args.resolve().expect("settings");
-        let (kv, opened) = open_data_dir(&mut settings).expect("first start");
-        assert!(opened.report.created);
-        monoseq_store::recorded_partitions(&*kv, dir.path()).expect("recorded layout passes");
-        drop((kv, opened));
-        settings.partitions_configured = false;
-        settings.partitions = 8;
-        let (_kv, opened) = open_data_dir(&mut settings).expect("second start");
-        assert!(!opened.report.created);
-        assert_eq!(
-            settings.partitions, 4,
-            "the store's count wins when none is configured"
-        );
     }
 
     #[test]

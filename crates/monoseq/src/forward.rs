@@ -11,7 +11,7 @@
 //! `owner_unreachable` about a second after the request was sent. A slow command on an owner
 //! that answers is never cut short before [`FORWARD_TIMEOUT`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,9 @@ use monoseq_cp::RETRY_AFTER_SECS;
 
 use axum::body::Bytes;
 use monoseq_wire::{BatchAnswerBody, BatchResultBody, ErrorBody};
+
+/// Named here too for the cluster's driver, which imports them from here.
+pub use crate::peers::{NODE_TOKEN_HINT, Prober, Readiness};
 
 /// The header naming the node that forwarded a request.
 pub const FORWARDED_BY: &str = "x-monoseq-forwarded-by";
@@ -165,10 +168,7 @@ impl Forwarder {
     /// A prober of other nodes' readiness and marks with this forwarder's client and token.
     #[must_use]
     pub fn prober(&self) -> Prober {
-        Prober {
-            client: self.client.clone(),
-            authorization: self.authorization.clone(),
-        }
+        Prober::new(self.client.clone(), self.authorization.clone())
     }
 
     /// Whether this request was already forwarded by a node.
@@ -305,78 +305,6 @@ async fn batch_results(answer: Response) -> Result<BatchAnswerBody, BatchResultB
         error,
         retry_after,
     ))
-}
-
-/// A peer's answer to a readiness probe ([`Prober::readiness`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Readiness {
-    /// The partitions it named not ready; none when it is ready.
-    Unready(BTreeSet<u32>),
-    /// It refused this node's token, with this status (401 or 403).
-    TokenRefused(u16),
-}
-
-/// What to do when another node refuses this node's token.
-pub const NODE_TOKEN_HINT: &str =
-    "give every node a --node-token-file holding a write token the others accept";
-
-/// Asks other nodes whether they are ready (`/readyz`) and for their high-water marks.
-#[derive(Clone)]
-pub struct Prober {
-    client: reqwest::Client,
-    authorization: Option<HeaderValue>,
-}
-
-impl Prober {
-    /// `GET url path` within `timeout`, with this node's token.
-    fn get(&self, url: &str, path: &str, timeout: Duration) -> reqwest::RequestBuilder {
-        let request = self.client.get(format!("{url}{path}")).timeout(timeout);
-        match &self.authorization {
-            Some(auth) => request.header(header::AUTHORIZATION, auth.clone()),
-            None => request,
-        }
-    }
-
-    /// What the node at `url` answers to `GET /readyz`: the partitions it says it cannot
-    /// answer yet (none when it is ready), or that it refuses this node's token; `None` when
-    /// it did not answer within `timeout`, or not with a readiness answer (it is starting or
-    /// stopping).
-    pub async fn readiness(&self, url: &str, timeout: Duration) -> Option<Readiness> {
-        let answer = self.get(url, "/readyz", timeout).send().await.ok()?;
-        let status = answer.status();
-        if status.is_success() {
-            return Some(Readiness::Unready(BTreeSet::new()));
-        }
-        if status == reqwest::StatusCode::UNAUTHORIZED || status == reqwest::StatusCode::FORBIDDEN {
-            return Some(Readiness::TokenRefused(status.as_u16()));
-        }
-        if status != reqwest::StatusCode::SERVICE_UNAVAILABLE {
-            return None;
-        }
-        let body: monoseq_wire::NotReadyBody = answer.json().await.ok()?;
-        let partitions = body.partitions.filter(|_| body.code == "not_ready")?;
-        Some(Readiness::Unready(
-            partitions.iter().map(|p| p.partition).collect(),
-        ))
-    }
-
-    /// The high-water marks of the node at `url` (`GET /v1/marks`), within `timeout`.
-    ///
-    /// # Errors
-    ///
-    /// When the node does not answer in time, or not with its marks.
-    pub async fn marks(
-        &self,
-        url: &str,
-        timeout: Duration,
-    ) -> anyhow::Result<monoseq_wire::MarksBody> {
-        let answer = self.get(url, "/v1/marks", timeout).send().await?;
-        let status = answer.status();
-        if !status.is_success() {
-            anyhow::bail!("{url}/v1/marks answered {status}");
-        }
-        Ok(answer.json().await?)
-    }
 }
 
 fn redirect(target: &str) -> Response {

@@ -15,9 +15,11 @@ mod edge;
 mod forward;
 mod json;
 mod ops;
+mod peers;
 mod seq;
 mod seq_command;
 mod server;
+mod storage;
 mod tail;
 mod tls;
 mod wire;
@@ -81,7 +83,7 @@ enum Cmd {
     /// Run the HTTP server (commands, events, records, health, metrics).
     Serve {
         #[command(flatten)]
-        args: config::ServeArgs,
+        args: server::ServeArgs,
     },
     /// Show each partition's checkpoint against its PLog end (server stopped).
     Inspect {

@@ -13,7 +13,8 @@ use monoseq_kv::KvStore;
 use monoseq_store::{EventStore, PartitionId};
 use monoseq_verify::{Progress, Report, Stage};
 
-use crate::config::{APP, Settings, Storage, open_for_tool};
+use crate::config::{APP, Settings, Storage};
+use crate::storage::open_for_tool;
 
 fn partitions(settings: &Settings, kv: &impl KvStore) -> anyhow::Result<u32> {
     let place = match settings.storage {

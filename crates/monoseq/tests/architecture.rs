@@ -3,8 +3,9 @@
 //! workspace's crates (dev-dependencies count), an HTTP, CLI or JSON library outside the edge
 //! crates, a storage engine outside the kv crate, a server framework, storage engine or database
 //! driver anywhere in the client's dependency tree, a `json!` body in the server crate (every
-//! body is a `monoseq-wire` type), a clock read or a sleep in the core's state machine, a bare literal where the crate names that limit, and a function in `src` longer
-//! than `FUNCTION_LINES_MAX`. Each rule is a
+//! body is a `monoseq-wire` type), a clock read or a sleep in the core's state machine, a bare literal where the crate names that limit, a function in `src` longer
+//! than `FUNCTION_LINES_MAX`, and two modules of a crate importing each other
+//! (`MODULE_CIRCLES`). Each rule is a
 //! pure function over parsed inputs; the unit tests at the end break each rule on purpose and
 //! check that it is reported.
 
@@ -246,6 +247,22 @@ const FUNCTION_LINES_MAX: usize = 70;
 /// Functions allowed past `FUNCTION_LINES_MAX` ("crate/src/path.rs::name"): none. A function
 /// that grows past it is split by what it does.
 const LONG_FUNCTIONS: &[&str] = &[];
+
+/// Pairs of a crate's top-level modules that still import each other ("crate: a ↔ b"), each a
+/// module hiding in two: move what both need into one below them, then drop the pair. No other
+/// pair may import each other (tests left out), and a pair listed that no longer does fails.
+const MODULE_CIRCLES: &[&str] = &[
+    "monoseq-client: builder ↔ client",
+    "monoseq-core: shared ↔ wait",
+    "monoseq-cp: partition ↔ processor",
+    "monoseq-kv: error ↔ key",
+    "monoseq-store: builtin ↔ event",
+    "monoseq-store: identity ↔ marks",
+    "monoseq: config ↔ server",
+    // `config` names `storage`'s opening calls for `seq.rs` until it imports them from `storage`.
+    "monoseq: config ↔ storage",
+    "monoseq: seq ↔ seq_command",
+];
 
 // ---------------------------------------------------------------------------------------------
 // Parsed inputs.
@@ -703,6 +720,107 @@ fn long_functions(files: &[Source], allowed: &[&str]) -> Vec<String> {
     found
 }
 
+/// The top-level module of its crate a `src` file belongs to (`c/src/store/x.rs`: `store`);
+/// `None` for the crate root.
+fn top_module(path: &str) -> Option<&str> {
+    let (_, inside) = path.split_once("/src/")?;
+    let first = inside.split('/').next()?;
+    let name = first.strip_suffix(".rs").unwrap_or(first);
+    (!matches!(name, "lib" | "main")).then_some(name)
+}
+
+/// The names `file`'s code (tests left out) reaches through the crate root: `crate::name`, each
+/// name of a `use crate::{…}`, and `super::name` in a top-level file.
+fn names_through_the_root(file: &Source) -> BTreeSet<String> {
+    let code: Vec<&str> = file.non_test_lines().map(|(_, line)| line).collect();
+    let code = code.join("\n");
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let top_level = file
+        .path
+        .split_once("/src/")
+        .is_some_and(|(_, p)| !p.contains('/'));
+    let prefixes: &[&str] = if top_level {
+        &["crate::", "super::"]
+    } else {
+        &["crate::"]
+    };
+    let mut named = BTreeSet::new();
+    for prefix in prefixes {
+        for (at, _) in code.match_indices(prefix) {
+            if code[..at].ends_with(|c: char| ident(c) || c == '$' || c == ':') {
+                continue;
+            }
+            let rest = &code[at + prefix.len()..];
+            let Some(group) = rest.strip_prefix('{') else {
+                named.insert(rest.chars().take_while(|&c| ident(c)).collect());
+                continue;
+            };
+            // The first name of each item at the group's top level.
+            let (mut depth, mut first) = (0, true);
+            for part in group.split_inclusive(['{', '}', ',']) {
+                if depth == 0 && first {
+                    named.insert(
+                        part.trim_start()
+                            .chars()
+                            .take_while(|&c| ident(c))
+                            .collect(),
+                    );
+                }
+                match part.chars().last() {
+                    Some('{') => depth += 1,
+                    Some('}') if depth == 0 => break,
+                    Some('}') => depth -= 1,
+                    _ => {}
+                }
+                first = part.ends_with(',');
+            }
+        }
+    }
+    named
+}
+
+/// Every pair of top-level modules of one crate whose code imports the other's, as
+/// "crate: a ↔ b" (`files` are one crate's).
+fn module_circles(files: &[Source]) -> BTreeSet<String> {
+    let modules: BTreeSet<&str> = files.iter().filter_map(|f| top_module(&f.path)).collect();
+    let mut imports: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        if let Some(module) = top_module(&file.path) {
+            imports
+                .entry(module)
+                .or_default()
+                .extend(names_through_the_root(file));
+        }
+    }
+    let imports_of = |a: &str, b: &str| imports.get(a).is_some_and(|names| names.contains(b));
+    let mut circles = BTreeSet::new();
+    for a in &modules {
+        for b in modules.iter().filter(|b| a < *b) {
+            if imports_of(a, b) && imports_of(b, a) {
+                let krate = files[0].path.split('/').next().unwrap_or_default();
+                circles.insert(format!("{krate}: {a} ↔ {b}"));
+            }
+        }
+    }
+    circles
+}
+
+/// The circles `found` that `allowed` does not list, and the listed ones no longer found.
+fn unlisted_circles(found: &BTreeSet<String>, allowed: &[&str]) -> Vec<String> {
+    let mut report: Vec<String> = found
+        .iter()
+        .filter(|c| !allowed.contains(&c.as_str()))
+        .map(|c| format!("{c} import each other: move what both need into a module below them"))
+        .collect();
+    report.extend(
+        allowed
+            .iter()
+            .filter(|c| !found.contains(**c))
+            .map(|c| format!("{c} no longer import each other: remove it from MODULE_CIRCLES")),
+    );
+    report
+}
+
 // ---------------------------------------------------------------------------------------------
 // The workspace, checked.
 
@@ -774,6 +892,17 @@ fn a_limit_a_crate_names_is_written_by_its_name() {
         .flat_map(|c| bare_limits(&sources(c)))
         .collect();
     assert_none("bare literals of named limits", found);
+}
+
+#[test]
+fn no_two_modules_of_a_crate_import_each_other() {
+    let found: BTreeSet<String> = workspace()
+        .iter()
+        .map(sources)
+        .filter(|files| !files.is_empty())
+        .flat_map(|files| module_circles(&files))
+        .collect();
+    assert_none("module circles", unlisted_circles(&found, MODULE_CIRCLES));
 }
 
 #[test]
@@ -1005,4 +1134,30 @@ fn braces_in_strings_chars_and_comments_do_not_end_a_function() {
         .map(|f| (f.name, f.first, f.last))
         .collect();
     assert_eq!(spans, [("f".to_owned(), 1, 6), ("g".to_owned(), 7, 8)]);
+}
+
+#[test]
+fn two_modules_importing_each_other_are_reported_unless_listed_and_a_stale_listing_too() {
+    let files = [
+        Source::new("c/src/lib.rs", "mod a;\nmod b;\nuse crate::a::X;\n"),
+        Source::new("c/src/a.rs", "use crate::{b::Y, c};\npub struct X;\n"),
+        Source::new(
+            "c/src/b.rs",
+            "pub struct Y;\nfn f() -> super::a::X {\n    todo!()\n}\n",
+        ),
+        Source::new(
+            "c/src/c.rs",
+            "// crate::a\n#[cfg(test)]\nmod tests {\n    use crate::a::X;\n}\n",
+        ),
+        Source::new("c/src/c/d.rs", "use super::super::a::X;\n"),
+    ];
+    let found = module_circles(&files);
+    assert_eq!(found, BTreeSet::from(["c: a ↔ b".to_owned()]));
+    assert_eq!(unlisted_circles(&found, &[]).len(), 1);
+    assert!(unlisted_circles(&found, &["c: a ↔ b"]).is_empty());
+    let stale = unlisted_circles(&BTreeSet::new(), &["c: a ↔ b"]);
+    assert!(
+        stale[0].contains("remove it from MODULE_CIRCLES"),
+        "{stale:?}"
+    );
 }

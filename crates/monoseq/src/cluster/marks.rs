@@ -395,7 +395,7 @@ pub fn find_losses(
 
 /// Pulls the marks of the nodes at `urls` (at once, each within [`PULL_TIMEOUT`]) and
 /// max-merges them into `node`'s; a node that does not answer is skipped (logged at debug).
-pub async fn pull_into(node: &Arc<NodeMarks>, prober: &crate::forward::Prober, urls: &[String]) {
+pub async fn pull_into(node: &Arc<NodeMarks>, prober: &crate::peers::Prober, urls: &[String]) {
     let pulls: Vec<_> = urls
         .iter()
         .map(|url| {
@@ -429,9 +429,9 @@ pub async fn pull_into(node: &Arc<NodeMarks>, prober: &crate::forward::Prober, u
 /// When the marks directory cannot be opened, or the database not read for `accept_loss`.
 pub async fn prepare(
     cluster: &super::ClusterSettings,
-    prober: &crate::forward::Prober,
+    prober: &crate::peers::Prober,
     table: &Arc<dyn super::FencedLeases>,
-    opened: &mut crate::config::Opened,
+    opened: &mut crate::storage::Opened,
     accept_loss: bool,
 ) -> anyhow::Result<Arc<NodeMarks>> {
     let node = Arc::new(open_locked(cluster, &opened.identity).await?);

@@ -12,8 +12,9 @@ use monoseq_cp::CommandProcessor;
 use super::routes::{opening_router, router};
 use crate::auth::Security;
 use crate::cluster::{Cluster, ClusterArgs};
-use crate::config::{Settings, Storage, Store, open_storage};
+use crate::config::{Settings, Storage, Store};
 use crate::forward::Forwarder;
+use crate::storage::open_storage;
 
 /// The server of [`opening_router`], on a second handle of the listening socket, until the
 /// storage is open; the real router then takes over the same socket.
@@ -129,7 +130,7 @@ pub async fn serve(
 
 /// A node whose storage is open, command processor started and cluster joined.
 struct Running {
-    opened: crate::config::Opened,
+    opened: crate::storage::Opened,
     cp: CommandProcessor<Store>,
     cluster: Option<(Arc<Cluster>, Forwarder)>,
 }
@@ -169,7 +170,7 @@ async fn open_while_answering(
 }
 
 /// What `GET /v1/info` answers.
-fn info(settings: &Settings, opened: &crate::config::Opened) -> monoseq_wire::InfoBody {
+fn info(settings: &Settings, opened: &crate::storage::Opened) -> monoseq_wire::InfoBody {
     monoseq_wire::InfoBody {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         partitions: settings.partitions,
@@ -226,7 +227,7 @@ async fn serve_until_stopped(
 async fn shut_down(
     settings: &Settings,
     cp: CommandProcessor<Store>,
-    opened: crate::config::Opened,
+    opened: crate::storage::Opened,
 ) -> anyhow::Result<()> {
     tracing::info!(timeout = ?settings.shutdown_timeout, "shutting down: finishing queued commands and flushing sequence numbers");
     let clean = cp.shutdown(settings.shutdown_timeout).await;
@@ -267,7 +268,7 @@ async fn start(
     settings: &mut Settings,
     node: Option<NodeStart>,
 ) -> anyhow::Result<(
-    crate::config::Opened,
+    crate::storage::Opened,
     CommandProcessor<Store>,
     Option<NodeReady>,
 )> {
@@ -307,7 +308,7 @@ async fn start(
         .map(|p| opened.identity.retired(p))
         .collect();
     config.marks = opened.marks.clone();
-    crate::config::set_marks_gather(config.marks.as_deref(), settings.marks_gather_us);
+    crate::storage::set_marks_gather(config.marks.as_deref(), settings.marks_gather_us);
     let cp = if opened.postgres.is_some() {
         // Partitions start as their leases are taken (`join_cluster`).
         CommandProcessor::start_unowned(store, config)?
@@ -394,12 +395,12 @@ async fn join_cluster(
 }
 
 /// One line for the opened store, then one per loss accepted or partition moved past one.
-fn log_opened(settings: &Settings, dir: &crate::config::Opened) {
+fn log_opened(settings: &Settings, dir: &crate::storage::Opened) {
     let id = &dir.identity;
     let r = &dir.report;
     let recovery_policy = match settings.storage {
-        Storage::Embedded => crate::config::ENGINE_RECOVERY_POLICY,
-        Storage::Postgres(_) => crate::config::POSTGRES_RECOVERY_POLICY,
+        Storage::Embedded => crate::storage::ENGINE_RECOVERY_POLICY,
+        Storage::Postgres(_) => crate::storage::POSTGRES_RECOVERY_POLICY,
     };
     tracing::info!(
         storage = %settings.storage.describe(),

@@ -8,10 +8,11 @@
 
 use std::sync::Arc;
 
+use clap::Args;
 use monoseq_cp::CommandProcessor;
 
 use crate::cluster::Cluster;
-use crate::config::Store;
+use crate::config::{Settings, Store};
 use crate::forward::Forwarder;
 
 mod answers;
@@ -24,6 +25,49 @@ mod startup;
 
 pub use consume::{FollowArgs, FollowLimits};
 pub use startup::serve;
+
+/// Every flag of `serve`, group by group; a new group is one more flattened field.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub storage: crate::config::StorageArgs,
+    #[command(flatten)]
+    pub store: crate::config::StoreArgs,
+    #[command(flatten)]
+    pub processor: crate::config::ProcessorArgs,
+    #[command(flatten)]
+    pub listen: crate::config::ListenArgs,
+    #[command(flatten)]
+    pub cluster: crate::cluster::ClusterArgs,
+    #[command(flatten)]
+    pub security: crate::auth::SecurityArgs,
+    #[command(flatten)]
+    pub edge: crate::edge::EdgeArgs,
+    #[command(flatten)]
+    pub restore: crate::backup::RestoreArgs,
+    #[command(flatten)]
+    pub follow: FollowArgs,
+    #[command(flatten)]
+    pub backup: crate::backup::BackupRootArgs,
+}
+
+impl ServeArgs {
+    /// Merges flags/environment over the file over the defaults.
+    pub fn resolve(&self) -> anyhow::Result<Settings> {
+        let mut settings =
+            crate::config::resolve(&self.storage, &self.store, &self.processor, &self.listen)?;
+        settings.edge = self.edge.resolve(&settings.edge_file)?;
+        settings.restore = self.restore.resolve();
+        settings.follow = self.follow.resolve()?;
+        let root = self
+            .backup
+            .backup_root
+            .clone()
+            .or(settings.backup_root.take());
+        settings.backup_root = crate::backup::resolve_root(root.as_deref(), &settings)?;
+        Ok(settings)
+    }
+}
 
 /// What every handler reads: the command processor, the cluster, `/v1/info` and the metrics.
 pub(crate) struct AppState {
