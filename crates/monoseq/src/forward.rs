@@ -26,8 +26,7 @@ use monoseq_cp::RETRY_AFTER_SECS;
 use axum::body::Bytes;
 use monoseq_wire::{BatchAnswerBody, BatchResultBody, ErrorBody};
 
-/// Named here too for the cluster's driver, which imports them from here.
-pub use crate::peers::{NODE_TOKEN_HINT, Prober, Readiness};
+use crate::peers::{NODE_TOKEN_HINT, Prober};
 
 /// The header naming the node that forwarded a request.
 pub const FORWARDED_BY: &str = "x-monoseq-forwarded-by";

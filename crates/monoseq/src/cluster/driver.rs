@@ -24,7 +24,7 @@ use super::ClusterSettings;
 use super::marks::NodeMarks;
 use super::pg::FencedLeases;
 use crate::base::{APP, Store};
-use crate::forward::{NODE_TOKEN_HINT, Readiness};
+use crate::peers::{NODE_TOKEN_HINT, Readiness};
 
 /// Longest wait for a released partition to finish its queued commands and flush.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -202,7 +202,7 @@ pub struct Cluster {
     /// This node's high-water marks and the losses accepted for the store.
     marks: Arc<NodeMarks>,
     /// Reaches the other nodes (their marks).
-    prober: crate::forward::Prober,
+    prober: crate::peers::Prober,
     /// Partitions the membership gave this node to serve, with their epochs: a partition
     /// starts only if it is still here once the peers' marks are pulled.
     serving: Mutex<HashMap<u32, u64>>,
@@ -245,7 +245,7 @@ impl Cluster {
         cp: CommandProcessor<Store>,
         trust: TrustLevel,
         marks: Arc<NodeMarks>,
-        prober: crate::forward::Prober,
+        prober: crate::peers::Prober,
     ) -> anyhow::Result<Arc<Cluster>> {
         let partitions = cp.config().partitions;
         let config = Config::new(
@@ -431,7 +431,7 @@ impl Cluster {
     /// Probes every other live node's `/readyz` once per renewal interval with `probe`, for
     /// readiness, until the membership ends: at once when a read finds a partition taken by
     /// another node, and more often while a peer says a partition it took lately is starting.
-    pub async fn probe_peers(self: Arc<Self>, probe: crate::forward::Prober) {
+    pub async fn probe_peers(self: Arc<Self>, probe: crate::peers::Prober) {
         let mut wait = Duration::ZERO;
         let mut marks_pulled = None;
         while matches!(*self.life.borrow(), Life::Joining | Life::Member) {
