@@ -217,13 +217,30 @@ impl Forwarder {
     ///
     /// # Errors
     ///
-    /// The answer to give the reader: the owner's own error answer, `owner_unreachable`, or
-    /// `node_unauthorized` when the owner refused this node's token.
+    /// As [`Forwarder::read_raw`], and `owner_unreachable` for a body that is not a `T`.
     pub async fn read_json<T: serde::de::DeserializeOwned>(
         &self,
         target: &str,
         timeout: Duration,
     ) -> Result<T, Response> {
+        let bytes = self.read_raw(target, timeout).await?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            crate::base::error(
+                StatusCode::BAD_GATEWAY,
+                "owner_unreachable",
+                format!("the partition's owner answered a read with an unexpected body: {e}"),
+            )
+        })
+    }
+
+    /// The body of the owner's successful answer to a read (`target`: its full URL), as it
+    /// came: a node that only passes a page on neither decodes nor encodes it.
+    ///
+    /// # Errors
+    ///
+    /// The answer to give the reader: the owner's own error answer, `owner_unreachable`, or
+    /// `node_unauthorized` when the owner refused this node's token.
+    pub async fn read_raw(&self, target: &str, timeout: Duration) -> Result<Bytes, Response> {
         let mut request = self
             .client
             .get(target)
@@ -239,16 +256,10 @@ impl Forwarder {
         if !answer.status().is_success() {
             return Err(relay(answer).await);
         }
-        match answer.bytes().await {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                crate::base::error(
-                    StatusCode::BAD_GATEWAY,
-                    "owner_unreachable",
-                    format!("the partition's owner answered a read with an unexpected body: {e}"),
-                )
-            }),
-            Err(e) => Err(owner_unreachable(target, &crate::base::chain(&e))),
-        }
+        answer
+            .bytes()
+            .await
+            .map_err(|e| owner_unreachable(target, &crate::base::chain(&e)))
     }
 
     /// The answer of the node at `url` to a batch whose `body` (`{"commands":[…]}`) is relayed

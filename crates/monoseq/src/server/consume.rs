@@ -351,8 +351,16 @@ pub(super) async fn read_partition(
         Ok(q) => q,
         Err(r) => return r,
     };
-    match page(&st, partition, q.from, q.limit, q.wait).await {
-        Ok(page) => page_answer(&page),
+    match owner_elsewhere(&st, partition) {
+        // Passed on as the owner wrote it: this node neither decodes nor encodes the page.
+        Ok(Some(url)) => match relay_raw(&st, &url, partition, &q).await {
+            Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+            Err(r) => r,
+        },
+        Ok(None) => match page(&st, partition, q.from, q.limit, q.wait).await {
+            Ok(page) => page_answer(&page),
+            Err(r) => r,
+        },
         Err(r) => r,
     }
 }
@@ -497,6 +505,31 @@ fn entry(item: PageItem) -> PlogEntryBody<PageEvent> {
     }
 }
 
+/// The body of partition `p`'s page read `q` answered by its owner at `url`.
+async fn relay_raw(st: &AppState, url: &str, p: u32, q: &ReadQuery) -> Result<Bytes, Response> {
+    let Some((_, forwarder)) = &st.cluster else {
+        return Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "no forwarder without a cluster",
+        ));
+    };
+    forwarder
+        .read_raw(
+            &relay_target(url, p, q.from, q.limit, q.wait),
+            q.wait + RELAY_GRACE,
+        )
+        .await
+}
+
+/// The URL of partition `p`'s page read at its owner `url`.
+fn relay_target(url: &str, p: u32, from: u64, limit: usize, wait: Duration) -> String {
+    format!(
+        "{url}/v1/partitions/{p}/events?from={from}&limit={limit}&wait_ms={}",
+        wait.as_millis()
+    )
+}
+
 /// A page of partition `p` read by its owner at `url`.
 async fn relay_page(
     st: &AppState,
@@ -513,10 +546,7 @@ async fn relay_page(
             "no forwarder without a cluster",
         ));
     };
-    let target = format!(
-        "{url}/v1/partitions/{p}/events?from={from}&limit={limit}&wait_ms={}",
-        wait.as_millis()
-    );
+    let target = relay_target(url, p, from, limit, wait);
     let page = forwarder
         .read_json::<PlogPageBody>(&target, wait + RELAY_GRACE)
         .await?;
