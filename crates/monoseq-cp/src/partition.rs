@@ -27,7 +27,7 @@ use crate::acked::Acked;
 use crate::command::{Command, Plan, resolve};
 use crate::error::CommandError;
 use crate::idempotency::{IdempotencyKey, Window};
-use crate::processor::{Counters, Outcome};
+use crate::outcome::{Counters, Outcome};
 
 /// How long a starting or rebuilt partition waits for its sequencer to finish actualizing
 /// before it answers the queued commands and waits again.

@@ -25,6 +25,7 @@ use crate::acked::Acked;
 use crate::command::{Command, Plan, plan, resolve};
 use crate::error::{CommandError, ConfigError};
 use crate::idempotency::{IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey, Window, fingerprint};
+use crate::outcome::{Counters, Outcome};
 use crate::partition::{
     Job, PartitionShared, PartitionState, PartitionTask, Writer, WriterTemplate,
 };
@@ -107,34 +108,6 @@ impl Default for Config {
             partition_threads_max: PARTITION_THREADS_MAX_DEFAULT,
         }
     }
-}
-
-/// The answer to a successful command.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    /// The partition that ran it.
-    pub partition: u32,
-    /// The event's PLog offset.
-    pub plog_offset: u64,
-    /// The event's WLog offset.
-    pub wlog_offset: u64,
-    /// Real IDs of the command's raw IDs.
-    pub ids: BTreeMap<u64, u64>,
-    /// The answer repeats the original one of a command with the same idempotency key;
-    /// nothing was written now.
-    pub replayed: bool,
-}
-
-/// Counters of the whole processor.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) committed: AtomicU64,
-    pub(crate) replayed: AtomicU64,
-    pub(crate) busy: AtomicU64,
-    pub(crate) failed: AtomicU64,
-    pub(crate) groups: AtomicU64,
-    pub(crate) cache_hits: AtomicU64,
-    pub(crate) cache_misses: AtomicU64,
 }
 
 /// A point-in-time reading of the processor, for metrics and readiness.
