@@ -900,6 +900,52 @@ mod tests {
     }
 
     #[test]
+    fn an_append_onto_records_read_before_merges_into_them_and_refuses_one_not_given() {
+        use std::sync::Arc;
+
+        use monoseq_core::WsKind;
+
+        let store = EventStore::new(
+            Arc::new(monoseq_kv::MemoryStore::new()),
+            AppId(1),
+            TrustLevel::Level0,
+        );
+        let (ws, id) = (WsId(7), RecordId(40));
+        let event = |offset: u64, created: Vec<Record>, updated: Vec<Record>| Event {
+            plog_offset: PLogOffset(offset),
+            ws,
+            ws_kind: WsKind(1),
+            wlog_offset: WLogOffset(offset),
+            registered_at_ms: 0,
+            command: "c".into(),
+            argument: None,
+            created,
+            updated,
+            idempotency: None,
+        };
+        let record = |fields| Record {
+            id,
+            kind: RecordKind::CDoc,
+            name: "app.Doc".into(),
+            fields,
+        };
+        let p = PartitionId(0);
+        store
+            .append(p, &[event(1, vec![record(vec![field("a", "1")])], vec![])])
+            .unwrap();
+        let change = event(2, vec![], vec![record(vec![field("b", "2")])]);
+        let err = store
+            .append_onto(p, std::slice::from_ref(&change), StoredRecords::new())
+            .unwrap_err();
+        assert!(matches!(err, AppendError::UnknownRecord { .. }), "{err}");
+        let mut read = StoredRecords::new();
+        read.insert(ws, store.read_record(ws, id).unwrap().unwrap());
+        store.append_onto(p, &[change], read).unwrap();
+        let merged = store.read_record(ws, id).unwrap().unwrap();
+        assert_eq!(merged.fields, vec![field("a", "1"), field("b", "2")]);
+    }
+
+    #[test]
     fn an_update_s_merged_length_is_the_length_of_the_merged_record_s_encoding() {
         let stored = Record {
             id: RecordId(300),
