@@ -335,6 +335,18 @@ fn print_results(
     );
 }
 
+/// The body of a client's `n`th command, on workspace `ws`: with `records` (`--updates`, by
+/// workspace) an update of the workspace's record, else `template` (a create) on `ws`.
+fn body(template: &CommandBody, records: Option<&[u64]>, ws: u64, n: u64) -> CommandBody {
+    match records {
+        Some(ids) => update_command(ws, ids[(ws - 1) as usize], n),
+        None => CommandBody {
+            ws,
+            ..template.clone()
+        },
+    }
+}
+
 /// The in-process load until `deadline`: with `records` (`--updates`, by workspace) every
 /// command updates its workspace's record, else it creates one.
 async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>(
@@ -364,14 +376,7 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
                 let ws = i % workspaces + 1;
                 i += 7919;
                 n += 1;
-                let body = match &records {
-                    Some(ids) => update_command(ws, ids[(ws - 1) as usize], n),
-                    None => CommandBody {
-                        ws,
-                        ..template.clone()
-                    },
-                };
-                let mut cmd = crate::wire::command(body);
+                let mut cmd = crate::wire::command(body(&template, records.as_deref(), ws, n));
                 let end = ends.as_deref().map(|e| &e[(ws - 1) as usize]);
                 cmd.expected_wlog_offset = end.map(|e| e.load(Ordering::Relaxed));
                 let key = keys.then(|| {
