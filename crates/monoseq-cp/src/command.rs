@@ -3,12 +3,18 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use monoseq_core::{WsId, WsKind};
-use monoseq_store::{ArgObject, Field, Record, RecordId, RecordKind};
+use std::io::Write as _;
+
+use monoseq_core::{PLogOffset, WsId, WsKind};
+use monoseq_store::{
+    ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset,
+};
 #[cfg(feature = "json")]
 use serde::Deserialize;
 use serde::Serialize;
 use serde_json::Value;
+
+use crate::idempotency::{Fingerprint, IdempotencyKey};
 
 /// Largest raw ID a command may use (raw IDs are small client-side placeholders).
 pub const RAW_ID_MAX: u64 = 65_535;
@@ -107,6 +113,19 @@ pub enum KindName {
     WDoc,
     /// Workflow record.
     WRecord,
+}
+
+impl KindName {
+    /// The kind as clients spell it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KindName::CDoc => "CDoc",
+            KindName::CRecord => "CRecord",
+            KindName::WDoc => "WDoc",
+            KindName::WRecord => "WRecord",
+        }
+    }
 }
 
 impl From<KindName> for RecordKind {
@@ -273,66 +292,259 @@ fn raw_ref(field: &str, value: &Value) -> Result<Option<u64>, InvalidCommand> {
     }
 }
 
-/// Builds the stored fields: references replaced by real IDs, values kept as JSON text.
-pub(crate) fn fields(map: &serde_json::Map<String, Value>, ids: &BTreeMap<u64, u64>) -> Vec<Field> {
-    map.iter()
-        .map(|(name, value)| {
-            let value = match raw_ref(name, value) {
-                Ok(Some(raw)) => Value::from(ids[&raw]),
-                _ => value.clone(),
-            };
-            Field::new(name.clone(), value.to_string())
-        })
-        .collect()
+/// The placeholder of every number in a [`Draft`]: the largest, so that the draft is as large
+/// as its event can be once numbered.
+const NUMBER_PLACEHOLDER: u64 = u64::MAX;
+
+/// A checked command, encoded once: its event with every number at [`NUMBER_PLACEHOLDER`] (the
+/// largest event it can give, which the storable check measures before any number is taken),
+/// and where its numbers go once handed out ([`Draft::numbered`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Draft {
+    /// The event. Its updated records have kind `CDoc` and no name until their stored kind and
+    /// name are read.
+    pub(crate) event: Event,
+    /// The fields that refer to a raw ID: the field's place in the event's field order
+    /// (created records, updated records, then the argument tree depth-first), and the raw ID.
+    refs: Vec<(usize, u64)>,
 }
 
-fn arg_object(arg: &NewArg, kind: RecordKind, ids: &BTreeMap<u64, u64>) -> ArgObject {
-    ArgObject {
-        id: RecordId(ids[&arg.raw_id]),
-        kind,
-        name: arg.name.clone(),
-        fields: fields(&arg.fields, ids),
-        children: arg
-            .children
-            .iter()
-            .map(|c| arg_object(c, RecordKind::ORecord, ids))
-            .collect(),
+/// Encodes a checked command into its draft event: every field value becomes its stored JSON
+/// text here, once; with `key`, the command's fingerprint is taken from the same encoding and
+/// the event carries the key. The fingerprint is returned too.
+pub(crate) fn draft(cmd: Command, plan: &Plan, key: Option<&IdempotencyKey>) -> (Draft, u64) {
+    let mut enc = Encoder {
+        fingerprint: key.map(|_| Fingerprint::default()),
+        refs: Vec::new(),
+        place: 0,
+    };
+    enc.text(b"{\"ws\":");
+    enc.number(cmd.ws);
+    enc.text(b",\"ws_kind\":");
+    enc.number(u64::from(cmd.ws_kind));
+    enc.text(b",\"command\":");
+    enc.string(&cmd.command);
+    enc.text(b",\"create\":[");
+    let mut created = Vec::with_capacity(cmd.create.len());
+    for (i, r) in cmd.create.into_iter().enumerate() {
+        enc.comma(i);
+        created.push(enc.created(r));
+    }
+    enc.text(b"],\"update\":[");
+    let mut updated = Vec::with_capacity(cmd.update.len());
+    for (i, u) in cmd.update.into_iter().enumerate() {
+        enc.comma(i);
+        updated.push(enc.updated(u));
+    }
+    enc.text(b"],\"argument\":");
+    let argument = match cmd.argument {
+        Some(arg) => Some(enc.argument(arg, RecordKind::ODoc)),
+        None => {
+            enc.text(b"null");
+            None
+        }
+    };
+    if let Some(offset) = cmd.expected_wlog_offset {
+        enc.text(b",\"expected_wlog_offset\":");
+        enc.number(offset);
+    }
+    enc.text(b"}");
+    let fingerprint = enc.fingerprint.as_ref().map_or(0, Fingerprint::finish);
+    let mut raw_ids: Vec<(u64, u64)> = plan
+        .raw_ids
+        .iter()
+        .map(|&(raw, _)| (raw, NUMBER_PLACEHOLDER))
+        .collect();
+    raw_ids.sort_unstable();
+    let event = Event {
+        plog_offset: PLogOffset(NUMBER_PLACEHOLDER),
+        ws: plan.ws,
+        ws_kind: plan.ws_kind,
+        wlog_offset: WLogOffset(NUMBER_PLACEHOLDER),
+        registered_at_ms: NUMBER_PLACEHOLDER,
+        command: cmd.command,
+        argument,
+        created,
+        updated,
+        idempotency: key.map(|k| Idempotency {
+            key: k.as_str().to_owned(),
+            fingerprint,
+            raw_ids,
+        }),
+    };
+    let refs = enc.refs;
+    (Draft { event, refs }, fingerprint)
+}
+
+/// Turns a command's parts into the event's, writing the command's canonical JSON to the
+/// fingerprint (when one is taken) in the same pass.
+struct Encoder {
+    fingerprint: Option<Fingerprint>,
+    refs: Vec<(usize, u64)>,
+    /// The place of the next field in the event's field order.
+    place: usize,
+}
+
+impl Encoder {
+    fn text(&mut self, json: &[u8]) {
+        if let Some(f) = &mut self.fingerprint {
+            f.text(json);
+        }
+    }
+
+    fn string(&mut self, s: &str) {
+        if let Some(f) = &mut self.fingerprint {
+            f.string(s);
+        }
+    }
+
+    fn number(&mut self, n: u64) {
+        if let Some(f) = &mut self.fingerprint {
+            f.number(n);
+        }
+    }
+
+    /// The comma before the `i`th element of a list.
+    fn comma(&mut self, i: usize) {
+        if i > 0 {
+            self.text(b",");
+        }
+    }
+
+    /// The fields, each value as its JSON text; a reference to a raw ID as the placeholder,
+    /// noted in `refs`.
+    fn fields(&mut self, map: serde_json::Map<String, Value>) -> Vec<Field> {
+        self.text(b"{");
+        let mut out = Vec::with_capacity(map.len());
+        for (i, (name, value)) in map.into_iter().enumerate() {
+            self.comma(i);
+            self.string(&name);
+            self.text(b":");
+            let json = value.to_string();
+            self.text(json.as_bytes());
+            let value = match raw_ref(&name, &value) {
+                Ok(Some(raw)) => {
+                    self.refs.push((self.place, raw));
+                    NUMBER_PLACEHOLDER.to_string().into_bytes()
+                }
+                _ => json.into_bytes(),
+            };
+            self.place += 1;
+            out.push(Field { name, value });
+        }
+        self.text(b"}");
+        out
+    }
+
+    fn created(&mut self, r: NewRecord) -> Record {
+        self.text(b"{\"raw_id\":");
+        self.number(r.raw_id);
+        self.text(b",\"kind\":");
+        self.string(r.kind.as_str());
+        self.text(b",\"name\":");
+        self.string(&r.name);
+        self.text(b",\"fields\":");
+        let fields = self.fields(r.fields);
+        self.text(b"}");
+        Record {
+            id: RecordId(NUMBER_PLACEHOLDER),
+            kind: r.kind.into(),
+            name: r.name,
+            fields,
+        }
+    }
+
+    fn updated(&mut self, u: RecordUpdate) -> Record {
+        self.text(b"{\"id\":");
+        self.number(u.id);
+        self.text(b",\"fields\":");
+        let fields = self.fields(u.fields);
+        self.text(b"}");
+        Record {
+            id: RecordId(u.id),
+            kind: RecordKind::CDoc,
+            name: String::new(),
+            fields,
+        }
+    }
+
+    fn argument(&mut self, arg: NewArg, kind: RecordKind) -> ArgObject {
+        self.text(b"{\"raw_id\":");
+        self.number(arg.raw_id);
+        self.text(b",\"name\":");
+        self.string(&arg.name);
+        self.text(b",\"fields\":");
+        let fields = self.fields(arg.fields);
+        self.text(b",\"children\":[");
+        let mut children = Vec::with_capacity(arg.children.len());
+        for (i, child) in arg.children.into_iter().enumerate() {
+            self.comma(i);
+            children.push(self.argument(child, RecordKind::ORecord));
+        }
+        self.text(b"]}");
+        ArgObject {
+            id: RecordId(NUMBER_PLACEHOLDER),
+            kind,
+            name: arg.name,
+            fields,
+            children,
+        }
     }
 }
 
-/// The created records, the updates and the argument object with real IDs. `updated` gives the
-/// stored kind and type name of each updated record, in `cmd.update` order.
-pub(crate) fn resolve(
-    cmd: &Command,
-    ids: &BTreeMap<u64, u64>,
-    updated: &[(RecordKind, String)],
-) -> (Vec<Record>, Vec<Record>, Option<ArgObject>) {
-    let created = cmd
-        .create
-        .iter()
-        .map(|r| Record {
-            id: RecordId(ids[&r.raw_id]),
-            kind: r.kind.into(),
-            name: r.name.clone(),
-            fields: fields(&r.fields, ids),
-        })
-        .collect();
-    let updated = cmd
-        .update
-        .iter()
-        .zip(updated)
-        .map(|(u, (kind, name))| Record {
-            id: RecordId(u.id),
-            kind: *kind,
-            name: name.clone(),
-            fields: fields(&u.fields, ids),
-        })
-        .collect();
-    let argument = cmd
-        .argument
-        .as_ref()
-        .map(|a| arg_object(a, RecordKind::ODoc, ids));
-    (created, updated, argument)
+impl Draft {
+    /// The event with the IDs handed out (`ids` by raw ID, one for every raw ID of `plan`, the
+    /// plan the draft was made with): in the records it creates, the argument tree, the fields
+    /// that refer to them and the idempotency answer. The PLog and WLog offsets, the time and
+    /// the updated records' kinds and names are the caller's to set.
+    pub(crate) fn numbered(&self, plan: &Plan, ids: &BTreeMap<u64, u64>) -> Event {
+        let mut event = self.event.clone();
+        let mut numbers = plan.raw_ids.iter().map(|(raw, _)| ids[raw]);
+        for r in &mut event.created {
+            r.id = RecordId(numbers.next().unwrap_or(NUMBER_PLACEHOLDER));
+        }
+        if let Some(arg) = &mut event.argument {
+            number_args(arg, &mut numbers);
+        }
+        let mut refs = self.refs.iter().peekable();
+        let mut place = 0;
+        let mut patch = |fields: &mut Vec<Field>| {
+            for f in fields {
+                if let Some((_, raw)) = refs.next_if(|(at, _)| *at == place) {
+                    f.value.clear();
+                    let _ = write!(f.value, "{}", ids[raw]);
+                }
+                place += 1;
+            }
+        };
+        for r in event.created.iter_mut().chain(&mut event.updated) {
+            patch(&mut r.fields);
+        }
+        if let Some(arg) = &mut event.argument {
+            arg_fields(arg, &mut patch);
+        }
+        if let Some(i) = &mut event.idempotency {
+            i.raw_ids.clear();
+            i.raw_ids.extend(ids.iter().map(|(&raw, &id)| (raw, id)));
+        }
+        event
+    }
+}
+
+/// Gives the argument tree its IDs, depth first.
+fn number_args(arg: &mut ArgObject, numbers: &mut impl Iterator<Item = u64>) {
+    arg.id = RecordId(numbers.next().unwrap_or(NUMBER_PLACEHOLDER));
+    for child in &mut arg.children {
+        number_args(child, numbers);
+    }
+}
+
+/// Calls `f` with the fields of the argument tree, depth first.
+fn arg_fields(arg: &mut ArgObject, f: &mut impl FnMut(&mut Vec<Field>)) {
+    f(&mut arg.fields);
+    for child in &mut arg.children {
+        arg_fields(child, f);
+    }
 }
 
 #[cfg(test)]
@@ -365,9 +577,103 @@ mod tests {
             ]
         );
         let ids = BTreeMap::from([(1, 100), (2, 200), (3, 300), (4, 400)]);
-        let (created, _, arg) = resolve(&c, &ids, &[]);
-        assert_eq!(created[0].fields[0].value, b"200");
-        assert_eq!(arg.unwrap().children[0].fields[0].value, b"100");
+        let (draft, _) = draft(c, &p, None);
+        let event = draft.numbered(&p, &ids);
+        assert_eq!(event.created[0].id, RecordId(100));
+        assert_eq!(event.created[0].fields[0].value, b"200");
+        let arg = event.argument.unwrap();
+        assert_eq!((arg.id, arg.children[0].id), (RecordId(300), RecordId(400)));
+        assert_eq!(arg.children[0].fields[0].value, b"100");
+    }
+
+    /// Commands covering every part of the canonical JSON: escapes, nesting, empty and full
+    /// lists, references, every kind, with and without an expected WLog offset.
+    fn varied() -> Vec<Command> {
+        let mut deep = json!({"raw_id": 10, "name": "leaf", "fields": {"x": {"$raw": 1}}});
+        for i in 11..14 {
+            deep = json!({"raw_id": i, "name": format!("n{i}"), "children": [deep,
+                          {"raw_id": i + 10, "name": "sib", "fields": {"é\"\\\n": [1, 2.5, null]}}]});
+        }
+        [
+            json!({"ws": 1, "ws_kind": 1, "command": "c"}),
+            json!({"ws": u64::MAX, "ws_kind": 65535, "command": "quote \" and \u{1}",
+                   "expected_wlog_offset": 0}),
+            json!({"ws": 7, "ws_kind": 2, "command": "app.Order",
+                   "create": [{"raw_id": 1, "kind": "CDoc", "name": "o",
+                               "fields": {"b": true, "a": {"$raw": 2}, "n": -1.5e300,
+                                          "s": "π\t", "o": {"k": [{}]}}},
+                              {"raw_id": 2, "kind": "CRecord", "name": "r"},
+                              {"raw_id": 3, "kind": "WDoc", "name": "w", "fields": {}},
+                              {"raw_id": 4, "kind": "WRecord", "name": "wr",
+                               "fields": {"$raw": {"$raw": 3}}}],
+                   "update": [{"id": 9, "fields": {"paid": {"$raw": 1}, "z": 0}},
+                              {"id": 10, "fields": {}}],
+                   "argument": deep,
+                   "expected_wlog_offset": 12345}),
+        ]
+        .into_iter()
+        .map(cmd)
+        .collect()
+    }
+
+    #[test]
+    fn the_fingerprint_taken_while_encoding_is_the_serialized_command_s() {
+        let key = IdempotencyKey::new("k").unwrap();
+        for c in varied() {
+            let p = plan(&c).unwrap();
+            let expected = crate::idempotency::fingerprint(&c);
+            let (d, f) = draft(c.clone(), &p, Some(&key));
+            assert_eq!(f, expected, "{c:?}");
+            assert_eq!(d.event.idempotency.unwrap().fingerprint, expected);
+        }
+    }
+
+    #[test]
+    fn a_numbered_draft_is_the_event_with_every_reference_resolved() {
+        for c in varied() {
+            let p = plan(&c).unwrap();
+            let ids: BTreeMap<u64, u64> = p
+                .raw_ids
+                .iter()
+                .map(|&(raw, _)| (raw, 1_000 + raw))
+                .collect();
+            let (d, _) = draft(c.clone(), &p, None);
+            let event = d.numbered(&p, &ids);
+            // The fields as JSON, a reference replaced by its record's ID.
+            let text = |map: &serde_json::Map<String, Value>| -> Vec<Field> {
+                map.iter()
+                    .map(|(name, value)| {
+                        let value = match raw_ref(name, value) {
+                            Ok(Some(raw)) => Value::from(ids[&raw]),
+                            _ => value.clone(),
+                        };
+                        Field::new(name.clone(), value.to_string())
+                    })
+                    .collect()
+            };
+            for (r, new) in event.created.iter().zip(&c.create) {
+                assert_eq!(r.id, RecordId(ids[&new.raw_id]));
+                assert_eq!(r.fields, text(&new.fields));
+            }
+            for (r, u) in event.updated.iter().zip(&c.update) {
+                assert_eq!((r.id, &r.fields), (RecordId(u.id), &text(&u.fields)));
+            }
+            fn check(
+                a: &ArgObject,
+                n: &NewArg,
+                ids: &BTreeMap<u64, u64>,
+                text: &dyn Fn(&serde_json::Map<String, Value>) -> Vec<Field>,
+            ) {
+                assert_eq!(a.id, RecordId(ids[&n.raw_id]));
+                assert_eq!(a.fields, text(&n.fields));
+                for (a, n) in a.children.iter().zip(&n.children) {
+                    check(a, n, ids, text);
+                }
+            }
+            if let (Some(a), Some(n)) = (&event.argument, &c.argument) {
+                check(a, n, &ids, &text);
+            }
+        }
     }
 
     #[test]

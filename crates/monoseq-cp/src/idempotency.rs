@@ -7,7 +7,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hasher;
+use std::io::Write as _;
 
+#[cfg(test)]
 use crate::command::Command;
 use crate::error::CommandError;
 
@@ -62,8 +64,40 @@ impl IdempotencyKey {
     }
 }
 
-/// A fingerprint of the request: FNV-1a 64 of the command as JSON (fields in declaration
-/// order, maps sorted), so a retry of the same request matches and another body does not.
+/// A command's fingerprint, taken as the command is encoded ([`crate::command::draft`]):
+/// FNV-1a 64 of the command's canonical JSON, which the encoder writes here piece by piece, so
+/// a retry of the same request matches and another body does not. The canonical JSON is the
+/// serialization of [`crate::Command`] (fields in declaration order, `expected_wlog_offset` only when
+/// given, maps in their order, no spaces): fingerprints are stored with every keyed event, so
+/// it never changes ([`fingerprint`], the reference, is checked against it).
+#[derive(Default)]
+pub(crate) struct Fingerprint(Fnv1a);
+
+impl Fingerprint {
+    /// JSON text as it is: punctuation, or a value encoded already.
+    pub(crate) fn text(&mut self, json: &[u8]) {
+        self.0.write(json);
+    }
+
+    /// A string, quoted and escaped as JSON.
+    pub(crate) fn string(&mut self, s: &str) {
+        // Writing to the hasher cannot fail.
+        let _ = serde_json::to_writer(HashWriter(&mut self.0), s);
+    }
+
+    /// A whole number.
+    pub(crate) fn number(&mut self, n: u64) {
+        let _ = write!(HashWriter(&mut self.0), "{n}");
+    }
+
+    pub(crate) fn finish(&self) -> u64 {
+        self.0.finish()
+    }
+}
+
+/// The reference fingerprint: FNV-1a 64 of the command serialized as JSON, what
+/// [`Fingerprint`] must give for every command.
+#[cfg(test)]
 pub(crate) fn fingerprint(cmd: &Command) -> u64 {
     let mut h = Fnv1a::default();
     // Serializing a plain struct of strings, numbers and JSON values cannot fail; a failure

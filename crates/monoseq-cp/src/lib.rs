@@ -16,6 +16,7 @@ mod error;
 mod idempotency;
 #[cfg(feature = "simulation")]
 mod manual;
+mod outcome;
 mod partition;
 mod processor;
 
@@ -29,9 +30,10 @@ pub use idempotency::{
 };
 #[cfg(feature = "simulation")]
 pub use manual::ManualPartition;
+pub use outcome::Outcome;
 pub use partition::{PartitionState, REBUILD_DELAY_MAX, REBUILD_DELAY_MIN};
 pub use processor::{
     BACKLOG_VALUES_MAX_DEFAULT, CommandProcessor, Config, FLUSH_DELAY_DEFAULT,
-    GROUP_COMMANDS_MAX_DEFAULT, Outcome, PARTITION_THREADS_MAX_DEFAULT, PARTITIONS_MAX,
-    ProcessorStats, QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS,
+    GROUP_COMMANDS_MAX_DEFAULT, PARTITION_THREADS_MAX_DEFAULT, PARTITIONS_MAX, ProcessorStats,
+    QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS,
 };

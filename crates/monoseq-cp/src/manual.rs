@@ -14,8 +14,9 @@ use monoseq_store::{EventStore, Mark, PartitionId};
 use crate::command::Command;
 use crate::error::{CommandError, ConfigError};
 use crate::idempotency::{IdempotencyKey, Window};
+use crate::outcome::{Counters, Outcome};
 use crate::partition::{Storage, Writer, busy, read_keys};
-use crate::processor::{Config, Counters, Outcome, prepare, sequencer_params};
+use crate::processor::{Config, prepare, sequencer_params};
 
 /// One partition's writer and its sequencer's worker, stepped by the caller.
 pub struct ManualPartition<S: KvStore + Clone> {

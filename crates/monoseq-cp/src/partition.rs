@@ -13,21 +13,21 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use monoseq_backoff::Backoff;
 use monoseq_core::{
     Busy, NextError, Params, PoisonReason, Runtime, Sequencer, SequencerHandle, Start, StartError,
-    Status, Transaction,
+    Status, Transaction, WsId,
 };
 use monoseq_kv::{KvError, KvStore};
 use monoseq_store::{
-    AppendError, CRECORD_ID_SEQUENCE, Event, EventStore, GroupBegun, Idempotency, Mark, Marks,
-    MarksError, OWRECORD_ID_SEQUENCE, PLogSeqStorage, PartitionId, ReadError, RecordId, RecordKind,
+    AppendError, CRECORD_ID_SEQUENCE, Event, EventStore, GroupBegun, Mark, Marks, MarksError,
+    OWRECORD_ID_SEQUENCE, PLogSeqStorage, PartitionId, ReadError, RecordKind, StoredRecords,
     WLOG_OFFSET_SEQUENCE, WLogOffset,
 };
 use tokio::sync::{mpsc, oneshot};
 
 use crate::acked::Acked;
-use crate::command::{Command, Plan, resolve};
+use crate::command::{Draft, Plan};
 use crate::error::CommandError;
 use crate::idempotency::{IdempotencyKey, Window};
-use crate::processor::{Counters, Outcome};
+use crate::outcome::{Counters, Outcome};
 
 /// How long a starting or rebuilt partition waits for its sequencer to finish actualizing
 /// before it answers the queued commands and waits again.
@@ -49,7 +49,10 @@ pub(crate) type Storage<S> = Arc<PLogSeqStorage<S>>;
 
 /// A queued command.
 pub(crate) struct Job {
-    pub(crate) cmd: Command,
+    /// Its event, encoded once, waiting for its numbers.
+    pub(crate) draft: Draft,
+    /// Applies the command only if its workspace's WLog ends at this offset.
+    pub(crate) expected_wlog_offset: Option<u64>,
     pub(crate) plan: Plan,
     /// The idempotency key and the request's fingerprint.
     pub(crate) key: Option<(IdempotencyKey, u64)>,
@@ -246,6 +249,9 @@ struct Group {
     /// Commands refused on an expected WLog offset after the group accepted others: answered
     /// once the group is written, retried with its innocent commands if it fails.
     conflicts: Vec<(Job, CommandError)>,
+    /// The records the group's commands update, as stored before the group: read once, to
+    /// check each command, and handed to the event store to merge the updates into.
+    stored: StoredRecords,
 }
 
 impl Group {
@@ -257,6 +263,7 @@ impl Group {
             followers: Vec::new(),
             replays: Vec::new(),
             conflicts: Vec::new(),
+            stored: StoredRecords::new(),
         }
     }
 }
@@ -935,6 +942,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             followers,
             replays,
             conflicts,
+            stored,
             ..
         } = group;
         let replayed = replays.iter().fold(self.mark, |m, r| m.max(&r.2));
@@ -947,7 +955,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         let first = accepted[0].outcome.plog_offset;
         let mark = group_mark(replayed, &events);
         let writing = Instant::now();
-        match self.write(&events, mark, begun) {
+        match self.write(&events, stored, mark, begun) {
             Ok(()) => {
                 let write = writing.elapsed();
                 self.written_group(mark, accepted, followers, replays);
@@ -998,7 +1006,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 None => {}
             }
         }
-        match self.sequence(&job, now_ms) {
+        match self.sequence(&job, now_ms, &mut group.stored) {
             Ok((event, outcome)) => {
                 if let Some((key, _)) = &job.key {
                     let hash = key.hash_in(job.plan.ws.0);
@@ -1139,10 +1147,11 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     fn write(
         &self,
         events: &[Event],
+        stored: StoredRecords,
         mark: Mark,
         begun: Option<GroupBegun<'_>>,
     ) -> Result<(), AppendError> {
-        self.store.append(self.partition, events)?;
+        self.store.append_onto(self.partition, events, stored)?;
         let raised = match begun {
             Some(group) => group.raise_after(self.partition.0, &mark, || self.store.sync()),
             None => self.raise_synced(mark),
@@ -1201,12 +1210,18 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         )))
     }
 
-    /// Runs the sequencing transaction of one command, committed as pending. A command whose
-    /// expected WLog offset is not where its workspace's WLog ends (the group's earlier
-    /// commands included) cancels the transaction: it takes no number.
-    fn sequence(&mut self, job: &Job, now_ms: u64) -> Result<(Event, Outcome), CommandError> {
+    /// Runs the sequencing transaction of one command, committed as pending, and numbers its
+    /// draft event. A command whose expected WLog offset is not where its workspace's WLog
+    /// ends (the group's earlier commands included) cancels the transaction: it takes no
+    /// number. The records it updates are read into `stored`, the group's.
+    fn sequence(
+        &mut self,
+        job: &Job,
+        now_ms: u64,
+        stored: &mut StoredRecords,
+    ) -> Result<(Event, Outcome), CommandError> {
         let plan = &job.plan;
-        let updated = self.read_updated(job)?;
+        self.read_updated(job, stored)?;
         let tx = match self.seq.start(plan.ws_kind, plan.ws) {
             Ok(Start::Began(tx)) => tx,
             Ok(Start::Busy(b)) => return Err(busy(b)),
@@ -1238,32 +1253,23 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             self.lost = Some(reason.clone());
             return Err(CommandError::Corrupted(reason));
         }
-        let mut tx = on_expected_wlog(tx, &job.cmd)?;
+        let mut tx = on_expected_wlog(tx, plan.ws, job.expected_wlog_offset)?;
         let wlog = tx.next(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
         let mut ids = BTreeMap::new();
         for &(raw, kind) in &plan.raw_ids {
             let n = tx.next(RecordKind::id_sequence(kind)).map_err(next_error)?;
             ids.insert(raw, n.0);
         }
-        let kinds: Vec<(RecordKind, String)> =
-            updated.iter().map(|r| (r.kind, r.name.clone())).collect();
-        let (created, updated, argument) = resolve(&job.cmd, &ids, &kinds);
-        let event = Event {
-            plog_offset: plog,
-            ws: plan.ws,
-            ws_kind: plan.ws_kind,
-            wlog_offset: WLogOffset(wlog.0),
-            registered_at_ms: now_ms,
-            command: job.cmd.command.clone(),
-            argument,
-            created,
-            updated,
-            idempotency: job.key.as_ref().map(|(key, fingerprint)| Idempotency {
-                key: key.as_str().to_owned(),
-                fingerprint: *fingerprint,
-                raw_ids: ids.iter().map(|(&r, &i)| (r, i)).collect(),
-            }),
-        };
+        let mut event = job.draft.numbered(plan, &ids);
+        event.plog_offset = plog;
+        event.wlog_offset = WLogOffset(wlog.0);
+        event.registered_at_ms = now_ms;
+        for u in &mut event.updated {
+            if let Some(r) = stored.get(plan.ws, u.id) {
+                u.kind = r.kind;
+                u.name.clone_from(&r.name);
+            }
+        }
         tx.commit_pending();
         let outcome = Outcome {
             partition: self.partition.0,
@@ -1275,36 +1281,28 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         Ok((event, outcome))
     }
 
-    /// The stored records the command updates, each checked to stay within the storage's
-    /// limits once updated (before any number is taken).
-    fn read_updated(&self, job: &Job) -> Result<Vec<monoseq_store::Record>, CommandError> {
-        if job.cmd.update.is_empty() {
-            return Ok(Vec::new());
-        }
+    /// Reads the stored records the command updates into `stored` (once per group: one read
+    /// already is not read again; nothing the group writes is written before it ends) and
+    /// checks that each stays within the storage's limits once updated, before any number is
+    /// taken.
+    fn read_updated(&self, job: &Job, stored: &mut StoredRecords) -> Result<(), CommandError> {
         let ws = job.plan.ws;
-        let mut out = Vec::with_capacity(job.cmd.update.len());
-        let probe_ids: BTreeMap<u64, u64> = job
-            .plan
-            .raw_ids
-            .iter()
-            .map(|&(raw, _)| (raw, u64::MAX))
-            .collect();
-        for u in &job.cmd.update {
-            let stored = match self.store.read_record(ws, RecordId(u.id)) {
-                Ok(Some(r)) => r,
-                Ok(None) => return Err(CommandError::UnknownRecord { ws: ws.0, id: u.id }),
-                Err(e) => return Err(read_error(&e)),
-            };
-            let change = monoseq_store::Record {
-                fields: crate::command::fields(&u.fields, &probe_ids),
-                ..stored.clone()
-            };
-            self.store
-                .check_update_storable(&stored, &change)
-                .map_err(|e| CommandError::TooLarge(e.to_string()))?;
-            out.push(stored);
+        for change in &job.draft.event.updated {
+            let id = change.id;
+            if stored.get(ws, id).is_none() {
+                match self.store.read_record(ws, id) {
+                    Ok(Some(r)) => stored.insert(ws, r),
+                    Ok(None) => return Err(CommandError::UnknownRecord { ws: ws.0, id: id.0 }),
+                    Err(e) => return Err(read_error(&e)),
+                }
+            }
+            if let Some(record) = stored.get(ws, id) {
+                self.store
+                    .check_update_storable(record, change)
+                    .map_err(|e| CommandError::TooLarge(e.to_string()))?;
+            }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn report_cache(&mut self) {
@@ -1326,9 +1324,10 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
 /// refused.
 fn on_expected_wlog<'a, S: KvStore + Clone>(
     tx: Transaction<'a, Storage<S>>,
-    cmd: &Command,
+    ws: WsId,
+    expected: Option<u64>,
 ) -> Result<Transaction<'a, Storage<S>>, CommandError> {
-    let Some(expected) = cmd.expected_wlog_offset else {
+    let Some(expected) = expected else {
         return Ok(tx);
     };
     let current = tx.current(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
@@ -1339,7 +1338,7 @@ fn on_expected_wlog<'a, S: KvStore + Clone>(
         tx.actualize();
     }
     Err(CommandError::WlogConflict {
-        ws: cmd.ws,
+        ws: ws.0,
         expected,
         current: current.0,
     })

@@ -7,7 +7,6 @@
 //! in full (validity, sizes, encodability) before it is queued, so a bad command never costs
 //! its partition an actualization.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -15,16 +14,16 @@ use std::time::Duration;
 use monoseq_core::{Runtime, Sequencer, SequencerStats, Status, WsId, WsKind};
 use monoseq_kv::KvStore;
 use monoseq_store::{
-    AppId, Event, EventStore, Idempotency, Mark, Marks, PartitionId, TrustLevel, WLogOffset,
-    built_in_params_above,
+    AppId, EventStore, Mark, Marks, PartitionId, TrustLevel, built_in_params_above,
 };
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::acked::Acked;
-use crate::command::{Command, Plan, plan, resolve};
+use crate::command::{Command, Draft, draft, plan};
 use crate::error::{CommandError, ConfigError};
-use crate::idempotency::{IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey, Window, fingerprint};
+use crate::idempotency::{IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey, Window};
+use crate::outcome::{Counters, Outcome};
 use crate::partition::{
     Job, PartitionShared, PartitionState, PartitionTask, Writer, WriterTemplate,
 };
@@ -107,34 +106,6 @@ impl Default for Config {
             partition_threads_max: PARTITION_THREADS_MAX_DEFAULT,
         }
     }
-}
-
-/// The answer to a successful command.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    /// The partition that ran it.
-    pub partition: u32,
-    /// The event's PLog offset.
-    pub plog_offset: u64,
-    /// The event's WLog offset.
-    pub wlog_offset: u64,
-    /// Real IDs of the command's raw IDs.
-    pub ids: BTreeMap<u64, u64>,
-    /// The answer repeats the original one of a command with the same idempotency key;
-    /// nothing was written now.
-    pub replayed: bool,
-}
-
-/// Counters of the whole processor.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) committed: AtomicU64,
-    pub(crate) replayed: AtomicU64,
-    pub(crate) busy: AtomicU64,
-    pub(crate) failed: AtomicU64,
-    pub(crate) groups: AtomicU64,
-    pub(crate) cache_hits: AtomicU64,
-    pub(crate) cache_misses: AtomicU64,
 }
 
 /// A point-in-time reading of the processor, for metrics and readiness.
@@ -607,7 +578,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
 }
 
 /// Checks a command in full (validity, workspace kind, storability) and makes it a job with the
-/// receiver of its answer.
+/// receiver of its answer. The command is encoded here, once: its draft event serves the
+/// storable check, the fingerprint and, numbered, the event written.
 pub(crate) fn prepare<S: KvStore + Clone>(
     config: &Config,
     store: &EventStore<S>,
@@ -618,16 +590,15 @@ pub(crate) fn prepare<S: KvStore + Clone>(
     if !config.ws_kinds.contains(&plan.ws_kind) {
         return Err(CommandError::UnknownWsKind(cmd.ws_kind));
     }
-    let key = key.map(|k| {
-        let f = fingerprint(&cmd);
-        (k, f)
-    });
-    check_storable(store, &cmd, &plan, key.as_ref())?;
+    let expected_wlog_offset = cmd.expected_wlog_offset;
+    let (draft, fingerprint) = draft(cmd, &plan, key.as_ref());
+    check_storable(store, &draft)?;
     let (reply, answer) = oneshot::channel();
     let job = Job {
-        cmd,
+        draft,
+        expected_wlog_offset,
         plan,
-        key,
+        key: key.map(|k| (k, fingerprint)),
         reply,
         queued_at: std::time::Instant::now(),
     };
@@ -635,33 +606,12 @@ pub(crate) fn prepare<S: KvStore + Clone>(
 }
 
 /// Refuses, before it takes any number, a command whose event or records would not fit the
-/// storage's limits: the event is built with the largest possible numbers and encoded.
+/// storage's limits: its draft has the largest possible numbers.
 fn check_storable<S: KvStore + Clone>(
     store: &EventStore<S>,
-    cmd: &Command,
-    plan: &Plan,
-    key: Option<&(IdempotencyKey, u64)>,
+    draft: &Draft,
 ) -> Result<(), CommandError> {
-    let ids: BTreeMap<u64, u64> = plan.raw_ids.iter().map(|&(r, _)| (r, u64::MAX)).collect();
-    let kinds = vec![(monoseq_store::RecordKind::CDoc, String::new()); cmd.update.len()];
-    let (created, updated, argument) = resolve(cmd, &ids, &kinds);
-    let probe = Event {
-        plog_offset: monoseq_core::PLogOffset(u64::MAX),
-        ws: plan.ws,
-        ws_kind: plan.ws_kind,
-        wlog_offset: WLogOffset(u64::MAX),
-        registered_at_ms: u64::MAX,
-        command: cmd.command.clone(),
-        argument,
-        created,
-        updated,
-        idempotency: key.map(|(k, f)| Idempotency {
-            key: k.as_str().to_owned(),
-            fingerprint: *f,
-            raw_ids: ids.iter().map(|(&r, &i)| (r, i)).collect(),
-        }),
-    };
-    store.check_storable(&probe).map_err(|e| {
+    store.check_storable(&draft.event).map_err(|e| {
         CommandError::TooLarge(
             crate::error::chain(&e).replace("event 0 of the group", "the command"),
         )

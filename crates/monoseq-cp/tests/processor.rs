@@ -4,13 +4,15 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use monoseq_core::{PLogOffset, WsId, WsKind};
 use monoseq_cp::{Command, CommandError, CommandProcessor, Config, ErrorClass};
-use monoseq_kv::{KvStore, MemoryStore, WriteBatch};
+use monoseq_kv::{FaultyStore, KvStore, MemoryStore, WriteBatch};
 use monoseq_store::{
-    AppId, CRECORD_ID_SEQUENCE, EventStore, OWRECORD_ID_SEQUENCE, PartitionId, RecordId, TrustLevel,
+    AppId, CRECORD_ID_SEQUENCE, EventStore, OWRECORD_ID_SEQUENCE, PartitionId, RecordId,
+    RecordKind, TrustLevel,
 };
 use serde_json::json;
 
@@ -91,6 +93,58 @@ async fn a_command_gets_offsets_and_real_ids_and_is_stored_with_references_resol
 
 fn order_again(ws: u64) -> Command {
     order(ws)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_reads_its_record_once_and_stores_the_merge_with_the_record_s_kind_and_name() {
+    let kv = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+    let config = Config {
+        partitions: 1,
+        ..Config::default()
+    };
+    let cp = CommandProcessor::start(store.clone(), config).unwrap();
+    ready(&cp).await;
+    let crec = cp.submit(order(7)).await.unwrap().ids[&1];
+    let block = store.record_key(WsId(7), RecordId(crec)).partition;
+    let reads = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&reads);
+    kv.on_read(move |partition| {
+        if partition == block.as_slice() {
+            counted.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let update = cmd(json!({"ws": 7, "ws_kind": 1, "command": "app.Note",
+        "create": [{"raw_id": 1, "kind": "WDoc", "name": "app.Note"}],
+        "update": [{"id": crec, "fields": {"number": 6, "note": {"$raw": 1}}}]}));
+    let out = cp.submit(update).await.unwrap();
+    assert_eq!(
+        reads.load(Ordering::SeqCst),
+        1,
+        "the updated record was read more than once"
+    );
+    kv.clear_hooks();
+    let note = out.ids[&1].to_string().into_bytes();
+    let stored = store.read_record(WsId(7), RecordId(crec)).unwrap().unwrap();
+    let value = |name: &str| {
+        let field = stored.fields.iter().find(|f| f.name == name);
+        field.map(|f| f.value.clone())
+    };
+    assert_eq!(value("number"), Some(b"6".to_vec()));
+    assert_eq!(value("note"), Some(note.clone()));
+    assert!(value("customer").is_some(), "{stored:?}");
+    let event = store
+        .read_event(PartitionId(0), PLogOffset(out.plog_offset))
+        .unwrap()
+        .unwrap();
+    let updated = &event.updated[0];
+    assert_eq!(
+        (updated.kind, updated.name.as_str()),
+        (RecordKind::CDoc, "app.Order")
+    );
+    let changed = updated.fields.iter().find(|f| f.name == "note").unwrap();
+    assert_eq!(changed.value, note);
+    assert!(cp.shutdown(Duration::from_secs(10)).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

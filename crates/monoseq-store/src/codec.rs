@@ -6,6 +6,8 @@
 //! is bounded by [`ARG_DEPTH_MAX`], and a CRC-32 over the body rejects damaged bytes, so
 //! corrupted or truncated input gives a [`DecodeError`], never a panic.
 
+use std::collections::{HashMap, HashSet};
+
 use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
 
 use crate::builtin::WLOG_OFFSET_SEQUENCE;
@@ -826,8 +828,6 @@ impl WLogTarget {
 // ---------------------------------------------------------------------------------------------
 // Record values
 
-/// Encodes the stored value of a record (layout in `docs/format.md`, "Record value"), appending
-/// to `out`.
 /// The length [`encode_record_value`] would give, without encoding.
 pub(crate) fn record_value_len(r: &Record) -> usize {
     let mut len = Len(HEADER_BYTES);
@@ -835,6 +835,47 @@ pub(crate) fn record_value_len(r: &Record) -> usize {
     len.0
 }
 
+/// The length [`encode_record_value`] would give for `stored` with `changes` merged into its
+/// fields as the store merges an update (the first field of a changed name takes the value of
+/// the name's last change; a new name is appended once, with its last value), without
+/// building the merged record.
+pub(crate) fn merged_record_value_len(stored: &Record, changes: &[Field]) -> usize {
+    let last: HashMap<&str, &[u8]> = changes
+        .iter()
+        .map(|c| (c.name.as_str(), c.value.as_slice()))
+        .collect();
+    let mut len = Len(HEADER_BYTES);
+    len.byte(stored.kind.code());
+    put_varint(&mut len, stored.id.0);
+    put_bytes(&mut len, stored.name.as_bytes());
+    let (mut fields, mut count) = (Len(0), 0u64);
+    let mut named: HashSet<&str> = HashSet::with_capacity(stored.fields.len() + changes.len());
+    for f in &stored.fields {
+        let first = named.insert(f.name.as_str());
+        let value = match last.get(f.name.as_str()) {
+            Some(v) if first => v,
+            _ => f.value.as_slice(),
+        };
+        put_bytes(&mut fields, f.name.as_bytes());
+        put_bytes(&mut fields, value);
+        count += 1;
+    }
+    for c in changes {
+        if named.insert(c.name.as_str()) {
+            put_bytes(&mut fields, c.name.as_bytes());
+            put_bytes(
+                &mut fields,
+                last.get(c.name.as_str()).copied().unwrap_or_default(),
+            );
+            count += 1;
+        }
+    }
+    put_varint(&mut len, count);
+    len.0 + fields.0
+}
+
+/// Encodes the stored value of a record (layout in `docs/format.md`, "Record value"), appending
+/// to `out`.
 pub(crate) fn encode_record_value(out: &mut Vec<u8>, r: &Record) {
     let start = out.len();
     out.push(FORMAT_VERSION);

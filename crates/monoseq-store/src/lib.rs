@@ -49,5 +49,6 @@ pub use positions::{
 };
 pub use seqstore::PLogSeqStorage;
 pub use store::{
-    AppendError, EventStore, InvalidTrustLevel, ReadError, TrustLevel, WLOG_READ_EVENTS_MAX,
+    AppendError, EventStore, InvalidTrustLevel, ReadError, StoredRecords, TrustLevel,
+    WLOG_READ_EVENTS_MAX,
 };

@@ -10,7 +10,7 @@ use monoseq_kv::{KeyBuf, KvError, KvStore, Op, Order, Oversized, WriteBatch, Wri
 
 use crate::codec::{
     DecodeError, EncodeError, WLogEntry, WLogRef, decode_record_value, encode_record_value,
-    event_crc, record_value_len,
+    event_crc, merged_record_value_len, record_value_len,
 };
 use crate::event::{Event, Field, Record, RecordId, WLogOffset};
 use crate::keys::{
@@ -284,10 +284,29 @@ impl<S: KvStore> EventStore<S> {
     /// [`AppendError::SequenceViolation`] (levels 0 and 1) names the key that already existed:
     /// the caller actualizes its sequencer.
     pub fn append(&self, partition: PartitionId, events: &[Event]) -> Result<(), AppendError> {
-        let UpdateBase {
-            records: mut current,
-            updated,
-        } = self.read_updated_records(events)?;
+        let stored = self.read_updated_records(events)?;
+        self.append_onto(partition, events, stored)
+    }
+
+    /// [`EventStore::append`] with the updated records as the caller read them before the
+    /// group: `stored` holds, as stored, every record an event of the group updates that no
+    /// earlier event of the group creates (one missing is [`AppendError::UnknownRecord`];
+    /// others are ignored). A writer that read them to check its commands hands them over
+    /// here, so that each record is read once. The caller must be the only writer of those
+    /// records (a partition's writer is of its workspaces'), or an update may be merged into
+    /// a record changed since it was read.
+    ///
+    /// # Errors
+    ///
+    /// As [`EventStore::append`].
+    pub fn append_onto(
+        &self,
+        partition: PartitionId,
+        events: &[Event],
+        stored: StoredRecords,
+    ) -> Result<(), AppendError> {
+        let updated = updated_keys(events);
+        let mut current = stored.0;
         let mut group = GroupBatch::default();
         for (i, e) in events.iter().enumerate() {
             check_offsets(i, e)?;
@@ -441,16 +460,13 @@ impl<S: KvStore> EventStore<S> {
         stored: &Record,
         update: &Record,
     ) -> Result<(), AppendError> {
-        let mut merged = stored.clone();
-        merge_fields(&mut merged.fields, &update.fields);
-        let mut bytes = Vec::new();
-        encode_record_value(&mut bytes, &merged);
+        let len = merged_record_value_len(stored, &update.fields);
         let max = monoseq_kv::limits::VALUE_BYTES_MAX;
-        if bytes.len() > max {
+        if len > max {
             return Err(AppendError::TooLarge {
                 event_index: 0,
                 what: Oversized::Value,
-                len: bytes.len(),
+                len,
                 max,
             });
         }
@@ -512,12 +528,9 @@ impl<S: KvStore> EventStore<S> {
 
     /// Reads the stored records that `events` update and that no earlier event of the group
     /// creates, in one `get_many`.
-    fn read_updated_records(&self, events: &[Event]) -> Result<UpdateBase, AppendError> {
+    fn read_updated_records(&self, events: &[Event]) -> Result<StoredRecords, AppendError> {
         if events.iter().all(|e| e.updated.is_empty()) {
-            return Ok(UpdateBase {
-                records: HashMap::new(),
-                updated: HashSet::new(),
-            });
+            return Ok(StoredRecords::default());
         }
         let mut wanted: Vec<(WsId, RecordId)> = Vec::new();
         let mut seen: HashSet<(WsId, RecordId)> = HashSet::new();
@@ -535,10 +548,7 @@ impl<S: KvStore> EventStore<S> {
         }
         let mut found = HashMap::with_capacity(wanted.len());
         if wanted.is_empty() {
-            return Ok(UpdateBase {
-                records: found,
-                updated: seen,
-            });
+            return Ok(StoredRecords(found));
         }
         let stored: Vec<_> = wanted
             .iter()
@@ -553,10 +563,7 @@ impl<S: KvStore> EventStore<S> {
                 found.insert((ws, id), record);
             }
         }
-        Ok(UpdateBase {
-            records: found,
-            updated: seen,
-        })
+        Ok(StoredRecords(found))
     }
 
     /// Makes every write that returned before this call durable.
@@ -778,11 +785,41 @@ impl<S: KvStore> EventStore<S> {
     }
 }
 
-/// The records a group's updates apply to: as stored (`records`, filled in as the group is
-/// built with the records it creates), and the keys of every updated record (`updated`).
-struct UpdateBase {
-    records: HashMap<(WsId, RecordId), Record>,
-    updated: HashSet<(WsId, RecordId)>,
+/// Records as stored before a group, by workspace and ID: what the group's updates are merged
+/// into ([`EventStore::append_onto`]).
+#[derive(Debug, Clone, Default)]
+pub struct StoredRecords(HashMap<(WsId, RecordId), Record>);
+
+impl StoredRecords {
+    /// No record yet.
+    #[must_use]
+    pub fn new() -> StoredRecords {
+        StoredRecords::default()
+    }
+
+    /// Record `id` of `ws`, if held.
+    #[must_use]
+    pub fn get(&self, ws: WsId, id: RecordId) -> Option<&Record> {
+        self.0.get(&(ws, id))
+    }
+
+    /// Holds `record` of `ws`, as stored (replacing one of the same ID).
+    pub fn insert(&mut self, ws: WsId, record: Record) {
+        self.0.insert((ws, record.id), record);
+    }
+
+    /// Forgets every record.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// The keys of every record the events update (none allocated when no event updates one).
+fn updated_keys(events: &[Event]) -> HashSet<(WsId, RecordId)> {
+    events
+        .iter()
+        .flat_map(|e| e.updated.iter().map(move |u| (e.ws, u.id)))
+        .collect()
 }
 
 /// Refuses an event numbered 0 in the PLog or its WLog: offsets start at 1.
@@ -849,6 +886,93 @@ fn merge_fields(stored: &mut Vec<Field>, changes: &[Field]) {
         match stored.iter_mut().find(|f| f.name == c.name) {
             Some(f) => f.value.clone_from(&c.value),
             None => stored.push(c.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::RecordKind;
+
+    fn field(name: &str, value: &str) -> Field {
+        Field::new(name, value.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn an_append_onto_records_read_before_merges_into_them_and_refuses_one_not_given() {
+        use std::sync::Arc;
+
+        use monoseq_core::WsKind;
+
+        let store = EventStore::new(
+            Arc::new(monoseq_kv::MemoryStore::new()),
+            AppId(1),
+            TrustLevel::Level0,
+        );
+        let (ws, id) = (WsId(7), RecordId(40));
+        let event = |offset: u64, created: Vec<Record>, updated: Vec<Record>| Event {
+            plog_offset: PLogOffset(offset),
+            ws,
+            ws_kind: WsKind(1),
+            wlog_offset: WLogOffset(offset),
+            registered_at_ms: 0,
+            command: "c".into(),
+            argument: None,
+            created,
+            updated,
+            idempotency: None,
+        };
+        let record = |fields| Record {
+            id,
+            kind: RecordKind::CDoc,
+            name: "app.Doc".into(),
+            fields,
+        };
+        let p = PartitionId(0);
+        store
+            .append(p, &[event(1, vec![record(vec![field("a", "1")])], vec![])])
+            .unwrap();
+        let change = event(2, vec![], vec![record(vec![field("b", "2")])]);
+        let err = store
+            .append_onto(p, std::slice::from_ref(&change), StoredRecords::new())
+            .unwrap_err();
+        assert!(matches!(err, AppendError::UnknownRecord { .. }), "{err}");
+        let mut read = StoredRecords::new();
+        read.insert(ws, store.read_record(ws, id).unwrap().unwrap());
+        store.append_onto(p, &[change], read).unwrap();
+        let merged = store.read_record(ws, id).unwrap().unwrap();
+        assert_eq!(merged.fields, vec![field("a", "1"), field("b", "2")]);
+    }
+
+    #[test]
+    fn an_update_s_merged_length_is_the_length_of_the_merged_record_s_encoding() {
+        let stored = Record {
+            id: RecordId(300),
+            kind: RecordKind::WDoc,
+            name: "app.Order".into(),
+            fields: vec![field("a", "1"), field("b", "22"), field("a", "333")],
+        };
+        let changes = [
+            vec![],
+            vec![field("a", "4444")],
+            vec![field("c", "5"), field("c", "66666"), field("b", "")],
+            vec![
+                field("d", &"x".repeat(300)),
+                field("a", "7"),
+                field("e", "8"),
+            ],
+        ];
+        for change in changes {
+            let mut merged = stored.clone();
+            merge_fields(&mut merged.fields, &change);
+            let mut bytes = Vec::new();
+            encode_record_value(&mut bytes, &merged);
+            assert_eq!(
+                merged_record_value_len(&stored, &change),
+                bytes.len(),
+                "{change:?}"
+            );
         }
     }
 }

@@ -16,7 +16,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use monoseq_cp::CommandProcessor;
 use monoseq_store::{EventStore, TrustLevel};
-use monoseq_wire::{KindBody, NewArgBody, NewRecordBody};
+use monoseq_wire::{KindBody, NewArgBody, NewRecordBody, RecordUpdateBody};
 use serde_json::{Map, Value};
 
 use crate::config::{APP, Settings};
@@ -66,6 +66,10 @@ pub struct BenchArgs {
     /// counted apart, as `conflicts`.
     #[arg(long, conflicts_with = "url")]
     pub expected_wlog_offset: bool,
+    /// In-process only: every command updates a record of its workspace (one per workspace,
+    /// created before the load) instead of creating one, to measure what an update costs.
+    #[arg(long, conflicts_with = "url")]
+    pub updates: bool,
     /// With --url: send the commands in batches of this many (`POST /v1/commands/batch`), each
     /// gathered from the commands of one partition owner, counting each command; latencies are
     /// per batch.
@@ -127,6 +131,52 @@ fn command(ws: u64) -> CommandBody {
         children: Vec::new(),
     });
     command
+}
+
+/// With `--updates`, the command every client sends: the record `id` of `ws` gets field `n`
+/// set to `n`; the argument ODoc names the record, as the creating command's refers to it.
+fn update_command(ws: u64, id: u64, n: u64) -> CommandBody {
+    let field = |name: &str, value: Value| Map::from_iter([(name.to_owned(), value)]);
+    let mut command = CommandBody::new(ws, 1, "bench.Update");
+    command.update.push(RecordUpdateBody {
+        id,
+        fields: field("n", n.into()),
+    });
+    command.argument = Some(NewArgBody {
+        raw_id: 1,
+        name: "bench.Arg".to_owned(),
+        fields: field("doc", id.into()),
+        children: Vec::new(),
+    });
+    command
+}
+
+/// Commands in flight at once while `--updates` creates its records.
+const SETUP_COMMANDS_IN_FLIGHT: usize = 1_024;
+
+/// With `--updates`: creates one record per workspace before the load (the command of
+/// [`command`]); their IDs, by workspace (workspace 1 first).
+async fn create_records<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>(
+    cp: &CommandProcessor<S>,
+    workspaces: u64,
+) -> anyhow::Result<Arc<[u64]>> {
+    let create = |ws: u64| async move {
+        loop {
+            match cp.submit(crate::wire::command(command(ws))).await {
+                Ok(out) => return Ok(out.ids[&1]),
+                Err(e) if e.is_transient() => tokio::time::sleep(Duration::from_millis(1)).await,
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let mut ids = Vec::with_capacity(usize::try_from(workspaces).unwrap_or(0));
+    let all: Vec<u64> = (1..=workspaces).collect();
+    for chunk in all.chunks(SETUP_COMMANDS_IN_FLIGHT) {
+        for id in futures_util::future::join_all(chunk.iter().map(|&ws| create(ws))).await {
+            ids.push(id.context("creating the records that --updates updates")?);
+        }
+    }
+    Ok(ids.into())
 }
 
 /// What the clients measured.
@@ -229,8 +279,13 @@ async fn in_process(
     while !cp.ready() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    let records = if args.updates {
+        Some(create_records(&cp, args.workspaces).await?)
+    } else {
+        None
+    };
     let began = Instant::now();
-    let t = in_process_load(&cp, args, deadline).await;
+    let t = in_process_load(&cp, args, records, deadline).await;
     let elapsed = began.elapsed();
     cp.shutdown(settings.shutdown_timeout).await;
     Ok((t, elapsed))
@@ -256,9 +311,11 @@ fn print_results(
     } else {
         String::new()
     };
+    let mix = if args.updates { "updates" } else { "creates" };
     println!(
-        "bench: mode={mode} trust={trust} partitions={} clients={} ok={} busy={} failed={} \
-         5xx={} throughput={:.0} cmd/s p50={}us p90={}us p99={}us p999={}us max={}us{conflicts}",
+        "bench: mode={mode} trust={trust} mix={mix} partitions={} clients={} ok={} busy={} \
+         failed={} 5xx={} throughput={:.0} cmd/s p50={}us p90={}us p99={}us p999={}us max={}us\
+         {conflicts}",
         if args.url.is_some() {
             "server's".to_owned()
         } else {
@@ -278,9 +335,24 @@ fn print_results(
     );
 }
 
+/// The body of a client's `n`th command, on workspace `ws`: with `records` (`--updates`, by
+/// workspace) an update of the workspace's record, else `template` (a create) on `ws`.
+fn body(template: &CommandBody, records: Option<&[u64]>, ws: u64, n: u64) -> CommandBody {
+    match records {
+        Some(ids) => update_command(ws, ids[(ws - 1) as usize], n),
+        None => CommandBody {
+            ws,
+            ..template.clone()
+        },
+    }
+}
+
+/// The in-process load until `deadline`: with `records` (`--updates`, by workspace) every
+/// command updates its workspace's record, else it creates one.
 async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>(
     cp: &CommandProcessor<S>,
     args: &BenchArgs,
+    records: Option<Arc<[u64]>>,
     deadline: Instant,
 ) -> Tally {
     let mut tasks = Vec::with_capacity(args.clients);
@@ -294,6 +366,7 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
         let workspaces = args.workspaces;
         let keys = args.idempotency_keys;
         let ends = ends.clone();
+        let records = records.clone();
         tasks.push(tokio::spawn(async move {
             let mut t = Tally::new();
             let mut i = client;
@@ -303,8 +376,7 @@ async fn in_process_load<S: monoseq_kv::KvStore + Clone + Send + Sync + 'static>
                 let ws = i % workspaces + 1;
                 i += 7919;
                 n += 1;
-                let mut cmd = crate::wire::command(template.clone());
-                cmd.ws = ws;
+                let mut cmd = crate::wire::command(body(&template, records.as_deref(), ws, n));
                 let end = ends.as_deref().map(|e| &e[(ws - 1) as usize]);
                 cmd.expected_wlog_offset = end.map(|e| e.load(Ordering::Relaxed));
                 let key = keys.then(|| {

@@ -3,20 +3,20 @@
 //! choice of backend: a running server (`--url`), a PostgreSQL database (`--storage`), an
 //! S3-compatible bucket (`--s3-bucket`), or the embedded store's data directory (the default,
 //! for one process at a time: a directory held by another process is waited for up to
-//! `--timeout-ms`). The operations themselves are in `seq_command.rs`.
+//! `--timeout-ms`). The operations, their arguments included, are in `seq_command.rs`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::{Args, Subcommand};
+use clap::Args;
 use monoseq_client::SequencesClient;
 use monoseq_kv::{EmbeddedStore, OpenError};
-use monoseq_named::{KvBackend, Metadata, Sequences, TIMEOUT_DEFAULT};
+use monoseq_named::{KvBackend, Sequences, TIMEOUT_DEFAULT};
 
 use crate::config::{DATA_DIR_DEFAULT, open_postgres, open_store};
-use crate::seq_command::{Target, run};
+use crate::seq_command::{Operation, Target, run};
 
 /// Default of `--timeout-ms`: the library's own operation timeout.
 pub const SEQ_TIMEOUT_DEFAULT_MS: u64 = TIMEOUT_DEFAULT.as_millis() as u64;
@@ -82,81 +82,6 @@ pub struct SeqBackend {
     pub s3_endpoint: Option<String>,
 }
 
-/// Options of the operations that take numbers.
-#[derive(Debug, Clone, Args)]
-pub struct TakeArgs {
-    /// The sequence, [SCOPE/]NAME.
-    #[arg(value_parser = parse_address)]
-    pub address: monoseq_named::Address,
-    /// The first number if the sequence does not exist yet.
-    #[arg(long, value_parser = parse_value)]
-    pub initial: Option<u64>,
-    /// How many numbers to take (the sequence moves on by this much).
-    #[arg(long, value_parser = parse_increment)]
-    pub increment: Option<std::num::NonZeroU64>,
-    /// Metadata to store with the sequence, a JSON object.
-    #[arg(long, value_parser = parse_metadata)]
-    pub metadata: Option<Metadata>,
-}
-
-/// An operation of `monoseq seq`.
-#[derive(Debug, Clone, Subcommand)]
-pub enum Operation {
-    /// Print the current value and advance it (the first of --increment numbers).
-    Next(TakeArgs),
-    /// Advance the value and print the value after it.
-    Increment(TakeArgs),
-    /// Take a block of COUNT numbers at once and print its first and last number.
-    Reserve {
-        /// The sequence, [SCOPE/]NAME.
-        #[arg(value_parser = parse_address)]
-        address: monoseq_named::Address,
-        /// How many numbers the block holds.
-        #[arg(value_parser = parse_increment)]
-        count: std::num::NonZeroU64,
-        /// The first number if the sequence does not exist yet.
-        #[arg(long, value_parser = parse_value)]
-        initial: Option<u64>,
-    },
-    /// Print the stored value (the next `next` returns it).
-    Get {
-        /// The sequence, [SCOPE/]NAME.
-        #[arg(value_parser = parse_address)]
-        address: monoseq_named::Address,
-    },
-    /// Print value, name, times and metadata as JSON.
-    Data {
-        /// The sequence, [SCOPE/]NAME.
-        #[arg(value_parser = parse_address)]
-        address: monoseq_named::Address,
-    },
-    /// Print true or false.
-    Exists {
-        /// The sequence, [SCOPE/]NAME.
-        #[arg(value_parser = parse_address)]
-        address: monoseq_named::Address,
-    },
-    /// Set the stored value (numbers may be handed out again).
-    #[command(alias = "set")]
-    Reset {
-        /// The sequence, [SCOPE/]NAME.
-        #[arg(value_parser = parse_address)]
-        address: monoseq_named::Address,
-        /// The new stored value.
-        #[arg(value_parser = parse_value, allow_hyphen_values = true)]
-        value: u64,
-        /// Metadata to store with the sequence, a JSON object.
-        #[arg(long, value_parser = parse_metadata)]
-        metadata: Option<Metadata>,
-    },
-    /// Delete the sequence.
-    Delete {
-        /// The sequence, [SCOPE/]NAME.
-        #[arg(value_parser = parse_address)]
-        address: monoseq_named::Address,
-    },
-}
-
 /// The options of `seq` accepted on both sides of the operation.
 const GLOBAL_FLAGS: [&str; 6] = [
     "--url",
@@ -191,35 +116,6 @@ pub fn reject_repeated(args: impl IntoIterator<Item = std::ffi::OsString>) -> Re
         }
     }
     Ok(())
-}
-
-fn parse_address(text: &str) -> Result<monoseq_named::Address, String> {
-    text.parse()
-        .map_err(|e: monoseq_named::AddressError| e.to_string())
-}
-
-/// A stored value: `0..=VALUE_MAX`, digits only.
-fn parse_value(text: &str) -> Result<u64, String> {
-    use monoseq_named::VALUE_MAX;
-    if text.starts_with('-') {
-        return Err(format!("{text} is negative"));
-    }
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("{text:?} is not a whole number"));
-    }
-    match text.parse::<u64>() {
-        Ok(value) if value <= VALUE_MAX => Ok(value),
-        _ => Err(format!("{text} is over the largest value {VALUE_MAX}")),
-    }
-}
-
-fn parse_increment(text: &str) -> Result<std::num::NonZeroU64, String> {
-    std::num::NonZeroU64::new(parse_value(text)?)
-        .ok_or_else(|| "0 would hand out the same number twice; use 1 or more".to_owned())
-}
-
-fn parse_metadata(text: &str) -> Result<Metadata, String> {
-    serde_json::from_str(text).map_err(|e| format!("metadata must be a JSON object: {e}"))
 }
 
 /// Runs the operation and prints its result; an error exits non-zero naming its code once.

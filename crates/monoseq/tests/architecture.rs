@@ -254,14 +254,12 @@ const LONG_FUNCTIONS: &[&str] = &[];
 const MODULE_CIRCLES: &[&str] = &[
     "monoseq-client: builder ↔ client",
     "monoseq-core: shared ↔ wait",
-    "monoseq-cp: partition ↔ processor",
     "monoseq-kv: error ↔ key",
     "monoseq-store: builtin ↔ event",
     "monoseq-store: identity ↔ marks",
     "monoseq: config ↔ server",
     // `config` names `storage`'s opening calls for `seq.rs` until it imports them from `storage`.
     "monoseq: config ↔ storage",
-    "monoseq: seq ↔ seq_command",
 ];
 
 // ---------------------------------------------------------------------------------------------
