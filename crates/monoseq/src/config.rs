@@ -441,9 +441,6 @@ pub use crate::base::Store;
 
 pub use crate::base::APP;
 
-/// Named here too for `seq.rs`, which opens storage through these names.
-pub use crate::storage::{open_postgres, open_store};
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,8 +15,9 @@ use monoseq_client::SequencesClient;
 use monoseq_kv::{EmbeddedStore, OpenError};
 use monoseq_named::{KvBackend, Sequences, TIMEOUT_DEFAULT};
 
-use crate::config::{DATA_DIR_DEFAULT, open_postgres, open_store};
+use crate::config::DATA_DIR_DEFAULT;
 use crate::seq_command::{Operation, Target, run};
+use crate::storage::{open_postgres, open_store};
 
 /// Default of `--timeout-ms`: the library's own operation timeout.
 pub const SEQ_TIMEOUT_DEFAULT_MS: u64 = TIMEOUT_DEFAULT.as_millis() as u64;

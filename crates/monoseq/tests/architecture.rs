@@ -258,8 +258,6 @@ const MODULE_CIRCLES: &[&str] = &[
     "monoseq-store: builtin ↔ event",
     "monoseq-store: identity ↔ marks",
     "monoseq: config ↔ server",
-    // `config` names `storage`'s opening calls for `seq.rs` until it imports them from `storage`.
-    "monoseq: config ↔ storage",
 ];
 
 // ---------------------------------------------------------------------------------------------
