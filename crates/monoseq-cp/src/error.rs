@@ -8,7 +8,7 @@ use monoseq_store::AppendError;
 use crate::command::InvalidCommand;
 
 /// Why a command was not done.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CommandError {
     /// The command is malformed.

@@ -14,6 +14,7 @@ mod acked;
 mod command;
 mod error;
 mod idempotency;
+mod lifecycle;
 #[cfg(feature = "simulation")]
 mod manual;
 mod outcome;
@@ -28,8 +29,11 @@ pub use error::{CommandError, ConfigError, ErrorClass};
 pub use idempotency::{
     IDEMPOTENCY_KEY_BYTES_MAX, IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey,
 };
+pub use lifecycle::{
+    ACTUALIZE_WAIT, Action, Actualization, End, GroupEnd, Input, Lifecycle, RETRY_WAIT,
+};
 #[cfg(feature = "simulation")]
-pub use manual::ManualPartition;
+pub use manual::{Answer, ManualPartition};
 pub use outcome::Outcome;
 pub use partition::{PartitionState, REBUILD_DELAY_MAX, REBUILD_DELAY_MIN};
 pub use processor::{

@@ -1,44 +1,85 @@
-//! [`ManualPartition`] (feature `simulation`): one partition's single writer driven by hand,
-//! for deterministic simulations of whole clusters. It is the writer the partition task runs
-//! (sequencing, the idempotency window, the group write, the read-back after a failed write),
-//! with its sequencer in manual mode: the caller steps the background worker, runs each group
-//! on its own thread, and reads back after a failed group, as the task does before it takes
-//! another command. No tokio runtime is involved.
+//! [`ManualPartition`] (feature `simulation`): one partition driven by hand, for deterministic
+//! simulations of whole clusters. It drives the same [`Lifecycle`] the partition task drives
+//! (start, groups, heal, read-back, stop) around the same writer, in simulated time: the
+//! caller steps the sequencer's background worker, submits commands, and advances the
+//! partition at each tick; a wait (for the actualization, or a backoff) ends when the
+//! simulated time reaches it. No tokio runtime, no thread, no clock read but its origin.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use monoseq_core::{Sequencer, Status, Step, Worker};
+use monoseq_core::{Params, Sequencer, Status, Step, Worker};
 use monoseq_kv::KvStore;
 use monoseq_store::{EventStore, Mark, PartitionId};
+use tokio::sync::oneshot;
 
 use crate::command::Command;
 use crate::error::{CommandError, ConfigError};
 use crate::idempotency::{IdempotencyKey, Window};
+use crate::lifecycle::{Action, Actualization, End, GroupEnd, Input, Lifecycle};
 use crate::outcome::{Counters, Outcome};
-use crate::partition::{Storage, Writer, busy, read_keys};
+use crate::partition::{Clock, Job, Storage, Writer, actualization, read_keys};
 use crate::processor::{Config, prepare, sequencer_params};
 
-/// One partition's writer and its sequencer's worker, stepped by the caller.
+/// Most steps of the lifecycle one [`ManualPartition::advance`] performs (it stops earlier
+/// at a wait, or after one group).
+const STEPS_PER_ADVANCE_MAX: usize = 64;
+
+/// A command's answer, by the tag it was submitted with.
+pub type Answer = (u64, Result<Outcome, CommandError>);
+
+/// Simulated time: an origin taken once, and the simulated milliseconds since.
+struct SimClock {
+    origin: Instant,
+    ms: u64,
+}
+
+impl Clock for SimClock {
+    fn now(&self) -> Instant {
+        self.origin + Duration::from_millis(self.ms)
+    }
+
+    fn unix_ms(&self) -> u64 {
+        self.ms
+    }
+}
+
+/// One partition's lifecycle, writer and sequencer worker, driven by the caller.
 pub struct ManualPartition<S: KvStore + Clone> {
     writer: Writer<S>,
     worker: Worker<Storage<S>>,
     config: Config,
+    params: Params,
+    storage: Storage<S>,
+    lifecycle: Lifecycle,
+    /// Submitted commands no group took yet.
+    queue: VecDeque<Job>,
+    /// Innocent commands of a failed group, run first by the next group.
+    retry: Vec<Job>,
+    /// Every submitted command not answered yet, in submission order: its tag and answer.
+    pending: Vec<(u64, oneshot::Receiver<Result<Outcome, CommandError>>)>,
+    /// Commands refused before they were queued.
+    refused: Vec<Answer>,
+    /// Since when (simulated ms) the current wait runs.
+    since: Option<u64>,
+    /// The origin of the simulated monotonic clock.
+    origin: Instant,
 }
 
 impl<S: KvStore + Clone> std::fmt::Debug for ManualPartition<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ManualPartition")
             .field("partition", &self.writer.partition.0)
+            .field("lifecycle", &self.lifecycle)
             .finish_non_exhaustive()
     }
 }
 
 impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
-    /// Partition `partition` of `store`, its sequencer due to actualize (step the worker until
-    /// [`status`](Self::status) is ready), with an empty idempotency window (call
-    /// [`rebuild_window`](Self::rebuild_window) once actualized, as a starting partition does).
-    /// `acked` is what this process acknowledged of the partition before (its memory across
-    /// rebuilds; a new process starts from the default).
+    /// Partition `partition` of `store`, starting: its sequencer due to actualize (step the
+    /// worker), its lifecycle at the start. `acked` is what this process acknowledged of the
+    /// partition before (its memory across rebuilds; a new process starts from the default).
     ///
     /// # Errors
     ///
@@ -56,7 +97,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
             .unwrap_or_default();
         let params = sequencer_params(config, &retired)?;
         let storage = Arc::new(store.seq_storage(PartitionId(partition)));
-        let (seq, worker) = Sequencer::new_manual(params, storage);
+        let (seq, worker) = Sequencer::new_manual(params.clone(), Arc::clone(&storage));
         let writer = Writer {
             partition: PartitionId(partition),
             store,
@@ -79,6 +120,15 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
             writer,
             worker,
             config: config.clone(),
+            params,
+            storage,
+            lifecycle: Lifecycle::new(partition),
+            queue: VecDeque::new(),
+            retry: Vec::new(),
+            pending: Vec::new(),
+            refused: Vec::new(),
+            since: None,
+            origin: Instant::now(),
         })
     }
 
@@ -100,95 +150,221 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
         self.writer.seq.status()
     }
 
-    /// The PLog offset the next event gets, as the sequencer knows it.
-    #[must_use]
-    pub fn next_offset(&self) -> u64 {
-        self.writer.seq.handle().stats().next_offset
-    }
-
     /// The highest numbers this writer acknowledged (or was opened with).
     #[must_use]
     pub fn acked(&self) -> Mark {
         self.writer.acked.get()
     }
 
-    /// Runs one group of commands, as the partition task does with what its queue holds, and
-    /// answers each. A command the group had to give up for another's fault is answered busy
-    /// (the task would run it again after the actualization).
-    pub fn run_group(
-        &mut self,
-        commands: Vec<(Command, Option<IdempotencyKey>)>,
-    ) -> Vec<Result<Outcome, CommandError>> {
-        let mut jobs = Vec::with_capacity(commands.len());
-        let mut answers = Vec::with_capacity(commands.len());
-        for (cmd, key) in commands {
-            match prepare(&self.config, &self.writer.store, cmd, key) {
-                Ok((job, answer)) => {
-                    jobs.push(job);
-                    answers.push(Err(answer));
-                }
-                Err(e) => answers.push(Ok(Err(e))),
-            }
-        }
-        for retry in self.writer.run_group(jobs) {
-            let _ = retry.reply.send(Err(busy(monoseq_core::Busy::Actualizing)));
-        }
-        answers
-            .into_iter()
-            .map(|a| match a {
-                Ok(refused) => refused,
-                Err(mut answer) => answer.try_recv().unwrap_or(Err(CommandError::ShuttingDown)),
-            })
-            .collect()
-    }
-
-    /// The first PLog offset of a failed group not yet read back: until
-    /// [`read_back`](Self::read_back) succeeds, the partition must take no command.
+    /// Still starting: not yet checked against its mark.
     #[must_use]
-    pub fn unresolved(&self) -> Option<u64> {
-        self.writer.unresolved
+    pub fn starting(&self) -> bool {
+        self.lifecycle.starting()
     }
 
-    /// Reads back the PLog from the failed group's first offset to the actualized end and
-    /// remembers the keys found there (call once [`status`](Self::status) is ready again).
-    ///
-    /// # Errors
-    ///
-    /// When the PLog cannot be read; call again later.
-    pub fn read_back(&mut self) -> Result<(), String> {
-        let Some(from) = self.writer.unresolved else {
-            return Ok(());
-        };
-        self.learn(from)?;
-        self.writer.unresolved = None;
-        Ok(())
+    /// Serving, and its sequencer ready for a command now.
+    #[must_use]
+    pub fn ready(&self) -> bool {
+        self.lifecycle.serving() && self.status() == Status::Ready
     }
 
-    /// Checks, once actualized, that the stored PLog still holds every event this partition
-    /// acknowledged (its mark); false (and [`lost`](Self::lost) says why) when it does not.
-    pub fn check_whole(&mut self) -> bool {
-        self.writer.check_whole()
+    /// Serving with nothing queued: a handoff may end now.
+    #[must_use]
+    pub fn idle(&self) -> bool {
+        self.lifecycle.serving() && self.queue.is_empty() && self.retry.is_empty()
     }
 
-    /// Raises the mark over every event the stored PLog holds above it, as a starting
-    /// partition does once actualized and found whole.
-    ///
-    /// # Errors
-    ///
-    /// When the PLog cannot be read or the marks file raised; call again later.
-    pub fn cover_stored_tail(&mut self) -> Result<(), String> {
-        self.writer.cover_stored_tail()
+    /// Why it stopped serving, once it did.
+    #[must_use]
+    pub fn ended(&self) -> Option<&End> {
+        self.lifecycle.ended()
     }
 
-    /// Remembers the keys of the PLog tail the idempotency window spans, as a starting
-    /// partition does once actualized.
-    ///
-    /// # Errors
-    ///
-    /// When the PLog cannot be read (the keys read before are kept).
-    pub fn rebuild_window(&mut self) -> Result<(), String> {
-        let from = self.writer.window.start(self.next_offset());
-        self.learn(from)
+    /// Queues a command, answered by a later [`advance`](Self::advance) under `tag`, at
+    /// simulated time `now_ms`.
+    pub fn submit(&mut self, tag: u64, cmd: Command, key: Option<IdempotencyKey>, now_ms: u64) {
+        match prepare(&self.config, &self.writer.store, cmd, key) {
+            Ok((mut job, answer)) => {
+                job.queued_at = self.clock(now_ms).now();
+                self.queue.push_back(job);
+                self.pending.push((tag, answer));
+            }
+            Err(e) => self.refused.push((tag, Err(e))),
+        }
+    }
+
+    /// Answers every command not answered yet with `error` (a handoff, a stop); their answers.
+    pub fn refuse_all(&mut self, error: &CommandError) -> Vec<Answer> {
+        self.refuse_waiting(error);
+        self.answers()
+    }
+
+    /// Answers the queued and the retried commands with `error`.
+    fn refuse_waiting(&mut self, error: &CommandError) {
+        for job in self.queue.drain(..).chain(self.retry.drain(..)) {
+            let _ = job.reply.send(Err(error.clone()));
+        }
+    }
+
+    /// Performs the lifecycle's steps at simulated time `now_ms` until one waits for time to
+    /// pass (an actualization, a backoff, an empty queue) or a group ran; the answers given.
+    pub fn advance(&mut self, now_ms: u64) -> Vec<Answer> {
+        let mut ran = false;
+        for _ in 0..STEPS_PER_ADVANCE_MAX {
+            let action = self.lifecycle.action();
+            let input = match action {
+                Action::RunGroup if ran || (self.queue.is_empty() && self.retry.is_empty()) => {
+                    break;
+                }
+                Action::RunGroup => {
+                    ran = true;
+                    Input::Ran(self.run_group(now_ms))
+                }
+                Action::Stop(end) => {
+                    let partition = self.writer.partition.0;
+                    self.refuse_waiting(&end.refusal(partition));
+                    break;
+                }
+                action => match self.perform(action, now_ms) {
+                    Some(input) => input,
+                    None => break,
+                },
+            };
+            self.lifecycle.feed(input);
+        }
+        self.answers()
+    }
+
+    /// Performs a step of the start or of a recovery; `None` while it waits for time to pass.
+    fn perform(&mut self, action: Action, now_ms: u64) -> Option<Input> {
+        Some(match action {
+            Action::WaitActualized { wait } => {
+                let stats = self.writer.seq.handle().stats();
+                match actualization(self.status(), &stats) {
+                    Actualization::Pending { .. } if !self.waited(now_ms, wait) => return None,
+                    a => {
+                        self.since = None;
+                        Input::Actualized(a)
+                    }
+                }
+            }
+            Action::AnswerQueued(e) => {
+                self.refuse_queued(&e);
+                Input::Answered { open: true }
+            }
+            Action::CheckWhole => Input::Checked(self.writer.whole()),
+            Action::CoverTail { .. } => Input::Covered(self.writer.cover_stored_tail()),
+            Action::Pause { delay, refuse } => {
+                if let Some(e) = refuse {
+                    self.refuse_queued(&e);
+                }
+                if !self.waited(now_ms, delay) {
+                    return None;
+                }
+                self.since = None;
+                Input::Done
+            }
+            Action::RebuildWindow => {
+                let from = self.writer.window.start(self.next_offset());
+                let _ = self.learn(from);
+                Input::Done
+            }
+            Action::ReadBack { from, .. } => {
+                let read = self.learn(from);
+                if read.is_ok() {
+                    self.writer.unresolved = None;
+                }
+                Input::ReadBack(read)
+            }
+            Action::Heal { reason, delay, .. } => {
+                self.refuse_queued(&CommandError::Unavailable {
+                    partition: self.writer.partition.0,
+                    reason,
+                });
+                if !self.waited(now_ms, delay) {
+                    return None;
+                }
+                self.since = None;
+                self.replace_sequencer();
+                Input::Replaced { writer_lost: false }
+            }
+            Action::Healed { .. } => Input::Done,
+            Action::RunGroup | Action::Stop(_) => return None,
+        })
+    }
+
+    /// Whether `wait` passed since the current wait began (now, if none ran).
+    fn waited(&mut self, now_ms: u64, wait: Duration) -> bool {
+        let since = *self.since.get_or_insert(now_ms);
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        now_ms >= since.saturating_add(wait_ms)
+    }
+
+    fn clock(&self, now_ms: u64) -> SimClock {
+        SimClock {
+            origin: self.origin,
+            ms: now_ms,
+        }
+    }
+
+    /// Runs one group (the retried commands first, else what the queue holds), as the
+    /// partition task does; how it left the writer.
+    fn run_group(&mut self, now_ms: u64) -> GroupEnd {
+        let mut jobs = std::mem::take(&mut self.retry);
+        if jobs.is_empty() {
+            let n = self.queue.len().min(self.config.group_commands_max);
+            jobs.extend(self.queue.drain(..n));
+        }
+        let clock = self.clock(now_ms);
+        self.retry = self.writer.run_group(jobs, &clock);
+        let w = &mut self.writer;
+        GroupEnd {
+            fenced: w.fenced,
+            fatal: w.fatal.take(),
+            lost: w.lost.take(),
+            failed: w.failed.take(),
+            unresolved: w.unresolved,
+            retry: !self.retry.is_empty(),
+        }
+    }
+
+    /// A new sequencer on the same storage (its claim fences the old one's writes off), as a
+    /// heal makes; the writer and its window stay.
+    fn replace_sequencer(&mut self) {
+        let (seq, worker) = Sequencer::new_manual(self.params.clone(), Arc::clone(&self.storage));
+        self.writer.seq = seq;
+        self.worker = worker;
+        self.writer.reported = (0, 0);
+    }
+
+    /// Answers the queued commands (not the retried ones) with `error`.
+    fn refuse_queued(&mut self, error: &CommandError) {
+        for job in self.queue.drain(..) {
+            let _ = job.reply.send(Err(error.clone()));
+        }
+    }
+
+    /// The answers given since the last call, refusals at submission first.
+    fn answers(&mut self) -> Vec<Answer> {
+        let mut out = std::mem::take(&mut self.refused);
+        self.pending
+            .retain_mut(|(tag, answer)| match answer.try_recv() {
+                Ok(result) => {
+                    out.push((*tag, result));
+                    false
+                }
+                Err(oneshot::error::TryRecvError::Empty) => true,
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    out.push((*tag, Err(CommandError::ShuttingDown)));
+                    false
+                }
+            });
+        out
+    }
+
+    /// The PLog offset the next event gets, as the sequencer knows it.
+    fn next_offset(&self) -> u64 {
+        self.writer.seq.handle().stats().next_offset
     }
 
     fn learn(&mut self, from: u64) -> Result<(), String> {
@@ -202,31 +378,5 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
         );
         self.writer.remember(keys);
         read
-    }
-
-    /// Whether the storage refused a write because another node owns the partition now.
-    #[must_use]
-    pub fn fenced(&self) -> bool {
-        self.writer.fenced
-    }
-
-    /// Why the partition stopped because its storage lost acknowledged events, if it did.
-    #[must_use]
-    pub fn lost(&self) -> Option<&str> {
-        self.writer.lost.as_deref()
-    }
-
-    /// Whether the sequencer stopped because the storage fenced its writes off (another node
-    /// owns the partition now).
-    #[must_use]
-    pub fn sequencer_fenced(&self) -> bool {
-        self.writer.seq.handle().stats().poison == Some(monoseq_core::PoisonReason::Fenced)
-    }
-
-    /// Why the sequencer failed beyond healing, if it did (the task then rebuilds it: open a
-    /// new one).
-    #[must_use]
-    pub fn failed(&self) -> Option<&str> {
-        self.writer.failed.as_deref()
     }
 }

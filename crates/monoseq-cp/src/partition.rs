@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use monoseq_backoff::Backoff;
 use monoseq_core::{
     Busy, NextError, Params, PoisonReason, Runtime, Sequencer, SequencerHandle, Start, StartError,
     Status, Transaction, WsId,
@@ -27,14 +26,9 @@ use crate::acked::Acked;
 use crate::command::{Draft, Plan};
 use crate::error::CommandError;
 use crate::idempotency::{IdempotencyKey, Window};
+use crate::lifecycle::{Action, Actualization, End, GroupEnd, Input, Lifecycle};
 use crate::outcome::{Counters, Outcome};
 
-/// How long a starting or rebuilt partition waits for its sequencer to finish actualizing
-/// before it answers the queued commands and waits again.
-const ACTUALIZE_WAIT: Duration = Duration::from_secs(1);
-/// How long a partition waits for the actualization after a failed group before it retries
-/// the group's innocent commands.
-const RETRY_WAIT: Duration = Duration::from_secs(5);
 /// First and longest delay before rebuilding a failed partition.
 pub const REBUILD_DELAY_MIN: Duration = Duration::from_millis(20);
 /// See [`REBUILD_DELAY_MIN`].
@@ -70,23 +64,24 @@ pub(crate) struct SlowGroups {
 
 impl SlowGroups {
     /// Counts a written group of `commands` whose oldest command arrived at `oldest`, began
-    /// at `began` and spent `write` appending, syncing and raising its mark; logs it when
-    /// that command took [`SLOW_COMMAND`] or longer and no line was logged lately.
+    /// at `began` and spent `write` appending, syncing and raising its mark, answered at
+    /// `now`; logs it when that command took [`SLOW_COMMAND`] or longer and no line was
+    /// logged lately.
     fn note(
         &mut self,
         partition: PartitionId,
         commands: usize,
-        (oldest, began): (Instant, Instant),
+        (oldest, began, now): (Instant, Instant, Instant),
         write: Duration,
     ) {
-        let total = oldest.elapsed();
+        let total = now.saturating_duration_since(oldest);
         if total < SLOW_COMMAND {
             return;
         }
         self.since += 1;
         if self
             .logged_at
-            .is_some_and(|at| at.elapsed() < SLOW_LOG_INTERVAL)
+            .is_some_and(|at| now.saturating_duration_since(at) < SLOW_LOG_INTERVAL)
         {
             return;
         }
@@ -107,8 +102,32 @@ impl SlowGroups {
              waiting for its group, {write_ms} ms appending, syncing and raising the mark); check \
              the storage's latency and the machine's load"
         );
-        self.logged_at = Some(Instant::now());
+        self.logged_at = Some(now);
         self.since = 0;
+    }
+}
+
+/// Where a group reads the time: the system's clocks in production, simulated time in a
+/// simulation (so that a seed is one exact run, stored event times included).
+pub(crate) trait Clock {
+    /// Now, on a monotonic clock (how long a group waited and wrote).
+    fn now(&self) -> Instant;
+    /// Now, in milliseconds since the Unix epoch (an event's registration time).
+    fn unix_ms(&self) -> u64;
+}
+
+/// The system's clocks.
+pub(crate) struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn unix_ms(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
     }
 }
 
@@ -269,277 +288,201 @@ impl Group {
 }
 
 impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
+    /// Drives the partition's [`Lifecycle`]: performs each step it asks for and feeds the
+    /// result back, until it stops.
     pub(crate) async fn run(mut self, mut rx: mpsc::Receiver<Job>) {
-        if !self.start(&mut rx).await {
-            return self.stop(rx).await;
-        }
-        if self.writer.as_ref().is_some_and(|w| w.fenced) {
-            return self.fenced(Vec::new(), rx).await;
-        }
-        if let Some(reason) = self.writer.as_mut().and_then(|w| w.lost.take()) {
-            return self.lost(reason, Vec::new(), rx).await;
-        }
-        let mut jobs: Vec<Job> = Vec::with_capacity(self.group_max);
+        let mut lc = Lifecycle::new(self.template.partition.0);
         let mut retry: Vec<Job> = Vec::new();
+        let mut heal_began = Instant::now();
         loop {
-            if retry.is_empty() {
-                match rx.recv().await {
-                    Some(j) => jobs.push(j),
-                    None => break,
-                }
-            } else {
-                jobs.append(&mut retry);
+            if let Some(state) = lc.take_state() {
+                self.shared.set_state(state);
             }
-            while jobs.len() < self.group_max
-                && let Ok(j) = rx.try_recv()
-            {
-                jobs.push(j);
-            }
-            retry = self.group(std::mem::take(&mut jobs)).await;
-            if self.writer.as_ref().is_some_and(|w| w.fenced) {
-                return self.fenced(retry, rx).await;
-            }
-            if let Some(cause) = self.writer.as_mut().and_then(|w| w.fatal.take()) {
-                return self.storage_failed(&cause, retry, rx).await;
-            }
-            if let Some(reason) = self.writer.as_mut().and_then(|w| w.lost.take()) {
-                return self.lost(reason, retry, rx).await;
-            }
-            let failed = match &mut self.writer {
-                Some(w) => w.failed.take(),
-                None => Some("a group's thread was lost".into()),
-            };
-            let reread =
-                failed.is_some() || self.writer.as_ref().is_some_and(|w| w.unresolved.is_some());
-            if let Some(reason) = failed {
-                self.heal(reason, &mut rx).await;
-                if self.writer.as_ref().is_some_and(|w| w.fenced) {
-                    return self.fenced(retry, rx).await;
-                }
-            } else if !retry.is_empty() {
-                self.wait_actualized_for(RETRY_WAIT).await;
-            }
-            if self.writer.as_ref().is_some_and(|w| w.unresolved.is_some()) {
-                self.read_back(&mut rx).await;
-                if self.writer.as_ref().is_some_and(|w| w.fenced) {
-                    return self.fenced(retry, rx).await;
-                }
-            }
-            if let Some(reason) = self.lost_after(reread) {
-                return self.lost(reason, retry, rx).await;
-            }
-        }
-        for j in retry {
-            let _ = j.reply.send(Err(CommandError::ShuttingDown));
-        }
-        self.stop(rx).await;
-    }
-
-    /// After a rebuild or a read-back (`reread`) the PLog was re-read: it may end below the
-    /// mark. What was lost, if it does.
-    fn lost_after(&mut self, reread: bool) -> Option<String> {
-        let whole = !reread
-            || self
-                .writer
-                .as_mut()
-                .is_none_or(|w| w.fenced || w.check_whole());
-        if whole {
-            return None;
-        }
-        self.writer.as_mut().and_then(|w| w.lost.take())
-    }
-
-    /// Another node owns the partition now: answers every command [`CommandError::NotOwner`]
-    /// (so the server sends it to the owner) until the processor releases the partition.
-    async fn fenced(self, retry: Vec<Job>, mut rx: mpsc::Receiver<Job>) {
-        let partition = self.template.partition.0;
-        tracing::warn!(
-            partition,
-            "the storage refused this node's write: another node owns the partition now; \
-             it stops serving it here"
-        );
-        self.shared.set_state(PartitionState::Fenced);
-        self.shared.fenced.store(true, Ordering::Release);
-        let not_owner = || CommandError::NotOwner { partition };
-        for j in retry {
-            let _ = j.reply.send(Err(not_owner()));
-        }
-        drain(&mut rx, &not_owner).await;
-        self.stop(rx).await;
-    }
-
-    /// The storage failed fatally (its engine is poisoned): logs the failure once, with its
-    /// causes and what to do, and answers every command with it (writing can only fail the
-    /// same way, and each attempt would log again) until the processor stops.
-    async fn storage_failed(self, cause: &str, retry: Vec<Job>, mut rx: mpsc::Receiver<Job>) {
-        let partition = self.template.partition.0;
-        // The store's error says what to do (check the disk, restart the server).
-        let reason = format!(
-            "the storage failed fatally: {cause}. Partition {partition} writes nothing more \
-             until the server is restarted"
-        );
-        tracing::error!(partition, "{reason}");
-        self.shared.set_state(PartitionState::Failed {
-            reason: reason.clone(),
-        });
-        let refused = || CommandError::Storage(reason.clone());
-        for j in retry {
-            let _ = j.reply.send(Err(refused()));
-        }
-        drain(&mut rx, &refused).await;
-        self.stop(rx).await;
-    }
-
-    /// The storage went back behind what this partition acknowledged: refuses every command
-    /// (handing out the lost events' numbers again would break the sequences) until the
-    /// processor releases the partition or stops.
-    async fn lost(self, reason: String, retry: Vec<Job>, mut rx: mpsc::Receiver<Job>) {
-        let partition = self.template.partition.0;
-        tracing::error!(
-            partition,
-            "partition {partition} is refused: {reason}; it stops serving so that no number is \
-             handed out twice. Restore the storage, or accept the loss (its numbers are never \
-             handed out again): restart with `monoseq serve --accept-loss`"
-        );
-        self.shared.set_state(PartitionState::Lost {
-            reason: reason.clone(),
-        });
-        let refused = || CommandError::Corrupted(reason.clone());
-        for j in retry {
-            let _ = j.reply.send(Err(refused()));
-        }
-        drain(&mut rx, &refused).await;
-        self.stop(rx).await;
-    }
-
-    /// Whether the current sequencer stopped because the storage fenced its writes off.
-    fn sequencer_fenced(&self) -> bool {
-        self.shared.handle().stats().poison == Some(PoisonReason::Fenced)
-    }
-
-    fn writer(&self) -> &Writer<S> {
-        self.writer
-            .as_ref()
-            .expect("the writer is back from its blocking thread, or healed")
-    }
-
-    /// Waits for the first actualization, answering queued commands busy meanwhile, then
-    /// rebuilds the idempotency window from the PLog tail. False when the queue closed first.
-    async fn start(&mut self, rx: &mut mpsc::Receiver<Job>) -> bool {
-        loop {
-            match self.wait_actualized().await {
-                Status::None | Status::Actualizing => {
-                    let st = self.shared.handle().stats();
-                    let why = move || {
-                        if st.storage_corrupted {
-                            CommandError::Corrupted(
-                                "stored data this partition needs to actualize is damaged; \
-                                 repair or restore the store"
-                                    .into(),
-                            )
-                        } else if st.storage_failing {
-                            busy(Busy::StorageUnavailable)
-                        } else {
-                            busy(Busy::Actualizing)
-                        }
-                    };
-                    if !answer_queued(rx, &why) {
-                        return false;
+            let event = match lc.action() {
+                Action::RunGroup => self.next_group(&mut rx, &mut retry).await,
+                Action::Heal {
+                    reason,
+                    attempt,
+                    delay,
+                } => {
+                    if attempt == 1 {
+                        heal_began = Instant::now();
                     }
+                    self.heal(&reason, attempt, delay, &mut rx).await
                 }
-                Status::Finished if self.sequencer_fenced() => {
-                    if let Some(w) = &mut self.writer {
-                        w.fenced = true;
-                    }
-                    break;
-                }
-                Status::Finished => {
-                    self.heal("the sequencer failed while actualizing".into(), rx)
-                        .await;
-                    break;
-                }
-                _ => break,
-            }
-        }
-        if self
-            .writer
-            .as_mut()
-            .is_some_and(|w| !w.fenced && !w.check_whole())
-        {
-            // `run` sees `lost` after the first group and stops serving; say so at once.
-            self.report_lost();
-            return true;
-        }
-        self.cover_tail().await;
-        self.rebuild_window().await;
-        self.shared.set_state(PartitionState::Serving);
-        true
-    }
-
-    /// Covers the stored PLog's tail with the mark before serving (see
-    /// `Writer::cover_stored_tail`), retrying a failing read with backoff.
-    async fn cover_tail(&mut self) {
-        let backoff = Backoff::new(REBUILD_DELAY_MIN, REBUILD_DELAY_MAX);
-        for attempt in 1.. {
-            let Some(mut writer) = self.writer.take() else {
-                return;
-            };
-            let covered = tokio::task::spawn_blocking(move || {
-                let covered = writer.cover_stored_tail();
-                (writer, covered)
-            })
-            .await;
-            let Ok((writer, covered)) = covered else {
-                return;
-            };
-            self.writer = Some(writer);
-            match covered {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::warn!(
+                Action::Healed { attempts } => {
+                    self.shared.rebuilds.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
                         partition = self.template.partition.0,
-                        attempt,
-                        "covering the stored PLog with the high-water mark failed: {e}; retrying"
+                        attempts,
+                        elapsed_ms = heal_began.elapsed().as_millis() as u64,
+                        "partition rebuilt; serving again"
                     );
-                    tokio::time::sleep(backoff.delay(attempt)).await;
+                    Input::Done
                 }
+                Action::Stop(end) => return self.end(&end, retry, rx, lc).await,
+                action => self.perform(action, &mut rx).await,
+            };
+            lc.feed(event);
+        }
+    }
+
+    /// Performs a step of the start or of a recovery; its result.
+    async fn perform(&mut self, action: Action, rx: &mut mpsc::Receiver<Job>) -> Input {
+        match action {
+            Action::WaitActualized { wait } => Input::Actualized(self.actualization(wait).await),
+            Action::AnswerQueued(e) => Input::Answered {
+                open: answer_queued(rx, &|| e.clone()),
+            },
+            Action::CheckWhole => Input::Checked(match &mut self.writer {
+                Some(w) => w.whole(),
+                None => Ok(()),
+            }),
+            Action::CoverTail { attempt } => Input::Covered(self.cover_tail(attempt).await),
+            Action::Pause { delay, refuse } => {
+                match refuse {
+                    Some(e) => {
+                        let _ = tokio::time::timeout(delay, drain(rx, &|| e.clone())).await;
+                    }
+                    None => tokio::time::sleep(delay).await,
+                }
+                Input::Done
+            }
+            Action::RebuildWindow => {
+                self.rebuild_window().await;
+                Input::Done
+            }
+            Action::ReadBack { from, attempt } => {
+                Input::ReadBack(self.read_back(from, attempt).await)
+            }
+            // Performed by `run`.
+            Action::RunGroup | Action::Heal { .. } | Action::Healed { .. } | Action::Stop(_) => {
+                Input::Done
             }
         }
     }
 
-    /// Shows a partition found below its mark as refused right away (readiness names it).
-    fn report_lost(&self) {
-        if let Some(reason) = self.writer.as_ref().and_then(|w| w.lost.clone()) {
-            self.shared.set_state(PartitionState::Lost { reason });
+    /// Takes the next group (the retried commands first, else what the queue holds) and runs
+    /// it; how it ended, or [`Input::Closed`] when the queue closed.
+    async fn next_group(&mut self, rx: &mut mpsc::Receiver<Job>, retry: &mut Vec<Job>) -> Input {
+        let mut jobs: Vec<Job> = Vec::with_capacity(self.group_max);
+        if retry.is_empty() {
+            match rx.recv().await {
+                Some(j) => jobs.push(j),
+                None => return Input::Closed,
+            }
+        } else {
+            jobs.append(retry);
         }
+        while jobs.len() < self.group_max
+            && let Ok(j) = rx.try_recv()
+        {
+            jobs.push(j);
+        }
+        *retry = self.group(jobs).await;
+        let end = match &mut self.writer {
+            Some(w) => GroupEnd {
+                fenced: w.fenced,
+                fatal: w.fatal.take(),
+                lost: w.lost.take(),
+                failed: w.failed.take(),
+                unresolved: w.unresolved,
+                retry: !retry.is_empty(),
+            },
+            None => GroupEnd {
+                failed: Some("a group's thread was lost".into()),
+                retry: !retry.is_empty(),
+                ..GroupEnd::default()
+            },
+        };
+        Input::Ran(end)
     }
 
-    async fn stop(self, rx: mpsc::Receiver<Job>) {
+    /// The partition stopped serving (`end`): logs why once, answers the retried commands and
+    /// every command that arrives with the same refusal until the queue closes, then stops
+    /// the sequencer.
+    async fn end(self, end: &End, retry: Vec<Job>, mut rx: mpsc::Receiver<Job>, mut lc: Lifecycle) {
+        let partition = self.template.partition.0;
+        match end {
+            End::Closed => {}
+            End::Fenced => {
+                tracing::warn!(
+                    partition,
+                    "the storage refused this node's write: another node owns the partition \
+                     now; it stops serving it here"
+                );
+                self.shared.fenced.store(true, Ordering::Release);
+            }
+            End::Failed { reason } => tracing::error!(partition, "{reason}"),
+            End::Lost { reason } => tracing::error!(
+                partition,
+                "partition {partition} is refused: {reason}; it stops serving so that no number \
+                 is handed out twice. Restore the storage, or accept the loss (its numbers are \
+                 never handed out again): restart with `monoseq serve --accept-loss`"
+            ),
+        }
+        if let Some(state) = lc.take_state() {
+            self.shared.set_state(state);
+        }
+        let refused = || end.refusal(partition);
+        for j in retry {
+            let _ = j.reply.send(Err(refused()));
+        }
+        if *end != End::Closed {
+            drain(&mut rx, &refused).await;
+        }
         drop(rx);
-        self.shared.set_state(PartitionState::Stopped);
+        lc.feed(Input::Closed);
+        if let Some(state) = lc.take_state() {
+            self.shared.set_state(state);
+        }
         if let Some(w) = self.writer {
             let seq = w.seq;
             let _ = tokio::task::spawn_blocking(move || seq.shutdown()).await;
         }
     }
 
-    /// Waits up to [`ACTUALIZE_WAIT`] for the sequencer to finish actualizing; its status.
-    async fn wait_actualized(&self) -> Status {
-        self.wait_actualized_for(ACTUALIZE_WAIT).await
+    /// Covers the stored PLog's tail with the mark (see `Writer::cover_stored_tail`); a
+    /// failure is logged, and the lifecycle retries it with backoff.
+    async fn cover_tail(&mut self, attempt: u32) -> Result<(), String> {
+        let Some(mut writer) = self.writer.take() else {
+            return Ok(());
+        };
+        let covered = tokio::task::spawn_blocking(move || {
+            let covered = writer.cover_stored_tail();
+            (writer, covered)
+        })
+        .await;
+        let Ok((writer, covered)) = covered else {
+            return Ok(());
+        };
+        self.writer = Some(writer);
+        if let Err(e) = &covered {
+            tracing::warn!(
+                partition = self.template.partition.0,
+                attempt,
+                "covering the stored PLog with the high-water mark failed: {e}; retrying"
+            );
+        }
+        covered
     }
 
-    /// Waits up to `wait` for the sequencer to finish actualizing; its status.
-    async fn wait_actualized_for(&self, wait: Duration) -> Status {
+    /// Waits up to `wait` for the sequencer to finish actualizing; what it came to.
+    async fn actualization(&self, wait: Duration) -> Actualization {
         let handle = self.shared.handle();
-        tokio::task::spawn_blocking(move || handle.wait_actualized(wait))
+        let status = tokio::task::spawn_blocking(move || handle.wait_actualized(wait))
             .await
-            .unwrap_or(Status::Finished)
+            .unwrap_or(Status::Finished);
+        let stats = self.shared.handle().stats();
+        actualization(status, &stats)
     }
 
     /// Remembers the keys of the PLog tail's events (the window's span before the PLog end).
     async fn rebuild_window(&mut self) {
         let next = self.shared.handle().stats().next_offset;
-        let from = self.writer().window.start(next);
+        let Some(from) = self.writer.as_ref().map(|w| w.window.start(next)) else {
+            return;
+        };
         if let Err(e) = self.learn_keys(from, next).await {
             tracing::warn!(
                 partition = self.template.partition.0,
@@ -552,7 +495,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
     /// Remembers the idempotency keys of the events at PLog offsets `from..to`; the keys read
     /// before an error are kept.
     async fn learn_keys(&mut self, from: u64, to: u64) -> Result<(), String> {
-        let w = self.writer();
+        let Some(w) = self.writer.as_ref() else {
+            return Err("the writer was lost".into());
+        };
         let (store, partition, floor) = (w.store.clone(), w.partition, w.floor);
         let (keys, read) =
             tokio::task::spawn_blocking(move || read_keys(&store, partition, floor, from, to))
@@ -564,76 +509,37 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         read
     }
 
-    /// After a failed group write, before any command is taken: waits for the sequencer's
-    /// actualization (which re-reads the PLog's end), then reads back the PLog from the failed
-    /// group's first offset and remembers the keys found there. A write whose answer was lost
-    /// may have landed; a retry of one of its commands then gets the original answer instead
-    /// of being applied a second time. Commands that arrive meanwhile are answered
-    /// "unavailable" (retry); a failing read is retried with backoff.
-    async fn read_back(&mut self, rx: &mut mpsc::Receiver<Job>) {
-        let Some(from) = self.writer.as_ref().and_then(|w| w.unresolved) else {
-            return;
-        };
+    /// Reads back the PLog from a failed group's first offset `from` to the actualized end and
+    /// remembers the keys found there (the lifecycle asks once the sequencer re-read the
+    /// PLog's end, before any command is taken): a write whose answer was lost may have
+    /// landed; a retry of one of its commands then gets the original answer instead of being
+    /// applied a second time.
+    async fn read_back(&mut self, from: u64, attempts: u32) -> Result<(), String> {
         let partition = self.template.partition.0;
-        let reason = "reading back a group whose write failed".to_owned();
-        self.shared.set_state(PartitionState::Rebuilding {
-            reason: reason.clone(),
-        });
-        let unavailable = || CommandError::Unavailable {
-            partition,
-            reason: reason.clone(),
-        };
-        let backoff = Backoff::new(REBUILD_DELAY_MIN, REBUILD_DELAY_MAX);
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            let status = self.wait_actualized().await;
-            if matches!(status, Status::None | Status::Actualizing) {
-                answer_queued(rx, &unavailable);
-                continue;
+        let to = self.shared.handle().stats().next_offset;
+        match self.learn_keys(from, to).await {
+            Ok(()) => {
+                if let Some(w) = &mut self.writer {
+                    w.unresolved = None;
+                }
+                tracing::info!(
+                    partition,
+                    from,
+                    to,
+                    attempts,
+                    "read back the PLog after a failed group write; serving again"
+                );
+                Ok(())
             }
-            if status == Status::Finished {
-                // The sequencer stopped (fenced, or failed): fencing or healing takes over.
-                if self.sequencer_fenced() {
-                    if let Some(w) = &mut self.writer {
-                        w.fenced = true;
-                    }
-                    return;
-                }
-                self.heal("the sequencer failed after a group write failed".into(), rx)
-                    .await;
-                if self.writer.as_ref().is_some_and(|w| w.fenced) {
-                    return;
-                }
-                continue;
-            }
-            let to = self.shared.handle().stats().next_offset;
-            match self.learn_keys(from, to).await {
-                Ok(()) => {
-                    if let Some(w) = &mut self.writer {
-                        w.unresolved = None;
-                    }
-                    tracing::info!(
-                        partition,
-                        from,
-                        to,
-                        attempts,
-                        "read back the PLog after a failed group write; serving again"
-                    );
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        partition,
-                        attempts,
-                        "reading back the PLog after a failed group write failed: {e}; retrying"
-                    );
-                    let _ = tokio::time::timeout(backoff.delay(attempts), drain(rx, &unavailable))
-                        .await;
-                }
+            Err(e) => {
+                tracing::warn!(
+                    partition,
+                    attempts,
+                    "reading back the PLog after a failed group write failed: {e}; retrying"
+                );
+                Err(e)
             }
         }
-        self.shared.set_state(PartitionState::Serving);
     }
 
     /// Runs one group in place on the partition's own thread, else on a blocking thread; the
@@ -643,8 +549,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             return jobs;
         };
         let run = move |mut writer: Writer<S>| {
-            let retry =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_group(jobs)));
+            let retry = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                writer.run_group(jobs, &SystemClock)
+            }));
             (writer, retry)
         };
         let (mut writer, retry) = if self.own_thread {
@@ -683,98 +590,54 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 drop(old);
                 w.reported = (0, 0);
             }
-            None => {
-                let stored = template
-                    .marks
-                    .as_ref()
-                    .and_then(|m| m.get(template.partition.0).ok())
-                    .unwrap_or(template.mark);
-                let acked = template.acked.get();
-                let mark = if acked.plog > stored.plog {
-                    acked
-                } else {
-                    stored
-                };
-                self.writer = Some(Writer {
-                    partition: template.partition,
-                    store: template.store.clone(),
-                    seq,
-                    window: Window::new(self.window_events),
-                    marks: template.marks.clone(),
-                    mark,
-                    counters: Arc::clone(&template.counters),
-                    reported: (0, 0),
-                    failed: None,
-                    fenced: false,
-                    lost: None,
-                    acked: Arc::clone(&template.acked),
-                    floor: template.floor,
-                    unresolved: None,
-                    slow: SlowGroups::default(),
-                    fatal: None,
-                });
-            }
+            None => self.writer = Some(template.writer(seq, self.window_events)),
         }
         lost
     }
 
-    /// Rebuilds a failed partition: a new sequencer on the same storage, actualized from the
-    /// PLog, with bounded exponential backoff; commands that arrive meanwhile are answered
-    /// "unavailable".
-    async fn heal(&mut self, reason: String, rx: &mut mpsc::Receiver<Job>) {
-        let template = self.template.clone();
-        let partition = template.partition.0;
-        let began = Instant::now();
-        tracing::error!(partition, "partition failed: {reason}; rebuilding it");
-        self.shared.set_state(PartitionState::Rebuilding {
-            reason: reason.clone(),
-        });
-        let unavailable = || CommandError::Unavailable {
-            partition,
-            reason: reason.clone(),
-        };
-        let backoff = Backoff::new(REBUILD_DELAY_MIN, REBUILD_DELAY_MAX);
-        let mut attempts = 0u32;
-        let mut lost = false;
-        loop {
-            attempts += 1;
-            let delay = backoff.delay(attempts);
-            let _ = tokio::time::timeout(delay, drain(rx, &unavailable)).await;
-            lost |= self.replace_sequencer(&template);
-            let status = loop {
-                match self.wait_actualized().await {
-                    Status::None | Status::Actualizing => {
-                        answer_queued(rx, &unavailable);
-                    }
-                    s => break s,
-                }
-            };
-            if status != Status::Finished {
-                break;
-            }
-            if self.sequencer_fenced() {
-                if let Some(w) = &mut self.writer {
-                    w.fenced = true;
-                }
-                return;
-            }
+    /// One attempt at rebuilding a failed partition (`reason`): after `delay` (the lifecycle's
+    /// backoff), during which arriving commands are answered "unavailable", a new sequencer
+    /// on the same storage, actualizing from the PLog.
+    async fn heal(
+        &mut self,
+        reason: &str,
+        attempt: u32,
+        delay: Duration,
+        rx: &mut mpsc::Receiver<Job>,
+    ) -> Input {
+        let partition = self.template.partition.0;
+        if attempt == 1 {
+            tracing::error!(partition, "partition failed: {reason}; rebuilding it");
+        } else {
             tracing::error!(
                 partition,
-                attempts,
+                attempts = attempt - 1,
                 "rebuilding the partition failed; retrying"
             );
         }
-        if lost {
-            self.rebuild_window().await;
-        }
-        self.shared.rebuilds.fetch_add(1, Ordering::Relaxed);
-        self.shared.set_state(PartitionState::Serving);
-        tracing::info!(
+        let unavailable = || CommandError::Unavailable {
             partition,
-            attempts,
-            elapsed_ms = began.elapsed().as_millis() as u64,
-            "partition rebuilt; serving again"
-        );
+            reason: reason.to_owned(),
+        };
+        let _ = tokio::time::timeout(delay, drain(rx, &unavailable)).await;
+        let template = self.template.clone();
+        let writer_lost = self.replace_sequencer(&template);
+        Input::Replaced { writer_lost }
+    }
+}
+
+/// What a wait for the actualization came to: its `status` when the wait ended, read with
+/// the sequencer's `stats` (why it still actualizes; whether the storage fenced it off).
+pub(crate) fn actualization(status: Status, stats: &monoseq_core::SequencerStats) -> Actualization {
+    match status {
+        Status::None | Status::Actualizing => Actualization::Pending {
+            corrupted: stats.storage_corrupted,
+            failing: stats.storage_failing,
+        },
+        Status::Finished => Actualization::Stopped {
+            fenced: stats.poison == Some(PoisonReason::Fenced),
+        },
+        _ => Actualization::Ready,
     }
 }
 
@@ -788,6 +651,42 @@ pub(crate) struct WriterTemplate<S: KvStore + Clone> {
     pub(crate) counters: Arc<Counters>,
     pub(crate) acked: Arc<Acked>,
     pub(crate) floor: u64,
+}
+
+impl<S: KvStore + Clone> WriterTemplate<S> {
+    /// A new writer around `seq`, with an empty window of `window_events` events, its mark
+    /// the higher of the stored one and what this process acknowledged.
+    fn writer(&self, seq: Sequencer<Storage<S>>, window_events: u64) -> Writer<S> {
+        let stored = self
+            .marks
+            .as_ref()
+            .and_then(|m| m.get(self.partition.0).ok())
+            .unwrap_or(self.mark);
+        let acked = self.acked.get();
+        let mark = if acked.plog > stored.plog {
+            acked
+        } else {
+            stored
+        };
+        Writer {
+            partition: self.partition,
+            store: self.store.clone(),
+            seq,
+            window: Window::new(window_events),
+            marks: self.marks.clone(),
+            mark,
+            counters: Arc::clone(&self.counters),
+            reported: (0, 0),
+            failed: None,
+            fenced: false,
+            lost: None,
+            acked: Arc::clone(&self.acked),
+            floor: self.floor,
+            unresolved: None,
+            slow: SlowGroups::default(),
+            fatal: None,
+        }
+    }
 }
 
 /// Answers every command queued now with `error`; false when the queue is closed.
@@ -877,6 +776,14 @@ impl<S: KvStore + Clone> Writer<S> {
         false
     }
 
+    /// [`check_whole`](Self::check_whole) for the lifecycle: what was lost, if something was.
+    pub(crate) fn whole(&mut self) -> Result<(), String> {
+        if self.check_whole() {
+            return Ok(());
+        }
+        Err(self.lost.take().unwrap_or_default())
+    }
+
     /// Raises the mark over every event the stored PLog holds above it, once actualized at a
     /// start or a takeover: any of them may have been acknowledged (by a former owner whose
     /// marks this node has not learned), so they are treated as acknowledged, durably, before
@@ -921,16 +828,14 @@ impl<S: KvStore + Clone> Writer<S> {
 impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// Sequences a group, writes it and answers its commands; the innocent commands of a group
     /// that failed because of one of them, to retry.
-    pub(crate) fn run_group(&mut self, jobs: Vec<Job>) -> Vec<Job> {
-        let began = Instant::now();
+    pub(crate) fn run_group(&mut self, jobs: Vec<Job>, clock: &impl Clock) -> Vec<Job> {
+        let began = clock.now();
         // Announced before sequencing: a marks cycle starting meanwhile waits for this group.
         let marks = self.marks.clone();
         let begun = marks.as_deref().map(Marks::begin_group);
         let oldest = jobs.iter().map(|j| j.queued_at).min().unwrap_or(began);
         let commands = jobs.len();
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = clock.unix_ms();
         let mut group = Group::with_capacity(jobs.len());
         for job in jobs {
             self.take_job(job, now_ms, &mut group);
@@ -954,14 +859,15 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         }
         let first = accepted[0].outcome.plog_offset;
         let mark = group_mark(replayed, &events);
-        let writing = Instant::now();
+        let writing = clock.now();
         match self.write(&events, stored, mark, begun) {
             Ok(()) => {
-                let write = writing.elapsed();
+                let written = clock.now();
+                let write = written.saturating_duration_since(writing);
                 self.written_group(mark, accepted, followers, replays);
                 self.answer_conflicts(conflicts);
                 self.slow
-                    .note(self.partition, commands, (oldest, began), write);
+                    .note(self.partition, commands, (oldest, began, written), write);
                 Vec::new()
             }
             Err(e) => {

@@ -33,6 +33,8 @@ pub use db::{Db, DbFaults, SimKv};
 pub use follow::FOLLOWERS_MAX;
 use node::{Node, Request};
 
+/// Most commands in one group.
+const GROUP_COMMANDS_MAX: usize = 16;
 /// Simulated milliseconds per tick.
 pub const TICK_MS: u64 = 10;
 /// Bound of every node clock's rate error, parts per million (±2 %).
@@ -150,6 +152,7 @@ fn cp_config(partitions: u32) -> monoseq_cp::Config {
     monoseq_cp::Config {
         partitions,
         idempotency_window_events: 10_000,
+        group_commands_max: GROUP_COMMANDS_MAX,
         ..monoseq_cp::Config::default()
     }
 }

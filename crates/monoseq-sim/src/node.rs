@@ -1,14 +1,15 @@
 //! One simulated node: the real membership state machine on a clock of its own (drifting
 //! within the stated bound), its lease calls carried to the database with the faults the
-//! database decides (lost, late, failed), and the real partition writers it serves, stepped
-//! as the partition task steps them: actualize, rebuild the idempotency window, run groups,
-//! read back after a failed group, hand off when asked, stop when fenced.
+//! database decides (lost, late, failed), and the partitions it serves: each the real
+//! partition lifecycle and writer (`ManualPartition`, the machine the partition task drives)
+//! in simulated time, this node stepping their sequencers' workers, carrying commands to
+//! them, keeping their marks file, handing them off when asked and stopping them when fenced.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use monoseq_core::{Status, Step};
-use monoseq_cp::{Command, CommandError, ManualPartition, Outcome};
+use monoseq_core::Step;
+use monoseq_cp::{Answer, Command, CommandError, End, IdempotencyKey, ManualPartition, Outcome};
 use monoseq_membership::{Action, Call, Config, Membership, Phase, Reply, TableError};
 use monoseq_store::{
     AcceptedLoss, AppId, EventStore, LossCause, Mark, PageItem, PartitionId, ReadError, TrustLevel,
@@ -20,8 +21,6 @@ use rand_chacha::ChaCha8Rng;
 use crate::db::{Db, SimKv};
 use crate::{LEASE_MS, Plan, RENEW_MS, cp_config};
 
-/// Most commands in one group.
-const GROUP_MAX: usize = 16;
 /// Longest a handoff waits for its partition to finish before the lease is left to expire.
 const DRAIN_MS_MAX: u64 = 2_000;
 
@@ -39,9 +38,11 @@ struct Part {
     epoch: u64,
     kv: Arc<SimKv>,
     writer: ManualPartition<Arc<SimKv>>,
-    /// Actualized and its idempotency window rebuilt.
-    started: bool,
+    /// Commands on their way to the partition (its queue), given to it at its next tick.
     queue: Vec<Request>,
+    /// Commands the partition took and has not answered yet, by tag.
+    waiting: BTreeMap<u64, Request>,
+    next_tag: u64,
     retry_at: u64,
     /// Since when it is being handed off.
     draining: Option<u64>,
@@ -51,6 +52,35 @@ struct Part {
 }
 
 type Answers = Vec<(Request, Result<Outcome, CommandError>)>;
+
+impl Part {
+    /// Gives the queued commands to the partition, at simulated time `now`.
+    fn submit_queued(&mut self, now: u64) {
+        for r in std::mem::take(&mut self.queue) {
+            let tag = self.next_tag;
+            self.next_tag += 1;
+            let key = IdempotencyKey::new(&r.key).expect("a valid key");
+            self.writer.submit(tag, r.cmd.clone(), Some(key), now);
+            self.waiting.insert(tag, r);
+        }
+    }
+
+    /// Passes the partition's answers on to their requests.
+    fn deliver(&mut self, given: Vec<Answer>, answers: &mut Answers) {
+        for (tag, result) in given {
+            if let Some(r) = self.waiting.remove(&tag) {
+                answers.push((r, result));
+            }
+        }
+    }
+
+    /// Answers every command not answered yet, queued or taken, with `error`.
+    fn refuse_all(&mut self, error: &CommandError, answers: &mut Answers) {
+        refuse(std::mem::take(&mut self.queue), answers, || error.clone());
+        let given = self.writer.refuse_all(error);
+        self.deliver(given, answers);
+    }
+}
 
 pub(crate) struct Node {
     pub(crate) name: String,
@@ -260,12 +290,8 @@ impl Node {
                     "{p}@{}:{:?}{}{}{}",
                     x.epoch,
                     x.writer.status(),
-                    if x.started { "" } else { " starting" },
-                    if x.writer.unresolved().is_some() {
-                        " unresolved"
-                    } else {
-                        ""
-                    },
+                    if x.writer.starting() { " starting" } else { "" },
+                    if x.writer.ready() { "" } else { " not ready" },
                     if x.draining.is_some() {
                         " draining"
                     } else {
@@ -316,7 +342,7 @@ impl Node {
     /// Raises the marks of the partitions not started yet with the marks file's.
     pub(crate) fn refresh_marks(&mut self) {
         for (p, part) in &mut self.parts {
-            if !part.started
+            if part.writer.starting()
                 && let Some(m) = self.disk.get(p)
             {
                 part.writer.raise_mark(*m);
@@ -327,7 +353,7 @@ impl Node {
     /// Whether a partition this node serves has not started yet (it is about to check its
     /// PLog against its mark).
     pub(crate) fn starting_any(&self) -> bool {
-        self.alive && self.parts.values().any(|p| !p.started)
+        self.alive && self.parts.values().any(|p| p.writer.starting())
     }
 
     pub(crate) fn is_member(&self) -> bool {
@@ -344,10 +370,7 @@ impl Node {
 
     /// Serves `p` and can take a command for it now.
     pub(crate) fn serves_ready(&self, p: u32) -> bool {
-        self.serves(p)
-            && self.parts.get(&p).is_some_and(|x| {
-                x.started && x.writer.unresolved().is_none() && x.writer.status() == Status::Ready
-            })
+        self.serves(p) && self.parts.get(&p).is_some_and(|x| x.writer.ready())
     }
 
     /// Whether this run holds partition `p` (acquired and not fenced off: starting, serving
@@ -461,8 +484,9 @@ impl Node {
                             epoch,
                             kv,
                             writer,
-                            started: false,
                             queue: Vec::new(),
+                            waiting: BTreeMap::new(),
+                            next_tag: 0,
                             // It actualizes from the next tick, once it has learned the
                             // marks of the nodes it reaches.
                             retry_at: now + 1,
@@ -472,8 +496,8 @@ impl Node {
                     );
                 }
                 Action::Stop { partition, .. } => {
-                    if let Some(part) = self.parts.remove(&partition) {
-                        refuse(part.queue, answers, || CommandError::NotOwner { partition });
+                    if let Some(mut part) = self.parts.remove(&partition) {
+                        part.refuse_all(&CommandError::NotOwner { partition }, answers);
                     }
                 }
                 Action::Drain { partition, .. } => {
@@ -530,8 +554,8 @@ impl Node {
         }
     }
 
-    /// One tick of a served partition, as its task would run it; false when it stops being
-    /// served here (fenced off, or handed off).
+    /// One tick of a served partition: its worker's step, its queue carried to it, its
+    /// lifecycle advanced; false when it stops being served here (fenced off, or handed off).
     fn advance(
         &mut self,
         p: u32,
@@ -549,53 +573,28 @@ impl Node {
                 part.retry_at = now + u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
             }
         }
-        let status = part.writer.status();
-        if part.writer.fenced() || (status == Status::Finished && part.writer.sequencer_fenced()) {
-            self.membership.fenced(t, p);
-            refuse(std::mem::take(&mut part.queue), answers, || {
-                CommandError::NotOwner { partition: p }
-            });
-            return false;
-        }
-        if part.started && part.writer.lost().is_some() {
-            // Found below its mark at a command (after a rebuild): refused, as at a start,
-            // until the operator decides.
-            part.started = false;
-        }
-        if part.writer.failed().is_some() || status == Status::Finished {
-            // Healing: a new sequencer on the same storage, actualized from the PLog.
-            let store = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0);
+        part.submit_queued(now);
+        let given = part.writer.advance(now);
+        if !part.writer.starting() {
+            // What it acknowledged (a covered tail, a group) is durable in the marks file
+            // before the answers leave.
             let acked = part.writer.acked();
-            part.writer = ManualPartition::open(store, &self.cp_config(), p, acked)
-                .expect("the simulation's processor configuration is valid");
-            part.started = false;
-            return true;
+            self.acked.insert(p, acked);
+            self.raise_disk(p, acked);
         }
-        if status != Status::Ready {
-            refuse(std::mem::take(&mut part.queue), answers, || {
-                CommandError::Unavailable {
-                    partition: p,
-                    reason: "actualizing".into(),
-                }
-            });
-            return true;
-        }
-        if !part.started {
-            self.start_part(p, part, answers);
-        } else if part.writer.unresolved().is_some() {
-            let _ = part.writer.read_back();
-        } else if !part.queue.is_empty() {
-            self.run_part_group(p, part, answers);
+        part.deliver(given, answers);
+        if part.writer.ended() == Some(&End::Fenced) {
+            self.membership.fenced(t, p);
+            part.refuse_all(&CommandError::NotOwner { partition: p }, answers);
+            return false;
         }
         let Some(since) = part.draining else {
             return true;
         };
-        let idle = part.queue.is_empty() && part.writer.unresolved().is_none() && part.started;
+        let idle = part.writer.idle();
         if idle || now >= since + DRAIN_MS_MAX {
             self.membership.drained(t, p, part.epoch, idle);
-            refuse(std::mem::take(&mut part.queue), answers, || {
-                CommandError::NotOwner { partition: p }
-            });
+            part.refuse_all(&CommandError::NotOwner { partition: p }, answers);
             return false;
         }
         true
@@ -607,12 +606,13 @@ impl Node {
         if !part.settled {
             match self.settle(p, part) {
                 Ok(()) => part.settled = true,
-                Err(reason) => refuse(std::mem::take(&mut part.queue), answers, || {
-                    CommandError::Unavailable {
+                Err(reason) => part.refuse_all(
+                    &CommandError::Unavailable {
                         partition: p,
                         reason: reason.into(),
-                    }
-                }),
+                    },
+                    answers,
+                ),
             }
         }
         part.settled
@@ -632,47 +632,6 @@ impl Node {
         ensure_retired(store.seq_storage(PartitionId(p)), p, retired)
             .map(|_| ())
             .map_err(|_| "retiring the numbers of an accepted loss failed")
-    }
-
-    /// Starts an actualized partition: checks its PLog against its mark (refused below it,
-    /// until an operator accepts the loss with a restart), covers the stored tail with the
-    /// mark, rebuilds the idempotency window.
-    fn start_part(&mut self, p: u32, part: &mut Part, answers: &mut Answers) {
-        if !part.writer.check_whole() {
-            // Refused until an operator decides: every command is answered so.
-            let reason = part.writer.lost().unwrap_or("lost").to_owned();
-            refuse(std::mem::take(&mut part.queue), answers, || {
-                CommandError::Corrupted(reason.clone())
-            });
-            return;
-        }
-        part.started =
-            part.writer.cover_stored_tail().is_ok() && part.writer.rebuild_window().is_ok();
-        if part.started {
-            // The covered tail counts as acknowledged: into the marks file.
-            self.raise_disk(p, part.writer.acked());
-        }
-    }
-
-    /// Runs one group of the queued commands and answers them.
-    fn run_part_group(&mut self, p: u32, part: &mut Part, answers: &mut Answers) {
-        let n = part.queue.len().min(GROUP_MAX);
-        let group: Vec<Request> = part.queue.drain(..n).collect();
-        let commands = group
-            .iter()
-            .map(|r| {
-                let key = monoseq_cp::IdempotencyKey::new(&r.key).expect("a valid key");
-                (r.cmd.clone(), Some(key))
-            })
-            .collect();
-        let results = part.writer.run_group(commands);
-        for (r, result) in group.into_iter().zip(results) {
-            answers.push((r, result));
-        }
-        let acked = part.writer.acked();
-        self.acked.insert(p, acked);
-        // Durable beside the group's write, before the answers leave.
-        self.raise_disk(p, acked);
     }
 
     fn raise_disk(&mut self, p: u32, mark: Mark) {

@@ -1,0 +1,1116 @@
+//! A partition's lifecycle as a machine without I/O: which step comes next, decided from the
+//! results of the steps before. It starts a partition (waits for the sequencer's
+//! actualization, answering queued commands meanwhile; checks the stored PLog against the
+//! mark; covers the stored tail; rebuilds the idempotency window), serves groups, and after a
+//! group stops (fenced, fatal, lost), heals a failed sequencer with bounded backoff, waits for
+//! the actualization before retrying innocent commands, reads the PLog back after a failed
+//! write before it takes another command, and checks the PLog against the mark again.
+//!
+//! It calls no storage, spawns nothing, sleeps nowhere and reads no clock: a driver performs
+//! each [`Action`] and feeds its result back as an [`Input`]. The partition task
+//! (`partition.rs`, on tokio) and the simulator (`ManualPartition`, simulated time) drive this
+//! same machine, so a bug in the order of the steps fails a simulation seed. It is consulted
+//! once per group, never per command; serving allocates nothing here.
+
+use std::time::Duration;
+
+use monoseq_backoff::Backoff;
+use monoseq_core::Busy;
+
+use crate::error::CommandError;
+use crate::partition::{PartitionState, REBUILD_DELAY_MAX, REBUILD_DELAY_MIN, busy};
+
+/// How long a starting or rebuilt partition waits for its sequencer to finish actualizing
+/// before it answers the queued commands and waits again.
+pub const ACTUALIZE_WAIT: Duration = Duration::from_secs(1);
+/// How long a partition waits for the actualization after a failed group before it retries
+/// the group's innocent commands.
+pub const RETRY_WAIT: Duration = Duration::from_secs(5);
+/// Why a partition refuses commands while it reads back a failed group's write.
+const READING_BACK: &str = "reading back a group whose write failed";
+
+/// What the sequencer's actualization came to when the driver stopped waiting for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Actualization {
+    /// Not finished yet (or not begun): `corrupted` when the stored data it needs is damaged,
+    /// `failing` when the storage fails (from the sequencer's stats).
+    Pending {
+        /// The stored data the actualization needs is damaged.
+        corrupted: bool,
+        /// The storage fails the actualization's reads.
+        failing: bool,
+    },
+    /// Actualized: ready for a transaction.
+    Ready,
+    /// The sequencer stopped; `fenced` when the storage fenced its writes off.
+    Stopped {
+        /// The storage refused the sequencer's writes: another node owns the partition now.
+        fenced: bool,
+    },
+}
+
+/// How a group left the writer (read from it once the group ran).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GroupEnd {
+    /// The storage refused a write: another node owns the partition now.
+    pub fenced: bool,
+    /// A write failed fatally (the store is poisoned), with the failure's causes.
+    pub fatal: Option<String>,
+    /// The storage lost acknowledged events: what was lost.
+    pub lost: Option<String>,
+    /// The sequencer failed beyond healing (or the group's thread was lost): why.
+    pub failed: Option<String>,
+    /// The first PLog offset of a failed group not read back yet.
+    pub unresolved: Option<u64>,
+    /// Innocent commands of a failed group wait to run again.
+    pub retry: bool,
+}
+
+impl GroupEnd {
+    /// Nothing to do before the next group (the common case).
+    fn clean(&self) -> bool {
+        !self.fenced
+            && !self.retry
+            && self.fatal.is_none()
+            && self.lost.is_none()
+            && self.failed.is_none()
+            && self.unresolved.is_none()
+    }
+}
+
+/// The result of the step the driver performed, fed back with [`Lifecycle::feed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// [`Action::WaitActualized`] ended.
+    Actualized(Actualization),
+    /// [`Action::AnswerQueued`] answered what was queued; `open` is false when the queue is
+    /// closed (no one submits anymore).
+    Answered {
+        /// The queue is still open.
+        open: bool,
+    },
+    /// [`Action::CheckWhole`]: whole, or what was lost.
+    Checked(Result<(), String>),
+    /// [`Action::CoverTail`]: covered, or why not.
+    Covered(Result<(), String>),
+    /// [`Action::ReadBack`]: read back, or why not.
+    ReadBack(Result<(), String>),
+    /// [`Action::Heal`]: a new sequencer replaces the failed one; `writer_lost` when the
+    /// writer was lost too and a new one (with an empty idempotency window) was built.
+    Replaced {
+        /// A new writer was built around the new sequencer.
+        writer_lost: bool,
+    },
+    /// [`Action::RunGroup`] ran a group.
+    Ran(GroupEnd),
+    /// The queue closed (at [`Action::RunGroup`], or after [`Action::Stop`] drained it).
+    Closed,
+    /// [`Action::Pause`], [`Action::RebuildWindow`] or [`Action::Healed`] is done.
+    Done,
+}
+
+/// Why a partition stopped serving.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// The queue closed: the processor stops or released the partition.
+    Closed,
+    /// Another node owns the partition now.
+    Fenced,
+    /// The storage failed fatally; the reason says what to do.
+    Failed {
+        /// The failure, with its causes, and what to do.
+        reason: String,
+    },
+    /// The storage lost events this partition acknowledged.
+    Lost {
+        /// What was lost.
+        reason: String,
+    },
+}
+
+impl End {
+    /// The answer to every command that reaches the partition from now on.
+    #[must_use]
+    pub fn refusal(&self, partition: u32) -> CommandError {
+        match self {
+            End::Closed => CommandError::ShuttingDown,
+            End::Fenced => CommandError::NotOwner { partition },
+            End::Failed { reason } => CommandError::Storage(reason.clone()),
+            End::Lost { reason } => CommandError::Corrupted(reason.clone()),
+        }
+    }
+
+    fn state(&self) -> PartitionState {
+        match self {
+            End::Closed => PartitionState::Stopped,
+            End::Fenced => PartitionState::Fenced,
+            End::Failed { reason } => PartitionState::Failed {
+                reason: reason.clone(),
+            },
+            End::Lost { reason } => PartitionState::Lost {
+                reason: reason.clone(),
+            },
+        }
+    }
+}
+
+/// The next step for the driver to perform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Wait up to `wait` for the sequencer to finish actualizing (return early when it did or
+    /// stopped); feed [`Input::Actualized`].
+    WaitActualized {
+        /// Longest wait.
+        wait: Duration,
+    },
+    /// Answer every command queued now with this error (the queue is not waited on); feed
+    /// [`Input::Answered`].
+    AnswerQueued(CommandError),
+    /// Check that the stored PLog holds everything up to the mark; feed [`Input::Checked`].
+    CheckWhole,
+    /// Raise the mark over the stored PLog's tail (attempt `attempt`); feed [`Input::Covered`].
+    CoverTail {
+        /// 1 for the first attempt.
+        attempt: u32,
+    },
+    /// Wait `delay`, answering every command that arrives with `refuse` when given (else
+    /// leaving them queued); feed [`Input::Done`].
+    Pause {
+        /// How long.
+        delay: Duration,
+        /// The answer to commands arriving meanwhile.
+        refuse: Option<CommandError>,
+    },
+    /// Remember the idempotency keys of the PLog tail the window spans (a failing read is
+    /// logged and served anyway); feed [`Input::Done`].
+    RebuildWindow,
+    /// Read the PLog back from `from` to the actualized end and remember its keys (attempt
+    /// `attempt`); on success the writer forgets its unresolved offset. Feed
+    /// [`Input::ReadBack`].
+    ReadBack {
+        /// The failed group's first PLog offset.
+        from: u64,
+        /// 1 for the first attempt.
+        attempt: u32,
+    },
+    /// The sequencer failed (`reason`): wait `delay` answering arriving commands
+    /// "unavailable", then replace the sequencer with a new one on the same storage; feed
+    /// [`Input::Replaced`]. Attempt 1 starts the rebuild; a later one follows a failed one.
+    Heal {
+        /// Why the partition is rebuilt.
+        reason: String,
+        /// 1 for the first attempt.
+        attempt: u32,
+        /// The backoff before this attempt.
+        delay: Duration,
+    },
+    /// The rebuild succeeded after `attempts` attempts (count it); feed [`Input::Done`].
+    Healed {
+        /// Attempts it took.
+        attempts: u32,
+    },
+    /// Take the next group (the retried commands first, else what the queue holds, waiting
+    /// for one) and run it; feed [`Input::Ran`], or [`Input::Closed`] when the queue closed.
+    RunGroup,
+    /// Stop serving: answer the retried commands and every command that arrives with
+    /// [`End::refusal`] until the queue closes, then feed [`Input::Closed`].
+    Stop(End),
+}
+
+/// What to do once a heal succeeded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Resume {
+    /// Continue the start: check the PLog, cover its tail, rebuild the window.
+    Start,
+    /// Continue after a failed group: read back if a write is unresolved, check the PLog.
+    AfterGroup,
+    /// Continue reading back from `from`.
+    ReadBack { from: u64, attempt: u32 },
+}
+
+/// Where a heal is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HealStage {
+    /// Waiting out the backoff, then replacing the sequencer.
+    Replace,
+    /// Waiting for the new sequencer's actualization.
+    Actualize,
+    /// Rebuilding the window of a writer built anew.
+    Window,
+    /// Rebuilt: counting it.
+    Healed,
+}
+
+/// After a check of the PLog against the mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// Covering the tail (a start).
+    Cover,
+    /// Serving.
+    Serve,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for the first actualization.
+    Starting,
+    /// Checking the stored PLog against the mark.
+    Check(Then),
+    /// Covering the stored tail.
+    Cover { attempt: u32 },
+    /// Rebuilding the window at the start.
+    Window,
+    /// Serving groups.
+    Serving,
+    /// Rebuilding a failed sequencer.
+    Healing {
+        reason: String,
+        attempt: u32,
+        writer_lost: bool,
+        stage: HealStage,
+        resume: Resume,
+    },
+    /// Waiting for the actualization before retrying a failed group's innocent commands.
+    RetryWait,
+    /// Reading back a failed group's write: waiting for the actualization (`read` false),
+    /// then reading.
+    ReadingBack { from: u64, attempt: u32, read: bool },
+    /// Stopped serving.
+    Stopped(End),
+}
+
+/// One partition's lifecycle; see the module's documentation.
+#[derive(Debug)]
+pub struct Lifecycle {
+    partition: u32,
+    phase: Phase,
+    /// Answer the queued commands with this before the phase's own step.
+    answer: Option<CommandError>,
+    /// Pause (answering arrivals with the refusal, if any) before the phase's own step.
+    pause: Option<(Duration, Option<CommandError>)>,
+    /// The first PLog offset of a failed group not read back yet.
+    unresolved: Option<u64>,
+    /// The PLog was re-read (a heal or a read-back): check it against the mark again.
+    reread: bool,
+    state: PartitionState,
+    /// `state` changed since [`Lifecycle::take_state`].
+    changed: bool,
+}
+
+fn backoff() -> Backoff {
+    Backoff::new(REBUILD_DELAY_MIN, REBUILD_DELAY_MAX)
+}
+
+impl Lifecycle {
+    /// A starting partition, its sequencer actualizing.
+    #[must_use]
+    pub fn new(partition: u32) -> Lifecycle {
+        Lifecycle {
+            partition,
+            phase: Phase::Starting,
+            answer: None,
+            pause: None,
+            unresolved: None,
+            reread: false,
+            state: PartitionState::Starting,
+            changed: false,
+        }
+    }
+
+    /// The state the processor reports.
+    #[must_use]
+    pub fn state(&self) -> &PartitionState {
+        &self.state
+    }
+
+    /// The state, when it changed since the last call.
+    pub fn take_state(&mut self) -> Option<PartitionState> {
+        if !self.changed {
+            return None;
+        }
+        self.changed = false;
+        Some(self.state.clone())
+    }
+
+    /// Still starting: not yet checked against its mark.
+    #[must_use]
+    pub fn starting(&self) -> bool {
+        self.phase == Phase::Starting
+    }
+
+    /// Serving groups (nothing to read back, no heal under way).
+    #[must_use]
+    pub fn serving(&self) -> bool {
+        self.phase == Phase::Serving
+    }
+
+    /// Why it stopped, once it did.
+    #[must_use]
+    pub fn ended(&self) -> Option<&End> {
+        match &self.phase {
+            Phase::Stopped(end) => Some(end),
+            _ => None,
+        }
+    }
+
+    fn set_state(&mut self, state: PartitionState) {
+        if self.state != state {
+            self.state = state;
+            self.changed = true;
+        }
+    }
+
+    fn unavailable(&self, reason: &str) -> CommandError {
+        CommandError::Unavailable {
+            partition: self.partition,
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// The next step.
+    #[must_use]
+    pub fn action(&self) -> Action {
+        if let Some(e) = &self.answer {
+            return Action::AnswerQueued(e.clone());
+        }
+        if let Some((delay, refuse)) = &self.pause {
+            return Action::Pause {
+                delay: *delay,
+                refuse: refuse.clone(),
+            };
+        }
+        match &self.phase {
+            Phase::Serving => Action::RunGroup,
+            Phase::Starting
+            | Phase::ReadingBack { read: false, .. }
+            | Phase::Healing {
+                stage: HealStage::Actualize,
+                ..
+            } => Action::WaitActualized {
+                wait: ACTUALIZE_WAIT,
+            },
+            Phase::RetryWait => Action::WaitActualized { wait: RETRY_WAIT },
+            Phase::Check(_) => Action::CheckWhole,
+            Phase::Cover { attempt } => Action::CoverTail { attempt: *attempt },
+            Phase::Window
+            | Phase::Healing {
+                stage: HealStage::Window,
+                ..
+            } => Action::RebuildWindow,
+            Phase::ReadingBack {
+                from,
+                attempt,
+                read: true,
+            } => Action::ReadBack {
+                from: *from,
+                attempt: *attempt,
+            },
+            Phase::Healing {
+                reason,
+                attempt,
+                stage: HealStage::Replace,
+                ..
+            } => Action::Heal {
+                reason: reason.clone(),
+                attempt: *attempt,
+                delay: backoff().delay(*attempt),
+            },
+            Phase::Healing {
+                attempt,
+                stage: HealStage::Healed,
+                ..
+            } => Action::Healed { attempts: *attempt },
+            Phase::Stopped(end) => Action::Stop(end.clone()),
+        }
+    }
+
+    /// Feeds the result of the step [`action`](Self::action) asked for.
+    pub fn feed(&mut self, event: Input) {
+        if self.answer.is_some() {
+            self.answer = None;
+            if event == (Input::Answered { open: false }) && self.phase == Phase::Starting {
+                self.stop(End::Closed);
+            }
+            return;
+        }
+        if self.pause.take().is_some() {
+            return;
+        }
+        if event == Input::Closed {
+            // The queue closed: nothing more to serve or answer.
+            return self.stop(End::Closed);
+        }
+        match std::mem::replace(&mut self.phase, Phase::Serving) {
+            Phase::Starting => self.started(event),
+            Phase::Check(then) => self.checked(then, event),
+            Phase::Cover { attempt } => self.covered(attempt, event),
+            Phase::Window => self.set_state(PartitionState::Serving),
+            Phase::Serving => self.ran(event),
+            Phase::Healing {
+                reason,
+                attempt,
+                writer_lost,
+                stage,
+                resume,
+            } => self.healing(reason, attempt, writer_lost, stage, resume, event),
+            Phase::RetryWait => self.after_retry_wait(),
+            Phase::ReadingBack {
+                from,
+                attempt,
+                read,
+            } => self.reading_back(from, attempt, read, event),
+            Phase::Stopped(end) => self.phase = Phase::Stopped(end),
+        }
+    }
+
+    fn stop(&mut self, end: End) {
+        let state = match &end {
+            // Stopped once the queue closes, which it just did.
+            End::Closed => PartitionState::Stopped,
+            e => e.state(),
+        };
+        self.set_state(state);
+        self.phase = Phase::Stopped(end);
+    }
+
+    fn start_heal(&mut self, reason: String, resume: Resume) {
+        self.set_state(PartitionState::Rebuilding {
+            reason: reason.clone(),
+        });
+        self.phase = Phase::Healing {
+            reason,
+            attempt: 1,
+            writer_lost: false,
+            stage: HealStage::Replace,
+            resume,
+        };
+    }
+
+    fn started(&mut self, event: Input) {
+        self.phase = Phase::Starting;
+        let Input::Actualized(a) = event else {
+            return;
+        };
+        match a {
+            Actualization::Pending { corrupted, failing } => {
+                self.answer = Some(if corrupted {
+                    CommandError::Corrupted(
+                        "stored data this partition needs to actualize is damaged; repair or \
+                         restore the store"
+                            .into(),
+                    )
+                } else if failing {
+                    busy(Busy::StorageUnavailable)
+                } else {
+                    busy(Busy::Actualizing)
+                });
+            }
+            Actualization::Ready => self.phase = Phase::Check(Then::Cover),
+            Actualization::Stopped { fenced: true } => self.stop(End::Fenced),
+            Actualization::Stopped { fenced: false } => {
+                self.start_heal(
+                    "the sequencer failed while actualizing".into(),
+                    Resume::Start,
+                );
+            }
+        }
+    }
+
+    fn checked(&mut self, then: Then, event: Input) {
+        match event {
+            Input::Checked(Err(reason)) => self.stop(End::Lost { reason }),
+            Input::Checked(Ok(())) => match then {
+                Then::Cover => self.phase = Phase::Cover { attempt: 1 },
+                Then::Serve => self.serve(),
+            },
+            _ => self.phase = Phase::Check(then),
+        }
+    }
+
+    fn covered(&mut self, attempt: u32, event: Input) {
+        match event {
+            Input::Covered(Ok(())) => self.phase = Phase::Window,
+            Input::Covered(Err(_)) => {
+                self.pause = Some((backoff().delay(attempt), None));
+                self.phase = Phase::Cover {
+                    attempt: attempt + 1,
+                };
+            }
+            _ => self.phase = Phase::Cover { attempt },
+        }
+    }
+
+    fn serve(&mut self) {
+        self.reread = false;
+        self.set_state(PartitionState::Serving);
+        self.phase = Phase::Serving;
+    }
+
+    fn ran(&mut self, event: Input) {
+        let Input::Ran(end) = event else {
+            return;
+        };
+        if end.clean() {
+            return;
+        }
+        if end.fenced {
+            return self.stop(End::Fenced);
+        }
+        if let Some(cause) = end.fatal {
+            // The store's error says what to do (check the disk, restart the server).
+            let reason = format!(
+                "the storage failed fatally: {cause}. Partition {} writes nothing more until \
+                 the server is restarted",
+                self.partition
+            );
+            return self.stop(End::Failed { reason });
+        }
+        if let Some(reason) = end.lost {
+            return self.stop(End::Lost { reason });
+        }
+        self.unresolved = end.unresolved;
+        self.reread = end.failed.is_some() || end.unresolved.is_some();
+        match end.failed {
+            Some(reason) => self.start_heal(reason, Resume::AfterGroup),
+            None if end.retry => self.phase = Phase::RetryWait,
+            None => self.after_retry_wait(),
+        }
+    }
+
+    /// After a failed group (healed, or its retries waited for): read back, then check.
+    fn after_retry_wait(&mut self) {
+        match self.unresolved {
+            Some(from) => self.read_back(from, 1),
+            None => self.recheck(),
+        }
+    }
+
+    fn read_back(&mut self, from: u64, attempt: u32) {
+        self.set_state(PartitionState::Rebuilding {
+            reason: READING_BACK.into(),
+        });
+        self.phase = Phase::ReadingBack {
+            from,
+            attempt,
+            read: false,
+        };
+    }
+
+    /// Serves again, after a check of the PLog against the mark when it was re-read.
+    fn recheck(&mut self) {
+        if self.reread {
+            self.phase = Phase::Check(Then::Serve);
+        } else {
+            self.serve();
+        }
+    }
+
+    fn healing(
+        &mut self,
+        reason: String,
+        attempt: u32,
+        mut writer_lost: bool,
+        stage: HealStage,
+        resume: Resume,
+        event: Input,
+    ) {
+        let mut next = stage;
+        let mut attempt = attempt;
+        match (stage, event) {
+            (HealStage::Replace, Input::Replaced { writer_lost: lost }) => {
+                writer_lost |= lost;
+                if lost {
+                    // The new writer knows no failed write: its window is rebuilt instead.
+                    self.unresolved = None;
+                }
+                next = HealStage::Actualize;
+            }
+            (HealStage::Actualize, Input::Actualized(a)) => match a {
+                Actualization::Pending { .. } => self.answer = Some(self.unavailable(&reason)),
+                Actualization::Ready if writer_lost => next = HealStage::Window,
+                Actualization::Ready => next = HealStage::Healed,
+                Actualization::Stopped { fenced: true } => return self.stop(End::Fenced),
+                Actualization::Stopped { fenced: false } => {
+                    attempt += 1;
+                    next = HealStage::Replace;
+                }
+            },
+            (HealStage::Window, Input::Done) => next = HealStage::Healed,
+            (HealStage::Healed, Input::Done) => {
+                self.set_state(PartitionState::Serving);
+                return match resume {
+                    Resume::Start => self.phase = Phase::Check(Then::Cover),
+                    Resume::AfterGroup => self.after_retry_wait(),
+                    Resume::ReadBack { from, attempt } => self.read_back(from, attempt),
+                };
+            }
+            _ => {}
+        }
+        self.phase = Phase::Healing {
+            reason,
+            attempt,
+            writer_lost,
+            stage: next,
+            resume,
+        };
+    }
+
+    fn reading_back(&mut self, from: u64, attempt: u32, read: bool, event: Input) {
+        self.phase = Phase::ReadingBack {
+            from,
+            attempt,
+            read,
+        };
+        match (read, event) {
+            (false, Input::Actualized(a)) => match a {
+                Actualization::Pending { .. } => {
+                    self.answer = Some(self.unavailable(READING_BACK));
+                    self.phase = Phase::ReadingBack {
+                        from,
+                        attempt: attempt + 1,
+                        read: false,
+                    };
+                }
+                Actualization::Ready => {
+                    self.phase = Phase::ReadingBack {
+                        from,
+                        attempt,
+                        read: true,
+                    };
+                }
+                Actualization::Stopped { fenced: true } => self.stop(End::Fenced),
+                Actualization::Stopped { fenced: false } => self.start_heal(
+                    "the sequencer failed after a group write failed".into(),
+                    Resume::ReadBack {
+                        from,
+                        attempt: attempt + 1,
+                    },
+                ),
+            },
+            (true, Input::ReadBack(Ok(()))) => {
+                self.unresolved = None;
+                self.recheck();
+            }
+            (true, Input::ReadBack(Err(_))) => {
+                self.pause = Some((
+                    backoff().delay(attempt),
+                    Some(self.unavailable(READING_BACK)),
+                ));
+                self.phase = Phase::ReadingBack {
+                    from,
+                    attempt: attempt + 1,
+                    read: false,
+                };
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PENDING: Actualization = Actualization::Pending {
+        corrupted: false,
+        failing: false,
+    };
+
+    /// A partition started and serving.
+    fn serving() -> Lifecycle {
+        let mut lc = Lifecycle::new(3);
+        lc.feed(Input::Actualized(Actualization::Ready));
+        assert_eq!(lc.action(), Action::CheckWhole);
+        lc.feed(Input::Checked(Ok(())));
+        assert_eq!(lc.action(), Action::CoverTail { attempt: 1 });
+        lc.feed(Input::Covered(Ok(())));
+        assert_eq!(lc.action(), Action::RebuildWindow);
+        lc.feed(Input::Done);
+        assert_eq!(lc.action(), Action::RunGroup);
+        assert_eq!(lc.take_state(), Some(PartitionState::Serving));
+        lc
+    }
+
+    fn failed_write(from: u64) -> GroupEnd {
+        GroupEnd {
+            unresolved: Some(from),
+            retry: true,
+            ..GroupEnd::default()
+        }
+    }
+
+    #[test]
+    fn a_start_waits_for_the_actualization_then_checks_covers_and_rebuilds_before_serving() {
+        let mut lc = Lifecycle::new(3);
+        assert_eq!(
+            lc.action(),
+            Action::WaitActualized {
+                wait: ACTUALIZE_WAIT
+            }
+        );
+        lc.feed(Input::Actualized(PENDING));
+        assert_eq!(
+            lc.action(),
+            Action::AnswerQueued(busy(Busy::Actualizing)),
+            "commands queued while it actualizes are answered busy"
+        );
+        lc.feed(Input::Answered { open: true });
+        assert!(lc.starting());
+        assert!(matches!(lc.action(), Action::WaitActualized { .. }));
+        let lc = serving();
+        assert!(lc.serving());
+    }
+
+    #[test]
+    fn a_start_answers_corrupted_or_storage_unavailable_by_what_the_actualization_meets() {
+        let mut lc = Lifecycle::new(3);
+        lc.feed(Input::Actualized(Actualization::Pending {
+            corrupted: true,
+            failing: true,
+        }));
+        assert!(matches!(
+            lc.action(),
+            Action::AnswerQueued(CommandError::Corrupted(_))
+        ));
+        lc.feed(Input::Answered { open: true });
+        lc.feed(Input::Actualized(Actualization::Pending {
+            corrupted: false,
+            failing: true,
+        }));
+        assert_eq!(
+            lc.action(),
+            Action::AnswerQueued(busy(Busy::StorageUnavailable))
+        );
+    }
+
+    #[test]
+    fn a_start_stops_when_the_queue_closes_while_it_actualizes() {
+        let mut lc = Lifecycle::new(3);
+        lc.feed(Input::Actualized(PENDING));
+        lc.feed(Input::Answered { open: false });
+        assert_eq!(lc.action(), Action::Stop(End::Closed));
+        assert_eq!(lc.take_state(), Some(PartitionState::Stopped));
+    }
+
+    #[test]
+    fn a_start_below_the_mark_is_refused_as_lost() {
+        let mut lc = Lifecycle::new(3);
+        lc.feed(Input::Actualized(Actualization::Ready));
+        lc.feed(Input::Checked(Err("lost 5..9".into())));
+        let end = End::Lost {
+            reason: "lost 5..9".into(),
+        };
+        assert_eq!(lc.action(), Action::Stop(end.clone()));
+        assert_eq!(
+            end.refusal(3),
+            CommandError::Corrupted("lost 5..9".into()),
+            "every later command is refused as corrupted"
+        );
+        assert!(matches!(lc.take_state(), Some(PartitionState::Lost { .. })));
+    }
+
+    #[test]
+    fn a_start_fenced_while_actualizing_stops_as_not_owner() {
+        let mut lc = Lifecycle::new(3);
+        lc.feed(Input::Actualized(Actualization::Stopped { fenced: true }));
+        assert_eq!(lc.action(), Action::Stop(End::Fenced));
+        assert_eq!(
+            End::Fenced.refusal(3),
+            CommandError::NotOwner { partition: 3 }
+        );
+        assert_eq!(lc.take_state(), Some(PartitionState::Fenced));
+    }
+
+    #[test]
+    fn a_failing_cover_of_the_tail_is_retried_after_a_backoff_without_refusing() {
+        let mut lc = Lifecycle::new(3);
+        lc.feed(Input::Actualized(Actualization::Ready));
+        lc.feed(Input::Checked(Ok(())));
+        lc.feed(Input::Covered(Err("read failed".into())));
+        assert_eq!(
+            lc.action(),
+            Action::Pause {
+                delay: backoff().delay(1),
+                refuse: None
+            }
+        );
+        lc.feed(Input::Done);
+        assert_eq!(lc.action(), Action::CoverTail { attempt: 2 });
+        lc.feed(Input::Covered(Ok(())));
+        assert_eq!(
+            lc.action(),
+            Action::RebuildWindow,
+            "the window after the tail"
+        );
+    }
+
+    #[test]
+    fn a_sequencer_failing_while_it_starts_is_healed_then_the_start_goes_on() {
+        let mut lc = Lifecycle::new(3);
+        lc.feed(Input::Actualized(Actualization::Stopped { fenced: false }));
+        assert!(matches!(
+            lc.take_state(),
+            Some(PartitionState::Rebuilding { .. })
+        ));
+        assert!(matches!(lc.action(), Action::Heal { attempt: 1, .. }));
+        lc.feed(Input::Replaced { writer_lost: false });
+        lc.feed(Input::Actualized(Actualization::Ready));
+        assert_eq!(lc.action(), Action::Healed { attempts: 1 });
+        lc.feed(Input::Done);
+        assert_eq!(lc.action(), Action::CheckWhole);
+    }
+
+    #[test]
+    fn a_clean_group_keeps_serving() {
+        let mut lc = serving();
+        lc.feed(Input::Ran(GroupEnd::default()));
+        assert_eq!(lc.action(), Action::RunGroup);
+        assert_eq!(lc.take_state(), None);
+    }
+
+    #[test]
+    fn a_group_fenced_fatal_or_lost_stops_the_partition_in_that_order() {
+        let mut lc = serving();
+        lc.feed(Input::Ran(GroupEnd {
+            fenced: true,
+            fatal: Some("poisoned".into()),
+            ..GroupEnd::default()
+        }));
+        assert_eq!(lc.action(), Action::Stop(End::Fenced));
+        let mut lc = serving();
+        lc.feed(Input::Ran(GroupEnd {
+            fatal: Some("poisoned".into()),
+            lost: Some("lost".into()),
+            ..GroupEnd::default()
+        }));
+        let Action::Stop(End::Failed { reason }) = lc.action() else {
+            panic!(
+                "a fatal write stops the partition as failed: {:?}",
+                lc.action()
+            );
+        };
+        assert!(
+            reason.contains("poisoned") && reason.contains("restarted"),
+            "{reason}"
+        );
+        let mut lc = serving();
+        lc.feed(Input::Ran(GroupEnd {
+            lost: Some("lost".into()),
+            ..GroupEnd::default()
+        }));
+        assert_eq!(
+            lc.action(),
+            Action::Stop(End::Lost {
+                reason: "lost".into()
+            })
+        );
+        lc.feed(Input::Closed);
+        assert_eq!(lc.take_state(), Some(PartitionState::Stopped));
+    }
+
+    #[test]
+    fn a_failed_write_waits_for_the_actualization_then_reads_back_before_any_command() {
+        let mut lc = serving();
+        lc.feed(Input::Ran(failed_write(40)));
+        assert_eq!(lc.action(), Action::WaitActualized { wait: RETRY_WAIT });
+        lc.feed(Input::Actualized(Actualization::Ready));
+        assert!(matches!(lc.action(), Action::WaitActualized { .. }));
+        assert!(!lc.serving());
+        lc.feed(Input::Actualized(PENDING));
+        assert!(
+            matches!(
+                lc.action(),
+                Action::AnswerQueued(CommandError::Unavailable { .. })
+            ),
+            "commands are refused until the write is read back"
+        );
+        lc.feed(Input::Answered { open: true });
+        lc.feed(Input::Actualized(Actualization::Ready));
+        assert_eq!(
+            lc.action(),
+            Action::ReadBack {
+                from: 40,
+                attempt: 2
+            }
+        );
+        lc.feed(Input::ReadBack(Err("read failed".into())));
+        assert!(matches!(
+            lc.action(),
+            Action::Pause {
+                refuse: Some(CommandError::Unavailable { .. }),
+                ..
+            }
+        ));
+        lc.feed(Input::Done);
+        lc.feed(Input::Actualized(Actualization::Ready));
+        assert_eq!(
+            lc.action(),
+            Action::ReadBack {
+                from: 40,
+                attempt: 3
+            }
+        );
+        lc.feed(Input::ReadBack(Ok(())));
+        assert_eq!(
+            lc.action(),
+            Action::CheckWhole,
+            "the re-read PLog is checked against the mark"
+        );
+        lc.feed(Input::Checked(Ok(())));
+        assert_eq!(lc.action(), Action::RunGroup);
+        assert_eq!(lc.take_state(), Some(PartitionState::Serving));
+    }
+
+    #[test]
+    fn a_read_back_found_below_the_mark_stops_as_lost() {
+        let mut lc = serving();
+        lc.feed(Input::Ran(GroupEnd {
+            unresolved: Some(7),
+            ..GroupEnd::default()
+        }));
+        lc.feed(Input::Actualized(Actualization::Ready));
+        lc.feed(Input::ReadBack(Ok(())));
+        lc.feed(Input::Checked(Err("gone".into())));
+        assert_eq!(
+            lc.action(),
+            Action::Stop(End::Lost {
+                reason: "gone".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_refused_group_without_a_failed_write_retries_after_the_actualization_unchecked() {
+        let mut lc = serving();
+        lc.feed(Input::Ran(GroupEnd {
+            retry: true,
+            ..GroupEnd::default()
+        }));
+        assert_eq!(lc.action(), Action::WaitActualized { wait: RETRY_WAIT });
+        lc.feed(Input::Actualized(PENDING));
+        assert_eq!(lc.action(), Action::RunGroup);
+    }
+
+    #[test]
+    fn a_failed_sequencer_is_healed_with_backoff_then_read_back_and_checked() {
+        let mut lc = serving();
+        lc.feed(Input::Ran(GroupEnd {
+            failed: Some("sequencer poisoned".into()),
+            unresolved: Some(12),
+            retry: true,
+            ..GroupEnd::default()
+        }));
+        assert_eq!(
+            lc.take_state(),
+            Some(PartitionState::Rebuilding {
+                reason: "sequencer poisoned".into()
+            })
+        );
+        for attempt in 1..=3 {
+            assert_eq!(
+                lc.action(),
+                Action::Heal {
+                    reason: "sequencer poisoned".into(),
+                    attempt,
+                    delay: backoff().delay(attempt)
+                }
+            );
+            lc.feed(Input::Replaced { writer_lost: false });
+            lc.feed(Input::Actualized(PENDING));
+            assert!(matches!(
+                lc.action(),
+                Action::AnswerQueued(CommandError::Unavailable { .. })
+            ));
+            lc.feed(Input::Answered { open: false });
+            if attempt < 3 {
+                lc.feed(Input::Actualized(Actualization::Stopped { fenced: false }));
+            }
+        }
+        lc.feed(Input::Actualized(Actualization::Ready));
+        assert_eq!(lc.action(), Action::Healed { attempts: 3 });
+        lc.feed(Input::Done);
+        assert!(matches!(lc.action(), Action::WaitActualized { .. }));
+        lc.feed(Input::Actualized(Actualization::Ready));
+        assert_eq!(
+            lc.action(),
+            Action::ReadBack {
+                from: 12,
+                attempt: 1
+            }
+        );
+    }
+
+    #[test]
+    fn a_heal_that_lost_its_writer_rebuilds_the_window_before_serving() {
+        let mut lc = serving();
+        lc.feed(Input::Ran(GroupEnd {
+            failed: Some("a group's thread was lost".into()),
+            unresolved: Some(12),
+            ..GroupEnd::default()
+        }));
+        lc.feed(Input::Replaced { writer_lost: true });
+        lc.feed(Input::Actualized(Actualization::Ready));
+        assert_eq!(lc.action(), Action::RebuildWindow);
+        lc.feed(Input::Done);
+        assert_eq!(lc.action(), Action::Healed { attempts: 1 });
+        lc.feed(Input::Done);
+        assert_eq!(
+            lc.action(),
+            Action::CheckWhole,
+            "the new writer knows no failed write: checked, not read back"
+        );
+    }
+
+    #[test]
+    fn a_heal_fenced_off_stops_as_not_owner() {
+        let mut lc = serving();
+        lc.feed(Input::Ran(GroupEnd {
+            failed: Some("x".into()),
+            ..GroupEnd::default()
+        }));
+        lc.feed(Input::Replaced { writer_lost: false });
+        lc.feed(Input::Actualized(Actualization::Stopped { fenced: true }));
+        assert_eq!(lc.action(), Action::Stop(End::Fenced));
+    }
+
+    #[test]
+    fn a_sequencer_failing_during_a_read_back_is_healed_and_the_read_back_goes_on() {
+        let mut lc = serving();
+        lc.feed(Input::Ran(GroupEnd {
+            unresolved: Some(5),
+            ..GroupEnd::default()
+        }));
+        lc.feed(Input::Actualized(Actualization::Stopped { fenced: false }));
+        assert!(matches!(lc.action(), Action::Heal { attempt: 1, .. }));
+        lc.feed(Input::Replaced { writer_lost: false });
+        lc.feed(Input::Actualized(Actualization::Ready));
+        lc.feed(Input::Done);
+        assert_eq!(
+            lc.take_state(),
+            Some(PartitionState::Rebuilding {
+                reason: READING_BACK.into()
+            })
+        );
+        lc.feed(Input::Actualized(Actualization::Ready));
+        assert_eq!(
+            lc.action(),
+            Action::ReadBack {
+                from: 5,
+                attempt: 2
+            }
+        );
+        lc.feed(Input::Actualized(Actualization::Stopped { fenced: true }));
+        assert!(
+            matches!(lc.action(), Action::ReadBack { .. }),
+            "an event the step did not ask for changes nothing"
+        );
+    }
+
+    #[test]
+    fn a_closed_queue_while_serving_stops_it() {
+        let mut lc = serving();
+        lc.feed(Input::Closed);
+        assert_eq!(lc.action(), Action::Stop(End::Closed));
+        assert_eq!(End::Closed.refusal(3), CommandError::ShuttingDown);
+    }
+}
