@@ -93,6 +93,8 @@ pub enum Input {
     Checked(Result<(), String>),
     /// [`Action::CoverTail`]: covered, or why not.
     Covered(Result<(), String>),
+    /// [`Action::RebuildWindow`]: rebuilt, or why not.
+    WindowRebuilt(Result<(), String>),
     /// [`Action::ReadBack`]: read back, or why not.
     ReadBack(Result<(), String>),
     /// [`Action::Heal`]: a new sequencer replaces the failed one; `writer_lost` when the
@@ -105,7 +107,7 @@ pub enum Input {
     Ran(GroupEnd),
     /// The queue closed (at [`Action::RunGroup`], or after [`Action::Stop`] drained it).
     Closed,
-    /// [`Action::Pause`], [`Action::RebuildWindow`] or [`Action::Healed`] is done.
+    /// [`Action::Pause`] or [`Action::Healed`] is done.
     Done,
 }
 
@@ -181,9 +183,13 @@ pub enum Action {
         /// The answer to commands arriving meanwhile.
         refuse: Option<CommandError>,
     },
-    /// Remember the idempotency keys of the PLog tail the window spans (a failing read is
-    /// logged and served anyway); feed [`Input::Done`].
-    RebuildWindow,
+    /// Remember the idempotency keys of the PLog tail the window spans (attempt `attempt`);
+    /// feed [`Input::WindowRebuilt`]. A failing read is retried after a backoff: serving
+    /// without the keys would apply a retry of a command in the window a second time.
+    RebuildWindow {
+        /// 1 for the first attempt.
+        attempt: u32,
+    },
     /// Read the PLog back from `from` to the actualized end and remember its keys (attempt
     /// `attempt`); on success the writer forgets its unresolved offset. Feed
     /// [`Input::ReadBack`].
@@ -236,7 +242,7 @@ enum HealStage {
     /// Waiting for the new sequencer's actualization.
     Actualize,
     /// Rebuilding the window of a writer built anew.
-    Window,
+    Window { attempt: u32 },
     /// Rebuilt: counting it.
     Healed,
 }
@@ -259,7 +265,7 @@ enum Phase {
     /// Covering the stored tail.
     Cover { attempt: u32 },
     /// Rebuilding the window at the start.
-    Window,
+    Window { attempt: u32 },
     /// Serving groups.
     Serving,
     /// Rebuilding a failed sequencer.
@@ -392,11 +398,11 @@ impl Lifecycle {
             Phase::RetryWait => Action::WaitActualized { wait: RETRY_WAIT },
             Phase::Check(_) => Action::CheckWhole,
             Phase::Cover { attempt } => Action::CoverTail { attempt: *attempt },
-            Phase::Window
+            Phase::Window { attempt }
             | Phase::Healing {
-                stage: HealStage::Window,
+                stage: HealStage::Window { attempt },
                 ..
-            } => Action::RebuildWindow,
+            } => Action::RebuildWindow { attempt: *attempt },
             Phase::ReadingBack {
                 from,
                 attempt,
@@ -444,7 +450,10 @@ impl Lifecycle {
             Phase::Starting => self.started(event),
             Phase::Check(then) => self.checked(then, event),
             Phase::Cover { attempt } => self.covered(attempt, event),
-            Phase::Window => self.set_state(PartitionState::Serving),
+            Phase::Window { attempt } => match self.window_rebuilt(attempt, event) {
+                Some(attempt) => self.phase = Phase::Window { attempt },
+                None => self.set_state(PartitionState::Serving),
+            },
             Phase::Serving => self.ran(event),
             Phase::Healing {
                 reason,
@@ -529,7 +538,7 @@ impl Lifecycle {
 
     fn covered(&mut self, attempt: u32, event: Input) {
         match event {
-            Input::Covered(Ok(())) => self.phase = Phase::Window,
+            Input::Covered(Ok(())) => self.phase = Phase::Window { attempt: 1 },
             Input::Covered(Err(_)) => {
                 self.pause = Some((backoff().delay(attempt), None));
                 self.phase = Phase::Cover {
@@ -537,6 +546,19 @@ impl Lifecycle {
                 };
             }
             _ => self.phase = Phase::Cover { attempt },
+        }
+    }
+
+    /// After a window's rebuild: `None` once rebuilt, else the attempt to make after a backoff
+    /// (commands stay queued meanwhile).
+    fn window_rebuilt(&mut self, attempt: u32, event: Input) -> Option<u32> {
+        match event {
+            Input::WindowRebuilt(Ok(())) => None,
+            Input::WindowRebuilt(Err(_)) => {
+                self.pause = Some((backoff().delay(attempt), None));
+                Some(attempt + 1)
+            }
+            _ => Some(attempt),
         }
     }
 
@@ -627,7 +649,7 @@ impl Lifecycle {
             }
             (HealStage::Actualize, Input::Actualized(a)) => match a {
                 Actualization::Pending { .. } => self.answer = Some(self.unavailable(&reason)),
-                Actualization::Ready if writer_lost => next = HealStage::Window,
+                Actualization::Ready if writer_lost => next = HealStage::Window { attempt: 1 },
                 Actualization::Ready => next = HealStage::Healed,
                 Actualization::Stopped { fenced: true } => return self.stop(End::Fenced),
                 Actualization::Stopped { fenced: false } => {
@@ -635,7 +657,12 @@ impl Lifecycle {
                     next = HealStage::Replace;
                 }
             },
-            (HealStage::Window, Input::Done) => next = HealStage::Healed,
+            (HealStage::Window { attempt: window }, event) => {
+                next = match self.window_rebuilt(window, event) {
+                    Some(window) => HealStage::Window { attempt: window },
+                    None => HealStage::Healed,
+                };
+            }
             (HealStage::Healed, Input::Done) => {
                 self.set_state(PartitionState::Serving);
                 return match resume {
@@ -724,8 +751,8 @@ mod tests {
         lc.feed(Input::Checked(Ok(())));
         assert_eq!(lc.action(), Action::CoverTail { attempt: 1 });
         lc.feed(Input::Covered(Ok(())));
-        assert_eq!(lc.action(), Action::RebuildWindow);
-        lc.feed(Input::Done);
+        assert_eq!(lc.action(), Action::RebuildWindow { attempt: 1 });
+        lc.feed(Input::WindowRebuilt(Ok(())));
         assert_eq!(lc.action(), Action::RunGroup);
         assert_eq!(lc.take_state(), Some(PartitionState::Serving));
         lc
@@ -839,9 +866,23 @@ mod tests {
         lc.feed(Input::Covered(Ok(())));
         assert_eq!(
             lc.action(),
-            Action::RebuildWindow,
+            Action::RebuildWindow { attempt: 1 },
             "the window after the tail"
         );
+        lc.feed(Input::WindowRebuilt(Err("read failed".into())));
+        assert_eq!(
+            lc.action(),
+            Action::Pause {
+                delay: backoff().delay(1),
+                refuse: None
+            },
+            "a failed rebuild of the window is retried: serving without it would apply a \
+             retry twice"
+        );
+        lc.feed(Input::Done);
+        assert_eq!(lc.action(), Action::RebuildWindow { attempt: 2 });
+        lc.feed(Input::WindowRebuilt(Ok(())));
+        assert_eq!(lc.action(), Action::RunGroup);
     }
 
     #[test]
@@ -1050,8 +1091,11 @@ mod tests {
         }));
         lc.feed(Input::Replaced { writer_lost: true });
         lc.feed(Input::Actualized(Actualization::Ready));
-        assert_eq!(lc.action(), Action::RebuildWindow);
+        assert_eq!(lc.action(), Action::RebuildWindow { attempt: 1 });
+        lc.feed(Input::WindowRebuilt(Err("read failed".into())));
         lc.feed(Input::Done);
+        assert_eq!(lc.action(), Action::RebuildWindow { attempt: 2 });
+        lc.feed(Input::WindowRebuilt(Ok(())));
         assert_eq!(lc.action(), Action::Healed { attempts: 1 });
         lc.feed(Input::Done);
         assert_eq!(

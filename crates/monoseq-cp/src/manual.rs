@@ -264,10 +264,9 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
                 self.since = None;
                 Input::Done
             }
-            Action::RebuildWindow => {
+            Action::RebuildWindow { .. } => {
                 let from = self.writer.window.start(self.next_offset());
-                let _ = self.learn(from);
-                Input::Done
+                Input::WindowRebuilt(self.learn(from))
             }
             Action::ReadBack { from, .. } => {
                 let read = self.learn(from);

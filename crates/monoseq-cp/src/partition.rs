@@ -348,9 +348,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 }
                 Input::Done
             }
-            Action::RebuildWindow => {
-                self.rebuild_window().await;
-                Input::Done
+            Action::RebuildWindow { attempt } => {
+                Input::WindowRebuilt(self.rebuild_window(attempt).await)
             }
             Action::ReadBack { from, attempt } => {
                 Input::ReadBack(self.read_back(from, attempt).await)
@@ -477,19 +476,23 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         actualization(status, &stats)
     }
 
-    /// Remembers the keys of the PLog tail's events (the window's span before the PLog end).
-    async fn rebuild_window(&mut self) {
+    /// Remembers the keys of the PLog tail's events (the window's span before the PLog end);
+    /// a failure is logged, and the lifecycle retries it with backoff.
+    async fn rebuild_window(&mut self, attempt: u32) -> Result<(), String> {
         let next = self.shared.handle().stats().next_offset;
         let Some(from) = self.writer.as_ref().map(|w| w.window.start(next)) else {
-            return;
+            return Ok(());
         };
-        if let Err(e) = self.learn_keys(from, next).await {
+        let rebuilt = self.learn_keys(from, next).await;
+        if let Err(e) = &rebuilt {
             tracing::warn!(
                 partition = self.template.partition.0,
-                "rebuilding the idempotency window stopped early: {e}; retries of older \
-                 commands are not recognised"
+                attempt,
+                "rebuilding the idempotency window failed: {e}; retrying before serving (a \
+                 retry of a command in the window would otherwise be applied again)"
             );
         }
+        rebuilt
     }
 
     /// Remembers the idempotency keys of the events at PLog offsets `from..to`; the keys read

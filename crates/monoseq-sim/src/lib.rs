@@ -1,7 +1,8 @@
 //! monoseq-sim: a deterministic, seeded simulation of a whole cluster. Several nodes run the
-//! real membership state machine (`monoseq-membership`) and the real partition writers
-//! (`monoseq_cp::ManualPartition`: sequencing, idempotency window, group writes, read-back
-//! after a failed write) on one simulated database with a synchronous standby (`db.rs`).
+//! real membership state machine (`monoseq-membership`) and the real partitions
+//! (`monoseq_cp::ManualPartition`: the lifecycle the partition task drives, and its writer:
+//! sequencing, idempotency window, group writes, read-back after a failed write) on one
+//! simulated database with a synchronous standby (`db.rs`).
 //! Clients send keyed commands to any node and retry with the same key until answered.
 //!
 //! One seed is one exact run: time is simulated in ticks, every random choice comes from the
@@ -106,6 +107,9 @@ pub struct Report {
     pub position_conflicts: u64,
     /// Position writes whose answer was lost, found written by reading back.
     pub positions_read_back: u64,
+    /// A digest of every event stored at the end, times included: one seed gives the same in
+    /// every run.
+    pub stored_digest: u64,
 }
 
 /// A client: one workspace, one command at a time, retried with its key until answered.
@@ -283,7 +287,7 @@ impl Sim {
         }
         self.catch_up_followers()
             .map_err(|e| format!("at the end: {e}"))?;
-        self.check_end()?;
+        self.report.stored_digest = self.check_end()?;
         self.report.followed = self.followers.iter().map(|f| f.seen.len() as u64).sum();
         Ok(self.report)
     }
@@ -776,7 +780,9 @@ impl Sim {
 
     /// At the end: every acknowledged event is in the PLog with its key, and no key is in
     /// two events.
-    fn check_end(&self) -> Result<(), String> {
+    /// Checks the stored PLogs against what was acknowledged; a digest of every stored event
+    /// (its times included).
+    fn check_end(&self) -> Result<u64, String> {
         let store = EventStore::new(self.db.kv(), AppId(1), TrustLevel::Level0);
         // Offsets retired by accepted losses: the PLog has a gap below each, and continues
         // above it.
@@ -794,6 +800,7 @@ impl Sim {
             .filter_map(|(p, f)| f.last().map(|last| (*p, *last)))
             .collect();
         let mut events: BTreeMap<(u32, u64), (u64, String)> = BTreeMap::new();
+        let mut digest = std::hash::DefaultHasher::new();
         for p in 0..self.plan.partitions {
             let starts =
                 std::iter::once(1).chain(floors.get(&p).into_iter().flatten().map(|f| f + 1));
@@ -804,6 +811,7 @@ impl Sim {
                         monoseq_core::PLogOffset(from),
                         monoseq_core::PLogOffset(u64::MAX),
                         &mut |e| {
+                            std::hash::Hash::hash(&format!("{e:?}"), &mut digest);
                             if let Some(i) = e.idempotency {
                                 events.insert((p, e.plog_offset.0), (e.ws.0, i.key));
                             }
@@ -843,7 +851,8 @@ impl Sim {
                 }
             }
         }
-        self.check_followers_end(&offsets, &losses)
+        self.check_followers_end(&offsets, &losses)?;
+        Ok(std::hash::Hasher::finish(&digest))
     }
 
     /// The state of the leases and of every node, for a failure's message.
