@@ -3,7 +3,9 @@
 //! (reading records and stored numbers there, never on the async runtime), writes the group's
 //! events in one atomic batch, syncs the store while raising the partition's high-water mark,
 //! and only then answers the clients. Retries with a known idempotency key are answered from
-//! their original event. A partition whose sequencer fails is rebuilt with bounded backoff.
+//! their original event. The order of the task's steps (the start, a heal with bounded
+//! backoff, the read-back after a failed write, stopping) is decided by the partition's
+//! [`Lifecycle`] (`lifecycle.rs`); the task performs them on tokio and feeds their results back.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -298,7 +300,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             if let Some(state) = lc.take_state() {
                 self.shared.set_state(state);
             }
-            let event = match lc.action() {
+            let input = match lc.action() {
                 Action::RunGroup => self.next_group(&mut rx, &mut retry).await,
                 Action::Heal {
                     reason,
@@ -323,7 +325,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 Action::Stop(end) => return self.end(&end, retry, rx, lc).await,
                 action => self.perform(action, &mut rx).await,
             };
-            lc.feed(event);
+            lc.feed(input);
         }
     }
 
@@ -364,7 +366,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
     /// Takes the next group (the retried commands first, else what the queue holds) and runs
     /// it; how it ended, or [`Input::Closed`] when the queue closed.
     async fn next_group(&mut self, rx: &mut mpsc::Receiver<Job>, retry: &mut Vec<Job>) -> Input {
-        let mut jobs: Vec<Job> = Vec::with_capacity(self.group_max);
+        let mut jobs: Vec<Job> = Vec::new();
         if retry.is_empty() {
             match rx.recv().await {
                 Some(j) => jobs.push(j),
