@@ -120,6 +120,9 @@ struct Client {
     next_send: u64,
 }
 
+/// Stored events with a key: (partition, PLog offset) to (workspace, key).
+type Keyed = BTreeMap<(u32, u64), (u64, String)>;
+
 /// The whole simulated cluster.
 pub struct Sim {
     seed: u64,
@@ -779,11 +782,8 @@ impl Sim {
     }
 
     /// At the end: every acknowledged event is in the PLog with its key, and no key is in
-    /// two events.
-    /// Checks the stored PLogs against what was acknowledged; a digest of every stored event
-    /// (its times included).
+    /// two events. A digest of every stored event (its times included).
     fn check_end(&self) -> Result<u64, String> {
-        let store = EventStore::new(self.db.kv(), AppId(1), TrustLevel::Level0);
         // Offsets retired by accepted losses: the PLog has a gap below each, and continues
         // above it.
         let mut floors: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
@@ -799,27 +799,7 @@ impl Sim {
             .iter()
             .filter_map(|(p, f)| f.last().map(|last| (*p, *last)))
             .collect();
-        let mut events: BTreeMap<(u32, u64), (u64, String)> = BTreeMap::new();
-        let mut digest = std::hash::DefaultHasher::new();
-        for p in 0..self.plan.partitions {
-            let starts =
-                std::iter::once(1).chain(floors.get(&p).into_iter().flatten().map(|f| f + 1));
-            for from in starts {
-                store
-                    .for_each_event(
-                        PartitionId(p),
-                        monoseq_core::PLogOffset(from),
-                        monoseq_core::PLogOffset(u64::MAX),
-                        &mut |e| {
-                            std::hash::Hash::hash(&format!("{e:?}"), &mut digest);
-                            if let Some(i) = e.idempotency {
-                                events.insert((p, e.plog_offset.0), (e.ws.0, i.key));
-                            }
-                        },
-                    )
-                    .map_err(|e| format!("reading partition {p}'s PLog: {e}"))?;
-            }
-        }
+        let (events, digest) = self.stored_events(&floors)?;
         let mut keys: BTreeMap<(u64, &str), (u32, u64)> = BTreeMap::new();
         let mut offsets: BTreeMap<(u32, u64), String> = BTreeMap::new();
         for ((p, offset), (ws, key)) in &events {
@@ -852,7 +832,35 @@ impl Sim {
             }
         }
         self.check_followers_end(&offsets, &losses)?;
-        Ok(std::hash::Hasher::finish(&digest))
+        Ok(digest)
+    }
+
+    /// Every stored event with a key, by partition and PLog offset (read around the gaps the
+    /// `floors` of accepted losses leave), and a digest of every stored event, times included.
+    fn stored_events(&self, floors: &BTreeMap<u32, BTreeSet<u64>>) -> Result<(Keyed, u64), String> {
+        let store = EventStore::new(self.db.kv(), AppId(1), TrustLevel::Level0);
+        let mut events = BTreeMap::new();
+        let mut digest = std::hash::DefaultHasher::new();
+        for p in 0..self.plan.partitions {
+            let starts =
+                std::iter::once(1).chain(floors.get(&p).into_iter().flatten().map(|f| f + 1));
+            for from in starts {
+                store
+                    .for_each_event(
+                        PartitionId(p),
+                        monoseq_core::PLogOffset(from),
+                        monoseq_core::PLogOffset(u64::MAX),
+                        &mut |e| {
+                            std::hash::Hash::hash(&format!("{e:?}"), &mut digest);
+                            if let Some(i) = e.idempotency {
+                                events.insert((p, e.plog_offset.0), (e.ws.0, i.key));
+                            }
+                        },
+                    )
+                    .map_err(|e| format!("reading partition {p}'s PLog: {e}"))?;
+            }
+        }
+        Ok((events, std::hash::Hasher::finish(&digest)))
     }
 
     /// The state of the leases and of every node, for a failure's message.
