@@ -4,8 +4,9 @@
 //! replays one seed (a failure prints the command); `MONOSEQ_SIM_TRACE=1` prints every lease
 //! call.
 //!
-//! Without the read-back after a failed group write (`monoseq_cp`'s partition writer), seed 0
-//! already finds a key applied twice; without the epoch fence (`SimKv`), seed 2 finds two
+//! Without the read-back after a failed group write (a step of `monoseq_cp`'s partition
+//! lifecycle, which the simulated nodes drive as the partition task does), seed 0 already finds
+//! a key applied twice; without the epoch fence (`SimKv`), seed 2 finds two
 //! nodes writing one partition. Seeds found by longer runs are replayed on their own below.
 
 use monoseq_sim::run_seed;
