@@ -30,12 +30,12 @@ pub use idempotency::{
     IDEMPOTENCY_KEY_BYTES_MAX, IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey,
 };
 pub use lifecycle::{
-    ACTUALIZE_WAIT, Action, Actualization, End, GroupEnd, Input, Lifecycle, RETRY_WAIT,
+    ACTUALIZE_WAIT, Action, Actualization, End, GroupEnd, Input, Lifecycle, PartitionState,
+    REBUILD_DELAY_MAX, REBUILD_DELAY_MIN, RETRY_WAIT,
 };
 #[cfg(feature = "simulation")]
 pub use manual::{Answer, ManualPartition};
 pub use outcome::Outcome;
-pub use partition::{PartitionState, REBUILD_DELAY_MAX, REBUILD_DELAY_MIN};
 pub use processor::{
     BACKLOG_VALUES_MAX_DEFAULT, CommandProcessor, Config, FLUSH_DELAY_DEFAULT,
     GROUP_COMMANDS_MAX_DEFAULT, PARTITION_THREADS_MAX_DEFAULT, PARTITIONS_MAX, ProcessorStats,

@@ -18,7 +18,6 @@ use monoseq_backoff::Backoff;
 use monoseq_core::Busy;
 
 use crate::error::CommandError;
-use crate::partition::{PartitionState, REBUILD_DELAY_MAX, REBUILD_DELAY_MIN, busy};
 
 /// How long a starting or rebuilt partition waits for its sequencer to finish actualizing
 /// before it answers the queued commands and waits again.
@@ -26,8 +25,46 @@ pub const ACTUALIZE_WAIT: Duration = Duration::from_secs(1);
 /// How long a partition waits for the actualization after a failed group before it retries
 /// the group's innocent commands.
 pub const RETRY_WAIT: Duration = Duration::from_secs(5);
+/// First and longest delay before rebuilding a failed partition.
+pub const REBUILD_DELAY_MIN: Duration = Duration::from_millis(20);
+/// See [`REBUILD_DELAY_MIN`].
+pub const REBUILD_DELAY_MAX: Duration = Duration::from_secs(5);
 /// Why a partition refuses commands while it reads back a failed group's write.
 const READING_BACK: &str = "reading back a group whose write failed";
+
+/// Whether a partition serves, as the processor reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PartitionState {
+    /// Starting: actualizing and rebuilding its idempotency window.
+    Starting,
+    /// Serving commands (its sequencer may still answer busy).
+    Serving,
+    /// Its sequencer failed; being rebuilt.
+    Rebuilding {
+        /// What failed.
+        reason: String,
+    },
+    /// Stopped.
+    Stopped,
+    /// The storage refused its writes: another node owns the partition now. Commands answer
+    /// [`CommandError::NotOwner`] until the partition is released.
+    Fenced,
+    /// The storage lost events this partition acknowledged (its PLog now ends before them):
+    /// serving would hand their numbers out again, so commands answer
+    /// [`CommandError::Corrupted`] until an operator restores the storage.
+    Lost {
+        /// What was lost.
+        reason: String,
+    },
+    /// The storage failed fatally (its engine is poisoned: no write can succeed until it is
+    /// re-opened): commands answer [`CommandError::Storage`] naming the first failure until
+    /// the server is restarted.
+    Failed {
+        /// The first fatal failure, with its causes, and what to do.
+        reason: String,
+    },
+}
 
 /// What the sequencer's actualization came to when the driver stopped waiting for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -301,6 +338,10 @@ pub struct Lifecycle {
     state: PartitionState,
     /// `state` changed since [`Lifecycle::take_state`].
     changed: bool,
+}
+
+fn busy(b: Busy) -> CommandError {
+    CommandError::Busy(b.to_string())
 }
 
 fn backoff() -> Backoff {

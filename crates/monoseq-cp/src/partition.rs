@@ -28,13 +28,10 @@ use crate::acked::Acked;
 use crate::command::{Draft, Plan};
 use crate::error::CommandError;
 use crate::idempotency::{IdempotencyKey, Window};
+pub(crate) use crate::lifecycle::PartitionState;
 use crate::lifecycle::{Action, Actualization, End, GroupEnd, Input, Lifecycle};
 use crate::outcome::{Counters, Outcome};
 
-/// First and longest delay before rebuilding a failed partition.
-pub const REBUILD_DELAY_MIN: Duration = Duration::from_millis(20);
-/// See [`REBUILD_DELAY_MIN`].
-pub const REBUILD_DELAY_MAX: Duration = Duration::from_secs(5);
 /// A command that took longer than this from its arrival to its durable answer is logged, at
 /// most once per [`SLOW_LOG_INTERVAL`] per partition (with the count since).
 pub const SLOW_COMMAND: Duration = Duration::from_secs(1);
@@ -131,40 +128,6 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64)
     }
-}
-
-/// Whether a partition serves, as the processor reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum PartitionState {
-    /// Starting: actualizing and rebuilding its idempotency window.
-    Starting,
-    /// Serving commands (its sequencer may still answer busy).
-    Serving,
-    /// Its sequencer failed; being rebuilt.
-    Rebuilding {
-        /// What failed.
-        reason: String,
-    },
-    /// Stopped.
-    Stopped,
-    /// The storage refused its writes: another node owns the partition now. Commands answer
-    /// [`CommandError::NotOwner`] until the partition is released.
-    Fenced,
-    /// The storage lost events this partition acknowledged (its PLog now ends before them):
-    /// serving would hand their numbers out again, so commands answer
-    /// [`CommandError::Corrupted`] until an operator restores the storage.
-    Lost {
-        /// What was lost.
-        reason: String,
-    },
-    /// The storage failed fatally (its engine is poisoned: no write can succeed until it is
-    /// re-opened): commands answer [`CommandError::Storage`] naming the first failure until
-    /// the server is restarted.
-    Failed {
-        /// The first fatal failure, with its causes, and what to do.
-        reason: String,
-    },
 }
 
 /// What the processor and a partition's task share.
