@@ -20,6 +20,7 @@ mod manual;
 mod outcome;
 mod partition;
 mod processor;
+mod writer;
 
 pub use command::{
     ARG_DEPTH_MAX, COMMAND_RECORDS_MAX, Command, InvalidCommand, KindName, NewArg, NewRecord,

@@ -19,8 +19,9 @@ use crate::error::{CommandError, ConfigError};
 use crate::idempotency::{IdempotencyKey, Window};
 use crate::lifecycle::{Action, Actualization, End, GroupEnd, Input, Lifecycle};
 use crate::outcome::{Counters, Outcome};
-use crate::partition::{Clock, Job, Storage, Writer, actualization, read_keys};
+use crate::partition::actualization;
 use crate::processor::{Config, prepare, sequencer_params};
+use crate::writer::{Clock, Job, Storage, Writer, read_keys};
 
 /// Most steps of the lifecycle one [`ManualPartition::advance`] performs (it stops earlier
 /// at a wait, or after one group).
@@ -113,7 +114,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
             acked: Arc::new(crate::acked::Acked::new(acked)),
             floor: retired.plog,
             unresolved: None,
-            slow: crate::partition::SlowGroups::default(),
+            slow: crate::writer::SlowGroups::default(),
             fatal: None,
         };
         Ok(ManualPartition {

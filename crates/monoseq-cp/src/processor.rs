@@ -24,9 +24,8 @@ use crate::command::{Command, Draft, draft, plan};
 use crate::error::{CommandError, ConfigError};
 use crate::idempotency::{IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey, Window};
 use crate::outcome::{Counters, Outcome};
-use crate::partition::{
-    Job, PartitionShared, PartitionState, PartitionTask, Writer, WriterTemplate,
-};
+use crate::partition::{PartitionShared, PartitionState, PartitionTask};
+use crate::writer::{Job, Writer, WriterTemplate};
 
 /// Most partitions one processor hosts.
 pub const PARTITIONS_MAX: u32 = 65_536;
@@ -743,7 +742,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         acked: Arc::clone(acked),
         floor: retired.plog,
         unresolved: None,
-        slow: crate::partition::SlowGroups::default(),
+        slow: crate::writer::SlowGroups::default(),
         fatal: None,
     };
     let task = PartitionTask {
