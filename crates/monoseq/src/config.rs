@@ -183,7 +183,7 @@ pub struct Settings {
     /// How to continue a restored backup (`serve` only).
     pub restore: Option<monoseq_store::Restore>,
     /// The consumer side's limits (`serve`; defaults otherwise).
-    pub follow: crate::server::FollowLimits,
+    pub follow: FollowLimits,
     /// The directory backups are written under (`--backup-root`, resolved by
     /// `ServeArgs::resolve`; `None`: backups disabled).
     pub backup_root: Option<PathBuf>,
@@ -253,7 +253,7 @@ pub fn resolve(
         edge_file: file.edge.unwrap_or_default(),
         edge: crate::edge::EdgeLimits::default(),
         restore: None,
-        follow: crate::server::FollowLimits::default(),
+        follow: FollowLimits::default(),
         backup_root: file.backup_root,
     };
     settings.validate()?;
@@ -438,6 +438,34 @@ impl Storage {
 }
 
 pub use crate::base::Store;
+
+/// Default most followers one node serves at once (`--followers-max`).
+pub const FOLLOWERS_MAX_DEFAULT: usize = 1_024;
+/// Default events a partition's hub keeps for its followers (`--follower-buffer-events`).
+pub const FOLLOWER_BUFFER_EVENTS_DEFAULT: usize = 4_096;
+/// Default interval of a tail's heartbeat while idle (`--follower-heartbeat-ms`).
+pub const FOLLOWER_HEARTBEAT_MS_DEFAULT: u64 = 5_000;
+
+/// The consumer side's limits, validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FollowLimits {
+    /// See `--followers-max`.
+    pub followers_max: usize,
+    /// See `--follower-buffer-events`.
+    pub buffer_events: usize,
+    /// See `--follower-heartbeat-ms`.
+    pub heartbeat: Duration,
+}
+
+impl Default for FollowLimits {
+    fn default() -> FollowLimits {
+        FollowLimits {
+            followers_max: FOLLOWERS_MAX_DEFAULT,
+            buffer_events: FOLLOWER_BUFFER_EVENTS_DEFAULT,
+            heartbeat: Duration::from_millis(FOLLOWER_HEARTBEAT_MS_DEFAULT),
+        }
+    }
+}
 
 pub use crate::base::APP;
 

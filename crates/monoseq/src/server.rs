@@ -23,7 +23,7 @@ mod positions;
 mod routes;
 mod startup;
 
-pub use consume::{FollowArgs, FollowLimits};
+pub use consume::FollowArgs;
 pub use startup::serve;
 
 /// Every flag of `serve`, group by group; a new group is one more flattened field.

@@ -257,7 +257,6 @@ const MODULE_CIRCLES: &[&str] = &[
     "monoseq-kv: error ↔ key",
     "monoseq-store: builtin ↔ event",
     "monoseq-store: identity ↔ marks",
-    "monoseq: config ↔ server",
 ];
 
 // ---------------------------------------------------------------------------------------------

@@ -41,14 +41,9 @@ use super::AppState;
 use super::answers::{read_error, with_retry_after};
 use crate::base::error;
 use crate::cluster::Owner;
+use crate::config::{FOLLOWER_HEARTBEAT_MS_DEFAULT, FollowLimits};
 use crate::json::{StoredEvent, StoredEventRef};
 
-/// Default most followers one node serves at once (`--followers-max`).
-pub const FOLLOWERS_MAX_DEFAULT: usize = 1_024;
-/// Default events a partition's hub keeps for its followers (`--follower-buffer-events`).
-pub const FOLLOWER_BUFFER_EVENTS_DEFAULT: usize = 4_096;
-/// Default interval of a tail's heartbeat while idle (`--follower-heartbeat-ms`).
-pub const FOLLOWER_HEARTBEAT_MS_DEFAULT: u64 = 5_000;
 /// Largest `--follower-buffer-events`.
 const FOLLOWER_BUFFER_EVENTS_MAX: usize = 1 << 20;
 /// Entries a page read answers when the request names no `limit`.
@@ -91,27 +86,6 @@ pub struct FollowArgs {
     /// Interval of a tail's heartbeat message while no event arrives [default: 5000]
     #[arg(long, env = "MONOSEQ_FOLLOWER_HEARTBEAT_MS", value_name = "MS")]
     pub follower_heartbeat_ms: Option<u64>,
-}
-
-/// The consumer side's limits, validated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FollowLimits {
-    /// See [`FollowArgs::followers_max`].
-    pub followers_max: usize,
-    /// See [`FollowArgs::follower_buffer_events`].
-    pub buffer_events: usize,
-    /// See [`FollowArgs::follower_heartbeat_ms`].
-    pub heartbeat: Duration,
-}
-
-impl Default for FollowLimits {
-    fn default() -> FollowLimits {
-        FollowLimits {
-            followers_max: FOLLOWERS_MAX_DEFAULT,
-            buffer_events: FOLLOWER_BUFFER_EVENTS_DEFAULT,
-            heartbeat: Duration::from_millis(FOLLOWER_HEARTBEAT_MS_DEFAULT),
-        }
-    }
 }
 
 impl FollowArgs {
