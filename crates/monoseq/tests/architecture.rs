@@ -256,7 +256,6 @@ const MODULE_CIRCLES: &[&str] = &[
     "monoseq-core: shared ↔ wait",
     "monoseq-kv: error ↔ key",
     "monoseq-store: builtin ↔ event",
-    "monoseq-store: identity ↔ marks",
 ];
 
 // ---------------------------------------------------------------------------------------------

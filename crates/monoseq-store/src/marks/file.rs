@@ -56,7 +56,10 @@ impl Marks {
             .and_then(|f| f.sync_all())
             .map_err(io("syncing", &tmp))?;
         std::fs::rename(&tmp, &path).map_err(io("renaming into place", &path))?;
-        crate::identity::sync_dir(dir).map_err(io("syncing directory", dir))?;
+        // The directory's entry for the renamed file, made durable as the file is.
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("syncing directory", dir))?;
         Marks::open(dir, partitions)?.ok_or_else(|| MarksError::Damaged {
             path,
             reason: "vanished after creation".into(),
