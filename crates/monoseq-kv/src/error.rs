@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use crate::key::KeyBuf;
+use crate::key::{KeyBuf, Oversized};
 
 /// A storage fault: the backend could not do what was asked. Nothing is implied about the
 /// data, except where a variant says so; the operation may be retried.
@@ -117,18 +117,6 @@ impl KvError {
             source: Some(source.into()),
         }
     }
-}
-
-/// Which part of a write is over its limit (see [`crate::limits`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Oversized {
-    /// The partition key, limited by [`crate::limits::PARTITION_KEY_BYTES_MAX`].
-    PartitionKey,
-    /// The clustering columns, limited by [`crate::limits::CLUSTERING_BYTES_MAX`].
-    Clustering,
-    /// The value, limited by [`crate::limits::VALUE_BYTES_MAX`].
-    Value,
 }
 
 /// A batch was not applied: nothing of it is visible (see [`crate::KvStore::write`]).

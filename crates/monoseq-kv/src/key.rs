@@ -15,8 +15,7 @@ pub mod limits {
     /// Largest value, in bytes (384 KiB: a DynamoDB item with both keys stays under 400 KB).
     pub const VALUE_BYTES_MAX: usize = 384 * 1024;
 
-    use crate::error::Oversized;
-    use crate::key::Key;
+    use crate::key::{Key, Oversized};
 
     /// The first part of a write of `value` at `key` that is over its limit, as
     /// `(what, len, max)`; `None` when all fit. Backends check every write with it (batches
@@ -41,6 +40,18 @@ pub mod limits {
         }
         None
     }
+}
+
+/// Which part of a write is over its limit (see [`crate::limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Oversized {
+    /// The partition key, limited by [`crate::limits::PARTITION_KEY_BYTES_MAX`].
+    PartitionKey,
+    /// The clustering columns, limited by [`crate::limits::CLUSTERING_BYTES_MAX`].
+    Clustering,
+    /// The value, limited by [`crate::limits::VALUE_BYTES_MAX`].
+    Value,
 }
 
 /// A borrowed key: the partition key selects a partition, the clustering columns order the

@@ -36,9 +36,7 @@ mod redb_store;
 mod store;
 
 pub use batch::{BatchItem, Op, WriteBatch};
-pub use error::{
-    CasError, KvError, OpenError, Oversized, POISONED, WriteError, chain, is_poisoned,
-};
+pub use error::{CasError, KvError, OpenError, POISONED, WriteError, chain, is_poisoned};
 #[cfg(feature = "testing")]
 pub use faulty::{FaultOp, FaultyStore};
 #[cfg(feature = "fjall")]
@@ -47,7 +45,7 @@ pub use fjall_store::{CopyStats, FjallStore};
 /// engine").
 #[cfg(feature = "fjall")]
 pub type EmbeddedStore = FjallStore;
-pub use key::{Key, KeyBuf, limits};
+pub use key::{Key, KeyBuf, Oversized, limits};
 pub use memory::MemoryStore;
 pub use options::{CACHE_BYTES_DEFAULT, Durability, GROUP_COMMIT_DELAY_MAX, Options};
 #[cfg(feature = "redb")]
