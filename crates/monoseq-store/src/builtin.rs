@@ -3,8 +3,6 @@
 
 use monoseq_core::{Number, PLogOffset, ParamsBuilder, SeqId, WsKind};
 
-use crate::event::RecordKind;
-
 /// A sequence every workspace (or, for the PLog offset, every partition) has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BuiltInSequence {
@@ -120,23 +118,10 @@ pub fn built_in_initial(seq: SeqId) -> Option<Number> {
         .map(|s| s.initial)
 }
 
-impl RecordKind {
-    /// The sequence that hands out IDs of new records of this kind: CDocs and CRecords take
-    /// CRecord IDs; ODocs, ORecords, WDocs and WRecords take OWRecord IDs.
-    #[must_use]
-    pub fn id_sequence(self) -> SeqId {
-        match self {
-            RecordKind::CDoc | RecordKind::CRecord => CRECORD_ID_SEQUENCE.id,
-            RecordKind::WDoc | RecordKind::WRecord | RecordKind::ODoc | RecordKind::ORecord => {
-                OWRECORD_ID_SEQUENCE.id
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::RecordKind;
 
     #[test]
     fn built_in_sequences_have_the_seed_initial_values() {

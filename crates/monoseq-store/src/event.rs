@@ -3,7 +3,7 @@
 
 use monoseq_core::{Number, PLogOffset, SeqId, WsId, WsKind};
 
-use crate::builtin::WLOG_OFFSET_SEQUENCE;
+use crate::builtin::{CRECORD_ID_SEQUENCE, OWRECORD_ID_SEQUENCE, WLOG_OFFSET_SEQUENCE};
 
 /// The ID of a record (and of the argument object and its children).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -176,6 +176,20 @@ pub struct Idempotency {
     pub fingerprint: u64,
     /// The command's raw IDs with the real IDs they got, as answered.
     pub raw_ids: Vec<(u64, u64)>,
+}
+
+impl RecordKind {
+    /// The sequence that hands out IDs of new records of this kind: CDocs and CRecords take
+    /// CRecord IDs; ODocs, ORecords, WDocs and WRecords take OWRecord IDs.
+    #[must_use]
+    pub fn id_sequence(self) -> SeqId {
+        match self {
+            RecordKind::CDoc | RecordKind::CRecord => CRECORD_ID_SEQUENCE.id,
+            RecordKind::WDoc | RecordKind::WRecord | RecordKind::ODoc | RecordKind::ORecord => {
+                OWRECORD_ID_SEQUENCE.id
+            }
+        }
+    }
 }
 
 impl Event {

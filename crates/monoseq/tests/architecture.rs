@@ -254,7 +254,6 @@ const LONG_FUNCTIONS: &[&str] = &[];
 const MODULE_CIRCLES: &[&str] = &[
     "monoseq-client: builder ↔ client",
     "monoseq-core: shared ↔ wait",
-    "monoseq-store: builtin ↔ event",
 ];
 
 // ---------------------------------------------------------------------------------------------
