@@ -3,14 +3,13 @@
 //! Everything here is either an atomic or behind one short-held mutex.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use crossbeam_utils::CachePadded;
 
 use crate::params::Params;
 use crate::storage::SeqStorage;
 use crate::types::PLogOffset;
-use crate::wait::StatusSignal;
 use crate::ws_numbers::NumberMap;
 
 /// What a sequencer is doing, as the reference design's `SequenceStatus` (docs/invariants.md).
@@ -341,5 +340,22 @@ impl<S: SeqStorage> Shared<S> {
         {
             self.wake.notify_one();
         }
+    }
+}
+
+/// Signalled whenever the status changes in a way a waiter cares about (actualization ended,
+/// finish).
+#[derive(Debug, Default)]
+pub(crate) struct StatusSignal {
+    pub(crate) lock: Mutex<()>,
+    pub(crate) changed: Condvar,
+}
+
+impl StatusSignal {
+    /// Wakes every waiter; takes the lock so that a waiter between its check and its wait
+    /// cannot miss the wake-up.
+    pub(crate) fn notify(&self) {
+        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.changed.notify_all();
     }
 }

@@ -1,32 +1,14 @@
 //! Waiting for actualization: the one place outside the driver where the crate blocks a thread
-//! or reads a clock. The state machine only signals ([`StatusSignal::notify`]); a caller that
+//! or reads a clock. The state machine only signals (`StatusSignal::notify`, in `shared.rs`); a caller that
 //! chose to wait ([`Sequencer::start_wait`], [`SequencerHandle::wait_actualized`]) blocks here
 //! on a condition variable until the status leaves `None`/`Actualizing` or its wait passes.
 
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::sequencer::{Sequencer, SequencerHandle, Start, StartError};
 use crate::shared::{Shared, Status};
 use crate::storage::SeqStorage;
 use crate::types::{WsId, WsKind};
-
-/// Signalled whenever the status changes in a way a waiter cares about (actualization ended,
-/// finish).
-#[derive(Debug, Default)]
-pub(crate) struct StatusSignal {
-    lock: Mutex<()>,
-    changed: Condvar,
-}
-
-impl StatusSignal {
-    /// Wakes every waiter; takes the lock so that a waiter between its check and its wait
-    /// cannot miss the wake-up.
-    pub(crate) fn notify(&self) {
-        let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.changed.notify_all();
-    }
-}
 
 /// Blocks until the status of `shared` is no longer `None`/`Actualizing` or `wait` passed.
 fn wait_actualized<S: SeqStorage>(shared: &Shared<S>, wait: Duration) {
