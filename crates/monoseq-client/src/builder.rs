@@ -10,6 +10,27 @@ use crate::client::{Client, Inner};
 use crate::error::ClientError;
 use crate::routing::View;
 
+impl Client {
+    /// A builder for a client of the nodes at `urls` (such as `http://127.0.0.1:8080`; one is
+    /// enough, any node answers any command).
+    pub fn builder<I, S>(urls: I) -> ClientBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ClientBuilder::new(urls.into_iter().map(Into::into).collect())
+    }
+
+    /// A client of the server at `url` with the default settings.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Config`] when the URL is not `http://` or `https://`.
+    pub fn new(url: &str) -> Result<Client, ClientError> {
+        Client::builder([url]).build()
+    }
+}
+
 /// Default of [`ClientBuilder::connect_timeout`].
 pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
 /// Default of [`ClientBuilder::request_timeout`]: one attempt. A command is answered once its

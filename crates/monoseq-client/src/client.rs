@@ -14,7 +14,6 @@ use monoseq_wire::{
 use reqwest::{Method, StatusCode, header};
 use serde::de::DeserializeOwned;
 
-use crate::builder::ClientBuilder;
 use crate::error::ClientError;
 use crate::routing::View;
 
@@ -100,25 +99,6 @@ impl Answer {
 }
 
 impl Client {
-    /// A builder for a client of the nodes at `urls` (such as `http://127.0.0.1:8080`; one is
-    /// enough, any node answers any command).
-    pub fn builder<I, S>(urls: I) -> ClientBuilder
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        ClientBuilder::new(urls.into_iter().map(Into::into).collect())
-    }
-
-    /// A client of the server at `url` with the default settings.
-    ///
-    /// # Errors
-    ///
-    /// [`ClientError::Config`] when the URL is not `http://` or `https://`.
-    pub fn new(url: &str) -> Result<Client, ClientError> {
-        Client::builder([url]).build()
-    }
-
     /// Named sequences on the same server (`next`, `reserve` through a
     /// `monoseq_named::Reserver`, `get`, …), with this client's token, TLS and timeouts.
     #[must_use]
