@@ -62,7 +62,7 @@ impl SlowGroups {
     /// at `began` and spent `write` appending, syncing and raising its mark, answered at
     /// `now`; logs it when that command took [`SLOW_COMMAND`] or longer and no line was
     /// logged lately.
-    pub(crate) fn note(
+    fn note(
         &mut self,
         partition: PartitionId,
         commands: usize,
@@ -162,13 +162,13 @@ pub(crate) struct Writer<S: KvStore + Clone> {
 }
 
 /// A command that got its numbers and waits for its group's write.
-pub(crate) struct Accepted {
+struct Accepted {
     job: Job,
     outcome: Outcome,
 }
 
 /// The commands of one group being sequenced.
-pub(crate) struct Group {
+struct Group {
     /// Sequenced, with their events in the same order.
     accepted: Vec<Accepted>,
     events: Vec<Event>,
@@ -187,7 +187,7 @@ pub(crate) struct Group {
 }
 
 impl Group {
-    pub(crate) fn with_capacity(jobs: usize) -> Group {
+    fn with_capacity(jobs: usize) -> Group {
         Group {
             accepted: Vec::with_capacity(jobs),
             events: Vec::with_capacity(jobs),
@@ -253,7 +253,7 @@ pub(crate) fn busy(b: Busy) -> CommandError {
 }
 
 /// Why a partition whose stored PLog ends at `end`, below its mark `acked`, is refused.
-pub(crate) fn lost_reason(partition: u32, acked: u64, end: u64) -> String {
+fn lost_reason(partition: u32, acked: u64, end: u64) -> String {
     format!(
         "the storage lost acknowledged events of partition {partition}: PLog offsets up to \
          {acked} were acknowledged, the stored PLog now ends at {end} (a database failover to a \
@@ -423,7 +423,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// Takes one command into the group: answers it at once (a refusal, or a retry of an event
     /// the mark covers), makes it follow the command of the group with its key, keeps it as a
     /// retry to answer once the mark covers its event, or sequences it.
-    pub(crate) fn take_job(&mut self, job: Job, now_ms: u64, group: &mut Group) {
+    fn take_job(&mut self, job: Job, now_ms: u64, group: &mut Group) {
         if let Some((key, fingerprint)) = &job.key {
             let hash = key.hash_in(job.plan.ws.0);
             if let Some(&i) = group.in_group.get(&hash) {
@@ -470,7 +470,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     }
 
     /// Answers the group's refusals on an expected WLog offset, once its events are durable.
-    pub(crate) fn answer_conflicts(&self, conflicts: Vec<(Job, CommandError)>) {
+    fn answer_conflicts(&self, conflicts: Vec<(Job, CommandError)>) {
         for (job, e) in conflicts {
             answer(&self.counters, job, Err(e));
         }
@@ -478,7 +478,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
 
     /// The group's events are durable under `mark`: marks them durable in the sequencer and
     /// answers every command of the group.
-    pub(crate) fn written_group(
+    fn written_group(
         &mut self,
         mark: Mark,
         accepted: Vec<Accepted>,
@@ -504,7 +504,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
 
     /// Answers retries of events above the mark (their first answers were lost) once the mark
     /// covers them: raised durably first, as a group's write does.
-    pub(crate) fn answer_replays(&mut self, replays: Vec<(Job, Outcome, Mark)>, mark: Mark) {
+    fn answer_replays(&mut self, replays: Vec<(Job, Outcome, Mark)>, mark: Mark) {
         match self.raise_synced(mark) {
             Ok(()) => {
                 self.mark = mark;
@@ -525,7 +525,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
 
     /// After a failed group write: the PLog decides which numbers were used. The command that
     /// caused it gets its error, the others are retried; a storage fault fails them all.
-    pub(crate) fn failed_group(
+    fn failed_group(
         &mut self,
         e: &AppendError,
         accepted: Vec<Accepted>,
@@ -588,7 +588,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// Makes a group durable before anyone is told: appends it, syncs the store, then raises
     /// the partition's high-water mark (the marks' cycle runs the store's sync first, so a
     /// mark never reaches the disk before the events it covers).
-    pub(crate) fn write(
+    fn write(
         &self,
         events: &[Event],
         stored: StoredRecords,
@@ -608,7 +608,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
 
     /// Syncs the store and raises the partition's high-water mark to `mark` after it (only
     /// the sync without marks).
-    pub(crate) fn raise_synced(&self, mark: Mark) -> Result<(), MarksError> {
+    fn raise_synced(&self, mark: Mark) -> Result<(), MarksError> {
         match &self.marks {
             None => self.store.sync().map_err(MarksError::Store),
             Some(marks) => marks.raise_after(self.partition.0, &mark, || self.store.sync()),
@@ -618,7 +618,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// The answer to a retry of a command whose event carries the same key: the original
     /// answer, or a refusal if the body differs. `None` when the key is not known (never seen,
     /// or its event is gone).
-    pub(crate) fn replay(
+    fn replay(
         &self,
         key: &IdempotencyKey,
         hash: u64,
@@ -658,7 +658,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// draft event. A command whose expected WLog offset is not where its workspace's WLog
     /// ends (the group's earlier commands included) cancels the transaction: it takes no
     /// number. The records it updates are read into `stored`, the group's.
-    pub(crate) fn sequence(
+    fn sequence(
         &mut self,
         job: &Job,
         now_ms: u64,
@@ -729,11 +729,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// already is not read again; nothing the group writes is written before it ends) and
     /// checks that each stays within the storage's limits once updated, before any number is
     /// taken.
-    pub(crate) fn read_updated(
-        &self,
-        job: &Job,
-        stored: &mut StoredRecords,
-    ) -> Result<(), CommandError> {
+    fn read_updated(&self, job: &Job, stored: &mut StoredRecords) -> Result<(), CommandError> {
         let ws = job.plan.ws;
         for change in &job.draft.event.updated {
             let id = change.id;
@@ -753,7 +749,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         Ok(())
     }
 
-    pub(crate) fn report_cache(&mut self) {
+    fn report_cache(&mut self) {
         let s = self.seq.cache_stats();
         let (h, m) = self.reported;
         self.counters
@@ -770,7 +766,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
 /// ends at; else the transaction is cancelled (it handed out nothing yet, so the PLog offset
 /// and every number stay for the next command, and no actualization runs) and the command
 /// refused.
-pub(crate) fn on_expected_wlog<'a, S: KvStore + Clone>(
+fn on_expected_wlog<'a, S: KvStore + Clone>(
     tx: Transaction<'a, Storage<S>>,
     ws: WsId,
     expected: Option<u64>,
@@ -792,7 +788,7 @@ pub(crate) fn on_expected_wlog<'a, S: KvStore + Clone>(
     })
 }
 
-pub(crate) fn answer(counters: &Counters, job: Job, result: Result<Outcome, CommandError>) {
+fn answer(counters: &Counters, job: Job, result: Result<Outcome, CommandError>) {
     let counter = match &result {
         Ok(o) if o.replayed => &counters.replayed,
         Ok(_) => &counters.committed,
@@ -803,13 +799,13 @@ pub(crate) fn answer(counters: &Counters, job: Job, result: Result<Outcome, Comm
     let _ = job.reply.send(result);
 }
 
-pub(crate) fn key_reused(key: &IdempotencyKey) -> CommandError {
+fn key_reused(key: &IdempotencyKey) -> CommandError {
     CommandError::KeyReused {
         key: key.as_str().to_owned(),
     }
 }
 
-pub(crate) fn next_error(e: NextError) -> CommandError {
+fn next_error(e: NextError) -> CommandError {
     match e {
         NextError::Exhausted { .. } => CommandError::Exhausted(e.to_string()),
         other => CommandError::Storage(other.to_string()),
@@ -828,7 +824,7 @@ pub(crate) fn read_error(e: &ReadError) -> CommandError {
     }
 }
 
-pub(crate) fn storage_error(e: &AppendError) -> CommandError {
+fn storage_error(e: &AppendError) -> CommandError {
     match e {
         AppendError::CorruptRecord { .. } | AppendError::Storage(KvError::Corrupted { .. }) => {
             CommandError::Corrupted(crate::error::chain(e))
@@ -839,7 +835,7 @@ pub(crate) fn storage_error(e: &AppendError) -> CommandError {
 
 /// The partition's high-water mark once `events` are acknowledged: `mark` raised by the
 /// last PLog offset and the highest WLog offset and record IDs of the group.
-pub(crate) fn group_mark(mark: Mark, events: &[Event]) -> Mark {
+fn group_mark(mark: Mark, events: &[Event]) -> Mark {
     let mut m = mark;
     for e in events {
         m.plog = m.plog.max(e.plog_offset.0);

@@ -417,18 +417,7 @@ async fn numbers_retired_by_a_restore_are_one_gap_entry_in_pages_and_tails() {
         post(&client, &server.url, 1).await;
     }
     let backup = tmp.path().join("backup");
-    let out = common::run(&[
-        "backup",
-        "--url",
-        &server.url,
-        "--to",
-        backup.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::backup_via_cli(&server.url, &backup);
     for _ in 0..3 {
         post(&client, &server.url, 1).await; // acknowledged, then lost with the live store
     }

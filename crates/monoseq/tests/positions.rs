@@ -414,18 +414,7 @@ async fn a_position_survives_a_restart_and_a_backup_restored_keeps_it() {
     assert_eq!(c.position("projector", 1).await.unwrap(), Some(40));
     c.set_position("projector", 1, 41, Some(40)).await.unwrap();
     let backup = tmp.path().join("backup");
-    let out = common::run(&[
-        "backup",
-        "--url",
-        &server.url,
-        "--to",
-        backup.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::backup_via_cli(&server.url, &backup);
     c.set_position("projector", 1, 90, Some(41)).await.unwrap();
     assert!(server.terminate(Duration::from_secs(30)).success());
 

@@ -238,6 +238,23 @@ pub fn run(args: &[&str]) -> std::process::Output {
     Command::new(BIN).args(args).output().expect("run monoseq")
 }
 
+/// Backs up the server at `url` into `to` with `monoseq backup`; panics with its error output
+/// when the backup fails.
+pub fn backup_via_cli(url: &str, to: &Path) {
+    let out = run(&[
+        "backup",
+        "--url",
+        url,
+        "--to",
+        to.to_str().expect("a UTF-8 path"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The URL a started `monoseq serve` printed on its first line of output; panics with its log
 /// when it exits first (a refused start).
 pub fn listening_url(child: &mut Child, log: &Path) -> String {
