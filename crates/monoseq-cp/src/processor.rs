@@ -14,7 +14,7 @@ use std::time::Duration;
 use monoseq_core::{Runtime, Sequencer, SequencerStats, Status, WsId, WsKind};
 use monoseq_kv::KvStore;
 use monoseq_store::{
-    AppId, EventStore, Mark, Marks, PartitionId, TrustLevel, built_in_params_above,
+    AppId, Event, EventStore, Mark, Marks, PartitionId, TrustLevel, built_in_params_above,
 };
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
@@ -416,6 +416,30 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         self.inner.acked[p as usize].subscribe()
     }
 
+    /// Keeps partition `p`'s newly acknowledged events in memory for its followers here
+    /// (`true`, while any follows it), so that [`CommandProcessor::recent_plog`] hands them
+    /// over without a read of the store; `false` stops and forgets them.
+    ///
+    /// # Panics
+    ///
+    /// When `p` is not below the partition count.
+    pub fn follow_plog(&self, p: u32, followed: bool) {
+        self.inner.acked[p as usize].set_followed(followed);
+    }
+
+    /// The events of partition `p` from PLog offset `from` below `until` (and below
+    /// [`CommandProcessor::plog_end`]) as its writer kept them for followers, as whole groups
+    /// in PLog order with no offset missing (the first and last may hold events outside the
+    /// range); `None` when they are not all kept (read the store then).
+    ///
+    /// # Panics
+    ///
+    /// When `p` is not below the partition count.
+    #[must_use]
+    pub fn recent_plog(&self, p: u32, from: u64, until: u64) -> Option<Vec<Arc<[Event]>>> {
+        self.inner.acked[p as usize].kept(from, until)
+    }
+
     /// The event store.
     #[must_use]
     pub fn store(&self) -> &EventStore<S> {
@@ -706,6 +730,8 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
     let mark = higher(stored, acked.get());
     // Every number at or below a stored mark was acknowledged: readers may see up to it.
     acked.raise(mark);
+    // What an earlier writer kept for followers may not continue into this one's groups.
+    acked.forget_kept();
     let storage = Arc::new(store.seq_storage(PartitionId(p)));
     // The sequencer's driver logs inside this span: every line names its partition.
     let seq = {

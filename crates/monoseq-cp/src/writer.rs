@@ -402,6 +402,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             Ok(()) => {
                 let written = clock.now();
                 let write = written.saturating_duration_since(writing);
+                // Kept for followers before the end that covers the group is published.
+                self.acked.keep(events);
                 self.written_group(mark, accepted, followers, replays);
                 self.answer_conflicts(conflicts);
                 self.slow
