@@ -453,7 +453,11 @@ mod tests {
         s.serve(0, 3, 7, Some("b".into()));
         assert_eq!(drain_all(&mut s, 0), [pull(3, 7)]);
         s.settled(1, 3, 7, Settled::Done);
-        assert_eq!(drain_all(&mut s, 1), [], "no settle answer counts before the pull");
+        assert_eq!(
+            drain_all(&mut s, 1),
+            [],
+            "no settle answer counts before the pull"
+        );
         s.marks_pulled(2, 3, 7);
         assert_eq!(drain_all(&mut s, 2), [settle(3, 7)]);
         assert!(!s.serves(3));
@@ -509,7 +513,11 @@ mod tests {
             };
             assert_eq!(drain_all(&mut s, now), [hold]);
             assert_eq!(s.next_wake(), now + in_ms);
-            assert_eq!(drain_all(&mut s, now + in_ms - 1), [], "not before its time");
+            assert_eq!(
+                drain_all(&mut s, now + in_ms - 1),
+                [],
+                "not before its time"
+            );
             now += in_ms;
             assert_eq!(drain_all(&mut s, now), [settle(0, 1)]);
         }
@@ -617,6 +625,10 @@ mod tests {
             [ServingAction::Fenced { partition: 0 }]
         );
         s.fenced(40, 5);
-        assert_eq!(drain_all(&mut s, 40), [], "not served here: nothing to report");
+        assert_eq!(
+            drain_all(&mut s, 40),
+            [],
+            "not served here: nothing to report"
+        );
     }
 }

@@ -516,7 +516,7 @@ impl Sim {
         }
         let mut answers: Vec<(Request, Result<Outcome, CommandError>)> = Vec::new();
         for i in 0..self.nodes.len() {
-            if self.nodes[i].starting_any() {
+            if self.nodes[i].wants_marks() {
                 // A partition's new owner learns what its former owners acknowledged.
                 self.gossip(Some(i));
                 self.nodes[i].refresh_marks();
