@@ -288,11 +288,43 @@ impl Sim {
                 }
             }
         }
+        self.last_retries()
+            .map_err(|e| format!("at the end: {e}"))?;
         self.catch_up_followers()
             .map_err(|e| format!("at the end: {e}"))?;
         self.report.stored_digest = self.check_end()?;
         self.report.followed = self.followers.iter().map(|f| f.seen.len() as u64).sum();
         Ok(self.report)
+    }
+
+    /// After the run, each client's command not answered yet is sent once more to its
+    /// partition's owner (a client retries until answered, and without faults its retry
+    /// reaches the owner), and the cluster runs until it is answered: a write that landed but
+    /// whose answer was lost is acknowledged by its replay, so its partition's end covers it.
+    fn last_retries(&mut self) -> Result<(), String> {
+        for c in 0..self.clients.len() {
+            let client = &mut self.clients[c];
+            client.sent_at = Some(self.now);
+            let request = Request {
+                client: c,
+                op: client.op,
+                ws: client.ws,
+                cmd: command(client.ws, client.op),
+                key: key_of(client.ws, client.op),
+            };
+            let p = (request.ws % u64::from(self.plan.partitions)) as u32;
+            let owner = (0..self.nodes.len())
+                .find(|&n| self.nodes[n].is_member() && self.nodes[n].serves_ready(p))
+                .ok_or_else(|| format!("no node serves partition {p} at the end"))?;
+            self.nodes[owner].enqueue(p, request);
+        }
+        for _ in 0..CLIENT_TIMEOUT_MS / TICK_MS {
+            self.now += TICK_MS;
+            self.db.set_now(self.now);
+            self.tick();
+            self.check_now()?;
+        }
+        Ok(())
     }
 
     fn count(&mut self, fault: &'static str) {
