@@ -1,8 +1,9 @@
 //! monoseq-sim: a deterministic, seeded simulation of a whole cluster. Several nodes run the
-//! real membership state machine (`monoseq-membership`) and the real partitions
-//! (`monoseq_cp::ManualPartition`: the lifecycle the partition task drives, and its writer:
-//! sequencing, idempotency window, group writes, read-back after a failed write) on one
-//! simulated database with a synchronous standby (`db.rs`).
+//! real membership state machine (`monoseq-membership`), the real serving machine beside it
+//! (marks pulled, losses settled, partitions started, stopped and drained), and the real
+//! partitions (`monoseq_cp::ManualPartition`: the lifecycle the partition task drives, and its
+//! writer: sequencing, idempotency window, group writes, read-back after a failed write) on
+//! one simulated database with a synchronous standby (`db.rs`).
 //! Clients send keyed commands to any node and retry with the same key until answered.
 //!
 //! One seed is one exact run: time is simulated in ticks, every random choice comes from the
