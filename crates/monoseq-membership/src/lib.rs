@@ -4,7 +4,8 @@
 //! the node's name can lapse, the check that an epoch never goes back, and the rule "one name,
 //! one live run". It does no I/O and reads no clock: the caller gives the time, performs the
 //! [`Call`]s it asks for on a [`LeaseTable`] and hands their [`Reply`]s back, and carries out
-//! the [`Action`]s (serve, stop, drain) on its command processor.
+//! the [`Action`]s (serve, stop, drain) through [`Serving`], the machine beside it that pulls
+//! marks, settles accepted losses, starts, drains and reports back in the right order.
 //!
 //! [`MemoryLeaseTable`] is the reference lease table, on a database clock the caller sets;
 //! the PostgreSQL one lives with the binary.
@@ -40,10 +41,12 @@ mod config;
 mod machine;
 mod memory;
 mod plan;
+mod serving;
 mod table;
 
 pub use config::{Config, ConfigError, NODE_ID_BYTES_MAX, RENEWALS_PER_LEASE_MIN};
 pub use machine::{Action, Call, Membership, NameTaken, Phase, Reply, StopReason, View, execute};
 pub use memory::MemoryLeaseTable;
 pub use plan::{Assignment, assign};
+pub use serving::{DRAIN_MS_MAX, Retry, SETTLE_BACKOFF, Serving, ServingAction, Settled};
 pub use table::{LeaseRow, LeaseTable, NameClaim, NodeRow, TableError, TableStatus};

@@ -1,8 +1,9 @@
 //! monoseq-sim: a deterministic, seeded simulation of a whole cluster. Several nodes run the
-//! real membership state machine (`monoseq-membership`) and the real partitions
-//! (`monoseq_cp::ManualPartition`: the lifecycle the partition task drives, and its writer:
-//! sequencing, idempotency window, group writes, read-back after a failed write) on one
-//! simulated database with a synchronous standby (`db.rs`).
+//! real membership state machine (`monoseq-membership`), the real serving machine beside it
+//! (marks pulled, losses settled, partitions started, stopped and drained), and the real
+//! partitions (`monoseq_cp::ManualPartition`: the lifecycle the partition task drives, and its
+//! writer: sequencing, idempotency window, group writes, read-back after a failed write) on
+//! one simulated database with a synchronous standby (`db.rs`).
 //! Clients send keyed commands to any node and retry with the same key until answered.
 //!
 //! One seed is one exact run: time is simulated in ticks, every random choice comes from the
@@ -288,11 +289,43 @@ impl Sim {
                 }
             }
         }
+        self.last_retries()
+            .map_err(|e| format!("at the end: {e}"))?;
         self.catch_up_followers()
             .map_err(|e| format!("at the end: {e}"))?;
         self.report.stored_digest = self.check_end()?;
         self.report.followed = self.followers.iter().map(|f| f.seen.len() as u64).sum();
         Ok(self.report)
+    }
+
+    /// After the run, each client's command not answered yet is sent once more to its
+    /// partition's owner (a client retries until answered, and without faults its retry
+    /// reaches the owner), and the cluster runs until it is answered: a write that landed but
+    /// whose answer was lost is acknowledged by its replay, so its partition's end covers it.
+    fn last_retries(&mut self) -> Result<(), String> {
+        for c in 0..self.clients.len() {
+            let client = &mut self.clients[c];
+            client.sent_at = Some(self.now);
+            let request = Request {
+                client: c,
+                op: client.op,
+                ws: client.ws,
+                cmd: command(client.ws, client.op),
+                key: key_of(client.ws, client.op),
+            };
+            let p = (request.ws % u64::from(self.plan.partitions)) as u32;
+            let owner = (0..self.nodes.len())
+                .find(|&n| self.nodes[n].is_member() && self.nodes[n].serves_ready(p))
+                .ok_or_else(|| format!("no node serves partition {p} at the end"))?;
+            self.nodes[owner].enqueue(p, request);
+        }
+        for _ in 0..CLIENT_TIMEOUT_MS / TICK_MS {
+            self.now += TICK_MS;
+            self.db.set_now(self.now);
+            self.tick();
+            self.check_now()?;
+        }
+        Ok(())
     }
 
     fn count(&mut self, fault: &'static str) {
@@ -516,7 +549,7 @@ impl Sim {
         }
         let mut answers: Vec<(Request, Result<Outcome, CommandError>)> = Vec::new();
         for i in 0..self.nodes.len() {
-            if self.nodes[i].starting_any() {
+            if self.nodes[i].wants_marks() {
                 // A partition's new owner learns what its former owners acknowledged.
                 self.gossip(Some(i));
                 self.nodes[i].refresh_marks();

@@ -1,16 +1,20 @@
-//! One simulated node: the real membership state machine on a clock of its own (drifting
-//! within the stated bound), its lease calls carried to the database with the faults the
-//! database decides (lost, late, failed), and the partitions it serves: each the real
-//! partition lifecycle and writer (`ManualPartition`, the machine the partition task drives)
-//! in simulated time, this node stepping their sequencers' workers, carrying commands to
-//! them, keeping their marks file, handing them off when asked and stopping them when fenced.
+//! One simulated node: the real membership state machine and the real serving machine beside
+//! it (`monoseq_membership::Serving`: marks pulled, losses settled, then started; stopped,
+//! drained, fenced) on a clock of its own (drifting within the stated bound), its lease calls
+//! carried to the database with the faults the database decides (lost, late, failed), and the
+//! partitions it serves: each the real partition lifecycle and writer (`ManualPartition`, the
+//! machine the partition task drives) in simulated time. This file does only their simulated
+//! I/O: it steps the sequencers' workers, carries commands to them, keeps their marks file,
+//! settles losses on the simulated database and tells the machines what came of each.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use monoseq_core::Step;
 use monoseq_cp::{Answer, Command, CommandError, End, IdempotencyKey, ManualPartition, Outcome};
-use monoseq_membership::{Action, Call, Config, Membership, Phase, Reply, TableError};
+use monoseq_membership::{
+    Action, Call, Config, Membership, Phase, Reply, Serving, ServingAction, Settled, TableError,
+};
 use monoseq_store::{
     AcceptedLoss, AppId, EventStore, LossCause, Mark, PageItem, PartitionId, ReadError, TrustLevel,
     ensure_retired, retired_ranges,
@@ -21,9 +25,6 @@ use rand_chacha::ChaCha8Rng;
 use crate::db::{Db, SimKv};
 use crate::{LEASE_MS, Plan, RENEW_MS, cp_config};
 
-/// Longest a handoff waits for its partition to finish before the lease is left to expire.
-const DRAIN_MS_MAX: u64 = 2_000;
-
 /// A command on its way: which client sent it, for which of its operations.
 pub(crate) struct Request {
     pub(crate) client: usize,
@@ -33,10 +34,9 @@ pub(crate) struct Request {
     pub(crate) key: String,
 }
 
-/// A partition this node serves.
+/// A partition this node started (the serving machine's [`ServingAction::Start`]).
 struct Part {
     epoch: u64,
-    kv: Arc<SimKv>,
     writer: ManualPartition<Arc<SimKv>>,
     /// Commands on their way to the partition (its queue), given to it at its next tick.
     queue: Vec<Request>,
@@ -44,11 +44,6 @@ struct Part {
     waiting: BTreeMap<u64, Request>,
     next_tag: u64,
     retry_at: u64,
-    /// Since when it is being handed off.
-    draining: Option<u64>,
-    /// Its accepted losses settled (see [`Node::settle`]): known to this run, and retired in
-    /// the database.
-    settled: bool,
 }
 
 type Answers = Vec<(Request, Result<Outcome, CommandError>)>;
@@ -95,6 +90,11 @@ pub(crate) struct Node {
     pub(crate) inbox: Vec<Request>,
     pub(crate) violations: Vec<String>,
     membership: Membership,
+    /// What it does with the partitions the membership gives it.
+    serving: Serving,
+    /// Partitions waiting for the marks of the nodes this node reaches
+    /// ([`ServingAction::PullMarks`]): pulled before its next step.
+    pulls: Vec<(u32, u64)>,
     drift_ppm: i64,
     born: u64,
     /// A lease call's answer on its way, with when it arrives.
@@ -169,6 +169,8 @@ impl Node {
         });
         Node {
             membership: membership(&name, run, plan, now),
+            serving: Serving::new(),
+            pulls: Vec::new(),
             name,
             run,
             alive: true,
@@ -195,6 +197,8 @@ impl Node {
     pub(crate) fn kill(&mut self) {
         self.alive = false;
         self.parts.clear();
+        self.serving = Serving::new();
+        self.pulls.clear();
         self.inbox.clear();
         self.awaiting = None;
         self.acked.clear();
@@ -292,7 +296,7 @@ impl Node {
                     x.writer.status(),
                     if x.writer.starting() { " starting" } else { "" },
                     if x.writer.ready() { "" } else { " not ready" },
-                    if x.draining.is_some() {
+                    if self.serving.draining(*p) {
                         " draining"
                     } else {
                         ""
@@ -350,10 +354,11 @@ impl Node {
         }
     }
 
-    /// Whether a partition this node serves has not started yet (it is about to check its
+    /// Whether this node waits for the marks of the nodes it reaches: a partition to serve
+    /// waits for them, or a partition it serves has not started yet (it is about to check its
     /// PLog against its mark).
-    pub(crate) fn starting_any(&self) -> bool {
-        self.alive && self.parts.values().any(|p| p.writer.starting())
+    pub(crate) fn wants_marks(&self) -> bool {
+        self.alive && (!self.pulls.is_empty() || self.parts.values().any(|p| p.writer.starting()))
     }
 
     pub(crate) fn is_member(&self) -> bool {
@@ -365,7 +370,7 @@ impl Node {
     }
 
     pub(crate) fn serves(&self, p: u32) -> bool {
-        self.alive && self.parts.get(&p).is_some_and(|x| x.draining.is_none())
+        self.alive && self.serving.serves(p) && self.parts.contains_key(&p)
     }
 
     /// Serves `p` and can take a command for it now.
@@ -449,8 +454,13 @@ impl Node {
         {
             self.membership.reply(t, reply);
         }
-        self.membership_actions(now, t, db, answers);
+        // The marks asked for were pulled before this step (see `Sim::tick`).
+        for (p, epoch) in std::mem::take(&mut self.pulls) {
+            self.serving.marks_pulled(t, p, epoch);
+        }
+        self.actions(now, t, db, answers);
         self.step_partitions(now, t, answers);
+        self.actions(now, t, db, answers);
     }
 
     fn step_partitions(&mut self, now: u64, t: u64, answers: &mut Answers) {
@@ -460,8 +470,14 @@ impl Node {
         }
     }
 
-    fn membership_actions(&mut self, now: u64, t: u64, db: &Arc<Db>, answers: &mut Answers) {
+    /// Carries out what the membership and the serving machine ask for now, the serving
+    /// machine first (as the server's driver does), until neither asks for more.
+    fn actions(&mut self, now: u64, t: u64, db: &Arc<Db>, answers: &mut Answers) {
         for _ in 0..256 {
+            if let Some(action) = self.serving.poll(t) {
+                self.carry_out(action, now, t, db, answers);
+                continue;
+            }
             let Some(action) = self.membership.poll(t) else {
                 return;
             };
@@ -471,40 +487,14 @@ impl Node {
             match action {
                 Action::Call(call) => self.call(call, now, t, db),
                 Action::Serve {
+                    partition,
+                    epoch,
+                    previous,
+                } => self.serving.serve(t, partition, epoch, previous),
+                Action::Stop { partition, .. } => self.serving.stop(t, partition),
+                Action::Drain {
                     partition, epoch, ..
-                } => {
-                    let kv = Arc::new(SimKv::new(Arc::clone(db), &self.name, partition, epoch));
-                    let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
-                    let acked = self.mark_of(partition);
-                    let writer = ManualPartition::open(store, &self.cp_config(), partition, acked)
-                        .expect("the simulation's processor configuration is valid");
-                    self.parts.insert(
-                        partition,
-                        Part {
-                            epoch,
-                            kv,
-                            writer,
-                            queue: Vec::new(),
-                            waiting: BTreeMap::new(),
-                            next_tag: 0,
-                            // It actualizes from the next tick, once it has learned the
-                            // marks of the nodes it reaches.
-                            retry_at: now + 1,
-                            draining: None,
-                            settled: false,
-                        },
-                    );
-                }
-                Action::Stop { partition, .. } => {
-                    if let Some(mut part) = self.parts.remove(&partition) {
-                        part.refuse_all(&CommandError::NotOwner { partition }, answers);
-                    }
-                }
-                Action::Drain { partition, .. } => {
-                    if let Some(part) = self.parts.get_mut(&partition) {
-                        part.draining.get_or_insert(now);
-                    }
-                }
+                } => self.serving.drain(t, partition, epoch),
                 Action::Refuse(_) | Action::Superseded => {
                     self.kill();
                     return;
@@ -520,6 +510,71 @@ impl Node {
                 )),
                 _ => {}
             }
+        }
+    }
+
+    /// Does the simulated I/O of one action of the serving machine, and tells the machines
+    /// what came of it.
+    fn carry_out(
+        &mut self,
+        action: ServingAction,
+        now: u64,
+        t: u64,
+        db: &Arc<Db>,
+        answers: &mut Answers,
+    ) {
+        trace(|| format!("{now} {}-r{} {action:?}", self.name, self.run));
+        match action {
+            ServingAction::PullMarks { partition, epoch } => self.pulls.push((partition, epoch)),
+            ServingAction::Settle { partition, epoch } => {
+                let settled = self.settle(db, partition, epoch);
+                self.serving.settled(t, partition, epoch, settled);
+            }
+            ServingAction::Start {
+                partition, epoch, ..
+            } => self.start_partition(db, partition, epoch, now),
+            ServingAction::Stop { partition } => self.drop_partition(partition, answers),
+            ServingAction::Drained {
+                partition,
+                epoch,
+                ok,
+            } => {
+                self.membership.drained(t, partition, epoch, ok);
+                self.drop_partition(partition, answers);
+            }
+            ServingAction::Fenced { partition } => self.membership.fenced(t, partition),
+            // The partition takes no more commands ([`Node::serves`]); it reports idle when
+            // it is (see [`Node::advance`]). Readiness is not simulated.
+            ServingAction::Drain { .. }
+            | ServingAction::Hold { .. }
+            | ServingAction::Unhold { .. } => {}
+        }
+    }
+
+    /// Starts partition `p` under `epoch`: the real lifecycle and writer, writing through this
+    /// node's fenced view of the database, opened with the marks this node knows.
+    fn start_partition(&mut self, db: &Arc<Db>, p: u32, epoch: u64, now: u64) {
+        let kv = Arc::new(SimKv::new(Arc::clone(db), &self.name, p, epoch));
+        let store = EventStore::new(kv, AppId(1), TrustLevel::Level0);
+        let acked = self.mark_of(p);
+        let writer = ManualPartition::open(store, &self.cp_config(), p, acked)
+            .expect("the simulation's processor configuration is valid");
+        let part = Part {
+            epoch,
+            writer,
+            queue: Vec::new(),
+            waiting: BTreeMap::new(),
+            next_tag: 0,
+            retry_at: now,
+        };
+        self.parts.insert(p, part);
+    }
+
+    /// `p` is no longer served here: every command not answered yet is answered "not the
+    /// owner".
+    fn drop_partition(&mut self, p: u32, answers: &mut Answers) {
+        if let Some(mut part) = self.parts.remove(&p) {
+            part.refuse_all(&CommandError::NotOwner { partition: p }, answers);
         }
     }
 
@@ -549,24 +604,14 @@ impl Node {
         let Some(mut part) = self.parts.remove(&p) else {
             return;
         };
-        if self.advance(p, &mut part, now, t, answers) {
-            self.parts.insert(p, part);
-        }
+        self.advance(p, &mut part, now, t, answers);
+        self.parts.insert(p, part);
     }
 
-    /// One tick of a served partition: its worker's step, its queue carried to it, its
-    /// lifecycle advanced; false when it stops being served here (fenced off, or handed off).
-    fn advance(
-        &mut self,
-        p: u32,
-        part: &mut Part,
-        now: u64,
-        t: u64,
-        answers: &mut Answers,
-    ) -> bool {
-        if !self.settled(p, part, answers) {
-            return true;
-        }
+    /// One tick of a started partition: its worker's step, its queue carried to it, its
+    /// lifecycle advanced; the serving machine hears when it is fenced, and when it is idle
+    /// while it drains.
+    fn advance(&mut self, p: u32, part: &mut Part, now: u64, t: u64, answers: &mut Answers) {
         if now >= part.retry_at {
             // One piece of background work per tick: a whole actualization, or one flush.
             if let Step::RetryAfter(d) = part.writer.step() {
@@ -584,54 +629,29 @@ impl Node {
         }
         part.deliver(given, answers);
         if part.writer.ended() == Some(&End::Fenced) {
-            self.membership.fenced(t, p);
-            part.refuse_all(&CommandError::NotOwner { partition: p }, answers);
-            return false;
+            self.serving.fenced(t, p);
+        } else if self.serving.draining(p) && part.writer.idle() {
+            self.serving.idle(t, p, part.epoch);
         }
-        let Some(since) = part.draining else {
-            return true;
-        };
-        let idle = part.writer.idle();
-        if idle || now >= since + DRAIN_MS_MAX {
-            self.membership.drained(t, p, part.epoch, idle);
-            part.refuse_all(&CommandError::NotOwner { partition: p }, answers);
-            return false;
-        }
-        true
     }
 
-    /// Whether `p`'s accepted losses are settled (see [`Node::settle`]), settling them first;
-    /// until they are, every command queued for it is refused.
-    fn settled(&self, p: u32, part: &mut Part, answers: &mut Answers) -> bool {
-        if !part.settled {
-            match self.settle(p, part) {
-                Ok(()) => part.settled = true,
-                Err(reason) => part.refuse_all(
-                    &CommandError::Unavailable {
-                        partition: p,
-                        reason: reason.into(),
-                    },
-                    answers,
-                ),
-            }
-        }
-        part.settled
-    }
-
-    /// Before a partition is served, once the marks of the nodes this node reaches are
-    /// pulled (the server's `settle_losses`): a loss accepted after this run started is not
-    /// served over (refused until a restart), and the numbers of a loss it knows are retired
-    /// in the database if the database lacks that (the write of the node that accepted it was
-    /// lost too). A failed storage call is tried again at the next tick.
-    fn settle(&self, p: u32, part: &Part) -> Result<(), &'static str> {
+    /// Settles `p`'s accepted losses under `epoch` before it is served (the server's
+    /// `settle_losses`): a loss accepted after this run started is not served over (refused
+    /// until a restart), and the numbers of a loss it knows are retired in the database if the
+    /// database lacks that (the write of the node that accepted it was lost too).
+    fn settle(&self, db: &Arc<Db>, p: u32, epoch: u64) -> Settled {
         let retired = self.retired_of(p);
         if !self.retired[p as usize].covers(&retired) {
-            return Err("a loss was accepted after this run started: restart it");
+            return Settled::Refused(
+                "a loss was accepted after this run started: restart it".into(),
+            );
         }
-        let store = EventStore::new(Arc::clone(&part.kv), AppId(1), TrustLevel::Level0);
-        ensure_retired(store.seq_storage(PartitionId(p)), p, retired)
-            .map(|_| ())
-            .map_err(|_| "retiring the numbers of an accepted loss failed")
+        let kv = Arc::new(SimKv::new(Arc::clone(db), &self.name, p, epoch));
+        let store = EventStore::new(kv, AppId(1), TrustLevel::Level0);
+        match ensure_retired(store.seq_storage(PartitionId(p)), p, retired) {
+            Ok(_) => Settled::Done,
+            Err(_) => Settled::Failed("retiring the numbers of an accepted loss failed".into()),
+        }
     }
 
     fn raise_disk(&mut self, p: u32, mark: Mark) {

@@ -119,6 +119,17 @@ fn a_start_serves_only_once_its_idempotency_window_is_rebuilt_seeds_352_1000085(
     }
 }
 
+/// A seed where the database lost acknowledged writes and the operator restarted every node
+/// with `--accept-loss`: a partition started before its accepted loss was settled (the lost
+/// numbers retired in the database: the serving machine's step between the marks' pull and
+/// the start) finds its PLog below its mark and is refused, and partitions stay unserved.
+#[test]
+fn a_partition_starts_only_once_its_accepted_losses_are_settled_seed_16() {
+    if let Err(e) = run_seed(16) {
+        panic!("seed 16: {e}");
+    }
+}
+
 /// One seed is one exact run: the events a seed stores, their registration times included
 /// (simulated time, passed to the writer), and everything it counted are the same in a second
 /// run.

@@ -29,7 +29,7 @@ const ALLOWED: &[(&str, &[&str], &[&str])] = &[
     ("monoseq-core", &[], &[]),
     ("monoseq-kv", &[], &[]),
     ("monoseq-backoff", &[], &[]),
-    ("monoseq-membership", &[], &[]),
+    ("monoseq-membership", &["monoseq-backoff"], &[]),
     ("monoseq-wire", &[], &[]),
     ("monoseq-pg", &["monoseq-kv"], &[]),
     ("monoseq-store", &["monoseq-core", "monoseq-kv"], &[]),

@@ -3,9 +3,10 @@
 //! calls the machine asks for off the runtime (`spawn_blocking`), hands their answers back,
 //! and carries out the machine's actions. Its parts: the last read of the table for routing
 //! and readiness (`routing.rs`), the readiness probes of the other nodes and the pull of their
-//! marks (`probes.rs`), and serving, stopping and draining partitions on the command processor
-//! (`serving.rs`); this file holds the loop, joining and leaving, the status answer and the
-//! log lines.
+//! marks (`probes.rs`), and the I/O of serving, stopping and draining partitions on the
+//! command processor that the serving machine beside the membership asks for (`serving.rs`);
+//! this file holds the loop that steps both machines, joining and leaving, the status answer
+//! and the log lines.
 
 mod probes;
 mod routing;
@@ -21,11 +22,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use monoseq_backoff::Backoff;
 use monoseq_cp::CommandProcessor;
 use monoseq_membership::{
-    Action, Call, Config, LeaseRow, LeaseTable, Membership, NameTaken, Reply, StopReason,
-    TableError, TableStatus, assign, execute,
+    Action, Call, Config, DRAIN_MS_MAX, LeaseRow, LeaseTable, Membership, NameTaken, Reply, Retry,
+    Serving, ServingAction, Settled, StopReason, TableError, TableStatus, assign, execute,
 };
 use monoseq_store::{EventStore, PartitionId, TrustLevel, ensure_retired};
 use monoseq_wire::{ClusterBody, ClusterNodeBody, ClusterPartitionBody};
@@ -39,8 +39,8 @@ use crate::peers::{NODE_TOKEN_HINT, Readiness};
 
 /// Longest wait for leaving: every partition drained (in parallel), then released.
 const LEAVE_TIMEOUT: Duration = Duration::from_secs(15);
-/// Answers of lease calls and drains waiting for the driver: at most one call is out, and
-/// one drain per partition.
+/// Answers of lease calls and of the serving machine's I/O waiting for the driver: at most one
+/// call is out, and a pull, a settle or a drain per partition.
 const DONE_QUEUE_MIN: usize = 16;
 /// The driver looks for fenced partitions at least this many times per renewal interval.
 const FENCED_CHECKS_PER_RENEWAL: u32 = 4;
@@ -57,7 +57,12 @@ enum Life {
 
 enum Done {
     Reply(Reply, Instant),
-    Drained(u32, u64, bool),
+    /// The peers' marks were pulled for (partition, epoch).
+    Pulled(u32, u64),
+    /// What came of settling (partition, epoch)'s accepted losses.
+    Settled(u32, u64, Settled),
+    /// A draining (partition, epoch) finished its queued commands and flushed.
+    Idle(u32, u64),
 }
 
 /// The cluster membership of one node.
@@ -82,9 +87,6 @@ pub struct Cluster {
     marks: Arc<NodeMarks>,
     /// Reaches the other nodes (their marks).
     prober: crate::peers::Prober,
-    /// Partitions the membership gave this node to serve, with their epochs: a partition
-    /// starts only if it is still here once the peers' marks are pulled.
-    serving: Mutex<HashMap<u32, u64>>,
     /// Partitions leased here but not served, with why (a loss accepted after this process
     /// started, a retirement that failed).
     held: Mutex<BTreeMap<u32, String>>,
@@ -159,7 +161,6 @@ impl Cluster {
             life,
             marks,
             prober,
-            serving: Mutex::new(HashMap::new()),
             held: Mutex::new(BTreeMap::new()),
             refused: Mutex::new(HashSet::new()),
         });
@@ -281,7 +282,8 @@ impl Cluster {
         tracing::info!(node_id = %self.settings.node_id, "left the cluster; partitions handed over");
     }
 
-    /// The driver: steps the state machine until it is done.
+    /// The driver: steps the membership machine and the serving machine beside it until the
+    /// membership is done.
     async fn drive(
         self: Arc<Self>,
         mut m: Membership,
@@ -292,18 +294,18 @@ impl Cluster {
         let capacity = DONE_QUEUE_MIN + self.partitions as usize;
         let (done_tx, mut done_rx) = mpsc::channel::<Done>(capacity);
         let mut leaving: Option<oneshot::Sender<()>> = None;
+        let mut s = Serving::new();
         let fenced_every = self.settings.renew / FENCED_CHECKS_PER_RENEWAL;
         loop {
             for p in self.cp.fenced() {
-                m.fenced(now(), p);
+                s.fenced(now(), p);
             }
             self.log_refused();
-            while let Some(action) = m.poll(now()) {
-                if !self.perform(action, &done_tx, &mut leaving) {
-                    return;
-                }
+            if !self.step(&mut m, &mut s, &now, &done_tx, &mut leaving) {
+                return;
             }
-            let wake = origin + Duration::from_millis(m.next_wake().min(now() + ms(fenced_every)));
+            let next = m.next_wake().min(s.next_wake());
+            let wake = origin + Duration::from_millis(next.min(now() + ms(fenced_every)));
             tokio::select! {
                 Some(done) = done_rx.recv() => match done {
                     Done::Reply(reply, sent) => {
@@ -312,7 +314,9 @@ impl Cluster {
                         }
                         m.reply(now(), reply);
                     }
-                    Done::Drained(p, epoch, ok) => m.drained(now(), p, epoch, ok),
+                    Done::Pulled(p, epoch) => s.marks_pulled(now(), p, epoch),
+                    Done::Settled(p, epoch, settled) => s.settled(now(), p, epoch, settled),
+                    Done::Idle(p, epoch) => s.idle(now(), p, epoch),
                 },
                 Some(tx) = leave_rx.recv() => {
                     m.leave(now());
@@ -320,6 +324,30 @@ impl Cluster {
                 }
                 () = self.read_soon.notified() => m.read_soon(now()),
                 () = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+    }
+
+    /// Carries out what both machines ask for at once, until neither asks for more; `false`
+    /// when the membership is over. The serving machine goes first, so that what one action
+    /// of the membership asked for (a stop) is done before the next one (the end).
+    fn step(
+        self: &Arc<Self>,
+        m: &mut Membership,
+        s: &mut Serving,
+        now: &impl Fn() -> u64,
+        done: &mpsc::Sender<Done>,
+        leaving: &mut Option<oneshot::Sender<()>>,
+    ) -> bool {
+        loop {
+            if let Some(action) = s.poll(now()) {
+                self.carry_out(action, m, now(), done);
+            } else if let Some(action) = m.poll(now()) {
+                if !self.perform(action, s, now(), done, leaving) {
+                    return false;
+                }
+            } else {
+                return true;
             }
         }
     }
@@ -343,10 +371,13 @@ impl Cluster {
         }
     }
 
-    /// Carries out one action; `false` when the membership is over.
+    /// Carries out one action of the membership at `now`, serving, stopping and draining
+    /// through the serving machine `s`; `false` when the membership is over.
     fn perform(
         self: &Arc<Self>,
         action: Action,
+        s: &mut Serving,
+        now: u64,
         done: &mpsc::Sender<Done>,
         leaving: &mut Option<oneshot::Sender<()>>,
     ) -> bool {
@@ -356,20 +387,26 @@ impl Cluster {
                 partition,
                 epoch,
                 previous,
-            } => self.serve(partition, epoch, previous.as_deref()),
+            } => {
+                lock(&self.refused).remove(&partition);
+                s.serve(now, partition, epoch, previous);
+            }
             Action::Stop {
                 partition,
                 epoch,
                 why,
             } => {
                 log_stop(partition, epoch, why);
-                self.stop_serving(partition);
+                s.stop(now, partition);
             }
             Action::Drain {
                 partition,
                 epoch,
                 to,
-            } => self.drain(partition, epoch, to, done.clone()),
+            } => {
+                log_drain(partition, epoch, to.as_deref());
+                s.drain(now, partition, epoch);
+            }
             Action::Claimed { previous } => {
                 if let Some(p) = previous {
                     log_name_taken_over(&p);
@@ -477,6 +514,19 @@ fn log_stop(partition: u32, epoch: u64, why: StopReason) {
              being served here"
         ),
         StopReason::EpochWentBack | StopReason::Superseded => {}
+    }
+}
+
+/// The line of a planned move of a partition away from this node.
+fn log_drain(partition: u32, epoch: u64, to: Option<&str>) {
+    match to {
+        Some(to) => tracing::info!(
+            partition,
+            epoch,
+            to = %to,
+            "handing the partition over to balance the nodes"
+        ),
+        None => tracing::info!(partition, epoch, "handing the partition back: leaving"),
     }
 }
 

@@ -1,23 +1,10 @@
-//! Serving, stopping and draining partitions on the command processor as the membership asks:
-//! a partition starts only once the peers' marks are pulled and its accepted losses are
-//! settled, and a drain finishes the queued commands and flushes before the lease goes.
+//! The I/O of serving, stopping and draining partitions on the command processor, as the
+//! [`Serving`] machine (`monoseq-membership`) asks: pulling the peers' marks, settling a
+//! partition's accepted losses, starting it with its writes fenced, releasing it, and the log
+//! lines and `/readyz` reasons of each. The order and the retries are the machine's; each
+//! answer goes back to it through the driver's queue.
 
 use super::*;
-
-/// Longest wait for a released partition to finish its queued commands and flush.
-pub(super) const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Why a partition leased here is not served yet.
-pub(super) enum Unsettled {
-    /// A loss accepted after this process started: held until the node restarts.
-    Refused(String),
-    /// The storage failed to retire an accepted loss's numbers: retried.
-    Failed(String),
-}
-
-/// Retries of a failed retirement: 100 ms after the first failure, doubling, at most 5 s apart.
-pub(super) const SETTLE_BACKOFF: Backoff =
-    Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
 /// The one command that continues a partition refused for a loss.
 pub const ACCEPT_LOSS_HINT: &str = "restart this node with `monoseq serve --accept-loss` (the \
@@ -25,66 +12,75 @@ pub const ACCEPT_LOSS_HINT: &str = "restart this node with `monoseq serve --acce
      database to hold them";
 
 impl Cluster {
-    /// Starts serving `p` under `epoch`: pulls every live peer's marks first (so the mark
-    /// includes what former owners acknowledged), makes sure numbers retired by an accepted
-    /// loss stay retired (a storage failure doing so is retried with backoff while the lease
-    /// is held here), then starts the partition with its writes going through the fenced view,
-    /// unless the membership stopped it meanwhile.
-    pub(super) fn serve(self: &Arc<Self>, p: u32, epoch: u64, previous: Option<&str>) {
-        lock(&self.serving).insert(p, epoch);
-        lock(&self.refused).remove(&p);
-        let me = Arc::clone(self);
-        let previous = previous.map(str::to_owned);
-        tokio::spawn(async move {
-            me.pull_marks(&me.peer_urls()).await;
-            let mut failures = 0;
-            loop {
-                match me.settle_losses(p, epoch).await {
-                    Ok(()) => break,
-                    Err(Unsettled::Refused(why)) => {
-                        tracing::error!(partition = p, epoch, "{why}");
-                        me.hold(p, epoch, why);
-                        return;
-                    }
-                    Err(Unsettled::Failed(why)) => {
-                        failures += 1;
-                        let wait = SETTLE_BACKOFF.delay(failures);
-                        tracing::error!(
-                            partition = p,
-                            epoch,
-                            attempt = failures,
-                            "{why}; the partition is not served until this succeeds: retrying \
-                             in {} ms",
-                            wait.as_millis()
-                        );
-                        if !me.hold(p, epoch, why) {
-                            return;
-                        }
-                        tokio::time::sleep(wait).await;
-                    }
-                }
+    /// Carries out one action of the serving machine at `now` (the driver's clock); what
+    /// comes of the I/O goes back through `done`, what the membership must hear goes to `m`.
+    pub(super) fn carry_out(
+        self: &Arc<Self>,
+        action: ServingAction,
+        m: &mut Membership,
+        now: u64,
+        done: &mpsc::Sender<Done>,
+    ) {
+        match action {
+            ServingAction::PullMarks { partition, epoch } => {
+                let (me, done) = (Arc::clone(self), done.clone());
+                tokio::spawn(async move {
+                    me.pull_marks(&me.peer_urls()).await;
+                    let _ = done.send(Done::Pulled(partition, epoch)).await;
+                });
             }
-            lock(&me.held).remove(&p);
-            me.start_serving(p, epoch, previous.as_deref());
-        });
-    }
-
-    /// Records why `p`, leased here under `epoch`, is not served yet (for `/readyz`); false
-    /// when the membership stopped it meanwhile (nothing is recorded then).
-    pub(super) fn hold(&self, p: u32, epoch: u64, why: String) -> bool {
-        let serving = lock(&self.serving);
-        let still = serving.get(&p) == Some(&epoch);
-        if still {
-            lock(&self.held).insert(p, why);
+            ServingAction::Settle { partition, epoch } => {
+                let (me, done) = (Arc::clone(self), done.clone());
+                tokio::spawn(async move {
+                    let settled = me.settle_losses(partition, epoch).await;
+                    let _ = done.send(Done::Settled(partition, epoch, settled)).await;
+                });
+            }
+            ServingAction::Start {
+                partition,
+                epoch,
+                previous,
+            } => self.start_serving(partition, epoch, previous.as_deref()),
+            ServingAction::Stop { partition } => self.stop_serving(partition),
+            ServingAction::Drain {
+                partition,
+                epoch,
+                deadline,
+            } => self.release_drained(partition, epoch, deadline.saturating_sub(now), done),
+            ServingAction::Drained {
+                partition,
+                epoch,
+                ok,
+            } => {
+                if !ok {
+                    tracing::warn!(
+                        partition,
+                        "the partition did not stop in time; its lease is left to expire"
+                    );
+                }
+                m.drained(now, partition, epoch, ok);
+            }
+            ServingAction::Fenced { partition } => m.fenced(now, partition),
+            ServingAction::Hold {
+                partition,
+                epoch,
+                why,
+                retry,
+            } => {
+                log_hold(partition, epoch, &why, retry);
+                lock(&self.held).insert(partition, why);
+            }
+            ServingAction::Unhold { partition } => {
+                lock(&self.held).remove(&partition);
+            }
         }
-        still
     }
 
     /// Numbers of `p` retired by an accepted loss: the command processor must continue above
     /// them (it was started knowing the loss) and the database's stored state must be past
     /// them (the node that accepted the loss retires them, and so does any later owner if the
     /// database lost that write).
-    pub(super) async fn settle_losses(&self, p: u32, epoch: u64) -> Result<(), Unsettled> {
+    async fn settle_losses(&self, p: u32, epoch: u64) -> Settled {
         let retired = self.marks.retired(p);
         let known = self
             .cp
@@ -94,12 +90,12 @@ impl Cluster {
             .copied()
             .unwrap_or_default();
         if !known.covers(&retired) {
-            return Err(Unsettled::Refused(format!(
+            return Settled::Refused(format!(
                 "a loss of partition {p} (PLog offsets up to {}) was accepted after this process \
                  started; it does not serve the partition until restarted, so that the numbers \
                  handed out before the loss stay retired: restart this node",
                 retired.plog
-            )));
+            ));
         }
         let store = EventStore::new(self.view_of(p, epoch), APP, TrustLevel::Level0);
         let seq = store.seq_storage(PartitionId(p));
@@ -115,12 +111,12 @@ impl Cluster {
                     retired_plog = retired.plog,
                     "moved the partition's next PLog offset past its accepted loss"
                 );
-                Ok(())
+                Settled::Done
             }
-            Ok(false) => Ok(()),
-            Err(e) => Err(Unsettled::Failed(format!(
+            Ok(false) => Settled::Done,
+            Err(e) => Settled::Failed(format!(
                 "retiring the numbers of partition {p}'s accepted loss failed: {e}"
-            ))),
+            )),
         }
     }
 
@@ -128,11 +124,9 @@ impl Cluster {
         self.table.fenced(p, epoch, &self.settings.node_id)
     }
 
-    pub(super) fn start_serving(self: &Arc<Self>, p: u32, epoch: u64, previous: Option<&str>) {
-        let serving = lock(&self.serving);
-        if serving.get(&p) != Some(&epoch) {
-            return;
-        }
+    /// Starts `p` on the command processor, its writes going through the view fenced with
+    /// `epoch` (the machine asks only while the membership still gives it `p` under `epoch`).
+    fn start_serving(&self, p: u32, epoch: u64, previous: Option<&str>) {
         let store = EventStore::new(self.view_of(p, epoch), APP, self.trust);
         if let Err(e) = self.cp.acquire(p, store) {
             tracing::error!(
@@ -142,7 +136,6 @@ impl Cluster {
             );
             return;
         }
-        drop(serving);
         match previous {
             Some(prev) if prev == self.settings.node_id => tracing::info!(
                 partition = p,
@@ -165,51 +158,38 @@ impl Cluster {
 
     /// Stops serving `p` here at once (commands for it are answered "not the owner" from now
     /// on); its queued commands finish in the background.
-    pub(super) fn stop_serving(self: &Arc<Self>, p: u32) {
-        self.forget(p);
+    fn stop_serving(&self, p: u32) {
         let cp = self.cp.clone();
         tokio::spawn(async move {
-            if !cp.release(p, RELEASE_TIMEOUT).await {
+            if !cp.release(p, Duration::from_millis(DRAIN_MS_MAX)).await {
                 tracing::warn!(partition = p, "the partition did not stop in time");
             }
         });
     }
 
-    /// A planned move: finishes `p`'s queued commands, flushes, then reports (the lease is
-    /// released for the next owner).
-    pub(super) fn drain(
-        self: &Arc<Self>,
-        p: u32,
-        epoch: u64,
-        to: Option<String>,
-        done: mpsc::Sender<Done>,
-    ) {
-        match &to {
-            Some(to) => tracing::info!(
-                partition = p,
-                epoch,
-                to = %to,
-                "handing the partition over to balance the nodes"
-            ),
-            None => tracing::info!(partition = p, epoch, "handing the partition back: leaving"),
-        }
-        self.forget(p);
-        let cp = self.cp.clone();
+    /// A drain: `p` takes no more commands, finishes its queued ones and flushes; the machine
+    /// hears when it did within `wait_ms` (past it, the machine reports it not drained).
+    fn release_drained(&self, p: u32, epoch: u64, wait_ms: u64, done: &mpsc::Sender<Done>) {
+        let (cp, done) = (self.cp.clone(), done.clone());
         tokio::spawn(async move {
-            let ok = cp.release(p, RELEASE_TIMEOUT).await;
-            if !ok {
-                tracing::warn!(
-                    partition = p,
-                    "the partition did not stop in time; its lease is left to expire"
-                );
+            if cp.release(p, Duration::from_millis(wait_ms)).await {
+                let _ = done.send(Done::Idle(p, epoch)).await;
             }
-            let _ = done.send(Done::Drained(p, epoch, ok)).await;
         });
     }
+}
 
-    /// `p` is no longer to be served here: a pending start of it is dropped.
-    pub(super) fn forget(&self, p: u32) {
-        lock(&self.serving).remove(&p);
-        lock(&self.held).remove(&p);
+/// The error of a partition leased here but not served: a loss accepted after this process
+/// started, or a retirement that failed and is retried.
+fn log_hold(partition: u32, epoch: u64, why: &str, retry: Option<Retry>) {
+    match retry {
+        None => tracing::error!(partition, epoch, "{why}"),
+        Some(retry) => tracing::error!(
+            partition,
+            epoch,
+            attempt = retry.attempt,
+            "{why}; the partition is not served until this succeeds: retrying in {} ms",
+            retry.in_ms
+        ),
     }
 }
