@@ -16,9 +16,11 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -34,7 +36,7 @@ use monoseq_wire::{
     EventBody, GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT,
     SSE_GAP, SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX, WLOG_PAGE_MAX,
 };
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, watch};
 use tokio::time::{Instant, Sleep};
 
 use super::AppState;
@@ -50,9 +52,6 @@ const FOLLOWER_BUFFER_EVENTS_MAX: usize = 1 << 20;
 const PAGE_DEFAULT: usize = 100;
 /// Entries a tail reads from the store per step while it catches up.
 const CATCH_UP_PAGE: usize = PLOG_PAGE_MAX;
-/// Chunks queued between a tail's task and its connection: past them the task waits, its hub's
-/// buffer fills, and a follower that does not read is cut.
-const CONNECTION_CHUNKS: usize = 64;
 /// Bytes gathered for a tail past which they go to its connection at once.
 const CHUNK_BYTES: usize = 64 * 1024;
 /// What an event's JSON is sized for when a buffer is reserved for it (it grows past).
@@ -616,17 +615,18 @@ fn start_tail(
         Ok(slot) => slot,
         Err(r) => return r,
     };
-    let (tx, rx) = mpsc::channel(CONNECTION_CHUNKS);
-    tokio::spawn(async move {
+    let handoff = Arc::new(Handoff::default());
+    let out = Arc::clone(&handoff);
+    let tail = async move {
         let st = Arc::clone(&slot.0);
-        let mut tail = Tail::new(&st, partition, tx);
+        let mut tail = Tail::new(&st, partition, out);
         match ws {
             Some(ws) => tail.follow_wlog(ws, from).await,
             None => tail.follow_partition(from).await,
         }
         drop(slot);
-    });
-    sse_response(rx)
+    };
+    sse_response(tail, handoff)
 }
 
 /// Where a tail starts: after `Last-Event-ID` when sent, else `from` (default 1).
@@ -664,10 +664,29 @@ fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
     Ok(Slot(Arc::clone(st)))
 }
 
-/// A `text/event-stream` answer fed by a tail's task.
-fn sse_response(rx: mpsc::Receiver<Bytes>) -> Response {
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+/// A `text/event-stream` answer whose body runs `tail`: the connection polls the tail itself
+/// whenever it can write, and takes each chunk the tail hands over through `handoff` (no task
+/// of its own, no channel: one wake-up per hand-out, not two). A connection that closes drops
+/// the tail with its body.
+fn sse_response(
+    tail: impl Future<Output = ()> + Send + 'static,
+    handoff: Arc<Handoff>,
+) -> Response {
+    let mut tail = Box::pin(tail);
+    let mut ended = false;
+    let stream = futures_util::stream::poll_fn(move |cx| {
+        if ended {
+            return Poll::Ready(None);
+        }
+        let finished = tail.as_mut().poll(cx).is_ready();
+        if let Some(chunk) = handoff.take() {
+            return Poll::Ready(Some(Ok::<_, Infallible>(chunk)));
+        }
+        if finished {
+            ended = true;
+            return Poll::Ready(None);
+        }
+        Poll::Pending
     });
     (
         [
@@ -677,6 +696,37 @@ fn sse_response(rx: mpsc::Receiver<Bytes>) -> Response {
         Body::from_stream(stream),
     )
         .into_response()
+}
+
+/// The chunk a tail hands its connection, taken by the body that polls the tail.
+#[derive(Debug, Default)]
+struct Handoff(Mutex<Option<Bytes>>);
+
+impl Handoff {
+    fn put(&self, chunk: Bytes) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(chunk);
+    }
+
+    fn take(&self) -> Option<Bytes> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// Pending once, then ready: a tail that handed over a chunk pauses here so that the body
+/// polling it returns the chunk; the body polls it again when the connection wants more (so
+/// it needs no wake-up).
+struct HandedOver(bool);
+
+impl Future for HandedOver {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        Poll::Pending
+    }
 }
 
 /// Why a tail ended.
@@ -691,7 +741,7 @@ enum Ended {
 struct Tail<'a> {
     st: &'a Arc<AppState>,
     partition: u32,
-    out: mpsc::Sender<Bytes>,
+    out: Arc<Handoff>,
     closing: watch::Receiver<bool>,
     /// Messages not yet handed to the connection: everything a wake-up delivers goes out as
     /// one chunk (one write), not one per message.
@@ -706,7 +756,7 @@ struct Tail<'a> {
 }
 
 impl<'a> Tail<'a> {
-    fn new(st: &'a Arc<AppState>, partition: u32, out: mpsc::Sender<Bytes>) -> Tail<'a> {
+    fn new(st: &'a Arc<AppState>, partition: u32, out: Arc<Handoff>) -> Tail<'a> {
         let now = Instant::now();
         Tail {
             st,
@@ -762,7 +812,8 @@ impl<'a> Tail<'a> {
             return Ok(());
         }
         let chunk = self.buf.split().freeze();
-        self.out.send(chunk).await.map_err(|_| Ended::Gone)?;
+        self.out.put(chunk);
+        HandedOver(false).await;
         self.st.follow.counts.delivered.inc_by(self.buffered);
         self.buffered = 0;
         self.sent_at = Instant::now();
@@ -913,7 +964,6 @@ impl<'a> Tail<'a> {
                 },
                 () = self.beat.as_mut() => {}
                 _ = self.closing.wait_for(|c| *c) => return Err(Ended::Gone),
-                () = self.out.closed() => return Err(Ended::Gone),
             }
             let due = self.sent_at + heartbeat;
             if Instant::now() < due {
