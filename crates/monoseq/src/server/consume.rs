@@ -64,6 +64,10 @@ const HUB_WAIT: Duration = Duration::from_secs(1);
 /// a partition's fan-out under about an eighth of a core whatever the rate, while the
 /// events that arrive meanwhile go out in the same wake-up and write.
 const HUB_PACE_PER_FOLLOWER: Duration = Duration::from_micros(20);
+/// The shortest pause a hub takes: the runtime's timers count whole milliseconds, so a
+/// shorter one would wait a millisecond anyway; below it (fewer than 50 followers) a hub hands
+/// out as soon as events are acknowledged.
+const HUB_PACE_MIN: Duration = Duration::from_millis(1);
 /// The longest pause between two hand-outs (what pacing adds to a follower's latency).
 const HUB_PACE_MAX: Duration = Duration::from_millis(2);
 /// Pause of a relaying hub after the owner did not answer.
@@ -1146,7 +1150,7 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
         let pace = HUB_PACE_PER_FOLLOWER
             .saturating_mul(u32::try_from(followers).unwrap_or(u32::MAX))
             .min(HUB_PACE_MAX);
-        if handed.elapsed() < pace {
+        if pace >= HUB_PACE_MIN && handed.elapsed() < pace {
             tokio::time::sleep_until(handed + pace).await;
         }
         if hub.tx.receiver_count() == 0 || *closing.borrow() {
