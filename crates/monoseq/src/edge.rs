@@ -124,6 +124,23 @@ fn check_descriptors_now(limits: &EdgeLimits) -> usize {
     }
 }
 
+/// Turns Nagle's algorithm off on an accepted connection: a live tail writes a small chunk
+/// whenever events are durable, and with it on such a chunk waits for the follower's delayed
+/// acknowledgement of the one before (milliseconds, on every tenth event or so). Answers are
+/// written whole, so they lose nothing by it.
+pub fn no_delay(tcp: &tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!("setting TCP_NODELAY on a connection failed: {e}");
+    }
+}
+
+/// `listener` with [`no_delay`] on every connection it accepts.
+pub fn without_delay(
+    listener: tokio::net::TcpListener,
+) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
+    axum::serve::ListenerExt::tap_io(listener, |tcp| no_delay(tcp))
+}
+
 /// Serves `app` on `listener` within `limits` until `shutdown` completes, then lets the
 /// requests in flight finish (idle connections close at once).
 ///
@@ -228,5 +245,19 @@ mod tests {
         assert!(head.contains(&format!("content-length: {}", body.len())));
         let body: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(body["code"], "too_many_connections");
+    }
+
+    #[tokio::test]
+    async fn every_connection_accepted_writes_without_waiting_for_the_peers_acknowledgement() {
+        use axum::serve::Listener as _;
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = tcp.local_addr().unwrap();
+        let mut listener = without_delay(tcp);
+        let client = tokio::net::TcpStream::connect(address);
+        let ((accepted, _), _client) = tokio::join!(listener.accept(), client);
+        assert!(
+            accepted.nodelay().unwrap(),
+            "Nagle's algorithm is off: a tail's small chunk goes out at once"
+        );
     }
 }

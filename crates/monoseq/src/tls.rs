@@ -175,6 +175,7 @@ impl axum::serve::Listener for TlsListener {
             tokio::select! {
                 accepted = self.tcp.accept(), if room => match accepted {
                     Ok((stream, peer)) => {
+                        crate::edge::no_delay(&stream);
                         self.handshakes.spawn(handshake(self.acceptor.clone(), stream, peer));
                     }
                     Err(e) => accept_error(e).await,

@@ -217,7 +217,10 @@ async fn serve_until_stopped(
             let listener = crate::tls::TlsListener::new(listener, tls);
             crate::edge::serve(listener, app, settings.edge, signal).await?;
         }
-        None => crate::edge::serve(listener, app, settings.edge, signal).await?,
+        None => {
+            let listener = crate::edge::without_delay(listener);
+            crate::edge::serve(listener, app, settings.edge, signal).await?;
+        }
     }
     Ok(stop_rx.await.ok().flatten())
 }
