@@ -32,11 +32,25 @@ pub(crate) struct Acked {
 #[derive(Debug, Default)]
 struct Recent {
     followed: AtomicBool,
-    groups: Mutex<VecDeque<Arc<[Event]>>>,
+    groups: Mutex<Kept>,
+}
+
+/// The kept groups and how many events they hold.
+#[derive(Debug, Default)]
+struct Kept {
+    groups: VecDeque<Arc<[Event]>>,
+    events: usize,
+}
+
+impl Kept {
+    fn clear(&mut self) {
+        self.groups.clear();
+        self.events = 0;
+    }
 }
 
 impl Recent {
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Arc<[Event]>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
         self.groups.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -64,22 +78,22 @@ impl Acked {
         if events.is_empty() || !self.recent.followed.load(Ordering::Acquire) {
             return;
         }
-        let mut groups = self.recent.lock();
+        let mut kept = self.recent.lock();
         let consecutive = events
             .windows(2)
             .all(|w| w[1].plog_offset.0 == w[0].plog_offset.0 + 1);
         if !consecutive {
             // Never expected of a group; its followers read the store, which shows any hole.
-            groups.clear();
+            kept.clear();
             return;
         }
-        let mut held: usize = groups.iter().map(|g| g.len()).sum::<usize>() + events.len();
-        while held > RECENT_EVENTS_MAX
-            && let Some(old) = groups.pop_front()
+        kept.events += events.len();
+        while kept.events > RECENT_EVENTS_MAX
+            && let Some(old) = kept.groups.pop_front()
         {
-            held -= old.len();
+            kept.events -= old.len();
         }
-        groups.push_back(events.into());
+        kept.groups.push_back(events.into());
     }
 
     /// Forgets the kept groups: the writer starts (what it acknowledges next need not follow
@@ -105,10 +119,17 @@ impl Acked {
         if from >= until {
             return Some(Vec::new());
         }
-        let groups = self.recent.lock();
-        let start = groups
-            .iter()
-            .position(|g| g.first().is_some_and(|e| e.plog_offset.0 <= from) && last(g) >= from)?;
+        let kept = self.recent.lock();
+        let groups = &kept.groups;
+        // Groups are kept in PLog order: the first one ending at or after `from`.
+        let start = groups.partition_point(|g| last(g) < from);
+        if !groups
+            .get(start)
+            .and_then(|g| g.first())
+            .is_some_and(|e| e.plog_offset.0 <= from)
+        {
+            return None;
+        }
         let mut out = Vec::new();
         let mut next = from;
         for g in groups.iter().skip(start) {
