@@ -123,11 +123,8 @@ impl Acked {
         let groups = &kept.groups;
         // Groups are kept in PLog order: the first one ending at or after `from`.
         let start = groups.partition_point(|g| last(g) < from);
-        if !groups
-            .get(start)
-            .and_then(|g| g.first())
-            .is_some_and(|e| e.plog_offset.0 <= from)
-        {
+        let first = groups.get(start).and_then(|g| g.first())?;
+        if first.plog_offset.0 > from {
             return None;
         }
         let mut out = Vec::new();
