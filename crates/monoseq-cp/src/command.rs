@@ -298,7 +298,7 @@ const NUMBER_PLACEHOLDER: u64 = u64::MAX;
 
 /// A checked command, encoded once: its event with every number at [`NUMBER_PLACEHOLDER`] (the
 /// largest event it can give, which the storable check measures before any number is taken),
-/// and where its numbers go once handed out ([`Draft::numbered`]).
+/// and where its numbers go once handed out ([`Draft::number`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Draft {
     /// The event. Its updated records have kind `CDoc` and no name until their stored kind and
@@ -493,12 +493,14 @@ impl Encoder {
 }
 
 impl Draft {
-    /// The event with the IDs handed out (`ids` by raw ID, one for every raw ID of `plan`, the
-    /// plan the draft was made with): in the records it creates, the argument tree, the fields
-    /// that refer to them and the idempotency answer. The PLog and WLog offsets, the time and
-    /// the updated records' kinds and names are the caller's to set.
-    pub(crate) fn numbered(&self, plan: &Plan, ids: &BTreeMap<u64, u64>) -> Event {
-        let mut event = self.event.clone();
+    /// Numbers the event in place with the IDs handed out (`ids` by raw ID, one for every raw
+    /// ID of `plan`, the plan the draft was made with): the records it creates, the argument
+    /// tree, the fields that refer to them and the idempotency answer. Every number is
+    /// overwritten, so a draft numbered for a group that failed is numbered again for the
+    /// next. The PLog and WLog offsets, the time and the updated records' kinds and names are
+    /// the caller's to set.
+    pub(crate) fn number(&mut self, plan: &Plan, ids: &BTreeMap<u64, u64>) {
+        let event = &mut self.event;
         let mut numbers = plan.raw_ids.iter().map(|(raw, _)| ids[raw]);
         for r in &mut event.created {
             r.id = RecordId(numbers.next().unwrap_or(NUMBER_PLACEHOLDER));
@@ -527,7 +529,38 @@ impl Draft {
             i.raw_ids.clear();
             i.raw_ids.extend(ids.iter().map(|(&raw, &id)| (raw, id)));
         }
-        event
+    }
+
+    /// The event numbered, the draft left as it is.
+    #[cfg(test)]
+    pub(crate) fn numbered(&self, plan: &Plan, ids: &BTreeMap<u64, u64>) -> Event {
+        let mut draft = self.clone();
+        draft.number(plan, ids);
+        draft.event
+    }
+
+    /// Takes the event out for the group's write, leaving an empty one; the group gives it
+    /// back with [`Draft::give_back`] if its write fails and the command is retried.
+    pub(crate) fn take_event(&mut self) -> Event {
+        let empty = Event {
+            plog_offset: PLogOffset(0),
+            ws: self.event.ws,
+            ws_kind: self.event.ws_kind,
+            wlog_offset: WLogOffset(0),
+            registered_at_ms: 0,
+            command: String::new(),
+            argument: None,
+            created: Vec::new(),
+            updated: Vec::new(),
+            idempotency: None,
+        };
+        std::mem::replace(&mut self.event, empty)
+    }
+
+    /// Gives back the event [`Draft::take_event`] took: numbered or not, it is numbered again
+    /// before it is written.
+    pub(crate) fn give_back(&mut self, event: Event) {
+        self.event = event;
     }
 }
 

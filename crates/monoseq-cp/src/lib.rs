@@ -20,6 +20,7 @@ mod manual;
 mod outcome;
 mod partition;
 mod processor;
+mod recent;
 mod writer;
 
 pub use command::{
@@ -42,3 +43,4 @@ pub use processor::{
     GROUP_COMMANDS_MAX_DEFAULT, PARTITION_THREADS_MAX_DEFAULT, PARTITIONS_MAX, ProcessorStats,
     QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS,
 };
+pub use recent::RECENT_RECORDS_BYTES_DEFAULT;

@@ -116,6 +116,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
             unresolved: None,
             slow: crate::writer::SlowGroups::default(),
             fatal: None,
+            recent: crate::recent::RecentRecords::new(config.recent_bytes_per_partition()),
         };
         Ok(ManualPartition {
             writer,

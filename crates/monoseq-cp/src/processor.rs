@@ -25,6 +25,7 @@ use crate::error::{CommandError, ConfigError};
 use crate::idempotency::{IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey, Window};
 use crate::outcome::{Counters, Outcome};
 use crate::partition::{PartitionShared, PartitionState, PartitionTask};
+use crate::recent::{RECENT_RECORDS_BYTES_DEFAULT, RecentRecords};
 use crate::writer::{Job, Writer, WriterTemplate};
 
 /// Most partitions one processor hosts.
@@ -85,6 +86,9 @@ pub struct Config {
     /// queue wake them and each group runs in place; the partitions acquired beyond it run as
     /// tasks on the runtime, each group handed to its blocking pool.
     pub partition_threads_max: usize,
+    /// Bytes of lately written records kept, all partitions together (each gets its share):
+    /// an update of one of them is not read from the store again.
+    pub recent_records_bytes: usize,
 }
 
 impl Default for Config {
@@ -103,7 +107,16 @@ impl Default for Config {
             retired: Vec::new(),
             idempotency_window_events: IDEMPOTENCY_WINDOW_EVENTS_DEFAULT,
             partition_threads_max: PARTITION_THREADS_MAX_DEFAULT,
+            recent_records_bytes: RECENT_RECORDS_BYTES_DEFAULT,
         }
+    }
+}
+
+impl Config {
+    /// The bytes of lately written records one partition's writer keeps: its share of
+    /// [`Config::recent_records_bytes`].
+    pub(crate) fn recent_bytes_per_partition(&self) -> usize {
+        self.recent_records_bytes / self.partitions.max(1) as usize
     }
 }
 
@@ -752,6 +765,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         counters: Arc::clone(counters),
         acked: Arc::clone(acked),
         floor: retired.plog,
+        recent_bytes: config.recent_bytes_per_partition(),
     };
     let writer = Writer {
         partition: PartitionId(p),
@@ -770,6 +784,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         unresolved: None,
         slow: crate::writer::SlowGroups::default(),
         fatal: None,
+        recent: RecentRecords::new(config.recent_bytes_per_partition()),
     };
     let task = PartitionTask {
         writer: Some(writer),

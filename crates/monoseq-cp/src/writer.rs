@@ -26,6 +26,7 @@ use crate::command::{Draft, Plan};
 use crate::error::CommandError;
 use crate::idempotency::{IdempotencyKey, Window};
 use crate::outcome::{Counters, Outcome};
+use crate::recent::RecentRecords;
 
 /// A command that took longer than this from its arrival to its durable answer is logged, at
 /// most once per [`SLOW_LOG_INTERVAL`] per partition (with the count since).
@@ -159,6 +160,8 @@ pub(crate) struct Writer<S: KvStore + Clone> {
     /// Set when a write failed fatally (the store is poisoned), with the failure's causes:
     /// the task stops writing.
     pub(crate) fatal: Option<String>,
+    /// The records this writer wrote lately, as written: an update of one is not read again.
+    pub(crate) recent: RecentRecords,
 }
 
 /// A command that got its numbers and waits for its group's write.
@@ -210,6 +213,8 @@ pub(crate) struct WriterTemplate<S: KvStore + Clone> {
     pub(crate) counters: Arc<Counters>,
     pub(crate) acked: Arc<Acked>,
     pub(crate) floor: u64,
+    /// Bytes of lately written records the writer keeps.
+    pub(crate) recent_bytes: usize,
 }
 
 impl<S: KvStore + Clone> WriterTemplate<S> {
@@ -244,6 +249,7 @@ impl<S: KvStore + Clone> WriterTemplate<S> {
             unresolved: None,
             slow: SlowGroups::default(),
             fatal: None,
+            recent: RecentRecords::new(self.recent_bytes),
         }
     }
 }
@@ -399,7 +405,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         let mark = group_mark(replayed, &events);
         let writing = clock.now();
         match self.write(&events, stored, mark, begun) {
-            Ok(()) => {
+            Ok(records) => {
+                self.recent.keep(records);
                 let written = clock.now();
                 let write = written.saturating_duration_since(writing);
                 // Kept for followers before the end that covers the group is published.
@@ -412,6 +419,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             }
             Err(e) => {
                 self.window.forget_from(first);
+                // The write may have landed or not: what is stored is read again.
+                self.recent.clear();
+                let mut accepted = accepted;
+                for (a, event) in accepted.iter_mut().zip(events) {
+                    a.job.draft.give_back(event);
+                }
                 for (job, _, _) in replays {
                     answer(&self.counters, job, Err(storage_error(&e)));
                 }
@@ -452,14 +465,15 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 None => {}
             }
         }
-        match self.sequence(&job, now_ms, &mut group.stored) {
-            Ok((event, outcome)) => {
+        let mut job = job;
+        match self.sequence(&mut job, now_ms, &mut group.stored) {
+            Ok(outcome) => {
                 if let Some((key, _)) = &job.key {
                     let hash = key.hash_in(job.plan.ws.0);
                     self.window.insert(hash, outcome.plog_offset);
                     group.in_group.insert(hash, group.accepted.len());
                 }
-                group.events.push(event);
+                group.events.push(job.draft.take_event());
                 group.accepted.push(Accepted { job, outcome });
             }
             // Decided against this group's unwritten events too: answered once they are
@@ -589,15 +603,16 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
 
     /// Makes a group durable before anyone is told: appends it, syncs the store, then raises
     /// the partition's high-water mark (the marks' cycle runs the store's sync first, so a
-    /// mark never reaches the disk before the events it covers).
+    /// mark never reaches the disk before the events it covers). Answers the updated records
+    /// as written.
     fn write(
         &self,
         events: &[Event],
         stored: StoredRecords,
         mark: Mark,
         begun: Option<GroupBegun<'_>>,
-    ) -> Result<(), AppendError> {
-        self.store.append_onto(self.partition, events, stored)?;
+    ) -> Result<StoredRecords, AppendError> {
+        let records = self.store.append_onto(self.partition, events, stored)?;
         let raised = match begun {
             Some(group) => group.raise_after(self.partition.0, &mark, || self.store.sync()),
             None => self.raise_synced(mark),
@@ -605,7 +620,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         raised.map_err(|e| match e {
             MarksError::Store(e) => AppendError::Storage(e),
             e => AppendError::Storage(KvError::backend("raising the high-water mark failed", e)),
-        })
+        })?;
+        Ok(records)
     }
 
     /// Syncs the store and raises the partition's high-water mark to `mark` after it (only
@@ -657,15 +673,15 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     }
 
     /// Runs the sequencing transaction of one command, committed as pending, and numbers its
-    /// draft event. A command whose expected WLog offset is not where its workspace's WLog
-    /// ends (the group's earlier commands included) cancels the transaction: it takes no
+    /// draft event in place. A command whose expected WLog offset is not where its workspace's
+    /// WLog ends (the group's earlier commands included) cancels the transaction: it takes no
     /// number. The records it updates are read into `stored`, the group's.
     fn sequence(
         &mut self,
-        job: &Job,
+        job: &mut Job,
         now_ms: u64,
         stored: &mut StoredRecords,
-    ) -> Result<(Event, Outcome), CommandError> {
+    ) -> Result<Outcome, CommandError> {
         let plan = &job.plan;
         self.read_updated(job, stored)?;
         let tx = match self.seq.start(plan.ws_kind, plan.ws) {
@@ -706,7 +722,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             let n = tx.next(RecordKind::id_sequence(kind)).map_err(next_error)?;
             ids.insert(raw, n.0);
         }
-        let mut event = job.draft.numbered(plan, &ids);
+        job.draft.number(plan, &ids);
+        let event = &mut job.draft.event;
         event.plog_offset = plog;
         event.wlog_offset = WLogOffset(wlog.0);
         event.registered_at_ms = now_ms;
@@ -724,23 +741,29 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             ids,
             replayed: false,
         };
-        Ok((event, outcome))
+        Ok(outcome)
     }
 
     /// Reads the stored records the command updates into `stored` (once per group: one read
-    /// already is not read again; nothing the group writes is written before it ends) and
-    /// checks that each stays within the storage's limits once updated, before any number is
-    /// taken.
-    fn read_updated(&self, job: &Job, stored: &mut StoredRecords) -> Result<(), CommandError> {
+    /// already is not read again; nothing the group writes is written before it ends; one
+    /// this writer wrote lately is taken as it wrote it, unread) and checks that each stays
+    /// within the storage's limits once updated, before any number is taken.
+    fn read_updated(&mut self, job: &Job, stored: &mut StoredRecords) -> Result<(), CommandError> {
         let ws = job.plan.ws;
         for change in &job.draft.event.updated {
             let id = change.id;
             if stored.get(ws, id).is_none() {
-                match self.store.read_record(ws, id) {
-                    Ok(Some(r)) => stored.insert(ws, r),
-                    Ok(None) => return Err(CommandError::UnknownRecord { ws: ws.0, id: id.0 }),
-                    Err(e) => return Err(read_error(&e)),
-                }
+                let record = match self.recent.take(ws, id) {
+                    Some(r) => r,
+                    None => match self.store.read_record(ws, id) {
+                        Ok(Some(r)) => r,
+                        Ok(None) => {
+                            return Err(CommandError::UnknownRecord { ws: ws.0, id: id.0 });
+                        }
+                        Err(e) => return Err(read_error(&e)),
+                    },
+                };
+                stored.insert(ws, record);
             }
             if let Some(record) = stored.get(ws, id) {
                 self.store

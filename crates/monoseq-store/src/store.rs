@@ -285,7 +285,7 @@ impl<S: KvStore> EventStore<S> {
     /// the caller actualizes its sequencer.
     pub fn append(&self, partition: PartitionId, events: &[Event]) -> Result<(), AppendError> {
         let stored = self.read_updated_records(events)?;
-        self.append_onto(partition, events, stored)
+        self.append_onto(partition, events, stored).map(drop)
     }
 
     /// [`EventStore::append`] with the updated records as the caller read them before the
@@ -294,7 +294,9 @@ impl<S: KvStore> EventStore<S> {
     /// others are ignored). A writer that read them to check its commands hands them over
     /// here, so that each record is read once. The caller must be the only writer of those
     /// records (a partition's writer is of its workspaces'), or an update may be merged into
-    /// a record changed since it was read.
+    /// a record changed since it was read. Answers the records given and the ones the group
+    /// updated, each as it is stored now (the caller may keep them instead of reading them
+    /// again).
     ///
     /// # Errors
     ///
@@ -304,7 +306,7 @@ impl<S: KvStore> EventStore<S> {
         partition: PartitionId,
         events: &[Event],
         stored: StoredRecords,
-    ) -> Result<(), AppendError> {
+    ) -> Result<StoredRecords, AppendError> {
         let updated = updated_keys(events);
         let mut current = stored.0;
         let mut group = GroupBatch::default();
@@ -314,7 +316,8 @@ impl<S: KvStore> EventStore<S> {
             self.push_created(&mut group, i, e, &updated, &mut current);
             self.push_updated(&mut group, i, e, &mut current)?;
         }
-        self.kv.write(&group.batch).map_err(|e| group.refusal(e))
+        self.kv.write(&group.batch).map_err(|e| group.refusal(e))?;
+        Ok(StoredRecords(current))
     }
 
     /// Adds event `e` (index `i` of the group) to the PLog of `partition` and to its
@@ -812,6 +815,11 @@ impl StoredRecords {
     pub fn clear(&mut self) {
         self.0.clear();
     }
+
+    /// Every record held, with its workspace.
+    pub fn into_records(self) -> impl Iterator<Item = (WsId, Record)> {
+        self.0.into_iter().map(|((ws, _), record)| (ws, record))
+    }
 }
 
 /// The keys of every record the events update (none allocated when no event updates one).
@@ -940,9 +948,60 @@ mod tests {
         assert!(matches!(err, AppendError::UnknownRecord { .. }), "{err}");
         let mut read = StoredRecords::new();
         read.insert(ws, store.read_record(ws, id).unwrap().unwrap());
-        store.append_onto(p, &[change], read).unwrap();
+        let written = store.append_onto(p, &[change], read).unwrap();
         let merged = store.read_record(ws, id).unwrap().unwrap();
         assert_eq!(merged.fields, vec![field("a", "1"), field("b", "2")]);
+        let written: Vec<_> = written.into_records().collect();
+        assert_eq!(
+            written,
+            vec![(ws, merged)],
+            "the records answered are the stored ones"
+        );
+    }
+
+    #[test]
+    fn an_append_onto_answers_a_record_created_and_updated_in_the_group_as_stored() {
+        use std::sync::Arc;
+
+        use monoseq_core::WsKind;
+
+        let store = EventStore::new(
+            Arc::new(monoseq_kv::MemoryStore::new()),
+            AppId(1),
+            TrustLevel::Level0,
+        );
+        let (ws, id) = (WsId(7), RecordId(40));
+        let event = |offset: u64, created: Vec<Record>, updated: Vec<Record>| Event {
+            plog_offset: PLogOffset(offset),
+            ws,
+            ws_kind: WsKind(1),
+            wlog_offset: WLogOffset(offset),
+            registered_at_ms: 0,
+            command: "c".into(),
+            argument: None,
+            created,
+            updated,
+            idempotency: None,
+        };
+        let record = |fields| Record {
+            id,
+            kind: RecordKind::CDoc,
+            name: "app.Doc".into(),
+            fields,
+        };
+        let events = [
+            event(1, vec![record(vec![field("a", "1")])], vec![]),
+            event(2, vec![], vec![record(vec![field("a", "3")])]),
+        ];
+        let written = store
+            .append_onto(PartitionId(0), &events, StoredRecords::new())
+            .unwrap();
+        let stored = store.read_record(ws, id).unwrap().unwrap();
+        assert_eq!(stored.fields, vec![field("a", "3")]);
+        assert_eq!(
+            written.into_records().collect::<Vec<_>>(),
+            vec![(ws, stored)]
+        );
     }
 
     #[test]
