@@ -371,3 +371,47 @@ async fn a_partition_whose_storage_lost_acknowledged_events_refuses_to_hand_thei
         cp.unready()
     );
 }
+
+/// Sets field `name` of record `id` of workspace 2 to `n`.
+fn set(id: u64, name: &str, n: u64) -> Command {
+    serde_json::from_value(json!({
+        "ws": 2, "ws_kind": 1, "command": "own.Set",
+        "update": [{"id": id, "fields": {name: n}}],
+    }))
+    .expect("command")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_acquired_again_updates_what_the_other_owner_stored_not_what_it_wrote() {
+    let shared = Shared::new();
+    let (a, b) = (shared.node(), shared.node());
+    a.acquire(0, shared.store(Some(0))).expect("a acquires");
+    let id = submit(&a, order(2, 1)).await.expect("a serves").ids[&1];
+    submit(&a, set(id, "a", 1)).await.expect("a updates");
+    assert!(a.release(0, Duration::from_secs(10)).await);
+
+    let epoch = shared.take_over();
+    b.acquire(0, shared.store(Some(epoch))).expect("b acquires");
+    submit(&b, set(id, "b", 2)).await.expect("b updates");
+    assert!(b.release(0, Duration::from_secs(10)).await);
+
+    let epoch = shared.take_over();
+    a.acquire(0, shared.store(Some(epoch)))
+        .expect("a acquires again");
+    submit(&a, set(id, "a", 3)).await.expect("a updates again");
+    let stored = shared
+        .store(None)
+        .read_record(monoseq_core::WsId(2), monoseq_store::RecordId(id))
+        .expect("read")
+        .expect("the record");
+    let field = |name: &str| {
+        let f = stored.fields.iter().find(|f| f.name == name);
+        f.map(|f| f.value.clone())
+    };
+    assert_eq!(
+        field("b"),
+        Some(b"2".to_vec()),
+        "b's update was lost: {stored:?}"
+    );
+    assert_eq!(field("a"), Some(b"3".to_vec()));
+}

@@ -16,6 +16,9 @@ use monoseq_store::{
 };
 use serde_json::json;
 
+/// The PLog's table tag (`docs/format.md`).
+const TAG_PLOG: u8 = 0x01;
+
 fn cmd(v: serde_json::Value) -> Command {
     serde_json::from_value(v).unwrap()
 }
@@ -145,6 +148,132 @@ async fn an_update_reads_its_record_once_and_stores_the_merge_with_the_record_s_
     let changed = updated.fields.iter().find(|f| f.name == "note").unwrap();
     assert_eq!(changed.value, note);
     assert!(cp.shutdown(Duration::from_secs(10)).await);
+}
+
+/// A processor of one partition over a store that counts the reads of record `id`'s block of
+/// workspace 7 (set once the record exists), with `recent_records_bytes`.
+struct Counted {
+    kv: Arc<FaultyStore<MemoryStore>>,
+    store: EventStore<Arc<FaultyStore<MemoryStore>>>,
+    cp: CommandProcessor<Arc<FaultyStore<MemoryStore>>>,
+    reads: Arc<AtomicU64>,
+}
+
+impl Counted {
+    async fn start(recent_records_bytes: usize) -> Counted {
+        let kv = Arc::new(FaultyStore::new(MemoryStore::new()));
+        let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+        let config = Config {
+            partitions: 1,
+            recent_records_bytes,
+            ..Config::default()
+        };
+        let cp = CommandProcessor::start(store.clone(), config).unwrap();
+        ready(&cp).await;
+        Counted {
+            kv,
+            store,
+            cp,
+            reads: Arc::default(),
+        }
+    }
+
+    /// Counts the reads of record `id`'s block from now on.
+    fn count_reads_of(&self, id: u64) {
+        let block = self.store.record_key(WsId(7), RecordId(id)).partition;
+        let counted = Arc::clone(&self.reads);
+        self.kv.on_read(move |partition| {
+            if partition == block.as_slice() {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    }
+
+    /// Sets field `name` of record `id` of workspace 7 to `n`, retrying while the partition
+    /// does not serve.
+    async fn set(&self, id: u64, name: &str, n: u64) -> Result<(), CommandError> {
+        let update = cmd(json!({"ws": 7, "ws_kind": 1, "command": "app.Set",
+            "update": [{"id": id, "fields": {name: n}}]}));
+        for _ in 0..2000 {
+            match self.cp.submit(update.clone()).await {
+                Err(e) if e.is_transient() => tokio::time::sleep(Duration::from_millis(5)).await,
+                other => return other.map(drop),
+            }
+        }
+        panic!("the partition never served the update again");
+    }
+
+    fn field(&self, id: u64, name: &str) -> Option<Vec<u8>> {
+        let stored = self
+            .store
+            .read_record(WsId(7), RecordId(id))
+            .unwrap()
+            .unwrap();
+        let field = stored.fields.iter().find(|f| f.name == name);
+        field.map(|f| f.value.clone())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_of_a_record_its_partition_wrote_lately_reads_nothing_and_merges_onto_it() {
+    let c = Counted::start(monoseq_cp::RECENT_RECORDS_BYTES_DEFAULT).await;
+    let crec = c.cp.submit(order(7)).await.unwrap().ids[&1];
+    c.count_reads_of(crec);
+    c.set(crec, "number", 6).await.unwrap();
+    assert_eq!(
+        c.reads.load(Ordering::SeqCst),
+        1,
+        "the first update reads it"
+    );
+    c.set(crec, "other", 7).await.unwrap();
+    c.set(crec, "number", 8).await.unwrap();
+    assert_eq!(
+        c.reads.load(Ordering::SeqCst),
+        1,
+        "an update read a record its partition had just written"
+    );
+    c.kv.clear_hooks();
+    assert_eq!(c.field(crec, "number"), Some(b"8".to_vec()));
+    assert_eq!(c.field(crec, "other"), Some(b"7".to_vec()));
+    assert!(c.field(crec, "customer").is_some());
+    assert!(c.cp.shutdown(Duration::from_secs(10)).await);
+
+    // Without a budget for them, every update reads its record.
+    let c = Counted::start(0).await;
+    let crec = c.cp.submit(order(7)).await.unwrap().ids[&1];
+    c.count_reads_of(crec);
+    c.set(crec, "number", 6).await.unwrap();
+    c.set(crec, "number", 8).await.unwrap();
+    assert_eq!(c.reads.load(Ordering::SeqCst), 2);
+    assert!(c.cp.shutdown(Duration::from_secs(10)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_group_write_whose_answer_was_lost_an_update_merges_onto_what_landed() {
+    let c = Counted::start(monoseq_cp::RECENT_RECORDS_BYTES_DEFAULT).await;
+    let crec = c.cp.submit(order(7)).await.unwrap().ids[&1];
+    c.set(crec, "number", 6).await.unwrap();
+    // The next group's write lands, but its answer is lost.
+    c.kv.lose_only(|b| b.iter().any(|i| i.key.partition.first() == Some(&TAG_PLOG)));
+    c.kv.lose_answers_next(1);
+    let lost = cmd(json!({"ws": 7, "ws_kind": 1, "command": "app.Set",
+        "update": [{"id": crec, "fields": {"lost": 1}}]}));
+    let lost = c.cp.submit(lost).await;
+    assert!(lost.is_err(), "{lost:?}");
+    c.kv.clear_hooks();
+    assert_eq!(
+        c.field(crec, "lost"),
+        Some(b"1".to_vec()),
+        "the write landed"
+    );
+    c.set(crec, "number", 9).await.unwrap();
+    assert_eq!(
+        c.field(crec, "lost"),
+        Some(b"1".to_vec()),
+        "the update lost what landed"
+    );
+    assert_eq!(c.field(crec, "number"), Some(b"9".to_vec()));
+    assert!(c.cp.shutdown(Duration::from_secs(10)).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
