@@ -1,7 +1,7 @@
 //! Commands as clients send them (JSON, with raw IDs), their validation, and the replacement of
 //! raw IDs by real ones once the sequencer handed them out. Everything here is pure: no I/O.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 
 use std::io::Write as _;
 
@@ -206,22 +206,23 @@ pub(crate) fn plan(cmd: &Command) -> Result<Plan, InvalidCommand> {
     if records > COMMAND_RECORDS_MAX {
         return Err(InvalidCommand::TooManyRecords(records));
     }
-    let mut seen = HashMap::with_capacity(raw_ids.len());
-    for &(raw, _) in &raw_ids {
+    let raw_of = |&(raw, _): &(u64, RecordKind)| raw;
+    let mut seen = Seen::new(raw_ids.len());
+    for (i, &(raw, _)) in raw_ids.iter().enumerate() {
         if raw == 0 || raw > RAW_ID_MAX {
             return Err(InvalidCommand::RawIdOutOfRange(raw));
         }
-        if seen.insert(raw, ()).is_some() {
+        if seen.repeats(&raw_ids, i, raw_of) {
             return Err(InvalidCommand::DuplicateRawId(raw));
         }
     }
-    let mut updated = HashMap::with_capacity(cmd.update.len());
-    for u in &cmd.update {
-        if updated.insert(u.id, ()).is_some() {
+    let mut updated = Seen::new(cmd.update.len());
+    for (i, u) in cmd.update.iter().enumerate() {
+        if updated.repeats(&cmd.update, i, |u| u.id) {
             return Err(InvalidCommand::DuplicateUpdate(u.id));
         }
     }
-    let known = |raw: u64| seen.contains_key(&raw);
+    let known = |raw: u64| seen.contains(&raw_ids, raw, raw_of);
     for r in &cmd.create {
         check_refs(&r.fields, &known)?;
     }
@@ -236,6 +237,45 @@ pub(crate) fn plan(cmd: &Command) -> Result<Plan, InvalidCommand> {
         ws_kind: WsKind(cmd.ws_kind),
         raw_ids,
     })
+}
+
+/// Lists of at most this many IDs are searched for repeats by a scan; longer ones through a
+/// hash set (a command of a few records is checked without hashing or allocating).
+const SCAN_IDS_MAX: usize = 16;
+
+/// Which IDs of a list were seen, the list taken in order: a short list is scanned, a long
+/// one's IDs are kept in a set.
+enum Seen {
+    Scan,
+    Hashed(HashSet<u64>),
+}
+
+impl Seen {
+    fn new(len: usize) -> Seen {
+        if len <= SCAN_IDS_MAX {
+            Seen::Scan
+        } else {
+            Seen::Hashed(HashSet::with_capacity(len))
+        }
+    }
+
+    /// Whether the ID of `items[i]` is the ID of one of `items[..i]` (called for every `i` in
+    /// order).
+    fn repeats<T>(&mut self, items: &[T], i: usize, id: impl Fn(&T) -> u64) -> bool {
+        let this = id(&items[i]);
+        match self {
+            Seen::Scan => items[..i].iter().any(|x| id(x) == this),
+            Seen::Hashed(set) => !set.insert(this),
+        }
+    }
+
+    /// Whether `wanted` is the ID of one of `items`, once every one was seen.
+    fn contains<T>(&self, items: &[T], wanted: u64, id: impl Fn(&T) -> u64) -> bool {
+        match self {
+            Seen::Scan => items.iter().any(|x| id(x) == wanted),
+            Seen::Hashed(set) => set.contains(&wanted),
+        }
+    }
 }
 
 fn collect_args(
@@ -706,6 +746,52 @@ mod tests {
             if let (Some(a), Some(n)) = (&event.argument, &c.argument) {
                 check(a, n, &ids, &text);
             }
+        }
+    }
+
+    #[test]
+    fn repeats_and_unknown_references_are_found_in_long_lists_as_in_short_ones() {
+        for n in [2, SCAN_IDS_MAX as u64, SCAN_IDS_MAX as u64 + 1, 100] {
+            let created = |dup: bool| -> Vec<Value> {
+                (1..=n)
+                    .map(|i| {
+                        let raw = if dup && i == n { 1 } else { i };
+                        json!({"raw_id": raw, "kind": "CDoc", "name": "a",
+                               "fields": {"x": {"$raw": 1}}})
+                    })
+                    .collect()
+            };
+            let plan_of = |v: Value| plan(&cmd(v));
+            let ok =
+                plan_of(json!({"ws": 7, "ws_kind": 1, "command": "c", "create": created(false)}));
+            assert_eq!(ok.unwrap().raw_ids.len() as u64, n);
+            let dup =
+                plan_of(json!({"ws": 7, "ws_kind": 1, "command": "c", "create": created(true)}));
+            assert_eq!(
+                dup.unwrap_err(),
+                InvalidCommand::DuplicateRawId(1),
+                "{n} records"
+            );
+            let mut refs = created(false);
+            refs[0]["fields"]["x"] = json!({"$raw": n + 1});
+            let unknown = plan_of(json!({"ws": 7, "ws_kind": 1, "command": "c", "create": refs}));
+            assert_eq!(
+                unknown.unwrap_err(),
+                InvalidCommand::UnknownRawRef {
+                    field: "x".into(),
+                    raw: n + 1
+                },
+                "{n} records"
+            );
+            let updates: Vec<Value> = (1..=n)
+                .map(|i| json!({"id": if i == n { 1 } else { i }, "fields": {}}))
+                .collect();
+            let twice = plan_of(json!({"ws": 7, "ws_kind": 1, "command": "c", "update": updates}));
+            assert_eq!(
+                twice.unwrap_err(),
+                InvalidCommand::DuplicateUpdate(1),
+                "{n} updates"
+            );
         }
     }
 
