@@ -22,11 +22,11 @@ use tokio::sync::{mpsc, oneshot};
 use crate::acked::Acked;
 use crate::command::{Command, Draft, draft, plan};
 use crate::error::{CommandError, ConfigError};
-use crate::idempotency::{IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey, Window};
+use crate::idempotency::{IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey};
 use crate::outcome::{Counters, Outcome};
 use crate::partition::{PartitionShared, PartitionState, PartitionTask};
-use crate::recent::{RECENT_RECORDS_BYTES_DEFAULT, RecentRecords};
-use crate::writer::{Job, Writer, WriterTemplate};
+use crate::recent::RECENT_RECORDS_BYTES_DEFAULT;
+use crate::writer::{Job, WriterTemplate};
 
 /// Most partitions one processor hosts.
 pub const PARTITIONS_MAX: u32 = 65_536;
@@ -767,25 +767,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         floor: retired.plog,
         recent_bytes: config.recent_bytes_per_partition(),
     };
-    let writer = Writer {
-        partition: PartitionId(p),
-        store: store.clone(),
-        seq,
-        window: Window::new(config.idempotency_window_events),
-        marks: config.marks.clone(),
-        mark,
-        counters: Arc::clone(counters),
-        reported: (0, 0),
-        failed: None,
-        fenced: false,
-        lost: None,
-        acked: Arc::clone(acked),
-        floor: retired.plog,
-        unresolved: None,
-        slow: crate::writer::SlowGroups::default(),
-        fatal: None,
-        recent: RecentRecords::new(config.recent_bytes_per_partition()),
-    };
+    let writer = template.writer_at(seq, config.idempotency_window_events, mark);
     let task = PartitionTask {
         writer: Some(writer),
         storage,

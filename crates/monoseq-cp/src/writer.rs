@@ -232,6 +232,16 @@ impl<S: KvStore + Clone> WriterTemplate<S> {
         } else {
             stored
         };
+        self.writer_at(seq, window_events, mark)
+    }
+
+    /// A new writer around `seq`, with an empty window of `window_events` events, at `mark`.
+    pub(crate) fn writer_at(
+        &self,
+        seq: Sequencer<Storage<S>>,
+        window_events: u64,
+        mark: Mark,
+    ) -> Writer<S> {
         Writer {
             partition: self.partition,
             store: self.store.clone(),
