@@ -289,6 +289,9 @@ enum HealStage {
 enum Then {
     /// Covering the tail (a start).
     Cover,
+    /// Covering the tail, then serving (after a read-back: what a failed write left stored
+    /// is acknowledged, so followers see it without waiting for the next group).
+    CoverAndServe,
     /// Serving.
     Serve,
 }
@@ -300,7 +303,7 @@ enum Phase {
     /// Checking the stored PLog against the mark.
     Check(Then),
     /// Covering the stored tail.
-    Cover { attempt: u32 },
+    Cover { attempt: u32, then: Then },
     /// Rebuilding the window at the start.
     Window { attempt: u32 },
     /// Serving groups.
@@ -438,7 +441,7 @@ impl Lifecycle {
             },
             Phase::RetryWait => Action::WaitActualized { wait: RETRY_WAIT },
             Phase::Check(_) => Action::CheckWhole,
-            Phase::Cover { attempt } => Action::CoverTail { attempt: *attempt },
+            Phase::Cover { attempt, .. } => Action::CoverTail { attempt: *attempt },
             Phase::Window { attempt }
             | Phase::Healing {
                 stage: HealStage::Window { attempt },
@@ -490,7 +493,7 @@ impl Lifecycle {
         match std::mem::replace(&mut self.phase, Phase::Serving) {
             Phase::Starting => self.started(event),
             Phase::Check(then) => self.checked(then, event),
-            Phase::Cover { attempt } => self.covered(attempt, event),
+            Phase::Cover { attempt, then } => self.covered(attempt, then, event),
             Phase::Window { attempt } => match self.window_rebuilt(attempt, event) {
                 Some(attempt) => self.phase = Phase::Window { attempt },
                 None => self.set_state(PartitionState::Serving),
@@ -570,23 +573,25 @@ impl Lifecycle {
         match event {
             Input::Checked(Err(reason)) => self.stop(End::Lost { reason }),
             Input::Checked(Ok(())) => match then {
-                Then::Cover => self.phase = Phase::Cover { attempt: 1 },
+                Then::Cover | Then::CoverAndServe => self.phase = Phase::Cover { attempt: 1, then },
                 Then::Serve => self.serve(),
             },
             _ => self.phase = Phase::Check(then),
         }
     }
 
-    fn covered(&mut self, attempt: u32, event: Input) {
+    fn covered(&mut self, attempt: u32, then: Then, event: Input) {
         match event {
+            Input::Covered(Ok(())) if then == Then::CoverAndServe => self.serve(),
             Input::Covered(Ok(())) => self.phase = Phase::Window { attempt: 1 },
             Input::Covered(Err(_)) => {
                 self.pause = Some((backoff().delay(attempt), None));
                 self.phase = Phase::Cover {
                     attempt: attempt + 1,
+                    then,
                 };
             }
-            _ => self.phase = Phase::Cover { attempt },
+            _ => self.phase = Phase::Cover { attempt, then },
         }
     }
 
@@ -757,7 +762,9 @@ impl Lifecycle {
             },
             (true, Input::ReadBack(Ok(()))) => {
                 self.unresolved = None;
-                self.recheck();
+                // What landed of the failed write is stored and read back: acknowledged, so
+                // that followers see it without waiting for the next group.
+                self.phase = Phase::Check(Then::CoverAndServe);
             }
             (true, Input::ReadBack(Err(_))) => {
                 self.pause = Some((
@@ -1039,7 +1046,21 @@ mod tests {
             "the re-read PLog is checked against the mark"
         );
         lc.feed(Input::Checked(Ok(())));
-        assert_eq!(lc.action(), Action::RunGroup);
+        assert_eq!(
+            lc.action(),
+            Action::CoverTail { attempt: 1 },
+            "what the failed write left stored is acknowledged before serving"
+        );
+        lc.feed(Input::Covered(Err("sync failed".into())));
+        assert!(matches!(lc.action(), Action::Pause { refuse: None, .. }));
+        lc.feed(Input::Done);
+        assert_eq!(lc.action(), Action::CoverTail { attempt: 2 });
+        lc.feed(Input::Covered(Ok(())));
+        assert_eq!(
+            lc.action(),
+            Action::RunGroup,
+            "no window rebuild: the read-back learned its keys"
+        );
         assert_eq!(lc.take_state(), Some(PartitionState::Serving));
     }
 

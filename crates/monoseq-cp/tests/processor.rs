@@ -277,6 +277,38 @@ async fn after_a_group_write_whose_answer_was_lost_an_update_merges_onto_what_la
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_write_whose_answer_was_lost_left_stored_is_acknowledged_without_another_write() {
+    let c = Counted::start(monoseq_cp::RECENT_RECORDS_BYTES_DEFAULT).await;
+    let first = c.cp.submit(order(7)).await.unwrap().plog_offset;
+    assert_eq!(c.cp.plog_end(0), first + 1);
+    // The next group's write lands, but its answer is lost.
+    c.kv.lose_only(|b| b.iter().any(|i| i.key.partition.first() == Some(&TAG_PLOG)));
+    c.kv.lose_answers_next(1);
+    assert!(c.cp.submit(order(7)).await.is_err());
+    c.kv.clear_hooks();
+    assert!(
+        c.store
+            .read_event(PartitionId(0), PLogOffset(first + 1))
+            .unwrap()
+            .is_some(),
+        "the write landed"
+    );
+    // No other command: the read-back after the failure acknowledges what it found, so a
+    // follower of the partition gets it now, not at the next write.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while c.cp.plog_end(0) < first + 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the landed event stayed beyond the partition's end ({})",
+            c.cp.plog_end(0)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(c.cp.plog_end(0), first + 2);
+    assert!(c.cp.shutdown(Duration::from_secs(10)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_a_clear_error_and_writes_nothing() {
     let (cp, store) = processor(Config {
         partitions: 1,

@@ -107,7 +107,8 @@ pub enum Mode {
         /// Seconds to write.
         #[arg(long, default_value_t = TAIL_SECONDS_DEFAULT)]
         seconds: u64,
-        /// Concurrent writers, one command at a time each.
+        /// Concurrent writers, one command at a time each (0: write nothing, only follow for
+        /// `--seconds` while another process writes).
         #[arg(long, default_value_t = WRITERS_DEFAULT)]
         clients: usize,
         /// Workspaces of each partition the commands spread over.
@@ -173,7 +174,7 @@ pub async fn run(args: ConsumeBenchArgs) -> anyhow::Result<()> {
             let load = Load {
                 rate,
                 seconds,
-                clients: clients.max(1),
+                clients,
             };
             tail(&tool, &ws, followers, load).await
         }
@@ -470,6 +471,16 @@ async fn write(
 ) -> anyhow::Result<Written> {
     let began = Instant::now();
     let deadline = began + Duration::from_secs(load.seconds);
+    if load.clients == 0 {
+        // Only following: another process writes meanwhile.
+        tokio::time::sleep_until(deadline.into()).await;
+        return Ok(Written {
+            ok: 0,
+            failed: 0,
+            seconds: began.elapsed().as_secs_f64(),
+            answers: histogram(),
+        });
+    }
     let interval =
         (load.rate > 0).then(|| Duration::from_secs_f64(load.clients as f64 / load.rate as f64));
     let mut tasks = Vec::new();
