@@ -392,7 +392,11 @@ async fn tail(tool: &Tool, ws: &Workspaces, followers: usize, load: Load) -> any
         let done = done_rx.clone();
         tails.push((slot, tokio::spawn(follow(answer, origin, slot, done))));
     }
-    let written = write(tool, ws, load, &acks).await?;
+    let written = if load.clients == 0 {
+        follow_only(load).await
+    } else {
+        write(tool, ws, load, &acks).await?
+    };
     let ends = ws
         .partitions
         .iter()
@@ -463,6 +467,18 @@ struct Written {
 
 /// `load.clients` writers, each sending one command at a time on its share of `load.rate`
 /// (none when 0) until `load.seconds` have passed; each acknowledgement is noted in `acks`.
+/// Writes nothing for `load.seconds` while the followers follow (another process writes).
+async fn follow_only(load: Load) -> Written {
+    let began = Instant::now();
+    tokio::time::sleep(Duration::from_secs(load.seconds)).await;
+    Written {
+        ok: 0,
+        failed: 0,
+        seconds: began.elapsed().as_secs_f64(),
+        answers: histogram(),
+    }
+}
+
 async fn write(
     tool: &Tool,
     ws: &Workspaces,
@@ -471,16 +487,6 @@ async fn write(
 ) -> anyhow::Result<Written> {
     let began = Instant::now();
     let deadline = began + Duration::from_secs(load.seconds);
-    if load.clients == 0 {
-        // Only following: another process writes meanwhile.
-        tokio::time::sleep_until(deadline.into()).await;
-        return Ok(Written {
-            ok: 0,
-            failed: 0,
-            seconds: began.elapsed().as_secs_f64(),
-            answers: histogram(),
-        });
-    }
     let interval =
         (load.rate > 0).then(|| Duration::from_secs_f64(load.clients as f64 / load.rate as f64));
     let mut tasks = Vec::new();
