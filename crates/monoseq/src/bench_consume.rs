@@ -341,6 +341,25 @@ struct Acks {
 }
 
 impl Acks {
+    /// Room for twice each followed partition's share of the commands of the run, from the
+    /// ends `from` the partitions had when it began.
+    fn new(origin: Instant, from: &[u64], load: Load) -> Acks {
+        let rate = if load.rate > 0 {
+            load.rate
+        } else {
+            UNPACED_RATE_MAX
+        };
+        let room = (rate * load.seconds * 2 / from.len() as u64) as usize;
+        Acks {
+            origin,
+            at: from
+                .iter()
+                .map(|_| (0..room).map(|_| AtomicU64::new(0)).collect())
+                .collect(),
+            from: from.to_vec(),
+        }
+    }
+
     fn set(&self, slot: usize, offset: u64) {
         let i = offset.wrapping_sub(self.from[slot]) as usize;
         if let Some(cell) = self.at[slot].get(i) {
@@ -365,21 +384,7 @@ async fn tail(tool: &Tool, ws: &Workspaces, followers: usize, load: Load) -> any
     for p in &ws.partitions {
         from.push(tool.client.read_partition(*p, 1, 1).await?.end);
     }
-    // Room for twice a partition's share of the commands of the run.
-    let rate = if load.rate > 0 {
-        load.rate
-    } else {
-        UNPACED_RATE_MAX
-    };
-    let room = (rate * load.seconds * 2 / ws.partitions.len() as u64) as usize;
-    let acks = Arc::new(Acks {
-        origin,
-        at: from
-            .iter()
-            .map(|_| (0..room).map(|_| AtomicU64::new(0)).collect())
-            .collect(),
-        from: from.clone(),
-    });
+    let acks = Arc::new(Acks::new(origin, &from, load));
     let (done_tx, done_rx) = tokio::sync::watch::channel(None::<Vec<u64>>);
     let mut tails = Vec::new();
     for f in 0..followers {
