@@ -195,11 +195,22 @@ fn tool_settings(
     config::resolve(storage, store, &Default::default(), &Default::default())
 }
 
+/// How long the process waits, once a command is done, for work left on the runtime's
+/// blocking threads: a storage engine stuck in a flush it can no longer finish (its data
+/// directory gone, its disk failed) must not keep a server that said "stopped" from exiting.
+const EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("monoseq")
         .build()?;
+    let done = command(cli, &runtime);
+    runtime.shutdown_timeout(EXIT_WAIT);
+    done
+}
+
+fn command(cli: Cli, runtime: &tokio::runtime::Runtime) -> anyhow::Result<()> {
     match cli.command {
         Cmd::Serve { args } => {
             let settings = args.resolve()?;

@@ -4,7 +4,8 @@
 //! crate) is in the server's standard error under the default log filter; the server logs the
 //! fatal failure once per partition with its first cause and what to do, answers commands
 //! with it, `/readyz` and `/metrics` name it, and SIGTERM still stops the server at once. Needs
-//! root (`chattr +i`); CI runs as root.
+//! root (`chattr +i`); CI runs as root. And a server whose engine cannot finish its last flush
+//! (its data directory removed as it stops) still exits once it said "stopped".
 
 mod common;
 
@@ -198,4 +199,58 @@ async fn a_failed_journal_flush_is_in_the_default_log_once_and_readiness_and_met
         !text.contains("writing a group of"),
         "no line per failed group: {text}"
     );
+}
+
+/// A storage engine whose flush can no longer finish (here its data directory is removed as
+/// the server stops, so its flush worker fails) does not keep the server from exiting once it
+/// said "stopped": the flush left on a blocking thread is abandoned (the journal holds
+/// everything the flush would have written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_engine_cannot_finish_its_last_flush_still_exits_after_stopping() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let data = dir.path().join("data");
+    let log = dir.path().join("server.log");
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0", "--partitions", "1"])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).expect("create the log file"))
+        .spawn()
+        .expect("spawn monoseq serve");
+    let url = listening_url(&mut child, &log);
+    let client = reqwest::Client::new();
+    for ws in 1..=20 {
+        let answer = client
+            .post(format!("{url}/v1/commands"))
+            .json(&command(ws))
+            .send()
+            .await
+            .expect("send a command");
+        assert!(answer.status().is_success(), "{}", answer.status());
+    }
+    let pid = child.id().to_string();
+    let term = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(term.expect("kill -TERM").success());
+    std::fs::remove_dir_all(&data).expect("remove the data directory");
+    // The shutdown waits out its flush (10 s), says "stopped", and exits.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("the server did not exit within 20 s of SIGTERM:\n{log}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(log.contains("stopped"), "{log}");
+    assert!(status.code().is_some(), "exited, not killed: {status:?}");
 }
