@@ -907,22 +907,24 @@ mod tests {
         Field::new(name, value.as_bytes().to_vec())
     }
 
-    #[test]
-    fn an_append_onto_records_read_before_merges_into_them_and_refuses_one_not_given() {
-        use std::sync::Arc;
+    /// The workspace and the record the append-onto tests write.
+    const WS: WsId = WsId(7);
+    const DOC: RecordId = RecordId(40);
 
-        use monoseq_core::WsKind;
-
-        let store = EventStore::new(
-            Arc::new(monoseq_kv::MemoryStore::new()),
+    fn memory_store() -> EventStore<std::sync::Arc<monoseq_kv::MemoryStore>> {
+        EventStore::new(
+            std::sync::Arc::new(monoseq_kv::MemoryStore::new()),
             AppId(1),
             TrustLevel::Level0,
-        );
-        let (ws, id) = (WsId(7), RecordId(40));
-        let event = |offset: u64, created: Vec<Record>, updated: Vec<Record>| Event {
+        )
+    }
+
+    /// An event of workspace [`WS`] at PLog and WLog offset `offset`.
+    fn event(offset: u64, created: Vec<Record>, updated: Vec<Record>) -> Event {
+        Event {
             plog_offset: PLogOffset(offset),
-            ws,
-            ws_kind: WsKind(1),
+            ws: WS,
+            ws_kind: monoseq_core::WsKind(1),
             wlog_offset: WLogOffset(offset),
             registered_at_ms: 0,
             command: "c".into(),
@@ -930,13 +932,23 @@ mod tests {
             created,
             updated,
             idempotency: None,
-        };
-        let record = |fields| Record {
-            id,
+        }
+    }
+
+    /// Record [`DOC`] with `fields`.
+    fn record(fields: Vec<Field>) -> Record {
+        Record {
+            id: DOC,
             kind: RecordKind::CDoc,
             name: "app.Doc".into(),
             fields,
-        };
+        }
+    }
+
+    #[test]
+    fn an_append_onto_records_read_before_merges_into_them_and_refuses_one_not_given() {
+        let store = memory_store();
+        let (ws, id) = (WS, DOC);
         let p = PartitionId(0);
         store
             .append(p, &[event(1, vec![record(vec![field("a", "1")])], vec![])])
@@ -961,34 +973,8 @@ mod tests {
 
     #[test]
     fn an_append_onto_answers_a_record_created_and_updated_in_the_group_as_stored() {
-        use std::sync::Arc;
-
-        use monoseq_core::WsKind;
-
-        let store = EventStore::new(
-            Arc::new(monoseq_kv::MemoryStore::new()),
-            AppId(1),
-            TrustLevel::Level0,
-        );
-        let (ws, id) = (WsId(7), RecordId(40));
-        let event = |offset: u64, created: Vec<Record>, updated: Vec<Record>| Event {
-            plog_offset: PLogOffset(offset),
-            ws,
-            ws_kind: WsKind(1),
-            wlog_offset: WLogOffset(offset),
-            registered_at_ms: 0,
-            command: "c".into(),
-            argument: None,
-            created,
-            updated,
-            idempotency: None,
-        };
-        let record = |fields| Record {
-            id,
-            kind: RecordKind::CDoc,
-            name: "app.Doc".into(),
-            fields,
-        };
+        let store = memory_store();
+        let (ws, id) = (WS, DOC);
         let events = [
             event(1, vec![record(vec![field("a", "1")])], vec![]),
             event(2, vec![], vec![record(vec![field("a", "3")])]),

@@ -70,6 +70,25 @@ fn is_root() -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
+/// `monoseq serve` on `data` with `partitions`, its standard error in `log`, under
+/// `RUST_LOG` = `filter` (the default filter when `None`).
+fn serve(data: &Path, log: &Path, partitions: &str, filter: Option<&str>) -> std::process::Child {
+    let mut serve = Command::new(BIN);
+    serve
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(data)
+        .args(["--listen", "127.0.0.1:0", "--partitions", partitions])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).expect("create the log file"));
+    match filter {
+        Some(f) => serve.env("RUST_LOG", f),
+        None => serve.env_remove("RUST_LOG"),
+    };
+    serve.spawn().expect("spawn monoseq serve")
+}
+
 fn command(ws: u64) -> serde_json::Value {
     json!({
         "ws": ws, "ws_kind": 1, "command": "t.Create",
@@ -86,17 +105,7 @@ async fn a_failed_journal_flush_is_in_the_default_log_once_and_readiness_and_met
     let dir = tempfile::tempdir().expect("temporary directory");
     let data = dir.path().join("data");
     let log = dir.path().join("server.log");
-    let mut child = Command::new(BIN)
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--listen", "127.0.0.1:0", "--partitions", "2"])
-        .env_remove("RUST_LOG")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).expect("create the log file"))
-        .spawn()
-        .expect("spawn monoseq serve");
+    let mut child = serve(&data, &log, "2", None);
     let url = listening_url(&mut child, &log);
     let client = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -210,17 +219,7 @@ async fn a_server_whose_engine_cannot_finish_its_last_flush_still_exits_after_st
     let dir = tempfile::tempdir().expect("temporary directory");
     let data = dir.path().join("data");
     let log = dir.path().join("server.log");
-    let mut child = Command::new(BIN)
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(&data)
-        .args(["--listen", "127.0.0.1:0", "--partitions", "1"])
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log).expect("create the log file"))
-        .spawn()
-        .expect("spawn monoseq serve");
+    let mut child = serve(&data, &log, "1", Some("info"));
     let url = listening_url(&mut child, &log);
     let client = reqwest::Client::new();
     for ws in 1..=20 {

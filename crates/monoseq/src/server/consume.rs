@@ -406,11 +406,17 @@ async fn page(
     if let Some(url) = owner_elsewhere(st, p)? {
         return relay_page(st, &url, p, from, limit, wait).await;
     }
+    wait_for_event(st, p, from, wait).await;
+    local_page(st, p, from, limit).await
+}
+
+/// With `wait`, waits (at most that long) until an event at `from` or above is durable in
+/// partition `p` here: the long poll of a page read.
+async fn wait_for_event(st: &AppState, p: u32, from: u64, wait: Duration) {
     if !wait.is_zero() && from >= st.cp.plog_end(p) {
         let mut end = st.cp.watch_plog_end(p);
         let _ = tokio::time::timeout(wait, end.wait_for(|end| *end > from)).await;
     }
-    local_page(st, p, from, limit).await
 }
 
 /// The owner's URL when another node owns partition `p`; `None` when it is read here; 503
@@ -447,10 +453,7 @@ async fn local_page_answer(
     limit: usize,
     wait: Duration,
 ) -> Response {
-    if !wait.is_zero() && from >= st.cp.plog_end(p) {
-        let mut end = st.cp.watch_plog_end(p);
-        let _ = tokio::time::timeout(wait, end.wait_for(|end| *end > from)).await;
-    }
+    wait_for_event(st, p, from, wait).await;
     match read_local(st, p, from, limit, |page| encode_page(&page)).await {
         Ok(Ok(body)) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Ok(Err(e)) | Err(e) => e,
