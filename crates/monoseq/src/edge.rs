@@ -10,6 +10,7 @@
 //! raised toward the connection cap and checked against it.
 
 mod connection;
+mod lanes;
 mod request;
 mod settings;
 mod trips;
@@ -186,7 +187,7 @@ where
         let stop = stop_rx.clone();
         tokio::spawn(async move {
             metrics.connections.inc();
-            connection::serve(io, app, limits, stop).await;
+            serve_connection(io, app, limits, stop).await;
             metrics.connections.dec();
             drop(permit);
         });
@@ -196,6 +197,30 @@ where
     let all = u32::try_from(connections_max).unwrap_or(u32::MAX);
     let _ = connections.acquire_many(all).await;
     Ok(())
+}
+
+/// Serves one accepted connection on the runtime its first request line chooses
+/// ([`lanes`]); one whose first line does not come within the header timeout is cut.
+async fn serve_connection<S>(
+    mut io: S,
+    app: Router,
+    limits: EdgeLimits,
+    stop: watch::Receiver<bool>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let accepted = std::time::Instant::now();
+    let Some(ahead) = lanes::first_line(&mut io, limits.header_read_timeout).await else {
+        metrics().trip(Limit::HeaderReadTimeout, &limits);
+        return;
+    };
+    let tail = lanes::is_tail(&ahead);
+    let served = connection::serve(lanes::Rewind::new(ahead, io), app, limits, stop, accepted);
+    if tail {
+        let _ = lanes::followers().spawn(served).await;
+    } else {
+        served.await;
+    }
 }
 
 /// The answer to a connection past the cap: 503 with `Retry-After`, then closed.
@@ -234,6 +259,7 @@ fn shed_answer() -> Vec<u8> {
     )
     .into_bytes()
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,5 +285,59 @@ mod tests {
             accepted.nodelay().unwrap(),
             "Nagle's algorithm is off: a tail's small chunk goes out at once"
         );
+    }
+
+    /// The thread that answered a request and its nice value, as "name nice".
+    async fn who_answers() -> String {
+        let me = rustix::thread::gettid();
+        let nice = rustix::process::getpriority_process(Some(me)).unwrap();
+        format!("{} {nice}", std::thread::current().name().unwrap_or(""))
+    }
+
+    async fn get(address: std::net::SocketAddr, path: &str) -> String {
+        let mut tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        tcp.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).await.unwrap();
+        answer.split_once("\r\n\r\n").unwrap().1.to_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_live_tails_connection_is_served_by_the_lower_priority_followers_threads() {
+        let app = Router::new()
+            .route(
+                "/v1/partitions/0/events/stream",
+                axum::routing::get(who_answers),
+            )
+            .route(
+                "/v1/workspaces/5/wlog/stream",
+                axum::routing::get(who_answers),
+            )
+            .route("/v1/partitions/0/events", axum::routing::get(who_answers));
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = tcp.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(tcp, app, EdgeLimits::default(), async {
+            let _ = stopped.await;
+        }));
+        for tail in [
+            "/v1/partitions/0/events/stream?from=1",
+            "/v1/workspaces/5/wlog/stream",
+        ] {
+            let answer = get(address, tail).await;
+            assert_eq!(
+                answer,
+                format!("monoseq-follow {}", lanes::FOLLOWER_NICE),
+                "{tail} is served at the followers' priority"
+            );
+        }
+        let page = get(address, "/v1/partitions/0/events?from=1").await;
+        assert!(
+            !page.starts_with("monoseq-follow"),
+            "a page read is served by the server's own threads: {page}"
+        );
+        let _ = stop.send(());
+        server.await.unwrap().unwrap();
     }
 }

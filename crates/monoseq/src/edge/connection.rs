@@ -31,9 +31,9 @@ struct Activity {
 const NONE: u64 = u64::MAX;
 
 impl Activity {
-    fn new() -> Activity {
+    fn new(started: Instant) -> Activity {
         Activity {
-            started: Instant::now(),
+            started,
             last_io_ms: AtomicU64::new(0),
             head_since_ms: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(NONE),
@@ -136,10 +136,11 @@ pub(super) async fn serve<S>(
     app: Router,
     limits: EdgeLimits,
     mut stop: watch::Receiver<bool>,
+    accepted: Instant,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let activity = Arc::new(Activity::new());
+    let activity = Arc::new(Activity::new(accepted));
     let io = hyper_util::rt::TokioIo::new(Tracked {
         inner: io,
         activity: Arc::clone(&activity),
@@ -200,7 +201,7 @@ mod tests {
             idle_timeout: Duration::from_secs(3600),
             ..EdgeLimits::default()
         };
-        let a = Activity::new();
+        let a = Activity::new(Instant::now());
         std::thread::sleep(Duration::from_millis(2));
         assert!(matches!(a.overdue(&limits), Some(Limit::HeaderReadTimeout)));
         a.request_began();

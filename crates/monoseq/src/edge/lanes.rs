@@ -1,0 +1,201 @@
+//! Which threads serve a connection. A live tail's connection (its first request a `GET` of
+//! `…/events/stream` or `…/wlog/stream`) is served by the followers' runtime, whose threads run
+//! at a lower CPU priority (nice [`FOLLOWER_NICE`]); every other connection by the server's own.
+//! When the machine has no CPU to spare, followers then wait and the partitions' writes do not:
+//! a follower that falls behind is cut as a slow follower and resumes from its offset, while a
+//! write slowed by followers would slow every client.
+
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+
+/// The followers' threads' nice value (the server's own run at the nice it was started with,
+/// normally 0; the kernel gives a thread at nice 10 about a tenth of the CPU of one at 0 when
+/// both want it).
+pub const FOLLOWER_NICE: i32 = 10;
+/// Most bytes read to find a connection's first request line.
+const FIRST_LINE_BYTES_MAX: usize = 2_048;
+
+/// The runtime live tails are served on: at most half the machine's cores, at least one.
+pub fn followers() -> &'static tokio::runtime::Handle {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads((cores / 2).max(1))
+                .thread_name("monoseq-follow")
+                .on_thread_start(lower_priority)
+                .enable_all()
+                .build()
+                .unwrap_or_else(|e| panic!("cannot start the followers' runtime: {e}"))
+        })
+        .handle()
+}
+
+/// Lowers the calling thread's CPU priority to [`FOLLOWER_NICE`] (never raises it).
+fn lower_priority() {
+    let me = rustix::thread::gettid();
+    let now = rustix::process::getpriority_process(Some(me)).unwrap_or(0);
+    if now >= FOLLOWER_NICE {
+        return;
+    }
+    if let Err(e) = rustix::process::setpriority_process(Some(me), FOLLOWER_NICE) {
+        tracing::debug!("lowering a follower thread's priority failed: {e}");
+    }
+}
+
+/// Reads the start of a connection until its first line is in (or [`FIRST_LINE_BYTES_MAX`]
+/// bytes, the end of the stream, or an error); `None` when nothing came within `wait`.
+pub async fn first_line<S: AsyncRead + Unpin>(io: &mut S, wait: Duration) -> Option<Vec<u8>> {
+    let mut got = Vec::with_capacity(512);
+    let read = async {
+        let mut chunk = [0u8; 512];
+        while !got.contains(&b'\n') && got.len() < FIRST_LINE_BYTES_MAX {
+            match io.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(wait, read).await.ok()?;
+    Some(got)
+}
+
+/// Whether a request line asks for a live tail (`GET` of a path ending `/events/stream` or
+/// `/wlog/stream`).
+pub fn is_tail(line: &[u8]) -> bool {
+    let mut words = line.split(|b| *b == b' ');
+    if words.next() != Some(b"GET".as_slice()) {
+        return false;
+    }
+    let Some(target) = words.next() else {
+        return false;
+    };
+    let path = target.split(|b| *b == b'?').next().unwrap_or_default();
+    path.ends_with(b"/events/stream") || path.ends_with(b"/wlog/stream")
+}
+
+/// A connection's stream with the bytes read ahead of it given back first.
+pub struct Rewind<S> {
+    ahead: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S> Rewind<S> {
+    pub fn new(ahead: Vec<u8>, inner: S) -> Rewind<S> {
+        Rewind {
+            ahead,
+            at: 0,
+            inner,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.at < self.ahead.len() {
+            let n = buf.remaining().min(self.ahead.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.ahead[at..at + n]);
+            self.at += n;
+            if self.at == self.ahead.len() {
+                self.ahead = Vec::new();
+                self.at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    #[test]
+    fn only_a_get_of_a_stream_path_is_a_tail() {
+        assert!(is_tail(b"GET /v1/partitions/3/events/stream HTTP/1.1\r\n"));
+        assert!(is_tail(
+            b"GET /v1/partitions/3/events/stream?from=7 HTTP/1.1\r\n"
+        ));
+        assert!(is_tail(
+            b"GET /v1/workspaces/9/wlog/stream?from=1 HTTP/1.1\r\n"
+        ));
+        assert!(!is_tail(b"GET /v1/partitions/3/events?from=7 HTTP/1.1\r\n"));
+        assert!(!is_tail(
+            b"POST /v1/partitions/3/events/stream HTTP/1.1\r\n"
+        ));
+        assert!(!is_tail(
+            b"GET /v1/partitions/3/events?from=1&x=/events/stream HTTP/1.1\r\n"
+        ));
+        assert!(!is_tail(b"GET"));
+        assert!(!is_tail(b""));
+    }
+
+    #[tokio::test]
+    async fn what_was_read_ahead_is_read_again_before_the_rest() {
+        let (mut ours, mut theirs) = tokio::io::duplex(1024);
+        theirs
+            .write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let ahead = first_line(&mut ours, Duration::from_secs(5)).await.unwrap();
+        assert!(ahead.starts_with(b"GET /a HTTP/1.1\r\n"));
+        theirs.write_all(b"more").await.unwrap();
+        drop(theirs);
+        let mut again = Rewind::new(ahead, ours);
+        let mut all = String::new();
+        again.read_to_string(&mut all).await.unwrap();
+        assert_eq!(all, "GET /a HTTP/1.1\r\nhost: x\r\n\r\nmore");
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_sends_nothing_has_no_first_line() {
+        let (mut ours, _theirs) = tokio::io::duplex(64);
+        assert!(
+            first_line(&mut ours, Duration::from_millis(20))
+                .await
+                .is_none()
+        );
+    }
+}
