@@ -51,13 +51,12 @@ fn lower_priority() {
 /// Reads the start of a connection until its first line is in (or [`FIRST_LINE_BYTES_MAX`]
 /// bytes, the end of the stream, or an error); `None` when nothing came within `wait`.
 pub async fn first_line<S: AsyncRead + Unpin>(io: &mut S, wait: Duration) -> Option<Vec<u8>> {
-    let mut got = Vec::with_capacity(512);
+    let mut got = Vec::with_capacity(FIRST_LINE_BYTES_MAX);
     let read = async {
-        let mut chunk = [0u8; 512];
         while !got.contains(&b'\n') && got.len() < FIRST_LINE_BYTES_MAX {
-            match io.read(&mut chunk).await {
+            match io.read_buf(&mut got).await {
                 Ok(0) | Err(_) => break,
-                Ok(n) => got.extend_from_slice(&chunk[..n]),
+                Ok(_) => {}
             }
         }
     };
