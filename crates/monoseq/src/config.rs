@@ -28,6 +28,12 @@ pub const SHUTDOWN_TIMEOUT_DEFAULT_SECS: u64 = 10;
 pub const BODY_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
 /// Default of `--named-cache`: one number per durable write, no cache.
 pub const NAMED_CACHE_DEFAULT: u64 = 1;
+/// Bytes in a MiB.
+const MIB: u64 = 1024 * 1024;
+/// Default `--record-cache-mib`.
+pub const RECORD_CACHE_MIB_DEFAULT: u64 = monoseq_cp::RECENT_RECORDS_BYTES_DEFAULT as u64 / MIB;
+/// Largest `--record-cache-mib` (1 TiB).
+pub const RECORD_CACHE_MIB_MAX: u64 = 1024 * 1024;
 /// Default of `--backlog-values-max` on PostgreSQL: room for the numbers of a whole
 /// [`monoseq_cp::FLUSH_DELAY_DEFAULT`] at full speed, so the flusher is not hurried earlier (a
 /// flush there is a transaction rewriting one row per workspace it touched; PostgreSQL CPU per
@@ -96,6 +102,11 @@ pub struct ProcessorArgs {
         "Partitions that run on a thread of their own; those past it run as tasks on the \
          runtime (0: all) [default: {}]", monoseq_cp::PARTITION_THREADS_MAX_DEFAULT))]
     pub partition_threads_max: Option<usize>,
+    #[arg(long, env = "MONOSEQ_RECORD_CACHE_MIB", value_name = "MIB", help = format!(
+        "Memory for the records the partitions' writers wrote lately, so that an update of \
+         one reads nothing from the store; shared by the partitions, MiB (0: none) \
+         [default: {RECORD_CACHE_MIB_DEFAULT}]"))]
+    pub record_cache_mib: Option<u64>,
     /// Benchmarks only: the longest a marks cycle waits for the groups of other partitions
     /// already under way, microseconds (0: it waits for none) [default: 500].
     #[arg(long, hide = true)]
@@ -140,6 +151,7 @@ struct SettingsFile {
     shutdown_timeout_secs: Option<u64>,
     idempotency_window_events: Option<u64>,
     partition_threads_max: Option<usize>,
+    record_cache_mib: Option<u64>,
     named_cache: Option<u64>,
     backup_root: Option<PathBuf>,
     cluster: Option<crate::cluster::ClusterFile>,
@@ -165,6 +177,8 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     pub idempotency_window_events: u64,
     pub partition_threads_max: usize,
+    /// Memory for the writers' lately written records, MiB (`--record-cache-mib`).
+    pub record_cache_mib: u64,
     /// Numbers of a named sequence one durable write reserves (`--named-cache`; 1: none).
     pub named_cache: u64,
     /// Serve a store with a detected loss (`--accept-loss`).
@@ -189,6 +203,16 @@ pub struct Settings {
     pub backup_root: Option<PathBuf>,
 }
 
+/// `--shutdown-timeout-secs` over the file over the default.
+fn shutdown_timeout(processor: &ProcessorArgs, file: &SettingsFile) -> Duration {
+    Duration::from_secs(
+        processor
+            .shutdown_timeout_secs
+            .or(file.shutdown_timeout_secs)
+            .unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT_SECS),
+    )
+}
+
 /// The groups a command flattens, merged over the file over the defaults; a command passes
 /// `Default::default()` for the groups it does not take.
 pub fn resolve(
@@ -203,6 +227,7 @@ pub fn resolve(
     let storage_kind = Storage::parse(storage.storage.as_deref().or(file.storage.as_deref()))?;
     let (backlog_values_max, flush_delay) = numbers_flush(processor, &file, &storage_kind);
     let listen_text = listen.listen.as_deref().or(file.listen.as_deref());
+    let shutdown_timeout = shutdown_timeout(processor, &file);
     let settings = Settings {
         storage: storage_kind,
         data_dir: storage
@@ -228,12 +253,7 @@ pub fn resolve(
             .or(file.cache_workspaces_max)
             .unwrap_or(monoseq_core::CACHE_WORKSPACES_MAX_DEFAULT),
         flush_delay,
-        shutdown_timeout: Duration::from_secs(
-            processor
-                .shutdown_timeout_secs
-                .or(file.shutdown_timeout_secs)
-                .unwrap_or(SHUTDOWN_TIMEOUT_DEFAULT_SECS),
-        ),
+        shutdown_timeout,
         idempotency_window_events: processor
             .idempotency_window_events
             .or(file.idempotency_window_events)
@@ -242,6 +262,10 @@ pub fn resolve(
             .partition_threads_max
             .or(file.partition_threads_max)
             .unwrap_or(monoseq_cp::PARTITION_THREADS_MAX_DEFAULT),
+        record_cache_mib: processor
+            .record_cache_mib
+            .or(file.record_cache_mib)
+            .unwrap_or(RECORD_CACHE_MIB_DEFAULT),
         named_cache: listen
             .named_cache
             .or(file.named_cache)
@@ -337,6 +361,12 @@ impl Settings {
         if let Some((flag, _)) = at_least_one.iter().find(|(_, value)| *value == 0) {
             bail!("{flag} must be at least 1");
         }
+        if self.record_cache_mib > RECORD_CACHE_MIB_MAX {
+            bail!(
+                "--record-cache-mib is at most {RECORD_CACHE_MIB_MAX} (1 TiB), got {}",
+                self.record_cache_mib
+            );
+        }
         if self.partitions_configured
             && !(1..=monoseq_cp::PARTITIONS_MAX).contains(&self.partitions)
         {
@@ -385,6 +415,9 @@ impl Settings {
             flush_delay: self.flush_delay,
             idempotency_window_events: self.idempotency_window_events,
             partition_threads_max: self.partition_threads_max,
+            // `validate` bounds it to 1 TiB.
+            recent_records_bytes: usize::try_from(self.record_cache_mib * MIB)
+                .unwrap_or(usize::MAX),
             ..monoseq_cp::Config::default()
         }
     }
@@ -567,6 +600,26 @@ mod tests {
         args.processor.partition_threads_max = Some(0);
         let from_flag = args.resolve().expect("flag resolves");
         assert_eq!(from_flag.cp_config().partition_threads_max, 0);
+    }
+
+    #[test]
+    fn the_record_cache_comes_from_the_flag_over_the_file_over_the_default() {
+        let bytes = |args: &ServeArgs| args.resolve().unwrap().cp_config().recent_records_bytes;
+        assert_eq!(
+            bytes(&ServeArgs::default()),
+            monoseq_cp::RECENT_RECORDS_BYTES_DEFAULT
+        );
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let file = dir.path().join("monoseq.toml");
+        std::fs::write(&file, "record_cache_mib = 16\n").expect("write config");
+        let mut args = ServeArgs::default();
+        args.storage.config = Some(file);
+        assert_eq!(bytes(&args), 16 << 20);
+        args.processor.record_cache_mib = Some(0);
+        assert_eq!(bytes(&args), 0, "0 keeps no records");
+        args.processor.record_cache_mib = Some(RECORD_CACHE_MIB_MAX + 1);
+        let err = args.resolve().unwrap_err().to_string();
+        assert!(err.contains("--record-cache-mib is at most"), "{err}");
     }
 
     #[test]
