@@ -38,8 +38,17 @@ struct Recent {
 /// The kept groups and how many events they hold.
 #[derive(Debug, Default)]
 struct Kept {
-    groups: VecDeque<Arc<[Event]>>,
+    groups: VecDeque<KeptGroup>,
     events: usize,
+}
+
+/// One kept group (never empty) with its first and last PLog offsets beside it, so that a
+/// search reads no event.
+#[derive(Debug)]
+struct KeptGroup {
+    first: u64,
+    last: u64,
+    events: Arc<[Event]>,
 }
 
 impl Kept {
@@ -91,9 +100,14 @@ impl Acked {
         while kept.events > RECENT_EVENTS_MAX
             && let Some(old) = kept.groups.pop_front()
         {
-            kept.events -= old.len();
+            kept.events -= old.events.len();
         }
-        kept.groups.push_back(events.into());
+        let (first, last) = (events[0].plog_offset.0, last(&events));
+        kept.groups.push_back(KeptGroup {
+            first,
+            last,
+            events: events.into(),
+        });
     }
 
     /// Forgets the kept groups: the writer starts (what it acknowledges next need not follow
@@ -122,20 +136,18 @@ impl Acked {
         let kept = self.recent.lock();
         let groups = &kept.groups;
         // Groups are kept in PLog order: the first one ending at or after `from`.
-        let start = groups.partition_point(|g| last(g) < from);
-        let first = groups.get(start).and_then(|g| g.first())?;
-        if first.plog_offset.0 > from {
+        let start = groups.partition_point(|g| g.last < from);
+        if groups.get(start)?.first > from {
             return None;
         }
         let mut out = Vec::new();
         let mut next = from;
         for g in groups.iter().skip(start) {
-            let first = g.first()?.plog_offset.0;
-            if first > next || next >= until {
+            if g.first > next || next >= until {
                 break;
             }
-            next = last(g) + 1;
-            out.push(Arc::clone(g));
+            next = g.last + 1;
+            out.push(Arc::clone(&g.events));
         }
         (next >= until).then_some(out)
     }
