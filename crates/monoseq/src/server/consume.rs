@@ -699,6 +699,9 @@ fn sse_response(
         [
             (header::CONTENT_TYPE, "text/event-stream"),
             (header::CACHE_CONTROL, "no-cache"),
+            // Served by the followers' lower-priority threads (`edge/lanes.rs`): once the tail
+            // ends, the connection ends, so that no command rides those threads after it.
+            (header::CONNECTION, "close"),
         ],
         Body::from_stream(stream),
     )
