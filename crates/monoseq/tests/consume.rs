@@ -210,14 +210,16 @@ async fn a_follower_gets_the_stored_events_then_each_new_one_once_in_order() {
     assert_eq!(second.id, Some(46));
 }
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tails_connection_is_closed_after_it_not_kept_for_other_requests() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
     let server = start(dir.path(), &[]);
     server.ready(&client).await;
-    for tail in ["/v1/partitions/0/events/stream", "/v1/workspaces/8/wlog/stream"] {
+    for tail in [
+        "/v1/partitions/0/events/stream",
+        "/v1/workspaces/8/wlog/stream",
+    ] {
         let answer = client
             .get(format!("{}{tail}", server.url))
             .send()
@@ -225,7 +227,10 @@ async fn a_tails_connection_is_closed_after_it_not_kept_for_other_requests() {
             .unwrap();
         assert_eq!(answer.status(), 200);
         assert_eq!(
-            answer.headers().get("connection").map(|v| v.to_str().unwrap()),
+            answer
+                .headers()
+                .get("connection")
+                .map(|v| v.to_str().unwrap()),
             Some("close"),
             "{tail}: its connection runs on the followers' threads and must not carry commands \
              after it"
