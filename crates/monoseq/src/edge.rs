@@ -200,17 +200,22 @@ where
 }
 
 /// Serves one accepted connection on the runtime its first request line chooses
-/// ([`lanes`]); one whose first line does not come within the header timeout is cut.
+/// ([`lanes`]); one whose first line does not come within the header timeout is cut, and one
+/// still silent when the server stops is closed (as hyper closes an idle one).
 async fn serve_connection<S>(
     mut io: S,
     app: Router,
     limits: EdgeLimits,
-    stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let accepted = std::time::Instant::now();
-    let Some(ahead) = lanes::first_line(&mut io, limits.header_read_timeout).await else {
+    let first = tokio::select! {
+        first = lanes::first_line(&mut io, limits.header_read_timeout) => first,
+        _ = stop.wait_for(|stopping| *stopping) => return,
+    };
+    let Some(ahead) = first else {
         metrics().trip(Limit::HeaderReadTimeout, &limits);
         return;
     };
@@ -301,6 +306,26 @@ mod tests {
         let mut answer = String::new();
         tcp.read_to_string(&mut answer).await.unwrap();
         answer.split_once("\r\n\r\n").unwrap().1.to_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_that_has_sent_nothing_does_not_hold_up_the_servers_stop() {
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = tcp.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(tcp, Router::new(), EdgeLimits::default(), async {
+            let _ = stopped.await;
+        }));
+        let _silent = tokio::net::TcpStream::connect(address).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = stop.send(());
+        let began = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the server stopped without waiting out the silent connection's head timeout")
+            .unwrap()
+            .unwrap();
+        assert!(began.elapsed() < Duration::from_secs(5));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
