@@ -59,6 +59,10 @@ const PASSED_BACK: [&str; 3] = ["content-type", "retry-after", "idempotency-repl
 /// Sends commands on to the nodes that own their partitions.
 pub struct Forwarder {
     client: reqwest::Client,
+    /// Page reads relayed to owners, apart from `client`: a followed partition's hub relays
+    /// from the followers' lower-priority threads (`edge/lanes.rs`), which drive the
+    /// connections it opens, so forwarded commands never share those connections.
+    reads: reqwest::Client,
     node_id: HeaderValue,
     redirect: bool,
     /// What this node presents to its peers (`Authorization`), when they require a token.
@@ -135,25 +139,32 @@ impl Forwarder {
         authorization: Option<HeaderValue>,
         peer_ca: Option<&std::path::Path>,
     ) -> anyhow::Result<Forwarder> {
-        let tls = crate::tls::client_config(peer_ca);
-        let mut client = reqwest::Client::builder()
-            .timeout(FORWARD_TIMEOUT)
-            .connect_timeout(FORWARD_CONNECT_TIMEOUT)
-            .tcp_keepalive(FORWARD_KEEPALIVE)
-            .pool_idle_timeout(Duration::from_secs(60));
-        let mut fresh = reqwest::Client::builder()
-            .timeout(LIVENESS_TIMEOUT)
-            .pool_max_idle_per_host(0);
         // Without trusted roots (no CA given and none on the system) only plain HTTP peers
         // are reachable.
-        if let Ok(tls) = tls {
-            let tls = std::sync::Arc::unwrap_or_clone(tls);
-            fresh = fresh.tls_backend_preconfigured(tls.clone());
-            client = client.tls_backend_preconfigured(tls);
-        }
-        let client = client.build()?;
+        let tls = crate::tls::client_config(peer_ca)
+            .ok()
+            .map(std::sync::Arc::unwrap_or_clone);
+        let with_tls = |builder: reqwest::ClientBuilder| match &tls {
+            Some(tls) => builder.tls_backend_preconfigured(tls.clone()),
+            None => builder,
+        };
+        let peers = || {
+            with_tls(
+                reqwest::Client::builder()
+                    .timeout(FORWARD_TIMEOUT)
+                    .connect_timeout(FORWARD_CONNECT_TIMEOUT)
+                    .tcp_keepalive(FORWARD_KEEPALIVE)
+                    .pool_idle_timeout(Duration::from_secs(60)),
+            )
+        };
+        let fresh = with_tls(
+            reqwest::Client::builder()
+                .timeout(LIVENESS_TIMEOUT)
+                .pool_max_idle_per_host(0),
+        );
         Ok(Forwarder {
-            client,
+            client: peers().build()?,
+            reads: peers().build()?,
             node_id: HeaderValue::from_str(node_id)?,
             redirect,
             authorization,
@@ -242,7 +253,7 @@ impl Forwarder {
     /// `node_unauthorized` when the owner refused this node's token.
     pub async fn read_raw(&self, target: &str, timeout: Duration) -> Result<Bytes, Response> {
         let mut request = self
-            .client
+            .reads
             .get(target)
             .timeout(timeout)
             .header(FORWARDED_BY, self.node_id.clone());
