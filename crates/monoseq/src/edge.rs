@@ -221,10 +221,11 @@ async fn serve_connection<S>(
     };
     let tail = lanes::is_tail(&ahead);
     let served = connection::serve(lanes::Rewind::new(ahead, io), app, limits, stop, accepted);
-    if tail {
-        let _ = lanes::followers().spawn(served).await;
-    } else {
-        served.await;
+    match lanes::followers() {
+        Some(followers) if tail => {
+            let _ = followers.spawn(served).await;
+        }
+        _ => served.await,
     }
 }
 

@@ -19,21 +19,27 @@ pub const FOLLOWER_NICE: i32 = 10;
 /// Most bytes read to find a connection's first request line.
 const FIRST_LINE_BYTES_MAX: usize = 2_048;
 
-/// The runtime live tails are served on: at most half the machine's cores, at least one.
-pub fn followers() -> &'static tokio::runtime::Handle {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads((cores / 2).max(1))
-                .thread_name("monoseq-follow")
-                .on_thread_start(lower_priority)
-                .enable_all()
-                .build()
-                .unwrap_or_else(|e| panic!("cannot start the followers' runtime: {e}"))
-        })
-        .handle()
+/// The runtime live tails are served on: at most half the machine's cores, at least one;
+/// `None` when it could not be started (logged once; the tails then run with everything else).
+pub fn followers() -> Option<&'static tokio::runtime::Handle> {
+    static RUNTIME: OnceLock<Option<tokio::runtime::Runtime>> = OnceLock::new();
+    let runtime = RUNTIME.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads((cores / 2).max(1))
+            .thread_name("monoseq-follow")
+            .on_thread_start(lower_priority)
+            .enable_all()
+            .build()
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "cannot start the live tails' own threads ({e}); they run on the server's \
+                     threads, at its priority"
+                );
+            })
+            .ok()
+    });
+    runtime.as_ref().map(tokio::runtime::Runtime::handle)
 }
 
 /// Lowers the calling thread's CPU priority to [`FOLLOWER_NICE`] (never raises it).
@@ -49,7 +55,7 @@ fn lower_priority() {
 }
 
 /// Reads the start of a connection until its first line is in (or [`FIRST_LINE_BYTES_MAX`]
-/// bytes, the end of the stream, or an error); `None` when nothing came within `wait`.
+/// bytes, the end of the stream, or an error); `None` when that took longer than `wait`.
 pub async fn first_line<S: AsyncRead + Unpin>(io: &mut S, wait: Duration) -> Option<Vec<u8>> {
     let mut got = Vec::with_capacity(FIRST_LINE_BYTES_MAX);
     let read = async {
