@@ -219,13 +219,14 @@ async fn serve_connection<S>(
         metrics().trip(Limit::HeaderReadTimeout, &limits);
         return;
     };
-    let tail = lanes::is_tail(&ahead);
+    // Only a tail starts the followers' runtime.
+    let followers = lanes::is_tail(&ahead).then(lanes::followers).flatten();
     let served = connection::serve(lanes::Rewind::new(ahead, io), app, limits, stop, accepted);
-    match lanes::followers() {
-        Some(followers) if tail => {
+    match followers {
+        Some(followers) => {
             let _ = followers.spawn(served).await;
         }
-        _ => served.await,
+        None => served.await,
     }
 }
 
