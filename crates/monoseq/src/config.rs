@@ -488,6 +488,8 @@ pub struct FollowLimits {
     pub buffer_events: usize,
     /// See `--follower-heartbeat-ms`.
     pub heartbeat: Duration,
+    /// See `--follower-batch-ms` (zero: hand out at once).
+    pub batch: Duration,
 }
 
 impl Default for FollowLimits {
@@ -496,6 +498,7 @@ impl Default for FollowLimits {
             followers_max: FOLLOWERS_MAX_DEFAULT,
             buffer_events: FOLLOWER_BUFFER_EVENTS_DEFAULT,
             heartbeat: Duration::from_millis(FOLLOWER_HEARTBEAT_MS_DEFAULT),
+            batch: Duration::ZERO,
         }
     }
 }

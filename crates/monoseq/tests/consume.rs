@@ -211,6 +211,40 @@ async fn a_follower_gets_the_stored_events_then_each_new_one_once_in_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_batch_interval_a_partitions_new_events_reach_its_followers_at_most_that_often() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &["--follower-batch-ms", "600"]);
+    server.ready(&client).await;
+    let url = server.url.clone();
+    let mut tail = Sse::open(
+        &client,
+        &format!("{url}/v1/partitions/1/events/stream?from=1"),
+        None,
+    )
+    .await;
+    post(&client, &url, 1).await;
+    let first = tail.next_entry(Duration::from_secs(10)).await.unwrap();
+    let first_at = Instant::now();
+    assert_eq!(first.id, Some(1));
+    // Acknowledged right after the first was handed out: it waits for the next hand-out.
+    post(&client, &url, 1 + PARTITIONS).await;
+    post(&client, &url, 1 + 2 * PARTITIONS).await;
+    let second = tail.next_entry(Duration::from_secs(10)).await.unwrap();
+    let waited = first_at.elapsed();
+    let third = tail.next_entry(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(
+        (second.id, third.id),
+        (Some(2), Some(3)),
+        "in order, none lost"
+    );
+    assert!(
+        waited >= Duration::from_millis(450),
+        "handed out {waited:?} after the one before, not about 600 ms"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tails_connection_is_closed_after_it_not_kept_for_other_requests() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();

@@ -68,8 +68,11 @@ const HUB_PACE_PER_FOLLOWER: Duration = Duration::from_micros(20);
 /// shorter one would wait a millisecond anyway; below it (fewer than 50 followers) a hub hands
 /// out as soon as events are acknowledged.
 const HUB_PACE_MIN: Duration = Duration::from_millis(1);
-/// The longest pause between two hand-outs (what pacing adds to a follower's latency).
+/// The longest pause between two hand-outs (what pacing adds to a follower's latency),
+/// unless `--follower-batch-ms` asks for a longer one.
 const HUB_PACE_MAX: Duration = Duration::from_millis(2);
+/// Longest `--follower-batch-ms`: a second of latency is as much as a live tail should add.
+const FOLLOWER_BATCH_MS_MAX: u64 = 1_000;
 /// Pause of a relaying hub after the owner did not answer.
 const RELAY_RETRY: Duration = Duration::from_millis(200);
 /// Time a relayed page read may take beyond its own wait.
@@ -96,6 +99,12 @@ pub struct FollowArgs {
     /// Interval of a tail's heartbeat message while no event arrives [default: 5000]
     #[arg(long, env = "MONOSEQ_FOLLOWER_HEARTBEAT_MS", value_name = "MS")]
     pub follower_heartbeat_ms: Option<u64>,
+    /// Hands a followed partition's new events to its followers at most every MS
+    /// milliseconds: fewer and larger writes to each follower, so less CPU taken from the
+    /// writers, for up to MS more latency; 0 hands them out as soon as they are durable
+    /// (paced only past 50 followers of one partition) [default: 0]
+    #[arg(long, env = "MONOSEQ_FOLLOWER_BATCH_MS", value_name = "MS")]
+    pub follower_batch_ms: Option<u64>,
 }
 
 impl FollowArgs {
@@ -123,10 +132,16 @@ impl FollowArgs {
             (1..=WAIT_MS_MAX).contains(&heartbeat_ms),
             "--follower-heartbeat-ms is 1 to {WAIT_MS_MAX} (got {heartbeat_ms})"
         );
+        let batch_ms = self.follower_batch_ms.unwrap_or(0);
+        anyhow::ensure!(
+            batch_ms <= FOLLOWER_BATCH_MS_MAX,
+            "--follower-batch-ms is 0 to {FOLLOWER_BATCH_MS_MAX} (got {batch_ms})"
+        );
         Ok(FollowLimits {
             followers_max,
             buffer_events,
             heartbeat: Duration::from_millis(heartbeat_ms),
+            batch: Duration::from_millis(batch_ms),
         })
     }
 }
@@ -1155,7 +1170,8 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
         let followers = hub.tx.receiver_count();
         let pace = HUB_PACE_PER_FOLLOWER
             .saturating_mul(u32::try_from(followers).unwrap_or(u32::MAX))
-            .min(HUB_PACE_MAX);
+            .min(HUB_PACE_MAX)
+            .max(st.follow.limits.batch);
         if pace >= HUB_PACE_MIN && handed.elapsed() < pace {
             tokio::time::sleep_until(handed + pace).await;
         }
@@ -1253,4 +1269,26 @@ fn frame<T: serde::Serialize + ?Sized>(
         sse: sse.freeze(),
         json: start..end,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_follower_batch_interval_is_zero_unless_asked_and_refused_past_a_second() {
+        let limits = FollowArgs::default().resolve().unwrap();
+        assert_eq!(limits.batch, Duration::ZERO);
+        let asked = FollowArgs {
+            follower_batch_ms: Some(FOLLOWER_BATCH_MS_MAX),
+            ..FollowArgs::default()
+        };
+        assert_eq!(asked.resolve().unwrap().batch, Duration::from_secs(1));
+        let too_long = FollowArgs {
+            follower_batch_ms: Some(FOLLOWER_BATCH_MS_MAX + 1),
+            ..FollowArgs::default()
+        };
+        let refused = too_long.resolve().unwrap_err().to_string();
+        assert_eq!(refused, "--follower-batch-ms is 0 to 1000 (got 1001)");
+    }
 }
