@@ -597,8 +597,14 @@ impl Sim {
         let partition = (request.ws % u64::from(self.plan.partitions)) as u32;
         let node = &mut self.nodes[to];
         if !node.alive {
-            // Connection refused: the client tries again after its timeout.
-            return None;
+            // Connection refused, at once: the client tries again soon, through any node.
+            return Some((
+                request,
+                Err(CommandError::Unavailable {
+                    partition,
+                    reason: "connection refused".into(),
+                }),
+            ));
         }
         if self.now < node.paused_until {
             // Accepted by the kernel; the process runs it when it wakes.
