@@ -1164,7 +1164,7 @@ fn subscribe(st: &Arc<AppState>, p: u32) -> broadcast::Receiver<Arc<Frame>> {
 /// Hands partition `p`'s new events to its followers on this node until none is left.
 async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
     let mut next = hub.end.load(Ordering::Acquire);
-    let closing = st.follow.closing.subscribe();
+    let mut closing = st.follow.closing.subscribe();
     let mut handed = Instant::now();
     loop {
         let followers = hub.tx.receiver_count();
@@ -1173,7 +1173,11 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
             .min(HUB_PACE_MAX)
             .max(st.follow.limits.batch);
         if pace >= HUB_PACE_MIN && handed.elapsed() < pace {
-            tokio::time::sleep_until(handed + pace).await;
+            // A pause of up to `--follower-batch-ms` ends early when the server stops.
+            tokio::select! {
+                () = tokio::time::sleep_until(handed + pace) => {}
+                _ = closing.wait_for(|c| *c) => {}
+            }
         }
         if hub.tx.receiver_count() == 0 || *closing.borrow() {
             let mut hubs = st.follow.lock();
