@@ -61,6 +61,8 @@ pub struct EdgeLimits {
     pub idle_timeout: Duration,
     pub connections_max: usize,
     pub requests_max: usize,
+    /// Threads of the runtime live tails are served on ([`lanes`]).
+    pub follower_threads: usize,
 }
 
 impl Default for EdgeLimits {
@@ -71,6 +73,7 @@ impl Default for EdgeLimits {
             idle_timeout: Duration::from_millis(IDLE_TIMEOUT_DEFAULT_MS),
             connections_max: CONNECTIONS_MAX_DEFAULT,
             requests_max: REQUESTS_MAX_DEFAULT,
+            follower_threads: lanes::follower_threads_default(),
         }
     }
 }
@@ -220,7 +223,9 @@ async fn serve_connection<S>(
         return;
     };
     // Only a tail starts the followers' runtime.
-    let followers = lanes::is_tail(&ahead).then(lanes::followers).flatten();
+    let followers = lanes::is_tail(&ahead)
+        .then(|| lanes::followers(limits.follower_threads))
+        .flatten();
     let served = connection::serve(lanes::Rewind::new(ahead, io), app, limits, stop, accepted);
     match followers {
         Some(followers) => {

@@ -244,6 +244,45 @@ async fn with_a_batch_interval_a_partitions_new_events_reach_its_followers_at_mo
     );
 }
 
+/// Threads of process `pid` named as the followers' runtime names its threads.
+fn follower_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|comm| comm.trim() == "monoseq-follow")
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_tails_are_served_by_as_many_threads_as_follower_threads_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &["--follower-threads", "6"]);
+    server.ready(&client).await;
+    let url = server.url.clone();
+    assert_eq!(
+        follower_threads(server.child.id()),
+        0,
+        "started by the first tail"
+    );
+    post(&client, &url, 1).await;
+    // A connection of its own: one that carried other requests first stays on the server's
+    // threads.
+    let mut tail = Sse::open(
+        &reqwest::Client::new(),
+        &format!("{url}/v1/partitions/1/events/stream?from=1"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        tail.next_entry(Duration::from_secs(10)).await.unwrap().id,
+        Some(1)
+    );
+    // Six that hand out events, and one or two that read the store for the tail and its hub.
+    let threads = follower_threads(server.child.id());
+    assert!((6..=8).contains(&threads), "{threads} followers' threads");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tails_connection_is_closed_after_it_not_kept_for_other_requests() {
     let dir = tempfile::tempdir().unwrap();

@@ -19,14 +19,21 @@ pub const FOLLOWER_NICE: i32 = 10;
 /// Most bytes read to find a connection's first request line.
 const FIRST_LINE_BYTES_MAX: usize = 2_048;
 
-/// The runtime live tails are served on: at most half the machine's cores, at least one;
-/// `None` when it could not be started (logged once; the tails then run with everything else).
-pub fn followers() -> Option<&'static tokio::runtime::Handle> {
+/// The followers' threads unless `--follower-threads` says otherwise: half the machine's
+/// cores, at least one.
+pub fn follower_threads_default() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / 2).max(1)
+}
+
+/// The runtime live tails are served on, with `threads` threads (`--follower-threads`; the
+/// first tail starts it, and the process keeps it); `None` when it could not be started
+/// (logged once; the tails then run with everything else).
+pub fn followers(threads: usize) -> Option<&'static tokio::runtime::Handle> {
     static RUNTIME: OnceLock<Option<tokio::runtime::Runtime>> = OnceLock::new();
     let runtime = RUNTIME.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads((cores / 2).max(1))
+            .worker_threads(threads.max(1))
             .thread_name("monoseq-follow")
             .on_thread_start(lower_priority)
             .enable_all()

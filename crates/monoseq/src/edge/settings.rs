@@ -3,10 +3,14 @@
 
 use std::time::Duration;
 
+use super::lanes::{FOLLOWER_NICE, follower_threads_default};
 use super::{
     BODY_READ_TIMEOUT_DEFAULT_MS, CONNECTIONS_MAX_DEFAULT, EdgeLimits,
     HEADER_READ_TIMEOUT_DEFAULT_MS, IDLE_TIMEOUT_DEFAULT_MS, REQUESTS_MAX_DEFAULT,
 };
+
+/// Most `--follower-threads`.
+const FOLLOWER_THREADS_MAX: usize = 1_024;
 
 /// The edge's flags of `serve` (each also `MONOSEQ_<NAME>`, and a key of the settings file's
 /// `[edge]` table).
@@ -33,6 +37,12 @@ pub struct EdgeArgs {
         "Most requests answered at once; one more is answered 503 overloaded [default: \
          {REQUESTS_MAX_DEFAULT}]"))]
     pub requests_max: Option<usize>,
+    #[arg(long, env = "MONOSEQ_FOLLOWER_THREADS", help = format!(
+        "Threads that hand live tails their events and write them to their sockets, at a \
+         lower CPU priority (nice {FOLLOWER_NICE}); the tails' reads of the store run on \
+         further threads of theirs, at the same priority, one per read under way [default: \
+         half the cores, at least 1; at most {FOLLOWER_THREADS_MAX}]"))]
+    pub follower_threads: Option<usize>,
 }
 
 /// The settings file's `[edge]` table.
@@ -44,6 +54,7 @@ pub struct EdgeFile {
     pub idle_timeout_ms: Option<u64>,
     pub connections_max: Option<usize>,
     pub requests_max: Option<usize>,
+    pub follower_threads: Option<usize>,
 }
 
 impl EdgeArgs {
@@ -90,6 +101,52 @@ impl EdgeArgs {
                 REQUESTS_MAX_DEFAULT as u64,
                 "requests-max",
             )? as usize,
+            follower_threads: {
+                let threads = pick(
+                    as_u64(self.follower_threads),
+                    as_u64(file.follower_threads),
+                    follower_threads_default() as u64,
+                    "follower-threads",
+                )? as usize;
+                anyhow::ensure!(
+                    threads <= FOLLOWER_THREADS_MAX,
+                    "--follower-threads is 1 to {FOLLOWER_THREADS_MAX} (got {threads})"
+                );
+                threads
+            },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follower_threads_come_from_the_flag_over_the_file_and_are_1_to_1024() {
+        let file = EdgeFile {
+            follower_threads: Some(3),
+            ..EdgeFile::default()
+        };
+        let limits = EdgeArgs::default().resolve(&file).unwrap();
+        assert_eq!(limits.follower_threads, 3);
+        let flag = EdgeArgs {
+            follower_threads: Some(2),
+            ..EdgeArgs::default()
+        };
+        assert_eq!(flag.resolve(&file).unwrap().follower_threads, 2);
+        let unset = EdgeArgs::default().resolve(&EdgeFile::default()).unwrap();
+        assert_eq!(unset.follower_threads, follower_threads_default());
+        for (threads, refused) in [
+            (0, "--follower-threads must be at least 1"),
+            (1_025, "--follower-threads is 1 to 1024 (got 1025)"),
+        ] {
+            let args = EdgeArgs {
+                follower_threads: Some(threads),
+                ..EdgeArgs::default()
+            };
+            let err = args.resolve(&EdgeFile::default()).unwrap_err().to_string();
+            assert_eq!(err, refused);
+        }
     }
 }
