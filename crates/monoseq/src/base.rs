@@ -1,6 +1,6 @@
 //! What the binary's modules share and what depends on nothing else of the binary: the
 //! application the server runs, the store type, the JSON error answer every endpoint gives,
-//! and an error chain rendered with each cause once. Kept at the bottom of the module graph
+//! an error chain rendered with each cause once, and the wait for a stop signal. Kept at the bottom of the module graph
 //! so that no import cycle runs through it.
 
 use std::sync::Arc;
@@ -26,3 +26,19 @@ pub(crate) fn error(status: StatusCode, code: &str, message: impl std::fmt::Disp
 }
 
 pub(crate) use monoseq_kv::chain;
+
+/// Resolves when the process is asked to stop: SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { () = ctrl_c => {}, () = term => {} }
+}

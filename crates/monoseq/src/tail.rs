@@ -2,7 +2,8 @@
 //! `monoseq-client`'s tail (stored events, then live ones; it resumes by itself) and prints
 //! each event as one JSON line on stdout, a retired range as a `{"gap": {...}}` line. With
 //! `--consumer NAME` it starts after that consumer's stored position and stores its own with a
-//! compare-and-set as it goes.
+//! compare-and-set as it goes, and once more when it stops (at `--max-events`, on SIGINT or
+//! SIGTERM, or when stdout closes).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -15,7 +16,7 @@ use monoseq_client::{Client, FollowItem, PlogEntryBody};
 
 /// A consumer's position is stored after at most this many printed entries…
 const STORE_EVERY_ENTRIES: u64 = 1_000;
-/// …or after an entry printed this long after the last store.
+/// …or at most this long after an entry was printed, even while no other arrives.
 const STORE_EVERY: Duration = Duration::from_secs(1);
 
 /// `monoseq tail`'s flags.
@@ -32,8 +33,8 @@ pub struct TailArgs {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub from: Option<u64>,
     /// A named consumer: start after its stored position in the partition, and store the last
-    /// offset printed (every second or every 1000 entries, and at the end) with a
-    /// compare-and-set, so two tails of one name cannot both advance it.
+    /// offset printed (within a second, every 1000 entries, and at the end, SIGINT and SIGTERM
+    /// included) with a compare-and-set, so two tails of one name cannot both advance it.
     #[arg(long, value_name = "NAME")]
     pub consumer: Option<String>,
     /// Stop after printing this many entries (events and gaps).
@@ -143,9 +144,28 @@ async fn print(
     }
     let tail = client.follow(p, from);
     futures_util::pin_mut!(tail);
+    let stop = crate::base::shutdown_signal();
+    futures_util::pin_mut!(stop);
+    let mut tick = tokio::time::interval(STORE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut count = 0u64;
     let mut out = std::io::stdout().lock();
-    while let Some(item) = tail.next().await {
+    loop {
+        let item = tokio::select! {
+            item = tail.next() => item,
+            () = &mut stop => break,
+            _ = tick.tick() => {
+                if let Some(position) = position.as_deref_mut()
+                    && position.stored_at.elapsed() >= STORE_EVERY
+                {
+                    position.store(client, p).await?;
+                }
+                continue;
+            }
+        };
+        let Some(item) = item else {
+            break;
+        };
         let item = item.with_context(|| format!("following partition {p}"))?;
         let (entry, last) = match item {
             FollowItem::Event(event) => {

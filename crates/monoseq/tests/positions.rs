@@ -3,7 +3,9 @@
 //! unless forced, bad input answered 400/404/415 naming what is wrong, a read token that may
 //! read but not set, each consumer's lag in `/metrics`, a position that survives a restart
 //! and is in a backup, and on PostgreSQL, positions set through one node of two and read, and
-//! raced for, through the other. Every answer is checked against the OpenAPI document.
+//! raced for, through the other; `monoseq tail --consumer` resuming after what it stored, and
+//! storing it while idle and when stopped by SIGTERM. Every answer is checked against the
+//! OpenAPI document.
 
 mod common;
 mod security;
@@ -531,4 +533,84 @@ async fn monoseq_tail_as_a_consumer_resumes_after_the_position_it_stored() {
     assert_eq!(c.position("printer", 0).await.unwrap(), Some(2));
     assert_eq!(tail_as(&server.url, "printer", 1).await, vec![3]);
     assert_eq!(c.position("printer", 0).await.unwrap(), Some(3));
+}
+
+/// Posts one command to workspace 2 (partition 0 of 2) of `url`.
+async fn post_to_partition_0(http: &reqwest::Client, url: &str, n: u64) {
+    let r = http
+        .post(format!("{url}/v1/commands"))
+        .json(&json!({"ws": 2, "ws_kind": 1, "command": "tail.Do", "create": [{"raw_id": 1, "kind": "CDoc", "name": "tail.Doc", "fields": {"n": n}}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+/// The PLog offset of the next line `monoseq tail` printed.
+async fn next_printed(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> u64 {
+    let line = tokio::time::timeout(Duration::from_secs(10), lines.recv())
+        .await
+        .expect("a line within 10 s")
+        .expect("the tail is still printing");
+    serde_json::from_str::<Value>(&line).unwrap()["plog_offset"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monoseq_tail_as_a_consumer_stores_its_position_while_idle_and_when_stopped() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "2"], &http).await;
+    for n in 0..3 {
+        post_to_partition_0(&http, &server.url, n).await;
+    }
+    let mut tail = std::process::Command::new(common::BIN)
+        .args(["tail", "--url", &server.url, "--partition", "0"])
+        .args(["--consumer", "idle"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(tail.stdout.take().unwrap());
+    let (printed, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            let _ = printed.send(line);
+        }
+    });
+    for offset in 1..=3 {
+        assert_eq!(next_printed(&mut lines).await, offset);
+    }
+    // Nothing more arrives: the position is stored anyway, within about a second.
+    let c = client(&server.url);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while c.position("idle", 0).await.unwrap() != Some(3) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an idle tail never stored the position of what it printed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Stopped right after printing one more: it stores that before it exits.
+    post_to_partition_0(&http, &server.url, 3).await;
+    assert_eq!(next_printed(&mut lines).await, 4);
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &tail.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = tail.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = tail.kill();
+            panic!("the tail did not exit within 10 s of SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status}");
+    assert_eq!(c.position("idle", 0).await.unwrap(), Some(4));
 }

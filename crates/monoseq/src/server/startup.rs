@@ -197,10 +197,10 @@ async fn serve_until_stopped(
     let stop = async move {
         match members {
             Some(c) => {
-                tokio::select! { () = shutdown_signal() => None, why = c.ended() => Some(why) }
+                tokio::select! { () = crate::base::shutdown_signal() => None, why = c.ended() => Some(why) }
             }
             None => {
-                shutdown_signal().await;
+                crate::base::shutdown_signal().await;
                 None
             }
         }
@@ -438,19 +438,4 @@ fn log_opened(settings: &Settings, dir: &crate::storage::Opened) {
             "sequence state moved past the accepted loss"
         );
     }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! { () = ctrl_c => {}, () = term => {} }
 }
