@@ -49,6 +49,15 @@ enum Log {
     Workspace(u64),
 }
 
+impl std::fmt::Display for Log {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Log::Partition(p) => write!(f, "partition {p}"),
+            Log::Workspace(ws) => write!(f, "workspace {ws}'s WLog"),
+        }
+    }
+}
+
 impl Client {
     /// At most `limit` (1 to [`monoseq_wire::PLOG_PAGE_MAX`]) entries of partition `p`'s PLog
     /// from offset `from` (1 is the first), with the partition's end; fewer, or none, at the
@@ -255,12 +264,15 @@ impl Tail {
                 continue;
             }
             if let Some(block) = self.take_block()? {
-                match self.parse(&block)? {
-                    Parsed::Item(item) => {
-                        self.failing_since = None;
-                        self.failures = 0;
-                        return Ok(item);
-                    }
+                let parsed = self.parse(&block)?;
+                if !matches!(parsed, Parsed::Reopen) && self.failing_since.take().is_some() {
+                    // A message, a heartbeat included, shows the tail works again: an outage
+                    // after this one gets a retry timeout of its own.
+                    tracing::info!(next = self.next, "following {} again", self.log);
+                    self.failures = 0;
+                }
+                match parsed {
+                    Parsed::Item(item) => return Ok(item),
                     Parsed::Skip => continue,
                     Parsed::Reopen => {
                         self.close();
@@ -368,6 +380,15 @@ impl Tail {
         let wait = floor.unwrap_or_default() + inner.backoff.jittered(self.failures);
         if since.elapsed() + wait > inner.retry_timeout {
             return Err(error);
+        }
+        if self.failures == 1 {
+            // Once per outage: a tail waits quietly otherwise, as a follower should.
+            tracing::warn!(
+                next = self.next,
+                "following {}: {error}; retrying for up to {:?}",
+                self.log,
+                inner.retry_timeout
+            );
         }
         tracing::debug!(failures = self.failures, wait_ms = wait.as_secs_f64() * 1e3, %error, "tail: retrying after a wait");
         tokio::time::sleep(wait).await;

@@ -1,7 +1,8 @@
 //! The client's consumer side (`monoseq-client`'s `read_partition` and `follow`) and
 //! `monoseq tail` against the real binary: stored then live events in order, a tail that
 //! resumes by itself after a `slow_follower` cut and across a server killed and restarted on
-//! the same port, with no offset repeated or skipped, and the console consumer's JSON lines.
+//! the same port (twice, further apart than its retry timeout, on a quiet partition), with no
+//! offset repeated or skipped, and the console consumer's JSON lines.
 
 mod common;
 
@@ -144,12 +145,17 @@ struct FixedServer {
 
 impl FixedServer {
     fn start(dir: &std::path::Path, port: u16) -> FixedServer {
+        FixedServer::start_with(dir, port, &[])
+    }
+
+    fn start_with(dir: &std::path::Path, port: u16, extra: &[&str]) -> FixedServer {
         let mut child = Command::new(BIN)
             .arg("serve")
             .arg("--data-dir")
             .arg(dir)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .args(["--partitions", "4"])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -207,6 +213,38 @@ async fn a_tail_resumes_by_itself_across_a_server_killed_and_restarted() {
     let (seen, quiet) = reader.await.unwrap();
     assert_eq!(seen, vec![4, 5, 6], "resumed after 3, nothing repeated");
     assert!(quiet, "no entry beyond the last written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_of_a_quiet_partition_survives_restarts_further_apart_than_its_retry_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let beats = ["--follower-heartbeat-ms", "200"];
+    let mut server = FixedServer::start_with(dir.path(), port, &beats);
+    let retry = Duration::from_secs(2);
+    let client = Client::builder([url.as_str()])
+        .retry_timeout(retry)
+        .build()
+        .unwrap();
+    client.submit(&note(0)).await.unwrap();
+    let mut tail = Box::pin(client.follow(1, 1));
+    assert_eq!(offsets(&mut tail, 1).await, vec![1]);
+    let reader = tokio::spawn(async move { offsets(&mut tail, 1).await });
+    for _ in 0..2 {
+        server.kill();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server = FixedServer::start_with(dir.path(), port, &beats);
+        // Reconnected, and quiet (heartbeats only) for longer than the retry timeout: the
+        // outage is over, and the next one gets a retry timeout of its own.
+        tokio::time::sleep(retry + Duration::from_secs(1)).await;
+    }
+    client.submit(&note(1)).await.unwrap();
+    assert_eq!(reader.await.unwrap(), vec![2], "resumed after both outages");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
