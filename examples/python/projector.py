@@ -12,19 +12,24 @@ Gaps (numbers retired by an operator's accepted loss) are skipped explicitly.
 
 The projection is saved before the position is stored: after a crash between the two, the
 events since the stored position are applied again, so `apply` is idempotent (it keeps the
-last PLog offset applied per workspace and skips what it has seen).
+last PLog offset applied per workspace and skips what it has seen). A server that does not
+answer, or answers 503 (restarting, a partition moving between nodes), is asked again after a
+pause, said once per outage; a position write whose answer was lost is sent again, and a 409
+that shows the lost write's own offset counts as stored.
 """
 
 import argparse
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
 PAGE = 500          # entries per page read
 WAIT_MS = 1000      # long poll: how long an empty page waits for an event
+PAUSE_S = (0.1, 5)  # pause after a failed request: first, longest (doubling between)
 
 
 class Conflict(Exception):
@@ -43,6 +48,25 @@ def request(url, method="GET", body=None, token=None, timeout=30):
             return answer.status, json.loads(answer.read() or b"null")
     except urllib.error.HTTPError as answer:
         return answer.code, json.loads(answer.read() or b"null")
+    except (urllib.error.URLError, OSError) as e:
+        return None, str(getattr(e, "reason", e))  # no answer: refused, reset, timed out
+
+
+def patiently(url, method="GET", body=None, token=None):
+    """`request`, asked again while the server does not answer or answers 503."""
+    pause, said = PAUSE_S[0], False
+    while True:
+        status, answer = request(url, method, body, token)
+        if status is not None and status != 503:
+            if said:
+                print("the server answers again", flush=True)
+            return status, answer
+        if not said:
+            why = answer if status is None else f"503 {answer.get('code')}"
+            print(f"no answer from {url} ({why}); asking again", flush=True)
+            said = True
+        time.sleep(pause)
+        pause = min(pause * 2, PAUSE_S[1])
 
 
 def load(path):
@@ -87,7 +111,7 @@ def main():
     position_url = (f"{base}/v1/consumers/{urllib.parse.quote(a.consumer, safe='')}"
                     f"/partitions/{a.partition}")
 
-    status, body = request(position_url, token=a.token)
+    status, body = patiently(position_url, token=a.token)
     stored = body["offset"] if status == 200 else None
     if status not in (200, 404):
         sys.exit(f"reading the position failed: {status} {body}")
@@ -99,9 +123,7 @@ def main():
     while a.max_events is None or applied < a.max_events:
         page_url = (f"{base}/v1/partitions/{a.partition}/events?from={next_offset}"
                     f"&limit={PAGE}&wait_ms={WAIT_MS}")
-        status, page = request(page_url, token=a.token)
-        if status == 503:
-            continue  # moving between nodes, or busy: ask again
+        status, page = patiently(page_url, token=a.token)
         if status != 200:
             sys.exit(f"reading the partition failed: {status} {page}")
         entries = page["events"]
@@ -126,10 +148,11 @@ def main():
         body = {"offset": next_offset - 1}
         if stored is not None:
             body["expected"] = stored
-        status, answer = request(position_url, "PUT", body, token=a.token)
-        if status == 409:
+        status, answer = patiently(position_url, "PUT", body, token=a.token)
+        if status == 409 and answer.get("current") != body["offset"]:
             raise Conflict(f"another copy of consumer {a.consumer} stored {answer.get('current')}")
-        if status != 200:
+        # (A 409 naming this very offset: an earlier attempt was stored, its answer lost.)
+        if status not in (200, 409):
             sys.exit(f"storing the position failed: {status} {answer}")
         stored = next_offset - 1
 

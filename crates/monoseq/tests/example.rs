@@ -1,6 +1,7 @@
 //! The Python example (`examples/python/monoseq_example.py`, standard library only) against a
 //! live server: commands with keys and retries, read back, a named number; and the projector
-//! (`examples/python/projector.py`): a partition followed with its consumer position.
+//! (`examples/python/projector.py`): a partition followed with its consumer position, through
+//! a server killed and restarted under it.
 
 mod common;
 
@@ -96,4 +97,117 @@ async fn the_python_projector_follows_a_partition_and_resumes_after_its_stored_p
         assert_eq!(view["workspaces"][ws]["events"], 10, "{view}");
         assert_eq!(view["workspaces"][ws]["created"], 10, "{view}");
     }
+}
+
+/// A server child process, killed when dropped (also when a test fails).
+struct Serving(std::process::Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `monoseq serve` on `dir` listening on `port` (so a restart answers where the first did).
+fn serve_on(dir: &std::path::Path, port: u16) -> Serving {
+    use std::io::BufRead;
+    let mut child = Command::new(common::BIN)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir)
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--partitions",
+            "4",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn monoseq serve");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("the listening line");
+    assert!(line.starts_with("monoseq listening on "), "{line:?}");
+    Serving(child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_projector_waits_out_a_server_killed_and_restarted_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let data = dir.path().join("data");
+    let server = serve_on(&data, port);
+    let client = reqwest::Client::new();
+    let post = |n: u64| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let r = client
+                .post(format!("{url}/v1/commands"))
+                .json(&serde_json::json!({"ws": 4 * (n % 3 + 1), "ws_kind": 1,
+                    "command": "app.Note", "create": [{"raw_id": 1, "kind": "CDoc", "name": "app.Doc"}]}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    };
+    let ready = || {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            for _ in 0..200 {
+                if let Ok(r) = client.get(format!("{url}/readyz")).send().await
+                    && r.status() == 200
+                {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            panic!("the server never became ready");
+        }
+    };
+    ready().await;
+    for n in 0..10 {
+        post(n).await;
+    }
+    let (u, state) = (url.clone(), dir.path().join("view.json"));
+    let projector =
+        tokio::task::spawn_blocking(move || project(&u, &state, &["--idle-exit-s", "6"]));
+    let position = format!("{url}/v1/consumers/view/partitions/0");
+    let mut stored = serde_json::Value::Null;
+    for _ in 0..200 {
+        stored = client
+            .get(&position)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if stored["offset"] == 10 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(stored["offset"], 10, "{stored}");
+    drop(server); // SIGKILL
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let _server = serve_on(&data, port);
+    ready().await;
+    for n in 10..20 {
+        post(n).await;
+    }
+    let out = projector.await.unwrap();
+    assert!(out.contains("asking again"), "{out}");
+    assert!(out.contains("the server answers again"), "{out}");
+    assert!(
+        out.contains("applied 20 events; position 20; 20 events in the projection"),
+        "{out}"
+    );
 }
