@@ -99,51 +99,13 @@ async fn the_python_projector_follows_a_partition_and_resumes_after_its_stored_p
     }
 }
 
-/// A server child process, killed when dropped (also when a test fails).
-struct Serving(std::process::Child);
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `monoseq serve` on `dir` listening on `port` (so a restart answers where the first did).
-fn serve_on(dir: &std::path::Path, port: u16) -> Serving {
-    use std::io::BufRead;
-    let mut child = Command::new(common::BIN)
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(dir)
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--partitions",
-            "4",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn monoseq serve");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("the listening line");
-    assert!(line.starts_with("monoseq listening on "), "{line:?}");
-    Serving(child)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_projector_waits_out_a_server_killed_and_restarted_and_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let url = format!("http://127.0.0.1:{port}");
     let data = dir.path().join("data");
-    let server = serve_on(&data, port);
+    let server = common::FixedServer::start(&data, port, &[]);
     let client = reqwest::Client::new();
     let post = |n: u64| {
         let (client, url) = (client.clone(), url.clone());
@@ -158,21 +120,7 @@ async fn the_python_projector_waits_out_a_server_killed_and_restarted_and_goes_o
             assert_eq!(r.status(), 200);
         }
     };
-    let ready = || {
-        let (client, url) = (client.clone(), url.clone());
-        async move {
-            for _ in 0..200 {
-                if let Ok(r) = client.get(format!("{url}/readyz")).send().await
-                    && r.status() == 200
-                {
-                    return;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            panic!("the server never became ready");
-        }
-    };
-    ready().await;
+    common::wait_ready(&url, &client).await;
     for n in 0..10 {
         post(n).await;
     }
@@ -198,8 +146,8 @@ async fn the_python_projector_waits_out_a_server_killed_and_restarted_and_goes_o
     assert_eq!(stored["offset"], 10, "{stored}");
     drop(server); // SIGKILL
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    let _server = serve_on(&data, port);
-    ready().await;
+    let _server = common::FixedServer::start(&data, port, &[]);
+    common::wait_ready(&url, &client).await;
     for n in 10..20 {
         post(n).await;
     }

@@ -6,11 +6,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{BIN, Server};
+use common::{FixedServer, Server, free_port};
 use futures_util::{Stream, StreamExt};
 use monoseq_client::{Client, ClientError, CommandBody, FollowItem, PlogEntryBody};
 use serde_json::{Value, json};
@@ -138,59 +136,12 @@ async fn a_tail_cut_as_a_slow_follower_resumes_by_itself_without_a_repeat_or_a_s
     );
 }
 
-/// A `monoseq serve` on a port chosen up front, so a restart listens where the tail was.
-struct FixedServer {
-    child: Child,
-}
-
-impl FixedServer {
-    fn start(dir: &std::path::Path, port: u16) -> FixedServer {
-        FixedServer::start_with(dir, port, &[])
-    }
-
-    fn start_with(dir: &std::path::Path, port: u16, extra: &[&str]) -> FixedServer {
-        let mut child = Command::new(BIN)
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(dir)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--partitions", "4"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn monoseq serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("read the listening line");
-        assert!(line.starts_with("monoseq listening on "), "{line:?}");
-        FixedServer { child }
-    }
-
-    fn kill(&mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().expect("reap");
-    }
-}
-
-impl Drop for FixedServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tail_resumes_by_itself_across_a_server_killed_and_restarted() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
-    let mut server = FixedServer::start(dir.path(), port);
+    let mut server = FixedServer::start(dir.path(), port, &[]);
     let client = Client::new(&url).unwrap();
     for k in 0..3 {
         client.submit(&note(k)).await.unwrap();
@@ -206,7 +157,7 @@ async fn a_tail_resumes_by_itself_across_a_server_killed_and_restarted() {
         (seen, extra.is_err())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let _server = FixedServer::start(dir.path(), port);
+    let _server = FixedServer::start(dir.path(), port, &[]);
     for k in 3..6 {
         client.submit(&note(k)).await.unwrap();
     }
@@ -218,14 +169,10 @@ async fn a_tail_resumes_by_itself_across_a_server_killed_and_restarted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tail_of_a_quiet_partition_survives_restarts_further_apart_than_its_retry_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let beats = ["--follower-heartbeat-ms", "200"];
-    let mut server = FixedServer::start_with(dir.path(), port, &beats);
+    let mut server = FixedServer::start(dir.path(), port, &beats);
     let retry = Duration::from_secs(2);
     let client = Client::builder([url.as_str()])
         .retry_timeout(retry)
@@ -238,7 +185,7 @@ async fn a_tail_of_a_quiet_partition_survives_restarts_further_apart_than_its_re
     for _ in 0..2 {
         server.kill();
         tokio::time::sleep(Duration::from_millis(300)).await;
-        server = FixedServer::start_with(dir.path(), port, &beats);
+        server = FixedServer::start(dir.path(), port, &beats);
         // Reconnected, and quiet (heartbeats only) for longer than the retry timeout: the
         // outage is over, and the next one gets a retry timeout of its own.
         tokio::time::sleep(retry + Duration::from_secs(1)).await;

@@ -210,16 +210,21 @@ impl Server {
 
     /// Waits until `/readyz` answers 200.
     pub async fn ready(&self, client: &reqwest::Client) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = client.get(format!("{}/readyz", self.url)).send().await
-                && r.status().is_success()
-            {
-                return;
-            }
-            assert!(Instant::now() < deadline, "server never became ready");
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        wait_ready(&self.url, client).await;
+    }
+}
+
+/// Waits (at most 30 s) until the server at `url` answers `/readyz` with 200.
+pub async fn wait_ready(url: &str, client: &reqwest::Client) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = client.get(format!("{url}/readyz")).send().await
+            && r.status().is_success()
+        {
+            return;
         }
+        assert!(Instant::now() < deadline, "server never became ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -293,4 +298,56 @@ pub fn metric(metrics: &str, name: &str) -> u64 {
         .lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or_else(|| panic!("no {name} in the metrics"))
+}
+
+/// A free loopback port, for a server that must listen again where it listened before.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .expect("its address")
+        .port()
+}
+
+/// `monoseq serve` on a port chosen up front ([`free_port`]), so a restart listens where the
+/// tail or projector was; killed when dropped (also when a test fails).
+pub struct FixedServer {
+    child: Child,
+}
+
+impl FixedServer {
+    /// Starts it on `dir`, 4 partitions, loopback `port`, with `extra` flags; returns once it
+    /// listens.
+    pub fn start(dir: &Path, port: u16, extra: &[&str]) -> FixedServer {
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--partitions", "4"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn monoseq serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .expect("read the listening line");
+        assert!(line.starts_with("monoseq listening on "), "{line:?}");
+        FixedServer { child }
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+}
+
+impl Drop for FixedServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
