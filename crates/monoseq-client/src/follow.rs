@@ -135,7 +135,9 @@ impl Client {
     /// tail goes to the partition's owner as last seen (any node serves it) and resumes by
     /// itself after a `slow_follower` cut, a dropped connection, a 503 or a server restart.
     /// It ends after yielding an error: a refusal (`no_such_partition`, a bad token), a message
-    /// that breaks the order, or no node answering for the client's retry timeout.
+    /// that breaks the order, or no node answering for the client's retry timeout, counted
+    /// from the start of each outage (any message, a heartbeat included, ends one). Each
+    /// outage is logged once as a warning (`tracing`), and its end at info.
     pub fn follow(
         &self,
         p: u32,
