@@ -214,7 +214,7 @@ async fn a_follower_gets_the_stored_events_then_each_new_one_once_in_order() {
 async fn with_a_batch_interval_a_partitions_new_events_reach_its_followers_at_most_that_often() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let server = start(dir.path(), &["--follower-batch-ms", "600"]);
+    let server = start(dir.path(), &["--follower-batch-ms", "1000"]);
     server.ready(&client).await;
     let url = server.url.clone();
     let mut tail = Sse::open(
@@ -238,9 +238,11 @@ async fn with_a_batch_interval_a_partitions_new_events_reach_its_followers_at_mo
         (Some(2), Some(3)),
         "in order, none lost"
     );
+    // At least the interval after the hand-out before, less however late this test saw that
+    // one (a wide margin for a loaded machine; handed out at once it is a few milliseconds).
     assert!(
-        waited >= Duration::from_millis(450),
-        "handed out {waited:?} after the one before, not about 600 ms"
+        waited >= Duration::from_millis(500),
+        "handed out {waited:?} after the one before, not about 1 s"
     );
 }
 
@@ -278,9 +280,9 @@ async fn live_tails_are_served_by_as_many_threads_as_follower_threads_says() {
         tail.next_entry(Duration::from_secs(10)).await.unwrap().id,
         Some(1)
     );
-    // Six that hand out events, and one or two that read the store for the tail and its hub.
+    // Six that hand out events, and a few that read the store for the tail and its hub.
     let threads = follower_threads(server.child.id());
-    assert!((6..=8).contains(&threads), "{threads} followers' threads");
+    assert!((6..=10).contains(&threads), "{threads} followers' threads");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
