@@ -173,7 +173,7 @@ async fn a_tail_of_a_quiet_partition_survives_restarts_further_apart_than_its_re
     let url = format!("http://127.0.0.1:{port}");
     let beats = ["--follower-heartbeat-ms", "200"];
     let mut server = FixedServer::start(dir.path(), port, &beats);
-    let retry = Duration::from_secs(2);
+    let retry = Duration::from_secs(5);
     let client = Client::builder([url.as_str()])
         .retry_timeout(retry)
         .build()
