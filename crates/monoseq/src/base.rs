@@ -1,7 +1,7 @@
 //! What the binary's modules share and what depends on nothing else of the binary: the
 //! application the server runs, the store type, the JSON error answer every endpoint gives,
-//! an error chain rendered with each cause once, and the wait for a stop signal. Kept at the bottom of the module graph
-//! so that no import cycle runs through it.
+//! an error chain rendered with each cause once, and the wait for a stop signal. Kept at the
+//! bottom of the module graph so that no import cycle runs through it.
 
 use std::sync::Arc;
 

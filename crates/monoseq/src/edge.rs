@@ -226,7 +226,7 @@ async fn serve_connection<S>(
     let followers = lanes::is_tail(&ahead)
         .then(|| lanes::followers(limits.follower_threads))
         .flatten();
-    let served = connection::serve(lanes::Rewind::new(ahead, io), app, limits, stop, accepted);
+    let served = connection::serve(io, ahead, app, limits, stop, accepted);
     match followers {
         Some(followers) => {
             let _ = followers.spawn(served).await;

@@ -7,7 +7,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -16,7 +16,7 @@ use monoseq_client::{Client, FollowItem, PlogEntryBody};
 
 /// A consumer's position is stored after at most this many printed entries…
 const STORE_EVERY_ENTRIES: u64 = 1_000;
-/// …or at most this long after an entry was printed, even while no other arrives.
+/// …and every this long when one was printed since (even while no other arrives).
 const STORE_EVERY: Duration = Duration::from_secs(1);
 
 /// `monoseq tail`'s flags.
@@ -58,7 +58,6 @@ struct Position {
     printed: Option<u64>,
     /// Entries printed since the last store.
     unstored: u64,
-    stored_at: Instant,
 }
 
 impl Position {
@@ -79,7 +78,6 @@ impl Position {
             })?;
         self.stored = Some(offset);
         self.unstored = 0;
-        self.stored_at = Instant::now();
         Ok(())
     }
 }
@@ -115,7 +113,6 @@ pub async fn run(args: TailArgs) -> anyhow::Result<()> {
                 stored,
                 printed: None,
                 unstored: 0,
-                stored_at: Instant::now(),
             })
         }
         None => None,
@@ -155,9 +152,7 @@ async fn print(
             item = tail.next() => item,
             () = &mut stop => break,
             _ = tick.tick() => {
-                if let Some(position) = position.as_deref_mut()
-                    && position.stored_at.elapsed() >= STORE_EVERY
-                {
+                if let Some(position) = position.as_deref_mut() {
                     position.store(client, p).await?;
                 }
                 continue;
@@ -184,9 +179,7 @@ async fn print(
         if let Some(position) = position.as_deref_mut() {
             position.printed = Some(last);
             position.unstored += 1;
-            if position.unstored >= STORE_EVERY_ENTRIES
-                || position.stored_at.elapsed() >= STORE_EVERY
-            {
+            if position.unstored >= STORE_EVERY_ENTRIES {
                 position.store(client, p).await?;
             }
         }

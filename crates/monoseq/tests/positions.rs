@@ -520,13 +520,7 @@ async fn monoseq_tail_as_a_consumer_resumes_after_the_position_it_stored() {
     let http = reqwest::Client::new();
     let server = Server::start_ready(dir.path(), &["--partitions", "2"], &http).await;
     for n in 0..3 {
-        let r = http
-            .post(format!("{}/v1/commands", server.url))
-            .json(&json!({"ws": 2, "ws_kind": 1, "command": "tail.Do", "create": [{"raw_id": 1, "kind": "CDoc", "name": "tail.Doc", "fields": {"n": n}}]}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        post_to_partition_0(&http, &server.url, n).await;
     }
     assert_eq!(tail_as(&server.url, "printer", 2).await, vec![1, 2]);
     let c = client(&server.url);

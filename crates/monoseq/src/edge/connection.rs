@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 
@@ -85,8 +86,10 @@ impl Activity {
     }
 }
 
-/// A connection's stream that tells its [`Activity`] about every byte.
+/// A connection's stream that tells its [`Activity`] about every byte, and gives back first
+/// what the edge read ahead of hyper (the first request line, `lanes::first_line`).
 struct Tracked<S> {
+    ahead: Bytes,
     inner: S,
     activity: Arc<Activity>,
 }
@@ -97,6 +100,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if !self.ahead.is_empty() {
+            let n = buf.remaining().min(self.ahead.len());
+            buf.put_slice(&self.ahead.split_to(n));
+            self.activity.read();
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
@@ -129,10 +138,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     }
 }
 
-/// Serves one connection, cutting it when its watchdog finds a limit passed, and finishing it
-/// gracefully when the server stops.
+/// Serves one connection (`ahead`: its first bytes, already read from `io`), cutting it when
+/// its watchdog finds a limit passed, and finishing it gracefully when the server stops.
 pub(super) async fn serve<S>(
     io: S,
+    ahead: Vec<u8>,
     app: Router,
     limits: EdgeLimits,
     mut stop: watch::Receiver<bool>,
@@ -142,6 +152,7 @@ pub(super) async fn serve<S>(
 {
     let activity = Arc::new(Activity::new(accepted));
     let io = hyper_util::rt::TokioIo::new(Tracked {
+        ahead: Bytes::from(ahead),
         inner: io,
         activity: Arc::clone(&activity),
     });
@@ -193,6 +204,30 @@ pub(super) async fn serve<S>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn what_was_read_ahead_is_read_again_before_the_rest() {
+        let (mut ours, mut theirs) = tokio::io::duplex(1024);
+        theirs
+            .write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let ahead = super::super::lanes::first_line(&mut ours, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(ahead.starts_with(b"GET /a HTTP/1.1\r\n"));
+        theirs.write_all(b"more").await.unwrap();
+        drop(theirs);
+        let mut again = Tracked {
+            ahead: Bytes::from(ahead),
+            inner: ours,
+            activity: Arc::new(Activity::new(Instant::now())),
+        };
+        let mut all = String::new();
+        again.read_to_string(&mut all).await.unwrap();
+        assert_eq!(all, "GET /a HTTP/1.1\r\nhost: x\r\n\r\nmore");
+    }
 
     #[test]
     fn a_fresh_silent_connection_is_owed_a_head_and_an_answered_one_is_idle() {

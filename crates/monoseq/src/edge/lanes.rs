@@ -5,12 +5,10 @@
 //! a follower that falls behind is cut as a slow follower and resumes from its offset, while a
 //! write slowed by followers would slow every client.
 
-use std::pin::Pin;
 use std::sync::OnceLock;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The followers' threads' nice value (the server's own run at the nice it was started with,
 /// normally 0; the kernel gives a thread at nice 10 about a tenth of the CPU of one at 0 when
@@ -91,78 +89,9 @@ pub fn is_tail(line: &[u8]) -> bool {
     path.ends_with(b"/events/stream") || path.ends_with(b"/wlog/stream")
 }
 
-/// A connection's stream with the bytes read ahead of it given back first.
-pub struct Rewind<S> {
-    ahead: Vec<u8>,
-    at: usize,
-    inner: S,
-}
-
-impl<S> Rewind<S> {
-    pub fn new(ahead: Vec<u8>, inner: S) -> Rewind<S> {
-        Rewind {
-            ahead,
-            at: 0,
-            inner,
-        }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Rewind<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        if self.at < self.ahead.len() {
-            let n = buf.remaining().min(self.ahead.len() - self.at);
-            let at = self.at;
-            buf.put_slice(&self.ahead[at..at + n]);
-            self.at += n;
-            if self.at == self.ahead.len() {
-                self.ahead = Vec::new();
-                self.at = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Rewind<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncWriteExt;
 
     #[test]
     fn only_a_get_of_a_stream_path_is_a_tail() {
@@ -182,23 +111,6 @@ mod tests {
         ));
         assert!(!is_tail(b"GET"));
         assert!(!is_tail(b""));
-    }
-
-    #[tokio::test]
-    async fn what_was_read_ahead_is_read_again_before_the_rest() {
-        let (mut ours, mut theirs) = tokio::io::duplex(1024);
-        theirs
-            .write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let ahead = first_line(&mut ours, Duration::from_secs(5)).await.unwrap();
-        assert!(ahead.starts_with(b"GET /a HTTP/1.1\r\n"));
-        theirs.write_all(b"more").await.unwrap();
-        drop(theirs);
-        let mut again = Rewind::new(ahead, ours);
-        let mut all = String::new();
-        again.read_to_string(&mut all).await.unwrap();
-        assert_eq!(all, "GET /a HTTP/1.1\r\nhost: x\r\n\r\nmore");
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@ use monoseq_cp::CommandProcessor;
 
 use super::routes::{opening_router, router};
 use crate::auth::Security;
+use crate::base::shutdown_signal;
 use crate::cluster::{Cluster, ClusterArgs};
 use crate::config::{Settings, Storage, Store};
 use crate::forward::Forwarder;
@@ -197,10 +198,10 @@ async fn serve_until_stopped(
     let stop = async move {
         match members {
             Some(c) => {
-                tokio::select! { () = crate::base::shutdown_signal() => None, why = c.ended() => Some(why) }
+                tokio::select! { () = shutdown_signal() => None, why = c.ended() => Some(why) }
             }
             None => {
-                crate::base::shutdown_signal().await;
+                shutdown_signal().await;
                 None
             }
         }

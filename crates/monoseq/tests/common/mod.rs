@@ -107,27 +107,9 @@ impl Server {
     /// Starts `monoseq serve` on `dir` and a free loopback port; waits until it listens.
     pub fn start(dir: &Path, extra: &[&str]) -> Server {
         let answers = AnswerLog::new();
-        let mut child = Command::new(BIN)
-            .env("MONOSEQ_ANSWER_LOG", answers.path())
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(dir)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn monoseq serve");
-        let stdout = child.stdout.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read the listening line");
-        let url = line
-            .trim()
-            .strip_prefix("monoseq listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
+        let mut serve = Command::new(BIN);
+        serve.env("MONOSEQ_ANSWER_LOG", answers.path());
+        let (child, url) = spawn_serve(serve, dir, "127.0.0.1:0", extra);
         Server {
             child,
             url,
@@ -300,6 +282,31 @@ pub fn metric(metrics: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in the metrics"))
 }
 
+/// `monoseq serve` (`command`, with what it already holds) on `dir` and `listen`, with `extra`
+/// flags; the child and its URL once it listens.
+fn spawn_serve(mut command: Command, dir: &Path, listen: &str, extra: &[&str]) -> (Child, String) {
+    let mut child = command
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir)
+        .args(["--listen", listen])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn monoseq serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .expect("read the listening line");
+    let url = line
+        .trim()
+        .strip_prefix("monoseq listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    (child, url)
+}
+
 /// A free loopback port, for a server that must listen again where it listened before.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -319,22 +326,9 @@ impl FixedServer {
     /// Starts it on `dir`, 4 partitions, loopback `port`, with `extra` flags; returns once it
     /// listens.
     pub fn start(dir: &Path, port: u16, extra: &[&str]) -> FixedServer {
-        let mut child = Command::new(BIN)
-            .arg("serve")
-            .arg("--data-dir")
-            .arg(dir)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--partitions", "4"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn monoseq serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .expect("read the listening line");
-        assert!(line.starts_with("monoseq listening on "), "{line:?}");
+        let listen = format!("127.0.0.1:{port}");
+        let flags = [&["--partitions", "4"], extra].concat();
+        let (child, _) = spawn_serve(Command::new(BIN), dir, &listen, &flags);
         FixedServer { child }
     }
 
