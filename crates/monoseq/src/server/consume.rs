@@ -55,7 +55,7 @@ const CATCH_UP_PAGE: usize = PLOG_PAGE_MAX;
 /// Bytes gathered for a tail past which they go to its connection at once.
 const CHUNK_BYTES: usize = 64 * 1024;
 /// What an event's JSON is sized for when a buffer is reserved for it (it grows past).
-const EVENT_JSON_BYTES: usize = 512;
+pub(super) const EVENT_JSON_BYTES: usize = 512;
 /// How long a hub's read waits for a new event (on the writer's signal, or the owner's long
 /// poll) before it looks again whether anyone still follows.
 const HUB_WAIT: Duration = Duration::from_secs(1);
@@ -81,7 +81,7 @@ const RELAY_GRACE: Duration = Duration::from_secs(5);
 const RETRY_AFTER_FOLLOWERS_SECS: &str = "1";
 /// Largest offset a read starts from (no log reaches near it; the store's block arithmetic
 /// must not overflow).
-const OFFSET_READ_MAX: u64 = u64::MAX >> 1;
+pub(super) const OFFSET_READ_MAX: u64 = u64::MAX >> 1;
 
 /// The `serve` flags of the consumer side.
 #[derive(Debug, Clone, Default, Args)]
@@ -200,6 +200,16 @@ pub(crate) struct Follow {
 }
 
 impl Follow {
+    /// A receiver that sees `true` once the server stops.
+    pub(super) fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
+    /// The limits of live tails.
+    pub(super) fn limits(&self) -> &FollowLimits {
+        &self.limits
+    }
+
     pub(crate) fn new(limits: FollowLimits) -> Follow {
         Follow {
             limits,
@@ -220,7 +230,7 @@ impl Follow {
 }
 
 /// A tail counted against the cap while it lives.
-struct Slot(Arc<AppState>);
+pub(super) struct Slot(Arc<AppState>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
@@ -371,11 +381,11 @@ fn encode_page(page: &Page) -> Result<Bytes, Response> {
 }
 
 /// A page as this node answers it: its events read from its store, or relayed from the owner.
-type Page = PlogPageBody<PageEvent>;
+pub(super) type Page = PlogPageBody<PageEvent>;
 
 /// An event of a [`Page`].
 #[derive(Debug)]
-enum PageEvent {
+pub(super) enum PageEvent {
     /// Read from this node's store, written without building its body.
     Stored(StoredEvent),
     /// Relayed from the partition's owner.
@@ -383,10 +393,18 @@ enum PageEvent {
 }
 
 impl PageEvent {
-    fn plog_offset(&self) -> u64 {
+    pub(super) fn plog_offset(&self) -> u64 {
         match self {
             PageEvent::Stored(e) => e.0.plog_offset.0,
             PageEvent::Relayed(e) => e.plog_offset,
+        }
+    }
+
+    /// Whether it passes a stream's filter.
+    pub(super) fn passes(&self, filter: &super::filter::Filter) -> bool {
+        match self {
+            PageEvent::Stored(e) => filter.stored(&e.0),
+            PageEvent::Relayed(e) => filter.relayed(e),
         }
     }
 
@@ -411,7 +429,7 @@ impl serde::Serialize for PageEvent {
 /// A page of partition `p` from `from`: read here when this node serves the partition (or is
 /// the only node), else relayed from its owner. With `wait`, an empty page waits until an
 /// event is durable there or the wait passes.
-async fn page(
+pub(super) async fn page(
     st: &Arc<AppState>,
     p: u32,
     from: u64,
@@ -658,7 +676,7 @@ fn stream_from(raw: Option<&str>, headers: &HeaderMap) -> Result<u64, Response> 
 }
 
 /// Counts a new tail against `--followers-max`, or refuses it.
-fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
+pub(super) fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
     let counts = &st.follow.counts;
     let max = st.follow.limits.followers_max;
     let taken = counts
