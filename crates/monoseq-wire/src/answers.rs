@@ -132,6 +132,13 @@ pub struct EventBody {
 pub struct WlogPageBody {
     /// From the asked offset on, at most `limit`; fewer (or none) at the WLog's end.
     pub events: Vec<EventBody>,
+    /// The WLog offset to ask for next: after the last event, or the asked one.
+    #[serde(default)]
+    pub next: u64,
+    /// The WLog's end: the offset after the workspace's last event a reader may see now (the
+    /// next one written takes it, unless a loss retired numbers).
+    #[serde(default)]
+    pub end: u64,
 }
 
 /// `GET /v1/info`: what the server serves.

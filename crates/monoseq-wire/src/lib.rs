@@ -54,8 +54,10 @@ pub use groups::{
 };
 pub use marks::{AcceptedLossBody, LossCauseBody, MarkBody, MarksBody};
 pub use positions::{
-    POSITION_BACKWARDS, POSITION_CONFLICT, PartitionPositionBody, PositionBody,
-    PositionConflictBody, PositionsBody, PutPositionBody, UNKNOWN_CONSUMER,
+    CONSUMER_ACTIVE, CONSUMERS_PAGE_POSITIONS_MAX, ConsumerBody, ConsumerPartitionBody,
+    ConsumersBody, DeletedConsumerBody, POSITION_BACKWARDS, POSITION_BEYOND_END, POSITION_CONFLICT,
+    PartitionPositionBody, PositionBeyondEndBody, PositionBody, PositionConflictBody,
+    PositionsBody, PutPositionBody, RemovedPositionBody, UNKNOWN_CONSUMER,
 };
 pub use sequences::{
     Checked, NextRequestBody, ResetRequestBody, SequenceExistsBody, SequenceValueBody,

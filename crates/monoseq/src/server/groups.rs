@@ -42,21 +42,13 @@ use self::host::{Host, Session, blocking};
 use super::AppState;
 use super::answers::with_retry_after;
 use super::consume::{self, OFFSET_READ_MAX};
-use super::filter::{Filter, millis, query_pairs};
+use super::filter::{Filter, millis};
 use super::stream::{Chunk, Feed, channel, message, sse_answer};
 use crate::base::error;
+use crate::query::{Params, SESSION_PARAMS};
 
 /// Most groups `GET /v1/groups` lists.
 const GROUPS_LISTED_MAX: usize = 1_000;
-/// The query parameters of a member's stream.
-const SESSION_PARAMS: [&str; 6] = [
-    "member",
-    "session_timeout_ms",
-    "command",
-    "command_prefix",
-    "ws",
-    "kind",
-];
 
 /// The groups whose members this node hosts.
 pub(crate) struct Groups {
@@ -168,11 +160,11 @@ struct Join {
     filter: Filter,
 }
 
-fn join_request(raw: Option<&str>) -> Result<Join, String> {
-    let pairs = query_pairs(raw, &SESSION_PARAMS)?;
-    let get = |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
-    let member = get("member").ok_or("`member` is required: the member's name")?;
-    let timeout = match get("session_timeout_ms") {
+fn join_request(params: &Params) -> Result<Join, String> {
+    let member = params
+        .get("member")
+        .ok_or("`member` is required: the member's name")?;
+    let timeout = match params.get("session_timeout_ms") {
         Some(v) => millis(
             "session_timeout_ms",
             v,
@@ -183,7 +175,7 @@ fn join_request(raw: Option<&str>) -> Result<Join, String> {
     Ok(Join {
         member: name("member", member)?,
         timeout,
-        filter: Filter::from_pairs(&pairs)?,
+        filter: Filter::from_params(params)?,
     })
 }
 
@@ -197,9 +189,11 @@ pub(super) async fn join(
         Ok(g) => g,
         Err(r) => return r,
     };
-    let join = match join_request(raw.as_deref()) {
+    let join = match crate::query::params(raw.as_deref(), SESSION_PARAMS)
+        .and_then(|p| join_request(&p).map_err(bad_request))
+    {
         Ok(j) => j,
-        Err(m) => return bad_request(m),
+        Err(r) => return r,
     };
     let slot = match consume::take_slot(&st) {
         Ok(slot) => slot,
@@ -291,16 +285,12 @@ fn unknown_session(g: &ConsumerName, id: &str) -> Response {
 pub(super) async fn heartbeat(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-    RawQuery(raw): RawQuery,
     body: Bytes,
 ) -> Response {
     let g = match group_path(path) {
         Ok(g) => g,
         Err(r) => return r,
     };
-    if let Err(m) = query_pairs(raw.as_deref(), &[]) {
-        return bad_request(m);
-    }
     let s: SessionBody = match json_body(&body) {
         Ok(s) => s,
         Err(r) => return r,
@@ -342,16 +332,12 @@ pub(super) async fn leave(
 pub(super) async fn commit(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-    RawQuery(raw): RawQuery,
     body: Bytes,
 ) -> Response {
     let g = match group_path(path) {
         Ok(g) => g,
         Err(r) => return r,
     };
-    if let Err(m) = query_pairs(raw.as_deref(), &[]) {
-        return bad_request(m);
-    }
     let c: CommitBody = match json_body(&body) {
         Ok(c) => c,
         Err(r) => return r,
@@ -414,10 +400,7 @@ fn check_commit(c: &CommitBody, partitions: u32) -> Result<(), String> {
 }
 
 /// `GET /v1/groups`.
-pub(super) async fn list(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuery) -> Response {
-    if let Err(m) = query_pairs(raw.as_deref(), &[]) {
-        return bad_request(m);
-    }
+pub(super) async fn list(State(st): State<Arc<AppState>>) -> Response {
     let listed = blocking(&st, |store| {
         let (names, truncated) = store.group_names(GROUPS_LISTED_MAX)?;
         let mut groups = Vec::with_capacity(names.len());
@@ -443,15 +426,11 @@ pub(super) async fn list(State(st): State<Arc<AppState>>, RawQuery(raw): RawQuer
 pub(super) async fn show(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-    RawQuery(raw): RawQuery,
 ) -> Response {
     let g = match group_path(path) {
         Ok(g) => g,
         Err(r) => return r,
     };
-    if let Err(m) = query_pairs(raw.as_deref(), &[]) {
-        return bad_request(m);
-    }
     let read = blocking(&st, {
         let g = g.clone();
         move |store| {

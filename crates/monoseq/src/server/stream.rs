@@ -34,8 +34,9 @@ use tokio::time::Instant;
 
 use super::AppState;
 use super::consume::{self, OFFSET_READ_MAX, PageEvent, Slot};
-use super::filter::{FILTER_PARAMS, Filter, query_pairs};
+use super::filter::Filter;
 use crate::base::error;
+use crate::query::{EVENTS_STREAM_PARAMS, Params};
 
 /// Chunks a stream's channel holds before its readers wait for the connection.
 const FEED_CHUNKS: usize = 16;
@@ -304,16 +305,6 @@ pub(super) fn sse_answer(st: &Arc<AppState>, feed: Feed) -> Response {
         .into_response()
 }
 
-/// The query parameters of `GET /v1/events/stream`.
-const STREAM_PARAMS: [&str; 6] = [
-    "partitions",
-    "from",
-    "command",
-    "command_prefix",
-    "ws",
-    "kind",
-];
-
 /// A stream's request: its partitions with their starts, and its filter.
 #[derive(Debug, PartialEq)]
 pub(super) struct StreamRequest {
@@ -402,18 +393,15 @@ fn parse_starts(
         .collect())
 }
 
-/// A stream request's query and `Last-Event-ID`.
+/// A stream request's parameters and `Last-Event-ID`.
 pub(super) fn stream_request(
-    raw: Option<&str>,
+    params: &Params,
     last_event_id: Option<&str>,
     partitions: u32,
 ) -> Result<StreamRequest, String> {
-    let pairs = query_pairs(raw, &STREAM_PARAMS)?;
-    let get = |n: &str| pairs.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
-    let listed = parse_partitions(get("partitions"), partitions)?;
-    let starts = parse_starts(get("from"), last_event_id, &listed)?;
-    let filter = Filter::from_pairs(&pairs)?;
-    debug_assert!(FILTER_PARAMS.iter().all(|f| STREAM_PARAMS.contains(f)));
+    let listed = parse_partitions(params.get("partitions"), partitions)?;
+    let starts = parse_starts(params.get("from"), last_event_id, &listed)?;
+    let filter = Filter::from_params(params)?;
     Ok(StreamRequest { starts, filter })
 }
 
@@ -435,7 +423,11 @@ pub(super) async fn stream_events(
         }
     };
     let partitions = st.cp.config().partitions;
-    let req = match stream_request(raw.as_deref(), last_event_id, partitions) {
+    let params = match crate::query::params(raw.as_deref(), EVENTS_STREAM_PARAMS) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let req = match stream_request(&params, last_event_id, partitions) {
         Ok(req) => req,
         Err(message) => return error(StatusCode::BAD_REQUEST, "bad_request", message),
     };
@@ -472,13 +464,23 @@ pub(super) async fn stream_events(
 mod tests {
     use super::*;
 
+    fn stream_request(
+        query: &str,
+        last_event_id: Option<&str>,
+        partitions: u32,
+    ) -> Result<StreamRequest, String> {
+        let params =
+            crate::query::params(Some(query), EVENTS_STREAM_PARAMS).expect("known parameters");
+        super::stream_request(&params, last_event_id, partitions)
+    }
+
     #[test]
     fn a_resume_vector_names_listed_partitions_once_each() {
-        let r = stream_request(Some("partitions=0,2&from=0:5,2:9"), None, 4).unwrap();
+        let r = stream_request("partitions=0,2&from=0:5,2:9", None, 4).unwrap();
         assert_eq!(r.starts, vec![(0, Start::At(5)), (2, Start::At(9))]);
-        let r = stream_request(Some("from=end"), None, 2).unwrap();
+        let r = stream_request("from=end", None, 2).unwrap();
         assert_eq!(r.starts, vec![(0, Start::End), (1, Start::End)]);
-        let r = stream_request(Some("from=1"), Some("1:7"), 2).unwrap();
+        let r = stream_request("from=1", Some("1:7"), 2).unwrap();
         assert_eq!(r.starts, vec![(0, Start::At(1)), (1, Start::At(7))]);
         for (query, names) in [
             ("partitions=9", "partition 9"),
@@ -486,19 +488,19 @@ mod tests {
             ("partitions=x", "not \"x\""),
             ("partitions=0&from=1:4", "does not read"),
             ("from=0:4,0:5", "twice"),
-            ("from=0-4", "not"),
+            ("from=0-4", "pairs"),
             ("from=0:0", "1 to"),
-            ("limt=4", "`limt`"),
             ("command=", "empty"),
         ] {
-            let e = stream_request(Some(query), None, 4).unwrap_err();
+            let e = stream_request(query, None, 4).unwrap_err();
             assert!(e.contains(names), "{query}: {e}");
         }
     }
 
     #[test]
     fn a_filtered_page_reports_how_far_it_read() {
-        let filter = Filter::from_pairs(&[("command", "keep")]).unwrap();
+        let params = crate::query::params(Some("command=keep"), EVENTS_STREAM_PARAMS).unwrap();
+        let filter = Filter::from_params(&params).unwrap();
         let bytes = page_messages(3, &[], 10, &filter);
         let text = std::str::from_utf8(&bytes).unwrap();
         assert!(text.contains("event: progress"), "{text}");
