@@ -13,12 +13,14 @@
 //! Byte layouts: `docs/format.md` (group state: version, CRC-32, JSON; fenced position:
 //! version 2, CRC-32, offset, generation, session).
 
+mod host;
 mod plan;
 
 use std::ops::{Bound, ControlFlow};
 
 use monoseq_kv::{CasError, Key, KvError, KvStore, Order};
 
+pub use host::{Changes, EXPIRY_MARGIN_MS, Ending, Hosted, Seen, StepPlan, plan_step, to_claim};
 pub use plan::{
     GROUP_MEMBERS_MAX, GroupFull, GroupState, Holder, Member, SESSION_TIMEOUT_MS_DEFAULT,
     SESSION_TIMEOUT_MS_MAX, SESSION_TIMEOUT_MS_MIN,

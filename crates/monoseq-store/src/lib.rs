@@ -43,9 +43,10 @@ pub use datadir::{
 pub use event::{ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset};
 pub use fence::encode_fenced;
 pub use groups::{
-    FENCED_POSITION_VERSION, Fence, GROUP_FORMAT_VERSION, GROUP_MEMBERS_MAX, GroupError, GroupFull,
-    GroupState, Holder, Member, SESSION_TIMEOUT_MS_DEFAULT, SESSION_TIMEOUT_MS_MAX,
-    SESSION_TIMEOUT_MS_MIN, StoredGroup,
+    Changes, EXPIRY_MARGIN_MS, Ending, FENCED_POSITION_VERSION, Fence, GROUP_FORMAT_VERSION,
+    GROUP_MEMBERS_MAX, GroupError, GroupFull, GroupState, Holder, Hosted, Member,
+    SESSION_TIMEOUT_MS_DEFAULT, SESSION_TIMEOUT_MS_MAX, SESSION_TIMEOUT_MS_MIN, Seen, StepPlan,
+    StoredGroup, plan_step, to_claim,
 };
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError, LossCause};
 pub use keys::{AppId, KEY_LAYOUT, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
