@@ -20,6 +20,7 @@
 mod consume;
 mod db;
 mod follow;
+mod groups;
 mod node;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -39,6 +40,8 @@ use node::{Node, Request};
 const GROUP_COMMANDS_MAX: usize = 16;
 /// Simulated milliseconds per tick.
 pub const TICK_MS: u64 = 10;
+/// How long the group may take at the end to deliver every event to some member.
+const GROUP_CATCH_UP_MS: u64 = 30_000;
 /// Bound of every node clock's rate error, parts per million (±2 %).
 pub const DRIFT_PPM_MAX: i64 = 20_000;
 /// Lease duration of the simulated cluster, milliseconds.
@@ -108,6 +111,12 @@ pub struct Report {
     pub position_conflicts: u64,
     /// Position writes whose answer was lost, found written by reading back.
     pub positions_read_back: u64,
+    /// Consumer group commits stored.
+    pub group_commits: u64,
+    /// Consumer group commits refused because the session no longer held the partition.
+    pub group_stale_commits: u64,
+    /// Events and gaps delivered to the group's members (counting redeliveries once).
+    pub group_delivered: u64,
     /// A digest of every event stored at the end, times included: one seed gives the same in
     /// every run.
     pub stored_digest: u64,
@@ -153,6 +162,8 @@ pub struct Sim {
     /// The consumer instances, and what the checks know of each consumer name's position.
     consumers: Vec<consume::Consumer>,
     known: Vec<consume::Known>,
+    /// The consumer group and what its checks know.
+    group: groups::GroupSim,
 }
 
 /// The config every partition writer runs with.
@@ -208,6 +219,7 @@ impl Sim {
             })
             .collect();
         let (consumers, known) = consume::consumers(&mut readers_rng, plan.partitions);
+        let group = groups::group(&mut ChaCha8Rng::seed_from_u64(seed ^ 0x9e37), plan.nodes);
         let clients = (0..plan.clients)
             .map(|c| Client {
                 ws: c as u64 + 1,
@@ -236,6 +248,7 @@ impl Sim {
             readers_rng,
             consumers,
             known,
+            group,
         }
     }
 
@@ -291,8 +304,11 @@ impl Sim {
         }
         self.last_retries()
             .map_err(|e| format!("at the end: {e}"))?;
+        self.catch_up_group(GROUP_CATCH_UP_MS / TICK_MS)
+            .map_err(|e| format!("at the end: {e}"))?;
         self.catch_up_followers()
             .map_err(|e| format!("at the end: {e}"))?;
+        self.report.group_delivered = self.group.delivered_count();
         self.report.stored_digest = self.check_end()?;
         self.report.followed = self.followers.iter().map(|f| f.seen.len() as u64).sum();
         Ok(self.report)
@@ -585,6 +601,7 @@ impl Sim {
         }
         self.tick_followers();
         self.tick_consumers();
+        self.tick_group();
     }
 
     /// Delivers `request` to node `to`; an immediate answer when it does not queue it.

@@ -279,7 +279,7 @@ impl Node {
     }
 
     /// The node's own clock: true time since its start, at its drifting rate.
-    fn local(&self, now: u64) -> u64 {
+    pub(crate) fn local(&self, now: u64) -> u64 {
         let dt = i128::from(now - self.born);
         let local = dt + dt * i128::from(self.drift_ppm) / 1_000_000;
         self.born + u64::try_from(local).unwrap_or(0)

@@ -25,6 +25,7 @@ fn run_range(range: u64) {
         }
     };
     let (mut acked, mut followed, mut positions, mut conflicts) = (0, 0, 0, 0);
+    let (mut commits, mut stale, mut delivered) = (0, 0, 0);
     for seed in &seeds {
         match run_seed(*seed) {
             Ok(report) => {
@@ -32,6 +33,9 @@ fn run_range(range: u64) {
                 followed += report.followed;
                 positions += report.positions_set;
                 conflicts += report.position_conflicts;
+                commits += report.group_commits;
+                stale += report.group_stale_commits;
+                delivered += report.group_delivered;
             }
             Err(e) => panic!(
                 "seed {seed}: {e}\nreplay: MONOSEQ_SIM_SEED={seed} cargo test -p monoseq-sim \
@@ -46,6 +50,11 @@ fn run_range(range: u64) {
     assert!(
         seeds.is_empty() || followed > 0,
         "the followers were delivered nothing"
+    );
+    assert!(
+        seeds.len() < 10 || commits > 0 && stale > 0 && delivered > 0,
+        "the consumer group committed {commits} positions, had {stale} stale commits refused \
+         and delivered {delivered} events: members must commit, and stale ones be refused"
     );
     assert!(
         seeds.len() < 10 || positions > 0 && conflicts > 0,

@@ -1,7 +1,9 @@
 //! What a node decides, at each step, for the sessions of a group it hosts, without I/O: the
 //! server's host and the cluster simulation both run [`plan_step`], carry out its plan
-//! (stop readers, remove fences, end streams), write [`Changes`] by compare-and-swap, then
-//! claim what [`to_claim`] lists. Time is the host's own clock, in milliseconds.
+//! (stop readers, remove fences, end streams), leave out of the [`Changes`] what a fence
+//! that could not be removed still guards ([`Changes::keep_fenced`]), write them by
+//! compare-and-swap, then claim what [`to_claim`] lists. Time is the host's own clock, in
+//! milliseconds. A session leaves the group's state only once no fence names it.
 //!
 //! Safety of "one member holds a partition" rests on two rules. A host delivers to a session
 //! only while its last renewal was sent less than the session timeout ago
@@ -66,6 +68,18 @@ pub struct Changes {
 }
 
 impl Changes {
+    /// Leaves out what depends on a fence that could not be removed (`failed`: session and
+    /// partition): a session whose fence stays is not removed and a partition whose fence
+    /// stays is not released, so no session that left the group can still commit. The next
+    /// step tries again.
+    pub fn keep_fenced(&mut self, failed: &[(String, u32)]) {
+        let stays = |id: &String| failed.iter().any(|(s, _)| s == id);
+        self.ended.retain(|id| !stays(id));
+        self.expired.retain(|id| !stays(id));
+        self.released
+            .retain(|(id, p)| !failed.iter().any(|(s, q)| s == id && q == p));
+    }
+
     /// Applies them and rebalances; whether anything changed.
     pub fn apply(&self, state: &mut GroupState) -> bool {
         let mut changed = false;
@@ -92,6 +106,8 @@ pub struct StepPlan {
     /// session's fence (the partition is then released by the changes). One `revoked` message
     /// per session lists its partitions.
     pub stop: Vec<(String, u32, bool)>,
+    /// Other nodes' members seen expired, with the partitions whose fences to remove first.
+    pub expire: Vec<(String, Vec<u32>)>,
     /// What to write.
     pub changes: Changes,
 }
@@ -189,6 +205,12 @@ pub fn plan_step(state: &GroupState, hosted: &[Hosted], seen: &Seen, now: u64) -
         }
     }
     plan.changes.expired = seen.stale(state, hosted, now);
+    plan.expire = plan
+        .changes
+        .expired
+        .iter()
+        .map(|id| (id.clone(), state.held_by(id)))
+        .collect();
     plan
 }
 

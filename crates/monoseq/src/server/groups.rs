@@ -253,6 +253,7 @@ fn open_session(
         tx,
         client_beat: Mutex::new(Instant::now()),
         leaving: AtomicBool::new(false),
+        ended: AtomicBool::new(false),
     });
     tracing::info!(group = %g, member = %join.member, session = %id, timeout_ms, "a consumer group member joined");
     st.groups.host(st, g, session);

@@ -39,6 +39,8 @@ pub(super) struct Session {
     pub(super) client_beat: Mutex<Instant>,
     /// Asked to leave (`DELETE`).
     pub(super) leaving: AtomicBool,
+    /// Its host ended it (its stream got its last message): final, whatever comes after.
+    pub(super) ended: AtomicBool,
 }
 
 impl Session {
@@ -156,10 +158,11 @@ impl Host {
         .await?
         .map_or_else(|| GroupState::new(partitions), |s| s.state);
         let plan = plan_step(&state, &hosted, seen, now);
+        let mut failed = Vec::new();
         for s in &sessions {
             let run = running.entry(s.id.clone()).or_default();
             if let Some((_, why, held)) = plan.end.iter().find(|e| e.0 == s.id) {
-                self.end(st, s, run, held, *why).await;
+                failed.extend(self.end(st, s, run, held, *why).await);
                 continue;
             }
             let stops: Vec<(u32, bool)> = plan
@@ -168,9 +171,17 @@ impl Host {
                 .filter(|x| x.0 == s.id)
                 .map(|x| (x.1, x.2))
                 .collect();
-            self.give_up(st, s, run, &stops, state.generation).await;
+            failed.extend(self.give_up(st, s, run, &stops, state.generation).await);
         }
-        let changes = plan.changes;
+        for (id, held) in &plan.expire {
+            for &p in held {
+                if !self.unfence(st, id, p).await {
+                    failed.push((id.clone(), p));
+                }
+            }
+        }
+        let mut changes = plan.changes;
+        changes.keep_fenced(&failed);
         let state = self.write(st, changes.clone()).await?;
         for id in &changes.renew {
             if state.member(id).is_some() {
@@ -207,7 +218,8 @@ impl Host {
         .await
     }
 
-    /// Stops a session: its readers, its fences on `held`, its stream (with a last message).
+    /// Stops a session for good: its readers, its fences on `held`, its stream (with a last
+    /// message); the fences that could not be removed.
     async fn end(
         &self,
         st: &Arc<AppState>,
@@ -215,18 +227,23 @@ impl Host {
         run: &mut Running,
         held: &[u32],
         why: Ending,
-    ) {
+    ) -> Vec<(String, u32)> {
+        s.ended.store(true, Ordering::Release);
         for (_, reader) in run.readers.drain() {
             stop(reader).await;
         }
+        let mut failed = Vec::new();
         for &p in held {
-            self.unfence(st, &s.id, p).await;
+            if !self.unfence(st, &s.id, p).await {
+                failed.push((s.id.clone(), p));
+            }
         }
         let _ = s.tx.try_send(Chunk::Last(message(
             SSE_SESSION_ENDED,
             &ended_body(why, s.timeout),
         )));
         tracing::info!(group = %self.group, member = %s.member, session = %s.id, reason = ?why, "a consumer group session ended");
+        failed
     }
 
     /// Stops the readers `stops` names (removing the fence of each given up), and tells the
@@ -238,15 +255,16 @@ impl Host {
         run: &mut Running,
         stops: &[(u32, bool)],
         generation: u64,
-    ) {
+    ) -> Vec<(String, u32)> {
         let mut revoked = Vec::new();
+        let mut failed = Vec::new();
         for &(p, give_up) in stops {
             if let Some(reader) = run.readers.remove(&p) {
                 stop(reader).await;
                 revoked.push(p);
             }
-            if give_up {
-                self.unfence(st, &s.id, p).await;
+            if give_up && !self.unfence(st, &s.id, p).await {
+                failed.push((s.id.clone(), p));
             }
         }
         if !revoked.is_empty() {
@@ -257,6 +275,7 @@ impl Host {
             let _ = s.tx.send(Chunk::Control(message(SSE_REVOKED, &body))).await;
             tracing::info!(group = %self.group, member = %s.member, partitions = ?revoked, generation, "consumer group partitions revoked from a member (rebalance)");
         }
+        failed
     }
 
     /// Claims and starts reading each partition `s` was given and does not read yet; the
@@ -305,18 +324,21 @@ impl Host {
         tracing::info!(group = %self.group, member = %s.member, partitions = ?starts.iter().map(|s| s.0).collect::<Vec<_>>(), generation = state.generation, "consumer group partitions assigned to a member");
     }
 
-    async fn unfence(&self, st: &Arc<AppState>, session: &str, p: u32) {
+    /// Removes `session`'s fence on partition `p`; whether it is gone (the partition is given
+    /// up only then, so that no session that left can still commit).
+    async fn unfence(&self, st: &Arc<AppState>, session: &str, p: u32) -> bool {
         let g = self.group.clone();
         let id = session.to_owned();
         let released = blocking(st, move |store| {
             store.release_partition(&g, PartitionId(p), &id)
         })
         .await;
-        if let Err(e) = released {
-            // The next holder's claim replaces the fence anyway; until then this session's
-            // commits may still land, which the group's position can take (they are its own
-            // processed offsets).
-            tracing::warn!(group = %self.group, partition = p, error = %crate::base::chain(&e), "a consumer group fence could not be removed");
+        match released {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(group = %self.group, partition = p, error = %crate::base::chain(&e), "a consumer group fence could not be removed; the partition is given up at a later step");
+                false
+            }
         }
     }
 }
@@ -326,7 +348,7 @@ fn view(s: &Session, run: &Running) -> Hosted {
     Hosted {
         session: s.id.clone(),
         timeout_ms: u64::try_from(s.timeout.as_millis()).unwrap_or(u64::MAX),
-        closed: s.tx.is_closed(),
+        closed: s.tx.is_closed() || s.ended.load(Ordering::Acquire),
         leaving: s.leaving.load(Ordering::Acquire),
         quiet_ms: u64::try_from(s.quiet_for(Instant::now()).as_millis()).unwrap_or(u64::MAX),
         renewed_at: run.renewed_at,
