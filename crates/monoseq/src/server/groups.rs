@@ -254,6 +254,7 @@ fn open_session(
         client_beat: Mutex::new(Instant::now()),
         leaving: AtomicBool::new(false),
         ended: AtomicBool::new(false),
+        until: Arc::default(),
     });
     tracing::info!(group = %g, member = %join.member, session = %id, timeout_ms, "a consumer group member joined");
     st.groups.host(st, g, session);

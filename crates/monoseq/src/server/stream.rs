@@ -101,16 +101,44 @@ pub(super) enum Start {
     End,
 }
 
-/// Starts the reader of partition `p` feeding `tx` from `start` through `filter`.
+/// Until when a group member's reader may deliver (its session's last renewal plus its
+/// timeout); `None` before the first renewal.
+pub(super) type Until = Arc<std::sync::Mutex<Option<Instant>>>;
+
+/// How often a reader past its `Until` looks whether it was extended.
+const UNTIL_RECHECK: Duration = Duration::from_millis(50);
+
+/// Starts the reader of partition `p` feeding `tx` from `start` through `filter`; with
+/// `until`, it delivers nothing past that instant.
 pub(super) fn spawn_reader(
     st: &Arc<AppState>,
     p: u32,
     start: Start,
-    filter: Arc<Filter>,
+    (filter, until): (Arc<Filter>, Option<Until>),
     tx: mpsc::Sender<Chunk>,
 ) -> JoinHandle<()> {
     let st = Arc::clone(st);
-    tokio::spawn(async move { read_into(&st, p, start, &filter, &tx).await })
+    tokio::spawn(async move { read_into(&st, p, start, (&filter, until.as_ref()), &tx).await })
+}
+
+/// Waits while `until` is past (the session is not renewed); `false` once the stream is gone.
+async fn within(until: Option<&Until>, tx: &mpsc::Sender<Chunk>) -> bool {
+    let Some(until) = until else {
+        return true;
+    };
+    loop {
+        let valid = until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|u| Instant::now() <= u);
+        if valid {
+            return true;
+        }
+        if tx.is_closed() {
+            return false;
+        }
+        tokio::time::sleep(UNTIL_RECHECK).await;
+    }
 }
 
 /// The reader's loop: ends when the stream's connection is gone.
@@ -118,7 +146,7 @@ async fn read_into(
     st: &Arc<AppState>,
     p: u32,
     start: Start,
-    filter: &Filter,
+    (filter, until): (&Filter, Option<&Until>),
     tx: &mpsc::Sender<Chunk>,
 ) {
     let mut next = match start {
@@ -154,7 +182,7 @@ async fn read_into(
             next,
             bytes,
         };
-        if tx.send(chunk).await.is_err() {
+        if !within(until, tx).await || tx.send(chunk).await.is_err() {
             return;
         }
     }
@@ -442,7 +470,7 @@ pub(super) async fn stream_events(
         if let Start::At(n) = start {
             vector.insert(p, n);
         }
-        spawn_reader(&st, p, start, Arc::clone(&filter), tx.clone());
+        spawn_reader(&st, p, start, (Arc::clone(&filter), None), tx.clone());
     }
     drop(tx);
     tracing::info!(

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use super::super::AppState;
 use super::super::filter::Filter;
-use super::super::stream::{Chunk, Start, message, spawn_reader};
+use super::super::stream::{Chunk, Start, Until, message, spawn_reader};
 
 /// How often a host steps while it hosts a session.
 pub(super) const STEP_EVERY: Duration = Duration::from_millis(100);
@@ -41,6 +41,8 @@ pub(super) struct Session {
     pub(super) leaving: AtomicBool,
     /// Its host ended it (its stream got its last message): final, whatever comes after.
     pub(super) ended: AtomicBool,
+    /// Until when its readers may deliver: its last renewal plus its timeout.
+    pub(super) until: Until,
 }
 
 impl Session {
@@ -183,9 +185,11 @@ impl Host {
         let mut changes = plan.changes;
         changes.keep_fenced(&failed);
         let state = self.write(st, changes.clone()).await?;
-        for id in &changes.renew {
-            if state.member(id).is_some() {
-                running.entry(id.clone()).or_default().renewed_at = Some(now);
+        for s in sessions.iter().filter(|s| changes.renew.contains(&s.id)) {
+            if state.member(&s.id).is_some() {
+                running.entry(s.id.clone()).or_default().renewed_at = Some(now);
+                let until = self.epoch + Duration::from_millis(now) + s.timeout;
+                *s.until.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
             }
         }
         for id in &changes.expired {
@@ -318,7 +322,8 @@ impl Host {
                 .await;
         for &(p, position) in &starts {
             let start = Start::At(position + 1);
-            let reader = spawn_reader(st, p, start, Arc::clone(&s.filter), s.tx.clone());
+            let gate = (Arc::clone(&s.filter), Some(Arc::clone(&s.until)));
+            let reader = spawn_reader(st, p, start, gate, s.tx.clone());
             run.readers.insert(p, reader);
         }
         tracing::info!(group = %self.group, member = %s.member, partitions = ?starts.iter().map(|s| s.0).collect::<Vec<_>>(), generation = state.generation, "consumer group partitions assigned to a member");
