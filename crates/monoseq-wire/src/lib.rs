@@ -28,6 +28,7 @@ mod consume;
 mod marks;
 mod positions;
 mod sequences;
+pub mod whole;
 
 pub use admin::{BackupBody, BackupRequestBody};
 pub use answers::{
