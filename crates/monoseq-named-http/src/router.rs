@@ -353,9 +353,14 @@ fn float_problem(n: &serde_json::Number) -> String {
     }
 }
 
+/// `timeout_ms`: any whole number of milliseconds (the options cut it to
+/// [`monoseq_named::TIMEOUT_MAX`]), 0 meaning one try.
 fn timeout(timeout_ms: Option<Checked<u64>>) -> Result<Option<std::time::Duration>, ApiError> {
     timeout_ms
-        .map(|v| value_u64(v, "timeout_ms", code::BAD_REQUEST))
+        .map(|v| match v {
+            Checked::Valid(ms) => Ok(ms),
+            invalid => value_u64(invalid, "timeout_ms", code::BAD_REQUEST),
+        })
         .transpose()
         .map(|ms| ms.map(std::time::Duration::from_millis))
 }

@@ -568,3 +568,17 @@ async fn a_busy_answer_under_contention_never_comes_from_a_call_that_wrote() {
         }
     }
 }
+
+/// Any whole number of milliseconds is a valid `timeout_ms` (the document allows up to
+/// 2^64 − 1); one past the longest timeout is cut to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_past_the_longest_is_cut_to_it() {
+    let server = serve().await;
+    let seq = |op: &str| format!("{}/v1/sequences/orders/id/{op}", server.base);
+    let body = format!(r#"{{"timeout_ms": {}}}"#, u64::MAX);
+    let (status, answer) = raw("POST", &seq("next"), Some(&body)).await;
+    assert_eq!((status, answer), (200, json!({"value": 1})));
+    let body = format!(r#"{{"value": 9, "timeout_ms": {}}}"#, u64::MAX - 1);
+    let (status, answer) = raw("POST", &seq("set"), Some(&body)).await;
+    assert_eq!((status, &answer["value"]), (200, &json!(9)), "{answer}");
+}
