@@ -479,8 +479,8 @@ impl Backend for SlowAnswers {
 /// Concurrent calls of one operation on one sequence through two servers sharing a store (two
 /// processes racing), with timeout `timeout_ms`: each is answered 200 or 503 `busy`, and the
 /// stored sequence holds exactly what the 200s say was written, so no 503 changed anything.
-/// Some calls succeed, even with a timeout of 0 (one try).
-async fn contend(operation: &str, timeout_ms: u64) {
+/// Some calls succeed, even with a timeout of 0 (one try). Returns how many were busy.
+async fn contend(operation: &str, timeout_ms: u64) -> usize {
     const CALLERS: u64 = 24;
     const START: u64 = 100;
     let store = Arc::new(MemoryStore::new());
@@ -555,6 +555,7 @@ async fn contend(operation: &str, timeout_ms: u64) {
             assert_eq!(stored.value, START + ok, "{case}: a busy call took numbers");
         }
     }
+    busy
 }
 
 /// A retry-later answer is never given for a call that changed anything: every operation that
@@ -562,11 +563,16 @@ async fn contend(operation: &str, timeout_ms: u64) {
 /// under contention.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_answer_under_contention_never_comes_from_a_call_that_wrote() {
+    let mut busy = 0;
     for timeout_ms in [0, 1] {
         for operation in ["next", "increment", "reset", "set"] {
-            contend(operation, timeout_ms).await;
+            busy += contend(operation, timeout_ms).await;
         }
     }
+    assert!(
+        busy > 0,
+        "no call lost a race: the contention proved nothing"
+    );
 }
 
 /// Any whole number of milliseconds is a valid `timeout_ms` (the document allows up to
