@@ -343,24 +343,24 @@ fn value_u64(value: Checked<u64>, field: &str, code: &'static str) -> Result<u64
     ))
 }
 
-/// What is wrong with a number serde_json holds as a float (a fraction, or too large or too
-/// negative for an integer).
+/// What is wrong with a number serde_json holds as a float and the wire did not read as a whole
+/// number from 0 to `u64::MAX` (`5.0` is read as 5): a fraction, or a negative or too large one.
 fn float_problem(n: &serde_json::Number) -> String {
     match n.as_f64() {
         Some(f) if f.fract() != 0.0 || !f.is_finite() => format!("{n} is not a whole number"),
         Some(f) if f < 0.0 => format!("{n} is negative"),
-        // Compared as floats: VALUE_MAX (2^63 − 1) rounds up to 2^63, past which a float
-        // always overflows.
-        Some(f) if f >= VALUE_MAX as f64 => format!("{n} is over the largest value {VALUE_MAX}"),
-        _ => format!(
-            "{n} is a whole number written with a fraction; write it without a decimal point"
-        ),
+        _ => format!("{n} is over the largest value {VALUE_MAX}"),
     }
 }
 
+/// `timeout_ms`: any whole number of milliseconds (the options cut it to
+/// [`monoseq_named::TIMEOUT_MAX`]), 0 meaning one try.
 fn timeout(timeout_ms: Option<Checked<u64>>) -> Result<Option<std::time::Duration>, ApiError> {
     timeout_ms
-        .map(|v| value_u64(v, "timeout_ms", code::BAD_REQUEST))
+        .map(|v| match v {
+            Checked::Valid(ms) => Ok(ms),
+            invalid => value_u64(invalid, "timeout_ms", code::BAD_REQUEST),
+        })
         .transpose()
         .map(|ms| ms.map(std::time::Duration::from_millis))
 }

@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use monoseq_client::SequencesClient as Client;
 use monoseq_kv::{Key, KvStore, MemoryStore};
-use monoseq_named::{KV_TAG, KvBackend, NextOptions, Sequences, SetOptions};
+use monoseq_named::{
+    Address, Backend, BoxFuture, KV_TAG, KvBackend, NextOptions, Object, Sequences, SetOptions,
+    StorageError, Version, WriteFailure,
+};
 use monoseq_named_http::router;
 use serde_json::{Value, json};
 
@@ -345,21 +348,46 @@ async fn a_reserver_takes_its_blocks_through_the_server() {
     }
 }
 
+/// JSON Schema counts `5.0` as the integer 5, and so does the server; a fraction, a negative
+/// or a too large number is still refused, each named as such.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_whole_number_written_as_a_fraction_is_named_as_such() {
+async fn a_whole_number_written_with_a_fraction_is_that_number() {
     let server = serve().await;
-    let url = format!("{}/v1/sequences/orders/id/reset", server.base);
-    let (status, body) = raw("POST", &url, Some(r#"{"value": 5.0}"#)).await;
+    let seq = |op: &str| format!("{}/v1/sequences/orders/id/{op}", server.base);
+    let (status, body) = raw("POST", &seq("reset"), Some(r#"{"value": 5.0}"#)).await;
+    assert_eq!((status, &body["value"]), (200, &json!(5)), "{body}");
+    let (status, body) = raw(
+        "POST",
+        &seq("next"),
+        Some(r#"{"increment": 2e0, "timeout_ms": 1000.0}"#),
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({"value": 5})));
+    for (body, code, says) in [
+        (r#"{"value": 5.5}"#, "invalid_value", "not a whole number"),
+        (r#"{"value": -3.0}"#, "invalid_value", "negative"),
+        (
+            r#"{"value": 1e30}"#,
+            "invalid_value",
+            "over the largest value",
+        ),
+    ] {
+        let (status, answer) = raw("POST", &seq("reset"), Some(body)).await;
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (400, Some(code)),
+            "{body}"
+        );
+        let message = answer["message"].as_str().unwrap();
+        assert!(message.contains(says), "{body}: {message}");
+    }
     assert_eq!(
-        (status, body["code"].as_str()),
-        (400, Some("invalid_value"))
-    );
-    let message = body["message"].as_str().unwrap();
-    assert!(message.contains("without a decimal point"), "{message}");
-    let (_, body) = raw("POST", &url, Some(r#"{"value": -3.0}"#)).await;
-    assert!(
-        body["message"].as_str().unwrap().contains("negative"),
-        "{body}"
+        server
+            .sequences
+            .get(&"orders/id".parse().unwrap())
+            .await
+            .unwrap(),
+        Some(7)
     );
 }
 
@@ -406,4 +434,157 @@ async fn a_405_names_the_methods_the_path_takes_in_allow() {
             "{method} {path}"
         );
     }
+}
+
+/// How long after landing a write of [`SlowAnswers`] answers: longer than the 1 ms timeout the
+/// contention test gives its callers.
+const WRITE_ANSWER_DELAY: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// A backend whose writes answer [`WRITE_ANSWER_DELAY`] after they landed, as storage with slow
+/// acknowledgements does: a caller's short timeout passes while its write is under way.
+struct SlowAnswers(Arc<dyn Backend>);
+
+impl SlowAnswers {
+    async fn answer<T>(&self, written: BoxFuture<'_, T>) -> T {
+        let answer = written.await;
+        tokio::time::sleep(WRITE_ANSWER_DELAY).await;
+        answer
+    }
+}
+
+impl Backend for SlowAnswers {
+    fn load<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Object>, StorageError>> {
+        self.0.load(key)
+    }
+    fn create<'a>(
+        &'a self,
+        key: &'a str,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        Box::pin(self.answer(self.0.create(key, bytes)))
+    }
+    fn replace<'a>(
+        &'a self,
+        key: &'a str,
+        expected: &'a Version,
+        bytes: Vec<u8>,
+    ) -> BoxFuture<'a, Result<Version, WriteFailure>> {
+        Box::pin(self.answer(self.0.replace(key, expected, bytes)))
+    }
+    fn remove<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<(), StorageError>> {
+        self.0.remove(key)
+    }
+}
+
+/// Concurrent calls of one operation on one sequence through two servers sharing a store (two
+/// processes racing), with timeout `timeout_ms`: each is answered 200 or 503 `busy`, and the
+/// stored sequence holds exactly what the 200s say was written, so no 503 changed anything.
+/// Some calls succeed, even with a timeout of 0 (one try). Returns how many were busy.
+async fn contend(operation: &str, timeout_ms: u64) -> usize {
+    const CALLERS: u64 = 24;
+    const START: u64 = 100;
+    let store = Arc::new(MemoryStore::new());
+    let shared: Arc<dyn Backend> = Arc::new(KvBackend::shared(Arc::clone(&store)));
+    let mut bases = Vec::new();
+    for _ in 0..2 {
+        let sequences = Sequences::new(SlowAnswers(Arc::clone(&shared)));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        bases.push(format!("http://{}", listener.local_addr().unwrap()));
+        let app = router(sequences);
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    }
+    let reader = Sequences::new(Arc::clone(&shared));
+    let address: Address = "orders/raced".parse().unwrap();
+    reader
+        .reset(&address, START, &SetOptions::new())
+        .await
+        .unwrap();
+    let calls: Vec<_> = (0..CALLERS)
+        .map(|i| {
+            let url = format!(
+                "{}/v1/sequences/orders/raced/{operation}",
+                bases[(i % 2) as usize]
+            );
+            let body = match operation {
+                "reset" | "set" => json!({"value": 1000 + i, "timeout_ms": timeout_ms}),
+                _ => json!({"timeout_ms": timeout_ms}),
+            };
+            tokio::spawn(async move { raw("POST", &url, Some(&body.to_string())).await })
+        })
+        .collect();
+    let mut written = Vec::new();
+    let mut busy = 0;
+    for call in calls {
+        let (status, body) = call.await.unwrap();
+        match status {
+            200 => written.push(body),
+            503 => {
+                assert_eq!(body["code"], "busy", "{operation} {timeout_ms}: {body}");
+                busy += 1;
+            }
+            _ => panic!("{operation} with timeout {timeout_ms}: {status} {body}"),
+        }
+    }
+    let case = format!("{operation} with timeout_ms {timeout_ms}: {busy} busy");
+    assert!(!written.is_empty(), "{case}, none succeeded");
+    let stored = reader.get_data(&address).await.unwrap().unwrap();
+    let ok = written.len() as u64;
+    match operation {
+        "reset" | "set" => {
+            // Each 200 wrote one revision, and nothing else did.
+            let mut revisions: Vec<u64> = written
+                .iter()
+                .map(|b| b["revision"].as_u64().unwrap())
+                .collect();
+            revisions.sort_unstable();
+            assert_eq!(revisions, (2..=1 + ok).collect::<Vec<_>>(), "{case}");
+            assert_eq!(stored.revision, 1 + ok, "{case}: a busy call wrote");
+            let last = written.iter().find(|b| b["revision"] == stored.revision);
+            assert_eq!(last.unwrap()["value"], stored.value, "{case}");
+        }
+        _ => {
+            // The numbers handed out are exactly the ones the stored value moved past.
+            let after = u64::from(operation == "increment");
+            let mut numbers: Vec<u64> = written
+                .iter()
+                .map(|b| b["value"].as_u64().unwrap())
+                .collect();
+            numbers.sort_unstable();
+            let expected: Vec<u64> = (START + after..START + after + ok).collect();
+            assert_eq!(numbers, expected, "{case}");
+            assert_eq!(stored.value, START + ok, "{case}: a busy call took numbers");
+        }
+    }
+    busy
+}
+
+/// A retry-later answer is never given for a call that changed anything: every operation that
+/// writes, with a timeout of 0 (one try) and of 1 ms (shorter than storage takes to answer),
+/// under contention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_answer_under_contention_never_comes_from_a_call_that_wrote() {
+    let mut busy = 0;
+    for timeout_ms in [0, 1] {
+        for operation in ["next", "increment", "reset", "set"] {
+            busy += contend(operation, timeout_ms).await;
+        }
+    }
+    assert!(
+        busy > 0,
+        "no call lost a race: the contention proved nothing"
+    );
+}
+
+/// Any whole number of milliseconds is a valid `timeout_ms` (the document allows up to
+/// 2^64 − 1); one past the longest timeout is cut to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_past_the_longest_is_cut_to_it() {
+    let server = serve().await;
+    let seq = |op: &str| format!("{}/v1/sequences/orders/id/{op}", server.base);
+    let body = format!(r#"{{"timeout_ms": {}}}"#, u64::MAX);
+    let (status, answer) = raw("POST", &seq("next"), Some(&body)).await;
+    assert_eq!((status, answer), (200, json!({"value": 1})));
+    let body = format!(r#"{{"value": 9, "timeout_ms": {}}}"#, u64::MAX - 1);
+    let (status, answer) = raw("POST", &seq("set"), Some(&body)).await;
+    assert_eq!((status, &answer["value"]), (200, &json!(9)), "{answer}");
 }

@@ -1,6 +1,8 @@
 //! [`Sequences`]: every operation of the reference design on a [`Backend`], made atomic without
 //! locks by optimistic concurrency (read value and version, conditional write, retry with jittered
-//! backoff until the caller's timeout). The options are in `sequences/options.rs`; concurrent
+//! backoff until the caller's timeout). The timeout bounds the retries, never an attempt: every
+//! call makes at least one attempt (a timeout of 0 tries once), and a write once started is
+//! waited for, so a busy answer always means that nothing was written. The options are in `sequences/options.rs`; concurrent
 //! `next` calls on one sequence are combined into one conditional write in `sequences/lane.rs`.
 
 mod lane;
@@ -169,9 +171,9 @@ impl Sequences {
     /// - [`NextError::InvalidValue`], [`NextError::MetadataTooLarge`]: bad options.
     /// - [`NextError::Overflow`]: the sequence would pass [`VALUE_MAX`].
     /// - [`NextError::InvalidStored`]: the stored object is not a sequence (left unchanged).
-    /// - [`NextError::Busy`]: the timeout passed while other writers won (or storage was too
-    ///   slow); if a write was in flight it may have consumed numbers (a gap, never a
-    ///   duplicate).
+    /// - [`NextError::Busy`]: the timeout passed while other writers won; nothing was written
+    ///   (an attempt under way when the timeout passes runs to its end, and a timeout of 0
+    ///   makes one attempt).
     /// - [`NextError::LaneFull`]: [`LANE_CALLS_MAX`] calls of this process already wait for
     ///   this sequence; nothing was tried.
     /// - [`NextError::Storage`]: a storage fault.
@@ -313,7 +315,10 @@ impl Sequences {
     /// - [`SetError::InvalidValue`], [`SetError::MetadataTooLarge`]: bad input.
     /// - [`SetError::InvalidStored`]: the stored object is not a sequence (left unchanged:
     ///   delete it first).
-    /// - [`SetError::Busy`], [`SetError::Storage`].
+    /// - [`SetError::Busy`]: the timeout passed while other writers won; nothing was written
+    ///   (as for [`Sequences::next`], every call makes at least one attempt and a write once
+    ///   started is waited for).
+    /// - [`SetError::Storage`].
     pub async fn reset(
         &self,
         address: &Address,
@@ -338,7 +343,8 @@ impl Sequences {
         written
     }
 
-    /// The attempts of [`Sequences::reset`] until one writes or the timeout passes.
+    /// The attempts of [`Sequences::reset`]: the first always, then more after lost races
+    /// while the timeout has not passed.
     async fn reset_loop(
         &self,
         address: &Address,
@@ -350,44 +356,37 @@ impl Sequences {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let busy = || SetError::Busy {
-                address: address.to_string(),
-                attempts,
-                waited: started.elapsed(),
-            };
-            if let Some(data) = self
-                .reset_once(address, value, options, deadline, &busy)
-                .await?
-            {
+            if let Some(data) = self.reset_once(address, value, options).await? {
                 return Ok(data);
             }
             if !backoff(attempts, deadline).await {
-                return Err(busy());
+                return Err(SetError::Busy {
+                    address: address.to_string(),
+                    attempts,
+                    waited: started.elapsed(),
+                });
             }
         }
     }
 
     /// One read and conditional write of [`Sequences::reset`]: the sequence written, or `None`
-    /// when another writer won the race. `busy` is the error of running out of time.
+    /// when another writer won the race (nothing was written). Runs to its end whatever the
+    /// caller's timeout: a write cut short could land after its caller was told it had not.
     async fn reset_once(
         &self,
         address: &Address,
         value: u64,
         options: &SetOptions,
-        deadline: Instant,
-        busy: impl Fn() -> SetError,
     ) -> Result<Option<SequenceData>, SetError> {
         let backend = &self.inner.backend;
-        let loaded = tokio::time::timeout_at(deadline, backend.load(address.key()))
-            .await
-            .map_err(|_| busy())??;
+        let loaded = backend.load(address.key()).await?;
         let now = now_ms();
         let metadata = options.metadata.clone();
         let (data, written) = match loaded {
             None => {
                 let data = created(address, value, metadata, now);
-                let write = backend.create(address.key(), data.encode());
-                (data, tokio::time::timeout_at(deadline, write).await)
+                let written = backend.create(address.key(), data.encode()).await;
+                (data, written)
             }
             Some(Object { bytes, version }) => {
                 let old = SequenceData::decode(&bytes, address.name()).map_err(|reason| {
@@ -397,11 +396,13 @@ impl Sequences {
                     }
                 })?;
                 let data = rewritten(old, value, metadata, now);
-                let write = backend.replace(address.key(), &version, data.encode());
-                (data, tokio::time::timeout_at(deadline, write).await)
+                let written = backend
+                    .replace(address.key(), &version, data.encode())
+                    .await;
+                (data, written)
             }
         };
-        match written.map_err(|_| busy())? {
+        match written {
             Ok(_) => Ok(Some(data)),
             Err(WriteFailure::Storage(e)) => Err(e.into()),
             Err(WriteFailure::Conflict) => Ok(None),

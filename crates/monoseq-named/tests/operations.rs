@@ -184,10 +184,12 @@ async fn a_stalled_writer_cannot_hand_out_a_number_twice() {
     assert_eq!(other.next(&a, &NextOptions::new()).await.unwrap(), 103);
 }
 
-/// Stalled longer than its timeout: the caller answers busy (or a fresh number), never a
-/// duplicate, and the sequence is not stuck for anyone else meanwhile.
+/// Stalled between its read and its write for longer than its timeout: the sequence is not
+/// stuck for anyone else meanwhile, and the stalled caller waits for its write's outcome
+/// rather than answering busy while the write may still land. Its write, on a stale read, is
+/// refused; its time is up, so it answers busy, and nothing it tried was written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_writer_stalled_past_its_timeout_gives_up_and_blocks_no_one() {
+async fn a_writer_stalled_past_its_timeout_blocks_no_one_and_answers_busy_only_once_refused() {
     let store = Arc::new(MemoryStore::new());
     let stalling = Stalling::new(Arc::new(KvBackend::shared(Arc::clone(&store))));
     let stalled = Sequences::new(Arc::clone(&stalling));
@@ -212,12 +214,17 @@ async fn a_writer_stalled_past_its_timeout_gives_up_and_blocks_no_one() {
         "others were not blocked"
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !slow.is_finished(),
+        "the caller answered while its write was still held"
+    );
+    stalling.gate.add_permits(1);
     let answer = slow.await.unwrap();
     assert!(
         matches!(answer, Err(NextError::Busy { .. })),
-        "the caller's time ran out while it was stalled: {answer:?}"
+        "its write was refused and its time had run out: {answer:?}"
     );
-    stalling.gate.add_permits(1);
+    assert_eq!(stalling.conflicts.load(Ordering::SeqCst), 1);
     assert_eq!(handed, (1..=21).collect());
     assert_eq!(other.next(&a, &NextOptions::new()).await.unwrap(), 22);
 }

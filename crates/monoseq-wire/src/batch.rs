@@ -43,8 +43,10 @@ pub struct BatchCommandBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// As [`CommandBody::ws`].
+    #[serde(deserialize_with = "crate::whole::number")]
     pub ws: u64,
     /// As [`CommandBody::ws_kind`].
+    #[serde(deserialize_with = "crate::whole::number")]
     pub ws_kind: u16,
     /// As [`CommandBody::command`].
     pub command: String,

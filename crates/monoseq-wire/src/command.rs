@@ -10,8 +10,10 @@ use serde_json::{Map, Value};
 #[serde(deny_unknown_fields)]
 pub struct CommandBody {
     /// The workspace the command runs in; its partition is `ws mod partitions`.
+    #[serde(deserialize_with = "crate::whole::number")]
     pub ws: u64,
     /// The workspace's kind.
+    #[serde(deserialize_with = "crate::whole::number")]
     pub ws_kind: u16,
     /// The command's name.
     pub command: String,
@@ -70,9 +72,9 @@ impl CommandBody {
     }
 }
 
-/// Reads `expected_wlog_offset` (absent or `null`: none) and refuses, naming the field,
-/// anything but a whole number from 0 to `u64::MAX`: a negative number, a fraction, a number
-/// too large, text.
+/// Reads `expected_wlog_offset` (absent or `null`: none; a whole number written `5.0` is 5, as
+/// in [`crate::whole`]) and refuses, naming the field, anything but a whole number from 0 to
+/// `u64::MAX`: a negative number, a fraction, a number too large, text.
 pub(crate) fn expected_wlog_offset<'de, D>(d: D) -> Result<Option<u64>, D::Error>
 where
     D: serde::Deserializer<'de>,
@@ -117,9 +119,12 @@ where
         }
 
         fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Option<u64>, E> {
+            if let Some(whole) = crate::whole::from_f64(v) {
+                return Ok(Some(whole));
+            }
             Err(E::custom(format!(
                 "expected_wlog_offset is {v}: give the WLog offset as a whole number from 0 to \
-                 {} (no fraction, no exponent)",
+                 {} (no fraction)",
                 u64::MAX
             )))
         }
@@ -133,6 +138,7 @@ where
 #[serde(deny_unknown_fields)]
 pub struct NewRecordBody {
     /// The client's placeholder ID.
+    #[serde(deserialize_with = "crate::whole::number")]
     pub raw_id: u64,
     /// `CDoc`, `CRecord`, `WDoc` or `WRecord`.
     pub kind: KindBody,
@@ -161,6 +167,7 @@ impl NewRecordBody {
 #[serde(deny_unknown_fields)]
 pub struct RecordUpdateBody {
     /// The record's real ID.
+    #[serde(deserialize_with = "crate::whole::number")]
     pub id: u64,
     /// The fields to change.
     pub fields: Map<String, Value>,
@@ -171,6 +178,7 @@ pub struct RecordUpdateBody {
 #[serde(deny_unknown_fields)]
 pub struct NewArgBody {
     /// The client's placeholder ID.
+    #[serde(deserialize_with = "crate::whole::number")]
     pub raw_id: u64,
     /// The type name.
     pub name: String,
@@ -255,12 +263,33 @@ mod tests {
     }
 
     #[test]
+    fn whole_numbers_written_with_a_fraction_or_exponent_are_read_as_integers() {
+        let text = r#"{"ws":7.0,"ws_kind":1e0,"command":"c","expected_wlog_offset":1e3,
+            "create":[{"raw_id":2.0,"kind":"CDoc","name":"a"}],"update":[{"id":5.0,"fields":{}}],
+            "argument":{"raw_id":3.0,"name":"b"}}"#;
+        let body: CommandBody = serde_json::from_str(text).unwrap();
+        assert_eq!((body.ws, body.ws_kind), (7, 1));
+        assert_eq!(body.expected_wlog_offset, Some(1000));
+        assert_eq!(body.create[0].raw_id, 2);
+        assert_eq!(body.update[0].id, 5);
+        assert_eq!(body.argument.map(|a| a.raw_id), Some(3));
+        for bad in [r#""ws":7.5"#, r#""ws":-7.0"#] {
+            let text = format!(r#"{{{bad},"ws_kind":1,"command":"c"}}"#);
+            let e = serde_json::from_str::<CommandBody>(&text).unwrap_err();
+            assert!(e.to_string().contains("a whole number"), "{bad}: {e}");
+        }
+        let e = serde_json::from_str::<CommandBody>(r#"{"ws":7,"ws_kind":65536.0,"command":"c"}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("0 to 65535"), "{e}");
+    }
+
+    #[test]
     fn a_bad_expected_wlog_offset_is_refused_naming_the_field() {
         for bad in [
             "-1",
             "1.5",
             "18446744073709551616",
-            "1e3",
+            "1.8446744073709552e19",
             "\"5\"",
             "true",
             "[]",

@@ -29,6 +29,7 @@ mod groups;
 mod marks;
 mod positions;
 mod sequences;
+pub mod whole;
 
 pub use admin::{BackupBody, BackupRequestBody};
 pub use answers::{

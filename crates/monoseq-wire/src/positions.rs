@@ -37,10 +37,15 @@ pub struct PositionBody {
 #[serde(deny_unknown_fields)]
 pub struct PutPositionBody {
     /// The new position.
+    #[serde(deserialize_with = "crate::whole::number")]
     pub offset: u64,
     /// The position the writer read; the write happens only if it is still stored. Absent
     /// (or `null`): only when the consumer has no position on the partition yet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::whole::optional"
+    )]
     pub expected: Option<u64>,
     /// Allows `offset` below `expected` (a consumer rewinding to read again).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -25,9 +25,17 @@ impl<T> From<T> for Checked<T> {
 }
 
 /// A field that is present, `null` included: a number field holding `null` is a wrong value
-/// (refused with its field's code), not an absent one. (`metadata: null` is absent.)
+/// (refused with its field's code), not an absent one. (`metadata: null` is absent.) A whole
+/// number written with a fraction or exponent (`5.0`) is that number ([`crate::whole`]).
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Checked<u64>>, D::Error> {
-    Checked::deserialize(d).map(Some)
+    let checked = match Checked::deserialize(d)? {
+        Checked::Invalid(Value::Number(n)) => match n.as_f64().and_then(crate::whole::from_f64) {
+            Some(whole) => Checked::Valid(whole),
+            None => Checked::Invalid(Value::Number(n)),
+        },
+        checked => checked,
+    };
+    Ok(Some(checked))
 }
 
 /// `POST /v1/sequences/{address}/next` and `…/increment`: every field optional.
@@ -123,6 +131,19 @@ mod tests {
             serde_json::to_value(&body).unwrap(),
             json!({"increment": 5})
         );
+    }
+
+    #[test]
+    fn a_whole_number_with_a_fraction_is_that_number_and_a_fraction_stays_wrong() {
+        let body: NextRequestBody = serde_json::from_value(
+            json!({"initial": 833155.0, "increment": 2e1, "timeout_ms": 1.5}),
+        )
+        .unwrap();
+        assert_eq!(body.initial, Some(Checked::Valid(833_155)));
+        assert_eq!(body.increment, Some(Checked::Valid(20)));
+        assert_eq!(body.timeout_ms, Some(Checked::Invalid(json!(1.5))));
+        let body: ResetRequestBody = serde_json::from_str(r#"{"value": -3.0}"#).unwrap();
+        assert_eq!(body.value, Some(Checked::Invalid(json!(-3.0))));
     }
 
     #[test]

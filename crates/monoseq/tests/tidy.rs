@@ -1,13 +1,17 @@
 //! The documents that map the code, kept true and short: ARCHITECTURE.md's code map names every
 //! `.rs` file under a crate's `src` once and nothing else, ARCHITECTURE.md fits in
-//! `ARCHITECTURE_BYTES_MAX` and README.md in `README_LINES_MAX`. Reads files only (no build,
-//! no `cargo metadata`); the unit tests at the end break each rule on purpose.
+//! `ARCHITECTURE_BYTES_MAX`, DESIGN.md in `DESIGN_BYTES_MAX` and README.md in
+//! `README_LINES_MAX`. Reads files only (no build, no `cargo metadata`); the unit tests at the
+//! end break each rule on purpose.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// Longest ARCHITECTURE.md: a map a reader takes in at once.
 const ARCHITECTURE_BYTES_MAX: usize = 15 * 1024;
+/// Longest DESIGN.md: each question with the figure that decided it; measurements and their
+/// history go to the benchmark pages under docs/benchmarks/.
+const DESIGN_BYTES_MAX: usize = 30 * 1024;
 /// Longest README.md: what it is, how to run it, where to go next.
 const README_LINES_MAX: usize = 150;
 /// The heading after which ARCHITECTURE.md lists the files.
@@ -132,6 +136,16 @@ fn architecture_md_fits_on_one_screen() {
         bytes <= ARCHITECTURE_BYTES_MAX,
         "ARCHITECTURE.md has {bytes} bytes, over {ARCHITECTURE_BYTES_MAX}: shorten lines \
          rather than drop files; details belong in DESIGN.md or the module's `//!`"
+    );
+}
+
+#[test]
+fn design_md_keeps_to_decisions_and_their_figures() {
+    let bytes = read(&root().join("DESIGN.md")).len();
+    assert!(
+        bytes <= DESIGN_BYTES_MAX,
+        "DESIGN.md has {bytes} bytes, over {DESIGN_BYTES_MAX}: keep each answer to the decision \
+         and its deciding figure; move measurements and history to the benchmark page it links"
     );
 }
 

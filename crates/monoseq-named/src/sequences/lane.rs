@@ -214,7 +214,10 @@ fn take_batch(lane: &mut VecDeque<Waiter>) -> Vec<Waiter> {
 }
 
 /// Serves one batch with one conditional write per attempt: the waiters get consecutive
-/// ranges, in order. Waiters whose deadline passed are answered busy between attempts.
+/// ranges, in order. Every waiter takes part in at least one attempt that reads what is stored
+/// (a timeout of 0 tries once); after a lost race, the waiters whose deadline passed are
+/// answered busy, nothing having been written for them. An attempt runs to its end whatever
+/// the deadlines: a write cut short could land after its callers were told it had not.
 /// `known` is what this process last wrote, if that write succeeded: the attempt writes on it
 /// without reading first, and leaves in it what it wrote, or nothing.
 async fn serve_batch(
@@ -224,32 +227,34 @@ async fn serve_batch(
     known: &mut Option<Known>,
 ) {
     let mut attempts = 0u32;
+    // Whether the batch lost a race on what was stored: only then may a waiter out of time
+    // be answered busy (a refused write on a stale memory is no try of theirs).
+    let mut lost = false;
     loop {
-        // Answer the waiters out of time before trying (again).
-        let now = Instant::now();
-        let (expired, live): (Vec<Waiter>, Vec<Waiter>) =
-            batch.into_iter().partition(|w| w.deadline <= now);
-        for waiter in expired {
-            answer_busy(waiter, address, attempts);
+        if lost {
+            // Answer the waiters out of time before trying again.
+            let now = Instant::now();
+            let (expired, live): (Vec<Waiter>, Vec<Waiter>) =
+                batch.into_iter().partition(|w| w.deadline <= now);
+            for waiter in expired {
+                answer_busy(waiter, address, attempts);
+            }
+            batch = live;
         }
-        batch = live;
-        let Some(deadline) = batch.iter().map(|w| w.deadline).max() else {
+        if batch.is_empty() {
             return;
-        };
+        }
         attempts += 1;
-        match attempt(inner, address, &mut batch, deadline, known).await {
+        match attempt(inner, address, &mut batch, known).await {
             Attempt::Done => return,
             Attempt::Stale => {}
             Attempt::Lost => {
+                lost = true;
                 // Sleep no later than the earliest deadline; the loop answers it then.
-                let earliest = batch.iter().map(|w| w.deadline).min().unwrap_or(deadline);
-                backoff(attempts, earliest).await;
-            }
-            Attempt::TimedOut => {
-                for waiter in batch {
-                    answer_busy(waiter, address, attempts);
+                let earliest = batch.iter().map(|w| w.deadline).min();
+                if let Some(earliest) = earliest {
+                    backoff(attempts, earliest).await;
                 }
-                return;
             }
             Attempt::Failed(error) => {
                 let mut waiters = batch.into_iter();
@@ -282,8 +287,6 @@ enum Attempt {
     /// The state this process remembered had changed (another process wrote, or a `reset`,
     /// `set` or `delete`); retry at once with a fresh read.
     Stale,
-    /// Storage did not answer before the latest deadline.
-    TimedOut,
     /// An error every waiter gets.
     Failed(NextError),
 }
@@ -298,7 +301,6 @@ async fn attempt(
     inner: &Inner,
     address: &Address,
     batch: &mut Vec<Waiter>,
-    deadline: Instant,
     known: &mut Option<Known>,
 ) -> Attempt {
     // Taken before anything is read: a `reset`, `set` or `delete` of this process that drops
@@ -307,7 +309,7 @@ async fn attempt(
     let remembered = known.is_some();
     let (old, version) = match known.take() {
         Some(Known { data, version }) => (Some(data), Some(version)),
-        None => match load_stored(&*inner.backend, address, deadline).await {
+        None => match load_stored(&*inner.backend, address).await {
             Ok(stored) => stored,
             Err(failed) => return failed,
         },
@@ -329,12 +331,11 @@ async fn attempt(
         expected,
         bytes: data.encode(),
     };
-    match tokio::time::timeout_at(deadline, inner.write(write)).await {
-        Err(_) => Attempt::TimedOut,
-        Ok(Err(WriteFailure::Conflict)) if remembered => Attempt::Stale,
-        Ok(Err(WriteFailure::Conflict)) => Attempt::Lost,
-        Ok(Err(WriteFailure::Storage(e))) => Attempt::Failed(NextError::Storage(e)),
-        Ok(Ok(version)) => {
+    match inner.write(write).await {
+        Err(WriteFailure::Conflict) if remembered => Attempt::Stale,
+        Err(WriteFailure::Conflict) => Attempt::Lost,
+        Err(WriteFailure::Storage(e)) => Attempt::Failed(NextError::Storage(e)),
+        Ok(version) => {
             *known = Some(Known { data, version });
             // Before the answers, so that a caller's next call already finds the block.
             if let (Some(cache), Some(ticket)) = (&inner.cache, ticket) {
@@ -355,12 +356,10 @@ async fn attempt(
 async fn load_stored(
     backend: &dyn Backend,
     address: &Address,
-    deadline: Instant,
 ) -> Result<(Option<SequenceData>, Option<Version>), Attempt> {
-    let loaded = match tokio::time::timeout_at(deadline, backend.load(address.key())).await {
-        Err(_) => return Err(Attempt::TimedOut),
-        Ok(Err(e)) => return Err(Attempt::Failed(NextError::Storage(e))),
-        Ok(Ok(loaded)) => loaded,
+    let loaded = match backend.load(address.key()).await {
+        Err(e) => return Err(Attempt::Failed(NextError::Storage(e))),
+        Ok(loaded) => loaded,
     };
     match loaded {
         None => Ok((None, None)),
