@@ -136,8 +136,10 @@ pub struct SessionBody {
 #[serde(deny_unknown_fields)]
 pub struct CommitPositionBody {
     /// The partition.
+    #[serde(deserialize_with = "crate::whole::number")]
     pub partition: u32,
     /// The offset processed.
+    #[serde(deserialize_with = "crate::whole::number")]
     pub offset: u64,
 }
 
@@ -148,6 +150,7 @@ pub struct CommitBody {
     /// The committing session.
     pub session: String,
     /// The generation of the member's latest `assigned` message.
+    #[serde(deserialize_with = "crate::whole::number")]
     pub generation: u64,
     /// The positions, at most one per partition.
     pub positions: Vec<CommitPositionBody>,

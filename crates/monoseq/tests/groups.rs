@@ -272,6 +272,17 @@ async fn bad_stream_and_group_parameters_are_refused_naming_them() {
             })),
     )
     .await;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (404, Some("no_such_partition")),
+        "{body}"
+    );
+    let (code, body) = status(
+        client
+            .post(format!("{}/v1/groups/g/commit", server.url))
+            .json(&json!({"session": "", "generation": 1, "positions": []})),
+    )
+    .await;
     assert_eq!(code, 400, "{body}");
     let (code, body) = status(
         client

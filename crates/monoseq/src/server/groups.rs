@@ -344,8 +344,8 @@ pub(super) async fn commit(
         Ok(c) => c,
         Err(r) => return r,
     };
-    if let Err(m) = check_commit(&c, st.cp.config().partitions) {
-        return bad_request(m);
+    if let Err(r) = check_commit(&c, st.cp.config().partitions) {
+        return r;
     }
     if let Some((_, session)) = st.groups.session(&g, &c.session) {
         session.beat();
@@ -381,20 +381,34 @@ pub(super) async fn commit(
     axum::Json(committed).into_response()
 }
 
-fn check_commit(c: &CommitBody, partitions: u32) -> Result<(), String> {
+/// A commit's 400 (a malformed body) or 404 (a partition the server does not have).
+fn check_commit(c: &CommitBody, partitions: u32) -> Result<(), Response> {
+    if c.session.is_empty() {
+        return Err(bad_request(
+            "`session` is empty: send the session `joined` named",
+        ));
+    }
     let mut seen = Vec::new();
     for CommitPositionBody { partition, offset } in &c.positions {
         if *partition >= partitions {
-            return Err(format!(
-                "partition {partition} does not exist: the server has partitions 0 to {}",
-                partitions - 1
+            return Err(error(
+                StatusCode::NOT_FOUND,
+                "no_such_partition",
+                format!(
+                    "partition {partition} does not exist: the server has partitions 0 to {}",
+                    partitions - 1
+                ),
             ));
         }
         if seen.contains(partition) {
-            return Err(format!("partition {partition} is committed twice"));
+            return Err(bad_request(format!(
+                "partition {partition} is committed twice"
+            )));
         }
         if *offset > OFFSET_READ_MAX {
-            return Err(format!("offset {offset} is past every possible end"));
+            return Err(bad_request(format!(
+                "offset {offset} is past every possible end"
+            )));
         }
         seen.push(*partition);
     }
