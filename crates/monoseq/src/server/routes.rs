@@ -56,6 +56,7 @@ pub(super) fn router(
             .with_cache(named_cache);
     let mut metrics = Metrics::new();
     metrics.register_follow(&follow.counts);
+    cp.observe_groups(metrics.latency.group_observer());
     let state = Arc::new(AppState {
         cp,
         cluster,
@@ -184,10 +185,12 @@ async fn submit(
     headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let began = std::time::Instant::now();
     let (cmd, body) = match command_body(&headers, body) {
         Ok(read) => read,
         Err((status, code, message)) => {
             st.metrics.count_command(code);
+            st.metrics.latency.command(code, began);
             return error(status, code, message);
         }
     };
@@ -206,6 +209,7 @@ async fn submit(
     match st.cp.submit_keyed(crate::wire::command(cmd), key).await {
         Ok(out) => {
             st.metrics.commands_ok.inc();
+            st.metrics.latency.command("ok", began);
             let replayed = out.replayed;
             let mut r = axum::Json(crate::wire::outcome(&out)).into_response();
             if replayed {
@@ -216,6 +220,7 @@ async fn submit(
         }
         Err(e) => {
             st.metrics.count_command(e.code());
+            st.metrics.latency.command(e.code(), began);
             command_error(&e)
         }
     }
@@ -392,7 +397,12 @@ async fn route_elsewhere(
     let answer = match cluster.owner(partition) {
         Owner::Node { url, .. } if !Forwarder::was_forwarded(headers) => {
             st.metrics.forwarded.inc();
+            let began = std::time::Instant::now();
             let answer = forwarder.command(&url, body, headers).await;
+            st.metrics
+                .latency
+                .forward
+                .observe(began.elapsed().as_secs_f64());
             if answer.status() == StatusCode::SERVICE_UNAVAILABLE {
                 // The owner read last did not answer, or no longer serves the partition.
                 cluster.read_soon();
