@@ -134,6 +134,17 @@ pub struct WlogPageBody {
     pub events: Vec<EventBody>,
 }
 
+/// `GET /v1/token`: what the presented token may do, so that a client (the web console) shows
+/// only the actions it may take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenScopeBody {
+    /// `read` (GET only), `write` (every request but administration) or `admin` (every
+    /// request); on a server without tokens, `write`, or `admin` under `--admin-on-loopback`.
+    pub scope: String,
+    /// Whether the server requires tokens.
+    pub tokens: bool,
+}
+
 /// `GET /v1/info`: what the server serves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InfoBody {

@@ -22,6 +22,7 @@ mod metrics;
 mod positions;
 mod routes;
 mod startup;
+mod ui;
 
 pub use consume::FollowArgs;
 pub use startup::serve;

@@ -76,6 +76,7 @@ pub(super) fn router(
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX_DEFAULT))
         .with_state(state)
         .merge(monoseq_named_http::router(sequences))
+        .merge(super::ui::token_route(Arc::clone(&auth)))
         .method_not_allowed_fallback(|| async {
             error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -87,7 +88,10 @@ pub(super) fn router(
         .layer(axum::middleware::from_fn_with_state(
             auth,
             crate::auth::require_token,
-        ));
+        ))
+        // The console's page and script hold no data: a browser loads them without a token
+        // and sends its token with every API request.
+        .merge(super::ui::assets());
     with_answer_log(router)
 }
 
