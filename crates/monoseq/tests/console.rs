@@ -28,7 +28,10 @@ fn browse(env: &[(&str, String)]) -> String {
         "{CHROMIUM} is missing: scripts/test installs it (apt-get install chromium)"
     );
     let mut command = Command::new("python3");
-    command.arg(script()).stdin(Stdio::null());
+    command
+        .arg(script())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null());
     for (k, v) in env {
         command.env(k, v);
     }
