@@ -130,3 +130,55 @@ fn the_cluster_view_shows_a_new_owner_after_the_old_owner_is_killed() {
         n.terminate(Duration::from_secs(20));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_scope_answers_what_each_token_may_do_and_the_assets_need_no_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = both_tokens(dir.path());
+    let args = ["--tokens-file", tokens.to_str().unwrap()];
+    let server = common::Server::start(&dir.path().join("data"), &args);
+    let client = reqwest::Client::new();
+    let scope = |token: Option<&'static str>| {
+        let mut r = client.get(format!("{}/v1/token", server.url));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap();
+            (
+                status,
+                body["scope"].as_str().unwrap_or_default().to_owned(),
+            )
+        }
+    };
+    assert_eq!(scope(Some(READ)).await, (200, "read".to_owned()));
+    assert_eq!(scope(Some(WRITE)).await, (200, "write".to_owned()));
+    assert_eq!(scope(None).await.0, 401);
+    let page = client
+        .get(format!("{}/ui/", server.url))
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200, "the page needs no token");
+    assert_eq!(page.headers()["content-encoding"], "gzip");
+    assert!(
+        page.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("script-src 'self'")
+    );
+    let script = client
+        .get(format!("{}/ui/app.js", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert!(script.headers().get("content-encoding").is_none());
+    let text = script.text().await.unwrap();
+    assert!(
+        !text.contains("innerHTML"),
+        "the console writes values as text nodes only"
+    );
+}

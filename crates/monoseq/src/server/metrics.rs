@@ -387,7 +387,8 @@ impl StateGauges {
         self.owned.set(owned.len() as i64);
         // 0 for every partition served here, so that the series exists before a failure.
         for partition in owned {
-            self.storage_fatal
+            let _ = self
+                .storage_fatal
                 .get_or_create(&vec![("partition".into(), partition.to_string())]);
         }
         for (partition, _) in cp.storage_failures() {
