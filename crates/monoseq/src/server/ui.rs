@@ -100,6 +100,13 @@ pub(super) fn assets() -> Router {
             "/ui/app.css",
             get(|h: HeaderMap| async move { STYLE.answer(&h) }),
         )
+        .method_not_allowed_fallback(|| async {
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "the console's assets take GET and HEAD only",
+            )
+        })
 }
 
 /// `GET /v1/token`, behind the token check like every API route.
