@@ -451,30 +451,68 @@ function deleteButton(name) {
   return b;
 }
 
+const CONSUMERS_KEY = 'monoseq.consumers';
+
+// Without GET /v1/consumers: the consumers named in this browser, each from
+// GET /v1/consumers/{name}, its lag against each partition's end.
+async function namedConsumers() {
+  const names = JSON.parse(localStorage.getItem(CONSUMERS_KEY) || '[]');
+  const ends = new Map();
+  const out = [];
+  for (const name of names) {
+    const body = await getOptional(`/v1/consumers/${encodeURIComponent(name)}`);
+    const partitions = [];
+    for (const p of (body ? body.partitions : [])) {
+      if (!ends.has(p.partition)) ends.set(p.partition, await partitionEnd(p.partition));
+      const end = ends.get(p.partition);
+      partitions.push({ partition: p.partition, offset: p.offset, end, lag: Math.max(0, end - 1 - p.offset) });
+    }
+    out.push({ name, partitions });
+  }
+  return out;
+}
+
+function consumerTables(list, deletable) {
+  const out = [];
+  for (const c of list) {
+    const rows = c.partitions.map((p) => {
+      const key = `${c.name}/${p.partition}`;
+      const hist = S.lag.get(key) || [];
+      hist.push(p.lag);
+      if (hist.length > LAG_SAMPLES) hist.shift();
+      S.lag.set(key, hist);
+      return [num(p.partition), num(p.offset), num(p.end),
+        h('td', { class: 'num lag', 'data-consumer': c.name, 'data-partition': p.partition }, String(p.lag)),
+        spark(hist)];
+    });
+    out.push(h('h3', {}, `consumer ${c.name} `, deletable && canWrite() ? deleteButton(c.name) : ''));
+    out.push(rows.length ? table(['partition', 'position', 'end', 'lag (events)', 'lag, last minutes'], rows)
+      : h('p', { class: 'muted' }, 'No position stored.'));
+  }
+  return out;
+}
+
 function consumers() {
-  show(h('h2', {}, 'Consumers and groups'), h('div', { id: 'consumers' }, 'Loading…'), h('div', { id: 'groups' }));
+  const name = h('input', { id: 'consumer-name', placeholder: 'consumer name' });
+  const form = h('form', { class: 'inline', id: 'consumer-form', hidden: true, onsubmit: (ev) => {
+    ev.preventDefault();
+    const names = JSON.parse(localStorage.getItem(CONSUMERS_KEY) || '[]').filter((n) => n !== name.value.trim());
+    names.push(name.value.trim());
+    localStorage.setItem(CONSUMERS_KEY, JSON.stringify(names));
+    name.value = '';
+  } }, 'watch consumer', name, h('button', { type: 'submit' }, 'Add'));
+  show(h('h2', {}, 'Consumers and groups'), form, h('div', { id: 'consumers' }, 'Loading…'), h('div', { id: 'groups' }));
   every(async () => {
     const list = await getOptional('/v1/consumers');
     const out = [];
+    form.hidden = list !== null;
     if (list === null) {
-      out.push(h('p', { class: 'muted' }, 'This server does not list consumers (GET /v1/consumers is not there).'));
+      out.push(h('p', { class: 'muted' }, 'This server does not list its consumers: name the ones to watch (kept in this browser).'));
+      out.push(...consumerTables(await namedConsumers(), false));
     } else if (!list.consumers.length) {
       out.push(h('p', { class: 'muted' }, 'No consumer has stored a position.'));
     } else {
-      for (const c of list.consumers) {
-        const rows = c.partitions.map((p) => {
-          const key = `${c.name}/${p.partition}`;
-          const hist = S.lag.get(key) || [];
-          hist.push(p.lag);
-          if (hist.length > LAG_SAMPLES) hist.shift();
-          S.lag.set(key, hist);
-          return [num(p.partition), num(p.offset), num(p.end),
-            h('td', { class: 'num lag', 'data-consumer': c.name, 'data-partition': p.partition }, String(p.lag)),
-            spark(hist)];
-        });
-        out.push(h('h3', {}, `consumer ${c.name} `, canWrite() ? deleteButton(c.name) : ''));
-        out.push(table(['partition', 'position', 'end', 'lag (events)', 'lag, last minutes'], rows));
-      }
+      out.push(...consumerTables(list.consumers, true));
       if (list.truncated) out.push(h('p', { class: 'muted' }, 'More consumers are stored than listed.'));
     }
     document.getElementById('consumers').replaceChildren(...out);
