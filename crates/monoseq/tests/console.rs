@@ -21,8 +21,12 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console/browser.py")
 }
 
+/// One browser run at a time: two at once would share the machine's CPU and slow each.
+static BROWSER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs the browser script with `env`; panics with its output when a check failed.
 fn browse(env: &[(&str, String)]) -> String {
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
     assert!(
         Path::new(CHROMIUM).exists(),
         "{CHROMIUM} is missing: scripts/test installs it (apt-get install chromium)"
