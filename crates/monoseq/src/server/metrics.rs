@@ -111,7 +111,8 @@ impl Latency {
             follower_delay: one(
                 "follower_delay_seconds",
                 "Time from an event's registration (just before its group is written and \
-                 acknowledged) to its hand-off to this node's live tails (millisecond clock)",
+                 acknowledged) to its hand-off to this node's live tails, straight from its \
+                 writer (millisecond clock)",
                 duration_histogram(),
             ),
             group_commands: one(
