@@ -59,6 +59,16 @@ pub enum ClientError {
         /// The stored position (`None`: the consumer has none on the partition).
         current: Option<u64>,
     },
+    /// A position at or beyond the partition's end was refused (HTTP 409,
+    /// `position_beyond_end`), forced or not: a consumer cannot have processed an event that
+    /// is not written yet. The largest position the partition takes now is `end - 1`.
+    #[error("{message} (position_beyond_end, HTTP 409)")]
+    PositionBeyondEnd {
+        /// The server's message.
+        message: String,
+        /// The partition's end when it was refused: the next PLog offset to be written.
+        end: u64,
+    },
     /// The answer is not what the API documents.
     #[error("unexpected answer from the server: {0}")]
     Protocol(String),
@@ -74,6 +84,7 @@ impl ClientError {
         match self {
             ClientError::Api { code, .. } | ClientError::PositionConflict { code, .. } => code,
             ClientError::WlogConflict { .. } => WLOG_CONFLICT,
+            ClientError::PositionBeyondEnd { .. } => monoseq_wire::POSITION_BEYOND_END,
             ClientError::Transport(_) | ClientError::Unanswered { .. } => "transport",
             ClientError::Protocol(_) => "protocol",
             ClientError::Config(_) => "config",
@@ -85,7 +96,9 @@ impl ClientError {
     pub fn status(&self) -> Option<u16> {
         match self {
             ClientError::Api { status, .. } => Some(*status),
-            ClientError::PositionConflict { .. } | ClientError::WlogConflict { .. } => Some(409),
+            ClientError::PositionConflict { .. }
+            | ClientError::WlogConflict { .. }
+            | ClientError::PositionBeyondEnd { .. } => Some(409),
             _ => None,
         }
     }

@@ -385,11 +385,15 @@ impl Tail {
         }
         if self.failures == 1 {
             // Once per outage: a tail waits quietly otherwise, as a follower should.
+            let bound = if inner.retry_timeout == Duration::MAX {
+                "until a node answers".to_owned()
+            } else {
+                format!("for up to {:?}", inner.retry_timeout)
+            };
             tracing::warn!(
                 next = self.next,
-                "following {}: {error}; retrying for up to {:?}",
-                self.log,
-                inner.retry_timeout
+                "following {}: {error}; retrying {bound}",
+                self.log
             );
         }
         tracing::debug!(failures = self.failures, wait_ms = wait.as_secs_f64() * 1e3, %error, "tail: retrying after a wait");

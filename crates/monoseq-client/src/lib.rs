@@ -56,5 +56,8 @@ pub use monoseq_wire::{
     NewRecordBody, OutcomeBody, PlogEntryBody, PlogPageBody, RecordBody, RecordUpdateBody,
     StoredKindBody,
 };
-pub use monoseq_wire::{PartitionPositionBody, PositionBody, PositionsBody, PutPositionBody};
+pub use monoseq_wire::{
+    ConsumerBody, ConsumerPartitionBody, ConsumersBody, DeletedConsumerBody, PartitionPositionBody,
+    PositionBody, PositionsBody, PutPositionBody, RemovedPositionBody,
+};
 pub use sequences::{SEQUENCES_GRACE, SequencesClient, SequencesError};

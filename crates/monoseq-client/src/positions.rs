@@ -1,18 +1,21 @@
 //! Consumer positions through the client: read one ([`Client::position`]) or all of a
 //! consumer's ([`Client::positions`]), and set one by compare-and-set
-//! ([`Client::set_position`], [`Client::force_position`] to move it back). Any node answers;
-//! a `PUT` that got no answer, or a 503, is sent again, and a retry refused because the stored
-//! position already is the one it sets counts as done (the earlier attempt was applied).
+//! ([`Client::set_position`], [`Client::force_position`] to move it back); list every
+//! consumer with its lag ([`Client::consumers`]) and delete one ([`Client::delete_consumer`]).
+//! Any node answers; a `PUT` that got no answer, or a 503, is sent again, and a retry refused
+//! with `position_conflict` because the stored position already is the one it sets counts as
+//! done (the earlier attempt was applied, and its answer lost).
 
 use std::time::{Duration, Instant};
 
 use monoseq_wire::{
-    POSITION_BACKWARDS, POSITION_CONFLICT, PartitionPositionBody, PositionBody,
-    PositionConflictBody, PositionsBody, PutPositionBody, UNKNOWN_CONSUMER,
+    ConsumersBody, DeletedConsumerBody, POSITION_BACKWARDS, POSITION_BEYOND_END, POSITION_CONFLICT,
+    PartitionPositionBody, PositionBeyondEndBody, PositionBody, PositionConflictBody,
+    PositionsBody, PutPositionBody, RemovedPositionBody, UNKNOWN_CONSUMER,
 };
 use reqwest::{Method, StatusCode};
 
-use crate::client::Client;
+use crate::client::{Answer, Client};
 use crate::error::ClientError;
 
 impl Client {
@@ -57,6 +60,52 @@ impl Client {
         }
     }
 
+    /// One page of every consumer's positions, each with its partition's end and the lag, in
+    /// name then partition order, starting after consumer `after` (`None`: the first page).
+    /// When [`ConsumersBody::truncated`], ask again with the last name listed.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Api`]: `bad_request` for an `after` that is not a consumer name, a 503
+    /// past the retries; [`ClientError::Transport`].
+    pub async fn consumers(&self, after: Option<&str>) -> Result<ConsumersBody, ClientError> {
+        let path = match after {
+            Some(name) => format!("/v1/consumers?after={}", path_segment(name)),
+            None => "/v1/consumers".to_owned(),
+        };
+        self.read::<ConsumersBody>(&path)
+            .await?
+            .ok_or_else(|| ClientError::Protocol("GET /v1/consumers answered not found".to_owned()))
+    }
+
+    /// Deletes every position of `consumer` (and its lag series), answering what was deleted:
+    /// empty when it had none. Sent once (a delete that got no answer is reported, not sent
+    /// again: read [`Client::positions`] to tell).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Api`]: `consumer_active` when its positions kept being set while they
+    /// were deleted (stop the consumer first), `bad_request`, a 503;
+    /// [`ClientError::Transport`].
+    pub async fn delete_consumer(
+        &self,
+        consumer: &str,
+    ) -> Result<Vec<RemovedPositionBody>, ClientError> {
+        let node = self.inner.view.any_node();
+        let url = format!("{node}/v1/consumers/{}", path_segment(consumer));
+        let answer = self
+            .send(Method::DELETE, &url, None)
+            .await
+            .map_err(ClientError::Transport)?;
+        if answer.status.is_success() {
+            return Ok(answer.decode::<DeletedConsumerBody>()?.removed);
+        }
+        match answer.error() {
+            e if e.code() == UNKNOWN_CONSUMER => Ok(Vec::new()),
+            e => Err(e),
+        }
+    }
+
     /// Sets the position of `consumer` on `partition` to `offset` if it is `expected` (what
     /// the caller read; `None`: it has none yet). Of several callers expecting the same
     /// position exactly one succeeds. A position never moves back this way: see
@@ -65,7 +114,9 @@ impl Client {
     /// # Errors
     ///
     /// [`ClientError::PositionConflict`] with the stored position when it is not `expected`
-    /// (`position_conflict`) or above `offset` (`position_backwards`); else as
+    /// (`position_conflict`) or above `offset` (`position_backwards`);
+    /// [`ClientError::PositionBeyondEnd`] when `offset` is at or beyond the partition's end
+    /// (a position is the offset of the last event processed); else as
     /// [`Client::position`].
     ///
     /// # Example
@@ -144,27 +195,7 @@ impl Client {
             let (error, floor) = match sent {
                 Ok(a) if a.status.is_success() => return Ok(()),
                 Ok(a) if a.status == StatusCode::CONFLICT => {
-                    let conflict: PositionConflictBody = a.decode()?;
-                    if maybe_applied
-                        && conflict.code == POSITION_CONFLICT
-                        && conflict.current == Some(offset)
-                    {
-                        tracing::debug!(
-                            consumer,
-                            partition,
-                            offset,
-                            "a retried position is stored already: an earlier attempt applied it"
-                        );
-                        return Ok(());
-                    }
-                    debug_assert!(
-                        [POSITION_CONFLICT, POSITION_BACKWARDS].contains(&conflict.code.as_str())
-                    );
-                    return Err(ClientError::PositionConflict {
-                        code: conflict.code,
-                        message: conflict.message,
-                        current: conflict.current,
-                    });
+                    return refused_put(&a, offset, maybe_applied, (consumer, partition));
                 }
                 Ok(a) if a.status == StatusCode::SERVICE_UNAVAILABLE => {
                     maybe_applied = true;
@@ -183,6 +214,41 @@ impl Client {
             self.wait_or_fail(started, floor, failures, error).await?;
         }
     }
+}
+
+/// What a `409` to a position's `PUT` of `offset` means: a refusal, or, when an earlier
+/// attempt may have been applied (`maybe_applied`) and the stored position is the one it sets
+/// (`position_conflict` with `current` = `offset`), success (that attempt landed and its
+/// answer was lost).
+fn refused_put(
+    a: &Answer,
+    offset: u64,
+    maybe_applied: bool,
+    (consumer, partition): (&str, u32),
+) -> Result<(), ClientError> {
+    if a.error().code() == POSITION_BEYOND_END {
+        let refused: PositionBeyondEndBody = a.decode()?;
+        return Err(ClientError::PositionBeyondEnd {
+            message: refused.message,
+            end: refused.end,
+        });
+    }
+    let conflict: PositionConflictBody = a.decode()?;
+    if maybe_applied && conflict.code == POSITION_CONFLICT && conflict.current == Some(offset) {
+        tracing::debug!(
+            consumer,
+            partition,
+            offset,
+            "a retried position is stored already: an earlier attempt applied it"
+        );
+        return Ok(());
+    }
+    debug_assert!([POSITION_CONFLICT, POSITION_BACKWARDS].contains(&conflict.code.as_str()));
+    Err(ClientError::PositionConflict {
+        code: conflict.code,
+        message: conflict.message,
+        current: conflict.current,
+    })
 }
 
 /// `name` as one path segment: every byte but the URL's unreserved characters

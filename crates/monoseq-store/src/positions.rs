@@ -2,13 +2,15 @@
 //! partition, one entry per consumer and partition in the event store's own key-value store
 //! (so every backend keeps them, and a backup holds them beside the events). A position is set
 //! by compare-and-swap on the value stored, so two writers of one position never both succeed
-//! on the same expected value, and it never moves back unless the caller forces it
-//! (invariant 17). Owns the consumer name's rules, the positions table's key and value layout
+//! on the same expected value, it never moves back unless the caller forces it, and through
+//! [`EventStore::set_position_below`] it never points at or beyond the partition's end
+//! (invariant 17). A consumer is listed ([`EventStore::positions_after`]) and deleted
+//! ([`EventStore::delete_positions`]) whole. Owns the consumer name's rules, the positions table's key and value layout
 //! (`docs/format.md`, "Consumer positions") and its errors.
 
 use std::ops::{Bound, ControlFlow};
 
-use monoseq_kv::{CasError, Key, KvError, KvStore, Order};
+use monoseq_kv::{CasError, Key, KvError, KvStore, Order, Swap};
 
 use crate::keys::{
     CONSUMER_NAME_END, PartitionId, from_position_clustering, position_clustering,
@@ -26,6 +28,9 @@ const POSITION_HEADER_BYTES: usize = 5;
 const POSITION_BYTES_MAX: usize = POSITION_HEADER_BYTES + 10;
 /// Characters of a refused consumer name repeated in the error.
 const NAME_SHOWN_CHARS_MAX: usize = 64;
+/// Scans of a consumer's positions one [`EventStore::delete_positions`] deletes, when a writer
+/// keeps setting them meanwhile, before it gives up.
+const DELETE_ROUNDS: usize = 3;
 
 /// A consumer's name: 1 to [`CONSUMER_NAME_BYTES_MAX`] printable ASCII characters (space to
 /// `~`), as the idempotency keys.
@@ -161,6 +166,36 @@ pub enum PositionError {
         /// The refused new position.
         offset: u64,
     },
+    /// The new position is at or beyond the partition's end: the consumer cannot have
+    /// processed an event that is not written yet (invariant 17), whatever `force` says.
+    #[error(
+        "the position of consumer {consumer} on partition {partition} cannot be {offset}: the \
+         partition's events end before offset {end} (the next one written), so a position is \
+         at most {}; nothing was written: store the offset of the last event processed",
+        end.saturating_sub(1)
+    )]
+    BeyondEnd {
+        /// The consumer.
+        consumer: ConsumerName,
+        /// The partition.
+        partition: PartitionId,
+        /// The refused new position.
+        offset: u64,
+        /// The partition's end when it was refused: the next PLog offset to be written.
+        end: u64,
+    },
+    /// The consumer's positions were set again while they were being deleted, every time
+    /// ([`DELETE_ROUNDS`] scans): some may be left.
+    #[error(
+        "the positions of consumer {consumer} kept being set while they were deleted; {left} \
+         are left: stop the consumer, then delete it again"
+    )]
+    StillWritten {
+        /// The consumer.
+        consumer: ConsumerName,
+        /// Positions stored after the last scan's deletes.
+        left: usize,
+    },
     /// A stored position does not decode.
     #[error(
         "the stored position of consumer {consumer} on partition {partition} is damaged \
@@ -186,7 +221,7 @@ fn show(offset: Option<u64>) -> String {
 
 /// The stored bytes of position `offset`: version, CRC-32 (little-endian) of the body, then
 /// the body, `offset` as a varint.
-fn encode_position(offset: u64) -> Vec<u8> {
+pub(crate) fn encode_position(offset: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(POSITION_BYTES_MAX);
     out.push(POSITION_FORMAT_VERSION);
     out.extend_from_slice(&[0; 4]);
@@ -202,8 +237,12 @@ fn encode_position(offset: u64) -> Vec<u8> {
 }
 
 /// The offset of stored position bytes, or what is wrong with them.
-fn decode_position(bytes: &[u8]) -> Result<u64, String> {
+/// A group's fenced position (`crate::groups`) reads as its offset.
+pub(crate) fn decode_position(bytes: &[u8]) -> Result<u64, String> {
     let (&version, rest) = bytes.split_first().ok_or("no bytes")?;
+    if version == crate::fence::FENCED_POSITION_VERSION {
+        return crate::fence::decode_fenced(bytes).map(|(offset, _)| offset);
+    }
     if version != POSITION_FORMAT_VERSION {
         return Err(format!(
             "format version {version}; this build reads version {POSITION_FORMAT_VERSION}: \
@@ -233,6 +272,14 @@ fn decode_position(bytes: &[u8]) -> Result<u64, String> {
         }
     }
     Err("truncated inside the offset".into())
+}
+
+/// The bytes of position `offset` keeping the group's fence `like` carries, if any.
+fn encode_like(like: &[u8], offset: u64) -> Vec<u8> {
+    match crate::fence::decode_fenced(like) {
+        Ok((_, fence)) => crate::fence::encode_fenced(offset, &fence),
+        Err(_) => encode_position(offset),
+    }
 }
 
 impl<S: KvStore> EventStore<S> {
@@ -305,7 +352,7 @@ impl<S: KvStore> EventStore<S> {
         let part = position_partition(self.app());
         let clustering = position_clustering(consumer.as_str(), partition);
         let key = Key::new(part.as_bytes(), &clustering);
-        let new = encode_position(set.offset);
+        let mut new = encode_position(set.offset);
         let conflict = |current| PositionError::Conflict {
             consumer: consumer.clone(),
             partition,
@@ -331,10 +378,41 @@ impl<S: KvStore> EventStore<S> {
                 Err(_) if set.force => {}
                 Err(reason) => return Err(corrupt(consumer, partition, reason)),
             }
+            // A group's fence stays: only its holder may commit after this write too.
+            new = encode_like(&bytes, set.offset);
             expected_bytes = Some(bytes);
         }
         // Other bytes than expected twice in a row: another writer keeps rewriting them.
         Err(conflict(set.expected))
+    }
+
+    /// As [`EventStore::set_position`], refused first when `set.offset` is at or beyond `end`,
+    /// the partition's end (the next PLog offset to be written): a position is the offset of
+    /// the last event processed, so it is at most `end - 1`; 0 (nothing processed) is always
+    /// within. `force` lets a position move back, never beyond the end. The caller names an
+    /// end no greater than the partition's true end (its owner's): the end only grows, so a
+    /// position below it stays below.
+    ///
+    /// # Errors
+    ///
+    /// [`PositionError::BeyondEnd`] with `end`, nothing written; else as
+    /// [`EventStore::set_position`].
+    pub fn set_position_below(
+        &self,
+        consumer: &ConsumerName,
+        partition: PartitionId,
+        set: SetPosition,
+        end: u64,
+    ) -> Result<(), PositionError> {
+        if set.offset > 0 && set.offset >= end {
+            return Err(PositionError::BeyondEnd {
+                consumer: consumer.clone(),
+                partition,
+                offset: set.offset,
+                end,
+            });
+        }
+        self.set_position(consumer, partition, set)
     }
 
     /// The refusal of an unforced write of `set.offset` below `expected`, without writing:
@@ -395,11 +473,7 @@ impl<S: KvStore> EventStore<S> {
     ) -> Result<Vec<(PartitionId, u64)>, PositionError> {
         let part = position_partition(self.app());
         let from = position_prefix(consumer.as_str());
-        let mut to = from.clone();
-        if let Some(end) = to.last_mut() {
-            // The prefix ends with the name's end marker; one above it bounds the consumer.
-            *end = CONSUMER_NAME_END + 1;
-        }
+        let to = past_consumer(consumer.as_str());
         let mut out = Vec::new();
         let mut failed = None;
         self.kv().scan(
@@ -434,13 +508,30 @@ impl<S: KvStore> EventStore<S> {
         &self,
         max: usize,
     ) -> Result<(Vec<ConsumerPosition>, bool), PositionError> {
+        self.positions_after(None, max)
+    }
+
+    /// The first `max` positions of the consumers named after `after` (every consumer when
+    /// `None`), in name then partition order, and whether more are stored: one page of a
+    /// listing of every consumer. One range read; at most `max + 1` entries are visited.
+    ///
+    /// # Errors
+    ///
+    /// As [`EventStore::position`].
+    pub fn positions_after(
+        &self,
+        after: Option<&ConsumerName>,
+        max: usize,
+    ) -> Result<(Vec<ConsumerPosition>, bool), PositionError> {
         let part = position_partition(self.app());
+        let from = after.map(|name| past_consumer(name.as_str()));
         let mut out = Vec::new();
         let mut more = false;
         let mut failed = None;
         self.kv().scan(
             part.as_bytes(),
-            Bound::Unbounded,
+            from.as_ref()
+                .map_or(Bound::Unbounded, |f| Bound::Included(f.as_slice())),
             Bound::Unbounded,
             Order::Ascending,
             &mut |clustering, value| {
@@ -465,6 +556,103 @@ impl<S: KvStore> EventStore<S> {
             None => Ok((out, more)),
         }
     }
+}
+
+impl<S: KvStore> EventStore<S> {
+    /// Deletes every position of `consumer`, each by compare-and-swap on the bytes just read
+    /// (a position set meanwhile is read again and deleted at its new value, for up to
+    /// [`DELETE_ROUNDS`] scans); damaged positions are deleted too. Answers what was deleted,
+    /// in partition order: the last offset deleted per partition (`None`: damaged bytes).
+    /// Empty when the consumer had no position.
+    ///
+    /// # Errors
+    ///
+    /// [`PositionError::StillWritten`] when positions were set again after every scan (those
+    /// deleted stay deleted); [`PositionError::Storage`] on a storage fault (after
+    /// [`KvError::OutcomeUnknown`] some may have been deleted: read them to tell).
+    pub fn delete_positions(
+        &self,
+        consumer: &ConsumerName,
+    ) -> Result<Vec<(PartitionId, Option<u64>)>, PositionError> {
+        let part = position_partition(self.app());
+        let mut removed = std::collections::BTreeMap::new();
+        for _ in 0..DELETE_ROUNDS {
+            let entries = self.position_entries(consumer)?;
+            if entries.is_empty() {
+                return Ok(removed.into_iter().collect());
+            }
+            let swaps: Vec<Swap<'_>> = entries
+                .iter()
+                .map(|(clustering, _, bytes)| Swap {
+                    key: Key::new(part.as_bytes(), clustering),
+                    expected: Some(bytes),
+                    new: None,
+                })
+                .collect();
+            let answers = self.kv().compare_and_swap_each(&swaps);
+            for ((_, partition, bytes), answer) in entries.iter().zip(answers) {
+                match answer {
+                    Ok(()) => {
+                        removed.insert(*partition, decode_position(bytes).ok());
+                    }
+                    // Set meanwhile: the next scan reads it again.
+                    Err(CasError::Mismatch { .. }) => {}
+                    Err(CasError::Storage(e)) => return Err(PositionError::Storage(e)),
+                    Err(other) => {
+                        return Err(PositionError::Storage(KvError::Backend {
+                            message: format!("a position cannot be deleted: {other}"),
+                            source: None,
+                        }));
+                    }
+                }
+            }
+        }
+        let left = self.position_entries(consumer)?.len();
+        if left == 0 {
+            return Ok(removed.into_iter().collect());
+        }
+        Err(PositionError::StillWritten {
+            consumer: consumer.clone(),
+            left,
+        })
+    }
+
+    /// Every stored entry of `consumer`: clustering columns, partition and bytes.
+    fn position_entries(&self, consumer: &ConsumerName) -> Result<Vec<StoredEntry>, PositionError> {
+        let part = position_partition(self.app());
+        let from = position_prefix(consumer.as_str());
+        let to = past_consumer(consumer.as_str());
+        let mut out = Vec::new();
+        self.kv().scan(
+            part.as_bytes(),
+            Bound::Included(&from),
+            Bound::Excluded(&to),
+            Order::Ascending,
+            &mut |clustering, value| {
+                let partition = from_position_clustering(clustering).map(|(_, p)| p);
+                // A key that does not parse is not one of this consumer's (its prefix holds
+                // the name and the end marker): left alone.
+                if let Some(partition) = partition {
+                    out.push((clustering.to_vec(), partition, value.to_vec()));
+                }
+                ControlFlow::Continue(())
+            },
+        )?;
+        Ok(out)
+    }
+}
+
+/// A stored position as read: its clustering columns, partition and bytes.
+type StoredEntry = (Vec<u8>, PartitionId, Vec<u8>);
+
+/// The least clustering above every position of `consumer`: the prefix ends with the name's
+/// end marker, and one above it bounds the consumer.
+fn past_consumer(consumer: &str) -> Vec<u8> {
+    let mut to = position_prefix(consumer);
+    if let Some(end) = to.last_mut() {
+        *end = CONSUMER_NAME_END + 1;
+    }
+    to
 }
 
 /// What one compare-and-swap of a position did.
@@ -741,8 +929,8 @@ mod tests {
         flipped[5] ^= 1;
         assert!(decode_position(&flipped).unwrap_err().contains("checksum"));
         let mut newer = encode_position(300);
-        newer[0] = 2;
-        assert!(decode_position(&newer).unwrap_err().contains("version 2"));
+        newer[0] = 3;
+        assert!(decode_position(&newer).unwrap_err().contains("version 3"));
         assert!(decode_position(&[]).is_err());
         assert!(decode_position(&[1, 0, 0]).is_err());
         let mut long = encode_position(1);
@@ -907,6 +1095,75 @@ mod tests {
         let (first, more) = s.all_positions(2).unwrap();
         assert_eq!(first.len(), 2);
         assert!(more);
+        // A page after consumer "a" starts with the next name, whatever it begins with.
+        let (after, more) = s.positions_after(Some(&name("a")), 10).unwrap();
+        let listed: Vec<_> = after
+            .iter()
+            .map(|p| (p.consumer.as_str(), p.partition.0))
+            .collect();
+        assert_eq!(listed, vec![("a ", 3), ("ab", 0), ("b", 2)]);
+        assert!(!more);
+        assert_eq!(s.positions_after(Some(&name("b")), 10).unwrap().0, vec![]);
+    }
+
+    #[test]
+    fn a_position_at_or_beyond_the_end_is_refused_even_forced() {
+        let s = store();
+        let (c, p) = (name("c"), PartitionId(0));
+        // End 6: events 1 to 5 are written; 5 is the last a consumer can have processed.
+        s.set_position_below(&c, p, set(5, None), 6).unwrap();
+        for (offset, force) in [(6, false), (7, false), (6, true), (u64::MAX, true)] {
+            let at_end = SetPosition {
+                offset,
+                expected: Some(5),
+                force,
+            };
+            let e = s.set_position_below(&c, p, at_end, 6).unwrap_err();
+            assert!(
+                matches!(e, PositionError::BeyondEnd { end: 6, offset: o, .. } if o == offset),
+                "{e}"
+            );
+            assert!(e.to_string().contains("at most 5"), "{e}");
+        }
+        assert_eq!(s.position(&c, p).unwrap(), Some(5));
+        // Nothing processed is a position on an empty partition (end 1) too.
+        s.set_position_below(&c, PartitionId(1), set(0, None), 1)
+            .unwrap();
+        let back = SetPosition {
+            offset: 2,
+            expected: Some(5),
+            force: true,
+        };
+        s.set_position_below(&c, p, back, 6).unwrap();
+        assert_eq!(s.position(&c, p).unwrap(), Some(2));
+    }
+
+    #[test]
+    fn deleting_a_consumer_removes_every_position_of_it_and_nothing_else() {
+        let s = store();
+        for (n, p, o) in [("a", 1, 10), ("a", 0, 4), ("ab", 0, 7), ("a ", 3, 1)] {
+            s.set_position(&name(n), PartitionId(p), set(o, None))
+                .unwrap();
+        }
+        // Damaged bytes are deleted too, named without an offset.
+        let part = position_partition(AppId(1));
+        let clustering = position_clustering("a", PartitionId(5));
+        s.kv()
+            .put(Key::new(part.as_bytes(), &clustering), &[1, 2, 3])
+            .unwrap();
+        assert_eq!(
+            s.delete_positions(&name("a")).unwrap(),
+            vec![
+                (PartitionId(0), Some(4)),
+                (PartitionId(1), Some(10)),
+                (PartitionId(5), None)
+            ]
+        );
+        assert_eq!(s.positions(&name("a")).unwrap(), vec![]);
+        assert_eq!(s.delete_positions(&name("a")).unwrap(), vec![]);
+        let (left, _) = s.all_positions(10).unwrap();
+        let left: Vec<_> = left.iter().map(|p| p.consumer.as_str()).collect();
+        assert_eq!(left, vec!["a ", "ab"]);
     }
 
     #[test]

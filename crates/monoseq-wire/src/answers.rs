@@ -132,14 +132,22 @@ pub struct EventBody {
 pub struct WlogPageBody {
     /// From the asked offset on, at most `limit`; fewer (or none) at the WLog's end.
     pub events: Vec<EventBody>,
+    /// The WLog offset to ask for next: after the last event, or the asked one.
+    #[serde(default)]
+    pub next: u64,
+    /// The WLog's end: the offset after the workspace's last event a reader may see now (the
+    /// next one written takes it, unless a loss retired numbers).
+    #[serde(default)]
+    pub end: u64,
 }
 
 /// `GET /v1/token`: what the presented token may do, so that a client (the web console) shows
 /// only the actions it may take.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenScopeBody {
-    /// `read` (GET only), `write` (every request but administration) or `admin` (every
-    /// request); on a server without tokens, `write`, or `admin` under `--admin-on-loopback`.
+    /// `read` (GET only), `consume` (read, set consumer positions, take part in groups),
+    /// `write` (every request but administration) or `admin` (every request); on a server
+    /// without tokens, `write`, or `admin` under `--admin-on-loopback`.
     pub scope: String,
     /// Whether the server requires tokens.
     pub tokens: bool,

@@ -25,6 +25,7 @@ mod answers;
 mod batch;
 mod command;
 mod consume;
+mod groups;
 mod marks;
 mod positions;
 mod sequences;
@@ -44,10 +45,19 @@ pub use consume::{
     GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT, SSE_GAP,
     SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX,
 };
+pub use groups::{
+    AssignedBody, AssignedPartitionBody, CommitBody, CommitPositionBody, GROUP_FULL, GroupBody,
+    GroupMemberBody, GroupPartitionBody, GroupSummaryBody, GroupsBody, JoinedBody, ProgressBody,
+    RevokedBody, SSE_ASSIGNED, SSE_JOINED, SSE_PROGRESS, SSE_REVOKED, SSE_SESSION_ENDED,
+    STALE_GENERATION, SessionBody, SessionEndedBody, StaleGenerationBody, StreamHeartbeatBody,
+    TaggedEventBody, TaggedGapBody, UNKNOWN_GROUP, UNKNOWN_SESSION,
+};
 pub use marks::{AcceptedLossBody, LossCauseBody, MarkBody, MarksBody};
 pub use positions::{
-    POSITION_BACKWARDS, POSITION_CONFLICT, PartitionPositionBody, PositionBody,
-    PositionConflictBody, PositionsBody, PutPositionBody, UNKNOWN_CONSUMER,
+    CONSUMER_ACTIVE, CONSUMERS_PAGE_POSITIONS_MAX, ConsumerBody, ConsumerPartitionBody,
+    ConsumersBody, DeletedConsumerBody, POSITION_BACKWARDS, POSITION_BEYOND_END, POSITION_CONFLICT,
+    PartitionPositionBody, PositionBeyondEndBody, PositionBody, PositionConflictBody,
+    PositionsBody, PutPositionBody, RemovedPositionBody, UNKNOWN_CONSUMER,
 };
 pub use sequences::{
     Checked, NextRequestBody, ResetRequestBody, SequenceExistsBody, SequenceValueBody,

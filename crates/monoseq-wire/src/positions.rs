@@ -1,10 +1,13 @@
-//! Consumer positions: `GET` and `PUT /v1/consumers/{name}/partitions/{p}`, the listing
-//! `GET /v1/consumers/{name}`, and the `409` a refused compare-and-set answers.
+//! Consumer positions: `GET` and `PUT /v1/consumers/{name}/partitions/{p}`, the listings
+//! `GET /v1/consumers/{name}` and `GET /v1/consumers`, `DELETE /v1/consumers/{name}`, and the
+//! `409`s a refused compare-and-set answers.
 //!
 //! A position is the PLog offset up to which the consumer has processed the partition (0:
 //! nothing yet). A `PUT` is a compare-and-set on the stored position: it names the position
-//! it read (`expected`; absent: none is stored yet), and never moves it back unless it says
-//! `force`.
+//! it read (`expected`; absent: none is stored yet), never moves it back unless it says
+//! `force`, and never sets it at or beyond the partition's end (the next PLog offset to be
+//! written), whatever `force` says. A consumer's lag on a partition is the number of events
+//! written after its position: `end - 1 - offset`.
 
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +17,13 @@ pub const POSITION_CONFLICT: &str = "position_conflict";
 pub const POSITION_BACKWARDS: &str = "position_backwards";
 /// The stable code of a `404` for a consumer without a position (on that partition).
 pub const UNKNOWN_CONSUMER: &str = "unknown_consumer";
+/// The stable code of a `409` refusing a position at or beyond the partition's end.
+pub const POSITION_BEYOND_END: &str = "position_beyond_end";
+/// The stable code of a `409` to a `DELETE` of a consumer whose positions kept being set
+/// while they were deleted (stop the consumer, then delete it again).
+pub const CONSUMER_ACTIVE: &str = "consumer_active";
+/// Most positions one page of `GET /v1/consumers` lists; past it the page says `truncated`.
+pub const CONSUMERS_PAGE_POSITIONS_MAX: usize = 1_000;
 
 /// A consumer's position on a partition: the answer of `GET` and of a successful `PUT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +77,73 @@ pub struct PartitionPositionBody {
     pub offset: u64,
 }
 
+/// The body of a `409` [`POSITION_BEYOND_END`]: the partition's end when the position was
+/// refused. The largest position the partition takes is `end - 1` (its last event).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PositionBeyondEndBody {
+    /// [`POSITION_BEYOND_END`].
+    pub code: String,
+    /// What happened and what to do.
+    pub message: String,
+    /// The partition's end: the next PLog offset to be written.
+    pub end: u64,
+}
+
+/// `GET /v1/consumers[?after=NAME]`: every consumer's positions with each partition's end
+/// and the consumer's lag, in name then partition order, at most
+/// [`CONSUMERS_PAGE_POSITIONS_MAX`] positions a page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumersBody {
+    /// The consumers of this page.
+    pub consumers: Vec<ConsumerBody>,
+    /// More positions are stored after this page: ask again with `after=` the last name
+    /// listed (its listing may itself be cut when it alone has more positions than a page
+    /// holds; `GET /v1/consumers/{name}` lists all of them).
+    pub truncated: bool,
+}
+
+/// One consumer of [`ConsumersBody`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerBody {
+    /// The consumer's name.
+    pub name: String,
+    /// Its positions, one per partition it has set one on.
+    pub partitions: Vec<ConsumerPartitionBody>,
+}
+
+/// A consumer's position on one partition, with the partition's end and the lag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerPartitionBody {
+    /// The partition.
+    pub partition: u32,
+    /// The PLog offset processed (0: nothing yet).
+    pub offset: u64,
+    /// The partition's end, the next PLog offset to be written (as its owner knows it);
+    /// `null` when no node could tell (the partition is moving between nodes).
+    pub end: Option<u64>,
+    /// Events written after the position: `end - 1 - offset` (0 when the consumer is at the
+    /// end); `null` with `end`.
+    pub lag: Option<u64>,
+}
+
+/// The answer to `DELETE /v1/consumers/{name}`: what was deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedConsumerBody {
+    /// The consumer.
+    pub consumer: String,
+    /// Its positions as they were when deleted, in partition order.
+    pub removed: Vec<RemovedPositionBody>,
+}
+
+/// One position [`DeletedConsumerBody`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovedPositionBody {
+    /// The partition.
+    pub partition: u32,
+    /// The position deleted (`null`: its stored bytes were damaged).
+    pub offset: Option<u64>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +174,37 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&body).unwrap(),
             serde_json::json!({"code": "position_conflict", "message": "m", "current": null})
+        );
+    }
+
+    #[test]
+    fn a_listed_position_whose_end_is_unknown_says_null_for_end_and_lag() {
+        let body = ConsumersBody {
+            consumers: vec![ConsumerBody {
+                name: "g".into(),
+                partitions: vec![
+                    ConsumerPartitionBody {
+                        partition: 0,
+                        offset: 5,
+                        end: Some(9),
+                        lag: Some(3),
+                    },
+                    ConsumerPartitionBody {
+                        partition: 1,
+                        offset: 0,
+                        end: None,
+                        lag: None,
+                    },
+                ],
+            }],
+            truncated: false,
+        };
+        assert_eq!(
+            serde_json::to_value(&body).unwrap(),
+            serde_json::json!({"consumers": [{"name": "g", "partitions": [
+                {"partition": 0, "offset": 5, "end": 9, "lag": 3},
+                {"partition": 1, "offset": 0, "end": null, "lag": null}
+            ]}], "truncated": false})
         );
     }
 }

@@ -373,6 +373,7 @@ impl Backups {
         Router::new()
             .route(BACKUP_PATH, post(take))
             .with_state(backups.map(Arc::new))
+            .layer(axum::middleware::from_fn(crate::query::refuse_unknown))
             .layer(axum::middleware::from_fn_with_state(
                 auth,
                 crate::auth::require_token,

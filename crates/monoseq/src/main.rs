@@ -16,6 +16,7 @@ mod forward;
 mod json;
 mod ops;
 mod peers;
+mod query;
 mod seq;
 mod seq_command;
 mod server;

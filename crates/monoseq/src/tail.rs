@@ -3,7 +3,8 @@
 //! each event as one JSON line on stdout, a retired range as a `{"gap": {...}}` line. With
 //! `--consumer NAME` it starts after that consumer's stored position and stores its own with a
 //! compare-and-set as it goes, and once more when it stops (at `--max-events`, on SIGINT or
-//! SIGTERM, or when stdout closes).
+//! SIGTERM, or when stdout closes). It rides out an outage of up to `--retry-timeout-secs`
+//! (30 s), or of any length with `--retry-timeout-secs 0`.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -18,6 +19,8 @@ use monoseq_client::{Client, FollowItem, PlogEntryBody};
 const STORE_EVERY_ENTRIES: u64 = 1_000;
 /// …and every this long when one was printed since (even while no other arrives).
 const STORE_EVERY: Duration = Duration::from_secs(1);
+/// Default of `--retry-timeout-secs`: the client's.
+const RETRY_TIMEOUT_SECS_DEFAULT: u64 = monoseq_client::RETRY_TIMEOUT_DEFAULT.as_secs();
 
 /// `monoseq tail`'s flags.
 #[derive(Debug, Clone, Args)]
@@ -40,6 +43,11 @@ pub struct TailArgs {
     /// Stop after printing this many entries (events and gaps).
     #[arg(long, value_name = "N")]
     pub max_events: Option<u64>,
+    /// How long an outage (no node answers) may last before the tail gives up and exits
+    /// with an error; 0 waits out outages of any length (each is logged once as a warning,
+    /// its end at info).
+    #[arg(long, value_name = "SECS", default_value_t = RETRY_TIMEOUT_SECS_DEFAULT)]
+    pub retry_timeout_secs: u64,
     /// A file holding a read token of the server (a write token with --consumer).
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
@@ -89,7 +97,11 @@ impl Position {
 /// A token file that cannot be read, a client that cannot be built, the tail's error (after
 /// its own retries), a position conflict, or stdout closed.
 pub async fn run(args: TailArgs) -> anyhow::Result<()> {
-    let mut builder = Client::builder(args.url.clone());
+    let retry = match args.retry_timeout_secs {
+        0 => Duration::MAX,
+        secs => Duration::from_secs(secs),
+    };
+    let mut builder = Client::builder(args.url.clone()).retry_timeout(retry);
     if let Some(path) = &args.token_file {
         let token = std::fs::read_to_string(path)
             .with_context(|| format!("reading the token file {}", path.display()))?;

@@ -224,45 +224,86 @@ async fn a_read_token_reads_everything_and_writes_nothing() {
     );
 }
 
+/// The least token a route needs, in order of what each may send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Needs {
+    Read,
+    Consume,
+    Write,
+}
+
+/// A consume token of the test servers.
+const CONSUME: &str = "consume-token-0123456789abcdef-C1";
+
 /// Every route of the server (its own, the named sequences', both fallbacks), with the kind
 /// of token it needs. The router in `server.rs` and `monoseq_named::router` are the source.
-fn routes() -> Vec<(Method, &'static str, bool)> {
-    const READ_ROUTE: bool = false;
-    const WRITE_ROUTE: bool = true;
+fn routes() -> Vec<(Method, &'static str, Needs)> {
     vec![
-        (Method::GET, "/v1/info", READ_ROUTE),
-        (Method::POST, "/v1/commands", WRITE_ROUTE),
-        (Method::GET, "/v1/partitions/0/events/1", READ_ROUTE),
-        (Method::GET, "/v1/workspaces/1/wlog", READ_ROUTE),
-        (Method::GET, "/v1/workspaces/1/records/1", READ_ROUTE),
-        (Method::GET, "/healthz", READ_ROUTE),
-        (Method::GET, "/readyz", READ_ROUTE),
-        (Method::GET, "/metrics", READ_ROUTE),
-        (Method::GET, "/v1/cluster", READ_ROUTE),
-        (Method::POST, "/v1/sequences/s/n/next", WRITE_ROUTE),
-        (Method::POST, "/v1/sequences/s/n/increment", WRITE_ROUTE),
-        (Method::POST, "/v1/sequences/s/n/reset", WRITE_ROUTE),
-        (Method::POST, "/v1/sequences/s/n/set", WRITE_ROUTE),
-        (Method::PUT, "/v1/sequences/s/n/set", WRITE_ROUTE),
-        (Method::DELETE, "/v1/sequences/s/n", WRITE_ROUTE),
-        (Method::GET, "/v1/sequences/s/n/value", READ_ROUTE),
-        (Method::GET, "/v1/sequences/s/n/data", READ_ROUTE),
-        (Method::GET, "/v1/sequences/s/n/exists", READ_ROUTE),
+        (Method::GET, "/v1/info", Needs::Read),
+        (Method::POST, "/v1/commands", Needs::Write),
+        (Method::POST, "/v1/commands/batch", Needs::Write),
+        (Method::GET, "/v1/partitions/0/events/1", Needs::Read),
+        (Method::GET, "/v1/partitions/0/events", Needs::Read),
+        (Method::GET, "/v1/workspaces/1/wlog", Needs::Read),
+        (Method::GET, "/v1/workspaces/1/records/1", Needs::Read),
+        (Method::GET, "/healthz", Needs::Read),
+        (Method::GET, "/readyz", Needs::Read),
+        (Method::GET, "/metrics", Needs::Read),
+        (Method::GET, "/v1/cluster", Needs::Read),
+        (Method::GET, "/v1/marks", Needs::Read),
+        (Method::GET, "/v1/openapi.json", Needs::Read),
+        (Method::GET, "/v1/consumers", Needs::Read),
+        (Method::GET, "/v1/consumers/c", Needs::Read),
+        (Method::GET, "/v1/consumers/c/partitions/0", Needs::Read),
+        (Method::PUT, "/v1/consumers/c/partitions/0", Needs::Consume),
+        (
+            Method::PUT,
+            "/v1/consumers/a%2Fb/partitions/0",
+            Needs::Consume,
+        ),
+        (Method::DELETE, "/v1/consumers/c", Needs::Write),
+        (Method::PUT, "/v1/consumers/c", Needs::Write),
+        (Method::POST, "/v1/consumers/c/partitions/0", Needs::Write),
+        // Consumer groups: a consume token may join them (GET and POST under /v1/groups/).
+        (Method::GET, "/v1/groups/g", Needs::Read),
+        (Method::POST, "/v1/groups/g/members", Needs::Consume),
+        (Method::DELETE, "/v1/groups/g", Needs::Write),
+        (Method::POST, "/v1/sequences/s/n/next", Needs::Write),
+        (Method::POST, "/v1/sequences/s/n/increment", Needs::Write),
+        (Method::POST, "/v1/sequences/s/n/reset", Needs::Write),
+        (Method::POST, "/v1/sequences/s/n/set", Needs::Write),
+        (Method::PUT, "/v1/sequences/s/n/set", Needs::Write),
+        (Method::DELETE, "/v1/sequences/s/n", Needs::Write),
+        (Method::GET, "/v1/sequences/s/n/value", Needs::Read),
+        (Method::GET, "/v1/sequences/s/n/data", Needs::Read),
+        (Method::GET, "/v1/sequences/s/n/exists", Needs::Read),
         // The fallbacks: no such path, a method a route does not take.
-        (Method::GET, "/no/such/endpoint", READ_ROUTE),
-        (Method::POST, "/no/such/endpoint", WRITE_ROUTE),
-        (Method::DELETE, "/v1/commands", WRITE_ROUTE),
-        (Method::PUT, "/metrics", WRITE_ROUTE),
-        (Method::PATCH, "/v1/info", WRITE_ROUTE),
+        (Method::GET, "/no/such/endpoint", Needs::Read),
+        (Method::POST, "/no/such/endpoint", Needs::Write),
+        (Method::DELETE, "/v1/commands", Needs::Write),
+        (Method::PUT, "/metrics", Needs::Write),
+        (Method::PATCH, "/v1/info", Needs::Write),
     ]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_route_needs_a_token_and_only_gets_take_a_read_token() {
+async fn every_route_needs_a_token_and_each_kind_sends_only_what_its_scope_allows() {
     let dir = tempfile::tempdir().unwrap();
-    let (server, client) = secured(dir.path(), &[]).await;
-    let body = json!({"value": 1});
-    for (method, path, write) in routes() {
+    let tokens = tokens_file(
+        dir.path(),
+        &format!("write {WRITE}\nread {READ}\nconsume {CONSUME}\n"),
+    );
+    let server = launch(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--tokens-file", tokens.to_str().unwrap()],
+        &[],
+    )
+    .expect("server starts");
+    let client = reqwest::Client::new();
+    server.ready(&client, Some(WRITE)).await;
+    let body = json!({"offset": 0});
+    for (method, path, needs) in routes() {
         let url = format!("{}{path}", server.url);
         let refused = send(&client, method.clone(), &url, None, Some(&body)).await;
         assert_eq!(
@@ -276,23 +317,45 @@ async fn every_route_needs_a_token_and_only_gets_take_a_read_token() {
             "{method} {path} with a wrong token: {}",
             wrong.2
         );
-        let (status, _, answer) =
-            send(&client, method.clone(), &url, Some(READ), Some(&body)).await;
-        if write {
-            assert_eq!(status, 403, "{method} {path} with a read token: {answer}");
-        } else {
-            assert!(
-                status != 401 && status != 403,
-                "{method} {path} with a read token: {status} {answer}"
-            );
+        for (token, kind) in [
+            (READ, Needs::Read),
+            (CONSUME, Needs::Consume),
+            (WRITE, Needs::Write),
+        ] {
+            let (status, _, answer) =
+                send(&client, method.clone(), &url, Some(token), Some(&body)).await;
+            if kind < needs {
+                assert_eq!(
+                    status, 403,
+                    "{method} {path} with a {kind:?} token: {answer}"
+                );
+                assert_eq!(answer["code"], "forbidden");
+                let message = answer["message"].as_str().unwrap();
+                assert!(
+                    message.contains(&format!(
+                        "needs a {} token",
+                        format!("{needs:?}").to_lowercase()
+                    )),
+                    "{message}"
+                );
+            } else {
+                assert!(
+                    status != 401 && status != 403,
+                    "{method} {path} with a {kind:?} token: {status} {answer}"
+                );
+            }
         }
-        let (status, _, answer) =
-            send(&client, method.clone(), &url, Some(WRITE), Some(&body)).await;
-        assert!(
-            status != 401 && status != 403,
-            "{method} {path} with a write token: {status} {answer}"
-        );
     }
+    // A consume token sets a position; it may not delete the consumer, a write token may.
+    let position = format!("{}/v1/consumers/c/partitions/1", server.url);
+    let (status, _, answer) =
+        send(&client, Method::PUT, &position, Some(CONSUME), Some(&body)).await;
+    assert_eq!(status, 200, "{answer}");
+    let url = format!("{}/v1/consumers/c", server.url);
+    let (status, _, _) = send(&client, Method::DELETE, &url, Some(CONSUME), None).await;
+    assert_eq!(status, 403);
+    let (status, _, answer) = send(&client, Method::DELETE, &url, Some(WRITE), None).await;
+    assert_eq!(status, 200, "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

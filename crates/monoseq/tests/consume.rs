@@ -584,3 +584,213 @@ async fn numbers_retired_by_a_restore_are_one_gap_entry_in_pages_and_tails() {
         "the gap in its place, never silence"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_end_starts_page_reads_and_tails_at_the_current_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &[]);
+    server.ready(&client).await;
+    let url = server.url.clone();
+    // Partition 1: workspaces 1 and 5; three events of workspace 1, end 4.
+    for _ in 0..3 {
+        post(&client, &url, 1).await;
+    }
+    let (status, page) = get(&client, &format!("{url}/v1/partitions/1/events?from=end")).await;
+    assert_eq!(
+        (status, page),
+        (200, json!({"events": [], "next": 4, "end": 4}))
+    );
+    // A long poll from the end answers the next event written.
+    let waiting = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            get(
+                &client,
+                &format!("{url}/v1/partitions/1/events?from=end&wait_ms=20000"),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    post(&client, &url, 5).await;
+    let (status, page) = waiting.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(page["events"][0]["plog_offset"], 4, "{page}");
+    // Tails from the end: only what is written after they start.
+    let mut plog = Sse::open(
+        &client,
+        &format!("{url}/v1/partitions/1/events/stream?from=end"),
+        None,
+    )
+    .await;
+    let mut wlog = Sse::open(
+        &client,
+        &format!("{url}/v1/workspaces/1/wlog/stream?from=end"),
+        None,
+    )
+    .await;
+    post(&client, &url, 5).await;
+    post(&client, &url, 1).await;
+    let first = plog
+        .next_entry(Duration::from_secs(10))
+        .await
+        .expect("an event");
+    assert_eq!((first.id, &first.data["ws"]), (Some(5), &json!(5)));
+    let second = plog.next_entry(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(second.id, Some(6));
+    // Workspace 1 had WLog offsets 1 to 3: its tail starts at 4, its next event.
+    let m = wlog
+        .next_entry(Duration::from_secs(10))
+        .await
+        .expect("an event");
+    assert_eq!((m.id, &m.data["plog_offset"]), (Some(4), &json!(6)));
+    let (status, body) = get(
+        &client,
+        &format!("{url}/v1/partitions/1/events?from=ending"),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        body["message"].as_str().unwrap().contains("or `end`"),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wlog_page_says_where_to_read_next_and_where_the_wlog_ends_and_long_polls() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &[]);
+    server.ready(&client).await;
+    let url = server.url.clone();
+    // Workspace 2: three events, WLog offsets 1 to 3 (workspace 6 shares its partition).
+    for ws in [2, 6, 2, 2] {
+        post(&client, &url, ws).await;
+    }
+    let page = |query: &str| {
+        let (client, url) = (client.clone(), url.clone());
+        let query = query.to_owned();
+        async move { get(&client, &format!("{url}/v1/workspaces/2/wlog?{query}")).await }
+    };
+    let (status, body) = page("from=1&limit=2").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        (
+            body["events"].as_array().unwrap().len(),
+            &body["next"],
+            &body["end"]
+        ),
+        (2, &json!(3), &json!(4)),
+        "{body}"
+    );
+    let (_, body) = page("from=3").await;
+    assert_eq!(
+        (&body["next"], &body["end"]),
+        (&json!(4), &json!(4)),
+        "{body}"
+    );
+    let (_, body) = page("from=9").await;
+    assert_eq!(
+        (&body["events"], &body["next"], &body["end"]),
+        (&json!([]), &json!(9), &json!(4)),
+        "{body}"
+    );
+    // A long poll at the end answers the workspace's next event, not another's.
+    let waiting = tokio::spawn(page("from=4&wait_ms=20000"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    post(&client, &url, 6).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "another workspace's event ended the wait"
+    );
+    post(&client, &url, 2).await;
+    let (status, body) = waiting.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body["events"][0]["wlog_offset"], 4, "{body}");
+    assert_eq!((&body["next"], &body["end"]), (&json!(5), &json!(5)));
+    let (status, body) = page("from=5&wait_ms=60001").await;
+    assert_eq!(status, 400);
+    assert!(
+        body["message"].as_str().unwrap().contains("wait_ms"),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_query_parameters_are_refused_naming_them_on_every_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = start(dir.path(), &["--admin-on-loopback"]);
+    server.ready(&client).await;
+    let url = &server.url;
+    let body = command(1);
+    for (method, path, named) in [
+        ("POST", "/v1/commands?limt=1", "`limt`"),
+        ("POST", "/v1/commands/batch?x=1", "`x`"),
+        ("GET", "/v1/info?verbose", "`verbose`"),
+        ("GET", "/v1/cluster?x=1", "`x`"),
+        ("GET", "/v1/marks?x=1", "`x`"),
+        ("GET", "/v1/partitions/1/events/1?x=1", "`x`"),
+        ("GET", "/v1/partitions/1/events?limt=1", "`limt`"),
+        (
+            "GET",
+            "/v1/partitions/1/events?command=app.Note",
+            "`command`",
+        ),
+        ("GET", "/v1/partitions/1/events?ws=99", "`ws`"),
+        (
+            "GET",
+            "/v1/partitions/1/events?from=1&from=2",
+            "`from` is given twice",
+        ),
+        ("GET", "/v1/partitions/1/events/stream?limit=5", "`limit`"),
+        ("GET", "/v1/workspaces/1/wlog?limt=1", "`limt`"),
+        ("GET", "/v1/workspaces/1/wlog/stream?wait_ms=1", "`wait_ms`"),
+        ("GET", "/v1/workspaces/1/records/1?x=1", "`x`"),
+        ("GET", "/v1/consumers?limit=1", "`limit`"),
+        ("GET", "/v1/consumers/c?x=1", "`x`"),
+        ("GET", "/v1/consumers/c/partitions/0?x=1", "`x`"),
+        ("PUT", "/v1/consumers/c/partitions/0?force=true", "`force`"),
+        ("DELETE", "/v1/consumers/c?x=1", "`x`"),
+        ("GET", "/healthz?x=1", "`x`"),
+        ("GET", "/readyz?x=1", "`x`"),
+        ("GET", "/metrics?x=1", "`x`"),
+        ("GET", "/v1/openapi.json?x=1", "`x`"),
+        ("GET", "/v1/sequences/s/n/value?x=1", "`x`"),
+        ("POST", "/v1/sequences/s/n/next?x=1", "`x`"),
+        ("POST", "/v1/admin/backup?x=1", "`x`"),
+    ] {
+        let r = client
+            .request(method.parse().unwrap(), format!("{url}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let answer: Value = r.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, 400, "{method} {path}: {answer}");
+        assert_eq!(answer["code"], "bad_request", "{method} {path}");
+        let message = answer["message"].as_str().unwrap();
+        assert!(message.contains(named), "{method} {path}: {message}");
+    }
+    // A refused command ran nowhere.
+    let (_, page) = get(&client, &format!("{url}/v1/partitions/1/events")).await;
+    assert_eq!(page["events"], json!([]), "{page}");
+    // Documented parameters still pass; an endpoint without any says so.
+    let (status, _) = get(
+        &client,
+        &format!("{url}/v1/partitions/1/events?from=1&limit=5&wait_ms=0"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (_, info) = get(&client, &format!("{url}/v1/info?x=1")).await;
+    assert!(
+        info["message"]
+            .as_str()
+            .unwrap()
+            .contains("takes no query parameters"),
+        "{info}"
+    );
+}

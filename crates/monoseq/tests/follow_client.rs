@@ -236,3 +236,79 @@ async fn monoseq_tail_prints_each_event_as_one_json_line_and_stops_at_max_events
     assert_eq!(offsets, vec![2, 3, 4]);
     assert_eq!(lines[0]["command"], "app.Note");
 }
+
+/// `monoseq tail` of partition 1 of `url` with `--retry-timeout-secs secs`, its stdout lines
+/// sent to the receiver.
+fn tail_process(
+    url: &str,
+    secs: &str,
+) -> (
+    std::process::Child,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(common::BIN)
+        .args(["tail", "--url", url, "--partition", "1"])
+        .args(["--retry-timeout-secs", secs])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (sent, lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            let _ = sent.send(line);
+        }
+    });
+    (child, lines)
+}
+
+/// The PLog offset of the next line a `monoseq tail` printed.
+async fn printed(lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> u64 {
+    let line = tokio::time::timeout(ENTRY_BOUND, lines.recv())
+        .await
+        .expect("a line in time")
+        .expect("the tail still prints");
+    serde_json::from_str::<Value>(&line).unwrap()["plog_offset"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monoseq_tail_gives_up_after_its_retry_timeout_and_with_0_waits_out_any_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut server = FixedServer::start(dir.path(), port, &[]);
+    let client = Client::new(&url).unwrap();
+    client.submit(&note(0)).await.unwrap();
+    let (mut brief, mut brief_lines) = tail_process(&url, "1");
+    let (mut patient, mut patient_lines) = tail_process(&url, "0");
+    assert_eq!(printed(&mut brief_lines).await, 1);
+    assert_eq!(printed(&mut patient_lines).await, 1);
+    server.kill();
+    // An outage well past the brief tail's second: it gives up, with an error.
+    let deadline = std::time::Instant::now() + ENTRY_BOUND;
+    let status = loop {
+        if let Some(status) = brief.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a tail with a 1 s retry timeout outlived a long outage"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!status.success());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        patient.try_wait().unwrap().is_none(),
+        "a tail with --retry-timeout-secs 0 gave up"
+    );
+    let _server = FixedServer::start(dir.path(), port, &[]);
+    client.submit(&note(1)).await.unwrap();
+    assert_eq!(printed(&mut patient_lines).await, 2);
+    let _ = patient.kill();
+    let _ = patient.wait();
+}

@@ -45,6 +45,25 @@ async fn put_raw(
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
+/// Writes `n` events (at most 1 000) into workspace `ws` of `url` (partition `ws` mod the
+/// partition count) in one batch.
+async fn fill(http: &reqwest::Client, url: &str, ws: u64, n: u64) {
+    let commands: Vec<Value> = (0..n)
+        .map(|i| json!({"ws": ws, "ws_kind": 1, "command": "fill.Do", "create": [{"raw_id": 1, "kind": "CDoc", "name": "fill.Doc", "fields": {"n": i}}]}))
+        .collect();
+    let r = http
+        .post(format!("{url}/v1/commands/batch"))
+        .json(&json!({ "commands": commands }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let answer: Value = r.json().await.unwrap();
+    for result in answer["results"].as_array().unwrap() {
+        assert_eq!(result["status"], 200, "{result}");
+    }
+}
+
 async fn get_raw(http: &reqwest::Client, url: &str, path: &str) -> (u16, Value) {
     let r = http.get(format!("{url}{path}")).send().await.unwrap();
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
@@ -82,6 +101,8 @@ async fn a_position_is_set_by_compare_and_set_and_never_moves_back_unless_forced
     let dir = tempfile::tempdir().unwrap();
     let http = reqwest::Client::new();
     let server = Server::start_ready(dir.path(), &["--partitions", "4"], &http).await;
+    // Partition 3 (workspace 3 of 4): events 1 to 15, end 16.
+    fill(&http, &server.url, 3, 15).await;
     let c = client(&server.url);
     // A name that needs encoding in a path travels as one segment.
     let name = "billing/v2 #1";
@@ -95,38 +116,38 @@ async fn a_position_is_set_by_compare_and_set_and_never_moves_back_unless_forced
         (again.code(), conflict_current(&again)),
         ("position_conflict", Some(0))
     );
-    c.set_position(name, 3, 120, Some(0)).await.unwrap();
+    c.set_position(name, 3, 12, Some(0)).await.unwrap();
     // A writer that read an older position loses, and learns the stored one.
-    let stale = c.set_position(name, 3, 130, Some(0)).await.unwrap_err();
+    let stale = c.set_position(name, 3, 13, Some(0)).await.unwrap_err();
     assert_eq!(
         (stale.code(), conflict_current(&stale)),
-        ("position_conflict", Some(120))
+        ("position_conflict", Some(12))
     );
     assert_eq!(stale.status(), Some(409));
     // Backwards without force: refused, saying how to force it.
-    let back = c.set_position(name, 3, 100, Some(120)).await.unwrap_err();
+    let back = c.set_position(name, 3, 10, Some(12)).await.unwrap_err();
     assert_eq!(
         (back.code(), conflict_current(&back)),
-        ("position_backwards", Some(120))
+        ("position_backwards", Some(12))
     );
     assert!(back.to_string().contains("\"force\": true"), "{back}");
-    assert_eq!(c.position(name, 3).await.unwrap(), Some(120));
-    c.force_position(name, 3, 100, Some(120)).await.unwrap();
-    assert_eq!(c.position(name, 3).await.unwrap(), Some(100));
+    assert_eq!(c.position(name, 3).await.unwrap(), Some(12));
+    c.force_position(name, 3, 10, Some(12)).await.unwrap();
+    assert_eq!(c.position(name, 3).await.unwrap(), Some(10));
     // Forcing still needs the expected position.
-    let forced_stale = c.force_position(name, 3, 1, Some(120)).await.unwrap_err();
-    assert_eq!(conflict_current(&forced_stale), Some(100));
-    c.set_position(name, 1, u64::MAX, None).await.unwrap();
+    let forced_stale = c.force_position(name, 3, 1, Some(12)).await.unwrap_err();
+    assert_eq!(conflict_current(&forced_stale), Some(10));
+    c.set_position(name, 1, 0, None).await.unwrap();
     assert_eq!(
         c.positions(name).await.unwrap(),
         vec![
             PartitionPositionBody {
                 partition: 1,
-                offset: u64::MAX
+                offset: 0
             },
             PartitionPositionBody {
                 partition: 3,
-                offset: 100
+                offset: 10
             },
         ]
     );
@@ -137,7 +158,7 @@ async fn a_position_is_set_by_compare_and_set_and_never_moves_back_unless_forced
         "/v1/consumers/billing%2Fv2%20%231/partitions/3",
     )
     .await;
-    assert_eq!((status, body), (200, json!({"offset": 100})));
+    assert_eq!((status, body), (200, json!({"offset": 10})));
     let (status, body) = put_raw(
         &http,
         &server.url,
@@ -149,7 +170,7 @@ async fn a_position_is_set_by_compare_and_set_and_never_moves_back_unless_forced
     assert_eq!(status, 409);
     assert_eq!(
         (body["code"].as_str(), body["current"].as_u64()),
-        (Some("position_conflict"), Some(100))
+        (Some("position_conflict"), Some(10))
     );
     let (status, body) = put_raw(
         &http,
@@ -165,16 +186,16 @@ async fn a_position_is_set_by_compare_and_set_and_never_moves_back_unless_forced
         &server.url,
         "fresh",
         "0",
-        r#"{"offset": 7, "expected": null}"#,
+        r#"{"offset": 0, "expected": null}"#,
     )
     .await;
-    assert_eq!((status, body), (200, json!({"offset": 7})));
+    assert_eq!((status, body), (200, json!({"offset": 0})));
     let (status, body) = get_raw(&http, &server.url, "/v1/consumers/fresh").await;
     assert_eq!(
         (status, body),
         (
             200,
-            json!({"consumer": "fresh", "partitions": [{"partition": 0, "offset": 7}]})
+            json!({"consumer": "fresh", "partitions": [{"partition": 0, "offset": 0}]})
         )
     );
 }
@@ -184,6 +205,8 @@ async fn of_many_writers_expecting_one_position_over_http_exactly_one_wins() {
     let dir = tempfile::tempdir().unwrap();
     let http = reqwest::Client::new();
     let server = Server::start_ready(dir.path(), &["--partitions", "2"], &http).await;
+    // Room for 20 rounds of 16 writers: each round moves the position at most 16 forward.
+    fill(&http, &server.url, 2, 20 * WRITERS + 1).await;
     let c = client(&server.url);
     c.set_position("race", 0, 0, None).await.unwrap();
     let mut expected = 0;
@@ -320,7 +343,7 @@ async fn a_read_token_reads_positions_and_only_a_write_token_sets_them() {
     let http = reqwest::Client::new();
     server.ready(&http, Some(security::WRITE)).await;
     let url = format!("{}/v1/consumers/c/partitions/0", server.url);
-    let body = json!({"offset": 4});
+    let body = json!({"offset": 0});
     let send = |method, token, body| security::send(&http, method, &url, token, body);
     assert_eq!(
         send(reqwest::Method::PUT, Some(security::READ), Some(&body))
@@ -337,7 +360,7 @@ async fn a_read_token_reads_positions_and_only_a_write_token_sets_them() {
         200
     );
     let (status, _, answer) = send(reqwest::Method::GET, Some(security::READ), None).await;
-    assert_eq!((status, answer), (200, json!({"offset": 4})));
+    assert_eq!((status, answer), (200, json!({"offset": 0})));
 }
 
 /// The value of the series `name{labels}` in OpenMetrics `text`.
@@ -364,7 +387,6 @@ async fn metrics_report_each_consumers_lag_behind_its_partitions_end() {
     }
     c.set_position("behind", 0, 2, None).await.unwrap();
     c.set_position("done", 0, 5, None).await.unwrap();
-    c.set_position("ahead", 0, 50, None).await.unwrap();
     c.set_position("idle", 1, 0, None).await.unwrap();
     let text = http
         .get(format!("{}/metrics", server.url))
@@ -384,7 +406,6 @@ async fn metrics_report_each_consumers_lag_behind_its_partitions_end() {
     };
     assert_eq!(lag("behind", 0), Some(3), "{text}");
     assert_eq!(lag("done", 0), Some(0));
-    assert_eq!(lag("ahead", 0), Some(0));
     assert_eq!(lag("idle", 1), Some(0));
     assert_eq!(series(&text, "monoseq_consumer_lag_truncated"), Some(0));
     assert!(
@@ -399,6 +420,7 @@ async fn a_position_survives_a_restart_and_a_backup_restored_keeps_it() {
     let live = tmp.path().join("live");
     let http = reqwest::Client::new();
     let server = Server::start_ready(&live, &["--partitions", "2"], &http).await;
+    fill(&http, &server.url, 1, 90).await;
     client(&server.url)
         .set_position("projector", 1, 40, None)
         .await
@@ -418,6 +440,13 @@ async fn a_position_survives_a_restart_and_a_backup_restored_keeps_it() {
     let backup = tmp.path().join("backup");
     common::backup_via_cli(&server.url, &backup);
     c.set_position("projector", 1, 90, Some(41)).await.unwrap();
+    assert_eq!(
+        c.set_position("projector", 1, 91, Some(90))
+            .await
+            .unwrap_err()
+            .code(),
+        "position_beyond_end"
+    );
     assert!(server.terminate(Duration::from_secs(30)).success());
 
     let restored = Server::try_start(
@@ -447,6 +476,22 @@ async fn on_postgresql_a_position_set_through_one_node_is_read_and_raced_for_thr
     let dir = tempfile::tempdir().unwrap();
     let (a, b) = (node(&db, "a", dir.path()), node(&db, "b", dir.path()));
     let (ca, cb) = (client(&a.url), client(&b.url));
+    let http = reqwest::Client::new();
+    common::wait_ready(&a.url, &http).await;
+    common::wait_ready(&b.url, &http).await;
+    // Partition 2: events 1 to 12, end 13; partition 0: room for the race below.
+    fill(&http, &a.url, 2, 12).await;
+    fill(&http, &a.url, 4, 10 * WRITERS + 1).await;
+    // Whichever node owns partition 2, both refuse a position at its end, naming the owner's
+    // end (the other node asks the owner), and take the last event's offset.
+    for c in [&ca, &cb] {
+        match c.set_position("guarded", 2, 13, None).await {
+            Err(ClientError::PositionBeyondEnd { end, .. }) => assert_eq!(end, 13),
+            other => panic!("a position at the end was not refused: {other:?}"),
+        }
+    }
+    cb.set_position("guarded", 2, 12, None).await.unwrap();
+    ca.set_position("guarded-a", 2, 12, None).await.unwrap();
     // Positions need no partition owner: any node answers them from the database.
     ca.set_position("shared", 2, 10, None).await.unwrap();
     assert_eq!(cb.position("shared", 2).await.unwrap(), Some(10));
@@ -463,6 +508,15 @@ async fn on_postgresql_a_position_set_through_one_node_is_read_and_raced_for_thr
             offset: 11
         }]
     );
+    // Every consumer is listed through either node with the owner's end.
+    for c in [&ca, &cb] {
+        let page = c.consumers(None).await.unwrap();
+        let shared = page.consumers.iter().find(|c| c.name == "shared").unwrap();
+        assert_eq!(
+            (shared.partitions[0].end, shared.partitions[0].lag),
+            (Some(13), Some(1))
+        );
+    }
     // Writers on both nodes, expecting the same position: one wins per round.
     ca.set_position("race", 0, 0, None).await.unwrap();
     let urls = [a.url.clone(), b.url.clone()];
@@ -607,4 +661,170 @@ async fn monoseq_tail_as_a_consumer_stores_its_position_while_idle_and_when_stop
     };
     assert!(status.success(), "{status}");
     assert_eq!(c.position("idle", 0).await.unwrap(), Some(4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_position_at_or_beyond_the_partitions_end_is_refused_naming_the_end_forced_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "2"], &http).await;
+    let url = &server.url;
+    // Partition 0: events 1 to 2, end 3.
+    fill(&http, url, 2, 2).await;
+    for body in [
+        r#"{"offset": 3}"#,
+        r#"{"offset": 5000}"#,
+        r#"{"offset": 18446744073709551615}"#,
+    ] {
+        let (status, answer) = put_raw(&http, url, "c", "0", body).await;
+        assert_eq!(
+            (status, answer["code"].as_str(), answer["end"].as_u64()),
+            (409, Some("position_beyond_end"), Some(3)),
+            "{body}: {answer}"
+        );
+        assert!(
+            answer["message"].as_str().unwrap().contains("at most 2"),
+            "{answer}"
+        );
+    }
+    // An empty partition (end 1) takes only 0, nothing processed.
+    let (status, answer) = put_raw(&http, url, "c", "1", r#"{"offset": 1}"#).await;
+    assert_eq!((status, answer["end"].as_u64()), (409, Some(1)), "{answer}");
+    let (status, _) = put_raw(&http, url, "c", "1", r#"{"offset": 0}"#).await;
+    assert_eq!(status, 200);
+    // The last event's offset is a position; forcing never goes beyond the end either.
+    let (status, _) = put_raw(&http, url, "c", "0", r#"{"offset": 2}"#).await;
+    assert_eq!(status, 200);
+    let (status, answer) = put_raw(
+        &http,
+        url,
+        "c",
+        "0",
+        r#"{"offset": 3, "expected": 2, "force": true}"#,
+    )
+    .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (409, Some("position_beyond_end"))
+    );
+    let c = client(url);
+    assert_eq!(c.position("c", 0).await.unwrap(), Some(2));
+    match c.set_position("c", 0, 3, Some(2)).await {
+        Err(ClientError::PositionBeyondEnd { end: 3, .. }) => {}
+        other => panic!("not refused beyond the end: {other:?}"),
+    }
+    // Once event 3 is written, position 3 is taken.
+    fill(&http, url, 2, 1).await;
+    c.set_position("c", 0, 3, Some(2)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_are_listed_with_end_and_lag_and_deleted_with_their_lag_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "2"], &http).await;
+    let url = &server.url;
+    // Partition 0: events 1 to 8, end 9.
+    fill(&http, url, 2, 8).await;
+    let c = client(url);
+    c.set_position("g", 0, 5, None).await.unwrap();
+    c.set_position("g", 1, 0, None).await.unwrap();
+    c.set_position("h", 0, 8, None).await.unwrap();
+    let (status, body) = get_raw(&http, url, "/v1/consumers").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        json!({"consumers": [
+            {"name": "g", "partitions": [
+                {"partition": 0, "offset": 5, "end": 9, "lag": 3},
+                {"partition": 1, "offset": 0, "end": 1, "lag": 0}
+            ]},
+            {"name": "h", "partitions": [{"partition": 0, "offset": 8, "end": 9, "lag": 0}]}
+        ], "truncated": false})
+    );
+    // The same lag as the metric's.
+    let text = common::metrics(&http, url).await;
+    assert_eq!(
+        series(
+            &text,
+            "monoseq_consumer_lag_events{consumer=\"g\",partition=\"0\"}"
+        ),
+        Some(3),
+        "{text}"
+    );
+    let (status, body) = get_raw(&http, url, "/v1/consumers?after=g").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["consumers"].as_array().unwrap().len(), 1, "{body}");
+    assert_eq!(body["consumers"][0]["name"], "h");
+    let (status, body) = get_raw(&http, url, "/v1/consumers?after=").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("`after`"),
+        "{body}"
+    );
+
+    let r = http
+        .delete(format!("{url}/v1/consumers/g"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let deleted: Value = r.json().await.unwrap();
+    assert_eq!(
+        deleted,
+        json!({"consumer": "g", "removed": [
+            {"partition": 0, "offset": 5},
+            {"partition": 1, "offset": 0}
+        ]})
+    );
+    assert_eq!(c.positions("g").await.unwrap(), vec![]);
+    let page = c.consumers(None).await.unwrap();
+    let names: Vec<&str> = page.consumers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["h"]);
+    // Its lag series are gone; the other consumer's stay.
+    let text = common::metrics(&http, url).await;
+    assert!(!text.contains("consumer=\"g\""), "{text}");
+    assert!(text.contains("consumer=\"h\""), "{text}");
+    let r = http
+        .delete(format!("{url}/v1/consumers/g"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["code"], "unknown_consumer");
+    assert_eq!(c.delete_consumer("g").await.unwrap(), vec![]);
+    assert_eq!(c.delete_consumer("h").await.unwrap().len(), 1);
+    assert!(c.consumers(None).await.unwrap().consumers.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_of_many_consumers_is_cut_at_whole_consumers_and_continues_after_the_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "2"], &http).await;
+    let c = client(&server.url);
+    // 501 consumers on both partitions: 1 002 positions, over one page's 1 000.
+    let names: Vec<String> = (0..501).map(|i| format!("c{i:03}")).collect();
+    for chunk in names.chunks(16) {
+        let sets = chunk.iter().flat_map(|n| {
+            let c = c.clone();
+            [0, 1].map(move |p| {
+                let c = c.clone();
+                async move { c.set_position(n, p, 0, None).await.unwrap() }
+            })
+        });
+        join_all(sets).await;
+    }
+    let first = c.consumers(None).await.unwrap();
+    assert!(first.truncated);
+    // Whole consumers only: 500 of them, two positions each.
+    assert_eq!(first.consumers.len(), 500);
+    assert!(first.consumers.iter().all(|c| c.partitions.len() == 2));
+    let last = first.consumers.last().unwrap().name.clone();
+    assert_eq!(last, "c499");
+    let rest = c.consumers(Some(&last)).await.unwrap();
+    assert!(!rest.truncated);
+    let names: Vec<&str> = rest.consumers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["c500"]);
 }

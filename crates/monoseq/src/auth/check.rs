@@ -11,7 +11,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use subtle::{Choice, ConstantTimeEq};
 
-use super::settings::{Configured, Kind, Token, digest};
+use super::settings::{Configured, GROUPS_PATH_PREFIX, Kind, Token, digest};
 
 /// Paths answered without a token under `--open-health`.
 pub(super) const HEALTH_PATHS: [&str; 2] = ["/healthz", "/readyz"];
@@ -41,6 +41,7 @@ impl fmt::Debug for Auth {
         f.debug_struct("Auth")
             .field("admin_tokens", &self.count(Kind::Admin))
             .field("write_tokens", &self.count(Kind::Write))
+            .field("consume_tokens", &self.count(Kind::Consume))
             .field("read_tokens", &self.count(Kind::Read))
             .field("open_health", &self.open_health)
             .field("admin_on_loopback", &self.admin_on_loopback)
@@ -56,8 +57,9 @@ pub(super) enum Refusal {
     Missing,
     /// A bearer token the server does not accept.
     Invalid,
-    /// A read token on a request that needs a write token.
-    ReadOnly,
+    /// A read or consume token on a request that needs more (the token's kind, the kind
+    /// needed).
+    Scope(Kind, Kind),
     /// A read or write token on an administration path.
     NotAdmin,
     /// An administration path on a server without tokens, started without
@@ -116,12 +118,18 @@ impl Auth {
     /// nothing about which token matched or how much of one.
     pub(super) fn kind_of(&self, presented: &[u8]) -> Option<Kind> {
         let presented = digest(presented);
-        let (mut admin, mut write, mut read) = (Choice::from(0), Choice::from(0), Choice::from(0));
+        let (mut admin, mut write, mut consume, mut read) = (
+            Choice::from(0),
+            Choice::from(0),
+            Choice::from(0),
+            Choice::from(0),
+        );
         for t in &self.accepted {
             let equal = t.digest.ct_eq(&presented);
             match t.kind {
                 Kind::Admin => admin |= equal,
                 Kind::Write => write |= equal,
+                Kind::Consume => consume |= equal,
                 Kind::Read => read |= equal,
             }
         }
@@ -129,6 +137,8 @@ impl Auth {
             Some(Kind::Admin)
         } else if bool::from(write) {
             Some(Kind::Write)
+        } else if bool::from(consume) {
+            Some(Kind::Consume)
         } else if bool::from(read) {
             Some(Kind::Read)
         } else {
@@ -138,8 +148,9 @@ impl Auth {
 
     /// Whether a request of `method` on `path` with `headers` may go on: an administration
     /// path needs an admin token (without tokens, `--admin-on-loopback`); any other path a
-    /// read token for `GET` and `HEAD`, a write token for the rest. An admin token may send
-    /// every request.
+    /// read token for `GET` and `HEAD`, a consume token to set a position or join a group
+    /// ([`Kind::needed_for`]), a write token for the rest. A token of a kind may send what
+    /// the kinds below it may.
     pub(super) fn authorize(
         &self,
         method: &Method,
@@ -158,16 +169,16 @@ impl Auth {
         }
         let presented = bearer(headers).ok_or(Refusal::Missing)?;
         let kind = self.kind_of(presented).ok_or(Refusal::Invalid)?;
-        match (needed, kind) {
-            (_, Kind::Admin) | (Kind::Read, _) | (Kind::Write, Kind::Write) => Ok(()),
-            (Kind::Admin, _) => Err(Refusal::NotAdmin),
-            (Kind::Write, Kind::Read) => Err(Refusal::ReadOnly),
+        match needed {
+            _ if kind >= needed => Ok(()),
+            Kind::Admin => Err(Refusal::NotAdmin),
+            _ => Err(Refusal::Scope(kind, needed)),
         }
     }
 }
 
 impl Auth {
-    /// What the token presented in `headers` may do (`read`, `write` or `admin`), for a
+    /// What the token presented in `headers` may do (`read`, `consume`, `write` or `admin`), for a
     /// client that shows only the actions it may take; `None` for a missing or unknown token
     /// where tokens are required. Without tokens: `write`, or `admin` under
     /// `--admin-on-loopback`.
@@ -182,6 +193,7 @@ impl Auth {
         Some(match self.kind_of(bearer(headers)?)? {
             Kind::Admin => "admin",
             Kind::Write => "write",
+            Kind::Consume => "consume",
             Kind::Read => "read",
         })
     }
@@ -211,11 +223,23 @@ pub async fn require_token(
 ) -> Response {
     match auth.authorize(request.method(), request.uri().path(), request.headers()) {
         Ok(()) => next.run(request).await,
-        Err(refusal) => refused(refusal, request.method()),
+        Err(refusal) => refused(refusal, request.method(), request.uri().path()),
     }
 }
 
-fn refused(refusal: Refusal, method: &Method) -> Response {
+/// What a token of `kind` may send, for a refusal.
+fn scope_of(kind: Kind) -> String {
+    match kind {
+        Kind::Consume => format!(
+            "a consume token may only GET, set a consumer's position (PUT \
+             /v1/consumers/<name>/partitions/<p>) and join consumer groups (POST under \
+             {GROUPS_PATH_PREFIX}; DELETE of a member's session)"
+        ),
+        _ => "a read token may only GET".to_owned(),
+    }
+}
+
+fn refused(refusal: Refusal, method: &Method, path: &str) -> Response {
     let (status, code, message, challenge) = match refusal {
         Refusal::Missing => (
             StatusCode::UNAUTHORIZED,
@@ -231,10 +255,14 @@ fn refused(refusal: Refusal, method: &Method) -> Response {
             "the bearer token is not one this server accepts; check the token".to_owned(),
             "Bearer error=\"invalid_token\"",
         ),
-        Refusal::ReadOnly => (
+        Refusal::Scope(kind, needed) => (
             StatusCode::FORBIDDEN,
             "forbidden",
-            format!("a read token may only GET; {method} needs a write token"),
+            format!(
+                "{}; {method} {path} needs a {} token",
+                scope_of(kind),
+                needed.word()
+            ),
             "",
         ),
         Refusal::NotAdmin => (
@@ -242,7 +270,7 @@ fn refused(refusal: Refusal, method: &Method) -> Response {
             "forbidden",
             format!(
                 "{ADMIN_PATH_PREFIX}* needs an admin token (`admin <token>` in the tokens file); \
-                 read and write tokens may not administer the server"
+                 read, consume and write tokens may not administer the server"
             ),
             "",
         ),

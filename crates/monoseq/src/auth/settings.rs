@@ -21,7 +21,7 @@ pub const TOKEN_CHARS_MIN: usize = 16;
 /// Most characters of a token (it travels in a request header).
 pub const TOKEN_CHARS_MAX: usize = 1024;
 /// The environment variable of tokens given without a file:
-/// `admin:<token>,write:<token>,read:<token>`.
+/// `admin:<token>,write:<token>,consume:<token>,read:<token>`.
 pub const TOKENS_ENV: &str = "MONOSEQ_TOKENS";
 /// The environment variable of the token this node presents to its peers.
 pub const NODE_TOKEN_ENV: &str = "MONOSEQ_NODE_TOKEN";
@@ -30,12 +30,14 @@ pub const NODE_TOKEN_ENV: &str = "MONOSEQ_NODE_TOKEN";
 /// settings file's `[security]` table under them.
 #[derive(Debug, Clone, Default, Args)]
 pub struct SecurityArgs {
-    /// File of bearer tokens, one `admin <token>`, `write <token>` or `read <token>` a line
-    /// (`#` starts a comment line). More tokens come from the environment only, as
-    /// MONOSEQ_TOKENS=admin:TOKEN,write:TOKEN,read:TOKEN. An admin token may send every
-    /// request and alone may administer the server (/v1/admin/*, backups); a write token
-    /// every other request; a read token only GET (and HEAD). Without any token nothing is
-    /// authenticated, and administration is refused unless --admin-on-loopback.
+    /// File of bearer tokens, one `admin <token>`, `write <token>`, `consume <token>` or
+    /// `read <token>` a line (`#` starts a comment line). More tokens come from the
+    /// environment only, as MONOSEQ_TOKENS=admin:TOKEN,write:TOKEN,consume:TOKEN,read:TOKEN.
+    /// An admin token may send every request and alone may administer the server
+    /// (/v1/admin/*, backups); a write token every other request; a consume token GET, PUT
+    /// of a consumer position (/v1/consumers/NAME/partitions/P) and POST under /v1/groups/;
+    /// a read token only GET (and HEAD). Without any token nothing is authenticated, and
+    /// administration is refused unless --admin-on-loopback.
     #[arg(long, env = "MONOSEQ_TOKENS_FILE")]
     pub tokens_file: Option<PathBuf>,
     /// File holding the token this node sends when it forwards a request to another node (a
@@ -221,15 +223,17 @@ impl Security {
     /// and warns about an open or unencrypted non-loopback listener.
     pub fn log_start(&self, listen: SocketAddr) {
         let a = &self.auth;
-        let (admin, write, read) = (
+        let (admin, write, consume, read) = (
             a.count(Kind::Admin),
             a.count(Kind::Write),
+            a.count(Kind::Consume),
             a.count(Kind::Read),
         );
         if a.is_on() {
             tracing::info!(
                 admin_tokens = admin,
                 write_tokens = write,
+                consume_tokens = consume,
                 read_tokens = read,
                 open_health = a.open_health,
                 presents_token_to_peers = a.outbound_authorization().is_some(),
@@ -262,40 +266,90 @@ impl Security {
     }
 }
 
-/// What a token may do (its scope).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a token may do (its scope). Each kind may do what the kinds before it may:
+/// `Read < Consume < Write < Admin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Kind {
-    /// `GET` and `HEAD` only: reading events, WLogs, records, named sequences, info, cluster
-    /// state, health and metrics.
+    /// `GET` and `HEAD` only: reading events, WLogs, records, named sequences, positions,
+    /// info, cluster state, health and metrics.
     Read,
+    /// What a consumer of the log needs and nothing more: a read token's requests, setting
+    /// its positions (`PUT /v1/consumers/{name}/partitions/{p}`) and joining consumer groups
+    /// (`POST` under `/v1/groups/`). No command, no deleted consumer, no administration.
+    Consume,
     /// Every request but administration.
     Write,
     /// Every request, administration (`/v1/admin/*`: backups) included.
     Admin,
 }
 
+/// The path prefix of consumer groups: a consume token may `GET` and `POST` under it.
+pub(crate) const GROUPS_PATH_PREFIX: &str = "/v1/groups/";
+
 impl Kind {
     fn parse(word: &str) -> Option<Kind> {
         match word {
             "admin" => Some(Kind::Admin),
             "write" => Some(Kind::Write),
+            "consume" => Some(Kind::Consume),
             "read" => Some(Kind::Read),
             _ => None,
         }
     }
 
-    /// The kind a request needs: an admin for every method on an administration path
+    /// The least kind a request needs: an admin for every method on an administration path
     /// ([`super::check::ADMIN_PATH_PREFIX`]); else a read for `GET` and `HEAD` (which change
-    /// nothing on any route of the server), a write for every other method.
+    /// nothing on any route of the server); a consume to set a position (`PUT
+    /// /v1/consumers/{name}/partitions/{p}`) or to `POST` under [`GROUPS_PATH_PREFIX`]; a
+    /// write for every other request.
     pub fn needed_for(method: &Method, path: &str) -> Kind {
         if path.starts_with(super::check::ADMIN_PATH_PREFIX) {
             Kind::Admin
         } else if *method == Method::GET || *method == Method::HEAD {
             Kind::Read
+        } else if (*method == Method::PUT && is_position_path(path))
+            || (*method == Method::POST && path.starts_with(GROUPS_PATH_PREFIX))
+            || (*method == Method::DELETE && is_member_path(path))
+        {
+            Kind::Consume
         } else {
             Kind::Write
         }
     }
+
+    /// The word of this kind in the tokens file.
+    pub(crate) fn word(self) -> &'static str {
+        match self {
+            Kind::Read => "read",
+            Kind::Consume => "consume",
+            Kind::Write => "write",
+            Kind::Admin => "admin",
+        }
+    }
+}
+
+/// Whether `path` is one group member's session (`/v1/groups/{g}/members/{session}`): a
+/// member leaving its group.
+fn is_member_path(path: &str) -> bool {
+    path.strip_prefix(GROUPS_PATH_PREFIX)
+        .and_then(|rest| rest.split_once('/'))
+        .and_then(|(group, rest)| Some((group, rest.strip_prefix("members/")?)))
+        .is_some_and(|(group, session)| {
+            !group.is_empty() && !session.is_empty() && !session.contains('/')
+        })
+}
+
+/// Whether `path` (as sent: a consumer name's `/` is percent-encoded) is one consumer's
+/// position on one partition, `/v1/consumers/{name}/partitions/{p}`.
+fn is_position_path(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix("/v1/consumers/") else {
+        return false;
+    };
+    let mut segments = rest.split('/');
+    matches!(
+        (segments.next(), segments.next(), segments.next(), segments.next()),
+        (Some(name), Some("partitions"), Some(p), None) if !name.is_empty() && !p.is_empty()
+    )
 }
 
 /// A secret token. It has no `Display`, and its `Debug` shows nothing of it.
@@ -416,8 +470,8 @@ fn read_secret_file(path: &std::path::Path, what: &str) -> anyhow::Result<String
     Ok(text)
 }
 
-/// Parses a tokens file: `admin <token>`, `write <token>` or `read <token>` a line, blank lines and lines
-/// starting with `#` skipped. Errors name `origin` and the line number, never the text.
+/// Parses a tokens file: `admin <token>`, `write <token>`, `consume <token>` or `read <token>`
+/// a line, blank lines and lines starting with `#` skipped. Errors name `origin` and the line number, never the text.
 pub(super) fn parse_tokens_file(text: &str, origin: &str) -> anyhow::Result<Vec<Configured>> {
     let mut tokens = Vec::new();
     for (index, line) in text.lines().enumerate() {
@@ -429,8 +483,8 @@ pub(super) fn parse_tokens_file(text: &str, origin: &str) -> anyhow::Result<Vec<
         let mut words = line.split_whitespace();
         let kind = words.next().and_then(Kind::parse).with_context(|| {
             format!(
-                "{at}: a line is `admin <token>`, `write <token>` or `read <token>`; this one \
-                 starts otherwise"
+                "{at}: a line is `admin <token>`, `write <token>`, `consume <token>` or \
+                 `read <token>`; this one starts otherwise"
             )
         })?;
         let token = words
@@ -458,7 +512,10 @@ pub(super) fn parse_tokens_env(list: &str) -> anyhow::Result<Vec<Configured>> {
             .split_once(':')
             .and_then(|(kind, token)| Some((Kind::parse(kind)?, token)))
             .with_context(|| {
-                format!("{at}: an entry is `admin:<token>`, `write:<token>` or `read:<token>`")
+                format!(
+                    "{at}: an entry is `admin:<token>`, `write:<token>`, `consume:<token>` or \
+                     `read:<token>`"
+                )
             })?;
         tokens.push(configured(kind, token, at)?);
     }

@@ -12,6 +12,7 @@ fn tokens_of(text: &str) -> anyhow::Result<Vec<Configured>> {
 const W: &str = "w-0123456789abcdef";
 const R: &str = "r-0123456789abcdef";
 const A: &str = "a-0123456789abcdef";
+const C: &str = "c-0123456789abcdef";
 
 fn auth(text: &str, open_health: bool) -> Auth {
     Auth::new(&tokens_of(text).expect("valid tokens"), None, open_health)
@@ -99,11 +100,11 @@ fn a_read_token_may_only_get_and_a_write_token_everything() {
     );
     assert_eq!(
         a.authorize(&Method::POST, path, &with_bearer(R)),
-        Err(Refusal::ReadOnly)
+        Err(Refusal::Scope(Kind::Read, Kind::Write))
     );
     assert_eq!(
         a.authorize(&Method::DELETE, path, &with_bearer(R)),
-        Err(Refusal::ReadOnly)
+        Err(Refusal::Scope(Kind::Read, Kind::Write))
     );
     assert_eq!(a.authorize(&Method::GET, path, &with_bearer(R)), Ok(()));
     assert_eq!(a.authorize(&Method::HEAD, path, &with_bearer(R)), Ok(()));
@@ -123,6 +124,85 @@ fn a_read_token_may_only_get_and_a_write_token_everything() {
         a.authorize(&Method::GET, path, &basic),
         Err(Refusal::Missing)
     );
+}
+
+#[test]
+fn a_consume_token_reads_sets_positions_and_joins_groups_and_nothing_else() {
+    let a = auth(
+        &format!("admin {A}\nwrite {W}\nconsume {C}\nread {R}\n"),
+        false,
+    );
+    assert_eq!(a.kind_of(C.as_bytes()), Some(Kind::Consume));
+    let position = "/v1/consumers/billing%2Fv2/partitions/3";
+    let allowed = [
+        (Method::GET, "/v1/partitions/0/events"),
+        (Method::GET, "/v1/partitions/0/events/stream"),
+        (Method::HEAD, "/v1/info"),
+        (Method::GET, "/v1/consumers"),
+        (Method::GET, position),
+        (Method::PUT, position),
+        (Method::GET, "/v1/groups/g"),
+        (Method::POST, "/v1/groups/g/members"),
+        (Method::POST, "/v1/groups/g/commit"),
+        (Method::POST, "/v1/groups/g/heartbeat"),
+        (Method::DELETE, "/v1/groups/g/members/m~1.0"),
+        (Method::GET, "/metrics"),
+    ];
+    let refused = [
+        (Method::POST, "/v1/commands", Kind::Write),
+        (Method::POST, "/v1/commands/batch", Kind::Write),
+        (Method::DELETE, "/v1/consumers/billing", Kind::Write),
+        (Method::PUT, "/v1/consumers/billing", Kind::Write),
+        (Method::PUT, "/v1/consumers/billing/partitions", Kind::Write),
+        (Method::PUT, "/v1/consumers//partitions/3", Kind::Write),
+        (Method::PUT, "/v1/consumers/a/partitions/3/x", Kind::Write),
+        (
+            Method::POST,
+            "/v1/consumers/billing/partitions/3",
+            Kind::Write,
+        ),
+        (Method::DELETE, "/v1/groups/g", Kind::Write),
+        (Method::DELETE, "/v1/groups/g/members", Kind::Write),
+        (Method::DELETE, "/v1/groups/g/members/s/x", Kind::Write),
+        (Method::PUT, "/v1/groups/g", Kind::Write),
+        (Method::POST, "/v1/groupsx", Kind::Write),
+        (Method::POST, "/v1/sequences/s/n/next", Kind::Write),
+        (Method::POST, "/v1/admin/backup", Kind::Admin),
+        (Method::GET, "/v1/admin/backup", Kind::Admin),
+    ];
+    for (method, path) in &allowed {
+        assert_eq!(
+            a.authorize(method, path, &with_bearer(C)),
+            Ok(()),
+            "{method} {path}"
+        );
+        assert_eq!(a.authorize(method, path, &with_bearer(W)), Ok(()));
+    }
+    for (method, path, needed) in &refused {
+        let expected = if *needed == Kind::Admin {
+            Refusal::NotAdmin
+        } else {
+            Refusal::Scope(Kind::Consume, *needed)
+        };
+        assert_eq!(
+            a.authorize(method, path, &with_bearer(C)),
+            Err(expected),
+            "{method} {path}"
+        );
+    }
+    // A read token may not set a position or join a group; a write token may.
+    for (method, path) in [
+        (Method::PUT, position),
+        (Method::POST, "/v1/groups/g/members"),
+    ] {
+        assert_eq!(
+            a.authorize(&method, path, &with_bearer(R)),
+            Err(Refusal::Scope(Kind::Read, Kind::Consume))
+        );
+        assert_eq!(a.authorize(&method, path, &with_bearer(A)), Ok(()));
+    }
+    let tokens = parse_tokens_env(&format!("consume:{C}")).expect("valid");
+    assert_eq!(tokens[0].kind, Kind::Consume);
 }
 
 #[test]

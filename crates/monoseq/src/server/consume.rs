@@ -45,6 +45,7 @@ use crate::base::error;
 use crate::cluster::Owner;
 use crate::config::{FOLLOWER_HEARTBEAT_MS_DEFAULT, FollowLimits};
 use crate::json::{StoredEvent, StoredEventRef};
+use crate::query;
 
 /// Largest `--follower-buffer-events`.
 const FOLLOWER_BUFFER_EVENTS_MAX: usize = 1 << 20;
@@ -55,7 +56,7 @@ const CATCH_UP_PAGE: usize = PLOG_PAGE_MAX;
 /// Bytes gathered for a tail past which they go to its connection at once.
 const CHUNK_BYTES: usize = 64 * 1024;
 /// What an event's JSON is sized for when a buffer is reserved for it (it grows past).
-const EVENT_JSON_BYTES: usize = 512;
+pub(super) const EVENT_JSON_BYTES: usize = 512;
 /// How long a hub's read waits for a new event (on the writer's signal, or the owner's long
 /// poll) before it looks again whether anyone still follows.
 const HUB_WAIT: Duration = Duration::from_secs(1);
@@ -81,7 +82,7 @@ const RELAY_GRACE: Duration = Duration::from_secs(5);
 const RETRY_AFTER_FOLLOWERS_SECS: &str = "1";
 /// Largest offset a read starts from (no log reaches near it; the store's block arithmetic
 /// must not overflow).
-const OFFSET_READ_MAX: u64 = u64::MAX >> 1;
+pub(super) const OFFSET_READ_MAX: u64 = u64::MAX >> 1;
 
 /// The `serve` flags of the consumer side.
 #[derive(Debug, Clone, Default, Args)]
@@ -200,6 +201,16 @@ pub(crate) struct Follow {
 }
 
 impl Follow {
+    /// A receiver that sees `true` once the server stops.
+    pub(super) fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
+    /// The limits of live tails.
+    pub(super) fn limits(&self) -> &FollowLimits {
+        &self.limits
+    }
+
     pub(crate) fn new(limits: FollowLimits) -> Follow {
         Follow {
             limits,
@@ -220,7 +231,7 @@ impl Follow {
 }
 
 /// A tail counted against the cap while it lives.
-struct Slot(Arc<AppState>);
+pub(super) struct Slot(Arc<AppState>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
@@ -233,56 +244,86 @@ impl Drop for Slot {
     }
 }
 
+/// Where a read or a tail starts: at a PLog (or WLog) offset, or at the current end
+/// (`from=end`: only what is written from now on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Start {
+    /// At this offset (1 or more).
+    At(u64),
+    /// At the end as the partition's owner knows it when the read starts.
+    End,
+}
+
+impl std::fmt::Display for Start {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Start::At(offset) => write!(f, "{offset}"),
+            Start::End => f.write_str("end"),
+        }
+    }
+}
+
 /// The offsets and sizes a read names, each checked with a 400 naming it.
 struct ReadQuery {
-    from: u64,
+    from: Start,
     limit: usize,
     wait: Duration,
 }
 
-/// Parses `from`, `limit` and `wait_ms` of a query (`from` defaults to 1).
-fn read_query(raw: Option<&str>, limit_max: usize) -> Result<ReadQuery, Response> {
+/// Parses `from` (an offset or `end`), `limit` and `wait_ms` of a query (`from` defaults to
+/// 1); refuses every parameter not in `accepted` (see [`query::params`]).
+fn read_query(
+    raw: Option<&str>,
+    accepted: &[&str],
+    limit_max: usize,
+) -> Result<ReadQuery, Response> {
+    let params = query::params(raw, accepted)?;
+    let number = |name: &str, value: &str, what: &str| {
+        value.parse::<u64>().map_err(|_| {
+            bad_request(format!(
+                "`{name}` is {what}, not {value:?}: send a decimal unsigned integer"
+            ))
+        })
+    };
     let mut q = ReadQuery {
-        from: 1,
+        from: Start::At(1),
         limit: PAGE_DEFAULT.min(limit_max),
         wait: Duration::ZERO,
     };
-    for pair in raw.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let number = |what: &str| {
-            value.parse::<u64>().map_err(|_| {
-                bad_request(format!(
-                    "`{name}` is {what}, not {value:?}: send a decimal unsigned integer"
-                ))
-            })
-        };
-        match name {
-            "from" => {
-                q.from = number("an offset (1 or more)")?;
-                if q.from == 0 {
-                    return Err(bad_request("`from` starts at 1 (the first offset)"));
-                }
+    match params.get("from") {
+        None => {}
+        Some("end") => q.from = Start::End,
+        Some(value) => {
+            let from = number("from", value, "an offset (1 or more) or `end`")?;
+            if from == 0 {
+                return Err(bad_request(
+                    "`from` starts at 1 (the first offset), or is `end`",
+                ));
             }
-            "limit" => {
-                let n = number(&format!("a count (1 to {limit_max})"))?;
-                if n == 0 || n > limit_max as u64 {
-                    return Err(bad_request(format!(
-                        "`limit` is 1 to {limit_max} (got {n})"
-                    )));
-                }
-                q.limit = n as usize;
-            }
-            "wait_ms" => {
-                let n = number(&format!("milliseconds (0 to {WAIT_MS_MAX})"))?;
-                if n > WAIT_MS_MAX {
-                    return Err(bad_request(format!(
-                        "`wait_ms` is 0 to {WAIT_MS_MAX} (got {n})"
-                    )));
-                }
-                q.wait = Duration::from_millis(n);
-            }
-            _ => {}
+            q.from = Start::At(from);
         }
+    }
+    if let Some(value) = params.get("limit") {
+        let n = number("limit", value, &format!("a count (1 to {limit_max})"))?;
+        if n == 0 || n > limit_max as u64 {
+            return Err(bad_request(format!(
+                "`limit` is 1 to {limit_max} (got {n})"
+            )));
+        }
+        q.limit = n as usize;
+    }
+    if let Some(value) = params.get("wait_ms") {
+        let n = number(
+            "wait_ms",
+            value,
+            &format!("milliseconds (0 to {WAIT_MS_MAX})"),
+        )?;
+        if n > WAIT_MS_MAX {
+            return Err(bad_request(format!(
+                "`wait_ms` is 0 to {WAIT_MS_MAX} (got {n})"
+            )));
+        }
+        q.wait = Duration::from_millis(n);
     }
     Ok(q)
 }
@@ -299,7 +340,7 @@ fn path_error(rejection: &PathRejection) -> Response {
 }
 
 /// 404 for a partition the server does not have.
-fn check_partition(st: &AppState, partition: u32) -> Result<(), Response> {
+pub(super) fn check_partition(st: &AppState, partition: u32) -> Result<(), Response> {
     let partitions = st.cp.config().partitions;
     if partition < partitions {
         return Ok(());
@@ -346,7 +387,7 @@ pub(super) async fn read_partition(
     if let Err(r) = check_partition(&st, partition) {
         return r;
     }
-    let q = match read_query(raw.as_deref(), PLOG_PAGE_MAX) {
+    let q = match read_query(raw.as_deref(), query::PAGE_PARAMS, PLOG_PAGE_MAX) {
         Ok(q) => q,
         Err(r) => return r,
     };
@@ -356,7 +397,13 @@ pub(super) async fn read_partition(
             Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
             Err(r) => r,
         },
-        Ok(None) => local_page_answer(&st, partition, q.from, q.limit, q.wait).await,
+        Ok(None) => {
+            let from = match q.from {
+                Start::At(from) => from,
+                Start::End => st.cp.plog_end(partition),
+            };
+            local_page_answer(&st, partition, from, q.limit, q.wait).await
+        }
         Err(r) => r,
     }
 }
@@ -371,11 +418,11 @@ fn encode_page(page: &Page) -> Result<Bytes, Response> {
 }
 
 /// A page as this node answers it: its events read from its store, or relayed from the owner.
-type Page = PlogPageBody<PageEvent>;
+pub(super) type Page = PlogPageBody<PageEvent>;
 
 /// An event of a [`Page`].
 #[derive(Debug)]
-enum PageEvent {
+pub(super) enum PageEvent {
     /// Read from this node's store, written without building its body.
     Stored(StoredEvent),
     /// Relayed from the partition's owner.
@@ -383,10 +430,18 @@ enum PageEvent {
 }
 
 impl PageEvent {
-    fn plog_offset(&self) -> u64 {
+    pub(super) fn plog_offset(&self) -> u64 {
         match self {
             PageEvent::Stored(e) => e.0.plog_offset.0,
             PageEvent::Relayed(e) => e.plog_offset,
+        }
+    }
+
+    /// Whether it passes a stream's filter.
+    pub(super) fn passes(&self, filter: &super::filter::Filter) -> bool {
+        match self {
+            PageEvent::Stored(e) => filter.stored(&e.0),
+            PageEvent::Relayed(e) => filter.relayed(e),
         }
     }
 
@@ -411,16 +466,31 @@ impl serde::Serialize for PageEvent {
 /// A page of partition `p` from `from`: read here when this node serves the partition (or is
 /// the only node), else relayed from its owner. With `wait`, an empty page waits until an
 /// event is durable there or the wait passes.
-async fn page(
+pub(super) async fn page(
     st: &Arc<AppState>,
     p: u32,
     from: u64,
     limit: usize,
     wait: Duration,
 ) -> Result<Page, Response> {
+    page_from(st, p, Start::At(from), limit, wait).await
+}
+
+/// As [`page`], from a [`Start`]: `end` is the owner's end when the read starts.
+async fn page_from(
+    st: &Arc<AppState>,
+    p: u32,
+    from: Start,
+    limit: usize,
+    wait: Duration,
+) -> Result<Page, Response> {
     if let Some(url) = owner_elsewhere(st, p)? {
         return relay_page(st, &url, p, from, limit, wait).await;
     }
+    let from = match from {
+        Start::At(from) => from,
+        Start::End => st.cp.plog_end(p),
+    };
     wait_for_event(st, p, from, wait).await;
     local_page(st, p, from, limit).await
 }
@@ -452,6 +522,25 @@ fn owner_elsewhere(st: &AppState, p: u32) -> Result<Option<String>, Response> {
             format!("partition {p} is moving between nodes (no live lease); retry"),
         ))),
     }
+}
+
+/// The end of partition `p` (the next PLog offset to be written) as its owner knows it: this
+/// node's when it serves the partition (or is the only node), else asked of the owner (a page
+/// read from `end`); 503 while the partition moves between nodes, or when the owner does
+/// not answer.
+pub(super) async fn partition_end(st: &Arc<AppState>, p: u32) -> Result<u64, Response> {
+    match owner_elsewhere(st, p)? {
+        None => Ok(st.cp.plog_end(p)),
+        Some(url) => Ok(relay_page(st, &url, p, Start::End, 1, Duration::ZERO)
+            .await?
+            .end),
+    }
+}
+
+/// The end of partition `p` as this node knows it without asking another: the true end where
+/// it serves the partition, else a lower bound (what its hub or its writer last saw).
+pub(super) fn known_end(st: &AppState, p: u32) -> u64 {
+    hub_end(st, p)
 }
 
 /// A page read from this node's store, below this node's end of the partition.
@@ -550,7 +639,7 @@ async fn relay_raw(st: &AppState, url: &str, p: u32, q: &ReadQuery) -> Result<By
 }
 
 /// The URL of partition `p`'s page read at its owner `url`.
-fn relay_target(url: &str, p: u32, from: u64, limit: usize, wait: Duration) -> String {
+fn relay_target(url: &str, p: u32, from: Start, limit: usize, wait: Duration) -> String {
     format!(
         "{url}/v1/partitions/{p}/events?from={from}&limit={limit}&wait_ms={}",
         wait.as_millis()
@@ -562,7 +651,7 @@ async fn relay_page(
     st: &AppState,
     url: &str,
     p: u32,
-    from: u64,
+    from: Start,
     limit: usize,
     wait: Duration,
 ) -> Result<Page, Response> {
@@ -606,7 +695,7 @@ pub(super) async fn stream_partition(
     if let Err(r) = check_partition(&st, partition) {
         return r;
     }
-    start_tail(&st, partition, None, (raw.as_deref(), &headers))
+    start_tail(&st, partition, None, (raw.as_deref(), &headers)).await
 }
 
 /// `GET /v1/workspaces/{ws}/wlog/stream?from=N`: the workspace's WLog as Server-Sent Events.
@@ -621,12 +710,12 @@ pub(super) async fn stream_wlog(
         Err(e) => return path_error(&e),
     };
     let partition = st.cp.partition_of(WsId(ws));
-    start_tail(&st, partition, Some(ws), (raw.as_deref(), &headers))
+    start_tail(&st, partition, Some(ws), (raw.as_deref(), &headers)).await
 }
 
 /// Starts a tail of `partition` (of workspace `ws`'s WLog when given) from where the request
 /// asks, counted against the cap, on a task of its own that feeds the answer.
-fn start_tail(
+async fn start_tail(
     st: &Arc<AppState>,
     partition: u32,
     ws: Option<u64>,
@@ -635,6 +724,17 @@ fn start_tail(
     let from = match stream_from(raw, headers) {
         Ok(from) => from,
         Err(r) => return r,
+    };
+    let from = match (from, ws) {
+        (Start::At(from), _) => from,
+        (Start::End, None) => match partition_end(st, partition).await {
+            Ok(end) => end,
+            Err(r) => return r,
+        },
+        (Start::End, Some(ws)) => match wlog_end(st, partition, ws).await {
+            Ok(end) => end,
+            Err(r) => return r,
+        },
     };
     let slot = match take_slot(st) {
         Ok(slot) => slot,
@@ -654,14 +754,67 @@ fn start_tail(
     sse_response(tail, handoff)
 }
 
-/// Where a tail starts: after `Last-Event-ID` when sent, else `from` (default 1).
-fn stream_from(raw: Option<&str>, headers: &HeaderMap) -> Result<u64, Response> {
-    let q = read_query(raw, PLOG_PAGE_MAX)?;
-    Ok(last_event_id(headers)?.unwrap_or(q.from))
+/// Where a tail starts: after `Last-Event-ID` when sent, else `from` (default 1; `end`).
+fn stream_from(raw: Option<&str>, headers: &HeaderMap) -> Result<Start, Response> {
+    let q = read_query(raw, query::STREAM_PARAMS, PLOG_PAGE_MAX)?;
+    Ok(last_event_id(headers)?.map_or(q.from, Start::At))
+}
+
+/// The end of workspace `ws`'s WLog (in `partition`): the WLog offset after its last event
+/// below the partition's end as its owner knows it.
+async fn wlog_end(st: &Arc<AppState>, partition: u32, ws: u64) -> Result<u64, Response> {
+    let plog_end = partition_end(st, partition).await?;
+    let store = st.cp.store().clone();
+    let found =
+        tokio::task::spawn_blocking(move || wlog_end_below(&store, ws, Some(plog_end))).await;
+    match found {
+        Ok(Ok(end)) => Ok(end),
+        Ok(Err(e)) => Err(read_error(st, || format!("WLog of workspace {ws}"), &e)),
+        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)),
+    }
+}
+
+/// The WLog offset after workspace `ws`'s last stored event whose PLog offset is below
+/// `plog_end` (every stored event when `None`), found by doubling then halving reads of one
+/// event each (about 2 log2(n) reads for n events). Blocks on the store.
+pub(super) fn wlog_end_below(
+    store: &monoseq_store::EventStore<crate::config::Store>,
+    ws: u64,
+    plog_end: Option<u64>,
+) -> Result<u64, monoseq_store::ReadError> {
+    // Whether an event is stored at `offset` or after it, below the partition's end.
+    let any_from = |offset: u64| {
+        store.read_wlog(WsId(ws), WLogOffset(offset), 1).map(|e| {
+            e.first()
+                .is_some_and(|e| plog_end.is_none_or(|end| e.plog_offset.0 < end))
+        })
+    };
+    let (mut below, mut above) = (0u64, 1u64);
+    while above <= OFFSET_READ_MAX && any_from(above)? {
+        below = above;
+        above = above.saturating_mul(2);
+    }
+    // An event is at `below` or after it (or `below` is 0), none at `above` or after it.
+    while above - below > 1 {
+        let middle = below + (above - below) / 2;
+        if any_from(middle)? {
+            below = middle;
+        } else {
+            above = middle;
+        }
+    }
+    Ok(below + 1)
+}
+
+/// Waits (at most `wait`) until partition `p` holds an event at `from` or after it, as its
+/// owner knows it (a long poll of a page read, relayed where another node owns it); returns
+/// at once when it already does. A failed wait returns early.
+pub(super) async fn wait_for_plog(st: &Arc<AppState>, p: u32, from: u64, wait: Duration) {
+    let _ = page(st, p, from, 1, wait).await;
 }
 
 /// Counts a new tail against `--followers-max`, or refuses it.
-fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
+pub(super) fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
     let counts = &st.follow.counts;
     let max = st.follow.limits.followers_max;
     let taken = counts
@@ -999,10 +1152,9 @@ impl<'a> Tail<'a> {
                 self.beat.as_mut().reset(due);
                 continue;
             }
-            let end = hub_end(self.st, self.partition);
             let beat = HeartbeatBody {
                 next,
-                end: Some(end),
+                end: heartbeat_end(self.st, self.partition, next),
             };
             self.send_body(SSE_HEARTBEAT, None, &beat).await?;
             self.beat.as_mut().reset(self.sent_at + heartbeat);
@@ -1147,6 +1299,22 @@ fn hub_end(st: &AppState, p: u32) -> u64 {
     hub_end.max(st.cp.plog_end(p))
 }
 
+/// The end a heartbeat carries: the true end where this node serves partition `p`, else the
+/// end its hub last learned from the owner; none when this node knows no end from the owner,
+/// or one below what the tail already sent (`next`), which a node that never owned the
+/// partition would otherwise report.
+fn heartbeat_end(st: &AppState, p: u32, next: u64) -> Option<u64> {
+    let end = if st.cp.serves(p) || st.cluster.is_none() {
+        st.cp.plog_end(p)
+    } else {
+        st.follow
+            .lock()
+            .get(&p)
+            .map_or(0, |h| h.end.load(Ordering::Acquire))
+    };
+    (end >= next && end > 0).then_some(end)
+}
+
 /// A receiver of partition `p`'s hub, started when it has none.
 fn subscribe(st: &Arc<AppState>, p: u32) -> broadcast::Receiver<Arc<Frame>> {
     let mut hubs = st.follow.lock();
@@ -1154,9 +1322,12 @@ fn subscribe(st: &Arc<AppState>, p: u32) -> broadcast::Receiver<Arc<Frame>> {
         return hub.tx.subscribe();
     }
     let (tx, rx) = broadcast::channel(st.follow.limits.buffer_events);
+    // Where another node owns the partition, this node's end is stale (1 on a node that never
+    // owned it): the hub learns the owner's end with its first read (0 until then).
+    let here = matches!(owner_elsewhere(st, p), Ok(None));
     let hub = Arc::new(Hub {
         tx,
-        end: AtomicU64::new(st.cp.plog_end(p)),
+        end: AtomicU64::new(if here { st.cp.plog_end(p) } else { 0 }),
     });
     hubs.insert(p, Arc::clone(&hub));
     let st = Arc::clone(st);
@@ -1193,17 +1364,30 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
         }
         if matches!(owner_elsewhere(&st, p), Ok(None)) {
             st.cp.follow_plog(p, true);
+            if next == 0 {
+                // Became the owner before learning another's end: its own is true.
+                next = st.cp.plog_end(p);
+            }
             if hub_recent(&st, p, &hub, &mut next).await {
                 handed = Instant::now();
                 continue;
             }
         }
-        // A long poll: here it waits on the writer's end signal, elsewhere on the owner.
-        let Ok(page) = page(&st, p, next, PLOG_PAGE_MAX, HUB_WAIT).await else {
+        // A long poll: here it waits on the writer's end signal, elsewhere on the owner. A hub
+        // that knows no end yet starts at the owner's. A page is at most half the buffer, so
+        // that followers keeping up are never cut by one page handed out at once.
+        let from = if next == 0 {
+            Start::End
+        } else {
+            Start::At(next)
+        };
+        let limit = PLOG_PAGE_MAX.min(st.follow.limits.buffer_events / 2).max(1);
+        let Ok(page) = page_from(&st, p, from, limit, HUB_WAIT).await else {
             tokio::time::sleep(RELAY_RETRY).await;
             continue;
         };
         hub.end.fetch_max(page.end, Ordering::AcqRel);
+        next = next.max(page.next);
         handed = Instant::now();
         for e in &page.events {
             let frame = match e {

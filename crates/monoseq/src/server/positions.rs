@@ -1,37 +1,50 @@
-//! Consumer positions over HTTP: `GET` and `PUT /v1/consumers/{name}/partitions/{p}` and the
-//! listing `GET /v1/consumers/{name}`, answered by any node straight from the shared store
-//! (the compare-and-swap decides between writers, so nothing is forwarded to a partition's
-//! owner); and each consumer's lag behind its partition's end for `/metrics`, at most
-//! [`CONSUMER_LAG_SERIES_MAX`] series.
+//! Consumer positions over HTTP: `GET` and `PUT /v1/consumers/{name}/partitions/{p}`, the
+//! listings `GET /v1/consumers/{name}` and `GET /v1/consumers` (every consumer, with each
+//! partition's end and the lag), and `DELETE /v1/consumers/{name}`, answered by any node
+//! straight from the shared store (the compare-and-swap decides between writers, so no write
+//! is forwarded to a partition's owner); and each consumer's lag behind its partition's end
+//! for `/metrics`, at most [`CONSUMER_LAG_SERIES_MAX`] series.
 //!
 //! A refused compare-and-set is `409 position_conflict` with the stored position; a `PUT`
 //! that would move a position back without `"force": true` is `409 position_backwards`, also
 //! with the stored position (a 409 rather than a 400: whether it is backwards depends on what
-//! is stored, and the client's next step is the same, read and decide).
+//! is stored, and the client's next step is the same, read and decide). A `PUT` at or beyond
+//! the partition's end is `409 position_beyond_end` with the end, forced or not. The end is
+//! the owner's: a node that does not own the partition accepts a position below the end it
+//! knows (a lower bound), and asks the owner for anything above (a page read from `end`, as
+//! it relays reads); while the partition moves between nodes it answers 503, having written
+//! nothing.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use monoseq_cp::CommandProcessor;
+use monoseq_kv::KvError;
 use monoseq_store::{ConsumerName, PartitionId, PositionError, SetPosition};
 use monoseq_wire::{
-    POSITION_BACKWARDS, POSITION_CONFLICT, PartitionPositionBody, PositionBody,
-    PositionConflictBody, PositionsBody, PutPositionBody, UNKNOWN_CONSUMER,
+    CONSUMER_ACTIVE, CONSUMERS_PAGE_POSITIONS_MAX, ConsumerBody, ConsumerPartitionBody,
+    ConsumersBody, DeletedConsumerBody, POSITION_BACKWARDS, POSITION_BEYOND_END, POSITION_CONFLICT,
+    PartitionPositionBody, PositionBeyondEndBody, PositionBody, PositionConflictBody,
+    PositionsBody, PutPositionBody, RemovedPositionBody, UNKNOWN_CONSUMER,
 };
 
 use super::AppState;
 use super::answers::with_retry_after;
+use super::consume;
 use crate::base::{chain, error};
 use crate::config::Store;
+use crate::query;
 
 /// Most `monoseq_consumer_lag_events` series one `/metrics` answer carries (consumer ×
 /// partition pairs, in consumer name then partition order): it bounds the scrape's size and
 /// the store read behind it. Past it, `monoseq_consumer_lag_truncated` is 1.
 pub(super) const CONSUMER_LAG_SERIES_MAX: usize = 1_000;
+/// Owners asked at once for their partitions' ends by one `GET /v1/consumers`.
+const ENDS_ASKED_AT_ONCE: usize = 16;
 
 /// `GET /v1/consumers/{name}/partitions/{partition}`.
 pub(super) async fn get_position(
@@ -75,14 +88,30 @@ pub(super) async fn put_position(
         Ok(put) => put,
         Err((status, code, message)) => return error(status, code, message),
     };
+    let end = match end_above(&st, partition.0, put.offset).await {
+        Ok(end) => end,
+        Err(r) => return r,
+    };
     let store = st.cp.store().clone();
     let set = SetPosition {
         offset: put.offset,
         expected: put.expected,
         force: put.force,
     };
-    let write =
-        tokio::task::spawn_blocking(move || store.set_position(&consumer, partition, set)).await;
+    let write = tokio::task::spawn_blocking(move || {
+        let written = store.set_position_below(&consumer, partition, set, end);
+        if let Err(PositionError::Storage(KvError::OutcomeUnknown { .. })) = &written {
+            // Landed or not: read it back, so that a write that landed is answered as done
+            // (a 503 says nothing changed).
+            if let Ok(Some(stored)) = store.position(&consumer, partition)
+                && stored == set.offset
+            {
+                return Ok(());
+            }
+        }
+        written
+    })
+    .await;
     match write {
         Ok(Ok(())) => axum::Json(PositionBody { offset: put.offset }).into_response(),
         Ok(Err(e)) => position_error(&st, &e),
@@ -95,15 +124,9 @@ pub(super) async fn get_positions(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
 ) -> Response {
-    let consumer = match path {
-        Ok(Path(name)) => match ConsumerName::new(&name) {
-            Ok(c) => c,
-            Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e),
-        },
-        Err(e) => {
-            let (status, code, message) = bad_path(&e);
-            return error(status, code, message);
-        }
+    let consumer = match consumer_of(path) {
+        Ok(c) => c,
+        Err((status, code, message)) => return error(status, code, message),
     };
     let store = st.cp.store().clone();
     let name = consumer.clone();
@@ -127,6 +150,167 @@ pub(super) async fn get_positions(
         .into_response(),
         Ok(Err(e)) => position_error(&st, &e),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+    }
+}
+
+/// The end of `partition` to check a new position `offset` against: the end this node knows
+/// (its own when it owns the partition, else a lower bound) when `offset` is below it, else
+/// the owner's (asked; 503 while the partition moves between nodes).
+async fn end_above(st: &Arc<AppState>, partition: u32, offset: u64) -> Result<u64, Response> {
+    let known = consume::known_end(st, partition);
+    if offset < known {
+        return Ok(known);
+    }
+    consume::partition_end(st, partition).await
+}
+
+/// `GET /v1/consumers[?after=NAME]`: every consumer's positions, each with its partition's
+/// end and the lag, in name then partition order; at most [`CONSUMERS_PAGE_POSITIONS_MAX`]
+/// positions, whole consumers but for one alone over it.
+pub(super) async fn list_consumers(
+    State(st): State<Arc<AppState>>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let after = match query::params(raw.as_deref(), query::CONSUMERS_PARAMS) {
+        Ok(q) => q.get("after").map(ConsumerName::new).transpose(),
+        Err(r) => return r,
+    };
+    let after = match after {
+        Ok(after) => after,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("`after` is the last consumer name of the page before: {e}"),
+            );
+        }
+    };
+    let store = st.cp.store().clone();
+    // One more than a page: the first position of the next page tells whether the page's
+    // last consumer goes on past it.
+    let read = tokio::task::spawn_blocking(move || {
+        store.positions_after(after.as_ref(), CONSUMERS_PAGE_POSITIONS_MAX + 1)
+    })
+    .await;
+    let mut positions = match read {
+        Ok(Ok((positions, _))) => positions,
+        Ok(Err(e)) => return position_error(&st, &e),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+    };
+    let more = positions.len() > CONSUMERS_PAGE_POSITIONS_MAX;
+    if let Some(next) = positions.get(CONSUMERS_PAGE_POSITIONS_MAX).cloned() {
+        positions.truncate(CONSUMERS_PAGE_POSITIONS_MAX);
+        // A consumer going on past the page is listed whole on the next one, unless it is
+        // alone on this one.
+        if positions.first().map(|p| &p.consumer) != Some(&next.consumer) {
+            positions.retain(|p| p.consumer != next.consumer);
+        }
+    }
+    let ends = partition_ends(&st, &positions).await;
+    let mut consumers: Vec<ConsumerBody> = Vec::new();
+    for p in positions {
+        let end = ends.get(&p.partition.0).copied().flatten();
+        let entry = ConsumerPartitionBody {
+            partition: p.partition.0,
+            offset: p.offset,
+            end,
+            lag: end.map(|end| lag(end, p.offset)),
+        };
+        match consumers.last_mut() {
+            Some(c) if c.name == p.consumer.as_str() => c.partitions.push(entry),
+            _ => consumers.push(ConsumerBody {
+                name: p.consumer.to_string(),
+                partitions: vec![entry],
+            }),
+        }
+    }
+    axum::Json(ConsumersBody {
+        consumers,
+        truncated: more,
+    })
+    .into_response()
+}
+
+/// Events of a partition whose end is `end` written after position `offset`: events are
+/// offsets 1 to `end - 1`, and the consumer processed those up to `offset`.
+fn lag(end: u64, offset: u64) -> u64 {
+    end.saturating_sub(1).saturating_sub(offset)
+}
+
+/// The end of each partition `positions` name, as its owner knows it (`None`: no node could
+/// tell); owners are asked [`ENDS_ASKED_AT_ONCE`] at a time.
+async fn partition_ends(
+    st: &Arc<AppState>,
+    positions: &[monoseq_store::ConsumerPosition],
+) -> std::collections::HashMap<u32, Option<u64>> {
+    let mut partitions: Vec<u32> = positions.iter().map(|p| p.partition.0).collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    let mut ends = std::collections::HashMap::with_capacity(partitions.len());
+    for chunk in partitions.chunks(ENDS_ASKED_AT_ONCE) {
+        let asked = chunk
+            .iter()
+            .map(|&p| async move { (p, consume::partition_end(st, p).await.ok()) });
+        ends.extend(futures_util::future::join_all(asked).await);
+    }
+    ends
+}
+
+/// `DELETE /v1/consumers/{name}`: deletes every position of the consumer (and its lag
+/// series), answering what was deleted; 404 `unknown_consumer` when it has none.
+pub(super) async fn delete_consumer(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let consumer = match consumer_of(path) {
+        Ok(c) => c,
+        Err((status, code, message)) => return error(status, code, message),
+    };
+    let store = st.cp.store().clone();
+    let name = consumer.clone();
+    let deleted = tokio::task::spawn_blocking(move || store.delete_positions(&name)).await;
+    let removed = match deleted {
+        Ok(Ok(removed)) => removed,
+        Ok(Err(e)) => return position_error(&st, &e),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+    };
+    if removed.is_empty() {
+        return error(
+            StatusCode::NOT_FOUND,
+            UNKNOWN_CONSUMER,
+            format!("consumer {consumer} has no position on any partition: nothing to delete"),
+        );
+    }
+    for (partition, _) in &removed {
+        st.metrics.consumer_lag.remove(&vec![
+            ("consumer".to_owned(), consumer.to_string()),
+            ("partition".to_owned(), partition.0.to_string()),
+        ]);
+    }
+    tracing::info!(
+        consumer = %consumer,
+        positions = removed.len(),
+        "consumer deleted: its positions and lag series are removed"
+    );
+    axum::Json(DeletedConsumerBody {
+        consumer: consumer.to_string(),
+        removed: removed
+            .into_iter()
+            .map(|(partition, offset)| RemovedPositionBody {
+                partition: partition.0,
+                offset,
+            })
+            .collect(),
+    })
+    .into_response()
+}
+
+/// The consumer a `/v1/consumers/{name}` path names, or why it is refused (400).
+fn consumer_of(path: Result<Path<String>, PathRejection>) -> Result<ConsumerName, Refusal> {
+    match path {
+        Ok(Path(name)) => ConsumerName::new(&name)
+            .map_err(|e| (StatusCode::BAD_REQUEST, "bad_request", e.to_string())),
+        Err(e) => Err(bad_path(&e)),
     }
 }
 
@@ -251,6 +435,18 @@ fn position_error(st: &AppState, e: &PositionError) -> Response {
     match e {
         PositionError::Conflict { current, .. } => conflict(POSITION_CONFLICT, *current),
         PositionError::Backwards { current, .. } => conflict(POSITION_BACKWARDS, Some(*current)),
+        PositionError::BeyondEnd { end, .. } => (
+            StatusCode::CONFLICT,
+            axum::Json(PositionBeyondEndBody {
+                code: POSITION_BEYOND_END.to_owned(),
+                message: e.to_string(),
+                end: *end,
+            }),
+        )
+            .into_response(),
+        PositionError::StillWritten { .. } => {
+            error(StatusCode::CONFLICT, CONSUMER_ACTIVE, e.to_string())
+        }
         PositionError::Corrupt {
             consumer,
             partition,
@@ -302,19 +498,19 @@ pub(super) async fn refresh_consumer_lag(st: &AppState) {
             return;
         }
     };
-    let lag = &st.metrics.consumer_lag;
-    lag.clear();
+    let series = &st.metrics.consumer_lag;
+    series.clear();
     for p in positions {
         let Some(end) = plog_end(&st.cp, p.partition.0) else {
             continue;
         };
-        // Events stored are 1 to end - 1; the consumer processed those up to its offset.
-        let behind = end.saturating_sub(1).saturating_sub(p.offset);
-        lag.get_or_create(&vec![
-            ("consumer".to_owned(), p.consumer.to_string()),
-            ("partition".to_owned(), p.partition.0.to_string()),
-        ])
-        .set(i64::try_from(behind).unwrap_or(i64::MAX));
+        let behind = lag(end, p.offset);
+        series
+            .get_or_create(&vec![
+                ("consumer".to_owned(), p.consumer.to_string()),
+                ("partition".to_owned(), p.partition.0.to_string()),
+            ])
+            .set(i64::try_from(behind).unwrap_or(i64::MAX));
     }
     st.metrics.consumer_lag_truncated.set(i64::from(more));
 }

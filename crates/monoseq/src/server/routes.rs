@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use monoseq_core::{PLogOffset, WsId};
 use monoseq_cp::{CommandError, CommandProcessor, IdempotencyKey};
 use monoseq_store::{PartitionId, RecordId, WLogOffset};
@@ -19,7 +19,6 @@ use monoseq_wire::{
     ClusterBody, IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED, InfoBody, MarksBody, NotReadyBody,
     NotReadyPartitionBody, WLOG_PAGE_MAX,
 };
-use serde::Deserialize;
 
 use super::AppState;
 use super::answers::{command_error, read_error, with_retry_after};
@@ -57,8 +56,12 @@ pub(super) fn router(
     let mut metrics = Metrics::new();
     metrics.register_follow(&follow.counts);
     cp.observe_groups(metrics.latency.group_observer());
+    let node = cluster
+        .as_ref()
+        .map_or_else(|| "local".to_owned(), |(c, _)| c.advertise_url().to_owned());
     let state = Arc::new(AppState {
         cp,
+        groups: super::groups::Groups::new(node),
         cluster,
         metrics,
         info,
@@ -84,6 +87,8 @@ pub(super) fn router(
                 "this endpoint does not take that method; see README.md",
             )
         })
+        // Every route's query parameters are checked by name, inside the token check.
+        .layer(axum::middleware::from_fn(crate::query::refuse_unknown))
         // Last, so that it wraps every route, the merged ones and both fallbacks.
         .layer(axum::middleware::from_fn_with_state(
             auth,
@@ -118,7 +123,27 @@ fn api_routes() -> Router<Arc<AppState>> {
         .route("/v1/workspaces/{ws}/wlog", get(read_wlog))
         .route("/v1/workspaces/{ws}/wlog/stream", get(consume::stream_wlog))
         .route("/v1/workspaces/{ws}/records/{id}", get(read_record))
-        .route("/v1/consumers/{name}", get(super::positions::get_positions))
+        .route("/v1/events/stream", get(super::stream::stream_events))
+        .route("/v1/groups", get(super::groups::list))
+        .route(
+            "/v1/groups/{group}",
+            get(super::groups::show).delete(super::groups::delete),
+        )
+        .route("/v1/groups/{group}/stream", get(super::groups::join))
+        .route(
+            "/v1/groups/{group}/heartbeat",
+            post(super::groups::heartbeat),
+        )
+        .route("/v1/groups/{group}/commit", post(super::groups::commit))
+        .route(
+            "/v1/groups/{group}/members/{session}",
+            delete(super::groups::leave),
+        )
+        .route("/v1/consumers", get(super::positions::list_consumers))
+        .route(
+            "/v1/consumers/{name}",
+            get(super::positions::get_positions).delete(super::positions::delete_consumer),
+        )
         .route(
             "/v1/consumers/{name}/partitions/{partition}",
             get(super::positions::get_position).put(super::positions::put_position),
@@ -292,48 +317,98 @@ async fn read_event(
     }
 }
 
-#[derive(Deserialize)]
+/// The `from`, `limit` and `wait_ms` of a WLog page read, each checked with a 400 naming it.
 struct WlogQuery {
-    #[serde(default = "one")]
     from: u64,
-    #[serde(default = "page")]
     limit: usize,
+    wait: std::time::Duration,
 }
 
-fn one() -> u64 {
-    WLOG_FROM_DEFAULT
+// The refusal is the answer itself, built once per refused request.
+#[allow(clippy::result_large_err)]
+fn wlog_query(raw: Option<&str>) -> Result<WlogQuery, Response> {
+    let params = crate::query::params(raw, crate::query::WLOG_PARAMS)?;
+    let number = |name: &str, default: u64, range: std::ops::RangeInclusive<u64>| {
+        let Some(value) = params.get(name) else {
+            return Ok(default);
+        };
+        match value.parse::<u64>() {
+            Ok(n) if range.contains(&n) => Ok(n),
+            _ => Err(error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!(
+                    "`{name}` is {} to {} (got {value:?}): send a decimal unsigned integer",
+                    range.start(),
+                    range.end()
+                ),
+            )),
+        }
+    };
+    let from = number("from", WLOG_FROM_DEFAULT, 1..=u64::MAX)?;
+    let limit = number("limit", WLOG_PAGE_DEFAULT as u64, 1..=WLOG_PAGE_MAX as u64)?;
+    let wait_ms = number("wait_ms", 0, 0..=monoseq_wire::WAIT_MS_MAX)?;
+    Ok(WlogQuery {
+        from,
+        limit: limit as usize,
+        wait: std::time::Duration::from_millis(wait_ms),
+    })
 }
 
-fn page() -> usize {
-    WLOG_PAGE_DEFAULT
-}
-
+/// `GET /v1/workspaces/{ws}/wlog?from=N&limit=L&wait_ms=W`: a page of the workspace's WLog,
+/// with `next` and the WLog's `end`; with `wait_ms`, an empty page waits (at most that long)
+/// for the workspace's next event.
 async fn read_wlog(
     State(st): State<Arc<AppState>>,
     path: Result<Path<u64>, PathRejection>,
-    query: Result<Query<WlogQuery>, QueryRejection>,
+    RawQuery(raw): RawQuery,
 ) -> Response {
     let ws = match path {
         Ok(Path(ws)) => ws,
         Err(e) => return path_error(&e),
     };
-    let Ok(Query(q)) = query else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "query parameters are from=<WLog offset>&limit=<count>",
-        );
+    let q = match wlog_query(raw.as_deref()) {
+        Ok(q) => q,
+        Err(r) => return r,
     };
-    if q.from == 0 || q.limit == 0 || q.limit > WLOG_PAGE_MAX {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("from starts at 1 and limit is 1 to {WLOG_PAGE_MAX}"),
-        );
+    let partition = st.cp.partition_of(WsId(ws));
+    let deadline = tokio::time::Instant::now() + q.wait;
+    loop {
+        let plog_end = consume::known_end(&st, partition);
+        let page = match wlog_page(&st, ws, &q).await {
+            Ok(page) => page,
+            Err(r) => return r,
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if !page.events.is_empty() || left.is_zero() {
+            return axum::Json(page).into_response();
+        }
+        // Nothing yet: wait for the partition's next event (the owner's long poll), then
+        // read again.
+        consume::wait_for_plog(&st, partition, plog_end, left).await;
+        if tokio::time::Instant::now() >= deadline {
+            return match wlog_page(&st, ws, &q).await {
+                Ok(page) => axum::Json(page).into_response(),
+                Err(r) => r,
+            };
+        }
     }
-    if q.from > WLOG_OFFSET_SCANNED_MAX {
+}
+
+/// A page of workspace `ws`'s WLog as `q` asks, with `next` and the WLog's `end`.
+async fn wlog_page(
+    st: &Arc<AppState>,
+    ws: u64,
+    q: &WlogQuery,
+) -> Result<monoseq_wire::WlogPageBody, Response> {
+    let (from, limit) = (q.from, q.limit);
+    if from > WLOG_OFFSET_SCANNED_MAX {
         // No WLog reaches there, and the store's block arithmetic would overflow: nothing.
-        return axum::Json(monoseq_wire::WlogPageBody { events: Vec::new() }).into_response();
+        return Ok(monoseq_wire::WlogPageBody {
+            events: Vec::new(),
+            next: from,
+            end: from,
+        });
     }
     // Where this node writes the partition (or is the only node), nothing at or beyond its
     // end: an event not yet synced is not answered. Another node's end here is stale, and the
@@ -341,24 +416,36 @@ async fn read_wlog(
     let partition = st.cp.partition_of(WsId(ws));
     let end = (st.cluster.is_none() || st.cp.serves(partition)).then(|| st.cp.plog_end(partition));
     let store = st.cp.store().clone();
-    let read =
-        tokio::task::spawn_blocking(move || store.read_wlog(WsId(ws), WLogOffset(q.from), q.limit))
-            .await;
-    match read {
-        Ok(Ok(events)) => axum::Json(monoseq_wire::WlogPageBody {
-            events: events
-                .iter()
-                .take_while(|e| end.is_none_or(|end| e.plog_offset.0 < end))
-                .map(json::event)
-                .collect(),
+    let read = tokio::task::spawn_blocking(move || {
+        let events: Vec<_> = store
+            .read_wlog(WsId(ws), WLogOffset(from), limit)?
+            .iter()
+            .take_while(|e| end.is_none_or(|end| e.plog_offset.0 < end))
+            .map(json::event)
+            .collect();
+        let next = events.last().map_or(from, |e| e.wlog_offset + 1);
+        // A page cut short after some events ends at the WLog's end; after a whole or an
+        // empty one, the end is looked up.
+        let wlog_end = match events.len() {
+            0 => consume::wlog_end_below(&store, ws, end)?,
+            n if n < limit => next,
+            _ => consume::wlog_end_below(&store, ws, end)?.max(next),
+        };
+        Ok::<_, monoseq_store::ReadError>(monoseq_wire::WlogPageBody {
+            events,
+            next,
+            end: wlog_end,
         })
-        .into_response(),
-        Ok(Err(e)) => read_error(
-            &st,
-            || format!("WLog of workspace {ws} from offset {}", q.from),
+    })
+    .await;
+    match read {
+        Ok(Ok(page)) => Ok(page),
+        Ok(Err(e)) => Err(read_error(
+            st,
+            || format!("WLog of workspace {ws} from offset {from}"),
             &e,
-        ),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+        )),
+        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)),
     }
 }
 
