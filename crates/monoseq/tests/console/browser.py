@@ -271,6 +271,15 @@ def consumers_view(browser, page):
     reader.wait_for_selector(cell, timeout=10_000)
     check("a read token sees no delete button", reader.locator("button.danger").count() == 0)
     context.close()
+    button = page.locator(f"button[data-consumer='{name}']")
+    button.click()
+    button.click()
+    wait_for(page, "(n) => !document.querySelector(`button[data-consumer='${n}']`) || "
+             "document.querySelector(`button[data-consumer='${n}']`).textContent === 'deleted'",
+             arg=name, timeout=5_000)
+    _, listing = api("GET", "/v1/consumers", READ)
+    check("a write token deletes the consumer from the view (asked twice)",
+          all(c["name"] != name for c in listing["consumers"]), str(listing)[:300])
 
 
 def read_token_refused(browser):
