@@ -37,7 +37,7 @@ pub use lifecycle::{
 };
 #[cfg(feature = "simulation")]
 pub use manual::{Answer, ManualPartition};
-pub use outcome::Outcome;
+pub use outcome::{GroupObserver, Outcome};
 pub use processor::{
     BACKLOG_VALUES_MAX_DEFAULT, CommandProcessor, Config, FLUSH_DELAY_DEFAULT,
     GROUP_COMMANDS_MAX_DEFAULT, PARTITION_THREADS_MAX_DEFAULT, PARTITIONS_MAX, ProcessorStats,

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 /// The answer to a successful command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,4 +33,29 @@ pub(crate) struct Counters {
     pub(crate) groups: AtomicU64,
     pub(crate) cache_hits: AtomicU64,
     pub(crate) cache_misses: AtomicU64,
+    /// Told of every group written (set once by [`crate::CommandProcessor::observe_groups`]).
+    pub(crate) group_observer: OnceLock<Arc<dyn GroupObserver>>,
+}
+
+/// Told of every group a partition's writer made durable: its commands and how long its
+/// write took (append, sync and the raise of its high-water mark). Called on the writer's
+/// thread, once per group: it must be cheap and must not block.
+pub trait GroupObserver: Send + Sync + 'static {
+    /// A group of `commands` commands was written and synced in `write`.
+    fn group_written(&self, commands: usize, write: Duration);
+}
+
+impl std::fmt::Debug for dyn GroupObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GroupObserver")
+    }
+}
+
+impl Counters {
+    /// Tells the observer, if any, of a group written.
+    pub(crate) fn group_written(&self, commands: usize, write: Duration) {
+        if let Some(o) = self.group_observer.get() {
+            o.group_written(commands, write);
+        }
+    }
 }

@@ -560,6 +560,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         self.served().map(|(_, s)| s.handle().stats())
     }
 
+    /// Tells `observer` of every group a writer of this processor makes durable from now on
+    /// (for latency histograms); a second observer is refused (`false`).
+    pub fn observe_groups(&self, observer: Arc<dyn crate::GroupObserver>) -> bool {
+        self.inner.counters.group_observer.set(observer).is_ok()
+    }
+
     /// The counters now.
     #[must_use]
     pub fn stats(&self) -> ProcessorStats {

@@ -419,6 +419,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 self.recent.keep(records);
                 let written = clock.now();
                 let write = written.saturating_duration_since(writing);
+                self.counters.group_written(commands, write);
                 // Kept for followers before the end that covers the group is published.
                 self.acked.keep(events);
                 self.written_group(mark, accepted, followers, replays);

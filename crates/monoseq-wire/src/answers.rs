@@ -141,6 +141,18 @@ pub struct WlogPageBody {
     pub end: u64,
 }
 
+/// `GET /v1/token`: what the presented token may do, so that a client (the web console) shows
+/// only the actions it may take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenScopeBody {
+    /// `read` (GET only), `consume` (read, set consumer positions, take part in groups),
+    /// `write` (every request but administration) or `admin` (every request); on a server
+    /// without tokens, `write`, or `admin` under `--admin-on-loopback`.
+    pub scope: String,
+    /// Whether the server requires tokens.
+    pub tokens: bool,
+}
+
 /// `GET /v1/info`: what the server serves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InfoBody {

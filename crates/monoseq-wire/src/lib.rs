@@ -34,7 +34,7 @@ pub mod whole;
 pub use admin::{BackupBody, BackupRequestBody};
 pub use answers::{
     ArgBody, ClusterBody, ClusterNodeBody, ClusterPartitionBody, ErrorBody, EventBody, InfoBody,
-    NotReadyBody, NotReadyPartitionBody, RecordBody, StoredKindBody, WlogPageBody,
+    NotReadyBody, NotReadyPartitionBody, RecordBody, StoredKindBody, TokenScopeBody, WlogPageBody,
 };
 pub use batch::{
     BATCH_COMMANDS_MAX, BatchAnswerBody, BatchBody, BatchCommandBody, BatchResultBody, RawBatchBody,

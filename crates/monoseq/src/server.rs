@@ -25,6 +25,7 @@ mod positions;
 mod routes;
 mod startup;
 mod stream;
+mod ui;
 
 pub use consume::FollowArgs;
 pub use startup::serve;

@@ -402,47 +402,6 @@ async fn named_next_with_a_cache_skips_the_unused_block_after_a_crash() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_grafana_dashboard_queries_only_exported_metrics() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../docs/grafana/monoseq.json"
-    );
-    let dashboard: Value =
-        serde_json::from_str(&std::fs::read_to_string(path).expect("the dashboard")).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let client = reqwest::Client::new();
-    let server = Server::start_ready(dir.path(), &[], &client).await;
-    let (status, _) = post(&client, &server.url, &order(3)).await;
-    assert_eq!(status, 200);
-    let metrics = client
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let mut queried = 0;
-    for panel in dashboard["panels"].as_array().expect("panels") {
-        for target in panel["targets"].as_array().expect("targets") {
-            let expr = target["expr"].as_str().expect("an expression");
-            for name in expr
-                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .filter(|w| w.starts_with("monoseq_"))
-            {
-                queried += 1;
-                assert!(
-                    metrics.lines().any(|l| l.starts_with(name)),
-                    "the dashboard queries {name}, which /metrics does not export"
-                );
-            }
-        }
-    }
-    assert!(queried >= 10, "the dashboard queries {queried} metrics");
-    server.terminate(Duration::from_secs(15));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_actualization_log_line_names_its_partition_and_durations_have_fixed_precision() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("server.log");

@@ -177,6 +177,28 @@ impl Auth {
     }
 }
 
+impl Auth {
+    /// What the token presented in `headers` may do (`read`, `consume`, `write` or `admin`), for a
+    /// client that shows only the actions it may take; `None` for a missing or unknown token
+    /// where tokens are required. Without tokens: `write`, or `admin` under
+    /// `--admin-on-loopback`.
+    pub fn scope(&self, headers: &HeaderMap) -> Option<&'static str> {
+        if !self.is_on() {
+            return Some(if self.admin_on_loopback {
+                "admin"
+            } else {
+                "write"
+            });
+        }
+        Some(match self.kind_of(bearer(headers)?)? {
+            Kind::Admin => "admin",
+            Kind::Write => "write",
+            Kind::Consume => "consume",
+            Kind::Read => "read",
+        })
+    }
+}
+
 /// The token of an `Authorization: Bearer <token>` header (the scheme in any case).
 fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
     let value = headers.get(header::AUTHORIZATION)?.as_bytes();

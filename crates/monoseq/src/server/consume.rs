@@ -583,8 +583,11 @@ async fn read_local<T: Send + 'static>(
     }
     let store = st.cp.store().clone();
     let retired = retired_ranges(&(st.losses)(), p);
+    let timer = st.metrics.latency.page_read.clone();
     let read = tokio::task::spawn_blocking(move || {
-        let items = store.read_plog_page(PartitionId(p), from, limit, end, &retired)?;
+        let items = super::metrics::timed(&timer, || {
+            store.read_plog_page(PartitionId(p), from, limit, end, &retired)
+        })?;
         let next = items.last().map_or(from, PageItem::next_offset);
         Ok(then(Page {
             events: items.into_iter().map(entry).collect(),
@@ -1421,6 +1424,7 @@ async fn hub_recent(st: &AppState, p: u32, hub: &Hub, next: &mut u64) -> bool {
         if offset < *next || offset >= end {
             continue;
         }
+        st.metrics.latency.follower_delivery(e.registered_at_ms);
         let wlog = Some((e.ws.0, e.wlog_offset.0));
         let Some(frame) = frame(SSE_EVENT, offset, 1, wlog, &StoredEventRef(e)) else {
             return false;

@@ -2,14 +2,16 @@
 //! their refresh from the command processor's statistics when `/metrics` is read.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use monoseq_cp::CommandProcessor;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::config::Store;
@@ -37,6 +39,144 @@ pub(super) struct Metrics {
     pub(super) consumer_lag: Family<Vec<(String, String)>, Gauge>,
     /// 1 when more positions are stored than `consumer_lag` reports.
     pub(super) consumer_lag_truncated: Gauge,
+    /// The latency histograms.
+    pub(super) latency: Latency,
+}
+
+/// Smallest upper bound of the duration histograms' buckets, in seconds (100 µs).
+const DURATION_BUCKET_FIRST: f64 = 0.000_1;
+/// Duration buckets: each bound twice the one before, 100 µs to about 6.6 s (then `+Inf`).
+const DURATION_BUCKETS: u16 = 17;
+/// Group-size buckets: 1, 2, 4, ... 2048 commands (then `+Inf`).
+const GROUP_SIZE_BUCKETS: u16 = 12;
+
+/// A histogram family by one label.
+type HistogramFamily = Family<Vec<(String, String)>, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(
+        DURATION_BUCKET_FIRST,
+        2.0,
+        DURATION_BUCKETS,
+    ))
+}
+
+/// The latency histograms (Prometheus `_bucket`, `_sum`, `_count` series; `docs/operating.md`).
+pub(super) struct Latency {
+    /// Single commands answered by this node's processor (and their refusals), by outcome.
+    commands: HistogramFamily,
+    /// The `outcome="ok"` histogram of `commands`, held (no lookup per command).
+    commands_ok: Histogram,
+    /// Commands forwarded to their partition's owner, until its answer.
+    pub(super) forward: Histogram,
+    /// Store reads of a PLog page (for a page read or a tail's catch-up).
+    pub(super) page_read: Histogram,
+    /// From an event's registration to its hand-off to this node's live tails.
+    follower_delay: Histogram,
+    /// Commands per group written.
+    group_commands: Histogram,
+    /// A group's write: append, sync and the raise of its high-water mark.
+    group_write: Histogram,
+}
+
+impl Latency {
+    fn register(r: &mut Registry) -> Latency {
+        let commands = HistogramFamily::new_with_constructor(duration_histogram);
+        r.register(
+            "command_duration_seconds",
+            "Time from a command's arrival to its answer (POST /v1/commands answered by this \
+             node, refusals included), by outcome code",
+            commands.clone(),
+        );
+        let commands_ok = commands
+            .get_or_create(&vec![("outcome".into(), "ok".into())])
+            .clone();
+        let mut one = |name: &str, help: &str, h: Histogram| {
+            r.register(name, help, h.clone());
+            h
+        };
+        Latency {
+            commands,
+            commands_ok,
+            forward: one(
+                "forward_duration_seconds",
+                "Time to forward a command to its partition's owner and get its answer",
+                duration_histogram(),
+            ),
+            page_read: one(
+                "page_read_duration_seconds",
+                "Time to read one page of a partition's PLog from the store",
+                duration_histogram(),
+            ),
+            follower_delay: one(
+                "follower_delay_seconds",
+                "Time from an event's registration (just before its group is written and \
+                 acknowledged) to its hand-off to this node's live tails, straight from its \
+                 writer (millisecond clock)",
+                duration_histogram(),
+            ),
+            group_commands: one(
+                "group_commands",
+                "Commands per group written by a partition's writer",
+                Histogram::new(exponential_buckets(1.0, 2.0, GROUP_SIZE_BUCKETS)),
+            ),
+            group_write: one(
+                "group_write_duration_seconds",
+                "Time to write a group: append, sync and the raise of its high-water mark",
+                duration_histogram(),
+            ),
+        }
+    }
+
+    /// One command answered with `outcome` (its code), begun at `began`.
+    pub(super) fn command(&self, outcome: &str, began: Instant) {
+        let seconds = began.elapsed().as_secs_f64();
+        if outcome == "ok" {
+            self.commands_ok.observe(seconds);
+        } else {
+            self.commands
+                .get_or_create(&vec![("outcome".into(), outcome.into())])
+                .observe(seconds);
+        }
+    }
+
+    /// An event registered at `registered_at_ms` (Unix milliseconds) handed to the tails now.
+    pub(super) fn follower_delivery(&self, registered_at_ms: u64) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let delay = now.saturating_sub(Duration::from_millis(registered_at_ms));
+        self.follower_delay.observe(delay.as_secs_f64());
+    }
+
+    /// The observer the command processor tells of every group written.
+    pub(super) fn group_observer(&self) -> Arc<dyn monoseq_cp::GroupObserver> {
+        Arc::new(GroupHistograms {
+            commands: self.group_commands.clone(),
+            write: self.group_write.clone(),
+        })
+    }
+}
+
+/// Observes `f`'s duration into `histogram`.
+pub(super) fn timed<T>(histogram: &Histogram, f: impl FnOnce() -> T) -> T {
+    let began = Instant::now();
+    let out = f();
+    histogram.observe(began.elapsed().as_secs_f64());
+    out
+}
+
+/// The group histograms, as the command processor's observer.
+struct GroupHistograms {
+    commands: Histogram,
+    write: Histogram,
+}
+
+impl monoseq_cp::GroupObserver for GroupHistograms {
+    fn group_written(&self, commands: usize, write: Duration) {
+        self.commands.observe(commands as f64);
+        self.write.observe(write.as_secs_f64());
+    }
 }
 
 /// The gauges set from the command processor's statistics when `/metrics` is read.
@@ -94,6 +234,7 @@ impl Metrics {
             "1 when more consumer positions are stored than consumer_lag_events reports",
         );
         crate::edge::metrics().register(&mut registry);
+        let latency = Latency::register(&mut registry);
         let commands_ok = commands
             .get_or_create(&vec![("code".into(), "ok".into())])
             .clone();
@@ -107,6 +248,7 @@ impl Metrics {
             corrupted_logged: Mutex::default(),
             consumer_lag,
             consumer_lag_truncated,
+            latency,
         }
     }
 
@@ -213,7 +355,8 @@ impl StateGauges {
                 r.register(
                     "storage_fatal",
                     "1 for a partition whose storage failed fatally (a poisoned engine): it \
-                     writes nothing until the server is restarted; /readyz names the failure",
+                     writes nothing until the server is restarted; /readyz names the failure \
+                     (0 for the other partitions served here)",
                     family.clone(),
                 );
                 family
@@ -241,7 +384,14 @@ impl StateGauges {
         self.rebuilds.set(s.rebuilds as i64);
         self.unavailable.set(s.unavailable_partitions as i64);
         self.replayed_commands.set(s.replayed as i64);
-        self.owned.set(cp.owned().len() as i64);
+        let owned = cp.owned();
+        self.owned.set(owned.len() as i64);
+        // 0 for every partition served here, so that the series exists before a failure.
+        for partition in owned {
+            let _ = self
+                .storage_fatal
+                .get_or_create(&vec![("partition".into(), partition.to_string())]);
+        }
         for (partition, _) in cp.storage_failures() {
             self.storage_fatal
                 .get_or_create(&vec![("partition".into(), partition.to_string())])

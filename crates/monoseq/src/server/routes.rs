@@ -55,6 +55,7 @@ pub(super) fn router(
             .with_cache(named_cache);
     let mut metrics = Metrics::new();
     metrics.register_follow(&follow.counts);
+    cp.observe_groups(metrics.latency.group_observer());
     let node = cluster
         .as_ref()
         .map_or_else(|| "local".to_owned(), |(c, _)| c.advertise_url().to_owned());
@@ -78,6 +79,7 @@ pub(super) fn router(
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX_DEFAULT))
         .with_state(state)
         .merge(monoseq_named_http::router(sequences))
+        .merge(super::ui::token_route(Arc::clone(&auth)))
         .method_not_allowed_fallback(|| async {
             error(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -91,7 +93,10 @@ pub(super) fn router(
         .layer(axum::middleware::from_fn_with_state(
             auth,
             crate::auth::require_token,
-        ));
+        ))
+        // The console's page and script hold no data: a browser loads them without a token
+        // and sends its token with every API request.
+        .merge(super::ui::assets());
     with_answer_log(router)
 }
 
@@ -209,10 +214,12 @@ async fn submit(
     headers: axum::http::HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let began = std::time::Instant::now();
     let (cmd, body) = match command_body(&headers, body) {
         Ok(read) => read,
         Err((status, code, message)) => {
             st.metrics.count_command(code);
+            st.metrics.latency.command(code, began);
             return error(status, code, message);
         }
     };
@@ -231,6 +238,7 @@ async fn submit(
     match st.cp.submit_keyed(crate::wire::command(cmd), key).await {
         Ok(out) => {
             st.metrics.commands_ok.inc();
+            st.metrics.latency.command("ok", began);
             let replayed = out.replayed;
             let mut r = axum::Json(crate::wire::outcome(&out)).into_response();
             if replayed {
@@ -241,6 +249,7 @@ async fn submit(
         }
         Err(e) => {
             st.metrics.count_command(e.code());
+            st.metrics.latency.command(e.code(), began);
             command_error(&e)
         }
     }
@@ -479,7 +488,12 @@ async fn route_elsewhere(
     let answer = match cluster.owner(partition) {
         Owner::Node { url, .. } if !Forwarder::was_forwarded(headers) => {
             st.metrics.forwarded.inc();
+            let began = std::time::Instant::now();
             let answer = forwarder.command(&url, body, headers).await;
+            st.metrics
+                .latency
+                .forward
+                .observe(began.elapsed().as_secs_f64());
             if answer.status() == StatusCode::SERVICE_UNAVAILABLE {
                 // The owner read last did not answer, or no longer serves the partition.
                 cluster.read_soon();

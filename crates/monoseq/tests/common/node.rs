@@ -203,6 +203,11 @@ impl Node {
         self
     }
 
+    /// Its process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The node's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -1,0 +1,188 @@
+//! The web console (`/ui`) in a real browser: `tests/console/browser.py` drives Debian's
+//! `chromium` headless with Playwright for Python against servers started here (one on the
+//! embedded store; three nodes on PostgreSQL), and fails on the first check that does not
+//! hold. `scripts/test` installs chromium and playwright when they are missing.
+
+mod common;
+mod security;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::node::Node;
+use common::{AnswerLog, BIN, Backend, free_port};
+use security::{READ, WRITE, both_tokens};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const PARTITIONS: &str = "4";
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console/browser.py")
+}
+
+/// One browser run at a time: two at once would share the machine's CPU and slow each.
+static BROWSER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs the browser script with `env`; panics with its output when a check failed.
+fn browse(env: &[(&str, String)]) -> String {
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} is missing: scripts/test installs it (apt-get install chromium)"
+    );
+    let mut command = Command::new("python3");
+    command
+        .arg(script())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    if let Ok(dir) = std::env::var("CONSOLE_SHOTS") {
+        command.env("CONSOLE_SHOTS", dir);
+    }
+    let out = command.output().expect("run python3");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the browser checks failed:\n{text}");
+    println!("{text}");
+    text
+}
+
+/// `monoseq serve` as the browser script starts it again after killing it: same data, same
+/// address, same answer log.
+fn serve_argv(dir: &Path, port: u16, tokens: &Path, log: &Path) -> Vec<String> {
+    let mut argv: Vec<String> = vec![
+        "env".into(),
+        format!("MONOSEQ_ANSWER_LOG={}", log.display()),
+        BIN.into(),
+        "serve".into(),
+        "--data-dir".into(),
+    ];
+    argv.push(dir.display().to_string());
+    for a in [
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--partitions",
+        PARTITIONS,
+        "--tokens-file",
+        &tokens.display().to_string(),
+    ] {
+        argv.push(a.to_owned());
+    }
+    argv
+}
+
+#[test]
+fn the_console_in_a_browser_shows_live_events_escapes_values_and_survives_its_node_going_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = both_tokens(dir.path());
+    let data = dir.path().join("data");
+    let port = free_port();
+    let answers = AnswerLog::new();
+    let argv = serve_argv(&data, port, &tokens, &answers.path());
+    let mut server = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn monoseq serve");
+    let url = format!("http://127.0.0.1:{port}");
+    let out = browse(&[
+        ("CONSOLE_MODE", "single".into()),
+        ("CONSOLE_URL", url),
+        ("CONSOLE_WRITE", WRITE.into()),
+        ("CONSOLE_READ", READ.into()),
+        ("CONSOLE_PARTITIONS", PARTITIONS.into()),
+        ("CONSOLE_PID", server.id().to_string()),
+        ("CONSOLE_RESTART", serde_json::to_string(&argv).unwrap()),
+    ]);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(out.contains("passed"), "{out}");
+    answers.assert_conforms();
+}
+
+#[test]
+fn the_cluster_view_shows_a_new_owner_after_the_old_owner_is_killed() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = both_tokens(dir.path());
+    let tokens = tokens.to_str().unwrap();
+    let args = ["--tokens-file", tokens];
+    let nodes: Vec<Node> = ["n1", "n2", "n3"]
+        .iter()
+        .map(|id| Node::start(&db, id, dir.path(), &args))
+        .collect();
+    let pids: serde_json::Map<String, serde_json::Value> = nodes
+        .iter()
+        .map(|n| (n.id.clone(), n.pid().into()))
+        .collect();
+    let out = browse(&[
+        ("CONSOLE_MODE", "cluster".into()),
+        ("CONSOLE_URL", nodes[0].url.clone()),
+        ("CONSOLE_WRITE", WRITE.into()),
+        ("CONSOLE_READ", READ.into()),
+        ("CONSOLE_NODES", serde_json::Value::Object(pids).to_string()),
+    ]);
+    assert!(out.contains("a new owner"), "{out}");
+    for n in nodes {
+        n.terminate(Duration::from_secs(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_scope_answers_what_each_token_may_do_and_the_assets_need_no_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = both_tokens(dir.path());
+    let args = ["--tokens-file", tokens.to_str().unwrap()];
+    let server = common::Server::start(&dir.path().join("data"), &args);
+    let client = reqwest::Client::new();
+    let scope = |token: Option<&'static str>| {
+        let mut r = client.get(format!("{}/v1/token", server.url));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap();
+            (
+                status,
+                body["scope"].as_str().unwrap_or_default().to_owned(),
+            )
+        }
+    };
+    assert_eq!(scope(Some(READ)).await, (200, "read".to_owned()));
+    assert_eq!(scope(Some(WRITE)).await, (200, "write".to_owned()));
+    assert_eq!(scope(None).await.0, 401);
+    let page = client
+        .get(format!("{}/ui/", server.url))
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200, "the page needs no token");
+    assert_eq!(page.headers()["content-encoding"], "gzip");
+    assert!(
+        page.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("script-src 'self'")
+    );
+    let script = client
+        .get(format!("{}/ui/app.js", server.url))
+        .send()
+        .await
+        .unwrap();
+    assert!(script.headers().get("content-encoding").is_none());
+    let text = script.text().await.unwrap();
+    assert!(
+        !text.contains("innerHTML"),
+        "the console writes values as text nodes only"
+    );
+}
