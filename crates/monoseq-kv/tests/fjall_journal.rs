@@ -60,6 +60,32 @@ fn wait_prepared(dir: &Path) -> PathBuf {
     }
 }
 
+/// Bytes that do not compress (the journal may compress large values).
+fn incompressible(len: usize) -> Vec<u8> {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// Inserts `count` values of 256 KiB under keys from `first`, syncs the journal and flushes
+/// the memtable (a flush is where fjall prepares or rotates the journal).
+fn write_and_flush(db: &Database, tree: &fjall::Keyspace, first: u32, count: u32) {
+    let value = incompressible(256 * 1024);
+    for key in first..first + count {
+        tree.insert(key.to_be_bytes(), &value).expect("an insert");
+    }
+    db.persist(PersistMode::SyncData)
+        .expect("the journal syncs");
+    tree.rotate_memtable_and_wait()
+        .expect("the memtable is flushed");
+}
+
 #[test]
 fn the_journal_a_rotation_opens_is_written_whole_before_its_first_batch() {
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -70,6 +96,16 @@ fn the_journal_a_rotation_opens_is_written_whole_before_its_first_batch() {
         .keyspace("logs", KeyspaceCreateOptions::default)
         .expect("a keyspace opens");
     let first = active_journal(dir.path());
+
+    // A small database prepares nothing; a flush of a journal past 8 MiB starts preparing.
+    write_and_flush(&db, &tree, 0, 4);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        files_ending(dir.path(), ".zeroing").is_empty()
+            && files_ending(dir.path(), ".zeroed").is_empty(),
+        "a 1 MiB journal started a preparation"
+    );
+    write_and_flush(&db, &tree, 4, 36);
     let ready = wait_prepared(dir.path());
     assert_eq!(
         std::fs::metadata(&ready).expect("prepared file").len(),
@@ -81,24 +117,8 @@ fn the_journal_a_rotation_opens_is_written_whole_before_its_first_batch() {
         allocated(&ready)
     );
 
-    // More than half a journal, then a flush: fjall rotates the journal before it flushes.
-    // The bytes do not compress (the journal may compress large values).
-    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-    let value: Vec<u8> = (0..256 * 1024)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
-    for key in 0_u32..140 {
-        tree.insert(key.to_be_bytes(), &value).expect("an insert");
-    }
-    db.persist(PersistMode::SyncData)
-        .expect("the journal syncs");
-    tree.rotate_memtable_and_wait()
-        .expect("the memtable is flushed");
+    // Past half a journal, the next flush rotates it first.
+    write_and_flush(&db, &tree, 40, 100);
     let active = active_journal(dir.path());
     assert_ne!(active, first, "the journal rotated");
     assert!(!ready.exists(), "the rotation took the prepared file");
@@ -128,7 +148,7 @@ fn the_journal_a_rotation_opens_is_written_whole_before_its_first_batch() {
     );
     assert_eq!(
         tree.get(139_u32.to_be_bytes()).expect("a read").as_deref(),
-        Some(&value[..])
+        Some(&incompressible(256 * 1024)[..])
     );
 }
 
@@ -143,7 +163,6 @@ fn a_half_prepared_journal_file_is_removed_at_open_and_prepared_again() {
             .keyspace("logs", KeyspaceCreateOptions::default)
             .expect("a keyspace opens");
         tree.insert(b"k", b"v").expect("an insert");
-        wait_prepared(dir.path());
     }
     // What a crash while preparing leaves: a partial file, and a prepared one for a journal
     // no rotation will open.
@@ -159,6 +178,7 @@ fn a_half_prepared_journal_file_is_removed_at_open_and_prepared_again() {
     assert_eq!(tree.get(b"k").expect("a read").as_deref(), Some(&b"v"[..]));
     assert!(!dir.path().join("1000.jnl.zeroing").exists());
     assert!(!dir.path().join("999.jnl.zeroed").exists());
+    write_and_flush(&db, &tree, 0, 40);
     let ready = wait_prepared(dir.path());
     assert_eq!(
         std::fs::metadata(&ready).expect("prepared file").len(),

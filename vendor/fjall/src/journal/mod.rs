@@ -70,7 +70,7 @@ impl Journal {
 
     fn from_file<P: AsRef<Path>>(path: P) -> crate::Result<Self> {
         let writer = Writer::from_file(path)?;
-        writer.prepare_next();
+        writer.remove_stale_prepared();
         Ok(Self {
             writer: Mutex::new(writer),
         })
@@ -94,7 +94,7 @@ impl Journal {
         // IMPORTANT: fsync folder on Unix
         fsync_directory(folder)?;
 
-        writer.prepare_next();
+        writer.remove_stale_prepared();
 
         #[cfg(feature = "__internal_whitebox")]
         crate::drop::increment_drop_counter();

@@ -24,6 +24,8 @@ pub const JOURNAL_BUFFER_BYTES: usize = 8 * 1_024;
 const ZEROING: &str = "zeroing";
 /// Extension of a journal file zero-filled and synced, ready for a rotation (`{id}.jnl.zeroed`).
 const ZEROED: &str = "zeroed";
+/// Bytes the journal holds before a flush starts preparing the next journal's file.
+pub const PREPARE_AFTER_BYTES: u64 = PRE_ALLOCATED_BYTES / 8;
 /// Bytes of zeros written between two syncs while preparing a journal file, so that its
 /// writeback comes in small pieces instead of one burst.
 const PREPARE_SYNC_BYTES: usize = 4 * 1_024 * 1_024;
@@ -73,6 +75,9 @@ pub struct Writer {
     file: BufWriter<File>,
     buf: Vec<u8>,
     is_buffer_dirty: bool,
+
+    /// The thread preparing the next journal's file, if one was started for this journal.
+    preparing: Option<std::thread::JoinHandle<()>>,
 
     compression: CompressionType,
     compression_threshold: usize,
@@ -172,7 +177,7 @@ impl Writer {
         // IMPORTANT: fsync folder on Unix
         fsync_directory(&folder)?;
 
-        self.prepare_next();
+        self.remove_stale_prepared();
 
         Ok((prev_path, new_path))
     }
@@ -208,35 +213,51 @@ impl Writer {
             file: BufWriter::new(file),
             buf: Vec::new(),
             is_buffer_dirty: false,
+            preparing: None,
             compression: CompressionType::None,
             compression_threshold: 0,
         }))
     }
 
-    /// Removes the prepared files no rotation will use (those of other journals, and any left
-    /// half written), and starts preparing the next journal's file on a thread of its own
-    /// unless it is ready. A failure only means the next rotation creates a sparse file.
-    pub(crate) fn prepare_next(&self) {
+    /// Removes the prepared files no rotation will use: those of other journals, and any left
+    /// half written (a crash while preparing).
+    pub(crate) fn remove_stale_prepared(&self) {
         let Some((folder, next)) = next_journal_path(&self.path) else {
             return;
         };
         let ready = prepared_path(&next, ZEROED);
-        if let Ok(entries) = std::fs::read_dir(&folder) {
-            for entry in entries.filter_map(Result::ok) {
-                let path = entry.path();
-                let stale = path
-                    .extension()
-                    .is_some_and(|ext| ext == ZEROING || (ext == ZEROED && path != ready));
-                if stale {
-                    if let Err(e) = std::fs::remove_file(&path) {
-                        log::warn!("Failed to remove prepared journal {}: {e:?}", path.display());
-                    }
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            return;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            let stale = path
+                .extension()
+                .is_some_and(|ext| ext == ZEROING || (ext == ZEROED && path != ready));
+            if stale {
+                if let Err(e) = std::fs::remove_file(&path) {
+                    log::warn!("Failed to remove prepared journal {}: {e:?}", path.display());
                 }
             }
         }
+    }
+
+    /// Starts preparing the next journal's file on a thread of its own, unless it is ready or
+    /// under way. Called at a flush that did not rotate, once the journal holds more than
+    /// [`PREPARE_AFTER_BYTES`]: a database that writes little (a test's, a quiet one's) never
+    /// writes the zeros. A failure only means the next rotation creates a sparse file.
+    pub(crate) fn prepare_next(&mut self) {
+        if self.preparing.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        let Some((_, next)) = next_journal_path(&self.path) else {
+            return;
+        };
+        let ready = prepared_path(&next, ZEROED);
         if ready.exists() {
             return;
         }
+        self.remove_stale_prepared();
         let spawned = std::thread::Builder::new()
             .name("fjall:journal-prep".into())
             .spawn(move || {
@@ -248,8 +269,9 @@ impl Writer {
                     );
                 }
             });
-        if let Err(e) = spawned {
-            log::warn!("Failed to start the journal preparation thread: {e:?}");
+        match spawned {
+            Ok(thread) => self.preparing = Some(thread),
+            Err(e) => log::warn!("Failed to start the journal preparation thread: {e:?}"),
         }
     }
 
@@ -276,6 +298,7 @@ impl Writer {
             file: BufWriter::new(file),
             buf: Vec::new(),
             is_buffer_dirty: false,
+            preparing: None,
             compression: CompressionType::None,
             compression_threshold: 0,
         })
@@ -309,6 +332,7 @@ impl Writer {
                 file: BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file),
                 buf: Vec::new(),
                 is_buffer_dirty: false,
+            preparing: None,
                 compression: CompressionType::None,
                 compression_threshold: 0,
             });
@@ -326,6 +350,7 @@ impl Writer {
             file: BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file),
             buf: Vec::new(),
             is_buffer_dirty: false,
+            preparing: None,
             compression: CompressionType::None,
             compression_threshold: 0,
         })
