@@ -74,7 +74,7 @@ fn incompressible(len: usize) -> Vec<u8> {
 }
 
 /// Inserts `count` values of 256 KiB under keys from `first`, syncs the journal and flushes
-/// the memtable (a flush is where fjall prepares or rotates the journal).
+/// the memtable (a flush is where fjall rotates the journal).
 fn write_and_flush(db: &Database, tree: &fjall::Keyspace, first: u32, count: u32) {
     let value = incompressible(256 * 1024);
     for key in first..first + count {
@@ -97,7 +97,7 @@ fn the_journal_a_rotation_opens_is_written_whole_before_its_first_batch() {
         .expect("a keyspace opens");
     let first = active_journal(dir.path());
 
-    // A small database prepares nothing; a flush of a journal past 8 MiB starts preparing.
+    // A small journal prepares nothing; one past 8 MiB of batches starts preparing.
     write_and_flush(&db, &tree, 0, 4);
     std::thread::sleep(Duration::from_millis(200));
     assert!(

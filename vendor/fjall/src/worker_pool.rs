@@ -230,9 +230,6 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                     }
                     None
                 } else {
-                    if journal_writer.pos()? > crate::journal::writer::PREPARE_AFTER_BYTES {
-                        journal_writer.prepare_next();
-                    }
                     // https://github.com/fjall-rs/fjall/issues/329
                     // The journal is synced before the flush starts, but after its lock is
                     // released: holding it through the sync held up every write.

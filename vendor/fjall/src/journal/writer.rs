@@ -24,7 +24,7 @@ pub const JOURNAL_BUFFER_BYTES: usize = 8 * 1_024;
 const ZEROING: &str = "zeroing";
 /// Extension of a journal file zero-filled and synced, ready for a rotation (`{id}.jnl.zeroed`).
 const ZEROED: &str = "zeroed";
-/// Bytes the journal holds before a flush starts preparing the next journal's file.
+/// Bytes a journal writer writes before it starts preparing the next journal's file.
 pub const PREPARE_AFTER_BYTES: u64 = PRE_ALLOCATED_BYTES / 8;
 /// Bytes of zeros written between two syncs while preparing a journal file, so that its
 /// writeback comes in small pieces instead of one burst.
@@ -78,6 +78,8 @@ pub struct Writer {
 
     /// The thread preparing the next journal's file, if one was started for this journal.
     preparing: Option<std::thread::JoinHandle<()>>,
+    /// Bytes of batches this writer wrote (since it opened the file).
+    written: u64,
 
     compression: CompressionType,
     compression_threshold: usize,
@@ -214,6 +216,7 @@ impl Writer {
             buf: Vec::new(),
             is_buffer_dirty: false,
             preparing: None,
+            written: 0,
             compression: CompressionType::None,
             compression_threshold: 0,
         }))
@@ -242,12 +245,21 @@ impl Writer {
         }
     }
 
+    /// Counts `bytes` more written by a batch; past [`PREPARE_AFTER_BYTES`] starts preparing
+    /// the next journal's file.
+    fn count_written(&mut self, bytes: usize) {
+        self.written += bytes as u64;
+        if self.written > PREPARE_AFTER_BYTES {
+            self.prepare_next();
+        }
+    }
+
     /// Starts preparing the next journal's file on a thread of its own, unless it is ready or
-    /// under way. Called at a flush that did not rotate, once the journal holds more than
+    /// one was started for this journal. Called by the batch that takes this writer past
     /// [`PREPARE_AFTER_BYTES`]: a database that writes little (a test's, a quiet one's) never
     /// writes the zeros. A failure only means the next rotation creates a sparse file.
-    pub(crate) fn prepare_next(&mut self) {
-        if self.preparing.as_ref().is_some_and(|t| !t.is_finished()) {
+    fn prepare_next(&mut self) {
+        if self.preparing.is_some() {
             return;
         }
         let Some((_, next)) = next_journal_path(&self.path) else {
@@ -299,6 +311,7 @@ impl Writer {
             buf: Vec::new(),
             is_buffer_dirty: false,
             preparing: None,
+            written: 0,
             compression: CompressionType::None,
             compression_threshold: 0,
         })
@@ -333,6 +346,7 @@ impl Writer {
                 buf: Vec::new(),
                 is_buffer_dirty: false,
             preparing: None,
+            written: 0,
                 compression: CompressionType::None,
                 compression_threshold: 0,
             });
@@ -351,6 +365,7 @@ impl Writer {
             buf: Vec::new(),
             is_buffer_dirty: false,
             preparing: None,
+            written: 0,
             compression: CompressionType::None,
             compression_threshold: 0,
         })
@@ -479,6 +494,8 @@ impl Writer {
         let checksum = hasher.finish();
         byte_count += self.write_end(checksum)?;
 
+        self.count_written(byte_count);
+
         Ok(byte_count)
     }
 
@@ -559,6 +576,8 @@ impl Writer {
 
         let checksum = hasher.finish();
         byte_count += self.write_end(checksum)?;
+
+        self.count_written(byte_count);
 
         Ok(byte_count)
     }
