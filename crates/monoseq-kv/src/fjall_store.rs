@@ -10,7 +10,8 @@
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use fjall::config::CompressionPolicy;
+use fjall::{CompressionType, Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
 use crate::batch::{Op, WriteBatch};
 use crate::embedded::{Access, Embedded, Files, storage};
@@ -28,6 +29,11 @@ mod listing;
 pub use copy::CopyStats;
 
 const KEYSPACE: &str = "kv";
+/// Largest memtable of a keyspace this build creates: half fjall's default (64 MiB), so a flush
+/// writes half as much at once and the journal, rotated at half its zero-filled length, holds
+/// a whole memtable without growing (`vendor/fjall/PATCHES.md`). Stored with the keyspace:
+/// a data directory created by an earlier build keeps its own.
+pub const MEMTABLE_BYTES: u64 = 32 * 1024 * 1024;
 /// fjall's version marker in its directory: present once a database was created there.
 const VERSION_FILE: &str = "version";
 /// fjall's folder of keyspaces in its directory.
@@ -215,6 +221,7 @@ impl FjallFiles {
         let opened = std::panic::catch_unwind(|| {
             Database::builder(path)
                 .cache_size(options.cache_bytes)
+                .journal_compression(CompressionType::None)
                 .open()
         })
         .map_err(|panic| {
@@ -237,10 +244,21 @@ impl FjallFiles {
             other => storage(path, fault("opening the database", other)),
         })?;
         let kv = db
-            .keyspace(KEYSPACE, KeyspaceCreateOptions::default)
+            .keyspace(KEYSPACE, keyspace_options)
             .map_err(|error| storage(path, fault("opening the keyspace", error)))?;
         Ok(FjallFiles { db, kv })
     }
+}
+
+/// The options of the keyspace a new data directory (or a backup's copy) is created with
+/// (`docs/format.md`, "The embedded engine's files"): fjall's defaults but for data blocks
+/// compressed with LZ4 on every level and [`MEMTABLE_BYTES`]. fjall stores them with the
+/// keyspace and a directory keeps those it was created with: one written before reads as it
+/// is (uncompressed blocks carry their own type, as compressed ones do).
+pub(crate) fn keyspace_options() -> KeyspaceCreateOptions {
+    KeyspaceCreateOptions::default()
+        .data_block_compression_policy(CompressionPolicy::all(CompressionType::Lz4))
+        .max_memtable_size(MEMTABLE_BYTES)
 }
 
 impl FjallFiles {

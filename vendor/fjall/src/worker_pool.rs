@@ -190,11 +190,14 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                 return Ok(false);
             };
 
-            {
+            let sync_after_lock = {
                 log::trace!("acquiring journal lock to maybe rotate journal");
                 let mut journal_writer = ctx.supervisor.journal.get_writer()?;
 
-                if journal_writer.pos()? > 64_000_000 {
+                // Rotated at half its zero-filled length, so that the memtable filled after
+                // the check (a memtable of up to that size) still lands on bytes that need no
+                // allocation (see `Writer::take_prepared`).
+                if journal_writer.pos()? > crate::journal::writer::PRE_ALLOCATED_BYTES / 2 {
                     #[expect(clippy::expect_used)]
                     let mut journal_manager = ctx
                         .supervisor
@@ -225,10 +228,16 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                             keyspace.request_rotation();
                         }
                     }
+                    None
                 } else {
                     // https://github.com/fjall-rs/fjall/issues/329
-                    journal_writer.persist(crate::PersistMode::SyncAll)?;
+                    // The journal is synced before the flush starts, but after its lock is
+                    // released: holding it through the sync held up every write.
+                    journal_writer.prepare_persist(crate::PersistMode::SyncAll)?
                 }
+            };
+            if let Some(file) = sync_after_lock {
+                crate::journal::writer::Writer::sync_handle(&file, crate::PersistMode::SyncAll)?;
             }
 
             run_flush(

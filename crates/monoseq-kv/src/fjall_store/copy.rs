@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fjall::{Database, KeyspaceCreateOptions, PersistMode, Readable};
+use fjall::{CompressionType, Database, PersistMode, Readable};
 
-use super::{FjallStore, KEYSPACE, fault};
+use super::{FjallStore, KEYSPACE, fault, keyspace_options};
 use crate::error::KvError;
 
 /// What [`FjallStore::copy_to`] did.
@@ -43,10 +43,11 @@ impl FjallStore {
         let snapshot_took = started.elapsed();
         let copy_started = Instant::now();
         let db = Database::builder(dest)
+            .journal_compression(CompressionType::None)
             .open()
             .map_err(|e| fault("creating the copy's database", e))?;
         let kv = db
-            .keyspace(KEYSPACE, KeyspaceCreateOptions::default)
+            .keyspace(KEYSPACE, keyspace_options)
             .map_err(|e| fault("creating the copy's keyspace", e))?;
         let (mut keys, mut bytes) = (0u64, 0u64);
         {

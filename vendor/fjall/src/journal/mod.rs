@@ -69,8 +69,10 @@ impl Journal {
     }
 
     fn from_file<P: AsRef<Path>>(path: P) -> crate::Result<Self> {
+        let writer = Writer::from_file(path)?;
+        writer.remove_stale_prepared();
         Ok(Self {
-            writer: Mutex::new(Writer::from_file(path)?),
+            writer: Mutex::new(writer),
         })
     }
 
@@ -91,6 +93,8 @@ impl Journal {
 
         // IMPORTANT: fsync folder on Unix
         fsync_directory(folder)?;
+
+        writer.remove_stale_prepared();
 
         #[cfg(feature = "__internal_whitebox")]
         crate::drop::increment_drop_counter();
@@ -118,10 +122,14 @@ impl Journal {
         Ok(JournalBatchReader::new(raw_reader))
     }
 
-    /// Persists the journal.
+    /// Persists the journal: its buffer is handed to the OS under the journal's lock, the sync
+    /// runs after the lock is released (writers go on appending meanwhile).
     pub fn persist(&self, mode: PersistMode) -> crate::Result<()> {
-        let mut journal_writer = self.get_writer()?;
-        journal_writer.persist(mode).map_err(Into::into)
+        let handle = self.get_writer()?.prepare_persist(mode)?;
+        if let Some(file) = handle {
+            Writer::sync_handle(&file, mode)?;
+        }
+        Ok(())
     }
 
     pub fn recover<P: AsRef<Path>>(

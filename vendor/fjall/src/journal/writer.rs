@@ -20,11 +20,66 @@ pub const PRE_ALLOCATED_BYTES: u64 = 64 * 1_024 * 1_024;
 
 pub const JOURNAL_BUFFER_BYTES: usize = 8 * 1_024;
 
+/// Extension of a journal file being zero-filled ahead of its use (`{id}.jnl.zeroing`).
+const ZEROING: &str = "zeroing";
+/// Extension of a journal file zero-filled and synced, ready for a rotation (`{id}.jnl.zeroed`).
+const ZEROED: &str = "zeroed";
+/// Bytes a journal writer writes before it starts preparing the next journal's file.
+pub const PREPARE_AFTER_BYTES: u64 = PRE_ALLOCATED_BYTES / 8;
+/// Bytes of zeros written between two syncs while preparing a journal file, so that its
+/// writeback comes in small pieces instead of one burst.
+const PREPARE_SYNC_BYTES: usize = 4 * 1_024 * 1_024;
+
+/// `{id}.jnl.{extension}` beside journal file `journal` (`{id}.jnl`). Not a `.jnl` file:
+/// recovery passes it by.
+fn prepared_path(journal: &Path, extension: &str) -> PathBuf {
+    journal.with_extension(format!("jnl.{extension}"))
+}
+
+/// The folder of journal file `path` (`{id}.jnl`) and the path of the journal after it.
+fn next_journal_path(path: &Path) -> Option<(PathBuf, PathBuf)> {
+    let folder = path.parent()?.to_path_buf();
+    let id = path
+        .file_name()?
+        .to_str()?
+        .strip_suffix(".jnl")?
+        .parse::<JournalId>()
+        .ok()?;
+    let next = folder.join(format!("{}.jnl", id + 1));
+    Some((folder, next))
+}
+
+/// Writes `PRE_ALLOCATED_BYTES` of zeros to `{journal}.zeroing`, syncing as it goes, then
+/// renames it `{journal}.zeroed`: a file under that name is whole and on disk.
+fn write_zeroed(journal: &Path) -> std::io::Result<()> {
+    let partial = prepared_path(journal, ZEROING);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&partial)?;
+    let zeros = vec![0u8; PREPARE_SYNC_BYTES];
+    let mut written = 0u64;
+    while written < PRE_ALLOCATED_BYTES {
+        let n = (PRE_ALLOCATED_BYTES - written).min(PREPARE_SYNC_BYTES as u64) as usize;
+        file.write_all(&zeros[..n])?;
+        file.sync_data()?;
+        written += n as u64;
+    }
+    drop(file);
+    std::fs::rename(&partial, prepared_path(journal, ZEROED))
+}
+
 pub struct Writer {
     pub(crate) path: PathBuf,
     file: BufWriter<File>,
     buf: Vec<u8>,
     is_buffer_dirty: bool,
+
+    /// The thread preparing the next journal's file, if one was started for this journal.
+    preparing: Option<std::thread::JoinHandle<()>>,
+    /// Bytes of batches this writer wrote (since it opened the file).
+    written: u64,
 
     compression: CompressionType,
     compression_threshold: usize,
@@ -64,7 +119,10 @@ impl Writer {
     }
 
     pub fn rotate(&mut self) -> crate::Result<(PathBuf, PathBuf)> {
-        self.persist(PersistMode::SyncAll)?;
+        // `fdatasync`: the bytes and the length recovery reads. A full `fsync` would also
+        // commit the file's times, a commit of the file system's journal under the journal's
+        // lock, which on ext4 waits for every other file's pending data.
+        self.persist(PersistMode::SyncData)?;
 
         log::debug!(
             "Sealing active journal at {}, len={}B",
@@ -112,13 +170,121 @@ impl Writer {
 
         let comp = self.compression;
         let compt = self.compression_threshold;
-        *self = Self::create_new(new_path.clone())?;
+        *self = match Self::take_prepared(&new_path)? {
+            Some(writer) => writer,
+            None => Self::create_new(new_path.clone())?,
+        };
         self.set_compression(comp, compt);
 
         // IMPORTANT: fsync folder on Unix
         fsync_directory(&folder)?;
 
+        self.remove_stale_prepared();
+
         Ok((prev_path, new_path))
+    }
+
+    /// The journal file `path` from a prepared one (`prepared_path(path, ZEROED)`, written
+    /// whole with zeros and synced by [`Writer::prepare_next`]), renamed into place and opened
+    /// at its start; `None` when none is ready (the caller creates the file as before).
+    ///
+    /// A journal whose bytes are already on disk takes a write and an `fdatasync` without
+    /// allocating a block: the sync writes the data alone, while one that allocates (in the
+    /// sparse file `set_len` leaves) commits the file system's journal, which on ext4 waits for
+    /// every other file's pending data, a table being flushed or compacted included. The file
+    /// holds the same bytes as the sparse one (zeros), so recovery reads it alike.
+    fn take_prepared(path: &Path) -> crate::Result<Option<Self>> {
+        let prepared = prepared_path(path, ZEROED);
+        match std::fs::metadata(&prepared) {
+            Ok(meta) if meta.is_file() && meta.len() == PRE_ALLOCATED_BYTES => {}
+            _ => return Ok(None),
+        }
+        std::fs::rename(&prepared, path).inspect_err(|e| {
+            log::error!(
+                "Failed to rename prepared journal file {} to {}: {e:?}",
+                prepared.display(),
+                path.display(),
+            );
+        })?;
+        let file = OpenOptions::new().write(true).open(path).inspect_err(|e| {
+            log::error!("Failed to open journal file at {}: {e:?}", path.display());
+        })?;
+        log::debug!("Rotated into prepared journal {}", path.display());
+        Ok(Some(Self {
+            path: path.to_path_buf(),
+            file: BufWriter::new(file),
+            buf: Vec::new(),
+            is_buffer_dirty: false,
+            preparing: None,
+            written: 0,
+            compression: CompressionType::None,
+            compression_threshold: 0,
+        }))
+    }
+
+    /// Removes the prepared files no rotation will use: those of other journals, and any left
+    /// half written (a crash while preparing).
+    pub(crate) fn remove_stale_prepared(&self) {
+        let Some((folder, next)) = next_journal_path(&self.path) else {
+            return;
+        };
+        let ready = prepared_path(&next, ZEROED);
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            return;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            let stale = path
+                .extension()
+                .is_some_and(|ext| ext == ZEROING || (ext == ZEROED && path != ready));
+            if stale {
+                if let Err(e) = std::fs::remove_file(&path) {
+                    log::warn!("Failed to remove prepared journal {}: {e:?}", path.display());
+                }
+            }
+        }
+    }
+
+    /// Counts `bytes` more written by a batch; past [`PREPARE_AFTER_BYTES`] starts preparing
+    /// the next journal's file.
+    fn count_written(&mut self, bytes: usize) {
+        self.written += bytes as u64;
+        if self.written > PREPARE_AFTER_BYTES {
+            self.prepare_next();
+        }
+    }
+
+    /// Starts preparing the next journal's file on a thread of its own, unless it is ready or
+    /// one was started for this journal. Called by the batch that takes this writer past
+    /// [`PREPARE_AFTER_BYTES`]: a database that writes little (a test's, a quiet one's) never
+    /// writes the zeros. A failure only means the next rotation creates a sparse file.
+    fn prepare_next(&mut self) {
+        if self.preparing.is_some() {
+            return;
+        }
+        let Some((_, next)) = next_journal_path(&self.path) else {
+            return;
+        };
+        let ready = prepared_path(&next, ZEROED);
+        if ready.exists() {
+            return;
+        }
+        self.remove_stale_prepared();
+        let spawned = std::thread::Builder::new()
+            .name("fjall:journal-prep".into())
+            .spawn(move || {
+                if let Err(e) = write_zeroed(&next) {
+                    log::warn!(
+                        "Failed to prepare journal file for {}: {e:?}; the next rotation \
+                         creates a sparse one",
+                        next.display(),
+                    );
+                }
+            });
+        match spawned {
+            Ok(thread) => self.preparing = Some(thread),
+            Err(e) => log::warn!("Failed to start the journal preparation thread: {e:?}"),
+        }
     }
 
     pub fn create_new<P: Into<PathBuf>>(path: P) -> crate::Result<Self> {
@@ -144,6 +310,8 @@ impl Writer {
             file: BufWriter::new(file),
             buf: Vec::new(),
             is_buffer_dirty: false,
+            preparing: None,
+            written: 0,
             compression: CompressionType::None,
             compression_threshold: 0,
         })
@@ -177,6 +345,8 @@ impl Writer {
                 file: BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file),
                 buf: Vec::new(),
                 is_buffer_dirty: false,
+            preparing: None,
+            written: 0,
                 compression: CompressionType::None,
                 compression_threshold: 0,
             });
@@ -194,8 +364,28 @@ impl Writer {
             file: BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file),
             buf: Vec::new(),
             is_buffer_dirty: false,
+            preparing: None,
+            written: 0,
             compression: CompressionType::None,
             compression_threshold: 0,
+        })
+    }
+
+    /// Hands the buffered bytes to the OS and answers a second handle of the journal file to
+    /// sync them with after the journal's lock is released (`None` for
+    /// [`PersistMode::Buffer`], which needs no sync). A sync through the handle covers every
+    /// byte handed over before it, whichever writer handed it: writers append while one
+    /// syncs, instead of waiting for the disk behind the lock.
+    pub(crate) fn prepare_persist(&mut self, mode: PersistMode) -> std::io::Result<Option<File>> {
+        self.persist(PersistMode::Buffer)?;
+        if mode == PersistMode::Buffer {
+            return Ok(None);
+        }
+        self.file.get_ref().try_clone().map(Some).inspect_err(|e| {
+            log::error!(
+                "Failed to open a second handle of journal file at {}: {e:?}",
+                self.path.display(),
+            );
         })
     }
 
@@ -231,6 +421,16 @@ impl Writer {
             }),
             PersistMode::Buffer => Ok(()),
         }
+    }
+
+    /// Syncs `file` (a handle [`Writer::prepare_persist`] answered) with `mode`.
+    pub(crate) fn sync_handle(file: &File, mode: PersistMode) -> std::io::Result<()> {
+        match mode {
+            PersistMode::SyncAll => file.sync_all(),
+            PersistMode::SyncData => file.sync_data(),
+            PersistMode::Buffer => Ok(()),
+        }
+        .inspect_err(|e| log::error!("Failed to sync journal file: {e:?}"))
     }
 
     /// Writes a batch start marker to the journal
@@ -293,6 +493,8 @@ impl Writer {
         self.buf.clear();
         let checksum = hasher.finish();
         byte_count += self.write_end(checksum)?;
+
+        self.count_written(byte_count);
 
         Ok(byte_count)
     }
@@ -374,6 +576,8 @@ impl Writer {
 
         let checksum = hasher.finish();
         byte_count += self.write_end(checksum)?;
+
+        self.count_written(byte_count);
 
         Ok(byte_count)
     }
