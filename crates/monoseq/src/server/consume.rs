@@ -1432,13 +1432,14 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
         // A long poll: here it waits on the writer's end signal, elsewhere on the owner. A hub
         // that knows no end yet starts at the owner's. A page is at most half the buffer, so
         // that followers keeping up are never cut by one page handed out at once.
-        let from = if next == 0 {
-            Start::End
+        // The first read answers at once, so that heartbeats carry the owner's end soon.
+        let (from, wait) = if next == 0 {
+            (Start::End, Duration::ZERO)
         } else {
-            Start::At(next)
+            (Start::At(next), HUB_WAIT)
         };
         let limit = PLOG_PAGE_MAX.min(st.follow.limits.buffer_events / 2).max(1);
-        let Ok(page) = page_from(&st, p, from, limit, HUB_WAIT).await else {
+        let Ok(page) = page_from(&st, p, from, limit, wait).await else {
             tokio::time::sleep(RELAY_RETRY).await;
             continue;
         };
