@@ -1429,17 +1429,7 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
                 continue;
             }
         }
-        // A long poll: here it waits on the writer's end signal, elsewhere on the owner. A hub
-        // that knows no end yet starts at the owner's. A page is at most half the buffer, so
-        // that followers keeping up are never cut by one page handed out at once.
-        // The first read answers at once, so that heartbeats carry the owner's end soon.
-        let (from, wait) = if next == 0 {
-            (Start::End, Duration::ZERO)
-        } else {
-            (Start::At(next), HUB_WAIT)
-        };
-        let limit = PLOG_PAGE_MAX.min(st.follow.limits.buffer_events / 2).max(1);
-        let Ok(page) = page_from(&st, p, from, limit, wait).await else {
+        let Ok(page) = hub_page(&st, p, next).await else {
             tokio::time::sleep(RELAY_RETRY).await;
             continue;
         };
@@ -1462,6 +1452,21 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
             }
         }
     }
+}
+
+/// A hub's next page of partition `p` from `next`: a long poll, here on the writer's end
+/// signal, elsewhere on the owner. A hub that knows no end yet (`next` 0) starts at the
+/// owner's, and that first read answers at once, so that heartbeats carry the owner's end
+/// soon. A page is at most half the buffer, so that followers keeping up are never cut by one
+/// page handed out at once.
+async fn hub_page(st: &Arc<AppState>, p: u32, next: u64) -> Result<Page, Response> {
+    let (from, wait) = if next == 0 {
+        (Start::End, Duration::ZERO)
+    } else {
+        (Start::At(next), HUB_WAIT)
+    };
+    let limit = PLOG_PAGE_MAX.min(st.follow.limits.buffer_events / 2).max(1);
+    page_from(st, p, from, limit, wait).await
 }
 
 /// Waits (at most [`HUB_WAIT`]) for partition `p`'s writer here to acknowledge events from
