@@ -243,10 +243,11 @@ impl Follower {
     }
 }
 
-/// A tail counted against the cap while it lives; logs its end, with why.
-struct Slot {
+/// A tail counted against the cap while it lives; logs its end, with why, when it knows
+/// whom it serves.
+pub(super) struct Slot {
     st: Arc<AppState>,
-    who: Follower,
+    who: Option<Follower>,
     /// Why the tail ended, when it ended by itself (else its connection closed).
     ended: Option<String>,
 }
@@ -256,6 +257,9 @@ impl Drop for Slot {
         let counts = &self.st.follow.counts;
         counts.followers.fetch_sub(1, Ordering::AcqRel);
         counts.followers_gauge.dec();
+        let Some(who) = &self.who else {
+            return;
+        };
         let why = self.ended.take().unwrap_or_else(|| {
             if *self.st.follow.closing.borrow() {
                 "the server stops".to_owned()
@@ -263,7 +267,7 @@ impl Drop for Slot {
                 "its connection closed".to_owned()
             }
         });
-        self.who.log("ended", &why);
+        who.log("ended", &why);
     }
 }
 
@@ -752,7 +756,7 @@ async fn start_tail(
             return r;
         }
     };
-    let slot = match take_slot(st, who.clone()) {
+    let mut slot = match take_slot(st) {
         Ok(slot) => slot,
         Err(r) => {
             who.log(
@@ -763,6 +767,7 @@ async fn start_tail(
         }
     };
     who.log("connected", &format!("from offset {from}"));
+    slot.who = Some(who.clone());
     let handoff = Arc::new(Handoff::default());
     let out = Arc::clone(&handoff);
     let (partition, ws) = (who.partition, who.ws);
@@ -860,7 +865,7 @@ pub(super) async fn wait_for_plog(st: &Arc<AppState>, p: u32, from: u64, wait: D
 }
 
 /// Counts a new tail against `--followers-max`, or refuses it.
-fn take_slot(st: &Arc<AppState>, who: Follower) -> Result<Slot, Response> {
+pub(super) fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
     let counts = &st.follow.counts;
     let max = st.follow.limits.followers_max;
     let taken = counts
@@ -887,7 +892,7 @@ fn take_slot(st: &Arc<AppState>, who: Follower) -> Result<Slot, Response> {
     counts.followers_gauge.inc();
     Ok(Slot {
         st: Arc::clone(st),
-        who,
+        who: None,
         ended: None,
     })
 }
