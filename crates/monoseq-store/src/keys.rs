@@ -48,6 +48,7 @@ pub(crate) const TAG_RECORD: u8 = 0x03;
 pub(crate) const TAG_NUMBERS: u8 = 0x04;
 pub(crate) const TAG_CHECKPOINT: u8 = 0x05;
 pub(crate) const TAG_POSITION: u8 = 0x06;
+pub(crate) const TAG_GROUP: u8 = 0x07;
 
 /// Ends a consumer name in a position's clustering columns: below every byte a name may hold
 /// (printable ASCII), so one consumer's positions are contiguous and ordered by partition.
@@ -226,6 +227,12 @@ pub(crate) fn checkpoint_partition(app: AppId, partition: PartitionId) -> PartKe
 /// storage partition, so one range read lists them all).
 pub(crate) fn position_partition(app: AppId) -> PartKey {
     PartKey::new(TAG_POSITION, app)
+}
+
+/// The partition key of every consumer group's state: `07 app`; the clustering column is the
+/// group's name.
+pub(crate) fn group_partition(app: AppId) -> PartKey {
+    PartKey::new(TAG_GROUP, app)
 }
 
 /// The clustering columns of `consumer`'s position on `partition`: the name's bytes, `00`,

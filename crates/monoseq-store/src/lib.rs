@@ -15,6 +15,8 @@ mod codec;
 pub mod conformance;
 mod datadir;
 mod event;
+mod fence;
+mod groups;
 mod identity;
 mod keys;
 mod marks;
@@ -39,6 +41,13 @@ pub use datadir::{
     open_database, recorded_partitions, retire_partition,
 };
 pub use event::{ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset};
+pub use fence::encode_fenced;
+pub use groups::{
+    Changes, EXPIRY_MARGIN_MS, Ending, FENCED_POSITION_VERSION, Fence, GROUP_FORMAT_VERSION,
+    GROUP_MEMBERS_MAX, GroupError, GroupFull, GroupState, Holder, Hosted, Member,
+    SESSION_TIMEOUT_MS_DEFAULT, SESSION_TIMEOUT_MS_MAX, SESSION_TIMEOUT_MS_MIN, Seen, StepPlan,
+    StoredGroup, plan_step, to_claim,
+};
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError, LossCause};
 pub use keys::{AppId, KEY_LAYOUT, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
 pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError};

@@ -221,7 +221,7 @@ fn show(offset: Option<u64>) -> String {
 
 /// The stored bytes of position `offset`: version, CRC-32 (little-endian) of the body, then
 /// the body, `offset` as a varint.
-fn encode_position(offset: u64) -> Vec<u8> {
+pub(crate) fn encode_position(offset: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(POSITION_BYTES_MAX);
     out.push(POSITION_FORMAT_VERSION);
     out.extend_from_slice(&[0; 4]);
@@ -237,8 +237,12 @@ fn encode_position(offset: u64) -> Vec<u8> {
 }
 
 /// The offset of stored position bytes, or what is wrong with them.
-fn decode_position(bytes: &[u8]) -> Result<u64, String> {
+/// A group's fenced position (`crate::groups`) reads as its offset.
+pub(crate) fn decode_position(bytes: &[u8]) -> Result<u64, String> {
     let (&version, rest) = bytes.split_first().ok_or("no bytes")?;
+    if version == crate::fence::FENCED_POSITION_VERSION {
+        return crate::fence::decode_fenced(bytes).map(|(offset, _)| offset);
+    }
     if version != POSITION_FORMAT_VERSION {
         return Err(format!(
             "format version {version}; this build reads version {POSITION_FORMAT_VERSION}: \
@@ -268,6 +272,14 @@ fn decode_position(bytes: &[u8]) -> Result<u64, String> {
         }
     }
     Err("truncated inside the offset".into())
+}
+
+/// The bytes of position `offset` keeping the group's fence `like` carries, if any.
+fn encode_like(like: &[u8], offset: u64) -> Vec<u8> {
+    match crate::fence::decode_fenced(like) {
+        Ok((_, fence)) => crate::fence::encode_fenced(offset, &fence),
+        Err(_) => encode_position(offset),
+    }
 }
 
 impl<S: KvStore> EventStore<S> {
@@ -340,7 +352,7 @@ impl<S: KvStore> EventStore<S> {
         let part = position_partition(self.app());
         let clustering = position_clustering(consumer.as_str(), partition);
         let key = Key::new(part.as_bytes(), &clustering);
-        let new = encode_position(set.offset);
+        let mut new = encode_position(set.offset);
         let conflict = |current| PositionError::Conflict {
             consumer: consumer.clone(),
             partition,
@@ -366,6 +378,8 @@ impl<S: KvStore> EventStore<S> {
                 Err(_) if set.force => {}
                 Err(reason) => return Err(corrupt(consumer, partition, reason)),
             }
+            // A group's fence stays: only its holder may commit after this write too.
+            new = encode_like(&bytes, set.offset);
             expected_bytes = Some(bytes);
         }
         // Other bytes than expected twice in a row: another writer keeps rewriting them.
@@ -915,8 +929,8 @@ mod tests {
         flipped[5] ^= 1;
         assert!(decode_position(&flipped).unwrap_err().contains("checksum"));
         let mut newer = encode_position(300);
-        newer[0] = 2;
-        assert!(decode_position(&newer).unwrap_err().contains("version 2"));
+        newer[0] = 3;
+        assert!(decode_position(&newer).unwrap_err().contains("version 3"));
         assert!(decode_position(&[]).is_err());
         assert!(decode_position(&[1, 0, 0]).is_err());
         let mut long = encode_position(1);

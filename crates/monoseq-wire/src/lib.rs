@@ -25,6 +25,7 @@ mod answers;
 mod batch;
 mod command;
 mod consume;
+mod groups;
 mod marks;
 mod positions;
 mod sequences;
@@ -43,6 +44,13 @@ pub use command::{
 pub use consume::{
     GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT, SSE_GAP,
     SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX,
+};
+pub use groups::{
+    AssignedBody, AssignedPartitionBody, CommitBody, CommitPositionBody, GROUP_FULL, GroupBody,
+    GroupMemberBody, GroupPartitionBody, GroupSummaryBody, GroupsBody, JoinedBody, ProgressBody,
+    RevokedBody, SSE_ASSIGNED, SSE_JOINED, SSE_PROGRESS, SSE_REVOKED, SSE_SESSION_ENDED,
+    STALE_GENERATION, SessionBody, SessionEndedBody, StaleGenerationBody, StreamHeartbeatBody,
+    TaggedEventBody, TaggedGapBody, UNKNOWN_GROUP, UNKNOWN_SESSION,
 };
 pub use marks::{AcceptedLossBody, LossCauseBody, MarkBody, MarksBody};
 pub use positions::{

@@ -24,6 +24,24 @@ pub(crate) const STREAM_PARAMS: &[&str] = &["from"];
 pub(crate) const WLOG_PARAMS: &[&str] = &["from", "limit", "wait_ms"];
 /// The parameters of the listing of every consumer.
 pub(crate) const CONSUMERS_PARAMS: &[&str] = &["after"];
+/// The parameters of a stream over many partitions.
+pub(crate) const EVENTS_STREAM_PARAMS: &[&str] = &[
+    "partitions",
+    "from",
+    "command",
+    "command_prefix",
+    "ws",
+    "kind",
+];
+/// The parameters of a group member's session.
+pub(crate) const SESSION_PARAMS: &[&str] = &[
+    "member",
+    "session_timeout_ms",
+    "command",
+    "command_prefix",
+    "ws",
+    "kind",
+];
 
 /// The query parameters each route accepts, by its path pattern; every other route accepts
 /// none.
@@ -33,6 +51,8 @@ pub(crate) const ROUTE_PARAMS: &[(&str, &[&str])] = &[
     ("/v1/workspaces/{ws}/wlog", WLOG_PARAMS),
     ("/v1/workspaces/{ws}/wlog/stream", STREAM_PARAMS),
     ("/v1/consumers", CONSUMERS_PARAMS),
+    ("/v1/events/stream", EVENTS_STREAM_PARAMS),
+    ("/v1/groups/{group}/stream", SESSION_PARAMS),
 ];
 
 /// Characters of a refused parameter's name repeated in the error.

@@ -18,10 +18,13 @@ use crate::forward::Forwarder;
 mod answers;
 mod batch;
 mod consume;
+mod filter;
+mod groups;
 mod metrics;
 mod positions;
 mod routes;
 mod startup;
+mod stream;
 
 pub use consume::FollowArgs;
 pub use startup::serve;
@@ -81,6 +84,8 @@ pub(crate) struct AppState {
     follow: Arc<consume::Follow>,
     /// The losses accepted for the store: ranges readers are given as gaps.
     losses: Losses,
+    /// The consumer groups whose members this node hosts.
+    groups: groups::Groups,
 }
 
 /// Where the accepted losses are read from (the identity file; on a cluster, the losses its

@@ -177,6 +177,11 @@ const COMMON_VALUE_MAX: u128 = 16;
 /// Bare literals that equal a constant of their crate by coincidence: (file, value, why).
 const COINCIDENCES: &[(&str, u128, &str)] = &[
     (
+        "monoseq-store/src/backup.rs",
+        1_000,
+        "milliseconds in a second, not a session timeout",
+    ),
+    (
         "monoseq-sim/src/follow.rs",
         20,
         "the shortest pause of a follower after a failed read, in ms, not answers lost",

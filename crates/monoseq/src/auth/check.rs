@@ -211,7 +211,7 @@ fn scope_of(kind: Kind) -> String {
         Kind::Consume => format!(
             "a consume token may only GET, set a consumer's position (PUT \
              /v1/consumers/<name>/partitions/<p>) and join consumer groups (POST under \
-             {GROUPS_PATH_PREFIX})"
+             {GROUPS_PATH_PREFIX}; DELETE of a member's session)"
         ),
         _ => "a read token may only GET".to_owned(),
     }

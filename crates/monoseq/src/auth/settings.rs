@@ -309,6 +309,7 @@ impl Kind {
             Kind::Read
         } else if (*method == Method::PUT && is_position_path(path))
             || (*method == Method::POST && path.starts_with(GROUPS_PATH_PREFIX))
+            || (*method == Method::DELETE && is_member_path(path))
         {
             Kind::Consume
         } else {
@@ -325,6 +326,17 @@ impl Kind {
             Kind::Admin => "admin",
         }
     }
+}
+
+/// Whether `path` is one group member's session (`/v1/groups/{g}/members/{session}`): a
+/// member leaving its group.
+fn is_member_path(path: &str) -> bool {
+    path.strip_prefix(GROUPS_PATH_PREFIX)
+        .and_then(|rest| rest.split_once('/'))
+        .and_then(|(group, rest)| Some((group, rest.strip_prefix("members/")?)))
+        .is_some_and(|(group, session)| {
+            !group.is_empty() && !session.is_empty() && !session.contains('/')
+        })
 }
 
 /// Whether `path` (as sent: a consumer name's `/` is percent-encoded) is one consumer's

@@ -143,6 +143,9 @@ fn a_consume_token_reads_sets_positions_and_joins_groups_and_nothing_else() {
         (Method::PUT, position),
         (Method::GET, "/v1/groups/g"),
         (Method::POST, "/v1/groups/g/members"),
+        (Method::POST, "/v1/groups/g/commit"),
+        (Method::POST, "/v1/groups/g/heartbeat"),
+        (Method::DELETE, "/v1/groups/g/members/m~1.0"),
         (Method::GET, "/metrics"),
     ];
     let refused = [
@@ -159,6 +162,8 @@ fn a_consume_token_reads_sets_positions_and_joins_groups_and_nothing_else() {
             Kind::Write,
         ),
         (Method::DELETE, "/v1/groups/g", Kind::Write),
+        (Method::DELETE, "/v1/groups/g/members", Kind::Write),
+        (Method::DELETE, "/v1/groups/g/members/s/x", Kind::Write),
         (Method::PUT, "/v1/groups/g", Kind::Write),
         (Method::POST, "/v1/groupsx", Kind::Write),
         (Method::POST, "/v1/sequences/s/n/next", Kind::Write),

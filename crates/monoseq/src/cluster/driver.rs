@@ -201,6 +201,12 @@ impl Cluster {
         }
     }
 
+    /// The URL this node gives its peers and clients.
+    #[must_use]
+    pub fn advertise_url(&self) -> &str {
+        &self.settings.advertise_url
+    }
+
     /// What `GET /v1/marks` answers: this node's marks and the losses accepted for the store.
     #[must_use]
     pub fn losses(&self) -> Vec<monoseq_store::AcceptedLoss> {

@@ -57,7 +57,7 @@ const CATCH_UP_PAGE: usize = PLOG_PAGE_MAX;
 /// Bytes gathered for a tail past which they go to its connection at once.
 const CHUNK_BYTES: usize = 64 * 1024;
 /// What an event's JSON is sized for when a buffer is reserved for it (it grows past).
-const EVENT_JSON_BYTES: usize = 512;
+pub(super) const EVENT_JSON_BYTES: usize = 512;
 /// How long a hub's read waits for a new event (on the writer's signal, or the owner's long
 /// poll) before it looks again whether anyone still follows.
 const HUB_WAIT: Duration = Duration::from_secs(1);
@@ -83,7 +83,7 @@ const RELAY_GRACE: Duration = Duration::from_secs(5);
 const RETRY_AFTER_FOLLOWERS_SECS: &str = "1";
 /// Largest offset a read starts from (no log reaches near it; the store's block arithmetic
 /// must not overflow).
-const OFFSET_READ_MAX: u64 = u64::MAX >> 1;
+pub(super) const OFFSET_READ_MAX: u64 = u64::MAX >> 1;
 
 /// The `serve` flags of the consumer side.
 #[derive(Debug, Clone, Default, Args)]
@@ -202,6 +202,16 @@ pub(crate) struct Follow {
 }
 
 impl Follow {
+    /// A receiver that sees `true` once the server stops.
+    pub(super) fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
+    /// The limits of live tails.
+    pub(super) fn limits(&self) -> &FollowLimits {
+        &self.limits
+    }
+
     pub(crate) fn new(limits: FollowLimits) -> Follow {
         Follow {
             limits,
@@ -457,10 +467,18 @@ pub(super) enum PageEvent {
 }
 
 impl PageEvent {
-    fn plog_offset(&self) -> u64 {
+    pub(super) fn plog_offset(&self) -> u64 {
         match self {
             PageEvent::Stored(e) => e.0.plog_offset.0,
             PageEvent::Relayed(e) => e.plog_offset,
+        }
+    }
+
+    /// Whether it passes a stream's filter.
+    pub(super) fn passes(&self, filter: &super::filter::Filter) -> bool {
+        match self {
+            PageEvent::Stored(e) => filter.stored(&e.0),
+            PageEvent::Relayed(e) => filter.relayed(e),
         }
     }
 

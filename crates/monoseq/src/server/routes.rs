@@ -11,7 +11,7 @@ use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use monoseq_core::{PLogOffset, WsId};
 use monoseq_cp::{CommandError, CommandProcessor, IdempotencyKey};
 use monoseq_store::{PartitionId, RecordId, WLogOffset};
@@ -55,8 +55,12 @@ pub(super) fn router(
             .with_cache(named_cache);
     let mut metrics = Metrics::new();
     metrics.register_follow(&follow.counts);
+    let node = cluster
+        .as_ref()
+        .map_or_else(|| "local".to_owned(), |(c, _)| c.advertise_url().to_owned());
     let state = Arc::new(AppState {
         cp,
+        groups: super::groups::Groups::new(node),
         cluster,
         metrics,
         info,
@@ -114,6 +118,22 @@ fn api_routes() -> Router<Arc<AppState>> {
         .route("/v1/workspaces/{ws}/wlog", get(read_wlog))
         .route("/v1/workspaces/{ws}/wlog/stream", get(consume::stream_wlog))
         .route("/v1/workspaces/{ws}/records/{id}", get(read_record))
+        .route("/v1/events/stream", get(super::stream::stream_events))
+        .route("/v1/groups", get(super::groups::list))
+        .route(
+            "/v1/groups/{group}",
+            get(super::groups::show).delete(super::groups::delete),
+        )
+        .route("/v1/groups/{group}/stream", get(super::groups::join))
+        .route(
+            "/v1/groups/{group}/heartbeat",
+            post(super::groups::heartbeat),
+        )
+        .route("/v1/groups/{group}/commit", post(super::groups::commit))
+        .route(
+            "/v1/groups/{group}/members/{session}",
+            delete(super::groups::leave),
+        )
         .route("/v1/consumers", get(super::positions::list_consumers))
         .route(
             "/v1/consumers/{name}",

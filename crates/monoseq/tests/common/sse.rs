@@ -9,6 +9,8 @@ use serde_json::Value;
 pub struct Message {
     pub event: String,
     pub id: Option<u64>,
+    /// The `id:` as sent (a multi-partition stream's is a resume vector, not a number).
+    pub raw_id: Option<String>,
     pub data: Value,
 }
 
@@ -34,6 +36,15 @@ impl Sse {
             response,
             buffer: String::new(),
         })
+    }
+
+    /// Reads an answer already received (status checked by the caller).
+    #[allow(dead_code)]
+    pub fn from_response(response: reqwest::Response) -> Sse {
+        Sse {
+            response,
+            buffer: String::new(),
+        }
     }
 
     pub async fn open(client: &reqwest::Client, url: &str, last_id: Option<u64>) -> Sse {
@@ -84,13 +95,15 @@ pub fn parse(block: &str) -> Message {
     let mut m = Message {
         event: "message".into(),
         id: None,
+        raw_id: None,
         data: Value::Null,
     };
     for line in block.lines() {
         if let Some(v) = line.strip_prefix("event: ") {
             m.event = v.to_owned();
         } else if let Some(v) = line.strip_prefix("id: ") {
-            m.id = Some(v.parse().expect("a numeric id"));
+            m.id = v.parse().ok();
+            m.raw_id = Some(v.to_owned());
         } else if let Some(v) = line.strip_prefix("data: ") {
             m.data = serde_json::from_str(v).expect("JSON data");
         }

@@ -1,0 +1,142 @@
+//! Server-side filters of multi-partition streams and group sessions (`command`,
+//! `command_prefix`, `ws`, `kind` query parameters, decoded by `crate::query`), and the
+//! checks of the numbers those endpoints take.
+
+use std::time::Duration;
+
+use monoseq_store::Event;
+use monoseq_wire::EventBody;
+
+use crate::query::Params;
+
+/// Longest filter value, in bytes (a command name is at most this long).
+pub(super) const FILTER_BYTES_MAX: usize = 255;
+
+/// A decimal unsigned integer parameter.
+pub(super) fn number(name: &str, value: &str) -> Result<u64, String> {
+    value
+        .parse::<u64>()
+        .map_err(|_| format!("`{name}` is a decimal unsigned integer, not {value:?}"))
+}
+
+/// A millisecond parameter within `range`.
+pub(super) fn millis(
+    name: &str,
+    value: &str,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<Duration, String> {
+    let n = number(name, value)?;
+    if !range.contains(&n) {
+        return Err(format!(
+            "`{name}` is {} to {} milliseconds (got {n})",
+            range.start(),
+            range.end()
+        ));
+    }
+    Ok(Duration::from_millis(n))
+}
+
+/// Which events a stream delivers; the others are read past and reported by `progress`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Filter {
+    command: Option<String>,
+    command_prefix: Option<String>,
+    ws: Option<u64>,
+    kind: Option<u16>,
+}
+
+impl Filter {
+    /// Takes the filter parameters of a request (others are left to the caller).
+    pub(super) fn from_params(params: &Params) -> Result<Filter, String> {
+        let kind = match params.get("kind") {
+            None => None,
+            Some(v) => {
+                let n = number("kind", v)?;
+                Some(u16::try_from(n).map_err(|_| {
+                    format!("`kind` is a workspace kind, 0 to {} (got {n})", u16::MAX)
+                })?)
+            }
+        };
+        Ok(Filter {
+            command: params
+                .get("command")
+                .map(|v| text("command", v))
+                .transpose()?,
+            command_prefix: params
+                .get("command_prefix")
+                .map(|v| text("command_prefix", v))
+                .transpose()?,
+            ws: params.get("ws").map(|v| number("ws", v)).transpose()?,
+            kind,
+        })
+    }
+
+    /// Whether it lets every event through.
+    pub(super) fn is_all(&self) -> bool {
+        *self == Filter::default()
+    }
+
+    /// Whether a stored event passes.
+    pub(super) fn stored(&self, e: &Event) -> bool {
+        self.passes(&e.command, e.ws.0, e.ws_kind.0)
+    }
+
+    /// Whether a relayed event passes.
+    pub(super) fn relayed(&self, e: &EventBody) -> bool {
+        self.passes(&e.command, e.ws, e.ws_kind)
+    }
+
+    fn passes(&self, command: &str, ws: u64, kind: u16) -> bool {
+        self.command.as_deref().is_none_or(|c| c == command)
+            && self
+                .command_prefix
+                .as_deref()
+                .is_none_or(|p| command.starts_with(p))
+            && self.ws.is_none_or(|w| w == ws)
+            && self.kind.is_none_or(|k| k == kind)
+    }
+}
+
+/// A non-empty text filter of at most [`FILTER_BYTES_MAX`] bytes.
+fn text(name: &str, value: &str) -> Result<String, String> {
+    if value.is_empty() {
+        return Err(format!(
+            "`{name}` is empty: name what to keep, or leave it out"
+        ));
+    }
+    if value.len() > FILTER_BYTES_MAX {
+        return Err(format!(
+            "`{name}` is {} bytes; at most {FILTER_BYTES_MAX}",
+            value.len()
+        ));
+    }
+    Ok(value.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(query: &str) -> Result<Filter, String> {
+        let params =
+            crate::query::params(Some(query), &["command", "command_prefix", "ws", "kind"])
+                .expect("known parameters");
+        Filter::from_params(&params)
+    }
+
+    #[test]
+    fn filters_keep_what_they_name_and_refuse_empty_or_long_values() {
+        let f = filter("command_prefix=app.Pay&kind=3").unwrap();
+        assert!(f.passes("app.PayOrder", 9, 3));
+        assert!(!f.passes("app.PayOrder", 9, 4));
+        assert!(!f.passes("app.ShipOrder", 9, 3));
+        let exact = filter("command=app%2EPay").unwrap();
+        assert!(exact.passes("app.Pay", 1, 1) && !exact.passes("app.PayOrder", 1, 1));
+        assert!(filter("command=").is_err());
+        let long = "x".repeat(FILTER_BYTES_MAX + 1);
+        assert!(filter(&format!("command={long}")).is_err());
+        assert!(filter("ws=-1").is_err());
+        assert!(filter("kind=70000").is_err());
+        assert!(Filter::default().is_all());
+    }
+}

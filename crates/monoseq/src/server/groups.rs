@@ -1,0 +1,557 @@
+//! Consumer groups over HTTP. A member joins with `GET /v1/groups/{g}/stream?member=M`, one
+//! Server-Sent Events stream that is its session: `joined`, then `assigned` and `revoked` as
+//! the group rebalances, its partitions' events tagged with partition and offset (through the
+//! same feed as a subscription, filters included), `heartbeat` while quiet, and
+//! `session_ended` last. The member sends `POST /v1/groups/{g}/heartbeat` (or commits) to the
+//! node holding its stream at least every `heartbeat_ms`, commits with
+//! `POST /v1/groups/{g}/commit` through any node, and leaves with
+//! `DELETE /v1/groups/{g}/members/{session}` or by closing its stream.
+//! `GET /v1/groups` and `GET /v1/groups/{g}` show groups, members, assignment and lag;
+//! `DELETE /v1/groups/{g}` removes a group without members.
+//!
+//! The group's state is in the store (`monoseq_store::GroupState`); `host.rs` is what this
+//! node does for the sessions it hosts.
+
+// A refused request answers with a `Response` (128 bytes), once per request.
+#![allow(clippy::result_large_err)]
+
+mod host;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use monoseq_store::{
+    ConsumerName, GroupError, GroupState, Holder, Member, PartitionId, SESSION_TIMEOUT_MS_DEFAULT,
+    SESSION_TIMEOUT_MS_MAX, SESSION_TIMEOUT_MS_MIN,
+};
+use monoseq_wire::{
+    CommitBody, CommitPositionBody, GROUP_FULL, GroupBody, GroupMemberBody, GroupPartitionBody,
+    GroupSummaryBody, GroupsBody, JoinedBody, SSE_JOINED, STALE_GENERATION, SessionBody,
+    StaleGenerationBody, UNKNOWN_GROUP, UNKNOWN_SESSION,
+};
+use tokio::time::Instant;
+
+use self::host::{Host, Session, blocking};
+use super::AppState;
+use super::answers::with_retry_after;
+use super::consume::{self, OFFSET_READ_MAX};
+use super::filter::{Filter, millis};
+use super::stream::{Chunk, Feed, channel, message, sse_answer};
+use crate::base::error;
+use crate::query::{Params, SESSION_PARAMS};
+
+/// Most groups `GET /v1/groups` lists.
+const GROUPS_LISTED_MAX: usize = 1_000;
+
+/// The groups whose members this node hosts.
+pub(crate) struct Groups {
+    hosts: Mutex<HashMap<String, Arc<Host>>>,
+    /// How this node names itself in a group's state.
+    node: String,
+    sessions: AtomicU64,
+}
+
+impl Groups {
+    pub(crate) fn new(node: String) -> Groups {
+        Groups {
+            hosts: Mutex::default(),
+            node,
+            sessions: AtomicU64::new(0),
+        }
+    }
+
+    fn hosts(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Host>>> {
+        self.hosts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The hosted session `id` of group `g`.
+    fn session(&self, g: &ConsumerName, id: &str) -> Option<(Arc<Host>, Arc<Session>)> {
+        let host = self.hosts().get(g.as_str()).cloned()?;
+        let session = host.sessions().get(id).cloned()?;
+        Some((host, session))
+    }
+
+    /// Adds a session to its group's host, starting the host when it has none.
+    fn host(&self, st: &Arc<AppState>, g: &ConsumerName, session: Arc<Session>) {
+        let mut hosts = self.hosts();
+        let host = hosts.entry(g.to_string()).or_insert_with(|| {
+            let host = Arc::new(Host::new(g.clone()));
+            tokio::spawn(Arc::clone(&host).run(Arc::clone(st)));
+            host
+        });
+        host.sessions().insert(session.id.clone(), session);
+        host.wake.notify_one();
+    }
+
+    /// Forgets `host` when it hosts no session; whether it did.
+    fn retire_if_idle(&self, host: &Arc<Host>) -> bool {
+        let mut hosts = self.hosts();
+        if !host.sessions().is_empty() {
+            return false;
+        }
+        if hosts
+            .get(host.group.as_str())
+            .is_some_and(|h| Arc::ptr_eq(h, host))
+        {
+            hosts.remove(host.group.as_str());
+        }
+        true
+    }
+
+    /// A new session identifier: the member, this process's start and a counter.
+    fn new_session_id(&self, member: &str) -> String {
+        let n = self.sessions.fetch_add(1, Ordering::Relaxed);
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros());
+        format!("{member}~{started:x}.{n}")
+    }
+}
+
+/// A group or member name: a consumer name without `/` or `~`.
+fn name(what: &str, raw: &str) -> Result<ConsumerName, String> {
+    let n = ConsumerName::new(raw).map_err(|e| format!("the {what} name: {e}"))?;
+    if raw.contains(['/', '~']) {
+        return Err(format!(
+            "the {what} name {raw:?} holds `/` or `~`: a {what} name is 1 to 255 printable \
+             ASCII characters without them"
+        ));
+    }
+    Ok(n)
+}
+
+fn bad_request(message: impl std::fmt::Display) -> Response {
+    error(StatusCode::BAD_REQUEST, "bad_request", message)
+}
+
+fn group_path(path: Result<Path<String>, PathRejection>) -> Result<ConsumerName, Response> {
+    match path {
+        Ok(Path(g)) => name("group", &g).map_err(bad_request),
+        Err(e) => Err(bad_request(e.body_text())),
+    }
+}
+
+fn group_error(e: &GroupError) -> Response {
+    match e {
+        GroupError::Full(_) => {
+            with_retry_after(error(StatusCode::SERVICE_UNAVAILABLE, GROUP_FULL, e))
+        }
+        GroupError::Corrupt { .. } => error(StatusCode::INTERNAL_SERVER_ERROR, "corrupted", e),
+        GroupError::Backwards { .. } => error(StatusCode::CONFLICT, "position_backwards", e),
+        _ => with_retry_after(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            crate::base::chain(e),
+        )),
+    }
+}
+
+/// A member's join: who, for how long, which events.
+struct Join {
+    member: ConsumerName,
+    timeout: Duration,
+    filter: Filter,
+}
+
+fn join_request(params: &Params) -> Result<Join, String> {
+    let member = params
+        .get("member")
+        .ok_or("`member` is required: the member's name")?;
+    let timeout = match params.get("session_timeout_ms") {
+        Some(v) => millis(
+            "session_timeout_ms",
+            v,
+            SESSION_TIMEOUT_MS_MIN..=SESSION_TIMEOUT_MS_MAX,
+        )?,
+        None => Duration::from_millis(SESSION_TIMEOUT_MS_DEFAULT),
+    };
+    Ok(Join {
+        member: name("member", member)?,
+        timeout,
+        filter: Filter::from_params(params)?,
+    })
+}
+
+/// `GET /v1/groups/{g}/stream`: joins the group; the stream is the session.
+pub(super) async fn join(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let g = match group_path(path) {
+        Ok(g) => g,
+        Err(r) => return r,
+    };
+    let join = match crate::query::params(raw.as_deref(), SESSION_PARAMS)
+        .and_then(|p| join_request(&p).map_err(bad_request))
+    {
+        Ok(j) => j,
+        Err(r) => return r,
+    };
+    let slot = match consume::take_slot(&st) {
+        Ok(slot) => slot,
+        Err(r) => return r,
+    };
+    let id = st.groups.new_session_id(join.member.as_str());
+    let member = Member {
+        name: join.member.to_string(),
+        session: id.clone(),
+        node: st.groups.node.clone(),
+        timeout_ms: u64::try_from(join.timeout.as_millis()).unwrap_or(u64::MAX),
+        beat: 0,
+        leaving: false,
+    };
+    let partitions = st.cp.config().partitions;
+    let joined = blocking(&st, {
+        let g = g.clone();
+        move |store| {
+            store.update_group(&g, partitions, |state| {
+                state.join(member.clone())?;
+                state.rebalance();
+                Ok(true)
+            })
+        }
+    })
+    .await;
+    if let Err(e) = joined {
+        tracing::info!(group = %g, member = %join.member, error = %crate::base::chain(&e), "a consumer group member was refused");
+        return group_error(&e);
+    }
+    open_session(&st, &g, join, id, slot)
+}
+
+/// The stream of a session that joined: `joined` first, then what its host sends.
+fn open_session(
+    st: &Arc<AppState>,
+    g: &ConsumerName,
+    join: Join,
+    id: String,
+    slot: super::consume::Slot,
+) -> Response {
+    let (tx, rx) = channel();
+    let timeout_ms = u64::try_from(join.timeout.as_millis()).unwrap_or(u64::MAX);
+    let body = JoinedBody {
+        group: g.to_string(),
+        member: join.member.to_string(),
+        session: id.clone(),
+        session_timeout_ms: timeout_ms,
+        heartbeat_ms: timeout_ms / 3,
+    };
+    let _ = tx.try_send(Chunk::Control(message(SSE_JOINED, &body)));
+    let session = Arc::new(Session {
+        member: join.member.to_string(),
+        id: id.clone(),
+        timeout: join.timeout,
+        filter: Arc::new(join.filter),
+        tx,
+        client_beat: Mutex::new(Instant::now()),
+        leaving: AtomicBool::new(false),
+    });
+    tracing::info!(group = %g, member = %join.member, session = %id, timeout_ms, "a consumer group member joined");
+    st.groups.host(st, g, session);
+    sse_answer(
+        st,
+        Feed {
+            rx,
+            vector: std::collections::BTreeMap::new(),
+            _slot: slot,
+        },
+    )
+}
+
+fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
+    serde_json::from_slice(body).map_err(|e| bad_request(format!("the body does not parse: {e}")))
+}
+
+fn unknown_session(g: &ConsumerName, id: &str) -> Response {
+    error(
+        StatusCode::CONFLICT,
+        UNKNOWN_SESSION,
+        format!(
+            "this node hosts no session {id:?} of group {g}: the session ended (join again), or \
+             its stream is on another node (send heartbeats to the node holding the stream)"
+        ),
+    )
+}
+
+/// `POST /v1/groups/{g}/heartbeat`.
+pub(super) async fn heartbeat(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+    body: Bytes,
+) -> Response {
+    let g = match group_path(path) {
+        Ok(g) => g,
+        Err(r) => return r,
+    };
+    let s: SessionBody = match json_body(&body) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    match st.groups.session(&g, &s.session) {
+        Some((_, session)) => {
+            session.beat();
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => unknown_session(&g, &s.session),
+    }
+}
+
+/// `DELETE /v1/groups/{g}/members/{session}`: the session leaves; its partitions go to the
+/// others once its stream stopped delivering them.
+pub(super) async fn leave(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Response {
+    let (g, id) = match path {
+        Ok(Path((g, id))) => match name("group", &g) {
+            Ok(g) => (g, id),
+            Err(m) => return bad_request(m),
+        },
+        Err(e) => return bad_request(e.body_text()),
+    };
+    match st.groups.session(&g, &id) {
+        Some((host, session)) => {
+            session.leaving.store(true, Ordering::Release);
+            host.wake.notify_one();
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => unknown_session(&g, &id),
+    }
+}
+
+/// `POST /v1/groups/{g}/commit`: the member's positions, each stored only while its session
+/// holds the partition.
+pub(super) async fn commit(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+    body: Bytes,
+) -> Response {
+    let g = match group_path(path) {
+        Ok(g) => g,
+        Err(r) => return r,
+    };
+    let c: CommitBody = match json_body(&body) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    if let Err(m) = check_commit(&c, st.cp.config().partitions) {
+        return bad_request(m);
+    }
+    if let Some((_, session)) = st.groups.session(&g, &c.session) {
+        session.beat();
+    }
+    let mut committed = Vec::new();
+    for pos in &c.positions {
+        let (g2, id, generation, p, offset) = (
+            g.clone(),
+            c.session.clone(),
+            c.generation,
+            pos.partition,
+            pos.offset,
+        );
+        let r = blocking(&st, move |store| {
+            store.commit_group_position(&g2, PartitionId(p), &id, generation, offset)
+        })
+        .await;
+        match r {
+            Ok(()) => committed.push(*pos),
+            Err(e @ GroupError::StaleGeneration { .. }) => {
+                tracing::info!(group = %g, session = %c.session, partition = p, "a consumer group commit was refused: the session no longer holds the partition");
+                let body = StaleGenerationBody {
+                    code: STALE_GENERATION.into(),
+                    message: e.to_string(),
+                    partition: p,
+                    committed,
+                };
+                return (StatusCode::CONFLICT, axum::Json(body)).into_response();
+            }
+            Err(e) => return group_error(&e),
+        }
+    }
+    axum::Json(committed).into_response()
+}
+
+fn check_commit(c: &CommitBody, partitions: u32) -> Result<(), String> {
+    let mut seen = Vec::new();
+    for CommitPositionBody { partition, offset } in &c.positions {
+        if *partition >= partitions {
+            return Err(format!(
+                "partition {partition} does not exist: the server has partitions 0 to {}",
+                partitions - 1
+            ));
+        }
+        if seen.contains(partition) {
+            return Err(format!("partition {partition} is committed twice"));
+        }
+        if *offset > OFFSET_READ_MAX {
+            return Err(format!("offset {offset} is past every possible end"));
+        }
+        seen.push(*partition);
+    }
+    Ok(())
+}
+
+/// `GET /v1/groups`.
+pub(super) async fn list(State(st): State<Arc<AppState>>) -> Response {
+    let listed = blocking(&st, |store| {
+        let (names, truncated) = store.group_names(GROUPS_LISTED_MAX)?;
+        let mut groups = Vec::with_capacity(names.len());
+        for n in names {
+            if let Some(g) = store.group(&n)? {
+                groups.push(GroupSummaryBody {
+                    group: n.to_string(),
+                    generation: g.state.generation,
+                    members: g.state.members.len(),
+                });
+            }
+        }
+        Ok(GroupsBody { groups, truncated })
+    })
+    .await;
+    match listed {
+        Ok(body) => axum::Json(body).into_response(),
+        Err(e) => group_error(&e),
+    }
+}
+
+/// `GET /v1/groups/{g}`.
+pub(super) async fn show(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let g = match group_path(path) {
+        Ok(g) => g,
+        Err(r) => return r,
+    };
+    let read = blocking(&st, {
+        let g = g.clone();
+        move |store| {
+            let Some(stored) = store.group(&g)? else {
+                return Ok(None);
+            };
+            let mut offsets = Vec::with_capacity(stored.state.holders.len());
+            for p in 0..stored.state.holders.len() as u32 {
+                offsets.push(store.group_position(&g, PartitionId(p))?.0);
+            }
+            Ok(Some((stored.state, offsets)))
+        }
+    })
+    .await;
+    let (state, offsets) = match read {
+        Ok(Some(read)) => read,
+        Ok(None) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                UNKNOWN_GROUP,
+                format!("there is no group {g}: a member's join creates it"),
+            );
+        }
+        Err(e) => return group_error(&e),
+    };
+    let mut ends = Vec::with_capacity(offsets.len());
+    for p in 0..offsets.len() as u32 {
+        ends.push(partition_end(&st, p).await);
+    }
+    axum::Json(group_body(&g, &state, &offsets, &ends)).into_response()
+}
+
+/// The partition's end as its owner knows it; `None` while it cannot be read.
+pub(super) async fn partition_end(st: &Arc<AppState>, p: u32) -> Option<u64> {
+    consume::page(st, p, OFFSET_READ_MAX, 1, Duration::ZERO)
+        .await
+        .ok()
+        .map(|page| page.end)
+}
+
+fn group_body(
+    g: &ConsumerName,
+    state: &GroupState,
+    offsets: &[u64],
+    ends: &[Option<u64>],
+) -> GroupBody {
+    let name_of = |session: &str| state.member(session).map(|m| m.name.clone());
+    GroupBody {
+        group: g.to_string(),
+        generation: state.generation,
+        members: state
+            .members
+            .iter()
+            .map(|m| GroupMemberBody {
+                member: m.name.clone(),
+                session: m.session.clone(),
+                node: m.node.clone(),
+                session_timeout_ms: m.timeout_ms,
+                leaving: m.leaving,
+                partitions: state.held_by(&m.session),
+            })
+            .collect(),
+        partitions: state
+            .holders
+            .iter()
+            .enumerate()
+            .map(|(p, h)| {
+                let (member, st) = match h {
+                    Holder::Free => (None, "free"),
+                    Holder::Held { session, .. } => (name_of(session), "held"),
+                    Holder::Revoking { session, .. } => (name_of(session), "revoking"),
+                };
+                let end = ends.get(p).copied().flatten();
+                let offset = offsets.get(p).copied().unwrap_or(0);
+                GroupPartitionBody {
+                    partition: p as u32,
+                    member,
+                    state: st.into(),
+                    offset,
+                    end,
+                    lag: end.map(|e| e.saturating_sub(offset + 1)),
+                }
+            })
+            .collect(),
+    }
+}
+
+/// `DELETE /v1/groups/{g}`: removes a group that has no member (its positions stay, under the
+/// group's name, until `DELETE /v1/consumers/{g}`).
+pub(super) async fn delete(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let g = match group_path(path) {
+        Ok(g) => g,
+        Err(r) => return r,
+    };
+    let removed = blocking(&st, {
+        let g = g.clone();
+        move |store| match store.group(&g)? {
+            Some(s) if !s.state.members.is_empty() => Ok(Some(false)),
+            Some(_) => store.delete_group(&g).map(|d| d.then_some(true)),
+            None => Ok(None),
+        }
+    })
+    .await;
+    match removed {
+        Ok(Some(true)) => {
+            tracing::info!(group = %g, "a consumer group was deleted");
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Ok(Some(false)) => error(
+            StatusCode::CONFLICT,
+            "group_active",
+            format!("group {g} has members: stop them (or let their sessions expire) first"),
+        ),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            UNKNOWN_GROUP,
+            format!("there is no group {g}"),
+        ),
+        Err(e) => group_error(&e),
+    }
+}
