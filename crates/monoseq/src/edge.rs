@@ -159,6 +159,7 @@ pub async fn serve<L>(
 ) -> std::io::Result<()>
 where
     L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
 {
     let metrics = metrics();
     let connections_max = check_descriptors(&limits);
@@ -172,7 +173,7 @@ where
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
-        let (io, _) = tokio::select! {
+        let (io, peer) = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
@@ -188,9 +189,10 @@ where
         };
         let app = app.clone();
         let stop = stop_rx.clone();
+        let peer = PeerAddr(Arc::from(format!("{peer:?}")));
         tokio::spawn(async move {
             metrics.connections.inc();
-            serve_connection(io, app, limits, stop).await;
+            serve_connection(io, app, limits, (stop, peer)).await;
             metrics.connections.dec();
             drop(permit);
         });
@@ -202,6 +204,11 @@ where
     Ok(())
 }
 
+/// The address of a request's peer, as its connection was accepted (a request extension, for
+/// the lines that say who a follower is).
+#[derive(Debug, Clone)]
+pub(crate) struct PeerAddr(pub(crate) Arc<str>);
+
 /// Serves one accepted connection on the runtime its first request line chooses
 /// ([`lanes`]); one whose first line does not come within the header timeout is cut, and one
 /// still silent when the server stops is closed (as hyper closes an idle one).
@@ -209,7 +216,7 @@ async fn serve_connection<S>(
     mut io: S,
     app: Router,
     limits: EdgeLimits,
-    mut stop: watch::Receiver<bool>,
+    (mut stop, peer): (watch::Receiver<bool>, PeerAddr),
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -226,7 +233,7 @@ async fn serve_connection<S>(
     let followers = lanes::is_tail(&ahead)
         .then(|| lanes::followers(limits.follower_threads))
         .flatten();
-    let served = connection::serve(io, ahead, app, limits, stop, accepted);
+    let served = connection::serve(io, ahead, app, limits, stop, (accepted, peer));
     match followers {
         Some(followers) => {
             let _ = followers.spawn(served).await;

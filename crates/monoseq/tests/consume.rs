@@ -794,3 +794,61 @@ async fn unknown_query_parameters_are_refused_naming_them_on_every_endpoint() {
         "{info}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_connecting_ending_and_refused_are_logged_with_who_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("serve.log");
+    let server = Server::try_start(
+        &dir.path().join("data"),
+        &["--partitions", "4", "--followers-max", "1"],
+        &log,
+    )
+    .expect("the server starts");
+    let client = reqwest::Client::new();
+    server.ready(&client).await;
+    let url = server.url.clone();
+    let tail = Sse::open(
+        &client,
+        &format!("{url}/v1/partitions/1/events/stream?from=3"),
+        None,
+    )
+    .await;
+    let (status, _) = get(&client, &format!("{url}/v1/workspaces/6/wlog/stream")).await;
+    assert_eq!(status, 503);
+    drop(tail);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("follower ended") {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no end logged: {text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let line = |what: &str| {
+        text.lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?} line: {text}"))
+            .to_owned()
+    };
+    let connected = line("follower connected");
+    assert!(
+        connected.contains("peer=\"127.0.0.1:")
+            && connected.contains("partition=1")
+            && connected.contains("from offset 3"),
+        "{connected}"
+    );
+    let refused = line("follower refused");
+    assert!(
+        refused.contains("partition=2")
+            && refused.contains("ws=6")
+            && refused.contains("--followers-max"),
+        "{refused}"
+    );
+    let ended = line("follower ended");
+    assert!(
+        ended.contains("partition=1") && ended.contains("its connection closed"),
+        "{ended}"
+    );
+}

@@ -108,8 +108,31 @@ async fn exercise(client: &reqwest::Client, url: &str) {
         "/v1/sequences/orders/invoice/data".into(),
         "/v1/sequences/orders/invoice/exists".into(),
         "/v1/sequences/orders/invoice/frobnicate".into(),
+        "/v1/partitions/2/events?from=end".into(),
+        "/v1/partitions/2/events?limt=1".into(),
+        "/v1/workspaces/6/wlog?from=1&wait_ms=10".into(),
+        "/v1/info?verbose=1".into(),
+        "/v1/consumers?after=a".into(),
+        "/v1/consumers?after=".into(),
     ] {
         client.get(format!("{url}{path}")).send().await.unwrap();
+    }
+    // Consumers: set, refused beyond the end, listed, deleted (and deleted again: 404).
+    let position = format!("{url}/v1/consumers/c/partitions/2");
+    for body in [json!({"offset": 1}), json!({"offset": 99, "expected": 1})] {
+        client.put(&position).json(&body).send().await.unwrap();
+    }
+    client
+        .get(format!("{url}/v1/consumers"))
+        .send()
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        client
+            .delete(format!("{url}/v1/consumers/c"))
+            .send()
+            .await
+            .unwrap();
     }
     let seq = |op: &str| format!("{url}/v1/sequences/orders/invoice/{op}");
     for (op, body) in [
@@ -179,6 +202,10 @@ fn every_operation_documents_its_errors_and_the_token_answers() {
             assert!(
                 op["operationId"].is_string(),
                 "{method} {path} has no operationId"
+            );
+            assert!(
+                responses.contains_key("400"),
+                "{method} {path} lacks 400 (an unknown query parameter is refused everywhere)"
             );
             if let Some(unavailable) = responses.get("503") {
                 assert!(

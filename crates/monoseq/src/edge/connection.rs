@@ -146,7 +146,7 @@ pub(super) async fn serve<S>(
     app: Router,
     limits: EdgeLimits,
     mut stop: watch::Receiver<bool>,
-    accepted: Instant,
+    (accepted, peer): (Instant, super::PeerAddr),
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -159,7 +159,8 @@ pub(super) async fn serve<S>(
     let tower = hyper_util::service::TowerToHyperService::new(app);
     let watched = Arc::clone(&activity);
     let service =
-        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(peer.clone());
             let activity = Arc::clone(&watched);
             activity.request_began();
             let answer = hyper::service::Service::call(&tower, request);

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, BytesMut};
@@ -44,6 +44,7 @@ use super::answers::{read_error, with_retry_after};
 use crate::base::error;
 use crate::cluster::Owner;
 use crate::config::{FOLLOWER_HEARTBEAT_MS_DEFAULT, FollowLimits};
+use crate::edge::PeerAddr;
 use crate::json::{StoredEvent, StoredEventRef};
 use crate::query;
 
@@ -230,17 +231,53 @@ impl Follow {
     }
 }
 
-/// A tail counted against the cap while it lives.
-pub(super) struct Slot(Arc<AppState>);
+/// Who a tail serves, for its log lines: the peer's address (when the edge knows it) and
+/// what it follows.
+#[derive(Debug, Clone)]
+struct Follower {
+    peer: Option<Arc<str>>,
+    partition: u32,
+    ws: Option<u64>,
+}
+
+impl Follower {
+    /// An info line about this follower (connected, ended, refused), with why.
+    fn log(&self, what: &str, why: &str) {
+        let peer = self.peer.as_deref().unwrap_or("unknown");
+        tracing::info!(
+            peer,
+            partition = self.partition,
+            ws = self.ws,
+            "follower {what}: {why}"
+        );
+    }
+}
+
+/// A tail counted against the cap while it lives; logs its end, with why, when it knows
+/// whom it serves.
+pub(super) struct Slot {
+    st: Arc<AppState>,
+    who: Option<Follower>,
+    /// Why the tail ended, when it ended by itself (else its connection closed).
+    ended: Option<String>,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0
-            .follow
-            .counts
-            .followers
-            .fetch_sub(1, Ordering::AcqRel);
-        self.0.follow.counts.followers_gauge.dec();
+        let counts = &self.st.follow.counts;
+        counts.followers.fetch_sub(1, Ordering::AcqRel);
+        counts.followers_gauge.dec();
+        let Some(who) = &self.who else {
+            return;
+        };
+        let why = self.ended.take().unwrap_or_else(|| {
+            if *self.st.follow.closing.borrow() {
+                "the server stops".to_owned()
+            } else {
+                "its connection closed".to_owned()
+            }
+        });
+        who.log("ended", &why);
     }
 }
 
@@ -686,6 +723,7 @@ pub(super) async fn stream_partition(
     State(st): State<Arc<AppState>>,
     path: Result<Path<u32>, PathRejection>,
     RawQuery(raw): RawQuery,
+    peer: Option<Extension<PeerAddr>>,
     headers: HeaderMap,
 ) -> Response {
     let partition = match path {
@@ -695,7 +733,12 @@ pub(super) async fn stream_partition(
     if let Err(r) = check_partition(&st, partition) {
         return r;
     }
-    start_tail(&st, partition, None, (raw.as_deref(), &headers)).await
+    let who = Follower {
+        peer: peer.map(|Extension(p)| p.0),
+        partition,
+        ws: None,
+    };
+    start_tail(&st, who, (raw.as_deref(), &headers)).await
 }
 
 /// `GET /v1/workspaces/{ws}/wlog/stream?from=N`: the workspace's WLog as Server-Sent Events.
@@ -703,55 +746,84 @@ pub(super) async fn stream_wlog(
     State(st): State<Arc<AppState>>,
     path: Result<Path<u64>, PathRejection>,
     RawQuery(raw): RawQuery,
+    peer: Option<Extension<PeerAddr>>,
     headers: HeaderMap,
 ) -> Response {
     let ws = match path {
         Ok(Path(ws)) => ws,
         Err(e) => return path_error(&e),
     };
-    let partition = st.cp.partition_of(WsId(ws));
-    start_tail(&st, partition, Some(ws), (raw.as_deref(), &headers)).await
+    let who = Follower {
+        peer: peer.map(|Extension(p)| p.0),
+        partition: st.cp.partition_of(WsId(ws)),
+        ws: Some(ws),
+    };
+    start_tail(&st, who, (raw.as_deref(), &headers)).await
 }
 
-/// Starts a tail of `partition` (of workspace `ws`'s WLog when given) from where the request
-/// asks, counted against the cap, on a task of its own that feeds the answer.
+/// Starts a tail for `who` (of a workspace's WLog when it names one) from where the request
+/// asks, counted against the cap, on a task of its own that feeds the answer. Logs the
+/// follower's connect, or why it was refused.
 async fn start_tail(
     st: &Arc<AppState>,
-    partition: u32,
-    ws: Option<u64>,
+    who: Follower,
     (raw, headers): (Option<&str>, &HeaderMap),
 ) -> Response {
-    let from = match stream_from(raw, headers) {
+    let from = match tail_start(st, &who, raw, headers).await {
         Ok(from) => from,
-        Err(r) => return r,
+        Err(r) => {
+            let why = format!("{} {}", r.status().as_u16(), refusal_code(&r));
+            who.log("refused", &why);
+            return r;
+        }
     };
-    let from = match (from, ws) {
-        (Start::At(from), _) => from,
-        (Start::End, None) => match partition_end(st, partition).await {
-            Ok(end) => end,
-            Err(r) => return r,
-        },
-        (Start::End, Some(ws)) => match wlog_end(st, partition, ws).await {
-            Ok(end) => end,
-            Err(r) => return r,
-        },
-    };
-    let slot = match take_slot(st) {
+    let mut slot = match take_slot(st) {
         Ok(slot) => slot,
-        Err(r) => return r,
+        Err(r) => {
+            who.log(
+                "refused",
+                "this node serves its most live tails (--followers-max)",
+            );
+            return r;
+        }
     };
+    who.log("connected", &format!("from offset {from}"));
+    slot.who = Some(who.clone());
     let handoff = Arc::new(Handoff::default());
     let out = Arc::clone(&handoff);
+    let (partition, ws) = (who.partition, who.ws);
     let tail = async move {
-        let st = Arc::clone(&slot.0);
+        let mut slot = slot;
+        let st = Arc::clone(&slot.st);
         let mut tail = Tail::new(&st, partition, out);
-        match ws {
+        let why = match ws {
             Some(ws) => tail.follow_wlog(ws, from).await,
             None => tail.follow_partition(from).await,
-        }
-        drop(slot);
+        };
+        slot.ended = why;
     };
     sse_response(tail, handoff)
+}
+
+/// Where a tail for `who` starts: an offset, `end` resolved to the owner's end (of the
+/// partition, or of the workspace's WLog).
+async fn tail_start(
+    st: &Arc<AppState>,
+    who: &Follower,
+    raw: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<u64, Response> {
+    match (stream_from(raw, headers)?, who.ws) {
+        (Start::At(from), _) => Ok(from),
+        (Start::End, None) => partition_end(st, who.partition).await,
+        (Start::End, Some(ws)) => wlog_end(st, who.partition, ws).await,
+    }
+}
+
+/// The status line's reason for a refusal's log line (its stable code is in the body, which
+/// the log does not read).
+fn refusal_code(r: &Response) -> &'static str {
+    r.status().canonical_reason().unwrap_or("refused")
 }
 
 /// Where a tail starts: after `Last-Event-ID` when sent, else `from` (default 1; `end`).
@@ -839,7 +911,11 @@ pub(super) fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
         return Err(r);
     }
     counts.followers_gauge.inc();
-    Ok(Slot(Arc::clone(st)))
+    Ok(Slot {
+        st: Arc::clone(st),
+        who: None,
+        ended: None,
+    })
 }
 
 /// A `text/event-stream` answer whose body runs `tail`: the connection polls the tail itself
@@ -1020,8 +1096,8 @@ impl<'a> Tail<'a> {
         self.flush().await
     }
 
-    /// The last message of a tail cut for falling behind.
-    async fn cut(&mut self, resume_from: u64) {
+    /// The last message of a tail cut for falling behind; answers why, for the log.
+    async fn cut(&mut self, resume_from: u64) -> String {
         self.st.follow.counts.cut_slow.inc();
         // What was gathered is below `resume_from`: it goes first.
         let body = SlowFollowerBody {
@@ -1034,16 +1110,21 @@ impl<'a> Tail<'a> {
             resume_from,
         };
         let _ = self.send_body(SSE_SLOW_FOLLOWER, None, &body).await;
+        format!(
+            "cut as a slow follower (more than --follower-buffer-events behind); told to \
+             resume from {resume_from}"
+        )
     }
 
     /// The partition's PLog from `from`: stored first, then live, until the connection closes.
-    async fn follow_partition(&mut self, from: u64) {
+    /// Answers why it ended when it ended by itself (cut as a slow follower).
+    async fn follow_partition(&mut self, from: u64) -> Option<String> {
         let mut next = from;
         loop {
             match self.partition_round(&mut next).await {
                 Ok(()) => continue,
-                Err(Ended::Slow) => return self.cut(next).await,
-                Err(Ended::Gone) => return,
+                Err(Ended::Slow) => return Some(self.cut(next).await),
+                Err(Ended::Gone) => return None,
             }
         }
     }
@@ -1161,14 +1242,15 @@ impl<'a> Tail<'a> {
         }
     }
 
-    /// Workspace `ws`'s WLog from WLog offset `from`: stored first, then live.
-    async fn follow_wlog(&mut self, ws: u64, from: u64) {
+    /// Workspace `ws`'s WLog from WLog offset `from`: stored first, then live. Answers why it
+    /// ended when it ended by itself.
+    async fn follow_wlog(&mut self, ws: u64, from: u64) -> Option<String> {
         let mut next = from;
         loop {
             match self.wlog_round(ws, &mut next).await {
                 Ok(()) => continue,
-                Err(Ended::Slow) => return self.cut(next).await,
-                Err(Ended::Gone) => return,
+                Err(Ended::Slow) => return Some(self.cut(next).await),
+                Err(Ended::Gone) => return None,
             }
         }
     }
@@ -1373,16 +1455,7 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
                 continue;
             }
         }
-        // A long poll: here it waits on the writer's end signal, elsewhere on the owner. A hub
-        // that knows no end yet starts at the owner's. A page is at most half the buffer, so
-        // that followers keeping up are never cut by one page handed out at once.
-        let from = if next == 0 {
-            Start::End
-        } else {
-            Start::At(next)
-        };
-        let limit = PLOG_PAGE_MAX.min(st.follow.limits.buffer_events / 2).max(1);
-        let Ok(page) = page_from(&st, p, from, limit, HUB_WAIT).await else {
+        let Ok(page) = hub_page(&st, p, next).await else {
             tokio::time::sleep(RELAY_RETRY).await;
             continue;
         };
@@ -1405,6 +1478,21 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
             }
         }
     }
+}
+
+/// A hub's next page of partition `p` from `next`: a long poll, here on the writer's end
+/// signal, elsewhere on the owner. A hub that knows no end yet (`next` 0) starts at the
+/// owner's, and that first read answers at once, so that heartbeats carry the owner's end
+/// soon. A page is at most half the buffer, so that followers keeping up are never cut by one
+/// page handed out at once.
+async fn hub_page(st: &Arc<AppState>, p: u32, next: u64) -> Result<Page, Response> {
+    let (from, wait) = if next == 0 {
+        (Start::End, Duration::ZERO)
+    } else {
+        (Start::At(next), HUB_WAIT)
+    };
+    let limit = PLOG_PAGE_MAX.min(st.follow.limits.buffer_events / 2).max(1);
+    page_from(st, p, from, limit, wait).await
 }
 
 /// Waits (at most [`HUB_WAIT`]) for partition `p`'s writer here to acknowledge events from
