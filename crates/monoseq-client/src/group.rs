@@ -249,8 +249,12 @@ fn stale(partition: u32, why: &str) -> ClientError {
 /// A member of a consumer group: a `Stream` of [`GroupItem`]s, with commits.
 pub struct GroupConsumer {
     committer: GroupCommitter,
-    stream: Pin<Box<dyn Stream<Item = Result<GroupItem, ClientError>> + Send>>,
+    /// Behind a mutex only so that the consumer is `Sync` (a `&GroupConsumer` held across a
+    /// commit's `await` in a spawned task); polling takes `&mut self` and never locks.
+    stream: Mutex<ItemStream>,
 }
+
+type ItemStream = Pin<Box<dyn Stream<Item = Result<GroupItem, ClientError>> + Send>>;
 
 impl std::fmt::Debug for GroupConsumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -295,8 +299,12 @@ impl GroupConsumer {
 impl Stream for GroupConsumer {
     type Item = Result<GroupItem, ClientError>;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.stream.as_mut().poll_next(cx)
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let stream = self.get_mut().stream.get_mut();
+        stream
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+            .poll_next(cx)
     }
 }
 
@@ -344,7 +352,7 @@ impl Client {
         });
         GroupConsumer {
             committer,
-            stream: Box::pin(stream),
+            stream: Mutex::new(Box::pin(stream)),
         }
     }
 }
