@@ -211,17 +211,18 @@ async fn a_member_joins_again_after_its_server_restarts_and_resumes_after_its_co
         |s| s[0].joins >= 2 && s[0].held.len() == 4 && all_delivered(s, &after),
     )
     .await;
-    let seen = m.lock().unwrap();
-    assert!(seen.lost >= 1, "the lost session was reported: {seen:?}");
-    for (p, offsets) in &seen.events {
-        let once: BTreeSet<u64> = offsets.iter().copied().collect();
-        assert_eq!(
-            once.len(),
-            offsets.len(),
-            "partition {p}: resumed after the commits, nothing again: {offsets:?}"
-        );
+    {
+        let seen = m.lock().unwrap();
+        assert!(seen.lost >= 1, "the lost session was reported: {seen:?}");
+        for (p, offsets) in &seen.events {
+            let once: BTreeSet<u64> = offsets.iter().copied().collect();
+            assert_eq!(
+                once.len(),
+                offsets.len(),
+                "partition {p}: resumed after the commits, nothing again: {offsets:?}"
+            );
+        }
     }
-    drop(seen);
     // After the leave, the partitions it held cannot be committed through it.
     let held = committer.held();
     assert_eq!(held.len(), 4);
