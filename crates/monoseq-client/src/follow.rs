@@ -478,7 +478,7 @@ impl Tail {
 }
 
 /// An SSE message's `event` (default `message`), `id` and `data` (its lines joined).
-fn fields(block: &str) -> (&str, Option<&str>, String) {
+pub(crate) fn fields(block: &str) -> (&str, Option<&str>, String) {
     let mut event = "message";
     let mut id: Option<&str> = None;
     let mut data = String::new();
@@ -500,7 +500,7 @@ fn fields(block: &str) -> (&str, Option<&str>, String) {
     (event, id, data)
 }
 
-fn retry_after(response: &reqwest::Response) -> Option<Duration> {
+pub(crate) fn retry_after(response: &reqwest::Response) -> Option<Duration> {
     response
         .headers()
         .get(header::RETRY_AFTER)
@@ -509,7 +509,7 @@ fn retry_after(response: &reqwest::Response) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
-fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
+pub(crate) fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
     match serde_json::from_slice::<ErrorBody>(body) {
         Ok(e) => ClientError::Api {
             status: status.as_u16(),
@@ -523,7 +523,7 @@ fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
     }
 }
 
-fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ClientError> {
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ClientError> {
     serde_json::from_slice(body).map_err(|e| {
         ClientError::Protocol(format!(
             "body not as documented ({e}): {}",

@@ -7,7 +7,8 @@
 //! carry an append condition (`CommandBody::with_expected_wlog_offset`); a refusal on it is
 //! [`ClientError::WlogConflict`] with the workspace's current WLog offset. Reads: events,
 //! WLog pages as a stream, records, partition pages and live tails ([`Client::follow`]);
-//! consumer positions, set by compare-and-set; named sequences ([`SequencesClient`]). It
+//! consumer positions, set by compare-and-set; a consumer group's member
+//! ([`Client::join_group`]); named sequences ([`SequencesClient`]). It
 //! depends on an HTTP client, the wire types and the named-sequence domain only: no server
 //! framework, no storage engine, no database driver (the architecture test holds it to
 //! that). Each attempt
@@ -37,6 +38,7 @@ mod builder;
 mod client;
 mod error;
 mod follow;
+mod group;
 mod key;
 mod positions;
 mod routing;
@@ -49,12 +51,16 @@ pub use builder::{
 pub use client::{BACKUP_TIMEOUT, Client, Submitted};
 pub use error::ClientError;
 pub use follow::{FOLLOW_IDLE_MAX, FollowItem, SSE_MESSAGE_MAX};
+pub use group::{GroupCommitter, GroupConsumer, GroupItem, GroupOptions};
 pub use key::new_idempotency_key;
 pub use monoseq_wire::{
     ArgBody, BATCH_COMMANDS_MAX, BackupBody, BackupRequestBody, BatchCommandBody, BatchResultBody,
     ClusterBody, CommandBody, ErrorBody, EventBody, GapBody, InfoBody, KindBody, NewArgBody,
     NewRecordBody, OutcomeBody, PlogEntryBody, PlogPageBody, RecordBody, RecordUpdateBody,
     StoredKindBody,
+};
+pub use monoseq_wire::{
+    AssignedBody, AssignedPartitionBody, GroupBody, JoinedBody, ProgressBody, RevokedBody,
 };
 pub use monoseq_wire::{
     ConsumerBody, ConsumerPartitionBody, ConsumersBody, DeletedConsumerBody, PartitionPositionBody,

@@ -253,7 +253,7 @@ fn refused_put(
 
 /// `name` as one path segment: every byte but the URL's unreserved characters
 /// percent-encoded (a consumer name may hold `/`, `?`, `%` or a space).
-fn path_segment(name: &str) -> String {
+pub(crate) fn path_segment(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for b in name.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {

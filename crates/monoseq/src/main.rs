@@ -128,7 +128,8 @@ enum Cmd {
         args: backup::BackupArgs,
     },
     /// Follow a partition and print each event as one JSON line (a console consumer):
-    /// `monoseq tail --url U --partition P [--from N] [--consumer NAME] [--max-events N]`.
+    /// `monoseq tail --url U --partition P [--from N] [--consumer NAME] [--max-events N]`, or
+    /// as a consumer group member: `monoseq tail --url U --group G --member M`.
     Tail {
         #[command(flatten)]
         args: tail::TailArgs,

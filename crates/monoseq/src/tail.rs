@@ -4,11 +4,15 @@
 //! `--consumer NAME` it starts after that consumer's stored position and stores its own with a
 //! compare-and-set as it goes, and once more when it stops (at `--max-events`, on SIGINT or
 //! SIGTERM, or when stdout closes). It rides out an outage of up to `--retry-timeout-secs`
-//! (30 s), or of any length with `--retry-timeout-secs 0`.
+//! (30 s), or of any length with `--retry-timeout-secs 0`. With `--group G --member M` it is
+//! a member of consumer group `G` (`tail/group.rs`): it prints the events of the partitions
+//! the group gives it, with their partition, and commits what it printed.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
+
+mod group;
 
 use anyhow::Context;
 use clap::Args;
@@ -28,9 +32,9 @@ pub struct TailArgs {
     /// A node of the server or cluster, e.g. http://127.0.0.1:8080 (repeat for several).
     #[arg(long, required = true)]
     pub url: Vec<String>,
-    /// The partition to follow.
-    #[arg(long)]
-    pub partition: u32,
+    /// The partition to follow (not with --group: the group gives the partitions).
+    #[arg(long, required_unless_present = "group", conflicts_with = "group")]
+    pub partition: Option<u32>,
     /// The first offset to print (1 is the first); with --consumer, only when that consumer
     /// has stored no position yet [default: 1].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
@@ -38,8 +42,27 @@ pub struct TailArgs {
     /// A named consumer: start after its stored position in the partition, and store the last
     /// offset printed (within a second, every 1000 entries, and at the end, SIGINT and SIGTERM
     /// included) with a compare-and-set, so two tails of one name cannot both advance it.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", conflicts_with = "group")]
     pub consumer: Option<String>,
+    /// Join consumer group NAME (with --member): print the events of the partitions the
+    /// group gives this member, each line `{"partition": P, "event": {...}}`, commit the last
+    /// offset printed of each within a second (and at the end), and join again after an
+    /// outage. The group's positions are consumer positions: `--consumer NAME` reads them.
+    #[arg(
+        long,
+        value_name = "NAME",
+        requires = "member",
+        conflicts_with = "from"
+    )]
+    pub group: Option<String>,
+    /// The member's name in --group (one process per name: a second session of the name
+    /// replaces the first).
+    #[arg(long, value_name = "NAME", requires = "group")]
+    pub member: Option<String>,
+    /// With --group: the session timeout, milliseconds (the server's default when not set).
+    /// Without a heartbeat for this long the member's partitions go to the others.
+    #[arg(long, value_name = "MS", requires = "group")]
+    pub session_timeout_ms: Option<u64>,
     /// Stop after printing this many entries (events and gaps).
     #[arg(long, value_name = "N")]
     pub max_events: Option<u64>,
@@ -97,23 +120,14 @@ impl Position {
 /// A token file that cannot be read, a client that cannot be built, the tail's error (after
 /// its own retries), a position conflict, or stdout closed.
 pub async fn run(args: TailArgs) -> anyhow::Result<()> {
-    let retry = match args.retry_timeout_secs {
-        0 => Duration::MAX,
-        secs => Duration::from_secs(secs),
-    };
-    let mut builder = Client::builder(args.url.clone()).retry_timeout(retry);
-    if let Some(path) = &args.token_file {
-        let token = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the token file {}", path.display()))?;
-        builder = builder.token(token.trim());
+    let client = client(&args)?;
+    if let (Some(group), Some(member)) = (&args.group, &args.member) {
+        let timeout = args.session_timeout_ms.map(Duration::from_millis);
+        return group::run(&client, group, member, timeout, args.max_events).await;
     }
-    if let Some(path) = &args.ca_cert {
-        let pem = std::fs::read(path)
-            .with_context(|| format!("reading the CA file {}", path.display()))?;
-        builder = builder.ca_pem(pem);
-    }
-    let client = builder.build()?;
-    let p = args.partition;
+    let p = args
+        .partition
+        .context("--partition is required without --group")?;
     let mut position = match &args.consumer {
         Some(name) => {
             let stored = client
@@ -138,6 +152,26 @@ pub async fn run(args: TailArgs) -> anyhow::Result<()> {
         position.store(&client, p).await?;
     }
     printed
+}
+
+/// The client of `args`' nodes, token and CA, retrying for `--retry-timeout-secs`.
+fn client(args: &TailArgs) -> anyhow::Result<Client> {
+    let retry = match args.retry_timeout_secs {
+        0 => Duration::MAX,
+        secs => Duration::from_secs(secs),
+    };
+    let mut builder = Client::builder(args.url.clone()).retry_timeout(retry);
+    if let Some(path) = &args.token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the token file {}", path.display()))?;
+        builder = builder.token(token.trim());
+    }
+    if let Some(path) = &args.ca_cert {
+        let pem = std::fs::read(path)
+            .with_context(|| format!("reading the CA file {}", path.display()))?;
+        builder = builder.ca_pem(pem);
+    }
+    Ok(builder.build()?)
 }
 
 /// Prints the partition's entries from `from` until `max` were printed (or forever).

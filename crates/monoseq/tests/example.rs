@@ -1,7 +1,8 @@
 //! The Python example (`examples/python/monoseq_example.py`, standard library only) against a
 //! live server: commands with keys and retries, read back, a named number; and the projector
 //! (`examples/python/projector.py`): a partition followed with its consumer position, through
-//! a server killed and restarted under it.
+//! a server killed and restarted under it; and the projector fleet (`examples/python/fleet.py`):
+//! three members of one consumer group, one SIGKILLed, nothing skipped.
 
 mod common;
 
@@ -158,4 +159,158 @@ async fn the_python_projector_waits_out_a_server_killed_and_restarted_and_goes_o
         out.contains("applied 20 events; position 20; 20 events in the projection"),
         "{out}"
     );
+}
+
+/// Every (partition, offset) a fleet member's log says it processed.
+fn processed(logs: &[std::path::PathBuf]) -> std::collections::BTreeSet<(u64, u64)> {
+    let mut done = std::collections::BTreeSet::new();
+    for log in logs {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        for line in text.lines() {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue; // the last line of a SIGKILLed member may be cut
+            };
+            done.insert((
+                v["partition"].as_u64().unwrap(),
+                v["offset"].as_u64().unwrap(),
+            ));
+        }
+    }
+    done
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_fleet_of_three_loses_a_member_to_sigkill_and_skips_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &client).await;
+    let written = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (c, u, w) = (client.clone(), server.url.clone(), written.clone());
+    let post = move |ws: u64| {
+        let (client, url, written) = (c.clone(), u.clone(), w.clone());
+        async move {
+            let r = client
+                .post(format!("{url}/v1/commands"))
+                .json(&serde_json::json!({"ws": ws, "ws_kind": 1, "command": "app.Note"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let a: serde_json::Value = r.json().await.unwrap();
+            let at = (
+                a["partition"].as_u64().unwrap(),
+                a["plog_offset"].as_u64().unwrap(),
+            );
+            written.lock().unwrap().push(at);
+        }
+    };
+    for ws in 1..=40 {
+        post(ws).await;
+    }
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/python/fleet.py");
+    let logs: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|m| dir.path().join(format!("{m}.jsonl")))
+        .collect();
+    let mut members: Vec<std::process::Child> = ["a", "b", "c"]
+        .iter()
+        .zip(&logs)
+        .map(|(m, log)| {
+            Command::new("python3")
+                .arg(&script)
+                .args(["--url", &server.url, "--group", "fleet", "--member", m])
+                .args(["--session-timeout-ms", "1500", "--idle-exit-s", "15"])
+                .arg("--log")
+                .arg(log)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("python3 runs")
+        })
+        .collect();
+    let bound = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let covered = |want: &[(u64, u64)]| {
+        let done = processed(&logs);
+        want.iter().all(|w| done.contains(w))
+    };
+    // Every member holds a partition (4 over 3) once the group settled.
+    let mut spread = false;
+    while std::time::Instant::now() < bound {
+        let group: serde_json::Value = client
+            .get(format!("{}/v1/groups/fleet", server.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let members = group["members"].as_array().cloned().unwrap_or_default();
+        spread = members.len() == 3
+            && members
+                .iter()
+                .all(|m| !m["partitions"].as_array().unwrap().is_empty());
+        if spread && covered(&written.lock().unwrap().clone()) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(spread, "three members share the four partitions");
+    assert!(
+        covered(&written.lock().unwrap().clone()),
+        "the first events"
+    );
+    // SIGKILL a while events are written: its partitions go to b and c, delivered from the
+    // group's commits on.
+    let writer = {
+        let post = post.clone();
+        tokio::spawn(async move {
+            for ws in 41..=80 {
+                post(ws).await;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    members[0].kill().unwrap();
+    members[0].wait().unwrap();
+    writer.await.unwrap();
+    let all = written.lock().unwrap().clone();
+    while !covered(&all) && std::time::Instant::now() < bound {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let done = processed(&logs);
+    let missed: Vec<_> = all.iter().filter(|w| !done.contains(w)).collect();
+    assert!(missed.is_empty(), "processed by no member: {missed:?}");
+    let survivors = processed(&logs[1..]);
+    // The last 10 were written at least 150 ms after the SIGKILL (5 ms between writes).
+    let late: Vec<_> = all[70..]
+        .iter()
+        .filter(|w| !survivors.contains(w))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "written after the SIGKILL, not processed by b or c: {late:?}"
+    );
+    // b and c leave once idle.
+    for m in members.drain(1..) {
+        let out = bounded_output(m, bound + std::time::Duration::from_secs(20));
+        assert!(out.contains("processed"), "{out}");
+    }
+}
+
+/// The output of a process that exits by itself before `deadline` (killed if not).
+fn bounded_output(mut child: std::process::Child, deadline: std::time::Instant) -> String {
+    while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "a fleet member failed:\n{text}");
+    text
 }
