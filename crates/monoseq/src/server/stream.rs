@@ -290,7 +290,9 @@ pub(super) fn sse_answer(st: &Arc<AppState>, feed: Feed) -> Response {
                     let body = StreamHeartbeatBody {
                         resume: resume.clone(),
                     };
-                    push_message(&mut buf, SSE_HEARTBEAT, Some(&resume), &body);
+                    // Before anything was read there is nothing to resume from: no id.
+                    let id = (!resume.is_empty()).then_some(resume.as_str());
+                    push_message(&mut buf, SSE_HEARTBEAT, id, &body);
                     let state = (feed, closing, Instant::now(), false, false);
                     return Some((Ok::<_, std::convert::Infallible>(buf.freeze()), state));
                 }
