@@ -373,6 +373,12 @@ fn parse_starts(
     last_event_id: Option<&str>,
     partitions: &[u32],
 ) -> Result<Vec<(u32, Start)>, String> {
+    if let Some(f) = from
+        && last_event_id.is_some()
+    {
+        // `Last-Event-ID` wins, but a malformed `from` is refused all the same.
+        parse_starts(Some(f), None, partitions)?;
+    }
     let (what, value) = match (last_event_id, from) {
         (Some(id), _) => ("Last-Event-ID", id.trim()),
         (None, Some(f)) => ("from", f),
@@ -381,6 +387,14 @@ fn parse_starts(
     let all = |s: Start| partitions.iter().map(|&p| (p, s)).collect();
     if value == "end" {
         return Ok(all(Start::End));
+    }
+    // A single partition's tail sends its last offset as its id: every partition resumes
+    // after it.
+    if what == "Last-Event-ID"
+        && let Ok(last) = value.parse::<u64>()
+        && last < OFFSET_READ_MAX
+    {
+        return Ok(all(Start::At(last + 1)));
     }
     if !value.contains(':') {
         let n: u64 = value.parse().map_err(|_| {
@@ -512,6 +526,9 @@ mod tests {
         assert_eq!(r.starts, vec![(0, Start::End), (1, Start::End)]);
         let r = stream_request("from=1", Some("1:7"), 2).unwrap();
         assert_eq!(r.starts, vec![(0, Start::At(1)), (1, Start::At(7))]);
+        let r = stream_request("from=1", Some("0"), 2).unwrap();
+        assert_eq!(r.starts, vec![(0, Start::At(1)), (1, Start::At(1))]);
+        assert!(stream_request("from=", Some("0"), 2).is_err());
         for (query, names) in [
             ("partitions=9", "partition 9"),
             ("partitions=1,1", "twice"),
