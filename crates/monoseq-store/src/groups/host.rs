@@ -162,9 +162,10 @@ fn ending(h: &Hosted, state: &GroupState, now: u64) -> Option<Ending> {
     if h.quiet_ms > h.timeout_ms {
         return Some(Ending::Quiet);
     }
+    // A join that was answered is in the state, so a session missing from it was removed
+    // (expired elsewhere) or lost with the database's last writes: either way it is over.
     let member = state.member(&h.session);
-    let done = member.is_none_or(|m| m.leaving && state.held_by(&h.session).is_empty());
-    if h.renewed_at.is_some() && done {
+    if member.is_none_or(|m| m.leaving && state.held_by(&h.session).is_empty()) {
         return Some(Ending::Removed);
     }
     if h.renewed_at
@@ -318,6 +319,13 @@ mod tests {
         assert_eq!(claims.len(), 1);
         assert_eq!(claims[0].0, revoked[0]);
         assert_eq!(claims[0].1.generation, next.generation);
+    }
+
+    #[test]
+    fn a_session_missing_from_the_state_ends_even_before_its_first_renewal() {
+        let state = GroupState::new(2);
+        let plan = plan_step(&state, &[hosted("gone", None)], &Seen::default(), 0);
+        assert_eq!(plan.end, vec![("gone".to_owned(), Ending::Removed, vec![])]);
     }
 
     #[test]
