@@ -169,7 +169,7 @@ impl<S: KvStore> EventStore<S> {
     ///
     /// # Errors
     ///
-    /// What `change` returns, [`GroupError::Contended`] after [`UPDATE_ROUNDS_MAX`] lost
+    /// What `change` returns, [`GroupError::Contended`] after `UPDATE_ROUNDS_MAX` lost
     /// rounds, or a read's error.
     pub fn update_group<F>(
         &self,

@@ -185,7 +185,7 @@ pub enum PositionError {
         end: u64,
     },
     /// The consumer's positions were set again while they were being deleted, every time
-    /// ([`DELETE_ROUNDS`] scans): some may be left.
+    /// (`DELETE_ROUNDS` scans): some may be left.
     #[error(
         "the positions of consumer {consumer} kept being set while they were deleted; {left} \
          are left: stop the consumer, then delete it again"
@@ -561,7 +561,7 @@ impl<S: KvStore> EventStore<S> {
 impl<S: KvStore> EventStore<S> {
     /// Deletes every position of `consumer`, each by compare-and-swap on the bytes just read
     /// (a position set meanwhile is read again and deleted at its new value, for up to
-    /// [`DELETE_ROUNDS`] scans); damaged positions are deleted too. Answers what was deleted,
+    /// `DELETE_ROUNDS` scans); damaged positions are deleted too. Answers what was deleted,
     /// in partition order: the last offset deleted per partition (`None`: damaged bytes).
     /// Empty when the consumer had no position.
     ///
