@@ -104,6 +104,12 @@ impl Net {
                 break candidate;
             }
         };
+        // Checked before the first namespace exists: a refusal after it would leave the hub
+        // behind, with no network value yet to remove it.
+        assert!(
+            run("nft", &["--version"]).is_ok(),
+            "nftables is not installed: `apt-get install nftables` (scripts/test does)"
+        );
         let hub = format!("{prefix}hub");
         if let Err(e) = ip(&["netns", "add", &hub]) {
             panic!(
@@ -111,10 +117,6 @@ impl Net {
                  and need root (CAP_NET_ADMIN) for it; CI runs them as root. {e}"
             );
         }
-        assert!(
-            run("nft", &["--version"]).is_ok(),
-            "nftables is not installed: `apt-get install nftables` (scripts/test does)"
-        );
         let subnet = free_subnet(pid);
         let root_link = format!("{prefix}r");
         let net = Net {
@@ -269,10 +271,11 @@ impl Net {
     }
 
     /// Kills what runs in this network's namespaces (started by this test), then removes the
-    /// namespaces, the test process's link and the guard route.
+    /// namespaces, the test process's link and the guard route. A namespace's name is the
+    /// prefix and then a letter, so `…x1` never takes `…x10`'s.
     fn cleanup_script(&self) -> String {
         format!(
-            "for ns in $(ip netns list | cut -d' ' -f1 | grep '^{prefix}'); do \
+            "for ns in $(ip netns list | cut -d' ' -f1 | grep '^{prefix}[a-z]'); do \
                for p in $(ip netns pids \"$ns\"); do kill -9 \"$p\"; done; \
                ip netns del \"$ns\"; \
              done; \
