@@ -23,9 +23,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::rejection::PathRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use monoseq_store::{
     ConsumerName, GroupError, GroupState, Holder, Member, PartitionId, SESSION_TIMEOUT_MS_DEFAULT,
@@ -268,8 +268,19 @@ fn open_session(
     )
 }
 
-fn json_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
-    serde_json::from_slice(body).map_err(|e| bad_request(format!("the body does not parse: {e}")))
+/// The group of the path and the JSON body of a member's request (through the body checks
+/// every JSON endpoint shares: 413, 415, 400).
+fn member_request<T: serde::de::DeserializeOwned>(
+    path: Result<Path<String>, PathRejection>,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(ConsumerName, T), Response> {
+    let g = group_path(path)?;
+    let body = super::batch::json_bytes(headers, body, "a group member's request")
+        .map_err(|(status, code, message)| error(status, code, message))?;
+    let parsed = serde_json::from_slice(&body)
+        .map_err(|e| bad_request(format!("the body does not parse: {e}")))?;
+    Ok((g, parsed))
 }
 
 fn unknown_session(g: &ConsumerName, id: &str) -> Response {
@@ -287,14 +298,11 @@ fn unknown_session(g: &ConsumerName, id: &str) -> Response {
 pub(super) async fn heartbeat(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let g = match group_path(path) {
-        Ok(g) => g,
-        Err(r) => return r,
-    };
-    let s: SessionBody = match json_body(&body) {
-        Ok(s) => s,
+    let (g, s): (_, SessionBody) = match member_request(path, &headers, body) {
+        Ok(parsed) => parsed,
         Err(r) => return r,
     };
     match st.groups.session(&g, &s.session) {
@@ -334,14 +342,11 @@ pub(super) async fn leave(
 pub(super) async fn commit(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let g = match group_path(path) {
-        Ok(g) => g,
-        Err(r) => return r,
-    };
-    let c: CommitBody = match json_body(&body) {
-        Ok(c) => c,
+    let (g, c): (_, CommitBody) = match member_request(path, &headers, body) {
+        Ok(parsed) => parsed,
         Err(r) => return r,
     };
     if let Err(r) = check_commit(&c, st.cp.config().partitions) {
