@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use monoseq_wire::{BatchAnswerBody, BatchBody, BatchCommandBody, BatchResultBody, ErrorBody};
+use monoseq_wire::{
+    BatchAnswerBody, BatchBody, BatchCommandBody, BatchResultBody, ErrorBody, ErrorCode,
+};
 use reqwest::{StatusCode, header};
 
 use crate::client::{Client, MOVED_CODES, Submitted};
@@ -166,11 +168,11 @@ impl Client {
         if result.status != StatusCode::SERVICE_UNAVAILABLE.as_u16() {
             return None;
         }
-        let code = result.error.as_ref().map_or("", |e| e.code.as_str());
-        if !keyed && code == "owner_unreachable" {
+        let code = result.error.as_ref().map(|e| e.code);
+        if !keyed && code == Some(ErrorCode::OwnerUnreachable) {
             return None;
         }
-        if MOVED_CODES.contains(&code) {
+        if code.is_some_and(|c| MOVED_CODES.contains(&c)) {
             if let Some(partition) = self.inner.view.partition_of(ws) {
                 self.inner.view.forget_owner(partition);
             }
@@ -258,7 +260,7 @@ fn node_answer(status: StatusCode, body: &[u8], sent: usize) -> NodeAnswer {
 
 fn to_body(error: &ClientError) -> ErrorBody {
     ErrorBody {
-        code: error.code().to_owned(),
+        code: error.code(),
         message: error.to_string(),
         key: None,
         current_wlog_offset: error.current_wlog_offset(),

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use futures_util::Stream;
 use monoseq_backoff::Backoff;
 use monoseq_wire::{
-    BackupBody, BackupRequestBody, ClusterBody, CommandBody, ErrorBody, EventBody, IDEMPOTENCY_KEY,
-    IDEMPOTENCY_REPLAYED, InfoBody, OutcomeBody, RecordBody, WlogPageBody,
+    BackupBody, BackupRequestBody, ClusterBody, CommandBody, ErrorBody, ErrorCode, EventBody,
+    IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED, InfoBody, OutcomeBody, RecordBody, WlogPageBody,
 };
 use reqwest::{Method, StatusCode, header};
 use serde::de::DeserializeOwned;
@@ -22,8 +22,11 @@ use crate::routing::View;
 const REDIRECTS_UNDELAYED_MAX: u32 = 3;
 /// The codes of a 503 that mean "another node owns it now": the view is refreshed and the
 /// command retried without waiting for `Retry-After`, which advised retrying the same node.
-pub(crate) const MOVED_CODES: [&str; 3] =
-    ["not_owner", "partition_unavailable", "owner_unreachable"];
+pub(crate) const MOVED_CODES: [ErrorCode; 3] = [
+    ErrorCode::NotOwner,
+    ErrorCode::PartitionUnavailable,
+    ErrorCode::OwnerUnreachable,
+];
 
 /// The longest [`Client::backup`] waits for its answer: the copy of a whole store.
 pub const BACKUP_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -498,7 +501,7 @@ impl Client {
                 Ok(a) => {
                     let error = a.error();
                     return match error.code() {
-                        "not_found" | "unknown_record" => Ok(None),
+                        ErrorCode::NotFound | ErrorCode::UnknownRecord => Ok(None),
                         _ => Err(error),
                     };
                 }
@@ -614,7 +617,7 @@ impl Answer {
     fn error_or_redirect(&self) -> ClientError {
         ClientError::Api {
             status: self.status.as_u16(),
-            code: "redirect".into(),
+            code: ErrorCode::Redirect,
             message: format!(
                 "redirected {} times in a row, last to {}",
                 REDIRECTS_UNDELAYED_MAX + 1,
@@ -640,7 +643,7 @@ enum Judged {
 /// an `Idempotency-Key` is not sent again, since that could apply it twice.
 fn maybe_applied(error: &ClientError) -> bool {
     match error {
-        ClientError::Api { code, .. } => code == "owner_unreachable",
+        ClientError::Api { code, .. } => *code == ErrorCode::OwnerUnreachable,
         ClientError::Transport(t) => !t.is_connect(),
         _ => false,
     }

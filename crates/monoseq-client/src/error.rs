@@ -1,6 +1,6 @@
 //! [`ClientError`]: what a call through the client can end with, after its retries.
 
-use monoseq_wire::ErrorBody;
+use monoseq_wire::{ErrorBody, ErrorCode};
 
 /// A call through [`crate::Client`] failed (after the retries its kind allows).
 #[derive(Debug, thiserror::Error)]
@@ -12,8 +12,8 @@ pub enum ClientError {
     Api {
         /// The HTTP status.
         status: u16,
-        /// The stable error code (the README lists them).
-        code: String,
+        /// The stable error code.
+        code: ErrorCode,
         /// The server's message.
         message: String,
     },
@@ -52,8 +52,8 @@ pub enum ClientError {
     /// and not forced. Read the position (`current` is what was stored) and decide again.
     #[error("{message} ({code}, HTTP 409)")]
     PositionConflict {
-        /// `position_conflict` or `position_backwards`.
-        code: String,
+        /// [`ErrorCode::PositionConflict`] or [`ErrorCode::PositionBackwards`].
+        code: ErrorCode,
         /// The server's message.
         message: String,
         /// The stored position (`None`: the consumer has none on the partition).
@@ -78,16 +78,17 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// The stable code: the server's, or `transport`, `protocol`, `config`.
+    /// The stable code: the server's, or the client's own ([`ErrorCode::Transport`],
+    /// [`ErrorCode::Protocol`], [`ErrorCode::Config`]).
     #[must_use]
-    pub fn code(&self) -> &str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            ClientError::Api { code, .. } | ClientError::PositionConflict { code, .. } => code,
-            ClientError::WlogConflict { .. } => WLOG_CONFLICT,
-            ClientError::PositionBeyondEnd { .. } => monoseq_wire::POSITION_BEYOND_END,
-            ClientError::Transport(_) | ClientError::Unanswered { .. } => "transport",
-            ClientError::Protocol(_) => "protocol",
-            ClientError::Config(_) => "config",
+            ClientError::Api { code, .. } | ClientError::PositionConflict { code, .. } => *code,
+            ClientError::WlogConflict { .. } => ErrorCode::WlogConflict,
+            ClientError::PositionBeyondEnd { .. } => ErrorCode::PositionBeyondEnd,
+            ClientError::Transport(_) | ClientError::Unanswered { .. } => ErrorCode::Transport,
+            ClientError::Protocol(_) => ErrorCode::Protocol,
+            ClientError::Config(_) => ErrorCode::Config,
         }
     }
 
@@ -118,10 +119,12 @@ impl ClientError {
     /// The error of a server's answer with `status` and error `body`.
     pub(crate) fn of_body(status: u16, body: ErrorBody) -> ClientError {
         match body.current_wlog_offset {
-            Some(current_wlog_offset) if body.code == WLOG_CONFLICT => ClientError::WlogConflict {
-                current_wlog_offset,
-                message: body.message,
-            },
+            Some(current_wlog_offset) if body.code == ErrorCode::WlogConflict => {
+                ClientError::WlogConflict {
+                    current_wlog_offset,
+                    message: body.message,
+                }
+            }
             _ => ClientError::Api {
                 status,
                 code: body.code,
@@ -130,6 +133,3 @@ impl ClientError {
         }
     }
 }
-
-/// The code of a refusal on an expected WLog offset.
-const WLOG_CONFLICT: &str = "wlog_conflict";

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::Stream;
 use monoseq_wire::{
-    ErrorBody, EventBody, GapBody, PlogPageBody, SSE_EVENT, SSE_GAP, SSE_SLOW_FOLLOWER,
+    ErrorBody, ErrorCode, EventBody, GapBody, PlogPageBody, SSE_EVENT, SSE_GAP, SSE_SLOW_FOLLOWER,
     SlowFollowerBody, WAIT_MS_MAX,
 };
 use reqwest::{StatusCode, header};
@@ -209,7 +209,8 @@ impl Client {
                         return Ok(Some(body));
                     }
                     let error = api_error(status, &body);
-                    if status == StatusCode::NOT_FOUND && error.code() != "no_such_partition" {
+                    if status == StatusCode::NOT_FOUND && error.code() != ErrorCode::NoSuchPartition
+                    {
                         return Ok(None);
                     }
                     if status != StatusCode::SERVICE_UNAVAILABLE {

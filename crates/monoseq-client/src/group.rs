@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::Stream;
 use monoseq_wire::{
-    AssignedBody, CommitBody, CommitPositionBody, EventBody, GapBody, JoinedBody, ProgressBody,
-    RevokedBody, SSE_ASSIGNED, SSE_EVENT, SSE_GAP, SSE_JOINED, SSE_PROGRESS, SSE_REVOKED,
-    SSE_SESSION_ENDED, STALE_GENERATION, SessionBody, SessionEndedBody, TaggedEventBody,
-    TaggedGapBody,
+    AssignedBody, CommitBody, CommitPositionBody, ErrorCode, EventBody, GapBody, JoinedBody,
+    ProgressBody, RevokedBody, SSE_ASSIGNED, SSE_EVENT, SSE_GAP, SSE_JOINED, SSE_PROGRESS,
+    SSE_REVOKED, SSE_SESSION_ENDED, SessionBody, SessionEndedBody, TaggedEventBody, TaggedGapBody,
 };
 use reqwest::{Method, StatusCode, header};
 
@@ -238,7 +237,7 @@ impl GroupCommitter {
 fn stale(partition: u32, why: &str) -> ClientError {
     ClientError::Api {
         status: 409,
-        code: STALE_GENERATION.to_owned(),
+        code: ErrorCode::StaleGeneration,
         message: format!(
             "partition {partition} cannot be committed: {why}; stop processing it (the \
              member that holds it now resumes from the group's position)"
@@ -414,7 +413,7 @@ impl Session {
                         if end.reason == REASON_REPLACED {
                             return Err(ClientError::Api {
                                 status: 409,
-                                code: REASON_REPLACED.to_owned(),
+                                code: ErrorCode::Replaced,
                                 message: end.message,
                             });
                         }

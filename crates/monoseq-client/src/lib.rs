@@ -55,9 +55,9 @@ pub use group::{GroupCommitter, GroupConsumer, GroupItem, GroupOptions};
 pub use key::new_idempotency_key;
 pub use monoseq_wire::{
     ArgBody, BATCH_COMMANDS_MAX, BackupBody, BackupRequestBody, BatchCommandBody, BatchResultBody,
-    ClusterBody, CommandBody, ErrorBody, EventBody, GapBody, InfoBody, KindBody, NewArgBody,
-    NewRecordBody, OutcomeBody, PlogEntryBody, PlogPageBody, RecordBody, RecordUpdateBody,
-    StoredKindBody,
+    ClusterBody, CommandBody, ErrorBody, ErrorCode, EventBody, GapBody, InfoBody, KindBody,
+    NewArgBody, NewRecordBody, OutcomeBody, PlogEntryBody, PlogPageBody, RecordBody,
+    RecordUpdateBody, StoredKindBody,
 };
 pub use monoseq_wire::{
     AssignedBody, AssignedPartitionBody, GroupBody, JoinedBody, ProgressBody, RevokedBody,

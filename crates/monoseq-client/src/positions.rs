@@ -9,9 +9,8 @@
 use std::time::{Duration, Instant};
 
 use monoseq_wire::{
-    ConsumersBody, DeletedConsumerBody, POSITION_BACKWARDS, POSITION_BEYOND_END, POSITION_CONFLICT,
-    PartitionPositionBody, PositionBeyondEndBody, PositionBody, PositionConflictBody,
-    PositionsBody, PutPositionBody, RemovedPositionBody, UNKNOWN_CONSUMER,
+    ConsumersBody, DeletedConsumerBody, ErrorCode, PartitionPositionBody, PositionBeyondEndBody,
+    PositionBody, PositionConflictBody, PositionsBody, PutPositionBody, RemovedPositionBody,
 };
 use reqwest::{Method, StatusCode};
 
@@ -38,7 +37,7 @@ impl Client {
         );
         match self.read::<PositionBody>(&path).await {
             Ok(p) => Ok(p.map(|p| p.offset)),
-            Err(e) if e.code() == UNKNOWN_CONSUMER => Ok(None),
+            Err(e) if e.code() == ErrorCode::UnknownConsumer => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -55,7 +54,7 @@ impl Client {
         let path = format!("/v1/consumers/{}", path_segment(consumer));
         match self.read::<PositionsBody>(&path).await {
             Ok(p) => Ok(p.map(|p| p.partitions).unwrap_or_default()),
-            Err(e) if e.code() == UNKNOWN_CONSUMER => Ok(Vec::new()),
+            Err(e) if e.code() == ErrorCode::UnknownConsumer => Ok(Vec::new()),
             Err(e) => Err(e),
         }
     }
@@ -101,7 +100,7 @@ impl Client {
             return Ok(answer.decode::<DeletedConsumerBody>()?.removed);
         }
         match answer.error() {
-            e if e.code() == UNKNOWN_CONSUMER => Ok(Vec::new()),
+            e if e.code() == ErrorCode::UnknownConsumer => Ok(Vec::new()),
             e => Err(e),
         }
     }
@@ -226,7 +225,7 @@ fn refused_put(
     maybe_applied: bool,
     (consumer, partition): (&str, u32),
 ) -> Result<(), ClientError> {
-    if a.error().code() == POSITION_BEYOND_END {
+    if a.error().code() == ErrorCode::PositionBeyondEnd {
         let refused: PositionBeyondEndBody = a.decode()?;
         return Err(ClientError::PositionBeyondEnd {
             message: refused.message,
@@ -234,7 +233,10 @@ fn refused_put(
         });
     }
     let conflict: PositionConflictBody = a.decode()?;
-    if maybe_applied && conflict.code == POSITION_CONFLICT && conflict.current == Some(offset) {
+    if maybe_applied
+        && conflict.code == ErrorCode::PositionConflict
+        && conflict.current == Some(offset)
+    {
         tracing::debug!(
             consumer,
             partition,
@@ -243,7 +245,9 @@ fn refused_put(
         );
         return Ok(());
     }
-    debug_assert!([POSITION_CONFLICT, POSITION_BACKWARDS].contains(&conflict.code.as_str()));
+    debug_assert!(
+        [ErrorCode::PositionConflict, ErrorCode::PositionBackwards].contains(&conflict.code)
+    );
     Err(ClientError::PositionConflict {
         code: conflict.code,
         message: conflict.message,

@@ -12,7 +12,8 @@ use monoseq_named::{
     Address, BlockSource, BoxFuture, NextError, NextOptions, SequenceData, SetOptions, StorageError,
 };
 use monoseq_wire::{
-    Checked, ErrorBody, NextRequestBody, ResetRequestBody, SequenceExistsBody, SequenceValueBody,
+    Checked, ErrorBody, ErrorCode, NextRequestBody, ResetRequestBody, SequenceExistsBody,
+    SequenceValueBody,
 };
 
 /// Time a named-sequence request may take beyond the operation's own timeout.
@@ -34,8 +35,8 @@ pub enum SequencesError {
     Api {
         /// The HTTP status.
         status: u16,
-        /// The stable error code (see [`monoseq_named::code`]).
-        code: String,
+        /// The stable error code.
+        code: ErrorCode,
         /// The server's message.
         message: String,
     },
@@ -52,13 +53,15 @@ pub enum SequencesError {
 }
 
 impl SequencesError {
-    /// The stable code: the server's, or `transport` / `protocol` / `invalid_token`.
-    pub fn code(&self) -> &str {
+    /// The stable code: the server's, or the client's own ([`ErrorCode::Transport`],
+    /// [`ErrorCode::Protocol`], [`ErrorCode::InvalidToken`]).
+    #[must_use]
+    pub fn code(&self) -> ErrorCode {
         match self {
-            SequencesError::Api { code, .. } => code,
-            SequencesError::Transport(_) => "transport",
-            SequencesError::Protocol(_) => "protocol",
-            SequencesError::InvalidToken => "invalid_token",
+            SequencesError::Api { code, .. } => *code,
+            SequencesError::Transport(_) => ErrorCode::Transport,
+            SequencesError::Protocol(_) => ErrorCode::Protocol,
+            SequencesError::InvalidToken => ErrorCode::InvalidToken,
         }
     }
 }
@@ -274,9 +277,10 @@ impl SequencesClient {
         let request = self.http.get(self.url(address, Some("data")));
         match self.call(request, None, PLAIN_OPERATION_TIMEOUT).await {
             Ok(answer) => SequencesClient::answered(answer).map(Some),
-            Err(SequencesError::Api { code, .. }) if code == monoseq_named::code::NOT_FOUND => {
-                Ok(None)
-            }
+            Err(SequencesError::Api {
+                code: ErrorCode::NotFound,
+                ..
+            }) => Ok(None),
             Err(e) => Err(e),
         }
     }

@@ -7,9 +7,9 @@ use monoseq_store::AppendError;
 
 use crate::command::InvalidCommand;
 
-/// Why a command was not done.
+/// Why a command was not done. Exhaustive: the server gives each variant its stable code, and a
+/// new variant does not build until it has one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
 pub enum CommandError {
     /// The command is malformed.
     #[error(transparent)]
@@ -95,28 +95,6 @@ pub enum CommandError {
 }
 
 impl CommandError {
-    /// A stable machine-readable code.
-    #[must_use]
-    pub fn code(&self) -> &'static str {
-        match self {
-            CommandError::Invalid(_) => "invalid_command",
-            CommandError::UnknownWsKind(_) => "unknown_workspace_kind",
-            CommandError::UnknownRecord { .. } => "unknown_record",
-            CommandError::TooLarge(_) => "too_large",
-            CommandError::Busy(_) => "busy",
-            CommandError::Unavailable { .. } => "partition_unavailable",
-            CommandError::SequenceViolation(_) => "sequence_violation",
-            CommandError::Exhausted(_) => "sequence_exhausted",
-            CommandError::Corrupted(_) => "corrupted",
-            CommandError::KeyReused { .. } => "idempotency_key_reused",
-            CommandError::InvalidKey(_) => "invalid_idempotency_key",
-            CommandError::Storage(_) => "storage_unavailable",
-            CommandError::ShuttingDown => "shutting_down",
-            CommandError::NotOwner { .. } => "not_owner",
-            CommandError::WlogConflict { .. } => "wlog_conflict",
-        }
-    }
-
     /// What kind of failure this is, for a caller choosing how to answer (the server maps it
     /// to an HTTP status).
     #[must_use]

@@ -318,26 +318,26 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
     let cases = [
         (
             json!({"ws": 1, "ws_kind": 9, "command": "c"}),
-            "unknown_workspace_kind",
+            "UnknownWsKind",
         ),
         (
             json!({"ws": 1, "ws_kind": 1, "command": "c", "create": [
                 {"raw_id": 1, "kind": "CDoc", "name": "a"}, {"raw_id": 1, "kind": "CDoc", "name": "b"}]}),
-            "invalid_command",
+            "Invalid(",
         ),
         (
             json!({"ws": 1, "ws_kind": 1, "command": "c", "create": [
                 {"raw_id": 1, "kind": "CDoc", "name": "a", "fields": {"x": {"$raw": 7}}}]}),
-            "invalid_command",
+            "Invalid(",
         ),
         (
             json!({"ws": 1, "ws_kind": 1, "command": "c", "update": [{"id": 99, "fields": {}}]}),
-            "unknown_record",
+            "UnknownRecord",
         ),
     ];
-    for (c, code) in cases {
+    for (c, variant) in cases {
         let err = cp.submit(cmd(c.clone())).await.unwrap_err();
-        assert_eq!(err.code(), code, "{c}: {err}");
+        assert!(format!("{err:?}").starts_with(variant), "{c}: {err:?}");
         assert!(
             matches!(
                 err.class(),
@@ -437,7 +437,7 @@ async fn a_taken_record_id_is_a_sequence_violation_naming_the_key_at_level_0() {
     batch.put(key.as_key(), b"x");
     store.kv().write(&batch).unwrap();
     let err = cp.submit(order(3)).await.unwrap_err();
-    assert_eq!(err.code(), "sequence_violation", "{err}");
+    assert!(matches!(err, CommandError::SequenceViolation(_)), "{err}");
     assert!(err.to_string().contains("sequence violation"), "{err}");
     assert_eq!(err.class(), ErrorClass::Conflict);
     // Nothing of it was written: the PLog still ends at offset 1.

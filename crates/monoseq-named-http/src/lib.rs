@@ -24,17 +24,7 @@
 
 mod router;
 
-/// Stable error codes of the HTTP API: every code of the operations
-/// ([`monoseq_named::code`]) and the API's own for requests it cannot serve.
-pub mod code {
-    pub use monoseq_named::code::*;
+mod codes;
 
-    /// The path names no known operation (404).
-    pub const UNKNOWN_OPERATION: &str = "unknown_operation";
-    /// The operation exists but takes another HTTP method (405).
-    pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
-    /// The request body is over [`crate::BODY_BYTES_MAX`] (413).
-    pub const TOO_LARGE: &str = "too_large";
-}
-
+pub use codes::Coded;
 pub use router::{BODY_BYTES_MAX, router};

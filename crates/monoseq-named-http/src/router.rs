@@ -28,14 +28,15 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use monoseq_named::{
-    Address, AddressError, DeleteError, METADATA_BYTES_MAX, Metadata, NextError, NextOptions,
-    ReadError, Sequences, SetError, SetOptions, VALUE_MAX,
+    Address, AddressError, METADATA_BYTES_MAX, Metadata, NextOptions, Sequences, SetOptions,
+    VALUE_MAX,
 };
 use monoseq_wire::{
-    Checked, ErrorBody, NextRequestBody, ResetRequestBody, SequenceExistsBody, SequenceValueBody,
+    Checked, ErrorBody, ErrorCode, NextRequestBody, ResetRequestBody, SequenceExistsBody,
+    SequenceValueBody,
 };
 
-use crate::code;
+use crate::Coded;
 
 /// Largest request body, in bytes.
 pub const BODY_BYTES_MAX: usize = 64 * 1024;
@@ -67,14 +68,14 @@ pub fn router(sequences: Sequences) -> Router {
 #[derive(Debug)]
 struct ApiError {
     status: StatusCode,
-    code: &'static str,
+    code: ErrorCode,
     message: String,
     /// With a 405: the methods the path takes (RFC 9110's `Allow`).
     allow: Option<&'static str>,
 }
 
 impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError {
             status,
             code,
@@ -83,7 +84,7 @@ impl ApiError {
         }
     }
 
-    fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+    fn bad_request(code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::BAD_REQUEST, code, message)
     }
 }
@@ -97,7 +98,7 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allow));
         }
-        if self.code == code::BUSY || self.code == code::STORAGE {
+        if self.code == ErrorCode::Busy || self.code == ErrorCode::StorageUnavailable {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -107,41 +108,23 @@ impl IntoResponse for ApiError {
 }
 
 /// The status of each stable code.
-fn status_of(code: &str) -> StatusCode {
+fn status_of(code: ErrorCode) -> StatusCode {
     match code {
-        code::NOT_FOUND | code::UNKNOWN_OPERATION => StatusCode::NOT_FOUND,
-        code::OVERFLOW | code::INVALID_STORED => StatusCode::CONFLICT,
-        code::BUSY | code::STORAGE => StatusCode::SERVICE_UNAVAILABLE,
-        code::METHOD_NOT_ALLOWED => StatusCode::METHOD_NOT_ALLOWED,
+        ErrorCode::NotFound | ErrorCode::UnknownOperation => StatusCode::NOT_FOUND,
+        ErrorCode::Overflow | ErrorCode::InvalidStored => StatusCode::CONFLICT,
+        ErrorCode::Busy | ErrorCode::StorageUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         _ => StatusCode::BAD_REQUEST,
     }
 }
 
-fn api<E: std::fmt::Display>(code: &'static str, error: E) -> ApiError {
+fn api<E: std::fmt::Display>(code: ErrorCode, error: E) -> ApiError {
     ApiError::new(status_of(code), code, error.to_string())
 }
 
-impl From<NextError> for ApiError {
-    fn from(e: NextError) -> ApiError {
-        api(e.code(), e)
-    }
-}
-
-impl From<SetError> for ApiError {
-    fn from(e: SetError) -> ApiError {
-        api(e.code(), e)
-    }
-}
-
-impl From<ReadError> for ApiError {
-    fn from(e: ReadError) -> ApiError {
-        api(e.code(), e)
-    }
-}
-
-impl From<DeleteError> for ApiError {
-    fn from(e: DeleteError) -> ApiError {
-        api(e.code(), e)
+impl<E: Coded + std::fmt::Display> From<E> for ApiError {
+    fn from(e: E) -> ApiError {
+        api(e.error_code(), e)
     }
 }
 
@@ -163,7 +146,7 @@ async fn handle(
     params: Result<RawPathParams, RawPathParamsRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let params = params.map_err(|e| ApiError::bad_request(code::BAD_REQUEST, e.body_text()))?;
+    let params = params.map_err(|e| ApiError::bad_request(ErrorCode::BadRequest, e.body_text()))?;
     let path = params
         .iter()
         .next()
@@ -195,7 +178,7 @@ async fn handle(
             Some(data) => answer(data),
             None => Err(ApiError::new(
                 StatusCode::NOT_FOUND,
-                code::NOT_FOUND,
+                ErrorCode::NotFound,
                 format!("sequence {address} does not exist"),
             )),
         },
@@ -224,8 +207,9 @@ fn answer(body: impl serde::Serialize) -> Result<Response, ApiError> {
 /// The address and operation a path names (`ADDRESS/OPERATION`), checked against `method`.
 /// A path that is an address alone takes DELETE only.
 fn route<'p>(path: &'p str, method: &Method) -> Result<(Address, &'p str), ApiError> {
-    let unknown =
-        |message: String| ApiError::new(StatusCode::NOT_FOUND, code::UNKNOWN_OPERATION, message);
+    let unknown = |message: String| {
+        ApiError::new(StatusCode::NOT_FOUND, ErrorCode::UnknownOperation, message)
+    };
     let (address, operation) = path.rsplit_once('/').ok_or_else(|| {
         unknown(format!(
             "{path:?} names no operation; use /v1/sequences/ADDRESS/OPERATION"
@@ -266,7 +250,7 @@ fn not_allowed(message: String, allow: &'static str) -> ApiError {
         allow: Some(allow),
         ..ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
-            code::METHOD_NOT_ALLOWED,
+            ErrorCode::MethodNotAllowed,
             message,
         )
     }
@@ -275,9 +259,9 @@ fn not_allowed(message: String, allow: &'static str) -> ApiError {
 /// The body of `reset` / `set`: the value and the options.
 fn reset_body(body: ResetRequestBody) -> Result<(u64, SetOptions), ApiError> {
     let value = body.value.ok_or_else(|| {
-        ApiError::bad_request(code::INVALID_VALUE, "the body needs a \"value\" field")
+        ApiError::bad_request(ErrorCode::InvalidValue, "the body needs a \"value\" field")
     })?;
-    let value = value_u64(value, "value", code::INVALID_VALUE)?;
+    let value = value_u64(value, "value", ErrorCode::InvalidValue)?;
     let mut options = SetOptions::new();
     if let Some(timeout) = timeout(body.timeout_ms)? {
         options = options.timeout(timeout);
@@ -290,7 +274,7 @@ fn reset_body(body: ResetRequestBody) -> Result<(u64, SetOptions), ApiError> {
 
 fn parse_address(text: &str) -> Result<Address, ApiError> {
     text.parse()
-        .map_err(|e: AddressError| ApiError::bad_request(e.code(), e.to_string()))
+        .map_err(|e: AddressError| ApiError::bad_request(e.error_code(), e.to_string()))
 }
 
 /// The body as a request type (an empty body is an empty object).
@@ -300,9 +284,9 @@ fn body_of<T: DeserializeOwned + Default>(
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             let message = format!("the body is over the limit of {BODY_BYTES_MAX} bytes");
-            ApiError::new(e.status(), code::TOO_LARGE, message)
+            ApiError::new(e.status(), ErrorCode::TooLarge, message)
         } else {
-            ApiError::new(e.status(), code::BAD_REQUEST, e.body_text())
+            ApiError::new(e.status(), ErrorCode::BadRequest, e.body_text())
         }
     })?;
     match body.iter().find(|b| !b.is_ascii_whitespace()) {
@@ -311,7 +295,7 @@ fn body_of<T: DeserializeOwned + Default>(
         Some(b'{') => {}
         Some(_) => {
             return Err(ApiError::bad_request(
-                code::BAD_REQUEST,
+                ErrorCode::BadRequest,
                 "the body must be a JSON object",
             ));
         }
@@ -322,12 +306,12 @@ fn body_of<T: DeserializeOwned + Default>(
         } else {
             "is not JSON"
         };
-        ApiError::bad_request(code::BAD_REQUEST, format!("the body {problem}: {e}"))
+        ApiError::bad_request(ErrorCode::BadRequest, format!("the body {problem}: {e}"))
     })
 }
 
 /// A request number as a value in `0..=VALUE_MAX`, or the typed error `code`.
-fn value_u64(value: Checked<u64>, field: &str, code: &'static str) -> Result<u64, ApiError> {
+fn value_u64(value: Checked<u64>, field: &str, code: ErrorCode) -> Result<u64, ApiError> {
     let problem = match value {
         Checked::Valid(v) if v <= VALUE_MAX => return Ok(v),
         Checked::Valid(v) => format!("{v} is over the largest value {VALUE_MAX}"),
@@ -359,7 +343,7 @@ fn timeout(timeout_ms: Option<Checked<u64>>) -> Result<Option<std::time::Duratio
     timeout_ms
         .map(|v| match v {
             Checked::Valid(ms) => Ok(ms),
-            invalid => value_u64(invalid, "timeout_ms", code::BAD_REQUEST),
+            invalid => value_u64(invalid, "timeout_ms", ErrorCode::BadRequest),
         })
         .transpose()
         .map(|ms| ms.map(std::time::Duration::from_millis))
@@ -370,7 +354,7 @@ fn metadata(metadata: Option<Checked<Metadata>>) -> Result<Option<Metadata>, Api
         None => Ok(None),
         Some(Checked::Valid(map)) => Ok(Some(map)),
         Some(Checked::Invalid(_)) => Err(ApiError::bad_request(
-            code::INVALID_METADATA,
+            ErrorCode::InvalidMetadata,
             format!("\"metadata\" must be a JSON object of at most {METADATA_BYTES_MAX} bytes"),
         )),
     }
@@ -379,13 +363,13 @@ fn metadata(metadata: Option<Checked<Metadata>>) -> Result<Option<Metadata>, Api
 fn next_options(body: NextRequestBody) -> Result<NextOptions, ApiError> {
     let mut options = NextOptions::new();
     if let Some(initial) = body.initial {
-        options = options.initial(value_u64(initial, "initial", code::INVALID_VALUE)?);
+        options = options.initial(value_u64(initial, "initial", ErrorCode::InvalidValue)?);
     }
     if let Some(increment) = body.increment {
-        let increment = value_u64(increment, "increment", code::INVALID_INCREMENT)?;
+        let increment = value_u64(increment, "increment", ErrorCode::InvalidIncrement)?;
         let increment = std::num::NonZeroU64::new(increment).ok_or_else(|| {
             ApiError::bad_request(
-                code::INVALID_INCREMENT,
+                ErrorCode::InvalidIncrement,
                 "\"increment\": 0 would hand out the same number twice; use 1 or more",
             )
         })?;

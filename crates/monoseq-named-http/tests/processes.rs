@@ -33,7 +33,7 @@ use monoseq_named::{
     Address, Backend, BoxFuture, KvBackend, NextError, NextOptions, Object, S3Backend, S3Config,
     Sequences, StorageError, Version, WriteFailure,
 };
-use monoseq_named_http::router;
+use monoseq_named_http::{Coded, router};
 
 const ROLE_VAR: &str = "MONOSEQ_NAMED_ROLE";
 const ADDRESS: &str = "orders/invoice";
@@ -200,7 +200,7 @@ fn run_s3_caller() {
             .await
         {
             Ok(value) => say(&format!("v {value}")),
-            Err(e) => say(&format!("e {}", e.code())),
+            Err(e) => say(&format!("e {}", e.error_code())),
         }
     });
 }

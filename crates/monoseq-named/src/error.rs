@@ -1,7 +1,8 @@
 //! Errors of named sequences, one enum per kind of operation ([`NextError`], [`SetError`],
 //! [`ReadError`], [`DeleteError`]) plus [`AddressError`] for addresses and [`StorageError`] for
-//! backend faults. Every error has a stable [`code`](NextError::code), which the edges (the HTTP
-//! API, `monoseq seq`) report beside its message.
+//! backend faults. The edges (the HTTP API, `monoseq seq`) give each variant its stable code
+//! (`monoseq_wire::ErrorCode`) beside its message; the enums are exhaustive, so a new variant
+//! does not build until every edge has given it one.
 
 use std::time::Duration;
 
@@ -104,7 +105,6 @@ impl StorageError {
 /// A `next` or `increment` did not hand out a number. No number was handed out; storage may
 /// have consumed some (a gap) only when the error says so.
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum NextError {
     /// The initial value is over [`crate::VALUE_MAX`].
     #[error("initial value {value} is over the largest value {max}")]
@@ -184,7 +184,6 @@ pub enum NextError {
 
 /// A `reset` or `set` did not write. Nothing was changed.
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum SetError {
     /// The value is over [`crate::VALUE_MAX`].
     #[error("value {value} is over the largest value {max}")]
@@ -233,7 +232,6 @@ pub enum SetError {
 
 /// A read (`get`, `get_data`, `exists`) failed.
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum ReadError {
     /// The stored object is not a valid sequence.
     #[error(
@@ -253,57 +251,10 @@ pub enum ReadError {
 
 /// A `delete` failed; the sequence may or may not be deleted.
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
 pub enum DeleteError {
     /// A storage fault.
     #[error(transparent)]
     Storage(#[from] StorageError),
-}
-
-/// Stable error codes of the operations, as the edges report them (the HTTP API adds its own
-/// for requests it cannot route: `monoseq_named_http::code`).
-pub mod code {
-    /// The address is not allowed ([`crate::AddressError`]).
-    pub const INVALID_ADDRESS: &str = "invalid_address";
-    /// A value is negative, fractional or over [`crate::VALUE_MAX`].
-    pub const INVALID_VALUE: &str = "invalid_value";
-    /// An increment is 0, negative or over [`crate::VALUE_MAX`].
-    pub const INVALID_INCREMENT: &str = "invalid_increment";
-    /// The metadata is not a JSON object or is too large.
-    pub const INVALID_METADATA: &str = "invalid_metadata";
-    /// The request is malformed (not JSON, wrong field types, unknown operation).
-    pub const BAD_REQUEST: &str = "bad_request";
-    /// The sequence would pass [`crate::VALUE_MAX`].
-    pub const OVERFLOW: &str = "overflow";
-    /// The stored object is not a valid sequence.
-    pub const INVALID_STORED: &str = "invalid_stored";
-    /// The sequence does not exist.
-    pub const NOT_FOUND: &str = "not_found";
-    /// Contention outlasted the timeout.
-    pub const BUSY: &str = "busy";
-    /// Storage failed.
-    pub const STORAGE: &str = "storage_unavailable";
-}
-
-impl AddressError {
-    /// The stable error code: [`code::INVALID_ADDRESS`].
-    pub fn code(&self) -> &'static str {
-        code::INVALID_ADDRESS
-    }
-}
-
-impl NextError {
-    /// The stable error code (see [`code`]).
-    pub fn code(&self) -> &'static str {
-        match self {
-            NextError::InvalidValue { .. } => code::INVALID_VALUE,
-            NextError::MetadataTooLarge { .. } => code::INVALID_METADATA,
-            NextError::Overflow { .. } => code::OVERFLOW,
-            NextError::InvalidStored { .. } => code::INVALID_STORED,
-            NextError::Busy { .. } | NextError::LaneFull { .. } => code::BUSY,
-            NextError::Storage(_) => code::STORAGE,
-        }
-    }
 }
 
 impl NextError {
@@ -355,38 +306,6 @@ impl NextError {
                 max: *max,
             },
             NextError::Storage(e) => NextError::Storage(e.clone_lossy()),
-        }
-    }
-}
-
-impl SetError {
-    /// The stable error code (see [`code`]).
-    pub fn code(&self) -> &'static str {
-        match self {
-            SetError::InvalidValue { .. } => code::INVALID_VALUE,
-            SetError::MetadataTooLarge { .. } => code::INVALID_METADATA,
-            SetError::InvalidStored { .. } => code::INVALID_STORED,
-            SetError::Busy { .. } => code::BUSY,
-            SetError::Storage(_) => code::STORAGE,
-        }
-    }
-}
-
-impl ReadError {
-    /// The stable error code (see [`code`]).
-    pub fn code(&self) -> &'static str {
-        match self {
-            ReadError::InvalidStored { .. } => code::INVALID_STORED,
-            ReadError::Storage(_) => code::STORAGE,
-        }
-    }
-}
-
-impl DeleteError {
-    /// The stable error code (see [`code`]).
-    pub fn code(&self) -> &'static str {
-        match self {
-            DeleteError::Storage(_) => code::STORAGE,
         }
     }
 }

@@ -44,7 +44,7 @@ pub use address::{Address, NAME_BYTES_MAX, PREFIX_BYTES_MAX, SCOPE_SEGMENT_BYTES
 pub use backend::{Backend, BoxFuture, ConditionalWrite, Object, Version, WriteFailure};
 pub use cache::{CACHE_BLOCKS_MAX_DEFAULT, CacheOptions};
 pub use combine::{COMBINE_WRITES_MAX, DURABLE_WRITES_IN_FLIGHT};
-pub use error::{AddressError, DeleteError, NextError, ReadError, SetError, StorageError, code};
+pub use error::{AddressError, DeleteError, NextError, ReadError, SetError, StorageError};
 #[cfg(feature = "kv")]
 pub use kv::{KV_TAG, KvBackend};
 pub use record::{METADATA_BYTES_MAX, Metadata, SequenceData, VALUE_MAX};

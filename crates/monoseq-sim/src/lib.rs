@@ -690,17 +690,13 @@ impl Sim {
                 client.sent_at = None;
                 client.next_send = self.now + self.rng.random_range(0..50);
             }
-            Err(e) if e.is_transient() || e.code() == "corrupted" => {
+            Err(e) if e.is_transient() || matches!(e, CommandError::Corrupted(_)) => {
                 // A partition refused after a loss waits for the operator: try again later.
                 client.sent_at = None;
                 client.next_send = self.now + self.rng.random_range(20..200);
             }
             Err(e) => {
-                let broken = format!(
-                    "key {} was refused for good ({}): {e}",
-                    request.key,
-                    e.code()
-                );
+                let broken = format!("key {} was refused for good ({e:?}): {e}", request.key);
                 self.report.faults.insert("permanent refusal", 1);
                 self.pending_violation(broken);
             }

@@ -3,13 +3,15 @@
 //! Answers accept unknown fields: a server may add one without breaking older clients.
 
 use serde::{Deserialize, Serialize};
+
+use crate::ErrorCode;
 use serde_json::{Map, Value};
 
 /// Every error answer: a stable code and a message saying what to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
     /// The stable code (`busy`, `not_owner`, `invalid_command`, …).
-    pub code: String,
+    pub code: ErrorCode,
     /// What happened and what to do, for people.
     pub message: String,
     /// With `corrupted`: the damaged place.
@@ -24,9 +26,9 @@ pub struct ErrorBody {
 impl ErrorBody {
     /// An error answer with `code` and `message` (and no damaged place).
     #[must_use]
-    pub fn new(code: impl Into<String>, message: impl Into<String>) -> ErrorBody {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ErrorBody {
         ErrorBody {
-            code: code.into(),
+            code,
             message: message.into(),
             key: None,
             current_wlog_offset: None,
@@ -38,7 +40,7 @@ impl ErrorBody {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NotReadyBody {
     /// Always `not_ready`.
-    pub code: String,
+    pub code: ErrorCode,
     /// How many partitions, for people.
     pub message: String,
     /// Each partition not ready; absent from a `not_ready` of a node whose storage is still
@@ -287,6 +289,6 @@ mod tests {
     fn an_answer_with_a_field_this_client_does_not_know_is_read() {
         let e: ErrorBody =
             serde_json::from_value(json!({"code": "busy", "message": "m", "new": 1})).unwrap();
-        assert_eq!(e.code, "busy");
+        assert_eq!(e.code, ErrorCode::Busy);
     }
 }

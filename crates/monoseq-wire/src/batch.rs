@@ -161,6 +161,7 @@ impl BatchResultBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ErrorCode;
     use serde_json::json;
 
     #[test]
@@ -214,7 +215,7 @@ mod tests {
         let refused = BatchResultBody::refused(
             503,
             ErrorBody {
-                code: "busy".into(),
+                code: ErrorCode::Busy,
                 message: "retry".into(),
                 key: None,
                 current_wlog_offset: None,

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ErrorCode;
+
 use crate::answers::EventBody;
 
 /// Most entries one `GET /v1/partitions/{p}/events` answers (`limit` at most this).
@@ -72,7 +74,7 @@ pub struct HeartbeatBody {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SlowFollowerBody {
     /// Always `slow_follower`.
-    pub code: String,
+    pub code: ErrorCode,
     /// What happened and what to do.
     pub message: String,
     /// Where to resume (with `from=` or `Last-Event-ID`): nothing from there on was delivered.

@@ -12,6 +12,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ErrorCode;
+
 use crate::consume::GapBody;
 
 /// SSE event name of how far a partition was read (filtered-out events included).
@@ -24,14 +26,6 @@ pub const SSE_ASSIGNED: &str = "assigned";
 pub const SSE_REVOKED: &str = "revoked";
 /// SSE event name of a session's last message.
 pub const SSE_SESSION_ENDED: &str = "session_ended";
-/// The stable code of a commit from a session that does not hold the partition.
-pub const STALE_GENERATION: &str = "stale_generation";
-/// The stable code of a heartbeat, commit or leave naming a session this node does not host.
-pub const UNKNOWN_SESSION: &str = "unknown_session";
-/// The stable code of a join refused because the group is full.
-pub const GROUP_FULL: &str = "group_full";
-/// The stable code of a `404` for a group that does not exist.
-pub const UNKNOWN_GROUP: &str = "unknown_group";
 
 /// `event` message of a multi-partition stream: an event with its partition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -160,8 +154,8 @@ pub struct CommitBody {
 /// that partition on was written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StaleGenerationBody {
-    /// [`STALE_GENERATION`].
-    pub code: String,
+    /// [`ErrorCode::StaleGeneration`].
+    pub code: ErrorCode,
     /// What happened and what to do.
     pub message: String,
     /// The partition refused.

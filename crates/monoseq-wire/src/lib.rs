@@ -23,6 +23,7 @@
 mod admin;
 mod answers;
 mod batch;
+mod codes;
 mod command;
 mod consume;
 mod groups;
@@ -39,6 +40,7 @@ pub use answers::{
 pub use batch::{
     BATCH_COMMANDS_MAX, BatchAnswerBody, BatchBody, BatchCommandBody, BatchResultBody, RawBatchBody,
 };
+pub use codes::ErrorCode;
 pub use command::{
     CommandBody, KindBody, NewArgBody, NewRecordBody, OutcomeBody, RecordUpdateBody,
 };
@@ -47,18 +49,17 @@ pub use consume::{
     SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX,
 };
 pub use groups::{
-    AssignedBody, AssignedPartitionBody, CommitBody, CommitPositionBody, GROUP_FULL, GroupBody,
+    AssignedBody, AssignedPartitionBody, CommitBody, CommitPositionBody, GroupBody,
     GroupMemberBody, GroupPartitionBody, GroupSummaryBody, GroupsBody, JoinedBody, ProgressBody,
     RevokedBody, SSE_ASSIGNED, SSE_JOINED, SSE_PROGRESS, SSE_REVOKED, SSE_SESSION_ENDED,
-    STALE_GENERATION, SessionBody, SessionEndedBody, StaleGenerationBody, StreamHeartbeatBody,
-    TaggedEventBody, TaggedGapBody, UNKNOWN_GROUP, UNKNOWN_SESSION,
+    SessionBody, SessionEndedBody, StaleGenerationBody, StreamHeartbeatBody, TaggedEventBody,
+    TaggedGapBody,
 };
 pub use marks::{AcceptedLossBody, LossCauseBody, MarkBody, MarksBody};
 pub use positions::{
-    CONSUMER_ACTIVE, CONSUMERS_PAGE_POSITIONS_MAX, ConsumerBody, ConsumerPartitionBody,
-    ConsumersBody, DeletedConsumerBody, POSITION_BACKWARDS, POSITION_BEYOND_END, POSITION_CONFLICT,
-    PartitionPositionBody, PositionBeyondEndBody, PositionBody, PositionConflictBody,
-    PositionsBody, PutPositionBody, RemovedPositionBody, UNKNOWN_CONSUMER,
+    CONSUMERS_PAGE_POSITIONS_MAX, ConsumerBody, ConsumerPartitionBody, ConsumersBody,
+    DeletedConsumerBody, PartitionPositionBody, PositionBeyondEndBody, PositionBody,
+    PositionConflictBody, PositionsBody, PutPositionBody, RemovedPositionBody,
 };
 pub use sequences::{
     Checked, NextRequestBody, ResetRequestBody, SequenceExistsBody, SequenceValueBody,

@@ -11,17 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The stable code of a `409` whose `expected` position is not the one stored.
-pub const POSITION_CONFLICT: &str = "position_conflict";
-/// The stable code of a `409` refusing to move a position back without `force`.
-pub const POSITION_BACKWARDS: &str = "position_backwards";
-/// The stable code of a `404` for a consumer without a position (on that partition).
-pub const UNKNOWN_CONSUMER: &str = "unknown_consumer";
-/// The stable code of a `409` refusing a position at or beyond the partition's end.
-pub const POSITION_BEYOND_END: &str = "position_beyond_end";
-/// The stable code of a `409` to a `DELETE` of a consumer whose positions kept being set
-/// while they were deleted (stop the consumer, then delete it again).
-pub const CONSUMER_ACTIVE: &str = "consumer_active";
+use crate::ErrorCode;
+
 /// Most positions one page of `GET /v1/consumers` lists; past it the page says `truncated`.
 pub const CONSUMERS_PAGE_POSITIONS_MAX: usize = 1_000;
 
@@ -52,12 +43,12 @@ pub struct PutPositionBody {
     pub force: bool,
 }
 
-/// The body of a `409` to a `PUT`: [`POSITION_CONFLICT`] or [`POSITION_BACKWARDS`], with the
+/// The body of a `409` to a `PUT`: [`ErrorCode::PositionConflict`] or [`ErrorCode::PositionBackwards`], with the
 /// position stored when it was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PositionConflictBody {
-    /// [`POSITION_CONFLICT`] or [`POSITION_BACKWARDS`].
-    pub code: String,
+    /// [`ErrorCode::PositionConflict`] or [`ErrorCode::PositionBackwards`].
+    pub code: ErrorCode,
     /// What happened and what to do.
     pub message: String,
     /// The stored position (`null`: the consumer has none on the partition).
@@ -82,12 +73,12 @@ pub struct PartitionPositionBody {
     pub offset: u64,
 }
 
-/// The body of a `409` [`POSITION_BEYOND_END`]: the partition's end when the position was
+/// The body of a `409` [`ErrorCode::PositionBeyondEnd`]: the partition's end when the position was
 /// refused. The largest position the partition takes is `end - 1` (its last event).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PositionBeyondEndBody {
-    /// [`POSITION_BEYOND_END`].
-    pub code: String,
+    /// [`ErrorCode::PositionBeyondEnd`].
+    pub code: ErrorCode,
     /// What happened and what to do.
     pub message: String,
     /// The partition's end: the next PLog offset to be written.
@@ -172,7 +163,7 @@ mod tests {
     #[test]
     fn a_conflict_names_no_position_as_null() {
         let body = PositionConflictBody {
-            code: POSITION_CONFLICT.into(),
+            code: ErrorCode::PositionConflict,
             message: "m".into(),
             current: None,
         };

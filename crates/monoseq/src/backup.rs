@@ -24,7 +24,7 @@ use axum::routing::post;
 use clap::Args;
 use monoseq_kv::EmbeddedStore;
 use monoseq_store::{BackupStamp, Identity, Marks, Restore};
-use monoseq_wire::{BackupBody, BackupRequestBody};
+use monoseq_wire::{BackupBody, BackupRequestBody, ErrorCode};
 
 use crate::base::error;
 
@@ -104,12 +104,12 @@ fn resolved(path: &Path) -> PathBuf {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
     /// The stable code naming the rule.
-    pub code: &'static str,
+    pub code: ErrorCode,
     /// What was wrong and what to do.
     pub message: String,
 }
 
-fn refused(code: &'static str, message: String) -> Refused {
+fn refused(code: ErrorCode, message: String) -> Refused {
     Refused { code, message }
 }
 
@@ -129,26 +129,26 @@ pub fn check_target(root: &Path, data_dir: &Path, to: &str) -> Result<PathBuf, R
     let under_root = format!("a new directory under the backup root {}", root.display());
     if to.is_empty() {
         return Err(refused(
-            "backup_path_empty",
+            ErrorCode::BackupPathEmpty,
             format!("the backup path is empty: give {under_root}"),
         ));
     }
     let path = Path::new(to);
     if !path.is_absolute() {
         return Err(refused(
-            "backup_path_relative",
+            ErrorCode::BackupPathRelative,
             format!("the backup path {to} is relative: give {under_root}, as an absolute path"),
         ));
     }
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(refused(
-            "backup_path_not_normal",
+            ErrorCode::BackupPathNotNormal,
             format!("the backup path {to} names no new directory: give {under_root}"),
         ));
     };
     if path.components().any(|c| c == Component::ParentDir) {
         return Err(refused(
-            "backup_path_not_normal",
+            ErrorCode::BackupPathNotNormal,
             format!("the backup path {to} holds `..`: give {under_root} without `..`"),
         ));
     }
@@ -156,7 +156,7 @@ pub fn check_target(root: &Path, data_dir: &Path, to: &str) -> Result<PathBuf, R
     let target = parent.join(name);
     if target.starts_with(data_dir) {
         return Err(refused(
-            "backup_path_in_data_dir",
+            ErrorCode::BackupPathInDataDir,
             format!(
                 "the backup path {to} lies inside the data directory {}: give {under_root} \
                  outside it",
@@ -183,13 +183,13 @@ fn resolve_parent(
         Ok(p) => p,
         Err(_) if !named_under => {
             return Err(refused(
-                "backup_path_outside_root",
+                ErrorCode::BackupPathOutsideRoot,
                 format!("the backup path {to} is not under the backup root: give {under_root}"),
             ));
         }
         Err(e) => {
             return Err(refused(
-                "backup_path_parent_missing",
+                ErrorCode::BackupPathParentMissing,
                 format!(
                     "the parent directory of the backup path {to} cannot be used ({e}): create \
                      it first, or write directly under the backup root {}",
@@ -201,7 +201,7 @@ fn resolve_parent(
     if !resolved.starts_with(root) {
         return Err(if named_under {
             refused(
-                "backup_path_leaves_root",
+                ErrorCode::BackupPathLeavesRoot,
                 format!(
                     "the backup path {to} passes through a symbolic link that leads to {}, out \
                      of the backup root: give {under_root} without links that leave it",
@@ -210,7 +210,7 @@ fn resolve_parent(
             )
         } else {
             refused(
-                "backup_path_outside_root",
+                ErrorCode::BackupPathOutsideRoot,
                 format!("the backup path {to} is not under the backup root: give {under_root}"),
             )
         });
@@ -223,7 +223,7 @@ fn refuse_existing(target: &Path, to: &str, under_root: &str) -> Result<(), Refu
     match std::fs::symlink_metadata(target) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Ok(meta) if meta.is_file() => Err(refused(
-            "backup_path_is_file",
+            ErrorCode::BackupPathIsFile,
             format!("the backup path {to} is a file: give {under_root} that does not exist yet"),
         )),
         Ok(meta) => {
@@ -235,7 +235,7 @@ fn refuse_existing(target: &Path, to: &str, under_root: &str) -> Result<(), Refu
                 "something"
             };
             Err(refused(
-                "backup_path_exists",
+                ErrorCode::BackupPathExists,
                 format!(
                     "the backup path {to} exists already ({what}): a backup is written only \
                      into {under_root} that does not exist yet"
@@ -243,7 +243,7 @@ fn refuse_existing(target: &Path, to: &str, under_root: &str) -> Result<(), Refu
             ))
         }
         Err(e) => Err(refused(
-            "backup_path_parent_missing",
+            ErrorCode::BackupPathParentMissing,
             format!("the backup path {to} cannot be looked at ({e}): give {under_root}"),
         )),
     }
@@ -257,7 +257,7 @@ fn claim(root: &Path, target: &Path) -> Result<(), Refused> {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             return Err(refused(
-                "backup_path_exists",
+                ErrorCode::BackupPathExists,
                 format!(
                     "the backup path {} exists already: a backup is written only into a new \
                      directory",
@@ -267,7 +267,7 @@ fn claim(root: &Path, target: &Path) -> Result<(), Refused> {
         }
         Err(e) => {
             return Err(refused(
-                "backup_path_parent_missing",
+                ErrorCode::BackupPathParentMissing,
                 format!(
                     "creating the backup directory {} failed: {e}",
                     target.display()
@@ -280,7 +280,7 @@ fn claim(root: &Path, target: &Path) -> Result<(), Refused> {
         _ => {
             let _ = std::fs::remove_dir(target);
             Err(refused(
-                "backup_path_leaves_root",
+                ErrorCode::BackupPathLeavesRoot,
                 format!(
                     "the backup path {} was redirected out of the backup root {} while it was \
                      created; nothing was written",
@@ -446,7 +446,7 @@ async fn take(
     let Some(backups) = backups else {
         return error(
             StatusCode::BAD_REQUEST,
-            "bad_request",
+            ErrorCode::BadRequest,
             "this server runs on PostgreSQL: back the database up with its own tools \
              (pg_basebackup, point-in-time recovery; see docs/backups.md)",
         );
@@ -454,14 +454,20 @@ async fn take(
     let Some(root) = backups.root.clone() else {
         return error(
             StatusCode::FORBIDDEN,
-            "backups_disabled",
+            ErrorCode::BackupsDisabled,
             "backups are disabled on this server: restart it with --backup-root DIR to allow \
              backups into new directories under DIR",
         );
     };
     let to = match body {
         Ok(axum::Json(r)) => r.to,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "malformed_json", e.body_text()),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::MalformedJson,
+                e.body_text(),
+            );
+        }
     };
     if let Err(r) = check_target(&root, &backups.data_dir, &to) {
         return error(StatusCode::BAD_REQUEST, r.code, r.message);
@@ -469,7 +475,7 @@ async fn take(
     let Ok(_one) = backups.running.try_lock() else {
         return error(
             StatusCode::CONFLICT,
-            "backup_running",
+            ErrorCode::BackupRunning,
             "a backup is being taken; wait for it to end",
         );
     };
@@ -509,13 +515,13 @@ fn answer(
             tracing::error!("backup into {to} failed: {e:#}");
             error(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "backup_failed",
+                ErrorCode::BackupFailed,
                 format!("backup into {to} failed (nothing left there): {e:#}"),
             )
         }
         Err(join) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "backup_failed",
+            ErrorCode::BackupFailed,
             format!("backup into {to} panicked: {join}"),
         ),
     }
@@ -613,7 +619,7 @@ mod tests {
         (tmp, root, data)
     }
 
-    fn code(root: &Path, data: &Path, to: &str) -> &'static str {
+    fn code(root: &Path, data: &Path, to: &str) -> ErrorCode {
         match check_target(root, data, to) {
             Ok(t) => panic!("{to} was accepted as {}", t.display()),
             Err(r) => {
@@ -643,42 +649,42 @@ mod tests {
             Ok(deeper)
         );
         let r = check_target(&root, &data, "").unwrap_err();
-        assert_eq!(r.code, "backup_path_empty");
-        assert_eq!(code(&root, &data, "b1"), "backup_path_relative");
-        assert_eq!(code(&root, &data, "/"), "backup_path_not_normal");
+        assert_eq!(r.code, ErrorCode::BackupPathEmpty);
+        assert_eq!(code(&root, &data, "b1"), ErrorCode::BackupPathRelative);
+        assert_eq!(code(&root, &data, "/"), ErrorCode::BackupPathNotNormal);
         let up = format!("{}/../escape", root.display());
-        assert_eq!(code(&root, &data, &up), "backup_path_not_normal");
+        assert_eq!(code(&root, &data, &up), ErrorCode::BackupPathNotNormal);
         let outside = root.parent().unwrap().join("elsewhere");
         assert_eq!(
             code(&root, &data, outside.to_str().unwrap()),
-            "backup_path_outside_root"
+            ErrorCode::BackupPathOutsideRoot
         );
         assert_eq!(
             code(&root, &data, "/no/such/place/b"),
-            "backup_path_outside_root"
+            ErrorCode::BackupPathOutsideRoot
         );
         assert_eq!(
             code(&root, &data, root.to_str().unwrap()),
-            "backup_path_outside_root"
+            ErrorCode::BackupPathOutsideRoot
         );
         let orphan = root.join("missing").join("b");
         assert_eq!(
             code(&root, &data, orphan.to_str().unwrap()),
-            "backup_path_parent_missing"
+            ErrorCode::BackupPathParentMissing
         );
         assert_eq!(
             code(&root, &data, root.join("nightly").to_str().unwrap()),
-            "backup_path_exists"
+            ErrorCode::BackupPathExists
         );
         std::fs::write(root.join("file"), b"x").unwrap();
         assert_eq!(
             code(&root, &data, root.join("file").to_str().unwrap()),
-            "backup_path_is_file"
+            ErrorCode::BackupPathIsFile
         );
         let through_file = root.join("file").join("b");
         assert_eq!(
             code(&root, &data, through_file.to_str().unwrap()),
-            "backup_path_parent_missing"
+            ErrorCode::BackupPathParentMissing
         );
     }
 
@@ -691,13 +697,13 @@ mod tests {
         let through = root.join("link").join("b");
         assert_eq!(
             code(&root, &data, through.to_str().unwrap()),
-            "backup_path_leaves_root"
+            ErrorCode::BackupPathLeavesRoot
         );
         // A link as the target itself exists already, wherever it points.
         std::os::unix::fs::symlink(away.join("new"), root.join("dangling")).unwrap();
         assert_eq!(
             code(&root, &data, root.join("dangling").to_str().unwrap()),
-            "backup_path_exists"
+            ErrorCode::BackupPathExists
         );
         assert!(!away.join("new").exists());
         // A link inside the root to another place inside it is followed.
@@ -717,11 +723,11 @@ mod tests {
         std::fs::create_dir(&data).unwrap();
         assert_eq!(
             code(&root, &data, data.join("b").to_str().unwrap()),
-            "backup_path_in_data_dir"
+            ErrorCode::BackupPathInDataDir
         );
         assert_eq!(
             code(&root, &data, data.to_str().unwrap()),
-            "backup_path_in_data_dir"
+            ErrorCode::BackupPathInDataDir
         );
     }
 
@@ -733,7 +739,7 @@ mod tests {
         assert!(target.is_dir());
         assert_eq!(
             claim(&root, &target).unwrap_err().code,
-            "backup_path_exists"
+            ErrorCode::BackupPathExists
         );
     }
 

@@ -17,7 +17,11 @@ pub type Store = Arc<dyn KvStore>;
 pub const APP: AppId = AppId(1);
 
 /// The JSON error answer `{"code", "message"}` of every endpoint.
-pub(crate) fn error(status: StatusCode, code: &str, message: impl std::fmt::Display) -> Response {
+pub(crate) fn error(
+    status: StatusCode,
+    code: monoseq_wire::ErrorCode,
+    message: impl std::fmt::Display,
+) -> Response {
     (
         status,
         axum::Json(monoseq_wire::ErrorBody::new(code, message.to_string())),

@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use monoseq_cp::RETRY_AFTER_SECS;
 
 use axum::body::Bytes;
-use monoseq_wire::{BatchAnswerBody, BatchResultBody, ErrorBody};
+use monoseq_wire::{BatchAnswerBody, BatchResultBody, ErrorBody, ErrorCode};
 
 use crate::peers::{NODE_TOKEN_HINT, Prober};
 
@@ -238,7 +238,7 @@ impl Forwarder {
         serde_json::from_slice(&bytes).map_err(|e| {
             crate::base::error(
                 StatusCode::BAD_GATEWAY,
-                "owner_unreachable",
+                ErrorCode::OwnerUnreachable,
                 format!("the partition's owner answered a read with an unexpected body: {e}"),
             )
         })
@@ -313,7 +313,7 @@ async fn batch_results(answer: Response) -> Result<BatchAnswerBody, BatchResultB
         return Ok(results);
     }
     let error = serde_json::from_slice::<ErrorBody>(&body).unwrap_or_else(|_| ErrorBody {
-        code: "owner_unreachable".into(),
+        code: ErrorCode::OwnerUnreachable,
         message: format!(
             "the node owning the partition answered {status} without results; whether the \
              commands ran is unknown: retry them with their idempotency keys"
@@ -337,7 +337,7 @@ fn redirect(target: &str) -> Response {
         }
         Err(_) => crate::base::error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ErrorCode::Internal,
             "the owner's URL is not a valid header value",
         ),
     }
@@ -354,7 +354,7 @@ async fn relay(answer: reqwest::Response) -> Response {
         );
         return crate::base::error(
             StatusCode::BAD_GATEWAY,
-            "node_unauthorized",
+            ErrorCode::NodeUnauthorized,
             "the node owning the partition refused this node's token (a configuration error \
              of the cluster); nothing was written",
         );
@@ -384,7 +384,7 @@ fn owner_unreachable(url: &str, why: &str) -> Response {
     tracing::warn!(owner = %url, "forwarding a command failed: {why}");
     let mut r = crate::base::error(
         StatusCode::SERVICE_UNAVAILABLE,
-        "owner_unreachable",
+        ErrorCode::OwnerUnreachable,
         format!(
             "the node owning the partition ({url}) did not answer: {why}; retry (with the same \
              Idempotency-Key, the command is applied at most once)"
@@ -458,7 +458,7 @@ mod tests {
             .await
             .expect("the body");
         let body: ErrorBody = serde_json::from_slice(&body).expect("an error body");
-        assert_eq!(body.code, "owner_unreachable");
+        assert_eq!(body.code, ErrorCode::OwnerUnreachable);
         assert!(body.message.contains("/healthz"), "{}", body.message);
         assert!(
             waited < FORWARD_SILENCE + LIVENESS_TIMEOUT + Duration::from_millis(300),

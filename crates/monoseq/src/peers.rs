@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use axum::http::{HeaderValue, header};
+use monoseq_wire::ErrorCode;
 
 /// A peer's answer to a readiness probe ([`Prober::readiness`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +65,9 @@ impl Prober {
             return None;
         }
         let body: monoseq_wire::NotReadyBody = answer.json().await.ok()?;
-        let partitions = body.partitions.filter(|_| body.code == "not_ready")?;
+        let partitions = body
+            .partitions
+            .filter(|_| body.code == ErrorCode::NotReady)?;
         Some(Readiness::Unready(
             partitions.iter().map(|p| p.partition).collect(),
         ))

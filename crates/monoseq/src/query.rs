@@ -15,6 +15,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::base::error;
+use monoseq_wire::ErrorCode;
 
 /// The parameters of a partition's page read.
 pub(crate) const PAGE_PARAMS: &[&str] = &["from", "limit", "wait_ms"];
@@ -132,7 +133,7 @@ fn shown(name: &str) -> String {
 }
 
 fn bad_request(message: impl std::fmt::Display) -> Response {
-    error(StatusCode::BAD_REQUEST, "bad_request", message)
+    error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
 }
 
 /// The layer over every route (inside the token check): a request whose query names a

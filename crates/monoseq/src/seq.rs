@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use monoseq_client::SequencesClient;
+use monoseq_client::{SequencesClient, SequencesError};
 use monoseq_kv::{EmbeddedStore, OpenError};
 use monoseq_named::{KvBackend, Sequences, TIMEOUT_DEFAULT};
 
 use crate::config::DATA_DIR_DEFAULT;
-use crate::seq_command::{Operation, Target, run};
+use crate::seq_command::{CommandError, Operation, Target, run};
 use crate::storage::{open_postgres, open_store};
 
 /// Default of `--timeout-ms`: the library's own operation timeout.
@@ -129,11 +129,11 @@ pub async fn main(args: SeqArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Err(e) => {
-            let (message, code) = (e.to_string(), e.code());
-            if message.ends_with(&format!("({code})")) {
-                Err(anyhow::anyhow!(message))
+            // A server's refusal already names its code in its text.
+            if matches!(e, CommandError::Client(SequencesError::Api { .. })) {
+                Err(anyhow::anyhow!(e))
             } else {
-                Err(anyhow::anyhow!("{message} ({code})"))
+                Err(anyhow::anyhow!("{e} ({})", e.code()))
             }
         }
     }

@@ -9,8 +9,10 @@ use clap::{Args, Subcommand};
 use monoseq_client::{SequencesClient, SequencesError};
 use monoseq_named::{
     Address, DeleteError, Metadata, NextError, NextOptions, ReadError, SequenceData, Sequences,
-    SetError, SetOptions, code,
+    SetError, SetOptions,
 };
+use monoseq_named_http::Coded;
+use monoseq_wire::ErrorCode;
 
 /// Options of the operations that take numbers.
 #[derive(Debug, Clone, Args)]
@@ -122,16 +124,15 @@ pub enum CommandError {
 }
 
 impl CommandError {
-    /// The stable code (see [`monoseq_named::code`]; `transport` or `protocol` for a server that
-    /// could not be talked to).
-    pub fn code(&self) -> &str {
+    /// The stable code (the client's own for a server that could not be talked to).
+    pub fn code(&self) -> ErrorCode {
         match self {
-            CommandError::Next(e) => e.code(),
-            CommandError::Set(e) => e.code(),
-            CommandError::Read(e) => e.code(),
-            CommandError::Delete(e) => e.code(),
+            CommandError::Next(e) => e.error_code(),
+            CommandError::Set(e) => e.error_code(),
+            CommandError::Read(e) => e.error_code(),
+            CommandError::Delete(e) => e.error_code(),
             CommandError::Client(e) => e.code(),
-            CommandError::NotFound { .. } => code::NOT_FOUND,
+            CommandError::NotFound { .. } => ErrorCode::NotFound,
         }
     }
 }

@@ -222,7 +222,11 @@ fn assert_refused(
     match refused {
         Ok(body) => panic!("{what}: a backup was taken into {}", body.to),
         Err(e) => {
-            assert_eq!((e.status(), e.code()), (Some(status), code), "{what}: {e}");
+            assert_eq!(
+                (e.status(), e.code().as_str()),
+                (Some(status), code),
+                "{what}: {e}"
+            );
         }
     }
 }

@@ -181,7 +181,7 @@ async fn the_client_submits_a_batch_and_answers_each_command() {
     assert_eq!(per_partition, [5; 4]);
     let refused = results[20].as_ref().unwrap_err();
     assert_eq!(
-        (refused.status(), refused.code()),
+        (refused.status(), refused.code().as_str()),
         (Some(400), "unknown_workspace_kind")
     );
     // The same batch again: every keyed command is answered from its original.

@@ -244,7 +244,7 @@ async fn the_client_sends_the_condition_and_names_the_current_offset() {
         "{e:?}"
     );
     assert_eq!(
-        (e.code(), e.status(), e.current_wlog_offset()),
+        (e.code().as_str(), e.status(), e.current_wlog_offset()),
         ("wlog_conflict", Some(409), Some(1))
     );
     assert!(e.to_string().contains("ends at offset 1"), "{e}");

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{FixedServer, Server, free_port};
 use futures_util::StreamExt;
-use monoseq_client::{Client, CommandBody, GroupConsumer, GroupItem, GroupOptions};
+use monoseq_client::{Client, CommandBody, ErrorCode, GroupConsumer, GroupItem, GroupOptions};
 
 const PARTITIONS: u64 = 4;
 const BOUND: Duration = Duration::from_secs(30);
@@ -41,7 +41,7 @@ fn run(mut member: GroupConsumer) -> (Shared, tokio::task::JoinHandle<()>) {
             };
             match member.commit(p, o).await {
                 Ok(()) => {}
-                Err(e) if e.code() == "stale_generation" => {}
+                Err(e) if e.code() == ErrorCode::StaleGeneration => {}
                 Err(e) => panic!("commit of {p}:{o}: {e}"),
             }
         }
@@ -232,5 +232,5 @@ async fn a_member_joins_again_after_its_server_restarts_and_resumes_after_its_co
         .expect("the stream ends after the leave")
         .unwrap();
     let refused = committer.commit(held[0], u64::MAX).await.unwrap_err();
-    assert_eq!(refused.code(), "stale_generation", "{refused}");
+    assert_eq!(refused.code(), ErrorCode::StaleGeneration, "{refused}");
 }

@@ -217,6 +217,24 @@ fn every_operation_documents_its_errors_and_the_token_answers() {
     }
 }
 
+/// The codes an error answer may carry are the wire crate's `ErrorCode::ALL`, in its order:
+/// a code added to the server without the document (or the reverse) fails here.
+#[test]
+fn the_document_lists_exactly_the_error_codes_the_server_can_answer() {
+    let doc: Value = serde_json::from_str(common::openapi::DOCUMENT).unwrap();
+    let listed: Vec<&str> = doc["components"]["schemas"]["Error"]["properties"]["code"]["enum"]
+        .as_array()
+        .expect("Error.code lists its codes")
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    let codes: Vec<&str> = monoseq_client::ErrorCode::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .collect();
+    assert_eq!(listed, codes);
+}
+
 #[test]
 fn a_deliberately_wrong_document_is_caught() {
     let answer = Answer {

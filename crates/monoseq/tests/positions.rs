@@ -87,7 +87,7 @@ async fn race(urls: &[String], name: &str, expected: u64) -> Vec<u64> {
             match c.set_position(name, 0, offset, Some(expected)).await {
                 Ok(()) => Some(offset),
                 Err(e) => {
-                    assert_eq!(e.code(), "position_conflict", "{e}");
+                    assert_eq!(e.code().as_str(), "position_conflict", "{e}");
                     None
                 }
             }
@@ -113,21 +113,21 @@ async fn a_position_is_set_by_compare_and_set_and_never_moves_back_unless_forced
     // Created only once.
     let again = c.set_position(name, 3, 5, None).await.unwrap_err();
     assert_eq!(
-        (again.code(), conflict_current(&again)),
+        (again.code().as_str(), conflict_current(&again)),
         ("position_conflict", Some(0))
     );
     c.set_position(name, 3, 12, Some(0)).await.unwrap();
     // A writer that read an older position loses, and learns the stored one.
     let stale = c.set_position(name, 3, 13, Some(0)).await.unwrap_err();
     assert_eq!(
-        (stale.code(), conflict_current(&stale)),
+        (stale.code().as_str(), conflict_current(&stale)),
         ("position_conflict", Some(12))
     );
     assert_eq!(stale.status(), Some(409));
     // Backwards without force: refused, saying how to force it.
     let back = c.set_position(name, 3, 10, Some(12)).await.unwrap_err();
     assert_eq!(
-        (back.code(), conflict_current(&back)),
+        (back.code().as_str(), conflict_current(&back)),
         ("position_backwards", Some(12))
     );
     assert!(back.to_string().contains("\"force\": true"), "{back}");
@@ -444,7 +444,8 @@ async fn a_position_survives_a_restart_and_a_backup_restored_keeps_it() {
         c.set_position("projector", 1, 91, Some(90))
             .await
             .unwrap_err()
-            .code(),
+            .code()
+            .as_str(),
         "position_beyond_end"
     );
     assert!(server.terminate(Duration::from_secs(30)).success());

@@ -189,7 +189,6 @@ pub async fn invalid_stored_object_is_reported_and_left_unchanged(backend: Share
         backend.create(a.key(), bytes.to_vec()).await.unwrap();
         let next = s.next(&a, &NextOptions::new()).await.unwrap_err();
         assert!(matches!(next, NextError::InvalidStored { .. }), "{next}");
-        assert_eq!(next.code(), "invalid_stored");
         let reset = s.reset(&a, 5, &SetOptions::new()).await.unwrap_err();
         assert!(matches!(reset, SetError::InvalidStored { .. }), "{reset}");
         let read = s.get_data(&a).await.unwrap_err();

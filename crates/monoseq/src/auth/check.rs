@@ -12,6 +12,7 @@ use axum::response::Response;
 use subtle::{Choice, ConstantTimeEq};
 
 use super::settings::{Configured, GROUPS_PATH_PREFIX, Kind, Token, digest};
+use monoseq_wire::ErrorCode;
 
 /// Paths answered without a token under `--open-health`.
 pub(super) const HEALTH_PATHS: [&str; 2] = ["/healthz", "/readyz"];
@@ -243,7 +244,7 @@ fn refused(refusal: Refusal, method: &Method, path: &str) -> Response {
     let (status, code, message, challenge) = match refusal {
         Refusal::Missing => (
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "this server needs a token: send `Authorization: Bearer <token>` with a token of \
              its --tokens-file or MONOSEQ_TOKENS"
                 .to_owned(),
@@ -251,13 +252,13 @@ fn refused(refusal: Refusal, method: &Method, path: &str) -> Response {
         ),
         Refusal::Invalid => (
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "the bearer token is not one this server accepts; check the token".to_owned(),
             "Bearer error=\"invalid_token\"",
         ),
         Refusal::Scope(kind, needed) => (
             StatusCode::FORBIDDEN,
-            "forbidden",
+            ErrorCode::Forbidden,
             format!(
                 "{}; {method} {path} needs a {} token",
                 scope_of(kind),
@@ -267,7 +268,7 @@ fn refused(refusal: Refusal, method: &Method, path: &str) -> Response {
         ),
         Refusal::NotAdmin => (
             StatusCode::FORBIDDEN,
-            "forbidden",
+            ErrorCode::Forbidden,
             format!(
                 "{ADMIN_PATH_PREFIX}* needs an admin token (`admin <token>` in the tokens file); \
                  read, consume and write tokens may not administer the server"
@@ -276,7 +277,7 @@ fn refused(refusal: Refusal, method: &Method, path: &str) -> Response {
         ),
         Refusal::AdminOff => (
             StatusCode::FORBIDDEN,
-            "admin_on_loopback_off",
+            ErrorCode::AdminOnLoopbackOff,
             format!(
                 "this server has no tokens, so {ADMIN_PATH_PREFIX}* is refused: configure an \
                  admin token (--tokens-file), or restart it with --admin-on-loopback to let \

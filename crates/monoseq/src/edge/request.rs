@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 
 use super::trips::{Limit, metrics, ms};
 use super::{EdgeLimits, RETRY_AFTER_SECS};
+use monoseq_wire::ErrorCode;
 
 /// The per-request limits: the cap on requests in flight, and the body's read timeout.
 pub(super) async fn limit_request(
@@ -27,7 +28,7 @@ pub(super) async fn limit_request(
     let Ok(_permit) = requests.try_acquire() else {
         metrics().trip(Limit::RequestsMax, &limits);
         return unavailable(
-            "overloaded",
+            ErrorCode::Overloaded,
             "the server is answering its most requests at once; retry",
         );
     };
@@ -48,7 +49,7 @@ pub(super) async fn limit_request(
         metrics().trip(Limit::BodyReadTimeout, &limits);
         let mut r = crate::base::error(
             StatusCode::REQUEST_TIMEOUT,
-            "body_timeout",
+            ErrorCode::BodyTimeout,
             format!(
                 "the request's body did not arrive within {} ms; nothing was done",
                 ms(limits.body_read_timeout)
@@ -61,7 +62,7 @@ pub(super) async fn limit_request(
     answer
 }
 
-fn unavailable(code: &str, message: &str) -> Response {
+fn unavailable(code: ErrorCode, message: &str) -> Response {
     let mut r = crate::base::error(StatusCode::SERVICE_UNAVAILABLE, code, message);
     r.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));

@@ -4,7 +4,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use monoseq_cp::{CommandError, ErrorClass, RETRY_AFTER_SECS};
-use monoseq_wire::ErrorBody;
+use monoseq_wire::{ErrorBody, ErrorCode};
 
 use super::AppState;
 use crate::base::{chain, error};
@@ -45,7 +45,7 @@ pub(super) fn read_error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 axum::Json(ErrorBody {
                     key: Some(place),
-                    ..ErrorBody::new("corrupted", message)
+                    ..ErrorBody::new(ErrorCode::Corrupted, message)
                 }),
             )
                 .into_response()
@@ -54,7 +54,7 @@ pub(super) fn read_error(
             tracing::warn!("storage read failed: {message}");
             with_retry_after(error(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "storage_unavailable",
+                ErrorCode::StorageUnavailable,
                 message,
             ))
         }
@@ -81,14 +81,14 @@ pub(super) fn command_error(e: &CommandError) -> Response {
     let status = status_of(e.class());
     if let Some(current) = e.current_wlog_offset() {
         let body = monoseq_wire::ErrorBody {
-            code: e.code().to_owned(),
+            code: command_code(e),
             message: chain(e),
             key: None,
             current_wlog_offset: Some(current),
         };
         return (status, axum::Json(body)).into_response();
     }
-    let r = error(status, e.code(), chain(e));
+    let r = error(status, command_code(e), chain(e));
     if e.is_transient() {
         with_retry_after(r)
     } else {
@@ -97,6 +97,27 @@ pub(super) fn command_error(e: &CommandError) -> Response {
 }
 
 /// The HTTP status of each kind of command error (the README lists them with their codes).
+/// The stable code of a refused command.
+pub(crate) fn command_code(e: &CommandError) -> ErrorCode {
+    match e {
+        CommandError::Invalid(_) => ErrorCode::InvalidCommand,
+        CommandError::UnknownWsKind(_) => ErrorCode::UnknownWorkspaceKind,
+        CommandError::UnknownRecord { .. } => ErrorCode::UnknownRecord,
+        CommandError::TooLarge(_) => ErrorCode::TooLarge,
+        CommandError::Busy(_) => ErrorCode::Busy,
+        CommandError::Unavailable { .. } => ErrorCode::PartitionUnavailable,
+        CommandError::SequenceViolation(_) => ErrorCode::SequenceViolation,
+        CommandError::Exhausted(_) => ErrorCode::SequenceExhausted,
+        CommandError::Corrupted(_) => ErrorCode::Corrupted,
+        CommandError::KeyReused { .. } => ErrorCode::IdempotencyKeyReused,
+        CommandError::InvalidKey(_) => ErrorCode::InvalidIdempotencyKey,
+        CommandError::Storage(_) => ErrorCode::StorageUnavailable,
+        CommandError::ShuttingDown => ErrorCode::ShuttingDown,
+        CommandError::NotOwner { .. } => ErrorCode::NotOwner,
+        CommandError::WlogConflict { .. } => ErrorCode::WlogConflict,
+    }
+}
+
 pub(super) fn status_of(class: ErrorClass) -> StatusCode {
     match class {
         ErrorClass::Invalid => StatusCode::BAD_REQUEST,

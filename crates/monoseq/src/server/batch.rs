@@ -19,7 +19,8 @@ use futures_util::future::join_all;
 use monoseq_core::WsId;
 use monoseq_cp::{CommandError, CommandProcessor, IdempotencyKey, RETRY_AFTER_SECS};
 use monoseq_wire::{
-    BATCH_COMMANDS_MAX, BatchAnswerBody, BatchCommandBody, BatchResultBody, ErrorBody, RawBatchBody,
+    BATCH_COMMANDS_MAX, BatchAnswerBody, BatchCommandBody, BatchResultBody, ErrorBody, ErrorCode,
+    RawBatchBody,
 };
 use serde_json::value::RawValue;
 
@@ -41,9 +42,9 @@ pub(super) async fn submit_batch(
         Ok(body) => body,
         Err(rejection) => {
             let (status, code) = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+                (StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::TooLarge)
             } else {
-                (StatusCode::BAD_REQUEST, "bad_request")
+                (StatusCode::BAD_REQUEST, ErrorCode::BadRequest)
             };
             return error(status, code, rejection.body_text());
         }
@@ -58,7 +59,7 @@ pub(super) async fn submit_batch(
             None => {
                 st.metrics.commands_ok.inc();
             }
-            Some(e) => st.metrics.count_command(&e.code),
+            Some(e) => st.metrics.count_command(e.code.as_str()),
         }
     }
     answer(results)
@@ -75,7 +76,7 @@ enum Route<'a> {
 }
 
 /// Why a batch is refused whole: the status, the code and the message.
-pub(super) type Refusal = (StatusCode, &'static str, String);
+pub(super) type Refusal = (StatusCode, ErrorCode, String);
 
 /// Reads a batch's body: the commands as text, or why the whole batch is refused.
 ///
@@ -87,15 +88,15 @@ fn read<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<Vec<&'a RawValue>, Re
     if !is_json(headers) {
         return Err((
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "content_type",
+            ErrorCode::ContentType,
             "a batch is sent with `Content-Type: application/json`".to_owned(),
         ));
     }
     let raw: RawBatchBody<'_> = serde_json::from_slice(body).map_err(|e| {
         let code = if e.is_data() {
-            "invalid_batch"
+            ErrorCode::InvalidBatch
         } else {
-            "malformed_json"
+            ErrorCode::MalformedJson
         };
         (
             StatusCode::BAD_REQUEST,
@@ -106,7 +107,7 @@ fn read<'a>(headers: &HeaderMap, body: &'a [u8]) -> Result<Vec<&'a RawValue>, Re
     if raw.commands.len() > BATCH_COMMANDS_MAX {
         return Err((
             StatusCode::PAYLOAD_TOO_LARGE,
-            "batch_too_large",
+            ErrorCode::BatchTooLarge,
             format!(
                 "a batch carries at most {BATCH_COMMANDS_MAX} commands, this one {}; split it \
                  (nothing was run)",
@@ -126,16 +127,16 @@ pub(super) fn json_bytes(
 ) -> Result<axum::body::Bytes, Refusal> {
     let body = body.map_err(|rejection| {
         let (status, code) = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+            (StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::TooLarge)
         } else {
-            (StatusCode::BAD_REQUEST, "bad_request")
+            (StatusCode::BAD_REQUEST, ErrorCode::BadRequest)
         };
         (status, code, rejection.body_text())
     })?;
     if !is_json(headers) {
         return Err((
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "content_type",
+            ErrorCode::ContentType,
             format!("{what} is sent with `Content-Type: application/json`"),
         ));
     }
@@ -214,7 +215,7 @@ fn route<'a>(
         Ok(item) => item,
         Err(e) => {
             return Route::Answered(invalid(
-                "invalid_command",
+                ErrorCode::InvalidCommand,
                 format!("the command is not valid: {e}; it was not run"),
             ));
         }
@@ -236,7 +237,7 @@ fn route<'a>(
         _ => Route::Answered(BatchResultBody::refused(
             StatusCode::SERVICE_UNAVAILABLE.as_u16(),
             ErrorBody {
-                code: "partition_unavailable".into(),
+                code: ErrorCode::PartitionUnavailable,
                 message: format!(
                     "partition {partition} is moving between nodes (no live lease, or its owner \
                      changed just now); retry"
@@ -310,7 +311,7 @@ fn refused(e: &CommandError) -> BatchResultBody {
     BatchResultBody::refused(
         status_of(e.class()).as_u16(),
         ErrorBody {
-            code: e.code().to_owned(),
+            code: super::answers::command_code(e),
             message: chain(e),
             key: None,
             current_wlog_offset: e.current_wlog_offset(),
@@ -319,7 +320,7 @@ fn refused(e: &CommandError) -> BatchResultBody {
     )
 }
 
-fn invalid(code: &str, message: String) -> BatchResultBody {
+fn invalid(code: ErrorCode, message: String) -> BatchResultBody {
     BatchResultBody::refused(
         StatusCode::BAD_REQUEST.as_u16(),
         ErrorBody {
@@ -336,7 +337,7 @@ fn internal(message: impl Into<String>) -> BatchResultBody {
     BatchResultBody::refused(
         StatusCode::INTERNAL_SERVER_ERROR.as_u16(),
         ErrorBody {
-            code: "internal".into(),
+            code: ErrorCode::Internal,
             message: message.into(),
             key: None,
             current_wlog_offset: None,

@@ -33,8 +33,9 @@ use clap::Args;
 use monoseq_core::WsId;
 use monoseq_store::{PageItem, PartitionId, WLogOffset, retired_ranges};
 use monoseq_wire::{
-    EventBody, GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT,
-    SSE_GAP, SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX, WLOG_PAGE_MAX,
+    ErrorCode, EventBody, GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody,
+    SSE_EVENT, SSE_GAP, SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX,
+    WLOG_PAGE_MAX,
 };
 use tokio::sync::{broadcast, watch};
 use tokio::time::{Instant, Sleep};
@@ -366,7 +367,7 @@ fn read_query(
 }
 
 fn bad_request(message: impl std::fmt::Display) -> Response {
-    error(StatusCode::BAD_REQUEST, "bad_request", message)
+    error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
 }
 
 fn path_error(rejection: &PathRejection) -> Response {
@@ -384,7 +385,7 @@ pub(super) fn check_partition(st: &AppState, partition: u32) -> Result<(), Respo
     }
     Err(error(
         StatusCode::NOT_FOUND,
-        "no_such_partition",
+        ErrorCode::NoSuchPartition,
         format!(
             "partition {partition} does not exist: the server has partitions 0 to {}",
             partitions - 1
@@ -450,7 +451,11 @@ fn encode_page(page: &Page) -> Result<Bytes, Response> {
     let mut body = BytesMut::with_capacity((page.events.len() + 1) * EVENT_JSON_BYTES).writer();
     match serde_json::to_writer(&mut body, page) {
         Ok(()) => Ok(body.into_inner().freeze()),
-        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)),
+        Err(e) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            e,
+        )),
     }
 }
 
@@ -555,7 +560,7 @@ fn owner_elsewhere(st: &AppState, p: u32) -> Result<Option<String>, Response> {
         Owner::Here => Ok(None),
         Owner::Nobody => Err(with_retry_after(error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "partition_unavailable",
+            ErrorCode::PartitionUnavailable,
             format!("partition {p} is moving between nodes (no live lease); retry"),
         ))),
     }
@@ -640,7 +645,11 @@ async fn read_local<T: Send + 'static>(
             || format!("PLog of partition {p} from offset {from}"),
             &e,
         )),
-        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)),
+        Err(e) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            e,
+        )),
     }
 }
 
@@ -663,7 +672,7 @@ async fn relay_raw(st: &AppState, url: &str, p: u32, q: &ReadQuery) -> Result<By
     let Some((_, forwarder)) = &st.cluster else {
         return Err(error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ErrorCode::Internal,
             "no forwarder without a cluster",
         ));
     };
@@ -695,7 +704,7 @@ async fn relay_page(
     let Some((_, forwarder)) = &st.cluster else {
         return Err(error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ErrorCode::Internal,
             "no forwarder without a cluster",
         ));
     };
@@ -842,7 +851,11 @@ async fn wlog_end(st: &Arc<AppState>, partition: u32, ws: u64) -> Result<u64, Re
     match found {
         Ok(Ok(end)) => Ok(end),
         Ok(Err(e)) => Err(read_error(st, || format!("WLog of workspace {ws}"), &e)),
-        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)),
+        Err(e) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            e,
+        )),
     }
 }
 
@@ -898,7 +911,7 @@ pub(super) fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
         counts.refused.inc();
         let mut r = error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "too_many_followers",
+            ErrorCode::TooManyFollowers,
             format!(
                 "this node serves its most live tails ({max}, --followers-max); retry later or \
                  follow through another node"
@@ -1101,7 +1114,7 @@ impl<'a> Tail<'a> {
         self.st.follow.counts.cut_slow.inc();
         // What was gathered is below `resume_from`: it goes first.
         let body = SlowFollowerBody {
-            code: SSE_SLOW_FOLLOWER.to_owned(),
+            code: ErrorCode::SlowFollower,
             message: format!(
                 "this follower fell more than the server's buffer \
                  (--follower-buffer-events) behind; reconnect from offset {resume_from} \

@@ -32,9 +32,8 @@ use monoseq_store::{
     SESSION_TIMEOUT_MS_MAX, SESSION_TIMEOUT_MS_MIN,
 };
 use monoseq_wire::{
-    CommitBody, CommitPositionBody, GROUP_FULL, GroupBody, GroupMemberBody, GroupPartitionBody,
-    GroupSummaryBody, GroupsBody, JoinedBody, SSE_JOINED, STALE_GENERATION, SessionBody,
-    StaleGenerationBody, UNKNOWN_GROUP, UNKNOWN_SESSION,
+    CommitBody, CommitPositionBody, ErrorCode, GroupBody, GroupMemberBody, GroupPartitionBody,
+    GroupSummaryBody, GroupsBody, JoinedBody, SSE_JOINED, SessionBody, StaleGenerationBody,
 };
 use tokio::time::Instant;
 
@@ -128,7 +127,7 @@ fn name(what: &str, raw: &str) -> Result<ConsumerName, String> {
 }
 
 fn bad_request(message: impl std::fmt::Display) -> Response {
-    error(StatusCode::BAD_REQUEST, "bad_request", message)
+    error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
 }
 
 fn group_path(path: Result<Path<String>, PathRejection>) -> Result<ConsumerName, Response> {
@@ -140,14 +139,20 @@ fn group_path(path: Result<Path<String>, PathRejection>) -> Result<ConsumerName,
 
 fn group_error(e: &GroupError) -> Response {
     match e {
-        GroupError::Full(_) => {
-            with_retry_after(error(StatusCode::SERVICE_UNAVAILABLE, GROUP_FULL, e))
+        GroupError::Full(_) => with_retry_after(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::GroupFull,
+            e,
+        )),
+        GroupError::Corrupt { .. } => {
+            error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Corrupted, e)
         }
-        GroupError::Corrupt { .. } => error(StatusCode::INTERNAL_SERVER_ERROR, "corrupted", e),
-        GroupError::Backwards { .. } => error(StatusCode::CONFLICT, "position_backwards", e),
+        GroupError::Backwards { .. } => {
+            error(StatusCode::CONFLICT, ErrorCode::PositionBackwards, e)
+        }
         _ => with_retry_after(error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+            ErrorCode::Unavailable,
             crate::base::chain(e),
         )),
     }
@@ -286,7 +291,7 @@ fn member_request<T: serde::de::DeserializeOwned>(
 fn unknown_session(g: &ConsumerName, id: &str) -> Response {
     error(
         StatusCode::CONFLICT,
-        UNKNOWN_SESSION,
+        ErrorCode::UnknownSession,
         format!(
             "this node hosts no session {id:?} of group {g}: the session ended (join again), or \
              its stream is on another node (send heartbeats to the node holding the stream)"
@@ -373,7 +378,7 @@ pub(super) async fn commit(
             Err(e @ GroupError::StaleGeneration { .. }) => {
                 tracing::info!(group = %g, session = %c.session, partition = p, "a consumer group commit was refused: the session no longer holds the partition");
                 let body = StaleGenerationBody {
-                    code: STALE_GENERATION.into(),
+                    code: ErrorCode::StaleGeneration,
                     message: e.to_string(),
                     partition: p,
                     committed,
@@ -398,7 +403,7 @@ fn check_commit(c: &CommitBody, partitions: u32) -> Result<(), Response> {
         if *partition >= partitions {
             return Err(error(
                 StatusCode::NOT_FOUND,
-                "no_such_partition",
+                ErrorCode::NoSuchPartition,
                 format!(
                     "partition {partition} does not exist: the server has partitions 0 to {}",
                     partitions - 1
@@ -471,7 +476,7 @@ pub(super) async fn show(
         Ok(None) => {
             return error(
                 StatusCode::NOT_FOUND,
-                UNKNOWN_GROUP,
+                ErrorCode::UnknownGroup,
                 format!("there is no group {g}: a member's join creates it"),
             );
         }
@@ -565,12 +570,12 @@ pub(super) async fn delete(
         }
         Ok(Some(false)) => error(
             StatusCode::CONFLICT,
-            "group_active",
+            ErrorCode::GroupActive,
             format!("group {g} has members: stop them (or let their sessions expire) first"),
         ),
         Ok(None) => error(
             StatusCode::NOT_FOUND,
-            UNKNOWN_GROUP,
+            ErrorCode::UnknownGroup,
             format!("there is no group {g}"),
         ),
         Err(e) => group_error(&e),

@@ -26,10 +26,9 @@ use monoseq_cp::CommandProcessor;
 use monoseq_kv::KvError;
 use monoseq_store::{ConsumerName, PartitionId, PositionError, SetPosition};
 use monoseq_wire::{
-    CONSUMER_ACTIVE, CONSUMERS_PAGE_POSITIONS_MAX, ConsumerBody, ConsumerPartitionBody,
-    ConsumersBody, DeletedConsumerBody, POSITION_BACKWARDS, POSITION_BEYOND_END, POSITION_CONFLICT,
-    PartitionPositionBody, PositionBeyondEndBody, PositionBody, PositionConflictBody,
-    PositionsBody, PutPositionBody, RemovedPositionBody, UNKNOWN_CONSUMER,
+    CONSUMERS_PAGE_POSITIONS_MAX, ConsumerBody, ConsumerPartitionBody, ConsumersBody,
+    DeletedConsumerBody, ErrorCode, PartitionPositionBody, PositionBeyondEndBody, PositionBody,
+    PositionConflictBody, PositionsBody, PutPositionBody, RemovedPositionBody,
 };
 
 use super::AppState;
@@ -62,14 +61,14 @@ pub(super) async fn get_position(
         Ok(Ok(Some(offset))) => axum::Json(PositionBody { offset }).into_response(),
         Ok(Ok(None)) => error(
             StatusCode::NOT_FOUND,
-            UNKNOWN_CONSUMER,
+            ErrorCode::UnknownConsumer,
             format!(
                 "consumer {consumer} has no position on partition {partition}: set one with \
                  PUT and no \"expected\""
             ),
         ),
         Ok(Err(e)) => position_error(&st, &e),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, e),
     }
 }
 
@@ -115,7 +114,7 @@ pub(super) async fn put_position(
     match write {
         Ok(Ok(())) => axum::Json(PositionBody { offset: put.offset }).into_response(),
         Ok(Err(e)) => position_error(&st, &e),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, e),
     }
 }
 
@@ -134,7 +133,7 @@ pub(super) async fn get_positions(
     match read {
         Ok(Ok(positions)) if positions.is_empty() => error(
             StatusCode::NOT_FOUND,
-            UNKNOWN_CONSUMER,
+            ErrorCode::UnknownConsumer,
             format!("consumer {consumer} has no position on any partition"),
         ),
         Ok(Ok(positions)) => axum::Json(PositionsBody {
@@ -149,7 +148,7 @@ pub(super) async fn get_positions(
         })
         .into_response(),
         Ok(Err(e)) => position_error(&st, &e),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, e),
     }
 }
 
@@ -180,7 +179,7 @@ pub(super) async fn list_consumers(
         Err(e) => {
             return error(
                 StatusCode::BAD_REQUEST,
-                "bad_request",
+                ErrorCode::BadRequest,
                 format!("`after` is the last consumer name of the page before: {e}"),
             );
         }
@@ -195,7 +194,7 @@ pub(super) async fn list_consumers(
     let mut positions = match read {
         Ok(Ok((positions, _))) => positions,
         Ok(Err(e)) => return position_error(&st, &e),
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, e),
     };
     let more = positions.len() > CONSUMERS_PAGE_POSITIONS_MAX;
     if let Some(next) = positions.get(CONSUMERS_PAGE_POSITIONS_MAX).cloned() {
@@ -272,12 +271,12 @@ pub(super) async fn delete_consumer(
     let removed = match deleted {
         Ok(Ok(removed)) => removed,
         Ok(Err(e)) => return position_error(&st, &e),
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, e),
     };
     if removed.is_empty() {
         return error(
             StatusCode::NOT_FOUND,
-            UNKNOWN_CONSUMER,
+            ErrorCode::UnknownConsumer,
             format!("consumer {consumer} has no position on any partition: nothing to delete"),
         );
     }
@@ -308,14 +307,19 @@ pub(super) async fn delete_consumer(
 /// The consumer a `/v1/consumers/{name}` path names, or why it is refused (400).
 fn consumer_of(path: Result<Path<String>, PathRejection>) -> Result<ConsumerName, Refusal> {
     match path {
-        Ok(Path(name)) => ConsumerName::new(&name)
-            .map_err(|e| (StatusCode::BAD_REQUEST, "bad_request", e.to_string())),
+        Ok(Path(name)) => ConsumerName::new(&name).map_err(|e| {
+            (
+                StatusCode::BAD_REQUEST,
+                ErrorCode::BadRequest,
+                e.to_string(),
+            )
+        }),
         Err(e) => Err(bad_path(&e)),
     }
 }
 
 /// A refused request: status, stable code and message.
-type Refusal = (StatusCode, &'static str, String);
+type Refusal = (StatusCode, ErrorCode, String);
 
 /// The consumer and partition of a path, or why they are refused: 400 naming what does not
 /// parse, 404 `no_such_partition` for a partition the server does not have.
@@ -327,12 +331,17 @@ fn consumer_partition(
         Ok(Path(p)) => p,
         Err(e) => return Err(bad_path(&e)),
     };
-    let consumer = ConsumerName::new(&name)
-        .map_err(|e| (StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
+    let consumer = ConsumerName::new(&name).map_err(|e| {
+        (
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            e.to_string(),
+        )
+    })?;
     let Ok(partition) = partition.parse::<u32>() else {
         return Err((
             StatusCode::BAD_REQUEST,
-            "bad_request",
+            ErrorCode::BadRequest,
             format!(
                 "the partition {:?} is not a partition number (an unsigned integer)",
                 partition.chars().take(32).collect::<String>()
@@ -343,7 +352,7 @@ fn consumer_partition(
     if partition >= partitions {
         return Err((
             StatusCode::NOT_FOUND,
-            "no_such_partition",
+            ErrorCode::NoSuchPartition,
             format!(
                 "partition {partition} does not exist: the server has partitions 0 to {}",
                 partitions - 1
@@ -356,7 +365,7 @@ fn consumer_partition(
 fn bad_path(rejection: &PathRejection) -> Refusal {
     (
         StatusCode::BAD_REQUEST,
-        "bad_request",
+        ErrorCode::BadRequest,
         format!(
             "the path is /v1/consumers/<name>[/partitions/<partition>]: {}",
             rejection.body_text()
@@ -374,7 +383,7 @@ fn put_body(
     let refused = |what: String| {
         (
             StatusCode::BAD_REQUEST,
-            "bad_request",
+            ErrorCode::BadRequest,
             format!(
                 "the body is {{\"offset\": N, \"expected\": M, \"force\": false}} (N and M \
                  unsigned integers, expected and force optional): {what}"
@@ -421,7 +430,7 @@ fn invalid_field(body: &serde_json::Value) -> Option<String> {
 
 /// The answer to a position that was not read or set.
 fn position_error(st: &AppState, e: &PositionError) -> Response {
-    let conflict = |code: &str, current: Option<u64>| {
+    let conflict = |code: ErrorCode, current: Option<u64>| {
         (
             StatusCode::CONFLICT,
             axum::Json(PositionConflictBody {
@@ -433,20 +442,24 @@ fn position_error(st: &AppState, e: &PositionError) -> Response {
             .into_response()
     };
     match e {
-        PositionError::Conflict { current, .. } => conflict(POSITION_CONFLICT, *current),
-        PositionError::Backwards { current, .. } => conflict(POSITION_BACKWARDS, Some(*current)),
+        PositionError::Conflict { current, .. } => conflict(ErrorCode::PositionConflict, *current),
+        PositionError::Backwards { current, .. } => {
+            conflict(ErrorCode::PositionBackwards, Some(*current))
+        }
         PositionError::BeyondEnd { end, .. } => (
             StatusCode::CONFLICT,
             axum::Json(PositionBeyondEndBody {
-                code: POSITION_BEYOND_END.to_owned(),
+                code: ErrorCode::PositionBeyondEnd,
                 message: e.to_string(),
                 end: *end,
             }),
         )
             .into_response(),
-        PositionError::StillWritten { .. } => {
-            error(StatusCode::CONFLICT, CONSUMER_ACTIVE, e.to_string())
-        }
+        PositionError::StillWritten { .. } => error(
+            StatusCode::CONFLICT,
+            ErrorCode::ConsumerActive,
+            e.to_string(),
+        ),
         PositionError::Corrupt {
             consumer,
             partition,
@@ -459,7 +472,7 @@ fn position_error(st: &AppState, e: &PositionError) -> Response {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 axum::Json(monoseq_wire::ErrorBody {
                     key: Some(place),
-                    ..monoseq_wire::ErrorBody::new("corrupted", chain(e))
+                    ..monoseq_wire::ErrorBody::new(ErrorCode::Corrupted, chain(e))
                 }),
             )
                 .into_response()
@@ -469,7 +482,7 @@ fn position_error(st: &AppState, e: &PositionError) -> Response {
             tracing::warn!("storage of positions failed: {message}");
             with_retry_after(error(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "storage_unavailable",
+                ErrorCode::StorageUnavailable,
                 message,
             ))
         }

@@ -16,8 +16,8 @@ use monoseq_core::{PLogOffset, WsId};
 use monoseq_cp::{CommandError, CommandProcessor, IdempotencyKey};
 use monoseq_store::{PartitionId, RecordId, WLogOffset};
 use monoseq_wire::{
-    ClusterBody, IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED, InfoBody, MarksBody, NotReadyBody,
-    NotReadyPartitionBody, WLOG_PAGE_MAX,
+    ClusterBody, ErrorCode, IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED, InfoBody, MarksBody,
+    NotReadyBody, NotReadyPartitionBody, WLOG_PAGE_MAX,
 };
 
 use super::AppState;
@@ -72,7 +72,7 @@ pub(super) fn router(
         .fallback(|| async {
             error(
                 StatusCode::NOT_FOUND,
-                "not_found",
+                ErrorCode::NotFound,
                 "no such endpoint; see README.md",
             )
         })
@@ -83,7 +83,7 @@ pub(super) fn router(
         .method_not_allowed_fallback(|| async {
             error(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorCode::MethodNotAllowed,
                 "this endpoint does not take that method; see README.md",
             )
         })
@@ -184,7 +184,7 @@ pub(super) fn opening_router(auth: Arc<crate::auth::Auth>) -> Router {
     let opening = || async {
         with_retry_after(error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
+            ErrorCode::NotReady,
             "the server is opening its storage; retry",
         ))
     };
@@ -201,7 +201,7 @@ pub(super) fn opening_router(auth: Arc<crate::auth::Auth>) -> Router {
 fn path_error(rejection: &PathRejection) -> Response {
     error(
         StatusCode::BAD_REQUEST,
-        "bad_request",
+        ErrorCode::BadRequest,
         format!(
             "the path's parameters are unsigned integers: {}",
             rejection.body_text()
@@ -218,8 +218,8 @@ async fn submit(
     let (cmd, body) = match command_body(&headers, body) {
         Ok(read) => read,
         Err((status, code, message)) => {
-            st.metrics.count_command(code);
-            st.metrics.latency.command(code, began);
+            st.metrics.count_command(code.as_str());
+            st.metrics.latency.command(code.as_str(), began);
             return error(status, code, message);
         }
     };
@@ -248,8 +248,9 @@ async fn submit(
             r
         }
         Err(e) => {
-            st.metrics.count_command(e.code());
-            st.metrics.latency.command(e.code(), began);
+            let code = super::answers::command_code(&e).as_str();
+            st.metrics.count_command(code);
+            st.metrics.latency.command(code, began);
             command_error(&e)
         }
     }
@@ -260,18 +261,18 @@ async fn submit(
 fn command_body(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(CommandBody, Bytes), (StatusCode, &'static str, String)> {
+) -> Result<(CommandBody, Bytes), (StatusCode, ErrorCode, String)> {
     let body = super::batch::json_bytes(headers, body, "a command")?;
     match serde_json::from_slice(&body) {
         Ok(cmd) => Ok((cmd, body)),
         Err(e) if e.is_data() => Err((
             StatusCode::BAD_REQUEST,
-            "invalid_command",
+            ErrorCode::InvalidCommand,
             format!("the command is not valid: {e}"),
         )),
         Err(e) => Err((
             StatusCode::BAD_REQUEST,
-            "malformed_json",
+            ErrorCode::MalformedJson,
             format!("the body is not JSON: {e}"),
         )),
     }
@@ -289,7 +290,7 @@ async fn read_event(
     if partition >= partitions {
         return error(
             StatusCode::NOT_FOUND,
-            "no_such_partition",
+            ErrorCode::NoSuchPartition,
             format!(
                 "partition {partition} does not exist: the server has partitions 0 to {}",
                 partitions - 1
@@ -305,7 +306,7 @@ async fn read_event(
         Ok(Ok(Some(e))) => axum::Json(json::event(&e)).into_response(),
         Ok(Ok(None)) => error(
             StatusCode::NOT_FOUND,
-            "not_found",
+            ErrorCode::NotFound,
             format!("no event at PLog offset {offset} of partition {partition}"),
         ),
         Ok(Err(e)) => read_error(
@@ -313,7 +314,7 @@ async fn read_event(
             || format!("PLog offset {offset} of partition {partition}"),
             &e,
         ),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, e),
     }
 }
 
@@ -336,7 +337,7 @@ fn wlog_query(raw: Option<&str>) -> Result<WlogQuery, Response> {
             Ok(n) if range.contains(&n) => Ok(n),
             _ => Err(error(
                 StatusCode::BAD_REQUEST,
-                "bad_request",
+                ErrorCode::BadRequest,
                 format!(
                     "`{name}` is {} to {} (got {value:?}): send a decimal unsigned integer",
                     range.start(),
@@ -445,7 +446,11 @@ async fn wlog_page(
             || format!("WLog of workspace {ws} from offset {from}"),
             &e,
         )),
-        Err(e) => Err(error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)),
+        Err(e) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            e,
+        )),
     }
 }
 
@@ -463,11 +468,11 @@ async fn read_record(
         Ok(Ok(Some(r))) => axum::Json(json::record(&r)).into_response(),
         Ok(Ok(None)) => error(
             StatusCode::NOT_FOUND,
-            "not_found",
+            ErrorCode::NotFound,
             format!("no record {id} in workspace {ws}"),
         ),
         Ok(Err(e)) => read_error(&st, || format!("record {id} of workspace {ws}"), &e),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, e),
     }
 }
 
@@ -502,7 +507,7 @@ async fn route_elsewhere(
         }
         _ => with_retry_after(error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "partition_unavailable",
+            ErrorCode::PartitionUnavailable,
             format!(
                 "partition {partition} is moving between nodes (no live lease, or its owner \
                      changed just now); retry"
@@ -526,7 +531,7 @@ async fn cluster_status(State(st): State<Arc<AppState>>) -> Response {
         Ok(status) => axum::Json(status).into_response(),
         Err(e) => with_retry_after(error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "storage_unavailable",
+            ErrorCode::StorageUnavailable,
             format!("reading the leases failed: {e:#}"),
         )),
     }
@@ -569,7 +574,7 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             axum::Json(NotReadyBody {
-                code: "not_ready".to_owned(),
+                code: ErrorCode::NotReady,
                 message,
                 partitions: Some(partitions),
             }),
@@ -590,6 +595,6 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
             text,
         )
             .into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, e),
     }
 }

@@ -25,8 +25,8 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, BytesMut};
 use monoseq_wire::{
-    PLOG_PAGE_MAX, PlogEntryBody, ProgressBody, SSE_EVENT, SSE_GAP, SSE_HEARTBEAT, SSE_PROGRESS,
-    StreamHeartbeatBody, TaggedEventBody, TaggedGapBody,
+    ErrorCode, PLOG_PAGE_MAX, PlogEntryBody, ProgressBody, SSE_EVENT, SSE_GAP, SSE_HEARTBEAT,
+    SSE_PROGRESS, StreamHeartbeatBody, TaggedEventBody, TaggedGapBody,
 };
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -461,7 +461,7 @@ pub(super) async fn stream_events(
         Some(Err(_)) => {
             return error(
                 StatusCode::BAD_REQUEST,
-                "bad_request",
+                ErrorCode::BadRequest,
                 "`Last-Event-ID` is a resume vector of `partition:offset` pairs in ASCII",
             );
         }
@@ -473,7 +473,7 @@ pub(super) async fn stream_events(
     };
     let req = match stream_request(&params, last_event_id, partitions) {
         Ok(req) => req,
-        Err(message) => return error(StatusCode::BAD_REQUEST, "bad_request", message),
+        Err(message) => return error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message),
     };
     let slot = match consume::take_slot(&st) {
         Ok(slot) => slot,

@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use monoseq_wire::TokenScopeBody;
+use monoseq_wire::{ErrorCode, TokenScopeBody};
 
 use crate::auth::Auth;
 use crate::base::error;
@@ -103,7 +103,7 @@ pub(super) fn assets() -> Router {
         .method_not_allowed_fallback(|| async {
             error(
                 StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorCode::MethodNotAllowed,
                 "the console's assets take GET and HEAD only",
             )
         })
@@ -127,7 +127,7 @@ async fn token_scope(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Respo
         // The token check refuses such a request before it gets here.
         None => error(
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "send `Authorization: Bearer <token>` with a token this server accepts",
         ),
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use futures_util::StreamExt;
 use monoseq_client::{Client, GroupConsumer, GroupItem, GroupOptions};
-use monoseq_wire::{TaggedEventBody, TaggedGapBody};
+use monoseq_wire::{ErrorCode, TaggedEventBody, TaggedGapBody};
 
 use super::{STORE_EVERY, STORE_EVERY_ENTRIES};
 
@@ -31,7 +31,7 @@ impl Printed {
         for (p, offset) in std::mem::take(&mut self.last) {
             match member.commit(p, offset).await {
                 Ok(()) => {}
-                Err(e) if e.code() == monoseq_wire::STALE_GENERATION => {
+                Err(e) if e.code() == ErrorCode::StaleGeneration => {
                     tracing::info!(partition = p, offset, "not committed: {e}");
                 }
                 Err(e) => {

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use monoseq_client::ErrorCode;
 use serde_json::{Value, json};
 
 use super::Backend;
@@ -326,10 +327,10 @@ impl Sender {
                 })
             }
             Err(e) => {
-                let code = if e.code() == "transport" {
+                let code = if e.code() == ErrorCode::Transport {
                     "error"
                 } else {
-                    e.code()
+                    e.code().as_str()
                 };
                 Err((e.status(), code.to_owned(), e.to_string()))
             }
