@@ -26,8 +26,11 @@ pub const SSE_REVOKED: &str = "revoked";
 pub const SSE_SESSION_ENDED: &str = "session_ended";
 /// The stable code of a commit from a session that does not hold the partition.
 pub const STALE_GENERATION: &str = "stale_generation";
-/// The stable code of a heartbeat, commit or leave naming a session this node does not host.
+/// The stable code of a heartbeat or leave naming a session no node hosts (it ended).
 pub const UNKNOWN_SESSION: &str = "unknown_session";
+/// The stable code of a `503` to a heartbeat or leave sent to another node than the one hosting
+/// the session, which did not answer when the request was relayed to it.
+pub const HOST_UNREACHABLE: &str = "host_unreachable";
 /// The stable code of a join refused because the group is full.
 pub const GROUP_FULL: &str = "group_full";
 /// The stable code of a `404` for a group that does not exist.

@@ -48,17 +48,17 @@ pub use consume::{
 };
 pub use groups::{
     AssignedBody, AssignedPartitionBody, CommitBody, CommitPositionBody, GROUP_FULL, GroupBody,
-    GroupMemberBody, GroupPartitionBody, GroupSummaryBody, GroupsBody, JoinedBody, ProgressBody,
-    RevokedBody, SSE_ASSIGNED, SSE_JOINED, SSE_PROGRESS, SSE_REVOKED, SSE_SESSION_ENDED,
-    STALE_GENERATION, SessionBody, SessionEndedBody, StaleGenerationBody, StreamHeartbeatBody,
-    TaggedEventBody, TaggedGapBody, UNKNOWN_GROUP, UNKNOWN_SESSION,
+    GroupMemberBody, GroupPartitionBody, GroupSummaryBody, GroupsBody, HOST_UNREACHABLE,
+    JoinedBody, ProgressBody, RevokedBody, SSE_ASSIGNED, SSE_JOINED, SSE_PROGRESS, SSE_REVOKED,
+    SSE_SESSION_ENDED, STALE_GENERATION, SessionBody, SessionEndedBody, StaleGenerationBody,
+    StreamHeartbeatBody, TaggedEventBody, TaggedGapBody, UNKNOWN_GROUP, UNKNOWN_SESSION,
 };
 pub use marks::{AcceptedLossBody, LossCauseBody, MarkBody, MarksBody};
 pub use positions::{
     CONSUMER_ACTIVE, CONSUMERS_PAGE_POSITIONS_MAX, ConsumerBody, ConsumerPartitionBody,
-    ConsumersBody, DeletedConsumerBody, POSITION_BACKWARDS, POSITION_BEYOND_END, POSITION_CONFLICT,
-    PartitionPositionBody, PositionBeyondEndBody, PositionBody, PositionConflictBody,
-    PositionsBody, PutPositionBody, RemovedPositionBody, UNKNOWN_CONSUMER,
+    ConsumersBody, DeletedConsumerBody, PARTITION_HELD, POSITION_BACKWARDS, POSITION_BEYOND_END,
+    POSITION_CONFLICT, PartitionPositionBody, PositionBeyondEndBody, PositionBody,
+    PositionConflictBody, PositionsBody, PutPositionBody, RemovedPositionBody, UNKNOWN_CONSUMER,
 };
 pub use sequences::{
     Checked, NextRequestBody, ResetRequestBody, SequenceExistsBody, SequenceValueBody,

@@ -22,6 +22,9 @@ pub const POSITION_BEYOND_END: &str = "position_beyond_end";
 /// The stable code of a `409` to a `DELETE` of a consumer whose positions kept being set
 /// while they were deleted (stop the consumer, then delete it again).
 pub const CONSUMER_ACTIVE: &str = "consumer_active";
+/// The stable code of a `409` to a `PUT` or `DELETE` of a consumer group's position while a
+/// member of the group holds the partition: only the member's commits move it then.
+pub const PARTITION_HELD: &str = "partition_held";
 /// Most positions one page of `GET /v1/consumers` lists; past it the page says `truncated`.
 pub const CONSUMERS_PAGE_POSITIONS_MAX: usize = 1_000;
 

@@ -223,6 +223,35 @@ impl Forwarder {
         }
     }
 
+    /// The answer of a peer to a request relayed to it (`target`: its full URL, with a JSON
+    /// `body` or none) within `timeout`, or why none came: a consumer group member's request
+    /// sent to another node than the one hosting its session.
+    ///
+    /// # Errors
+    ///
+    /// What failed when the peer did not answer.
+    pub async fn to_peer(
+        &self,
+        method: reqwest::Method,
+        target: &str,
+        body: Option<Bytes>,
+        timeout: Duration,
+    ) -> Result<Response, String> {
+        let mut request = self.client.request(method, target).timeout(timeout);
+        request = request.header(FORWARDED_BY, self.node_id.clone());
+        if let Some(body) = body {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+            request = request.body(body);
+        }
+        if let Some(auth) = &self.authorization {
+            request = request.header(header::AUTHORIZATION, auth.clone());
+        }
+        match request.send().await {
+            Ok(answer) => Ok(relay(answer).await),
+            Err(e) => Err(crate::base::chain(&e)),
+        }
+    }
+
     /// The owner's JSON answer to a read (`target`: its full URL), which may take `timeout`
     /// (a long poll); a refusal of the owner comes back as its answer, unchanged.
     ///

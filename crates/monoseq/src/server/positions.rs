@@ -9,7 +9,10 @@
 //! that would move a position back without `"force": true` is `409 position_backwards`, also
 //! with the stored position (a 409 rather than a 400: whether it is backwards depends on what
 //! is stored, and the client's next step is the same, read and decide). A `PUT` at or beyond
-//! the partition's end is `409 position_beyond_end` with the end, forced or not. The end is
+//! the partition's end is `409 position_beyond_end` with the end, forced or not. A consumer
+//! group's position on a partition one of its members holds is `409 partition_held` to a `PUT`
+//! or `DELETE` (forced or not): only the member's commits move it, so nothing a consumer sends
+//! moves a group's position under its holder. The end is
 //! the owner's: a node that does not own the partition accepts a position below the end it
 //! knows (a lower bound), and asks the owner for anything above (a page read from `end`, as
 //! it relays reads); while the partition moves between nodes it answers 503, having written
@@ -27,9 +30,9 @@ use monoseq_kv::KvError;
 use monoseq_store::{ConsumerName, PartitionId, PositionError, SetPosition};
 use monoseq_wire::{
     CONSUMER_ACTIVE, CONSUMERS_PAGE_POSITIONS_MAX, ConsumerBody, ConsumerPartitionBody,
-    ConsumersBody, DeletedConsumerBody, POSITION_BACKWARDS, POSITION_BEYOND_END, POSITION_CONFLICT,
-    PartitionPositionBody, PositionBeyondEndBody, PositionBody, PositionConflictBody,
-    PositionsBody, PutPositionBody, RemovedPositionBody, UNKNOWN_CONSUMER,
+    ConsumersBody, DeletedConsumerBody, PARTITION_HELD, POSITION_BACKWARDS, POSITION_BEYOND_END,
+    POSITION_CONFLICT, PartitionPositionBody, PositionBeyondEndBody, PositionBody,
+    PositionConflictBody, PositionsBody, PutPositionBody, RemovedPositionBody, UNKNOWN_CONSUMER,
 };
 
 use super::AppState;
@@ -446,6 +449,9 @@ fn position_error(st: &AppState, e: &PositionError) -> Response {
             .into_response(),
         PositionError::StillWritten { .. } => {
             error(StatusCode::CONFLICT, CONSUMER_ACTIVE, e.to_string())
+        }
+        PositionError::HeldByMember { .. } => {
+            error(StatusCode::CONFLICT, PARTITION_HELD, e.to_string())
         }
         PositionError::Corrupt {
             consumer,
