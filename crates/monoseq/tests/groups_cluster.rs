@@ -7,8 +7,9 @@
 //! revocation, delivery with its partition, offset, session and generation, every commit and
 //! its answer), and the histories are checked afterwards (`history.rs`): the holders of a
 //! partition follow one another in generation order, each starting at the last position the
-//! ones before committed, no commit sent after the next holder's claim was accepted, and every
-//! acknowledged event reached a member. A member's heartbeat, commit and leave sent to a node
+//! ones before committed, no commit sent after the next holder's claim was accepted, no event
+//! written after it delivered to the holder before, and every acknowledged event reached a
+//! member. A member's heartbeat, commit and leave sent to a node
 //! other than the one holding its stream reach its session.
 //!
 //! This file is its own harness (`harness = false`): run with `MONOSEQ_GROUP_MEMBER` set, the
@@ -20,7 +21,7 @@ mod history;
 #[path = "groups_cluster/member.rs"]
 mod member;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -137,11 +138,13 @@ impl Fleet {
     }
 
     /// Waits until the members delivered every acknowledged event (the load stopped).
-    async fn caught_up(&self, acked: &BTreeSet<(u32, u64)>) {
+    async fn caught_up(&self, acked: &BTreeMap<(u32, u64), u64>) {
         let deadline = Instant::now() + CATCH_UP;
         loop {
+            let delivered = self.histories().delivered();
             let missing: Vec<(u32, u64)> = acked
-                .difference(&self.histories().delivered())
+                .keys()
+                .filter(|e| !delivered.contains(e))
                 .copied()
                 .collect();
             if missing.is_empty() {
@@ -159,7 +162,7 @@ impl Fleet {
 
     /// Stops every member (SIGKILL: each history is complete up to its last line) and checks
     /// the histories against the acknowledged events.
-    fn check(mut self, acked: &BTreeSet<(u32, u64)>) -> Histories {
+    fn check(mut self, acked: &BTreeMap<(u32, u64), u64>) -> Histories {
         for m in &mut self.members {
             m.kill();
         }
@@ -171,11 +174,20 @@ impl Fleet {
     }
 }
 
-/// The acknowledged events of a stopped load.
-async fn stop(load: Load) -> BTreeSet<(u32, u64)> {
+/// The acknowledged events of a stopped load, each with when its command was first sent
+/// (milliseconds since the epoch).
+async fn stop(load: Load) -> BTreeMap<(u32, u64), u64> {
     let (acks, _) = load.stop().await;
+    let (now, now_wall) = (Instant::now(), now_ms());
     acks.iter()
-        .map(|a| (u32::try_from(a.partition).expect("a partition"), a.plog))
+        .map(|a| {
+            let ago = now.saturating_duration_since(a.at) + a.took;
+            let sent = now_wall.saturating_sub(u64::try_from(ago.as_millis()).unwrap_or(u64::MAX));
+            (
+                (u32::try_from(a.partition).expect("a partition"), a.plog),
+                sent,
+            )
+        })
         .collect()
 }
 

@@ -291,10 +291,7 @@ fn unknown_session(g: &ConsumerName, id: &str) -> Response {
     error(
         StatusCode::CONFLICT,
         UNKNOWN_SESSION,
-        format!(
-            "this node hosts no session {id:?} of group {g}: the session ended (join again), or \
-             its stream is on another node (send heartbeats to the node holding the stream)"
-        ),
+        format!("no node hosts session {id:?} of group {g}: the session ended; join again"),
     )
 }
 

@@ -10,7 +10,14 @@
 //!   range comes as a gap);
 //! - free of late commits: no commit of a holding sent after a later holding (of another
 //!   session) was assigned may be accepted, since that assignment came after its claim of the
-//!   partition's fence (one machine's clock orders the two, both processes reading it).
+//!   partition's fence (one machine's clock orders the two, every process reading it);
+//! - handed over cooperatively: a holding that ended with its partition `revoked` at
+//!   generation G is followed by a holding given at a generation above G (the partition was
+//!   given to the next holder only after this one gave it up), never at G or below;
+//! - free of late deliveries: no event whose command was first sent after a later holding (of
+//!   another session) was assigned may be delivered to a holding, since its reader stopped
+//!   before the partition was released: a partition handed over before its holder gave it up
+//!   is two holders at once.
 //!
 //! And every acknowledged event is delivered to some member.
 
@@ -43,6 +50,8 @@ struct Holding {
     accepted: Vec<(u64, u64)>,
     /// Commits without an answer.
     unknown: Vec<u64>,
+    /// The generation of the `revoked` message that ended it, if one did.
+    revoked: Option<u64>,
 }
 
 /// What the check found.
@@ -165,8 +174,9 @@ impl Histories {
             .count()
     }
 
-    /// The check of the module's documentation against the `acked` events.
-    pub fn check(&self, acked: &BTreeSet<(u32, u64)>) -> Report {
+    /// The check of the module's documentation against the `acked` events, each with when
+    /// its command was first sent (milliseconds since the epoch).
+    pub fn check(&self, acked: &BTreeMap<(u32, u64), u64>) -> Report {
         let mut report = Report::default();
         let mut holdings: BTreeMap<u32, Vec<Holding>> = BTreeMap::new();
         for (m, records) in self.0.iter().enumerate() {
@@ -176,9 +186,10 @@ impl Histories {
             list.sort_by_key(|h| h.generation);
             report.holdings += list.len();
             check_partition(*p, list, &mut report);
+            late_deliveries(*p, list, acked, &mut report);
         }
         let delivered = self.delivered();
-        let missing: Vec<_> = acked.difference(&delivered).collect();
+        let missing: Vec<_> = acked.keys().filter(|e| !delivered.contains(e)).collect();
         if !missing.is_empty() {
             report.violations.push(format!(
                 "{} acknowledged events never delivered, e.g. {:?}",
@@ -226,12 +237,19 @@ impl Histories {
                             delivered: Vec::new(),
                             accepted: Vec::new(),
                             unknown: Vec::new(),
+                            revoked: None,
                         });
                     }
                 }
-                "revoked" | "lost" => {
+                kind @ ("revoked" | "lost") => {
                     for part in parts {
-                        open.remove(&(s.clone(), part.as_u64().unwrap() as u32));
+                        let p = part.as_u64().unwrap() as u32;
+                        let Some(i) = open.remove(&(s.clone(), p)) else {
+                            continue;
+                        };
+                        if kind == "revoked" {
+                            holdings.get_mut(&p).unwrap()[i].revoked = Some(u(r, "g"));
+                        }
                     }
                 }
                 kind @ ("event" | "gap") => {
@@ -296,6 +314,16 @@ fn check_partition(p: u32, list: &[Holding], report: &mut Report) {
                 .violations
                 .push(format!("{who}: a second holder at the same generation"));
         }
+        if let Some(before) = i.checked_sub(1).map(|b| &list[b])
+            && before.session != h.session
+            && let Some(gave_up) = before.revoked.filter(|&g| g >= h.generation)
+        {
+            report.violations.push(format!(
+                "{who}: given the partition before m{} session {} gave it up (revoked at \
+                 generation {gave_up})",
+                before.member, before.session
+            ));
+        }
         if h.position < floor || (h.position != floor && !unknown.contains(&h.position)) {
             report.violations.push(format!(
                 "{who}: started after {}, but the holders before left the position at {floor} \
@@ -334,5 +362,49 @@ fn check_partition(p: u32, list: &[Holding], report: &mut Report) {
             .max(h.position)
             .max(h.accepted.iter().map(|a| a.0).max().unwrap_or(0));
         unknown.extend(h.unknown.iter().copied());
+    }
+}
+
+/// Slack between the test's clock readings of a command's sending (an `Instant` turned into
+/// wall-clock time) and the members' readings of the wall clock.
+const CLOCK_SLACK_MS: u64 = 10;
+
+/// The late-delivery rule of the module's documentation over partition `p`'s holdings.
+fn late_deliveries(
+    p: u32,
+    list: &[Holding],
+    acked: &BTreeMap<(u32, u64), u64>,
+    report: &mut Report,
+) {
+    for (i, h) in list.iter().enumerate() {
+        let Some(next) = list[i + 1..]
+            .iter()
+            .filter(|l| l.session != h.session)
+            .min_by_key(|l| l.assigned_at)
+        else {
+            continue;
+        };
+        let late = h
+            .delivered
+            .iter()
+            .flat_map(|&(from, to)| from..=to)
+            .filter(|o| {
+                acked
+                    .get(&(p, *o))
+                    .is_some_and(|&sent| sent > next.assigned_at + CLOCK_SLACK_MS)
+            });
+        for o in late {
+            report.violations.push(format!(
+                "partition {p}, m{} session {} at generation {}: delivered {o}, sent after m{} \
+                 session {} was assigned the partition at {} (generation {})",
+                h.member,
+                h.session,
+                h.generation,
+                next.member,
+                next.session,
+                next.assigned_at,
+                next.generation
+            ));
+        }
     }
 }
