@@ -439,14 +439,23 @@ async fn heartbeats_commits_and_leaves_sent_to_another_node_reach_the_members_se
             "the session ended though its heartbeats reached another node"
         );
     }
-    // A commit through b is stored, fenced by the session.
+    // Commits through b, and no heartbeat, for three session timeouts: each is stored, fenced
+    // by the session, and counts as its heartbeat at a.
     let p = assigned["partitions"][0]["partition"].as_u64().unwrap();
-    let (code, body) = status(client.post(format!("{b}/v1/groups/g/commit")).json(&json!({
-        "session": session, "generation": generation,
-        "positions": [{"partition": p, "offset": 0}]
-    })))
-    .await;
-    assert_eq!(code, 200, "{body}");
+    for _ in 0..10 {
+        let (code, body) = status(client.post(format!("{b}/v1/groups/g/commit")).json(&json!({
+            "session": session, "generation": generation,
+            "positions": [{"partition": p, "offset": 0}]
+        })))
+        .await;
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            next_named(&mut sse, "session_ended", Duration::from_millis(300))
+                .await
+                .is_none(),
+            "the session ended though its commits reached another node"
+        );
+    }
     // A heartbeat of a session nobody hosts is refused by either node, relayed or not.
     for url in [&a, &b] {
         let (code, body) = status(
