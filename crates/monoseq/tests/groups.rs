@@ -583,6 +583,15 @@ async fn a_put_or_delete_of_a_groups_position_is_refused_while_a_member_holds_th
         (409, Some("partition_held")),
         "{body}"
     );
+    // Through the Rust client (what `tail --consumer g` stores with) the refusal is named.
+    let rust = monoseq_client::Client::builder([url.clone()])
+        .build()
+        .unwrap();
+    let refused = rust
+        .set_position("g", p, in_p[0] + 1, Some(in_p[0]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), "partition_held", "{refused}");
     // The position is the member's, and it still commits.
     let (_, pos) = status(client.get(&position)).await;
     assert_eq!(pos["offset"].as_u64(), Some(in_p[0]), "{pos}");
