@@ -40,7 +40,7 @@ const SESSION_TIMEOUT_MS: u64 = 2_000;
 /// Longest wait for the members to have every acknowledged event once the load stopped.
 const CATCH_UP: Duration = Duration::from_secs(60);
 /// Longest wait for a group to reach a state a test waits for.
-const SETTLE: Duration = Duration::from_secs(30);
+const SETTLE: Duration = Duration::from_secs(60);
 
 /// A member process: its history file and the child.
 struct MemberProcess {
@@ -402,6 +402,8 @@ async fn status(r: reqwest::RequestBuilder) -> (u16, Value) {
 }
 
 async fn heartbeats_commits_and_leaves_sent_to_another_node_reach_the_members_session() {
+    const BEAT_EVERY: Duration = Duration::from_millis(SESSION_TIMEOUT_MS / 5);
+    const BEATS: u64 = 10;
     let db = Backend::postgres_url();
     let dir = tempfile::tempdir().unwrap();
     let nodes = Node::start_together(vec![
@@ -413,7 +415,7 @@ async fn heartbeats_commits_and_leaves_sent_to_another_node_reach_the_members_se
     let (a, b) = (nodes[0].url.clone(), nodes[1].url.clone());
     let mut sender = keyed::Sender::new(&keyed::urls(&[&a]), keyed::Through::Client);
     sender.send(1, "e1", 1).await;
-    let stream = format!("{a}/v1/groups/g/stream?member=m&session_timeout_ms=1000");
+    let stream = format!("{a}/v1/groups/g/stream?member=m&session_timeout_ms={SESSION_TIMEOUT_MS}");
     let mut sse = Sse::open(&client, &stream, None).await;
     let joined = next_named(&mut sse, "joined", SETTLE)
         .await
@@ -423,8 +425,8 @@ async fn heartbeats_commits_and_leaves_sent_to_another_node_reach_the_members_se
         .await
         .expect("assigned");
     let generation = assigned["generation"].as_u64().unwrap();
-    // Heartbeats only through b, for three session timeouts: the session lives on at a.
-    for _ in 0..10 {
+    // Heartbeats only through b, for twice the session timeout: the session lives on at a.
+    for _ in 0..BEATS {
         let (code, body) = status(
             client
                 .post(format!("{b}/v1/groups/g/heartbeat"))
@@ -433,16 +435,16 @@ async fn heartbeats_commits_and_leaves_sent_to_another_node_reach_the_members_se
         .await;
         assert_eq!(code, 204, "{body}");
         assert!(
-            next_named(&mut sse, "session_ended", Duration::from_millis(300))
+            next_named(&mut sse, "session_ended", BEAT_EVERY)
                 .await
                 .is_none(),
             "the session ended though its heartbeats reached another node"
         );
     }
-    // Commits through b, and no heartbeat, for three session timeouts: each is stored, fenced
-    // by the session, and counts as its heartbeat at a.
+    // Commits through b, and no heartbeat, for twice the session timeout: each is stored,
+    // fenced by the session, and counts as its heartbeat at a.
     let p = assigned["partitions"][0]["partition"].as_u64().unwrap();
-    for _ in 0..10 {
+    for _ in 0..BEATS {
         let (code, body) = status(client.post(format!("{b}/v1/groups/g/commit")).json(&json!({
             "session": session, "generation": generation,
             "positions": [{"partition": p, "offset": 0}]
@@ -450,7 +452,7 @@ async fn heartbeats_commits_and_leaves_sent_to_another_node_reach_the_members_se
         .await;
         assert_eq!(code, 200, "{body}");
         assert!(
-            next_named(&mut sse, "session_ended", Duration::from_millis(300))
+            next_named(&mut sse, "session_ended", BEAT_EVERY)
                 .await
                 .is_none(),
             "the session ended though its commits reached another node"
