@@ -223,32 +223,15 @@ impl Forwarder {
         }
     }
 
-    /// The answer of a peer to a request relayed to it (`target`: its full URL, with a JSON
-    /// `body` or none) within `timeout`, or why none came: a consumer group member's request
-    /// sent to another node than the one hosting its session.
-    ///
-    /// # Errors
-    ///
-    /// What failed when the peer did not answer.
-    pub async fn to_peer(
-        &self,
-        method: reqwest::Method,
-        target: &str,
-        body: Option<Bytes>,
-        timeout: Duration,
-    ) -> Result<Response, String> {
-        let mut request = self.client.request(method, target).timeout(timeout);
-        request = request.header(FORWARDED_BY, self.node_id.clone());
-        if let Some(body) = body {
-            request = request.header(header::CONTENT_TYPE, "application/json");
-            request = request.body(body);
-        }
-        if let Some(auth) = &self.authorization {
-            request = request.header(header::AUTHORIZATION, auth.clone());
-        }
-        match request.send().await {
-            Ok(answer) => Ok(relay(answer).await),
-            Err(e) => Err(crate::base::chain(&e)),
+    /// A request to a peer (`target`: its full URL) as this node sends them, marked as
+    /// forwarded and with this node's token: a consumer group member's request relayed to the
+    /// node hosting its session. Its answer goes back through `relay`.
+    pub fn to_peer(&self, method: reqwest::Method, target: &str) -> reqwest::RequestBuilder {
+        let request = self.client.request(method, target);
+        let request = request.header(FORWARDED_BY, self.node_id.clone());
+        match &self.authorization {
+            Some(auth) => request.header(header::AUTHORIZATION, auth.clone()),
+            None => request,
         }
     }
 
@@ -374,7 +357,7 @@ fn redirect(target: &str) -> Response {
 
 /// The owner's answer, status, body and the headers a client needs, unchanged; but the
 /// owner refusing this node's own token is this node's misconfiguration, not the client's.
-async fn relay(answer: reqwest::Response) -> Response {
+pub(crate) async fn relay(answer: reqwest::Response) -> Response {
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
         tracing::error!(

@@ -343,10 +343,15 @@ async fn relay_to_host(
     let Some(target) = member_url(&host, g, &relayed.segments) else {
         return host_unreachable(g, id, &host, "its URL does not take a path");
     };
-    let answer = forwarder
-        .to_peer(relayed.method, &target, relayed.body, RELAY_TIMEOUT)
-        .await;
-    answer.unwrap_or_else(|why| host_unreachable(g, id, &host, &why))
+    let mut request = forwarder.to_peer(relayed.method, &target);
+    if let Some(body) = relayed.body {
+        request = request.header(axum::http::header::CONTENT_TYPE, "application/json");
+        request = request.body(body);
+    }
+    match request.timeout(RELAY_TIMEOUT).send().await {
+        Ok(answer) => crate::forward::relay(answer).await,
+        Err(e) => host_unreachable(g, id, &host, &crate::base::chain(&e)),
+    }
 }
 
 /// The node hosting session `id` of group `g` as the group's state names it; `None` when the
