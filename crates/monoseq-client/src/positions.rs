@@ -84,7 +84,9 @@ impl Client {
     /// # Errors
     ///
     /// [`ClientError::Api`]: `consumer_active` when its positions kept being set while they
-    /// were deleted (stop the consumer first), `bad_request`, a 503;
+    /// were deleted (stop the consumer first), `partition_held` when the consumer is a
+    /// consumer group one of whose members holds a partition (stop the group's members
+    /// first), `bad_request`, a 503;
     /// [`ClientError::Transport`].
     pub async fn delete_consumer(
         &self,
@@ -115,8 +117,9 @@ impl Client {
     /// [`ClientError::PositionConflict`] with the stored position when it is not `expected`
     /// (`position_conflict`) or above `offset` (`position_backwards`);
     /// [`ClientError::PositionBeyondEnd`] when `offset` is at or beyond the partition's end
-    /// (a position is the offset of the last event processed); else as
-    /// [`Client::position`].
+    /// (a position is the offset of the last event processed); [`ClientError::Api`]
+    /// `partition_held` when `consumer` is a consumer group and one of its members holds the
+    /// partition (only the member's commits move it then); else as [`Client::position`].
     ///
     /// # Example
     ///
@@ -225,6 +228,9 @@ fn refused_put(
     maybe_applied: bool,
     (consumer, partition): (&str, u32),
 ) -> Result<(), ClientError> {
+    if a.error().code() == ErrorCode::PartitionHeld {
+        return Err(a.error());
+    }
     if a.error().code() == ErrorCode::PositionBeyondEnd {
         let refused: PositionBeyondEndBody = a.decode()?;
         return Err(ClientError::PositionBeyondEnd {

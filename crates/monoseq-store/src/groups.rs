@@ -8,7 +8,9 @@
 //! ([`EventStore::claim_partition`]), and a commit ([`EventStore::commit_group_position`])
 //! succeeds only on bytes that still name its session. A member that lost a partition (it was
 //! revoked, or its session expired and another member claimed it) can never move the group's
-//! position again. Plain position writes ([`EventStore::set_position`]) keep the fence.
+//! position again. Plain position writes ([`EventStore::set_position`]) and deletes are
+//! refused while a fence is stored ([`crate::PositionError::HeldByMember`]): nothing but the
+//! holder's commits moves a held position.
 //!
 //! Byte layouts: `docs/format.md` (group state: version, CRC-32, JSON; fenced position:
 //! version 2, CRC-32, offset, generation, session).
@@ -433,7 +435,7 @@ mod tests {
     use monoseq_kv::MemoryStore;
 
     use super::*;
-    use crate::{AppId, SetPosition, TrustLevel};
+    use crate::{AppId, PositionError, SetPosition, TrustLevel};
 
     fn store() -> EventStore<MemoryStore> {
         EventStore::new(MemoryStore::new(), AppId(1), TrustLevel::Level0)
@@ -489,25 +491,35 @@ mod tests {
     }
 
     #[test]
-    fn a_plain_position_write_keeps_the_fence() {
+    fn a_plain_position_write_or_delete_is_refused_while_a_member_holds_the_partition() {
         let s = store();
         let g = ConsumerName::new("g").unwrap();
         let p = PartitionId(1);
+        let plain = |offset, expected| SetPosition {
+            offset,
+            expected,
+            force: true,
+        };
         s.claim_partition(&g, p, &fence("a", 7)).unwrap();
         s.commit_group_position(&g, p, "a", 9, 5).unwrap();
-        s.set_position(
-            &g,
-            p,
-            SetPosition {
-                offset: 2,
-                expected: Some(5),
-                force: true,
-            },
-        )
-        .unwrap();
-        assert_eq!(s.group_position(&g, p).unwrap(), (2, Some(fence("a", 7))));
-        s.commit_group_position(&g, p, "a", 9, 3).unwrap();
-        assert_eq!(s.positions(&g).unwrap(), vec![(p, 3)]);
+        for expected in [Some(5), None, Some(4)] {
+            let refused = s.set_position(&g, p, plain(2, expected));
+            assert!(
+                matches!(&refused, Err(PositionError::HeldByMember { session, generation: 7, .. }) if session == "a"),
+                "{refused:?}"
+            );
+        }
+        assert!(matches!(
+            s.delete_positions(&g),
+            Err(PositionError::HeldByMember { .. })
+        ));
+        assert_eq!(s.group_position(&g, p).unwrap(), (5, Some(fence("a", 7))));
+        s.commit_group_position(&g, p, "a", 9, 6).unwrap();
+        // Once the member gave the partition up, an operator may set the position again.
+        s.release_partition(&g, p, "a").unwrap();
+        s.set_position(&g, p, plain(2, Some(6))).unwrap();
+        assert_eq!(s.group_position(&g, p).unwrap(), (2, None));
+        assert_eq!(s.delete_positions(&g).unwrap(), vec![(p, Some(2))]);
     }
 
     #[test]

@@ -184,6 +184,25 @@ pub enum PositionError {
         /// The partition's end when it was refused: the next PLog offset to be written.
         end: u64,
     },
+    /// The position is a consumer group's, and a member of the group holds the partition: it
+    /// carries the member's fence (`crate::groups`), and only that member's commits move it.
+    #[error(
+        "the position of consumer {consumer} on partition {partition} is consumer group \
+         {consumer}'s, and the group's member session {session} holds the partition (given at \
+         generation {generation}); nothing was written: only that member moves the position, \
+         by its commits. To set it, stop the group's members (or let their sessions end) and \
+         retry"
+    )]
+    HeldByMember {
+        /// The consumer: the group.
+        consumer: ConsumerName,
+        /// The partition.
+        partition: PartitionId,
+        /// The session holding it.
+        session: String,
+        /// The generation it was given at.
+        generation: u64,
+    },
     /// The consumer's positions were set again while they were being deleted, every time
     /// (`DELETE_ROUNDS` scans): some may be left.
     #[error(
@@ -274,12 +293,20 @@ pub(crate) fn decode_position(bytes: &[u8]) -> Result<u64, String> {
     Err("truncated inside the offset".into())
 }
 
-/// The bytes of position `offset` keeping the group's fence `like` carries, if any.
-fn encode_like(like: &[u8], offset: u64) -> Vec<u8> {
-    match crate::fence::decode_fenced(like) {
-        Ok((_, fence)) => crate::fence::encode_fenced(offset, &fence),
-        Err(_) => encode_position(offset),
-    }
+/// The refusal of a plain write (or delete) of position bytes that carry a group member's
+/// fence: while a member holds the partition, only its commits move the position.
+fn held_by_member(
+    consumer: &ConsumerName,
+    partition: PartitionId,
+    bytes: &[u8],
+) -> Option<PositionError> {
+    let (_, fence) = crate::fence::decode_fenced(bytes).ok()?;
+    Some(PositionError::HeldByMember {
+        consumer: consumer.clone(),
+        partition,
+        session: fence.session,
+        generation: fence.generation,
+    })
 }
 
 impl<S: KvStore> EventStore<S> {
@@ -314,6 +341,8 @@ impl<S: KvStore> EventStore<S> {
     /// - [`PositionError::Conflict`] with the stored position when it is not `set.expected`.
     /// - [`PositionError::Backwards`] when `set.offset` is below the stored position and
     ///   `set.force` is false.
+    /// - [`PositionError::HeldByMember`] when the position is a consumer group's and a member
+    ///   holds the partition (its fence is stored): only the member's commits move it then.
     /// - [`PositionError::Corrupt`] when the stored position does not decode and `set.force`
     ///   is false (a forced write replaces damaged bytes, whatever it expected).
     /// - [`PositionError::Storage`] on a storage fault; after
@@ -352,7 +381,7 @@ impl<S: KvStore> EventStore<S> {
         let part = position_partition(self.app());
         let clustering = position_clustering(consumer.as_str(), partition);
         let key = Key::new(part.as_bytes(), &clustering);
-        let mut new = encode_position(set.offset);
+        let new = encode_position(set.offset);
         let conflict = |current| PositionError::Conflict {
             consumer: consumer.clone(),
             partition,
@@ -372,14 +401,15 @@ impl<S: KvStore> EventStore<S> {
             let Some(bytes) = bytes else {
                 return Err(conflict(None));
             };
+            if let Some(held) = held_by_member(consumer, partition, &bytes) {
+                return Err(held);
+            }
             match decode_position(&bytes) {
                 Ok(stored) if Some(stored) == set.expected => {}
                 Ok(stored) => return Err(conflict(Some(stored))),
                 Err(_) if set.force => {}
                 Err(reason) => return Err(corrupt(consumer, partition, reason)),
             }
-            // A group's fence stays: only its holder may commit after this write too.
-            new = encode_like(&bytes, set.offset);
             expected_bytes = Some(bytes);
         }
         // Other bytes than expected twice in a row: another writer keeps rewriting them.
@@ -567,6 +597,9 @@ impl<S: KvStore> EventStore<S> {
     ///
     /// # Errors
     ///
+    /// [`PositionError::HeldByMember`] when a member of consumer group `consumer` holds one of
+    /// its partitions (nothing deleted, unless a member claimed a partition during a later
+    /// scan: those deleted before stay deleted);
     /// [`PositionError::StillWritten`] when positions were set again after every scan (those
     /// deleted stay deleted); [`PositionError::Storage`] on a storage fault (after
     /// [`KvError::OutcomeUnknown`] some may have been deleted: read them to tell).
@@ -580,6 +613,12 @@ impl<S: KvStore> EventStore<S> {
             let entries = self.position_entries(consumer)?;
             if entries.is_empty() {
                 return Ok(removed.into_iter().collect());
+            }
+            if let Some(held) = entries
+                .iter()
+                .find_map(|(_, p, bytes)| held_by_member(consumer, *p, bytes))
+            {
+                return Err(held);
             }
             let swaps: Vec<Swap<'_>> = entries
                 .iter()

@@ -161,6 +161,12 @@ codes! {
         UnknownConsumer = "unknown_consumer",
         /// The consumer is being followed and cannot be deleted now.
         ConsumerActive = "consumer_active",
+        /// A group's position cannot be set or deleted while a member holds the partition:
+        /// only the member's commits move it then.
+        PartitionHeld = "partition_held",
+        /// The node hosting a member's session did not answer a heartbeat or leave relayed to
+        /// it; retry.
+        HostUnreachable = "host_unreachable",
         /// The group has live members and cannot be deleted now.
         GroupActive = "group_active",
         /// A member's commit or heartbeat carries a generation that no longer holds the partition.

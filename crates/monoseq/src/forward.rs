@@ -223,6 +223,18 @@ impl Forwarder {
         }
     }
 
+    /// A request to a peer (`target`: its full URL) as this node sends them, marked as
+    /// forwarded and with this node's token: a consumer group member's request relayed to the
+    /// node hosting its session. Its answer goes back through `relay`.
+    pub fn to_peer(&self, method: reqwest::Method, target: &str) -> reqwest::RequestBuilder {
+        let request = self.client.request(method, target);
+        let request = request.header(FORWARDED_BY, self.node_id.clone());
+        match &self.authorization {
+            Some(auth) => request.header(header::AUTHORIZATION, auth.clone()),
+            None => request,
+        }
+    }
+
     /// The owner's JSON answer to a read (`target`: its full URL), which may take `timeout`
     /// (a long poll); a refusal of the owner comes back as its answer, unchanged.
     ///
@@ -345,7 +357,7 @@ fn redirect(target: &str) -> Response {
 
 /// The owner's answer, status, body and the headers a client needs, unchanged; but the
 /// owner refusing this node's own token is this node's misconfiguration, not the client's.
-async fn relay(answer: reqwest::Response) -> Response {
+pub(crate) async fn relay(answer: reqwest::Response) -> Response {
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
         tracing::error!(

@@ -2,7 +2,8 @@
 //! a subscription's events tagged with partition and offset in PLog order per partition,
 //! resumed from a vector or started at the end; filters with their progress messages; a
 //! group's members sharing the partitions, rebalancing on join, leave and a quiet member,
-//! refusing a stale member's commit, and redelivering from the committed position; bad input.
+//! refusing a stale member's commit, and redelivering from the committed position; a plain
+//! `PUT` or `DELETE` of a position a member holds refused; bad input.
 
 mod common;
 
@@ -540,4 +541,78 @@ async fn a_member_that_lost_its_partition_cannot_commit_and_the_next_holder_resu
         Some((in_p.len() - 2) as u64),
         "{group}"
     );
+}
+
+#[tokio::test]
+async fn a_put_or_delete_of_a_groups_position_is_refused_while_a_member_holds_the_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path());
+    let client = reqwest::Client::new();
+    let url = server.url.clone();
+    let written = post_many(&client, &url, 16, "app.Note").await;
+    let mut a = Member::join(&client, &url, "g", "a", "", true).await;
+    a.settle(4).await;
+    let p = written[0].0;
+    let in_p: Vec<u64> = written.iter().filter(|w| w.0 == p).map(|w| w.1).collect();
+    let (code, body) = a.commit(&client, &url, "g", p, in_p[0]).await;
+    assert_eq!(code, 200, "{body}");
+    let position = format!("{url}/v1/consumers/g/partitions/{p}");
+    // What `tail --consumer g` stores, a forced rewind, a first position: all refused.
+    for put in [
+        json!({"offset": in_p[0] + 1, "expected": in_p[0]}),
+        json!({"offset": 0, "expected": in_p[0], "force": true}),
+        json!({"offset": 0}),
+    ] {
+        let (code, body) = status(client.put(&position).json(&put)).await;
+        assert_eq!(
+            (code, body["code"].as_str()),
+            (409, Some("partition_held")),
+            "{put}: {body}"
+        );
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap()
+                .contains("stop the group's members"),
+            "{body}"
+        );
+    }
+    let (code, body) = status(client.delete(format!("{url}/v1/consumers/g"))).await;
+    assert_eq!(
+        (code, body["code"].as_str()),
+        (409, Some("partition_held")),
+        "{body}"
+    );
+    // Through the Rust client (what `tail --consumer g` stores with) the refusal is named.
+    let rust = monoseq_client::Client::builder([url.clone()])
+        .build()
+        .unwrap();
+    let refused = rust
+        .set_position("g", p, in_p[0] + 1, Some(in_p[0]))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code().as_str(), "partition_held", "{refused}");
+    // The position is the member's, and it still commits.
+    let (_, pos) = status(client.get(&position)).await;
+    assert_eq!(pos["offset"].as_u64(), Some(in_p[0]), "{pos}");
+    let (code, body) = a.commit(&client, &url, "g", p, in_p[1]).await;
+    assert_eq!(code, 200, "{body}");
+    // Once the member left, an operator's rewind is taken, and the next member starts there.
+    let (code, _) = status(client.delete(format!("{url}/v1/groups/g/members/{}", a.session))).await;
+    assert_eq!(code, 204);
+    next_named(&mut a.sse, "session_ended").await;
+    let rewind = json!({"offset": in_p[0], "expected": in_p[1], "force": true});
+    let mut answer = (0, Value::Null);
+    for _ in 0..50 {
+        answer = status(client.put(&position).json(&rewind)).await;
+        if answer.0 == 200 {
+            break;
+        }
+        // The leave gives the partitions up within a step of the member's host.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(answer.0, 200, "{}", answer.1);
+    let mut b = Member::join(&client, &url, "g", "b", "", true).await;
+    b.settle(4).await;
+    assert_eq!(b.held[&p], in_p[0], "the next member starts at the rewind");
 }

@@ -2,10 +2,12 @@
 //! Server-Sent Events stream that is its session: `joined`, then `assigned` and `revoked` as
 //! the group rebalances, its partitions' events tagged with partition and offset (through the
 //! same feed as a subscription, filters included), `heartbeat` while quiet, and
-//! `session_ended` last. The member sends `POST /v1/groups/{g}/heartbeat` (or commits) to the
-//! node holding its stream at least every `heartbeat_ms`, commits with
-//! `POST /v1/groups/{g}/commit` through any node, and leaves with
-//! `DELETE /v1/groups/{g}/members/{session}` or by closing its stream.
+//! `session_ended` last. The member sends `POST /v1/groups/{g}/heartbeat` (or commits) at least
+//! every `heartbeat_ms`, commits with `POST /v1/groups/{g}/commit`, and leaves with
+//! `DELETE /v1/groups/{g}/members/{session}` or by closing its stream, all through any node:
+//! a commit is stored from any node (the fence decides), and a heartbeat or leave reaching a
+//! node that does not host the session is relayed once to the node that does, as the group's
+//! state names it (a commit's heartbeat too, on the side).
 //! `GET /v1/groups` and `GET /v1/groups/{g}` show groups, members, assignment and lag;
 //! `DELETE /v1/groups/{g}` removes a group without members.
 //!
@@ -48,6 +50,8 @@ use crate::query::{Params, SESSION_PARAMS};
 
 /// Most groups `GET /v1/groups` lists.
 const GROUPS_LISTED_MAX: usize = 1_000;
+/// Longest wait for the node hosting a member's session to answer a request relayed to it.
+const RELAY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The groups whose members this node hosts.
 pub(crate) struct Groups {
@@ -292,14 +296,111 @@ fn unknown_session(g: &ConsumerName, id: &str) -> Response {
     error(
         StatusCode::CONFLICT,
         ErrorCode::UnknownSession,
-        format!(
-            "this node hosts no session {id:?} of group {g}: the session ended (join again), or \
-             its stream is on another node (send heartbeats to the node holding the stream)"
-        ),
+        format!("no node hosts session {id:?} of group {g}: the session ended; join again"),
     )
 }
 
-/// `POST /v1/groups/{g}/heartbeat`.
+/// A member's request that reached a node not hosting its session, to relay to the one that
+/// does: its method, the path's segments after `/v1/groups/{g}/`, and its JSON body.
+struct Relayed {
+    method: reqwest::Method,
+    segments: Vec<String>,
+    body: Option<Bytes>,
+}
+
+impl Relayed {
+    /// A heartbeat of session `id`.
+    fn heartbeat(id: &str) -> Relayed {
+        let body = SessionBody {
+            session: id.to_owned(),
+        };
+        Relayed {
+            method: reqwest::Method::POST,
+            segments: vec!["heartbeat".to_owned()],
+            // Serializing a plain owned struct cannot fail.
+            body: Some(Bytes::from(serde_json::to_vec(&body).unwrap_or_default())),
+        }
+    }
+}
+
+/// The answer of the node hosting session `id` of group `g` to a member's request that reached
+/// this node, which does not host it: relayed once (a relayed request is never relayed again),
+/// or 409 `unknown_session` when the group's state names no other node hosting it.
+async fn relay_to_host(
+    st: &Arc<AppState>,
+    g: &ConsumerName,
+    id: &str,
+    headers: &HeaderMap,
+    relayed: Relayed,
+) -> Response {
+    let Some((_, forwarder)) = st
+        .cluster
+        .as_ref()
+        .filter(|_| !crate::forward::Forwarder::was_forwarded(headers))
+    else {
+        return unknown_session(g, id);
+    };
+    let host = match host_of(st, g, id).await {
+        Ok(Some(host)) => host,
+        Ok(None) => return unknown_session(g, id),
+        Err(e) => return group_error(&e),
+    };
+    let Some(target) = member_url(&host, g, &relayed.segments) else {
+        return host_unreachable(g, id, &host, "its URL does not take a path");
+    };
+    let mut request = forwarder.to_peer(relayed.method, &target);
+    if let Some(body) = relayed.body {
+        request = request.header(axum::http::header::CONTENT_TYPE, "application/json");
+        request = request.body(body);
+    }
+    match request.timeout(RELAY_TIMEOUT).send().await {
+        Ok(answer) => crate::forward::relay(answer).await,
+        Err(e) => host_unreachable(g, id, &host, &crate::base::chain(&e)),
+    }
+}
+
+/// The node hosting session `id` of group `g` as the group's state names it; `None` when the
+/// state lists no such session, or names this node (where it ended).
+async fn host_of(
+    st: &Arc<AppState>,
+    g: &ConsumerName,
+    id: &str,
+) -> Result<Option<String>, GroupError> {
+    let (g, id) = (g.clone(), id.to_owned());
+    let node = blocking(st, move |store| {
+        let stored = store.group(&g)?;
+        Ok(stored.and_then(|s| s.state.member(&id).map(|m| m.node.clone())))
+    })
+    .await?;
+    Ok(node.filter(|n| *n != st.groups.node))
+}
+
+/// `{host}/v1/groups/{g}/{segments…}`, each segment escaped.
+fn member_url(host: &str, g: &ConsumerName, segments: &[String]) -> Option<String> {
+    let mut url = reqwest::Url::parse(host).ok()?;
+    url.path_segments_mut()
+        .ok()?
+        .pop_if_empty()
+        .extend(["v1", "groups", g.as_str()])
+        .extend(segments);
+    Some(url.to_string())
+}
+
+fn host_unreachable(g: &ConsumerName, id: &str, host: &str, why: &str) -> Response {
+    tracing::warn!(group = %g, session = %id, host, "a member's request could not be relayed to the node hosting its session: {why}");
+    with_retry_after(error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::HostUnreachable,
+        format!(
+            "session {id} of group {g} is hosted by node {host}, which did not answer: {why}; \
+             retry. If that node is gone, the session ends after its timeout and its \
+             partitions go to the other members: join again"
+        ),
+    ))
+}
+
+/// `POST /v1/groups/{g}/heartbeat`: counted by the node hosting the session (relayed to it by
+/// any other node).
 pub(super) async fn heartbeat(
     State(st): State<Arc<AppState>>,
     path: Result<Path<String>, PathRejection>,
@@ -315,15 +416,25 @@ pub(super) async fn heartbeat(
             session.beat();
             StatusCode::NO_CONTENT.into_response()
         }
-        None => unknown_session(&g, &s.session),
+        None => {
+            relay_to_host(
+                &st,
+                &g,
+                &s.session,
+                &headers,
+                Relayed::heartbeat(&s.session),
+            )
+            .await
+        }
     }
 }
 
 /// `DELETE /v1/groups/{g}/members/{session}`: the session leaves; its partitions go to the
-/// others once its stream stopped delivering them.
+/// others once its stream stopped delivering them. Relayed to the node hosting the session.
 pub(super) async fn leave(
     State(st): State<Arc<AppState>>,
     path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
 ) -> Response {
     let (g, id) = match path {
         Ok(Path((g, id))) => match name("group", &g) {
@@ -338,7 +449,14 @@ pub(super) async fn leave(
             host.wake.notify_one();
             StatusCode::NO_CONTENT.into_response()
         }
-        None => unknown_session(&g, &id),
+        None => {
+            let relayed = Relayed {
+                method: reqwest::Method::DELETE,
+                segments: vec!["members".to_owned(), id.clone()],
+                body: None,
+            };
+            relay_to_host(&st, &g, &id, &headers, relayed).await
+        }
     }
 }
 
@@ -357,8 +475,17 @@ pub(super) async fn commit(
     if let Err(r) = check_commit(&c, st.cp.config().partitions) {
         return r;
     }
-    if let Some((_, session)) = st.groups.session(&g, &c.session) {
-        session.beat();
+    match st.groups.session(&g, &c.session) {
+        Some((_, session)) => session.beat(),
+        // A commit counts as a heartbeat at the node hosting the session, told on the side.
+        None if st.cluster.is_some() && !crate::forward::Forwarder::was_forwarded(&headers) => {
+            let (st, g, id) = (Arc::clone(&st), g.clone(), c.session.clone());
+            tokio::spawn(async move {
+                let relayed = Relayed::heartbeat(&id);
+                relay_to_host(&st, &g, &id, &HeaderMap::new(), relayed).await
+            });
+        }
+        None => {}
     }
     let mut committed = Vec::new();
     for pos in &c.positions {

@@ -9,7 +9,10 @@
 //! that would move a position back without `"force": true` is `409 position_backwards`, also
 //! with the stored position (a 409 rather than a 400: whether it is backwards depends on what
 //! is stored, and the client's next step is the same, read and decide). A `PUT` at or beyond
-//! the partition's end is `409 position_beyond_end` with the end, forced or not. The end is
+//! the partition's end is `409 position_beyond_end` with the end, forced or not. A consumer
+//! group's position on a partition one of its members holds is `409 partition_held` to a `PUT`
+//! or `DELETE` (forced or not): only the member's commits move it, so nothing a consumer sends
+//! moves a group's position under its holder. The end is
 //! the owner's: a node that does not own the partition accepts a position below the end it
 //! knows (a lower bound), and asks the owner for anything above (a page read from `end`, as
 //! it relays reads); while the partition moves between nodes it answers 503, having written
@@ -458,6 +461,11 @@ fn position_error(st: &AppState, e: &PositionError) -> Response {
         PositionError::StillWritten { .. } => error(
             StatusCode::CONFLICT,
             ErrorCode::ConsumerActive,
+            e.to_string(),
+        ),
+        PositionError::HeldByMember { .. } => error(
+            StatusCode::CONFLICT,
+            ErrorCode::PartitionHeld,
             e.to_string(),
         ),
         PositionError::Corrupt {
