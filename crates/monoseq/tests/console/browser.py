@@ -437,8 +437,9 @@ def gap():
             gaps = [r for r in live if r[1] == "gap"]
             check("the live view shows the retired offsets as one gap row", len(gaps) == 1
                   and gaps[0][0].endswith(f"–{after - 1}") and "hold no events (restore)" in gaps[0][2],
-                  str(live[:6]))
-            check("and the event after it", live[0][0] == str(after) and live[1][1] == "gap", str(live[:3]))
+                  str([f"{r[0]} {r[1]}" for r in live[:6]]))
+            check("and the event after it", live[0][0] == str(after) and live[1][1] == "gap",
+                  str([f"{r[0]} {r[1]}" for r in live[:3]]))
             page.goto(f"{URL}/ui/#/partition/{p}/1")
             wait_for(page, "document.getElementById('live') === null && "
                      "document.querySelector('#events tbody tr td') !== null")
@@ -448,6 +449,9 @@ def gap():
                   [r[0] for r in paged] == want and paged[5][1] == "gap"
                   and f"gap: offsets {lost[0]} to {after - 1} hold no events (restore)" in paged[5][2],
                   str([r[0] for r in paged]))
+            page.goto(f"{URL}/ui/#/partition/{p}/5")
+            wait_for(page, "document.querySelector('#events tbody tr td') !== null && "
+                     "document.querySelector('#events tbody tr td').textContent === '5'")
             shot(page, "partition-gap")
         finally:
             browser.close()
