@@ -303,3 +303,61 @@ async fn a_follower_through_a_node_that_does_not_own_its_partition_counts_in_the
     a.terminate(Duration::from_secs(20));
     b.terminate(Duration::from_secs(20));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_counts_each_event_it_delivers_live_in_the_follower_delay() {
+    use common::sse::Sse;
+    let dir = tempfile::tempdir().unwrap();
+    let http = common::keyed::client(Duration::from_secs(10));
+    let server = common::Server::start_ready(&dir.path().join("data"), &[], &http).await;
+    let url = &server.url;
+    let mut stream = Sse::open(
+        &http,
+        &format!("{url}/v1/events/stream?partitions=all&from=end"),
+        None,
+    )
+    .await;
+    let post = || async {
+        let body = serde_json::json!({"ws": 1, "ws_kind": 1, "command": "test.Create"});
+        let r = http
+            .post(format!("{url}/v1/commands"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    };
+    // Until the stream delivers one (its reader knew the end before the command was written),
+    // then five more: each event it delivers was written after it began reading.
+    let (mut received, mut posted) = (0, 0);
+    while received == 0 {
+        assert!(
+            posted < 50,
+            "the subscription delivered none of {posted} events"
+        );
+        post().await;
+        posted += 1;
+        while let Some(m) = stream.next(Duration::from_millis(300)).await {
+            received += u64::from(m.event == "event");
+        }
+    }
+    let target = received + 5;
+    for _ in 0..5 {
+        post().await;
+    }
+    while received < target {
+        let m = stream
+            .next(Duration::from_secs(20))
+            .await
+            .expect("the subscription's next event");
+        received += u64::from(m.event == "event");
+    }
+    while let Some(m) = stream.next(Duration::from_millis(300)).await {
+        received += u64::from(m.event == "event");
+    }
+    assert_eq!(
+        delivered(&http, url).await,
+        received,
+        "every event the subscription delivered live, and nothing else, is observed once"
+    );
+}

@@ -115,9 +115,10 @@ impl Latency {
             follower_delay: one(
                 "follower_delay_seconds",
                 "Time from an event's registration (just before its group is written and \
-                 acknowledged) to its hand-off to this node's live tails, once per event a \
-                 partition's hub hands out: from its writer, its store or its owner \
-                 (millisecond wall clocks; gaps have no registration and are not counted)",
+                 acknowledged) to its live delivery: once per event a partition's hub hands \
+                 this node's tails (from its writer, its store or its owner), once per stream \
+                 for an event a subscription or group member's stream delivers after catching \
+                 up (millisecond wall clocks; gaps have no registration and are not counted)",
                 duration_histogram(),
             ),
             group_commands: one(
@@ -168,6 +169,22 @@ impl Latency {
             PageEvent::Stored(e) => e.0.registered_at_ms,
             PageEvent::Relayed(e) => e.registered_at_ms,
         });
+    }
+
+    /// The events of a page that a subscription's or a group member's reader delivers live
+    /// (it had caught up before reading it), those passing its filter.
+    pub(super) fn live_page(
+        &self,
+        entries: &[monoseq_wire::PlogEntryBody<super::consume::PageEvent>],
+        filter: &super::filter::Filter,
+    ) {
+        for entry in entries {
+            if let monoseq_wire::PlogEntryBody::Event(e) = entry
+                && e.passes(filter)
+            {
+                self.page_delivery(e);
+            }
+        }
     }
 
     /// The observer the command processor tells of every group written.
