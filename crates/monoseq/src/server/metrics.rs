@@ -72,7 +72,8 @@ pub(super) struct Latency {
     pub(super) forward: Histogram,
     /// Store reads of a PLog page (for a page read or a tail's catch-up).
     pub(super) page_read: Histogram,
-    /// From an event's registration to its hand-off to this node's live tails.
+    /// From an event's registration to its live delivery (a hub's hand-off to this node's
+    /// tails, or a stream's page read once it had caught up).
     follower_delay: Histogram,
     /// Commands per group written.
     group_commands: Histogram,
@@ -161,8 +162,8 @@ impl Latency {
         self.follower_delay.observe(delay.as_secs_f64());
     }
 
-    /// An event of a page handed to this node's live tails now (read from its store or
-    /// relayed from the partition's owner).
+    /// An event of a page delivered live now (read from this node's store or relayed from
+    /// the partition's owner).
     pub(super) fn page_delivery(&self, e: &super::consume::PageEvent) {
         use super::consume::PageEvent;
         self.follower_delivery(match e {
