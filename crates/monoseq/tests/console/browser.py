@@ -433,8 +433,19 @@ def gap():
             wait_for(page, "(o) => [...document.querySelectorAll('#live tbody tr td:first-child')]"
                      ".some((td) => td.textContent === String(o))", arg=lost[-1])
             os.kill(pid, signal.SIGKILL)
-            child = subprocess.Popen(json.loads(os.environ["CONSOLE_RESTORE"]),
-                                     stdout=subprocess.DEVNULL, stderr=log)
+            # The killed server's socket closes once it is gone: until then a start on its
+            # address would be refused.
+            deadline = time.monotonic() + 10
+            while ready() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            child = None
+            for _ in range(20):
+                child = subprocess.Popen(json.loads(os.environ["CONSOLE_RESTORE"]),
+                                         stdout=subprocess.DEVNULL, stderr=log)
+                try:
+                    child.wait(timeout=0.5)  # a refused start ends at once
+                except subprocess.TimeoutExpired:
+                    break
             deadline = time.monotonic() + 30
             while True:
                 try:
