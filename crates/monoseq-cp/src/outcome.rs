@@ -37,12 +37,14 @@ pub(crate) struct Counters {
     pub(crate) group_observer: OnceLock<Arc<dyn GroupObserver>>,
 }
 
-/// Told of every group a partition's writer made durable: its commands and how long its
-/// write took (append, sync and the raise of its high-water mark). Called on the writer's
-/// thread, once per group: it must be cheap and must not block.
+/// Told of every group a partition's writer made durable: its commands, how long its append
+/// to the store took, and how long it then took to become durable (the store's sync and the
+/// raise of the partition's high-water mark, shared with the groups of other partitions that
+/// sync together). Called on the writer's thread, once per group: it must be cheap and must
+/// not block.
 pub trait GroupObserver: Send + Sync + 'static {
-    /// A group of `commands` commands was written and synced in `write`.
-    fn group_written(&self, commands: usize, write: Duration);
+    /// A group of `commands` commands was appended in `write`, then synced in `sync`.
+    fn group_written(&self, commands: usize, write: Duration, sync: Duration);
 }
 
 impl std::fmt::Debug for dyn GroupObserver {
@@ -53,9 +55,9 @@ impl std::fmt::Debug for dyn GroupObserver {
 
 impl Counters {
     /// Tells the observer, if any, of a group written.
-    pub(crate) fn group_written(&self, commands: usize, write: Duration) {
+    pub(crate) fn group_written(&self, commands: usize, write: Duration, sync: Duration) {
         if let Some(o) = self.group_observer.get() {
-            o.group_written(commands, write);
+            o.group_written(commands, write, sync);
         }
     }
 }

@@ -414,12 +414,14 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         let first = accepted[0].outcome.plog_offset;
         let mark = group_mark(replayed, &events);
         let writing = clock.now();
-        match self.write(&events, stored, mark, begun) {
-            Ok(records) => {
+        match self.write(&events, stored, mark, begun, clock) {
+            Ok((records, appended)) => {
                 self.recent.keep(records);
                 let written = clock.now();
                 let write = written.saturating_duration_since(writing);
-                self.counters.group_written(commands, write);
+                let append = appended.saturating_duration_since(writing);
+                let sync = written.saturating_duration_since(appended);
+                self.counters.group_written(commands, append, sync);
                 // Kept for followers before the end that covers the group is published.
                 self.acked.keep(events);
                 self.written_group(mark, accepted, followers, replays);
@@ -615,15 +617,17 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
     /// Makes a group durable before anyone is told: appends it, syncs the store, then raises
     /// the partition's high-water mark (the marks' cycle runs the store's sync first, so a
     /// mark never reaches the disk before the events it covers). Answers the updated records
-    /// as written.
+    /// as written and when the append ended (the sync and the raise follow it).
     fn write(
         &self,
         events: &[Event],
         stored: StoredRecords,
         mark: Mark,
         begun: Option<GroupBegun<'_>>,
-    ) -> Result<StoredRecords, AppendError> {
+        clock: &impl Clock,
+    ) -> Result<(StoredRecords, Instant), AppendError> {
         let records = self.store.append_onto(self.partition, events, stored)?;
+        let appended = clock.now();
         let raised = match begun {
             Some(group) => group.raise_after(self.partition.0, &mark, || self.store.sync()),
             None => self.raise_synced(mark),
@@ -632,7 +636,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             MarksError::Store(e) => AppendError::Storage(e),
             e => AppendError::Storage(KvError::backend("raising the high-water mark failed", e)),
         })?;
-        Ok(records)
+        Ok((records, appended))
     }
 
     /// Syncs the store and raises the partition's high-water mark to `mark` after it (only

@@ -107,6 +107,55 @@ fn the_console_in_a_browser_shows_live_events_escapes_values_and_survives_its_no
     answers.assert_conforms();
 }
 
+/// An admin token of the gap test's server (backups are administration).
+const ADMIN: &str = "admin-token-0123456789abcdef-A1";
+
+#[test]
+fn numbers_lost_with_a_restore_show_as_a_gap_in_the_live_view_and_in_a_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = security::tokens_file(
+        dir.path(),
+        &format!("write {WRITE}\nread {READ}\nadmin {ADMIN}\n"),
+    );
+    let (live, backup) = (dir.path().join("live"), dir.path().join("backup"));
+    let port = free_port();
+    let answers = AnswerLog::new();
+    let mut argv = serve_argv(&live, port, &tokens, &answers.path());
+    argv.extend(["--backup-root".into(), dir.path().display().to_string()]);
+    // The backup's own marks say nothing of what was acknowledged after it: every sequence
+    // skips ahead, and the numbers between are retired (docs/backups.md).
+    let mut restore = serve_argv(&backup, port, &tokens, &answers.path());
+    restore.extend(["--skip-ahead".into(), "100".into()]);
+    let url = format!("http://127.0.0.1:{port}");
+    let backup_argv = [BIN, "backup", "--url", &url, "--to"]
+        .map(str::to_owned)
+        .into_iter()
+        .chain([backup.display().to_string(), "--token".into(), ADMIN.into()])
+        .collect::<Vec<_>>();
+    let mut server = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn monoseq serve");
+    let out = browse(&[
+        ("CONSOLE_MODE", "gap".into()),
+        ("CONSOLE_URL", url),
+        ("CONSOLE_WRITE", WRITE.into()),
+        ("CONSOLE_READ", READ.into()),
+        ("CONSOLE_PID", server.id().to_string()),
+        (
+            "CONSOLE_BACKUP",
+            serde_json::to_string(&backup_argv).unwrap(),
+        ),
+        ("CONSOLE_RESTORE", serde_json::to_string(&restore).unwrap()),
+    ]);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(out.contains("one gap row"), "{out}");
+    answers.assert_conforms();
+}
+
 #[test]
 fn the_cluster_view_shows_a_new_owner_after_the_old_owner_is_killed() {
     let db = Backend::postgres_url();
@@ -184,5 +233,131 @@ async fn the_token_scope_answers_what_each_token_may_do_and_the_assets_need_no_t
     assert!(
         !text.contains("innerHTML"),
         "the console writes values as text nodes only"
+    );
+}
+
+/// `monoseq_follower_delay_seconds_count` of the node at `url`.
+async fn delivered(http: &reqwest::Client, url: &str) -> u64 {
+    common::metric(
+        &common::metrics(http, url).await,
+        "monoseq_follower_delay_seconds_count",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_through_a_node_that_does_not_own_its_partition_counts_in_the_follower_delay() {
+    use common::sse::Sse;
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let beat = ["--follower-heartbeat-ms", "200"];
+    let a = Node::on(&db, "a", dir.path()).args(&beat).start();
+    let b = Node::on(&db, "b", dir.path()).args(&beat).start();
+    let http = common::keyed::client(Duration::from_secs(10));
+    // Partition 0 (workspace 6 of 6 partitions) is followed through the node not owning it.
+    let owners = common::keyed::balanced(&http, &a.url, &["a", "b"]).await;
+    let (owner, relay) = if owners[&0].0 == "a" {
+        (&a.url, &b.url)
+    } else {
+        (&b.url, &a.url)
+    };
+    let mut tail = Sse::open(
+        &http,
+        &format!("{relay}/v1/partitions/0/events/stream?from=end"),
+        None,
+    )
+    .await;
+    // A heartbeat: the tail has caught up and takes what its hub hands out from now on.
+    let first = tail
+        .next(Duration::from_secs(20))
+        .await
+        .expect("a heartbeat");
+    assert_eq!(first.event, "heartbeat", "{first:?}");
+    let before = delivered(&http, relay).await;
+    const EVENTS: u64 = 20;
+    let commands: Vec<serde_json::Value> = (0..EVENTS)
+        .map(|_| serde_json::json!({"ws": 6, "ws_kind": 1, "command": "test.Create"}))
+        .collect();
+    let r = http
+        .post(format!("{owner}/v1/commands/batch"))
+        .json(&serde_json::json!({ "commands": commands }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut got = 0;
+    while got < EVENTS {
+        let m = tail
+            .next(Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|| panic!("{got} of {EVENTS} events through the relaying node"));
+        if m.event == "event" {
+            got += 1;
+        }
+    }
+    let counted = delivered(&http, relay).await - before;
+    assert!(
+        counted >= EVENTS,
+        "the relaying node handed {EVENTS} events to its tail and observed {counted} delays"
+    );
+    drop(tail);
+    a.terminate(Duration::from_secs(20));
+    b.terminate(Duration::from_secs(20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_counts_each_event_it_delivers_live_in_the_follower_delay() {
+    use common::sse::Sse;
+    let dir = tempfile::tempdir().unwrap();
+    let http = common::keyed::client(Duration::from_secs(10));
+    let server = common::Server::start_ready(&dir.path().join("data"), &[], &http).await;
+    let url = &server.url;
+    let mut stream = Sse::open(
+        &http,
+        &format!("{url}/v1/events/stream?partitions=all&from=end"),
+        None,
+    )
+    .await;
+    let post = || async {
+        let body = serde_json::json!({"ws": 1, "ws_kind": 1, "command": "test.Create"});
+        let r = http
+            .post(format!("{url}/v1/commands"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    };
+    // Until the stream delivers one (its reader knew the end before the command was written),
+    // then five more: each event it delivers was written after it began reading.
+    let (mut received, mut posted) = (0, 0);
+    while received == 0 {
+        assert!(
+            posted < 50,
+            "the subscription delivered none of {posted} events"
+        );
+        post().await;
+        posted += 1;
+        while let Some(m) = stream.next(Duration::from_millis(300)).await {
+            received += u64::from(m.event == "event");
+        }
+    }
+    let target = received + 5;
+    for _ in 0..5 {
+        post().await;
+    }
+    while received < target {
+        let m = stream
+            .next(Duration::from_secs(20))
+            .await
+            .expect("the subscription's next event");
+        received += u64::from(m.event == "event");
+    }
+    while let Some(m) = stream.next(Duration::from_millis(300)).await {
+        received += u64::from(m.event == "event");
+    }
+    assert_eq!(
+        delivered(&http, url).await,
+        received,
+        "every event the subscription delivered live, and nothing else, is observed once"
     );
 }

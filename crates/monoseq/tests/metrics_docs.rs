@@ -137,6 +137,7 @@ async fn every_documented_or_dashboard_series_exists_and_every_exposed_series_is
         "monoseq_command_duration_seconds",
         "monoseq_group_commands",
         "monoseq_group_write_duration_seconds",
+        "monoseq_group_sync_duration_seconds",
         "monoseq_forward_duration_seconds",
         "monoseq_page_read_duration_seconds",
         "monoseq_follower_delay_seconds",
@@ -151,14 +152,55 @@ async fn every_documented_or_dashboard_series_exists_and_every_exposed_series_is
         metrics.contains("monoseq_command_duration_seconds_count{outcome=\"ok\"} 1"),
         "the command was not observed:\n{metrics}"
     );
-    assert!(
-        metrics.contains("monoseq_group_commands_count 1"),
-        "the group was not observed:\n{metrics}"
-    );
+    for group in [
+        "commands",
+        "write_duration_seconds",
+        "sync_duration_seconds",
+    ] {
+        assert!(
+            metrics.contains(&format!("monoseq_group_{group}_count 1\n")),
+            "the group was not observed in monoseq_group_{group}:\n{metrics}"
+        );
+    }
+    batch_commands_are_observed(&client, &server.url).await;
     let doc = std::fs::read_to_string(root().join("docs/operating.md")).unwrap();
     let dashboard = std::fs::read_to_string(root().join("docs/grafana/monoseq.json")).unwrap();
     let found = mismatches(&families, &doc, &dashboard);
     assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// A batch of three commands and one malformed: each is observed in the command latency
+/// histogram by its outcome, as three single commands and a refused one would be (the server
+/// answered one single command before).
+async fn batch_commands_are_observed(client: &reqwest::Client, url: &str) {
+    let command = |ws: u64| serde_json::json!({"ws": ws, "ws_kind": 1, "command": "test.Create"});
+    let batch = serde_json::json!({
+        "commands": [command(1), command(2), command(3), {"ws": "not a number"}]
+    });
+    let r = client
+        .post(format!("{url}/v1/commands/batch"))
+        .json(&batch)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let answer: serde_json::Value = r.json().await.unwrap();
+    let statuses: Vec<u64> = answer["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 400], "{answer}");
+    let metrics = common::metrics(client, url).await;
+    for (outcome, count) in [("ok", 4), ("invalid_command", 1)] {
+        let series =
+            format!("monoseq_command_duration_seconds_count{{outcome=\"{outcome}\"}} {count}\n");
+        assert!(
+            metrics.contains(&series),
+            "the batch's commands were not observed ({series}):\n{metrics}"
+        );
+    }
 }
 
 #[test]

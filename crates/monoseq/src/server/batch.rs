@@ -32,12 +32,14 @@ use crate::config::Store;
 use crate::forward::Forwarder;
 
 /// `POST /v1/commands/batch`: reads the batch, runs its commands, counts each in the metrics
-/// as a single command would be, and answers their results.
+/// (its latency from the batch's arrival to its answer) as a single command would be, and
+/// answers their results.
 pub(super) async fn submit_batch(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let began = std::time::Instant::now();
     let body = match body {
         Ok(body) => body,
         Err(rejection) => {
@@ -55,12 +57,14 @@ pub(super) async fn submit_batch(
     };
     let results = run(&st.cp, st.cluster.as_ref(), &headers, &commands).await;
     for result in &results {
+        let code = result.error.as_ref().map_or("ok", |e| e.code.as_str());
         match &result.error {
             None => {
                 st.metrics.commands_ok.inc();
             }
             Some(e) => st.metrics.count_command(e.code.as_str()),
         }
+        st.metrics.latency.command(code, began);
     }
     answer(results)
 }

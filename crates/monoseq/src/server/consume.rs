@@ -1478,6 +1478,7 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
         for e in &page.events {
             let frame = match e {
                 PlogEntryBody::Event(e) => {
+                    st.metrics.latency.page_delivery(e);
                     frame(SSE_EVENT, e.plog_offset(), 1, Some(e.wlog()), &**e)
                 }
                 PlogEntryBody::Gap { gap } => {

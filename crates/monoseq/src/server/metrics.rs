@@ -63,7 +63,8 @@ fn duration_histogram() -> Histogram {
 
 /// The latency histograms (Prometheus `_bucket`, `_sum`, `_count` series; `docs/operating.md`).
 pub(super) struct Latency {
-    /// Single commands answered by this node's processor (and their refusals), by outcome.
+    /// Commands answered by this node (single ones and each of a batch; refusals included),
+    /// by outcome.
     commands: HistogramFamily,
     /// The `outcome="ok"` histogram of `commands`, held (no lookup per command).
     commands_ok: Histogram,
@@ -71,12 +72,15 @@ pub(super) struct Latency {
     pub(super) forward: Histogram,
     /// Store reads of a PLog page (for a page read or a tail's catch-up).
     pub(super) page_read: Histogram,
-    /// From an event's registration to its hand-off to this node's live tails.
+    /// From an event's registration to its live delivery (a hub's hand-off to this node's
+    /// tails, or a stream's page read once it had caught up).
     follower_delay: Histogram,
     /// Commands per group written.
     group_commands: Histogram,
-    /// A group's write: append, sync and the raise of its high-water mark.
+    /// A group's append to the store.
     group_write: Histogram,
+    /// A group's sync after its append: the store's sync and the raise of its high-water mark.
+    group_sync: Histogram,
 }
 
 impl Latency {
@@ -84,8 +88,9 @@ impl Latency {
         let commands = HistogramFamily::new_with_constructor(duration_histogram);
         r.register(
             "command_duration_seconds",
-            "Time from a command's arrival to its answer (POST /v1/commands answered by this \
-             node, refusals included), by outcome code",
+            "Time from a command's arrival to its answer, by outcome code: POST /v1/commands \
+             answered by this node, and each command of POST /v1/commands/batch (from the \
+             batch's arrival to its answer), refusals included",
             commands.clone(),
         );
         let commands_ok = commands
@@ -111,8 +116,10 @@ impl Latency {
             follower_delay: one(
                 "follower_delay_seconds",
                 "Time from an event's registration (just before its group is written and \
-                 acknowledged) to its hand-off to this node's live tails, straight from its \
-                 writer (millisecond clock)",
+                 acknowledged) to its live delivery: once per event a partition's hub hands \
+                 this node's tails (from its writer, its store or its owner), once per stream \
+                 for an event a subscription or group member's stream delivers after catching \
+                 up (millisecond wall clocks; gaps have no registration and are not counted)",
                 duration_histogram(),
             ),
             group_commands: one(
@@ -122,7 +129,13 @@ impl Latency {
             ),
             group_write: one(
                 "group_write_duration_seconds",
-                "Time to write a group: append, sync and the raise of its high-water mark",
+                "Time to append a group's events and records to the store (before its sync)",
+                duration_histogram(),
+            ),
+            group_sync: one(
+                "group_sync_duration_seconds",
+                "Time from a group's append to its durability: the store's sync and the raise \
+                 of its high-water mark (one sync may serve groups of several partitions)",
                 duration_histogram(),
             ),
         }
@@ -149,11 +162,38 @@ impl Latency {
         self.follower_delay.observe(delay.as_secs_f64());
     }
 
+    /// An event of a page delivered live now (read from this node's store or relayed from
+    /// the partition's owner).
+    pub(super) fn page_delivery(&self, e: &super::consume::PageEvent) {
+        use super::consume::PageEvent;
+        self.follower_delivery(match e {
+            PageEvent::Stored(e) => e.0.registered_at_ms,
+            PageEvent::Relayed(e) => e.registered_at_ms,
+        });
+    }
+
+    /// The events of a page that a subscription's or a group member's reader delivers live
+    /// (it had caught up before reading it), those passing its filter.
+    pub(super) fn live_page(
+        &self,
+        entries: &[monoseq_wire::PlogEntryBody<super::consume::PageEvent>],
+        filter: &super::filter::Filter,
+    ) {
+        for entry in entries {
+            if let monoseq_wire::PlogEntryBody::Event(e) = entry
+                && e.passes(filter)
+            {
+                self.page_delivery(e);
+            }
+        }
+    }
+
     /// The observer the command processor tells of every group written.
     pub(super) fn group_observer(&self) -> Arc<dyn monoseq_cp::GroupObserver> {
         Arc::new(GroupHistograms {
             commands: self.group_commands.clone(),
             write: self.group_write.clone(),
+            sync: self.group_sync.clone(),
         })
     }
 }
@@ -170,12 +210,14 @@ pub(super) fn timed<T>(histogram: &Histogram, f: impl FnOnce() -> T) -> T {
 struct GroupHistograms {
     commands: Histogram,
     write: Histogram,
+    sync: Histogram,
 }
 
 impl monoseq_cp::GroupObserver for GroupHistograms {
-    fn group_written(&self, commands: usize, write: Duration) {
+    fn group_written(&self, commands: usize, write: Duration, sync: Duration) {
         self.commands.observe(commands as f64);
         self.write.observe(write.as_secs_f64());
+        self.sync.observe(sync.as_secs_f64());
     }
 }
 

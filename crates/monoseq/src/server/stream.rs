@@ -158,6 +158,8 @@ async fn read_into(
             }
         },
     };
+    // Whether the reader had caught up: what its next page brings was written since.
+    let mut live = matches!(start, Start::End);
     loop {
         let page = match consume::page(st, p, next, PLOG_PAGE_MAX, READ_WAIT).await {
             Ok(page) => page,
@@ -169,11 +171,15 @@ async fn read_into(
                 continue;
             }
         };
+        let fresh = std::mem::replace(&mut live, page.next >= page.end);
         if page.next <= next {
             if tx.is_closed() {
                 return;
             }
             continue;
+        }
+        if fresh {
+            st.metrics.latency.live_page(&page.events, filter);
         }
         let bytes = page_messages(p, &page.events, page.next, filter);
         next = page.next;

@@ -627,7 +627,8 @@ const secs = (v) => (v === null ? 'â€”' : v < 0.001 ? `${(v * 1e6).toFixed(0)} Â
 
 const LATENCIES = [
   ['commands (ok)', 'monoseq_command_duration_seconds', (l) => l.outcome === 'ok'],
-  ['group write and sync', 'monoseq_group_write_duration_seconds'],
+  ['group append', 'monoseq_group_write_duration_seconds'],
+  ['group sync', 'monoseq_group_sync_duration_seconds'],
   ['forwarding', 'monoseq_forward_duration_seconds'],
   ['page read', 'monoseq_page_read_duration_seconds'],
   ['follower delay', 'monoseq_follower_delay_seconds'],
