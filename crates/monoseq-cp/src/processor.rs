@@ -400,7 +400,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     /// The partition that runs commands of workspace `ws`: `ws mod partitions`.
     #[must_use]
     pub fn partition_of(&self, ws: WsId) -> u32 {
-        (ws.0 % u64::from(self.inner.config.partitions)) as u32
+        ws.partition(self.inner.config.partitions)
     }
 
     /// The end of partition `p`'s PLog as this process knows it: the offset the next

@@ -13,7 +13,8 @@ use std::sync::Arc;
 use monoseq_core::Step;
 use monoseq_cp::{Answer, Command, CommandError, End, IdempotencyKey, ManualPartition, Outcome};
 use monoseq_membership::{
-    Action, Call, Config, Membership, Phase, Reply, Serving, ServingAction, Settled, TableError,
+    Action, Call, Config, Leases, Membership, Phase, Reply, Request as RouteRequest, Route,
+    Serving, ServingAction, Settled, TableError, TableStatus, route,
 };
 use monoseq_store::{
     AcceptedLoss, AppId, EventStore, LossCause, Mark, PageItem, PartitionId, ReadError, TrustLevel,
@@ -86,8 +87,9 @@ pub(crate) struct Node {
     pub(crate) paused_until: u64,
     /// It was paused at the last tick.
     was_paused: bool,
-    /// Requests accepted while paused.
-    pub(crate) inbox: Vec<Request>,
+    /// Requests accepted while paused, each with whether another node relayed it: routed
+    /// when the node runs again ([`crate::Sim::tick`]).
+    pub(crate) inbox: Vec<(Request, bool)>,
     pub(crate) violations: Vec<String>,
     membership: Membership,
     /// What it does with the partitions the membership gives it.
@@ -415,13 +417,28 @@ impl Node {
         }
     }
 
-    /// The live owner of `p` by this node's last read of the lease table.
-    pub(crate) fn owner_of(&self, p: u32) -> Option<String> {
-        let view = self.membership.view()?;
-        view.status
-            .lease(p)
-            .and_then(|l| l.live_owner())
-            .map(str::to_owned)
+    /// Where a request for `p` goes at simulated time `now` (the server's routing: the shared
+    /// [`route`] on this node's last read of the lease table, aged by its own clock);
+    /// `served_here` when this node answers such a request itself, `relayed` when another
+    /// node relayed it here.
+    pub(crate) fn route(&self, p: u32, now: u64, served_here: bool, relayed: bool) -> Route {
+        let request = RouteRequest {
+            partition: p,
+            partitions: self.partitions,
+            served_here,
+            relayed,
+        };
+        let unread = TableStatus::default();
+        let (status, read_at) = self
+            .membership
+            .view()
+            .map_or((&unread, 0), |v| (&v.status, v.read_at));
+        let leases = Leases::Read {
+            status,
+            age_ms: self.local(now).saturating_sub(read_at),
+            me: &self.name,
+        };
+        route(request, leases)
     }
 
     pub(crate) fn step(&mut self, now: u64, db: &Arc<Db>, answers: &mut Answers) {
@@ -433,14 +450,6 @@ impl Node {
             return;
         }
         let t = self.local(now);
-        for r in std::mem::take(&mut self.inbox) {
-            let p = (r.ws % u64::from(self.partitions)) as u32;
-            if self.serves(p) {
-                self.enqueue(p, r);
-            } else {
-                answers.push((r, Err(CommandError::NotOwner { partition: p })));
-            }
-        }
         // A process frozen in the middle of its work goes on where it stopped: the partitions
         // it served write before its watchdog can notice that their leases ran out (only the
         // fence stops those writes).
