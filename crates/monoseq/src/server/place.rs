@@ -43,12 +43,12 @@ impl AppState {
     /// `relayed`: another node relayed it here already), else nowhere and why.
     pub(super) fn place(&self, p: u32, relayed: bool) -> Placed<'_> {
         let partitions = self.cp.config().partitions;
-        let served_here = p < partitions && self.cp.serves(p);
         let Some((cluster, forwarder)) = &self.cluster else {
+            // One node alone serves every partition: the processor need not be asked.
             let request = Request {
                 partition: p,
                 partitions,
-                served_here,
+                served_here: true,
                 relayed,
             };
             return match route(request, Leases::Alone) {
@@ -56,6 +56,7 @@ impl AppState {
                 _ => Placed::Local,
             };
         };
+        let served_here = p < partitions && self.cp.serves(p);
         match cluster.route(p, served_here, relayed) {
             Route::Local => Placed::Local,
             Route::Relay(owner) => Placed::Relay(Relay {
