@@ -27,6 +27,18 @@ id_type!(
     /// A workspace: the owner of a WLog and of a set of sequences.
     WsId(u64)
 );
+
+impl WsId {
+    /// The partition that runs this workspace's commands among `partitions`: the workspace
+    /// ID modulo the partition count (a count of 0 is taken as 1). The one place the rule is
+    /// written: the processor, the server's routing and the simulation all use it.
+    #[must_use]
+    pub fn partition(self, partitions: u32) -> u32 {
+        let p = self.0 % u64::from(partitions.max(1));
+        u32::try_from(p).unwrap_or(0)
+    }
+}
+
 id_type!(
     /// The kind of a workspace; it decides which sequences the workspace has.
     WsKind(u16)

@@ -21,6 +21,7 @@ mod outcome;
 mod partition;
 mod processor;
 mod recent;
+mod table;
 mod writer;
 
 pub use command::{
@@ -44,3 +45,4 @@ pub use processor::{
     QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS,
 };
 pub use recent::RECENT_RECORDS_BYTES_DEFAULT;
+pub use table::{Held, Partitions};

@@ -8,7 +8,7 @@
 //! its partition an actualization.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use monoseq_core::{Runtime, Sequencer, SequencerStats, Status, WsId, WsKind};
@@ -26,6 +26,7 @@ use crate::idempotency::{IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey};
 use crate::outcome::{Counters, Outcome};
 use crate::partition::{PartitionShared, PartitionState, PartitionTask};
 use crate::recent::RECENT_RECORDS_BYTES_DEFAULT;
+use crate::table::{Held, Partitions};
 use crate::writer::{Job, WriterTemplate};
 
 /// Most partitions one processor hosts.
@@ -162,9 +163,11 @@ struct Partition<S: KvStore + Clone> {
     task: oneshot::Receiver<()>,
 }
 
-/// Where partition `p` lives: `None` while this processor does not serve it (another node
-/// owns it, or it was never acquired).
-type Slot<S> = RwLock<Option<Partition<S>>>;
+impl<S: KvStore + Clone> Held for Partition<S> {
+    fn fenced(&self) -> bool {
+        self.shared.is_fenced()
+    }
+}
 
 /// Runs commands against an event store. Cheap to clone; every clone submits to the same
 /// partitions.
@@ -183,7 +186,8 @@ impl<S: KvStore + Clone> Clone for CommandProcessor<S> {
 struct Inner<S: KvStore + Clone> {
     config: Config,
     store: EventStore<S>,
-    partitions: Vec<Slot<S>>,
+    /// The partitions this processor holds: its task's queue and shared state each.
+    partitions: Partitions<Partition<S>>,
     runtime: Runtime,
     counters: Arc<Counters>,
     /// Per partition, the highest numbers acknowledged by this process, kept while the
@@ -247,7 +251,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         // fail on them.
         sequencer_params(&config, &Mark::default())?;
         let runtime = Runtime::from_handle(tokio::runtime::Handle::current());
-        let partitions = (0..config.partitions).map(|_| RwLock::new(None)).collect();
+        let partitions = Partitions::new(config.partitions);
         let acked = (0..config.partitions).map(|_| Arc::default()).collect();
         Ok(CommandProcessor {
             inner: Arc::new(Inner {
@@ -273,23 +277,21 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     /// [`start`](Self::start) otherwise.
     pub fn acquire(&self, p: u32, store: EventStore<S>) -> Result<(), ConfigError> {
         let inner = &self.inner;
-        let slot = inner
-            .partitions
+        let acked = inner
+            .acked
             .get(p as usize)
             .ok_or(ConfigError::Partitions(p))?;
-        let mut slot = slot.write().unwrap_or_else(|e| e.into_inner());
-        if slot.is_some() {
-            return Ok(());
-        }
-        let context = (&inner.runtime, &inner.counters, &inner.acked[p as usize]);
-        let (task, shared) = start_partition(&store, &inner.config, p, context)?;
-        let (queue, rx) = mpsc::channel(inner.config.queue_commands_max);
-        let task = self.run_partition(p, task, rx)?;
-        *slot = Some(Partition {
-            queue,
-            shared,
-            task,
-        });
+        inner.partitions.acquire(p, || {
+            let context = (&inner.runtime, &inner.counters, acked);
+            let (task, shared) = start_partition(&store, &inner.config, p, context)?;
+            let (queue, rx) = mpsc::channel(inner.config.queue_commands_max);
+            let task = self.run_partition(p, task, rx)?;
+            Ok(Partition {
+                queue,
+                shared,
+                task,
+            })
+        })?;
         Ok(())
     }
 
@@ -345,10 +347,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     /// within `timeout` (after which its storage writes may still be in flight: only a fence
     /// keeps them from landing).
     pub async fn release(&self, p: u32, timeout: Duration) -> bool {
-        let Some(slot) = self.inner.partitions.get(p as usize) else {
-            return true;
-        };
-        let partition = slot.write().unwrap_or_else(|e| e.into_inner()).take();
+        let partition = self.inner.partitions.release(p);
         let Some(partition) = partition else {
             return true;
         };
@@ -360,12 +359,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     /// Whether this processor serves partition `p` now (acquired and not fenced off).
     #[must_use]
     pub fn serves(&self, p: u32) -> bool {
-        self.inner.partitions.get(p as usize).is_some_and(|slot| {
-            slot.read()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-                .is_some_and(|part| !part.shared.is_fenced())
-        })
+        self.inner.partitions.serves(p)
     }
 
     /// The partitions this processor serves now, in order.
@@ -378,29 +372,21 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     /// they answer [`CommandError::NotOwner`] and wait to be released.
     #[must_use]
     pub fn fenced(&self) -> Vec<u32> {
-        self.served()
-            .filter(|(_, s)| s.is_fenced())
-            .map(|(p, _)| p)
-            .collect()
+        self.inner.partitions.fenced()
     }
 
     /// Each served partition's number and shared state.
     fn served(&self) -> impl Iterator<Item = (u32, Arc<PartitionShared<S>>)> + '_ {
         self.inner
             .partitions
-            .iter()
-            .enumerate()
-            .filter_map(|(p, slot)| {
-                let slot = slot.read().unwrap_or_else(|e| e.into_inner());
-                slot.as_ref()
-                    .map(|part| (p as u32, Arc::clone(&part.shared)))
-            })
+            .each(|p, part| (p, Arc::clone(&part.shared)))
+            .into_iter()
     }
 
     /// The partition that runs commands of workspace `ws`: `ws mod partitions`.
     #[must_use]
     pub fn partition_of(&self, ws: WsId) -> u32 {
-        (ws.0 % u64::from(self.inner.config.partitions)) as u32
+        ws.partition(self.inner.config.partitions)
     }
 
     /// The end of partition `p`'s PLog as this process knows it: the offset the next
@@ -492,22 +478,19 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         let (job, answer) = prepare(&self.inner.config, &self.inner.store, cmd, key)?;
         let partition = self.partition_of(job.plan.ws);
         let not_owner = || CommandError::NotOwner { partition };
-        let sent = {
-            let slot = self.inner.partitions[partition as usize]
-                .read()
-                .unwrap_or_else(|e| e.into_inner());
-            match slot.as_ref() {
-                Some(p) if !p.shared.is_fenced() => p.queue.try_send(job),
-                _ => return Err(not_owner()),
-            }
-        };
+        // `Err(true)`: the queue is full; `Err(false)`: the partition's task ended.
+        let sent = self.inner.partitions.admit(partition, |p| {
+            p.queue
+                .try_send(job)
+                .map_err(|e| matches!(e, mpsc::error::TrySendError::Full(_)))
+        })?;
         match sent {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
+            Err(true) => {
                 self.inner.counters.busy.fetch_add(1, Ordering::Relaxed);
                 return Err(CommandError::Busy("the partition's queue is full".into()));
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(not_owner()),
+            Err(false) => return Err(not_owner()),
         }
         answer.await.unwrap_or(Err(CommandError::ShuttingDown))
     }
@@ -603,8 +586,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         let tasks: Vec<_> = self
             .inner
             .partitions
-            .iter()
-            .filter_map(|slot| slot.write().unwrap_or_else(|e| e.into_inner()).take())
+            .release_all()
+            .into_iter()
             .map(|p| p.task)
             .collect();
         // Dropping the senders closes each queue; the workers drain it and stop.

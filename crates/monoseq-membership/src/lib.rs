@@ -6,6 +6,8 @@
 //! [`Call`]s it asks for on a [`LeaseTable`] and hands their [`Reply`]s back, and carries out
 //! the [`Action`]s (serve, stop, drain) through [`Serving`], the machine beside it that pulls
 //! marks, settles accepted losses, starts, drains and reports back in the right order.
+//! [`route`] places a request for a partition from the last read of the table (here, relayed
+//! to its owner, or unavailable and why), for every kind of request.
 //!
 //! [`MemoryLeaseTable`] is the reference lease table, on a database clock the caller sets;
 //! the PostgreSQL one lives with the binary.
@@ -41,6 +43,7 @@ mod config;
 mod machine;
 mod memory;
 mod plan;
+mod route;
 mod serving;
 mod table;
 
@@ -48,5 +51,6 @@ pub use config::{Config, ConfigError, NODE_ID_BYTES_MAX, RENEWALS_PER_LEASE_MIN}
 pub use machine::{Action, Call, Membership, NameTaken, Phase, Reply, StopReason, View, execute};
 pub use memory::MemoryLeaseTable;
 pub use plan::{Assignment, assign};
+pub use route::{Leases, Owner, Request, Route, Unplaced, route};
 pub use serving::{DRAIN_MS_MAX, Retry, SETTLE_BACKOFF, Serving, ServingAction, Settled};
 pub use table::{LeaseRow, LeaseTable, NameClaim, NodeRow, TableError, TableStatus};

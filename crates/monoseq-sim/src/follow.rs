@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 
+use monoseq_membership::Route;
 use monoseq_store::{AcceptedLoss, Gap, PLOG_PAGE_ITEMS_MAX, PageItem, retired_ranges};
 use rand::RngExt;
 
@@ -180,35 +181,26 @@ impl Sim {
         if !node.alive || self.now < node.paused_until {
             return None;
         }
-        if node.holds(p) {
-            if !self.db.reachable(&node.name)
-                || self.readers_rng.random_range(0..1_000u32) < READ_FAIL_PER_MILLE
-            {
-                return Some(Err("the database did not answer".into()));
+        let owner = match node.route(p, self.now, node.holds(p), !may_relay) {
+            Route::Local => {
+                if !self.db.reachable(&node.name)
+                    || self.readers_rng.random_range(0..1_000u32) < READ_FAIL_PER_MILLE
+                {
+                    return Some(Err("the database did not answer".into()));
+                }
+                let page = node.read_page(&self.db, p, from, limit)?;
+                return Some(
+                    page.map(|items| items.into_iter().map(item).collect())
+                        .map_err(|e| e.to_string()),
+                );
             }
-            let page = node.read_page(&self.db, p, from, limit)?;
-            return Some(
-                page.map(|items| items.into_iter().map(item).collect())
-                    .map_err(|e| e.to_string()),
-            );
-        }
-        if !may_relay {
-            return Some(Err("not the owner".into()));
-        }
-        let Some(owner) = node.owner_of(p) else {
-            return Some(Err("moving between nodes".into()));
+            Route::Unavailable(why) => return Some(Err(why.message(p))),
+            Route::Relay(owner) => owner,
         };
-        let Some(target) = self
-            .nodes
-            .iter()
-            .position(|n| n.alive && n.name == owner && n.is_member())
-        else {
-            return Some(Err("the owner did not answer".into()));
-        };
-        if target == to || self.cut_links.contains(&(to.min(target), to.max(target))) {
-            return Some(Err("the owner did not answer".into()));
+        match self.relay_target(to, &owner.node_id) {
+            Some(target) => self.read_at(target, p, from, limit, false),
+            None => Some(Err("the owner did not answer".into())),
         }
-        self.read_at(target, p, from, limit, false)
     }
 
     /// Follower `i` takes a page: each item must start where it stands, and an event must be

@@ -26,7 +26,9 @@ mod node;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use monoseq_core::WsId;
 use monoseq_cp::{Command, CommandError, KindName, NewRecord, Outcome};
+use monoseq_membership::{Route, Unplaced};
 use monoseq_store::{AcceptedLoss, AppId, EventStore, PartitionId, TrustLevel};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -164,6 +166,20 @@ pub struct Sim {
     known: Vec<consume::Known>,
     /// The consumer group and what its checks know.
     group: groups::GroupSim,
+}
+
+/// The answer of a command the node it reached cannot place (as the server's: 503
+/// `partition_unavailable`, transient).
+fn unplaced(partition: u32, why: Unplaced) -> CommandError {
+    unavailable(partition, &why.message(partition))
+}
+
+/// A transient refusal of a command for `partition`, `partition_unavailable`.
+fn unavailable(partition: u32, reason: &str) -> CommandError {
+    CommandError::Unavailable {
+        partition,
+        reason: reason.to_owned(),
+    }
 }
 
 /// The config every partition writer runs with.
@@ -329,7 +345,7 @@ impl Sim {
                 cmd: command(client.ws, client.op),
                 key: key_of(client.ws, client.op),
             };
-            let p = (request.ws % u64::from(self.plan.partitions)) as u32;
+            let p = WsId(request.ws).partition(self.plan.partitions);
             let owner = (0..self.nodes.len())
                 .find(|&n| self.nodes[n].is_member() && self.nodes[n].serves_ready(p))
                 .ok_or_else(|| format!("no node serves partition {p} at the end"))?;
@@ -570,6 +586,12 @@ impl Sim {
                 self.gossip(Some(i));
                 self.nodes[i].refresh_marks();
             }
+            if self.up(i) {
+                // Requests accepted while it was paused, taken now that it runs again.
+                for (request, relayed) in std::mem::take(&mut self.nodes[i].inbox) {
+                    answers.extend(self.route(i, request, !relayed));
+                }
+            }
             let db = Arc::clone(&self.db);
             self.nodes[i].step(self.now, &db, &mut answers);
         }
@@ -604,72 +626,53 @@ impl Sim {
         self.tick_group();
     }
 
-    /// Delivers `request` to node `to`; an immediate answer when it does not queue it.
+    /// Delivers `request` to node `to`, which places it as the server does (`Node::route`):
+    /// queued on its partition there, relayed once to the owner it read, or answered at once
+    /// (`may_forward` is false for a relayed request). An immediate answer when it does not
+    /// queue it.
     fn route(
         &mut self,
         to: usize,
         request: Request,
         may_forward: bool,
     ) -> Option<(Request, Result<Outcome, CommandError>)> {
-        let partition = (request.ws % u64::from(self.plan.partitions)) as u32;
+        let partition = WsId(request.ws).partition(self.plan.partitions);
         let node = &mut self.nodes[to];
         if !node.alive {
             // Connection refused, at once: the client tries again soon, through any node.
-            return Some((
-                request,
-                Err(CommandError::Unavailable {
-                    partition,
-                    reason: "connection refused".into(),
-                }),
-            ));
+            return Some((request, Err(unavailable(partition, "connection refused"))));
         }
         if self.now < node.paused_until {
             // Accepted by the kernel; the process runs it when it wakes.
-            node.inbox.push(request);
+            node.inbox.push((request, !may_forward));
             return None;
         }
-        if node.serves(partition) {
-            node.enqueue(partition, request);
-            return None;
-        }
-        let owner = node.owner_of(partition);
-        match owner {
-            Some(owner) if may_forward => {
-                let target = self
-                    .nodes
-                    .iter()
-                    .position(|n| n.alive && n.name == owner && n.is_member())?;
-                let link = (to.min(target), to.max(target));
-                if self.cut_links.contains(&link) {
-                    // Forwarding failed: the node answers `owner_unreachable` (503).
-                    return Some((
-                        request,
-                        Err(CommandError::Unavailable {
-                            partition,
-                            reason: "the owner did not answer".into(),
-                        }),
-                    ));
-                }
-                if target == to {
-                    return Some((
-                        request,
-                        Err(CommandError::Unavailable {
-                            partition,
-                            reason: "starting".into(),
-                        }),
-                    ));
-                }
-                self.route(target, request, false)
+        match node.route(partition, self.now, node.serves(partition), !may_forward) {
+            Route::Local => {
+                node.enqueue(partition, request);
+                None
             }
-            Some(_) => Some((request, Err(CommandError::NotOwner { partition }))),
-            None => Some((
-                request,
-                Err(CommandError::Unavailable {
-                    partition,
-                    reason: "moving between nodes".into(),
-                }),
-            )),
+            Route::Unavailable(why) => Some((request, Err(unplaced(partition, why)))),
+            Route::Relay(owner) => match self.relay_target(to, &owner.node_id) {
+                Some(target) => self.route(target, request, false),
+                // Relaying failed: the node answers `owner_unreachable` (503).
+                None => Some((
+                    request,
+                    Err(unavailable(partition, "the owner did not answer")),
+                )),
+            },
         }
+    }
+
+    /// The node a request relayed by node `from` to the owner named `owner` reaches: none
+    /// when no live member runs under the name, or the link between them is cut.
+    fn relay_target(&self, from: usize, owner: &str) -> Option<usize> {
+        let target = self
+            .nodes
+            .iter()
+            .position(|n| n.alive && n.name == owner && n.is_member())?;
+        let link = (from.min(target), from.max(target));
+        (target != from && !self.cut_links.contains(&link)).then_some(target)
     }
 
     /// A client receives an answer: acknowledgments are recorded and checked whatever

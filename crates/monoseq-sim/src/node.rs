@@ -11,9 +11,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use monoseq_core::Step;
-use monoseq_cp::{Answer, Command, CommandError, End, IdempotencyKey, ManualPartition, Outcome};
+use monoseq_cp::{
+    Answer, Command, CommandError, End, Held, IdempotencyKey, ManualPartition, Outcome, Partitions,
+};
 use monoseq_membership::{
-    Action, Call, Config, Membership, Phase, Reply, Serving, ServingAction, Settled, TableError,
+    Action, Call, Config, Leases, Membership, Phase, Reply, Request as RouteRequest, Route,
+    Serving, ServingAction, Settled, TableError, TableStatus, route,
 };
 use monoseq_store::{
     AcceptedLoss, AppId, EventStore, LossCause, Mark, PageItem, PartitionId, ReadError, TrustLevel,
@@ -47,6 +50,12 @@ struct Part {
 }
 
 type Answers = Vec<(Request, Result<Outcome, CommandError>)>;
+
+impl Held for Part {
+    fn fenced(&self) -> bool {
+        self.writer.ended() == Some(&End::Fenced)
+    }
+}
 
 impl Part {
     /// Gives the queued commands to the partition, at simulated time `now`.
@@ -86,8 +95,9 @@ pub(crate) struct Node {
     pub(crate) paused_until: u64,
     /// It was paused at the last tick.
     was_paused: bool,
-    /// Requests accepted while paused.
-    pub(crate) inbox: Vec<Request>,
+    /// Requests accepted while paused, each with whether another node relayed it: routed
+    /// when the node runs again ([`crate::Sim::tick`]).
+    pub(crate) inbox: Vec<(Request, bool)>,
     pub(crate) violations: Vec<String>,
     membership: Membership,
     /// What it does with the partitions the membership gives it.
@@ -99,7 +109,8 @@ pub(crate) struct Node {
     born: u64,
     /// A lease call's answer on its way, with when it arrives.
     awaiting: Option<(u64, Reply)>,
-    parts: BTreeMap<u32, Part>,
+    /// The partitions it holds, by the processor's rules (`monoseq_cp::Partitions`).
+    parts: Partitions<Part>,
     /// What this run acknowledged of each partition (a process's memory).
     acked: BTreeMap<u32, Mark>,
     /// The node's marks file (its local disk, kept across restarts): the highest numbers it
@@ -182,7 +193,7 @@ impl Node {
             drift_ppm,
             born: now,
             awaiting: None,
-            parts: BTreeMap::new(),
+            parts: Partitions::new(plan.partitions),
             acked: BTreeMap::new(),
             disk: BTreeMap::new(),
             accept_loss: false,
@@ -196,7 +207,7 @@ impl Node {
     /// SIGKILL: everything in memory is gone.
     pub(crate) fn kill(&mut self) {
         self.alive = false;
-        self.parts.clear();
+        self.parts.release_all();
         self.serving = Serving::new();
         self.pulls.clear();
         self.inbox.clear();
@@ -286,24 +297,20 @@ impl Node {
     }
 
     pub(crate) fn describe(&self) -> String {
-        let parts: Vec<String> = self
-            .parts
-            .iter()
-            .map(|(p, x)| {
-                format!(
-                    "{p}@{}:{:?}{}{}{}",
-                    x.epoch,
-                    x.writer.status(),
-                    if x.writer.starting() { " starting" } else { "" },
-                    if x.writer.ready() { "" } else { " not ready" },
-                    if self.serving.draining(*p) {
-                        " draining"
-                    } else {
-                        ""
-                    },
-                )
-            })
-            .collect();
+        let parts: Vec<String> = self.parts.each(|p, x| {
+            format!(
+                "{p}@{}:{:?}{}{}{}",
+                x.epoch,
+                x.writer.status(),
+                if x.writer.starting() { " starting" } else { "" },
+                if x.writer.ready() { "" } else { " not ready" },
+                if self.serving.draining(p) {
+                    " draining"
+                } else {
+                    ""
+                },
+            )
+        });
         format!(
             "{} run {} alive {} phase {:?} held {:?} parts {parts:?} paused_until {} awaiting \
              {:?} local {} next_wake {} born {}\n  {:?}",
@@ -345,9 +352,9 @@ impl Node {
 
     /// Raises the marks of the partitions not started yet with the marks file's.
     pub(crate) fn refresh_marks(&mut self) {
-        for (p, part) in &mut self.parts {
-            if part.writer.starting()
-                && let Some(m) = self.disk.get(p)
+        for (p, m) in &self.disk {
+            if let Some(part) = self.parts.get_mut(*p)
+                && part.writer.starting()
             {
                 part.writer.raise_mark(*m);
             }
@@ -358,7 +365,9 @@ impl Node {
     /// waits for them, or a partition it serves has not started yet (it is about to check its
     /// PLog against its mark).
     pub(crate) fn wants_marks(&self) -> bool {
-        self.alive && (!self.pulls.is_empty() || self.parts.values().any(|p| p.writer.starting()))
+        self.alive
+            && (!self.pulls.is_empty()
+                || self.parts.each(|_, p| p.writer.starting()).contains(&true))
     }
 
     pub(crate) fn is_member(&self) -> bool {
@@ -370,25 +379,25 @@ impl Node {
     }
 
     pub(crate) fn serves(&self, p: u32) -> bool {
-        self.alive && self.serving.serves(p) && self.parts.contains_key(&p)
+        self.alive && self.serving.serves(p) && self.parts.serves(p)
     }
 
     /// Serves `p` and can take a command for it now.
     pub(crate) fn serves_ready(&self, p: u32) -> bool {
-        self.serves(p) && self.parts.get(&p).is_some_and(|x| x.writer.ready())
+        self.serves(p) && self.parts.admit(p, |x| x.writer.ready()) == Ok(true)
     }
 
     /// Whether this run holds partition `p` (acquired and not fenced off: starting, serving
     /// or handing off), as the server's `CommandProcessor::serves`: it answers reads of `p`
     /// itself.
     pub(crate) fn holds(&self, p: u32) -> bool {
-        self.alive && self.parts.contains_key(&p)
+        self.alive && self.parts.serves(p)
     }
 
     /// The end of `p` as this run knows it: one past the highest PLog offset its writer
     /// acknowledged (`CommandProcessor::plog_end`); `None` when it does not hold `p`.
     pub(crate) fn plog_end(&self, p: u32) -> Option<u64> {
-        self.parts.get(&p).map(|part| part.writer.acked().plog + 1)
+        self.parts.held(p, |part| part.writer.acked().plog + 1)
     }
 
     /// A page of `p`'s PLog from `from`, as the server's `local_page` reads it: below this
@@ -410,18 +419,33 @@ impl Node {
     }
 
     pub(crate) fn enqueue(&mut self, p: u32, r: Request) {
-        if let Some(part) = self.parts.get_mut(&p) {
+        if let Some(part) = self.parts.get_mut(p) {
             part.queue.push(r);
         }
     }
 
-    /// The live owner of `p` by this node's last read of the lease table.
-    pub(crate) fn owner_of(&self, p: u32) -> Option<String> {
-        let view = self.membership.view()?;
-        view.status
-            .lease(p)
-            .and_then(|l| l.live_owner())
-            .map(str::to_owned)
+    /// Where a request for `p` goes at simulated time `now` (the server's routing: the shared
+    /// [`route`] on this node's last read of the lease table, aged by its own clock);
+    /// `served_here` when this node answers such a request itself, `relayed` when another
+    /// node relayed it here.
+    pub(crate) fn route(&self, p: u32, now: u64, served_here: bool, relayed: bool) -> Route {
+        let request = RouteRequest {
+            partition: p,
+            partitions: self.partitions,
+            served_here,
+            relayed,
+        };
+        let unread = TableStatus::default();
+        let (status, read_at) = self
+            .membership
+            .view()
+            .map_or((&unread, 0), |v| (&v.status, v.read_at));
+        let leases = Leases::Read {
+            status,
+            age_ms: self.local(now).saturating_sub(read_at),
+            me: &self.name,
+        };
+        route(request, leases)
     }
 
     pub(crate) fn step(&mut self, now: u64, db: &Arc<Db>, answers: &mut Answers) {
@@ -433,14 +457,6 @@ impl Node {
             return;
         }
         let t = self.local(now);
-        for r in std::mem::take(&mut self.inbox) {
-            let p = (r.ws % u64::from(self.partitions)) as u32;
-            if self.serves(p) {
-                self.enqueue(p, r);
-            } else {
-                answers.push((r, Err(CommandError::NotOwner { partition: p })));
-            }
-        }
         // A process frozen in the middle of its work goes on where it stopped: the partitions
         // it served write before its watchdog can notice that their leases ran out (only the
         // fence stops those writes).
@@ -464,8 +480,7 @@ impl Node {
     }
 
     fn step_partitions(&mut self, now: u64, t: u64, answers: &mut Answers) {
-        let partitions: Vec<u32> = self.parts.keys().copied().collect();
-        for p in partitions {
+        for p in 0..self.partitions {
             self.step_partition(p, now, t, answers);
         }
     }
@@ -567,13 +582,18 @@ impl Node {
             next_tag: 0,
             retry_at: now,
         };
-        self.parts.insert(p, part);
+        if !matches!(self.parts.acquire(p, || Ok(part)), Ok(true)) {
+            self.violations.push(format!(
+                "{}: partition {p} was started under epoch {epoch} while this run held it",
+                self.name
+            ));
+        }
     }
 
     /// `p` is no longer served here: every command not answered yet is answered "not the
     /// owner".
     fn drop_partition(&mut self, p: u32, answers: &mut Answers) {
-        if let Some(mut part) = self.parts.remove(&p) {
+        if let Some(mut part) = self.parts.release(p) {
             part.refuse_all(&CommandError::NotOwner { partition: p }, answers);
         }
     }
@@ -601,11 +621,12 @@ impl Node {
     }
 
     fn step_partition(&mut self, p: u32, now: u64, t: u64, answers: &mut Answers) {
-        let Some(mut part) = self.parts.remove(&p) else {
+        let Some(mut part) = self.parts.release(p) else {
             return;
         };
         self.advance(p, &mut part, now, t, answers);
-        self.parts.insert(p, part);
+        // Held again as it was: it was released only to be stepped beside the node.
+        let _ = self.parts.acquire(p, || Ok(part));
     }
 
     /// One tick of a started partition: its worker's step, its queue carried to it, its
@@ -628,7 +649,7 @@ impl Node {
             self.raise_disk(p, acked);
         }
         part.deliver(given, answers);
-        if part.writer.ended() == Some(&End::Fenced) {
+        if part.fenced() {
             self.serving.fenced(t, p);
         } else if self.serving.draining(p) && part.writer.idle() {
             self.serving.idle(t, p, part.epoch);

@@ -12,7 +12,7 @@ pub mod marks;
 mod pg;
 mod status;
 
-pub use driver::{Cluster, Owner};
+pub use driver::Cluster;
 pub use marks::NodeMarks;
 pub use pg::{FencedLeases, LEASE_POOL_CONNECTIONS, PgLeaseTable};
 pub use status::{ClusterCmd, run_command};

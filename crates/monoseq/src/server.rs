@@ -21,6 +21,7 @@ mod consume;
 mod filter;
 mod groups;
 mod metrics;
+mod place;
 mod positions;
 mod routes;
 mod startup;

@@ -13,7 +13,6 @@ mod routing;
 mod serving;
 
 use probes::{PROBE_TIMEOUT, Probe, remote_unready};
-pub use routing::Owner;
 use routing::View;
 pub use serving::ACCEPT_LOSS_HINT;
 

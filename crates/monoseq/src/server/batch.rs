@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
 use monoseq_core::WsId;
-use monoseq_cp::{CommandError, CommandProcessor, IdempotencyKey, RETRY_AFTER_SECS};
+use monoseq_cp::{CommandError, IdempotencyKey, RETRY_AFTER_SECS};
 use monoseq_wire::{
     BATCH_COMMANDS_MAX, BatchAnswerBody, BatchCommandBody, BatchResultBody, ErrorBody, ErrorCode,
     RawBatchBody,
@@ -26,9 +26,8 @@ use serde_json::value::RawValue;
 
 use super::AppState;
 use super::answers::status_of;
+use super::place::{Placed, Relay, unplaced_body};
 use crate::base::{chain, error};
-use crate::cluster::{Cluster, Owner};
-use crate::config::Store;
 use crate::forward::Forwarder;
 
 /// `POST /v1/commands/batch`: reads the batch, runs its commands, counts each in the metrics
@@ -55,7 +54,7 @@ pub(super) async fn submit_batch(
         Ok(commands) => commands,
         Err((status, code, message)) => return error(status, code, message),
     };
-    let results = run(&st.cp, st.cluster.as_ref(), &headers, &commands).await;
+    let results = run(&st, &headers, &commands).await;
     for result in &results {
         let code = result.error.as_ref().map_or("ok", |e| e.code.as_str());
         match &result.error {
@@ -73,11 +72,14 @@ pub(super) async fn submit_batch(
 enum Route<'a> {
     /// To this node's command processor.
     Here(Option<IdempotencyKey>, monoseq_wire::CommandBody),
-    /// Relayed to the owner at this URL, as sent.
-    Owner(String, &'a RawValue),
+    /// Relayed to the owner, as sent.
+    Owner(Relay<'a>, &'a RawValue),
     /// Answered at once (malformed, or its partition has no reachable owner now).
     Answered(BatchResultBody),
 }
+
+/// Commands of a batch, each with its place in the batch, as sent.
+type Items<'a> = Vec<(usize, &'a RawValue)>;
 
 /// Why a batch is refused whole: the status, the code and the message.
 pub(super) type Refusal = (StatusCode, ErrorCode, String);
@@ -160,46 +162,39 @@ pub(super) fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// Runs the commands of a batch and answers each: those of partitions served here through
-/// `cp`, the others relayed to their owners (unless this request was itself forwarded).
-async fn run(
-    cp: &CommandProcessor<Store>,
-    cluster: Option<&(std::sync::Arc<Cluster>, Forwarder)>,
-    headers: &HeaderMap,
-    commands: &[&RawValue],
-) -> Vec<BatchResultBody> {
-    let routes: Vec<Route<'_>> = commands
-        .iter()
-        .map(|raw| route(cp, cluster, headers, raw))
-        .collect();
+/// the command processor, the others relayed to their owners (unless this request was itself
+/// relayed), one batch per owner.
+async fn run(st: &AppState, headers: &HeaderMap, commands: &[&RawValue]) -> Vec<BatchResultBody> {
+    let relayed = Forwarder::was_forwarded(headers);
+    let routes: Vec<Route<'_>> = commands.iter().map(|raw| route(st, relayed, raw)).collect();
     let mut results: Vec<Option<BatchResultBody>> = vec![None; routes.len()];
     let mut here = Vec::new();
-    let mut owners: BTreeMap<String, Vec<(usize, &RawValue)>> = BTreeMap::new();
+    let mut owners: BTreeMap<String, (Relay<'_>, Items<'_>)> = BTreeMap::new();
     for (i, route) in routes.into_iter().enumerate() {
         match route {
             Route::Here(key, command) => here.push((i, key, command)),
-            Route::Owner(url, raw) => owners.entry(url).or_default().push((i, raw)),
+            Route::Owner(relay, raw) => {
+                let url = relay.url.clone();
+                owners
+                    .entry(url)
+                    .or_insert((relay, Vec::new()))
+                    .1
+                    .push((i, raw));
+            }
             Route::Answered(result) => results[i] = Some(result),
         }
     }
+    let cp = &st.cp;
     let local = join_all(here.into_iter().map(|(i, key, command)| async move {
         let answer = cp.submit_keyed(crate::wire::command(command), key).await;
         (i, answer.map_or_else(|e| refused(&e), |o| ok(&o)))
     }));
-    let relayed = join_all(owners.into_iter().map(|(url, items)| async move {
-        let forwarder = cluster.map(|(_, f)| f);
-        relay(forwarder, &url, items).await
-    }));
+    let relayed = join_all(
+        owners
+            .into_values()
+            .map(|(relay, items)| async move { self::relay(&relay, items).await }),
+    );
     let (local, relayed) = tokio::join!(local, relayed);
-    let unavailable = StatusCode::SERVICE_UNAVAILABLE.as_u16();
-    if let Some((cluster, _)) = cluster
-        && relayed
-            .iter()
-            .flatten()
-            .any(|(_, r)| r.status == unavailable)
-    {
-        // An owner read last did not answer, or no longer serves the partition.
-        cluster.read_soon();
-    }
     for (i, result) in local.into_iter().chain(relayed.into_iter().flatten()) {
         results[i] = Some(result);
     }
@@ -209,12 +204,7 @@ async fn run(
         .collect()
 }
 
-fn route<'a>(
-    cp: &CommandProcessor<Store>,
-    cluster: Option<&(std::sync::Arc<Cluster>, Forwarder)>,
-    headers: &HeaderMap,
-    raw: &'a RawValue,
-) -> Route<'a> {
+fn route<'a>(st: &'a AppState, relayed: bool, raw: &'a RawValue) -> Route<'a> {
     let item: BatchCommandBody = match serde_json::from_str(raw.get()) {
         Ok(item) => item,
         Err(e) => {
@@ -229,42 +219,21 @@ fn route<'a>(
         Ok(key) => key,
         Err(e) => return Route::Answered(refused(&e)),
     };
-    let Some((cluster, _)) = cluster else {
-        return Route::Here(key, command);
-    };
-    let partition = cp.partition_of(WsId(command.ws));
-    if cp.serves(partition) {
-        return Route::Here(key, command);
-    }
-    match cluster.owner(partition) {
-        Owner::Node { url, .. } if !Forwarder::was_forwarded(headers) => Route::Owner(url, raw),
-        _ => Route::Answered(BatchResultBody::refused(
-            StatusCode::SERVICE_UNAVAILABLE.as_u16(),
-            ErrorBody {
-                code: ErrorCode::PartitionUnavailable,
-                message: format!(
-                    "partition {partition} is moving between nodes (no live lease, or its owner \
-                     changed just now); retry"
-                ),
-                key: None,
-                current_wlog_offset: None,
-            },
-            Some(RETRY_AFTER_SECS),
-        )),
+    let partition = st.cp.partition_of(WsId(command.ws));
+    match st.place(partition, relayed) {
+        Placed::Local => Route::Here(key, command),
+        Placed::Relay(relay) => Route::Owner(relay, raw),
+        Placed::Unavailable(why) => Route::Answered(unplaced_body(partition, why)),
     }
 }
 
-/// The owner's results for `items`, or each item refused with the reason the relay failed.
-async fn relay(
-    forwarder: Option<&Forwarder>,
-    url: &str,
-    items: Vec<(usize, &RawValue)>,
-) -> Vec<(usize, BatchResultBody)> {
-    let Some(forwarder) = forwarder else {
-        return fail_all(items, &internal("no forwarder for a relayed command"));
-    };
+/// The owner's results for `items` (relayed through `relay`), or each item refused with the
+/// reason the relay failed; an owner that did not answer, or no longer serves a partition,
+/// makes the membership read the lease table soon.
+async fn relay(relay: &Relay<'_>, items: Vec<(usize, &RawValue)>) -> Vec<(usize, BatchResultBody)> {
+    let url = &relay.url;
     let body = relayed_body(items.iter().map(|(_, raw)| *raw));
-    match forwarder.batch(url, body).await {
+    let results = match relay.forwarder.batch(url, body).await {
         Ok(answer) if answer.results.len() == items.len() => items
             .into_iter()
             .map(|(i, _)| i)
@@ -280,7 +249,13 @@ async fn relay(
             fail_all(items, &internal(message))
         }
         Err(result) => fail_all(items, &result),
+    };
+    let unavailable = StatusCode::SERVICE_UNAVAILABLE.as_u16();
+    if results.iter().any(|(_, r)| r.status == unavailable) {
+        // The owner read last did not answer, or no longer serves the partition.
+        relay.cluster.read_soon();
     }
+    results
 }
 
 /// `{"commands":[…]}` of the commands' text as the client sent it.

@@ -41,13 +41,15 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::{Instant, Sleep};
 
 use super::AppState;
-use super::answers::{read_error, with_retry_after};
+use super::answers::read_error;
+use super::place::{Placed, Relay, unplaced};
 use crate::base::error;
-use crate::cluster::Owner;
 use crate::config::{FOLLOWER_HEARTBEAT_MS_DEFAULT, FollowLimits};
 use crate::edge::PeerAddr;
+use crate::forward::Forwarder;
 use crate::json::{StoredEvent, StoredEventRef};
 use crate::query;
+use monoseq_membership::Unplaced;
 
 /// Largest `--follower-buffer-events`.
 const FOLLOWER_BUFFER_EVENTS_MAX: usize = 1 << 20;
@@ -383,13 +385,9 @@ pub(super) fn check_partition(st: &AppState, partition: u32) -> Result<(), Respo
     if partition < partitions {
         return Ok(());
     }
-    Err(error(
-        StatusCode::NOT_FOUND,
-        ErrorCode::NoSuchPartition,
-        format!(
-            "partition {partition} does not exist: the server has partitions 0 to {}",
-            partitions - 1
-        ),
+    Err(unplaced(
+        partition,
+        Unplaced::NoSuchPartition { partitions },
     ))
 }
 
@@ -416,6 +414,7 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, Response> {
 pub(super) async fn read_partition(
     State(st): State<Arc<AppState>>,
     path: Result<Path<u32>, PathRejection>,
+    headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
     let partition = match path {
@@ -429,9 +428,9 @@ pub(super) async fn read_partition(
         Ok(q) => q,
         Err(r) => return r,
     };
-    match owner_elsewhere(&st, partition) {
+    match owner_elsewhere(&st, partition, Forwarder::was_forwarded(&headers)) {
         // Passed on as the owner wrote it: this node neither decodes nor encodes the page.
-        Ok(Some(url)) => match relay_raw(&st, &url, partition, &q).await {
+        Ok(Some(relay)) => match relay_raw(&relay, partition, &q).await {
             Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
             Err(r) => r,
         },
@@ -526,8 +525,8 @@ async fn page_from(
     limit: usize,
     wait: Duration,
 ) -> Result<Page, Response> {
-    if let Some(url) = owner_elsewhere(st, p)? {
-        return relay_page(st, &url, p, from, limit, wait).await;
+    if let Some(relay) = owner_elsewhere(st, p, false)? {
+        return relay_page(&relay, p, from, limit, wait).await;
     }
     let from = match from {
         Start::At(from) => from,
@@ -546,23 +545,13 @@ async fn wait_for_event(st: &AppState, p: u32, from: u64, wait: Duration) {
     }
 }
 
-/// The owner's URL when another node owns partition `p`; `None` when it is read here; 503
-/// while it moves.
-fn owner_elsewhere(st: &AppState, p: u32) -> Result<Option<String>, Response> {
-    let Some((cluster, _)) = &st.cluster else {
-        return Ok(None);
-    };
-    if st.cp.serves(p) {
-        return Ok(None);
-    }
-    match cluster.owner(p) {
-        Owner::Node { url, .. } => Ok(Some(url)),
-        Owner::Here => Ok(None),
-        Owner::Nobody => Err(with_retry_after(error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::PartitionUnavailable,
-            format!("partition {p} is moving between nodes (no live lease); retry"),
-        ))),
+/// The relay to the owner when another node owns partition `p`; `None` when it is read here;
+/// the answer of a read that cannot be placed now (`relayed`: another node relayed it here).
+fn owner_elsewhere(st: &AppState, p: u32, relayed: bool) -> Result<Option<Relay<'_>>, Response> {
+    match st.place(p, relayed) {
+        Placed::Local => Ok(None),
+        Placed::Relay(relay) => Ok(Some(relay)),
+        Placed::Unavailable(why) => Err(unplaced(p, why)),
     }
 }
 
@@ -571,9 +560,9 @@ fn owner_elsewhere(st: &AppState, p: u32) -> Result<Option<String>, Response> {
 /// read from `end`); 503 while the partition moves between nodes, or when the owner does
 /// not answer.
 pub(super) async fn partition_end(st: &Arc<AppState>, p: u32) -> Result<u64, Response> {
-    match owner_elsewhere(st, p)? {
+    match owner_elsewhere(st, p, false)? {
         None => Ok(st.cp.plog_end(p)),
-        Some(url) => Ok(relay_page(st, &url, p, Start::End, 1, Duration::ZERO)
+        Some(relay) => Ok(relay_page(&relay, p, Start::End, 1, Duration::ZERO)
             .await?
             .end),
     }
@@ -667,18 +656,12 @@ fn entry(item: PageItem) -> PlogEntryBody<PageEvent> {
     }
 }
 
-/// The body of partition `p`'s page read `q` answered by its owner at `url`.
-async fn relay_raw(st: &AppState, url: &str, p: u32, q: &ReadQuery) -> Result<Bytes, Response> {
-    let Some((_, forwarder)) = &st.cluster else {
-        return Err(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Internal,
-            "no forwarder without a cluster",
-        ));
-    };
-    forwarder
+/// The body of partition `p`'s page read `q` answered by its owner (through `relay`).
+async fn relay_raw(relay: &Relay<'_>, p: u32, q: &ReadQuery) -> Result<Bytes, Response> {
+    relay
+        .forwarder
         .read_raw(
-            &relay_target(url, p, q.from, q.limit, q.wait),
+            &relay_target(&relay.url, p, q.from, q.limit, q.wait),
             q.wait + RELAY_GRACE,
         )
         .await
@@ -692,24 +675,17 @@ fn relay_target(url: &str, p: u32, from: Start, limit: usize, wait: Duration) ->
     )
 }
 
-/// A page of partition `p` read by its owner at `url`.
+/// A page of partition `p` read by its owner (through `relay`).
 async fn relay_page(
-    st: &AppState,
-    url: &str,
+    relay: &Relay<'_>,
     p: u32,
     from: Start,
     limit: usize,
     wait: Duration,
 ) -> Result<Page, Response> {
-    let Some((_, forwarder)) = &st.cluster else {
-        return Err(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Internal,
-            "no forwarder without a cluster",
-        ));
-    };
-    let target = relay_target(url, p, from, limit, wait);
-    let page = forwarder
+    let target = relay_target(&relay.url, p, from, limit, wait);
+    let page = relay
+        .forwarder
         .read_json::<PlogPageBody>(&target, wait + RELAY_GRACE)
         .await?;
     let events = page
@@ -1419,7 +1395,7 @@ fn subscribe(st: &Arc<AppState>, p: u32) -> broadcast::Receiver<Arc<Frame>> {
     let (tx, rx) = broadcast::channel(st.follow.limits.buffer_events);
     // Where another node owns the partition, this node's end is stale (1 on a node that never
     // owned it): the hub learns the owner's end with its first read (0 until then).
-    let here = matches!(owner_elsewhere(st, p), Ok(None));
+    let here = matches!(owner_elsewhere(st, p, false), Ok(None));
     let hub = Arc::new(Hub {
         tx,
         end: AtomicU64::new(if here { st.cp.plog_end(p) } else { 0 }),
@@ -1457,7 +1433,7 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
                 return;
             }
         }
-        if matches!(owner_elsewhere(&st, p), Ok(None)) {
+        if matches!(owner_elsewhere(&st, p, false), Ok(None)) {
             st.cp.follow_plog(p, true);
             if next == 0 {
                 // Became the owner before learning another's end: its own is true.

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use monoseq_core::{PLogOffset, WsId};
 use monoseq_cp::{CommandError, CommandProcessor, IdempotencyKey};
+use monoseq_membership::Unplaced;
 use monoseq_store::{PartitionId, RecordId, WLogOffset};
 use monoseq_wire::{
     ClusterBody, ErrorCode, IDEMPOTENCY_KEY, IDEMPOTENCY_REPLAYED, InfoBody, MarksBody,
@@ -24,8 +25,9 @@ use super::AppState;
 use super::answers::{command_error, read_error, with_retry_after};
 use super::consume;
 use super::metrics::Metrics;
+use super::place::{Placed, unplaced};
 use crate::base::error;
-use crate::cluster::{Cluster, Owner};
+use crate::cluster::Cluster;
 use crate::config::{BODY_BYTES_MAX_DEFAULT, Store};
 use crate::forward::Forwarder;
 use crate::json;
@@ -288,14 +290,7 @@ async fn read_event(
     };
     let partitions = st.cp.config().partitions;
     if partition >= partitions {
-        return error(
-            StatusCode::NOT_FOUND,
-            ErrorCode::NoSuchPartition,
-            format!(
-                "partition {partition} does not exist: the server has partitions 0 to {}",
-                partitions - 1
-            ),
-        );
+        return unplaced(partition, Unplaced::NoSuchPartition { partitions });
     }
     let store = st.cp.store().clone();
     let read = tokio::task::spawn_blocking(move || {
@@ -476,44 +471,31 @@ async fn read_record(
     }
 }
 
-/// With several nodes: the answer for a command whose partition this node does not serve
-/// (the owner's answer, a redirect to it, or "unavailable" while the partition moves); `None`
-/// when it is served here.
+/// The answer for a command this node does not run itself: the owner's answer (or a redirect
+/// to it), or the answer of a command that cannot be placed now; `None` when it runs here.
 async fn route_elsewhere(
     st: &AppState,
     ws: u64,
     body: Bytes,
     headers: &HeaderMap,
 ) -> Option<Response> {
-    let (cluster, forwarder) = st.cluster.as_ref()?;
     let partition = st.cp.partition_of(WsId(ws));
-    if st.cp.serves(partition) {
-        return None;
-    }
-    let answer = match cluster.owner(partition) {
-        Owner::Node { url, .. } if !Forwarder::was_forwarded(headers) => {
-            st.metrics.forwarded.inc();
-            let began = std::time::Instant::now();
-            let answer = forwarder.command(&url, body, headers).await;
-            st.metrics
-                .latency
-                .forward
-                .observe(began.elapsed().as_secs_f64());
-            if answer.status() == StatusCode::SERVICE_UNAVAILABLE {
-                // The owner read last did not answer, or no longer serves the partition.
-                cluster.read_soon();
-            }
-            answer
-        }
-        _ => with_retry_after(error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::PartitionUnavailable,
-            format!(
-                "partition {partition} is moving between nodes (no live lease, or its owner \
-                     changed just now); retry"
-            ),
-        )),
+    let relay = match st.place(partition, Forwarder::was_forwarded(headers)) {
+        Placed::Local => return None,
+        Placed::Unavailable(why) => return Some(unplaced(partition, why)),
+        Placed::Relay(relay) => relay,
     };
+    st.metrics.forwarded.inc();
+    let began = std::time::Instant::now();
+    let answer = relay.forwarder.command(&relay.url, body, headers).await;
+    st.metrics
+        .latency
+        .forward
+        .observe(began.elapsed().as_secs_f64());
+    if answer.status() == StatusCode::SERVICE_UNAVAILABLE {
+        // The owner read last did not answer, or no longer serves the partition.
+        relay.cluster.read_soon();
+    }
     Some(answer)
 }
 

@@ -3,6 +3,7 @@
 //! answers mean for forwarding.
 
 use super::*;
+use monoseq_membership::{Owner, Route};
 
 /// Longest wait for a peer's `/readyz`.
 pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -125,7 +126,7 @@ impl Cluster {
         }
     }
 
-    /// Peer URL → the partitions it owns ([`Cluster::owner`]) under an epoch this node first
+    /// Peer URL → the partitions it owns ([`Cluster::route`]) under an epoch this node first
     /// read within the last lease interval.
     pub(super) fn taken_lately(&self) -> HashMap<String, Vec<u32>> {
         let view = self.view();
@@ -135,7 +136,7 @@ impl Cluster {
                 .since
                 .get(&p)
                 .is_some_and(|(_, at)| at.elapsed() < self.settings.lease);
-            if let (true, Owner::Node { url, .. }) = (lately, self.owner(p)) {
+            if let (true, Route::Relay(Owner { url, .. })) = (lately, self.route(p, false, false)) {
                 taken.entry(url).or_default().push(p);
             }
         }

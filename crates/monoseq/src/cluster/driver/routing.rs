@@ -1,24 +1,9 @@
-//! The last read of the lease table as routing and readiness see it: where a partition is
-//! served ([`Owner`]), which partitions a command could not be answered for now and why, and
+//! The last read of the lease table as routing and readiness see it: where a request for a
+//! partition goes ([`Route`]), which partitions a command could not be answered for now and why, and
 //! the request for an early read when routing found nobody to send a command to.
 
 use super::*;
-
-/// Where a partition is served, as this node last read it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Owner {
-    /// This node holds the lease.
-    Here,
-    /// Another node holds a live lease.
-    Node {
-        /// Its name.
-        node_id: String,
-        /// Where it is reached.
-        url: String,
-    },
-    /// Nobody holds a live lease (the partition is moving).
-    Nobody,
-}
+use monoseq_membership::{Leases, Owner, Request, Route, Unplaced, route};
 
 /// The last read of the table, with when it was sent.
 #[derive(Debug, Clone)]
@@ -56,39 +41,29 @@ pub(super) fn epochs_since(
 }
 
 impl Cluster {
-    /// Where partition `p` is served, by the last status read. Finding nobody asks for a read
-    /// of the table soon ([`Cluster::read_soon`]).
+    /// Where a request for partition `p` goes ([`monoseq_membership::route`] on the last read
+    /// of the lease table and its age): `served_here` when this node's processor serves `p`,
+    /// `relayed` when another node relayed the request here. Finding no live owner asks for a
+    /// read of the table soon ([`Cluster::read_soon`]).
     #[must_use]
-    pub fn owner(&self, p: u32) -> Owner {
-        let owner = self.owner_read(p);
-        if owner == Owner::Nobody {
+    pub fn route(&self, p: u32, served_here: bool, relayed: bool) -> Route {
+        let view = self.view();
+        let request = Request {
+            partition: p,
+            partitions: self.partitions,
+            served_here,
+            relayed,
+        };
+        let leases = Leases::Read {
+            status: &view.status,
+            age_ms: ms(view.read_at.elapsed()),
+            me: &self.settings.node_id,
+        };
+        let route = route(request, leases);
+        if route == Route::Unavailable(Unplaced::Moving) {
             self.read_soon();
         }
-        owner
-    }
-
-    pub(super) fn owner_read(&self, p: u32) -> Owner {
-        let view = self.view();
-        let age = i64::try_from(view.read_at.elapsed().as_millis()).unwrap_or(i64::MAX);
-        let Some(row) = view.status.lease(p) else {
-            return Owner::Nobody;
-        };
-        let Some(node) = row.live_owner() else {
-            return Owner::Nobody;
-        };
-        if row.expires_in_ms <= age {
-            return Owner::Nobody;
-        }
-        if node == self.settings.node_id {
-            return Owner::Here;
-        }
-        match view.status.node(node) {
-            Some(n) => Owner::Node {
-                node_id: n.node_id.clone(),
-                url: n.url.clone(),
-            },
-            None => Owner::Nobody,
-        }
+        route
     }
 
     /// Asks for a read of the lease table soon (at once, or one handoff poll after the last
@@ -126,19 +101,19 @@ impl Cluster {
                     false => why.clone(),
                 })
             } else {
-                match self.owner(p) {
-                    Owner::Here => Some(
+                match self.route(p, false, false) {
+                    Route::Unavailable(Unplaced::Starting) => Some(
                         lock(&self.held)
                             .get(&p)
                             .cloned()
                             .unwrap_or_else(|| "leased here; starting".to_owned()),
                     ),
-                    Owner::Nobody => {
-                        Some("no live lease: the partition is moving between nodes".to_owned())
-                    }
-                    Owner::Node { node_id, url } => {
+                    Route::Relay(Owner { node_id, url }) => {
                         let since = view.since.get(&p).map_or_else(Instant::now, |s| s.1);
                         remote_unready(p, (&node_id, &url), probes.get(&url), since, fresh)
+                    }
+                    Route::Unavailable(_) | Route::Local => {
+                        Some("no live lease: the partition is moving between nodes".to_owned())
                     }
                 }
             };
