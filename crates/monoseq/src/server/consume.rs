@@ -150,7 +150,7 @@ impl FollowArgs {
 
 /// One item a hub hands its followers: its JSON encoded once, shared by every follower.
 #[derive(Debug)]
-struct Frame {
+pub(super) struct Frame {
     /// First PLog offset it covers.
     from: u64,
     /// The offset after it.
@@ -165,8 +165,23 @@ struct Frame {
 
 impl Frame {
     /// The event's or gap's JSON.
-    fn json(&self) -> &[u8] {
+    pub(super) fn json(&self) -> &[u8] {
         &self.sse[self.json.clone()]
+    }
+
+    /// The first PLog offset it covers.
+    pub(super) fn first(&self) -> u64 {
+        self.from
+    }
+
+    /// The offset after it.
+    pub(super) fn after(&self) -> u64 {
+        self.next
+    }
+
+    /// Whether it is an event (else a gap).
+    pub(super) fn is_event(&self) -> bool {
+        self.wlog.is_some()
     }
 }
 
@@ -1398,7 +1413,7 @@ fn heartbeat_end(st: &AppState, p: u32, next: u64) -> Option<u64> {
 }
 
 /// A receiver of partition `p`'s hub, started when it has none.
-fn subscribe(st: &Arc<AppState>, p: u32) -> broadcast::Receiver<Arc<Frame>> {
+pub(super) fn subscribe(st: &Arc<AppState>, p: u32) -> broadcast::Receiver<Arc<Frame>> {
     let mut hubs = st.follow.lock();
     if let Some(hub) = hubs.get(&p) {
         return hub.tx.subscribe();

@@ -5,7 +5,10 @@
 //! node's store, or relayed from the partition's owner, through `consume::page`, whose long
 //! poll waits for new events), drops what the filter refuses, and hands each page's messages
 //! to the stream's bounded channel as one chunk; the connection writes chunks in arrival
-//! order, so each partition's events arrive in PLog order. A reader that filtered events out
+//! order, so each partition's events arrive in PLog order. An unfiltered reader that reached
+//! the end takes new events from the partition's hub (`consume`'s, the one live tails share:
+//! read once from the writer's memory and encoded once for every reader of this node) rather
+//! than polling pages, and goes back to pages when it falls behind the hub's buffer. A reader that filtered events out
 //! after its last delivered one adds a `progress` message, so a filtered consumer's position
 //! still advances. The stream's writer keeps the resume vector (each partition's next
 //! offset) and sends it as the SSE `id:` at most every [`RESUME_ID_EVERY`] and in every
@@ -158,8 +161,11 @@ async fn read_into(
             }
         },
     };
+    // An unfiltered reader waits for new events at the hub, not in a page read.
+    let live = filter.is_all();
     loop {
-        let page = match consume::page(st, p, next, PLOG_PAGE_MAX, READ_WAIT).await {
+        let wait = if live { Duration::ZERO } else { READ_WAIT };
+        let page = match consume::page(st, p, next, PLOG_PAGE_MAX, wait).await {
             Ok(page) => page,
             Err(_) => {
                 if tx.is_closed() {
@@ -171,6 +177,9 @@ async fn read_into(
         };
         if page.next <= next {
             if tx.is_closed() {
+                return;
+            }
+            if live && !follow_hub(st, p, &mut next, until, tx).await {
                 return;
             }
             continue;
@@ -186,6 +195,98 @@ async fn read_into(
             return;
         }
     }
+}
+
+/// Delivers partition `p`'s events from `next` as its hub hands them out, each wake-up's as
+/// one chunk, reading from the store what came before the first frame; `true` when the
+/// reader fell behind (the hub's buffer moved past it, or it ended): it goes back to pages;
+/// `false` once the stream is gone.
+async fn follow_hub(
+    st: &Arc<AppState>,
+    p: u32,
+    next: &mut u64,
+    until: Option<&Until>,
+    tx: &mpsc::Sender<Chunk>,
+) -> bool {
+    use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    let mut rx = consume::subscribe(st, p);
+    loop {
+        let first = match tokio::time::timeout(READ_WAIT, rx.recv()).await {
+            Err(_) if tx.is_closed() => return false,
+            Err(_) => continue,
+            Ok(Ok(frame)) => frame,
+            Ok(Err(RecvError::Lagged(_) | RecvError::Closed)) => return true,
+        };
+        let mut buf = BytesMut::new();
+        let mut got = Some(first);
+        while let Some(frame) = got.take() {
+            if frame.first() > *next && !read_up_to(st, p, next, frame.first(), &mut buf).await {
+                return true;
+            }
+            if frame.after() > *next && frame.first() == *next {
+                push_frame(&mut buf, p, &frame);
+                *next = frame.after();
+            }
+            got = match rx.try_recv() {
+                Ok(f) => Some(f),
+                Err(TryRecvError::Lagged(_)) => return true,
+                Err(TryRecvError::Empty | TryRecvError::Closed) => None,
+            };
+        }
+        if buf.is_empty() {
+            continue;
+        }
+        let chunk = Chunk::Data {
+            partition: p,
+            next: *next,
+            bytes: buf.freeze(),
+        };
+        if !within(until, tx).await || tx.send(chunk).await.is_err() {
+            return false;
+        }
+    }
+}
+
+/// Appends the messages of partition `p`'s stored events from `next` up to `until` (the
+/// first frame a hub handed a reader that subscribed after them) to `buf`; whether it got
+/// there.
+async fn read_up_to(
+    st: &Arc<AppState>,
+    p: u32,
+    next: &mut u64,
+    until: u64,
+    buf: &mut BytesMut,
+) -> bool {
+    while *next < until {
+        let Ok(page) = consume::page(st, p, *next, PLOG_PAGE_MAX, Duration::ZERO).await else {
+            return false;
+        };
+        if page.next <= *next {
+            return false;
+        }
+        buf.extend_from_slice(&page_messages(
+            p,
+            &page.events,
+            page.next,
+            &Filter::default(),
+        ));
+        *next = page.next;
+    }
+    true
+}
+
+/// Appends a hub's frame of partition `p` as a tagged message, its JSON as the hub encoded it.
+fn push_frame(buf: &mut BytesMut, p: u32, frame: &consume::Frame) {
+    use std::fmt::Write as _;
+    let (kind, field) = if frame.is_event() {
+        (SSE_EVENT, "event")
+    } else {
+        (SSE_GAP, "gap")
+    };
+    // Writing into a `BytesMut` grows it and cannot fail.
+    let _ = write!(buf, "event: {kind}\ndata: {{\"partition\":{p},\"{field}\":");
+    buf.extend_from_slice(frame.json());
+    buf.extend_from_slice(b"}\n\n");
 }
 
 /// The messages of one page of partition `p`: its events that pass `filter`, its gaps, and
