@@ -528,6 +528,23 @@ pub(super) async fn page(
     page_from(st, p, Start::At(from), limit, wait).await
 }
 
+/// As [`page`], and what `then` makes of the page, on the thread that read it where this
+/// node reads its store: the page's events are freed where they were allocated (as a page
+/// read's answer is encoded), not on the task that asked.
+pub(super) async fn page_then<T: Send + 'static>(
+    st: &Arc<AppState>,
+    p: u32,
+    (from, limit, wait): (u64, usize, Duration),
+    then: impl FnOnce(Page) -> T + Send + 'static,
+) -> Result<T, Response> {
+    if let Some(url) = owner_elsewhere(st, p)? {
+        let page = relay_page(st, &url, p, Start::At(from), limit, wait).await?;
+        return Ok(then(page));
+    }
+    wait_for_event(st, p, from, wait).await;
+    read_local(st, p, from, limit, then).await
+}
+
 /// As [`page`], from a [`Start`]: `end` is the owner's end when the read starts.
 async fn page_from(
     st: &Arc<AppState>,

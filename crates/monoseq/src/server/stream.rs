@@ -121,7 +121,7 @@ pub(super) fn spawn_reader(
     tx: mpsc::Sender<Chunk>,
 ) -> JoinHandle<()> {
     let st = Arc::clone(st);
-    tokio::spawn(async move { read_into(&st, p, start, (&filter, until.as_ref()), &tx).await })
+    tokio::spawn(async move { read_into(&st, p, start, (filter, until.as_ref()), &tx).await })
 }
 
 /// Waits while `until` is past (the session is not renewed); `false` once the stream is gone.
@@ -149,7 +149,7 @@ async fn read_into(
     st: &Arc<AppState>,
     p: u32,
     start: Start,
-    (filter, until): (&Filter, Option<&Until>),
+    (filter, until): (Arc<Filter>, Option<&Until>),
     tx: &mpsc::Sender<Chunk>,
 ) {
     let mut next = match start {
@@ -165,8 +165,9 @@ async fn read_into(
     let live = filter.is_all();
     loop {
         let wait = if live { Duration::ZERO } else { READ_WAIT };
-        let page = match consume::page(st, p, next, PLOG_PAGE_MAX, wait).await {
-            Ok(page) => page,
+        let read = read_messages(st, p, (next, wait), &filter).await;
+        let (page_next, bytes) = match read {
+            Ok(read) => read,
             Err(_) => {
                 if tx.is_closed() {
                     return;
@@ -175,7 +176,7 @@ async fn read_into(
                 continue;
             }
         };
-        if page.next <= next {
+        if page_next <= next {
             if tx.is_closed() {
                 return;
             }
@@ -184,8 +185,7 @@ async fn read_into(
             }
             continue;
         }
-        let bytes = page_messages(p, &page.events, page.next, filter);
-        next = page.next;
+        next = page_next;
         let chunk = Chunk::Data {
             partition: p,
             next,
@@ -257,22 +257,40 @@ async fn read_up_to(
     until: u64,
     buf: &mut BytesMut,
 ) -> bool {
+    let all = Arc::new(Filter::default());
     while *next < until {
-        let Ok(page) = consume::page(st, p, *next, PLOG_PAGE_MAX, Duration::ZERO).await else {
+        let Ok((page_next, bytes)) = read_messages(st, p, (*next, Duration::ZERO), &all).await
+        else {
             return false;
         };
-        if page.next <= *next {
+        if page_next <= *next {
             return false;
         }
-        buf.extend_from_slice(&page_messages(
-            p,
-            &page.events,
-            page.next,
-            &Filter::default(),
-        ));
-        *next = page.next;
+        buf.extend_from_slice(&bytes);
+        *next = page_next;
     }
     true
+}
+
+/// Partition `p`'s page from `from` (a long poll of `wait`) as a stream's messages through
+/// `filter`, made on the thread that read it: the offset after the page, and its messages
+/// (none when it read nothing).
+async fn read_messages(
+    st: &Arc<AppState>,
+    p: u32,
+    (from, wait): (u64, Duration),
+    filter: &Arc<Filter>,
+) -> Result<(u64, Bytes), Response> {
+    let filter = Arc::clone(filter);
+    consume::page_then(st, p, (from, PLOG_PAGE_MAX, wait), move |page| {
+        let bytes = if page.next > from {
+            page_messages(p, &page.events, page.next, &filter)
+        } else {
+            Bytes::new()
+        };
+        (page.next, bytes)
+    })
+    .await
 }
 
 /// Appends a hub's frame of partition `p` as a tagged message, its JSON as the hub encoded it.
