@@ -8,9 +8,10 @@
 //! order, so each partition's events arrive in PLog order. An unfiltered reader that reached
 //! the end takes new events from the partition's hub (`consume`'s, the one live tails share:
 //! read once from the writer's memory and encoded once for every reader of this node) rather
-//! than polling pages, and goes back to pages when it falls behind the hub's buffer. A reader that filtered events out
-//! after its last delivered one adds a `progress` message, so a filtered consumer's position
-//! still advances. The stream's writer keeps the resume vector (each partition's next
+//! than polling pages, and goes back to pages when it falls behind the hub's buffer. Pages
+//! are encoded on the thread that read them (`consume::page_then`). A reader that filtered
+//! events out after its last delivered one adds a `progress` message, so a filtered
+//! consumer's position still advances. The stream's writer keeps the resume vector (each partition's next
 //! offset) and sends it as the SSE `id:` at most every [`RESUME_ID_EVERY`] and in every
 //! heartbeat, so an `EventSource` that reconnects resumes where it was (redelivering at most
 //! what came after the last id).
@@ -219,9 +220,12 @@ async fn follow_hub(
         };
         let mut buf = BytesMut::new();
         let mut got = Some(first);
+        // Behind the hub: what `buf` holds is sent first (`next` is past it), then pages.
+        let mut behind = false;
         while let Some(frame) = got.take() {
             if frame.first() > *next && !read_up_to(st, p, next, frame.first(), &mut buf).await {
-                return true;
+                behind = true;
+                break;
             }
             if frame.after() > *next && frame.first() == *next {
                 push_frame(&mut buf, p, &frame);
@@ -229,20 +233,25 @@ async fn follow_hub(
             }
             got = match rx.try_recv() {
                 Ok(f) => Some(f),
-                Err(TryRecvError::Lagged(_)) => return true,
+                Err(TryRecvError::Lagged(_)) => {
+                    behind = true;
+                    None
+                }
                 Err(TryRecvError::Empty | TryRecvError::Closed) => None,
             };
         }
-        if buf.is_empty() {
-            continue;
+        if !buf.is_empty() {
+            let chunk = Chunk::Data {
+                partition: p,
+                next: *next,
+                bytes: buf.freeze(),
+            };
+            if !within(until, tx).await || tx.send(chunk).await.is_err() {
+                return false;
+            }
         }
-        let chunk = Chunk::Data {
-            partition: p,
-            next: *next,
-            bytes: buf.freeze(),
-        };
-        if !within(until, tx).await || tx.send(chunk).await.is_err() {
-            return false;
+        if behind {
+            return true;
         }
     }
 }
