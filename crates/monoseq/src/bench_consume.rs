@@ -3,8 +3,9 @@
 //! reads a partition from an offset to its end in pages (`GET /v1/partitions/{p}/events`);
 //! `tail` attaches live tails (`…/events/stream`) and writes commands at a steady rate while
 //! they follow, and measures each event's way from its command's acknowledgement to its
-//! arrival at every follower. Each prints one `consume:` line of `key=value` fields, which
-//! `scripts/bench consume` reads. Every loop ends: by a count, by `--seconds` or by a drain
+//! arrival at every follower; `read`, `group` and `member` (`groups.rs`) read many partitions
+//! through one stream, followers or a consumer group. Each prints one `consume:` line of
+//! `key=value` fields, which `scripts/bench consume` and `scripts/bench groups` read. Every loop ends: by a count, by `--seconds` or by a drain
 //! bound.
 
 use std::sync::Arc;
@@ -20,6 +21,8 @@ use monoseq_client::{BatchCommandBody, Client};
 use monoseq_wire::{PLOG_PAGE_MAX, PlogEntryBody, SSE_EVENT};
 
 use crate::wire::CommandBody;
+
+mod groups;
 
 /// Default of `--seconds` for `tail`.
 pub const TAIL_SECONDS_DEFAULT: u64 = 10;
@@ -42,6 +45,8 @@ const UNPACED_RATE_MAX: u64 = 200_000;
 pub(crate) const LATENCY_US_MAX: u64 = 60_000_000;
 /// Significant figures of the histograms.
 const HISTOGRAM_FIGURES: u8 = 3;
+/// The name of the commands `fill --marked-every` picks out.
+const MARKED_COMMAND: &str = "bench.Marked";
 
 /// `monoseq bench-consume` flags.
 #[derive(Debug, Clone, Args)]
@@ -60,17 +65,22 @@ pub struct ConsumeBenchArgs {
 /// What to measure.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Mode {
-    /// Write `--events` commands into partition `--partition`, in batches of 1 000.
+    /// Write `--events` commands into the partitions `--partition` lists (round-robin), in
+    /// batches of 1 000.
     Fill {
-        /// The partition to write (its workspaces: `ws mod partitions`).
-        #[arg(long)]
-        partition: u32,
+        /// The partitions to write, joined by commas (their workspaces: `ws mod partitions`).
+        #[arg(long, value_delimiter = ',', required = true)]
+        partition: Vec<u32>,
         /// Commands to write.
         #[arg(long)]
         events: u64,
-        /// Workspaces of the partition the commands spread over.
+        /// Workspaces of each partition the commands spread over.
         #[arg(long, default_value_t = WORKSPACES_DEFAULT)]
         workspaces: u64,
+        /// Every this many commands of a batch, one is named `bench.Marked` instead of
+        /// `bench.Create` (what a filter picks out); 0: none.
+        #[arg(long, default_value_t = 0)]
+        marked_every: u64,
     },
     /// Read partition `--partition` from `--from` to the end it had when the read began, in
     /// pages of `--limit`, with `--depth` pages asked ahead (a page is asked at the offset the
@@ -115,6 +125,18 @@ pub enum Mode {
         #[arg(long, default_value_t = WORKSPACES_DEFAULT)]
         workspaces: u64,
     },
+    /// Read the partitions `--partitions` lists (`all`: every one) from offset 1 to the ends
+    /// they had when the read began, through one `GET /v1/events/stream` or one live tail per
+    /// partition (`--how followers`).
+    Read(groups::ReadArgs),
+    /// `--members` members of consumer group `--group` (tasks of this process) read every
+    /// partition from the group's positions to the ends they had when the read began.
+    Group(groups::GroupArgs),
+    /// One member of a consumer group that prints what it is given, for scripts/bench's
+    /// rebalance figures: `joining`, `assigned P,…`, `revoked P,…`, `lost P,…`, and `event P`
+    /// for the first event of each partition given; it leaves on a `leave` line (or the end)
+    /// of its standard input.
+    Member(groups::MemberArgs),
 }
 
 /// Runs the chosen mode and prints its `consume:` line.
@@ -152,10 +174,14 @@ pub async fn run(args: ConsumeBenchArgs) -> anyhow::Result<()> {
             partition,
             events,
             workspaces,
+            marked_every,
         } => {
-            let ws = Workspaces::new(&[partition], partitions, workspaces)?;
-            fill(&tool, &ws, events).await
+            let ws = Workspaces::new(&partition, partitions, workspaces)?;
+            fill(&tool, &ws, events, marked_every).await
         }
+        Mode::Read(a) => groups::read(&tool, partitions, a).await,
+        Mode::Group(a) => groups::group(&tool, partitions, a).await,
+        Mode::Member(a) => groups::member(&tool, a).await,
         Mode::CatchUp {
             partition,
             from,
@@ -220,15 +246,21 @@ impl Workspaces {
 
 /// The command every writer sends (the one `monoseq bench` sends).
 fn command(ws: u64) -> anyhow::Result<CommandBody> {
+    named_command(ws, "bench.Create")
+}
+
+/// The same command under another name.
+fn named_command(ws: u64, name: &str) -> anyhow::Result<CommandBody> {
     Ok(serde_json::from_str(&format!(
-        r#"{{"ws": {ws}, "ws_kind": 1, "command": "bench.Create",
+        r#"{{"ws": {ws}, "ws_kind": 1, "command": "{name}",
             "create": [{{"raw_id": 1, "kind": "CDoc", "name": "bench.Doc", "fields": {{"n": {ws}}}}}],
             "argument": {{"raw_id": 2, "name": "bench.Arg", "fields": {{"doc": {{"$raw": 1}}}}}}}}"#
     ))?)
 }
 
-/// Writes `events` commands in batches of `PLOG_PAGE_MAX`, a few batches in flight.
-async fn fill(tool: &Tool, ws: &Workspaces, events: u64) -> anyhow::Result<()> {
+/// Writes `events` commands in batches of `PLOG_PAGE_MAX`, a few batches in flight; every
+/// `marked_every`th command of a batch (none when 0) is named `bench.Marked`.
+async fn fill(tool: &Tool, ws: &Workspaces, events: u64, marked_every: u64) -> anyhow::Result<()> {
     let began = Instant::now();
     let batch = PLOG_PAGE_MAX as u64;
     let next = Arc::new(AtomicU64::new(0));
@@ -236,7 +268,14 @@ async fn fill(tool: &Tool, ws: &Workspaces, events: u64) -> anyhow::Result<()> {
     for _ in 0..FILL_BATCHES_IN_FLIGHT {
         let (client, next) = (tool.client.clone(), Arc::clone(&next));
         let items: Vec<BatchCommandBody> = (0..batch)
-            .map(|i| Ok(BatchCommandBody::new(command(ws.nth(i))?, None)))
+            .map(|i| {
+                let name = if marked_every > 0 && i % marked_every == 0 {
+                    MARKED_COMMAND
+                } else {
+                    "bench.Create"
+                };
+                Ok(BatchCommandBody::new(named_command(ws.nth(i), name)?, None))
+            })
             .collect::<anyhow::Result<_>>()?;
         tasks.push(tokio::spawn(async move {
             loop {

@@ -153,7 +153,7 @@ impl FollowArgs {
 
 /// One item a hub hands its followers: its JSON encoded once, shared by every follower.
 #[derive(Debug)]
-struct Frame {
+pub(super) struct Frame {
     /// First PLog offset it covers.
     from: u64,
     /// The offset after it.
@@ -168,8 +168,23 @@ struct Frame {
 
 impl Frame {
     /// The event's or gap's JSON.
-    fn json(&self) -> &[u8] {
+    pub(super) fn json(&self) -> &[u8] {
         &self.sse[self.json.clone()]
+    }
+
+    /// The first PLog offset it covers.
+    pub(super) fn first(&self) -> u64 {
+        self.from
+    }
+
+    /// The offset after it.
+    pub(super) fn after(&self) -> u64 {
+        self.next
+    }
+
+    /// Whether it is an event (else a gap).
+    pub(super) fn is_event(&self) -> bool {
+        self.wlog.is_some()
     }
 }
 
@@ -515,6 +530,23 @@ pub(super) async fn page(
     wait: Duration,
 ) -> Result<Page, Response> {
     page_from(st, p, Start::At(from), limit, wait).await
+}
+
+/// As [`page`], and what `then` makes of the page, on the thread that read it where this
+/// node reads its store: the page's events are freed where they were allocated (as a page
+/// read's answer is encoded), not on the task that asked.
+pub(super) async fn page_then<T: Send + 'static>(
+    st: &Arc<AppState>,
+    p: u32,
+    (from, limit, wait): (u64, usize, Duration),
+    then: impl FnOnce(Page) -> T + Send + 'static,
+) -> Result<T, Response> {
+    if let Some(relay) = owner_elsewhere(st, p, false)? {
+        let page = relay_page(&relay, p, Start::At(from), limit, wait).await?;
+        return Ok(then(page));
+    }
+    wait_for_event(st, p, from, wait).await;
+    read_local(st, p, from, limit, then).await
 }
 
 /// As [`page`], from a [`Start`]: `end` is the owner's end when the read starts.
@@ -1387,7 +1419,7 @@ fn heartbeat_end(st: &AppState, p: u32, next: u64) -> Option<u64> {
 }
 
 /// A receiver of partition `p`'s hub, started when it has none.
-fn subscribe(st: &Arc<AppState>, p: u32) -> broadcast::Receiver<Arc<Frame>> {
+pub(super) fn subscribe(st: &Arc<AppState>, p: u32) -> broadcast::Receiver<Arc<Frame>> {
     let mut hubs = st.follow.lock();
     if let Some(hub) = hubs.get(&p) {
         return hub.tx.subscribe();

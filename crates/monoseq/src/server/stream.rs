@@ -5,9 +5,13 @@
 //! node's store, or relayed from the partition's owner, through `consume::page`, whose long
 //! poll waits for new events), drops what the filter refuses, and hands each page's messages
 //! to the stream's bounded channel as one chunk; the connection writes chunks in arrival
-//! order, so each partition's events arrive in PLog order. A reader that filtered events out
-//! after its last delivered one adds a `progress` message, so a filtered consumer's position
-//! still advances. The stream's writer keeps the resume vector (each partition's next
+//! order, so each partition's events arrive in PLog order. An unfiltered reader that reached
+//! the end takes new events from the partition's hub (`consume`'s, the one live tails share:
+//! read once from the writer's memory and encoded once for every reader of this node) rather
+//! than polling pages, and goes back to pages when it falls behind the hub's buffer. Pages
+//! are encoded on the thread that read them (`consume::page_then`). A reader that filtered
+//! events out after its last delivered one adds a `progress` message, so a filtered
+//! consumer's position still advances. The stream's writer keeps the resume vector (each partition's next
 //! offset) and sends it as the SSE `id:` at most every [`RESUME_ID_EVERY`] and in every
 //! heartbeat, so an `EventSource` that reconnects resumes where it was (redelivering at most
 //! what came after the last id).
@@ -118,7 +122,7 @@ pub(super) fn spawn_reader(
     tx: mpsc::Sender<Chunk>,
 ) -> JoinHandle<()> {
     let st = Arc::clone(st);
-    tokio::spawn(async move { read_into(&st, p, start, (&filter, until.as_ref()), &tx).await })
+    tokio::spawn(async move { read_into(&st, p, start, (filter, until.as_ref()), &tx).await })
 }
 
 /// Waits while `until` is past (the session is not renewed); `false` once the stream is gone.
@@ -146,7 +150,7 @@ async fn read_into(
     st: &Arc<AppState>,
     p: u32,
     start: Start,
-    (filter, until): (&Filter, Option<&Until>),
+    (filter, until): (Arc<Filter>, Option<&Until>),
     tx: &mpsc::Sender<Chunk>,
 ) {
     let mut next = match start {
@@ -158,11 +162,15 @@ async fn read_into(
             }
         },
     };
+    // An unfiltered reader waits for new events at the hub, not in a page read.
+    let live = filter.is_all();
     // Whether the reader had caught up: what its next page brings was written since.
-    let mut live = matches!(start, Start::End);
+    let mut caught_up = matches!(start, Start::End);
     loop {
-        let page = match consume::page(st, p, next, PLOG_PAGE_MAX, READ_WAIT).await {
-            Ok(page) => page,
+        let wait = if live { Duration::ZERO } else { READ_WAIT };
+        let read = read_messages(st, p, (next, wait), &filter, caught_up).await;
+        let (page_next, end, bytes) = match read {
+            Ok(read) => read,
             Err(_) => {
                 if tx.is_closed() {
                     return;
@@ -171,18 +179,17 @@ async fn read_into(
                 continue;
             }
         };
-        let fresh = std::mem::replace(&mut live, page.next >= page.end);
-        if page.next <= next {
+        caught_up = page_next >= end;
+        if page_next <= next {
             if tx.is_closed() {
+                return;
+            }
+            if live && !follow_hub(st, p, &mut next, until, tx).await {
                 return;
             }
             continue;
         }
-        if fresh {
-            st.metrics.latency.live_page(&page.events, filter);
-        }
-        let bytes = page_messages(p, &page.events, page.next, filter);
-        next = page.next;
+        next = page_next;
         let chunk = Chunk::Data {
             partition: p,
             next,
@@ -192,6 +199,130 @@ async fn read_into(
             return;
         }
     }
+}
+
+/// Delivers partition `p`'s events from `next` as its hub hands them out, each wake-up's as
+/// one chunk, reading from the store what came before the first frame; `true` when the
+/// reader fell behind (the hub's buffer moved past it, or it ended): it goes back to pages;
+/// `false` once the stream is gone.
+async fn follow_hub(
+    st: &Arc<AppState>,
+    p: u32,
+    next: &mut u64,
+    until: Option<&Until>,
+    tx: &mpsc::Sender<Chunk>,
+) -> bool {
+    use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+    let mut rx = consume::subscribe(st, p);
+    loop {
+        let first = match tokio::time::timeout(READ_WAIT, rx.recv()).await {
+            Err(_) if tx.is_closed() => return false,
+            Err(_) => continue,
+            Ok(Ok(frame)) => frame,
+            Ok(Err(RecvError::Lagged(_) | RecvError::Closed)) => return true,
+        };
+        let mut buf = BytesMut::new();
+        let mut got = Some(first);
+        // Behind the hub: what `buf` holds is sent first (`next` is past it), then pages.
+        let mut behind = false;
+        while let Some(frame) = got.take() {
+            if frame.first() > *next && !read_up_to(st, p, next, frame.first(), &mut buf).await {
+                behind = true;
+                break;
+            }
+            if frame.after() > *next && frame.first() == *next {
+                push_frame(&mut buf, p, &frame);
+                *next = frame.after();
+            }
+            got = match rx.try_recv() {
+                Ok(f) => Some(f),
+                Err(TryRecvError::Lagged(_)) => {
+                    behind = true;
+                    None
+                }
+                Err(TryRecvError::Empty | TryRecvError::Closed) => None,
+            };
+        }
+        if !buf.is_empty() {
+            let chunk = Chunk::Data {
+                partition: p,
+                next: *next,
+                bytes: buf.freeze(),
+            };
+            if !within(until, tx).await || tx.send(chunk).await.is_err() {
+                return false;
+            }
+        }
+        if behind {
+            return true;
+        }
+    }
+}
+
+/// Appends the messages of partition `p`'s stored events from `next` up to `until` (the
+/// first frame a hub handed a reader that subscribed after them) to `buf`; whether it got
+/// there.
+async fn read_up_to(
+    st: &Arc<AppState>,
+    p: u32,
+    next: &mut u64,
+    until: u64,
+    buf: &mut BytesMut,
+) -> bool {
+    let all = Arc::new(Filter::default());
+    while *next < until {
+        let read = read_messages(st, p, (*next, Duration::ZERO), &all, false).await;
+        let Ok((page_next, _, bytes)) = read else {
+            return false;
+        };
+        if page_next <= *next {
+            return false;
+        }
+        buf.extend_from_slice(&bytes);
+        *next = page_next;
+    }
+    true
+}
+
+/// Partition `p`'s page from `from` (a long poll of `wait`) as a stream's messages through
+/// `filter`, made on the thread that read it: the offset after the page, and its messages
+/// (none when it read nothing).
+async fn read_messages(
+    st: &Arc<AppState>,
+    p: u32,
+    (from, wait): (u64, Duration),
+    filter: &Arc<Filter>,
+    caught_up: bool,
+) -> Result<(u64, u64, Bytes), Response> {
+    let filter = Arc::clone(filter);
+    let state = Arc::clone(st);
+    consume::page_then(st, p, (from, PLOG_PAGE_MAX, wait), move |page| {
+        let bytes = if page.next > from {
+            if caught_up {
+                // What a caught-up reader's page brings was written since: a live delivery.
+                state.metrics.latency.live_page(&page.events, &filter);
+            }
+            page_messages(p, &page.events, page.next, &filter)
+        } else {
+            Bytes::new()
+        };
+        (page.next, page.end, bytes)
+    })
+    .await
+}
+
+/// Appends a hub's frame of partition `p` as a tagged message, its JSON as the hub encoded it.
+fn push_frame(buf: &mut BytesMut, p: u32, frame: &consume::Frame) {
+    use std::fmt::Write as _;
+    let (kind, field) = if frame.is_event() {
+        (SSE_EVENT, "event")
+    } else {
+        (SSE_GAP, "gap")
+    };
+    // Writing into a `BytesMut` grows it and cannot fail.
+    let _ = write!(buf, "event: {kind}\ndata: {{\"partition\":{p},\"{field}\":");
+    buf.extend_from_slice(frame.json());
+    buf.extend_from_slice(b"}\n\n");
 }
 
 /// The messages of one page of partition `p`: its events that pass `filter`, its gaps, and
