@@ -1,8 +1,8 @@
 //! monoseq-named-http: the server side of named sequences' HTTP API. [`router`] serves the
 //! `/v1/sequences/…` API over a [`monoseq_named::Sequences`]. Owns the route scheme, the
 //! checking of request bodies (their types are `monoseq-wire`'s, shared with the client in
-//! `monoseq-client`), and the mapping of the domain's stable error codes
-//! ([`monoseq_named::code`]) to HTTP status codes; `monoseq-named` knows nothing of HTTP.
+//! `monoseq-client`), and each domain error's stable code ([`Coded`], a
+//! `monoseq_wire::ErrorCode`) and HTTP status; `monoseq-named` knows nothing of HTTP.
 //!
 //! # Example
 //!
