@@ -38,6 +38,36 @@ pub struct Client {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// The failures in a row of a long-lived stream (a tail, a group member's session): when they
+/// began and how many, against the client's retry timeout.
+#[derive(Debug, Default)]
+pub(crate) struct Outage {
+    since: Option<Instant>,
+    failures: u32,
+}
+
+impl Outage {
+    /// Counts one more failure: the wait before the next attempt (at least `floor`, the
+    /// server's `Retry-After`), or `None` once the outage would outlast the retry timeout.
+    pub(crate) fn next_wait(&mut self, inner: &Inner, floor: Option<Duration>) -> Option<Duration> {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        self.failures += 1;
+        let wait = floor.unwrap_or_default() + inner.backoff.jittered(self.failures);
+        (since.elapsed() + wait <= inner.retry_timeout).then_some(wait)
+    }
+
+    /// The failures in a row so far (1: the outage just began).
+    pub(crate) fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// Ends the outage: the next one gets a retry timeout of its own. `true` if there was one.
+    pub(crate) fn end(&mut self) -> bool {
+        self.failures = 0;
+        self.since.take().is_some()
+    }
+}
+
 pub(crate) struct Inner {
     pub(crate) http: reqwest::Client,
     pub(crate) view: View,

@@ -19,7 +19,7 @@ use monoseq_wire::{
 };
 use reqwest::{StatusCode, header};
 
-use crate::client::{Client, MOVED_CODES};
+use crate::client::{Client, MOVED_CODES, Outage};
 use crate::error::ClientError;
 
 /// A tail with no message (not even a heartbeat, sent every few seconds while idle) for this
@@ -167,8 +167,7 @@ impl Client {
             next: from.max(1),
             response: None,
             buffer: Vec::new(),
-            failing_since: None,
-            failures: 0,
+            outage: Outage::default(),
             ended: false,
         };
         futures_util::stream::unfold(tail, |mut tail| async move {
@@ -245,8 +244,7 @@ struct Tail {
     response: Option<reqwest::Response>,
     buffer: Vec<u8>,
     /// When the current run of failed connections began (`None` while messages flow).
-    failing_since: Option<Instant>,
-    failures: u32,
+    outage: Outage,
     ended: bool,
 }
 
@@ -268,11 +266,10 @@ impl Tail {
             }
             if let Some(block) = self.take_block()? {
                 let parsed = self.parse(&block)?;
-                if !matches!(parsed, Parsed::Reopen) && self.failing_since.take().is_some() {
+                if !matches!(parsed, Parsed::Reopen) && self.outage.end() {
                     // A message, a heartbeat included, shows the tail works again: an outage
                     // after this one gets a retry timeout of its own.
                     tracing::info!(next = self.next, "following {} again", self.log);
-                    self.failures = 0;
                 }
                 match parsed {
                     Parsed::Item(item) => return Ok(item),
@@ -377,14 +374,11 @@ impl Tail {
         error: ClientError,
         floor: Option<Duration>,
     ) -> Result<(), ClientError> {
-        let since = *self.failing_since.get_or_insert_with(Instant::now);
-        self.failures += 1;
         let inner = &self.client.inner;
-        let wait = floor.unwrap_or_default() + inner.backoff.jittered(self.failures);
-        if since.elapsed() + wait > inner.retry_timeout {
+        let Some(wait) = self.outage.next_wait(inner, floor) else {
             return Err(error);
-        }
-        if self.failures == 1 {
+        };
+        if self.outage.failures() == 1 {
             // Once per outage: a tail waits quietly otherwise, as a follower should.
             let bound = if inner.retry_timeout == Duration::MAX {
                 "until a node answers".to_owned()
@@ -397,7 +391,7 @@ impl Tail {
                 self.log
             );
         }
-        tracing::debug!(failures = self.failures, wait_ms = wait.as_secs_f64() * 1e3, %error, "tail: retrying after a wait");
+        tracing::debug!(failures = self.outage.failures(), wait_ms = wait.as_secs_f64() * 1e3, %error, "tail: retrying after a wait");
         tokio::time::sleep(wait).await;
         Ok(())
     }

@@ -25,7 +25,7 @@ use monoseq_wire::{
 };
 use reqwest::{Method, StatusCode, header};
 
-use crate::client::Client;
+use crate::client::{Client, Outage};
 use crate::error::ClientError;
 use crate::follow::{FOLLOW_IDLE_MAX, SSE_MESSAGE_MAX, api_error, decode, fields, retry_after};
 use crate::positions::path_segment;
@@ -332,8 +332,7 @@ impl Client {
             response: None,
             buffer: Vec::new(),
             beats: None,
-            failing_since: None,
-            failures: 0,
+            outage: Outage::default(),
             ended: false,
         };
         let stream = futures_util::stream::unfold(session, |mut s| async move {
@@ -367,8 +366,7 @@ struct Session {
     buffer: Vec<u8>,
     /// The task sending this session's heartbeats.
     beats: Option<tokio::task::JoinHandle<()>>,
-    failing_since: Option<Instant>,
-    failures: u32,
+    outage: Outage,
     ended: bool,
 }
 
@@ -519,14 +517,10 @@ impl Session {
         error: ClientError,
         floor: Option<Duration>,
     ) -> Result<(), ClientError> {
-        let since = *self.failing_since.get_or_insert_with(Instant::now);
-        self.failures += 1;
-        let inner = &self.client.inner;
-        let wait = floor.unwrap_or_default() + inner.backoff.jittered(self.failures);
-        if since.elapsed() + wait > inner.retry_timeout {
+        let Some(wait) = self.outage.next_wait(&self.client.inner, floor) else {
             return Err(error);
-        }
-        if self.failures == 1 {
+        };
+        if self.outage.failures() == 1 {
             tracing::warn!(group = %self.group, member = %self.member, "joining the group: {error}; retrying");
         }
         tokio::time::sleep(wait).await;
@@ -592,10 +586,9 @@ impl Session {
 
     /// A session started: it is the one commits name, and its heartbeats start.
     fn joined(&mut self, joined: &JoinedBody) {
-        if self.failing_since.take().is_some() {
+        if self.outage.end() {
             tracing::info!(group = %self.group, member = %self.member, session = %joined.session, "joined the group again");
         }
-        self.failures = 0;
         let node = {
             let mut shared = self.shared();
             shared.session = Some(joined.session.clone());
