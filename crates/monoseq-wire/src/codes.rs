@@ -118,8 +118,6 @@ codes! {
         InvalidIdempotencyKey = "invalid_idempotency_key",
         /// The storage cannot be written or read right now; retry.
         StorageUnavailable = "storage_unavailable",
-        /// The storage failed in a way the process cannot continue from.
-        StorageFatal = "storage_fatal",
         /// Stored bytes are damaged; the answer's `key` names where.
         Corrupted = "corrupted",
         /// Something the server did not expect; its log says what.
@@ -177,8 +175,6 @@ codes! {
         GroupFull = "group_full",
         /// No group of that name.
         UnknownGroup = "unknown_group",
-        /// The member's session expired.
-        SessionExpired = "session_expired",
         /// A named sequence's address (scope and name) is not valid.
         InvalidAddress = "invalid_address",
         /// A named sequence's value is out of range.

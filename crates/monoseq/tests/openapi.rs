@@ -235,6 +235,91 @@ fn the_document_lists_exactly_the_error_codes_the_server_can_answer() {
     assert_eq!(listed, codes);
 }
 
+/// Codes a server answers that no documented operation lists: `slow_follower` is the last
+/// message of a stream (its own schema lists it), and `unknown_operation` answers a named
+/// sequence's path that names no operation, which the document does not list as a path.
+const CODES_OUTSIDE_OPERATIONS: [&str; 2] = ["slow_follower", "unknown_operation"];
+
+/// The codes an error answer may carry, found anywhere in `schema` (an `enum` or `const` of a
+/// `code` property), following references to other schemas but not to `Error` itself.
+fn codes_in(doc: &Value, schema: &Value, out: &mut std::collections::BTreeSet<String>) {
+    match schema {
+        Value::Object(map) => {
+            if let Some(code) = map.get("properties").and_then(|p| p.get("code")) {
+                let listed = code["enum"].as_array().cloned().unwrap_or_default();
+                for c in listed.iter().chain(code.get("const")) {
+                    out.insert(c.as_str().expect("a code is a string").to_owned());
+                }
+            }
+            if let Some(target) = map.get("$ref").and_then(Value::as_str) {
+                let name = target.rsplit('/').next().unwrap();
+                if name != "Error" {
+                    let kind = if target.contains("/responses/") {
+                        "responses"
+                    } else {
+                        "schemas"
+                    };
+                    codes_in(doc, &doc["components"][kind][name], out);
+                }
+            }
+            for (key, value) in map {
+                if key != "properties" {
+                    codes_in(doc, value, out);
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| codes_in(doc, v, out)),
+        _ => {}
+    }
+}
+
+/// Every error answer of every operation says which codes it can carry; each is a code of
+/// `ErrorCode::ALL`, and every code of `ErrorCode::ALL` is listed by some operation (except
+/// [`CODES_OUTSIDE_OPERATIONS`]): a code the server can no longer answer, or an operation's list
+/// naming a code that does not exist, fails here. Schemathesis' response check then holds each
+/// real answer to its operation's list.
+#[test]
+fn every_operation_lists_the_codes_it_answers_and_every_code_is_answered_somewhere() {
+    let doc: Value = serde_json::from_str(common::openapi::DOCUMENT).unwrap();
+    let known: std::collections::BTreeSet<String> = monoseq_client::ErrorCode::ALL
+        .iter()
+        .map(|c| c.as_str().to_owned())
+        .collect();
+    let mut answered = std::collections::BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let Some(responses) = op.get("responses").and_then(Value::as_object) else {
+                continue;
+            };
+            for (status, response) in responses {
+                if !status.starts_with('4') && !status.starts_with('5') {
+                    continue;
+                }
+                let mut codes = std::collections::BTreeSet::new();
+                codes_in(&doc, response, &mut codes);
+                assert!(
+                    !codes.is_empty(),
+                    "{method} {path} {status} lists no code it can answer"
+                );
+                let unknown: Vec<_> = codes.difference(&known).collect();
+                assert!(
+                    unknown.is_empty(),
+                    "{method} {path} {status} lists codes no server answers: {unknown:?}"
+                );
+                answered.extend(codes);
+            }
+        }
+    }
+    let unlisted: Vec<&String> = known
+        .difference(&answered)
+        .filter(|c| !CODES_OUTSIDE_OPERATIONS.contains(&c.as_str()))
+        .collect();
+    assert!(
+        unlisted.is_empty(),
+        "codes no operation lists (list them where they are answered, or remove them): {unlisted:?}"
+    );
+}
+
 #[test]
 fn a_deliberately_wrong_document_is_caught() {
     let answer = Answer {
