@@ -124,6 +124,74 @@ async fn a_subscription_delivers_every_partition_in_plog_order_and_resumes_from_
     assert_eq!(seen, expected);
 }
 
+/// Writes `n` commands named `command` in batches of 500 over workspaces `first..first+n`.
+async fn post_batches(client: &reqwest::Client, url: &str, first: u64, n: u64, command: &str) {
+    for start in (first..first + n).step_by(500) {
+        let commands: Vec<Value> = (start..(start + 500).min(first + n))
+            .map(|ws| json!({"ws": ws, "ws_kind": 1, "command": command}))
+            .collect();
+        let r = client
+            .post(format!("{url}/v1/commands/batch"))
+            .json(&json!({ "commands": commands }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let answer: Value = r.json().await.unwrap();
+        let results = answer["results"]
+            .as_array()
+            .expect("a batch answers each command");
+        assert!(
+            results.iter().all(|r| r["status"] == 200),
+            "every command written: {answer}"
+        );
+    }
+}
+
+/// A stream reader that stops reading while its partitions' hubs move far past their small
+/// buffers falls behind them; it goes back to page reads of the store and still delivers every
+/// event once, in PLog order per partition, with nothing skipped where it fell behind.
+#[tokio::test]
+async fn a_stream_reader_that_falls_behind_its_hubs_reads_pages_and_misses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        dir.path(),
+        &["--partitions", "4", "--follower-buffer-events", "16"],
+    );
+    let client = reqwest::Client::new();
+    post_batches(&client, &server.url, 1, 40, "app.Before").await;
+    let mut sse = Sse::open(
+        &client,
+        &format!("{}/v1/events/stream?partitions=all", server.url),
+        None,
+    )
+    .await;
+    let mut got: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for _ in 0..40 {
+        let (p, o, _) = next_event(&mut sse).await.expect("the first events");
+        got.entry(p).or_default().push(o);
+    }
+    // Caught up, the reader follows the hubs. It now reads nothing while far more is written
+    // than the hubs' buffers, the stream's channel and the socket's buffers hold together.
+    const LATER: u64 = 20_000;
+    post_batches(&client, &server.url, 41, LATER, "app.After").await;
+    for _ in 0..LATER {
+        let (p, o, _) = next_event(&mut sse).await.expect("every later event");
+        got.entry(p).or_default().push(o);
+    }
+    for (p, offsets) in &got {
+        let want: Vec<u64> = (1..=offsets.len() as u64).collect();
+        assert_eq!(
+            offsets, &want,
+            "partition {p}: each event once, in PLog order"
+        );
+    }
+    assert_eq!(
+        got.values().map(Vec::len).sum::<usize>(),
+        40 + LATER as usize
+    );
+}
+
 #[tokio::test]
 async fn from_end_starts_each_partition_at_its_end_and_last_event_id_resumes() {
     let dir = tempfile::tempdir().unwrap();
