@@ -166,7 +166,7 @@ impl Client {
             log,
             next: from.max(1),
             response: None,
-            buffer: Vec::new(),
+            buffer: SseBuffer::default(),
             outage: Outage::default(),
             ended: false,
         };
@@ -242,7 +242,7 @@ struct Tail {
     /// The next offset owed to the caller.
     next: u64,
     response: Option<reqwest::Response>,
-    buffer: Vec<u8>,
+    buffer: SseBuffer,
     /// When the current run of failed connections began (`None` while messages flow).
     outage: Outage,
     ended: bool,
@@ -264,7 +264,7 @@ impl Tail {
                 self.connect().await?;
                 continue;
             }
-            if let Some(block) = self.take_block()? {
+            if let Some(block) = self.buffer.take()? {
                 let parsed = self.parse(&block)?;
                 if !matches!(parsed, Parsed::Reopen) && self.outage.end() {
                     // A message, a heartbeat included, shows the tail works again: an outage
@@ -285,12 +285,7 @@ impl Tail {
             };
             match tokio::time::timeout(FOLLOW_IDLE_MAX, response.chunk()).await {
                 Ok(Ok(Some(bytes))) => {
-                    self.buffer.extend_from_slice(&bytes);
-                    if self.buffer.len() > SSE_MESSAGE_MAX {
-                        return Err(ClientError::Protocol(format!(
-                            "an SSE message past {SSE_MESSAGE_MAX} bytes"
-                        )));
-                    }
+                    self.buffer.push(&bytes)?;
                 }
                 Ok(Ok(None)) => {
                     tracing::debug!(next = self.next, "the tail's connection closed; resuming");
@@ -396,17 +391,6 @@ impl Tail {
         Ok(())
     }
 
-    /// The next whole message of the buffer, if one arrived.
-    fn take_block(&mut self) -> Result<Option<String>, ClientError> {
-        let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") else {
-            return Ok(None);
-        };
-        let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
-        String::from_utf8(block)
-            .map(Some)
-            .map_err(|_| ClientError::Protocol("an SSE message that is not UTF-8".into()))
-    }
-
     /// What one message means, checked against the next offset owed.
     fn parse(&mut self, block: &str) -> Result<Parsed, ClientError> {
         let (event, id, data) = fields(block);
@@ -472,6 +456,39 @@ impl Tail {
     }
 }
 
+/// The bytes of an SSE answer received and not yet read as whole messages.
+#[derive(Debug, Default)]
+pub(crate) struct SseBuffer(Vec<u8>);
+
+impl SseBuffer {
+    /// Adds bytes received; a message past [`SSE_MESSAGE_MAX`] bytes is a protocol error.
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> Result<(), ClientError> {
+        self.0.extend_from_slice(bytes);
+        if self.0.len() > SSE_MESSAGE_MAX {
+            return Err(ClientError::Protocol(format!(
+                "an SSE message past {SSE_MESSAGE_MAX} bytes"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The next whole message, if one arrived.
+    pub(crate) fn take(&mut self) -> Result<Option<String>, ClientError> {
+        let Some(end) = self.0.windows(2).position(|w| w == b"\n\n") else {
+            return Ok(None);
+        };
+        let block: Vec<u8> = self.0.drain(..end + 2).collect();
+        String::from_utf8(block)
+            .map(Some)
+            .map_err(|_| ClientError::Protocol("an SSE message that is not UTF-8".into()))
+    }
+
+    /// Forgets what a closed connection left.
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 /// An SSE message's `event` (default `message`), `id` and `data` (its lines joined).
 pub(crate) fn fields(block: &str) -> (&str, Option<&str>, String) {
     let mut event = "message";
@@ -525,4 +542,28 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, C
             String::from_utf8_lossy(body)
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_split_across_chunks_is_read_whole_and_an_oversized_or_broken_one_is_refused() {
+        let mut buf = SseBuffer::default();
+        buf.push(b"event: heartbeat\ndata: {\"end\"").unwrap();
+        assert_eq!(buf.take().unwrap(), None, "half a message is not a message");
+        buf.push(b":3}\n\nid: 4\n").unwrap();
+        assert_eq!(
+            buf.take().unwrap().as_deref(),
+            Some("event: heartbeat\ndata: {\"end\":3}\n\n")
+        );
+        assert_eq!(buf.take().unwrap(), None);
+        buf.clear();
+        buf.push(b"data: \xff\n\n").unwrap();
+        assert!(matches!(buf.take(), Err(ClientError::Protocol(m)) if m.contains("UTF-8")));
+        let mut big = SseBuffer::default();
+        let e = big.push(&vec![b'x'; SSE_MESSAGE_MAX + 1]).unwrap_err();
+        assert!(matches!(e, ClientError::Protocol(m) if m.contains("past")));
+    }
 }

@@ -27,7 +27,7 @@ use reqwest::{Method, StatusCode, header};
 
 use crate::client::{Client, Outage};
 use crate::error::ClientError;
-use crate::follow::{FOLLOW_IDLE_MAX, SSE_MESSAGE_MAX, api_error, decode, fields, retry_after};
+use crate::follow::{FOLLOW_IDLE_MAX, SseBuffer, api_error, decode, fields, retry_after};
 use crate::positions::path_segment;
 
 /// What a session ended with when the member itself left: the stream ends.
@@ -330,7 +330,7 @@ impl Client {
             options,
             shared,
             response: None,
-            buffer: Vec::new(),
+            buffer: SseBuffer::default(),
             beats: None,
             outage: Outage::default(),
             ended: false,
@@ -363,7 +363,7 @@ struct Session {
     options: GroupOptions,
     shared: Arc<Mutex<Shared>>,
     response: Option<reqwest::Response>,
-    buffer: Vec<u8>,
+    buffer: SseBuffer,
     /// The task sending this session's heartbeats.
     beats: Option<tokio::task::JoinHandle<()>>,
     outage: Outage,
@@ -398,7 +398,7 @@ impl Session {
                 self.connect().await?;
                 continue;
             }
-            if let Some(block) = self.take_block()? {
+            if let Some(block) = self.buffer.take()? {
                 match self.parse(&block)? {
                     Parsed::Item(item) => return Ok(Some(item)),
                     Parsed::Skip => continue,
@@ -435,12 +435,7 @@ impl Session {
         };
         let why = match tokio::time::timeout(FOLLOW_IDLE_MAX, response.chunk()).await {
             Ok(Ok(Some(bytes))) => {
-                self.buffer.extend_from_slice(&bytes);
-                if self.buffer.len() > SSE_MESSAGE_MAX {
-                    return Err(ClientError::Protocol(format!(
-                        "an SSE message past {SSE_MESSAGE_MAX} bytes"
-                    )));
-                }
+                self.buffer.push(&bytes)?;
                 return Ok(None);
             }
             Ok(Ok(None)) => "the session's stream closed".to_owned(),
@@ -525,16 +520,6 @@ impl Session {
         }
         tokio::time::sleep(wait).await;
         Ok(())
-    }
-
-    fn take_block(&mut self) -> Result<Option<String>, ClientError> {
-        let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") else {
-            return Ok(None);
-        };
-        let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
-        String::from_utf8(block)
-            .map(Some)
-            .map_err(|_| ClientError::Protocol("an SSE message that is not UTF-8".into()))
     }
 
     fn parse(&mut self, block: &str) -> Result<Parsed, ClientError> {
