@@ -377,15 +377,17 @@ async fn not_owner_refreshes_the_view_and_goes_to_the_new_owner_without_asking_t
     // The node that lost the partition answers not_owner; its first view of the cluster (the
     // client's first refresh) has no owners, its later ones name the owner.
     let moved = moved_away(
-        viewless(moved_log.clone(), |_| unavailable("not_owner", 1)),
+        viewless(moved_log.clone(), |_| unavailable("not_owner", 60)),
         &owner,
     );
     let moved = serve(moved).await;
     let client = Client::builder([moved]).build().unwrap();
     let began = Instant::now();
     let done = client.submit(&order()).await.unwrap();
+    // Retry-After says 60 s: a client that honoured it would take that long, far past the bound
+    // a loaded machine needs.
     assert!(
-        began.elapsed() < Duration::from_millis(900),
+        began.elapsed() < Duration::from_secs(20),
         "a moved partition is retried at its owner without waiting Retry-After"
     );
     // The not_owner answer came within REFRESH_INTERVAL_MIN of the client's first refresh:
