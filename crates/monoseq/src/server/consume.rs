@@ -25,6 +25,7 @@ use tokio::sync::watch;
 
 use crate::config::{FOLLOWER_HEARTBEAT_MS_DEFAULT, FollowLimits};
 
+mod error;
 mod hub;
 mod pages;
 mod params;
@@ -33,6 +34,7 @@ mod tail;
 
 use hub::Hub;
 
+pub(super) use error::ConsumeError;
 pub(super) use hub::{Frame, subscribe};
 pub(super) use pages::{
     PageEvent, known_end, page, page_then, partition_end, read_partition, wait_for_plog,

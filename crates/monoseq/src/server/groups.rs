@@ -206,7 +206,7 @@ pub(super) async fn join(
     };
     let slot = match consume::take_slot(&st) {
         Ok(slot) => slot,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let id = st.groups.new_session_id(join.member.as_str());
     let member = Member {

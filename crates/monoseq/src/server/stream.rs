@@ -293,7 +293,7 @@ async fn read_messages(
     (from, wait): (u64, Duration),
     filter: &Arc<Filter>,
     caught_up: bool,
-) -> Result<(u64, u64, Bytes), Response> {
+) -> Result<(u64, u64, Bytes), consume::ConsumeError> {
     let filter = Arc::clone(filter);
     let state = Arc::clone(st);
     consume::page_then(st, p, (from, PLOG_PAGE_MAX, wait), move |page| {
@@ -614,7 +614,7 @@ pub(super) async fn stream_events(
     };
     let slot = match consume::take_slot(&st) {
         Ok(slot) => slot,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let (tx, rx) = channel();
     let filter = Arc::new(req.filter);

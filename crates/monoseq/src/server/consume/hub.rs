@@ -2,16 +2,11 @@
 //! the writer's memory, the store, or the owner's long poll) and encodes each event's SSE
 //! message once for every follower, in a bounded buffer.
 
-// The helpers return the answer a refused read gets: a `Response` (128 bytes) once per request,
-// not on a hot path.
-#![allow(clippy::result_large_err)]
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::response::Response;
 use bytes::{BufMut, BytesMut};
 use monoseq_wire::{PLOG_PAGE_MAX, PlogEntryBody, SSE_EVENT, SSE_GAP};
 use tokio::sync::broadcast;
@@ -19,7 +14,9 @@ use tokio::time::Instant;
 
 use super::super::AppState;
 use super::EVENT_JSON_BYTES;
-use super::pages::{Page, owner_elsewhere, page_from};
+use super::error::ConsumeError;
+use super::super::place::Relay;
+use super::pages::{Page, local_page_from, owner_elsewhere, relay_page};
 use super::params::Start;
 use super::sse::sse_head;
 use crate::json::StoredEventRef;
@@ -159,7 +156,15 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
                 return;
             }
         }
-        if matches!(owner_elsewhere(&st, p, false), Ok(None)) {
+        // Where the partition is read from is decided once a round.
+        let relay = match owner_elsewhere(&st, p, false) {
+            Ok(relay) => relay,
+            Err(_) => {
+                tokio::time::sleep(RELAY_RETRY).await;
+                continue;
+            }
+        };
+        if relay.is_none() {
             st.cp.follow_plog(p, true);
             if next == 0 {
                 // Became the owner before learning another's end: its own is true.
@@ -170,7 +175,7 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
                 continue;
             }
         }
-        let Ok(page) = hub_page(&st, p, next).await else {
+        let Ok(page) = hub_page(&st, p, relay.as_ref(), next).await else {
             tokio::time::sleep(RELAY_RETRY).await;
             continue;
         };
@@ -197,18 +202,26 @@ async fn run_hub(st: Arc<AppState>, p: u32, hub: Arc<Hub>) {
 }
 
 /// A hub's next page of partition `p` from `next`: a long poll, here on the writer's end
-/// signal, elsewhere on the owner. A hub that knows no end yet (`next` 0) starts at the
-/// owner's, and that first read answers at once, so that heartbeats carry the owner's end
-/// soon. A page is at most half the buffer, so that followers keeping up are never cut by one
-/// page handed out at once.
-async fn hub_page(st: &Arc<AppState>, p: u32, next: u64) -> Result<Page, Response> {
+/// signal, else on the owner (through `relay`). A hub that knows no end yet (`next` 0) starts
+/// at the owner's, and that first read answers at once, so that heartbeats carry the owner's
+/// end soon. A page is at most half the buffer, so that followers keeping up are never cut by
+/// one page handed out at once.
+async fn hub_page(
+    st: &Arc<AppState>,
+    p: u32,
+    relay: Option<&Relay<'_>>,
+    next: u64,
+) -> Result<Page, ConsumeError> {
     let (from, wait) = if next == 0 {
         (Start::End, Duration::ZERO)
     } else {
         (Start::At(next), HUB_WAIT)
     };
     let limit = PLOG_PAGE_MAX.min(st.follow.limits.buffer_events / 2).max(1);
-    page_from(st, p, from, limit, wait).await
+    match relay {
+        Some(relay) => relay_page(relay, p, from, limit, wait).await,
+        None => local_page_from(st, p, from, limit, wait).await,
+    }
 }
 
 /// Waits (at most [`HUB_WAIT`]) for partition `p`'s writer here to acknowledge events from

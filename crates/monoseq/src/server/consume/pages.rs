@@ -1,30 +1,26 @@
 //! Page reads of a partition's PLog: from this node's store below its end, or relayed from
 //! the partition's owner; the long poll of an empty page; the end of a workspace's WLog.
 
-// The helpers return the answer a refused read gets: a `Response` (128 bytes) once per request,
-// not on a hot path.
-#![allow(clippy::result_large_err)]
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, BytesMut};
 use monoseq_core::WsId;
 use monoseq_store::{PageItem, PartitionId, WLogOffset, retired_ranges};
-use monoseq_wire::{ErrorCode, EventBody, GapBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody};
+use monoseq_wire::{EventBody, GapBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody};
 
 use super::super::AppState;
-use super::super::answers::read_error;
-use super::super::place::{Placed, Relay, unplaced};
+use super::super::answers::read_failure;
+use super::super::place::{Placed, Relay};
+use super::error::ConsumeError;
 use super::hub::hub_end;
 use super::params::{ReadQuery, Start, check_partition, path_error, read_query};
 use super::{EVENT_JSON_BYTES, OFFSET_READ_MAX};
-use crate::base::error;
 use crate::forward::Forwarder;
 use crate::json::StoredEvent;
 use crate::query;
@@ -39,44 +35,41 @@ pub(in crate::server) async fn read_partition(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let partition = match path {
-        Ok(Path(p)) => p,
-        Err(e) => return path_error(&e),
-    };
-    if let Err(r) = check_partition(&st, partition) {
-        return r;
+    match page_answer(&st, path, &headers, raw.as_deref()).await {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => e.into_response(),
     }
-    let q = match read_query(raw.as_deref(), query::PAGE_PARAMS, PLOG_PAGE_MAX) {
-        Ok(q) => q,
-        Err(r) => return r,
-    };
-    match owner_elsewhere(&st, partition, Forwarder::was_forwarded(&headers)) {
+}
+
+/// The JSON of the page read a request asks for.
+async fn page_answer(
+    st: &Arc<AppState>,
+    path: Result<Path<u32>, PathRejection>,
+    headers: &HeaderMap,
+    raw: Option<&str>,
+) -> Result<Bytes, ConsumeError> {
+    let Path(partition) = path.map_err(|e| path_error(&e))?;
+    check_partition(st, partition)?;
+    let q = read_query(raw, query::PAGE_PARAMS, PLOG_PAGE_MAX)?;
+    match owner_elsewhere(st, partition, Forwarder::was_forwarded(headers))? {
         // Passed on as the owner wrote it: this node neither decodes nor encodes the page.
-        Ok(Some(relay)) => match relay_raw(&relay, partition, &q).await {
-            Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-            Err(r) => r,
-        },
-        Ok(None) => {
+        Some(relay) => relay_raw(&relay, partition, &q).await,
+        None => {
             let from = match q.from {
                 Start::At(from) => from,
                 Start::End => st.cp.plog_end(partition),
             };
-            local_page_answer(&st, partition, from, q.limit, q.wait).await
+            local_page_json(st, partition, from, q.limit, q.wait).await
         }
-        Err(r) => r,
     }
 }
 
 /// A page's JSON, written once into a buffer sized for it.
-fn encode_page(page: &Page) -> Result<Bytes, Response> {
+fn encode_page(page: &Page) -> Result<Bytes, ConsumeError> {
     let mut body = BytesMut::with_capacity((page.events.len() + 1) * EVENT_JSON_BYTES).writer();
     match serde_json::to_writer(&mut body, page) {
         Ok(()) => Ok(body.into_inner().freeze()),
-        Err(e) => Err(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Internal,
-            e,
-        )),
+        Err(e) => Err(ConsumeError::internal(e)),
     }
 }
 
@@ -135,7 +128,7 @@ pub(in crate::server) async fn page(
     from: u64,
     limit: usize,
     wait: Duration,
-) -> Result<Page, Response> {
+) -> Result<Page, ConsumeError> {
     page_from(st, p, Start::At(from), limit, wait).await
 }
 
@@ -147,7 +140,7 @@ pub(in crate::server) async fn page_then<T: Send + 'static>(
     p: u32,
     (from, limit, wait): (u64, usize, Duration),
     then: impl FnOnce(Page) -> T + Send + 'static,
-) -> Result<T, Response> {
+) -> Result<T, ConsumeError> {
     if let Some(relay) = owner_elsewhere(st, p, false)? {
         let page = relay_page(&relay, p, Start::At(from), limit, wait).await?;
         return Ok(then(page));
@@ -157,16 +150,27 @@ pub(in crate::server) async fn page_then<T: Send + 'static>(
 }
 
 /// As [`page`], from a [`Start`]: `end` is the owner's end when the read starts.
-pub(super) async fn page_from(
+async fn page_from(
     st: &Arc<AppState>,
     p: u32,
     from: Start,
     limit: usize,
     wait: Duration,
-) -> Result<Page, Response> {
-    if let Some(relay) = owner_elsewhere(st, p, false)? {
-        return relay_page(&relay, p, from, limit, wait).await;
+) -> Result<Page, ConsumeError> {
+    match owner_elsewhere(st, p, false)? {
+        Some(relay) => relay_page(&relay, p, from, limit, wait).await,
+        None => local_page_from(st, p, from, limit, wait).await,
     }
+}
+
+/// As [`page_from`] where this node reads partition `p` itself.
+pub(super) async fn local_page_from(
+    st: &Arc<AppState>,
+    p: u32,
+    from: Start,
+    limit: usize,
+    wait: Duration,
+) -> Result<Page, ConsumeError> {
     let from = match from {
         Start::At(from) => from,
         Start::End => st.cp.plog_end(p),
@@ -190,11 +194,11 @@ pub(super) fn owner_elsewhere(
     st: &AppState,
     p: u32,
     relayed: bool,
-) -> Result<Option<Relay<'_>>, Response> {
+) -> Result<Option<Relay<'_>>, ConsumeError> {
     match st.place(p, relayed) {
         Placed::Local => Ok(None),
         Placed::Relay(relay) => Ok(Some(relay)),
-        Placed::Unavailable(why) => Err(unplaced(p, why)),
+        Placed::Unavailable(why) => Err(ConsumeError::Unplaced { partition: p, why }),
     }
 }
 
@@ -202,7 +206,7 @@ pub(super) fn owner_elsewhere(
 /// node's when it serves the partition (or is the only node), else asked of the owner (a page
 /// read from `end`); 503 while the partition moves between nodes, or when the owner does
 /// not answer.
-pub(in crate::server) async fn partition_end(st: &Arc<AppState>, p: u32) -> Result<u64, Response> {
+pub(in crate::server) async fn partition_end(st: &Arc<AppState>, p: u32) -> Result<u64, ConsumeError> {
     match owner_elsewhere(st, p, false)? {
         None => Ok(st.cp.plog_end(p)),
         Some(relay) => Ok(relay_page(&relay, p, Start::End, 1, Duration::ZERO)
@@ -223,24 +227,21 @@ async fn local_page(
     p: u32,
     from: u64,
     limit: usize,
-) -> Result<Page, Response> {
+) -> Result<Page, ConsumeError> {
     read_local(st, p, from, limit, |page| page).await
 }
 
 /// A page read from this node's store as its JSON answer, encoded on the thread that read
 /// it (its events are freed where they were allocated, not on another thread).
-async fn local_page_answer(
+async fn local_page_json(
     st: &Arc<AppState>,
     p: u32,
     from: u64,
     limit: usize,
     wait: Duration,
-) -> Response {
+) -> Result<Bytes, ConsumeError> {
     wait_for_event(st, p, from, wait).await;
-    match read_local(st, p, from, limit, |page| encode_page(&page)).await {
-        Ok(Ok(body)) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Ok(Err(e)) | Err(e) => e,
-    }
+    read_local(st, p, from, limit, |page| encode_page(&page)).await?
 }
 
 /// Partition `p`'s page from `from` read from this node's store below this node's end, and
@@ -251,7 +252,7 @@ async fn read_local<T: Send + 'static>(
     from: u64,
     limit: usize,
     then: impl FnOnce(Page) -> T + Send + 'static,
-) -> Result<T, Response> {
+) -> Result<T, ConsumeError> {
     let end = st.cp.plog_end(p);
     if from > OFFSET_READ_MAX || from >= end {
         return Ok(then(Page {
@@ -277,16 +278,12 @@ async fn read_local<T: Send + 'static>(
     .await;
     match read {
         Ok(Ok(done)) => Ok(done),
-        Ok(Err(e)) => Err(read_error(
+        Ok(Err(e)) => Err(ConsumeError::Read(read_failure(
             st,
             || format!("PLog of partition {p} from offset {from}"),
             &e,
-        )),
-        Err(e) => Err(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Internal,
-            e,
-        )),
+        ))),
+        Err(e) => Err(ConsumeError::internal(e)),
     }
 }
 
@@ -305,7 +302,7 @@ fn entry(item: PageItem) -> PlogEntryBody<PageEvent> {
 }
 
 /// The body of partition `p`'s page read `q` answered by its owner (through `relay`).
-async fn relay_raw(relay: &Relay<'_>, p: u32, q: &ReadQuery) -> Result<Bytes, Response> {
+async fn relay_raw(relay: &Relay<'_>, p: u32, q: &ReadQuery) -> Result<Bytes, ConsumeError> {
     relay
         .forwarder
         .read_raw(
@@ -313,6 +310,7 @@ async fn relay_raw(relay: &Relay<'_>, p: u32, q: &ReadQuery) -> Result<Bytes, Re
             q.wait + RELAY_GRACE,
         )
         .await
+        .map_err(ConsumeError::relay)
 }
 
 /// The URL of partition `p`'s page read at its owner `url`.
@@ -324,18 +322,19 @@ fn relay_target(url: &str, p: u32, from: Start, limit: usize, wait: Duration) ->
 }
 
 /// A page of partition `p` read by its owner (through `relay`).
-async fn relay_page(
+pub(super) async fn relay_page(
     relay: &Relay<'_>,
     p: u32,
     from: Start,
     limit: usize,
     wait: Duration,
-) -> Result<Page, Response> {
+) -> Result<Page, ConsumeError> {
     let target = relay_target(&relay.url, p, from, limit, wait);
     let page = relay
         .forwarder
         .read_json::<PlogPageBody>(&target, wait + RELAY_GRACE)
-        .await?;
+        .await
+        .map_err(ConsumeError::relay)?;
     let events = page
         .events
         .into_iter()
@@ -353,19 +352,19 @@ async fn relay_page(
 
 /// The end of workspace `ws`'s WLog (in `partition`): the WLog offset after its last event
 /// below the partition's end as its owner knows it.
-pub(super) async fn wlog_end(st: &Arc<AppState>, partition: u32, ws: u64) -> Result<u64, Response> {
+pub(super) async fn wlog_end(st: &Arc<AppState>, partition: u32, ws: u64) -> Result<u64, ConsumeError> {
     let plog_end = partition_end(st, partition).await?;
     let store = st.cp.store().clone();
     let found =
         tokio::task::spawn_blocking(move || wlog_end_below(&store, ws, Some(plog_end))).await;
     match found {
         Ok(Ok(end)) => Ok(end),
-        Ok(Err(e)) => Err(read_error(st, || format!("WLog of workspace {ws}"), &e)),
-        Err(e) => Err(error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Internal,
-            e,
-        )),
+        Ok(Err(e)) => Err(ConsumeError::Read(read_failure(
+            st,
+            || format!("WLog of workspace {ws}"),
+            &e,
+        ))),
+        Err(e) => Err(ConsumeError::internal(e)),
     }
 }
 

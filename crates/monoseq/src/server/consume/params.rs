@@ -1,23 +1,17 @@
 //! What a page read or a tail asks: `from` (an offset or `end`), `limit`, `wait_ms`, a
 //! tail's `Last-Event-ID`, the path's partition; each checked with a 400 naming it.
 
-// The helpers return the answer a refused read gets: a `Response` (128 bytes) once per request,
-// not on a hot path.
-#![allow(clippy::result_large_err)]
-
 use std::time::Duration;
 
 use axum::extract::rejection::PathRejection;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
-use monoseq_wire::{ErrorCode, PLOG_PAGE_MAX, WAIT_MS_MAX};
+use axum::http::HeaderMap;
+use monoseq_membership::Unplaced;
+use monoseq_wire::{PLOG_PAGE_MAX, WAIT_MS_MAX};
 
 use super::super::AppState;
-use super::super::place::unplaced;
 use super::OFFSET_READ_MAX;
-use crate::base::error;
+use super::error::ConsumeError;
 use crate::query;
-use monoseq_membership::Unplaced;
 
 /// Entries a page read answers when the request names no `limit`.
 const PAGE_DEFAULT: usize = 100;
@@ -54,11 +48,11 @@ pub(super) fn read_query(
     raw: Option<&str>,
     accepted: &[&str],
     limit_max: usize,
-) -> Result<ReadQuery, Response> {
-    let params = query::params(raw, accepted)?;
+) -> Result<ReadQuery, ConsumeError> {
+    let params = query::parse(raw, accepted)?;
     let number = |name: &str, value: &str, what: &str| {
         value.parse::<u64>().map_err(|_| {
-            bad_request(format!(
+            ConsumeError::bad_request(format!(
                 "`{name}` is {what}, not {value:?}: send a decimal unsigned integer"
             ))
         })
@@ -74,7 +68,7 @@ pub(super) fn read_query(
         Some(value) => {
             let from = number("from", value, "an offset (1 or more) or `end`")?;
             if from == 0 {
-                return Err(bad_request(
+                return Err(ConsumeError::bad_request(
                     "`from` starts at 1 (the first offset), or is `end`",
                 ));
             }
@@ -84,7 +78,7 @@ pub(super) fn read_query(
     if let Some(value) = params.get("limit") {
         let n = number("limit", value, &format!("a count (1 to {limit_max})"))?;
         if n == 0 || n > limit_max as u64 {
-            return Err(bad_request(format!(
+            return Err(ConsumeError::bad_request(format!(
                 "`limit` is 1 to {limit_max} (got {n})"
             )));
         }
@@ -97,7 +91,7 @@ pub(super) fn read_query(
             &format!("milliseconds (0 to {WAIT_MS_MAX})"),
         )?;
         if n > WAIT_MS_MAX {
-            return Err(bad_request(format!(
+            return Err(ConsumeError::bad_request(format!(
                 "`wait_ms` is 0 to {WAIT_MS_MAX} (got {n})"
             )));
         }
@@ -106,31 +100,28 @@ pub(super) fn read_query(
     Ok(q)
 }
 
-fn bad_request(message: impl std::fmt::Display) -> Response {
-    error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
-}
-
-pub(super) fn path_error(rejection: &PathRejection) -> Response {
-    bad_request(format!(
+/// The 400 of a path whose parameters do not parse.
+pub(super) fn path_error(rejection: &PathRejection) -> ConsumeError {
+    ConsumeError::bad_request(format!(
         "the path's parameters are unsigned integers: {}",
         rejection.body_text()
     ))
 }
 
 /// 404 for a partition the server does not have.
-pub(super) fn check_partition(st: &AppState, partition: u32) -> Result<(), Response> {
+pub(super) fn check_partition(st: &AppState, partition: u32) -> Result<(), ConsumeError> {
     let partitions = st.cp.config().partitions;
     if partition < partitions {
         return Ok(());
     }
-    Err(unplaced(
+    Err(ConsumeError::Unplaced {
         partition,
-        Unplaced::NoSuchPartition { partitions },
-    ))
+        why: Unplaced::NoSuchPartition { partitions },
+    })
 }
 
 /// The resume point a `Last-Event-ID` names (the offset after it), if sent.
-fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, Response> {
+fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ConsumeError> {
     let Some(value) = headers.get("last-event-id") else {
         return Ok(None);
     };
@@ -140,7 +131,7 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, Response> {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|id| *id < OFFSET_READ_MAX)
         .ok_or_else(|| {
-            bad_request(format!(
+            ConsumeError::bad_request(format!(
                 "`Last-Event-ID` is the last offset received, a decimal unsigned integer \
                  (got {value:?})"
             ))
@@ -149,7 +140,7 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, Response> {
 }
 
 /// Where a tail starts: after `Last-Event-ID` when sent, else `from` (default 1; `end`).
-pub(super) fn stream_from(raw: Option<&str>, headers: &HeaderMap) -> Result<Start, Response> {
+pub(super) fn stream_from(raw: Option<&str>, headers: &HeaderMap) -> Result<Start, ConsumeError> {
     let q = read_query(raw, query::STREAM_PARAMS, PLOG_PAGE_MAX)?;
     Ok(last_event_id(headers)?.map_or(q.from, Start::At))
 }

@@ -2,10 +2,6 @@
 //! `--followers-max` slot it holds, the log lines of its connect and end, and the body that
 //! polls the tail itself.
 
-// The helpers return the answer a refused read gets: a `Response` (128 bytes) once per request,
-// not on a hot path.
-#![allow(clippy::result_large_err)]
-
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -15,21 +11,17 @@ use std::task::Poll;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Extension, Path, RawQuery, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use bytes::BytesMut;
 use monoseq_core::WsId;
-use monoseq_wire::ErrorCode;
 
 use super::super::AppState;
+use super::error::ConsumeError;
 use super::pages::{partition_end, wlog_end};
 use super::params::{Start, check_partition, path_error, stream_from};
 use super::tail::Tail;
-use crate::base::error;
 use crate::edge::PeerAddr;
-
-/// Seconds a follower refused for the cap is told to wait.
-const RETRY_AFTER_FOLLOWERS_SECS: &str = "1";
 
 /// Who a tail serves, for its log lines: the peer's address (when the edge knows it) and
 /// what it follows.
@@ -91,10 +83,10 @@ pub(in crate::server) async fn stream_partition(
 ) -> Response {
     let partition = match path {
         Ok(Path(p)) => p,
-        Err(e) => return path_error(&e),
+        Err(e) => return path_error(&e).into_response(),
     };
-    if let Err(r) = check_partition(&st, partition) {
-        return r;
+    if let Err(e) = check_partition(&st, partition) {
+        return e.into_response();
     }
     let who = Follower {
         peer: peer.map(|Extension(p)| p.0),
@@ -114,7 +106,7 @@ pub(in crate::server) async fn stream_wlog(
 ) -> Response {
     let ws = match path {
         Ok(Path(ws)) => ws,
-        Err(e) => return path_error(&e),
+        Err(e) => return path_error(&e).into_response(),
     };
     let who = Follower {
         peer: peer.map(|Extension(p)| p.0),
@@ -134,20 +126,21 @@ async fn start_tail(
 ) -> Response {
     let from = match tail_start(st, &who, raw, headers).await {
         Ok(from) => from,
-        Err(r) => {
-            let why = format!("{} {}", r.status().as_u16(), refusal_code(&r));
-            who.log("refused", &why);
-            return r;
+        Err(e) => {
+            let status = e.status();
+            let reason = status.canonical_reason().unwrap_or("refused");
+            who.log("refused", &format!("{} {reason}", status.as_u16()));
+            return e.into_response();
         }
     };
     let mut slot = match take_slot(st) {
         Ok(slot) => slot,
-        Err(r) => {
+        Err(e) => {
             who.log(
                 "refused",
                 "this node serves its most live tails (--followers-max)",
             );
-            return r;
+            return e.into_response();
         }
     };
     who.log("connected", &format!("from offset {from}"));
@@ -175,7 +168,7 @@ async fn tail_start(
     who: &Follower,
     raw: Option<&str>,
     headers: &HeaderMap,
-) -> Result<u64, Response> {
+) -> Result<u64, ConsumeError> {
     match (stream_from(raw, headers)?, who.ws) {
         (Start::At(from), _) => Ok(from),
         (Start::End, None) => partition_end(st, who.partition).await,
@@ -183,14 +176,8 @@ async fn tail_start(
     }
 }
 
-/// The status line's reason for a refusal's log line (its stable code is in the body, which
-/// the log does not read).
-fn refusal_code(r: &Response) -> &'static str {
-    r.status().canonical_reason().unwrap_or("refused")
-}
-
 /// Counts a new tail against `--followers-max`, or refuses it.
-pub(in crate::server) fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response> {
+pub(in crate::server) fn take_slot(st: &Arc<AppState>) -> Result<Slot, ConsumeError> {
     let counts = &st.follow.counts;
     let max = st.follow.limits.followers_max;
     let taken = counts
@@ -200,19 +187,7 @@ pub(in crate::server) fn take_slot(st: &Arc<AppState>) -> Result<Slot, Response>
         });
     if taken.is_err() {
         counts.refused.inc();
-        let mut r = error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::TooManyFollowers,
-            format!(
-                "this node serves its most live tails ({max}, --followers-max); retry later or \
-                 follow through another node"
-            ),
-        );
-        r.headers_mut().insert(
-            header::RETRY_AFTER,
-            HeaderValue::from_static(RETRY_AFTER_FOLLOWERS_SECS),
-        );
-        return Err(r);
+        return Err(ConsumeError::TooManyFollowers { max });
     }
     counts.followers_gauge.inc();
     Ok(Slot {

@@ -1,10 +1,6 @@
 //! One live tail: what is stored from its offset, then its hub's frames, gathered into one
 //! chunk per wake-up; heartbeats while quiet; cut with `slow_follower` when it falls behind.
 
-// The helpers return the answer a refused read gets: a `Response` (128 bytes) once per request,
-// not on a hot path.
-#![allow(clippy::result_large_err)]
-
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
