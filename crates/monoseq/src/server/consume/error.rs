@@ -106,9 +106,11 @@ impl IntoResponse for ConsumeError {
             }
             ConsumeError::Relay(answer) => *answer,
             ConsumeError::Read(failure) => failure.into_response(),
-            ConsumeError::Internal(message) => {
-                error(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, message)
-            }
+            ConsumeError::Internal(message) => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal,
+                message,
+            ),
         }
     }
 }

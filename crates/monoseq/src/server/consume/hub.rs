@@ -13,9 +13,9 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::super::AppState;
+use super::super::place::Relay;
 use super::EVENT_JSON_BYTES;
 use super::error::ConsumeError;
-use super::super::place::Relay;
 use super::pages::{Page, local_page_from, owner_elsewhere, relay_page};
 use super::params::Start;
 use super::sse::sse_head;

@@ -206,7 +206,10 @@ pub(super) fn owner_elsewhere(
 /// node's when it serves the partition (or is the only node), else asked of the owner (a page
 /// read from `end`); 503 while the partition moves between nodes, or when the owner does
 /// not answer.
-pub(in crate::server) async fn partition_end(st: &Arc<AppState>, p: u32) -> Result<u64, ConsumeError> {
+pub(in crate::server) async fn partition_end(
+    st: &Arc<AppState>,
+    p: u32,
+) -> Result<u64, ConsumeError> {
     match owner_elsewhere(st, p, false)? {
         None => Ok(st.cp.plog_end(p)),
         Some(relay) => Ok(relay_page(&relay, p, Start::End, 1, Duration::ZERO)
@@ -352,7 +355,11 @@ pub(super) async fn relay_page(
 
 /// The end of workspace `ws`'s WLog (in `partition`): the WLog offset after its last event
 /// below the partition's end as its owner knows it.
-pub(super) async fn wlog_end(st: &Arc<AppState>, partition: u32, ws: u64) -> Result<u64, ConsumeError> {
+pub(super) async fn wlog_end(
+    st: &Arc<AppState>,
+    partition: u32,
+    ws: u64,
+) -> Result<u64, ConsumeError> {
     let plog_end = partition_end(st, partition).await?;
     let store = st.cp.store().clone();
     let found =

@@ -20,7 +20,7 @@ use super::super::AppState;
 use super::error::ConsumeError;
 use super::pages::{partition_end, wlog_end};
 use super::params::{Start, check_partition, path_error, stream_from};
-use super::tail::Tail;
+use super::tail::{Followed, Tail};
 use crate::edge::PeerAddr;
 
 /// Who a tail serves, for its log lines: the peer's address (when the edge knows it) and
@@ -29,7 +29,7 @@ use crate::edge::PeerAddr;
 struct Follower {
     peer: Option<Arc<str>>,
     partition: u32,
-    ws: Option<u64>,
+    followed: Followed,
 }
 
 impl Follower {
@@ -39,7 +39,7 @@ impl Follower {
         tracing::info!(
             peer,
             partition = self.partition,
-            ws = self.ws,
+            ws = self.followed.ws(),
             "follower {what}: {why}"
         );
     }
@@ -91,7 +91,7 @@ pub(in crate::server) async fn stream_partition(
     let who = Follower {
         peer: peer.map(|Extension(p)| p.0),
         partition,
-        ws: None,
+        followed: Followed::Plog,
     };
     start_tail(&st, who, (raw.as_deref(), &headers)).await
 }
@@ -111,7 +111,7 @@ pub(in crate::server) async fn stream_wlog(
     let who = Follower {
         peer: peer.map(|Extension(p)| p.0),
         partition: st.cp.partition_of(WsId(ws)),
-        ws: Some(ws),
+        followed: Followed::Wlog(ws),
     };
     start_tail(&st, who, (raw.as_deref(), &headers)).await
 }
@@ -147,16 +147,11 @@ async fn start_tail(
     slot.who = Some(who.clone());
     let handoff = Arc::new(Handoff::default());
     let out = Arc::clone(&handoff);
-    let (partition, ws) = (who.partition, who.ws);
+    let followed = (who.partition, who.followed);
     let tail = async move {
         let mut slot = slot;
         let st = Arc::clone(&slot.st);
-        let mut tail = Tail::new(&st, partition, out);
-        let why = match ws {
-            Some(ws) => tail.follow_wlog(ws, from).await,
-            None => tail.follow_partition(from).await,
-        };
-        slot.ended = why;
+        slot.ended = Tail::new(&st, followed, out).follow(from).await;
     };
     sse_response(tail, handoff)
 }
@@ -169,10 +164,10 @@ async fn tail_start(
     raw: Option<&str>,
     headers: &HeaderMap,
 ) -> Result<u64, ConsumeError> {
-    match (stream_from(raw, headers)?, who.ws) {
+    match (stream_from(raw, headers)?, who.followed) {
         (Start::At(from), _) => Ok(from),
-        (Start::End, None) => partition_end(st, who.partition).await,
-        (Start::End, Some(ws)) => wlog_end(st, who.partition, ws).await,
+        (Start::End, Followed::Plog) => partition_end(st, who.partition).await,
+        (Start::End, Followed::Wlog(ws)) => wlog_end(st, who.partition, ws).await,
     }
 }
 

@@ -20,9 +20,9 @@ use tokio::time::{Instant, Sleep};
 use super::super::AppState;
 use super::OFFSET_READ_MAX;
 use super::hub::{Frame, heartbeat_end, hub_end, subscribe};
-use super::pages::page;
+use super::pages::{PageEvent, page};
 use super::sse::{Handoff, sse_head};
-use crate::json::StoredEventRef;
+use crate::json::StoredEvent;
 
 /// Entries a tail reads from the store per step while it catches up.
 const CATCH_UP_PAGE: usize = PLOG_PAGE_MAX;
@@ -37,10 +37,51 @@ enum Ended {
     Slow,
 }
 
+/// What a tail follows: its partition's PLog, or one workspace's WLog (in its partition),
+/// whose offsets its `next` counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Followed {
+    /// The partition's PLog.
+    Plog,
+    /// The WLog of this workspace.
+    Wlog(u64),
+}
+
+impl Followed {
+    /// The workspace whose WLog it is.
+    pub(super) fn ws(self) -> Option<u64> {
+        match self {
+            Followed::Plog => None,
+            Followed::Wlog(ws) => Some(ws),
+        }
+    }
+
+    /// Where a hub's frame lies in the followed log (its offset, the one after it); `None`
+    /// when it is not in it (another workspace's event, or a gap, in a WLog).
+    fn place(self, frame: &Frame) -> Option<(u64, u64)> {
+        match self {
+            Followed::Plog => Some((frame.from, frame.next)),
+            Followed::Wlog(ws) => match frame.wlog {
+                Some((frame_ws, wlog)) if frame_ws == ws => Some((wlog, wlog + 1)),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Stored messages a tail catches up with: each with its `id:` and the followed log's offset
+/// after it.
+struct Stored {
+    entries: Vec<(u64, u64, PlogEntryBody<PageEvent>)>,
+    /// Whether the log may hold more below the bound it was read to.
+    more: bool,
+}
+
 /// One live tail: its connection, where it is, and the messages gathered for its next chunk.
 pub(super) struct Tail<'a> {
     st: &'a Arc<AppState>,
     partition: u32,
+    followed: Followed,
     out: Arc<Handoff>,
     closing: watch::Receiver<bool>,
     /// Messages not yet handed to the connection: everything a wake-up delivers goes out as
@@ -56,11 +97,16 @@ pub(super) struct Tail<'a> {
 }
 
 impl<'a> Tail<'a> {
-    pub(super) fn new(st: &'a Arc<AppState>, partition: u32, out: Arc<Handoff>) -> Tail<'a> {
+    pub(super) fn new(
+        st: &'a Arc<AppState>,
+        (partition, followed): (u32, Followed),
+        out: Arc<Handoff>,
+    ) -> Tail<'a> {
         let now = Instant::now();
         Tail {
             st,
             partition,
+            followed,
             out,
             closing: st.follow.closing.subscribe(),
             buf: BytesMut::new(),
@@ -159,104 +205,6 @@ impl<'a> Tail<'a> {
         )
     }
 
-    /// The partition's PLog from `from`: stored first, then live, until the connection closes.
-    /// Answers why it ended when it ended by itself (cut as a slow follower).
-    pub(super) async fn follow_partition(&mut self, from: u64) -> Option<String> {
-        let mut next = from;
-        loop {
-            match self.partition_round(&mut next).await {
-                Ok(()) => continue,
-                Err(Ended::Slow) => return Some(self.cut(next).await),
-                Err(Ended::Gone) => return None,
-            }
-        }
-    }
-
-    /// Catches up from the store, then delivers the hub's frames from `next` until the hub
-    /// ends (`Ok`: another round) or the tail ends. The store is read before the tail
-    /// subscribes, so a long catch-up never counts against the hub's buffer; what was written
-    /// in between is read when the first frame shows it was missed. Each wake-up takes every
-    /// frame the hub holds for it and sends them as one chunk.
-    async fn partition_round(&mut self, next: &mut u64) -> Result<(), Ended> {
-        self.catch_up_plog(next, u64::MAX).await?;
-        let mut rx = subscribe(self.st, self.partition);
-        loop {
-            let Some(first) = self.recv(&mut rx, *next).await? else {
-                return Ok(());
-            };
-            let mut got = Some(first);
-            while let Some(frame) = got.take() {
-                self.take_plog_frame(&frame, next).await?;
-                self.flush_large().await?;
-                got = match try_recv(&mut rx)? {
-                    Some(f) => Some(f),
-                    None => break,
-                };
-            }
-            self.flush().await?;
-        }
-    }
-
-    /// Adds a hub frame to the next chunk when it is the tail's next, reading what the tail
-    /// missed from the store first.
-    async fn take_plog_frame(
-        &mut self,
-        frame: &Frame,
-        next: &mut u64,
-    ) -> Result<(), Ended> {
-        if frame.next <= *next {
-            return Ok(());
-        }
-        if frame.from > *next {
-            self.catch_up_plog(next, frame.from).await?;
-            if frame.from != *next {
-                return Ok(());
-            }
-        }
-        self.push_encoded(&frame.sse);
-        *next = frame.next;
-        Ok(())
-    }
-
-    /// Sends what is stored from `next` up to `until` (exclusive) and below the end.
-    async fn catch_up_plog(&mut self, next: &mut u64, until: u64) -> Result<(), Ended> {
-        while *next < until {
-            let page = match page(
-                self.st,
-                self.partition,
-                *next,
-                CATCH_UP_PAGE,
-                Duration::ZERO,
-            )
-            .await
-            {
-                Ok(page) => page,
-                // Storage or the owner failed: the live side retries after its next frame
-                // or heartbeat.
-                Err(_) => break,
-            };
-            if page.events.is_empty() {
-                break;
-            }
-            for e in &page.events {
-                let (kind, id, after) = match e {
-                    PlogEntryBody::Event(e) => (SSE_EVENT, e.plog_offset(), e.plog_offset() + 1),
-                    PlogEntryBody::Gap { gap } => (SSE_GAP, gap.to, gap.to + 1),
-                };
-                if after > until {
-                    return self.flush().await;
-                }
-                match e {
-                    PlogEntryBody::Event(e) => self.push(kind, Some(id), &**e),
-                    PlogEntryBody::Gap { gap } => self.push(kind, Some(id), gap),
-                }?;
-                *next = after;
-                self.flush_large().await?;
-            }
-        }
-        self.flush().await
-    }
-
     /// The next frame of the hub; heartbeats while idle. `None` when the hub ended.
     async fn recv(
         &mut self,
@@ -289,12 +237,12 @@ impl<'a> Tail<'a> {
         }
     }
 
-    /// Workspace `ws`'s WLog from WLog offset `from`: stored first, then live. Answers why it
-    /// ended when it ended by itself.
-    pub(super) async fn follow_wlog(&mut self, ws: u64, from: u64) -> Option<String> {
+    /// Its log from `from`: stored first, then live, until the connection closes. Answers
+    /// why it ended when it ended by itself (cut as a slow follower).
+    pub(super) async fn follow(&mut self, from: u64) -> Option<String> {
         let mut next = from;
         loop {
-            match self.wlog_round(ws, &mut next).await {
+            match self.round(&mut next).await {
                 Ok(()) => continue,
                 Err(Ended::Slow) => return Some(self.cut(next).await),
                 Err(Ended::Gone) => return None,
@@ -302,9 +250,13 @@ impl<'a> Tail<'a> {
         }
     }
 
-    /// As [`Tail::partition_round`], for the events of one workspace by WLog offset.
-    async fn wlog_round(&mut self, ws: u64, next: &mut u64) -> Result<(), Ended> {
-        self.catch_up_wlog(ws, next, u64::MAX).await?;
+    /// Catches up from the store, then delivers the hub's frames from `next` until the hub
+    /// ends (`Ok`: another round) or the tail ends. The store is read before the tail
+    /// subscribes, so a long catch-up never counts against the hub's buffer; what was written
+    /// in between is read when the first frame shows it was missed. Each wake-up takes every
+    /// frame the hub holds for it and sends them as one chunk.
+    async fn round(&mut self, next: &mut u64) -> Result<(), Ended> {
+        self.catch_up(next, u64::MAX).await?;
         let mut rx = subscribe(self.st, self.partition);
         loop {
             let Some(first) = self.recv(&mut rx, *next).await? else {
@@ -312,7 +264,7 @@ impl<'a> Tail<'a> {
             };
             let mut got = Some(first);
             while let Some(frame) = got.take() {
-                self.take_wlog_frame(&frame, ws, next).await?;
+                self.take_frame(&frame, next).await?;
                 self.flush_large().await?;
                 got = match try_recv(&mut rx)? {
                     Some(f) => Some(f),
@@ -323,84 +275,135 @@ impl<'a> Tail<'a> {
         }
     }
 
-    /// Adds a hub frame to the next chunk when it is the next event of `ws`'s WLog, reading
-    /// what the tail missed from the store first.
-    async fn take_wlog_frame(
-        &mut self,
-        frame: &Frame,
-        ws: u64,
-        next: &mut u64,
-    ) -> Result<(), Ended> {
-        let Some((frame_ws, wlog)) = frame.wlog else {
+    /// Adds a hub frame to the next chunk when it is the tail's next message, reading what
+    /// the tail missed from the store first.
+    async fn take_frame(&mut self, frame: &Frame, next: &mut u64) -> Result<(), Ended> {
+        let Some((at, after)) = self.followed.place(frame) else {
             return Ok(());
         };
-        if frame_ws != ws || wlog < *next {
+        if after <= *next {
             return Ok(());
         }
-        if wlog > *next {
-            self.catch_up_wlog(ws, next, frame.next).await?;
-            if wlog != *next {
+        if at > *next {
+            self.catch_up(next, frame.from).await?;
+            if at != *next {
                 return Ok(());
             }
         }
-        self.push_json(SSE_EVENT, wlog, frame.json());
-        *next = wlog + 1;
+        match self.followed {
+            // A partition's tail sends the message as its hub encoded it.
+            Followed::Plog => self.push_encoded(&frame.sse),
+            Followed::Wlog(_) => self.push_json(SSE_EVENT, at, frame.json()),
+        }
+        *next = after;
         Ok(())
     }
 
-    /// Sends the stored events of `ws`'s WLog from `next` whose PLog offsets are below the
-    /// partition's end (and below `plog_until`); a jump in WLog offsets (numbers retired by a
-    /// loss) is sent as a gap.
-    async fn catch_up_wlog(
-        &mut self,
-        ws: u64,
-        next: &mut u64,
-        plog_until: u64,
-    ) -> Result<(), Ended> {
+    /// Sends what is stored from `next` below the partition's end and below PLog offset
+    /// `plog_until`.
+    async fn catch_up(&mut self, next: &mut u64, plog_until: u64) -> Result<(), Ended> {
         loop {
-            let end = hub_end(self.st, self.partition).min(plog_until);
-            let store = self.st.cp.store().clone();
-            let from = *next;
-            if from > OFFSET_READ_MAX {
-                break;
-            }
-            let read = tokio::task::spawn_blocking(move || {
-                store.read_wlog(WsId(ws), WLogOffset(from), WLOG_PAGE_MAX)
-            })
-            .await;
-            let Ok(Ok(events)) = read else {
+            let Some(stored) = self.stored(*next, plog_until).await else {
                 break;
             };
-            let mut sent = 0;
-            for e in &events {
-                if e.plog_offset.0 >= end {
-                    return self.flush().await;
-                }
-                if e.wlog_offset.0 > *next {
-                    let gap = GapBody {
-                        from: *next,
-                        to: e.wlog_offset.0 - 1,
-                        reason: "retired".to_owned(),
-                    };
-                    self.push(SSE_GAP, Some(gap.to), &gap)?;
-                }
-                self.push(SSE_EVENT, Some(e.wlog_offset.0), &StoredEventRef(e))?;
-                *next = e.wlog_offset.0 + 1;
-                sent += 1;
+            for (id, after, entry) in &stored.entries {
+                match entry {
+                    PlogEntryBody::Event(e) => self.push(SSE_EVENT, Some(*id), &**e),
+                    PlogEntryBody::Gap { gap } => self.push(SSE_GAP, Some(*id), gap),
+                }?;
+                *next = *after;
                 self.flush_large().await?;
             }
-            if sent < WLOG_PAGE_MAX {
+            if !stored.more {
                 break;
             }
         }
         self.flush().await
     }
+
+    /// The followed log's stored messages from `next` below PLog offset `plog_until`; `None`
+    /// when there are none, or the read failed (the live side retries after its next frame
+    /// or heartbeat).
+    async fn stored(&self, next: u64, plog_until: u64) -> Option<Stored> {
+        match self.followed {
+            Followed::Plog => self.stored_plog(next, plog_until).await,
+            Followed::Wlog(ws) => self.stored_wlog(ws, next, plog_until).await,
+        }
+    }
+
+    /// A page of the partition's PLog from `next`, cut before `until`.
+    async fn stored_plog(&self, next: u64, until: u64) -> Option<Stored> {
+        if next >= until {
+            return None;
+        }
+        let page = page(self.st, self.partition, next, CATCH_UP_PAGE, Duration::ZERO)
+            .await
+            .ok()?;
+        let mut stored = Stored {
+            entries: Vec::with_capacity(page.events.len()),
+            more: true,
+        };
+        for entry in page.events {
+            let (id, after) = match &entry {
+                PlogEntryBody::Event(e) => (e.plog_offset(), e.plog_offset() + 1),
+                PlogEntryBody::Gap { gap } => (gap.to, gap.to + 1),
+            };
+            if after > until {
+                stored.more = false;
+                break;
+            }
+            stored.entries.push((id, after, entry));
+        }
+        (!stored.entries.is_empty()).then_some(stored)
+    }
+
+    /// Events of workspace `ws`'s WLog from WLog offset `next` whose PLog offsets are below
+    /// the partition's end and `plog_until`; a jump in WLog offsets (numbers retired by a
+    /// loss) is a gap.
+    async fn stored_wlog(&self, ws: u64, next: u64, plog_until: u64) -> Option<Stored> {
+        let end = hub_end(self.st, self.partition).min(plog_until);
+        if next > OFFSET_READ_MAX {
+            return None;
+        }
+        let store = self.st.cp.store().clone();
+        let read = tokio::task::spawn_blocking(move || {
+            store.read_wlog(WsId(ws), WLogOffset(next), WLOG_PAGE_MAX)
+        });
+        let events = read.await.ok()?.ok()?;
+        let mut stored = Stored {
+            entries: Vec::with_capacity(events.len()),
+            more: events.len() >= WLOG_PAGE_MAX,
+        };
+        let mut at = next;
+        for e in events {
+            if e.plog_offset.0 >= end {
+                stored.more = false;
+                break;
+            }
+            let wlog = e.wlog_offset.0;
+            if wlog > at {
+                let reason = "retired".to_owned();
+                let gap = GapBody {
+                    from: at,
+                    to: wlog - 1,
+                    reason,
+                };
+                stored
+                    .entries
+                    .push((gap.to, wlog, PlogEntryBody::Gap { gap }));
+            }
+            let event = PageEvent::Stored(StoredEvent(e));
+            stored
+                .entries
+                .push((wlog, wlog + 1, PlogEntryBody::Event(Box::new(event))));
+            at = wlog + 1;
+        }
+        (!stored.entries.is_empty()).then_some(stored)
+    }
 }
 
 /// The hub's next frame for a tail if it holds one now; `Err` when the tail fell behind.
-fn try_recv(
-    rx: &mut broadcast::Receiver<Arc<Frame>>,
-) -> Result<Option<Arc<Frame>>, Ended> {
+fn try_recv(rx: &mut broadcast::Receiver<Arc<Frame>>) -> Result<Option<Arc<Frame>>, Ended> {
     match rx.try_recv() {
         Ok(f) => Ok(Some(f)),
         Err(broadcast::error::TryRecvError::Lagged(_)) => Err(Ended::Slow),
