@@ -338,6 +338,11 @@ pub(super) async fn relay_page(
         .read_json::<PlogPageBody>(&target, wait + RELAY_GRACE)
         .await
         .map_err(ConsumeError::relay)?;
+    Ok(relayed(page))
+}
+
+/// A page its owner answered, as this node's page.
+fn relayed(page: PlogPageBody) -> Page {
     let events = page
         .events
         .into_iter()
@@ -346,11 +351,11 @@ pub(super) async fn relay_page(
             PlogEntryBody::Gap { gap } => PlogEntryBody::Gap { gap },
         })
         .collect();
-    Ok(Page {
+    Page {
         events,
         next: page.next,
         end: page.end,
-    })
+    }
 }
 
 /// The end of workspace `ws`'s WLog (in `partition`): the WLog offset after its last event
@@ -417,4 +422,49 @@ pub(in crate::server) async fn wait_for_plog(
     wait: Duration,
 ) {
     let _ = page(st, p, from, 1, wait).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use monoseq_wire::{SSE_EVENT, WlogPageBody};
+
+    use super::super::hub::frame;
+    use super::*;
+    use crate::json::tests::{stored_event, stored_fields};
+    use crate::json::{StoredEventRef, event};
+
+    #[test]
+    fn an_event_is_written_alike_by_page_reads_relays_wlog_reads_and_tails() {
+        let e = stored_event(stored_fields());
+        let expected = serde_json::to_string(&StoredEventRef(&e)).unwrap();
+        let stored = PageEvent::Stored(StoredEvent(e.clone()));
+        let page = Page {
+            events: vec![PlogEntryBody::Event(Box::new(stored))],
+            next: 42,
+            end: 42,
+        };
+        // A page read's answer.
+        let local = encode_page(&page).unwrap();
+        let text = std::str::from_utf8(&local).unwrap();
+        assert!(text.contains(&format!("[{expected}]")), "{text}");
+        // The same page relayed by another node: decoded there, then written again.
+        let decoded: PlogPageBody = serde_json::from_slice(&local).unwrap();
+        assert_eq!(encode_page(&relayed(decoded)).unwrap(), local);
+        // A WLog page read's answer.
+        let wlog = WlogPageBody {
+            events: vec![event(&e)],
+            next: 4,
+            end: 4,
+        };
+        let text = serde_json::to_string(&wlog).unwrap();
+        assert!(text.contains(&format!("[{expected}]")), "{text}");
+        // A tail's SSE message, encoded once by the hub: its data is the event's JSON.
+        let PlogEntryBody::Event(stored) = &page.events[0] else {
+            unreachable!("the page holds an event");
+        };
+        let f = frame(SSE_EVENT, 41, 1, Some((7, 3)), &**stored).unwrap();
+        assert_eq!(f.json(), expected.as_bytes());
+        let sse = std::str::from_utf8(&f.sse).unwrap();
+        assert_eq!(sse, format!("id: 41\nevent: event\ndata: {expected}\n\n"));
+    }
 }
