@@ -9,10 +9,10 @@
 //! that falls behind it is cut with a `slow_follower` message naming where to resume. On a
 //! node that does not own the partition, page reads are relayed from the owner and the hub
 //! long-polls the owner's page read, so followers there see the owner's end.
-
-// The helpers return the answer a refused read gets: a `Response` (128 bytes) once per request,
-// not on a hot path.
-#![allow(clippy::result_large_err)]
+//!
+//! By concern: `params` (what a read asks), `pages` (page reads, here or relayed), `hub`,
+//! `tail` (one tail, of a PLog or a WLog), `sse` (the tails' endpoints and answer), `error`
+//! (every refusal, answered in one place). This file holds the flags and the node's state.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;

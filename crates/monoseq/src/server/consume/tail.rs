@@ -1,5 +1,6 @@
-//! One live tail: what is stored from its offset, then its hub's frames, gathered into one
-//! chunk per wake-up; heartbeats while quiet; cut with `slow_follower` when it falls behind.
+//! One live tail, of a partition's PLog or of a workspace's WLog (one code path, given what
+//! it follows): what is stored from its offset, then its hub's frames, gathered into one chunk
+//! per wake-up; heartbeats while quiet; cut with `slow_follower` when it falls behind.
 
 use std::future::Future;
 use std::pin::Pin;
