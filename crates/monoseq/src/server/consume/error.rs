@@ -114,3 +114,39 @@ impl IntoResponse for ConsumeError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every refusal, as a tail's log line names it and as its answer says it.
+    #[test]
+    fn a_refusal_logs_the_status_it_answers() {
+        let refusals = [
+            ConsumeError::bad_request("`from` starts at 1"),
+            ConsumeError::Unplaced {
+                partition: 9,
+                why: Unplaced::NoSuchPartition { partitions: 4 },
+            },
+            ConsumeError::Unplaced {
+                partition: 1,
+                why: Unplaced::Moving,
+            },
+            ConsumeError::TooManyFollowers { max: 2 },
+            ConsumeError::relay(StatusCode::BAD_GATEWAY.into_response()),
+            ConsumeError::Read(ReadFailure::Unavailable("disk".into())),
+            ConsumeError::Read(ReadFailure::Corrupted {
+                place: "k".into(),
+                message: "bad".into(),
+            }),
+            ConsumeError::internal("a reading thread panicked"),
+        ];
+        for e in refusals {
+            let (logged, what) = (e.status(), format!("{e:?}"));
+            let answer = e.into_response();
+            assert_eq!(answer.status(), logged, "{what}");
+            let retry = answer.headers().get(header::RETRY_AFTER).is_some();
+            assert_eq!(retry, logged == StatusCode::SERVICE_UNAVAILABLE, "{what}");
+        }
+    }
+}
