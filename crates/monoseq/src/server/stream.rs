@@ -16,9 +16,6 @@
 //! heartbeat, so an `EventSource` that reconnects resumes where it was (redelivering at most
 //! what came after the last id).
 
-// A refused request answers with a `Response` (128 bytes), once per request.
-#![allow(clippy::result_large_err)]
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
