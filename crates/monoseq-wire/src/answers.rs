@@ -2,7 +2,8 @@
 //! answer carry.
 //! Answers accept unknown fields: a server may add one without breaking older clients.
 
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeStruct;
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::ErrorCode;
 use serde_json::{Map, Value};
@@ -77,7 +78,7 @@ pub enum StoredKindBody {
 
 /// A record: `GET /v1/workspaces/{ws}/records/{id}`, and each record an event created or
 /// updated.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct RecordBody {
     /// The real ID.
     pub id: u64,
@@ -90,7 +91,7 @@ pub struct RecordBody {
 }
 
 /// An event's argument object or one of its children.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct ArgBody {
     /// Its real ID (a number of the event, not a readable record).
     pub id: u64,
@@ -105,7 +106,7 @@ pub struct ArgBody {
 }
 
 /// A stored event: `GET /v1/partitions/{p}/events/{offset}` and the items of a WLog page.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct EventBody {
     /// Its PLog offset in its partition.
     pub plog_offset: u64,
@@ -127,6 +128,146 @@ pub struct EventBody {
     pub updated: Vec<RecordBody>,
     /// The `Idempotency-Key` it was submitted with.
     pub idempotency_key: Option<String>,
+}
+
+/// An event's JSON, written in this one place whatever form the event has: an
+/// [`EventBody`] (its `Serialize` is this), or a server's stored event written straight from
+/// its own type (`argument` and the records as that type writes them, through [`ArgJson`] and
+/// [`RecordJson`]). Its fields, in their order, are [`EventBody`]'s.
+#[derive(Debug, Clone, Copy)]
+pub struct EventJson<'a, A, R> {
+    /// [`EventBody::plog_offset`].
+    pub plog_offset: u64,
+    /// [`EventBody::ws`].
+    pub ws: u64,
+    /// [`EventBody::ws_kind`].
+    pub ws_kind: u16,
+    /// [`EventBody::wlog_offset`].
+    pub wlog_offset: u64,
+    /// [`EventBody::registered_at_ms`].
+    pub registered_at_ms: u64,
+    /// [`EventBody::command`].
+    pub command: &'a str,
+    /// [`EventBody::argument`], written as an [`ArgBody`].
+    pub argument: Option<A>,
+    /// [`EventBody::created`], written as a list of [`RecordBody`].
+    pub created: R,
+    /// [`EventBody::updated`], written as a list of [`RecordBody`].
+    pub updated: R,
+    /// [`EventBody::idempotency_key`].
+    pub idempotency_key: Option<&'a str>,
+}
+
+impl<A: Serialize, R: Serialize> Serialize for EventJson<'_, A, R> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_struct("EventBody", 10)?;
+        m.serialize_field("plog_offset", &self.plog_offset)?;
+        m.serialize_field("ws", &self.ws)?;
+        m.serialize_field("ws_kind", &self.ws_kind)?;
+        m.serialize_field("wlog_offset", &self.wlog_offset)?;
+        m.serialize_field("registered_at_ms", &self.registered_at_ms)?;
+        m.serialize_field("command", self.command)?;
+        m.serialize_field("argument", &self.argument)?;
+        m.serialize_field("created", &self.created)?;
+        m.serialize_field("updated", &self.updated)?;
+        m.serialize_field("idempotency_key", &self.idempotency_key)?;
+        m.end()
+    }
+}
+
+impl Serialize for EventBody {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        EventJson {
+            plog_offset: self.plog_offset,
+            ws: self.ws,
+            ws_kind: self.ws_kind,
+            wlog_offset: self.wlog_offset,
+            registered_at_ms: self.registered_at_ms,
+            command: &self.command,
+            argument: self.argument.as_ref(),
+            created: &self.created,
+            updated: &self.updated,
+            idempotency_key: self.idempotency_key.as_deref(),
+        }
+        .serialize(s)
+    }
+}
+
+/// A record's JSON, written in this one place (as [`EventJson`] for an event): the fields of
+/// [`RecordBody`], `fields` written as a JSON object.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordJson<'a, F> {
+    /// [`RecordBody::id`].
+    pub id: u64,
+    /// [`RecordBody::kind`].
+    pub kind: StoredKindBody,
+    /// [`RecordBody::name`].
+    pub name: &'a str,
+    /// [`RecordBody::fields`].
+    pub fields: F,
+}
+
+impl<F: Serialize> Serialize for RecordJson<'_, F> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_struct("RecordBody", 4)?;
+        m.serialize_field("id", &self.id)?;
+        m.serialize_field("kind", &self.kind)?;
+        m.serialize_field("name", self.name)?;
+        m.serialize_field("fields", &self.fields)?;
+        m.end()
+    }
+}
+
+impl Serialize for RecordBody {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        RecordJson {
+            id: self.id,
+            kind: self.kind,
+            name: &self.name,
+            fields: &self.fields,
+        }
+        .serialize(s)
+    }
+}
+
+/// An argument object's JSON, written in this one place: the fields of [`ArgBody`].
+#[derive(Debug, Clone, Copy)]
+pub struct ArgJson<'a, F, C> {
+    /// [`ArgBody::id`].
+    pub id: u64,
+    /// [`ArgBody::kind`].
+    pub kind: StoredKindBody,
+    /// [`ArgBody::name`].
+    pub name: &'a str,
+    /// [`ArgBody::fields`], written as a JSON object.
+    pub fields: F,
+    /// [`ArgBody::children`], written as a list of [`ArgBody`].
+    pub children: C,
+}
+
+impl<F: Serialize, C: Serialize> Serialize for ArgJson<'_, F, C> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_struct("ArgBody", 5)?;
+        m.serialize_field("id", &self.id)?;
+        m.serialize_field("kind", &self.kind)?;
+        m.serialize_field("name", self.name)?;
+        m.serialize_field("fields", &self.fields)?;
+        m.serialize_field("children", &self.children)?;
+        m.end()
+    }
+}
+
+impl Serialize for ArgBody {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        ArgJson {
+            id: self.id,
+            kind: self.kind,
+            name: &self.name,
+            fields: &self.fields,
+            children: &self.children,
+        }
+        .serialize(s)
+    }
 }
 
 /// `GET /v1/workspaces/{ws}/wlog`: consecutive events of one workspace's WLog.

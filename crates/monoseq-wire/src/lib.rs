@@ -34,8 +34,9 @@ pub mod whole;
 
 pub use admin::{BackupBody, BackupRequestBody};
 pub use answers::{
-    ArgBody, ClusterBody, ClusterNodeBody, ClusterPartitionBody, ErrorBody, EventBody, InfoBody,
-    NotReadyBody, NotReadyPartitionBody, RecordBody, StoredKindBody, TokenScopeBody, WlogPageBody,
+    ArgBody, ArgJson, ClusterBody, ClusterNodeBody, ClusterPartitionBody, ErrorBody, EventBody,
+    EventJson, InfoBody, NotReadyBody, NotReadyPartitionBody, RecordBody, RecordJson,
+    StoredKindBody, TokenScopeBody, WlogPageBody,
 };
 pub use batch::{
     BATCH_COMMANDS_MAX, BatchAnswerBody, BatchBody, BatchCommandBody, BatchResultBody, RawBatchBody,

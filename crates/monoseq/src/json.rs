@@ -2,14 +2,17 @@
 //! `RecordBody`) built from the event store's types. Field values are stored as JSON text;
 //! they are shown as JSON again (or as a string if they are not valid JSON).
 //!
-//! [`StoredEvent`] writes an event straight from the store's type as JSON that decodes to
-//! the same `EventBody`, without building the body: the page reads and live tails, which
-//! answer thousands of events per request, use it (each stored field value is checked and
-//! copied as it is, not parsed into a tree and printed again).
+//! [`StoredEvent`] writes an event straight from the store's type, without building the body,
+//! through the one encoding of an event (`monoseq_wire::EventJson`, which `EventBody` is
+//! written by too): the page reads and live tails, which answer thousands of events per
+//! request, use it (each stored field value is checked and copied as it is, not parsed into a
+//! tree and printed again).
 
 use monoseq_store::{ArgObject, Event, Field, Record, RecordKind};
-use monoseq_wire::{ArgBody, EventBody, RecordBody, StoredKindBody};
-use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
+use monoseq_wire::{
+    ArgBody, ArgJson, EventBody, EventJson, RecordBody, RecordJson, StoredKindBody,
+};
+use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -90,22 +93,19 @@ pub struct StoredEventRef<'a>(pub &'a Event);
 impl Serialize for StoredEventRef<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let e = self.0;
-        // The fields and their order are `EventBody`'s (a test holds them equal).
-        let mut m = s.serialize_struct("EventBody", 10)?;
-        m.serialize_field("plog_offset", &e.plog_offset.0)?;
-        m.serialize_field("ws", &e.ws.0)?;
-        m.serialize_field("ws_kind", &e.ws_kind.0)?;
-        m.serialize_field("wlog_offset", &e.wlog_offset.0)?;
-        m.serialize_field("registered_at_ms", &e.registered_at_ms)?;
-        m.serialize_field("command", &e.command)?;
-        m.serialize_field("argument", &e.argument.as_ref().map(StoredArg))?;
-        m.serialize_field("created", &StoredRecords(&e.created))?;
-        m.serialize_field("updated", &StoredRecords(&e.updated))?;
-        m.serialize_field(
-            "idempotency_key",
-            &e.idempotency.as_ref().map(|i| i.key.as_str()),
-        )?;
-        m.end()
+        EventJson {
+            plog_offset: e.plog_offset.0,
+            ws: e.ws.0,
+            ws_kind: e.ws_kind.0,
+            wlog_offset: e.wlog_offset.0,
+            registered_at_ms: e.registered_at_ms,
+            command: &e.command,
+            argument: e.argument.as_ref().map(StoredArg),
+            created: StoredRecords(&e.created),
+            updated: StoredRecords(&e.updated),
+            idempotency_key: e.idempotency.as_ref().map(|i| i.key.as_str()),
+        }
+        .serialize(s)
     }
 }
 
@@ -114,13 +114,14 @@ struct StoredArg<'a>(&'a ArgObject);
 impl Serialize for StoredArg<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let a = self.0;
-        let mut m = s.serialize_struct("ArgBody", 5)?;
-        m.serialize_field("id", &a.id.0)?;
-        m.serialize_field("kind", &kind(a.kind))?;
-        m.serialize_field("name", &a.name)?;
-        m.serialize_field("fields", &StoredFields(&a.fields))?;
-        m.serialize_field("children", &StoredArgs(&a.children))?;
-        m.end()
+        ArgJson {
+            id: a.id.0,
+            kind: kind(a.kind),
+            name: &a.name,
+            fields: StoredFields(&a.fields),
+            children: StoredArgs(&a.children),
+        }
+        .serialize(s)
     }
 }
 
@@ -153,12 +154,13 @@ struct StoredRecord<'a>(&'a Record);
 impl Serialize for StoredRecord<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let r = self.0;
-        let mut m = s.serialize_struct("RecordBody", 4)?;
-        m.serialize_field("id", &r.id.0)?;
-        m.serialize_field("kind", &kind(r.kind))?;
-        m.serialize_field("name", &r.name)?;
-        m.serialize_field("fields", &StoredFields(&r.fields))?;
-        m.end()
+        RecordJson {
+            id: r.id.0,
+            kind: kind(r.kind),
+            name: &r.name,
+            fields: StoredFields(&r.fields),
+        }
+        .serialize(s)
     }
 }
 
@@ -203,7 +205,7 @@ impl Serialize for StoredValue<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use monoseq_core::{PLogOffset, WsId, WsKind};
     use monoseq_store::{Idempotency, RecordId, WLogOffset};
 
@@ -213,7 +215,7 @@ mod tests {
         Field::new(name, value.to_vec())
     }
 
-    fn stored_event(fields: Vec<Field>) -> Event {
+    pub(crate) fn stored_event(fields: Vec<Field>) -> Event {
         Event {
             plog_offset: PLogOffset(41),
             ws: WsId(7),
@@ -255,7 +257,7 @@ mod tests {
     }
 
     /// Values as this server stores them: the JSON text of each value, fields by name.
-    fn stored_fields() -> Vec<Field> {
+    pub(crate) fn stored_fields() -> Vec<Field> {
         vec![
             field("amount", b"12.5"),
             field("big", b"18446744073709551615"),

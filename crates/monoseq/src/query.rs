@@ -77,6 +77,15 @@ impl Params {
 /// The parameters of query `raw` (`None`: the request has no query), or a 400 naming each
 /// one not in `accepted`, one given twice, or a query that does not decode.
 pub(crate) fn params(raw: Option<&str>, accepted: &[&str]) -> Result<Params, Response> {
+    parse(raw, accepted).map_err(|e| bad_request(e.0))
+}
+
+/// A refused query: what the 400 of [`params`] says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueryError(pub(crate) String);
+
+/// As [`params`], the refusal as its message.
+pub(crate) fn parse(raw: Option<&str>, accepted: &[&str]) -> Result<Params, QueryError> {
     let Some(raw) = raw.filter(|r| !r.is_empty()) else {
         return Ok(Params::default());
     };
@@ -94,14 +103,14 @@ pub(crate) fn params(raw: Option<&str>, accepted: &[&str]) -> Result<Params, Res
             format!("this endpoint takes {}", names.join(", "))
         };
         let plural = if unknown.len() == 1 { "" } else { "s" };
-        return Err(bad_request(format!(
+        return Err(QueryError(format!(
             "unknown query parameter{plural} {}: {takes} (see docs/openapi.json)",
             unknown.join(", ")
         )));
     }
     for (i, (name, _)) in pairs.iter().enumerate() {
         if pairs[..i].iter().any(|(earlier, _)| earlier == name) {
-            return Err(bad_request(format!(
+            return Err(QueryError(format!(
                 "`{}` is given twice: give each query parameter once",
                 shown(name)
             )));
@@ -111,11 +120,12 @@ pub(crate) fn params(raw: Option<&str>, accepted: &[&str]) -> Result<Params, Res
 }
 
 /// The name/value pairs of `raw`, percent-decoded (`+` is a space).
-fn decode(raw: &str) -> Result<Vec<(String, String)>, Response> {
+fn decode(raw: &str) -> Result<Vec<(String, String)>, QueryError> {
     let refused = || {
-        bad_request(
+        QueryError(
             "the query does not decode: it is name=value pairs joined by `&`, percent-encoded \
-             as UTF-8",
+             as UTF-8"
+                .to_owned(),
         )
     };
     let uri: Uri = format!("/?{raw}").parse().map_err(|_| refused())?;

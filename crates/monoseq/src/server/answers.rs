@@ -26,6 +26,24 @@ pub(super) fn read_error(
     asked: impl FnOnce() -> String,
     e: &monoseq_store::ReadError,
 ) -> Response {
+    read_failure(st, asked, e).into_response()
+}
+
+/// A failed read, logged (a corrupt place once) and counted, as [`read_error`] answers it.
+#[derive(Debug)]
+pub(super) enum ReadFailure {
+    /// 500 `corrupted`, naming the damaged place.
+    Corrupted { place: String, message: String },
+    /// 503 `storage_unavailable` with `Retry-After`.
+    Unavailable(String),
+}
+
+/// What a failed read is (see [`read_error`]), logged and counted.
+pub(super) fn read_failure(
+    st: &AppState,
+    asked: impl FnOnce() -> String,
+    e: &monoseq_store::ReadError,
+) -> ReadFailure {
     use monoseq_store::ReadError;
     let place = match e {
         ReadError::Corrupt { slot, .. }
@@ -41,22 +59,31 @@ pub(super) fn read_error(
             if first_report(st, &place) {
                 tracing::error!(place = %place, "corrupt data in storage: {message}");
             }
-            (
+            ReadFailure::Corrupted { place, message }
+        }
+        None => {
+            tracing::warn!("storage read failed: {message}");
+            ReadFailure::Unavailable(message)
+        }
+    }
+}
+
+impl IntoResponse for ReadFailure {
+    fn into_response(self) -> Response {
+        match self {
+            ReadFailure::Corrupted { place, message } => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 axum::Json(ErrorBody {
                     key: Some(place),
                     ..ErrorBody::new(ErrorCode::Corrupted, message)
                 }),
             )
-                .into_response()
-        }
-        None => {
-            tracing::warn!("storage read failed: {message}");
-            with_retry_after(error(
+                .into_response(),
+            ReadFailure::Unavailable(message) => with_retry_after(error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 ErrorCode::StorageUnavailable,
                 message,
-            ))
+            )),
         }
     }
 }

@@ -118,14 +118,37 @@ impl Groups {
     }
 }
 
+/// Why a group's or a member's request is refused (a 400 saying what to send).
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    /// A name that is not a consumer name.
+    #[error("the {what} name: {cause}")]
+    Name {
+        what: &'static str,
+        cause: monoseq_store::InvalidConsumerName,
+    },
+    /// A name holding a character reserved in paths and session identifiers.
+    #[error(
+        "the {what} name {raw:?} holds `/` or `~`: a {what} name is 1 to 255 printable ASCII \
+         characters without them"
+    )]
+    Reserved { what: &'static str, raw: String },
+    /// A join without `member`.
+    #[error("`member` is required: the member's name")]
+    NoMember,
+    /// A join's timeout or filter, refused as the parameter's check says.
+    #[error("{0}")]
+    Parameter(String),
+}
+
 /// A group or member name: a consumer name without `/` or `~`.
-fn name(what: &str, raw: &str) -> Result<ConsumerName, String> {
-    let n = ConsumerName::new(raw).map_err(|e| format!("the {what} name: {e}"))?;
+fn name(what: &'static str, raw: &str) -> Result<ConsumerName, RequestError> {
+    let n = ConsumerName::new(raw).map_err(|cause| RequestError::Name { what, cause })?;
     if raw.contains(['/', '~']) {
-        return Err(format!(
-            "the {what} name {raw:?} holds `/` or `~`: a {what} name is 1 to 255 printable \
-             ASCII characters without them"
-        ));
+        return Err(RequestError::Reserved {
+            what,
+            raw: raw.to_owned(),
+        });
     }
     Ok(n)
 }
@@ -169,22 +192,21 @@ struct Join {
     filter: Filter,
 }
 
-fn join_request(params: &Params) -> Result<Join, String> {
-    let member = params
-        .get("member")
-        .ok_or("`member` is required: the member's name")?;
+fn join_request(params: &Params) -> Result<Join, RequestError> {
+    let member = params.get("member").ok_or(RequestError::NoMember)?;
     let timeout = match params.get("session_timeout_ms") {
         Some(v) => millis(
             "session_timeout_ms",
             v,
             SESSION_TIMEOUT_MS_MIN..=SESSION_TIMEOUT_MS_MAX,
-        )?,
+        )
+        .map_err(RequestError::Parameter)?,
         None => Duration::from_millis(SESSION_TIMEOUT_MS_DEFAULT),
     };
     Ok(Join {
         member: name("member", member)?,
         timeout,
-        filter: Filter::from_params(params)?,
+        filter: Filter::from_params(params).map_err(RequestError::Parameter)?,
     })
 }
 
@@ -206,7 +228,7 @@ pub(super) async fn join(
     };
     let slot = match consume::take_slot(&st) {
         Ok(slot) => slot,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let id = st.groups.new_session_id(join.member.as_str());
     let member = Member {

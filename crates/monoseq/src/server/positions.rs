@@ -163,7 +163,9 @@ async fn end_above(st: &Arc<AppState>, partition: u32, offset: u64) -> Result<u6
     if offset < known {
         return Ok(known);
     }
-    consume::partition_end(st, partition).await
+    consume::partition_end(st, partition)
+        .await
+        .map_err(IntoResponse::into_response)
 }
 
 /// `GET /v1/consumers[?after=NAME]`: every consumer's positions, each with its partition's

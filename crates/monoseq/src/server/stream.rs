@@ -16,9 +16,6 @@
 //! heartbeat, so an `EventSource` that reconnects resumes where it was (redelivering at most
 //! what came after the last id).
 
-// A refused request answers with a `Response` (128 bytes), once per request.
-#![allow(clippy::result_large_err)]
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -293,7 +290,7 @@ async fn read_messages(
     (from, wait): (u64, Duration),
     filter: &Arc<Filter>,
     caught_up: bool,
-) -> Result<(u64, u64, Bytes), Response> {
+) -> Result<(u64, u64, Bytes), consume::ConsumeError> {
     let filter = Arc::clone(filter);
     let state = Arc::clone(st);
     consume::page_then(st, p, (from, PLOG_PAGE_MAX, wait), move |page| {
@@ -472,6 +469,38 @@ pub(super) fn sse_answer(st: &Arc<AppState>, feed: Feed) -> Response {
         .into_response()
 }
 
+/// Why a stream's request is refused: a 400 naming the parameter (`from`, or the
+/// `Last-Event-ID` that stands for it: `what`) and what to send.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum StreamRequestError {
+    /// `partitions` holds something other than a partition number.
+    #[error("`partitions` is `all` or partition numbers joined by commas, not {0:?}")]
+    PartitionsSyntax(String),
+    /// `partitions` names a partition the server does not have.
+    #[error("`partitions` names partition {partition}; the server has partitions 0 to {last}")]
+    NoSuchPartition { partition: u32, last: u32 },
+    /// A partition named twice.
+    #[error("`{what}` names partition {partition} twice")]
+    Twice { what: &'static str, partition: u32 },
+    /// A start that is neither an offset, `end`, nor pairs.
+    #[error(
+        "`{what}` is an offset, `end`, or `partition:offset` pairs joined by commas (got {value:?})"
+    )]
+    StartSyntax { what: &'static str, value: String },
+    /// A pair that is not `partition:offset`.
+    #[error("`{what}` pairs are `partition:offset`, not {pair:?}")]
+    PairSyntax { what: &'static str, pair: String },
+    /// An offset out of `1..=OFFSET_READ_MAX`.
+    #[error("`{what}` offsets are 1 to {OFFSET_READ_MAX} (got {offset})")]
+    Offset { what: &'static str, offset: u64 },
+    /// A pair of a partition the stream does not read.
+    #[error("`{what}` names partition {partition}, which this stream does not read")]
+    NotRead { what: &'static str, partition: u32 },
+    /// The filter's parameters, refused as the filter says.
+    #[error("{0}")]
+    Filter(String),
+}
+
 /// A stream's request: its partitions with their starts, and its filter.
 #[derive(Debug, PartialEq)]
 pub(super) struct StreamRequest {
@@ -480,24 +509,30 @@ pub(super) struct StreamRequest {
 }
 
 /// `partitions=all|0,3,7` of `partitions` partitions.
-pub(super) fn parse_partitions(value: Option<&str>, partitions: u32) -> Result<Vec<u32>, String> {
+pub(super) fn parse_partitions(
+    value: Option<&str>,
+    partitions: u32,
+) -> Result<Vec<u32>, StreamRequestError> {
     let value = value.unwrap_or("all");
     if value == "all" {
         return Ok((0..partitions).collect());
     }
     let mut out: Vec<u32> = Vec::new();
     for item in value.split(',') {
-        let p: u32 = item.parse().map_err(|_| {
-            format!("`partitions` is `all` or partition numbers joined by commas, not {item:?}")
-        })?;
+        let p: u32 = item
+            .parse()
+            .map_err(|_| StreamRequestError::PartitionsSyntax(item.to_owned()))?;
         if p >= partitions {
-            return Err(format!(
-                "`partitions` names partition {p}; the server has partitions 0 to {}",
-                partitions - 1
-            ));
+            return Err(StreamRequestError::NoSuchPartition {
+                partition: p,
+                last: partitions - 1,
+            });
         }
         if out.contains(&p) {
-            return Err(format!("`partitions` names partition {p} twice"));
+            return Err(StreamRequestError::Twice {
+                what: "partitions",
+                partition: p,
+            });
         }
         out.push(p);
     }
@@ -509,7 +544,7 @@ fn parse_starts(
     from: Option<&str>,
     last_event_id: Option<&str>,
     partitions: &[u32],
-) -> Result<Vec<(u32, Start)>, String> {
+) -> Result<Vec<(u32, Start)>, StreamRequestError> {
     if let Some(f) = from
         && last_event_id.is_some()
     {
@@ -534,13 +569,12 @@ fn parse_starts(
         return Ok(all(Start::At(last + 1)));
     }
     if !value.contains(':') {
-        let n: u64 = value.parse().map_err(|_| {
-            format!("`{what}` is an offset, `end`, or `partition:offset` pairs joined by commas (got {value:?})")
+        let n: u64 = value.parse().map_err(|_| StreamRequestError::StartSyntax {
+            what,
+            value: value.to_owned(),
         })?;
         if n == 0 || n > OFFSET_READ_MAX {
-            return Err(format!(
-                "`{what}` offsets are 1 to {OFFSET_READ_MAX} (got {n})"
-            ));
+            return Err(StreamRequestError::Offset { what, offset: n });
         }
         return Ok(all(Start::At(n)));
     }
@@ -550,22 +584,19 @@ fn parse_starts(
             .split_once(':')
             .and_then(|(p, o)| Some((p.parse::<u32>().ok()?, o.parse::<u64>().ok()?)));
         let Some((p, offset)) = parsed else {
-            return Err(format!(
-                "`{what}` pairs are `partition:offset`, not {pair:?}"
-            ));
+            return Err(StreamRequestError::PairSyntax {
+                what,
+                pair: pair.to_owned(),
+            });
         };
         if !partitions.contains(&p) {
-            return Err(format!(
-                "`{what}` names partition {p}, which this stream does not read"
-            ));
+            return Err(StreamRequestError::NotRead { what, partition: p });
         }
         if offset == 0 || offset > OFFSET_READ_MAX {
-            return Err(format!(
-                "`{what}` offsets are 1 to {OFFSET_READ_MAX} (got {offset})"
-            ));
+            return Err(StreamRequestError::Offset { what, offset });
         }
         if vector.insert(p, offset).is_some() {
-            return Err(format!("`{what}` names partition {p} twice"));
+            return Err(StreamRequestError::Twice { what, partition: p });
         }
     }
     Ok(partitions
@@ -579,10 +610,10 @@ pub(super) fn stream_request(
     params: &Params,
     last_event_id: Option<&str>,
     partitions: u32,
-) -> Result<StreamRequest, String> {
+) -> Result<StreamRequest, StreamRequestError> {
     let listed = parse_partitions(params.get("partitions"), partitions)?;
     let starts = parse_starts(params.get("from"), last_event_id, &listed)?;
-    let filter = Filter::from_params(params)?;
+    let filter = Filter::from_params(params).map_err(StreamRequestError::Filter)?;
     Ok(StreamRequest { starts, filter })
 }
 
@@ -610,11 +641,11 @@ pub(super) async fn stream_events(
     };
     let req = match stream_request(&params, last_event_id, partitions) {
         Ok(req) => req,
-        Err(message) => return error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message),
+        Err(e) => return error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, e),
     };
     let slot = match consume::take_slot(&st) {
         Ok(slot) => slot,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let (tx, rx) = channel();
     let filter = Arc::new(req.filter);
@@ -649,7 +680,7 @@ mod tests {
         query: &str,
         last_event_id: Option<&str>,
         partitions: u32,
-    ) -> Result<StreamRequest, String> {
+    ) -> Result<StreamRequest, StreamRequestError> {
         let params =
             crate::query::params(Some(query), EVENTS_STREAM_PARAMS).expect("known parameters");
         super::stream_request(&params, last_event_id, partitions)
@@ -676,7 +707,7 @@ mod tests {
             ("from=0:0", "1 to"),
             ("command=", "empty"),
         ] {
-            let e = stream_request(query, None, 4).unwrap_err();
+            let e = stream_request(query, None, 4).unwrap_err().to_string();
             assert!(e.contains(names), "{query}: {e}");
         }
     }
