@@ -197,4 +197,80 @@ pub enum ConfigError {
     Marks(String),
 }
 
+/// The storage lost events a partition acknowledged: its stored PLog ends below its
+/// high-water mark, and serving would hand the lost events' numbers out again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the storage lost acknowledged events of partition {partition}: PLog offsets up to {acked} \
+     were acknowledged, the stored PLog now ends at {end} (a database failover to a standby \
+     that was behind, or a restored backup?)"
+)]
+pub struct LostEvents {
+    /// The partition.
+    pub partition: u32,
+    /// The highest PLog offset it acknowledged.
+    pub acked: u64,
+    /// The last PLog offset stored now.
+    pub end: u64,
+}
+
+/// Why a step of a partition's start or recovery failed (the lifecycle retries it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepError {
+    /// Reading the PLog failed: the read's error, with its causes.
+    #[error("{0}")]
+    Read(String),
+    /// Syncing the store or raising the high-water mark failed, with the causes.
+    #[error("raising the high-water mark failed: {0}")]
+    Raise(String),
+    /// The thread the read ran on was lost.
+    #[error("the reading thread was lost: {0}")]
+    ThreadLost(String),
+    /// The partition's writer was lost (a group's thread was).
+    #[error("the writer was lost")]
+    WriterLost,
+}
+
+/// A command refused before it took any number because its event or records would not fit
+/// the storage's limits (`e`, from a check of the command alone, names its event 0).
+pub(crate) fn too_large(e: &AppendError) -> CommandError {
+    CommandError::TooLarge(match e {
+        AppendError::TooLarge { what, len, max, .. } => format!(
+            "the command: {what:?} is {len} bytes, over the storage limit of {max}; make the \
+             command smaller"
+        ),
+        AppendError::Encode { source, .. } => {
+            format!("the command cannot be encoded: {}", chain(source))
+        }
+        other => chain(other),
+    })
+}
+
 pub(crate) use monoseq_kv::chain;
+
+#[cfg(test)]
+mod tests {
+    use monoseq_kv::Oversized;
+    use monoseq_store::AppendError;
+
+    use super::{CommandError, too_large};
+
+    #[test]
+    fn a_command_too_large_is_named_as_the_command_not_as_an_event_of_a_group() {
+        let e = AppendError::TooLarge {
+            event_index: 0,
+            what: Oversized::Value,
+            len: 10,
+            max: 5,
+        };
+        assert_eq!(
+            too_large(&e),
+            CommandError::TooLarge(
+                "the command: Value is 10 bytes, over the storage limit of 5; make the command \
+                 smaller"
+                    .into()
+            )
+        );
+    }
+}

@@ -28,12 +28,12 @@ pub use command::{
     ARG_DEPTH_MAX, COMMAND_RECORDS_MAX, Command, InvalidCommand, KindName, NewArg, NewRecord,
     RAW_ID_MAX, RAW_REF_KEY, RecordUpdate,
 };
-pub use error::{CommandError, ConfigError, ErrorClass};
+pub use error::{CommandError, ConfigError, ErrorClass, LostEvents, StepError};
 pub use idempotency::{
     IDEMPOTENCY_KEY_BYTES_MAX, IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey,
 };
 pub use lifecycle::{
-    ACTUALIZE_WAIT, Action, Actualization, End, GroupEnd, Input, Lifecycle, PartitionState,
+    ACTUALIZE_WAIT, Action, Actualization, End, GroupOutcome, Input, Lifecycle, PartitionState,
     REBUILD_DELAY_MAX, REBUILD_DELAY_MIN, RETRY_WAIT,
 };
 #[cfg(feature = "simulation")]
@@ -42,7 +42,7 @@ pub use outcome::{GroupObserver, Outcome};
 pub use processor::{
     BACKLOG_VALUES_MAX_DEFAULT, CommandProcessor, Config, FLUSH_DELAY_DEFAULT,
     GROUP_COMMANDS_MAX_DEFAULT, PARTITION_THREADS_MAX_DEFAULT, PARTITIONS_MAX, ProcessorStats,
-    QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS,
+    QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS, Unready,
 };
 pub use recent::RECENT_RECORDS_BYTES_DEFAULT;
 pub use table::{Held, Partitions};

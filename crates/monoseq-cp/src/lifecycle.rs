@@ -17,7 +17,7 @@ use std::time::Duration;
 use monoseq_backoff::Backoff;
 use monoseq_core::Busy;
 
-use crate::error::CommandError;
+use crate::error::{CommandError, LostEvents, StepError};
 
 /// How long a starting or rebuilt partition waits for its sequencer to finish actualizing
 /// before it answers the queued commands and waits again.
@@ -86,33 +86,43 @@ pub enum Actualization {
     },
 }
 
-/// How a group left the writer (read from it once the group ran).
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct GroupEnd {
+/// How a group left the writer, which answers it for every group: what the partition does
+/// before the next one. One outcome per group: when a group meets several troubles the
+/// gravest is given (fenced, then fatal, then lost, then a failed sequencer, then a failed
+/// write).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupOutcome {
+    /// Every command was answered (written, replayed or refused one by one): the next group
+    /// runs.
+    Answered,
     /// The storage refused a write: another node owns the partition now.
-    pub fenced: bool,
-    /// A write failed fatally (the store is poisoned), with the failure's causes.
-    pub fatal: Option<String>,
-    /// The storage lost acknowledged events: what was lost.
-    pub lost: Option<String>,
-    /// The sequencer failed beyond healing (or the group's thread was lost): why.
-    pub failed: Option<String>,
-    /// The first PLog offset of a failed group not read back yet.
-    pub unresolved: Option<u64>,
-    /// Innocent commands of a failed group wait to run again.
-    pub retry: bool,
-}
-
-impl GroupEnd {
-    /// Nothing to do before the next group (the common case).
-    fn clean(&self) -> bool {
-        !self.fenced
-            && !self.retry
-            && self.fatal.is_none()
-            && self.lost.is_none()
-            && self.failed.is_none()
-            && self.unresolved.is_none()
-    }
+    Fenced,
+    /// A write failed fatally (the store is poisoned).
+    Fatal {
+        /// The failure, with its causes.
+        causes: String,
+    },
+    /// The storage lost events this partition acknowledged.
+    Lost {
+        /// What was lost.
+        what: LostEvents,
+    },
+    /// The group's write failed; it may have landed from PLog offset `unresolved_from` on,
+    /// so the PLog is read back from there before any other command is taken.
+    Unwritten {
+        /// The failed group's first PLog offset.
+        unresolved_from: u64,
+        /// Innocent commands of the group wait to run again (after the actualization).
+        retry: bool,
+    },
+    /// The sequencer failed beyond healing (or the group's thread was lost): it is rebuilt,
+    /// then the PLog is read back from `unresolved_from` when the group's write failed too.
+    Failed {
+        /// Why.
+        why: String,
+        /// The failed write's first PLog offset, if a write failed.
+        unresolved_from: Option<u64>,
+    },
 }
 
 /// The result of the step the driver performed, fed back with [`Lifecycle::feed`].
@@ -127,13 +137,13 @@ pub enum Input {
         open: bool,
     },
     /// [`Action::CheckWhole`]: whole, or what was lost.
-    Checked(Result<(), String>),
+    Checked(Result<(), LostEvents>),
     /// [`Action::CoverTail`]: covered, or why not.
-    Covered(Result<(), String>),
+    Covered(Result<(), StepError>),
     /// [`Action::RebuildWindow`]: rebuilt, or why not.
-    WindowRebuilt(Result<(), String>),
+    WindowRebuilt(Result<(), StepError>),
     /// [`Action::ReadBack`]: read back, or why not.
-    ReadBack(Result<(), String>),
+    ReadBack(Result<(), StepError>),
     /// [`Action::Heal`]: a new sequencer replaces the failed one; `writer_lost` when the
     /// writer was lost too and a new one (with an empty idempotency window) was built.
     Replaced {
@@ -141,7 +151,7 @@ pub enum Input {
         writer_lost: bool,
     },
     /// [`Action::RunGroup`] ran a group.
-    Ran(GroupEnd),
+    Ran(GroupOutcome),
     /// The queue closed (at [`Action::RunGroup`], or after [`Action::Stop`] drained it).
     Closed,
     /// [`Action::Pause`] or [`Action::Healed`] is done.
@@ -571,7 +581,9 @@ impl Lifecycle {
 
     fn checked(&mut self, then: Then, event: Input) {
         match event {
-            Input::Checked(Err(reason)) => self.stop(End::Lost { reason }),
+            Input::Checked(Err(lost)) => self.stop(End::Lost {
+                reason: lost.to_string(),
+            }),
             Input::Checked(Ok(())) => match then {
                 Then::Cover | Then::CoverAndServe => self.phase = Phase::Cover { attempt: 1, then },
                 Then::Serve => self.serve(),
@@ -615,33 +627,44 @@ impl Lifecycle {
     }
 
     fn ran(&mut self, event: Input) {
-        let Input::Ran(end) = event else {
+        let Input::Ran(outcome) = event else {
             return;
         };
-        if end.clean() {
-            return;
-        }
-        if end.fenced {
-            return self.stop(End::Fenced);
-        }
-        if let Some(cause) = end.fatal {
-            // The store's error says what to do (check the disk, restart the server).
-            let reason = format!(
-                "the storage failed fatally: {cause}. Partition {} writes nothing more until \
-                 the server is restarted",
-                self.partition
-            );
-            return self.stop(End::Failed { reason });
-        }
-        if let Some(reason) = end.lost {
-            return self.stop(End::Lost { reason });
-        }
-        self.unresolved = end.unresolved;
-        self.reread = end.failed.is_some() || end.unresolved.is_some();
-        match end.failed {
-            Some(reason) => self.start_heal(reason, Resume::AfterGroup),
-            None if end.retry => self.phase = Phase::RetryWait,
-            None => self.after_retry_wait(),
+        match outcome {
+            GroupOutcome::Answered => {}
+            GroupOutcome::Fenced => self.stop(End::Fenced),
+            GroupOutcome::Fatal { causes } => {
+                // The store's error says what to do (check the disk, restart the server).
+                let reason = format!(
+                    "the storage failed fatally: {causes}. Partition {} writes nothing more \
+                     until the server is restarted",
+                    self.partition
+                );
+                self.stop(End::Failed { reason });
+            }
+            GroupOutcome::Lost { what } => self.stop(End::Lost {
+                reason: what.to_string(),
+            }),
+            GroupOutcome::Failed {
+                why,
+                unresolved_from,
+            } => {
+                self.unresolved = unresolved_from;
+                self.reread = true;
+                self.start_heal(why, Resume::AfterGroup);
+            }
+            GroupOutcome::Unwritten {
+                unresolved_from,
+                retry,
+            } => {
+                self.unresolved = Some(unresolved_from);
+                self.reread = true;
+                if retry {
+                    self.phase = Phase::RetryWait;
+                } else {
+                    self.after_retry_wait();
+                }
+            }
         }
     }
 
@@ -806,12 +829,23 @@ mod tests {
         lc
     }
 
-    fn failed_write(from: u64) -> GroupEnd {
-        GroupEnd {
-            unresolved: Some(from),
+    fn failed_write(from: u64) -> GroupOutcome {
+        GroupOutcome::Unwritten {
+            unresolved_from: from,
             retry: true,
-            ..GroupEnd::default()
         }
+    }
+
+    fn lost() -> LostEvents {
+        LostEvents {
+            partition: 3,
+            acked: 9,
+            end: 5,
+        }
+    }
+
+    fn read_failed() -> StepError {
+        StepError::Read("read failed".into())
     }
 
     #[test]
@@ -871,14 +905,14 @@ mod tests {
     fn a_start_below_the_mark_is_refused_as_lost() {
         let mut lc = Lifecycle::new(3);
         lc.feed(Input::Actualized(Actualization::Ready));
-        lc.feed(Input::Checked(Err("lost 5..9".into())));
+        lc.feed(Input::Checked(Err(lost())));
         let end = End::Lost {
-            reason: "lost 5..9".into(),
+            reason: lost().to_string(),
         };
         assert_eq!(lc.action(), Action::Stop(end.clone()));
         assert_eq!(
             end.refusal(3),
-            CommandError::Corrupted("lost 5..9".into()),
+            CommandError::Corrupted(lost().to_string()),
             "every later command is refused as corrupted"
         );
         assert!(matches!(lc.take_state(), Some(PartitionState::Lost { .. })));
@@ -901,7 +935,7 @@ mod tests {
         let mut lc = Lifecycle::new(3);
         lc.feed(Input::Actualized(Actualization::Ready));
         lc.feed(Input::Checked(Ok(())));
-        lc.feed(Input::Covered(Err("read failed".into())));
+        lc.feed(Input::Covered(Err(read_failed())));
         assert_eq!(
             lc.action(),
             Action::Pause {
@@ -917,7 +951,7 @@ mod tests {
             Action::RebuildWindow { attempt: 1 },
             "the window after the tail"
         );
-        lc.feed(Input::WindowRebuilt(Err("read failed".into())));
+        lc.feed(Input::WindowRebuilt(Err(read_failed())));
         assert_eq!(
             lc.action(),
             Action::Pause {
@@ -952,25 +986,19 @@ mod tests {
     #[test]
     fn a_clean_group_keeps_serving() {
         let mut lc = serving();
-        lc.feed(Input::Ran(GroupEnd::default()));
+        lc.feed(Input::Ran(GroupOutcome::Answered));
         assert_eq!(lc.action(), Action::RunGroup);
         assert_eq!(lc.take_state(), None);
     }
 
     #[test]
-    fn a_group_fenced_fatal_or_lost_stops_the_partition_in_that_order() {
+    fn a_group_fenced_fatal_or_lost_stops_the_partition() {
         let mut lc = serving();
-        lc.feed(Input::Ran(GroupEnd {
-            fenced: true,
-            fatal: Some("poisoned".into()),
-            ..GroupEnd::default()
-        }));
+        lc.feed(Input::Ran(GroupOutcome::Fenced));
         assert_eq!(lc.action(), Action::Stop(End::Fenced));
         let mut lc = serving();
-        lc.feed(Input::Ran(GroupEnd {
-            fatal: Some("poisoned".into()),
-            lost: Some("lost".into()),
-            ..GroupEnd::default()
+        lc.feed(Input::Ran(GroupOutcome::Fatal {
+            causes: "poisoned".into(),
         }));
         let Action::Stop(End::Failed { reason }) = lc.action() else {
             panic!(
@@ -983,14 +1011,11 @@ mod tests {
             "{reason}"
         );
         let mut lc = serving();
-        lc.feed(Input::Ran(GroupEnd {
-            lost: Some("lost".into()),
-            ..GroupEnd::default()
-        }));
+        lc.feed(Input::Ran(GroupOutcome::Lost { what: lost() }));
         assert_eq!(
             lc.action(),
             Action::Stop(End::Lost {
-                reason: "lost".into()
+                reason: lost().to_string()
             })
         );
         lc.feed(Input::Closed);
@@ -1022,7 +1047,7 @@ mod tests {
                 attempt: 2
             }
         );
-        lc.feed(Input::ReadBack(Err("read failed".into())));
+        lc.feed(Input::ReadBack(Err(read_failed())));
         assert!(matches!(
             lc.action(),
             Action::Pause {
@@ -1051,7 +1076,7 @@ mod tests {
             Action::CoverTail { attempt: 1 },
             "what the failed write left stored is acknowledged before serving"
         );
-        lc.feed(Input::Covered(Err("sync failed".into())));
+        lc.feed(Input::Covered(Err(StepError::Raise("sync failed".into()))));
         assert!(matches!(lc.action(), Action::Pause { refuse: None, .. }));
         lc.feed(Input::Done);
         assert_eq!(lc.action(), Action::CoverTail { attempt: 2 });
@@ -1067,41 +1092,55 @@ mod tests {
     #[test]
     fn a_read_back_found_below_the_mark_stops_as_lost() {
         let mut lc = serving();
-        lc.feed(Input::Ran(GroupEnd {
-            unresolved: Some(7),
-            ..GroupEnd::default()
+        lc.feed(Input::Ran(GroupOutcome::Unwritten {
+            unresolved_from: 7,
+            retry: false,
         }));
         lc.feed(Input::Actualized(Actualization::Ready));
         lc.feed(Input::ReadBack(Ok(())));
-        lc.feed(Input::Checked(Err("gone".into())));
+        lc.feed(Input::Checked(Err(lost())));
         assert_eq!(
             lc.action(),
             Action::Stop(End::Lost {
-                reason: "gone".into()
+                reason: lost().to_string()
             })
         );
     }
 
     #[test]
-    fn a_refused_group_without_a_failed_write_retries_after_the_actualization_unchecked() {
+    fn a_failed_write_without_commands_to_retry_reads_back_at_once() {
         let mut lc = serving();
-        lc.feed(Input::Ran(GroupEnd {
-            retry: true,
-            ..GroupEnd::default()
+        lc.feed(Input::Ran(GroupOutcome::Unwritten {
+            unresolved_from: 7,
+            retry: false,
         }));
-        assert_eq!(lc.action(), Action::WaitActualized { wait: RETRY_WAIT });
-        lc.feed(Input::Actualized(PENDING));
-        assert_eq!(lc.action(), Action::RunGroup);
+        assert_eq!(
+            lc.action(),
+            Action::WaitActualized {
+                wait: ACTUALIZE_WAIT
+            },
+            "no wait for retries: the read-back waits for the actualization itself"
+        );
+        assert!(matches!(
+            lc.take_state(),
+            Some(PartitionState::Rebuilding { .. })
+        ));
+        lc.feed(Input::Actualized(Actualization::Ready));
+        assert_eq!(
+            lc.action(),
+            Action::ReadBack {
+                from: 7,
+                attempt: 1
+            }
+        );
     }
 
     #[test]
     fn a_failed_sequencer_is_healed_with_backoff_then_read_back_and_checked() {
         let mut lc = serving();
-        lc.feed(Input::Ran(GroupEnd {
-            failed: Some("sequencer poisoned".into()),
-            unresolved: Some(12),
-            retry: true,
-            ..GroupEnd::default()
+        lc.feed(Input::Ran(GroupOutcome::Failed {
+            why: "sequencer poisoned".into(),
+            unresolved_from: Some(12),
         }));
         assert_eq!(
             lc.take_state(),
@@ -1146,15 +1185,14 @@ mod tests {
     #[test]
     fn a_heal_that_lost_its_writer_rebuilds_the_window_before_serving() {
         let mut lc = serving();
-        lc.feed(Input::Ran(GroupEnd {
-            failed: Some("a group's thread was lost".into()),
-            unresolved: Some(12),
-            ..GroupEnd::default()
+        lc.feed(Input::Ran(GroupOutcome::Failed {
+            why: "a group's thread was lost".into(),
+            unresolved_from: Some(12),
         }));
         lc.feed(Input::Replaced { writer_lost: true });
         lc.feed(Input::Actualized(Actualization::Ready));
         assert_eq!(lc.action(), Action::RebuildWindow { attempt: 1 });
-        lc.feed(Input::WindowRebuilt(Err("read failed".into())));
+        lc.feed(Input::WindowRebuilt(Err(read_failed())));
         lc.feed(Input::Done);
         assert_eq!(lc.action(), Action::RebuildWindow { attempt: 2 });
         lc.feed(Input::WindowRebuilt(Ok(())));
@@ -1170,9 +1208,9 @@ mod tests {
     #[test]
     fn a_heal_fenced_off_stops_as_not_owner() {
         let mut lc = serving();
-        lc.feed(Input::Ran(GroupEnd {
-            failed: Some("x".into()),
-            ..GroupEnd::default()
+        lc.feed(Input::Ran(GroupOutcome::Failed {
+            why: "x".into(),
+            unresolved_from: None,
         }));
         lc.feed(Input::Replaced { writer_lost: false });
         lc.feed(Input::Actualized(Actualization::Stopped { fenced: true }));
@@ -1182,9 +1220,9 @@ mod tests {
     #[test]
     fn a_sequencer_failing_during_a_read_back_is_healed_and_the_read_back_goes_on() {
         let mut lc = serving();
-        lc.feed(Input::Ran(GroupEnd {
-            unresolved: Some(5),
-            ..GroupEnd::default()
+        lc.feed(Input::Ran(GroupOutcome::Unwritten {
+            unresolved_from: 5,
+            retry: false,
         }));
         lc.feed(Input::Actualized(Actualization::Stopped { fenced: false }));
         assert!(matches!(lc.action(), Action::Heal { attempt: 1, .. }));

@@ -15,13 +15,13 @@ use monoseq_store::{EventStore, Mark, PartitionId};
 use tokio::sync::oneshot;
 
 use crate::command::Command;
-use crate::error::{CommandError, ConfigError};
-use crate::idempotency::{IdempotencyKey, Window};
-use crate::lifecycle::{Action, Actualization, End, GroupEnd, Input, Lifecycle};
+use crate::error::{CommandError, ConfigError, StepError};
+use crate::idempotency::IdempotencyKey;
+use crate::lifecycle::{Action, Actualization, End, GroupOutcome, Input, Lifecycle};
 use crate::outcome::{Counters, Outcome};
 use crate::partition::actualization;
 use crate::processor::{Config, prepare, sequencer_params};
-use crate::writer::{Clock, Job, Storage, Writer, read_keys};
+use crate::writer::{Clock, Job, Storage, Writer, WriterTemplate, next_group, read_keys};
 
 /// Most steps of the lifecycle one [`ManualPartition::advance`] performs (it stops earlier
 /// at a wait, or after one group).
@@ -99,25 +99,17 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
         let params = sequencer_params(config, &retired)?;
         let storage = Arc::new(store.seq_storage(PartitionId(partition)));
         let (seq, worker) = Sequencer::new_manual(params.clone(), Arc::clone(&storage));
-        let writer = Writer {
+        let template = WriterTemplate {
             partition: PartitionId(partition),
             store,
-            seq,
-            window: Window::new(config.idempotency_window_events),
             marks: None,
             mark: acked,
             counters: Arc::new(Counters::default()),
-            reported: (0, 0),
-            failed: None,
-            fenced: false,
-            lost: None,
             acked: Arc::new(crate::acked::Acked::new(acked)),
             floor: retired.plog,
-            unresolved: None,
-            slow: crate::writer::SlowGroups::default(),
-            fatal: None,
-            recent: crate::recent::RecentRecords::new(config.recent_bytes_per_partition()),
+            recent_bytes: config.recent_bytes_per_partition(),
         };
+        let writer = template.writer_at(seq, config.idempotency_window_events, acked);
         Ok(ManualPartition {
             writer,
             worker,
@@ -270,13 +262,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
                 let from = self.writer.window.start(self.next_offset());
                 Input::WindowRebuilt(self.learn(from))
             }
-            Action::ReadBack { from, .. } => {
-                let read = self.learn(from);
-                if read.is_ok() {
-                    self.writer.unresolved = None;
-                }
-                Input::ReadBack(read)
-            }
+            Action::ReadBack { from, .. } => Input::ReadBack(self.learn(from)),
             Action::Heal { reason, delay, .. } => {
                 self.refuse_queued(&CommandError::Unavailable {
                     partition: self.writer.partition.0,
@@ -308,25 +294,20 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
         }
     }
 
-    /// Runs one group (the retried commands first, else what the queue holds), as the
-    /// partition task does; how it left the writer.
-    fn run_group(&mut self, now_ms: u64) -> GroupEnd {
-        let mut jobs = std::mem::take(&mut self.retry);
-        if jobs.is_empty() {
-            let n = self.queue.len().min(self.config.group_commands_max);
-            jobs.extend(self.queue.drain(..n));
-        }
+    /// Runs one group (the retried commands first, then what the queue holds), as the
+    /// partition task does; how it ended.
+    fn run_group(&mut self, now_ms: u64) -> GroupOutcome {
+        let queue = &mut self.queue;
+        let jobs = next_group(
+            &mut self.retry,
+            None,
+            self.config.group_commands_max,
+            || queue.pop_front(),
+        );
         let clock = self.clock(now_ms);
-        self.retry = self.writer.run_group(jobs, &clock);
-        let w = &mut self.writer;
-        GroupEnd {
-            fenced: w.fenced,
-            fatal: w.fatal.take(),
-            lost: w.lost.take(),
-            failed: w.failed.take(),
-            unresolved: w.unresolved,
-            retry: !self.retry.is_empty(),
-        }
+        let (outcome, retry) = self.writer.run_group(jobs, &clock);
+        self.retry = retry;
+        outcome
     }
 
     /// A new sequencer on the same storage (its claim fences the old one's writes off), as a
@@ -368,7 +349,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> ManualPartition<S> {
         self.writer.seq.handle().stats().next_offset
     }
 
-    fn learn(&mut self, from: u64) -> Result<(), String> {
+    fn learn(&mut self, from: u64) -> Result<(), StepError> {
         let to = self.next_offset();
         let (keys, read) = read_keys(
             &self.writer.store,

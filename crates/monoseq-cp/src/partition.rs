@@ -12,10 +12,10 @@ use monoseq_core::{Params, PoisonReason, Runtime, Sequencer, SequencerHandle, St
 use monoseq_kv::KvStore;
 use tokio::sync::mpsc;
 
-use crate::error::CommandError;
+use crate::error::{CommandError, StepError};
 pub(crate) use crate::lifecycle::PartitionState;
-use crate::lifecycle::{Action, Actualization, End, GroupEnd, Input, Lifecycle};
-use crate::writer::{Job, Storage, SystemClock, Writer, WriterTemplate, read_keys};
+use crate::lifecycle::{Action, Actualization, End, GroupOutcome, Input, Lifecycle};
+use crate::writer::{Job, Storage, SystemClock, Writer, WriterTemplate, next_group, read_keys};
 
 /// What the processor and a partition's task share.
 pub(crate) struct PartitionShared<S: KvStore + Clone> {
@@ -112,7 +112,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
             Action::AnswerQueued(e) => Input::Answered {
                 open: answer_queued(rx, &|| e.clone()),
             },
-            Action::CheckWhole => Input::Checked(match &mut self.writer {
+            Action::CheckWhole => Input::Checked(match &self.writer {
                 Some(w) => w.whole(),
                 None => Ok(()),
             }),
@@ -142,37 +142,18 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
     /// Takes the next group (the retried commands first, else what the queue holds) and runs
     /// it; how it ended, or [`Input::Closed`] when the queue closed.
     async fn next_group(&mut self, rx: &mut mpsc::Receiver<Job>, retry: &mut Vec<Job>) -> Input {
-        let mut jobs: Vec<Job> = Vec::new();
-        if retry.is_empty() {
+        let first = if retry.is_empty() {
             match rx.recv().await {
-                Some(j) => jobs.push(j),
+                Some(j) => Some(j),
                 None => return Input::Closed,
             }
         } else {
-            jobs.append(retry);
-        }
-        while jobs.len() < self.group_max
-            && let Ok(j) = rx.try_recv()
-        {
-            jobs.push(j);
-        }
-        *retry = self.group(jobs).await;
-        let end = match &mut self.writer {
-            Some(w) => GroupEnd {
-                fenced: w.fenced,
-                fatal: w.fatal.take(),
-                lost: w.lost.take(),
-                failed: w.failed.take(),
-                unresolved: w.unresolved,
-                retry: !retry.is_empty(),
-            },
-            None => GroupEnd {
-                failed: Some("a group's thread was lost".into()),
-                retry: !retry.is_empty(),
-                ..GroupEnd::default()
-            },
+            None
         };
-        Input::Ran(end)
+        let jobs = next_group(retry, first, self.group_max, || rx.try_recv().ok());
+        let (outcome, jobs) = self.group(jobs).await;
+        *retry = jobs;
+        Input::Ran(outcome)
     }
 
     /// The partition stopped serving (`end`): logs why once, answers the retried commands and
@@ -221,7 +202,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
 
     /// Covers the stored PLog's tail with the mark (see `Writer::cover_stored_tail`); a
     /// failure is logged, and the lifecycle retries it with backoff.
-    async fn cover_tail(&mut self, attempt: u32) -> Result<(), String> {
+    async fn cover_tail(&mut self, attempt: u32) -> Result<(), StepError> {
         let Some(mut writer) = self.writer.take() else {
             return Ok(());
         };
@@ -256,7 +237,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
 
     /// Remembers the keys of the PLog tail's events (the window's span before the PLog end);
     /// a failure is logged, and the lifecycle retries it with backoff.
-    async fn rebuild_window(&mut self, attempt: u32) -> Result<(), String> {
+    async fn rebuild_window(&mut self, attempt: u32) -> Result<(), StepError> {
         let next = self.shared.handle().stats().next_offset;
         let Some(from) = self.writer.as_ref().map(|w| w.window.start(next)) else {
             return Ok(());
@@ -275,15 +256,15 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
 
     /// Remembers the idempotency keys of the events at PLog offsets `from..to`; the keys read
     /// before an error are kept.
-    async fn learn_keys(&mut self, from: u64, to: u64) -> Result<(), String> {
+    async fn learn_keys(&mut self, from: u64, to: u64) -> Result<(), StepError> {
         let Some(w) = self.writer.as_ref() else {
-            return Err("the writer was lost".into());
+            return Err(StepError::WriterLost);
         };
         let (store, partition, floor) = (w.store.clone(), w.partition, w.floor);
         let (keys, read) =
             tokio::task::spawn_blocking(move || read_keys(&store, partition, floor, from, to))
                 .await
-                .map_err(|e| format!("the reading thread was lost: {e}"))?;
+                .map_err(|e| StepError::ThreadLost(e.to_string()))?;
         if let Some(w) = &mut self.writer {
             w.remember(keys);
         }
@@ -295,14 +276,11 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
     /// PLog's end, before any command is taken): a write whose answer was lost may have
     /// landed; a retry of one of its commands then gets the original answer instead of being
     /// applied a second time.
-    async fn read_back(&mut self, from: u64, attempts: u32) -> Result<(), String> {
+    async fn read_back(&mut self, from: u64, attempts: u32) -> Result<(), StepError> {
         let partition = self.template.partition.0;
         let to = self.shared.handle().stats().next_offset;
         match self.learn_keys(from, to).await {
             Ok(()) => {
-                if let Some(w) = &mut self.writer {
-                    w.unresolved = None;
-                }
                 tracing::info!(
                     partition,
                     from,
@@ -323,32 +301,32 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         }
     }
 
-    /// Runs one group in place on the partition's own thread, else on a blocking thread; the
-    /// jobs to retry.
-    async fn group(&mut self, jobs: Vec<Job>) -> Vec<Job> {
+    /// Runs one group in place on the partition's own thread, else on a blocking thread; how
+    /// it ended, and the jobs to retry.
+    async fn group(&mut self, jobs: Vec<Job>) -> (GroupOutcome, Vec<Job>) {
+        let failed = |why: &str| GroupOutcome::Failed {
+            why: why.into(),
+            unresolved_from: None,
+        };
         let Some(writer) = self.writer.take() else {
-            return jobs;
+            return (failed("a group's thread was lost"), jobs);
         };
         let run = move |mut writer: Writer<S>| {
-            let retry = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 writer.run_group(jobs, &SystemClock)
             }));
-            (writer, retry)
+            (writer, ran)
         };
-        let (mut writer, retry) = if self.own_thread {
+        let (writer, ran) = if self.own_thread {
             run(writer)
         } else {
             match tokio::task::spawn_blocking(move || run(writer)).await {
                 Ok(ran) => ran,
-                Err(_) => return Vec::new(),
+                Err(_) => return (failed("a group's thread was lost"), Vec::new()),
             }
         };
-        let retry = retry.unwrap_or_else(|_| {
-            writer.failed = Some("processing a group panicked".into());
-            Vec::new()
-        });
         self.writer = Some(writer);
-        retry
+        ran.unwrap_or_else(|_| (failed("processing a group panicked"), Vec::new()))
     }
 
     /// A new sequencer on the same storage (which fences the old one's writes), and a new

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use monoseq_core::{Runtime, Sequencer, SequencerStats, Status, WsId, WsKind};
+use monoseq_core::{PoisonReason, Runtime, Sequencer, SequencerStats, Status, WsId, WsKind};
 use monoseq_kv::KvStore;
 use monoseq_store::{
     AppId, Event, EventStore, Mark, Marks, PartitionId, TrustLevel, built_in_params_above,
@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::acked::Acked;
 use crate::command::{Command, Draft, draft, plan};
-use crate::error::{CommandError, ConfigError};
+use crate::error::{CommandError, ConfigError, too_large};
 use crate::idempotency::{IDEMPOTENCY_WINDOW_EVENTS_DEFAULT, IdempotencyKey};
 use crate::outcome::{Counters, Outcome};
 use crate::partition::{PartitionShared, PartitionState, PartitionTask};
@@ -498,24 +498,25 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
     /// Whether every partition serves and has finished actualizing.
     #[must_use]
     pub fn ready(&self) -> bool {
-        self.unready().is_empty()
+        self.unready_partitions().is_empty()
     }
 
     /// Partitions that do not serve now, each with why: starting, actualizing, storage
-    /// failing (a fatal failure names its first cause), or being rebuilt after a failure.
+    /// failing (a fatal failure names its first cause), being rebuilt after a failure, or
+    /// refused against their marks.
     #[must_use]
-    pub fn unready(&self) -> Vec<(u32, String)> {
+    pub fn unready_partitions(&self) -> Vec<(u32, Unready)> {
         let mut out = Vec::new();
         for (p, shared) in self.served() {
             let st = shared.handle().stats();
             let why = match shared.state() {
-                PartitionState::Rebuilding { reason } => Some(format!("rebuilding: {reason}")),
-                PartitionState::Stopped => Some("stopped".to_owned()),
-                PartitionState::Fenced => Some("fenced: another node took it over".to_owned()),
-                PartitionState::Lost { reason } => Some(format!("refused: {reason}")),
-                PartitionState::Failed { reason } => Some(reason),
+                PartitionState::Rebuilding { reason } => Some(Unready::Rebuilding { reason }),
+                PartitionState::Stopped => Some(Unready::Stopped),
+                PartitionState::Fenced => Some(Unready::Fenced),
+                PartitionState::Lost { reason } => Some(Unready::Refused { reason }),
+                PartitionState::Failed { reason } => Some(Unready::Failed { reason }),
                 PartitionState::Starting => {
-                    Some(sequencer_unready(&st).unwrap_or_else(|| "starting".to_owned()))
+                    Some(sequencer_unready(&st).unwrap_or(Unready::Starting))
                 }
                 _ => sequencer_unready(&st),
             };
@@ -524,6 +525,16 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             }
         }
         out
+    }
+
+    /// [`unready_partitions`](Self::unready_partitions), each reason as text (what
+    /// `/readyz` shows).
+    #[must_use]
+    pub fn unready(&self) -> Vec<(u32, String)> {
+        self.unready_partitions()
+            .into_iter()
+            .map(|(p, why)| (p, why.to_string()))
+            .collect()
     }
 
     /// Partitions whose storage failed fatally (its engine is poisoned), each with the first
@@ -636,30 +647,86 @@ fn check_storable<S: KvStore + Clone>(
     store: &EventStore<S>,
     draft: &Draft,
 ) -> Result<(), CommandError> {
-    store.check_storable(&draft.event).map_err(|e| {
-        CommandError::TooLarge(
-            crate::error::chain(&e).replace("event 0 of the group", "the command"),
-        )
-    })
+    store
+        .check_storable(&draft.event)
+        .map_err(|e| too_large(&e))
+}
+
+/// Why a partition does not serve now; its text is what `/readyz` and the logs show.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unready {
+    /// Starting, before its sequencer began actualizing.
+    Starting,
+    /// Its sequencer actualizes.
+    Actualizing,
+    /// Its sequencer actualizes, and the storage fails the reads.
+    ActualizingStorageFailing,
+    /// Stored data its sequencer needs to actualize is damaged.
+    Corrupted,
+    /// Its sequencer stopped, poisoned by `poison` when known.
+    SequencerFailed {
+        /// Why the sequencer stopped.
+        poison: Option<PoisonReason>,
+    },
+    /// It serves, but the storage fails its sequencer's flushes.
+    FlushFailing,
+    /// Its sequencer failed; being rebuilt.
+    Rebuilding {
+        /// What failed.
+        reason: String,
+    },
+    /// Stopped.
+    Stopped,
+    /// The storage refused its writes: another node owns it now.
+    Fenced,
+    /// Refused against its high-water marks: the storage lost events it acknowledged.
+    Refused {
+        /// What was lost.
+        reason: String,
+    },
+    /// The storage failed fatally; the reason names the first failure and what to do.
+    Failed {
+        /// The failure, with its causes, and what to do.
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for Unready {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unready::Starting => f.write_str("starting"),
+            Unready::Actualizing => f.write_str("actualizing"),
+            Unready::ActualizingStorageFailing => f.write_str("actualizing: storage is failing"),
+            Unready::Corrupted => {
+                f.write_str("corrupted: stored data the partition needs is damaged")
+            }
+            Unready::SequencerFailed { poison: None } => f.write_str("failed"),
+            Unready::SequencerFailed {
+                poison: Some(reason),
+            } => write!(f, "failed: {reason}"),
+            Unready::FlushFailing => {
+                f.write_str("storage is failing: sequence numbers cannot be flushed")
+            }
+            Unready::Rebuilding { reason } => write!(f, "rebuilding: {reason}"),
+            Unready::Stopped => f.write_str("stopped"),
+            Unready::Fenced => f.write_str("fenced: another node took it over"),
+            Unready::Refused { reason } => write!(f, "refused: {reason}"),
+            Unready::Failed { reason } => f.write_str(reason),
+        }
+    }
 }
 
 /// Why a partition's sequencer does not serve, if it does not.
-fn sequencer_unready(st: &SequencerStats) -> Option<String> {
+fn sequencer_unready(st: &SequencerStats) -> Option<Unready> {
     match st.status {
-        Status::None | Status::Actualizing if st.storage_corrupted => {
-            Some("corrupted: stored data the partition needs is damaged".to_owned())
-        }
+        Status::None | Status::Actualizing if st.storage_corrupted => Some(Unready::Corrupted),
         Status::None | Status::Actualizing if st.storage_failing => {
-            Some("actualizing: storage is failing".to_owned())
+            Some(Unready::ActualizingStorageFailing)
         }
-        Status::None | Status::Actualizing => Some("actualizing".to_owned()),
-        Status::Finished => Some(match st.poison {
-            Some(reason) => format!("failed: {reason}"),
-            None => "failed".to_owned(),
-        }),
-        _ if st.storage_failing => {
-            Some("storage is failing: sequence numbers cannot be flushed".to_owned())
-        }
+        Status::None | Status::Actualizing => Some(Unready::Actualizing),
+        Status::Finished => Some(Unready::SequencerFailed { poison: st.poison }),
+        _ if st.storage_failing => Some(Unready::FlushFailing),
         _ => None,
     }
 }
@@ -778,7 +845,7 @@ fn higher(a: Mark, b: Mark) -> Mark {
 
 #[cfg(test)]
 mod tests {
-    use super::spawn_or_return;
+    use super::{PoisonReason, Unready, spawn_or_return};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, mpsc};
 
@@ -807,5 +874,50 @@ mod tests {
         });
         assert!(started.is_ok());
         assert_eq!(rx.recv().expect("the thread ran"), 42);
+    }
+
+    #[test]
+    fn an_unready_partitions_text_is_what_readyz_showed() {
+        let texts = [
+            (Unready::Starting, "starting"),
+            (Unready::Actualizing, "actualizing"),
+            (
+                Unready::ActualizingStorageFailing,
+                "actualizing: storage is failing",
+            ),
+            (
+                Unready::Corrupted,
+                "corrupted: stored data the partition needs is damaged",
+            ),
+            (Unready::SequencerFailed { poison: None }, "failed"),
+            (
+                Unready::SequencerFailed {
+                    poison: Some(PoisonReason::Fenced),
+                },
+                &format!("failed: {}", PoisonReason::Fenced),
+            ),
+            (
+                Unready::FlushFailing,
+                "storage is failing: sequence numbers cannot be flushed",
+            ),
+            (Unready::Rebuilding { reason: "x".into() }, "rebuilding: x"),
+            (Unready::Stopped, "stopped"),
+            (Unready::Fenced, "fenced: another node took it over"),
+            (
+                Unready::Refused {
+                    reason: "lost".into(),
+                },
+                "refused: lost",
+            ),
+            (
+                Unready::Failed {
+                    reason: "the storage failed fatally".into(),
+                },
+                "the storage failed fatally",
+            ),
+        ];
+        for (why, text) in texts {
+            assert_eq!(why.to_string(), text, "{why:?}");
+        }
     }
 }

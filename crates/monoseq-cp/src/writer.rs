@@ -2,8 +2,10 @@
 //! every command of a group through its sequencing transaction (reading records and stored
 //! numbers there, never on the async runtime), answers retries of known idempotency keys from
 //! their original events, writes the group's events in one atomic batch, syncs the store while
-//! raising the partition's high-water mark, and only then answers the clients. What a failed
-//! group leaves (fenced, lost, unresolved, failed) is read by the partition's task.
+//! raising the partition's high-water mark, and only then answers the clients. It answers
+//! each group with a [`GroupOutcome`] (written, or what a failed group leaves: fenced, fatal,
+//! lost, unwritten, failed), the input of the partition's lifecycle, and assembles the next
+//! group for both drivers (the partition task and the simulation's manual partition).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -23,8 +25,9 @@ use tokio::sync::oneshot;
 
 use crate::acked::Acked;
 use crate::command::{Draft, Plan};
-use crate::error::CommandError;
+use crate::error::{CommandError, LostEvents, StepError, too_large};
 use crate::idempotency::{IdempotencyKey, Window};
+use crate::lifecycle::GroupOutcome;
 use crate::outcome::{Counters, Outcome};
 use crate::recent::RecentRecords;
 
@@ -138,28 +141,13 @@ pub(crate) struct Writer<S: KvStore + Clone> {
     pub(crate) counters: Arc<Counters>,
     /// Cache counters already added to `counters`.
     pub(crate) reported: (u64, u64),
-    /// Set when the sequencer failed beyond healing: the task rebuilds it.
-    pub(crate) failed: Option<String>,
-    /// Set when the storage refused a write because another node owns the partition now:
-    /// the task stops serving.
-    pub(crate) fenced: bool,
-    /// Set when the storage no longer holds events this partition acknowledged: the task
-    /// stops serving.
-    pub(crate) lost: Option<String>,
     /// The processor's memory of this partition's acknowledged numbers.
     pub(crate) acked: Arc<Acked>,
     /// The highest PLog offset retired by an accepted loss (0: none): the PLog has a gap
     /// below it, and reads of its tail continue above it.
     pub(crate) floor: u64,
-    /// The first PLog offset of a group whose write failed: the PLog from there may hold
-    /// events of that group (a write whose answer was lost may have landed). Until it is read
-    /// back, no command is taken (see `PartitionTask::read_back`).
-    pub(crate) unresolved: Option<u64>,
     /// Slow groups not logged yet.
     pub(crate) slow: SlowGroups,
-    /// Set when a write failed fatally (the store is poisoned), with the failure's causes:
-    /// the task stops writing.
-    pub(crate) fatal: Option<String>,
     /// The records this writer wrote lately, as written: an update of one is not read again.
     pub(crate) recent: RecentRecords,
 }
@@ -187,6 +175,51 @@ struct Group {
     /// The records the group's commands update, as stored before the group: read once, to
     /// check each command, and handed to the event store to merge the updates into.
     stored: StoredRecords,
+    /// What went wrong beyond single commands.
+    trouble: Trouble,
+}
+
+/// What went wrong in a group beyond refusing single commands; several troubles of one group
+/// come to one [`GroupOutcome`], the gravest.
+#[derive(Debug, Default)]
+struct Trouble {
+    /// The storage refused a write: another node owns the partition now.
+    fenced: bool,
+    /// A write failed fatally (the store is poisoned), with the failure's causes.
+    fatal: Option<String>,
+    /// The storage no longer holds events this partition acknowledged.
+    lost: Option<LostEvents>,
+    /// The sequencer failed beyond healing.
+    failed: Option<String>,
+    /// The first PLog offset of the group whose write failed: the PLog from there may hold
+    /// events of the group (a write whose answer was lost may have landed).
+    unresolved: Option<u64>,
+}
+
+impl Trouble {
+    /// The group's outcome; `retry` when innocent commands of it wait to run again.
+    fn outcome(self, retry: bool) -> GroupOutcome {
+        if self.fenced {
+            return GroupOutcome::Fenced;
+        }
+        if let Some(causes) = self.fatal {
+            return GroupOutcome::Fatal { causes };
+        }
+        if let Some(what) = self.lost {
+            return GroupOutcome::Lost { what };
+        }
+        match (self.failed, self.unresolved) {
+            (Some(why), unresolved_from) => GroupOutcome::Failed {
+                why,
+                unresolved_from,
+            },
+            (None, Some(unresolved_from)) => GroupOutcome::Unwritten {
+                unresolved_from,
+                retry,
+            },
+            (None, None) => GroupOutcome::Answered,
+        }
+    }
 }
 
 impl Group {
@@ -199,6 +232,7 @@ impl Group {
             replays: Vec::new(),
             conflicts: Vec::new(),
             stored: StoredRecords::new(),
+            trouble: Trouble::default(),
         }
     }
 }
@@ -251,14 +285,9 @@ impl<S: KvStore + Clone> WriterTemplate<S> {
             mark,
             counters: Arc::clone(&self.counters),
             reported: (0, 0),
-            failed: None,
-            fenced: false,
-            lost: None,
             acked: Arc::clone(&self.acked),
             floor: self.floor,
-            unresolved: None,
             slow: SlowGroups::default(),
-            fatal: None,
             recent: RecentRecords::new(self.recent_bytes),
         }
     }
@@ -268,13 +297,22 @@ pub(crate) fn busy(b: Busy) -> CommandError {
     CommandError::Busy(b.to_string())
 }
 
-/// Why a partition whose stored PLog ends at `end`, below its mark `acked`, is refused.
-fn lost_reason(partition: u32, acked: u64, end: u64) -> String {
-    format!(
-        "the storage lost acknowledged events of partition {partition}: PLog offsets up to \
-         {acked} were acknowledged, the stored PLog now ends at {end} (a database failover to a \
-         standby that was behind, or a restored backup?)"
-    )
+/// The jobs of the next group: the retried ones first (`retry` is emptied), then `first` and
+/// what `queued` gives, up to `max` jobs.
+pub(crate) fn next_group(
+    retry: &mut Vec<Job>,
+    first: Option<Job>,
+    max: usize,
+    mut queued: impl FnMut() -> Option<Job>,
+) -> Vec<Job> {
+    let mut jobs = std::mem::take(retry);
+    jobs.extend(first);
+    while jobs.len() < max
+        && let Some(j) = queued()
+    {
+        jobs.push(j);
+    }
+    jobs
 }
 
 /// An idempotency key found in the PLog: the key, its workspace and its event's offset.
@@ -289,7 +327,7 @@ pub(crate) fn read_keys<S: KvStore + Clone>(
     floor: u64,
     from: u64,
     to: u64,
-) -> (Vec<FoundKey>, Result<(), String>) {
+) -> (Vec<FoundKey>, Result<(), StepError>) {
     let mut keys = Vec::new();
     let mut read = |from: u64, to: u64| {
         store.for_each_event(
@@ -309,7 +347,9 @@ pub(crate) fn read_keys<S: KvStore + Clone>(
         Ok(())
     };
     let above = read(from.max(floor + 1), to);
-    let result = below.and(above).map_err(|e| monoseq_kv::chain(&e));
+    let result = below
+        .and(above)
+        .map_err(|e| StepError::Read(monoseq_kv::chain(&e)));
     (keys, result)
 }
 
@@ -317,32 +357,29 @@ impl<S: KvStore + Clone> Writer<S> {
     /// Checks, once the sequencer has actualized, that the stored PLog still holds every event
     /// this partition acknowledged (its high-water mark): a database that failed over to a
     /// standby that was behind, or a restored backup, ends below it, and serving would hand
-    /// the lost events' numbers out again. Sets `lost` (the task stops serving) when it does.
-    pub(crate) fn check_whole(&mut self) -> bool {
-        if self.lost.is_some() {
-            return false;
-        }
+    /// the lost events' numbers out again. What was lost, if something was.
+    pub(crate) fn whole(&self) -> Result<(), LostEvents> {
         let end = self.seq.handle().stats().next_offset.saturating_sub(1);
         if end >= self.mark.plog {
-            return true;
-        }
-        self.lost = Some(lost_reason(self.partition.0, self.mark.plog, end));
-        false
-    }
-
-    /// [`check_whole`](Self::check_whole) for the lifecycle: what was lost, if something was.
-    pub(crate) fn whole(&mut self) -> Result<(), String> {
-        if self.check_whole() {
             return Ok(());
         }
-        Err(self.lost.take().unwrap_or_default())
+        Err(self.lost(end))
+    }
+
+    /// The events between the stored PLog's `end` and the mark are lost.
+    fn lost(&self, end: u64) -> LostEvents {
+        LostEvents {
+            partition: self.partition.0,
+            acked: self.mark.plog,
+            end,
+        }
     }
 
     /// Raises the mark over every event the stored PLog holds above it, once actualized at a
     /// start or a takeover: any of them may have been acknowledged (by a former owner whose
     /// marks this node has not learned), so they are treated as acknowledged, durably, before
     /// anything is served. A later loss of them is then noticed and their numbers retired.
-    pub(crate) fn cover_stored_tail(&mut self) -> Result<(), String> {
+    pub(crate) fn cover_stored_tail(&mut self) -> Result<(), StepError> {
         let end = self.seq.handle().stats().next_offset.saturating_sub(1);
         if end <= self.mark.plog {
             return Ok(());
@@ -355,15 +392,11 @@ impl<S: KvStore + Clone> Writer<S> {
             monoseq_core::PLogOffset(end + 1),
             &mut |e: Event| tail.push(e),
         );
-        read.map_err(|e| monoseq_kv::chain(&e))?;
+        read.map_err(|e| StepError::Read(monoseq_kv::chain(&e)))?;
         let mut mark = group_mark(self.mark, &tail);
         mark.plog = mark.plog.max(end);
-        self.raise_synced(mark).map_err(|e| {
-            format!(
-                "raising the high-water mark failed: {}",
-                crate::error::chain(&e)
-            )
-        })?;
+        self.raise_synced(mark)
+            .map_err(|e| StepError::Raise(crate::error::chain(&e)))?;
         self.mark = mark;
         self.acked.raise(mark);
         Ok(())
@@ -380,9 +413,13 @@ impl<S: KvStore + Clone> Writer<S> {
 }
 
 impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
-    /// Sequences a group, writes it and answers its commands; the innocent commands of a group
-    /// that failed because of one of them, to retry.
-    pub(crate) fn run_group(&mut self, jobs: Vec<Job>, clock: &impl Clock) -> Vec<Job> {
+    /// Sequences a group, writes it and answers its commands; how the group ended, and the
+    /// innocent commands of a group that failed because of one of them, to retry.
+    pub(crate) fn run_group(
+        &mut self,
+        jobs: Vec<Job>,
+        clock: &impl Clock,
+    ) -> (GroupOutcome, Vec<Job>) {
         let began = clock.now();
         // Announced before sequencing: a marks cycle starting meanwhile waits for this group.
         let marks = self.marks.clone();
@@ -395,26 +432,17 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             self.take_job(job, now_ms, &mut group);
         }
         self.report_cache();
-        let Group {
-            accepted,
-            events,
-            followers,
-            replays,
-            conflicts,
-            stored,
-            ..
-        } = group;
-        let replayed = replays.iter().fold(self.mark, |m, r| m.max(&r.2));
-        if accepted.is_empty() {
-            if !replays.is_empty() {
-                self.answer_replays(replays, replayed);
+        let replayed = group.replays.iter().fold(self.mark, |m, r| m.max(&r.2));
+        if group.accepted.is_empty() {
+            if !group.replays.is_empty() {
+                self.answer_replays(std::mem::take(&mut group.replays), replayed);
             }
-            return Vec::new();
+            return (group.trouble.outcome(false), Vec::new());
         }
-        let first = accepted[0].outcome.plog_offset;
-        let mark = group_mark(replayed, &events);
+        let mark = group_mark(replayed, &group.events);
         let writing = clock.now();
-        match self.write(&events, stored, mark, begun, clock) {
+        let stored = std::mem::take(&mut group.stored);
+        match self.write(&group.events, stored, mark, begun, clock) {
             Ok((records, appended)) => {
                 self.recent.keep(records);
                 let written = clock.now();
@@ -422,30 +450,52 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
                 let append = appended.saturating_duration_since(writing);
                 let sync = written.saturating_duration_since(appended);
                 self.counters.group_written(commands, append, sync);
+                let Group {
+                    accepted,
+                    events,
+                    followers,
+                    replays,
+                    conflicts,
+                    trouble,
+                    ..
+                } = group;
                 // Kept for followers before the end that covers the group is published.
                 self.acked.keep(events);
                 self.written_group(mark, accepted, followers, replays);
                 self.answer_conflicts(conflicts);
                 self.slow
                     .note(self.partition, commands, (oldest, began, written), write);
-                Vec::new()
+                (trouble.outcome(false), Vec::new())
             }
-            Err(e) => {
-                self.window.forget_from(first);
-                // The write may have landed or not: what is stored is read again.
-                self.recent.clear();
-                let mut accepted = accepted;
-                for (a, event) in accepted.iter_mut().zip(events) {
-                    a.job.draft.give_back(event);
-                }
-                for (job, _, _) in replays {
-                    answer(&self.counters, job, Err(storage_error(&e)));
-                }
-                let mut retry = self.failed_group(&e, accepted, followers);
-                retry.extend(conflicts.into_iter().map(|(job, _)| job));
-                retry
-            }
+            Err(e) => self.unwritten(&e, group),
         }
+    }
+
+    /// The group's write failed (`e`): what was written is unknown, so the window forgets its
+    /// keys and the recent records are read again; its commands are answered or kept to retry.
+    fn unwritten(&mut self, e: &AppendError, group: Group) -> (GroupOutcome, Vec<Job>) {
+        let Group {
+            mut accepted,
+            events,
+            followers,
+            replays,
+            conflicts,
+            mut trouble,
+            ..
+        } = group;
+        if let Some(first) = accepted.first() {
+            self.window.forget_from(first.outcome.plog_offset);
+        }
+        self.recent.clear();
+        for (a, event) in accepted.iter_mut().zip(events) {
+            a.job.draft.give_back(event);
+        }
+        for (job, _, _) in replays {
+            answer(&self.counters, job, Err(storage_error(e)));
+        }
+        let mut retry = self.failed_group(e, accepted, followers, &mut trouble);
+        retry.extend(conflicts.into_iter().map(|(job, _)| job));
+        (trouble.outcome(!retry.is_empty()), retry)
     }
 
     /// Takes one command into the group: answers it at once (a refusal, or a retry of an event
@@ -479,7 +529,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             }
         }
         let mut job = job;
-        match self.sequence(&mut job, now_ms, &mut group.stored) {
+        match self.sequence(&mut job, now_ms, &mut group.stored, &mut group.trouble) {
             Ok(outcome) => {
                 if let Some((key, _)) = &job.key {
                     let hash = key.hash_in(job.plan.ws.0);
@@ -559,10 +609,11 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         e: &AppendError,
         accepted: Vec<Accepted>,
         followers: Vec<(Job, usize)>,
+        trouble: &mut Trouble,
     ) -> Vec<Job> {
         if matches!(e, AppendError::Storage(KvError::Fenced { .. })) {
             // Nothing of the group was written, so its commands may go to the new owner.
-            self.fenced = true;
+            trouble.fenced = true;
             let partition = self.partition.0;
             for a in accepted {
                 answer(
@@ -583,11 +634,11 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         let fatal = monoseq_kv::is_poisoned(e);
         if fatal {
             // Logged once by the task, which stops writing.
-            self.fatal = Some(crate::error::chain(e));
+            trouble.fatal = Some(crate::error::chain(e));
         }
         self.seq.actualize();
         let first = accepted.first().map(|a| a.outcome.plog_offset);
-        self.unresolved = self.unresolved.or(first);
+        trouble.unresolved = first;
         let blamed = CommandError::of_append(e);
         if blamed.is_none() && !fatal {
             tracing::warn!(
@@ -696,6 +747,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         job: &mut Job,
         now_ms: u64,
         stored: &mut StoredRecords,
+        trouble: &mut Trouble,
     ) -> Result<Outcome, CommandError> {
         let plan = &job.plan;
         self.read_updated(job, stored)?;
@@ -708,13 +760,13 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             }
             Err(e @ StartError::Corrupted) => return Err(CommandError::Corrupted(e.to_string())),
             Err(StartError::Poisoned(PoisonReason::Fenced)) => {
-                self.fenced = true;
+                trouble.fenced = true;
                 return Err(CommandError::NotOwner {
                     partition: self.partition.0,
                 });
             }
             Err(e) => {
-                self.failed = Some(monoseq_kv::chain(&e));
+                trouble.failed = Some(monoseq_kv::chain(&e));
                 return Err(CommandError::Unavailable {
                     partition: self.partition.0,
                     reason: monoseq_kv::chain(&e),
@@ -726,9 +778,10 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             // The PLog was re-read (an actualization) and ends before events this partition
             // acknowledged: the storage lost them.
             tx.actualize();
-            let reason = lost_reason(self.partition.0, self.mark.plog, plog.0 - 1);
-            self.lost = Some(reason.clone());
-            return Err(CommandError::Corrupted(reason));
+            let lost = self.lost(plog.0 - 1);
+            let refusal = CommandError::Corrupted(lost.to_string());
+            trouble.lost = Some(lost);
+            return Err(refusal);
         }
         let mut tx = on_expected_wlog(tx, plan.ws, job.expected_wlog_offset)?;
         let wlog = tx.next(WLOG_OFFSET_SEQUENCE.id).map_err(next_error)?;
@@ -783,7 +836,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             if let Some(record) = stored.get(ws, id) {
                 self.store
                     .check_update_storable(record, change)
-                    .map_err(|e| CommandError::TooLarge(e.to_string()))?;
+                    .map_err(|e| too_large(&e))?;
             }
         }
         Ok(())
@@ -890,4 +943,85 @@ fn group_mark(mark: Mark, events: &[Event]) -> Mark {
         });
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lost() -> LostEvents {
+        LostEvents {
+            partition: 1,
+            acked: 9,
+            end: 5,
+        }
+    }
+
+    #[test]
+    fn a_group_without_trouble_is_answered() {
+        assert_eq!(Trouble::default().outcome(false), GroupOutcome::Answered);
+    }
+
+    #[test]
+    fn troubles_of_one_group_come_to_the_gravest_fenced_fatal_lost_failed_unwritten() {
+        let all = || Trouble {
+            fenced: true,
+            fatal: Some("poisoned".into()),
+            lost: Some(lost()),
+            failed: Some("sequencer failed".into()),
+            unresolved: Some(40),
+        };
+        assert_eq!(all().outcome(true), GroupOutcome::Fenced);
+        let not_fenced = || Trouble {
+            fenced: false,
+            ..all()
+        };
+        assert_eq!(
+            not_fenced().outcome(true),
+            GroupOutcome::Fatal {
+                causes: "poisoned".into()
+            }
+        );
+        let not_fatal = || Trouble {
+            fatal: None,
+            ..not_fenced()
+        };
+        assert_eq!(
+            not_fatal().outcome(true),
+            GroupOutcome::Lost { what: lost() }
+        );
+        let not_lost = || Trouble {
+            lost: None,
+            ..not_fatal()
+        };
+        assert_eq!(
+            not_lost().outcome(true),
+            GroupOutcome::Failed {
+                why: "sequencer failed".into(),
+                unresolved_from: Some(40)
+            },
+            "a failed sequencer is rebuilt, then the failed write read back"
+        );
+        let unwritten = Trouble {
+            failed: None,
+            ..not_lost()
+        };
+        assert_eq!(
+            unwritten.outcome(true),
+            GroupOutcome::Unwritten {
+                unresolved_from: 40,
+                retry: true
+            }
+        );
+    }
+
+    #[test]
+    fn a_lost_partition_names_what_it_acknowledged_and_where_the_plog_ends() {
+        assert_eq!(
+            lost().to_string(),
+            "the storage lost acknowledged events of partition 1: PLog offsets up to 9 were \
+             acknowledged, the stored PLog now ends at 5 (a database failover to a standby that \
+             was behind, or a restored backup?)"
+        );
+    }
 }

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use monoseq_core::{Number, PLogOffset, SeqStorage, SeqValue, WsId};
-use monoseq_cp::{Command, CommandError, CommandProcessor, Config, ErrorClass, IdempotencyKey};
+use monoseq_cp::{
+    Command, CommandError, CommandProcessor, Config, ErrorClass, IdempotencyKey, Unready,
+};
 use monoseq_kv::{EmbeddedStore, FaultyStore, KvStore, Options};
 use monoseq_store::{AppId, EventStore, PartitionId, RecordId, TrustLevel, WLOG_OFFSET_SEQUENCE};
 use serde_json::json;
@@ -393,10 +395,16 @@ async fn a_damaged_event_in_the_replayed_tail_is_corrupted_not_busy() {
         !err.is_transient(),
         "corrupt bytes are an error, never busy"
     );
-    let unready = cp.unready();
+    let unready = cp.unready_partitions();
     assert!(
-        unready.iter().any(|(_, why)| why.starts_with("corrupted")),
+        unready.iter().any(|(_, why)| *why == Unready::Corrupted),
         "{unready:?}"
+    );
+    assert!(
+        cp.unready()
+            .iter()
+            .any(|(_, why)| why == "corrupted: stored data the partition needs is damaged"),
+        "/readyz shows the reason as before"
     );
 }
 
@@ -573,15 +581,20 @@ async fn a_partition_whose_plog_ends_below_its_mark_is_refused_before_any_comman
     let cp = CommandProcessor::start(store, config).expect("start");
     let deadline = Instant::now() + Duration::from_secs(20);
     let why = loop {
-        let unready = cp.unready();
-        if unready.len() == 1 && unready[0].1.starts_with("refused") {
-            break unready[0].clone();
+        let unready = cp.unready_partitions();
+        if let [(p, Unready::Refused { reason })] = unready.as_slice() {
+            break (*p, reason.clone());
         }
         assert!(Instant::now() < deadline, "not refused: {unready:?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     assert_eq!(why.0, 0, "{why:?}");
     assert!(why.1.contains("up to 5 were acknowledged"), "{why:?}");
+    assert_eq!(
+        cp.unready(),
+        vec![(0, format!("refused: {}", why.1))],
+        "/readyz shows the reason as before"
+    );
     let e = cp.submit(order(2, 1)).await.unwrap_err();
     assert!(matches!(e, CommandError::Corrupted(_)), "{e}");
     cp.submit(order(1, 1))

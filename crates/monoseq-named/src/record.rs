@@ -13,6 +13,31 @@ pub const METADATA_BYTES_MAX: usize = 8 * 1024;
 /// The stored format written by this version.
 pub(crate) const FORMAT: u32 = 1;
 
+/// Why a stored object is not a valid sequence.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum DecodeError {
+    /// Not the JSON of a sequence object: the parser's message.
+    #[error("not a sequence object in format {FORMAT}: {0}")]
+    NotSequence(String),
+    /// Written in a format this version does not read.
+    #[error("format {0} is not supported (this version reads format {FORMAT})")]
+    Format(u32),
+    /// It is another sequence's object.
+    #[error("it names sequence {found:?}, not {expected:?}")]
+    OtherName {
+        /// The name stored.
+        found: String,
+        /// The name asked for.
+        expected: String,
+    },
+    /// Its value is over [`VALUE_MAX`].
+    #[error("value {0} is over the largest value {VALUE_MAX}")]
+    ValueTooLarge(u64),
+    /// Revision 0, which is never written.
+    #[error("revision 0 is never written")]
+    RevisionZero,
+}
+
 /// Free-form metadata kept with a sequence (a JSON object).
 pub type Metadata = serde_json::Map<String, serde_json::Value>;
 
@@ -64,26 +89,23 @@ impl SequenceData {
     }
 
     /// Decodes a stored object, checking that it is a sequence named `name`.
-    pub(crate) fn decode(bytes: &[u8], name: &str) -> Result<SequenceData, String> {
-        let stored: Stored<'_> = serde_json::from_slice(bytes)
-            .map_err(|e| format!("not a sequence object in format {FORMAT}: {e}"))?;
+    pub(crate) fn decode(bytes: &[u8], name: &str) -> Result<SequenceData, DecodeError> {
+        let stored: Stored<'_> =
+            serde_json::from_slice(bytes).map_err(|e| DecodeError::NotSequence(e.to_string()))?;
         if stored.format != FORMAT {
-            return Err(format!(
-                "format {} is not supported (this version reads format {FORMAT})",
-                stored.format
-            ));
+            return Err(DecodeError::Format(stored.format));
         }
         if stored.name != name {
-            return Err(format!("it names sequence {:?}, not {name:?}", stored.name));
+            return Err(DecodeError::OtherName {
+                found: stored.name.into_owned(),
+                expected: name.to_owned(),
+            });
         }
         if stored.value > VALUE_MAX {
-            return Err(format!(
-                "value {} is over the largest value {VALUE_MAX}",
-                stored.value
-            ));
+            return Err(DecodeError::ValueTooLarge(stored.value));
         }
         if stored.revision == 0 {
-            return Err("revision 0 is never written".to_owned());
+            return Err(DecodeError::RevisionZero);
         }
         Ok(SequenceData {
             name: stored.name.into_owned(),

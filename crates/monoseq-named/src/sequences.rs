@@ -273,7 +273,7 @@ impl Sequences {
         let mut data = SequenceData::decode(&object.bytes, address.name()).map_err(|reason| {
             ReadError::InvalidStored {
                 key: address.key().to_owned(),
-                reason,
+                reason: reason.to_string(),
             }
         })?;
         if let Some(next) = self.cached_next(address) {
@@ -392,7 +392,7 @@ impl Sequences {
                 let old = SequenceData::decode(&bytes, address.name()).map_err(|reason| {
                     SetError::InvalidStored {
                         key: address.key().to_owned(),
-                        reason,
+                        reason: reason.to_string(),
                     }
                 })?;
                 let data = rewritten(old, value, metadata, now);

@@ -234,7 +234,7 @@ pub(crate) fn continue_restored(
     dir: &Path,
     identity: &mut Identity,
     marks: &Marks,
-    plog_ends: impl Fn(u32) -> Result<u64, String>,
+    plog_ends: impl Fn(u32) -> Result<u64, monoseq_kv::KvError>,
     restore: Option<&Restore>,
 ) -> Result<Option<Restored>, crate::DataDirError> {
     let Some(stamp) = BackupStamp::read(dir)? else {
@@ -314,7 +314,7 @@ fn accept_restore_losses(
     marks: &Marks,
     stamp: &BackupStamp,
     targets: &[Mark],
-    plog_ends: impl Fn(u32) -> Result<u64, String>,
+    plog_ends: impl Fn(u32) -> Result<u64, monoseq_kv::KvError>,
 ) -> Result<Vec<(u32, u64, Mark)>, crate::DataDirError> {
     let at = now_ms();
     let mut retired = Vec::new();
@@ -325,9 +325,9 @@ fn accept_restore_losses(
             // The store acknowledged nothing in this partition after the backup.
             continue;
         }
-        let plog_end = plog_ends(p).map_err(|message| crate::DataDirError::Actualize {
+        let plog_end = plog_ends(p).map_err(|e| crate::DataDirError::Actualize {
             partition: p,
-            message,
+            message: monoseq_kv::chain(&e),
         })?;
         let mut mark = target.max(&copy);
         mark.plog = mark.plog.max(plog_end);

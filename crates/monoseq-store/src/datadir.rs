@@ -526,7 +526,7 @@ fn continue_restore<S: KvStore + Clone>(
         dir,
         identity,
         marks,
-        |p| plog_end(&copy, p, retired_of.retired(p).plog).map_err(|e| monoseq_kv::chain(&e)),
+        |p| plog_end(&copy, p, retired_of.retired(p).plog),
         policy.restore.as_ref(),
     )
 }

@@ -7,6 +7,54 @@ pub const FENCED_POSITION_VERSION: u8 = 2;
 /// Version and CRC-32 before a stored body.
 pub(crate) const HEADER_BYTES: usize = 5;
 
+/// What is wrong with stored position or group bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum BytesError {
+    /// Nothing is stored.
+    #[error("no bytes")]
+    Empty,
+    /// Written by a newer build.
+    #[error("format version {found}; this build reads version {reads}: upgrade monoseq")]
+    Version {
+        /// The version stored.
+        found: u8,
+        /// The version this build reads.
+        reads: u8,
+    },
+    /// Shorter than its header.
+    #[error("truncated before the checksum ends")]
+    NoChecksum,
+    /// The body does not match its checksum.
+    #[error("checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum {
+        /// The checksum stored.
+        stored: u32,
+        /// The checksum of the body stored.
+        computed: u32,
+    },
+    /// A varint (`what`: which number) runs past 64 bits.
+    #[error("{what} is over 64 bits")]
+    Overflow {
+        /// Which number.
+        what: &'static str,
+    },
+    /// The bytes end inside a varint (`what`: which number).
+    #[error("truncated inside {what}")]
+    Truncated {
+        /// Which number.
+        what: &'static str,
+    },
+    /// Bytes follow a position's offset.
+    #[error("{0} bytes after the offset")]
+    Trailing(usize),
+    /// A fence's session is not UTF-8.
+    #[error("the session is not UTF-8")]
+    SessionNotUtf8,
+    /// A group's state does not parse: the parser's message.
+    #[error("{0}")]
+    Json(String),
+}
+
 /// A position's fence: who may commit it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
@@ -26,21 +74,20 @@ pub(crate) fn with_header(version: u8, body: &[u8]) -> Vec<u8> {
 }
 
 /// The body of `bytes` laid out by [`with_header`] with `version`, or what is wrong.
-pub(crate) fn checked_body(bytes: &[u8], version: u8) -> Result<&[u8], String> {
-    let (&v, rest) = bytes.split_first().ok_or("no bytes")?;
-    if v != version {
-        return Err(format!(
-            "format version {v}; this build reads version {version}: upgrade monoseq"
-        ));
+pub(crate) fn checked_body(bytes: &[u8], version: u8) -> Result<&[u8], BytesError> {
+    let (&found, rest) = bytes.split_first().ok_or(BytesError::Empty)?;
+    if found != version {
+        return Err(BytesError::Version {
+            found,
+            reads: version,
+        });
     }
     let (crc, body) = rest
         .split_first_chunk::<4>()
-        .ok_or("truncated before the checksum ends")?;
+        .ok_or(BytesError::NoChecksum)?;
     let (stored, computed) = (u32::from_le_bytes(*crc), crc32fast::hash(body));
     if stored != computed {
-        return Err(format!(
-            "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
-        ));
+        return Err(BytesError::Checksum { stored, computed });
     }
     Ok(body)
 }
@@ -54,19 +101,22 @@ fn push_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-/// A varint and what follows it.
-fn take_varint(body: &[u8]) -> Result<(u64, &[u8]), String> {
+/// A varint (`what`: which number, for the error) and what follows it.
+pub(crate) fn take_varint<'a>(
+    body: &'a [u8],
+    what: &'static str,
+) -> Result<(u64, &'a [u8]), BytesError> {
     let mut v = 0u64;
     for (i, &b) in body.iter().enumerate() {
         if i == 9 && b > 1 {
-            return Err("a number is over 64 bits".into());
+            return Err(BytesError::Overflow { what });
         }
         v |= u64::from(b & 0x7f) << (7 * i);
         if b & 0x80 == 0 {
             return Ok((v, &body[i + 1..]));
         }
     }
-    Err("truncated inside a number".into())
+    Err(BytesError::Truncated { what })
 }
 
 /// The bytes of a fenced position: version 2, CRC-32 of the body, then the body: the offset
@@ -81,12 +131,12 @@ pub fn encode_fenced(offset: u64, fence: &Fence) -> Vec<u8> {
 }
 
 /// The offset and fence of fenced position bytes.
-pub(crate) fn decode_fenced(bytes: &[u8]) -> Result<(u64, Fence), String> {
+pub(crate) fn decode_fenced(bytes: &[u8]) -> Result<(u64, Fence), BytesError> {
     let body = checked_body(bytes, FENCED_POSITION_VERSION)?;
-    let (offset, rest) = take_varint(body)?;
-    let (generation, rest) = take_varint(rest)?;
+    let (offset, rest) = take_varint(body, "a number")?;
+    let (generation, rest) = take_varint(rest, "a number")?;
     let session = std::str::from_utf8(rest)
-        .map_err(|_| "the session is not UTF-8".to_owned())?
+        .map_err(|_| BytesError::SessionNotUtf8)?
         .to_owned();
     Ok((
         offset,

@@ -28,8 +28,8 @@ pub use plan::{
     SESSION_TIMEOUT_MS_MAX, SESSION_TIMEOUT_MS_MIN,
 };
 
+use crate::fence::{BytesError, checked_body, decode_fenced, encode_fenced, with_header};
 pub use crate::fence::{FENCED_POSITION_VERSION, Fence};
-use crate::fence::{checked_body, decode_fenced, encode_fenced, with_header};
 use crate::keys::{group_partition, position_clustering, position_partition};
 use crate::positions::{decode_position, encode_position};
 use crate::{ConsumerName, EventStore, PartitionId};
@@ -127,13 +127,13 @@ fn encode_group(state: &GroupState) -> Vec<u8> {
     with_header(GROUP_FORMAT_VERSION, &body)
 }
 
-fn decode_group(bytes: &[u8]) -> Result<GroupState, String> {
+fn decode_group(bytes: &[u8]) -> Result<GroupState, BytesError> {
     let body = checked_body(bytes, GROUP_FORMAT_VERSION)?;
-    serde_json::from_slice(body).map_err(|e| e.to_string())
+    serde_json::from_slice(body).map_err(|e| BytesError::Json(e.to_string()))
 }
 
 /// The offset and fence (if any) of any stored position's bytes.
-pub(crate) fn decode_any(bytes: &[u8]) -> Result<(u64, Option<Fence>), String> {
+pub(crate) fn decode_any(bytes: &[u8]) -> Result<(u64, Option<Fence>), BytesError> {
     match bytes.first() {
         Some(&FENCED_POSITION_VERSION) => decode_fenced(bytes).map(|(o, f)| (o, Some(f))),
         _ => decode_position(bytes).map(|o| (o, None)),
@@ -156,7 +156,7 @@ impl<S: KvStore> EventStore<S> {
         };
         let state = decode_group(&bytes).map_err(|reason| GroupError::Corrupt {
             group: group.to_string(),
-            reason,
+            reason: reason.to_string(),
         })?;
         Ok(Some(StoredGroup {
             state,
@@ -210,7 +210,7 @@ impl<S: KvStore> EventStore<S> {
                 }) => {
                     let state = decode_group(&bytes).map_err(|reason| GroupError::Corrupt {
                         group: group.to_string(),
-                        reason,
+                        reason: reason.to_string(),
                     })?;
                     stored = StoredGroup {
                         state,
@@ -565,9 +565,15 @@ mod tests {
         let mut bytes = encode_group(&GroupState::new(2));
         let last = bytes.len() - 1;
         bytes[last] ^= 0x40;
-        assert!(decode_group(&bytes).unwrap_err().contains("checksum"));
+        assert!(matches!(
+            decode_group(&bytes),
+            Err(BytesError::Checksum { .. })
+        ));
         let mut fenced = encode_fenced(5, &fence("s", 1));
         fenced[crate::fence::HEADER_BYTES] ^= 1;
-        assert!(decode_any(&fenced).unwrap_err().contains("checksum"));
+        assert!(matches!(
+            decode_any(&fenced),
+            Err(BytesError::Checksum { .. })
+        ));
     }
 }

@@ -12,6 +12,7 @@ use std::ops::{Bound, ControlFlow};
 
 use monoseq_kv::{CasError, Key, KvError, KvStore, Order, Swap};
 
+use crate::fence::BytesError;
 use crate::keys::{
     CONSUMER_NAME_END, PartitionId, from_position_clustering, position_clustering,
     position_partition, position_prefix,
@@ -257,40 +258,15 @@ pub(crate) fn encode_position(offset: u64) -> Vec<u8> {
 
 /// The offset of stored position bytes, or what is wrong with them.
 /// A group's fenced position (`crate::groups`) reads as its offset.
-pub(crate) fn decode_position(bytes: &[u8]) -> Result<u64, String> {
-    let (&version, rest) = bytes.split_first().ok_or("no bytes")?;
-    if version == crate::fence::FENCED_POSITION_VERSION {
+pub(crate) fn decode_position(bytes: &[u8]) -> Result<u64, BytesError> {
+    if bytes.first() == Some(&crate::fence::FENCED_POSITION_VERSION) {
         return crate::fence::decode_fenced(bytes).map(|(offset, _)| offset);
     }
-    if version != POSITION_FORMAT_VERSION {
-        return Err(format!(
-            "format version {version}; this build reads version {POSITION_FORMAT_VERSION}: \
-             upgrade monoseq"
-        ));
+    let body = crate::fence::checked_body(bytes, POSITION_FORMAT_VERSION)?;
+    match crate::fence::take_varint(body, "the offset")? {
+        (offset, []) => Ok(offset),
+        (_, rest) => Err(BytesError::Trailing(rest.len())),
     }
-    let (crc, body) = rest
-        .split_first_chunk::<4>()
-        .ok_or("truncated before the checksum ends")?;
-    let (stored, computed) = (u32::from_le_bytes(*crc), crc32fast::hash(body));
-    if stored != computed {
-        return Err(format!(
-            "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
-        ));
-    }
-    let mut v = 0u64;
-    for (i, &b) in body.iter().enumerate() {
-        if i == 9 && b > 1 {
-            return Err("the offset is over 64 bits".into());
-        }
-        v |= u64::from(b & 0x7f) << (7 * i);
-        if b & 0x80 == 0 {
-            return match body.len() - i - 1 {
-                0 => Ok(v),
-                extra => Err(format!("{extra} bytes after the offset")),
-            };
-        }
-    }
-    Err("truncated inside the offset".into())
 }
 
 /// The refusal of a plain write (or delete) of position bytes that carry a group member's
@@ -730,11 +706,11 @@ fn parse_entry(clustering: &[u8], value: &[u8]) -> Result<ConsumerPosition, Posi
     })
 }
 
-fn corrupt(consumer: &ConsumerName, partition: PartitionId, reason: String) -> PositionError {
+fn corrupt(consumer: &ConsumerName, partition: PartitionId, reason: BytesError) -> PositionError {
     PositionError::Corrupt {
         consumer: consumer.to_string(),
         partition,
-        reason,
+        reason: reason.to_string(),
     }
 }
 
@@ -966,20 +942,28 @@ mod tests {
     fn damaged_position_bytes_are_refused_naming_what_is_wrong() {
         let mut flipped = encode_position(300);
         flipped[5] ^= 1;
-        assert!(decode_position(&flipped).unwrap_err().contains("checksum"));
+        assert!(matches!(
+            decode_position(&flipped),
+            Err(BytesError::Checksum { .. })
+        ));
         let mut newer = encode_position(300);
         newer[0] = 3;
-        assert!(decode_position(&newer).unwrap_err().contains("version 3"));
+        assert!(
+            decode_position(&newer)
+                .unwrap_err()
+                .to_string()
+                .contains("version 3")
+        );
         assert!(decode_position(&[]).is_err());
         assert!(decode_position(&[1, 0, 0]).is_err());
         let mut long = encode_position(1);
         long.push(0);
         let crc = crc32fast::hash(&long[5..]);
         long[1..5].copy_from_slice(&crc.to_le_bytes());
-        assert!(
-            decode_position(&long)
-                .unwrap_err()
-                .contains("after the offset")
+        assert_eq!(decode_position(&long), Err(BytesError::Trailing(1)));
+        assert_eq!(
+            BytesError::Trailing(1).to_string(),
+            "1 bytes after the offset"
         );
     }
 

@@ -71,7 +71,18 @@ pub struct Forwarder {
 }
 
 /// A liveness check's outcome: `Err` says why the owner is taken for gone.
-type Check = Shared<BoxFuture<'static, Result<(), String>>>;
+type Check = Shared<BoxFuture<'static, Result<(), Gone>>>;
+
+/// Why an owner is taken for gone: its answer did not begin in time, and it did not answer a
+/// liveness check either (the check's error, with its causes).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "its answer did not begin within {silence} ms, and it did not answer /healthz on a new \
+     connection within {liveness} ms: {0}",
+    silence = FORWARD_SILENCE.as_millis(),
+    liveness = LIVENESS_TIMEOUT.as_millis()
+)]
+struct Gone(String);
 
 /// Checks that owners still answer, on new connections.
 struct Liveness {
@@ -84,7 +95,7 @@ struct Liveness {
 impl Liveness {
     /// Whether the owner at `url` answers `/healthz` on a new connection within
     /// [`LIVENESS_TIMEOUT`]; a check begun within [`LIVENESS_SHARED`] is shared.
-    async fn check(&self, url: &str) -> Result<(), String> {
+    async fn check(&self, url: &str) -> Result<(), Gone> {
         let check = {
             let mut checks = self.checks.lock().unwrap_or_else(|e| e.into_inner());
             match checks.get(url) {
@@ -94,13 +105,7 @@ impl Liveness {
                     let check = async move {
                         match request.await {
                             Ok(_) => Ok(()),
-                            Err(e) => Err(format!(
-                                "its answer did not begin within {} ms, and it did not answer \
-                                 /healthz on a new connection within {} ms: {}",
-                                FORWARD_SILENCE.as_millis(),
-                                LIVENESS_TIMEOUT.as_millis(),
-                                crate::base::chain(&e)
-                            )),
+                            Err(e) => Err(Gone(crate::base::chain(&e))),
                         }
                     }
                     .boxed()
@@ -115,7 +120,7 @@ impl Liveness {
 
     /// Resolves with why once the owner at `url` fails a liveness check made after each
     /// [`FORWARD_SILENCE`] of waiting; never while it answers them.
-    async fn gone(&self, url: &str) -> String {
+    async fn gone(&self, url: &str) -> Gone {
         loop {
             tokio::time::sleep(FORWARD_SILENCE).await;
             if let Err(why) = self.check(url).await {
@@ -219,7 +224,7 @@ impl Forwarder {
                 Ok(answer) => relay(answer).await,
                 Err(e) => owner_unreachable(url, &crate::base::chain(&e)),
             },
-            why = self.liveness.gone(url) => owner_unreachable(url, &why),
+            why = self.liveness.gone(url) => owner_unreachable(url, &why.to_string()),
         }
     }
 

@@ -93,6 +93,11 @@ const GLOBAL_FLAGS: [&str; 6] = [
     "--timeout-ms",
 ];
 
+/// An option of `seq` given more than once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the argument '{0}' cannot be used multiple times")]
+pub struct RepeatedFlag(pub &'static str);
+
 /// Refuses an option of `seq` given both before and after the operation (`--data-dir a next x
 /// --data-dir b`), which clap would let the second override: on one side clap itself refuses
 /// a repetition.
@@ -100,7 +105,9 @@ const GLOBAL_FLAGS: [&str; 6] = [
 /// # Errors
 ///
 /// A clap error naming the option, to print and exit with as clap does.
-pub fn reject_repeated(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<(), String> {
+pub fn reject_repeated(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Result<(), RepeatedFlag> {
     let args: Vec<String> = args
         .into_iter()
         .map(|a| a.to_string_lossy().into_owned())
@@ -111,9 +118,7 @@ pub fn reject_repeated(args: impl IntoIterator<Item = std::ffi::OsString>) -> Re
             .filter(|a| *a == flag || a.starts_with(&format!("{flag}=")))
             .count();
         if given > 1 {
-            return Err(format!(
-                "the argument '{flag}' cannot be used multiple times"
-            ));
+            return Err(RepeatedFlag(flag));
         }
     }
     Ok(())

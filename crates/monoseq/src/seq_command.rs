@@ -283,31 +283,48 @@ pub async fn run(
     })
 }
 
-fn parse_address(text: &str) -> Result<monoseq_named::Address, String> {
+/// Why an operand of `seq` is refused (clap prints it with the argument's name).
+#[derive(Debug, thiserror::Error)]
+enum OperandError {
+    /// A value below 0.
+    #[error("{0} is negative")]
+    Negative(String),
+    /// Not digits only.
+    #[error("{0:?} is not a whole number")]
+    NotWhole(String),
+    /// A value over [`monoseq_named::VALUE_MAX`].
+    #[error("{0} is over the largest value {max}", max = monoseq_named::VALUE_MAX)]
+    OverMax(String),
+    /// An increment of 0.
+    #[error("0 would hand out the same number twice; use 1 or more")]
+    ZeroIncrement,
+    /// Metadata that is not a JSON object: the parser's error.
+    #[error("metadata must be a JSON object: {0}")]
+    Metadata(serde_json::Error),
+}
+
+fn parse_address(text: &str) -> Result<monoseq_named::Address, monoseq_named::AddressError> {
     text.parse()
-        .map_err(|e: monoseq_named::AddressError| e.to_string())
 }
 
 /// A stored value: `0..=VALUE_MAX`, digits only.
-fn parse_value(text: &str) -> Result<u64, String> {
-    use monoseq_named::VALUE_MAX;
+fn parse_value(text: &str) -> Result<u64, OperandError> {
     if text.starts_with('-') {
-        return Err(format!("{text} is negative"));
+        return Err(OperandError::Negative(text.to_owned()));
     }
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("{text:?} is not a whole number"));
+        return Err(OperandError::NotWhole(text.to_owned()));
     }
     match text.parse::<u64>() {
-        Ok(value) if value <= VALUE_MAX => Ok(value),
-        _ => Err(format!("{text} is over the largest value {VALUE_MAX}")),
+        Ok(value) if value <= monoseq_named::VALUE_MAX => Ok(value),
+        _ => Err(OperandError::OverMax(text.to_owned())),
     }
 }
 
-fn parse_increment(text: &str) -> Result<std::num::NonZeroU64, String> {
-    std::num::NonZeroU64::new(parse_value(text)?)
-        .ok_or_else(|| "0 would hand out the same number twice; use 1 or more".to_owned())
+fn parse_increment(text: &str) -> Result<std::num::NonZeroU64, OperandError> {
+    std::num::NonZeroU64::new(parse_value(text)?).ok_or(OperandError::ZeroIncrement)
 }
 
-fn parse_metadata(text: &str) -> Result<Metadata, String> {
-    serde_json::from_str(text).map_err(|e| format!("metadata must be a JSON object: {e}"))
+fn parse_metadata(text: &str) -> Result<Metadata, OperandError> {
+    serde_json::from_str(text).map_err(OperandError::Metadata)
 }

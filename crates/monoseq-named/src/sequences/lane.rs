@@ -367,7 +367,7 @@ async fn load_stored(
             Ok(old) => Ok((Some(old), Some(version))),
             Err(reason) => Err(Attempt::Failed(NextError::InvalidStored {
                 key: address.key().to_owned(),
-                reason,
+                reason: reason.to_string(),
             })),
         },
     }

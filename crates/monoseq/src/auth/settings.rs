@@ -362,27 +362,37 @@ impl fmt::Debug for Token {
     }
 }
 
+/// Why a text is no valid [`Token`]; it never repeats the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Under [`TOKEN_CHARS_MIN`] characters.
+    #[error(
+        "the token is shorter than {TOKEN_CHARS_MIN} characters; make one with `openssl rand \
+         -hex 32`"
+    )]
+    TooShort,
+    /// Over [`TOKEN_CHARS_MAX`] characters.
+    #[error("the token is longer than {TOKEN_CHARS_MAX} characters")]
+    TooLong,
+    /// A space, a control character or a character outside ASCII.
+    #[error("the token holds a character other than printable ASCII without spaces")]
+    NotPrintable,
+}
+
 impl std::str::FromStr for Token {
-    type Err = String;
+    type Err = TokenError;
 
     /// A token of printable ASCII without spaces, [`TOKEN_CHARS_MIN`] to [`TOKEN_CHARS_MAX`]
     /// characters. The error does not repeat the text.
-    fn from_str(text: &str) -> Result<Token, String> {
+    fn from_str(text: &str) -> Result<Token, TokenError> {
         if text.len() < TOKEN_CHARS_MIN {
-            return Err(format!(
-                "the token is shorter than {TOKEN_CHARS_MIN} characters; make one with \
-                 `openssl rand -hex 32`"
-            ));
+            return Err(TokenError::TooShort);
         }
         if text.len() > TOKEN_CHARS_MAX {
-            return Err(format!(
-                "the token is longer than {TOKEN_CHARS_MAX} characters"
-            ));
+            return Err(TokenError::TooLong);
         }
         if !text.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(
-                "the token holds a character other than printable ASCII without spaces".into(),
-            );
+            return Err(TokenError::NotPrintable);
         }
         Ok(Token(text.to_owned()))
     }

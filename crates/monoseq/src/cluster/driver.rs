@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use monoseq_cp::CommandProcessor;
+use monoseq_cp::{CommandProcessor, Unready};
 use monoseq_membership::{
     Action, Call, Config, DRAIN_MS_MAX, LeaseRow, LeaseTable, Membership, NameTaken, Reply, Retry,
     Serving, ServingAction, Settled, StopReason, TableError, TableStatus, assign, execute,
@@ -359,8 +359,8 @@ impl Cluster {
 
     /// Logs each partition found below its marks once per time it is served.
     fn log_refused(&self) {
-        for (p, why) in self.cp.unready() {
-            if !why.starts_with("refused: ") {
+        for (p, why) in self.cp.unready_partitions() {
+            if !matches!(why, Unready::Refused { .. }) {
                 continue;
             }
             // The command processor logged the refusal with its reason; this adds where the

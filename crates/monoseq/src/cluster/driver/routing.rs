@@ -89,16 +89,16 @@ impl Cluster {
                 .map(|p| (p, "the lease table was not read yet".to_owned()))
                 .collect();
         }
-        let here: BTreeMap<u32, String> = self.cp.unready().into_iter().collect();
+        let here: BTreeMap<u32, Unready> = self.cp.unready_partitions().into_iter().collect();
         let plan = assign(&view.status, self.partitions, &view.live);
         let fresh = self.settings.renew * 3 + PROBE_TIMEOUT;
         let probes = lock(&self.probes).clone();
         let mut out = Vec::new();
         for p in 0..self.partitions {
             let why = if self.cp.serves(p) {
-                here.get(&p).map(|why| match why.starts_with("refused:") {
-                    true => format!("{why}; {ACCEPT_LOSS_HINT}"),
-                    false => why.clone(),
+                here.get(&p).map(|why| match why {
+                    Unready::Refused { .. } => format!("{why}; {ACCEPT_LOSS_HINT}"),
+                    _ => why.to_string(),
                 })
             } else {
                 match self.route(p, false, false) {
