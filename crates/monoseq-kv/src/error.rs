@@ -237,16 +237,22 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// Whether `e` or one of its causes says the store is poisoned ([`KvError::Poisoned`], also
-/// when a wrapper shows it transparently): a fatal storage failure, not a passing one.
+/// Whether `e` or one of its causes is [`KvError::Poisoned`]: a fatal storage failure, not a
+/// passing one. Decided on the error's type, never on its text: a wrapper of its own must keep
+/// the `KvError` as its source (`#[source]` or `#[from]`, not `#[error(transparent)]`).
 #[must_use]
 pub fn is_poisoned(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut layer = Some(e);
     while let Some(l) = layer {
-        if l.downcast_ref::<KvError>()
-            .is_some_and(KvError::is_poisoned)
-            || l.to_string().starts_with(POISONED)
-        {
+        // `WriteError` and `CasError` show their `KvError` transparently (it is not a layer of
+        // the chain), so they are looked into.
+        let kv = l.downcast_ref::<KvError>().or_else(|| {
+            match (l.downcast_ref::<WriteError>(), l.downcast_ref::<CasError>()) {
+                (Some(WriteError::Storage(k)), _) | (_, Some(CasError::Storage(k))) => Some(k),
+                _ => None,
+            }
+        });
+        if kv.is_some_and(KvError::is_poisoned) {
             return true;
         }
         layer = l.source();
