@@ -141,6 +141,16 @@ pub struct EventHead {
     pub wlog_offset: WLogOffset,
 }
 
+/// What [`decode_event_if`] shows of an event before deciding to build it: its place and its
+/// command name, borrowed from the encoded bytes (not checked to be UTF-8 yet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventPeek<'a> {
+    /// The event's place.
+    pub head: EventHead,
+    /// Its command name, as stored.
+    pub command: &'a [u8],
+}
+
 // ---------------------------------------------------------------------------------------------
 // Encoding
 
@@ -558,14 +568,14 @@ impl<'a> Reader<'a> {
         &mut self,
         depth: usize,
         ws: WsId,
-        out: &mut Vec<SeqValue>,
+        out: &mut impl Numbers,
     ) -> Result<(), DecodeError> {
         if depth > ARG_DEPTH_MAX {
             return Err(DecodeError::TooDeep { at: self.pos });
         }
         let kind = self.kind("argument kind", true)?;
         let id = self.varint("argument ID")?;
-        out.push(SeqValue::new(ws, kind.id_sequence(), Number(id)));
+        out.number(SeqValue::new(ws, kind.id_sequence(), Number(id)));
         self.bytes("argument name")?;
         self.skip_fields()?;
         let n = self.count("argument children")?;
@@ -575,12 +585,53 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// The idempotency section of a keyed event (version 2), if the event has one.
-    fn idempotency(&mut self) -> Result<Option<Idempotency>, DecodeError> {
-        if self.version != FORMAT_VERSION_KEYED {
-            return Ok(None);
+    /// The rest of an event after its command name, read as [`decode_numbers`] reads it: the
+    /// structure checked to its end, the sequence numbers used given to `out`.
+    fn numbers_after_command(
+        &mut self,
+        ws: WsId,
+        out: &mut impl Numbers,
+    ) -> Result<(), DecodeError> {
+        if self.flag("argument flag")? {
+            self.scan_arg(1, ws, out)?;
         }
-        let key = self.str("idempotency key")?.to_owned();
+        let n = self.count("created count")?;
+        for _ in 0..n {
+            let kind = self.kind("record kind", false)?;
+            let id = self.varint("record ID")?;
+            out.number(SeqValue::new(ws, kind.id_sequence(), Number(id)));
+            self.bytes("record name")?;
+            self.skip_fields()?;
+        }
+        let n = self.count("updated count")?;
+        for _ in 0..n {
+            self.kind("record kind", false)?;
+            self.varint("record ID")?;
+            self.bytes("record name")?;
+            self.skip_fields()?;
+        }
+        self.skip_idempotency()?;
+        self.end()
+    }
+
+    /// Reads past the idempotency section of a keyed event (version 2), checking it as
+    /// [`Reader::idempotency`] does, without building it.
+    fn skip_idempotency(&mut self) -> Result<(), DecodeError> {
+        if self.version != FORMAT_VERSION_KEYED {
+            return Ok(());
+        }
+        self.str("idempotency key")?;
+        self.fingerprint()?;
+        let n = self.count("raw ID count")?;
+        for _ in 0..n {
+            self.varint("raw ID")?;
+            self.varint("real ID")?;
+        }
+        Ok(())
+    }
+
+    /// The request fingerprint of a keyed event.
+    fn fingerprint(&mut self) -> Result<u64, DecodeError> {
         let Some(bytes) = self.buf.get(self.pos..self.pos + 8) else {
             return Err(DecodeError::Truncated {
                 what: "request fingerprint",
@@ -590,6 +641,16 @@ impl<'a> Reader<'a> {
         let mut f = [0u8; 8];
         f.copy_from_slice(bytes);
         self.pos += 8;
+        Ok(u64::from_le_bytes(f))
+    }
+
+    /// The idempotency section of a keyed event (version 2), if the event has one.
+    fn idempotency(&mut self) -> Result<Option<Idempotency>, DecodeError> {
+        if self.version != FORMAT_VERSION_KEYED {
+            return Ok(None);
+        }
+        let key = self.str("idempotency key")?.to_owned();
+        let fingerprint = self.fingerprint()?;
         let n = self.count("raw ID count")?;
         let mut raw_ids = Vec::with_capacity(n);
         for _ in 0..n {
@@ -598,7 +659,7 @@ impl<'a> Reader<'a> {
         }
         Ok(Some(Idempotency {
             key,
-            fingerprint: u64::from_le_bytes(f),
+            fingerprint,
             raw_ids,
         }))
     }
@@ -620,7 +681,18 @@ impl Event {
     pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
         let mut r = Reader::open(bytes)?;
         let (head, registered_at_ms) = r.head()?;
-        let command = r.str("command")?.to_owned();
+        let command = r.str("command")?;
+        Event::decode_after_command(&mut r, head, registered_at_ms, command)
+    }
+
+    /// The rest of [`Event::decode`], once the reader is past the command name.
+    fn decode_after_command(
+        r: &mut Reader<'_>,
+        head: EventHead,
+        registered_at_ms: u64,
+        command: &str,
+    ) -> Result<Event, DecodeError> {
+        let command = command.to_owned();
         let argument = if r.flag("argument flag")? {
             Some(r.arg(1)?)
         } else {
@@ -673,27 +745,82 @@ pub fn decode_numbers(bytes: &[u8], out: &mut Vec<SeqValue>) -> Result<EventHead
         Number(head.wlog_offset.0),
     ));
     r.bytes("command")?;
-    if r.flag("argument flag")? {
-        r.scan_arg(1, head.ws, out)?;
-    }
-    let n = r.count("created count")?;
-    for _ in 0..n {
-        let kind = r.kind("record kind", false)?;
-        let id = r.varint("record ID")?;
-        out.push(SeqValue::new(head.ws, kind.id_sequence(), Number(id)));
-        r.bytes("record name")?;
-        r.skip_fields()?;
-    }
-    let n = r.count("updated count")?;
-    for _ in 0..n {
-        r.kind("record kind", false)?;
-        r.varint("record ID")?;
-        r.bytes("record name")?;
-        r.skip_fields()?;
-    }
-    r.idempotency()?;
-    r.end()?;
+    r.numbers_after_command(head.ws, out)?;
     Ok(head)
+}
+
+/// Reads an event's place and command name, and builds the event only when `keep` keeps it:
+/// the place, and the event when kept. The checksum is checked before `keep` is asked, so a
+/// damaged event is an error whatever `keep` would say; a kept event is checked and built as
+/// [`Event::decode`] does, one not kept is checked as [`decode_numbers`] checks an event (all
+/// but its names being UTF-8, which a valid checksum vouches for) without allocating.
+///
+/// # Errors
+///
+/// [`DecodeError`] as [`Event::decode`].
+///
+/// # Example
+///
+/// ```
+/// use monoseq_core::{PLogOffset, WsId, WsKind};
+/// use monoseq_store::{Event, WLogOffset, decode_event_if};
+///
+/// let event = Event {
+///     plog_offset: PLogOffset(1),
+///     ws: WsId(7),
+///     ws_kind: WsKind(1),
+///     wlog_offset: WLogOffset(1),
+///     registered_at_ms: 0,
+///     command: "app.Ping".into(),
+///     argument: None,
+///     created: vec![],
+///     updated: vec![],
+///     idempotency: None,
+/// };
+/// let bytes = event.encode().unwrap();
+/// let (head, kept) = decode_event_if(&bytes, |e| e.command == b"app.Pong").unwrap();
+/// assert_eq!((head.plog_offset, kept), (PLogOffset(1), None));
+/// let (_, kept) = decode_event_if(&bytes, |e| e.command == b"app.Ping").unwrap();
+/// assert_eq!(kept, Some(event));
+/// ```
+pub fn decode_event_if(
+    bytes: &[u8],
+    keep: impl FnOnce(&EventPeek<'_>) -> bool,
+) -> Result<(EventHead, Option<Event>), DecodeError> {
+    let mut r = Reader::open(bytes)?;
+    let (head, registered_at_ms) = r.head()?;
+    let at = r.pos;
+    let command = r.bytes("command")?;
+    if !keep(&EventPeek { head, command }) {
+        r.numbers_after_command(head.ws, &mut NoNumbers)?;
+        return Ok((head, None));
+    }
+    let command = std::str::from_utf8(command).map_err(|_| DecodeError::InvalidUtf8 {
+        what: "command",
+        at,
+    })?;
+    let event = Event::decode_after_command(&mut r, head, registered_at_ms, command)?;
+    Ok((head, Some(event)))
+}
+
+/// Where [`Reader::numbers_after_command`] puts the sequence numbers it reads.
+trait Numbers {
+    fn number(&mut self, v: SeqValue);
+}
+
+impl Numbers for Vec<SeqValue> {
+    #[inline]
+    fn number(&mut self, v: SeqValue) {
+        self.push(v);
+    }
+}
+
+/// Reads past the numbers.
+struct NoNumbers;
+
+impl Numbers for NoNumbers {
+    #[inline]
+    fn number(&mut self, _: SeqValue) {}
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -32,9 +32,9 @@ pub use builtin::{
     built_in_params_above, workspace_sequences,
 };
 pub use codec::{
-    ARG_DEPTH_MAX, DecodeError, EVENT_BYTES_MAX, EncodeError, EventHead, FORMAT_VERSION,
-    FORMAT_VERSION_KEYED, FORMAT_VERSION_WLOG_REF, WLogEntry, WLogRef, WLogTarget, decode_numbers,
-    event_crc,
+    ARG_DEPTH_MAX, DecodeError, EVENT_BYTES_MAX, EncodeError, EventHead, EventPeek, FORMAT_VERSION,
+    FORMAT_VERSION_KEYED, FORMAT_VERSION_WLOG_REF, WLogEntry, WLogRef, WLogTarget, decode_event_if,
+    decode_numbers, event_crc,
 };
 pub use datadir::{
     DataDir, DataDirError, Loss, OpenPolicy, OpenReport, ensure_retired, open_data_dir,
@@ -51,7 +51,7 @@ pub use groups::{
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError, LossCause};
 pub use keys::{AppId, KEY_LAYOUT, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
 pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError};
-pub use plog_page::{Gap, PLOG_PAGE_ITEMS_MAX, PageItem, retired_ranges};
+pub use plog_page::{Gap, PLOG_PAGE_ITEMS_MAX, PageItem, PlogPage, retired_ranges};
 pub use positions::{
     CONSUMER_NAME_BYTES_MAX, ConsumerName, ConsumerPosition, InvalidConsumerName,
     POSITION_FORMAT_VERSION, PositionError, SetPosition,

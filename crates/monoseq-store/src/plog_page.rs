@@ -7,6 +7,7 @@ use monoseq_core::PLogOffset;
 use monoseq_kv::KvStore;
 
 use crate::Event;
+use crate::codec::EventPeek;
 use crate::identity::{AcceptedLoss, LossCause};
 use crate::keys::PartitionId;
 use crate::store::{EventStore, ReadError};
@@ -61,6 +62,18 @@ pub fn retired_ranges(losses: &[AcceptedLoss], partition: u32) -> Vec<Gap> {
     ranges
 }
 
+/// A page of a PLog read through a filter ([`EventStore::read_plog_page_where`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlogPage {
+    /// The events kept and the retired ranges, in offset order.
+    pub items: Vec<PageItem>,
+    /// The offset after the last one read (kept, dropped or retired): where the next page
+    /// starts; the asked offset when nothing was read.
+    pub next: u64,
+    /// How many events were read and dropped (checked, not built).
+    pub dropped: u64,
+}
+
 impl<S: KvStore> EventStore<S> {
     /// Up to `limit` items (at most [`PLOG_PAGE_ITEMS_MAX`]) of `partition`'s PLog from offset
     /// `from` on and below `end`, in offset order: each stored event, and each range of
@@ -80,17 +93,45 @@ impl<S: KvStore> EventStore<S> {
         end: u64,
         retired: &[Gap],
     ) -> Result<Vec<PageItem>, ReadError> {
-        let limit = limit.min(PLOG_PAGE_ITEMS_MAX);
-        let mut items = Vec::new();
-        let mut next = from.max(1);
-        while items.len() < limit && next < end {
+        self.read_plog_page_where(partition, (from, limit, end), retired, None)
+            .map(|page| page.items)
+    }
+
+    /// As [`EventStore::read_plog_page`] (the same `limit`, counting every event read, kept
+    /// or not, and every gap), with `keep` deciding from each event's place and command name
+    /// which events the page holds: only those are built (see [`decode_event_if`]); the others
+    /// are only checked (checksum, place, structure: a damaged one is an error as it is
+    /// unfiltered) and counted. The page says where the next one starts, so a reader that
+    /// kept nothing still moves on. Without `keep`, every event is kept.
+    ///
+    /// # Errors
+    ///
+    /// As [`EventStore::read_plog_page`].
+    ///
+    /// [`decode_event_if`]: crate::decode_event_if
+    pub fn read_plog_page_where(
+        &self,
+        partition: PartitionId,
+        (from, limit, end): (u64, usize, u64),
+        retired: &[Gap],
+        keep: Option<&dyn Fn(&EventPeek<'_>) -> bool>,
+    ) -> Result<PlogPage, ReadError> {
+        let limit = (limit.min(PLOG_PAGE_ITEMS_MAX)) as u64;
+        let mut page = PlogPage {
+            items: Vec::new(),
+            next: from,
+            dropped: 0,
+        };
+        let (mut read, mut next) = (0u64, from.max(1));
+        while read < limit && next < end {
             if let Some(gap) = retired.iter().find(|g| g.from <= next && next <= g.to) {
-                items.push(PageItem::Gap(Gap { from: next, ..*gap }));
+                page.items.push(PageItem::Gap(Gap { from: next, ..*gap }));
+                read += 1;
                 next = gap.to.saturating_add(1);
+                page.next = next;
                 continue;
             }
             // Events up to the next retired range, the end or the page's size.
-            let room = (limit - items.len()) as u64;
             let bound = retired
                 .iter()
                 .filter(|g| g.from > next)
@@ -98,18 +139,29 @@ impl<S: KvStore> EventStore<S> {
                 .min()
                 .unwrap_or(u64::MAX)
                 .min(end)
-                .min(next.saturating_add(room));
-            let before = items.len();
-            self.for_each_event(partition, PLogOffset(next), PLogOffset(bound), &mut |e| {
-                items.push(PageItem::Event(Box::new(e)));
-            })?;
-            let read = (items.len() - before) as u64;
-            next += read;
+                .min(next.saturating_add(limit - read));
+            let first = next;
+            self.scan_events(
+                partition,
+                (PLogOffset(next), PLogOffset(bound)),
+                keep,
+                &mut |offset, e| {
+                    match e {
+                        Some(e) => page.items.push(PageItem::Event(Box::new(e))),
+                        None => page.dropped += 1,
+                    }
+                    next = offset + 1;
+                },
+            )?;
+            read += next - first;
+            if next > first {
+                page.next = next;
+            }
             if next < bound {
                 // A hole below the end that no loss retired: stop rather than skip it.
                 break;
             }
         }
-        Ok(items)
+        Ok(page)
     }
 }

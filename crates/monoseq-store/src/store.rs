@@ -9,8 +9,8 @@ use monoseq_core::{PLogOffset, WsId};
 use monoseq_kv::{KeyBuf, KvError, KvStore, Op, Order, Oversized, WriteBatch, WriteError};
 
 use crate::codec::{
-    DecodeError, EncodeError, WLogEntry, WLogRef, decode_record_value, encode_record_value,
-    event_crc, merged_record_value_len, record_value_len,
+    DecodeError, EncodeError, EventPeek, WLogEntry, WLogRef, decode_event_if, decode_record_value,
+    encode_record_value, event_crc, merged_record_value_len, record_value_len,
 };
 use crate::event::{Event, Field, Record, RecordId, WLogOffset};
 use crate::keys::{
@@ -489,6 +489,23 @@ impl<S: KvStore> EventStore<S> {
         to: PLogOffset,
         visit: &mut dyn FnMut(Event),
     ) -> Result<(), ReadError> {
+        self.scan_events(partition, (from, to), None, &mut |_, e| {
+            if let Some(e) = e {
+                visit(e);
+            }
+        })
+    }
+
+    /// As [`EventStore::for_each_event`], calling `visit` with every offset read; with
+    /// `keep`, only the events it keeps are built and given (see [`decode_event_if`]), the
+    /// others are checked (checksum, place and structure) and given as `None`.
+    pub(crate) fn scan_events(
+        &self,
+        partition: PartitionId,
+        (from, to): (PLogOffset, PLogOffset),
+        keep: Option<&dyn Fn(&EventPeek<'_>) -> bool>,
+        visit: &mut dyn FnMut(u64, Option<Event>),
+    ) -> Result<(), ReadError> {
         let mut next = from.0.max(1);
         if next >= to.0 {
             return Ok(());
@@ -505,13 +522,14 @@ impl<S: KvStore> EventStore<S> {
                     partition,
                     offset: PLogOffset(offset),
                 };
-                match Event::decode(value) {
-                    Ok(e) if e.plog_offset.0 == offset => visit(e),
-                    Ok(e) => {
-                        failure = Some(ReadError::Misplaced {
-                            slot,
-                            found: e.plog_offset.0,
-                        });
+                let read = match keep {
+                    None => Event::decode(value).map(|e| (e.plog_offset, Some(e))),
+                    Some(keep) => decode_event_if(value, keep).map(|(h, e)| (h.plog_offset, e)),
+                };
+                match read {
+                    Ok((at, e)) if at.0 == offset => visit(offset, e),
+                    Ok((at, _)) => {
+                        failure = Some(ReadError::Misplaced { slot, found: at.0 });
                         return ControlFlow::Break(());
                     }
                     Err(source) => {

@@ -1,12 +1,12 @@
 //! Event encoding properties: every event round-trips, the allocation-free number scan agrees
-//! with full decoding, and random, mutated or truncated bytes give an error, never a panic; the
+//! with full decoding, so does the decoding that builds only the events a filter keeps, and random, mutated or truncated bytes give an error, never a panic; the
 //! same for WLog references.
 
 use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
 use monoseq_store::{
     ARG_DEPTH_MAX, ArgObject, CRECORD_ID_SEQUENCE, DecodeError, EncodeError, Event, Field,
     Idempotency, OWRECORD_ID_SEQUENCE, Record, RecordId, RecordKind, WLOG_OFFSET_SEQUENCE,
-    WLogOffset, WLogRef, WLogTarget, decode_numbers,
+    WLogOffset, WLogRef, WLogTarget, decode_event_if, decode_numbers,
 };
 use proptest::prelude::*;
 
@@ -119,6 +119,10 @@ proptest! {
         prop_assert_eq!(head.ws_kind, e.ws_kind);
         prop_assert_eq!(head.wlog_offset, e.wlog_offset);
         prop_assert_eq!(nums, numbers_of(&e));
+        let (peeked, kept) = decode_event_if(&bytes, |p| p.command == e.command.as_bytes()).unwrap();
+        prop_assert_eq!(peeked, head);
+        prop_assert_eq!(kept, Some(e.clone()));
+        prop_assert_eq!(decode_event_if(&bytes, |_| false).unwrap(), (head, None));
     }
 
     #[test]
@@ -148,6 +152,7 @@ proptest! {
         let scan = decode_numbers(&bytes, &mut nums);
         // The scan skips the UTF-8 check of names: it accepts at least what decode accepts.
         prop_assert!(full.is_err() || scan.is_ok());
+        agrees_with_decoding(&bytes)?;
         if let Ok(e) = full {
             prop_assert_eq!(e.encode().unwrap(), bytes);
         }
@@ -160,6 +165,8 @@ proptest! {
         bytes[i] ^= xor;
         prop_assert!(Event::decode(&bytes).is_err());
         prop_assert!(decode_numbers(&bytes, &mut Vec::new()).is_err());
+        prop_assert!(decode_event_if(&bytes, |_| false).is_err(), "dropped or not, damage is seen");
+        prop_assert!(decode_event_if(&bytes, |_| true).is_err());
     }
 
     #[test]
@@ -168,6 +175,8 @@ proptest! {
         let cut = &bytes[..at.index(bytes.len())];
         prop_assert!(Event::decode(cut).is_err());
         prop_assert!(decode_numbers(cut, &mut Vec::new()).is_err());
+        prop_assert!(decode_event_if(cut, |_| false).is_err());
+        prop_assert!(decode_event_if(cut, |_| true).is_err());
     }
 
     #[test]
@@ -252,7 +261,20 @@ proptest! {
         let full = Event::decode(&bytes);
         let scan = decode_numbers(&bytes, &mut Vec::new());
         prop_assert!(full.is_err() || scan.is_ok());
+        agrees_with_decoding(&bytes)?;
     }
+}
+
+/// [`decode_event_if`] on `bytes`: an event it keeps is what [`Event::decode`] gives (or both
+/// fail), and one it drops is checked as [`decode_numbers`] checks it.
+fn agrees_with_decoding(bytes: &[u8]) -> Result<(), TestCaseError> {
+    let full = Event::decode(bytes);
+    let kept = decode_event_if(bytes, |_| true).map(|(_, e)| e.expect("kept"));
+    prop_assert_eq!(kept, full);
+    let dropped = decode_event_if(bytes, |_| false);
+    let scan = decode_numbers(bytes, &mut Vec::new());
+    prop_assert_eq!(dropped.map(|(head, _)| head), scan);
+    Ok(())
 }
 
 fn simple_event() -> Event {

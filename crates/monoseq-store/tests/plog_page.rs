@@ -1,14 +1,16 @@
 //! Ordered page reads of a PLog for consumers: offset order, nothing at or beyond the end,
 //! retired ranges as explicit gaps, a page that stops at a hole no loss retired, and pages
-//! across several log blocks.
+//! across several log blocks; pages through a filter hold only the events it keeps, say how far
+//! they read, and report a damaged or misplaced event the filter would drop.
 
 use std::sync::Arc;
 
 use monoseq_core::{PLogOffset, WsId, WsKind};
-use monoseq_kv::MemoryStore;
+use monoseq_kv::{KvStore, MemoryStore};
 use monoseq_store::{
-    AcceptedLoss, AppId, Event, EventStore, Gap, LOG_BLOCK_EVENTS, LossCause, Mark, PageItem,
-    PartitionId, TrustLevel, WLogOffset, retired_ranges,
+    AcceptedLoss, AppId, ArgObject, DecodeError, Event, EventPeek, EventStore, Field, Gap,
+    LOG_BLOCK_EVENTS, LossCause, Mark, PageItem, PartitionId, PlogPage, ReadError, Record,
+    RecordId, RecordKind, Slot, TrustLevel, WLogOffset, retired_ranges,
 };
 
 const P: PartitionId = PartitionId(2);
@@ -162,4 +164,189 @@ fn pages_cross_log_blocks_without_losing_an_event() {
         }
     }
     assert_eq!(seen, last);
+}
+
+/// The command a filter keeps in the filtered page tests.
+const MARKED: &str = "app.Marked";
+
+/// Event `plog`, named [`MARKED`] when `marked`, with an argument, a created record and an
+/// update of record 1 after the first (so a dropped event's structure is read past, not only its head).
+fn full_event(plog: u64, marked: bool) -> Event {
+    let fields = vec![Field::new("name", b"value".to_vec())];
+    let record = |id| Record {
+        id: RecordId(id),
+        kind: RecordKind::CDoc,
+        name: "app.Doc".into(),
+        fields: fields.clone(),
+    };
+    Event {
+        command: if marked { MARKED } else { "app.Plain" }.into(),
+        argument: Some(ArgObject {
+            id: RecordId(1_000 + plog),
+            kind: RecordKind::ODoc,
+            name: "app.Arg".into(),
+            fields: fields.clone(),
+            children: vec![],
+        }),
+        created: vec![record(plog)],
+        updated: if plog > 1 { vec![record(1)] } else { vec![] },
+        ..event(plog)
+    }
+}
+
+/// Appends events at `offsets` (in order, each its own group), those in `marked` named
+/// [`MARKED`].
+fn append_marked(store: &EventStore<Arc<MemoryStore>>, offsets: &[u64], marked: &[u64]) {
+    for &o in offsets {
+        store
+            .append(P, &[full_event(o, marked.contains(&o))])
+            .expect("append");
+    }
+}
+
+fn marked(e: &EventPeek<'_>) -> bool {
+    e.command == MARKED.as_bytes()
+}
+
+fn filtered(
+    s: &EventStore<Arc<MemoryStore>>,
+    (from, limit, end): (u64, usize, u64),
+    retired: &[Gap],
+    keep: &dyn Fn(&EventPeek<'_>) -> bool,
+) -> PlogPage {
+    s.read_plog_page_where(P, (from, limit, end), retired, Some(keep))
+        .expect("read")
+}
+
+#[test]
+fn a_filtered_page_holds_exactly_the_kept_events_and_says_how_far_it_read() {
+    let s = store();
+    append_marked(&s, &(1..=10).collect::<Vec<_>>(), &[3, 7]);
+    let page = filtered(&s, (1, 100, 11), &[], &marked);
+    assert_eq!(shape(&page.items), vec![(3, 3), (7, 7)]);
+    for item in &page.items {
+        let PageItem::Event(e) = item else {
+            panic!("{item:?}")
+        };
+        let stored = s
+            .read_event(P, e.plog_offset)
+            .expect("read")
+            .expect("there");
+        assert_eq!(**e, stored, "a kept event is the whole event");
+    }
+    assert_eq!((page.next, page.dropped), (11, 8));
+    // The limit counts every event read, kept or not: the page ends where the unfiltered one
+    // ends.
+    let page = filtered(&s, (1, 5, 11), &[], &marked);
+    let unfiltered = s.read_plog_page(P, 1, 5, 11, &[]).expect("read");
+    assert_eq!(shape(&page.items), vec![(3, 3)]);
+    assert_eq!(page.next, unfiltered.last().expect("events").next_offset());
+    assert_eq!((page.next, page.dropped), (6, 4));
+    // Without a filter, the page is the unfiltered one.
+    let all = s
+        .read_plog_page_where(P, (1, 5, 11), &[], None)
+        .expect("read");
+    assert_eq!((all.items, all.next, all.dropped), (unfiltered, 6, 0));
+}
+
+#[test]
+fn a_filtered_page_that_keeps_nothing_still_moves_on() {
+    let s = store();
+    append_marked(&s, &(1..=10).collect::<Vec<_>>(), &[]);
+    let page = filtered(&s, (0, 100, 11), &[], &marked);
+    assert!(page.items.is_empty());
+    assert_eq!((page.next, page.dropped), (11, 10));
+    let page = filtered(&s, (4, 3, 11), &[], &|_| false);
+    assert_eq!((page.items.len(), page.next, page.dropped), (0, 7, 3));
+    // Nothing to read: the page starts and ends where it was asked.
+    let page = filtered(&s, (11, 100, 11), &[], &marked);
+    assert_eq!((page.items.len(), page.next, page.dropped), (0, 11, 0));
+}
+
+#[test]
+fn a_filtered_page_delivers_gaps_and_stops_at_a_hole() {
+    let s = store();
+    append_marked(&s, &[1, 2, 3, 4, 10, 11, 12], &[11]);
+    let retired = retired_ranges(&[loss(5, 9, LossCause::AcceptedLoss)], P.0);
+    let page = filtered(&s, (1, 100, 13), &retired, &marked);
+    assert_eq!(shape(&page.items), vec![(5, 9), (11, 11)]);
+    assert_eq!((page.next, page.dropped), (13, 6));
+    let inside = filtered(&s, (7, 2, 13), &retired, &marked);
+    assert_eq!(shape(&inside.items), vec![(7, 9)]);
+    assert_eq!(
+        (inside.next, inside.dropped),
+        (11, 1),
+        "the gap and event 10 read"
+    );
+    // Offsets 5 to 9 missing and not retired: the page stops before them.
+    let page = filtered(&s, (1, 100, 13), &[], &marked);
+    assert!(page.items.is_empty());
+    assert_eq!((page.next, page.dropped), (5, 4));
+    let page = filtered(&s, (5, 100, 13), &[], &marked);
+    assert_eq!(
+        (page.items.len(), page.next, page.dropped),
+        (0, 5, 0),
+        "nothing read at a hole"
+    );
+}
+
+/// Stores `bytes` as the PLog event at `offset`.
+fn put_plog(s: &EventStore<Arc<MemoryStore>>, offset: u64, bytes: &[u8]) {
+    s.kv()
+        .put(s.plog_key(P, PLogOffset(offset)).as_key(), bytes)
+        .expect("put");
+}
+
+#[test]
+fn a_damaged_event_a_filter_would_drop_is_reported_not_skipped() {
+    let s = store();
+    append_marked(&s, &(1..=6).collect::<Vec<_>>(), &[6]);
+    let at = Slot::PLog {
+        partition: P,
+        offset: PLogOffset(3),
+    };
+    // A flipped bit in event 3's record fields (past its head and command name).
+    let mut bytes = full_event(3, false).encode().expect("encode");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x10;
+    put_plog(&s, 3, &bytes);
+    for keep in [
+        &marked as &dyn Fn(&EventPeek<'_>) -> bool,
+        &|_| false,
+        &|_| true,
+    ] {
+        let err = s
+            .read_plog_page_where(P, (1, 100, 7), &[], Some(keep))
+            .expect_err("damage is an error");
+        assert!(
+            matches!(
+                err,
+                ReadError::Corrupt { slot, source: DecodeError::Checksum { .. } } if slot == at
+            ),
+            "{err}"
+        );
+    }
+    // Bytes whose checksum holds but whose structure does not (a record cut short): the
+    // structure of a dropped event is checked too.
+    let mut bytes = full_event(3, false).encode().expect("encode");
+    bytes.truncate(bytes.len() - 2);
+    let crc = crc32fast::hash(&bytes[5..]);
+    bytes[1..5].copy_from_slice(&crc.to_le_bytes());
+    put_plog(&s, 3, &bytes);
+    let err = s
+        .read_plog_page_where(P, (1, 100, 7), &[], Some(&marked))
+        .expect_err("damage is an error");
+    assert!(
+        matches!(err, ReadError::Corrupt { slot, source: DecodeError::Truncated { .. } } if slot == at),
+        "{err}"
+    );
+    // An event stored at another offset than it names, dropped or not.
+    put_plog(&s, 3, &full_event(4, false).encode().expect("encode"));
+    let err = s
+        .read_plog_page_where(P, (1, 100, 7), &[], Some(&marked))
+        .expect_err("misplaced");
+    assert!(
+        matches!(err, ReadError::Misplaced { slot, found: 4 } if slot == at),
+        "{err}"
+    );
 }

@@ -2,9 +2,10 @@
 //! `command_prefix`, `ws`, `kind` query parameters, decoded by `crate::query`), and the
 //! checks of the numbers those endpoints take.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use monoseq_store::Event;
+use monoseq_store::{Event, EventPeek};
 use monoseq_wire::EventBody;
 
 use crate::query::Params;
@@ -78,22 +79,36 @@ impl Filter {
 
     /// Whether a stored event passes.
     pub(super) fn stored(&self, e: &Event) -> bool {
-        self.passes(&e.command, e.ws.0, e.ws_kind.0)
+        self.passes(e.command.as_bytes(), e.ws.0, e.ws_kind.0)
     }
 
     /// Whether a relayed event passes.
     pub(super) fn relayed(&self, e: &EventBody) -> bool {
-        self.passes(&e.command, e.ws, e.ws_kind)
+        self.passes(e.command.as_bytes(), e.ws, e.ws_kind)
     }
 
-    fn passes(&self, command: &str, ws: u64, kind: u16) -> bool {
-        self.command.as_deref().is_none_or(|c| c == command)
+    fn passes(&self, command: &[u8], ws: u64, kind: u16) -> bool {
+        self.command
+            .as_deref()
+            .is_none_or(|c| c.as_bytes() == command)
             && self
                 .command_prefix
                 .as_deref()
-                .is_none_or(|p| command.starts_with(p))
+                .is_none_or(|p| command.starts_with(p.as_bytes()))
             && self.ws.is_none_or(|w| w == ws)
             && self.kind.is_none_or(|k| k == kind)
+    }
+
+    /// Whether a stored event passes, from its place and command name as the store reads them
+    /// before building the event ([`monoseq_store::EventStore::read_plog_page_where`]): the
+    /// events it refuses are checked and counted there, never built.
+    pub(super) fn peeked(&self, e: &EventPeek<'_>) -> bool {
+        self.passes(e.command, e.head.ws.0, e.head.ws_kind.0)
+    }
+
+    /// The filter a store read applies: `None` when it lets every event through.
+    pub(super) fn for_store(self: &Arc<Filter>) -> Option<Arc<Filter>> {
+        (!self.is_all()).then(|| Arc::clone(self))
     }
 }
 
@@ -127,11 +142,11 @@ mod tests {
     #[test]
     fn filters_keep_what_they_name_and_refuse_empty_or_long_values() {
         let f = filter("command_prefix=app.Pay&kind=3").unwrap();
-        assert!(f.passes("app.PayOrder", 9, 3));
-        assert!(!f.passes("app.PayOrder", 9, 4));
-        assert!(!f.passes("app.ShipOrder", 9, 3));
+        assert!(f.passes(b"app.PayOrder", 9, 3));
+        assert!(!f.passes(b"app.PayOrder", 9, 4));
+        assert!(!f.passes(b"app.ShipOrder", 9, 3));
         let exact = filter("command=app%2EPay").unwrap();
-        assert!(exact.passes("app.Pay", 1, 1) && !exact.passes("app.PayOrder", 1, 1));
+        assert!(exact.passes(b"app.Pay", 1, 1) && !exact.passes(b"app.PayOrder", 1, 1));
         assert!(filter("command=").is_err());
         let long = "x".repeat(FILTER_BYTES_MAX + 1);
         assert!(filter(&format!("command={long}")).is_err());

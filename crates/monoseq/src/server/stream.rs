@@ -293,7 +293,8 @@ async fn read_messages(
 ) -> Result<(u64, u64, Bytes), consume::ConsumeError> {
     let filter = Arc::clone(filter);
     let state = Arc::clone(st);
-    consume::page_then(st, p, (from, PLOG_PAGE_MAX, wait), move |page| {
+    let keep = filter.for_store();
+    consume::page_then(st, p, (from, PLOG_PAGE_MAX, wait), keep, move |page| {
         let bytes = if page.next > from {
             if caught_up {
                 // What a caught-up reader's page brings was written since: a live delivery.

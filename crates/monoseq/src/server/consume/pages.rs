@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, BytesMut};
 use monoseq_core::WsId;
-use monoseq_store::{PageItem, PartitionId, WLogOffset, retired_ranges};
+use monoseq_store::{EventPeek, PageItem, PartitionId, WLogOffset, retired_ranges};
 use monoseq_wire::{EventBody, GapBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody};
 
 use super::super::AppState;
@@ -134,11 +134,13 @@ pub(in crate::server) async fn page(
 
 /// As [`page`], and what `then` makes of the page, on the thread that read it where this
 /// node reads its store: the page's events are freed where they were allocated (as a page
-/// read's answer is encoded), not on the task that asked.
+/// read's answer is encoded), not on the task that asked. With `keep`, a page read from this
+/// node's store holds only the events it passes (the others are read past, not built).
 pub(in crate::server) async fn page_then<T: Send + 'static>(
     st: &Arc<AppState>,
     p: u32,
     (from, limit, wait): (u64, usize, Duration),
+    keep: Option<Arc<super::super::filter::Filter>>,
     then: impl FnOnce(Page) -> T + Send + 'static,
 ) -> Result<T, ConsumeError> {
     if let Some(relay) = owner_elsewhere(st, p, false)? {
@@ -146,7 +148,7 @@ pub(in crate::server) async fn page_then<T: Send + 'static>(
         return Ok(then(page));
     }
     wait_for_event(st, p, from, wait).await;
-    read_local(st, p, from, limit, then).await
+    read_local(st, p, (from, limit), keep, then).await
 }
 
 /// As [`page`], from a [`Start`]: `end` is the owner's end when the read starts.
@@ -231,7 +233,7 @@ async fn local_page(
     from: u64,
     limit: usize,
 ) -> Result<Page, ConsumeError> {
-    read_local(st, p, from, limit, |page| page).await
+    read_local(st, p, (from, limit), None, |page| page).await
 }
 
 /// A page read from this node's store as its JSON answer, encoded on the thread that read
@@ -244,16 +246,16 @@ async fn local_page_json(
     wait: Duration,
 ) -> Result<Bytes, ConsumeError> {
     wait_for_event(st, p, from, wait).await;
-    read_local(st, p, from, limit, |page| encode_page(&page)).await?
+    read_local(st, p, (from, limit), None, |page| encode_page(&page)).await?
 }
 
-/// Partition `p`'s page from `from` read from this node's store below this node's end, and
-/// what `then` makes of it on the reading thread.
+/// Partition `p`'s page from `from` read from this node's store below this node's end (with
+/// `keep`, of the events it passes), and what `then` makes of it on the reading thread.
 async fn read_local<T: Send + 'static>(
     st: &Arc<AppState>,
     p: u32,
-    from: u64,
-    limit: usize,
+    (from, limit): (u64, usize),
+    keep: Option<Arc<super::super::filter::Filter>>,
     then: impl FnOnce(Page) -> T + Send + 'static,
 ) -> Result<T, ConsumeError> {
     let end = st.cp.plog_end(p);
@@ -268,13 +270,14 @@ async fn read_local<T: Send + 'static>(
     let retired = retired_ranges(&(st.losses)(), p);
     let timer = st.metrics.latency.page_read.clone();
     let read = tokio::task::spawn_blocking(move || {
-        let items = super::super::metrics::timed(&timer, || {
-            store.read_plog_page(PartitionId(p), from, limit, end, &retired)
+        let keep = keep.as_deref().map(|f| move |e: &EventPeek<'_>| f.peeked(e));
+        let keep = keep.as_ref().map(|k| k as &dyn Fn(&EventPeek<'_>) -> bool);
+        let page = super::super::metrics::timed(&timer, || {
+            store.read_plog_page_where(PartitionId(p), (from, limit, end), &retired, keep)
         })?;
-        let next = items.last().map_or(from, PageItem::next_offset);
         Ok(then(Page {
-            events: items.into_iter().map(entry).collect(),
-            next,
+            events: page.items.into_iter().map(entry).collect(),
+            next: page.next,
             end,
         }))
     })
