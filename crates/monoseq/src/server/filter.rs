@@ -13,26 +13,54 @@ use crate::query::Params;
 /// Longest filter value, in bytes (a command name is at most this long).
 pub(super) const FILTER_BYTES_MAX: usize = 255;
 
+/// A parameter of a stream, a group session or a filter that the server refuses (answered 400
+/// with this text).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum ParamError {
+    /// Not a decimal unsigned integer.
+    #[error("`{name}` is a decimal unsigned integer, not {value:?}")]
+    NotNumber { name: &'static str, value: String },
+    /// A number of milliseconds out of its range.
+    #[error("`{name}` is {min} to {max} milliseconds (got {got})")]
+    Millis {
+        name: &'static str,
+        min: u64,
+        max: u64,
+        got: u64,
+    },
+    /// A workspace kind past the largest.
+    #[error("`kind` is a workspace kind, 0 to {max} (got {got})", max = u16::MAX)]
+    Kind { got: u64 },
+    /// An empty text filter.
+    #[error("`{0}` is empty: name what to keep, or leave it out")]
+    Empty(&'static str),
+    /// A text filter longer than [`FILTER_BYTES_MAX`].
+    #[error("`{name}` is {len} bytes; at most {FILTER_BYTES_MAX}")]
+    TooLong { name: &'static str, len: usize },
+}
+
 /// A decimal unsigned integer parameter.
-pub(super) fn number(name: &str, value: &str) -> Result<u64, String> {
-    value
-        .parse::<u64>()
-        .map_err(|_| format!("`{name}` is a decimal unsigned integer, not {value:?}"))
+pub(super) fn number(name: &'static str, value: &str) -> Result<u64, ParamError> {
+    value.parse::<u64>().map_err(|_| ParamError::NotNumber {
+        name,
+        value: value.to_owned(),
+    })
 }
 
 /// A millisecond parameter within `range`.
 pub(super) fn millis(
-    name: &str,
+    name: &'static str,
     value: &str,
     range: std::ops::RangeInclusive<u64>,
-) -> Result<Duration, String> {
+) -> Result<Duration, ParamError> {
     let n = number(name, value)?;
     if !range.contains(&n) {
-        return Err(format!(
-            "`{name}` is {} to {} milliseconds (got {n})",
-            range.start(),
-            range.end()
-        ));
+        return Err(ParamError::Millis {
+            name,
+            min: *range.start(),
+            max: *range.end(),
+            got: n,
+        });
     }
     Ok(Duration::from_millis(n))
 }
@@ -48,14 +76,12 @@ pub(super) struct Filter {
 
 impl Filter {
     /// Takes the filter parameters of a request (others are left to the caller).
-    pub(super) fn from_params(params: &Params) -> Result<Filter, String> {
+    pub(super) fn from_params(params: &Params) -> Result<Filter, ParamError> {
         let kind = match params.get("kind") {
             None => None,
             Some(v) => {
                 let n = number("kind", v)?;
-                Some(u16::try_from(n).map_err(|_| {
-                    format!("`kind` is a workspace kind, 0 to {} (got {n})", u16::MAX)
-                })?)
+                Some(u16::try_from(n).map_err(|_| ParamError::Kind { got: n })?)
             }
         };
         Ok(Filter {
@@ -113,17 +139,15 @@ impl Filter {
 }
 
 /// A non-empty text filter of at most [`FILTER_BYTES_MAX`] bytes.
-fn text(name: &str, value: &str) -> Result<String, String> {
+fn text(name: &'static str, value: &str) -> Result<String, ParamError> {
     if value.is_empty() {
-        return Err(format!(
-            "`{name}` is empty: name what to keep, or leave it out"
-        ));
+        return Err(ParamError::Empty(name));
     }
     if value.len() > FILTER_BYTES_MAX {
-        return Err(format!(
-            "`{name}` is {} bytes; at most {FILTER_BYTES_MAX}",
-            value.len()
-        ));
+        return Err(ParamError::TooLong {
+            name,
+            len: value.len(),
+        });
     }
     Ok(value.to_owned())
 }
@@ -132,7 +156,7 @@ fn text(name: &str, value: &str) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    fn filter(query: &str) -> Result<Filter, String> {
+    fn filter(query: &str) -> Result<Filter, ParamError> {
         let params =
             crate::query::params(Some(query), &["command", "command_prefix", "ws", "kind"])
                 .expect("known parameters");

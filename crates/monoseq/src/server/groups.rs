@@ -43,7 +43,7 @@ use self::host::{Host, Session, blocking};
 use super::AppState;
 use super::answers::with_retry_after;
 use super::consume::{self, OFFSET_READ_MAX};
-use super::filter::{Filter, millis};
+use super::filter::{Filter, ParamError, millis};
 use super::stream::{Chunk, Feed, channel, message, sse_answer};
 use crate::base::error;
 use crate::query::{Params, SESSION_PARAMS};
@@ -137,8 +137,8 @@ enum RequestError {
     #[error("`member` is required: the member's name")]
     NoMember,
     /// A join's timeout or filter, refused as the parameter's check says.
-    #[error("{0}")]
-    Parameter(String),
+    #[error(transparent)]
+    Parameter(#[from] ParamError),
 }
 
 /// A group or member name: a consumer name without `/` or `~`.

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 
 use super::AppState;
 use super::consume::{self, OFFSET_READ_MAX, PageEvent, Slot};
-use super::filter::Filter;
+use super::filter::{Filter, ParamError};
 use crate::base::error;
 use crate::query::{EVENTS_STREAM_PARAMS, Params};
 
@@ -498,8 +498,8 @@ pub(super) enum StreamRequestError {
     #[error("`{what}` names partition {partition}, which this stream does not read")]
     NotRead { what: &'static str, partition: u32 },
     /// The filter's parameters, refused as the filter says.
-    #[error("{0}")]
-    Filter(String),
+    #[error(transparent)]
+    Filter(#[from] ParamError),
 }
 
 /// A stream's request: its partitions with their starts, and its filter.

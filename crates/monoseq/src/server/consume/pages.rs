@@ -270,7 +270,9 @@ async fn read_local<T: Send + 'static>(
     let retired = retired_ranges(&(st.losses)(), p);
     let timer = st.metrics.latency.page_read.clone();
     let read = tokio::task::spawn_blocking(move || {
-        let keep = keep.as_deref().map(|f| move |e: &EventPeek<'_>| f.peeked(e));
+        let keep = keep
+            .as_deref()
+            .map(|f| move |e: &EventPeek<'_>| f.peeked(e));
         let keep = keep.as_ref().map(|k| k as &dyn Fn(&EventPeek<'_>) -> bool);
         let page = super::super::metrics::timed(&timer, || {
             store.read_plog_page_where(PartitionId(p), (from, limit, end), &retired, keep)
