@@ -849,12 +849,20 @@ async fn every_node_killed_and_restarted_serves_every_partition_at_once_not_afte
             restarted.elapsed() < Duration::from_secs(30),
             "partitions served after the restart: {served:?}"
         );
+        // Every partition still waiting at once (one after another, the last would be tried
+        // a whole round of answers late), each through the next node in turn.
         let waiting: Vec<u64> = (0..6).filter(|p| !served.contains_key(p)).collect();
-        for p in waiting {
+        let sends = waiting.into_iter().map(|p| {
             k += 1;
-            let via = &nodes[k % nodes.len()].url;
-            if send_once(&client, via, ws_of(p, 1)).await.0 == 200 {
-                served.insert(p, restarted.elapsed());
+            let (client, via) = (&client, nodes[k % nodes.len()].url.clone());
+            async move {
+                let status = send_once(client, &via, ws_of(p, 1)).await.0;
+                (p, status, restarted.elapsed())
+            }
+        });
+        for (p, status, at) in futures_util::future::join_all(sends).await {
+            if status == 200 {
+                served.insert(p, at);
             }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
