@@ -280,6 +280,9 @@ pub struct Membership {
     latency: u64,
     /// An acquire or release went before the round that was due.
     plan_call_sent_late: bool,
+    /// The last read found news of another node (a new run of it, a lease it took anew):
+    /// the table is read again within a handoff poll (see [`Membership::catching_up`]).
+    news: bool,
     /// Leases whose release failed, released again at `release_again_at`: once each (in
     /// `release_retried`), so that a failing database does not hold a leaving node back.
     unreleased: Vec<(u32, u64)>,
@@ -314,6 +317,7 @@ impl Membership {
             view: None,
             latency: 0,
             plan_call_sent_late: false,
+            news: false,
             unreleased: Vec::new(),
             release_again_at: 0,
             release_retried: BTreeSet::new(),
@@ -797,6 +801,10 @@ impl Membership {
     fn observe(&mut self, now: u64, sent: u64, status: TableStatus) {
         self.check_epochs(&status);
         let me = self.cfg.node_id.clone();
+        self.news = self
+            .view
+            .as_ref()
+            .is_some_and(|v| news_of_others(&v.status, &status, &me));
         let mut live: Vec<String> = status
             .nodes
             .iter()
@@ -873,13 +881,33 @@ impl Membership {
             Some((now + self.cfg.handoff_poll_ms()).min(self.takeback_at))
         } else if read.settling {
             Some(settle_until)
-        } else if round.expect_handoff || round.moving {
+        } else if round.expect_handoff || round.moving || self.catching_up(&status, &live, sent) {
             Some(now + self.cfg.handoff_poll_ms())
         } else {
             round
                 .expiry
                 .map(|e| e.max(now + self.cfg.handoff_poll_ms()))
         };
+    }
+
+    /// Whether this member reads the table again within a handoff poll rather than at its next
+    /// round, to learn the other nodes' new runs at once: the read sent at `sent` found news of
+    /// another node (a new run under its name, with its address; a lease it took anew), or,
+    /// within a lease interval of this run's claim, a node counted live was not heard from since
+    /// the claim. After every node was restarted together, each run thus reads the others'
+    /// addresses and epochs within a poll of their claims and takebacks (for routing and
+    /// readiness), instead of forwarding to a dead run and asking for reads one failure at a time.
+    fn catching_up(&self, status: &TableStatus, live: &[String], sent: u64) -> bool {
+        let Some(claimed) = self.claimed_at else {
+            return self.news;
+        };
+        let unheard = sent < claimed + self.cfg.lease_ms
+            && status.nodes.iter().any(|n| {
+                n.node_id != self.cfg.node_id
+                    && live.contains(&n.node_id)
+                    && claimed + n.seen_ms_ago > sent
+            });
+        self.news || unheard
     }
 
     /// Whether an earlier run of this name may still serve, as read at `sent`: the table holds a
@@ -1004,6 +1032,22 @@ struct Round {
     expiry: Option<u64>,
     /// The partitions to take now, in one call.
     acquire: Vec<u32>,
+}
+
+/// Whether `now`, read after `before`, holds news of a node other than `me`: another run under
+/// its name (or another address), or a lease it holds with another epoch.
+fn news_of_others(before: &TableStatus, now: &TableStatus, me: &str) -> bool {
+    let new_run = now.nodes.iter().any(|n| {
+        n.node_id != me
+            && before
+                .node(&n.node_id)
+                .is_none_or(|b| b.run_id != n.run_id || b.url != n.url)
+    });
+    new_run
+        || now.leases.iter().any(|l| {
+            l.live_owner().is_some_and(|o| o != me)
+                && before.lease(l.partition).map(|b| b.epoch) != Some(l.epoch)
+        })
 }
 
 /// Whether a partition whose live owner is `owner` moves soon to its `target`: free, or held

@@ -849,12 +849,20 @@ async fn every_node_killed_and_restarted_serves_every_partition_at_once_not_afte
             restarted.elapsed() < Duration::from_secs(30),
             "partitions served after the restart: {served:?}"
         );
+        // Every partition still waiting at once (one after another, the last would be tried
+        // a whole round of answers late), each through the next node in turn.
         let waiting: Vec<u64> = (0..6).filter(|p| !served.contains_key(p)).collect();
-        for p in waiting {
+        let sends = waiting.into_iter().map(|p| {
             k += 1;
-            let via = &nodes[k % nodes.len()].url;
-            if send_once(&client, via, ws_of(p, 1)).await.0 == 200 {
-                served.insert(p, restarted.elapsed());
+            let (client, via) = (&client, nodes[k % nodes.len()].url.clone());
+            async move {
+                let status = send_once(client, &via, ws_of(p, 1)).await.0;
+                (p, status, restarted.elapsed())
+            }
+        });
+        for (p, status, at) in futures_util::future::join_all(sends).await {
+            if status == 200 {
+                served.insert(p, at);
             }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -865,12 +873,13 @@ async fn every_node_killed_and_restarted_serves_every_partition_at_once_not_afte
          {listening:?}; the old leases, renewed last within 2 s before the kill, expire 8-10 s \
          after it)"
     );
-    // The target: 2 s (`scripts/bench membership` measures it on a release build). A restart
-    // that waited for its earlier run's name to go stale (5 s), for its leases to expire
-    // (8-10 s), or a node that routed by a read older than the restart until its next
-    // renewal's read (2 s and the time to listen) fails it.
+    // The target: 1 s (`scripts/bench-membership --blackout` measures it on a release build,
+    // on the same addresses). A restart that waited for its earlier run's name to go stale
+    // (5 s), for its leases to expire (8-10 s), a node that read the others' new runs and
+    // addresses only at its next round (2 s), or a test build whose PostgreSQL logins each
+    // take half a second (SCRAM unoptimized: three on the way to serving) fails it.
     assert!(
-        last < Duration::from_secs(2),
+        last < Duration::from_secs(1),
         "every partition served only {last:?} after the restart; the logs:\n{}",
         nodes
             .iter()

@@ -239,6 +239,79 @@ fn a_restart_that_holds_its_earlier_runs_directory_takes_name_and_leases_back_at
     assert_eq!(table.node("a").expect("a's row").0, "2");
 }
 
+/// Run `run` of node `name` reached at `url`, holding the directory `dir`, started at `at`.
+fn run_at(name: &str, run: &str, url: &str, dir: &str, at: u64) -> Node {
+    let mut n = node_in(name, run, 4, dir);
+    let cfg = Config::new(name, run, url, 4, 1_500, 300)
+        .and_then(|c| c.with_dir_id(dir))
+        .expect("valid parameters");
+    n.m = Membership::new(cfg, 0);
+    n.started_at = at;
+    n
+}
+
+#[test]
+fn after_a_blackout_each_restarted_run_reads_the_others_new_runs_within_a_poll_not_a_round() {
+    let table = MemoryLeaseTable::new();
+    let mut nodes = vec![node_in("a", "1", 4, "d1"), node_in("b", "1", 4, "d2")];
+    run(&table, &mut nodes, 0, 1_000);
+    let b_before: BTreeMap<u32, u64> = nodes[1].serving.clone();
+    assert_eq!(b_before.len(), 2);
+    // Both die at 1000. "a" restarts at 1020; "b" at 1200, on another address.
+    nodes = vec![
+        run_at("a", "2", "http://a", "d1", 1_020),
+        run_at("b", "2", "http://b-2", "d2", 1_200),
+    ];
+    let mut seen_url = None;
+    let mut seen_epochs = None;
+    for now in (1_020..1_800).step_by(10) {
+        table.set_now(now);
+        step(&table, &mut nodes[0], now);
+        if now >= 1_200 {
+            step(&table, &mut nodes[1], now);
+        }
+        let view = nodes[0]
+            .m
+            .view()
+            .map(|v| v.status.clone())
+            .unwrap_or_default();
+        if view.node("b").is_some_and(|r| r.url == "http://b-2") {
+            seen_url.get_or_insert(now);
+        }
+        let taken_back = b_before
+            .iter()
+            .all(|(p, e)| view.lease(*p).is_some_and(|l| l.epoch > *e));
+        if taken_back {
+            seen_epochs.get_or_insert(now);
+        }
+    }
+    let claimed = nodes[1].claimed_at.expect("b claimed its name");
+    let served = nodes[1]
+        .first_served_at
+        .expect("b took its partitions back");
+    let poll = nodes[0].m.config().handoff_poll_ms();
+    let (renew, url, epochs) = (300, seen_url, seen_epochs);
+    assert!(
+        url.is_some_and(|t| t <= claimed + poll + 10),
+        "b claimed at {claimed} ms, a read its new address at {url:?} (poll {poll}, round \
+         {renew} ms)"
+    );
+    assert!(
+        epochs.is_some_and(|t| t <= served + poll + 10),
+        "b took its partitions back at {served} ms, a read it at {epochs:?} (poll {poll} ms)"
+    );
+    // Once every node was heard from since the claim and nothing changed, a reads at its
+    // rounds again.
+    let reads = |n: &Node| calls(n, |c| matches!(c, Call::Status)).len();
+    let before = reads(&nodes[0]);
+    run(&table, &mut nodes, 1_800, 1_800 + renew);
+    assert!(
+        reads(&nodes[0]) - before <= 2,
+        "a still polls: {} reads in a round",
+        reads(&nodes[0]) - before
+    );
+}
+
 #[test]
 fn a_run_of_the_name_with_another_directory_waits_for_staleness_and_refuses_a_live_one() {
     let table = MemoryLeaseTable::new();
