@@ -260,12 +260,24 @@ async fn a_follower_through_a_node_that_does_not_own_its_partition_counts_in_the
     } else {
         (&b.url, &a.url)
     };
-    let mut tail = Sse::open(
-        &http,
-        &format!("{relay}/v1/partitions/0/events/stream?from=end"),
-        None,
-    )
-    .await;
+    // Balanced leases do not mean the owner serves yet: until it does, the relay answers 503
+    // with Retry-After (`partition_unavailable`), and a follower tries again.
+    let url = format!("{relay}/v1/partitions/0/events/stream?from=end");
+    let opened = std::time::Instant::now();
+    let mut tail = loop {
+        let r = http.get(&url).send().await.unwrap();
+        if r.status() == 200 {
+            break Sse::from_response(r);
+        }
+        assert_eq!(r.status(), 503, "{url}");
+        assert!(r.headers().contains_key("retry-after"), "{url}");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert!(
+            opened.elapsed() < Duration::from_secs(20),
+            "the relay still refuses the tail: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     // A heartbeat: the tail has caught up and takes what its hub hands out from now on.
     let first = tail
         .next(Duration::from_secs(20))

@@ -60,13 +60,16 @@ async fn next_event(sse: &mut Sse) -> Option<(u32, u64, Value)> {
     }
 }
 
-/// The next message named `event`, skipping others.
+/// The next message named `name`, skipping others (heartbeats among them) for at most
+/// [`BOUND`] in all.
 async fn next_named(sse: &mut Sse, name: &str) -> Message {
+    let deadline = std::time::Instant::now() + BOUND;
     loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
         let m = sse
-            .next(BOUND)
+            .next(left)
             .await
-            .unwrap_or_else(|| panic!("no {name} message"));
+            .unwrap_or_else(|| panic!("no {name} message within {BOUND:?}"));
         if m.event == name {
             return m;
         }
