@@ -258,15 +258,17 @@ async fn a_filtered_stream_delivers_only_matches_and_reports_how_far_it_read() {
         *e = (*e).max(o + 1);
         m
     });
+    // Heartbeats keep coming, so the whole wait is bounded, not each message's.
+    let deadline = std::time::Instant::now() + BOUND;
     while matches < want_matches
         || ends
             .iter()
             .any(|(p, e)| progress.get(p).copied().unwrap_or(0) < *e)
     {
-        let m = sse
-            .next(BOUND)
-            .await
-            .expect("matches and progress up to each end");
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let m = sse.next(left).await.unwrap_or_else(|| {
+            panic!("matches and progress up to each end {ends:?} within {BOUND:?}: {progress:?}")
+        });
         match m.event.as_str() {
             "event" => {
                 assert_eq!(m.data["event"]["command"], "app.PayOrder");
