@@ -269,7 +269,8 @@ async fn read_local<T: Send + 'static>(
     let store = st.cp.store().clone();
     let retired = retired_ranges(&(st.losses)(), p);
     let timer = st.metrics.latency.page_read.clone();
-    let read = tokio::task::spawn_blocking(move || {
+    let asked = || format!("PLog of partition {p} from offset {from}");
+    read_blocking(st, asked, move || {
         let keep = keep
             .as_deref()
             .map(|f| move |e: &EventPeek<'_>| f.peeked(e));
@@ -283,14 +284,19 @@ async fn read_local<T: Send + 'static>(
             end,
         }))
     })
-    .await;
-    match read {
+    .await
+}
+
+/// Runs `read` on a blocking thread (reads of this node's store block); a failed read is
+/// answered as a read of what `asked` names.
+async fn read_blocking<T: Send + 'static>(
+    st: &AppState,
+    asked: impl FnOnce() -> String,
+    read: impl FnOnce() -> Result<T, monoseq_store::ReadError> + Send + 'static,
+) -> Result<T, ConsumeError> {
+    match tokio::task::spawn_blocking(read).await {
         Ok(Ok(done)) => Ok(done),
-        Ok(Err(e)) => Err(ConsumeError::Read(read_failure(
-            st,
-            || format!("PLog of partition {p} from offset {from}"),
-            &e,
-        ))),
+        Ok(Err(e)) => Err(ConsumeError::Read(read_failure(st, asked, &e))),
         Err(e) => Err(ConsumeError::internal(e)),
     }
 }
@@ -372,17 +378,12 @@ pub(super) async fn wlog_end(
 ) -> Result<u64, ConsumeError> {
     let plog_end = partition_end(st, partition).await?;
     let store = st.cp.store().clone();
-    let found =
-        tokio::task::spawn_blocking(move || wlog_end_below(&store, ws, Some(plog_end))).await;
-    match found {
-        Ok(Ok(end)) => Ok(end),
-        Ok(Err(e)) => Err(ConsumeError::Read(read_failure(
-            st,
-            || format!("WLog of workspace {ws}"),
-            &e,
-        ))),
-        Err(e) => Err(ConsumeError::internal(e)),
-    }
+    read_blocking(
+        st,
+        || format!("WLog of workspace {ws}"),
+        move || wlog_end_below(&store, ws, Some(plog_end)),
+    )
+    .await
 }
 
 /// The WLog offset after workspace `ws`'s last stored event whose PLog offset is below
