@@ -302,6 +302,13 @@ def consumers_view(browser, page):
     context.close()
     button = page.locator(f"button[data-consumer='{name}']")
     button.click()
+    # The view is drawn again every second: the arming must outlive the button
+    # that was clicked, or a redraw between the two clicks swallows the delete.
+    button.evaluate("(b) => { b.dataset.drawn = 'before'; }")
+    wait_for(page, "(n) => { const b = document.querySelector(`button[data-consumer='${n}']`);"
+             " return b && b.dataset.drawn !== 'before'; }", arg=name, timeout=5_000)
+    check("the first click's arming survives a redraw",
+          button.inner_text().startswith("Really delete"), button.inner_text())
     button.click()
     wait_for(page, "(n) => !document.querySelector(`button[data-consumer='${n}']`) || "
              "document.querySelector(`button[data-consumer='${n}']`).textContent === 'deleted'",

@@ -20,6 +20,7 @@ const S = {
   lag: new Map(),     // "consumer/partition" -> [lag samples]
   ends: new Map(),    // partition -> [end, time] for commands/s
   counts: null,       // previous metrics sample for the health view
+  armed: new Set(),   // consumers whose delete button was clicked once; kept across re-renders
   live: null,         // the live tail being followed
 };
 
@@ -202,6 +203,7 @@ async function knowScope() {
 
 async function route() {
   S.view++;
+  S.armed.clear();
   stopLive();
   const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
   try {
@@ -438,16 +440,19 @@ function workspace(args) {
 
 const canWrite = () => S.scope === 'write' || S.scope === 'admin';
 
+// The view is drawn again every second, so the first click's arming lives in
+// S.armed, not in the button: a redraw between two clicks must not disarm it.
 function deleteButton(name) {
-  let armed = false;
+  const ask = `Really delete ${name}?`;
   const b = h('button', { class: 'danger', 'data-consumer': name, onclick: async () => {
-    if (!armed) { armed = true; b.textContent = `Really delete ${name}?`; return; }
+    if (!S.armed.has(name)) { S.armed.add(name); b.textContent = ask; return; }
+    S.armed.delete(name);
     b.disabled = true;
     try {
       const r = await call(`/v1/consumers/${encodeURIComponent(name)}`, { method: 'DELETE' });
       b.textContent = r.ok ? 'deleted' : `refused (${r.status})`;
     } catch (e) { b.textContent = 'failed'; }
-  } }, 'Delete consumer');
+  } }, S.armed.has(name) ? ask : 'Delete consumer');
   return b;
 }
 
