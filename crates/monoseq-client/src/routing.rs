@@ -58,10 +58,11 @@ impl View {
         self.write().partitions = Some(partitions).filter(|p| *p > 0);
     }
 
-    /// The partition of workspace `ws`, when the count is known.
+    /// The partition of workspace `ws`, when the count is known: the server's rule,
+    /// [`monoseq_wire::partition_of`].
     pub(crate) fn partition_of(&self, ws: u64) -> Option<u32> {
         let partitions = self.partitions()?;
-        u32::try_from(ws % u64::from(partitions)).ok()
+        Some(monoseq_wire::partition_of(ws, partitions))
     }
 
     /// Where to send a command for `partition`: its owner, else a seed.

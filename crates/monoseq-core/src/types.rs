@@ -30,12 +30,12 @@ id_type!(
 
 impl WsId {
     /// The partition that runs this workspace's commands among `partitions`: the workspace
-    /// ID modulo the partition count (a count of 0 is taken as 1). The one place the rule is
-    /// written: the processor, the server's routing and the simulation all use it.
+    /// ID modulo the partition count (a count of 0 is taken as 1), as
+    /// [`monoseq_wire::partition_of`] writes it for the server (processor, routing, the
+    /// simulation) and its client alike.
     #[must_use]
     pub fn partition(self, partitions: u32) -> u32 {
-        let p = self.0 % u64::from(partitions.max(1));
-        u32::try_from(p).unwrap_or(0)
+        monoseq_wire::partition_of(self.0, partitions)
     }
 }
 

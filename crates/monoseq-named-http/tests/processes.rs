@@ -507,12 +507,8 @@ fn s3_callers_stopped_or_killed_between_read_and_write_cannot_duplicate() {
     let (mut caller, _out) = s3_caller_at_its_write(endpoint, &bucket, 500, 30_000);
     caller.kill().unwrap();
     caller.wait().unwrap();
-    let started = Instant::now();
-    handed.push(s3_next(&here).unwrap());
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "the sequence is stuck"
-    );
+    // Its timeout (5 s) is far shorter than a lock's TTL would be (the caller's 30 s).
+    handed.push(s3_next(&here).expect("the sequence is not stuck"));
 
     // 4. Killed while its write is in flight: it may or may not have landed (a gap), never a
     //    duplicate.

@@ -5,6 +5,16 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// The partition that runs the commands of workspace `ws` among `partitions`: `ws mod
+/// partitions` (a count of 0 is taken as 1). The one place the rule is written: the server's
+/// processor and routing (through `monoseq_core::WsId::partition`) and the client's routing
+/// use it, so a client sends a command where the server runs it.
+#[must_use]
+pub fn partition_of(ws: u64, partitions: u32) -> u32 {
+    let p = ws % u64::from(partitions.max(1));
+    u32::try_from(p).unwrap_or(0)
+}
+
 /// The body of `POST /v1/commands`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -43,7 +43,7 @@ pub use batch::{
 };
 pub use codes::ErrorCode;
 pub use command::{
-    CommandBody, KindBody, NewArgBody, NewRecordBody, OutcomeBody, RecordUpdateBody,
+    CommandBody, KindBody, NewArgBody, NewRecordBody, OutcomeBody, RecordUpdateBody, partition_of,
 };
 pub use consume::{
     GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT, SSE_GAP,

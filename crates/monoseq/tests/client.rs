@@ -127,3 +127,58 @@ async fn the_client_presents_its_token_over_tls_trusting_the_given_ca() {
     let e = untrusting.submit(&order(3, 1)).await.unwrap_err();
     assert_eq!(e.code().as_str(), "transport", "{e}");
 }
+
+/// A scripted node of `partitions` partitions whose `/v1/cluster` names, for each partition
+/// `p`, an owner at `http://p{p}.invalid`: the URL `Client::node_of` answers names the
+/// partition the client routed to.
+async fn scripted_node(partitions: u32) -> String {
+    use axum::routing::get;
+    use serde_json::json;
+    let info = json!({"version": "t", "partitions": partitions, "trust_level": 0,
+                      "storage": "embedded", "store_id": "s", "idempotency_window_events": 10});
+    let nodes: Vec<_> = (0..partitions)
+        .map(|p| {
+            json!({"node_id": format!("n{p}"), "url": format!("http://p{p}.invalid"),
+                        "alive": true, "partitions": [p]})
+        })
+        .collect();
+    let leases: Vec<_> = (0..partitions)
+        .map(|p| json!({"partition": p, "epoch": 1, "owner": format!("n{p}")}))
+        .collect();
+    let cluster = json!({"clustered": true, "node_id": "n0", "lease_ms": 60_000,
+                         "renew_ms": 20_000, "nodes": nodes, "partitions": leases});
+    let router = axum::Router::new()
+        .route("/v1/info", get(move || async move { axum::Json(info) }))
+        .route(
+            "/v1/cluster",
+            get(move || async move { axum::Json(cluster) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    url
+}
+
+/// The client routes a workspace to the partition the server runs it in (`WsId::partition`,
+/// which the processor and the server's routes use), for many partition counts and
+/// workspaces, the largest included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_routes_each_workspace_to_the_partition_the_server_runs_it_in() {
+    use monoseq_core::WsId;
+    let workspaces: Vec<u64> = (0..300)
+        .chain([1 << 32, (1 << 32) + 7, u64::MAX - 1, u64::MAX])
+        .chain((0..40).map(|i| 0x9E37_79B9_7F4A_7C15_u64.wrapping_mul(i + 1)))
+        .collect();
+    for partitions in [1, 2, 3, 4, 7, 8, 13, 64, 100, 1_000] {
+        let client = Client::new(&scripted_node(partitions).await).unwrap();
+        client.refresh().await.unwrap();
+        for &ws in &workspaces {
+            let server = WsId(ws).partition(partitions);
+            assert_eq!(
+                client.node_of(ws).await,
+                format!("http://p{server}.invalid"),
+                "workspace {ws} among {partitions} partitions"
+            );
+        }
+    }
+}

@@ -16,7 +16,7 @@ use common::Backend;
 use common::keyed::{
     self, Ack, Load, Plan, Sender, Through, balanced, closing_checks, command, owners, ws_of,
 };
-use common::node::{LEASE_MS, Node, RENEW_MS, Start};
+use common::node::{LEASE_MS, Node, Start};
 use serde_json::Value;
 
 fn client() -> reqwest::Client {
@@ -66,8 +66,8 @@ async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_i
     urls.lock().unwrap().retain(|u| *u != n2.url);
     let killed = Instant::now();
     n2.kill();
-    // Each moved partition answers again through a surviving node within the lease plus
-    // actualization.
+    // Each moved partition answers again through a surviving node (each probe retried up to
+    // its deadline). How soon is a figure: `scripts/bench-cluster` measures the failover.
     let mut probe = Sender::new(&keyed::urls(&[&n1.url, &n3.url]), Through::Client);
     let mut probes = Vec::new();
     for &p in &moved {
@@ -77,10 +77,6 @@ async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_i
     }
     let failover = killed.elapsed();
     eprintln!("failover: {failover:?} from SIGKILL to the last moved partition's first answer");
-    assert!(
-        failover < Duration::from_millis(LEASE_MS) + Duration::from_secs(10),
-        "moved partitions served again only after {failover:?}"
-    );
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let (mut acks, _) = load.stop().await;
     acks.extend(probes);
@@ -599,12 +595,11 @@ fn takes(node: &Node) -> usize {
         .count()
 }
 
-/// Renewal intervals within which nodes started together, or a node joining, hold their share.
-const BALANCE_RENEWALS: u32 = 2;
-/// What a loaded two-core test machine adds to a measured time (process scheduling, the
-/// status reads of the test itself; seen up to about 0.8 s with several test binaries
-/// building beside it). The figures without load are in docs/benchmarks/membership-tests.md.
-const SCHEDULING_SLACK: Duration = Duration::from_millis(1_500);
+// How soon nodes started together, or a node joining, hold their share (two renewals) is
+// checked in simulated time by the membership machine's unit tests
+// (`nodes_started_together_split_the_partitions_…`, `a_joining_node_gets_its_share_within_two_
+// renewals`); the tests below check that it happens and how, and print the time it took, which
+// `scripts/bench --write membership-tests` collects (docs/benchmarks/membership-tests.md).
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_started_together_split_64_partitions_within_two_renewals_and_none_takes_all_first() {
@@ -614,8 +609,6 @@ async fn nodes_started_together_split_64_partitions_within_two_renewals_and_none
     let nodes = together(&db, &["a", "b", "c"], dir.path(), &["--partitions", "64"]);
     let took = time_to_balance(&client, &nodes[0].url, &["a", "b", "c"], MANY).await;
     eprintln!("balanced {took:?} after the last of three nodes listened");
-    let bound = Duration::from_millis(RENEW_MS) * BALANCE_RENEWALS + SCHEDULING_SLACK;
-    assert!(took <= bound, "balanced only after {took:?}");
     for n in &nodes {
         assert!(
             takes(n) <= 22 + 2,
@@ -636,11 +629,6 @@ async fn a_joining_node_gets_its_share_of_64_partitions_within_two_renewals() {
     let c = Node::start(&db, "c", dir.path(), &["--partitions", "64"]);
     let took = time_to_balance(&client, &c.url, &["a", "b", "c"], MANY).await;
     eprintln!("a joining node had its share {took:?} after it listened");
-    let bound = Duration::from_millis(RENEW_MS) * BALANCE_RENEWALS + SCHEDULING_SLACK;
-    assert!(
-        took <= bound,
-        "the joining node had its share only after {took:?}"
-    );
     let log = first[0].log() + &first[1].log();
     assert!(
         log.contains("handing the partition over to balance the nodes"),
@@ -835,6 +823,18 @@ async fn every_node_killed_and_restarted_serves_every_partition_at_once_not_afte
     for p in 0..6 {
         acks.push(sender.send(ws_of(p, 0), &format!("before-{p}"), p).await);
     }
+    // When each partition's lease, renewed last before the kill, expires.
+    let read = Instant::now();
+    let expiry: HashMap<u64, Instant> = cluster(&client, &nodes[0].url).await["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let expires = p["expires_in_ms"].as_u64().unwrap();
+            let at = read + Duration::from_millis(expires);
+            (p["partition"].as_u64().unwrap(), at)
+        })
+        .collect();
     // A power cut: every node dies at once, and is started again a moment later.
     for n in nodes {
         n.kill();
@@ -873,21 +873,32 @@ async fn every_node_killed_and_restarted_serves_every_partition_at_once_not_afte
          {listening:?}; the old leases, renewed last within 2 s before the kill, expire 8-10 s \
          after it)"
     );
-    // The target, 1 s, is measured on a release build by `scripts/bench-membership --blackout`
-    // (on the same addresses); this debug build, beside the file's other tests, takes 0.2-0.8 s,
-    // and the bound leaves a loaded machine room. A restart that waited for its earlier run's
-    // name to go stale (5 s), for its leases to expire (8-10 s), or a test build whose
-    // PostgreSQL logins each take half a second (SCRAM unoptimized: three on the way to
-    // serving) fails it; reading the others' new runs only at the next round is caught by the
-    // membership unit test `after_a_blackout_each_restarted_run_reads_the_others_new_runs_…`.
-    assert!(
-        last < Duration::from_secs(2),
-        "every partition served only {last:?} after the restart; the logs:\n{}",
-        nodes
-            .iter()
-            .map(|n| format!("{}:\n{}", n.id, n.log()))
-            .collect::<String>()
-    );
+    // The target, 1 s, is a figure: `scripts/bench-membership --blackout` measures it on a
+    // release build (on the same addresses; this debug build takes 0.2-0.8 s). What is checked
+    // here holds on a loaded machine: each run took its name over at once, by its marks
+    // directory's lock (not after the earlier run's name went stale, 5 s), and served each
+    // partition before the earlier run's lease on it expired (8-10 s). Reading the others' new
+    // runs only at the next round is caught by the membership unit test
+    // `after_a_blackout_each_restarted_run_reads_the_others_new_runs_…`, in simulated time.
+    let logs: String = nodes
+        .iter()
+        .map(|n| format!("{}:\n{}", n.id, n.log()))
+        .collect();
+    for n in &nodes {
+        assert!(
+            n.log()
+                .contains("held this marks directory's lock, so it is dead"),
+            "{} did not take its name over by its directory's lock:\n{logs}",
+            n.id
+        );
+    }
+    for (p, at) in &served {
+        assert!(
+            restarted + *at < expiry[p],
+            "partition {p} served only {at:?} after the restart, once its lease had expired; \
+             the logs:\n{logs}"
+        );
+    }
     let after = owners(&client, &nodes[0].url).await;
     for (p, (owner, epoch)) in &before {
         assert_eq!(

