@@ -65,7 +65,8 @@ pub struct PlogPageBody<E = EventBody> {
 pub struct HeartbeatBody {
     /// The next offset this follower will receive.
     pub next: u64,
-    /// The partition's end as the server knows it now (PLog streams only).
+    /// The end of the followed log as the server knows it now: the partition's PLog end, or
+    /// on a workspace's tail its WLog's end.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end: Option<u64>,
 }

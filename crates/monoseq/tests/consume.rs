@@ -316,7 +316,7 @@ async fn a_tails_connection_is_closed_after_it_not_kept_for_other_requests() {
 async fn a_workspace_follower_gets_only_its_workspaces_events_by_wlog_offset() {
     let dir = tempfile::tempdir().unwrap();
     let client = reqwest::Client::new();
-    let server = start(dir.path(), &[]);
+    let server = start(dir.path(), &["--follower-heartbeat-ms", "200"]);
     server.ready(&client).await;
     let url = server.url.clone();
     for _ in 0..3 {
@@ -337,6 +337,15 @@ async fn a_workspace_follower_gets_only_its_workspaces_events_by_wlog_offset() {
         assert_eq!(m.data["ws"], 7);
         assert_eq!(m.data["wlog_offset"], wlog);
     }
+    // Idle, its heartbeat speaks in the WLog's offsets: its end is the workspace's (7), not
+    // the partition's PLog end (13).
+    let beat = tail
+        .next(Duration::from_secs(5))
+        .await
+        .expect("a heartbeat while idle");
+    assert_eq!(beat.event, "heartbeat");
+    assert_eq!(beat.data["next"], 7);
+    assert_eq!(beat.data["end"], 7, "the WLog's end: {}", beat.data);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

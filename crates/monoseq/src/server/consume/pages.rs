@@ -377,6 +377,20 @@ pub(super) async fn wlog_end(
     ws: u64,
 ) -> Result<u64, ConsumeError> {
     let plog_end = partition_end(st, partition).await?;
+    wlog_end_at(st, ws, plog_end).await
+}
+
+/// The end of workspace `ws`'s WLog below the partition's end as this node knows it without
+/// asking another (`known_end`): what a WLog tail's heartbeat carries.
+pub(super) async fn known_wlog_end(
+    st: &Arc<AppState>,
+    partition: u32,
+    ws: u64,
+) -> Result<u64, ConsumeError> {
+    wlog_end_at(st, ws, known_end(st, partition)).await
+}
+
+async fn wlog_end_at(st: &Arc<AppState>, ws: u64, plog_end: u64) -> Result<u64, ConsumeError> {
     let store = st.cp.store().clone();
     read_blocking(
         st,

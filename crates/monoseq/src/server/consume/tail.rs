@@ -21,7 +21,7 @@ use tokio::time::{Instant, Sleep};
 use super::super::AppState;
 use super::OFFSET_READ_MAX;
 use super::hub::{Frame, heartbeat_end, hub_end, subscribe};
-use super::pages::{PageEvent, page};
+use super::pages::{PageEvent, known_wlog_end, page};
 use super::sse::{Handoff, sse_head};
 use crate::json::StoredEvent;
 
@@ -231,10 +231,23 @@ impl<'a> Tail<'a> {
             }
             let beat = HeartbeatBody {
                 next,
-                end: heartbeat_end(self.st, self.partition, next),
+                end: self.heartbeat_end(next).await,
             };
             self.send_body(SSE_HEARTBEAT, None, &beat).await?;
             self.beat.as_mut().reset(self.sent_at + heartbeat);
+        }
+    }
+
+    /// The end a heartbeat carries, in the followed log's offsets: the partition's PLog end,
+    /// or the workspace's WLog end (read below the partition's end as this node knows it; none
+    /// when it cannot be read now, or when it is below what the tail already sent).
+    async fn heartbeat_end(&self, next: u64) -> Option<u64> {
+        match self.followed {
+            Followed::Plog => heartbeat_end(self.st, self.partition, next),
+            Followed::Wlog(ws) => known_wlog_end(self.st, self.partition, ws)
+                .await
+                .ok()
+                .filter(|&end| end >= next),
         }
     }
 
