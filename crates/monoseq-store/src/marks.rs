@@ -55,6 +55,15 @@ impl Mark {
     }
 }
 
+/// The mark a partition's writer starts from: `file` (the marks file, raised with what other
+/// nodes acknowledged) and `acked` (what this process acknowledged since, kept while the
+/// partition was released), field by field the higher, so no number either covers is handed
+/// out again. Used by the command processor and the simulation alike.
+#[must_use]
+pub fn start_mark(file: Mark, acked: Mark) -> Mark {
+    file.max(&acked)
+}
+
 /// The marks file could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
