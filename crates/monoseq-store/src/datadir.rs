@@ -906,6 +906,82 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_plog_end_and_the_losses_are_found_by_point_reads() {
+        let store = EventStore::new(Arc::new(MemoryStore::new()), AppId(1), TrustLevel::Level0);
+        assert_eq!(plog_end(&store, 0, 0).expect("end"), 0, "an empty PLog");
+        for n in 1..=37u64 {
+            let event = crate::conformance::sample_event(n, 1, WsKind(1), n, n);
+            store.append(PartitionId(0), &[event]).expect("append");
+            assert_eq!(plog_end(&store, 0, 0).expect("end"), n);
+        }
+        assert_eq!(plog_end(&store, 0, 20).expect("end"), 37, "above a floor");
+        assert_eq!(
+            plog_end(&store, 0, 40).expect("end"),
+            40,
+            "nothing above the floor"
+        );
+        let mark = |plog, wlog| Mark {
+            plog,
+            wlog,
+            ..Mark::default()
+        };
+        let marks = [
+            (mark(50, 50), mark(10, 90)),
+            (mark(5, 5), mark(5, 5)),
+            (mark(3, 3), Mark::default()),
+        ];
+        let whole = find_losses(&store, &[(mark(37, 37), Mark::default())]).expect("search");
+        assert_eq!(whole, Vec::new(), "the PLog holds its mark");
+        let losses = find_losses(&store, &marks).expect("search");
+        assert_eq!(
+            losses,
+            vec![
+                Loss {
+                    partition: 0,
+                    plog_end: 37,
+                    mark: mark(50, 90)
+                },
+                Loss {
+                    partition: 2,
+                    plog_end: 0,
+                    mark: mark(3, 3)
+                },
+            ],
+            "a loss retires what was retired before too; a partition whose mark is retired lost \
+             nothing"
+        );
+        let accepted = losses[0].accepted(7);
+        assert_eq!((accepted.plog_from, accepted.plog_to), (38, 50));
+    }
+
+    #[test]
+    fn a_loss_accepted_after_the_start_is_not_settled_until_a_restart() {
+        let store = EventStore::new(Arc::new(MemoryStore::new()), AppId(1), TrustLevel::Level0);
+        let retired = Mark {
+            plog: 9,
+            ..Mark::default()
+        };
+        let late = settle_losses(
+            store.seq_storage(PartitionId(0)),
+            0,
+            Mark::default(),
+            retired,
+        )
+        .expect_err("a loss this process does not know");
+        assert!(
+            late.needs_restart() && late.to_string().contains("restart"),
+            "{late}"
+        );
+        let moved = settle_losses(store.seq_storage(PartitionId(0)), 0, retired, retired);
+        assert!(
+            moved.expect("settled"),
+            "the numbers are retired in the storage"
+        );
+        let again = settle_losses(store.seq_storage(PartitionId(0)), 0, retired, retired);
+        assert!(!again.expect("settled"), "once");
+    }
+
+    #[test]
     fn a_store_of_key_layout_1_is_refused_with_what_to_do() {
         let kv = MemoryStore::new();
         // What a server of layout 1 left: the partition count and no layout record.
