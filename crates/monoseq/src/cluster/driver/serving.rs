@@ -90,8 +90,7 @@ impl Cluster {
             .unwrap_or_default();
         let store = EventStore::new(self.view_of(p, epoch), APP, TrustLevel::Level0);
         let seq = store.seq_storage(PartitionId(p));
-        let done =
-            tokio::task::spawn_blocking(move || settle_losses(seq, p, known, retired)).await;
+        let done = tokio::task::spawn_blocking(move || settle_losses(seq, p, known, retired)).await;
         match done {
             Ok(Ok(true)) => {
                 tracing::warn!(
