@@ -175,6 +175,25 @@ impl Marks {
 mod tests {
     use super::Mark;
 
+    #[test]
+    fn a_writer_starts_above_every_number_the_file_or_this_process_covers() {
+        let file = Mark {
+            plog: 9,
+            wlog: 3,
+            crecord: 7,
+            owrecord: 0,
+        };
+        let acked = Mark {
+            plog: 8,
+            wlog: 5,
+            crecord: 2,
+            owrecord: 4,
+        };
+        let start = super::start_mark(file, acked);
+        assert!(start.covers(&file) && start.covers(&acked), "{start:?}");
+        assert_eq!(start, file.max(&acked));
+    }
+
     /// A mark whose fields all differ, from its PLog offset.
     pub(super) fn mark(plog: u64) -> Mark {
         Mark {
