@@ -796,7 +796,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
             .map_err(|e| ConfigError::Marks(monoseq_kv::chain(&e)))?,
         None => Mark::default(),
     };
-    let mark = higher(stored, acked.get());
+    let mark = monoseq_store::start_mark(stored, acked.get());
     // Every number at or below a stored mark was acknowledged: readers may see up to it.
     acked.raise(mark);
     // What an earlier writer kept for followers may not continue into this one's groups.
@@ -836,11 +836,6 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         own_thread: false,
     };
     Ok((task, shared))
-}
-
-/// The mark with the higher PLog offset (marks only grow, so it is the later one).
-fn higher(a: Mark, b: Mark) -> Mark {
-    if b.plog > a.plog { b } else { a }
 }
 
 #[cfg(test)]

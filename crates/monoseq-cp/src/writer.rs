@@ -253,19 +253,15 @@ pub(crate) struct WriterTemplate<S: KvStore + Clone> {
 
 impl<S: KvStore + Clone> WriterTemplate<S> {
     /// A new writer around `seq`, with an empty window of `window_events` events, its mark
-    /// the higher of the stored one and what this process acknowledged.
+    /// the start mark (`monoseq_store::start_mark`) of the stored one and what this process
+    /// acknowledged.
     pub(crate) fn writer(&self, seq: Sequencer<Storage<S>>, window_events: u64) -> Writer<S> {
         let stored = self
             .marks
             .as_ref()
             .and_then(|m| m.get(self.partition.0).ok())
             .unwrap_or(self.mark);
-        let acked = self.acked.get();
-        let mark = if acked.plog > stored.plog {
-            acked
-        } else {
-            stored
-        };
+        let mark = monoseq_store::start_mark(stored, self.acked.get());
         self.writer_at(seq, window_events, mark)
     }
 

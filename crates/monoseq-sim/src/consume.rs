@@ -18,9 +18,9 @@ use monoseq_store::{
 };
 use rand::RngExt;
 
-use crate::Sim;
 use crate::db::{ClientFate, ClientKv};
 use crate::follow::Item;
+use crate::{Kind, Sim};
 
 /// Most consumer names a seed runs (each with two instances).
 pub const CONSUMERS_MAX: usize = 2;
@@ -192,9 +192,10 @@ impl Sim {
                 }
             }
             Err(PositionError::Storage(_)) => {}
-            Err(e) => self.pending_violation(format!(
-                "consumer {name} on partition {p}: storing {set:?} was refused: {e}"
-            )),
+            Err(e) => self.pending_violation(
+                Kind::Reader,
+                format!("consumer {name} on partition {p}: storing {set:?} was refused: {e}"),
+            ),
         }
     }
 
@@ -213,7 +214,7 @@ impl Sim {
                  {value:?} without a forced write",
                 c.name, c.partition
             );
-            self.pending_violation(v);
+            self.pending_violation(Kind::Reader, v);
         }
         self.known[self.consumers[i].group].floor = Some((value, went_back));
     }
@@ -233,7 +234,7 @@ impl Sim {
                  succeeded",
                 c.name, c.partition, set.expected
             );
-            self.pending_violation(v);
+            self.pending_violation(Kind::Reader, v);
         }
         self.known[self.consumers[i].group].floor = Some((Some(set.offset), went_back));
     }

@@ -20,7 +20,7 @@ use monoseq_membership::Route;
 use monoseq_store::{AcceptedLoss, Gap, PLOG_PAGE_ITEMS_MAX, PageItem, retired_ranges};
 use rand::RngExt;
 
-use crate::{CLIENT_TIMEOUT_MS, Sim};
+use crate::{CLIENT_TIMEOUT_MS, Kind, Sim, Violation};
 
 /// Most followers a seed runs.
 pub const FOLLOWERS_MAX: usize = 3;
@@ -72,7 +72,20 @@ pub(crate) struct InFlight {
     at: u64,
     follower: usize,
     request: u64,
-    answer: Result<Vec<Item>, String>,
+    answer: Result<Vec<Item>, NoPage>,
+}
+
+/// Why a page read got no page (the follower asks again later).
+#[derive(Debug)]
+pub(crate) enum NoPage {
+    /// The node's read of the database failed.
+    DatabaseSilent,
+    /// The node cannot place the read (as the server's 503 `partition_unavailable`).
+    Unplaced,
+    /// Relaying the read to the owner failed.
+    OwnerSilent,
+    /// The store refused the read.
+    Read,
 }
 
 fn item(page: PageItem) -> Item {
@@ -176,7 +189,7 @@ impl Sim {
         from: u64,
         limit: usize,
         may_relay: bool,
-    ) -> Option<Result<Vec<Item>, String>> {
+    ) -> Option<Result<Vec<Item>, NoPage>> {
         let node = &self.nodes[to];
         if !node.alive || self.now < node.paused_until {
             return None;
@@ -186,20 +199,20 @@ impl Sim {
                 if !self.db.reachable(&node.name)
                     || self.readers_rng.random_range(0..1_000u32) < READ_FAIL_PER_MILLE
                 {
-                    return Some(Err("the database did not answer".into()));
+                    return Some(Err(NoPage::DatabaseSilent));
                 }
                 let page = node.read_page(&self.db, p, from, limit)?;
                 return Some(
                     page.map(|items| items.into_iter().map(item).collect())
-                        .map_err(|e| e.to_string()),
+                        .map_err(|_| NoPage::Read),
                 );
             }
-            Route::Unavailable(why) => return Some(Err(why.message(p))),
+            Route::Unavailable(_) => return Some(Err(NoPage::Unplaced)),
             Route::Relay(owner) => owner,
         };
         match self.relay_target(to, &owner.node_id) {
             Some(target) => self.read_at(target, p, from, limit, false),
-            None => Some(Err("the owner did not answer".into())),
+            None => Some(Err(NoPage::OwnerSilent)),
         }
     }
 
@@ -255,7 +268,7 @@ impl Sim {
             }
         }
         for b in broken {
-            self.pending_violation(b);
+            self.pending_violation(Kind::Reader, b);
         }
     }
 
@@ -274,23 +287,27 @@ impl Sim {
             })
             .collect();
         for b in broken {
-            self.pending_violation(b);
+            self.pending_violation(Kind::Reader, b);
         }
     }
 
     /// After the run, each follower reads up to its partition's end at the owner (no faults).
-    pub(crate) fn catch_up_followers(&mut self) -> Result<(), String> {
+    pub(crate) fn catch_up_followers(&mut self) -> Result<(), Violation> {
         for i in 0..self.followers.len() {
             let p = self.followers[i].partition;
             let owner = (0..self.nodes.len())
                 .find(|&n| self.nodes[n].is_member() && self.nodes[n].serves_ready(p))
-                .ok_or_else(|| format!("no node serves partition {p} at the end"))?;
+                .ok_or_else(|| {
+                    Kind::Liveness.of(format!("no node serves partition {p} at the end"))
+                })?;
             for _ in 0..CATCH_UP_PAGES_MAX {
                 let from = self.followers[i].next;
                 let page = self.nodes[owner]
                     .read_page(&self.db, p, from, PLOG_PAGE_ITEMS_MAX)
-                    .ok_or_else(|| format!("the owner of partition {p} does not hold it"))?
-                    .map_err(|e| format!("reading partition {p} at the end: {e}"))?;
+                    .ok_or_else(|| {
+                        Kind::Safety.of(format!("the owner of partition {p} does not hold it"))
+                    })?
+                    .map_err(|e| Kind::Read.of(format!("reading partition {p} at the end: {e}")))?;
                 if page.is_empty() {
                     break;
                 }
@@ -299,10 +316,10 @@ impl Sim {
             let end = self.nodes[owner].plog_end(p).unwrap_or(0);
             let next = self.followers[i].next;
             if next < end {
-                return Err(format!(
+                return Err(Kind::Reader.of(format!(
                     "a follower of partition {p} stopped at offset {next}, below the owner's \
                      end {end}"
-                ));
+                )));
             }
         }
         self.check_now()
@@ -316,7 +333,7 @@ impl Sim {
         &self,
         events: &BTreeMap<(u32, u64), String>,
         losses: &[AcceptedLoss],
-    ) -> Result<(), String> {
+    ) -> Result<(), Violation> {
         for f in &self.followers {
             let p = f.partition;
             let retired = retired_ranges(losses, p);
@@ -328,11 +345,11 @@ impl Sim {
                     None => false,
                 };
                 if !delivered {
-                    return Err(format!(
+                    return Err(Kind::Reader.of(format!(
                         "PLog offset {offset} of partition {p}, acknowledged to {key}, was not \
                          delivered to a follower (it stopped at offset {})",
                         f.next
-                    ));
+                    )));
                 }
             }
             for (offset, seen) in &f.seen {
@@ -341,31 +358,31 @@ impl Sim {
                         Some(k) if k == key => {}
                         None if is_retired(*offset) => {}
                         Some(k) => {
-                            return Err(format!(
+                            return Err(Kind::Reader.of(format!(
                                 "a follower of partition {p} saw {key} at offset {offset}, \
                                  where the PLog holds {k} in the end"
-                            ));
+                            )));
                         }
                         None => {
-                            return Err(format!(
+                            return Err(Kind::Reader.of(format!(
                                 "a follower of partition {p} saw {key} at offset {offset}, \
                                  which the PLog does not hold in the end and no accepted loss \
                                  retired"
-                            ));
+                            )));
                         }
                     },
                     Seen::Gap(to) => {
                         if let Some(o) = (*offset..=*to).find(|o| !is_retired(*o)) {
-                            return Err(format!(
+                            return Err(Kind::Reader.of(format!(
                                 "a follower of partition {p} was given a gap over offset {o}, \
                                  which no accepted loss retired"
-                            ));
+                            )));
                         }
                         if let Some(((_, o), k)) = events.range((p, *offset)..=(p, *to)).next() {
-                            return Err(format!(
+                            return Err(Kind::Reader.of(format!(
                                 "a follower of partition {p} was given a gap over offset {o}, \
                                  where the PLog holds {k}"
-                            ));
+                            )));
                         }
                     }
                 }
@@ -373,11 +390,11 @@ impl Sim {
             if let Some(((_, last), _)) = events.range((p, 0)..(p + 1, 0)).next_back()
                 && f.next <= *last
             {
-                return Err(format!(
+                return Err(Kind::Reader.of(format!(
                     "a follower of partition {p} stopped at offset {}, below the PLog's last \
                      event {last}",
                     f.next
-                ));
+                )));
             }
         }
         Ok(())

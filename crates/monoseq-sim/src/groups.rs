@@ -22,9 +22,9 @@ use monoseq_store::{
 };
 use rand::RngExt;
 
-use crate::Sim;
 use crate::db::{ClientFate, ClientKv};
 use crate::follow::Item;
+use crate::{Kind, Sim, Violation};
 
 /// Members of the simulated group.
 const MEMBERS_MAX: usize = 3;
@@ -310,7 +310,7 @@ impl Sim {
                     && backs == self.db.went_back()
                     && position < acked
                 {
-                    self.pending_violation(format!(
+                    self.pending_violation(Kind::Reader, format!(
                         "group: partition {p} was given to {id} at position {position}, below the \
                          acknowledged commit {acked}"
                     ));
@@ -355,7 +355,7 @@ impl Sim {
             let fence = store.group_position(&self.group.name, PartitionId(p));
             let holder = fence.ok().and_then(|(_, f)| f).map(|f| f.session);
             if holder.as_deref() != Some(id.as_str()) && self.db.went_back() == 0 {
-                self.pending_violation(format!(
+                self.pending_violation(Kind::Reader, format!(
                     "group: node {n} delivered partition {p} to session {id} while the fence names \
                      {holder:?}: two members hold one partition"
                 ));
@@ -445,10 +445,13 @@ impl Sim {
             match store.commit_group_position(&g, PartitionId(p), id, generation, offset) {
                 Ok(()) => {
                     if self.group.ended.get(id) == Some(&self.db.went_back()) {
-                        self.pending_violation(format!(
-                            "group: session {id}, ended by its host, committed {offset} on \
+                        self.pending_violation(
+                            Kind::Reader,
+                            format!(
+                                "group: session {id}, ended by its host, committed {offset} on \
                              partition {p}"
-                        ));
+                            ),
+                        );
                     }
                     self.group
                         .committed
@@ -459,7 +462,7 @@ impl Sim {
                 Err(e @ GroupError::Backwards { .. })
                     if self.group.ended.get(id) == Some(&self.db.went_back()) =>
                 {
-                    self.pending_violation(format!(
+                    self.pending_violation(Kind::Reader, format!(
                         "group: session {id}, ended by its host, had its commit on partition {p} \
                          judged by its offset, not refused as stale: {e}"
                     ));
@@ -515,7 +518,7 @@ impl Sim {
 
     /// At the end: members wake and come back, the group runs until every event of every
     /// partition was delivered to some member.
-    pub(crate) fn catch_up_group(&mut self, rounds: u64) -> Result<(), String> {
+    pub(crate) fn catch_up_group(&mut self, rounds: u64) -> Result<(), Violation> {
         for member in &mut self.group.members {
             member.paused_until = 0;
             member.away_until = member.away_until.min(self.now);
@@ -531,9 +534,9 @@ impl Sim {
                 return Ok(());
             }
         }
-        Err(format!(
+        Err(Kind::Reader.of(format!(
             "group: events never delivered to any member (partition, first offset): {missing:?}"
-        ))
+        )))
     }
 
     /// Each partition whose events below its end were not all delivered, with the first

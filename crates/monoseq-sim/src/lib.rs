@@ -59,6 +59,74 @@ pub const RECOVERY_MS: u64 = LEASE_MS + 2 * RENEW_MS + 500;
 /// share (within one partition) within this many renewal intervals.
 pub const BALANCE_ROUNDS: u64 = 6;
 
+/// What kind of invariant a run found broken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Kind {
+    /// A number, key or epoch given twice, or an acknowledged event lost, unreadable or
+    /// refused for good.
+    Safety,
+    /// Partitions not served again, or nodes not balanced, in time after the faults stopped.
+    Liveness,
+    /// A reader (follower, consumer, group member) given a wrong event or gap, or not every
+    /// event.
+    Reader,
+    /// The checks could not read the simulated database.
+    Read,
+}
+
+impl Kind {
+    /// A violation of this kind, saying `text`.
+    #[must_use]
+    pub fn of(self, text: impl Into<String>) -> Violation {
+        Violation {
+            kind: self,
+            at: None,
+            text: text.into(),
+        }
+    }
+}
+
+/// When a run found a violation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    /// At this simulated millisecond.
+    Ms(u64),
+    /// In the checks after the run.
+    End,
+}
+
+/// An invariant a run found broken: its kind, when, and what (`Display`: the line a failing
+/// seed prints).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// What kind of invariant.
+    pub kind: Kind,
+    /// When it was found (`None`: in the final checks of the stored events).
+    pub at: Option<At>,
+    /// What was found.
+    pub text: String,
+}
+
+impl Violation {
+    /// The violation, found `at` unless it says when already.
+    #[must_use]
+    pub fn at(mut self, at: At) -> Violation {
+        self.at.get_or_insert(at);
+        self
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.at {
+            Some(At::Ms(ms)) => write!(f, "at {ms} ms: {}", self.text),
+            Some(At::End) => write!(f, "at the end: {}", self.text),
+            None => f.write_str(&self.text),
+        }
+    }
+}
+
 /// What a seed runs.
 #[derive(Debug, Clone, Copy)]
 pub struct Plan {
@@ -273,7 +341,7 @@ impl Sim {
     /// # Errors
     ///
     /// The first invariant found broken, with the time it was found.
-    pub fn run(mut self) -> Result<Report, String> {
+    pub fn run(mut self) -> Result<Report, Violation> {
         let quiet_from = self.plan.fault_ms;
         let end = quiet_from + self.plan.quiet_ms;
         self.db.set_faults(DbFaults {
@@ -296,34 +364,30 @@ impl Sim {
                 self.heal_all();
             }
             self.tick();
-            self.check_now()
-                .map_err(|e| format!("at {} ms: {e}", self.now))?;
+            self.check_now().map_err(|v| v.at(At::Ms(self.now)))?;
             if self.now > quiet_from {
                 if self.all_served() {
                     served_since.get_or_insert(self.now);
                 } else if self.now > quiet_from + RECOVERY_MS {
-                    return Err(format!(
-                        "at {} ms: {RECOVERY_MS} ms after the faults stopped, partitions {:?} are \
-                         still not served\n{}",
-                        self.now,
+                    let text = format!(
+                        "{RECOVERY_MS} ms after the faults stopped, partitions {:?} are still \
+                         not served\n{}",
                         self.unserved(),
                         self.dump()
-                    ));
+                    );
+                    return Err(Kind::Liveness.of(text).at(At::Ms(self.now)));
                 }
                 if let Some(since) = served_since
                     && self.now > since + BALANCE_ROUNDS * RENEW_MS
                 {
-                    self.check_balance()
-                        .map_err(|e| format!("at {} ms: {e}", self.now))?;
+                    self.check_balance().map_err(|v| v.at(At::Ms(self.now)))?;
                 }
             }
         }
-        self.last_retries()
-            .map_err(|e| format!("at the end: {e}"))?;
+        self.last_retries().map_err(|v| v.at(At::End))?;
         self.catch_up_group(GROUP_CATCH_UP_MS / TICK_MS)
-            .map_err(|e| format!("at the end: {e}"))?;
-        self.catch_up_followers()
-            .map_err(|e| format!("at the end: {e}"))?;
+            .map_err(|v| v.at(At::End))?;
+        self.catch_up_followers().map_err(|v| v.at(At::End))?;
         self.report.group_delivered = self.group.delivered_count();
         self.report.stored_digest = self.check_end()?;
         self.report.followed = self.followers.iter().map(|f| f.seen.len() as u64).sum();
@@ -334,7 +398,7 @@ impl Sim {
     /// partition's owner (a client retries until answered, and without faults its retry
     /// reaches the owner), and the cluster runs until it is answered: a write that landed but
     /// whose answer was lost is acknowledged by its replay, so its partition's end covers it.
-    fn last_retries(&mut self) -> Result<(), String> {
+    fn last_retries(&mut self) -> Result<(), Violation> {
         for c in 0..self.clients.len() {
             let client = &mut self.clients[c];
             client.sent_at = Some(self.now);
@@ -348,7 +412,9 @@ impl Sim {
             let p = WsId(request.ws).partition(self.plan.partitions);
             let owner = (0..self.nodes.len())
                 .find(|&n| self.nodes[n].is_member() && self.nodes[n].serves_ready(p))
-                .ok_or_else(|| format!("no node serves partition {p} at the end"))?;
+                .ok_or_else(|| {
+                    Kind::Liveness.of(format!("no node serves partition {p} at the end"))
+                })?;
             self.nodes[owner].enqueue(p, request);
         }
         for _ in 0..CLIENT_TIMEOUT_MS / TICK_MS {
@@ -701,13 +767,13 @@ impl Sim {
             Err(e) => {
                 let broken = format!("key {} was refused for good ({e:?}): {e}", request.key);
                 self.report.faults.insert("permanent refusal", 1);
-                self.pending_violation(broken);
+                self.pending_violation(Kind::Safety, broken);
             }
         }
     }
 
-    fn pending_violation(&mut self, v: String) {
-        self.nodes[0].violations.push(v);
+    fn pending_violation(&mut self, kind: Kind, text: String) {
+        self.nodes[0].violations.push(kind.of(text));
     }
 
     fn acknowledge(&mut self, request: &Request, o: &Outcome) {
@@ -769,7 +835,7 @@ impl Sim {
             self.ids.insert((request.ws, *id), key.clone());
         }
         for b in broken {
-            self.pending_violation(b);
+            self.pending_violation(Kind::Safety, b);
         }
     }
 
@@ -782,9 +848,9 @@ impl Sim {
         )
     }
 
-    fn check_now(&mut self) -> Result<(), String> {
+    fn check_now(&mut self) -> Result<(), Violation> {
         if let Some(v) = self.db.violations().into_iter().next() {
-            return Err(v);
+            return Err(Kind::Safety.of(v));
         }
         for n in &mut self.nodes {
             if let Some(v) = n.violations.first() {
@@ -811,10 +877,10 @@ impl Sim {
         self.unserved().is_empty()
     }
 
-    fn check_balance(&self) -> Result<(), String> {
+    fn check_balance(&self) -> Result<(), Violation> {
         let members = self.live_members();
         if members.is_empty() {
-            return Err("no live member after the faults stopped".into());
+            return Err(Kind::Liveness.of("no live member after the faults stopped"));
         }
         let share = (self.plan.partitions as usize).div_ceil(members.len());
         let floor = self.plan.partitions as usize / members.len();
@@ -825,12 +891,12 @@ impl Sim {
                     .iter()
                     .map(|m| (m.name.clone(), m.held_count()))
                     .collect();
-                return Err(format!(
+                return Err(Kind::Liveness.of(format!(
                     "{} rounds after every partition was served again the nodes are not \
                      balanced (fair share {floor}..={share}): {spread:?}\n{}",
                     BALANCE_ROUNDS,
                     self.dump()
-                ));
+                )));
             }
         }
         Ok(())
@@ -838,7 +904,7 @@ impl Sim {
 
     /// At the end: every acknowledged event is in the PLog with its key, and no key is in
     /// two events. A digest of every stored event (its times included).
-    fn check_end(&self) -> Result<u64, String> {
+    fn check_end(&self) -> Result<u64, Violation> {
         // Offsets retired by accepted losses: the PLog has a gap below each, and continues
         // above it.
         let mut floors: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
@@ -859,11 +925,11 @@ impl Sim {
         let mut offsets: BTreeMap<(u32, u64), String> = BTreeMap::new();
         for ((p, offset), (ws, key)) in &events {
             if let Some(other) = keys.insert((*ws, key.as_str()), (*p, *offset)) {
-                return Err(format!(
+                return Err(Kind::Safety.of(format!(
                     "key {key} is in two events: PLog offset {} of partition {} and {offset} of \
                      partition {p}",
                     other.1, other.0
-                ));
+                )));
             }
             offsets.insert((*p, *offset), key.clone());
         }
@@ -873,16 +939,16 @@ impl Sim {
                 // Lost with the database, and the loss accepted: retired, never reused.
                 None if retired.get(p).is_some_and(|r| offset <= r) => {}
                 Some(k) => {
-                    return Err(format!(
+                    return Err(Kind::Safety.of(format!(
                         "PLog offset {offset} of partition {p} was acknowledged to {key} but \
                          holds {k}"
-                    ));
+                    )));
                 }
                 None => {
-                    return Err(format!(
+                    return Err(Kind::Safety.of(format!(
                         "PLog offset {offset} of partition {p}, acknowledged to {key}, is not \
                          readable"
-                    ));
+                    )));
                 }
             }
         }
@@ -892,7 +958,10 @@ impl Sim {
 
     /// Every stored event with a key, by partition and PLog offset (read around the gaps the
     /// `floors` of accepted losses leave), and a digest of every stored event, times included.
-    fn stored_events(&self, floors: &BTreeMap<u32, BTreeSet<u64>>) -> Result<(Keyed, u64), String> {
+    fn stored_events(
+        &self,
+        floors: &BTreeMap<u32, BTreeSet<u64>>,
+    ) -> Result<(Keyed, u64), Violation> {
         let store = EventStore::new(self.db.kv(), AppId(1), TrustLevel::Level0);
         let mut events = BTreeMap::new();
         let mut digest = std::hash::DefaultHasher::new();
@@ -912,7 +981,7 @@ impl Sim {
                             }
                         },
                     )
-                    .map_err(|e| format!("reading partition {p}'s PLog: {e}"))?;
+                    .map_err(|e| Kind::Read.of(format!("reading partition {p}'s PLog: {e}")))?;
             }
         }
         Ok((events, std::hash::Hasher::finish(&digest)))
@@ -945,6 +1014,6 @@ impl Sim {
 /// # Errors
 ///
 /// The first invariant found broken.
-pub fn run_seed(seed: u64) -> Result<Report, String> {
+pub fn run_seed(seed: u64) -> Result<Report, Violation> {
     Sim::new(seed, Plan::from_seed(seed)).run()
 }

@@ -19,14 +19,14 @@ use monoseq_membership::{
     Serving, ServingAction, Settled, TableError, TableStatus, route,
 };
 use monoseq_store::{
-    AcceptedLoss, AppId, EventStore, LossCause, Mark, PageItem, PartitionId, ReadError, TrustLevel,
-    ensure_retired, retired_ranges,
+    AcceptedLoss, AppId, EventStore, Mark, PageItem, PartitionId, ReadError, TrustLevel,
+    find_losses, retired_ranges, settle_losses, start_mark,
 };
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::db::{Db, SimKv};
-use crate::{LEASE_MS, Plan, RENEW_MS, cp_config};
+use crate::{Kind, LEASE_MS, Plan, RENEW_MS, Violation, cp_config};
 
 /// A command on its way: which client sent it, for which of its operations.
 pub(crate) struct Request {
@@ -98,7 +98,7 @@ pub(crate) struct Node {
     /// Requests accepted while paused, each with whether another node relayed it: routed
     /// when the node runs again ([`crate::Sim::tick`]).
     pub(crate) inbox: Vec<(Request, bool)>,
-    pub(crate) violations: Vec<String>,
+    pub(crate) violations: Vec<Violation>,
     membership: Membership,
     /// What it does with the partitions the membership gives it.
     serving: Serving,
@@ -231,43 +231,25 @@ impl Node {
     /// What a run does at its start once it has pulled the marks of the nodes it reaches (as
     /// `serve` does before it serves anything): with `--accept-loss`, accepts the loss of every
     /// partition whose stored PLog lacks the event at its mark (above any loss accepted
-    /// before), as the server's `find_losses` does; then fixes the losses this run knows.
+    /// before), found by the server's search (`monoseq_store::find_losses`); then fixes the
+    /// losses this run knows.
     pub(crate) fn begin_run(&mut self, db: &Arc<Db>, now: u64) {
         if self.accept_loss {
             let store = EventStore::new(db.kv(), AppId(1), TrustLevel::Level0);
-            for p in 0..self.partitions {
-                let mark = self.mark_of(p);
-                let retired = self.retired_of(p);
-                let held = |offset| {
-                    matches!(
-                        store.read_event(PartitionId(p), monoseq_core::PLogOffset(offset)),
-                        Ok(Some(_))
-                    )
-                };
-                if mark.plog > retired.plog && !held(mark.plog) {
-                    trace(|| {
-                        let run = format!("{}-r{}", self.name, self.run);
-                        format!("{now} {run} accepts the loss of partition {p} up to {mark:?}")
-                    });
-                    // As the server's `find_losses`: the range lost starts after the last
-                    // event the store still holds above what was retired before.
-                    let mut held_end = retired.plog;
-                    let _ = store.for_each_event(
-                        PartitionId(p),
-                        monoseq_core::PLogOffset(retired.plog + 1),
-                        monoseq_core::PLogOffset(mark.plog),
-                        &mut |e| held_end = e.plog_offset.0,
-                    );
-                    let mark = mark.max(&retired);
-                    self.losses_accepted.push(AcceptedLoss {
-                        partition: p,
-                        plog_from: held_end + 1,
-                        plog_to: mark.plog,
-                        mark,
-                        accepted_at_ms: now,
-                        cause: LossCause::AcceptedLoss,
-                    });
-                }
+            let marks: Vec<(Mark, Mark)> = (0..self.partitions)
+                .map(|p| (self.mark_of(p), self.retired_of(p)))
+                .collect();
+            let found = find_losses(&store, &marks).unwrap_or_else(|e| {
+                let text = format!("{}: searching for losses failed: {e}", self.name);
+                self.violations.push(Kind::Read.of(text));
+                Vec::new()
+            });
+            for loss in found {
+                trace(|| {
+                    let run = format!("{}-r{}", self.name, self.run);
+                    format!("{now} {run} accepts the loss of {loss}")
+                });
+                self.losses_accepted.push(loss.accepted(now));
             }
         }
         self.retired = (0..self.partitions).map(|p| self.retired_of(p)).collect();
@@ -333,7 +315,7 @@ impl Node {
     fn mark_of(&self, p: u32) -> Mark {
         let memory = self.acked.get(&p).copied().unwrap_or_default();
         let disk = self.disk.get(&p).copied().unwrap_or_default();
-        memory.max(&disk)
+        start_mark(disk, memory)
     }
 
     /// Raises the marks file with marks learned from another node, and adds the losses it
@@ -518,11 +500,11 @@ impl Node {
                     partition,
                     seen,
                     found,
-                } if db.went_back() == 0 => self.violations.push(format!(
+                } if db.went_back() == 0 => self.violations.push(Kind::Safety.of(format!(
                     "{}: partition {partition}'s epoch went back from {seen} to {found} although \
                      the database lost nothing",
                     self.name
-                )),
+                ))),
                 _ => {}
             }
         }
@@ -583,10 +565,10 @@ impl Node {
             retry_at: now,
         };
         if !matches!(self.parts.acquire(p, || Ok(part)), Ok(true)) {
-            self.violations.push(format!(
+            self.violations.push(Kind::Safety.of(format!(
                 "{}: partition {p} was started under epoch {epoch} while this run held it",
                 self.name
-            ));
+            )));
         }
     }
 
@@ -656,22 +638,21 @@ impl Node {
         }
     }
 
-    /// Settles `p`'s accepted losses under `epoch` before it is served (the server's
-    /// `settle_losses`): a loss accepted after this run started is not served over (refused
-    /// until a restart), and the numbers of a loss it knows are retired in the database if the
-    /// database lacks that (the write of the node that accepted it was lost too).
+    /// Settles `p`'s accepted losses under `epoch` before it is served, by the server's rule
+    /// (`monoseq_store::settle_losses`) on this node's fenced view of the database.
     fn settle(&self, db: &Arc<Db>, p: u32, epoch: u64) -> Settled {
-        let retired = self.retired_of(p);
-        if !self.retired[p as usize].covers(&retired) {
-            return Settled::Refused(
-                "a loss was accepted after this run started: restart it".into(),
-            );
-        }
         let kv = Arc::new(SimKv::new(Arc::clone(db), &self.name, p, epoch));
         let store = EventStore::new(kv, AppId(1), TrustLevel::Level0);
-        match ensure_retired(store.seq_storage(PartitionId(p)), p, retired) {
+        let known = self.retired[p as usize];
+        match settle_losses(
+            store.seq_storage(PartitionId(p)),
+            p,
+            known,
+            self.retired_of(p),
+        ) {
             Ok(_) => Settled::Done,
-            Err(_) => Settled::Failed("retiring the numbers of an accepted loss failed".into()),
+            Err(e) if e.needs_restart() => Settled::Refused(e.to_string()),
+            Err(e) => Settled::Failed(e.to_string()),
         }
     }
 

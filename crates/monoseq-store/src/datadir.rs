@@ -57,6 +57,20 @@ pub struct Loss {
 }
 
 impl Loss {
+    /// The loss accepted at `at_ms` (Unix milliseconds) by the operator: the PLog offsets
+    /// after the end up to the mark are lost, and every number up to the mark is retired.
+    #[must_use]
+    pub fn accepted(&self, at_ms: u64) -> AcceptedLoss {
+        AcceptedLoss {
+            partition: self.partition,
+            plog_from: self.plog_end + 1,
+            plog_to: self.mark.plog,
+            mark: self.mark,
+            accepted_at_ms: at_ms,
+            cause: crate::LossCause::AcceptedLoss,
+        }
+    }
+
     /// How many acknowledged events are missing.
     #[must_use]
     pub fn events(&self) -> u64 {
@@ -611,7 +625,11 @@ fn check_losses<S: KvStore + Clone>(
     guarded: &mut DataDir,
 ) -> Result<(), DataDirError> {
     let store = EventStore::new(kv.clone(), app, TrustLevel::Level0);
-    let losses = find_losses(dir, &store, guarded)?;
+    let (marks, identity) = (&guarded.marks, &guarded.identity);
+    let marks = (0..identity.partitions)
+        .map(|p| Ok((marks.get(p)?, identity.retired(p))))
+        .collect::<Result<Vec<_>, DataDirError>>()?;
+    let losses = find_losses(&store, &marks).map_err(storage_in(dir))?;
     if !losses.is_empty() {
         if !policy.accept_loss {
             return Err(DataDirError::Lost { losses });
@@ -621,49 +639,82 @@ fn check_losses<S: KvStore + Clone>(
     retire_accepted(&store, guarded)
 }
 
-/// Every partition whose PLog ends below its mark (above what is already retired).
-fn find_losses<S: KvStore + Clone>(
-    dir: &Path,
+/// Every partition whose stored PLog lacks the event at its mark (above what accepted losses
+/// already retired), with where its PLog ends: `marks[p]` is partition `p`'s mark and what is
+/// retired of it. The one search for losses, used when a data directory is opened and when a
+/// cluster node starts with `--accept-loss`: a point read per partition, and a few more per
+/// lost one ([`plog_end`]).
+///
+/// # Errors
+///
+/// The storage failing (a damaged event counts as missing).
+pub fn find_losses<S: KvStore + Clone>(
     store: &EventStore<S>,
-    guarded: &DataDir,
-) -> Result<Vec<Loss>, DataDirError> {
+    marks: &[(Mark, Mark)],
+) -> Result<Vec<Loss>, KvError> {
     let mut losses = Vec::new();
-    for p in 0..guarded.identity.partitions {
-        let mark = guarded.marks.get(p)?;
-        let retired = guarded.identity.retired(p);
-        if mark.plog <= retired.plog {
+    for (p, (mark, retired)) in (0u32..).zip(marks) {
+        if mark.plog <= retired.plog || holds(store, p, mark.plog)? {
             continue;
         }
-        let present = matches!(
-            store.read_event(PartitionId(p), PLogOffset(mark.plog)),
-            Ok(Some(_))
-        );
-        if !present {
-            let plog_end = plog_end(store, p, retired.plog).map_err(storage_in(dir))?;
-            if plog_end < mark.plog {
-                losses.push(Loss {
-                    partition: p,
-                    plog_end,
-                    mark,
-                });
-            }
-        }
+        losses.push(Loss {
+            partition: p,
+            plog_end: plog_end(store, p, retired.plog)?,
+            mark: mark.max(retired),
+        });
     }
     Ok(losses)
+}
+
+/// Whether the stored PLog of `p` holds a sound event at `offset` (a damaged one ends what can
+/// be trusted).
+fn holds<S: KvStore + Clone>(store: &EventStore<S>, p: u32, offset: u64) -> Result<bool, KvError> {
+    match store.read_event(PartitionId(p), PLogOffset(offset)) {
+        Ok(found) => Ok(found.is_some()),
+        Err(crate::ReadError::Storage(e)) => Err(e),
+        Err(_) => Ok(false),
+    }
+}
+
+/// The last PLog offset of partition `p` that the store holds above `floor` (an offset known
+/// to be retired, or 0; `floor` when it holds none): the events above `floor` are contiguous,
+/// so the end is found by point reads at doubling distances, then a binary search between the
+/// last held and the first missing one. The one PLog end search: for losses, and for a
+/// restored backup's end.
+///
+/// # Errors
+///
+/// The storage failing.
+pub fn plog_end<S: KvStore + Clone>(
+    store: &EventStore<S>,
+    p: u32,
+    floor: u64,
+) -> Result<u64, KvError> {
+    let (mut lo, mut step) = (floor, 1u64);
+    let mut hi = loop {
+        let probe = lo.saturating_add(step);
+        if probe == lo || !holds(store, p, probe)? {
+            break probe;
+        }
+        lo = probe;
+        step = step.saturating_mul(2);
+    };
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if holds(store, p, mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
 }
 
 /// Records `losses` as accepted in the identity, durably, and in the report.
 fn accept_losses(dir: &Path, guarded: &mut DataDir, losses: Vec<Loss>) -> Result<(), DataDirError> {
     let at = now_ms();
     for l in &losses {
-        guarded.identity.losses.push(AcceptedLoss {
-            partition: l.partition,
-            plog_from: l.plog_end + 1,
-            plog_to: l.mark.plog,
-            mark: l.mark,
-            accepted_at_ms: at,
-            cause: crate::LossCause::AcceptedLoss,
-        });
+        guarded.identity.losses.push(l.accepted(at));
     }
     // The decision is durable before anything acts on it.
     guarded.identity.write(dir)?;
@@ -716,20 +767,67 @@ pub fn ensure_retired<S: KvStore + Clone>(
     Ok(true)
 }
 
-/// The last PLog offset of partition `p` that the engine holds, scanning from just after
-/// `from` (an offset known to be retired, or 0).
-fn plog_end<S: KvStore + Clone>(store: &EventStore<S>, p: u32, from: u64) -> Result<u64, KvError> {
-    let seq = store.seq_storage(PartitionId(p));
-    let mut end = from;
-    let scanned = seq.replay_plog(PLogOffset(from + 1), &mut |e: ReplayedEvent<'_>| {
-        end = e.offset.0;
-        ControlFlow::Continue(())
-    });
-    match scanned {
-        Ok(_) => Ok(end),
-        // A damaged event ends what can be trusted.
-        Err(_) => Ok(end),
+/// Why a cluster partition's accepted losses are not settled ([`settle_losses`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SettleError {
+    /// A loss was accepted after this process started: it does not know to continue above it.
+    #[error(
+        "a loss of partition {partition} (PLog offsets up to {plog}) was accepted after this \
+         process started; it does not serve the partition until restarted, so that the numbers \
+         handed out before the loss stay retired: restart this node"
+    )]
+    AcceptedLater {
+        /// The partition.
+        partition: u32,
+        /// The highest PLog offset the loss retired.
+        plog: u64,
+    },
+    /// Retiring the loss's numbers in the storage failed (tried again).
+    #[error("retiring the numbers of partition {partition}'s accepted loss failed: {source}")]
+    Retire {
+        /// The partition.
+        partition: u32,
+        /// What failed.
+        #[source]
+        source: DataDirError,
+    },
+}
+
+impl SettleError {
+    /// Final for this process: only a restart settles it (a failed retirement is retried).
+    #[must_use]
+    pub fn needs_restart(&self) -> bool {
+        matches!(self, SettleError::AcceptedLater { .. })
     }
+}
+
+/// The settle rule, between a cluster partition's lease and its start: `retired` (what every
+/// loss accepted for partition `p` retired, as the node knows now) must be covered by `known`
+/// (what this process started knowing, its command processor's `retired`), or the partition
+/// is not served until a restart; then its numbers are retired in the storage, through `seq`
+/// (the partition's fenced store), if the storage lacks that (the write of the node that
+/// accepted the loss was lost too). True when it had to.
+///
+/// # Errors
+///
+/// [`SettleError`]: a loss accepted after this process started, or the storage failing.
+pub fn settle_losses<S: KvStore + Clone>(
+    seq: crate::PLogSeqStorage<S>,
+    p: u32,
+    known: Mark,
+    retired: Mark,
+) -> Result<bool, SettleError> {
+    if !known.covers(&retired) {
+        return Err(SettleError::AcceptedLater {
+            partition: p,
+            plog: retired.plog,
+        });
+    }
+    ensure_retired(seq, p, retired).map_err(|source| SettleError::Retire {
+        partition: p,
+        source,
+    })
 }
 
 /// Moves partition `p`'s stored sequence state past an accepted loss: brings its projection up
@@ -806,6 +904,82 @@ mod tests {
     use monoseq_kv::MemoryStore;
 
     use super::*;
+
+    #[test]
+    fn the_plog_end_and_the_losses_are_found_by_point_reads() {
+        let store = EventStore::new(Arc::new(MemoryStore::new()), AppId(1), TrustLevel::Level0);
+        assert_eq!(plog_end(&store, 0, 0).expect("end"), 0, "an empty PLog");
+        for n in 1..=37u64 {
+            let event = crate::conformance::sample_event(n, 1, WsKind(1), n, n);
+            store.append(PartitionId(0), &[event]).expect("append");
+            assert_eq!(plog_end(&store, 0, 0).expect("end"), n);
+        }
+        assert_eq!(plog_end(&store, 0, 20).expect("end"), 37, "above a floor");
+        assert_eq!(
+            plog_end(&store, 0, 40).expect("end"),
+            40,
+            "nothing above the floor"
+        );
+        let mark = |plog, wlog| Mark {
+            plog,
+            wlog,
+            ..Mark::default()
+        };
+        let marks = [
+            (mark(50, 50), mark(10, 90)),
+            (mark(5, 5), mark(5, 5)),
+            (mark(3, 3), Mark::default()),
+        ];
+        let whole = find_losses(&store, &[(mark(37, 37), Mark::default())]).expect("search");
+        assert_eq!(whole, Vec::new(), "the PLog holds its mark");
+        let losses = find_losses(&store, &marks).expect("search");
+        assert_eq!(
+            losses,
+            vec![
+                Loss {
+                    partition: 0,
+                    plog_end: 37,
+                    mark: mark(50, 90)
+                },
+                Loss {
+                    partition: 2,
+                    plog_end: 0,
+                    mark: mark(3, 3)
+                },
+            ],
+            "a loss retires what was retired before too; a partition whose mark is retired lost \
+             nothing"
+        );
+        let accepted = losses[0].accepted(7);
+        assert_eq!((accepted.plog_from, accepted.plog_to), (38, 50));
+    }
+
+    #[test]
+    fn a_loss_accepted_after_the_start_is_not_settled_until_a_restart() {
+        let store = EventStore::new(Arc::new(MemoryStore::new()), AppId(1), TrustLevel::Level0);
+        let retired = Mark {
+            plog: 9,
+            ..Mark::default()
+        };
+        let late = settle_losses(
+            store.seq_storage(PartitionId(0)),
+            0,
+            Mark::default(),
+            retired,
+        )
+        .expect_err("a loss this process does not know");
+        assert!(
+            late.needs_restart() && late.to_string().contains("restart"),
+            "{late}"
+        );
+        let moved = settle_losses(store.seq_storage(PartitionId(0)), 0, retired, retired);
+        assert!(
+            moved.expect("settled"),
+            "the numbers are retired in the storage"
+        );
+        let again = settle_losses(store.seq_storage(PartitionId(0)), 0, retired, retired);
+        assert!(!again.expect("settled"), "once");
+    }
 
     #[test]
     fn a_store_of_key_layout_1_is_refused_with_what_to_do() {

@@ -37,8 +37,8 @@ pub use codec::{
     decode_numbers, event_crc,
 };
 pub use datadir::{
-    DataDir, DataDirError, Loss, OpenPolicy, OpenReport, ensure_retired, open_data_dir,
-    open_database, recorded_partitions, retire_partition,
+    DataDir, DataDirError, Loss, OpenPolicy, OpenReport, SettleError, ensure_retired, find_losses,
+    open_data_dir, open_database, plog_end, recorded_partitions, retire_partition, settle_losses,
 };
 pub use event::{ArgObject, Event, Field, Idempotency, Record, RecordId, RecordKind, WLogOffset};
 pub use fence::encode_fenced;
@@ -50,7 +50,7 @@ pub use groups::{
 };
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError, LossCause};
 pub use keys::{AppId, KEY_LAYOUT, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
-pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError};
+pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError, start_mark};
 pub use plog_page::{Gap, PLOG_PAGE_ITEMS_MAX, PageItem, PlogPage, retired_ranges};
 pub use positions::{
     CONSUMER_NAME_BYTES_MAX, ConsumerName, ConsumerPosition, InvalidConsumerName,

@@ -55,6 +55,15 @@ impl Mark {
     }
 }
 
+/// The mark a partition's writer starts from: `file` (the marks file, raised with what other
+/// nodes acknowledged) and `acked` (what this process acknowledged since, kept while the
+/// partition was released), field by field the higher, so no number either covers is handed
+/// out again. Used by the command processor and the simulation alike.
+#[must_use]
+pub fn start_mark(file: Mark, acked: Mark) -> Mark {
+    file.max(&acked)
+}
+
 /// The marks file could not be opened, read or written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -165,6 +174,25 @@ impl Marks {
 #[cfg(test)]
 mod tests {
     use super::Mark;
+
+    #[test]
+    fn a_writer_starts_above_every_number_the_file_or_this_process_covers() {
+        let file = Mark {
+            plog: 9,
+            wlog: 3,
+            crecord: 7,
+            owrecord: 0,
+        };
+        let acked = Mark {
+            plog: 8,
+            wlog: 5,
+            crecord: 2,
+            owrecord: 4,
+        };
+        let start = super::start_mark(file, acked);
+        assert!(start.covers(&file) && start.covers(&acked), "{start:?}");
+        assert_eq!(start, file.max(&acked));
+    }
 
     /// A mark whose fields all differ, from its PLog offset.
     pub(super) fn mark(plog: u64) -> Mark {

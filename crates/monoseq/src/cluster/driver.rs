@@ -26,7 +26,7 @@ use monoseq_membership::{
     Action, Call, Config, DRAIN_MS_MAX, LeaseRow, LeaseTable, Membership, NameTaken, Reply, Retry,
     Serving, ServingAction, Settled, StopReason, TableError, TableStatus, assign, execute,
 };
-use monoseq_store::{EventStore, PartitionId, TrustLevel, ensure_retired};
+use monoseq_store::{EventStore, PartitionId, TrustLevel, settle_losses};
 use monoseq_wire::{ClusterBody, ClusterNodeBody, ClusterPartitionBody};
 use tokio::sync::{mpsc, oneshot, watch};
 

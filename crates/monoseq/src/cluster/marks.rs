@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use monoseq_store::{AcceptedLoss, EventStore, Mark, Marks, PartitionId};
+use monoseq_store::{AcceptedLoss, EventStore, Mark, Marks};
 use monoseq_wire::MarksBody;
 
 use crate::base::Store;
@@ -338,59 +338,24 @@ fn write_losses(dir: &Path, losses: &[AcceptedLoss]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether the stored PLog of `p` holds the event at `offset`.
-fn has_event(store: &EventStore<Store>, p: u32, offset: u64) -> anyhow::Result<bool> {
-    Ok(store
-        .read_event(PartitionId(p), monoseq_core::PLogOffset(offset))
-        .with_context(|| format!("reading partition {p}'s PLog at {offset}"))?
-        .is_some())
-}
-
-/// The last offset of `p`'s stored PLog at or below `mark`, given that the events above
-/// `floor` are contiguous and the one at `mark` is missing (binary search, a few point reads).
-fn plog_end(store: &EventStore<Store>, p: u32, floor: u64, mark: u64) -> anyhow::Result<u64> {
-    let (mut lo, mut hi) = (floor, mark);
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if has_event(store, p, mid)? {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    Ok(lo)
-}
-
 /// The partitions whose stored PLog lacks the event at their mark (above any loss already
-/// accepted), each with the loss to accept: blocking reads of `store`, a point read per
-/// partition and a few more per lost one.
+/// accepted), each with the loss to accept (`monoseq_store::find_losses`): blocking reads of
+/// `store`, a point read per partition and a few more per lost one.
 ///
 /// # Errors
 ///
-/// When the database cannot be read.
+/// When the marks file or the database cannot be read.
 pub fn find_losses(
     node: &NodeMarks,
     store: &EventStore<Store>,
     now_ms: u64,
 ) -> anyhow::Result<Vec<AcceptedLoss>> {
-    let mut out = Vec::new();
-    for p in 0..node.marks.partitions() {
-        let mark = node.marks.get(p)?;
-        let retired = node.retired(p);
-        if mark.plog <= retired.plog || has_event(store, p, mark.plog)? {
-            continue;
-        }
-        let end = plog_end(store, p, retired.plog, mark.plog)?;
-        out.push(AcceptedLoss {
-            partition: p,
-            plog_from: end + 1,
-            plog_to: mark.plog,
-            mark: mark.max(&retired),
-            accepted_at_ms: now_ms,
-            cause: monoseq_store::LossCause::AcceptedLoss,
-        });
-    }
-    Ok(out)
+    let marks = (0..node.marks.partitions())
+        .map(|p| Ok((node.marks.get(p)?, node.retired(p))))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let found = monoseq_store::find_losses(store, &marks)
+        .context("reading the stored PLogs against the marks")?;
+    Ok(found.iter().map(|l| l.accepted(now_ms)).collect())
 }
 
 /// Pulls the marks of the nodes at `urls` (at once, each within [`PULL_TIMEOUT`]) and

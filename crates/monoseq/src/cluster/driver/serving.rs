@@ -76,10 +76,9 @@ impl Cluster {
         }
     }
 
-    /// Numbers of `p` retired by an accepted loss: the command processor must continue above
-    /// them (it was started knowing the loss) and the database's stored state must be past
-    /// them (the node that accepted the loss retires them, and so does any later owner if the
-    /// database lost that write).
+    /// The settle rule (`monoseq_store::settle_losses`) for `p` under `epoch`: numbers retired
+    /// by an accepted loss must be known to the command processor (it continues above them)
+    /// and retired in the database (by any owner, if the database lost that write).
     async fn settle_losses(&self, p: u32, epoch: u64) -> Settled {
         let retired = self.marks.retired(p);
         let known = self
@@ -89,22 +88,11 @@ impl Cluster {
             .get(p as usize)
             .copied()
             .unwrap_or_default();
-        if !known.covers(&retired) {
-            return Settled::Refused(format!(
-                "a loss of partition {p} (PLog offsets up to {}) was accepted after this process \
-                 started; it does not serve the partition until restarted, so that the numbers \
-                 handed out before the loss stay retired: restart this node",
-                retired.plog
-            ));
-        }
         let store = EventStore::new(self.view_of(p, epoch), APP, TrustLevel::Level0);
         let seq = store.seq_storage(PartitionId(p));
-        let done = tokio::task::spawn_blocking(move || ensure_retired(seq, p, retired))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| crate::base::chain(&e)));
+        let done = tokio::task::spawn_blocking(move || settle_losses(seq, p, known, retired)).await;
         match done {
-            Ok(true) => {
+            Ok(Ok(true)) => {
                 tracing::warn!(
                     partition = p,
                     epoch,
@@ -113,7 +101,9 @@ impl Cluster {
                 );
                 Settled::Done
             }
-            Ok(false) => Settled::Done,
+            Ok(Ok(false)) => Settled::Done,
+            Ok(Err(e)) if e.needs_restart() => Settled::Refused(e.to_string()),
+            Ok(Err(e)) => Settled::Failed(crate::base::chain(&e)),
             Err(e) => Settled::Failed(format!(
                 "retiring the numbers of partition {p}'s accepted loss failed: {e}"
             )),
