@@ -43,8 +43,10 @@ pub(super) struct Cycles {
     begun: u64,
     /// Announced groups that raised since, or ended without raising.
     settled: u64,
-    /// A leader is waiting for announced groups (so a settling one wakes it).
+    /// A leader is waiting for announced groups until `settled` reaches `gather_until`: the
+    /// group that settles it wakes the leader (the ones before it do not).
     gathering: bool,
+    gather_until: u64,
 }
 
 /// A group a partition has started to write, announced so that a cycle starting meanwhile
@@ -218,10 +220,11 @@ impl Marks {
         result
     }
 
-    /// Counts an announced group as settled, waking a leader waiting for groups.
+    /// Counts an announced group as settled, waking a leader waiting for groups once the last
+    /// group it waits for settled.
     fn settle(&self, cycles: &mut Cycles) {
         cycles.settled += 1;
-        if cycles.gathering {
+        if cycles.gathering && cycles.settled == cycles.gather_until {
             self.group_settled.notify_all();
         }
     }
@@ -237,6 +240,7 @@ impl Marks {
         // No deadline past what an `Instant` holds: then only the groups end the wait.
         let deadline = Instant::now().checked_add(gather);
         cycles.gathering = true;
+        cycles.gather_until = announced;
         while cycles.settled < announced {
             let left = deadline.map_or(Duration::MAX, |d| {
                 d.saturating_duration_since(Instant::now())
