@@ -35,6 +35,9 @@ pub(super) struct Cycles {
     done: u64,
     /// A leader is running a cycle.
     leading: bool,
+    /// The number of the cycle that takes the raises waiting now (cycles are numbered from 0
+    /// in the order they take their raises).
+    taking: u64,
     /// Raises not yet taken by a cycle.
     waiting: Vec<(u32, Mark)>,
     /// The latest failed cycles: their first and last tickets and the error.
@@ -87,6 +90,7 @@ impl Drop for GroupBegun<'_> {
 /// A cycle's end, run when its leader is done or unwinds (then the cycle failed).
 struct CycleEnd<'a> {
     marks: &'a Marks,
+    number: u64,
     first: u64,
     last: u64,
     failure: Option<String>,
@@ -99,7 +103,8 @@ impl Drop for CycleEnd<'_> {
         } else {
             self.failure.take()
         };
-        self.marks.end_cycle(self.first, self.last, failure);
+        self.marks
+            .end_cycle(self.number, (self.first, self.last), failure);
     }
 }
 
@@ -175,14 +180,13 @@ impl Marks {
         cycles.requested += 1;
         let ticket = cycles.requested;
         cycles.waiting.push((partition, *mark));
+        // The next cycle to take raises takes this one: its end wakes this caller.
+        let ended = &self.cycle_ended[parity(cycles.taking)];
         if settles {
             self.settle(&mut cycles);
         }
         while cycles.leading && cycles.done < ticket {
-            cycles = self
-                .cycle_ended
-                .wait(cycles)
-                .unwrap_or_else(|e| e.into_inner());
+            cycles = ended.wait(cycles).unwrap_or_else(|e| e.into_inner());
         }
         if cycles.done >= ticket {
             return match cycles
@@ -200,6 +204,8 @@ impl Marks {
         // groups announced before now raised too (or the gather bound passed).
         cycles.leading = true;
         cycles = self.gather(cycles);
+        let number = cycles.taking;
+        cycles.taking += 1;
         let first = cycles.done + 1;
         let last = cycles.requested;
         let batch = std::mem::take(&mut cycles.waiting);
@@ -208,6 +214,7 @@ impl Marks {
         // a leader that is gone.
         let mut ending = CycleEnd {
             marks: self,
+            number,
             first,
             last,
             failure: None,
@@ -258,9 +265,10 @@ impl Marks {
         cycles
     }
 
-    /// Ends the cycle of tickets `first..=last`, failed with `failure` if any, and wakes every
-    /// caller waiting for it.
-    fn end_cycle(&self, first: u64, last: u64, failure: Option<String>) {
+    /// Ends cycle `number`, of tickets `first..=last`, failed with `failure` if any: wakes
+    /// every caller waiting for it, and one of those waiting for the next cycle (if any) to
+    /// lead that one; the others sleep on until it ends.
+    fn end_cycle(&self, number: u64, (first, last): (u64, u64), failure: Option<String>) {
         let mut cycles = self.cycles();
         cycles.leading = false;
         cycles.done = last;
@@ -270,8 +278,12 @@ impl Marks {
             }
             cycles.failed.push_back((first, last, reason));
         }
+        let next_waits = cycles.requested > last;
         drop(cycles);
-        self.cycle_ended.notify_all();
+        self.cycle_ended[parity(number)].notify_all();
+        if next_waits {
+            self.cycle_ended[parity(number + 1)].notify_one();
+        }
     }
 
     /// Writes a cycle's raises (each partition's slot at most once) and syncs the file unless
@@ -309,6 +321,12 @@ impl Marks {
     fn cycles(&self) -> MutexGuard<'_, Cycles> {
         self.cycles.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Which of [`Marks`]' two `cycle_ended` condition variables the raises of cycle `number`
+/// wait on.
+fn parity(number: u64) -> usize {
+    usize::from(number % 2 == 1)
 }
 
 #[cfg(test)]
