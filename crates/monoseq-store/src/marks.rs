@@ -122,8 +122,10 @@ pub struct Marks {
     /// Set from a slot's write until a sync covers it (a failed cycle leaves it set).
     unsynced: AtomicBool,
     cycles: Mutex<Cycles>,
-    /// Signalled when a cycle ends.
-    cycle_ended: Condvar,
+    /// Signalled when a cycle ends: the raises of cycles of even numbers wait on the first,
+    /// those of odd ones on the second, so that a cycle's end wakes its own raises and not
+    /// those waiting for the next cycle (of which it wakes one, to lead it).
+    cycle_ended: [Condvar; 2],
     /// Signalled when an announced group raises or ends without raising.
     group_settled: Condvar,
     /// The longest a leader waits for announced groups, in microseconds ([`GATHER_MAX`]

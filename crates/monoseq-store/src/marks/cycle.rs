@@ -35,6 +35,9 @@ pub(super) struct Cycles {
     done: u64,
     /// A leader is running a cycle.
     leading: bool,
+    /// The number of the cycle that takes the raises waiting now (cycles are numbered from 0
+    /// in the order they take their raises).
+    taking: u64,
     /// Raises not yet taken by a cycle.
     waiting: Vec<(u32, Mark)>,
     /// The latest failed cycles: their first and last tickets and the error.
@@ -43,8 +46,10 @@ pub(super) struct Cycles {
     begun: u64,
     /// Announced groups that raised since, or ended without raising.
     settled: u64,
-    /// A leader is waiting for announced groups (so a settling one wakes it).
+    /// A leader is waiting for announced groups until `settled` reaches `gather_until`: the
+    /// group that settles it wakes the leader (the ones before it do not).
     gathering: bool,
+    gather_until: u64,
 }
 
 /// A group a partition has started to write, announced so that a cycle starting meanwhile
@@ -85,6 +90,7 @@ impl Drop for GroupBegun<'_> {
 /// A cycle's end, run when its leader is done or unwinds (then the cycle failed).
 struct CycleEnd<'a> {
     marks: &'a Marks,
+    number: u64,
     first: u64,
     last: u64,
     failure: Option<String>,
@@ -97,7 +103,8 @@ impl Drop for CycleEnd<'_> {
         } else {
             self.failure.take()
         };
-        self.marks.end_cycle(self.first, self.last, failure);
+        self.marks
+            .end_cycle(self.number, (self.first, self.last), failure);
     }
 }
 
@@ -173,14 +180,13 @@ impl Marks {
         cycles.requested += 1;
         let ticket = cycles.requested;
         cycles.waiting.push((partition, *mark));
+        // The next cycle to take raises takes this one: its end wakes this caller.
+        let ended = &self.cycle_ended[parity(cycles.taking)];
         if settles {
             self.settle(&mut cycles);
         }
         while cycles.leading && cycles.done < ticket {
-            cycles = self
-                .cycle_ended
-                .wait(cycles)
-                .unwrap_or_else(|e| e.into_inner());
+            cycles = ended.wait(cycles).unwrap_or_else(|e| e.into_inner());
         }
         if cycles.done >= ticket {
             return match cycles
@@ -198,6 +204,8 @@ impl Marks {
         // groups announced before now raised too (or the gather bound passed).
         cycles.leading = true;
         cycles = self.gather(cycles);
+        let number = cycles.taking;
+        cycles.taking += 1;
         let first = cycles.done + 1;
         let last = cycles.requested;
         let batch = std::mem::take(&mut cycles.waiting);
@@ -206,6 +214,7 @@ impl Marks {
         // a leader that is gone.
         let mut ending = CycleEnd {
             marks: self,
+            number,
             first,
             last,
             failure: None,
@@ -218,10 +227,11 @@ impl Marks {
         result
     }
 
-    /// Counts an announced group as settled, waking a leader waiting for groups.
+    /// Counts an announced group as settled, waking a leader waiting for groups once the last
+    /// group it waits for settled.
     fn settle(&self, cycles: &mut Cycles) {
         cycles.settled += 1;
-        if cycles.gathering {
+        if cycles.gathering && cycles.settled == cycles.gather_until {
             self.group_settled.notify_all();
         }
     }
@@ -237,6 +247,7 @@ impl Marks {
         // No deadline past what an `Instant` holds: then only the groups end the wait.
         let deadline = Instant::now().checked_add(gather);
         cycles.gathering = true;
+        cycles.gather_until = announced;
         while cycles.settled < announced {
             let left = deadline.map_or(Duration::MAX, |d| {
                 d.saturating_duration_since(Instant::now())
@@ -254,9 +265,10 @@ impl Marks {
         cycles
     }
 
-    /// Ends the cycle of tickets `first..=last`, failed with `failure` if any, and wakes every
-    /// caller waiting for it.
-    fn end_cycle(&self, first: u64, last: u64, failure: Option<String>) {
+    /// Ends cycle `number`, of tickets `first..=last`, failed with `failure` if any: wakes
+    /// every caller waiting for it, and one of those waiting for the next cycle (if any) to
+    /// lead that one; the others sleep on until it ends.
+    fn end_cycle(&self, number: u64, (first, last): (u64, u64), failure: Option<String>) {
         let mut cycles = self.cycles();
         cycles.leading = false;
         cycles.done = last;
@@ -266,8 +278,12 @@ impl Marks {
             }
             cycles.failed.push_back((first, last, reason));
         }
+        let next_waits = cycles.requested > last;
         drop(cycles);
-        self.cycle_ended.notify_all();
+        self.cycle_ended[parity(number)].notify_all();
+        if next_waits {
+            self.cycle_ended[parity(number + 1)].notify_one();
+        }
     }
 
     /// Writes a cycle's raises (each partition's slot at most once) and syncs the file unless
@@ -305,6 +321,12 @@ impl Marks {
     fn cycles(&self) -> MutexGuard<'_, Cycles> {
         self.cycles.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Which of [`Marks`]' two `cycle_ended` condition variables the raises of cycle `number`
+/// wait on.
+fn parity(number: u64) -> usize {
+    usize::from(number % 2 == 1)
 }
 
 #[cfg(test)]

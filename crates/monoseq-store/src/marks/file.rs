@@ -104,7 +104,7 @@ impl Marks {
             slots: Mutex::new(slots),
             unsynced: AtomicBool::new(false),
             cycles: Mutex::new(Cycles::default()),
-            cycle_ended: Condvar::new(),
+            cycle_ended: [Condvar::new(), Condvar::new()],
             group_settled: Condvar::new(),
             gather_us: AtomicU64::new(GATHER_MAX.as_micros() as u64),
         }))
