@@ -145,6 +145,35 @@ mod tests {
         assert_eq!(cmd.expected_wlog_offset, Some(4));
     }
 
+    /// The wire's command and the processor's are two types (the processor's JSON is the
+    /// canonical form idempotency fingerprints hash, so it must not move with the wire); they
+    /// are held to one tree: a body and its domain command serialize to the same JSON.
+    #[test]
+    fn a_body_and_its_domain_command_serialize_alike() {
+        let bodies = [
+            r#"{"ws": 1, "ws_kind": 0, "command": "app.Empty"}"#,
+            r#"{
+                "ws": 18446744073709551615, "ws_kind": 65535, "command": "app.Every",
+                "create": [
+                    {"raw_id": 1, "kind": "CDoc", "name": "a.D", "fields": {"n": 1, "s": "x"}},
+                    {"raw_id": 2, "kind": "CRecord", "name": "a.R", "fields": {"p": {"$raw": 1}}},
+                    {"raw_id": 3, "kind": "WDoc", "name": "a.W"},
+                    {"raw_id": 4, "kind": "WRecord", "name": "a.X", "fields": {"o": {"k": [1, null]}}}
+                ],
+                "update": [{"id": 9, "fields": {"paid": true, "ref": {"$raw": 2}}}],
+                "argument": {"raw_id": 5, "name": "a.Arg", "fields": {"q": 2.5},
+                             "children": [{"raw_id": 6, "name": "c", "children": [{"raw_id": 7, "name": "d"}]}]},
+                "expected_wlog_offset": 0
+            }"#,
+        ];
+        for text in bodies {
+            let body: CommandBody = serde_json::from_str(text).expect("a valid body");
+            let wire = serde_json::to_value(&body).expect("the body serializes");
+            let domain = serde_json::to_value(command(body)).expect("the command serializes");
+            assert_eq!(wire, domain, "the two shapes differ for {text}");
+        }
+    }
+
     #[test]
     fn the_shared_limits_are_the_processor_s() {
         assert_eq!(
