@@ -7,7 +7,8 @@
 //! the [`Action`]s (serve, stop, drain) through [`Serving`], the machine beside it that pulls
 //! marks, settles accepted losses, starts, drains and reports back in the right order.
 //! [`route`] places a request for a partition from the last read of the table (here, relayed
-//! to its owner, or unavailable and why), for every kind of request.
+//! to its owner, or unavailable and why), for every kind of request. [`NodeMachine`] is the
+//! three as one machine: what the node on tokio and the simulated node both step.
 //!
 //! [`MemoryLeaseTable`] is the reference lease table, on a database clock the caller sets;
 //! the PostgreSQL one lives with the binary.
@@ -42,6 +43,7 @@
 mod config;
 mod machine;
 mod memory;
+mod node;
 mod plan;
 mod route;
 mod serving;
@@ -50,6 +52,7 @@ mod table;
 pub use config::{Config, ConfigError, NODE_ID_BYTES_MAX, RENEWALS_PER_LEASE_MIN};
 pub use machine::{Action, Call, Membership, NameTaken, Phase, Reply, StopReason, View, execute};
 pub use memory::MemoryLeaseTable;
+pub use node::{NodeAction, NodeMachine};
 pub use plan::{Assignment, assign};
 pub use route::{Leases, Owner, Request, Route, Unplaced, route};
 pub use serving::{DRAIN_MS_MAX, Retry, SETTLE_BACKOFF, Serving, ServingAction, Settled};

@@ -1,6 +1,6 @@
-//! One simulated node: the real membership state machine and the real serving machine beside
-//! it (`monoseq_membership::Serving`: marks pulled, losses settled, then started; stopped,
-//! drained, fenced) on a clock of its own (drifting within the stated bound), its lease calls
+//! One simulated node: the real node machine (`monoseq_membership::NodeMachine`: the
+//! membership, and the serving beside it: marks pulled, losses settled, then started; stopped,
+//! drained, fenced; routing) on a clock of its own (drifting within the stated bound), its lease calls
 //! carried to the database with the faults the database decides (lost, late, failed), and the
 //! partitions it serves: each the real partition lifecycle and writer (`ManualPartition`, the
 //! machine the partition task drives) in simulated time. This file does only their simulated
@@ -15,8 +15,7 @@ use monoseq_cp::{
     Answer, Command, CommandError, End, Held, IdempotencyKey, ManualPartition, Outcome, Partitions,
 };
 use monoseq_membership::{
-    Action, Call, Config, Leases, Membership, Phase, Reply, Request as RouteRequest, Route,
-    Serving, ServingAction, Settled, TableError, TableStatus, route,
+    Call, Config, NodeAction, NodeMachine, Phase, Reply, Route, Settled, TableError,
 };
 use monoseq_store::{
     AcceptedLoss, AppId, EventStore, Mark, PageItem, PartitionId, ReadError, TrustLevel,
@@ -50,6 +49,9 @@ struct Part {
 }
 
 type Answers = Vec<(Request, Result<Outcome, CommandError>)>;
+
+/// More actions than this at one instant means the node machine never stops asking.
+const ACTIONS_PER_STEP_MAX: usize = 10_000;
 
 impl Held for Part {
     fn fenced(&self) -> bool {
@@ -99,11 +101,10 @@ pub(crate) struct Node {
     /// when the node runs again ([`crate::Sim::tick`]).
     pub(crate) inbox: Vec<(Request, bool)>,
     pub(crate) violations: Vec<Violation>,
-    membership: Membership,
-    /// What it does with the partitions the membership gives it.
-    serving: Serving,
+    /// The node's decisions: its membership, what it serves, where requests go.
+    machine: NodeMachine,
     /// Partitions waiting for the marks of the nodes this node reaches
-    /// ([`ServingAction::PullMarks`]): pulled before its next step.
+    /// ([`NodeAction::PullMarks`]): pulled before its next step.
     pulls: Vec<(u32, u64)>,
     drift_ppm: i64,
     born: u64,
@@ -130,7 +131,7 @@ pub(crate) struct Node {
     rng: ChaCha8Rng,
 }
 
-fn membership(name: &str, run: u64, plan: &Plan, now: u64) -> Membership {
+fn machine(name: &str, run: u64, plan: &Plan, now: u64) -> NodeMachine {
     let config = Config::new(
         name,
         &format!("{name}-r{run}"),
@@ -140,7 +141,7 @@ fn membership(name: &str, run: u64, plan: &Plan, now: u64) -> Membership {
         RENEW_MS,
     )
     .expect("the simulation's membership parameters are valid");
-    Membership::new(config, now)
+    NodeMachine::new(config, now)
 }
 
 /// The answer of a lease call that failed (or whose answer was lost).
@@ -179,8 +180,7 @@ impl Node {
             h.wrapping_mul(0x100_0000_01b3) ^ u64::from(b)
         });
         Node {
-            membership: membership(&name, run, plan, now),
-            serving: Serving::new(),
+            machine: machine(&name, run, plan, now),
             pulls: Vec::new(),
             name,
             run,
@@ -208,7 +208,6 @@ impl Node {
     pub(crate) fn kill(&mut self) {
         self.alive = false;
         self.parts.release_all();
-        self.serving = Serving::new();
         self.pulls.clear();
         self.inbox.clear();
         self.awaiting = None;
@@ -219,7 +218,7 @@ impl Node {
     pub(crate) fn restart(&mut self, run: u64, drift_ppm: i64, now: u64, plan: &Plan) {
         self.kill();
         self.run = run;
-        self.membership = membership(&self.name, self.run, plan, now);
+        self.machine = machine(&self.name, self.run, plan, now);
         self.drift_ppm = drift_ppm;
         self.born = now;
         self.alive = true;
@@ -286,7 +285,7 @@ impl Node {
                 x.writer.status(),
                 if x.writer.starting() { " starting" } else { "" },
                 if x.writer.ready() { "" } else { " not ready" },
-                if self.serving.draining(p) {
+                if self.machine.draining(p) {
                     " draining"
                 } else {
                     ""
@@ -299,14 +298,14 @@ impl Node {
             self.name,
             self.run,
             self.alive,
-            self.membership.phase(),
-            self.membership.held().collect::<Vec<_>>(),
+            self.machine.phase(),
+            self.machine.held().collect::<Vec<_>>(),
             self.paused_until,
             self.awaiting.as_ref().map(|a| a.0),
             self.local(self.born),
-            self.membership.next_wake(),
+            self.machine.next_wake(),
             self.born,
-            self.membership
+            self.machine
         )
     }
 
@@ -353,15 +352,15 @@ impl Node {
     }
 
     pub(crate) fn is_member(&self) -> bool {
-        self.membership.phase() == Phase::Member
+        self.machine.phase() == Phase::Member
     }
 
     pub(crate) fn held_count(&self) -> usize {
-        self.membership.held().count()
+        self.machine.held().count()
     }
 
     pub(crate) fn serves(&self, p: u32) -> bool {
-        self.alive && self.serving.serves(p) && self.parts.serves(p)
+        self.alive && self.machine.serves(p) && self.parts.serves(p)
     }
 
     /// Serves `p` and can take a command for it now.
@@ -406,28 +405,11 @@ impl Node {
         }
     }
 
-    /// Where a request for `p` goes at simulated time `now` (the server's routing: the shared
-    /// [`route`] on this node's last read of the lease table, aged by its own clock);
-    /// `served_here` when this node answers such a request itself, `relayed` when another
-    /// node relayed it here.
+    /// Where a request for `p` goes at simulated time `now` (the node machine's routing, on
+    /// this node's last read of the lease table, aged by its own clock); `served_here` when
+    /// this node answers such a request itself, `relayed` when another node relayed it here.
     pub(crate) fn route(&self, p: u32, now: u64, served_here: bool, relayed: bool) -> Route {
-        let request = RouteRequest {
-            partition: p,
-            partitions: self.partitions,
-            served_here,
-            relayed,
-        };
-        let unread = TableStatus::default();
-        let (status, read_at) = self
-            .membership
-            .view()
-            .map_or((&unread, 0), |v| (&v.status, v.read_at));
-        let leases = Leases::Read {
-            status,
-            age_ms: self.local(now).saturating_sub(read_at),
-            me: &self.name,
-        };
-        route(request, leases)
+        self.machine.route(p, self.local(now), served_here, relayed)
     }
 
     pub(crate) fn step(&mut self, now: u64, db: &Arc<Db>, answers: &mut Answers) {
@@ -450,11 +432,11 @@ impl Node {
             && *at <= now
             && let Some((_, reply)) = self.awaiting.take()
         {
-            self.membership.reply(t, reply);
+            self.machine.reply(t, reply);
         }
         // The marks asked for were pulled before this step (see `Sim::tick`).
         for (p, epoch) in std::mem::take(&mut self.pulls) {
-            self.serving.marks_pulled(t, p, epoch);
+            self.machine.marks_pulled(t, p, epoch);
         }
         self.actions(now, t, db, answers);
         self.step_partitions(now, t, answers);
@@ -467,85 +449,75 @@ impl Node {
         }
     }
 
-    /// Carries out what the membership and the serving machine ask for now, the serving
-    /// machine first (as the server's driver does), until neither asks for more.
+    /// Carries out what the node machine asks for now, until it asks for nothing more. A
+    /// machine that never stops asking is a violation (it would hang the seed).
     fn actions(&mut self, now: u64, t: u64, db: &Arc<Db>, answers: &mut Answers) {
-        for _ in 0..256 {
-            if let Some(action) = self.serving.poll(t) {
-                self.carry_out(action, now, t, db, answers);
-                continue;
-            }
-            let Some(action) = self.membership.poll(t) else {
+        for _ in 0..ACTIONS_PER_STEP_MAX {
+            let Some(action) = self.machine.poll(t) else {
                 return;
             };
-            if !matches!(action, Action::Call(_)) {
+            if !matches!(action, NodeAction::Call(_)) {
                 trace(|| format!("{now} {}-r{} {action:?}", self.name, self.run));
             }
-            match action {
-                Action::Call(call) => self.call(call, now, t, db),
-                Action::Serve {
-                    partition,
-                    epoch,
-                    previous,
-                } => self.serving.serve(t, partition, epoch, previous),
-                Action::Stop { partition, .. } => self.serving.stop(t, partition),
-                Action::Drain {
-                    partition, epoch, ..
-                } => self.serving.drain(t, partition, epoch),
-                Action::Refuse(_) | Action::Superseded => {
-                    self.kill();
-                    return;
-                }
-                Action::EpochWentBack {
-                    partition,
-                    seen,
-                    found,
-                } if db.went_back() == 0 => self.violations.push(Kind::Safety.of(format!(
-                    "{}: partition {partition}'s epoch went back from {seen} to {found} although \
-                     the database lost nothing",
-                    self.name
-                ))),
-                _ => {}
+            if !self.carry_out(action, now, t, db, answers) {
+                return;
             }
         }
+        self.violations.push(Kind::Liveness.of(format!(
+            "{}: the node machine asked for more than {ACTIONS_PER_STEP_MAX} actions at one \
+             instant",
+            self.name
+        )));
     }
 
-    /// Does the simulated I/O of one action of the serving machine, and tells the machines
-    /// what came of it.
+    /// Does the simulated I/O of one action of the node machine, and tells the machine what
+    /// came of it; `false` when this run is over.
     fn carry_out(
         &mut self,
-        action: ServingAction,
+        action: NodeAction,
         now: u64,
         t: u64,
         db: &Arc<Db>,
         answers: &mut Answers,
-    ) {
-        trace(|| format!("{now} {}-r{} {action:?}", self.name, self.run));
+    ) -> bool {
         match action {
-            ServingAction::PullMarks { partition, epoch } => self.pulls.push((partition, epoch)),
-            ServingAction::Settle { partition, epoch } => {
+            NodeAction::Call(call) => self.call(call, now, t, db),
+            NodeAction::PullMarks { partition, epoch } => self.pulls.push((partition, epoch)),
+            NodeAction::Settle { partition, epoch } => {
                 let settled = self.settle(db, partition, epoch);
-                self.serving.settled(t, partition, epoch, settled);
+                self.machine.settled(t, partition, epoch, settled);
             }
-            ServingAction::Start {
+            NodeAction::Start {
                 partition, epoch, ..
             } => self.start_partition(db, partition, epoch, now),
-            ServingAction::Stop { partition } => self.drop_partition(partition, answers),
-            ServingAction::Drained {
-                partition,
-                epoch,
-                ok,
-            } => {
-                self.membership.drained(t, partition, epoch, ok);
+            NodeAction::Stop { partition } | NodeAction::Drained { partition, .. } => {
                 self.drop_partition(partition, answers);
             }
-            ServingAction::Fenced { partition } => self.membership.fenced(t, partition),
-            // The partition takes no more commands ([`Node::serves`]); it reports idle when
-            // it is (see [`Node::advance`]). Readiness is not simulated.
-            ServingAction::Drain { .. }
-            | ServingAction::Hold { .. }
-            | ServingAction::Unhold { .. } => {}
+            NodeAction::Refuse(_) | NodeAction::Superseded => {
+                self.kill();
+                return false;
+            }
+            NodeAction::EpochWentBack {
+                partition,
+                seen,
+                found,
+            } if db.went_back() == 0 => self.violations.push(Kind::Safety.of(format!(
+                "{}: partition {partition}'s epoch went back from {seen} to {found} although \
+                 the database lost nothing",
+                self.name
+            ))),
+            // A draining partition takes no more commands ([`Node::serves`]) and reports idle
+            // when it is ([`Node::advance`]); readiness and log lines are not simulated.
+            NodeAction::Drain { .. }
+            | NodeAction::Hold { .. }
+            | NodeAction::Unhold { .. }
+            | NodeAction::Stopping { .. }
+            | NodeAction::HandingOff { .. }
+            | NodeAction::Claimed { .. }
+            | NodeAction::EpochWentBack { .. }
+            | NodeAction::Left => {}
         }
+        true
     }
 
     /// Starts partition `p` under `epoch`: the real lifecycle and writer, writing through this
@@ -587,7 +559,7 @@ impl Node {
         let reply = match db.lease_call_fate(&self.name) {
             Err(e) => failed(&call, &e.message),
             Ok(answered) => {
-                let reply = db.lease_call(&call, self.membership.config());
+                let reply = db.lease_call(&call, self.machine.config());
                 if !answered {
                     failed(&call, "the answer was lost")
                 } else if self.rng.random_range(0..1_000u32) < late {
@@ -599,7 +571,7 @@ impl Node {
                 }
             }
         };
-        self.membership.reply(t, reply);
+        self.machine.reply(t, reply);
     }
 
     fn step_partition(&mut self, p: u32, now: u64, t: u64, answers: &mut Answers) {
@@ -632,9 +604,9 @@ impl Node {
         }
         part.deliver(given, answers);
         if part.fenced() {
-            self.serving.fenced(t, p);
-        } else if self.serving.draining(p) && part.writer.idle() {
-            self.serving.idle(t, p, part.epoch);
+            self.machine.fenced(t, p);
+        } else if self.machine.draining(p) && part.writer.idle() {
+            self.machine.idle(t, p, part.epoch);
         }
     }
 

@@ -1,11 +1,11 @@
-//! [`Cluster`]: runs this node's membership state machine (`monoseq-membership`) on tokio.
-//! Owns the only clock and the only I/O of membership: it reads the time, makes the lease
+//! [`Cluster`]: runs this node's machine (`monoseq_membership::NodeMachine`: membership and
+//! serving) on tokio. Owns the only clock and the only I/O of membership: it reads the time, makes the lease
 //! calls the machine asks for off the runtime (`spawn_blocking`), hands their answers back,
 //! and carries out the machine's actions. Its parts: the last read of the table for routing
 //! and readiness (`routing.rs`), the readiness probes of the other nodes and the pull of their
 //! marks (`probes.rs`), and the I/O of serving, stopping and draining partitions on the
-//! command processor that the serving machine beside the membership asks for (`serving.rs`);
-//! this file holds the loop that steps both machines, joining and leaving, the status answer
+//! command processor that the machine asks for (`serving.rs`);
+//! this file holds the loop that steps the machine, joining and leaving, the status answer
 //! and the log lines.
 
 mod probes;
@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use monoseq_cp::{CommandProcessor, Unready};
 use monoseq_membership::{
-    Action, Call, Config, DRAIN_MS_MAX, LeaseRow, LeaseTable, Membership, NameTaken, Reply, Retry,
-    Serving, ServingAction, Settled, StopReason, TableError, TableStatus, assign, execute,
+    Call, Config, DRAIN_MS_MAX, LeaseRow, LeaseTable, NameTaken, NodeAction, NodeMachine, Reply,
+    Retry, Settled, StopReason, TableError, TableStatus, assign, execute,
 };
 use monoseq_store::{EventStore, PartitionId, TrustLevel, settle_losses};
 use monoseq_wire::{ClusterBody, ClusterNodeBody, ClusterPartitionBody};
@@ -163,7 +163,7 @@ impl Cluster {
             held: Mutex::new(BTreeMap::new()),
             refused: Mutex::new(HashSet::new()),
         });
-        tokio::spawn(Arc::clone(&cluster).drive(Membership::new(config, 0), leave_rx));
+        tokio::spawn(Arc::clone(&cluster).drive(NodeMachine::new(config, 0), leave_rx));
         let life = life_rx
             .wait_for(|l| *l != Life::Joining)
             .await
@@ -287,11 +287,11 @@ impl Cluster {
         tracing::info!(node_id = %self.settings.node_id, "left the cluster; partitions handed over");
     }
 
-    /// The driver: steps the membership machine and the serving machine beside it until the
-    /// membership is done.
+    /// The driver: steps this node's machine (membership and serving, `monoseq-membership`)
+    /// until the membership is over.
     async fn drive(
         self: Arc<Self>,
-        mut m: Membership,
+        mut node: NodeMachine,
         mut leave_rx: mpsc::Receiver<oneshot::Sender<()>>,
     ) {
         let origin = Instant::now();
@@ -299,17 +299,18 @@ impl Cluster {
         let capacity = DONE_QUEUE_MIN + self.partitions as usize;
         let (done_tx, mut done_rx) = mpsc::channel::<Done>(capacity);
         let mut leaving: Option<oneshot::Sender<()>> = None;
-        let mut s = Serving::new();
         let fenced_every = self.settings.renew / FENCED_CHECKS_PER_RENEWAL;
         loop {
             for p in self.cp.fenced() {
-                s.fenced(now(), p);
+                node.fenced(now(), p);
             }
             self.log_refused();
-            if !self.step(&mut m, &mut s, &now, &done_tx, &mut leaving) {
-                return;
+            while let Some(action) = node.poll(now()) {
+                if !self.perform(action, now(), &done_tx, &mut leaving) {
+                    return;
+                }
             }
-            let next = m.next_wake().min(s.next_wake());
+            let next = node.next_wake();
             let wake = origin + Duration::from_millis(next.min(now() + ms(fenced_every)));
             tokio::select! {
                 Some(done) = done_rx.recv() => match done {
@@ -317,42 +318,18 @@ impl Cluster {
                         if let Reply::Status(Ok(status)) = &reply {
                             self.set_view(status, sent);
                         }
-                        m.reply(now(), reply);
+                        node.reply(now(), reply);
                     }
-                    Done::Pulled(p, epoch) => s.marks_pulled(now(), p, epoch),
-                    Done::Settled(p, epoch, settled) => s.settled(now(), p, epoch, settled),
-                    Done::Idle(p, epoch) => s.idle(now(), p, epoch),
+                    Done::Pulled(p, epoch) => node.marks_pulled(now(), p, epoch),
+                    Done::Settled(p, epoch, settled) => node.settled(now(), p, epoch, settled),
+                    Done::Idle(p, epoch) => node.idle(now(), p, epoch),
                 },
                 Some(tx) = leave_rx.recv() => {
-                    m.leave(now());
+                    node.leave(now());
                     leaving = Some(tx);
                 }
-                () = self.read_soon.notified() => m.read_soon(now()),
+                () = self.read_soon.notified() => node.read_soon(now()),
                 () = tokio::time::sleep_until(wake.into()) => {}
-            }
-        }
-    }
-
-    /// Carries out what both machines ask for at once, until neither asks for more; `false`
-    /// when the membership is over. The serving machine goes first, so that what one action
-    /// of the membership asked for (a stop) is done before the next one (the end).
-    fn step(
-        self: &Arc<Self>,
-        m: &mut Membership,
-        s: &mut Serving,
-        now: &impl Fn() -> u64,
-        done: &mpsc::Sender<Done>,
-        leaving: &mut Option<oneshot::Sender<()>>,
-    ) -> bool {
-        loop {
-            if let Some(action) = s.poll(now()) {
-                self.carry_out(action, m, now(), done);
-            } else if let Some(action) = m.poll(now()) {
-                if !self.perform(action, s, now(), done, leaving) {
-                    return false;
-                }
-            } else {
-                return true;
             }
         }
     }
@@ -376,68 +353,55 @@ impl Cluster {
         }
     }
 
-    /// Carries out one action of the membership at `now`, serving, stopping and draining
-    /// through the serving machine `s`; `false` when the membership is over.
+    /// Carries out one action of the node machine at `now`: the lease calls and the life of
+    /// the membership here, serving, stopping and draining partitions in `serving.rs`;
+    /// `false` when the membership is over.
     fn perform(
         self: &Arc<Self>,
-        action: Action,
-        s: &mut Serving,
+        action: NodeAction,
         now: u64,
         done: &mpsc::Sender<Done>,
         leaving: &mut Option<oneshot::Sender<()>>,
     ) -> bool {
         match action {
-            Action::Call(call) => self.call(call, done.clone()),
-            Action::Serve {
-                partition,
-                epoch,
-                previous,
-            } => {
-                lock(&self.refused).remove(&partition);
-                s.serve(now, partition, epoch, previous);
-            }
-            Action::Stop {
+            NodeAction::Call(call) => self.call(call, done.clone()),
+            NodeAction::Stopping {
                 partition,
                 epoch,
                 why,
-            } => {
-                log_stop(partition, epoch, why);
-                s.stop(now, partition);
-            }
-            Action::Drain {
+            } => log_stop(partition, epoch, why),
+            NodeAction::HandingOff {
                 partition,
                 epoch,
                 to,
-            } => {
-                log_drain(partition, epoch, to.as_deref());
-                s.drain(now, partition, epoch);
-            }
-            Action::Claimed { previous } => {
+            } => log_drain(partition, epoch, to.as_deref()),
+            NodeAction::Claimed { previous } => {
                 if let Some(p) = previous {
                     log_name_taken_over(&p);
                 }
                 self.life.send_replace(Life::Member);
             }
-            Action::Refuse(taken) => {
+            NodeAction::Refuse(taken) => {
                 self.end(refusal(&taken, self.config.name_wait_ms()));
                 return false;
             }
-            Action::Superseded => {
+            NodeAction::Superseded => {
                 self.end(self.superseded());
                 return false;
             }
-            Action::EpochWentBack {
+            NodeAction::EpochWentBack {
                 partition,
                 seen,
                 found,
             } => log_epoch_went_back(partition, seen, found),
-            Action::Left => {
+            NodeAction::Left => {
                 if let Some(tx) = leaving.take() {
                     let _ = tx.send(());
                 }
                 self.life.send_replace(Life::Left);
                 return false;
             }
+            serving => self.carry_out(serving, now, done),
         }
         true
     }

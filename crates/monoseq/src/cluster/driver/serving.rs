@@ -1,5 +1,5 @@
 //! The I/O of serving, stopping and draining partitions on the command processor, as the
-//! [`Serving`] machine (`monoseq-membership`) asks: pulling the peers' marks, settling a
+//! node machine (`monoseq_membership::NodeMachine`) asks: pulling the peers' marks, settling a
 //! partition's accepted losses, starting it with its writes fenced, releasing it, and the log
 //! lines and `/readyz` reasons of each. The order and the retries are the machine's; each
 //! answer goes back to it through the driver's queue.
@@ -12,56 +12,50 @@ pub const ACCEPT_LOSS_HINT: &str = "restart this node with `monoseq serve --acce
      database to hold them";
 
 impl Cluster {
-    /// Carries out one action of the serving machine at `now` (the driver's clock); what
-    /// comes of the I/O goes back through `done`, what the membership must hear goes to `m`.
+    /// Carries out one serving action of the node machine at `now` (the driver's clock); what
+    /// comes of the I/O goes back to the machine through `done`.
     pub(super) fn carry_out(
         self: &Arc<Self>,
-        action: ServingAction,
-        m: &mut Membership,
+        action: NodeAction,
         now: u64,
         done: &mpsc::Sender<Done>,
     ) {
         match action {
-            ServingAction::PullMarks { partition, epoch } => {
+            NodeAction::PullMarks { partition, epoch } => {
+                lock(&self.refused).remove(&partition);
                 let (me, done) = (Arc::clone(self), done.clone());
                 tokio::spawn(async move {
                     me.pull_marks(&me.peer_urls()).await;
                     let _ = done.send(Done::Pulled(partition, epoch)).await;
                 });
             }
-            ServingAction::Settle { partition, epoch } => {
+            NodeAction::Settle { partition, epoch } => {
                 let (me, done) = (Arc::clone(self), done.clone());
                 tokio::spawn(async move {
                     let settled = me.settle_losses(partition, epoch).await;
                     let _ = done.send(Done::Settled(partition, epoch, settled)).await;
                 });
             }
-            ServingAction::Start {
+            NodeAction::Start {
                 partition,
                 epoch,
                 previous,
             } => self.start_serving(partition, epoch, previous.as_deref()),
-            ServingAction::Stop { partition } => self.stop_serving(partition),
-            ServingAction::Drain {
+            NodeAction::Stop { partition } => self.stop_serving(partition),
+            NodeAction::Drain {
                 partition,
                 epoch,
                 deadline,
             } => self.release_drained(partition, epoch, deadline.saturating_sub(now), done),
-            ServingAction::Drained {
-                partition,
-                epoch,
-                ok,
-            } => {
+            NodeAction::Drained { partition, ok, .. } => {
                 if !ok {
                     tracing::warn!(
                         partition,
                         "the partition did not stop in time; its lease is left to expire"
                     );
                 }
-                m.drained(now, partition, epoch, ok);
             }
-            ServingAction::Fenced { partition } => m.fenced(now, partition),
-            ServingAction::Hold {
+            NodeAction::Hold {
                 partition,
                 epoch,
                 why,
@@ -70,9 +64,11 @@ impl Cluster {
                 log_hold(partition, epoch, &why, retry);
                 lock(&self.held).insert(partition, why);
             }
-            ServingAction::Unhold { partition } => {
+            NodeAction::Unhold { partition } => {
                 lock(&self.held).remove(&partition);
             }
+            // The membership's own actions are the driver's (`Cluster::perform`).
+            _ => {}
         }
     }
 
