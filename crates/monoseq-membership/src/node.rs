@@ -147,20 +147,20 @@ impl NodeMachine {
     pub fn poll(&mut self, now: u64) -> Option<NodeAction> {
         loop {
             if let Some(action) = self.serving.poll(now) {
-                if let Some(action) = self.from_serving(now, action) {
+                if let Some(action) = self.after_serving(now, action) {
                     return Some(action);
                 }
                 continue;
             }
             let action = self.membership.poll(now)?;
-            if let Some(action) = self.from_membership(now, action) {
+            if let Some(action) = self.after_membership(now, action) {
                 return Some(action);
             }
         }
     }
 
     /// What the serving machine's `action` asks of the membership or the caller.
-    fn from_serving(&mut self, now: u64, action: ServingAction) -> Option<NodeAction> {
+    fn after_serving(&mut self, now: u64, action: ServingAction) -> Option<NodeAction> {
         Some(match action {
             ServingAction::Fenced { partition } => {
                 self.membership.fenced(now, partition);
@@ -217,7 +217,7 @@ impl NodeMachine {
     }
 
     /// What the membership's `action` asks of the serving machine or the caller.
-    fn from_membership(&mut self, now: u64, action: Action) -> Option<NodeAction> {
+    fn after_membership(&mut self, now: u64, action: Action) -> Option<NodeAction> {
         Some(match action {
             Action::Call(call) => NodeAction::Call(call),
             Action::Serve {

@@ -47,14 +47,14 @@ impl Cluster {
                 epoch,
                 deadline,
             } => self.release_drained(partition, epoch, deadline.saturating_sub(now), done),
-            NodeAction::Drained { partition, ok, .. } => {
-                if !ok {
-                    tracing::warn!(
-                        partition,
-                        "the partition did not stop in time; its lease is left to expire"
-                    );
-                }
-            }
+            NodeAction::Drained {
+                partition,
+                ok: false,
+                ..
+            } => tracing::warn!(
+                partition,
+                "the partition did not stop in time; its lease is left to expire"
+            ),
             NodeAction::Hold {
                 partition,
                 epoch,
