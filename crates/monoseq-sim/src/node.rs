@@ -51,7 +51,7 @@ struct Part {
 type Answers = Vec<(Request, Result<Outcome, CommandError>)>;
 
 /// More actions than this at one instant means the node machine never stops asking.
-const ACTIONS_PER_STEP_MAX: usize = 10_000;
+const ACTIONS_PER_STEP_MAX: usize = 8_192;
 
 impl Held for Part {
     fn fenced(&self) -> bool {
