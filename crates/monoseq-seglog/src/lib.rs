@@ -98,16 +98,14 @@ mod error;
 mod frames;
 mod layout;
 mod log;
-mod options;
 mod page;
 mod recover;
 mod segment;
 
 pub use error::{Fault, SegError};
 pub use layout::{FORMAT_VERSION, FRAME_HEAD_BYTES, HEADER_BYTES, INDEX_EVERY, PAYLOAD_BYTES_MAX};
-pub use log::SegLog;
-pub use options::{
+pub use log::{
     PREALLOCATE_BYTES_DEFAULT, SEGMENT_BYTES_DEFAULT, SEGMENT_BYTES_MAX, START_OFFSET_DEFAULT,
-    SegOptions,
+    SegLog, SegOptions,
 };
 pub use page::Page;

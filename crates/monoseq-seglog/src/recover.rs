@@ -6,21 +6,23 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{SegError, io};
 use crate::layout::HeaderRead;
-use crate::options::SegOptions;
 use crate::segment::{Segment, parse_name, sync_dir};
 
 /// Where a log lies and what it must hold.
 pub(crate) struct Place<'a> {
     pub(crate) dir: &'a Path,
     pub(crate) partition: u32,
-    pub(crate) options: &'a SegOptions,
+    /// Where a new log starts, and an existing one's first segment must.
+    pub(crate) start_offset: u64,
+    /// Zeros written ahead of an active segment's data at a time.
+    pub(crate) preallocate_bytes: u64,
     /// One past the highest offset ever acknowledged.
     pub(crate) durable_end: u64,
 }
 
 /// The log's segments in offset order, the last one active (unsealed, zero-filled ahead).
 pub(crate) fn open_segments(at: &Place<'_>) -> Result<Vec<Segment>, SegError> {
-    let start = at.options.start_offset;
+    let start = at.start_offset;
     std::fs::create_dir_all(at.dir).map_err(io("creating directory", at.dir))?;
     let names = list(at.dir)?;
     let Some(&(lowest, _)) = names.first() else {
@@ -30,7 +32,7 @@ pub(crate) fn open_segments(at: &Place<'_>) -> Result<Vec<Segment>, SegError> {
         if let Some(parent) = at.dir.parent().filter(|p| !p.as_os_str().is_empty()) {
             sync_dir(parent)?;
         }
-        let first = Segment::create(at.dir, at.partition, start, at.options.preallocate_bytes)?;
+        let first = Segment::create(at.dir, at.partition, start, at.preallocate_bytes)?;
         return Ok(vec![first]);
     };
     if lowest > start {
@@ -110,7 +112,7 @@ fn open_inner(at: &Place<'_>, path: PathBuf, first: u64, next: u64) -> Result<Se
 
 /// The last segment, and the new active one when it is sealed.
 fn open_last(at: &Place<'_>, path: PathBuf, first: u64) -> Result<Vec<Segment>, SegError> {
-    let prealloc = at.options.preallocate_bytes;
+    let prealloc = at.preallocate_bytes;
     let (file, len, head) = Segment::open_file(&path)?;
     if head == HeaderRead::Invalid && first >= at.durable_end {
         // Created but never synced whole: nothing in it was acknowledged.
