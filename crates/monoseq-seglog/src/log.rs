@@ -150,7 +150,9 @@ impl SegLog {
     /// One past the last offset appended: the next append's first offset.
     #[must_use]
     pub fn end(&self) -> u64 {
-        self.active().map_or(self.options.start_offset, |s| s.next)
+        self.segments
+            .last()
+            .map_or(self.options.start_offset, |s| s.next)
     }
 
     /// How many segment files the log has.
