@@ -31,7 +31,7 @@ pub struct SegOptions {
     /// [`SEGMENT_BYTES_MAX`]).
     pub preallocate_bytes: u64,
     /// The offset the log starts at: a new log's first segment begins there, and an existing
-    /// log's first segment must (a missing first segment is damage).
+    /// log's first segment at or below it (a missing first segment is damage).
     pub start_offset: u64,
 }
 

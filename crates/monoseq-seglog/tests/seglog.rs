@@ -522,3 +522,61 @@ fn after_a_failed_seal_every_call_is_refused_until_reopened() {
         .expect("append");
     assert_holds_payloads(&log, 4);
 }
+
+#[test]
+fn options_out_of_bounds_are_refused() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    for options in [
+        SegOptions {
+            segment_bytes: HEADER_BYTES,
+            ..small()
+        },
+        SegOptions {
+            segment_bytes: monoseq_seglog::SEGMENT_BYTES_MAX + 1,
+            ..small()
+        },
+        SegOptions {
+            preallocate_bytes: 0,
+            ..small()
+        },
+    ] {
+        let err = SegLog::open(dir.path(), 0, options, 1).unwrap_err();
+        assert!(matches!(err, SegError::Options(_)), "{err}");
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).expect("list").count(),
+        0,
+        "nothing created"
+    );
+}
+
+#[test]
+fn readers_share_the_log_with_its_writer_behind_a_read_write_lock() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let log = std::sync::Arc::new(std::sync::RwLock::new(open(dir.path(), &small(), 1)));
+    let writer = {
+        let log = log.clone();
+        std::thread::spawn(move || {
+            for at in (1..600).step_by(3) {
+                log.write()
+                    .expect("lock")
+                    .append(at, &payloads(at, at + 3))
+                    .expect("append");
+                log.read().expect("lock").sync().expect("sync");
+            }
+        })
+    };
+    let mut from = 1;
+    while from < 601 {
+        let page = log
+            .read()
+            .expect("lock")
+            .read(from, 50, usize::MAX)
+            .expect("read");
+        for (i, p) in page.payloads().enumerate() {
+            assert_eq!(p, payload(from + i as u64));
+        }
+        from = page.end();
+    }
+    writer.join().expect("the writer");
+}
