@@ -12,7 +12,7 @@ use crate::segment::{Segment, parse_name, sync_dir};
 pub(crate) struct Place<'a> {
     pub(crate) dir: &'a Path,
     pub(crate) partition: u32,
-    /// Where a new log starts, and an existing one's first segment must.
+    /// Where a new log starts; an existing one's first segment starts at or below it.
     pub(crate) start_offset: u64,
     /// Zeros written ahead of an active segment's data at a time.
     pub(crate) preallocate_bytes: u64,
