@@ -29,6 +29,7 @@ const ALLOWED: &[(&str, &[&str], &[&str])] = &[
     ("monoseq-core", &["monoseq-wire"], &[]),
     ("monoseq-kv", &[], &[]),
     ("monoseq-backoff", &[], &[]),
+    ("monoseq-seglog", &[], &[]),
     ("monoseq-membership", &["monoseq-backoff"], &[]),
     ("monoseq-wire", &[], &[]),
     ("monoseq-pg", &["monoseq-kv"], &[]),

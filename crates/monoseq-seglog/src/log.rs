@@ -1,0 +1,356 @@
+//! `SegLog`: one partition's log in its directory: open (restart), append, sync, read; and
+//! `SegOptions`, how it lays out its segments.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::error::SegError;
+use crate::frames::Frames;
+use crate::layout::{HEADER_BYTES, PAYLOAD_BYTES_MAX, put_frame};
+use crate::page::Page;
+use crate::recover::{Place, open_segments};
+use crate::segment::Segment;
+
+/// A segment is sealed once its data passes this many bytes, by default.
+pub const SEGMENT_BYTES_DEFAULT: u64 = 64 << 20;
+/// Largest size limit of a segment.
+pub const SEGMENT_BYTES_MAX: u64 = 1 << 30;
+/// An active segment is zero-filled this many bytes ahead at a time, by default.
+pub const PREALLOCATE_BYTES_DEFAULT: u64 = 1 << 20;
+/// The first offset of a new log, by default (a PLog's first offset).
+pub const START_OFFSET_DEFAULT: u64 = 1;
+
+/// How a segment log lays out its segments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegOptions {
+    /// A segment is sealed, and the next one started, once its frames pass this many bytes
+    /// (more than the header, at most [`SEGMENT_BYTES_MAX`]).
+    pub segment_bytes: u64,
+    /// The active segment is zero-filled (written and synced) this many bytes ahead of its
+    /// data at a time, so that a later sync writes data only (at least 1, at most
+    /// [`SEGMENT_BYTES_MAX`]).
+    pub preallocate_bytes: u64,
+    /// The offset the log starts at: a new log's first segment begins there, and an existing
+    /// log's first segment at or below it (a missing first segment is damage).
+    pub start_offset: u64,
+}
+
+impl Default for SegOptions {
+    fn default() -> Self {
+        SegOptions {
+            segment_bytes: SEGMENT_BYTES_DEFAULT,
+            preallocate_bytes: PREALLOCATE_BYTES_DEFAULT,
+            start_offset: START_OFFSET_DEFAULT,
+        }
+    }
+}
+
+impl SegOptions {
+    /// Checks the bounds each field's doc gives.
+    ///
+    /// # Errors
+    ///
+    /// [`SegError::Options`] naming the field out of bounds.
+    pub fn validate(&self) -> Result<(), SegError> {
+        if self.segment_bytes <= HEADER_BYTES || self.segment_bytes > SEGMENT_BYTES_MAX {
+            return Err(SegError::Options(
+                "segment_bytes must be more than the header and at most SEGMENT_BYTES_MAX",
+            ));
+        }
+        if self.preallocate_bytes == 0 || self.preallocate_bytes > SEGMENT_BYTES_MAX {
+            return Err(SegError::Options(
+                "preallocate_bytes must be at least 1 and at most SEGMENT_BYTES_MAX",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One partition's log: a directory of segments, the last one active.
+///
+/// `append` takes `&mut self`; `sync` and `read` take `&self`, so a caller that shares the log
+/// behind a read-write lock holds the write lock only for an append (one `write`, and rarely a
+/// zero-fill or a seal), while syncs and reads go on beside each other.
+#[derive(Debug)]
+pub struct SegLog {
+    dir: PathBuf,
+    partition: u32,
+    options: SegOptions,
+    /// In offset order; the last one is active (unsealed).
+    segments: Vec<Segment>,
+    /// An append's frames, kept between appends.
+    buf: Vec<u8>,
+    /// Where each of an append's frames starts in `buf`.
+    positions: Vec<u64>,
+    /// What failed first, once a write or sync failed.
+    poisoned: OnceLock<&'static str>,
+}
+
+impl SegLog {
+    /// Opens (or creates) the log of `partition` in `dir`, whose acknowledged offsets end
+    /// below `durable_end` (one past the highest offset ever acknowledged; `start_offset`
+    /// when none was).
+    ///
+    /// Every offset below `durable_end` must be there whole. Frames after the last valid one
+    /// of the active segment, all above `durable_end`, are cut (a `warn` line says what).
+    ///
+    /// # Errors
+    ///
+    /// [`SegError::Damaged`] or [`SegError::Missing`] when offsets below `durable_end` (or
+    /// inside a sealed segment) are missing or damaged; [`SegError::Header`],
+    /// [`SegError::Format`], [`SegError::Partition`], [`SegError::Renamed`],
+    /// [`SegError::Overlap`] for a file that does not belong; [`SegError::Io`];
+    /// [`SegError::Options`].
+    pub fn open(
+        dir: impl AsRef<Path>,
+        partition: u32,
+        options: SegOptions,
+        durable_end: u64,
+    ) -> Result<SegLog, SegError> {
+        options.validate()?;
+        let dir = dir.as_ref().to_path_buf();
+        let segments = open_segments(&Place {
+            dir: &dir,
+            partition,
+            start_offset: options.start_offset,
+            preallocate_bytes: options.preallocate_bytes,
+            durable_end,
+        })?;
+        Ok(SegLog {
+            dir,
+            partition,
+            options,
+            segments,
+            buf: Vec::new(),
+            positions: Vec::new(),
+            poisoned: OnceLock::new(),
+        })
+    }
+
+    /// The log's directory.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The log's partition.
+    #[must_use]
+    pub fn partition(&self) -> u32 {
+        self.partition
+    }
+
+    /// The first offset the log holds (or will hold).
+    #[must_use]
+    pub fn start(&self) -> u64 {
+        self.segments
+            .first()
+            .map_or(self.options.start_offset, |s| s.first)
+    }
+
+    /// One past the last offset appended: the next append's first offset.
+    #[must_use]
+    pub fn end(&self) -> u64 {
+        self.segments
+            .last()
+            .map_or(self.options.start_offset, |s| s.next)
+    }
+
+    /// How many segment files the log has.
+    #[must_use]
+    pub fn segments(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// How many sparse index entries the log keeps in memory (8 bytes each).
+    #[must_use]
+    pub fn index_entries(&self) -> usize {
+        self.segments.iter().map(|s| s.index.len()).sum()
+    }
+
+    /// Appends `payloads` as the frames of offsets `first_offset`, `first_offset + 1`, …
+    /// with one `write` (and, when they pass the zero-filled room, a zero-fill and its sync
+    /// first); returns the new end. Once the active segment passes its size limit it is
+    /// sealed and the next one created, both synced. Nothing is durable before
+    /// [`SegLog::sync`] (or a seal).
+    ///
+    /// # Errors
+    ///
+    /// [`SegError::NotAtEnd`] when `first_offset` is not [`SegLog::end`];
+    /// [`SegError::Payload`] for an empty or too long payload (nothing is written then);
+    /// [`SegError::Io`], after which the log is poisoned: every later call answers
+    /// [`SegError::Poisoned`] until it is reopened; [`SegError::Poisoned`].
+    pub fn append<P: AsRef<[u8]>>(
+        &mut self,
+        first_offset: u64,
+        payloads: &[P],
+    ) -> Result<u64, SegError> {
+        self.check_poisoned()?;
+        let end = self.end();
+        if first_offset != end {
+            return Err(SegError::NotAtEnd {
+                given: first_offset,
+                end,
+            });
+        }
+        self.frame(end, payloads)?;
+        if payloads.is_empty() {
+            return Ok(end);
+        }
+        let (preallocate, limit) = (self.options.preallocate_bytes, self.options.segment_bytes);
+        let (buf, positions) = (
+            std::mem::take(&mut self.buf),
+            std::mem::take(&mut self.positions),
+        );
+        let written = self
+            .active_mut()
+            .and_then(|active| active.append(&buf, &positions, preallocate));
+        (self.buf, self.positions) = (buf, positions);
+        written.map_err(|e| self.poison("write", e))?;
+        if self.active()?.data_end >= limit {
+            self.roll().map_err(|e| self.poison("seal", e))?;
+        }
+        Ok(self.end())
+    }
+
+    /// Makes every frame appended durable: `fdatasync` of the active segment (a new segment
+    /// and its directory entry were synced when it was created).
+    ///
+    /// # Errors
+    ///
+    /// [`SegError::Io`], after which the log is poisoned (a failed sync may have dropped
+    /// pages); [`SegError::Poisoned`].
+    pub fn sync(&self) -> Result<(), SegError> {
+        self.check_poisoned()?;
+        let active = self.active()?;
+        active
+            .file
+            .sync_data()
+            .map_err(crate::error::io("syncing", &active.path))
+            .map_err(|e| self.poison("sync", e))
+    }
+
+    /// Up to `max_events` frames from offset `from` on, in offset order, their bytes at most
+    /// `max_bytes` (but the first frame's, which is always returned; none when `max_events`
+    /// is 0), each frame's length and
+    /// CRC checked; empty at or past the end. It seeks once per segment (to the indexed frame
+    /// at or below `from`, at most 63 frames before it) and reads on sequentially.
+    ///
+    /// # Errors
+    ///
+    /// [`SegError::BelowStart`] when `from` is below [`SegLog::start`];
+    /// [`SegError::Damaged`] when a frame fails its check; [`SegError::Io`].
+    pub fn read(&self, from: u64, max_events: usize, max_bytes: usize) -> Result<Page, SegError> {
+        let start = self.start();
+        if from < start {
+            return Err(SegError::BelowStart { from, start });
+        }
+        let mut page = Page::new(from);
+        if max_events == 0 {
+            return Ok(page);
+        }
+        let first = self.segments.partition_point(|s| s.first <= from);
+        for segment in self.segments.iter().skip(first.saturating_sub(1)) {
+            if page.end() >= segment.next {
+                continue;
+            }
+            if !read_segment(segment, &mut page, max_events, max_bytes)? {
+                break;
+            }
+        }
+        Ok(page)
+    }
+
+    /// Encodes `payloads`' frames from offset `end` into the append buffer.
+    fn frame<P: AsRef<[u8]>>(&mut self, end: u64, payloads: &[P]) -> Result<(), SegError> {
+        self.buf.clear();
+        self.positions.clear();
+        for (i, payload) in payloads.iter().enumerate() {
+            let payload = payload.as_ref();
+            let offset = end + i as u64;
+            if payload.is_empty() || payload.len() > PAYLOAD_BYTES_MAX as usize {
+                return Err(SegError::Payload {
+                    offset,
+                    len: payload.len(),
+                    max: PAYLOAD_BYTES_MAX,
+                });
+            }
+            self.positions.push(self.buf.len() as u64);
+            put_frame(&mut self.buf, offset, payload);
+        }
+        Ok(())
+    }
+
+    /// Seals the active segment and starts the next.
+    fn roll(&mut self) -> Result<(), SegError> {
+        let active = self.active_mut()?;
+        active.seal()?;
+        let next = active.next;
+        let segment = Segment::create(
+            &self.dir,
+            self.partition,
+            next,
+            self.options.preallocate_bytes,
+        )?;
+        self.segments.push(segment);
+        Ok(())
+    }
+
+    fn active(&self) -> Result<&Segment, SegError> {
+        self.segments
+            .last()
+            .filter(|s| !s.sealed)
+            .ok_or(SegError::Poisoned { what: "seal" })
+    }
+
+    fn active_mut(&mut self) -> Result<&mut Segment, SegError> {
+        self.segments
+            .last_mut()
+            .filter(|s| !s.sealed)
+            .ok_or(SegError::Poisoned { what: "seal" })
+    }
+
+    fn check_poisoned(&self) -> Result<(), SegError> {
+        match self.poisoned.get() {
+            Some(what) => Err(SegError::Poisoned { what }),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks the log poisoned by a failed `what`; returns `e`.
+    fn poison(&self, what: &'static str, e: SegError) -> SegError {
+        let _ = self.poisoned.set(what);
+        tracing::error!(dir = %self.dir.display(), error = %e, "segment log poisoned by a failed {what}");
+        e
+    }
+}
+
+/// Adds to `page` the frames of `segment` from [`Page::end`] on; `false` once the page is
+/// full.
+fn read_segment(
+    segment: &Segment,
+    page: &mut Page,
+    max_events: usize,
+    max_bytes: usize,
+) -> Result<bool, SegError> {
+    let from = page.end();
+    let (pos, offset) = segment.indexed(from);
+    let mut frames = Frames::new(&segment.file, &segment.path, pos, offset, segment.data_end);
+    while frames.offset() < segment.next {
+        let (offset, position) = (frames.offset(), frames.pos());
+        match frames.next_frame()? {
+            Ok(_) if offset < from => {}
+            Ok(frame) if page.takes(frame.len(), max_events, max_bytes) => page.push(frame),
+            Ok(_) => return Ok(false),
+            Err(fault) => {
+                return Err(SegError::Damaged {
+                    path: segment.path.clone(),
+                    offset,
+                    position,
+                    fault,
+                    needed: segment.next,
+                });
+            }
+        }
+    }
+    Ok(true)
+}

@@ -1,0 +1,338 @@
+//! `Segment`: one segment file and what is known of it (offsets, data end, sparse index):
+//! creating it, checking its header, reading its footer, scanning its frames, appending,
+//! zero-filling ahead, cutting a torn tail and sealing.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Fault, SegError, io};
+use crate::frames::Frames;
+use crate::layout::{
+    FOOTER_FIXED_BYTES, FOOTER_TAIL_BYTES, FORMAT_VERSION, Footer, HEADER_BYTES, HeaderRead,
+    INDEX_EVERY, footer, footer_bytes, footer_len, header, read_footer, read_header,
+};
+
+/// Largest block of zeros written at once when zero-filling ahead.
+const ZERO_BLOCK_BYTES: u64 = 1 << 20;
+/// The file name's suffix.
+const SUFFIX: &str = ".seg";
+/// Digits of the first offset in a file name (`u64::MAX` has 20).
+const NAME_DIGITS: usize = 20;
+
+/// One segment file.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    pub(crate) path: PathBuf,
+    pub(crate) file: File,
+    /// Its first offset.
+    pub(crate) first: u64,
+    /// One past its last offset (`first` when it holds no frame).
+    pub(crate) next: u64,
+    /// Byte position after its last frame.
+    pub(crate) data_end: u64,
+    /// Byte position of frame `first + i * INDEX_EVERY`, for every such frame it holds.
+    pub(crate) index: Vec<u64>,
+    /// Whether it ends with a footer (it then takes no frame).
+    pub(crate) sealed: bool,
+    /// The file's length: the zero-filled room of an active segment ends there.
+    pub(crate) allocated: u64,
+}
+
+/// What a scan of a segment's frames found.
+#[derive(Debug)]
+pub(crate) struct Scan {
+    /// One past the last valid frame's offset.
+    pub(crate) next: u64,
+    /// Byte position after the last valid frame.
+    pub(crate) data_end: u64,
+    /// The sparse index of the valid frames.
+    pub(crate) index: Vec<u64>,
+    /// Why the scan stopped.
+    pub(crate) fault: Fault,
+    /// Whether every byte after the data is zero (as an active segment's are).
+    pub(crate) clean: bool,
+}
+
+/// The name of the segment whose first offset is `first`.
+pub(crate) fn file_name(first: u64) -> String {
+    format!("{first:0NAME_DIGITS$}{SUFFIX}")
+}
+
+/// The first offset a segment file's name gives; `None` for another file.
+pub(crate) fn parse_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(SUFFIX)?;
+    let ok = digits.len() == NAME_DIGITS && digits.bytes().all(|b| b.is_ascii_digit());
+    ok.then(|| digits.parse().ok()).flatten()
+}
+
+/// Syncs the directory `dir`, so the entries created in it are durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), SegError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("syncing directory", dir))
+}
+
+impl Segment {
+    /// Creates the empty active segment of `partition` starting at `first` in `dir`: its
+    /// header and `preallocate` zero bytes, synced, and the directory's entry synced.
+    pub(crate) fn create(
+        dir: &Path,
+        partition: u32,
+        first: u64,
+        preallocate: u64,
+    ) -> Result<Segment, SegError> {
+        let path = dir.join(file_name(first));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io("creating segment", &path))?;
+        file.write_all_at(&header(partition, first), 0)
+            .map_err(io("writing the header of", &path))?;
+        let mut segment = Segment {
+            path,
+            file,
+            first,
+            next: first,
+            data_end: HEADER_BYTES,
+            index: Vec::new(),
+            sealed: false,
+            allocated: HEADER_BYTES,
+        };
+        segment.zero_fill_to(HEADER_BYTES + preallocate)?;
+        segment
+            .file
+            .sync_all()
+            .map_err(io("syncing", &segment.path))?;
+        sync_dir(dir)?;
+        tracing::debug!(path = %segment.path.display(), "segment created");
+        Ok(segment)
+    }
+
+    /// Opens the segment file at `path` and reads its header: the file, its length, what the
+    /// header holds.
+    pub(crate) fn open_file(path: &Path) -> Result<(File, u64, HeaderRead), SegError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(io("opening segment", path))?;
+        let len = file.metadata().map_err(io("reading", path))?.len();
+        let mut h = vec![0u8; len.min(HEADER_BYTES) as usize];
+        file.read_exact_at(&mut h, 0).map_err(io("reading", path))?;
+        Ok((file, len, read_header(&h)))
+    }
+
+    /// Checks what [`Segment::open_file`] read in the header of `path` (named as starting at
+    /// `first`) against the log's partition.
+    pub(crate) fn check_header(
+        path: &Path,
+        read: HeaderRead,
+        partition: u32,
+        first: u64,
+    ) -> Result<(), SegError> {
+        let path = path.to_path_buf();
+        match read {
+            HeaderRead::Invalid => Err(SegError::Header { path }),
+            HeaderRead::Version(version) => Err(SegError::Format {
+                path,
+                version,
+                supported: FORMAT_VERSION,
+            }),
+            HeaderRead::Valid { partition: p, .. } if p != partition => Err(SegError::Partition {
+                path,
+                found: p,
+                expected: partition,
+            }),
+            HeaderRead::Valid { first: f, .. } if f != first => Err(SegError::Renamed {
+                path,
+                found: f,
+                named: first,
+            }),
+            HeaderRead::Valid { .. } => Ok(()),
+        }
+    }
+
+    /// The sealed segment in `file` (`len` bytes) whose footer is `footer`.
+    pub(crate) fn sealed(
+        path: PathBuf,
+        file: File,
+        first: u64,
+        len: u64,
+        footer: Footer,
+    ) -> Segment {
+        let at = len - footer_bytes(footer.index.len());
+        Segment {
+            path,
+            file,
+            first,
+            next: footer.last + 1,
+            data_end: at,
+            index: footer.index,
+            sealed: true,
+            allocated: len,
+        }
+    }
+
+    /// The footer of the segment in `file` (`len` bytes, starting at offset `first`) when it
+    /// has one that checks out; `None` when it has none or a damaged one.
+    pub(crate) fn footer(
+        path: &Path,
+        file: &File,
+        first: u64,
+        len: u64,
+    ) -> Result<Option<Footer>, SegError> {
+        if len < HEADER_BYTES + FOOTER_FIXED_BYTES {
+            return Ok(None);
+        }
+        let mut tail = [0u8; FOOTER_TAIL_BYTES as usize];
+        file.read_exact_at(&mut tail, len - FOOTER_TAIL_BYTES)
+            .map_err(io("reading", path))?;
+        let Some(whole) = footer_len(&tail) else {
+            return Ok(None);
+        };
+        if whole < FOOTER_FIXED_BYTES || whole > len - HEADER_BYTES {
+            return Ok(None);
+        }
+        let at = len - whole;
+        let mut body = vec![0u8; (whole - FOOTER_TAIL_BYTES) as usize];
+        file.read_exact_at(&mut body, at)
+            .map_err(io("reading", path))?;
+        Ok(read_footer(&body, first, at))
+    }
+
+    /// Scans the frames of `file` (`len` bytes, starting at offset `first`) from the header
+    /// to the first that fails.
+    pub(crate) fn scan(path: &Path, file: &File, first: u64, len: u64) -> Result<Scan, SegError> {
+        let mut frames = Frames::new(file, path, HEADER_BYTES, first, len);
+        let mut index = Vec::new();
+        let fault = loop {
+            let (pos, offset) = (frames.pos(), frames.offset());
+            match frames.next_frame()? {
+                Ok(_) if (offset - first).is_multiple_of(INDEX_EVERY) => index.push(pos),
+                Ok(_) => {}
+                Err(fault) => break fault,
+            }
+        };
+        let clean = fault == Fault::End && frames.rest_is_zero()?;
+        Ok(Scan {
+            next: frames.offset(),
+            data_end: frames.pos(),
+            index,
+            fault,
+            clean,
+        })
+    }
+
+    /// The active segment in `file` (`len` bytes) holding what `scan` found.
+    pub(crate) fn active(path: PathBuf, file: File, first: u64, len: u64, scan: Scan) -> Segment {
+        Segment {
+            path,
+            file,
+            first,
+            next: scan.next,
+            data_end: scan.data_end,
+            index: scan.index,
+            sealed: false,
+            allocated: len,
+        }
+    }
+
+    /// Cuts everything after the data (a torn tail): truncates the file there, zero-fills
+    /// `preallocate` bytes again, syncs.
+    pub(crate) fn cut(&mut self, preallocate: u64) -> Result<(), SegError> {
+        self.file
+            .set_len(self.data_end)
+            .map_err(io("truncating", &self.path))?;
+        self.allocated = self.data_end;
+        self.zero_fill_to(self.data_end + preallocate)?;
+        self.file.sync_data().map_err(io("syncing", &self.path))
+    }
+
+    /// Appends `frames` (whole frames from offset [`Segment::next`] on, frame `i` at byte
+    /// `positions[i]` of them) with one write, after zero-filling ahead (and syncing the
+    /// zeros) when they pass the zero-filled room.
+    pub(crate) fn append(
+        &mut self,
+        frames: &[u8],
+        positions: &[u64],
+        preallocate: u64,
+    ) -> Result<(), SegError> {
+        debug_assert!(!self.sealed, "a sealed segment takes no frame");
+        let end = self.data_end + frames.len() as u64;
+        if end > self.allocated {
+            let chunks = (end - self.allocated).div_ceil(preallocate);
+            self.zero_fill_to(self.allocated + chunks * preallocate)?;
+            self.file
+                .sync_data()
+                .map_err(io("syncing the zero-filled room of", &self.path))?;
+        }
+        self.file
+            .write_all_at(frames, self.data_end)
+            .map_err(io("appending to", &self.path))?;
+        for (i, relative) in positions.iter().enumerate() {
+            let offset = self.next + i as u64;
+            if (offset - self.first).is_multiple_of(INDEX_EVERY) {
+                self.index.push(self.data_end + relative);
+            }
+        }
+        self.next += positions.len() as u64;
+        self.data_end = end;
+        Ok(())
+    }
+
+    /// Seals the segment: writes its footer after the data, truncates the file to the
+    /// footer's end, syncs.
+    pub(crate) fn seal(&mut self) -> Result<(), SegError> {
+        debug_assert!(
+            self.next > self.first,
+            "only a segment holding frames is sealed"
+        );
+        let f = Footer {
+            index: self.index.clone(),
+            last: self.next - 1,
+        };
+        let bytes = footer(self.first, &f);
+        self.file
+            .write_all_at(&bytes, self.data_end)
+            .map_err(io("writing the footer of", &self.path))?;
+        let len = self.data_end + bytes.len() as u64;
+        self.file
+            .set_len(len)
+            .map_err(io("truncating", &self.path))?;
+        self.file.sync_data().map_err(io("syncing", &self.path))?;
+        self.sealed = true;
+        self.allocated = len;
+        tracing::debug!(
+            path = %self.path.display(),
+            last = self.next - 1,
+            bytes = len,
+            "segment sealed"
+        );
+        Ok(())
+    }
+
+    /// The byte position and offset of the indexed frame at or below `offset` (which the
+    /// segment holds).
+    pub(crate) fn indexed(&self, offset: u64) -> (u64, u64) {
+        let i = ((offset - self.first) / INDEX_EVERY) as usize;
+        let i = i.min(self.index.len().saturating_sub(1));
+        let pos = self.index.get(i).copied().unwrap_or(HEADER_BYTES);
+        (pos, self.first + i as u64 * INDEX_EVERY)
+    }
+
+    /// Writes zeros from the zero-filled room's end to byte `to`.
+    fn zero_fill_to(&mut self, to: u64) -> Result<(), SegError> {
+        let zeros = vec![0u8; to.saturating_sub(self.allocated).min(ZERO_BLOCK_BYTES) as usize];
+        while self.allocated < to {
+            let n = (to - self.allocated).min(zeros.len() as u64) as usize;
+            self.file
+                .write_all_at(&zeros[..n], self.allocated)
+                .map_err(io("zero-filling", &self.path))?;
+            self.allocated += n as u64;
+        }
+        Ok(())
+    }
+}
