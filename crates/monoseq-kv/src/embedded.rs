@@ -106,7 +106,7 @@ impl<F: Files> Embedded<F> {
         let flusher = start_flusher(
             durability,
             Arc::clone(&shared),
-            |s| s.commits.dirty(),
+            |s| &s.commits,
             Shared::sync_now,
         )
         .map_err(|source| storage(path, source))?;

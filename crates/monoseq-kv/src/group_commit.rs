@@ -64,9 +64,19 @@ impl Commits {
     }
 
     /// Whether some acknowledged write is not flushed yet.
+    #[cfg(test)]
     pub(crate) fn dirty(&self) -> bool {
-        let flushed = *self.flushed.lock().unwrap_or_else(PoisonError::into_inner);
-        self.acked.load(Ordering::Acquire) > flushed
+        self.acked.load(Ordering::Acquire) > self.flushed()
+    }
+
+    /// Writes acknowledged so far.
+    pub(crate) fn acked(&self) -> u64 {
+        self.acked.load(Ordering::Acquire)
+    }
+
+    /// Writes covered by the last successful flush.
+    pub(crate) fn flushed(&self) -> u64 {
+        *self.flushed.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Makes every write acknowledged before the call durable with `flush`, unless a flush
@@ -146,24 +156,58 @@ impl Drop for Flusher {
     }
 }
 
+/// The background flusher's rule: at each tick (every half of the group-commit delay), flush
+/// only when a write acknowledged before the previous tick is still unflushed. A write is
+/// flushed at most two ticks (one delay) after it returns, as `GroupCommit` promises; under
+/// load, when the writers' own syncs cover every write within a tick, the flusher adds no
+/// flush of its own to theirs.
+#[derive(Debug, Default)]
+pub(crate) struct Ticks {
+    /// Writes acknowledged at the previous tick.
+    seen: u64,
+}
+
+impl Ticks {
+    /// At a tick where `acked` writes are acknowledged and `flushed` flushed: whether to flush.
+    pub(crate) fn due(&mut self, acked: u64, flushed: u64) -> bool {
+        let due = flushed < self.seen;
+        self.seen = acked;
+        due
+    }
+
+    /// One tick of the flusher over `commits`: flushes with `sync` when due; a failed flush
+    /// (which poisoned the store) stops the flusher.
+    pub(crate) fn tick(
+        &mut self,
+        commits: &Commits,
+        sync: impl FnOnce() -> Result<(), KvError>,
+    ) -> Tick {
+        // `acked` is read first: a write counted in it was visible before the flushed count
+        // was read, so a later tick's flush covers it.
+        let acked = commits.acked();
+        if self.due(acked, commits.flushed()) && sync().is_err() {
+            // Poisoned: every later call reports it.
+            return Tick::Stop;
+        }
+        Tick::Continue
+    }
+}
+
 /// Starts the background flusher that `Durability::GroupCommit` needs (none for the other
-/// modes). Every tick it flushes when `dirty` says writes are unflushed; a failed flush
-/// (`sync` returned an error, which poisons the store) stops it.
+/// modes): every half delay it flushes by the rule of [`Ticks`]; a failed flush (`sync`
+/// returned an error, which poisons the store) stops it.
 pub(crate) fn start_flusher<T: Send + Sync + 'static>(
     durability: Durability,
     store: std::sync::Arc<T>,
-    dirty: fn(&T) -> bool,
+    commits: fn(&T) -> &Commits,
     sync: fn(&T) -> Result<(), KvError>,
 ) -> Result<Option<Flusher>, KvError> {
     let Durability::GroupCommit { max_delay } = durability else {
         return Ok(None);
     };
-    Flusher::spawn("monoseq-kv-flush", max_delay, move || {
-        if dirty(&store) && sync(&store).is_err() {
-            // Poisoned: every later call reports it.
-            return Tick::Stop;
-        }
-        Tick::Continue
+    let mut ticks = Ticks::default();
+    Flusher::spawn("monoseq-kv-flush", max_delay / 2, move || {
+        ticks.tick(commits(&store), || sync(&store))
     })
     .map(Some)
     .map_err(|source| KvError::Io {
@@ -200,6 +244,39 @@ mod tests {
         let later = commits.sync(|| Err(KvError::poisoned("a later failure")));
         assert!(later.as_ref().is_err_and(named), "{later:?}");
         assert!(!later.is_err_and(|e| e.to_string().contains("a later failure")));
+    }
+
+    #[test]
+    fn the_flusher_leaves_writes_the_writers_synced_within_a_tick_to_them() {
+        let commits = Commits::default();
+        let flushes = AtomicUsize::new(0);
+        let flush = || {
+            flushes.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        };
+        let ack = |n: usize| (0..n).for_each(|_| commits.acknowledged());
+        let mut ticks = Ticks::default();
+        ack(10);
+        ticks.tick(&commits, || commits.sync(flush));
+        assert_eq!(flushes.load(Ordering::Relaxed), 0, "younger than a tick");
+        // A writer syncs the 10 and writes 5 more before the next tick.
+        commits.sync(flush).expect("a writer's sync");
+        ack(5);
+        ticks.tick(&commits, || commits.sync(flush));
+        assert_eq!(
+            flushes.load(Ordering::Relaxed),
+            1,
+            "what the writer synced is not flushed again, what it wrote since is younger than \
+             a tick"
+        );
+        ticks.tick(&commits, || commits.sync(flush));
+        assert_eq!(
+            flushes.load(Ordering::Relaxed),
+            2,
+            "older than a tick: flushed"
+        );
+        ticks.tick(&commits, || commits.sync(flush));
+        assert_eq!(flushes.load(Ordering::Relaxed), 2, "nothing new");
     }
 
     #[test]

@@ -19,9 +19,10 @@ pub enum Durability {
     /// `Ok` survives a power loss.
     #[default]
     Sync,
-    /// Writes return once visible; a background flusher flushes every `max_delay` whatever
-    /// was written since its last flush (so a write is durable about `max_delay` plus one
-    /// flush after it returns), and [`KvStore::sync`](crate::KvStore::sync) makes writes
+    /// Writes return once visible; every half `max_delay` a background flusher flushes when a
+    /// write older than its previous look is still unflushed (so a write is durable at most
+    /// `max_delay` plus one flush after it returns, and writes that callers' syncs cover get
+    /// no flush of the flusher's own), and [`KvStore::sync`](crate::KvStore::sync) makes writes
     /// durable at once. A crash loses at most the writes of that last stretch that no `sync`
     /// covered; each batch is lost whole or kept whole.
     GroupCommit {
