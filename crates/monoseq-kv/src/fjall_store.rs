@@ -11,9 +11,7 @@ use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use fjall::config::CompressionPolicy;
-use fjall::{
-    CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode,
-};
+use fjall::{CompressionType, Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
 use crate::batch::{Op, WriteBatch};
 use crate::embedded::{Access, Embedded, Files, storage};
@@ -36,13 +34,6 @@ const KEYSPACE: &str = "kv";
 /// a whole memtable without growing (`vendor/fjall/PATCHES.md`). Stored with the keyspace:
 /// a data directory created by an earlier build keeps its own.
 pub const MEMTABLE_BYTES: u64 = 32 * 1024 * 1024;
-/// Smallest value a keyspace this build creates stores apart from its key (fjall's key-value
-/// separation): events (about 100 bytes and more) go to blob files written once, when their
-/// memtable is flushed, and the tables hold a reference to them, so compactions rewrite the
-/// reference alone; WLog entries (11 to 24 bytes), numbers, checkpoints, consumer positions
-/// and most records (30 to 60 bytes) stay in the tables. Stored with the keyspace, as
-/// [`MEMTABLE_BYTES`] is.
-pub const KV_SEPARATION_BYTES: u32 = 64;
 /// fjall's version marker in its directory: present once a database was created there.
 const VERSION_FILE: &str = "version";
 /// fjall's folder of keyspaces in its directory.
@@ -265,18 +256,9 @@ impl FjallFiles {
 /// keyspace and a directory keeps those it was created with: one written before reads as it
 /// is (uncompressed blocks carry their own type, as compressed ones do).
 pub(crate) fn keyspace_options() -> KeyspaceCreateOptions {
-    let separation = match std::env::var("MONOSEQ_FJALL_KV_SEPARATION") {
-        Ok(bytes) if bytes == "off" => None,
-        Ok(bytes) => Some(bytes.parse().expect("MONOSEQ_FJALL_KV_SEPARATION: bytes or off")),
-        Err(_) => Some(KV_SEPARATION_BYTES),
-    };
     KeyspaceCreateOptions::default()
         .data_block_compression_policy(CompressionPolicy::all(CompressionType::Lz4))
         .max_memtable_size(MEMTABLE_BYTES)
-        .with_kv_separation(
-            separation
-                .map(|bytes| KvSeparationOptions::default().separation_threshold(bytes)),
-        )
 }
 
 impl FjallFiles {
