@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use crate::error::SegError;
 use crate::frames::Frames;
-use crate::layout::{HEADER_BYTES, PAYLOAD_BYTES_MAX, put_frame};
+use crate::layout::{HEADER_BYTES, INDEX_EVERY, PAYLOAD_BYTES_MAX, put_frame};
 use crate::page::Page;
 use crate::recover::{Place, open_segments};
 use crate::segment::Segment;
@@ -335,6 +335,9 @@ fn read_segment(
     let from = page.end();
     let (pos, offset) = segment.indexed(from);
     let mut frames = Frames::new(&segment.file, &segment.path, pos, offset, segment.data_end);
+    if max_events <= INDEX_EVERY as usize {
+        frames = frames.small();
+    }
     while frames.offset() < segment.next {
         let (offset, position) = (frames.offset(), frames.pos());
         match frames.next_frame()? {

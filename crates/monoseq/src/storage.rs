@@ -23,6 +23,20 @@ pub struct Opened {
     /// High-water marks (embedded storage only: they live in the data directory).
     pub marks: Option<Arc<monoseq_store::Marks>>,
     pub report: monoseq_store::OpenReport,
+    /// The PLogs' segment files (a data directory in key layout 4).
+    pub segments: Option<Arc<monoseq_store::Segments>>,
+}
+
+impl Opened {
+    /// The event store on this storage, writing with `trust`, its PLogs where the storage
+    /// keeps them.
+    pub fn event_store(&self, trust: monoseq_store::TrustLevel) -> monoseq_store::EventStore<Store> {
+        let kv = Arc::clone(&self.kv);
+        match &self.segments {
+            Some(s) => monoseq_store::EventStore::with_segments(kv, APP, trust, Arc::clone(s)),
+            None => monoseq_store::EventStore::new(kv, APP, trust),
+        }
+    }
 }
 
 /// Opens the configured storage for serving: the embedded engine through its data
@@ -39,6 +53,7 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
                 identity: dir.identity,
                 marks: Some(dir.marks),
                 report: dir.report,
+                segments: dir.segments,
             })
         }
         Storage::Postgres(url) => {
@@ -61,6 +76,7 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
                 identity,
                 marks: None,
                 report: monoseq_store::OpenReport::default(),
+                segments: None,
             })
         }
     }
