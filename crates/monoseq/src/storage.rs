@@ -118,6 +118,32 @@ pub fn open_for_tool(settings: &Settings) -> anyhow::Result<Store> {
     }
 }
 
+/// The PLogs' segment files of the data directory, for a tool, when it keeps its PLogs there
+/// (key layout 4): each log required whole up to its mark, as a start requires it.
+pub fn tool_segments(
+    settings: &Settings,
+    partitions: u32,
+) -> anyhow::Result<Option<Arc<monoseq_store::Segments>>> {
+    let Storage::Embedded = settings.storage else {
+        return Ok(None);
+    };
+    let dir = &settings.data_dir;
+    let identity = monoseq_store::Identity::read(dir)?;
+    if identity.is_none_or(|i| i.key_layout != monoseq_store::KEY_LAYOUT_SEGMENTS) {
+        return Ok(None);
+    }
+    let marks = monoseq_store::Marks::open(dir, partitions).ok().flatten();
+    let durable = |p: u32| {
+        marks
+            .as_ref()
+            .and_then(|m| m.get(p).ok())
+            .map_or(1, |m| m.plog + 1)
+    };
+    let segments = monoseq_store::Segments::open(dir, partitions, &durable)
+        .with_context(|| format!("opening the PLog's segment files in {}", dir.display()))?;
+    Ok(Some(Arc::new(segments)))
+}
+
 /// Longest time a write of the sequence projection may wait for its flush. Events are never
 /// left waiting: the command processor syncs every group before answering.
 pub const GROUP_COMMIT_DELAY: Duration = Duration::from_millis(5);
