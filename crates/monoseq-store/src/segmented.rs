@@ -44,6 +44,13 @@ impl<S: KvStore> EventStore<S> {
             .map_err(plog::seg_error)?;
         plog::read_log(log).sync().map_err(plog::seg_error)?;
         if let Err(e) = self.kv.write(&group.batch) {
+            if let WriteError::Storage(e) = e
+                && e.is_poisoned()
+            {
+                // Nothing more is written to the store until it is opened again, which redoes
+                // the group from the log.
+                return Err(AppendError::Storage(e));
+            }
             return Err(AppendError::Storage(KvError::OutcomeUnknown {
                 message: format!(
                     "the group's events are in partition {partition}'s PLog (offsets {end} to \
