@@ -133,6 +133,11 @@ pub(crate) struct PartitionState {
     pub(crate) losses: Vec<AcceptedLoss>,
     /// The mark below which numbers are retired by its losses.
     pub(crate) retired: Mark,
+    /// Key layout 4: one past the last offset its segment files hold (`None` when they were
+    /// not read, or could not be opened).
+    pub(crate) log_end: Option<u64>,
+    /// Key layout 4: what follows the data of its last segment when that is not zeros.
+    pub(crate) tail: Option<String>,
 }
 
 impl PartitionState {
