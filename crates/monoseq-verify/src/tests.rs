@@ -1191,3 +1191,45 @@ fn retired_offsets_inside_an_accepted_loss_are_fine_and_outside_one_a_gap() {
         "{problems:#?}"
     );
 }
+
+#[test]
+fn a_damaged_frame_in_a_sealed_segment_is_reported_and_read_around() {
+    let mut f = Fixture::with_layout(KEY_LAYOUT_SEGMENTS);
+    // Events of about 370 KiB: 200 of them fill the first 64 MiB segment, which is sealed.
+    let blob = format!("\"{}\"", "x".repeat(370_000)).into_bytes();
+    for _ in 0..13 {
+        let events: Vec<Event> = (0..20)
+            .map(|i| {
+                let mut e = f.event(if i % 2 == 0 { 2 } else { 4 });
+                let arg = e.argument.as_mut().unwrap();
+                arg.fields.push(Field::new("blob", blob.clone()));
+                e
+            })
+            .collect();
+        f.store.append(PartitionId(0), &events).unwrap();
+    }
+    let plog = f.dir.as_ref().unwrap().path().join(PLOG_DIR).join("0");
+    let mut names: Vec<String> = std::fs::read_dir(&plog)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let next: u64 = names[1].trim_end_matches(".seg").parse().unwrap();
+    assert!(next > 60 && next < 260, "{next}");
+    flip(&f.segment_file(0), f.frame_position(0, 50) + 8 + 100, 0x01);
+
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(
+            problems.first(),
+            Some(Problem::PLogSegmentDamaged { partition: 0, from: 50, to, message })
+                if *to == next - 1 && message.contains("CRC")
+        ),
+        "{problems:#?}"
+    );
+    assert!(!kinds(&problems).contains(&"plog-gap"), "{problems:#?}");
+    // Every event before the damaged frame and after its segment is read.
+    let report = f.verify(None, false);
+    assert_eq!(report.events, 49 + (261 - next));
+}
