@@ -1233,3 +1233,32 @@ fn a_damaged_frame_in_a_sealed_segment_is_reported_and_read_around() {
     let report = f.verify(None, false);
     assert_eq!(report.events, 49 + (261 - next));
 }
+
+#[test]
+fn a_data_directory_in_key_layout_4_verifies_through_its_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut events = Fixture::new();
+    {
+        let kv = Arc::new(
+            monoseq_kv::FjallStore::open(dir.path(), monoseq_kv::Options::default()).unwrap(),
+        );
+        let policy = monoseq_store::OpenPolicy {
+            partitions: Some(PARTITIONS),
+            default_partitions: PARTITIONS,
+            ..monoseq_store::OpenPolicy::default()
+        };
+        let data = monoseq_store::open_data_dir(dir.path(), &kv, APP, &policy).unwrap();
+        assert_eq!(data.identity.key_layout, KEY_LAYOUT_SEGMENTS);
+        let store = data.event_store(Arc::clone(&kv), APP, TrustLevel::Level0);
+        for _ in 0..3 {
+            let group = [events.event(2), events.event(4)];
+            store.append(PartitionId(0), &group).unwrap();
+            store.append(PartitionId(1), &[events.event(3)]).unwrap();
+        }
+        kv.sync().unwrap();
+    }
+    let report = crate::verify_data_dir(dir.path(), APP, None, &mut |_| {}).unwrap();
+    assert_eq!(report.problems, vec![]);
+    assert_eq!((report.events, report.partitions), (9, PARTITIONS));
+    assert!(report.listed);
+}
