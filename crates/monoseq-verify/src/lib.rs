@@ -228,7 +228,7 @@ impl<'a, S: KvStore> Verifier<'a, S> {
         }
         check_checkpoints(&state, &mut problems);
         if src.segments.is_some() {
-            plog::check_applied(&src, &state, &mut problems);
+            plog::check_applied(&state, &mut problems);
         }
         if let Some(marks) = known.marks {
             files::check_against_marks(marks, &state.partitions, &mut problems);
@@ -308,6 +308,9 @@ impl<'a, S: KvStore> Verifier<'a, S> {
                 checkpoint: read_checkpoint(self.kv, self.app, p, problems),
                 losses: identity.map_or_else(Vec::new, |i| i.losses_of(p).copied().collect()),
                 retired: identity.map(|i| i.retired(p)).unwrap_or_default(),
+                applied: known
+                    .segments
+                    .and_then(|_| plog::read_applied(self.kv, self.app, p, problems)),
                 ..PartitionState::default()
             })
             .collect();

@@ -27,7 +27,7 @@ use crate::state::{
 };
 use crate::{Progress, Stage};
 
-pub(crate) use segments::check_applied;
+pub(crate) use segments::{check_applied, read_applied};
 
 /// Empty PLog blocks read past the last block holding an event (and past every offset the
 /// checkpoint, the marks or an accepted loss name) before the scan of a partition ends, when
@@ -429,9 +429,11 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
                 );
             }
             Ok(values) => {
+                let part = self.state.partitions.get(partition as usize);
                 for (p, value) in self.pending.iter().zip(values) {
                     let plog = self.pending_bytes.get(p.bytes.clone()).unwrap_or_default();
                     match value {
+                        None if part.is_some_and(|part| part.lags(p.offset)) => {}
                         None => self.problems.push(Problem::WLogMissing {
                             ws: p.ws,
                             wlog: p.wlog,

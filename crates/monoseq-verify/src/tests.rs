@@ -1262,3 +1262,36 @@ fn a_data_directory_in_key_layout_4_verifies_through_its_snapshot() {
     assert_eq!((report.events, report.partitions), (9, PARTITIONS));
     assert!(report.listed);
 }
+
+#[test]
+fn an_engine_behind_its_segment_files_is_not_damage_but_below_its_applied_end_is() {
+    let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
+    // A crash lost the engine's last batch of partition 0 (offsets 5 and 6): their WLog
+    // entries, their records and the applied end that named them. The server writes them
+    // again at its start.
+    for ws in [2, 4] {
+        f.delete(f.wlog_key(ws, 3));
+        f.delete(f.store.record_key(WsId(ws), RecordId(CRECORD_FIRST + 2)));
+    }
+    let applied_part = keys::applied(APP, 0);
+    let applied = Key::new(&applied_part, &[]);
+    f.kv.put(applied, &5u64.to_be_bytes()).unwrap();
+    let files = files(identity_in(KEY_LAYOUT_SEGMENTS, vec![]), marks_of_good());
+    assert_eq!(f.verify_both(Some(&files)), vec![]);
+    // With no applied end at all, it writes every event's again.
+    f.kv.delete(applied).unwrap();
+    assert_eq!(f.verify_both(Some(&files)), vec![]);
+    // Below the applied end, they are missing.
+    f.kv.put(applied, &7u64.to_be_bytes()).unwrap();
+    let problems = f.verify_both(Some(&files));
+    assert_eq!(
+        kinds(&problems),
+        [
+            "wlog-missing",
+            "wlog-missing",
+            "record-missing",
+            "record-missing"
+        ],
+        "{problems:#?}"
+    );
+}

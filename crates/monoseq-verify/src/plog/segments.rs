@@ -2,15 +2,16 @@
 //! read-only as it was left (nothing cut or created), read page by page in offset order;
 //! frames that fail their check are reported and read around (from the next segment on);
 //! offsets holding [`RETIRED_PAYLOAD`] hold no event, as missing offsets in the key-value
-//! PLog. Then each partition's applied end against its log's end.
+//! PLog. Then each partition's applied end, read before ([`read_applied`]), against its log's
+//! end.
 
 use std::ops::Range;
 use std::path::Path;
 
 use monoseq_kv::{Key, KvStore};
-use monoseq_store::{RETIRED_PAYLOAD, Segments};
+use monoseq_store::{AppId, RETIRED_PAYLOAD, Segments};
 
-use super::{PLogPass, Source};
+use super::PLogPass;
 use crate::keys;
 use crate::problem::Problem;
 use crate::state::{Problems, State};
@@ -104,34 +105,41 @@ impl<S: KvStore> PLogPass<'_, '_, S> {
     }
 }
 
+/// The applied end the engine records for `partition` (key layout 4): 1 when it records none
+/// (the server then writes the WLog entries and records of every event of the log again);
+/// `None`, reported, when it cannot be read or is damaged.
+pub(crate) fn read_applied(
+    kv: &impl KvStore,
+    app: AppId,
+    partition: u32,
+    problems: &mut Problems,
+) -> Option<u64> {
+    let key = keys::applied(app, partition);
+    match kv.get(Key::new(&key, &[])) {
+        Ok(None) => Some(1),
+        Ok(Some(v)) => match <[u8; 8]>::try_from(v.as_slice()) {
+            Ok(b) => Some(u64::from_be_bytes(b)),
+            Err(_) => {
+                problems.push(Problem::AppliedDamaged {
+                    partition,
+                    len: v.len(),
+                });
+                None
+            }
+        },
+        Err(e) => {
+            problems.unreadable(format!("the applied end of partition {partition}"), &e);
+            None
+        }
+    }
+}
+
 /// Each partition's applied end (key layout 4) against the end of its log: the engine holding
 /// WLog entries and records of offsets the log does not hold means the log lost them.
-pub(crate) fn check_applied<S: KvStore>(
-    src: &Source<'_, S>,
-    state: &State,
-    problems: &mut Problems,
-) {
+pub(crate) fn check_applied(state: &State, problems: &mut Problems) {
     for (p, part) in state.partitions.iter().enumerate() {
         let partition = p as u32;
-        let key = keys::applied(src.app, partition);
-        let applied = match src.kv.get(Key::new(&key, &[])) {
-            Ok(None) => continue,
-            Ok(Some(v)) => match <[u8; 8]>::try_from(v.as_slice()) {
-                Ok(b) => u64::from_be_bytes(b),
-                Err(_) => {
-                    problems.push(Problem::AppliedDamaged {
-                        partition,
-                        len: v.len(),
-                    });
-                    continue;
-                }
-            },
-            Err(e) => {
-                problems.unreadable(format!("the applied end of partition {partition}"), &e);
-                continue;
-            }
-        };
-        if let Some(log_end) = part.log_end
+        if let (Some(applied), Some(log_end)) = (part.applied, part.log_end)
             && applied > log_end
         {
             problems.push(Problem::AppliedAhead {
