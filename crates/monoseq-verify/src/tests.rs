@@ -1295,3 +1295,23 @@ fn an_engine_behind_its_segment_files_is_not_damage_but_below_its_applied_end_is
         "{problems:#?}"
     );
 }
+
+#[test]
+fn a_wlog_entry_that_differs_from_its_event_in_a_segment_file_is_named() {
+    let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
+    f.put(f.wlog_key(4, 2), b"garbage");
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(
+            problems.as_slice(),
+            [Problem::WLogDiffers {
+                ws: 4,
+                wlog: 2,
+                partition: 0,
+                offset: 4,
+                ..
+            }]
+        ),
+        "{problems:#?}"
+    );
+}
