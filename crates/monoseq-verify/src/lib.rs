@@ -1,10 +1,11 @@
 //! monoseq-verify: reads a whole monoseq store and reports every broken invariant, changing
 //! nothing. [`Verifier`] works on any [`KvStore`]: the engine's metadata and the data directory's
 //! identity and marks ([`DirFiles`]), every PLog block of every partition (past gaps), or in key
-//! layout 4 every page of its segment files and its applied end ([`Verifier::segments_in`]), the numbers
-//! each event uses (invariants 1–5 and 10 of docs/invariants.md), each event's WLog entry, the
-//! records table and the stored projection. [`verify_data_dir`] does it for a data directory of the
-//! embedded engine without ever opening the engine on it: it works on a [`Snapshot`] copy.
+//! layout 4 every page of its segment files and its applied end ([`Verifier::segments_in`]),
+//! the numbers each event uses (invariants 1–5 and 10 of docs/invariants.md), each event's WLog
+//! entry, the records table and the stored projection. [`verify_data_dir`] does it for a data
+//! directory of the embedded engine without ever opening the engine on it: it works on a
+//! [`Snapshot`] copy.
 //!
 //! # Example
 //!
@@ -409,8 +410,9 @@ pub enum VerifyDirError {
 /// Verifies data directory `dir` of the embedded engine (fjall) for `app`, reading a
 /// [`Snapshot`] copy so that no byte of `dir` changes, opened once and read-only through the kv
 /// crate (the same open a server's reads go through), with a [`PartitionList`] of the copy so
-/// that every block is read, and in key layout 4 the copy's segment files. When the engine's keys cannot all be read (damaged files), that
-/// is a problem and verification goes on without the list, reporting what each read finds.
+/// that every block is read, and in key layout 4 the copy's segment files. When the engine's
+/// keys cannot all be read (damaged files), that is a problem and verification goes on
+/// without the list, reporting what each read finds.
 /// `partitions` is used only when neither the engine nor the identity records a partition
 /// count.
 ///

@@ -216,8 +216,9 @@ fn check_block(
             (stored_now, Some(&&((_, id), rs))) if stored_now.is_none_or(|&&(sid, _)| id < sid) => {
                 e.next();
                 let below = [1usize, 2].iter().any(|&i| id <= mark_of(&retired, i));
-                let lags = part.is_some_and(|p| p.lags(rs.offset));
-                if !(rs.kind == 0 && below) && !lags {
+                // Below a retired mark (an accepted loss took it), or not applied yet.
+                let excused = (rs.kind == 0 && below) || part.is_some_and(|p| p.lags(rs.offset));
+                if !excused {
                     problems.push(Problem::RecordMissing {
                         ws,
                         id,
