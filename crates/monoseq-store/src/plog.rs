@@ -74,6 +74,22 @@ impl Segments {
         Ok(Segments { dir, logs })
     }
 
+    /// Opens `partition`'s log in data directory `dir` for reading only, as it is
+    /// ([`SegLog::open_read_only`]): nothing is created, cut or written, so a torn or damaged
+    /// log reads as it was left ([`SegLog::tail`]), for verification. Offsets holding
+    /// [`RETIRED_PAYLOAD`] hold no event.
+    ///
+    /// # Errors
+    ///
+    /// The [`SegError`] of a log that does not open.
+    pub fn open_log_read_only(dir: &Path, partition: u32) -> Result<SegLog, SegError> {
+        SegLog::open_read_only(
+            dir.join(PLOG_DIR).join(partition.to_string()),
+            partition,
+            SegOptions::default(),
+        )
+    }
+
     /// The directory holding the logs (`plog/` of the data directory).
     #[must_use]
     pub fn dir(&self) -> &Path {
