@@ -400,9 +400,7 @@ pub fn open_data_dir<S: KvStore + Clone>(
     }
     let segments = open_segments(dir, policy, &identity, marks.as_ref())?;
     let store = store_of(kv, app, segments.as_ref());
-    store
-        .redo(policy.accept_loss)
-        .map_err(DataDirError::Redo)?;
+    store.redo(policy.accept_loss).map_err(DataDirError::Redo)?;
     let marks = match marks {
         Some(m) => m,
         None => {
@@ -459,10 +457,12 @@ fn open_segments(
         }
         opened => opened,
     };
-    opened.map(|s| Some(Arc::new(s))).map_err(|source| DataDirError::Segments {
-        dir: dir.to_path_buf(),
-        source,
-    })
+    opened
+        .map(|s| Some(Arc::new(s)))
+        .map_err(|source| DataDirError::Segments {
+            dir: dir.to_path_buf(),
+            source,
+        })
 }
 
 /// One past the last offset partition `p`'s log must hold: its mark's, or, when an accepted
@@ -522,7 +522,10 @@ fn create_or_adopt<S: KvStore + Clone>(
         Marks::create(dir, partitions)?
     } else {
         let store = store_of(kv, app, segments.as_ref());
-        Marks::create_with(dir, &scan_marks(&store, partitions).map_err(storage_in(dir))?)?
+        Marks::create_with(
+            dir,
+            &scan_marks(&store, partitions).map_err(storage_in(dir))?,
+        )?
     };
     identity.write(dir)?;
     Ok(DataDir {

@@ -54,8 +54,8 @@ pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError, LossCau
 pub use keys::{
     AppId, KEY_LAYOUT, KEY_LAYOUT_SEGMENTS, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot,
 };
-pub use plog::{PLOG_DIR, RETIRED_PAYLOAD, Segments};
 pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError, start_mark};
+pub use plog::{PLOG_DIR, RETIRED_PAYLOAD, Segments};
 pub use plog_page::{Gap, PLOG_PAGE_ITEMS_MAX, PageItem, PlogPage, retired_ranges};
 pub use positions::{
     CONSUMER_NAME_BYTES_MAX, ConsumerName, ConsumerPosition, InvalidConsumerName,

@@ -141,7 +141,8 @@ impl Segments {
                 break;
             }
             let n = (last - end + 1).min(SCAN_PAGE_EVENTS as u64) as usize;
-            log.append(end, &vec![RETIRED_PAYLOAD; n]).map_err(seg_error)?;
+            log.append(end, &vec![RETIRED_PAYLOAD; n])
+                .map_err(seg_error)?;
             written = true;
         }
         if written {

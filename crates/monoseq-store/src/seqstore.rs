@@ -15,12 +15,12 @@ use monoseq_kv::{Key, KvError, KvStore, Order, WriteBatch};
 
 use crate::builtin::built_in_initial;
 use crate::codec::{EventHead, decode_numbers};
-use crate::plog::Segments;
 use crate::keys::{
     self, AppId, LOG_BLOCK_EVENTS, NUMBERS_BLOCK_WS, PartitionId, block_position,
     checkpoint_partition, from_numbers_clustering, numbers_clustering, numbers_clustering_from,
     numbers_partition, plog_partition,
 };
+use crate::plog::Segments;
 
 /// The sequence storage of one partition of one application, over a key-value store `S`.
 ///
@@ -194,7 +194,12 @@ impl<S: KvStore> PLogSeqStorage<S> {
         let wanted = usize::try_from(end - first).unwrap_or(usize::MAX);
         let page = segments
             .read(self.partition, first, wanted, usize::MAX)
-            .map_err(|e| kv_error(&format!("reading the PLog of partition {} failed", self.partition), e))?;
+            .map_err(|e| {
+                kv_error(
+                    &format!("reading the PLog of partition {} failed", self.partition),
+                    e,
+                )
+            })?;
         for (i, value) in page.payloads().enumerate() {
             if value == crate::plog::RETIRED_PAYLOAD {
                 // A retired offset: the replay ends there, as at a missing one.

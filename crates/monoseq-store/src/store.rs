@@ -584,36 +584,32 @@ impl<S: KvStore> EventStore<S> {
             return Ok(());
         }
         let mut failure = None;
-        self.visit_plog(
-            partition,
-            next,
-            &mut |offset, value| {
-                if offset != next || offset >= to.0 {
+        self.visit_plog(partition, next, &mut |offset, value| {
+            if offset != next || offset >= to.0 {
+                return ControlFlow::Break(());
+            }
+            let slot = Slot::PLog {
+                partition,
+                offset: PLogOffset(offset),
+            };
+            let read = match keep {
+                None => Event::decode(value).map(|e| (e.plog_offset, Some(e))),
+                Some(keep) => decode_event_if(value, keep).map(|(h, e)| (h.plog_offset, e)),
+            };
+            match read {
+                Ok((at, e)) if at.0 == offset => visit(offset, e),
+                Ok((at, _)) => {
+                    failure = Some(ReadError::Misplaced { slot, found: at.0 });
                     return ControlFlow::Break(());
                 }
-                let slot = Slot::PLog {
-                    partition,
-                    offset: PLogOffset(offset),
-                };
-                let read = match keep {
-                    None => Event::decode(value).map(|e| (e.plog_offset, Some(e))),
-                    Some(keep) => decode_event_if(value, keep).map(|(h, e)| (h.plog_offset, e)),
-                };
-                match read {
-                    Ok((at, e)) if at.0 == offset => visit(offset, e),
-                    Ok((at, _)) => {
-                        failure = Some(ReadError::Misplaced { slot, found: at.0 });
-                        return ControlFlow::Break(());
-                    }
-                    Err(source) => {
-                        failure = Some(ReadError::Corrupt { slot, source });
-                        return ControlFlow::Break(());
-                    }
+                Err(source) => {
+                    failure = Some(ReadError::Corrupt { slot, source });
+                    return ControlFlow::Break(());
                 }
-                next += 1;
-                ControlFlow::Continue(())
-            },
-        )?;
+            }
+            next += 1;
+            ControlFlow::Continue(())
+        })?;
         match failure {
             Some(e) => Err(e),
             None => Ok(()),
@@ -622,7 +618,10 @@ impl<S: KvStore> EventStore<S> {
 
     /// Reads the stored records that `events` update and that no earlier event of the group
     /// creates, in one `get_many`.
-    pub(crate) fn read_updated_records(&self, events: &[Event]) -> Result<StoredRecords, AppendError> {
+    pub(crate) fn read_updated_records(
+        &self,
+        events: &[Event],
+    ) -> Result<StoredRecords, AppendError> {
         if events.iter().all(|e| e.updated.is_empty()) {
             return Ok(StoredRecords::default());
         }
@@ -686,7 +685,9 @@ impl<S: KvStore> EventStore<S> {
     ) -> Result<Option<Event>, ReadError> {
         let bytes = match &self.segments {
             Some(segments) => Self::logged_bytes(segments, partition, offset.0)?,
-            None => self.kv.get(plog_key(self.app, partition, offset).as_key())?,
+            None => self
+                .kv
+                .get(plog_key(self.app, partition, offset).as_key())?,
         };
         let Some(bytes) = bytes else {
             return Ok(None);
@@ -1007,7 +1008,13 @@ enum Value {
 
 impl GroupBatch {
     /// Adds a write of `key` with the value in `value`'s buffer (the event's, for `None`).
-    fn push(&mut self, op: Op, key: monoseq_kv::Key<'_>, value: Option<Value>, slot: (usize, Slot)) {
+    fn push(
+        &mut self,
+        op: Op,
+        key: monoseq_kv::Key<'_>,
+        value: Option<Value>,
+        slot: (usize, Slot),
+    ) {
         let bytes = match value {
             None => &self.event_bytes,
             Some(Value::Ref) => &self.ref_bytes,

@@ -404,7 +404,9 @@ impl Backups {
             // After the engine's instant: each log holds at least what the engine applied
             // (a restart writes the rest into the copy's engine again).
             if let Some(segments) = &self.segments {
-                stats.bytes += segments.copy_to(to).context("copying the PLog's segments")?;
+                stats.bytes += segments
+                    .copy_to(to)
+                    .context("copying the PLog's segments")?;
             }
             self.identity.write(to)?;
             Marks::create_with(to, &marks)?;

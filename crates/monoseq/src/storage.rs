@@ -30,7 +30,10 @@ pub struct Opened {
 impl Opened {
     /// The event store on this storage, writing with `trust`, its PLogs where the storage
     /// keeps them.
-    pub fn event_store(&self, trust: monoseq_store::TrustLevel) -> monoseq_store::EventStore<Store> {
+    pub fn event_store(
+        &self,
+        trust: monoseq_store::TrustLevel,
+    ) -> monoseq_store::EventStore<Store> {
         let kv = Arc::clone(&self.kv);
         match &self.segments {
             Some(s) => monoseq_store::EventStore::with_segments(kv, APP, trust, Arc::clone(s)),

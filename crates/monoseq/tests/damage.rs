@@ -326,7 +326,9 @@ fn flips() -> Vec<Damage> {
 
 /// Every segment file of the PLogs, largest first.
 fn segments(dir: &Path) -> Vec<PathBuf> {
-    let mut found = files(dir, &|rel| rel.starts_with("plog/") && rel.ends_with(".seg"));
+    let mut found = files(dir, &|rel| {
+        rel.starts_with("plog/") && rel.ends_with(".seg")
+    });
     found.sort_by_key(|p| std::cmp::Reverse(segment_used(p)));
     assert!(!found.is_empty(), "no segment file");
     found
@@ -342,10 +344,14 @@ fn segment_used(path: &Path) -> u64 {
 /// served.
 fn segment_damage() -> Vec<Damage> {
     vec![
-        damage("flip a byte in the middle of a segment's frames", true, |d| {
-            let s = &segments(d)[0];
-            flip(s, segment_used(s) / 2);
-        }),
+        damage(
+            "flip a byte in the middle of a segment's frames",
+            true,
+            |d| {
+                let s = &segments(d)[0];
+                flip(s, segment_used(s) / 2);
+            },
+        ),
         damage("flip a byte in a segment's last frame", true, |d| {
             let s = &segments(d)[0];
             flip(s, segment_used(s) - 3);
@@ -429,8 +435,14 @@ async fn check_reads(client: &reqwest::Client, url: &str, acked: &Acked, case: &
 }
 
 /// The kinds of problem by which `verify` says acknowledged events are lost: the PLog ends
-/// below a high-water mark, has a hole, or ends below the checkpoint of the stored numbers.
-const LOSS_KINDS: [&str; 3] = ["below-mark", "plog-gap", "checkpoint-ahead"];
+/// below a high-water mark, has a hole, ends below the checkpoint of the stored numbers, or
+/// below what the engine applied of it.
+const LOSS_KINDS: [&str; 4] = [
+    "below-mark",
+    "plog-gap",
+    "checkpoint-ahead",
+    "applied-ahead",
+];
 
 /// Whether `verify`'s output reports a loss (its summary counts problems by kind).
 fn reports_loss(verify_out: &str) -> bool {

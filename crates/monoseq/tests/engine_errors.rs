@@ -141,11 +141,17 @@ async fn a_failed_journal_flush_is_in_the_default_log_once_and_readiness_and_met
             let body = answer.text().await.unwrap_or_default();
             assert!(body.contains("Operation not permitted"), "{body}");
         } else {
-            assert_eq!(failed, 0, "a command succeeded after one failed on the fault");
+            assert_eq!(
+                failed, 0,
+                "a command succeeded after one failed on the fault"
+            );
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(failed >= 30, "{failed} of 40 commands after the fault failed");
+    assert!(
+        failed >= 30,
+        "{failed} of 40 commands after the fault failed"
+    );
 
     let ready = client
         .get(format!("{url}/readyz"))
