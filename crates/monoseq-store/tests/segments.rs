@@ -1063,6 +1063,11 @@ fn a_log_cut_below_its_mark_is_refused_and_with_accept_loss_retired_up_to_the_ma
             e.plog_offset
         );
     }
+    assert_eq!(
+        events_from(&store, P0, 1, u64::MAX),
+        events[..6],
+        "a walk ends there too"
+    );
     let (end, seen) = replayed(&store, P0, 1);
     assert_eq!(
         (end, seen.len()),
