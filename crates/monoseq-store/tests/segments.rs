@@ -1217,3 +1217,47 @@ fn segment_files_copied_to_another_directory_open_and_hold_the_same_events() {
     copy.append(P0, &t.work.group(P0, 2))
         .expect("the copy takes the next group");
 }
+
+#[test]
+fn an_engine_that_came_up_empty_is_rebuilt_from_the_segment_files_when_the_loss_is_accepted() {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let path = tmp.path().join("data");
+    let (twin, mut work) = (twin(), Workload::default());
+    {
+        let kv = embedded(&path);
+        let dir = open_data_dir(&path, &kv, APP, &policy(false)).expect("a new directory");
+        let store = dir.event_store(Arc::clone(&kv), APP, TrustLevel::Level0);
+        write_acknowledged(&dir, &store, &twin, &mut work, &[(P0, 7), (P1, 3), (P0, 2)]);
+    }
+    // The engine's files lost: everything but the identity, the marks and the segment files.
+    let kept = [
+        monoseq_store::IDENTITY_FILE,
+        monoseq_store::MARKS_FILE,
+        PLOG_DIR,
+    ];
+    for entry in std::fs::read_dir(&path).expect("the data directory") {
+        let entry = entry.expect("entry");
+        if !kept.iter().any(|k| entry.file_name() == *k) {
+            let p = entry.path();
+            if p.is_dir() {
+                std::fs::remove_dir_all(&p).expect("removed");
+            } else {
+                std::fs::remove_file(&p).expect("removed");
+            }
+        }
+    }
+    let kv = embedded(&path);
+    let refused = open_data_dir(&path, &kv, APP, &policy(false)).expect_err("an empty engine");
+    assert!(
+        matches!(refused, DataDirError::EngineEmpty { .. }),
+        "{refused:?}"
+    );
+    let dir = open_data_dir(&path, &kv, APP, &policy(true)).expect("accepted");
+    assert!(
+        dir.report.accepted.is_empty(),
+        "the segment files hold every event"
+    );
+    let store = dir.event_store(Arc::clone(&kv), APP, TrustLevel::Level0);
+    assert_same_reads(&store, &twin, &work);
+    write_acknowledged(&dir, &store, &twin, &mut work, &[(P0, 2)]);
+}
