@@ -117,6 +117,8 @@ impl<S: KvStore> EventStore<S> {
             self.kv
                 .write(&batch)
                 .map_err(|e| GroupBatch::default().refusal(e))?;
+            // Durable before the loss is recorded, so no later start finds the store ahead.
+            self.kv.sync()?;
             from = end;
         }
         if from > end {
