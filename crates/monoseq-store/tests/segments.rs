@@ -1261,3 +1261,66 @@ fn an_engine_that_came_up_empty_is_rebuilt_from_the_segment_files_when_the_loss_
     assert_same_reads(&store, &twin, &work);
     write_acknowledged(&dir, &store, &twin, &mut work, &[(P0, 2)]);
 }
+
+/// A store whose writes reach `synced` only when synced: what a crash leaves of it.
+fn durable_copy(kv: &Faulty) -> Arc<MemoryStore> {
+    let synced = Arc::new(MemoryStore::new());
+    let pending = Arc::new(std::sync::Mutex::new(Vec::<monoseq_kv::WriteBatch>::new()));
+    let held = Arc::clone(&pending);
+    kv.on_write(move |batch| held.lock().expect("pending").push(batch.clone()));
+    let to = Arc::clone(&synced);
+    kv.on_sync(move || {
+        for batch in pending.lock().expect("pending").drain(..) {
+            to.write(&batch).expect("the copy takes the batch");
+        }
+    });
+    synced
+}
+
+#[test]
+fn an_accepted_loss_interrupted_before_its_retirement_opens_again_without_accepting_it_again() {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let path = tmp.path().join("data");
+    let kv = faulty();
+    let synced = durable_copy(&kv);
+    let (twin, mut work) = (twin(), Workload::default());
+    let written = {
+        let dir = open_data_dir(&path, &kv, APP, &policy(false)).expect("a new directory");
+        let store = dir.event_store(Arc::clone(&kv), APP, TrustLevel::Level0);
+        let written = write_acknowledged(&dir, &store, &twin, &mut work, &[(P0, 6), (P0, 4)]);
+        kv.sync().expect("sync");
+        written
+    };
+    cut_log(&path, 0, &written[&0], 7);
+    // The start that accepts the loss records it, then fails to retire its numbers: every
+    // read of the store fails from the read of partition 0's checkpoint on.
+    let weak = Arc::downgrade(&kv);
+    kv.on_read(move |partition| {
+        if partition.first() == Some(&0x05)
+            && let Some(kv) = weak.upgrade()
+        {
+            kv.fail(FaultOp::Read, true);
+        }
+    });
+    let failed = open_data_dir(&path, &kv, APP, &policy(true)).expect_err("retiring fails");
+    assert!(
+        matches!(failed, DataDirError::Actualize { partition: 0, .. }),
+        "{failed:?}"
+    );
+    assert_eq!(
+        Identity::read(&path)
+            .expect("identity")
+            .expect("identity")
+            .losses
+            .len(),
+        1
+    );
+    // A crash there, and a start without --accept-loss: the loss is accepted already.
+    let dir = open_data_dir(&path, &synced, APP, &policy(false)).expect("the accepted loss");
+    assert!(dir.report.accepted.is_empty());
+    assert_eq!(dir.report.retired_partitions, vec![0]);
+    let store = dir.event_store(Arc::clone(&synced), APP, TrustLevel::Level0);
+    store
+        .append(P0, &[creating(11, 900, 1, 1_000)])
+        .expect("the offset after the mark");
+}
