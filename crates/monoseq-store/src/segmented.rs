@@ -28,7 +28,13 @@ impl<S: KvStore> EventStore<S> {
     ) -> Result<StoredRecords, AppendError> {
         let log = segments.log(partition)?;
         let mut applied = plog::applied(log);
-        self.redo_held(segments, partition, &mut applied, false)?;
+        let mut stored = stored;
+        if self.redo_held(segments, partition, &mut applied, false)? > 0 {
+            // The events written again may have updated records the caller read before them.
+            for (ws, record) in self.read_updated_records(events)?.into_records() {
+                stored.insert(ws, record);
+            }
+        }
         let end = plog::read_log(log).end();
         check_continues(events, end)?;
         let (mut group, current) = self.build_group(partition, events, stored, true)?;
@@ -118,6 +124,8 @@ impl<S: KvStore> EventStore<S> {
             self.kv
                 .write(&batch)
                 .map_err(|e| GroupBatch::default().refusal(e))?;
+            // Durable before the loss is recorded, so no later start finds the store ahead.
+            self.kv.sync()?;
             from = end;
         }
         if from > end {
