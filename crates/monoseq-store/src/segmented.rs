@@ -45,27 +45,23 @@ impl<S: KvStore> EventStore<S> {
         self.check_absent(&group)?;
         let next = end + events.len() as u64;
         put_applied(&mut group.batch, self, partition, next);
+        // A failed append or sync leaves frames that may or may not be in the log after a
+        // restart: the log stops taking writes (poisoned), as a failed engine flush stops it.
+        let fatal = |e: monoseq_seglog::SegError| KvError::poisoned(monoseq_kv::chain(&e));
         plog::write_log(log)
             .append(end, &group.payloads())
-            .map_err(plog::seg_error)?;
-        plog::read_log(log).sync().map_err(plog::seg_error)?;
+            .map_err(fatal)?;
+        plog::read_log(log).sync().map_err(fatal)?;
         if let Err(e) = self.kv.write(&group.batch) {
-            if let WriteError::Storage(e) = e
-                && e.is_poisoned()
-            {
-                // Nothing more is written to the store until it is opened again, which redoes
-                // the group from the log.
-                return Err(AppendError::Storage(e));
+            if let WriteError::Storage(poisoned) = e {
+                if poisoned.is_poisoned() {
+                    // Nothing more is written to the store until it is opened again, which
+                    // redoes the group from the log.
+                    return Err(AppendError::Storage(poisoned));
+                }
+                return Err(outcome_unknown(partition, end, next, &poisoned));
             }
-            return Err(AppendError::Storage(KvError::OutcomeUnknown {
-                message: format!(
-                    "the group's events are in partition {partition}'s PLog (offsets {end} to \
-                     {}), but writing their WLog entries and records failed ({}); they are \
-                     written again before the partition's next group, or at restart",
-                    next - 1,
-                    monoseq_kv::chain(&e)
-                ),
-            }));
+            return Err(outcome_unknown(partition, end, next, &e));
         }
         *applied = Some(next);
         Ok(current)
@@ -266,6 +262,24 @@ impl<S: KvStore> EventStore<S> {
             at = page.end();
         }
     }
+}
+
+/// The error of a group whose log was synced but whose batch `e` failed.
+fn outcome_unknown(
+    partition: PartitionId,
+    end: u64,
+    next: u64,
+    e: &(dyn std::error::Error + 'static),
+) -> AppendError {
+    AppendError::Storage(KvError::OutcomeUnknown {
+        message: format!(
+            "the group's events are in partition {partition}'s PLog (offsets {end} to {}), but \
+             writing their WLog entries and records failed ({}); they are written again before \
+             the partition's next group, or at restart",
+            next - 1,
+            monoseq_kv::chain(e)
+        ),
+    })
 }
 
 /// Refuses a group that does not take the log's offsets from `end` on, one each in order.
