@@ -153,19 +153,20 @@ pub(crate) fn layout(
     reads(layout).then_some(layout)
 }
 
-/// Checks the identity against the engine; returns the identity when it is readable.
-pub(crate) fn check_identity<'f>(
+/// The identity file when it is readable; a problem when it is unreadable, or missing while
+/// the engine names a store.
+fn readable_identity<'f>(
     files: &'f DirFiles,
     meta: &EngineMeta,
     problems: &mut Problems,
 ) -> Option<&'f Identity> {
-    let identity = match &files.identity {
+    match &files.identity {
         Err(e) => {
             problems.push(Problem::FileUnreadable {
                 file: DirFile::Identity,
                 message: e.to_string(),
             });
-            return None;
+            None
         }
         Ok(None) => {
             if let Some(store_id) = &meta.store_id {
@@ -174,10 +175,19 @@ pub(crate) fn check_identity<'f>(
                     store_id: store_id.clone(),
                 });
             }
-            return None;
+            None
         }
-        Ok(Some(i)) => i,
-    };
+        Ok(Some(i)) => Some(i),
+    }
+}
+
+/// Checks the identity against the engine; returns the identity when it is readable.
+pub(crate) fn check_identity<'f>(
+    files: &'f DirFiles,
+    meta: &EngineMeta,
+    problems: &mut Problems,
+) -> Option<&'f Identity> {
+    let identity = readable_identity(files, meta, problems)?;
     if meta.store_id.as_deref() != Some(identity.store_id.as_str()) {
         problems.push(Problem::ForeignEngine {
             identity: identity.store_id.clone(),
