@@ -137,7 +137,8 @@ impl CommandError {
     /// failure concerns the whole group (a storage fault).
     pub(crate) fn of_append(e: &AppendError) -> Option<(usize, CommandError)> {
         match e {
-            AppendError::SequenceViolation { event_index, .. } => {
+            AppendError::SequenceViolation { event_index, .. }
+            | AppendError::NotAtEnd { event_index, .. } => {
                 Some((*event_index, CommandError::SequenceViolation(chain(e))))
             }
             AppendError::TooLarge { event_index, .. } | AppendError::Encode { event_index, .. } => {

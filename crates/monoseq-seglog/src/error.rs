@@ -178,6 +178,25 @@ pub enum SegError {
     /// Invalid options.
     #[error("invalid segment log options: {0}")]
     Options(&'static str),
+    /// An append or sync of a log opened read-only.
+    #[error("the log in {dir} was opened read-only: it takes no append or sync")]
+    ReadOnly {
+        /// The log's directory.
+        dir: PathBuf,
+    },
+}
+
+impl SegError {
+    /// For [`SegError::Damaged`], the offsets it leaves unread: from the damaged frame's to
+    /// the one before `needed` (for a read, the next segment's first offset, where reading
+    /// can go on); `None` for any other error.
+    #[must_use]
+    pub fn damaged_offsets(&self) -> Option<std::ops::Range<u64>> {
+        match self {
+            SegError::Damaged { offset, needed, .. } => Some(*offset..*needed),
+            _ => None,
+        }
+    }
 }
 
 /// Maps an I/O error to [`SegError::Io`].

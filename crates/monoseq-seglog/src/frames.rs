@@ -10,6 +10,9 @@ use crate::layout::{FRAME_HEAD_BYTES, PAYLOAD_BYTES_MAX, frame_crc, frame_head};
 
 /// Bytes read at a time (more when one frame is longer).
 pub(crate) const READ_BLOCK_BYTES: u64 = 256 << 10;
+/// Bytes read at a time by a read of a few frames (a point read: the indexed frame is at most
+/// 63 frames before the one wanted).
+pub(crate) const SMALL_READ_BLOCK_BYTES: u64 = 16 << 10;
 
 /// A cursor over the frames of one segment file, from a known frame on.
 pub(crate) struct Frames<'a> {
@@ -24,6 +27,8 @@ pub(crate) struct Frames<'a> {
     buf: Vec<u8>,
     /// File position of `buf[0]`.
     buf_at: u64,
+    /// Bytes read at a time (more when one frame is longer).
+    block: u64,
 }
 
 impl<'a> Frames<'a> {
@@ -37,7 +42,14 @@ impl<'a> Frames<'a> {
             limit,
             buf: Vec::new(),
             buf_at: pos,
+            block: READ_BLOCK_BYTES,
         }
+    }
+
+    /// Reads [`SMALL_READ_BLOCK_BYTES`] at a time instead, for a read of a few frames.
+    pub(crate) fn small(mut self) -> Self {
+        self.block = SMALL_READ_BLOCK_BYTES;
+        self
     }
 
     /// Byte position of the next frame.
@@ -123,7 +135,7 @@ impl<'a> Frames<'a> {
         if self.pos >= self.buf_at && self.pos + n <= buf_end {
             return Ok(true);
         }
-        let len = n.max(READ_BLOCK_BYTES).min(self.limit - self.pos);
+        let len = n.max(self.block).min(self.limit - self.pos);
         self.buf.resize(len as usize, 0);
         self.buf_at = self.pos;
         self.file

@@ -66,6 +66,9 @@
 //! again, synced, and a `warn` line says what. A gap between segments, a header naming
 //! another partition, first offset or format are errors.
 //!
+//! [`SegLog::open_read_only`] opens a log as it is, to verify it: nothing is created, cut or
+//! written; what follows the active segment's data, when not zeros, is described ([`Tail`]).
+//!
 //! # Memory
 //!
 //! The sparse index alone: 8 bytes per 64 frames (a `u64` byte position; the offset is
@@ -109,3 +112,4 @@ pub use log::{
     SegLog, SegOptions,
 };
 pub use page::Page;
+pub use recover::Tail;

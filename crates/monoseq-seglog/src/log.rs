@@ -6,9 +6,9 @@ use std::sync::OnceLock;
 
 use crate::error::SegError;
 use crate::frames::Frames;
-use crate::layout::{HEADER_BYTES, PAYLOAD_BYTES_MAX, put_frame};
+use crate::layout::{HEADER_BYTES, INDEX_EVERY, PAYLOAD_BYTES_MAX, put_frame};
 use crate::page::Page;
-use crate::recover::{Place, open_segments};
+use crate::recover::{Place, Tail, open_segments};
 use crate::segment::Segment;
 
 /// A segment is sealed once its data passes this many bytes, by default.
@@ -84,6 +84,10 @@ pub struct SegLog {
     positions: Vec<u64>,
     /// What failed first, once a write or sync failed.
     poisoned: OnceLock<&'static str>,
+    /// Opened by [`SegLog::open_read_only`]: takes no append or sync.
+    read_only: bool,
+    /// What a read-only open found after the data, when not zeros.
+    tail: Option<Tail>,
 }
 
 impl SegLog {
@@ -107,24 +111,64 @@ impl SegLog {
         options: SegOptions,
         durable_end: u64,
     ) -> Result<SegLog, SegError> {
+        SegLog::open_as(dir.as_ref(), partition, options, durable_end, false)
+    }
+
+    /// Opens the log of `partition` in `dir` for reading only, as it is: its files are opened
+    /// read-only and nothing is created, cut or written. Sealed segments are checked as by
+    /// [`SegLog::open`]; the last segment's data ends at its first frame that does not read
+    /// whole (what follows, when not zeros, is [`SegLog::tail`]: a writable open would cut it
+    /// or refuse it); an empty directory is an empty log. It takes no append or sync
+    /// ([`SegError::ReadOnly`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`SegLog::open`], but that nothing below a durable end is required: a missing
+    /// directory is [`SegError::Io`].
+    pub fn open_read_only(
+        dir: impl AsRef<Path>,
+        partition: u32,
+        options: SegOptions,
+    ) -> Result<SegLog, SegError> {
+        let start = options.start_offset;
+        SegLog::open_as(dir.as_ref(), partition, options, start, true)
+    }
+
+    fn open_as(
+        dir: &Path,
+        partition: u32,
+        options: SegOptions,
+        durable_end: u64,
+        read_only: bool,
+    ) -> Result<SegLog, SegError> {
         options.validate()?;
-        let dir = dir.as_ref().to_path_buf();
-        let segments = open_segments(&Place {
+        let dir = dir.to_path_buf();
+        let opened = open_segments(&Place {
             dir: &dir,
             partition,
             start_offset: options.start_offset,
             preallocate_bytes: options.preallocate_bytes,
             durable_end,
+            read_only,
         })?;
         Ok(SegLog {
             dir,
             partition,
             options,
-            segments,
+            segments: opened.segments,
             buf: Vec::new(),
             positions: Vec::new(),
             poisoned: OnceLock::new(),
+            read_only,
+            tail: opened.tail,
         })
+    }
+
+    /// For a log opened read-only, what follows the data of its last segment when that is not
+    /// zeros (a torn append or damage); `None` otherwise.
+    #[must_use]
+    pub fn tail(&self) -> Option<&Tail> {
+        self.tail.as_ref()
     }
 
     /// The log's directory.
@@ -310,6 +354,11 @@ impl SegLog {
     }
 
     fn check_poisoned(&self) -> Result<(), SegError> {
+        if self.read_only {
+            return Err(SegError::ReadOnly {
+                dir: self.dir.clone(),
+            });
+        }
         match self.poisoned.get() {
             Some(what) => Err(SegError::Poisoned { what }),
             None => Ok(()),
@@ -335,7 +384,13 @@ fn read_segment(
     let from = page.end();
     let (pos, offset) = segment.indexed(from);
     let mut frames = Frames::new(&segment.file, &segment.path, pos, offset, segment.data_end);
+    if max_events <= INDEX_EVERY as usize {
+        frames = frames.small();
+    }
     while frames.offset() < segment.next {
+        if page.len() >= max_events {
+            return Ok(false);
+        }
         let (offset, position) = (frames.offset(), frames.pos());
         match frames.next_frame()? {
             Ok(_) if offset < from => {}

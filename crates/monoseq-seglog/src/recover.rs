@@ -1,10 +1,11 @@
 //! Opening a log's directory: every segment's header checked, the sealed ones' indexes read
 //! from their footers (rebuilt from their frames when a footer is damaged), the active one
-//! scanned; gaps and damage below the durable end refused, a torn tail above it cut.
+//! scanned; gaps and damage below the durable end refused, a torn tail above it cut. Opened
+//! read-only, nothing is created, cut or written: what follows the data is described instead.
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{SegError, io};
+use crate::error::{Fault, SegError, io};
 use crate::layout::HeaderRead;
 use crate::segment::{Segment, parse_name, sync_dir};
 
@@ -18,14 +19,63 @@ pub(crate) struct Place<'a> {
     pub(crate) preallocate_bytes: u64,
     /// One past the highest offset ever acknowledged.
     pub(crate) durable_end: u64,
+    /// Whether to open for reading only: files opened read-only, nothing created or cut.
+    pub(crate) read_only: bool,
 }
 
-/// The log's segments in offset order, the last one active (unsealed, zero-filled ahead).
-pub(crate) fn open_segments(at: &Place<'_>) -> Result<Vec<Segment>, SegError> {
+/// What a log opened read-only holds after the data of its last segment when that is not
+/// zeros: a torn append (nothing acknowledged; a writable open cuts it) or damage (frames
+/// lost, if offsets from [`Tail::offset`] on were acknowledged).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tail {
+    /// The last segment.
+    pub path: PathBuf,
+    /// The first offset not read: the log's end.
+    pub offset: u64,
+    /// Where its frame was looked for.
+    pub position: u64,
+    /// Why it was not read.
+    pub fault: Fault,
+    /// The file's length: not every byte from `position` to it is zero.
+    pub file_bytes: u64,
+}
+
+impl std::fmt::Display for Tail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: no valid frame for offset {} at byte {} ({}), yet bytes up to {} are not all \
+             zero: a torn append, or frames damaged",
+            self.path.display(),
+            self.offset,
+            self.position,
+            self.fault,
+            self.file_bytes
+        )
+    }
+}
+
+/// The segments a log's directory holds, in offset order, and the tail a read-only open left.
+pub(crate) struct Opened {
+    pub(crate) segments: Vec<Segment>,
+    pub(crate) tail: Option<Tail>,
+}
+
+/// The log's segments in offset order, the last one active (unsealed, zero-filled ahead);
+/// read-only, the last one as found (sealed or not, and none in an empty directory).
+pub(crate) fn open_segments(at: &Place<'_>) -> Result<Opened, SegError> {
     let start = at.start_offset;
-    std::fs::create_dir_all(at.dir).map_err(io("creating directory", at.dir))?;
+    if !at.read_only {
+        std::fs::create_dir_all(at.dir).map_err(io("creating directory", at.dir))?;
+    }
     let names = list(at.dir)?;
     let Some(&(lowest, _)) = names.first() else {
+        if at.read_only {
+            return Ok(Opened {
+                segments: Vec::new(),
+                tail: None,
+            });
+        }
         if at.durable_end > start {
             return Err(missing(at.dir, start, at.durable_end));
         }
@@ -33,7 +83,10 @@ pub(crate) fn open_segments(at: &Place<'_>) -> Result<Vec<Segment>, SegError> {
             sync_dir(parent)?;
         }
         let first = Segment::create(at.dir, at.partition, start, at.preallocate_bytes)?;
-        return Ok(vec![first]);
+        return Ok(Opened {
+            segments: vec![first],
+            tail: None,
+        });
     };
     if lowest > start {
         return Err(missing(at.dir, start, lowest));
@@ -43,10 +96,18 @@ pub(crate) fn open_segments(at: &Place<'_>) -> Result<Vec<Segment>, SegError> {
         let ((first, path), (next, _)) = (&pair[0], &pair[1]);
         segments.push(open_inner(at, path.clone(), *first, *next)?);
     }
+    let mut tail = None;
     if let Some((first, path)) = names.last() {
-        segments.extend(open_last(at, path.clone(), *first)?);
+        let last = if at.read_only {
+            let (last, found) = open_last_read_only(at, path.clone(), *first)?;
+            tail = found;
+            vec![last]
+        } else {
+            open_last(at, path.clone(), *first)?
+        };
+        segments.extend(last);
     }
-    Ok(segments)
+    Ok(Opened { segments, tail })
 }
 
 /// The segment files in `dir` (their first offset and path), in offset order.
@@ -74,7 +135,7 @@ fn missing(dir: &Path, from: u64, to: u64) -> SegError {
 /// A segment followed by the one starting at `next`: sealed, its index from its footer or,
 /// when that is damaged, from its frames, which must reach `next`.
 fn open_inner(at: &Place<'_>, path: PathBuf, first: u64, next: u64) -> Result<Segment, SegError> {
-    let (file, len, head) = Segment::open_file(&path)?;
+    let (file, len, head) = Segment::open_file(&path, !at.read_only)?;
     Segment::check_header(&path, head, at.partition, first)?;
     let segment = match Segment::footer(&path, &file, first, len)? {
         Some(footer) => Segment::sealed(path, file, first, len, footer),
@@ -113,7 +174,7 @@ fn open_inner(at: &Place<'_>, path: PathBuf, first: u64, next: u64) -> Result<Se
 /// The last segment, and the new active one when it is sealed.
 fn open_last(at: &Place<'_>, path: PathBuf, first: u64) -> Result<Vec<Segment>, SegError> {
     let prealloc = at.preallocate_bytes;
-    let (file, len, head) = Segment::open_file(&path)?;
+    let (file, len, head) = Segment::open_file(&path, true)?;
     if head == HeaderRead::Invalid && first >= at.durable_end {
         // Created but never synced whole: nothing in it was acknowledged.
         drop(file);
@@ -162,4 +223,27 @@ fn open_last(at: &Place<'_>, path: PathBuf, first: u64) -> Result<Vec<Segment>, 
         );
     }
     Ok(vec![active])
+}
+
+/// The last segment as found, opened read-only: sealed, or scanned to the end of its data;
+/// with what follows that data when it is not zeros. Nothing is cut or created.
+fn open_last_read_only(
+    at: &Place<'_>,
+    path: PathBuf,
+    first: u64,
+) -> Result<(Segment, Option<Tail>), SegError> {
+    let (file, len, head) = Segment::open_file(&path, false)?;
+    Segment::check_header(&path, head, at.partition, first)?;
+    if let Some(footer) = Segment::footer(&path, &file, first, len)? {
+        return Ok((Segment::sealed(path, file, first, len, footer), None));
+    }
+    let scan = Segment::scan(&path, &file, first, len)?;
+    let tail = (!scan.clean).then(|| Tail {
+        path: path.clone(),
+        offset: scan.next,
+        position: scan.data_end,
+        fault: scan.fault,
+        file_bytes: len,
+    });
+    Ok((Segment::active(path, file, first, len, scan), tail))
 }

@@ -111,12 +111,12 @@ impl Segment {
         Ok(segment)
     }
 
-    /// Opens the segment file at `path` and reads its header: the file, its length, what the
-    /// header holds.
-    pub(crate) fn open_file(path: &Path) -> Result<(File, u64, HeaderRead), SegError> {
+    /// Opens the segment file at `path` (for writing too when `write`) and reads its header:
+    /// the file, its length, what the header holds.
+    pub(crate) fn open_file(path: &Path, write: bool) -> Result<(File, u64, HeaderRead), SegError> {
         let file = OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(write)
             .open(path)
             .map_err(io("opening segment", path))?;
         let len = file.metadata().map_err(io("reading", path))?.len();

@@ -30,8 +30,21 @@ pub struct PLogHarness<K: KvStore + Clone> {
 impl<K: KvStore + Clone> PLogHarness<K> {
     /// The harness on `kv`; `dir` is a directory to keep until the harness is dropped.
     pub fn on(kv: K, dir: Option<Box<dyn std::any::Any + Send + Sync>>) -> PLogHarness<K> {
+        PLogHarness::with_segments(kv, None, dir)
+    }
+
+    /// The harness on `kv` with its PLog in `segments` (which must hold partitions up to 3)
+    /// when given; `dir` as for [`PLogHarness::on`].
+    pub fn with_segments(
+        kv: K,
+        segments: Option<std::sync::Arc<crate::Segments>>,
+        dir: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> PLogHarness<K> {
         // Level 2 writes blindly, so the suite's events need no record table checks.
-        let events = EventStore::new(kv, APP, TrustLevel::Level2);
+        let events = match segments {
+            None => EventStore::new(kv, APP, TrustLevel::Level2),
+            Some(s) => EventStore::with_segments(kv, APP, TrustLevel::Level2, s),
+        };
         PLogHarness {
             storage: events.seq_storage(PARTITION),
             events,

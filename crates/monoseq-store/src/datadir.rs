@@ -16,8 +16,9 @@ use crate::builtin::{
 };
 use crate::codec::FORMAT_VERSION;
 use crate::identity::{AcceptedLoss, Identity, IdentityError, now_ms};
-use crate::keys::{AppId, KEY_LAYOUT, PartitionId};
+use crate::keys::{AppId, KEY_LAYOUT, KEY_LAYOUT_SEGMENTS, PartitionId};
 use crate::marks::{Mark, Marks, MarksError};
+use crate::plog::Segments;
 use crate::store::{EventStore, TrustLevel};
 
 const META_PARTITION: &[u8] = b"monoseq/meta";
@@ -193,14 +194,32 @@ pub enum DataDirError {
     Inconsistent(String),
     /// Data in a key layout this build does not read.
     #[error(
-        "the data directory's event store uses key layout {stored}, this build reads layout \
-         {KEY_LAYOUT} (docs/format.md); run the monoseq version that wrote it, or start with an \
-         empty data directory"
+        "the event store uses key layout {stored}, this build reads layout {KEY_LAYOUT} in a \
+         database and layouts {KEY_LAYOUT} and {KEY_LAYOUT_SEGMENTS} in a data directory \
+         (docs/format.md); run the monoseq version that wrote it, or start with an empty data \
+         directory"
     )]
     KeyLayout {
         /// The stored layout.
         stored: u32,
     },
+    /// A PLog's segment files are missing or damaged where acknowledged events must be.
+    #[error(
+        "the PLog's segment files in {dir} do not hold every acknowledged event: {source}. \
+         Restore the data directory from a backup; or start with --accept-loss to serve what \
+         is left (a log cut at its first damaged frame; damage inside a sealed segment is \
+         refused even then)"
+    )]
+    Segments {
+        /// The data directory.
+        dir: PathBuf,
+        /// What is missing or damaged.
+        #[source]
+        source: monoseq_seglog::SegError,
+    },
+    /// Bringing the key-value store up to the PLogs' segment files failed.
+    #[error("writing the WLog entries and records of the PLog's last events again failed")]
+    Redo(#[source] crate::store::AppendError),
     /// Acknowledged events are missing.
     #[error(
         "the store lost acknowledged events and is not served:\n  {}\nRestore the data \
@@ -253,6 +272,20 @@ pub struct DataDir {
     pub marks: Arc<Marks>,
     /// What opening did.
     pub report: OpenReport,
+    /// The PLogs' segment files (key layout 4); `None` for a directory whose PLogs are in its
+    /// engine (layout 3, created before layout 4).
+    pub segments: Option<Arc<Segments>>,
+}
+
+impl DataDir {
+    /// The event store of `app` on the directory's engine `kv`, with its PLogs where the
+    /// directory keeps them.
+    pub fn event_store<S: KvStore>(&self, kv: S, app: AppId, trust: TrustLevel) -> EventStore<S> {
+        match &self.segments {
+            Some(segments) => EventStore::with_segments(kv, app, trust, Arc::clone(segments)),
+            None => EventStore::new(kv, app, trust),
+        }
+    }
 }
 
 /// What the engine records about itself.
@@ -275,6 +308,7 @@ fn read_meta(kv: &impl KvStore) -> Result<EngineMeta, KvError> {
 }
 
 fn write_meta(kv: &impl KvStore, identity: &Identity) -> Result<(), KvError> {
+    let layout = identity.key_layout;
     let mut batch = WriteBatch::new();
     batch.put(
         Key::new(META_PARTITION, META_PARTITIONS),
@@ -282,7 +316,7 @@ fn write_meta(kv: &impl KvStore, identity: &Identity) -> Result<(), KvError> {
     );
     batch.put(
         Key::new(META_PARTITION, META_KEY_LAYOUT),
-        &KEY_LAYOUT.to_be_bytes(),
+        &layout.to_be_bytes(),
     );
     batch.put(
         Key::new(META_PARTITION, META_STORE_ID),
@@ -306,14 +340,17 @@ pub fn recorded_partitions(kv: &impl KvStore, place: &Path) -> Result<Option<u32
         dir: place.to_path_buf(),
         source,
     })?;
-    check_layout(&meta)?;
+    check_layout(&meta, DATA_DIR_LAYOUTS)?;
     Ok(meta.partitions)
 }
 
-/// Fails unless the store is empty or in this build's key layout.
-fn check_layout(meta: &EngineMeta) -> Result<(), DataDirError> {
+/// The key layouts a data directory may be in.
+const DATA_DIR_LAYOUTS: &[u32] = &[KEY_LAYOUT, KEY_LAYOUT_SEGMENTS];
+
+/// Fails unless the store is empty or in one of the `accepted` key layouts.
+fn check_layout(meta: &EngineMeta, accepted: &[u32]) -> Result<(), DataDirError> {
     match meta.key_layout.or(meta.partitions.map(|_| 1)) {
-        Some(stored) if stored != KEY_LAYOUT => Err(DataDirError::KeyLayout { stored }),
+        Some(stored) if !accepted.contains(&stored) => Err(DataDirError::KeyLayout { stored }),
         _ => Ok(()),
     }
 }
@@ -331,7 +368,7 @@ pub fn open_data_dir<S: KvStore + Clone>(
     policy: &OpenPolicy,
 ) -> Result<DataDir, DataDirError> {
     let meta = read_meta(kv).map_err(storage_in(dir))?;
-    check_layout(&meta)?;
+    check_layout(&meta, DATA_DIR_LAYOUTS)?;
     let identity = match Identity::read(dir) {
         Ok(id) => id,
         Err(IdentityError::Damaged { .. }) if policy.accept_loss => None,
@@ -361,23 +398,86 @@ pub fn open_data_dir<S: KvStore + Clone>(
         // The identity names a store the engine does not hold: it came up empty.
         accept_empty_engine(dir, kv, policy, &identity, marks.as_ref())?;
     }
+    let segments = open_segments(dir, policy, &identity, marks.as_ref())?;
+    let store = store_of(kv, app, segments.as_ref());
+    store.redo(policy.accept_loss).map_err(DataDirError::Redo)?;
     let marks = match marks {
         Some(m) => m,
         None => {
             report.marks_rebuilt = true;
-            rebuild_marks(dir, kv, app, &identity)?
+            rebuild_marks(dir, &store, &identity)?
         }
     };
     let mut identity = identity;
-    report.restored = continue_restore(dir, kv, app, policy, &mut identity, &marks)?;
+    report.restored = continue_restore(dir, &store, policy, &mut identity, &marks)?;
     report.restore_unused = policy.restore.is_some() && report.restored.is_none();
     let mut guarded = DataDir {
         identity,
         marks: Arc::new(marks),
         report,
+        segments,
     };
-    check_losses(dir, kv, app, policy, &mut guarded)?;
+    check_losses(dir, &store, policy, &mut guarded)?;
     Ok(guarded)
+}
+
+/// The event store of `app` on `kv`, its PLogs in `segments` when given.
+fn store_of<S: KvStore + Clone>(
+    kv: &S,
+    app: AppId,
+    segments: Option<&Arc<Segments>>,
+) -> EventStore<S> {
+    match segments {
+        Some(s) => EventStore::with_segments(kv.clone(), app, TrustLevel::Level0, Arc::clone(s)),
+        None => EventStore::new(kv.clone(), app, TrustLevel::Level0),
+    }
+}
+
+/// Opens the PLogs' segment files of a directory in key layout 4 (`None` for layout 3), each
+/// required whole up to its acknowledged mark ([`durable_end`]); with `--accept-loss`, a log
+/// damaged below it is cut at its first damaged frame instead (a loss the marks then name).
+fn open_segments(
+    dir: &Path,
+    policy: &OpenPolicy,
+    identity: &Identity,
+    marks: Option<&Marks>,
+) -> Result<Option<Arc<Segments>>, DataDirError> {
+    if identity.key_layout != KEY_LAYOUT_SEGMENTS {
+        return Ok(None);
+    }
+    let required = |p: u32| durable_end(identity, marks, p);
+    let opened = match Segments::open(dir, identity.partitions, &required) {
+        Err(source) if policy.accept_loss => {
+            tracing::warn!(
+                dir = %dir.display(),
+                "the PLog's segment files lack acknowledged events ({source}); cutting each \
+                 log at its first damaged frame, as --accept-loss allows"
+            );
+            Segments::open(dir, identity.partitions, &|_| 1)
+        }
+        opened => opened,
+    };
+    opened
+        .map(|s| Some(Arc::new(s)))
+        .map_err(|source| DataDirError::Segments {
+            dir: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// One past the last offset partition `p`'s log must hold: its mark's, or, when an accepted
+/// loss retired the mark, the first offset that loss lost (its log may hold the retired
+/// offsets or not, as a crash left the acceptance).
+fn durable_end(identity: &Identity, marks: Option<&Marks>, p: u32) -> u64 {
+    let mark = marks.and_then(|m| m.get(p).ok()).map_or(0, |m| m.plog);
+    if mark > identity.retired(p).plog {
+        return mark + 1;
+    }
+    identity
+        .losses_of(p)
+        .map(|l| l.plog_from)
+        .max()
+        .unwrap_or(1)
 }
 
 /// The error of the engine of data directory `dir` failing.
@@ -408,14 +508,23 @@ fn create_or_adopt<S: KvStore + Clone>(
     } else {
         report.created = true;
     }
-    let identity = Identity::new(partitions, KEY_LAYOUT, FORMAT_VERSION);
+    // A new directory keeps its PLogs in segment files; one written before identity files
+    // existed keeps them where they are.
+    let layout = if report.created {
+        KEY_LAYOUT_SEGMENTS
+    } else {
+        meta.key_layout.unwrap_or(KEY_LAYOUT)
+    };
+    let identity = Identity::new(partitions, layout, FORMAT_VERSION);
+    let segments = open_segments(dir, policy, &identity, None)?;
     write_meta(kv, &identity).map_err(storage_in(dir))?;
     let marks = if report.created {
         Marks::create(dir, partitions)?
     } else {
+        let store = store_of(kv, app, segments.as_ref());
         Marks::create_with(
             dir,
-            &scan_marks(kv, app, partitions).map_err(storage_in(dir))?,
+            &scan_marks(&store, partitions).map_err(storage_in(dir))?,
         )?
     };
     identity.write(dir)?;
@@ -423,6 +532,7 @@ fn create_or_adopt<S: KvStore + Clone>(
         identity,
         marks: Arc::new(marks),
         report,
+        segments,
     })
 }
 
@@ -443,7 +553,8 @@ fn rebuild_identity(
     let partitions = meta.partitions.ok_or_else(|| {
         DataDirError::Inconsistent("the engine has a store ID but no partition count".into())
     })?;
-    let mut identity = Identity::new(partitions, KEY_LAYOUT, FORMAT_VERSION);
+    let layout = meta.key_layout.unwrap_or(KEY_LAYOUT);
+    let mut identity = Identity::new(partitions, layout, FORMAT_VERSION);
     store_id.clone_into(&mut identity.store_id);
     identity.write(dir)?;
     Ok(identity)
@@ -451,11 +562,17 @@ fn rebuild_identity(
 
 /// Fails when the engine records another partition count than the identity.
 fn check_engine_partitions(meta: &EngineMeta, identity: &Identity) -> Result<(), DataDirError> {
-    match meta.partitions {
-        Some(p) if p != identity.partitions => Err(DataDirError::Inconsistent(format!(
+    match (meta.partitions, meta.key_layout) {
+        (Some(p), _) if p != identity.partitions => Err(DataDirError::Inconsistent(format!(
             "the engine records {p} partitions, the identity file {}",
             identity.partitions
         ))),
+        (_, Some(layout)) if layout != identity.key_layout => {
+            Err(DataDirError::Inconsistent(format!(
+                "the engine records key layout {layout}, the identity file {}",
+                identity.key_layout
+            )))
+        }
         _ => Ok(()),
     }
 }
@@ -511,11 +628,10 @@ fn accept_empty_engine(
 /// retired stay retired.
 fn rebuild_marks<S: KvStore + Clone>(
     dir: &Path,
-    kv: &S,
-    app: AppId,
+    store: &EventStore<S>,
     identity: &Identity,
 ) -> Result<Marks, DataDirError> {
-    let scanned = scan_marks(kv, app, identity.partitions).map_err(storage_in(dir))?;
+    let scanned = scan_marks(store, identity.partitions).map_err(storage_in(dir))?;
     let merged: Vec<Mark> = scanned
         .iter()
         .enumerate()
@@ -528,19 +644,17 @@ fn rebuild_marks<S: KvStore + Clone>(
 /// [`crate::backup::continue_restored`]); `None` when `dir` is no backup.
 fn continue_restore<S: KvStore + Clone>(
     dir: &Path,
-    kv: &S,
-    app: AppId,
+    copy: &EventStore<S>,
     policy: &OpenPolicy,
     identity: &mut Identity,
     marks: &Marks,
 ) -> Result<Option<crate::backup::Restored>, DataDirError> {
-    let copy = EventStore::new(kv.clone(), app, TrustLevel::Level0);
     let retired_of = identity.clone();
     crate::backup::continue_restored(
         dir,
         identity,
         marks,
-        |p| plog_end(&copy, p, retired_of.retired(p).plog),
+        |p| plog_end(copy, p, retired_of.retired(p).plog),
         policy.restore.as_ref(),
     )
 }
@@ -559,7 +673,7 @@ pub fn open_database<S: KvStore>(kv: &S, policy: &OpenPolicy) -> Result<Identity
         source,
     };
     let meta = read_meta(kv).map_err(storage)?;
-    check_layout(&meta)?;
+    check_layout(&meta, &[KEY_LAYOUT])?;
     let partitions = meta
         .partitions
         .or(policy.partitions)
@@ -619,24 +733,22 @@ fn check_configured(policy: &OpenPolicy, stored: u32) -> Result<(), DataDirError
 /// if a crash interrupted that last time).
 fn check_losses<S: KvStore + Clone>(
     dir: &Path,
-    kv: &S,
-    app: AppId,
+    store: &EventStore<S>,
     policy: &OpenPolicy,
     guarded: &mut DataDir,
 ) -> Result<(), DataDirError> {
-    let store = EventStore::new(kv.clone(), app, TrustLevel::Level0);
     let (marks, identity) = (&guarded.marks, &guarded.identity);
     let marks = (0..identity.partitions)
         .map(|p| Ok((marks.get(p)?, identity.retired(p))))
         .collect::<Result<Vec<_>, DataDirError>>()?;
-    let losses = find_losses(&store, &marks).map_err(storage_in(dir))?;
+    let losses = find_losses(store, &marks).map_err(storage_in(dir))?;
     if !losses.is_empty() {
         if !policy.accept_loss {
             return Err(DataDirError::Lost { losses });
         }
         accept_losses(dir, guarded, losses)?;
     }
-    retire_accepted(&store, guarded)
+    retire_accepted(store, guarded)
 }
 
 /// Every partition whose stored PLog lacks the event at its mark (above what accepted losses
@@ -851,6 +963,7 @@ pub fn retire_partition<S: KvStore + Clone>(
     let params = built_in_params([WsKind(1)])
         .build()
         .map_err(|e| failed(monoseq_kv::chain(&e)))?;
+    let segments = seq.segments().cloned();
     let seq = Arc::new(seq);
     let (sequencer, mut worker) = Sequencer::new_manual(params, Arc::clone(&seq));
     let mut steps = 0;
@@ -865,6 +978,11 @@ pub fn retire_partition<S: KvStore + Clone>(
         }
     }
     drop(sequencer);
+    if let Some(segments) = segments {
+        segments
+            .retire_to(PartitionId(p), retired.plog)
+            .map_err(|e| failed(monoseq_kv::chain(&e)))?;
+    }
     seq.write_values_and_next_plog_offset(&[], PLogOffset(retired.plog + 1))
         .map_err(|e| failed(monoseq_kv::chain(&e)))
 }
@@ -872,11 +990,9 @@ pub fn retire_partition<S: KvStore + Clone>(
 /// Marks rebuilt from what the engine holds: per partition, the PLog end and the highest
 /// numbers its events used.
 fn scan_marks<S: KvStore + Clone>(
-    kv: &S,
-    app: AppId,
+    store: &EventStore<S>,
     partitions: u32,
 ) -> Result<Vec<Mark>, KvError> {
-    let store = EventStore::new(kv.clone(), app, TrustLevel::Level0);
     let mut marks = Vec::with_capacity(partitions as usize);
     for p in 0..partitions {
         let seq = store.seq_storage(PartitionId(p));

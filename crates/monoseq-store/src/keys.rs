@@ -7,10 +7,15 @@ use monoseq_kv::Key;
 
 use crate::event::{RecordId, WLogOffset};
 
-/// The key layout this build reads and writes (`docs/format.md`, "Event store keys"). Layout 1
+/// The key layout of a store whose PLog is in the key-value store (`docs/format.md`, "Event
+/// store keys"): every database store, and data directories created before layout 4. Layout 1
 /// wrote fixed-width partition keys and whole offsets and IDs as clustering columns; layout 2
 /// kept one numbers partition per workspace.
 pub const KEY_LAYOUT: u32 = 3;
+/// The key layout this build creates data directories in: layout 3's keys but the PLog's,
+/// which segment files beside the key-value store hold ([`crate::Segments`]), and an applied
+/// end per partition. Builds before it refuse such a directory (they read layout 3 only).
+pub const KEY_LAYOUT_SEGMENTS: u32 = 4;
 
 /// Events per PLog partition key (and per WLog partition key): logs are split into blocks so
 /// that no storage partition grows without bound (a Cassandra or DynamoDB partition must stay
@@ -49,6 +54,7 @@ pub(crate) const TAG_NUMBERS: u8 = 0x04;
 pub(crate) const TAG_CHECKPOINT: u8 = 0x05;
 pub(crate) const TAG_POSITION: u8 = 0x06;
 pub(crate) const TAG_GROUP: u8 = 0x07;
+pub(crate) const TAG_APPLIED: u8 = 0x08;
 
 /// Ends a consumer name in a position's clustering columns: below every byte a name may hold
 /// (printable ASCII), so one consumer's positions are contiguous and ordered by partition.
@@ -221,6 +227,13 @@ pub(crate) fn from_numbers_clustering(
 /// Checkpoint: partition `05 app:be32 partition:be32`, empty clustering, value `be64`.
 pub(crate) fn checkpoint_partition(app: AppId, partition: PartitionId) -> PartKey {
     PartKey::fixed(TAG_CHECKPOINT, app).push_be(&partition.0.to_be_bytes())
+}
+
+/// Applied end (key layout 4, the PLog in segment files): partition `08 app partition`
+/// (varints), empty clustering, value `be64`: one past the last PLog offset whose WLog entry
+/// and records the store holds.
+pub(crate) fn applied_partition(app: AppId, partition: PartitionId) -> PartKey {
+    PartKey::new(TAG_APPLIED, app).push(u64::from(partition.0))
 }
 
 /// Consumer positions: partition `06 app:varint` (every consumer of the application in one

@@ -20,8 +20,10 @@ mod groups;
 mod identity;
 mod keys;
 mod marks;
+mod plog;
 mod plog_page;
 mod positions;
+mod segmented;
 mod seqstore;
 mod store;
 
@@ -49,8 +51,11 @@ pub use groups::{
     StoredGroup, plan_step, to_claim,
 };
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError, LossCause};
-pub use keys::{AppId, KEY_LAYOUT, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot};
+pub use keys::{
+    AppId, KEY_LAYOUT, KEY_LAYOUT_SEGMENTS, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot,
+};
 pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError, start_mark};
+pub use plog::{PLOG_DIR, RETIRED_PAYLOAD, Segments};
 pub use plog_page::{Gap, PLOG_PAGE_ITEMS_MAX, PageItem, PlogPage, retired_ranges};
 pub use positions::{
     CONSUMER_NAME_BYTES_MAX, ConsumerName, ConsumerPosition, InvalidConsumerName,

@@ -4,6 +4,7 @@
 //! docs/invariants.md).
 
 use std::ops::{Bound, ControlFlow};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use monoseq_core::{
@@ -19,6 +20,7 @@ use crate::keys::{
     checkpoint_partition, from_numbers_clustering, numbers_clustering, numbers_clustering_from,
     numbers_partition, plog_partition,
 };
+use crate::plog::Segments;
 
 /// The sequence storage of one partition of one application, over a key-value store `S`.
 ///
@@ -50,6 +52,8 @@ pub struct PLogSeqStorage<S> {
     partition: PartitionId,
     replayed_events: AtomicU64,
     fence: Fence,
+    /// The PLog's segment files (key layout 4); `None`: the PLog is in `kv`.
+    segments: Option<Arc<Segments>>,
 }
 
 impl<S: KvStore> PLogSeqStorage<S> {
@@ -61,7 +65,20 @@ impl<S: KvStore> PLogSeqStorage<S> {
             partition,
             replayed_events: AtomicU64::new(0),
             fence: Fence::new(),
+            segments: None,
         }
+    }
+
+    /// The PLog's segment files, when it is kept there.
+    pub fn segments(&self) -> Option<&Arc<Segments>> {
+        self.segments.as_ref()
+    }
+
+    /// This storage replaying the PLog from `segments` (its segment files) when given.
+    #[must_use]
+    pub fn with_segments(mut self, segments: Option<Arc<Segments>>) -> PLogSeqStorage<S> {
+        self.segments = segments;
+        self
     }
 
     /// How many events replays have passed to their batchers since this value was created:
@@ -128,6 +145,9 @@ impl<S: KvStore> PLogSeqStorage<S> {
     ) -> Result<(), StorageError> {
         block.events.clear();
         block.values.clear();
+        if let Some(segments) = &self.segments {
+            return self.read_logged_chunk(segments, first, end, block);
+        }
         let part = plog_partition(self.app, self.partition, PLogOffset(first));
         let lower = block_position(first, LOG_BLOCK_EVENTS);
         let upper = block_position(end, LOG_BLOCK_EVENTS);
@@ -143,7 +163,10 @@ impl<S: KvStore> PLogSeqStorage<S> {
             Bound::Included(&lower),
             upper,
             Order::Ascending,
-            &mut |clustering, value| match self.copy_event(block_base, clustering, value, block) {
+            &mut |clustering, value| match self
+                .offset_at(block_base, clustering)
+                .and_then(|offset| self.copy_event(offset, value, block))
+            {
                 Ok(()) => ControlFlow::Continue(()),
                 Err(e) => {
                     failure = Some(e);
@@ -160,24 +183,54 @@ impl<S: KvStore> PLogSeqStorage<S> {
         failure.map_or(Ok(()), Err)
     }
 
-    /// Copies the numbers of the PLog event stored under `clustering` (a position in the block
-    /// starting at `block_base`) into `block`, leaving out those below their sequence's initial
-    /// value. On a failure `block` is as it was.
-    fn copy_event(
+    /// [`PLogSeqStorage::read_chunk`] from the PLog's segment files.
+    fn read_logged_chunk(
         &self,
-        block_base: u64,
-        clustering: &[u8],
-        value: &[u8],
+        segments: &Segments,
+        first: u64,
+        end: u64,
         block: &mut ReplayBlock,
     ) -> Result<(), StorageError> {
-        let Some(offset) = keys::from_block_position(block_base, clustering) else {
-            return Err(StorageError::corrupted(format!(
+        let wanted = usize::try_from(end - first).unwrap_or(usize::MAX);
+        let page = segments
+            .read(self.partition, first, wanted, usize::MAX)
+            .map_err(|e| {
+                kv_error(
+                    &format!("reading the PLog of partition {} failed", self.partition),
+                    e,
+                )
+            })?;
+        for (i, value) in page.payloads().enumerate() {
+            if value == crate::plog::RETIRED_PAYLOAD {
+                // A retired offset: the replay ends there, as at a missing one.
+                break;
+            }
+            self.copy_event(page.first() + i as u64, value, block)?;
+        }
+        Ok(())
+    }
+
+    /// The PLog offset a stored key's clustering (a position in the block starting at
+    /// `block_base`) names.
+    fn offset_at(&self, block_base: u64, clustering: &[u8]) -> Result<u64, StorageError> {
+        keys::from_block_position(block_base, clustering).ok_or_else(|| {
+            StorageError::corrupted(format!(
                 "PLog of partition {} holds a key of {} bytes where a 2-byte position belongs: \
                  the PLog is damaged; restore it from a backup",
                 self.partition,
                 clustering.len()
-            )));
-        };
+            ))
+        })
+    }
+
+    /// Copies the numbers of the PLog event at `offset` into `block`, leaving out those below
+    /// their sequence's initial value. On a failure `block` is as it was.
+    fn copy_event(
+        &self,
+        offset: u64,
+        value: &[u8],
+        block: &mut ReplayBlock,
+    ) -> Result<(), StorageError> {
         let start = block.values.len();
         let head = match self.decode_event_numbers(offset, value, &mut block.values) {
             Ok(head) => head,

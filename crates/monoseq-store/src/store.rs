@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
+use std::sync::Arc;
 
 use monoseq_core::{PLogOffset, WsId};
 use monoseq_kv::{KeyBuf, KvError, KvStore, Op, Order, Oversized, WriteBatch, WriteError};
@@ -17,6 +18,7 @@ use crate::keys::{
     self, AppId, LOG_BLOCK_EVENTS, PartitionId, Slot, block_position, plog_key, record_key,
     wlog_key, wlog_partition,
 };
+use crate::plog::Segments;
 use crate::seqstore::PLogSeqStorage;
 
 /// How events and records are written (the reference design's `SequencesTrustLevel`,
@@ -104,6 +106,21 @@ pub enum AppendError {
         event_index: usize,
         /// Which offset.
         what: &'static str,
+    },
+    /// The group does not continue the partition's PLog where it ends (the PLog in segment
+    /// files takes each offset once, in order); nothing was written.
+    #[error(
+        "event {event_index} of the group is at PLog offset {offset}, but the partition's PLog \
+         takes offset {end} next; nothing was written. Actualize the sequencer and retry the \
+         command"
+    )]
+    NotAtEnd {
+        /// Position of the event in the group.
+        event_index: usize,
+        /// Its PLog offset.
+        offset: u64,
+        /// The offset the PLog takes next.
+        end: u64,
     },
     /// An event could not be encoded.
     #[error("event {event_index} of the group cannot be encoded")]
@@ -237,15 +254,51 @@ pub const WLOG_READ_EVENTS_MAX: usize = 65_536;
 /// ```
 #[derive(Debug, Clone)]
 pub struct EventStore<S> {
-    kv: S,
+    pub(crate) kv: S,
     app: AppId,
     trust: TrustLevel,
+    /// The PLogs in segment files (key layout 4); `None`: in `kv` (layout 3).
+    pub(crate) segments: Option<Arc<Segments>>,
 }
 
 impl<S: KvStore> EventStore<S> {
-    /// The event store of `app` on `kv`, writing with `trust`.
+    /// The event store of `app` on `kv`, writing with `trust`, its PLogs in `kv`.
     pub fn new(kv: S, app: AppId, trust: TrustLevel) -> EventStore<S> {
-        EventStore { kv, app, trust }
+        EventStore {
+            kv,
+            app,
+            trust,
+            segments: None,
+        }
+    }
+
+    /// The event store of `app` on `kv`, writing with `trust`, its PLogs in `segments`
+    /// (a data directory's, key layout 4): a group is appended to its partition's log and
+    /// synced before its WLog entries and records are written to `kv`.
+    pub fn with_segments(
+        kv: S,
+        app: AppId,
+        trust: TrustLevel,
+        segments: Arc<Segments>,
+    ) -> EventStore<S> {
+        EventStore {
+            kv,
+            app,
+            trust,
+            segments: Some(segments),
+        }
+    }
+
+    /// The PLogs' segment files, when the PLogs are kept there.
+    pub fn segments(&self) -> Option<&Arc<Segments>> {
+        self.segments.as_ref()
+    }
+
+    /// This store with `trust` instead.
+    #[must_use]
+    pub fn with_trust(mut self, trust: TrustLevel) -> EventStore<S> {
+        self.trust = trust;
+        self
     }
 
     /// The application.
@@ -269,6 +322,7 @@ impl<S: KvStore> EventStore<S> {
         S: Clone,
     {
         PLogSeqStorage::new(self.kv.clone(), self.app, partition)
+            .with_segments(self.segments.clone())
     }
 
     /// Writes a group of events of `partition` (group commit): each event to the PLog and to
@@ -307,17 +361,37 @@ impl<S: KvStore> EventStore<S> {
         events: &[Event],
         stored: StoredRecords,
     ) -> Result<StoredRecords, AppendError> {
+        if let Some(segments) = &self.segments {
+            return self.append_to_segments(segments, partition, events, stored);
+        }
+        let (group, current) = self.build_group(partition, events, stored, false)?;
+        self.kv.write(&group.batch).map_err(|e| group.refusal(e))?;
+        Ok(current)
+    }
+
+    /// The batch of a group (with its PLog entries unless `to_segments`, which collects the
+    /// events' bytes for the segment log and checks absence apart), and the records as the
+    /// group leaves them.
+    pub(crate) fn build_group(
+        &self,
+        partition: PartitionId,
+        events: &[Event],
+        stored: StoredRecords,
+        to_segments: bool,
+    ) -> Result<(GroupBatch, StoredRecords), AppendError> {
         let updated = updated_keys(events);
         let mut current = stored.0;
-        let mut group = GroupBatch::default();
+        let mut group = GroupBatch {
+            to_segments,
+            ..GroupBatch::default()
+        };
         for (i, e) in events.iter().enumerate() {
             check_offsets(i, e)?;
             self.push_logs(&mut group, partition, i, e)?;
             self.push_created(&mut group, i, e, &updated, &mut current);
             self.push_updated(&mut group, i, e, &mut current)?;
         }
-        self.kv.write(&group.batch).map_err(|e| group.refusal(e))?;
-        Ok(StoredRecords(current))
+        Ok((group, StoredRecords(current)))
     }
 
     /// Adds event `e` (index `i` of the group) to the PLog of `partition` and to its
@@ -336,15 +410,17 @@ impl<S: KvStore> EventStore<S> {
                 source,
             })?;
         let op = self.trust.event_op();
-        let plog = plog_key(self.app, partition, e.plog_offset);
-        group.batch.push(op, plog.as_key(), &group.event_bytes);
-        group.slots.push((
-            i,
-            Slot::PLog {
+        if group.to_segments {
+            group.payloads.extend_from_slice(&group.event_bytes);
+            group.payload_ends.push(group.payloads.len());
+        } else {
+            let plog = plog_key(self.app, partition, e.plog_offset);
+            let slot = Slot::PLog {
                 partition,
                 offset: e.plog_offset,
-            },
-        ));
+            };
+            group.push(op, plog.as_key(), None, (i, slot));
+        }
         // The WLog entry names the PLog event (about 12 bytes) instead of copying it, so each
         // event is written, flushed and compacted once.
         group.ref_bytes.clear();
@@ -355,14 +431,11 @@ impl<S: KvStore> EventStore<S> {
         }
         .encode_into(&mut group.ref_bytes);
         let wlog = wlog_key(self.app, e.ws, e.wlog_offset);
-        group.batch.push(op, wlog.as_key(), &group.ref_bytes);
-        group.slots.push((
-            i,
-            Slot::WLog {
-                ws: e.ws,
-                offset: e.wlog_offset,
-            },
-        ));
+        let slot = Slot::WLog {
+            ws: e.ws,
+            offset: e.wlog_offset,
+        };
+        group.push(op, wlog.as_key(), Some(Value::Ref), (i, slot));
         Ok(())
     }
 
@@ -381,8 +454,8 @@ impl<S: KvStore> EventStore<S> {
             group.record_bytes.clear();
             encode_record_value(&mut group.record_bytes, r);
             let key = record_key(self.app, e.ws, r.id);
-            group.batch.push(op, key.as_key(), &group.record_bytes);
-            group.slots.push((i, Slot::Record { ws: e.ws, id: r.id }));
+            let slot = Slot::Record { ws: e.ws, id: r.id };
+            group.push(op, key.as_key(), Some(Value::Record), (i, slot));
             if updated.contains(&(e.ws, r.id)) {
                 current.insert((e.ws, r.id), r.clone());
             }
@@ -409,8 +482,8 @@ impl<S: KvStore> EventStore<S> {
             group.record_bytes.clear();
             encode_record_value(&mut group.record_bytes, stored);
             let key = record_key(self.app, e.ws, u.id);
-            group.batch.push(Op::Put, key.as_key(), &group.record_bytes);
-            group.slots.push((i, Slot::Record { ws: e.ws, id: u.id }));
+            let slot = Slot::Record { ws: e.ws, id: u.id };
+            group.push(Op::Put, key.as_key(), Some(Value::Record), (i, slot));
         }
         Ok(())
     }
@@ -511,36 +584,32 @@ impl<S: KvStore> EventStore<S> {
             return Ok(());
         }
         let mut failure = None;
-        self.scan_log(
-            next,
-            &|first| keys::plog_partition(self.app, partition, PLogOffset(first)),
-            &mut |offset, value| {
-                if offset != next || offset >= to.0 {
+        self.visit_plog(partition, next, &mut |offset, value| {
+            if offset != next || offset >= to.0 {
+                return ControlFlow::Break(());
+            }
+            let slot = Slot::PLog {
+                partition,
+                offset: PLogOffset(offset),
+            };
+            let read = match keep {
+                None => Event::decode(value).map(|e| (e.plog_offset, Some(e))),
+                Some(keep) => decode_event_if(value, keep).map(|(h, e)| (h.plog_offset, e)),
+            };
+            match read {
+                Ok((at, e)) if at.0 == offset => visit(offset, e),
+                Ok((at, _)) => {
+                    failure = Some(ReadError::Misplaced { slot, found: at.0 });
                     return ControlFlow::Break(());
                 }
-                let slot = Slot::PLog {
-                    partition,
-                    offset: PLogOffset(offset),
-                };
-                let read = match keep {
-                    None => Event::decode(value).map(|e| (e.plog_offset, Some(e))),
-                    Some(keep) => decode_event_if(value, keep).map(|(h, e)| (h.plog_offset, e)),
-                };
-                match read {
-                    Ok((at, e)) if at.0 == offset => visit(offset, e),
-                    Ok((at, _)) => {
-                        failure = Some(ReadError::Misplaced { slot, found: at.0 });
-                        return ControlFlow::Break(());
-                    }
-                    Err(source) => {
-                        failure = Some(ReadError::Corrupt { slot, source });
-                        return ControlFlow::Break(());
-                    }
+                Err(source) => {
+                    failure = Some(ReadError::Corrupt { slot, source });
+                    return ControlFlow::Break(());
                 }
-                next += 1;
-                ControlFlow::Continue(())
-            },
-        )?;
+            }
+            next += 1;
+            ControlFlow::Continue(())
+        })?;
         match failure {
             Some(e) => Err(e),
             None => Ok(()),
@@ -549,7 +618,10 @@ impl<S: KvStore> EventStore<S> {
 
     /// Reads the stored records that `events` update and that no earlier event of the group
     /// creates, in one `get_many`.
-    fn read_updated_records(&self, events: &[Event]) -> Result<StoredRecords, AppendError> {
+    pub(crate) fn read_updated_records(
+        &self,
+        events: &[Event],
+    ) -> Result<StoredRecords, AppendError> {
         if events.iter().all(|e| e.updated.is_empty()) {
             return Ok(StoredRecords::default());
         }
@@ -587,13 +659,18 @@ impl<S: KvStore> EventStore<S> {
         Ok(StoredRecords(found))
     }
 
-    /// Makes every write that returned before this call durable.
+    /// Makes every group appended before this call durable. With the PLogs in segment files
+    /// there is nothing left to do: each group's log was synced before its batch was written,
+    /// and the batch needs no sync (a restart writes it again from the log).
     ///
     /// # Errors
     ///
     /// A [`KvError`] when flushing failed.
     pub fn sync(&self) -> Result<(), KvError> {
-        self.kv.sync()
+        match &self.segments {
+            Some(_) => Ok(()),
+            None => self.kv.sync(),
+        }
     }
 
     /// The event at `offset` of `partition`'s PLog, if any.
@@ -606,8 +683,13 @@ impl<S: KvStore> EventStore<S> {
         partition: PartitionId,
         offset: PLogOffset,
     ) -> Result<Option<Event>, ReadError> {
-        let key = plog_key(self.app, partition, offset);
-        let Some(bytes) = self.kv.get(key.as_key())? else {
+        let bytes = match &self.segments {
+            Some(segments) => Self::logged_bytes(segments, partition, offset.0)?,
+            None => self
+                .kv
+                .get(plog_key(self.app, partition, offset).as_key())?,
+        };
+        let Some(bytes) = bytes else {
             return Ok(None);
         };
         let slot = Slot::PLog { partition, offset };
@@ -682,15 +764,14 @@ impl<S: KvStore> EventStore<S> {
         ws: WsId,
         entries: Vec<(WLogOffset, WLogEntry)>,
     ) -> Result<Vec<Event>, ReadError> {
-        let keys: Vec<_> = entries
+        let places: Vec<_> = entries
             .iter()
             .filter_map(|(_, entry)| match entry {
-                WLogEntry::Ref(r) => Some(plog_key(self.app, r.partition, r.plog_offset)),
+                WLogEntry::Ref(r) => Some((r.partition, r.plog_offset)),
                 WLogEntry::Copy(_) => None,
             })
             .collect();
-        let key_refs: Vec<_> = keys.iter().map(keys::BlockKey::as_key).collect();
-        let mut stored = self.kv.get_many(&key_refs)?.into_iter();
+        let mut stored = self.plog_many(&places)?.into_iter();
         let mut events = Vec::with_capacity(entries.len());
         for (offset, entry) in entries {
             let r = match entry {
@@ -729,6 +810,43 @@ impl<S: KvStore> EventStore<S> {
             events.push(event);
         }
         Ok(events)
+    }
+
+    /// Calls `visit` with every event of `partition`'s PLog from offset `from` on, in offset
+    /// order, until it breaks or the log ends, from the segment files or the key-value store.
+    fn visit_plog(
+        &self,
+        partition: PartitionId,
+        from: u64,
+        visit: &mut dyn FnMut(u64, &[u8]) -> ControlFlow<()>,
+    ) -> Result<(), KvError> {
+        match &self.segments {
+            Some(segments) => Self::visit_logged(segments, partition, from, visit),
+            None => self.scan_log(
+                from,
+                &|first| keys::plog_partition(self.app, partition, PLogOffset(first)),
+                visit,
+            ),
+        }
+    }
+
+    /// The stored bytes of the PLog events at `places`, in order.
+    fn plog_many(
+        &self,
+        places: &[(PartitionId, PLogOffset)],
+    ) -> Result<Vec<Option<Vec<u8>>>, KvError> {
+        let Some(segments) = &self.segments else {
+            let keys: Vec<_> = places
+                .iter()
+                .map(|&(p, o)| plog_key(self.app, p, o))
+                .collect();
+            let key_refs: Vec<_> = keys.iter().map(keys::BlockKey::as_key).collect();
+            return self.kv.get_many(&key_refs);
+        };
+        places
+            .iter()
+            .map(|&(p, o)| Self::logged_bytes(segments, p, o.0))
+            .collect()
     }
 
     /// Visits a log (PLog or WLog, split into blocks of [`LOG_BLOCK_EVENTS`] whose partition
@@ -866,17 +984,67 @@ fn check_offsets(i: usize, e: &Event) -> Result<(), AppendError> {
 /// One group's write batch as it is built, with the slot each write fills (`(event index,
 /// slot)` in write order), so that a refused write can be named.
 #[derive(Default)]
-struct GroupBatch {
-    batch: WriteBatch,
+pub(crate) struct GroupBatch {
+    pub(crate) batch: WriteBatch,
     slots: Vec<(usize, Slot)>,
     event_bytes: Vec<u8>,
     ref_bytes: Vec<u8>,
     record_bytes: Vec<u8>,
+    /// The PLog goes to segment files: the events' bytes are collected in `payloads` (each
+    /// ending at its `payload_ends` entry), and an insert-if-absent is written as a put whose
+    /// key's absence is checked before (its index in `checks`).
+    to_segments: bool,
+    pub(crate) payloads: Vec<u8>,
+    pub(crate) payload_ends: Vec<usize>,
+    pub(crate) checks: Vec<usize>,
+}
+
+/// Which of the group's buffers holds a write's value.
+#[derive(Clone, Copy)]
+enum Value {
+    Ref,
+    Record,
 }
 
 impl GroupBatch {
+    /// Adds a write of `key` with the value in `value`'s buffer (the event's, for `None`).
+    fn push(
+        &mut self,
+        op: Op,
+        key: monoseq_kv::Key<'_>,
+        value: Option<Value>,
+        slot: (usize, Slot),
+    ) {
+        let bytes = match value {
+            None => &self.event_bytes,
+            Some(Value::Ref) => &self.ref_bytes,
+            Some(Value::Record) => &self.record_bytes,
+        };
+        let op = if self.to_segments && op == Op::InsertIfAbsent {
+            self.checks.push(self.batch.len());
+            Op::Put
+        } else {
+            op
+        };
+        self.batch.push(op, key, bytes);
+        self.slots.push(slot);
+    }
+
+    /// The events' bytes, one slice each.
+    pub(crate) fn payloads(&self) -> Vec<&[u8]> {
+        let mut start = 0;
+        self.payload_ends
+            .iter()
+            .map(|&end| {
+                let p = &self.payloads[start..end];
+                start = end;
+                p
+            })
+            .collect()
+    }
+
     /// The append error of a refused write of this batch, naming the event and slot it hit.
-    fn refusal(&self, error: WriteError) -> AppendError {
+    pub(crate) fn refusal(&self, error: WriteError) -> AppendError {
         match error {
             WriteError::Conflict { index, key } => {
                 let (event_index, slot) = self.slots[index];

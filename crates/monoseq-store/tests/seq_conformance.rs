@@ -1,9 +1,11 @@
 //! The sequence-storage conformance suite (`monoseq_core::conformance`) on `PLogSeqStorage`,
-//! over the in-memory reference key-value store and over the embedded fjall store.
+//! over the in-memory reference key-value store and over the embedded fjall store, and with
+//! its PLog in segment files (key layout 4).
 
 use std::sync::Arc;
 
 use monoseq_kv::{Durability, FjallStore, MemoryStore, Options};
+use monoseq_store::Segments;
 use monoseq_store::conformance::PLogHarness;
 
 fn memory() -> PLogHarness<Arc<MemoryStore>> {
@@ -19,10 +21,25 @@ fn fjall() -> PLogHarness<Arc<FjallStore>> {
     PLogHarness::on(Arc::new(kv), Some(Box::new(dir)))
 }
 
+fn segments() -> PLogHarness<Arc<MemoryStore>> {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    // The harness writes partition 3.
+    let segments = Segments::open(dir.path(), 4, &|_| 1).expect("open the segment logs");
+    PLogHarness::with_segments(
+        Arc::new(MemoryStore::new()),
+        Some(Arc::new(segments)),
+        Some(Box::new(dir)),
+    )
+}
+
 mod on_memory_store {
     monoseq_core::seq_storage_conformance_tests!(super::memory);
 }
 
 mod on_fjall_store {
     monoseq_core::seq_storage_conformance_tests!(super::fjall);
+}
+
+mod on_segment_files {
+    monoseq_core::seq_storage_conformance_tests!(super::segments);
 }

@@ -1,15 +1,57 @@
 //! Trust levels, as the reference design's integration tests: corrupt the storage with a
 //! conflicting key at the next record ID, the next PLog offset or the next WLog offset, write an
-//! event, and check what is detected and what is overwritten.
+//! event, and check what is detected and what is overwritten. Each check runs with the PLog in
+//! the key-value store and in segment files, where a PLog offset is never written twice.
 
 mod common;
 
 use std::sync::Arc;
 
-use common::{Command, Cp, KIND, PARTITION, WS};
+use common::{APP, Command, Cp, KIND, Kv, PARTITION, WS};
 use monoseq_core::{PLogOffset, WsId};
 use monoseq_kv::{KeyBuf, KvStore, MemoryStore};
-use monoseq_store::{AppendError, Event, RecordId, RecordKind, Slot, TrustLevel, WLogOffset};
+use monoseq_store::{
+    AppendError, Event, EventStore, RecordId, RecordKind, Segments, Slot, TrustLevel, WLogOffset,
+};
+
+/// Where the PLog is kept: in the key-value store, or in segment files (key layout 4).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Layout {
+    Kv,
+    Segments,
+}
+
+/// The PLog's place for one test: segment files in a temporary directory, or none.
+struct Place {
+    segments: Option<Arc<Segments>>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Place {
+    fn new(layout: Layout) -> Place {
+        match layout {
+            Layout::Kv => Place {
+                segments: None,
+                _dir: None,
+            },
+            Layout::Segments => {
+                let dir = tempfile::tempdir().unwrap();
+                let segments = Segments::open(dir.path(), 1, &|_| 1).unwrap();
+                Place {
+                    segments: Some(Arc::new(segments)),
+                    _dir: Some(dir),
+                }
+            }
+        }
+    }
+
+    fn store(&self, kv: &Kv, trust: TrustLevel) -> EventStore<Kv> {
+        match &self.segments {
+            None => EventStore::new(Arc::clone(kv), APP, trust),
+            Some(s) => EventStore::with_segments(Arc::clone(kv), APP, trust, Arc::clone(s)),
+        }
+    }
+}
 
 const JUNK: &[u8] = &[1];
 
@@ -21,6 +63,7 @@ enum Target {
 }
 
 struct Outcome {
+    layout: Layout,
     result: Result<Event, AppendError>,
     /// The key the test corrupted, and what it holds after the write.
     corrupted: KeyBuf,
@@ -30,13 +73,18 @@ struct Outcome {
     in_wlog: bool,
     record_written: bool,
     next: (PLogOffset, WLogOffset, RecordId),
+    /// The end of the PLog's segment files before and after the write.
+    log_ends: Option<(u64, u64)>,
+    _place: Place,
 }
 
-/// Creates one CDoc, corrupts the key the next CDoc-creating command will use, runs that
-/// command, and reports what happened.
-fn corrupt_then_write(trust: TrustLevel, target: Target) -> Outcome {
+/// Creates one CDoc, corrupts the key the next CDoc-creating command will use (in segment
+/// files, the next PLog offset is taken by a retired frame), runs that command, and reports
+/// what happened.
+fn corrupt_then_write(layout: Layout, trust: TrustLevel, target: Target) -> Outcome {
     let kv = Arc::new(MemoryStore::new());
-    let mut cp = Cp::new(&kv, trust);
+    let place = Place::new(layout);
+    let mut cp = Cp::on(place.store(&kv, trust));
     let first = cp.run_ok(WS, &Command::create(RecordKind::CDoc));
     cp.settle();
     let next_plog = first.plog_offset.next();
@@ -47,7 +95,12 @@ fn corrupt_then_write(trust: TrustLevel, target: Target) -> Outcome {
         Target::PLogOffset => cp.store.plog_key(PARTITION, next_plog),
         Target::WLogOffset => cp.store.wlog_key(WS, next_wlog),
     };
-    kv.put(corrupted.as_key(), JUNK).unwrap();
+    let end = |s: &Arc<Segments>| s.end(PARTITION).unwrap();
+    match &place.segments {
+        Some(s) if target == Target::PLogOffset => s.retire_to(PARTITION, next_plog.0).unwrap(),
+        _ => kv.put(corrupted.as_key(), JUNK).unwrap(),
+    }
+    let log_end = place.segments.as_ref().map(end);
 
     let result = cp.run(WS, &Command::create(RecordKind::CDoc));
     if let Ok(e) = &result {
@@ -57,7 +110,7 @@ fn corrupt_then_write(trust: TrustLevel, target: Target) -> Outcome {
             "the command used the corrupted numbers"
         );
     }
-    let after = kv.get(corrupted.as_key()).unwrap().unwrap();
+    let after = kv.get(corrupted.as_key()).unwrap().unwrap_or_default();
     let in_plog = target != Target::PLogOffset
         && cp.store.read_event(PARTITION, next_plog).unwrap().is_some();
     let in_wlog =
@@ -65,6 +118,7 @@ fn corrupt_then_write(trust: TrustLevel, target: Target) -> Outcome {
     let record_written =
         target != Target::RecordId && cp.store.read_record(WS, next_id).unwrap().is_some();
     Outcome {
+        layout,
         result,
         corrupted,
         after,
@@ -72,6 +126,8 @@ fn corrupt_then_write(trust: TrustLevel, target: Target) -> Outcome {
         in_wlog,
         record_written,
         next: (next_plog, next_wlog, next_id),
+        log_ends: log_end.zip(place.segments.as_ref().map(end)),
+        _place: place,
     }
 }
 
@@ -93,6 +149,9 @@ fn assert_violation(o: &Outcome, expected: Slot) {
     assert!(message.contains(&expected.to_string()), "{message}");
     assert_eq!(o.after, JUNK, "the corrupted key was overwritten");
     assert!(!o.in_plog, "the event reached the PLog");
+    if let Some((before, after)) = o.log_ends {
+        assert_eq!(before, after, "the event reached the segment log");
+    }
     assert!(!o.in_wlog, "the event reached the WLog");
     assert!(!o.record_written, "the record was written");
 }
@@ -100,84 +159,135 @@ fn assert_violation(o: &Outcome, expected: Slot) {
 fn assert_overwritten(o: &Outcome) {
     let event = o.result.as_ref().expect("no conflict is detected");
     assert_ne!(o.after, JUNK, "the corrupted key was not overwritten");
+    if let Some((before, after)) = o.log_ends {
+        assert_eq!(after, before + 1, "the event is in the segment log");
+    }
     assert_eq!(
         (event.plog_offset, event.wlog_offset, event.created[0].id),
         o.next
     );
 }
 
-#[test]
-fn level0_conflict_on_next_record_id_overwrites_nothing() {
-    let o = corrupt_then_write(TrustLevel::Level0, Target::RecordId);
-    let (_, _, id) = o.next;
-    assert_violation(&o, Slot::Record { ws: WS, id });
-}
-
-#[test]
-fn level0_conflict_on_next_plog_offset_overwrites_nothing() {
-    let o = corrupt_then_write(TrustLevel::Level0, Target::PLogOffset);
+/// In segment files a PLog offset is taken once: an event at an offset the log holds is
+/// refused at every trust level, and nothing of it is written.
+fn assert_log_refuses_a_taken_offset(o: &Outcome) {
     let (offset, _, _) = o.next;
-    assert_violation(
-        &o,
-        Slot::PLog {
-            partition: PARTITION,
-            offset,
-        },
-    );
+    match &o.result {
+        Err(AppendError::NotAtEnd {
+            event_index: 0,
+            offset: at,
+            end,
+        }) => assert_eq!((*at, *end), (offset.0, offset.0 + 1)),
+        other => panic!("expected the event refused as not at the log's end, got {other:?}"),
+    }
+    assert_eq!(o.log_ends, Some((offset.0 + 1, offset.0 + 1)));
+    assert!(!o.in_wlog, "the event reached the WLog");
+    assert!(!o.record_written, "the record was written");
 }
 
-#[test]
-fn level0_conflict_on_next_wlog_offset_overwrites_nothing() {
-    let o = corrupt_then_write(TrustLevel::Level0, Target::WLogOffset);
-    let (_, offset, _) = o.next;
-    assert_violation(&o, Slot::WLog { ws: WS, offset });
-}
-
-#[test]
-fn level1_conflict_on_next_record_id_is_overwritten() {
-    let o = corrupt_then_write(TrustLevel::Level1, Target::RecordId);
-    assert_overwritten(&o);
-}
-
-#[test]
-fn level1_conflict_on_next_plog_offset_overwrites_nothing() {
-    let o = corrupt_then_write(TrustLevel::Level1, Target::PLogOffset);
+/// The PLog target of `o`: a sequence violation in the key-value store at levels 0 and 1
+/// (overwritten at level 2), refused in segment files at every level.
+fn assert_plog_conflict(o: &Outcome, trust: TrustLevel) {
     let (offset, _, _) = o.next;
-    assert_violation(
-        &o,
-        Slot::PLog {
-            partition: PARTITION,
-            offset,
-        },
-    );
+    match (o.layout, trust) {
+        (Layout::Segments, _) => assert_log_refuses_a_taken_offset(o),
+        (Layout::Kv, TrustLevel::Level2) => assert_overwritten(o),
+        (Layout::Kv, _) => assert_violation(
+            o,
+            Slot::PLog {
+                partition: PARTITION,
+                offset,
+            },
+        ),
+    }
 }
 
-#[test]
-fn level1_conflict_on_next_wlog_offset_overwrites_nothing() {
-    let o = corrupt_then_write(TrustLevel::Level1, Target::WLogOffset);
-    let (_, offset, _) = o.next;
-    assert_violation(&o, Slot::WLog { ws: WS, offset });
+/// The checks of every trust level, on the PLog kept as `$layout` says.
+macro_rules! trust_level_tests {
+    ($layout:expr) => {
+        use super::*;
+
+        #[test]
+        fn level0_conflict_on_next_record_id_overwrites_nothing() {
+            let o = corrupt_then_write($layout, TrustLevel::Level0, Target::RecordId);
+            let (_, _, id) = o.next;
+            assert_violation(&o, Slot::Record { ws: WS, id });
+        }
+
+        #[test]
+        fn level0_conflict_on_next_plog_offset_overwrites_nothing() {
+            let o = corrupt_then_write($layout, TrustLevel::Level0, Target::PLogOffset);
+            assert_plog_conflict(&o, TrustLevel::Level0);
+        }
+
+        #[test]
+        fn level0_conflict_on_next_wlog_offset_overwrites_nothing() {
+            let o = corrupt_then_write($layout, TrustLevel::Level0, Target::WLogOffset);
+            let (_, offset, _) = o.next;
+            assert_violation(&o, Slot::WLog { ws: WS, offset });
+        }
+
+        #[test]
+        fn level1_conflict_on_next_record_id_is_overwritten() {
+            let o = corrupt_then_write($layout, TrustLevel::Level1, Target::RecordId);
+            assert_overwritten(&o);
+        }
+
+        #[test]
+        fn level1_conflict_on_next_plog_offset_overwrites_nothing() {
+            let o = corrupt_then_write($layout, TrustLevel::Level1, Target::PLogOffset);
+            assert_plog_conflict(&o, TrustLevel::Level1);
+        }
+
+        #[test]
+        fn level1_conflict_on_next_wlog_offset_overwrites_nothing() {
+            let o = corrupt_then_write($layout, TrustLevel::Level1, Target::WLogOffset);
+            let (_, offset, _) = o.next;
+            assert_violation(&o, Slot::WLog { ws: WS, offset });
+        }
+
+        #[test]
+        fn level2_conflict_on_next_record_id_is_overwritten() {
+            let o = corrupt_then_write($layout, TrustLevel::Level2, Target::RecordId);
+            assert_overwritten(&o);
+        }
+
+        #[test]
+        fn level2_conflict_on_next_plog_offset_is_overwritten_in_the_kv_only() {
+            let o = corrupt_then_write($layout, TrustLevel::Level2, Target::PLogOffset);
+            assert_plog_conflict(&o, TrustLevel::Level2);
+        }
+
+        #[test]
+        fn level2_conflict_on_next_wlog_offset_is_overwritten() {
+            let o = corrupt_then_write($layout, TrustLevel::Level2, Target::WLogOffset);
+            assert_overwritten(&o);
+        }
+
+        #[test]
+        fn level0_conflict_in_a_group_writes_no_event_of_the_group() {
+            conflict_in_a_group_writes_no_event_of_the_group($layout);
+        }
+
+        #[test]
+        fn a_record_created_twice_in_one_group_is_a_violation_at_level0_only() {
+            record_created_twice_is_a_violation_at_level0_only($layout);
+        }
+    };
 }
 
-#[test]
-fn level2_conflict_on_next_record_id_is_overwritten() {
-    assert_overwritten(&corrupt_then_write(TrustLevel::Level2, Target::RecordId));
+mod plog_in_the_kv {
+    trust_level_tests!(Layout::Kv);
 }
 
-#[test]
-fn level2_conflict_on_next_plog_offset_is_overwritten() {
-    assert_overwritten(&corrupt_then_write(TrustLevel::Level2, Target::PLogOffset));
+mod plog_in_segment_files {
+    trust_level_tests!(Layout::Segments);
 }
 
-#[test]
-fn level2_conflict_on_next_wlog_offset_is_overwritten() {
-    assert_overwritten(&corrupt_then_write(TrustLevel::Level2, Target::WLogOffset));
-}
-
-#[test]
-fn level0_conflict_in_a_group_writes_no_event_of_the_group() {
+fn conflict_in_a_group_writes_no_event_of_the_group(layout: Layout) {
     let kv = Arc::new(MemoryStore::new());
-    let cp = Cp::new(&kv, TrustLevel::Level0);
+    let place = Place::new(layout);
+    let cp = Cp::on(place.store(&kv, TrustLevel::Level0));
     let event = |plog: u64, ws: u64, id: u64| Event {
         plog_offset: PLogOffset(plog),
         ws: WsId(ws),
@@ -207,6 +317,13 @@ fn level0_conflict_in_a_group_writes_no_event_of_the_group() {
         matches!(err, AppendError::SequenceViolation { event_index: 2, .. }),
         "{err}"
     );
+    if let Some(segments) = &place.segments {
+        assert_eq!(
+            segments.end(PARTITION).unwrap(),
+            1,
+            "the group reached the log"
+        );
+    }
     for (i, e) in group.iter().enumerate() {
         assert!(
             cp.store
@@ -245,10 +362,10 @@ fn level0_conflict_in_a_group_writes_no_event_of_the_group() {
     }
 }
 
-#[test]
-fn a_record_created_twice_in_one_group_is_a_violation_at_level0_only() {
+fn record_created_twice_is_a_violation_at_level0_only(layout: Layout) {
     let kv = Arc::new(MemoryStore::new());
-    let mut cp = Cp::new(&kv, TrustLevel::Level0);
+    let place = Place::new(layout);
+    let mut cp = Cp::on(place.store(&kv, TrustLevel::Level0));
     let e = cp.run_ok(WS, &Command::create(RecordKind::WDoc));
     let mut twin = e.clone();
     twin.plog_offset = e.plog_offset.next();
@@ -261,6 +378,6 @@ fn a_record_created_twice_in_one_group_is_a_violation_at_level0_only() {
             ..
         }
     ));
-    let level1 = monoseq_store::EventStore::new(Arc::clone(&kv), common::APP, TrustLevel::Level1);
+    let level1 = place.store(&kv, TrustLevel::Level1);
     level1.append(PARTITION, &[twin]).unwrap();
 }

@@ -5,7 +5,10 @@
 use std::path::Path;
 
 use monoseq_kv::{Key, KvStore};
-use monoseq_store::{FORMAT_VERSION, Identity, IdentityError, KEY_LAYOUT, Mark, Marks, MarksError};
+use monoseq_store::{
+    FORMAT_VERSION, Identity, IdentityError, KEY_LAYOUT, KEY_LAYOUT_SEGMENTS, Mark, Marks,
+    MarksError,
+};
 
 use crate::keys;
 use crate::problem::{DirFile, Problem};
@@ -103,21 +106,78 @@ fn inconsistent(
     }
 }
 
-/// Whether the engine's data is in the key layout this build reads; reports it if not (then
+/// The key layouts this build reads: 3 (the PLog in the key-value store) and 4 (the PLog in
+/// segment files).
+const LAYOUTS_READ: &str = "3 or 4";
+
+/// Whether this build reads key layout `layout`.
+fn reads(layout: u32) -> bool {
+    layout == KEY_LAYOUT || layout == KEY_LAYOUT_SEGMENTS
+}
+
+/// Whether the engine's data is in a key layout this build reads; reports it if not (then
 /// nothing else can be read).
 pub(crate) fn check_layout(meta: &EngineMeta, problems: &mut Problems) -> bool {
     match meta.key_layout.or(meta.partitions.map(|_| 1)) {
-        Some(stored) if stored != KEY_LAYOUT => {
+        Some(stored) if !reads(stored) => {
             problems.push(inconsistent(
                 "key layout",
                 "the engine",
                 stored,
                 "this build",
-                KEY_LAYOUT,
+                LAYOUTS_READ,
             ));
             false
         }
         _ => true,
+    }
+}
+
+/// The key layout to read the store in: the engine's, else the identity's, else 4 when the
+/// store's segment files were given (`segments`), else 3; `None` when it is one this build
+/// does not read (reported by [`check_layout`] or [`check_identity`]).
+pub(crate) fn layout(
+    meta: &EngineMeta,
+    identity: Option<&Identity>,
+    segments: bool,
+) -> Option<u32> {
+    let fallback = if segments {
+        KEY_LAYOUT_SEGMENTS
+    } else {
+        KEY_LAYOUT
+    };
+    let layout = meta
+        .key_layout
+        .or(identity.map(|i| i.key_layout))
+        .unwrap_or(fallback);
+    reads(layout).then_some(layout)
+}
+
+/// The identity file when it is readable; a problem when it is unreadable, or missing while
+/// the engine names a store.
+fn readable_identity<'f>(
+    files: &'f DirFiles,
+    meta: &EngineMeta,
+    problems: &mut Problems,
+) -> Option<&'f Identity> {
+    match &files.identity {
+        Err(e) => {
+            problems.push(Problem::FileUnreadable {
+                file: DirFile::Identity,
+                message: e.to_string(),
+            });
+            None
+        }
+        Ok(None) => {
+            if let Some(store_id) = &meta.store_id {
+                problems.push(Problem::FileMissing {
+                    file: DirFile::Identity,
+                    store_id: store_id.clone(),
+                });
+            }
+            None
+        }
+        Ok(Some(i)) => Some(i),
     }
 }
 
@@ -127,25 +187,7 @@ pub(crate) fn check_identity<'f>(
     meta: &EngineMeta,
     problems: &mut Problems,
 ) -> Option<&'f Identity> {
-    let identity = match &files.identity {
-        Err(e) => {
-            problems.push(Problem::FileUnreadable {
-                file: DirFile::Identity,
-                message: e.to_string(),
-            });
-            return None;
-        }
-        Ok(None) => {
-            if let Some(store_id) = &meta.store_id {
-                problems.push(Problem::FileMissing {
-                    file: DirFile::Identity,
-                    store_id: store_id.clone(),
-                });
-            }
-            return None;
-        }
-        Ok(Some(i)) => i,
-    };
+    let identity = readable_identity(files, meta, problems)?;
     if meta.store_id.as_deref() != Some(identity.store_id.as_str()) {
         problems.push(Problem::ForeignEngine {
             identity: identity.store_id.clone(),
@@ -163,13 +205,23 @@ pub(crate) fn check_identity<'f>(
             identity.partitions,
         ));
     }
-    if identity.key_layout != KEY_LAYOUT {
+    if !reads(identity.key_layout) {
         problems.push(inconsistent(
             "key layout",
             "the identity file",
             identity.key_layout,
             "this build",
-            KEY_LAYOUT,
+            LAYOUTS_READ,
+        ));
+    } else if let Some(engine) = meta.key_layout
+        && engine != identity.key_layout
+    {
+        problems.push(inconsistent(
+            "key layout",
+            "the engine",
+            engine,
+            "the identity file",
+            identity.key_layout,
         ));
     }
     if identity.event_format != FORMAT_VERSION {

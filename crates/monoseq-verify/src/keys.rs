@@ -1,8 +1,8 @@
-//! The event store's key layout 3 as `docs/format.md` documents it, rebuilt here because
-//! `monoseq-store` keeps its partition keys private: building the partition key of a PLog,
-//! WLog, records or numbers block, the checkpoint and server-metadata keys, and parsing a
-//! listed partition key back into its table and columns. A unit test checks every key against
-//! the ones `monoseq_store::EventStore` writes.
+//! The event store's key layouts 3 and 4 as `docs/format.md` documents them, rebuilt here
+//! because `monoseq-store` keeps its partition keys private: building the partition key of a
+//! PLog, WLog, records or numbers block, the checkpoint, applied-end (layout 4) and
+//! server-metadata keys, and parsing a listed partition key back into its table and columns.
+//! A unit test checks every key against the ones `monoseq_store::EventStore` writes.
 
 use monoseq_store::{AppId, LOG_BLOCK_EVENTS, RECORD_BLOCK_IDS};
 
@@ -14,6 +14,7 @@ pub(crate) const TAG_WLOG: u8 = 0x02;
 pub(crate) const TAG_RECORD: u8 = 0x03;
 pub(crate) const TAG_NUMBERS: u8 = 0x04;
 const TAG_CHECKPOINT: u8 = 0x05;
+const TAG_APPLIED: u8 = 0x08;
 
 /// The server's metadata partition and its clustering keys ("Other keys" in
 /// `docs/format.md`; `store_id` is written by `monoseq_store::open_data_dir`).
@@ -86,6 +87,12 @@ pub(crate) fn checkpoint(app: AppId, partition: u32) -> Vec<u8> {
     key
 }
 
+/// The partition key of `partition`'s applied end (key layout 4; empty clustering, value
+/// `be64`: one past the last PLog offset whose WLog entries and records the engine holds).
+pub(crate) fn applied(app: AppId, partition: u32) -> Vec<u8> {
+    partition_key(TAG_APPLIED, app, &[u64::from(partition)])
+}
+
 /// The clustering column of `n` inside its block of the logs or records: `n mod 4096`, be16.
 pub(crate) fn position(n: u64) -> [u8; 2] {
     ((n % LOG_BLOCK_EVENTS) as u16).to_be_bytes()
@@ -128,21 +135,32 @@ pub(crate) enum Listed {
     Record(u64, u64),
     /// A numbers block.
     Numbers(u64),
+    /// A partition's applied end (key layout 4).
+    Applied(u32),
 }
 
-/// Parses a partition key of the logs, records or numbers of `app`; `None` for keys of other
-/// tables or applications, or keys that do not parse.
+/// Parses a partition key of the logs, records, numbers or applied ends of `app`; `None` for
+/// keys of other tables or applications, or keys that do not parse.
 pub(crate) fn parse(app: AppId, key: &[u8]) -> Option<Listed> {
     let (&tag, mut rest) = key.split_first()?;
-    if !matches!(tag, TAG_PLOG | TAG_WLOG | TAG_RECORD | TAG_NUMBERS) {
+    if !matches!(
+        tag,
+        TAG_PLOG | TAG_WLOG | TAG_RECORD | TAG_NUMBERS | TAG_APPLIED
+    ) {
         return None;
     }
     if read_varint(&mut rest)? != u64::from(app.0) {
         return None;
     }
     let a = read_varint(&mut rest)?;
-    if tag == TAG_NUMBERS {
-        return rest.is_empty().then_some(Listed::Numbers(a));
+    match tag {
+        TAG_NUMBERS => return rest.is_empty().then_some(Listed::Numbers(a)),
+        TAG_APPLIED => {
+            return rest
+                .is_empty()
+                .then_some(Listed::Applied(u32::try_from(a).ok()?));
+        }
+        _ => {}
     }
     let b = read_varint(&mut rest)?;
     if !rest.is_empty() {
@@ -200,6 +218,7 @@ mod tests {
             Some(Listed::Record(300, 78_000_000_000))
         );
         assert_eq!(parse(app, &numbers_block(app, 5)), Some(Listed::Numbers(5)));
+        assert_eq!(parse(app, &applied(app, 300)), Some(Listed::Applied(300)));
         assert_eq!(parse(AppId(2), &plog_block(app, 3, 9)), None);
         assert_eq!(parse(app, &checkpoint(app, 3)), None);
         assert_eq!(parse(app, META_PARTITION), None);

@@ -1,9 +1,11 @@
 //! monoseq-verify: reads a whole monoseq store and reports every broken invariant, changing
 //! nothing. [`Verifier`] works on any [`KvStore`]: the engine's metadata and the data directory's
-//! identity and marks ([`DirFiles`]), every PLog block of every partition (past gaps), the numbers
-//! each event uses (invariants 1–5 and 10 of docs/invariants.md), each event's WLog entry, the
-//! records table and the stored projection. [`verify_data_dir`] does it for a data directory of the
-//! embedded engine without ever opening the engine on it: it works on a [`Snapshot`] copy.
+//! identity and marks ([`DirFiles`]), every PLog block of every partition (past gaps), or in key
+//! layout 4 every page of its segment files and its applied end ([`Verifier::segments_in`]),
+//! the numbers each event uses (invariants 1–5 and 10 of docs/invariants.md), each event's WLog
+//! entry, the records table and the stored projection. [`verify_data_dir`] does it for a data
+//! directory of the embedded engine without ever opening the engine on it: it works on a
+//! [`Snapshot`] copy.
 //!
 //! # Example
 //!
@@ -61,7 +63,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use monoseq_kv::{FjallStore, Key, KvStore};
-use monoseq_store::{AppId, Identity, Mark};
+use monoseq_store::{AppId, Identity, KEY_LAYOUT_SEGMENTS, Mark};
 
 pub use files::DirFiles;
 pub use listing::{ListError, PartitionList};
@@ -143,6 +145,7 @@ pub struct Verifier<'a, S> {
     app: AppId,
     files: Option<&'a DirFiles>,
     list: Option<&'a PartitionList>,
+    segments: Option<&'a Path>,
     partitions: Option<u32>,
     problems_max: usize,
 }
@@ -155,6 +158,7 @@ impl<'a, S: KvStore> Verifier<'a, S> {
             app,
             files: None,
             list: None,
+            segments: None,
             partitions: None,
             problems_max: PROBLEMS_MAX_DEFAULT,
         }
@@ -173,6 +177,16 @@ impl<'a, S: KvStore> Verifier<'a, S> {
     #[must_use]
     pub fn partition_list(mut self, list: &'a PartitionList) -> Self {
         self.list = Some(list);
+        self
+    }
+
+    /// The data directory the store is in: a store in key layout 4
+    /// ([`monoseq_store::KEY_LAYOUT_SEGMENTS`]) keeps its PLogs in segment files under its
+    /// `plog/`, read from there (opened read-only: nothing is cut or created). A store in
+    /// layout 3 is read from the key-value store alone.
+    #[must_use]
+    pub fn segments_in(mut self, dir: &'a Path) -> Self {
+        self.segments = Some(dir);
         self
     }
 
@@ -207,12 +221,16 @@ impl<'a, S: KvStore> Verifier<'a, S> {
             kv: self.kv,
             app: self.app,
             list: self.list,
+            segments: known.segments,
         };
         let mut state = self.initial_state(&known, &mut problems);
         for p in 0..known.partitions {
             PLogPass::new(&src, p, &mut state, &mut problems, progress).run(known.mark_plog(p));
         }
         check_checkpoints(&state, &mut problems);
+        if src.segments.is_some() {
+            plog::check_applied(&state, &mut problems);
+        }
         if let Some(marks) = known.marks {
             files::check_against_marks(marks, &state.partitions, &mut problems);
         }
@@ -238,7 +256,8 @@ impl<'a, S: KvStore> Verifier<'a, S> {
 
     /// The engine's metadata, then the identity and marks when the data directory's files
     /// are given, checked against each other; `None` when verification cannot go on (a key
-    /// layout it does not know, or no partition count anywhere).
+    /// layout it does not know, segment files it was not given, or no partition count
+    /// anywhere).
     fn read_files(&self, problems: &mut Problems) -> Option<Known<'a>> {
         let meta = files::read_meta(self.kv, problems);
         if !files::check_layout(&meta, problems) {
@@ -250,6 +269,20 @@ impl<'a, S: KvStore> Verifier<'a, S> {
         let marks = self
             .files
             .and_then(|f| files::check_marks(f, identity, &meta, problems));
+        let layout = files::layout(&meta, identity, self.segments.is_some())?;
+        let segments = match (layout, self.segments) {
+            (KEY_LAYOUT_SEGMENTS, None) => {
+                problems.push(Problem::Unreadable {
+                    what: "the PLogs".into(),
+                    message: "the store keeps them in segment files (key layout 4), and no data \
+                              directory was given to read them from"
+                        .into(),
+                });
+                return None;
+            }
+            (KEY_LAYOUT_SEGMENTS, dir) => dir,
+            _ => None,
+        };
         let Some(partitions) = meta
             .partitions
             .or(identity.map(|i| i.partitions))
@@ -262,6 +295,7 @@ impl<'a, S: KvStore> Verifier<'a, S> {
             partitions,
             identity,
             marks,
+            segments,
         })
     }
 
@@ -275,6 +309,9 @@ impl<'a, S: KvStore> Verifier<'a, S> {
                 checkpoint: read_checkpoint(self.kv, self.app, p, problems),
                 losses: identity.map_or_else(Vec::new, |i| i.losses_of(p).copied().collect()),
                 retired: identity.map(|i| i.retired(p)).unwrap_or_default(),
+                applied: known
+                    .segments
+                    .and_then(|_| plog::read_applied(self.kv, self.app, p, problems)),
                 ..PartitionState::default()
             })
             .collect();
@@ -298,6 +335,8 @@ struct Known<'f> {
     partitions: u32,
     identity: Option<&'f Identity>,
     marks: Option<&'f [Mark]>,
+    /// The data directory whose segment files hold the PLogs (key layout 4).
+    segments: Option<&'f Path>,
 }
 
 impl Known<'_> {
@@ -371,8 +410,9 @@ pub enum VerifyDirError {
 /// Verifies data directory `dir` of the embedded engine (fjall) for `app`, reading a
 /// [`Snapshot`] copy so that no byte of `dir` changes, opened once and read-only through the kv
 /// crate (the same open a server's reads go through), with a [`PartitionList`] of the copy so
-/// that every block is read. When the engine's keys cannot all be read (damaged files), that
-/// is a problem and verification goes on without the list, reporting what each read finds.
+/// that every block is read, and in key layout 4 the copy's segment files. When the engine's
+/// keys cannot all be read (damaged files), that is a problem and verification goes on
+/// without the list, reporting what each read finds.
 /// `partitions` is used only when neither the engine nor the identity records a partition
 /// count.
 ///
@@ -391,7 +431,9 @@ pub fn verify_data_dir(
     let list = PartitionList::from_store(&kv, app);
     let engine_partitions = monoseq_store::recorded_partitions(&kv, dir).ok().flatten();
     let files = DirFiles::read(snapshot.path(), engine_partitions);
-    let mut verifier = Verifier::new(&kv, app).files(&files);
+    let mut verifier = Verifier::new(&kv, app)
+        .files(&files)
+        .segments_in(snapshot.path());
     if let Ok(list) = &list {
         verifier = verifier.partition_list(list);
     }

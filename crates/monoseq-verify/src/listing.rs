@@ -75,7 +75,8 @@ impl PartitionList {
             Some(Listed::WLog(ws, block)) => self.wlog.push((ws, block)),
             Some(Listed::Record(ws, block)) => self.records.push((ws, block)),
             Some(Listed::Numbers(block)) => self.numbers.push(block),
-            None => {}
+            // An applied end (key layout 4) is one key, read by partition, not a block.
+            Some(Listed::Applied(_)) | None => {}
         }
     }
 
@@ -116,6 +117,7 @@ mod tests {
             keys::wlog_block(app, 9, 0),
             keys::record_block(app, 9, 78),
             keys::numbers_block(app, 0),
+            keys::applied(app, 2),
             keys::plog_block(AppId(2), 0, 0),
             keys::META_PARTITION.to_vec(),
         ];

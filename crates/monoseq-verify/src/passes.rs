@@ -203,6 +203,7 @@ fn check_block(
 ) {
     let retired = state.retired_of(ws);
     let partition = state.workspaces.get(&ws).map_or(0, |w| w.partition);
+    let part = state.partitions.get(partition as usize);
     let mut s = stored.iter().peekable();
     let mut e = run.iter().peekable();
     loop {
@@ -215,7 +216,9 @@ fn check_block(
             (stored_now, Some(&&((_, id), rs))) if stored_now.is_none_or(|&&(sid, _)| id < sid) => {
                 e.next();
                 let below = [1usize, 2].iter().any(|&i| id <= mark_of(&retired, i));
-                if !(rs.kind == 0 && below) {
+                // Below a retired mark (an accepted loss took it), or not applied yet.
+                let excused = (rs.kind == 0 && below) || part.is_some_and(|p| p.lags(rs.offset));
+                if !excused {
                     problems.push(Problem::RecordMissing {
                         ws,
                         id,

@@ -1,5 +1,6 @@
 //! The PLog pass: reads every PLog block of a partition (past gaps, unlike replay, which stops at
-//! the first block that is not full), decodes every event, checks it sits at its own offset and
+//! the first block that is not full), or every page of its segment files in key layout 4
+//! ([`segments`]), decodes every event, checks it sits at its own offset and
 //! that offsets are contiguous except at accepted losses, checks the numbers it uses (invariants
 //! 1–3 and 10 of docs/invariants.md), and remembers per workspace and per record what the later
 //! passes need, among them a digest of the workspace's events that the WLog pass compares with its
@@ -7,9 +8,11 @@
 //! digests differ and compares their WLog entries byte for byte, to name each entry that is missing
 //! or different.
 
-use std::collections::{HashMap, HashSet};
+mod segments;
 
+use std::collections::{HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
+use std::path::Path;
 
 use monoseq_kv::{Key, KvStore, Order};
 use monoseq_store::{
@@ -23,6 +26,8 @@ use crate::state::{
     Problems, RecordState, SEQUENCES, State, WsState, entry_hash, initial, mark_of, slot,
 };
 use crate::{Progress, Stage};
+
+pub(crate) use segments::{check_applied, read_applied};
 
 /// Empty PLog blocks read past the last block holding an event (and past every offset the
 /// checkpoint, the marks or an accepted loss name) before the scan of a partition ends, when
@@ -40,6 +45,8 @@ pub(crate) struct Source<'a, S> {
     pub(crate) kv: &'a S,
     pub(crate) app: AppId,
     pub(crate) list: Option<&'a PartitionList>,
+    /// Key layout 4: the data directory whose segment files hold the PLogs.
+    pub(crate) segments: Option<&'a Path>,
 }
 
 /// An event whose WLog entry is yet to be compared.
@@ -99,6 +106,20 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
     /// Reads the partition's PLog; `mark_plog` is the acknowledged end its marks name (0:
     /// none), so that a scan without a partition list reads at least that far.
     pub(crate) fn run(mut self, mark_plog: u64) {
+        match self.src.segments {
+            Some(dir) => self.read_segments(dir),
+            None => self.scan_blocks(mark_plog),
+        }
+        self.flush_wlog();
+        if self.compare.is_none() {
+            let now = self.progress_now();
+            (self.progress)(now);
+        }
+    }
+
+    /// Reads the partition's PLog blocks: those the list names, or else from block 0 on
+    /// until [`PLOG_EMPTY_BLOCKS_PROBED`] empty ones follow every offset known to be used.
+    fn scan_blocks(&mut self, mark_plog: u64) {
         let p = self.partition as usize;
         let Some(part) = self.state.partitions.get(p) else {
             return;
@@ -131,11 +152,6 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
                     block += 1;
                 }
             }
-        }
-        self.flush_wlog();
-        if self.compare.is_none() {
-            let now = self.progress_now();
-            (self.progress)(now);
         }
     }
 
@@ -200,10 +216,22 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
     }
 
     fn entry(&mut self, block: u64, clustering: &[u8], value: &[u8]) {
+        match keys::at_position(block, clustering) {
+            Some(offset) => self.event_at(offset, value),
+            None if self.compare.is_some() => {}
+            None => self.problems.push(Problem::PLogBadKey {
+                partition: self.partition,
+                block,
+                len: clustering.len(),
+            }),
+        }
+    }
+
+    /// The PLog entry at `offset`, as stored (`value`).
+    fn event_at(&mut self, offset: u64, value: &[u8]) {
         let partition = self.partition;
         if let Some(workspaces) = self.compare {
-            if let Some(offset) = keys::at_position(block, clustering)
-                && let Ok(e) = Event::decode(value)
+            if let Ok(e) = Event::decode(value)
                 && e.plog_offset.0 == offset
                 && workspaces.contains(&e.ws.0)
             {
@@ -211,14 +239,6 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
             }
             return;
         }
-        let Some(offset) = keys::at_position(block, clustering) else {
-            self.problems.push(Problem::PLogBadKey {
-                partition,
-                block,
-                len: clustering.len(),
-            });
-            return;
-        };
         self.state.events += 1;
         if self.state.events.is_multiple_of(PROGRESS_EVERY) {
             let now = self.progress_now();
@@ -409,9 +429,11 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
                 );
             }
             Ok(values) => {
+                let part = self.state.partitions.get(partition as usize);
                 for (p, value) in self.pending.iter().zip(values) {
                     let plog = self.pending_bytes.get(p.bytes.clone()).unwrap_or_default();
                     match value {
+                        None if part.is_some_and(|part| part.lags(p.offset)) => {}
                         None => self.problems.push(Problem::WLogMissing {
                             ws: p.ws,
                             wlog: p.wlog,

@@ -210,6 +210,47 @@ pub enum Problem {
         /// The store's count.
         partitions: u32,
     },
+    /// Frames of a PLog's segment file (key layout 4) fail their check.
+    #[error(
+        "partition {partition}: PLog offsets {from}..={to} cannot be read from their segment \
+         file: {message}"
+    )]
+    PLogSegmentDamaged {
+        /// The partition.
+        partition: u32,
+        /// The first offset not read (its frame is damaged).
+        from: u64,
+        /// The last offset not read (the rest of its segment).
+        to: u64,
+        /// The segment log's error.
+        message: String,
+    },
+    /// The engine holds the WLog entries and records of PLog offsets the segment files (key
+    /// layout 4) do not: the files lost events, or were replaced by older ones.
+    #[error(
+        "partition {partition}: the engine holds the WLog entries and records of PLog offsets \
+         below {applied}, but the segment files hold offsets below {log_end} only{}: events \
+         written to the PLog are lost",
+        tail.as_deref().map_or_else(String::new, |t| format!(" ({t})"))
+    )]
+    AppliedAhead {
+        /// The partition.
+        partition: u32,
+        /// The applied end the engine records.
+        applied: u64,
+        /// One past the last offset the segment files hold.
+        log_end: u64,
+        /// What follows the log's data in its last segment, when not zeros.
+        tail: Option<String>,
+    },
+    /// An applied end (key layout 4) does not decode.
+    #[error("partition {partition}: the applied end is damaged ({len} bytes where 8 belong)")]
+    AppliedDamaged {
+        /// The partition.
+        partition: u32,
+        /// Its length.
+        len: usize,
+    },
     /// One workspace's events sit in two partitions' PLogs.
     #[error(
         "workspace {ws} has events in partition {first} and in partition {second} (PLog offset \
@@ -461,6 +502,9 @@ impl Problem {
             Problem::PLogGap { .. } => "plog-gap",
             Problem::PLogInAcceptedLoss { .. } => "plog-in-accepted-loss",
             Problem::PLogUnknownPartition { .. } => "plog-unknown-partition",
+            Problem::PLogSegmentDamaged { .. } => "plog-segment-damaged",
+            Problem::AppliedAhead { .. } => "applied-ahead",
+            Problem::AppliedDamaged { .. } => "applied-damaged",
             Problem::WorkspaceInTwoPartitions { .. } => "workspace-in-two-partitions",
             Problem::NumberReused { .. } => "number-reused",
             Problem::RetiredNumberUsed { .. } => "retired-number-used",

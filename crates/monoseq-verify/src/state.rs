@@ -133,6 +133,15 @@ pub(crate) struct PartitionState {
     pub(crate) losses: Vec<AcceptedLoss>,
     /// The mark below which numbers are retired by its losses.
     pub(crate) retired: Mark,
+    /// Key layout 4: one past the last offset its segment files hold (`None` when they were
+    /// not read, or could not be opened).
+    pub(crate) log_end: Option<u64>,
+    /// Key layout 4: what follows the data of its last segment when that is not zeros.
+    pub(crate) tail: Option<String>,
+    /// Key layout 4: the applied end the engine records (1 when it records none): one past
+    /// the last PLog offset whose WLog entries and records it holds. Those of later events
+    /// may be missing, as a crash leaves them: the server writes them again at its start.
+    pub(crate) applied: Option<u64>,
 }
 
 impl PartitionState {
@@ -142,6 +151,12 @@ impl PartitionState {
             .iter()
             .filter(|l| l.plog_to < offset)
             .fold(Mark::default(), |m, l| m.max(&l.mark))
+    }
+
+    /// Whether the engine need not hold the WLog entry and records of the event at `offset`
+    /// yet (key layout 4: it is at or above the applied end).
+    pub(crate) fn lags(&self, offset: u64) -> bool {
+        self.applied.is_some_and(|applied| offset >= applied)
     }
 
     /// The accepted loss that contains `offset`, if any.

@@ -12,7 +12,8 @@ use monoseq_kv::{
 };
 use monoseq_store::{
     AcceptedLoss, AppId, ArgObject, Event, EventStore, FORMAT_VERSION, Field, Identity, KEY_LAYOUT,
-    Mark, PartitionId, Record, RecordId, RecordKind, TrustLevel, WLogOffset, WLogRef,
+    KEY_LAYOUT_SEGMENTS, Mark, PLOG_DIR, PartitionId, Record, RecordId, RecordKind, Segments,
+    TrustLevel, WLogOffset, WLogRef,
 };
 
 use crate::{DirFiles, PartitionList, Problem, Report, Verifier, keys};
@@ -83,15 +84,38 @@ struct Fixture {
     next: HashMap<u64, [u64; 3]>,
     first_record: HashMap<u64, u64>,
     plog_next: [u64; PARTITIONS as usize],
+    /// Key layout 4: the data directory whose segment files hold the PLogs.
+    dir: Option<tempfile::TempDir>,
 }
 
 impl Fixture {
     fn new() -> Fixture {
+        Fixture::with_layout(KEY_LAYOUT)
+    }
+
+    /// An empty store in key layout `layout`: 3, or 4 with its PLogs in segment files in a
+    /// temporary data directory.
+    fn with_layout(layout: u32) -> Fixture {
         let kv = Arc::new(Recording::default());
-        let store = EventStore::new(Arc::clone(&kv), APP, TrustLevel::Level0);
+        let (store, dir) = if layout == KEY_LAYOUT_SEGMENTS {
+            let dir = tempfile::tempdir().unwrap();
+            let segments = Segments::open(dir.path(), PARTITIONS, &|_| 1).unwrap();
+            let store = EventStore::with_segments(
+                Arc::clone(&kv),
+                APP,
+                TrustLevel::Level0,
+                Arc::new(segments),
+            );
+            (store, Some(dir))
+        } else {
+            (
+                EventStore::new(Arc::clone(&kv), APP, TrustLevel::Level0),
+                None,
+            )
+        };
         let meta = |c: &[u8], v: &[u8]| kv.put(Key::new(keys::META_PARTITION, c), v).unwrap();
         meta(keys::META_PARTITIONS, &PARTITIONS.to_be_bytes());
-        meta(keys::META_KEY_LAYOUT, &KEY_LAYOUT.to_be_bytes());
+        meta(keys::META_KEY_LAYOUT, &layout.to_be_bytes());
         meta(keys::META_STORE_ID, STORE_ID.as_bytes());
         Fixture {
             kv,
@@ -99,13 +123,19 @@ impl Fixture {
             next: HashMap::new(),
             first_record: HashMap::new(),
             plog_next: [1; PARTITIONS as usize],
+            dir,
         }
     }
 
     /// Three rounds of one event per workspace, then the projection: partition 0 covered
     /// whole, partition 1 up to its first event only (the tail is replayed after a restart).
     fn good() -> Fixture {
-        let mut f = Fixture::new();
+        Fixture::good_in(KEY_LAYOUT)
+    }
+
+    /// [`Fixture::good`] in key layout `layout`.
+    fn good_in(layout: u32) -> Fixture {
+        let mut f = Fixture::with_layout(layout);
         for _ in 0..3 {
             f.append(&[2, 4]);
             f.append(&[3]);
@@ -226,6 +256,9 @@ impl Fixture {
         if let Some(files) = files {
             v = v.files(files);
         }
+        if let Some(dir) = &self.dir {
+            v = v.segments_in(dir.path());
+        }
         if listed {
             v = v.partition_list(&list);
         }
@@ -279,7 +312,11 @@ impl Fixture {
 }
 
 fn identity(losses: Vec<AcceptedLoss>) -> Identity {
-    let mut id = Identity::new(PARTITIONS, KEY_LAYOUT, FORMAT_VERSION);
+    identity_in(KEY_LAYOUT, losses)
+}
+
+fn identity_in(layout: u32, losses: Vec<AcceptedLoss>) -> Identity {
+    let mut id = Identity::new(PARTITIONS, layout, FORMAT_VERSION);
     id.store_id = STORE_ID.into();
     id.losses = losses;
     id
@@ -924,4 +961,357 @@ fn dump(f: &Fixture) -> Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> {
         .unwrap();
     }
     all
+}
+
+// -- Key layout 4: the PLogs in segment files ----------------------------------------------------
+
+impl Fixture {
+    /// The (only, active) segment file of partition `p`'s log.
+    fn segment_file(&self, p: u32) -> std::path::PathBuf {
+        let dir = self.dir.as_ref().expect("a store in key layout 4");
+        dir.path()
+            .join(PLOG_DIR)
+            .join(p.to_string())
+            .join(format!("{:020}.seg", 1))
+    }
+
+    /// Where the frame of `offset` starts in partition `p`'s segment file: after the 32-byte
+    /// header, each frame is an `u32` length, a CRC and the payload.
+    fn frame_position(&self, p: u32, offset: u64) -> u64 {
+        let bytes = std::fs::read(self.segment_file(p)).unwrap();
+        let mut at = 32usize;
+        for _ in 1..offset {
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+            at += 8 + len as usize;
+        }
+        at as u64
+    }
+
+    /// Every byte of every segment file.
+    fn segment_bytes(&self) -> Vec<Vec<u8>> {
+        (0..PARTITIONS)
+            .map(|p| std::fs::read(self.segment_file(p)).unwrap())
+            .collect()
+    }
+}
+
+/// XORs the byte at `at` of `path` with `mask`.
+fn flip(path: &std::path::Path, at: u64, mask: u8) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at as usize] ^= mask;
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn marks_of_good() -> Vec<Mark> {
+    vec![
+        Mark {
+            plog: 6,
+            wlog: 3,
+            crecord: CRECORD_FIRST + 2,
+            owrecord: OWRECORD_FIRST + 5,
+        },
+        Mark::default(),
+    ]
+}
+
+#[test]
+fn a_store_with_its_plogs_in_segment_files_verifies_clean() {
+    let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
+    assert_eq!(f.verify_both(None), vec![]);
+    let files = files(identity_in(KEY_LAYOUT_SEGMENTS, vec![]), marks_of_good());
+    assert_eq!(f.verify_both(Some(&files)), vec![]);
+    let report = f.verify(Some(&files), true);
+    assert_eq!(
+        (report.events, report.workspaces, report.records),
+        (9, 3, 9)
+    );
+    // The applied ends are read under the keys the store writes.
+    let applied = f.kv.get(Key::new(&keys::applied(APP, 0), &[])).unwrap();
+    assert_eq!(applied, Some(7u64.to_be_bytes().to_vec()));
+    // A damaged one is reported.
+    f.kv.put(Key::new(&keys::applied(APP, 1), &[]), &[1, 2, 3])
+        .unwrap();
+    assert_eq!(
+        f.verify_both(None),
+        [Problem::AppliedDamaged {
+            partition: 1,
+            len: 3
+        }]
+    );
+}
+
+#[test]
+fn key_layouts_other_than_3_and_4_or_disagreeing_are_reported() {
+    let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
+    let files = files(identity_in(KEY_LAYOUT, vec![]), marks_of_good());
+    let problems = f.verify_both(Some(&files));
+    assert!(
+        problems.iter().any(|p| p.to_string()
+            == "the key layout differs: the engine says 4, the identity file says 3"),
+        "{problems:#?}"
+    );
+    // Without its data directory, a layout 4 store's PLogs cannot be read.
+    let report = Verifier::new(&f.kv, APP).run(&mut |_| {});
+    assert_eq!(kinds(&report.problems), ["unreadable"]);
+    assert!(report.problems[0].to_string().contains("segment files"));
+    assert_eq!(report.events, 0);
+    f.kv.put(
+        Key::new(keys::META_PARTITION, keys::META_KEY_LAYOUT),
+        &5u32.to_be_bytes(),
+    )
+    .unwrap();
+    let report = f.verify(None, false);
+    assert_eq!(kinds(&report.problems), ["inconsistent"]);
+    assert_eq!(report.events, 0);
+}
+
+#[test]
+fn a_flipped_byte_in_a_segment_file_is_reported_and_left_as_it_is() {
+    let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
+    let path = f.segment_file(0);
+    flip(&path, f.frame_position(0, 4) + 8 + 2, 0x01);
+    let before = f.segment_bytes();
+    let problems = f.verify_both(None);
+    assert_eq!(
+        f.segment_bytes(),
+        before,
+        "verification changed a segment file"
+    );
+    let ahead = problems
+        .iter()
+        .find_map(|p| match p {
+            Problem::AppliedAhead {
+                partition: 0,
+                applied: 7,
+                log_end: 4,
+                tail: Some(tail),
+            } => Some(tail),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("{problems:#?}"));
+    assert!(
+        ahead.contains("offset 4") && ahead.contains("CRC"),
+        "{ahead}"
+    );
+    // The events before the damage are read and checked.
+    assert_eq!(f.verify(None, false).events, 3 + 3);
+
+    // A damaged header: the partition's PLog cannot be read, the other one is.
+    flip(&path, 3, 0x01);
+    let report = f.verify(None, true);
+    assert_eq!(
+        kinds(&report.problems)[0],
+        "unreadable",
+        "{:#?}",
+        report.problems
+    );
+    assert!(report.problems[0].to_string().contains("header"));
+    assert_eq!(report.events, 3);
+}
+
+#[test]
+fn a_truncated_active_segment_lost_events_below_the_marks() {
+    let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(f.segment_file(0))
+        .unwrap();
+    file.set_len(f.frame_position(0, 5)).unwrap();
+    let files = files(identity_in(KEY_LAYOUT_SEGMENTS, vec![]), marks_of_good());
+    let problems = f.verify_both(Some(&files));
+    assert!(
+        problems.contains(&Problem::AppliedAhead {
+            partition: 0,
+            applied: 7,
+            log_end: 5,
+            tail: None
+        }),
+        "{problems:#?}"
+    );
+    assert!(
+        problems.iter().any(|p| matches!(
+            p,
+            Problem::BelowMark {
+                partition: 0,
+                found: 4,
+                mark_value: 6,
+                ..
+            }
+        )),
+        "{problems:#?}"
+    );
+}
+
+/// Partition 0 of a layout 4 store holds offsets 1 to 4, loses 5 and 6 (retired in its log,
+/// as an accepted loss leaves them), then holds 7 and 8, numbered above the retired mark.
+fn retired_in_segments() -> (Fixture, AcceptedLoss) {
+    let mut f = Fixture::with_layout(KEY_LAYOUT_SEGMENTS);
+    for _ in 0..2 {
+        f.append(&[2, 4]);
+        f.append(&[3]);
+    }
+    let mark = marks_of_good()[0];
+    f.store
+        .segments()
+        .unwrap()
+        .retire_to(PartitionId(0), 6)
+        .unwrap();
+    for ws in [2, 4] {
+        f.next
+            .insert(ws, [mark.wlog + 1, mark.crecord + 1, mark.owrecord + 1]);
+    }
+    f.plog_next[0] = 7;
+    f.append(&[2, 4]);
+    let loss = AcceptedLoss {
+        partition: 0,
+        plog_from: 5,
+        plog_to: 6,
+        mark,
+        accepted_at_ms: 1,
+        cause: monoseq_store::LossCause::AcceptedLoss,
+    };
+    (f, loss)
+}
+
+#[test]
+fn retired_offsets_inside_an_accepted_loss_are_fine_and_outside_one_a_gap() {
+    let (f, loss) = retired_in_segments();
+    let marks = vec![loss.mark, Mark::default()];
+    let accepted = files(identity_in(KEY_LAYOUT_SEGMENTS, vec![loss]), marks.clone());
+    assert_eq!(f.verify_both(Some(&accepted)), vec![]);
+    assert_eq!(f.verify(Some(&accepted), true).events, 4 + 2 + 2);
+    let unnamed = files(identity_in(KEY_LAYOUT_SEGMENTS, vec![]), marks);
+    let problems = f.verify_both(Some(&unnamed));
+    assert!(
+        problems.contains(&Problem::PLogGap {
+            partition: 0,
+            from: 5,
+            to: 6
+        }),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_damaged_frame_in_a_sealed_segment_is_reported_and_read_around() {
+    let mut f = Fixture::with_layout(KEY_LAYOUT_SEGMENTS);
+    // Events of about 370 KiB: 200 of them fill the first 64 MiB segment, which is sealed.
+    let blob = format!("\"{}\"", "x".repeat(370_000)).into_bytes();
+    for _ in 0..13 {
+        let events: Vec<Event> = (0..20)
+            .map(|i| {
+                let mut e = f.event(if i % 2 == 0 { 2 } else { 4 });
+                let arg = e.argument.as_mut().unwrap();
+                arg.fields.push(Field::new("blob", blob.clone()));
+                e
+            })
+            .collect();
+        f.store.append(PartitionId(0), &events).unwrap();
+    }
+    let plog = f.dir.as_ref().unwrap().path().join(PLOG_DIR).join("0");
+    let mut names: Vec<String> = std::fs::read_dir(&plog)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let next: u64 = names[1].trim_end_matches(".seg").parse().unwrap();
+    assert!(next > 60 && next < 260, "{next}");
+    flip(&f.segment_file(0), f.frame_position(0, 50) + 8 + 100, 0x01);
+
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(
+            problems.first(),
+            Some(Problem::PLogSegmentDamaged { partition: 0, from: 50, to, message })
+                if *to == next - 1 && message.contains("CRC")
+        ),
+        "{problems:#?}"
+    );
+    assert!(!kinds(&problems).contains(&"plog-gap"), "{problems:#?}");
+    // Every event before the damaged frame and after its segment is read.
+    let report = f.verify(None, false);
+    assert_eq!(report.events, 49 + (261 - next));
+}
+
+#[test]
+fn a_data_directory_in_key_layout_4_verifies_through_its_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut events = Fixture::new();
+    {
+        let kv = Arc::new(
+            monoseq_kv::FjallStore::open(dir.path(), monoseq_kv::Options::default()).unwrap(),
+        );
+        let policy = monoseq_store::OpenPolicy {
+            partitions: Some(PARTITIONS),
+            default_partitions: PARTITIONS,
+            ..monoseq_store::OpenPolicy::default()
+        };
+        let data = monoseq_store::open_data_dir(dir.path(), &kv, APP, &policy).unwrap();
+        assert_eq!(data.identity.key_layout, KEY_LAYOUT_SEGMENTS);
+        let store = data.event_store(Arc::clone(&kv), APP, TrustLevel::Level0);
+        for _ in 0..3 {
+            let group = [events.event(2), events.event(4)];
+            store.append(PartitionId(0), &group).unwrap();
+            store.append(PartitionId(1), &[events.event(3)]).unwrap();
+        }
+        kv.sync().unwrap();
+    }
+    let report = crate::verify_data_dir(dir.path(), APP, None, &mut |_| {}).unwrap();
+    assert_eq!(report.problems, vec![]);
+    assert_eq!((report.events, report.partitions), (9, PARTITIONS));
+    assert!(report.listed);
+}
+
+#[test]
+fn an_engine_behind_its_segment_files_is_not_damage_but_below_its_applied_end_is() {
+    let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
+    // A crash lost the engine's last batch of partition 0 (offsets 5 and 6): their WLog
+    // entries, their records and the applied end that named them. The server writes them
+    // again at its start.
+    for ws in [2, 4] {
+        f.delete(f.wlog_key(ws, 3));
+        f.delete(f.store.record_key(WsId(ws), RecordId(CRECORD_FIRST + 2)));
+    }
+    let applied_part = keys::applied(APP, 0);
+    let applied = Key::new(&applied_part, &[]);
+    f.kv.put(applied, &5u64.to_be_bytes()).unwrap();
+    let files = files(identity_in(KEY_LAYOUT_SEGMENTS, vec![]), marks_of_good());
+    assert_eq!(f.verify_both(Some(&files)), vec![]);
+    // With no applied end at all, it writes every event's again.
+    f.kv.delete(applied).unwrap();
+    assert_eq!(f.verify_both(Some(&files)), vec![]);
+    // Below the applied end, they are missing.
+    f.kv.put(applied, &7u64.to_be_bytes()).unwrap();
+    let problems = f.verify_both(Some(&files));
+    assert_eq!(
+        kinds(&problems),
+        [
+            "wlog-missing",
+            "wlog-missing",
+            "record-missing",
+            "record-missing"
+        ],
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_wlog_entry_that_differs_from_its_event_in_a_segment_file_is_named() {
+    let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
+    f.put(f.wlog_key(4, 2), b"garbage");
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(
+            problems.as_slice(),
+            [Problem::WLogDiffers {
+                ws: 4,
+                wlog: 2,
+                partition: 0,
+                offset: 4,
+                ..
+            }]
+        ),
+        "{problems:#?}"
+    );
 }

@@ -8,6 +8,8 @@
 //! engine's instant is fixed by one snapshot. A mark is raised only after its group was written
 //! to the engine, so every mark read is covered by the snapshot, and the snapshot is a state a
 //! crash at that instant could have left (each batch whole), which the store recovers from.
+//! The PLogs' segment files are copied after that instant, each log whole up to its end then:
+//! every event the copied engine applied, and more, which the copy's first start applies.
 
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
@@ -342,6 +344,8 @@ pub struct BackupArgs {
 /// What a backup needs of the running server.
 pub struct Backups {
     kv: Arc<EmbeddedStore>,
+    /// The PLogs' segment files, copied after the engine.
+    segments: Option<Arc<monoseq_store::Segments>>,
     marks: Arc<Marks>,
     identity: Identity,
     /// The data directory, resolved.
@@ -360,6 +364,7 @@ impl Backups {
     ) -> Option<Backups> {
         Some(Backups {
             kv: Arc::clone(opened.embedded.as_ref()?),
+            segments: opened.segments.clone(),
             marks: Arc::clone(opened.marks.as_ref()?),
             identity: opened.identity.clone(),
             data_dir: resolved(&settings.data_dir),
@@ -395,7 +400,14 @@ impl Backups {
                 marks: marks.clone(),
             };
             stamp.write(to)?;
-            let stats = self.kv.copy_to(to).context("copying the engine")?;
+            let mut stats = self.kv.copy_to(to).context("copying the engine")?;
+            // After the engine's instant: each log holds at least what the engine applied
+            // (a restart writes the rest into the copy's engine again).
+            if let Some(segments) = &self.segments {
+                stats.bytes += segments
+                    .copy_to(to)
+                    .context("copying the PLog's segments")?;
+            }
             self.identity.write(to)?;
             Marks::create_with(to, &marks)?;
             anyhow::Ok((stamp, stats))

@@ -15,11 +15,11 @@ use anyhow::{Context, bail};
 use clap::Args;
 use hdrhistogram::Histogram;
 use monoseq_cp::CommandProcessor;
-use monoseq_store::{EventStore, TrustLevel};
+use monoseq_store::TrustLevel;
 use monoseq_wire::{KindBody, NewArgBody, NewRecordBody, RecordUpdateBody};
 use serde_json::{Map, Value};
 
-use crate::config::{APP, Settings};
+use crate::config::Settings;
 use crate::storage::open_storage;
 use crate::wire::CommandBody;
 
@@ -272,10 +272,10 @@ async fn in_process(
     let opened = open_storage(settings)?;
     let mut config = settings.cp_config();
     if !args.no_marks {
-        config.marks = opened.marks;
+        config.marks = opened.marks.clone();
         crate::storage::set_marks_gather(config.marks.as_deref(), settings.marks_gather_us);
     }
-    let cp = CommandProcessor::start(EventStore::new(opened.kv, APP, settings.trust), config)?;
+    let cp = CommandProcessor::start(opened.event_store(settings.trust), config)?;
     while !cp.ready() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

@@ -29,7 +29,10 @@ fn partitions(settings: &Settings, kv: &impl KvStore) -> anyhow::Result<u32> {
 pub fn inspect(settings: &Settings, full: bool) -> anyhow::Result<()> {
     let kv = open_for_tool(settings)?;
     let n = partitions(settings, &kv)?;
-    let store = EventStore::new(kv, APP, settings.trust);
+    let store = match crate::storage::tool_segments(settings, n)? {
+        Some(segments) => EventStore::with_segments(kv, APP, settings.trust, segments),
+        None => EventStore::new(kv, APP, settings.trust),
+    };
     // Written with `?`: a closed pipe (`inspect | head`) ends the command quietly.
     let mut out = std::io::stdout().lock();
     match settings.storage {

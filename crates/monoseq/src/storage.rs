@@ -23,6 +23,23 @@ pub struct Opened {
     /// High-water marks (embedded storage only: they live in the data directory).
     pub marks: Option<Arc<monoseq_store::Marks>>,
     pub report: monoseq_store::OpenReport,
+    /// The PLogs' segment files (a data directory in key layout 4).
+    pub segments: Option<Arc<monoseq_store::Segments>>,
+}
+
+impl Opened {
+    /// The event store on this storage, writing with `trust`, its PLogs where the storage
+    /// keeps them.
+    pub fn event_store(
+        &self,
+        trust: monoseq_store::TrustLevel,
+    ) -> monoseq_store::EventStore<Store> {
+        let kv = Arc::clone(&self.kv);
+        match &self.segments {
+            Some(s) => monoseq_store::EventStore::with_segments(kv, APP, trust, Arc::clone(s)),
+            None => monoseq_store::EventStore::new(kv, APP, trust),
+        }
+    }
 }
 
 /// Opens the configured storage for serving: the embedded engine through its data
@@ -39,6 +56,7 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
                 identity: dir.identity,
                 marks: Some(dir.marks),
                 report: dir.report,
+                segments: dir.segments,
             })
         }
         Storage::Postgres(url) => {
@@ -61,6 +79,7 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
                 identity,
                 marks: None,
                 report: monoseq_store::OpenReport::default(),
+                segments: None,
             })
         }
     }
@@ -100,6 +119,32 @@ pub fn open_for_tool(settings: &Settings) -> anyhow::Result<Store> {
         }
         Storage::Postgres(url) => open_postgres(url),
     }
+}
+
+/// The PLogs' segment files of the data directory, for a tool, when it keeps its PLogs there
+/// (key layout 4): each log required whole up to its mark, as a start requires it.
+pub fn tool_segments(
+    settings: &Settings,
+    partitions: u32,
+) -> anyhow::Result<Option<Arc<monoseq_store::Segments>>> {
+    let Storage::Embedded = settings.storage else {
+        return Ok(None);
+    };
+    let dir = &settings.data_dir;
+    let identity = monoseq_store::Identity::read(dir)?;
+    if identity.is_none_or(|i| i.key_layout != monoseq_store::KEY_LAYOUT_SEGMENTS) {
+        return Ok(None);
+    }
+    let marks = monoseq_store::Marks::open(dir, partitions).ok().flatten();
+    let durable = |p: u32| {
+        marks
+            .as_ref()
+            .and_then(|m| m.get(p).ok())
+            .map_or(1, |m| m.plog + 1)
+    };
+    let segments = monoseq_store::Segments::open(dir, partitions, &durable)
+        .with_context(|| format!("opening the PLog's segment files in {}", dir.display()))?;
+    Ok(Some(Arc::new(segments)))
 }
 
 /// Longest time a write of the sequence projection may wait for its flush. Events are never

@@ -33,7 +33,11 @@ const ALLOWED: &[(&str, &[&str], &[&str])] = &[
     ("monoseq-membership", &["monoseq-backoff"], &[]),
     ("monoseq-wire", &[], &[]),
     ("monoseq-pg", &["monoseq-kv"], &[]),
-    ("monoseq-store", &["monoseq-core", "monoseq-kv"], &[]),
+    (
+        "monoseq-store",
+        &["monoseq-core", "monoseq-kv", "monoseq-seglog"],
+        &[],
+    ),
     ("monoseq-named", &["monoseq-backoff", "monoseq-kv"], &[]),
     (
         "monoseq-named-http",

@@ -1,6 +1,7 @@
 //! Damage suite (invariant 10 of docs/invariants.md): a real data directory holding acknowledged
-//! events, in table files and in the journal, is damaged one way at a time — engine files deleted,
-//! the journal cut, bytes flipped in the manifest, journal and table files, our identity and marks
+//! events in the PLogs' segment files, their WLog entries and records in table files and in the
+//! journal, is damaged one way at a time — engine files deleted, the journal cut, bytes flipped in
+//! the manifest, journal, table and segment files, segments cut or deleted, our identity and marks
 //! files deleted or garbled. For every case the server either refuses to start, naming the damage,
 //! or serves correct data (an acknowledged event is read back as acknowledged or answered
 //! `corrupted`, never missing); and whether it runs as it is or after an operator's
@@ -230,8 +231,8 @@ fn deletions() -> Vec<Damage> {
         damage("delete the engine's version file", true, |d| {
             remove(vec![d.join("version")]);
         }),
-        damage("delete the journal", true, |d| remove(vec![journal(d)])),
-        damage("delete the data keyspace's table files", true, |d| {
+        damage("delete the journal", false, |d| remove(vec![journal(d)])),
+        damage("delete the data keyspace's table files", false, |d| {
             let ks = data_keyspace(d);
             remove(files(&ks, &|rel| rel.starts_with("tables/")));
         }),
@@ -260,12 +261,14 @@ fn deletions() -> Vec<Damage> {
     ]
 }
 
+/// Cuts of the engine's journal: it holds WLog entries, records and numbers, which a start
+/// writes again from the PLogs' segment files, so a cut loses nothing acknowledged.
 fn journal_cuts() -> Vec<Damage> {
     let mut out = Vec::new();
     for cut in [40u64, 300, 1_000] {
         out.push(damage(
             format!("cut the journal's last {cut} bytes"),
-            true,
+            false,
             move |d| {
                 let j = journal(d);
                 let used = journal_used(&j);
@@ -273,7 +276,7 @@ fn journal_cuts() -> Vec<Damage> {
             },
         ));
     }
-    out.push(damage("cut the journal in half", true, |d| {
+    out.push(damage("cut the journal in half", false, |d| {
         let j = journal(d);
         let used = journal_used(&j);
         truncate(&j, used / 2);
@@ -319,6 +322,55 @@ fn flips() -> Vec<Damage> {
         ));
     }
     out
+}
+
+/// Every segment file of the PLogs, largest first.
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut found = files(dir, &|rel| {
+        rel.starts_with("plog/") && rel.ends_with(".seg")
+    });
+    found.sort_by_key(|p| std::cmp::Reverse(segment_used(p)));
+    assert!(!found.is_empty(), "no segment file");
+    found
+}
+
+/// Bytes of a segment file holding frames (its zero-filled room after them excluded).
+fn segment_used(path: &Path) -> u64 {
+    journal_used(path)
+}
+
+/// Damage to the PLogs' segment files: below an acknowledged mark it is refused, and an
+/// accepted one cuts the log there; above every frame (the zero-filled room) it is cut and
+/// served.
+fn segment_damage() -> Vec<Damage> {
+    vec![
+        damage(
+            "flip a byte in the middle of a segment's frames",
+            true,
+            |d| {
+                let s = &segments(d)[0];
+                flip(s, segment_used(s) / 2);
+            },
+        ),
+        damage("flip a byte in a segment's last frame", true, |d| {
+            let s = &segments(d)[0];
+            flip(s, segment_used(s) - 3);
+        }),
+        damage("cut a segment's last 100 bytes", true, |d| {
+            let s = &segments(d)[0];
+            truncate(s, segment_used(s) - 100);
+        }),
+        damage("flip a byte of a segment's header", true, |d| {
+            flip(&segments(d)[0], 20);
+        }),
+        damage("delete a segment file", true, |d| {
+            remove(vec![segments(d).remove(0)]);
+        }),
+        damage("write garbage after a segment's frames", false, |d| {
+            let s = &segments(d)[0];
+            flip(s, segment_used(s) + 4_000);
+        }),
+    ]
 }
 
 /// Waits up to a few seconds for readiness; a damaged store may never get there.
@@ -383,8 +435,14 @@ async fn check_reads(client: &reqwest::Client, url: &str, acked: &Acked, case: &
 }
 
 /// The kinds of problem by which `verify` says acknowledged events are lost: the PLog ends
-/// below a high-water mark, has a hole, or ends below the checkpoint of the stored numbers.
-const LOSS_KINDS: [&str; 3] = ["below-mark", "plog-gap", "checkpoint-ahead"];
+/// below a high-water mark, has a hole, ends below the checkpoint of the stored numbers, or
+/// below what the engine applied of it.
+const LOSS_KINDS: [&str; 4] = [
+    "below-mark",
+    "plog-gap",
+    "checkpoint-ahead",
+    "applied-ahead",
+];
 
 /// Whether `verify`'s output reports a loss (its summary counts problems by kind).
 fn reports_loss(verify_out: &str) -> bool {
@@ -518,8 +576,13 @@ async fn deleted_engine_and_identity_files_are_refused_or_served_whole() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_journal_is_refused_and_an_accepted_cut_reissues_nothing() {
+async fn a_cut_journal_loses_nothing_acknowledged_and_reissues_nothing() {
     run_cases(Base::CleanThenKilled, journal_cuts()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_segment_files_are_refused_and_an_accepted_cut_reissues_nothing() {
+    run_cases(Base::CleanThenKilled, segment_damage()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

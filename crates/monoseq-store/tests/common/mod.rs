@@ -49,7 +49,11 @@ pub struct Cp {
 
 impl Cp {
     pub fn new(kv: &Kv, trust: TrustLevel) -> Cp {
-        let store = EventStore::new(Arc::clone(kv), APP, trust);
+        Cp::on(EventStore::new(Arc::clone(kv), APP, trust))
+    }
+
+    /// A command processor writing to `store` (of application [`APP`]).
+    pub fn on(store: EventStore<Kv>) -> Cp {
         let storage = Arc::new(store.seq_storage(PARTITION));
         let params = built_in_params([KIND, WsKind(2)]).build().unwrap();
         let (seq, worker) = Sequencer::new_manual(params, Arc::clone(&storage));

@@ -305,8 +305,7 @@ async fn start(
         _ => None,
     };
     log_opened(settings, &opened);
-    let store =
-        monoseq_store::EventStore::new(Arc::clone(&opened.kv), crate::config::APP, settings.trust);
+    let store = opened.event_store(settings.trust);
     let mut config = settings.cp_config();
     config.retired = (0..opened.identity.partitions)
         .map(|p| opened.identity.retired(p))

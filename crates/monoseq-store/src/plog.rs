@@ -1,0 +1,266 @@
+//! [`Segments`]: the PLogs of a data directory kept in segment files (`monoseq-seglog`), one
+//! log per partition in `plog/{partition}` (key layout 4). A group's events are appended to
+//! their partition's log and synced first; only then do its WLog entries and records reach
+//! the key-value store, with the partition's applied end in the same batch. So the store
+//! never holds the effect of an event the log lost, and a restart brings the store up to the
+//! log again ("redo", [`crate::EventStore::redo`]) from that applied end.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, RwLock};
+
+use monoseq_kv::KvError;
+use monoseq_seglog::{Page, SegError, SegLog, SegOptions};
+
+use crate::keys::PartitionId;
+
+/// The directory of a data directory that holds the partitions' segment logs.
+pub const PLOG_DIR: &str = "plog";
+
+/// The payload of an offset an accepted loss retired ([`Segments::retire_to`]): a log takes
+/// every offset in order, so the offsets a loss skipped hold this one byte, which no encoded
+/// event is (an event is longer). Readers find no event there, as at an offset never written.
+pub const RETIRED_PAYLOAD: &[u8] = &[0];
+
+/// Events one step of a scan over segments reads at most.
+pub(crate) const SCAN_PAGE_EVENTS: usize = 1024;
+/// Bytes one step of a scan over segments reads at most (more for one longer event).
+pub(crate) const SCAN_PAGE_BYTES: usize = 1 << 20;
+
+/// The segment logs of every partition of a data directory.
+#[derive(Debug)]
+pub struct Segments {
+    dir: PathBuf,
+    logs: Vec<PartitionLog>,
+}
+
+/// One partition's log, and how far the key-value store has applied it.
+#[derive(Debug)]
+pub(crate) struct PartitionLog {
+    pub(crate) log: RwLock<SegLog>,
+    /// One past the last offset whose WLog entry and records the key-value store holds;
+    /// `None` until read from the store. Held through a group's append and a redo, so a
+    /// partition's groups reach the store in log order.
+    pub(crate) applied: Mutex<Option<u64>>,
+}
+
+impl Segments {
+    /// Opens (or creates) the logs of partitions `0..partitions` in `dir/plog`, each with the
+    /// durable end `durable_end` gives it (one past its highest acknowledged offset): frames
+    /// above it that do not read whole are cut, data missing or damaged below it is an error.
+    ///
+    /// # Errors
+    ///
+    /// The [`SegError`] of the first log that does not open.
+    pub fn open(
+        dir: &Path,
+        partitions: u32,
+        durable_end: &dyn Fn(u32) -> u64,
+    ) -> Result<Segments, SegError> {
+        let dir = dir.join(PLOG_DIR);
+        let logs = (0..partitions)
+            .map(|p| {
+                let log = SegLog::open(
+                    dir.join(p.to_string()),
+                    p,
+                    SegOptions::default(),
+                    durable_end(p),
+                )?;
+                Ok(PartitionLog {
+                    log: RwLock::new(log),
+                    applied: Mutex::new(None),
+                })
+            })
+            .collect::<Result<Vec<_>, SegError>>()?;
+        Ok(Segments { dir, logs })
+    }
+
+    /// Opens `partition`'s log in data directory `dir` for reading only, as it is
+    /// ([`SegLog::open_read_only`]): nothing is created, cut or written, so a torn or damaged
+    /// log reads as it was left ([`SegLog::tail`]), for verification. Offsets holding
+    /// [`RETIRED_PAYLOAD`] hold no event.
+    ///
+    /// # Errors
+    ///
+    /// The [`SegError`] of a log that does not open.
+    pub fn open_log_read_only(dir: &Path, partition: u32) -> Result<SegLog, SegError> {
+        SegLog::open_read_only(
+            dir.join(PLOG_DIR).join(partition.to_string()),
+            partition,
+            SegOptions::default(),
+        )
+    }
+
+    /// The directory holding the logs (`plog/` of the data directory).
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How many partitions' logs there are.
+    #[must_use]
+    pub fn partitions(&self) -> u32 {
+        self.logs.len() as u32
+    }
+
+    /// One past the last offset of `partition`'s log.
+    ///
+    /// # Errors
+    ///
+    /// [`KvError::Backend`] for a partition the directory does not have.
+    pub fn end(&self, partition: PartitionId) -> Result<u64, KvError> {
+        Ok(read_log(self.log(partition)?).end())
+    }
+
+    /// Makes every frame appended to any log durable.
+    ///
+    /// # Errors
+    ///
+    /// The first log's sync that failed, as a [`KvError`].
+    pub fn sync(&self) -> Result<(), KvError> {
+        for log in &self.logs {
+            read_log(log).sync().map_err(seg_error)?;
+        }
+        Ok(())
+    }
+
+    /// Fills `partition`'s log up to offset `last` (inclusive) with [`RETIRED_PAYLOAD`]
+    /// frames, synced, so that it takes `last + 1` next: the offsets an accepted loss retired.
+    /// Nothing is written when the log is already past `last`.
+    ///
+    /// # Errors
+    ///
+    /// The log's append or sync failing, as a [`KvError`].
+    pub fn retire_to(&self, partition: PartitionId, last: u64) -> Result<(), KvError> {
+        let log = self.log(partition)?;
+        let _held = applied(log);
+        let mut written = false;
+        loop {
+            let mut log = write_log(log);
+            let end = log.end();
+            if end > last {
+                break;
+            }
+            let n = (last - end + 1).min(SCAN_PAGE_EVENTS as u64) as usize;
+            log.append(end, &vec![RETIRED_PAYLOAD; n])
+                .map_err(seg_error)?;
+            written = true;
+        }
+        if written {
+            read_log(log).sync().map_err(seg_error)?;
+            tracing::warn!(
+                partition = partition.0,
+                "the PLog's offsets up to {last} that an accepted loss retired are marked retired \
+                 in its segment files"
+            );
+        }
+        Ok(())
+    }
+
+    /// Copies every partition's log into `dest/plog` (a new data directory's), each file
+    /// synced; answers the bytes copied. A log is held against appends while it is copied, so
+    /// each copy ends with whole frames: at least every event acknowledged before the call.
+    ///
+    /// # Errors
+    ///
+    /// A [`KvError::Io`] naming what failed; the copy must then be discarded.
+    pub fn copy_to(&self, dest: &Path) -> Result<u64, KvError> {
+        let io = |context: &'static str| move |source| KvError::Io { context, source };
+        let mut bytes = 0;
+        for (p, log) in self.logs.iter().enumerate() {
+            let to = dest.join(PLOG_DIR).join(p.to_string());
+            std::fs::create_dir_all(&to).map_err(io("creating a copy's PLog directory"))?;
+            let held = read_log(log);
+            let mut files: Vec<_> = std::fs::read_dir(held.dir())
+                .map_err(io("listing a PLog's segment files"))?
+                .collect::<Result<_, _>>()
+                .map_err(io("listing a PLog's segment files"))?;
+            files.sort_by_key(std::fs::DirEntry::file_name);
+            for file in files {
+                let target = to.join(file.file_name());
+                bytes += std::fs::copy(file.path(), &target)
+                    .map_err(io("copying a PLog's segment file"))?;
+                std::fs::File::open(&target)
+                    .and_then(|f| f.sync_all())
+                    .map_err(io("syncing a copied segment file"))?;
+            }
+            drop(held);
+            sync_dir(&to).map_err(io("syncing a copy's PLog directory"))?;
+        }
+        sync_dir(&dest.join(PLOG_DIR)).map_err(io("syncing a copy's PLog directory"))?;
+        Ok(bytes)
+    }
+
+    /// `partition`'s log.
+    pub(crate) fn log(&self, partition: PartitionId) -> Result<&PartitionLog, KvError> {
+        self.logs
+            .get(partition.0 as usize)
+            .ok_or_else(|| KvError::Backend {
+                message: format!(
+                    "partition {partition} has no PLog in {}: the data directory has {} \
+                     partitions",
+                    self.dir.display(),
+                    self.logs.len()
+                ),
+                source: None,
+            })
+    }
+
+    /// Up to `max_events` events of `partition` from offset `from` on, or from the log's
+    /// start if that is later (see [`SegLog::read`]).
+    pub(crate) fn read(
+        &self,
+        partition: PartitionId,
+        from: u64,
+        max_events: usize,
+        max_bytes: usize,
+    ) -> Result<Page, KvError> {
+        let log = self.log(partition)?;
+        let log = read_log(log);
+        let from = from.max(log.start());
+        log.read(from, max_events, max_bytes).map_err(seg_error)
+    }
+}
+
+/// Makes a directory's entries durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// The log for reading and syncing (a poisoned lock still holds a sound log: every write to it
+/// is one call that either finished or poisoned the log itself).
+pub(crate) fn read_log(log: &PartitionLog) -> std::sync::RwLockReadGuard<'_, SegLog> {
+    log.log
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The log for appending.
+pub(crate) fn write_log(log: &PartitionLog) -> std::sync::RwLockWriteGuard<'_, SegLog> {
+    log.log
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The applied end of a partition, held.
+pub(crate) fn applied(log: &PartitionLog) -> MutexGuard<'_, Option<u64>> {
+    log.applied
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A segment log's error as the key-value contract's: damage stays damage.
+pub(crate) fn seg_error(e: SegError) -> KvError {
+    match e {
+        SegError::Poisoned { .. } => KvError::poisoned(e.to_string()),
+        SegError::Damaged { .. }
+        | SegError::Missing { .. }
+        | SegError::Overlap { .. }
+        | SegError::Header { .. }
+        | SegError::Format { .. }
+        | SegError::Partition { .. }
+        | SegError::Renamed { .. } => KvError::Corrupted {
+            message: e.to_string(),
+        },
+        e => KvError::backend("the PLog's segment log failed", e),
+    }
+}

@@ -1,0 +1,323 @@
+//! The event store with its PLogs in segment files ([`Segments`], key layout 4): a group's
+//! append (the log first, synced, then the key-value store), the redo that brings the
+//! key-value store up to the logs, and the PLog's reads there.
+
+use std::collections::HashMap;
+use std::ops::ControlFlow;
+
+use monoseq_kv::{Key, KvError, KvStore, WriteBatch, WriteError};
+
+use crate::event::Event;
+use crate::keys::{PartitionId, applied_partition};
+use crate::plog::{self, RETIRED_PAYLOAD, SCAN_PAGE_BYTES, SCAN_PAGE_EVENTS, Segments};
+use crate::store::{AppendError, EventStore, GroupBatch, StoredRecords};
+
+impl<S: KvStore> EventStore<S> {
+    /// [`EventStore::append_onto`] on segment files: checks that the group continues the
+    /// partition's log and that its conditional keys are absent, appends its events to the log
+    /// and syncs it, then writes its WLog entries and records with the partition's new applied
+    /// end in one batch, which needs no sync of its own (a restart writes it again from the
+    /// log). A group whose batch failed after its log was synced is written again before the
+    /// partition's next group, and answers [`KvError::OutcomeUnknown`]: its events are stored.
+    pub(crate) fn append_to_segments(
+        &self,
+        segments: &Segments,
+        partition: PartitionId,
+        events: &[Event],
+        stored: StoredRecords,
+    ) -> Result<StoredRecords, AppendError> {
+        let log = segments.log(partition)?;
+        let mut applied = plog::applied(log);
+        let mut stored = stored;
+        if self.redo_held(segments, partition, &mut applied, false)? > 0 {
+            // The events written again may have updated records the caller read before them.
+            for (ws, record) in self.read_updated_records(events)?.into_records() {
+                stored.insert(ws, record);
+            }
+        }
+        let end = plog::read_log(log).end();
+        check_continues(events, end)?;
+        let (mut group, current) = self.build_group(partition, events, stored, true)?;
+        if events.is_empty() {
+            return Ok(current);
+        }
+        group.batch.check_limits().map_err(|e| group.refusal(e))?;
+        self.check_absent(&group)?;
+        let next = end + events.len() as u64;
+        put_applied(&mut group.batch, self, partition, next);
+        // A failed append or sync leaves frames that may or may not be in the log after a
+        // restart: the log stops taking writes (poisoned), as a failed engine flush stops it.
+        let fatal = |e: monoseq_seglog::SegError| KvError::poisoned(monoseq_kv::chain(&e));
+        plog::write_log(log)
+            .append(end, &group.payloads())
+            .map_err(fatal)?;
+        plog::read_log(log).sync().map_err(fatal)?;
+        if let Err(e) = self.kv.write(&group.batch) {
+            if let WriteError::Storage(poisoned) = e {
+                if poisoned.is_poisoned() {
+                    // Nothing more is written to the store until it is opened again, which
+                    // redoes the group from the log.
+                    return Err(AppendError::Storage(poisoned));
+                }
+                return Err(outcome_unknown(partition, end, next, &poisoned));
+            }
+            return Err(outcome_unknown(partition, end, next, &e));
+        }
+        *applied = Some(next);
+        Ok(current)
+    }
+
+    /// Brings the key-value store up to every partition's log (at start, before anything is
+    /// read); answers how many events' WLog entries and records it wrote again. With
+    /// `accept_loss`, a store that holds more of a log than the log does (its segment files
+    /// lost events) is taken as it is, from the log's end on.
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError`] when the store cannot be read or written, or holds more of a log than
+    /// the log does and `accept_loss` is false.
+    pub fn redo(&self, accept_loss: bool) -> Result<u64, AppendError> {
+        let Some(segments) = &self.segments else {
+            return Ok(0);
+        };
+        let mut redone = 0;
+        for p in 0..segments.partitions() {
+            let partition = PartitionId(p);
+            let mut applied = plog::applied(segments.log(partition)?);
+            redone += self.redo_held(segments, partition, &mut applied, accept_loss)?;
+        }
+        Ok(redone)
+    }
+
+    /// Writes the WLog entries and records of the events of `partition`'s log above
+    /// `applied` (read from the store when `None`), with `applied` held; answers how many.
+    /// A store ahead of the log is an error, or with `ahead_ok` taken from the log's end on.
+    fn redo_held(
+        &self,
+        segments: &Segments,
+        partition: PartitionId,
+        applied: &mut Option<u64>,
+        ahead_ok: bool,
+    ) -> Result<u64, AppendError> {
+        let log = segments.log(partition)?;
+        let (start, end) = {
+            let log = plog::read_log(log);
+            (log.start(), log.end())
+        };
+        let mut from = match *applied {
+            Some(at) => at,
+            None => self.read_applied(partition)?.unwrap_or(start),
+        };
+        if from > end && ahead_ok {
+            tracing::warn!(
+                partition = partition.0,
+                "the store holds WLog entries and records of PLog offsets {end} to {}, which \
+                 the segment files lost; going on from offset {end}, as --accept-loss allows",
+                from - 1
+            );
+            let mut batch = WriteBatch::new();
+            put_applied(&mut batch, self, partition, end);
+            self.kv
+                .write(&batch)
+                .map_err(|e| GroupBatch::default().refusal(e))?;
+            // Durable before the loss is recorded, so no later start finds the store ahead.
+            self.kv.sync()?;
+            from = end;
+        }
+        if from > end {
+            return Err(AppendError::Storage(KvError::Corrupted {
+                message: format!(
+                    "the store holds the WLog entries and records of partition {partition}'s \
+                     PLog up to offset {}, but its segment files end at offset {}: they lost \
+                     events",
+                    from - 1,
+                    end - 1
+                ),
+            }));
+        }
+        let mut at = from;
+        while at < end {
+            let page = segments.read(partition, at, SCAN_PAGE_EVENTS, SCAN_PAGE_BYTES)?;
+            let mut events = Vec::with_capacity(page.len());
+            for (i, payload) in page.payloads().enumerate() {
+                if payload != RETIRED_PAYLOAD {
+                    events.push(decode_logged(partition, page.first() + i as u64, payload)?);
+                }
+            }
+            let stored = self.read_updated_records(&events)?;
+            let (mut group, _) = self.build_group(partition, &events, stored, true)?;
+            put_applied(&mut group.batch, self, partition, page.end());
+            self.kv.write(&group.batch).map_err(|e| group.refusal(e))?;
+            at = page.end();
+        }
+        if at > from {
+            tracing::info!(
+                partition = partition.0,
+                "brought the store up to the PLog: wrote the WLog entries and records of \
+                 offsets {from} to {} again",
+                at - 1
+            );
+        }
+        *applied = Some(at);
+        Ok(at - from)
+    }
+
+    /// The applied end the store records for `partition`, if any.
+    fn read_applied(&self, partition: PartitionId) -> Result<Option<u64>, AppendError> {
+        let part = applied_partition(self.app(), partition);
+        let Some(bytes) = self.kv.get(Key::new(part.as_bytes(), &[]))? else {
+            return Ok(None);
+        };
+        match crate::keys::be64(&bytes) {
+            Some(at) => Ok(Some(at)),
+            None => Err(AppendError::Storage(KvError::Corrupted {
+                message: format!(
+                    "the applied end of partition {partition} is {} bytes, not 8",
+                    bytes.len()
+                ),
+            })),
+        }
+    }
+
+    /// Refuses the group when a key it inserts only if absent is present, in the store or
+    /// written by an earlier item of the group, naming the first such item.
+    fn check_absent(&self, group: &GroupBatch) -> Result<(), AppendError> {
+        if group.checks.is_empty() {
+            return Ok(());
+        }
+        let mut earlier: HashMap<Key<'_>, usize> = HashMap::with_capacity(group.batch.len());
+        let mut conflict = None;
+        let mut asked = Vec::with_capacity(group.checks.len());
+        for (index, item) in group.batch.iter().enumerate() {
+            if group.checks.binary_search(&index).is_ok() {
+                if earlier.contains_key(&item.key) {
+                    conflict.get_or_insert(index);
+                } else {
+                    asked.push((index, item.key));
+                }
+            }
+            earlier.entry(item.key).or_insert(index);
+        }
+        let keys: Vec<Key<'_>> = asked.iter().map(|(_, k)| *k).collect();
+        let present = self.kv.get_many(&keys)?;
+        for ((index, _), found) in asked.iter().zip(present) {
+            if found.is_some() && conflict.is_none_or(|c| *index < c) {
+                conflict = Some(*index);
+            }
+        }
+        match conflict {
+            None => Ok(()),
+            Some(index) => {
+                let key = group
+                    .batch
+                    .get(index)
+                    .expect("a conflict's index is one of the batch's")
+                    .key
+                    .to_owned();
+                Err(group.refusal(WriteError::Conflict { index, key }))
+            }
+        }
+    }
+
+    /// The stored bytes of the event at `offset` of `partition`'s log, if any.
+    pub(crate) fn logged_bytes(
+        segments: &Segments,
+        partition: PartitionId,
+        offset: u64,
+    ) -> Result<Option<Vec<u8>>, KvError> {
+        let page = segments.read(partition, offset, 1, 1)?;
+        if page.first() != offset {
+            return Ok(None);
+        }
+        Ok(page
+            .payloads()
+            .next()
+            .filter(|p| *p != RETIRED_PAYLOAD)
+            .map(<[u8]>::to_vec))
+    }
+
+    /// Calls `visit` with every event of `partition`'s log from offset `from` on, in order,
+    /// a page at a time, until it breaks or the log ends; retired offsets are left out (the
+    /// visitor sees a gap).
+    pub(crate) fn visit_logged(
+        segments: &Segments,
+        partition: PartitionId,
+        from: u64,
+        visit: &mut dyn FnMut(u64, &[u8]) -> ControlFlow<()>,
+    ) -> Result<(), KvError> {
+        let mut at = from;
+        loop {
+            let page = segments.read(partition, at, SCAN_PAGE_EVENTS, SCAN_PAGE_BYTES)?;
+            if page.is_empty() {
+                return Ok(());
+            }
+            for (i, payload) in page.payloads().enumerate() {
+                if payload == RETIRED_PAYLOAD {
+                    continue;
+                }
+                if visit(page.first() + i as u64, payload).is_break() {
+                    return Ok(());
+                }
+            }
+            at = page.end();
+        }
+    }
+}
+
+/// The error of a group whose log was synced but whose batch `e` failed.
+fn outcome_unknown(
+    partition: PartitionId,
+    end: u64,
+    next: u64,
+    e: &(dyn std::error::Error + 'static),
+) -> AppendError {
+    AppendError::Storage(KvError::OutcomeUnknown {
+        message: format!(
+            "the group's events are in partition {partition}'s PLog (offsets {end} to {}), but \
+             writing their WLog entries and records failed ({}); they are written again before \
+             the partition's next group, or at restart",
+            next - 1,
+            monoseq_kv::chain(e)
+        ),
+    })
+}
+
+/// Refuses a group that does not take the log's offsets from `end` on, one each in order.
+fn check_continues(events: &[Event], end: u64) -> Result<(), AppendError> {
+    for (i, e) in events.iter().enumerate() {
+        let expected = end + i as u64;
+        if e.plog_offset.0 != expected {
+            return Err(AppendError::NotAtEnd {
+                event_index: i,
+                offset: e.plog_offset.0,
+                end: expected,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Adds `partition`'s applied end `next` to `batch`.
+fn put_applied<S: KvStore>(
+    batch: &mut WriteBatch,
+    store: &EventStore<S>,
+    partition: PartitionId,
+    next: u64,
+) {
+    let part = applied_partition(store.app(), partition);
+    batch.put(Key::new(part.as_bytes(), &[]), &next.to_be_bytes());
+}
+
+/// The event logged at `offset` of `partition`, checked to say it is there.
+fn decode_logged(partition: PartitionId, offset: u64, bytes: &[u8]) -> Result<Event, AppendError> {
+    let damaged = |what: String| {
+        AppendError::Storage(KvError::Corrupted {
+            message: format!("the event at offset {offset} of partition {partition}'s PLog {what}"),
+        })
+    };
+    match Event::decode(bytes) {
+        Ok(e) if e.plog_offset.0 == offset => Ok(e),
+        Ok(e) => Err(damaged(format!("says it is at offset {}", e.plog_offset))),
+        Err(e) => Err(damaged(format!("does not decode: {e}"))),
+    }
+}
