@@ -225,15 +225,22 @@ impl<S: KvStore> EventStore<S> {
         partition: PartitionId,
         offset: u64,
     ) -> Result<Option<Vec<u8>>, KvError> {
+        let frame = Self::logged_frame(segments, partition, offset)?;
+        Ok(frame.filter(|p| p != RETIRED_PAYLOAD))
+    }
+
+    /// The payload of the frame at `offset` of `partition`'s log, if any: an event's bytes,
+    /// or [`RETIRED_PAYLOAD`] at an offset an accepted loss retired.
+    pub(crate) fn logged_frame(
+        segments: &Segments,
+        partition: PartitionId,
+        offset: u64,
+    ) -> Result<Option<Vec<u8>>, KvError> {
         let page = segments.read(partition, offset, 1, 1)?;
         if page.first() != offset {
             return Ok(None);
         }
-        Ok(page
-            .payloads()
-            .next()
-            .filter(|p| *p != RETIRED_PAYLOAD)
-            .map(<[u8]>::to_vec))
+        Ok(page.payloads().next().map(<[u8]>::to_vec))
     }
 
     /// Calls `visit` with every event of `partition`'s log from offset `from` on, in order,

@@ -18,7 +18,7 @@ use crate::keys::{
     self, AppId, LOG_BLOCK_EVENTS, PartitionId, Slot, block_position, plog_key, record_key,
     wlog_key, wlog_partition,
 };
-use crate::plog::Segments;
+use crate::plog::{RETIRED_PAYLOAD, Segments};
 use crate::seqstore::PLogSeqStorage;
 
 /// How events and records are written (the reference design's `SequencesTrustLevel`,
@@ -794,6 +794,11 @@ impl<S: KvStore> EventStore<S> {
             let Some(bytes) = stored.next().flatten() else {
                 return Err(dangling("no event".into()));
             };
+            if bytes == RETIRED_PAYLOAD {
+                // The entry of an event an accepted loss took from the segment files (the
+                // engine kept it): left out, as the engine's own loss would have.
+                continue;
+            }
             if event_crc(&bytes) != Some(r.event_crc) {
                 return Err(dangling("another event (its checksum differs)".into()));
             }
@@ -830,7 +835,8 @@ impl<S: KvStore> EventStore<S> {
         }
     }
 
-    /// The stored bytes of the PLog events at `places`, in order.
+    /// The stored bytes of the PLog events at `places`, in order ([`RETIRED_PAYLOAD`] where
+    /// an accepted loss retired the offset in segment files).
     fn plog_many(
         &self,
         places: &[(PartitionId, PLogOffset)],
@@ -845,7 +851,7 @@ impl<S: KvStore> EventStore<S> {
         };
         places
             .iter()
-            .map(|&(p, o)| Self::logged_bytes(segments, p, o.0))
+            .map(|&(p, o)| Self::logged_frame(segments, p, o.0))
             .collect()
     }
 

@@ -1074,6 +1074,21 @@ fn a_log_cut_below_its_mark_is_refused_and_with_accept_loss_retired_up_to_the_ma
         (ReplayEnd::Completed, 6),
         "replay ends at the retired offsets"
     );
+    // The engine kept the WLog entries of the lost events: a WLog read leaves them out, as
+    // it would had the engine lost them too.
+    let mut workspaces: Vec<_> = events.iter().map(|e| e.ws).collect();
+    workspaces.dedup();
+    for ws in workspaces {
+        let kept: Vec<_> = events
+            .iter()
+            .filter(|e| e.ws == ws && e.plog_offset.0 <= 6)
+            .cloned()
+            .collect();
+        let read = store
+            .read_wlog(ws, monoseq_store::WLogOffset(1), 1_000)
+            .expect("a WLog read after the loss");
+        assert_eq!(read, kept, "workspace {ws}");
+    }
     // The next event takes the offset after the mark.
     let next = creating(11, 900, 1, 1_000);
     let taken = [creating(7, 900, 1, 1_000)];
