@@ -41,10 +41,7 @@ impl<K: KvStore + Clone> PLogHarness<K> {
         dir: Option<Box<dyn std::any::Any + Send + Sync>>,
     ) -> PLogHarness<K> {
         // Level 2 writes blindly, so the suite's events need no record table checks.
-        let events = match segments {
-            None => EventStore::new(kv, APP, TrustLevel::Level2),
-            Some(s) => EventStore::with_segments(kv, APP, TrustLevel::Level2, s),
-        };
+        let events = EventStore::with_plogs(kv, APP, TrustLevel::Level2, segments);
         PLogHarness {
             storage: events.seq_storage(PARTITION),
             events,

@@ -281,10 +281,7 @@ impl DataDir {
     /// The event store of `app` on the directory's engine `kv`, with its PLogs where the
     /// directory keeps them.
     pub fn event_store<S: KvStore>(&self, kv: S, app: AppId, trust: TrustLevel) -> EventStore<S> {
-        match &self.segments {
-            Some(segments) => EventStore::with_segments(kv, app, trust, Arc::clone(segments)),
-            None => EventStore::new(kv, app, trust),
-        }
+        EventStore::with_plogs(kv, app, trust, self.segments.clone())
     }
 }
 
@@ -427,10 +424,7 @@ fn store_of<S: KvStore + Clone>(
     app: AppId,
     segments: Option<&Arc<Segments>>,
 ) -> EventStore<S> {
-    match segments {
-        Some(s) => EventStore::with_segments(kv.clone(), app, TrustLevel::Level0, Arc::clone(s)),
-        None => EventStore::new(kv.clone(), app, TrustLevel::Level0),
-    }
+    EventStore::with_plogs(kv.clone(), app, TrustLevel::Level0, segments.cloned())
 }
 
 /// Opens the PLogs' segment files of a directory in key layout 4 (`None` for layout 3), each

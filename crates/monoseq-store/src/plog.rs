@@ -111,18 +111,6 @@ impl Segments {
         Ok(read_log(self.log(partition)?).end())
     }
 
-    /// Makes every frame appended to any log durable.
-    ///
-    /// # Errors
-    ///
-    /// The first log's sync that failed, as a [`KvError`].
-    pub fn sync(&self) -> Result<(), KvError> {
-        for log in &self.logs {
-            read_log(log).sync().map_err(seg_error)?;
-        }
-        Ok(())
-    }
-
     /// Fills `partition`'s log up to offset `last` (inclusive) with [`RETIRED_PAYLOAD`]
     /// frames, synced, so that it takes `last + 1` next: the offsets an accepted loss retired.
     /// Nothing is written when the log is already past `last`.

@@ -53,15 +53,13 @@ impl<S: KvStore> EventStore<S> {
             .map_err(fatal)?;
         plog::read_log(log).sync().map_err(fatal)?;
         if let Err(e) = self.kv.write(&group.batch) {
-            if let WriteError::Storage(poisoned) = e {
-                if poisoned.is_poisoned() {
-                    // Nothing more is written to the store until it is opened again, which
-                    // redoes the group from the log.
-                    return Err(AppendError::Storage(poisoned));
-                }
-                return Err(outcome_unknown(partition, end, next, &poisoned));
-            }
-            return Err(outcome_unknown(partition, end, next, &e));
+            return Err(match e {
+                // Nothing more is written to the store until it is opened again, which redoes
+                // the group from the log.
+                WriteError::Storage(e) if e.is_poisoned() => AppendError::Storage(e),
+                WriteError::Storage(e) => outcome_unknown(partition, end, next, &e),
+                e => outcome_unknown(partition, end, next, &e),
+            });
         }
         *applied = Some(next);
         Ok(current)

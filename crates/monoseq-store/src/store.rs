@@ -289,6 +289,22 @@ impl<S: KvStore> EventStore<S> {
         }
     }
 
+    /// The event store of `app` on `kv`, writing with `trust`, its PLogs in `segments` when
+    /// given ([`EventStore::with_segments`]), else in `kv` ([`EventStore::new`]).
+    pub fn with_plogs(
+        kv: S,
+        app: AppId,
+        trust: TrustLevel,
+        segments: Option<Arc<Segments>>,
+    ) -> EventStore<S> {
+        EventStore {
+            kv,
+            app,
+            trust,
+            segments,
+        }
+    }
+
     /// The PLogs' segment files, when the PLogs are kept there.
     pub fn segments(&self) -> Option<&Arc<Segments>> {
         self.segments.as_ref()

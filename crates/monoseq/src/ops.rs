@@ -29,10 +29,8 @@ fn partitions(settings: &Settings, kv: &impl KvStore) -> anyhow::Result<u32> {
 pub fn inspect(settings: &Settings, full: bool) -> anyhow::Result<()> {
     let kv = open_for_tool(settings)?;
     let n = partitions(settings, &kv)?;
-    let store = match crate::storage::tool_segments(settings, n)? {
-        Some(segments) => EventStore::with_segments(kv, APP, settings.trust, segments),
-        None => EventStore::new(kv, APP, settings.trust),
-    };
+    let segments = crate::storage::tool_segments(settings, n)?;
+    let store = EventStore::with_plogs(kv, APP, settings.trust, segments);
     // Written with `?`: a closed pipe (`inspect | head`) ends the command quietly.
     let mut out = std::io::stdout().lock();
     match settings.storage {

@@ -35,10 +35,7 @@ impl Opened {
         trust: monoseq_store::TrustLevel,
     ) -> monoseq_store::EventStore<Store> {
         let kv = Arc::clone(&self.kv);
-        match &self.segments {
-            Some(s) => monoseq_store::EventStore::with_segments(kv, APP, trust, Arc::clone(s)),
-            None => monoseq_store::EventStore::new(kv, APP, trust),
-        }
+        monoseq_store::EventStore::with_plogs(kv, APP, trust, self.segments.clone())
     }
 }
 
