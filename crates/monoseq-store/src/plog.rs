@@ -56,15 +56,26 @@ impl Segments {
         partitions: u32,
         durable_end: &dyn Fn(u32) -> u64,
     ) -> Result<Segments, SegError> {
+        Segments::open_with(dir, partitions, durable_end, SegOptions::default())
+    }
+
+    /// [`Segments::open`] with segments of the given `options` (the default ones in a data
+    /// directory; smaller ones let a test seal segments after a few events).
+    ///
+    /// # Errors
+    ///
+    /// As [`Segments::open`].
+    pub fn open_with(
+        dir: &Path,
+        partitions: u32,
+        durable_end: &dyn Fn(u32) -> u64,
+        options: SegOptions,
+    ) -> Result<Segments, SegError> {
         let dir = dir.join(PLOG_DIR);
         let logs = (0..partitions)
             .map(|p| {
-                let log = SegLog::open(
-                    dir.join(p.to_string()),
-                    p,
-                    SegOptions::default(),
-                    durable_end(p),
-                )?;
+                let log =
+                    SegLog::open(dir.join(p.to_string()), p, options.clone(), durable_end(p))?;
                 Ok(PartitionLog {
                     log: RwLock::new(log),
                     applied: Mutex::new(None),
