@@ -741,7 +741,7 @@ impl Keyspace {
         }
 
         // Rotate memtable
-        let Some(_) = self.tree.rotate_memtable() else {
+        let Some(sealed) = self.tree.rotate_memtable() else {
             log::debug!("Got no sealed memtable, someone beat us to it");
             return Ok(false);
         };
@@ -787,6 +787,9 @@ impl Keyspace {
             .write()
             .expect("lock is poisoned")
             .maintenance()?;
+
+        // Freed here, with no lock held, once no version refers to it (monoseq patch).
+        self.supervisor.retire_memtable(sealed);
 
         Ok(true)
     }
