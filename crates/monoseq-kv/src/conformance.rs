@@ -87,6 +87,10 @@ impl<S: KvStore, G: Send + Sync + 'static> KvStore for WithGuard<S, G> {
         self.store.compare_and_swap_each(swaps)
     }
 
+    fn first_present(&self, keys: &[Key<'_>]) -> Result<Option<usize>, KvError> {
+        self.store.first_present(keys)
+    }
+
     fn sync(&self) -> Result<(), KvError> {
         self.store.sync()
     }
@@ -240,6 +244,8 @@ enum Step {
     CasEach(Vec<CasItem>),
     Get((Vec<u8>, Vec<u8>)),
     GetMany(Vec<(Vec<u8>, Vec<u8>)>),
+    /// `first_present` of the keys: the index of the first stored one.
+    FirstPresent(Vec<(Vec<u8>, Vec<u8>)>),
     Sync,
     Scan {
         partition: Vec<u8>,
@@ -330,6 +336,7 @@ fn step_strategy() -> impl Strategy<Value = Step> {
         .prop_map(Step::CasEach),
         1 => key_strategy().prop_map(Step::Get),
         1 => prop::collection::vec(key_strategy(), 0..5).prop_map(Step::GetMany),
+        2 => prop::collection::vec(key_strategy(), 0..5).prop_map(Step::FirstPresent),
         1 => Just(Step::Sync),
         3 => (
             partition_strategy(),
@@ -390,6 +397,15 @@ fn run_step<S: KvStore>(store: &S, model: &mut Model, step: &Step) -> Result<(),
                 .map_err(|e| fail(format!("get_many failed: {e}")))?;
             let expected: Vec<_> = keys.iter().map(|k| model.get(k).cloned()).collect();
             prop_assert_eq!(got, expected, "get_many {:?}", keys);
+            Ok(())
+        }
+        Step::FirstPresent(keys) => {
+            let borrowed: Vec<Key<'_>> = keys.iter().map(key_of).collect();
+            let got = store
+                .first_present(&borrowed)
+                .map_err(|e| fail(format!("first_present failed: {e}")))?;
+            let expected = keys.iter().position(|k| model.contains_key(k));
+            prop_assert_eq!(got, expected, "first_present {:?}", keys);
             Ok(())
         }
         Step::Sync => store.sync().map_err(|e| fail(format!("sync failed: {e}"))),
@@ -557,7 +573,7 @@ fn scan_step<S: KvStore>(
 }
 
 /// Random sequences of batches (puts, conditional inserts, deletes), compare-and-swaps (alone
-/// and several in one `compare_and_swap_each`), gets, get-manys, syncs and bounded scans in
+/// and several in one `compare_and_swap_each`), gets, get-manys, first-presents, syncs and bounded scans in
 /// both orders give the same answers as a `BTreeMap` model, including which item of a batch
 /// conflicts and that a conflicting batch writes nothing.
 ///

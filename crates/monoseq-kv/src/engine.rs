@@ -72,6 +72,29 @@ impl<S: WriteSession> Bounded<'_, S> {
     }
 }
 
+impl<S: WriteSession> Bounded<'_, S> {
+    /// `KvStore::first_present` under the write lock: a key above its partition's bound is
+    /// absent without a lookup; a partition's bound is learned from its second visit on, as
+    /// for an insert-if-absent.
+    ///
+    /// # Errors
+    ///
+    /// A storage fault of a lookup or of learning a bound.
+    pub(crate) fn first_present(&mut self, keys: &[Key<'_>]) -> Result<Option<usize>, KvError> {
+        for (index, &key) in keys.iter().enumerate() {
+            let partition = key.partition;
+            if !self.bounds.knows(partition) && self.bounds.worth_learning(partition) {
+                let highest = self.session.highest_clustering(partition)?;
+                self.bounds.learn(partition, highest.as_deref());
+            }
+            if self.contains(key)? {
+                return Ok(Some(index));
+            }
+        }
+        Ok(None)
+    }
+}
+
 impl<S: WriteSession> WriteSession for Bounded<'_, S> {
     fn contains(&mut self, key: Key<'_>) -> Result<bool, KvError> {
         if self.bounds.above(key.partition, key.clustering) {

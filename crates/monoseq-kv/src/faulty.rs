@@ -319,6 +319,12 @@ impl<S: KvStore> KvStore for FaultyStore<S> {
         self.inner.get_many(keys)
     }
 
+    fn first_present(&self, keys: &[Key<'_>]) -> Result<Option<usize>, KvError> {
+        self.check(FaultOp::Read)?;
+        self.before_read(&mut keys.iter().map(|k| k.partition));
+        self.inner.first_present(keys)
+    }
+
     fn scan(
         &self,
         partition: &[u8],

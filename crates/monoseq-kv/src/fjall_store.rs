@@ -402,6 +402,15 @@ impl KvStore for FjallStore {
             .collect()
     }
 
+    /// Under the write lock, which guards the bounds: most keys are answered from them.
+    fn first_present(&self, keys: &[Key<'_>]) -> Result<Option<usize>, KvError> {
+        if keys.is_empty() {
+            return Ok(None);
+        }
+        self.session(self.prepare(std::iter::empty()))?
+            .first_present(keys)
+    }
+
     fn scan(
         &self,
         partition: &[u8],

@@ -145,6 +145,18 @@ pub trait KvStore: Send + Sync + 'static {
             .collect()
     }
 
+    /// The index of the first of `keys` that is stored (`None`: every one is absent), for a
+    /// caller that checks the absence of keys itself before a write with no conditions. An
+    /// embedded store answers most from its per-partition bounds, without a lookup, as it
+    /// does for an insert-if-absent.
+    ///
+    /// # Errors
+    ///
+    /// A [`KvError`] when storage cannot answer.
+    fn first_present(&self, keys: &[Key<'_>]) -> Result<Option<usize>, KvError> {
+        Ok(self.get_many(keys)?.iter().position(Option::is_some))
+    }
+
     /// Makes every write that returned `Ok` before this call durable. Concurrent callers may
     /// share one flush. A backend whose writes are durable on return does nothing.
     ///
@@ -228,6 +240,10 @@ macro_rules! forward_kv_store {
 
             fn compare_and_swap_each(&self, swaps: &[Swap<'_>]) -> Vec<Result<(), CasError>> {
                 (**self).compare_and_swap_each(swaps)
+            }
+
+            fn first_present(&self, keys: &[Key<'_>]) -> Result<Option<usize>, KvError> {
+                (**self).first_present(keys)
             }
 
             fn sync(&self) -> Result<(), KvError> {

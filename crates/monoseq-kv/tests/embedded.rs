@@ -131,6 +131,57 @@ fn insert_if_absent_after_reopen_finds_keys_written_before_it() {
 }
 
 #[test]
+fn first_present_finds_every_stored_key_whatever_the_bounds_learned() {
+    let key = |n: u64| n.to_be_bytes();
+    for (engine, open) in engines() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = open(dir.path(), options(Durability::Manual)).expect("open");
+        let first = |ns: &[u64]| {
+            let keys: Vec<[u8; 8]> = ns.iter().map(|&n| key(n)).collect();
+            let keys: Vec<Key<'_>> = keys.iter().map(|k| Key::new(b"wlog", k)).collect();
+            store.first_present(&keys).expect("first_present")
+        };
+        for n in 1..=10 {
+            store.put(Key::new(b"wlog", &key(n)), b"x").expect("put");
+        }
+        // Asked twice: the second visit learns the partition's bound (10).
+        for _ in 0..2 {
+            assert_eq!(first(&[11, 12]), None, "{engine}: keys above the highest");
+            assert_eq!(
+                first(&[11, 5, 3]),
+                Some(1),
+                "{engine}: a stored key below it"
+            );
+        }
+        // Writes after the bound was learned raise it; deletes leave keys below it absent.
+        store.put(Key::new(b"wlog", &key(20)), b"x").expect("put");
+        store.delete(Key::new(b"wlog", &key(5))).expect("delete");
+        assert_eq!(
+            first(&[15, 20]),
+            Some(1),
+            "{engine}: a key written after learning"
+        );
+        assert_eq!(
+            first(&[5, 21]),
+            None,
+            "{engine}: a deleted key and one above"
+        );
+        assert_eq!(
+            first(&[21, 3]),
+            Some(1),
+            "{engine}: an old key after the new bound"
+        );
+        assert_eq!(first(&[]), None, "{engine}: no keys");
+        let other: Vec<Key<'_>> = vec![Key::new(b"records", &[1])];
+        assert_eq!(
+            store.first_present(&other).expect("first_present"),
+            None,
+            "{engine}: another partition"
+        );
+    }
+}
+
+#[test]
 fn a_second_open_in_the_same_process_is_locked_out() {
     for (engine, open) in engines() {
         let dir = tempfile::tempdir().expect("temporary directory");

@@ -197,10 +197,11 @@ impl<S: KvStore> EventStore<S> {
             earlier.entry(item.key).or_insert(index);
         }
         let keys: Vec<Key<'_>> = asked.iter().map(|(_, k)| *k).collect();
-        let present = self.kv.get_many(&keys)?;
-        for ((index, _), found) in asked.iter().zip(present) {
-            if found.is_some() && conflict.is_none_or(|c| *index < c) {
-                conflict = Some(*index);
+        // Asked in batch order: the first stored one is the earliest conflict among them.
+        if let Some(found) = self.kv.first_present(&keys)? {
+            let index = asked[found].0;
+            if conflict.is_none_or(|c| index < c) {
+                conflict = Some(index);
             }
         }
         match conflict {
