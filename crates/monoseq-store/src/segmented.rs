@@ -29,7 +29,10 @@ impl<S: KvStore> EventStore<S> {
         let log = segments.log(partition)?;
         let mut applied = plog::applied(log);
         let mut stored = stored;
-        if self.redo_held(segments, partition, &mut applied, false)? > 0 {
+        let redone = self
+            .redo_held(segments, partition, &mut applied, false)
+            .map_err(|e| redo_failed(partition, e))?;
+        if redone > 0 {
             // The events written again may have updated records the caller read before them.
             for (ws, record) in self.read_updated_records(events)?.into_records() {
                 stored.insert(ws, record);
@@ -286,6 +289,25 @@ fn outcome_unknown(
             monoseq_kv::chain(e)
         ),
     })
+}
+
+/// The error of a group that was not written because the redo before it failed. A redo
+/// whose store write lost its answer (`OutcomeUnknown`) leaves the group itself certainly not
+/// written: answered as a failure, so that nobody reads back a group that cannot be there.
+fn redo_failed(partition: PartitionId, e: AppendError) -> AppendError {
+    match e {
+        AppendError::Storage(e) if e.is_outcome_unknown() => {
+            AppendError::Storage(KvError::Backend {
+                message: format!(
+                    "bringing partition {partition}'s store up to its PLog before the group failed \
+                 ({}); the group was not written: it may be sent again",
+                    monoseq_kv::chain(&e)
+                ),
+                source: None,
+            })
+        }
+        e => e,
+    }
 }
 
 /// Refuses a group that does not take the log's offsets from `end` on, one each in order.

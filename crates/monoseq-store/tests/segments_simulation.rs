@@ -14,8 +14,8 @@
 //!   synced (as fjall's journal keeps them), and each partition's active segment ends in a torn
 //!   frame or garbage after its data, where an append was cut short.
 //!
-//! The contract checked at each group: an answered group is in the log whole; one that answers
-//! `OutcomeUnknown` is there whole or not at all; any other error wrote nothing to it. After every restart
+//! The contract checked at each group: an answered group is in the log whole, and so is one
+//! that answers `OutcomeUnknown`; any other error wrote nothing to it. After every restart
 //! (the logs opened with the stored end as their durable end, then the redo a start runs) and
 //! at the end, every read answers as the oracle's: the events, pages, replay, WLogs and
 //! records.
@@ -338,8 +338,7 @@ impl Sim {
                 self.behind[p as usize] = false;
             }
             Err(AppendError::Storage(e)) if e.is_outcome_unknown() => {
-                // Stored whole when the store's write after the log's sync failed; not at all
-                // when the redo before the group failed. Either way the store may be behind.
+                assert_eq!(fate, Fate::Stored, "a group answered {e} is not in the log");
                 self.stats.unknown += 1;
                 self.behind[p as usize] = true;
             }
@@ -351,6 +350,8 @@ impl Sim {
                     "a group refused with {e} is in the log"
                 );
                 self.stats.not_stored += 1;
+                // The redo before it may have failed with its write applied or not.
+                self.behind[p as usize] = true;
             }
         }
         if fate == Fate::Stored {
