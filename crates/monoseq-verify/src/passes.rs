@@ -1,6 +1,6 @@
 //! The passes after the PLogs, block by block in key order: the WLogs (entries no event names), the
-//! records table (every record created or updated exists, decodes and matches its event; no record
-//! without an event) and the numbers table (invariants 4 and 5 of docs/invariants.md: stored
+//! records table (every record created or updated exists, decodes and matches its event, or is a
+//! reference that resolves to it; no record without an event) and the numbers table (invariants 4 and 5 of docs/invariants.md: stored
 //! numbers cover every event before the checkpoint and are never ahead of the PLog).
 
 use std::collections::{HashMap, HashSet};
