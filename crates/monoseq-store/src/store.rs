@@ -200,7 +200,8 @@ pub enum ReadError {
         /// The offset the event names.
         found: u64,
     },
-    /// A WLog entry names a PLog event that is not there or is another event.
+    /// A WLog entry, or a record stored as a reference to the event that created it, names a
+    /// PLog event that is not there or is another event.
     #[error(
         "{slot} refers to {target}, which holds {found}: the logs are damaged; restore them from \
          a backup"
@@ -387,8 +388,8 @@ impl<S: KvStore> EventStore<S> {
     }
 
     /// The batch of a group (with its PLog entries unless `to_segments`, which collects the
-    /// events' bytes for the segment log and checks absence apart), and the records as the
-    /// group leaves them.
+    /// events' bytes for the segment log, checks absence apart and writes created records as
+    /// references to their events), and the records as the group leaves them.
     pub(crate) fn build_group(
         &self,
         partition: PartitionId,
