@@ -26,6 +26,10 @@ pub const FORMAT_VERSION_KEYED: u8 = 2;
 /// a copy of the event (`docs/format.md`, "WLog entry"). Entries written before it hold the
 /// event itself (version 1 or 2), and both are read.
 pub const FORMAT_VERSION_WLOG_REF: u8 = 3;
+/// The version byte of a record value that names the event that created the record instead of
+/// holding the record (`docs/format.md`, "Record reference"; key layout 4 only): the record as
+/// that event created it, not updated since.
+pub const FORMAT_VERSION_RECORD_REF: u8 = 4;
 /// Most nesting levels of an argument object (the root is level 1).
 pub const ARG_DEPTH_MAX: usize = 16;
 /// Largest encoded event, in bytes: the largest value the key-value contract stores.
@@ -1012,20 +1016,113 @@ pub(crate) fn encode_record_value(out: &mut Vec<u8>, r: &Record) {
     out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Decodes the stored value of a record.
-pub(crate) fn decode_record_value(bytes: &[u8]) -> Result<Record, DecodeError> {
+/// A stored record value: the record, or where the event that created it is.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum RecordValue {
+    /// The record as last written.
+    Full(Record),
+    /// The record as the event it names created it.
+    Ref(RecordRef),
+}
+
+/// Decodes the stored value of a record, of either form (told apart by the version byte).
+pub(crate) fn decode_record_value(bytes: &[u8]) -> Result<RecordValue, DecodeError> {
+    if bytes.first() == Some(&FORMAT_VERSION_RECORD_REF) {
+        return RecordRef::decode(bytes).map(RecordValue::Ref);
+    }
     let mut r = Reader::open(bytes)?;
     if r.version != FORMAT_VERSION {
         return Err(DecodeError::UnsupportedVersion(r.version));
     }
     let record = r.record()?;
     r.end()?;
-    Ok(record)
+    Ok(RecordValue::Full(record))
+}
+
+/// Where a record created by an event, and not updated since, is: the value of version
+/// [`FORMAT_VERSION_RECORD_REF`] a records-table entry holds instead of the record, in key
+/// layout 4 (`docs/format.md`, "Record reference"). The record is the event's created record
+/// at `index`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordRef {
+    /// The partition whose PLog holds the event.
+    pub partition: PartitionId,
+    /// The event's PLog offset.
+    pub plog_offset: PLogOffset,
+    /// The record's position among the event's created records (from 0).
+    pub index: u32,
+    /// The checksum stored in the event's header: names the event's exact bytes.
+    pub event_crc: u32,
+}
+
+impl RecordRef {
+    /// Encodes the reference, appending to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.push(FORMAT_VERSION_RECORD_REF);
+        out.extend_from_slice(&[0; 4]);
+        put_varint(out, u64::from(self.partition.0));
+        put_varint(out, self.plog_offset.0);
+        put_varint(out, u64::from(self.index));
+        out.extend_from_slice(&self.event_crc.to_le_bytes());
+        let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
+        out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decodes a record value of version [`FORMAT_VERSION_RECORD_REF`].
+    ///
+    /// # Errors
+    ///
+    /// [`DecodeError`] when the bytes are not a whole, undamaged reference.
+    pub fn decode(bytes: &[u8]) -> Result<RecordRef, DecodeError> {
+        let mut r = Reader::open_versions(bytes, &[FORMAT_VERSION_RECORD_REF])?;
+        let u32_of = |r: &mut Reader<'_>, what: &'static str| {
+            let at = r.pos;
+            u32::try_from(r.varint(what)?).map_err(|_| DecodeError::OutOfRange { what, at })
+        };
+        let partition = u32_of(&mut r, "partition")?;
+        let plog_offset = PLogOffset(r.varint("PLog offset")?);
+        let index = u32_of(&mut r, "created record index")?;
+        let crc = r.buf.get(r.pos..r.pos + 4).and_then(|b| b.try_into().ok());
+        let Some(crc) = crc.map(u32::from_le_bytes) else {
+            return Err(DecodeError::Truncated {
+                what: "event checksum",
+                at: r.pos,
+            });
+        };
+        r.pos += 4;
+        r.end()?;
+        Ok(RecordRef {
+            partition: PartitionId(partition),
+            plog_offset,
+            index,
+            event_crc: crc,
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_reference_decodes_as_encoded_and_a_damaged_one_does_not() {
+        let r = RecordRef {
+            partition: PartitionId(3),
+            plog_offset: PLogOffset(1 << 40),
+            index: 300,
+            event_crc: 0xdead_beef,
+        };
+        let mut bytes = Vec::new();
+        r.encode_into(&mut bytes);
+        assert_eq!(decode_record_value(&bytes), Ok(RecordValue::Ref(r)));
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x21;
+            assert!(decode_record_value(&bad).is_err(), "byte {i} flipped");
+        }
+        assert!(decode_record_value(&bytes[..bytes.len() - 1]).is_err());
+    }
 
     #[test]
     fn a_record_values_length_is_the_length_of_its_encoding() {

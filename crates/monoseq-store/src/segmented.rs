@@ -7,10 +7,13 @@ use std::ops::ControlFlow;
 
 use monoseq_kv::{Key, KvError, KvStore, WriteBatch, WriteError};
 
-use crate::event::Event;
-use crate::keys::{PartitionId, applied_partition};
+use monoseq_core::WsId;
+
+use crate::codec::{RecordRef, event_crc};
+use crate::event::{Event, Record, RecordId};
+use crate::keys::{PartitionId, Slot, applied_partition};
 use crate::plog::{self, RETIRED_PAYLOAD, SCAN_PAGE_BYTES, SCAN_PAGE_EVENTS, Segments};
-use crate::store::{AppendError, EventStore, GroupBatch, StoredRecords};
+use crate::store::{AppendError, EventStore, GroupBatch, ReadError, StoredRecords};
 
 impl<S: KvStore> EventStore<S> {
     /// [`EventStore::append_onto`] on segment files: checks that the group continues the
@@ -270,6 +273,67 @@ impl<S: KvStore> EventStore<S> {
             }
             at = page.end();
         }
+    }
+}
+
+impl<S: KvStore> EventStore<S> {
+    /// Record `id` of `ws` as the event that reference `r` names created it: the event's frame
+    /// read from its partition's log, checked to be the event the reference names (checksum,
+    /// offset, workspace), and its created record at the reference's index, checked to be `id`.
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError::Dangling`] when the frame is missing, retired by an accepted loss or
+    /// another event, or the event does not create the record there; [`ReadError::Corrupt`]
+    /// when it does not decode; [`ReadError::Storage`] when the log cannot be read.
+    pub(crate) fn resolve_record(
+        &self,
+        ws: WsId,
+        id: RecordId,
+        r: RecordRef,
+    ) -> Result<Record, ReadError> {
+        let slot = Slot::Record { ws, id };
+        let target = Slot::PLog {
+            partition: r.partition,
+            offset: r.plog_offset,
+        };
+        let dangling = |found: &str| ReadError::Dangling {
+            slot,
+            target,
+            found: found.to_owned(),
+        };
+        let Some(segments) = &self.segments else {
+            return Err(dangling(
+                "no event where this store reads (its PLog is not in segment files)",
+            ));
+        };
+        let Some(bytes) = Self::logged_frame(segments, r.partition, r.plog_offset.0)? else {
+            return Err(dangling("no event"));
+        };
+        if bytes == RETIRED_PAYLOAD {
+            return Err(dangling(
+                "no event (an accepted loss retired the offset: the record was lost with it)",
+            ));
+        }
+        if event_crc(&bytes) != Some(r.event_crc) {
+            return Err(dangling("another event (its checksum differs)"));
+        }
+        let event = Event::decode(&bytes).map_err(|source| ReadError::Corrupt {
+            slot: target,
+            source,
+        })?;
+        let index = r.index as usize;
+        let mut created = event.created;
+        if event.plog_offset != r.plog_offset
+            || event.ws != ws
+            || created.get(index).is_none_or(|c| c.id != id)
+        {
+            return Err(dangling(&format!(
+                "an event that does not create the record as its created record {}",
+                r.index
+            )));
+        }
+        Ok(created.swap_remove(index))
     }
 }
 

@@ -10,8 +10,9 @@ use monoseq_core::{PLogOffset, WsId};
 use monoseq_kv::{KeyBuf, KvError, KvStore, Op, Order, Oversized, WriteBatch, WriteError};
 
 use crate::codec::{
-    DecodeError, EncodeError, EventPeek, WLogEntry, WLogRef, decode_event_if, decode_record_value,
-    encode_record_value, event_crc, merged_record_value_len, record_value_len,
+    DecodeError, EncodeError, EventPeek, RecordRef, RecordValue, WLogEntry, WLogRef,
+    decode_event_if, decode_record_value, encode_record_value, event_crc, merged_record_value_len,
+    record_value_len,
 };
 use crate::event::{Event, Field, Record, RecordId, WLogOffset};
 use crate::keys::{
@@ -199,7 +200,8 @@ pub enum ReadError {
         /// The offset the event names.
         found: u64,
     },
-    /// A WLog entry names a PLog event that is not there or is another event.
+    /// A WLog entry, or a record stored as a reference to the event that created it, names a
+    /// PLog event that is not there or is another event.
     #[error(
         "{slot} refers to {target}, which holds {found}: the logs are damaged; restore them from \
          a backup"
@@ -386,8 +388,8 @@ impl<S: KvStore> EventStore<S> {
     }
 
     /// The batch of a group (with its PLog entries unless `to_segments`, which collects the
-    /// events' bytes for the segment log and checks absence apart), and the records as the
-    /// group leaves them.
+    /// events' bytes for the segment log, checks absence apart and writes created records as
+    /// references to their events), and the records as the group leaves them.
     pub(crate) fn build_group(
         &self,
         partition: PartitionId,
@@ -404,7 +406,7 @@ impl<S: KvStore> EventStore<S> {
         for (i, e) in events.iter().enumerate() {
             check_offsets(i, e)?;
             self.push_logs(&mut group, partition, i, e)?;
-            self.push_created(&mut group, i, e, &updated, &mut current);
+            self.push_created(&mut group, (partition, i), e, &updated, &mut current);
             self.push_updated(&mut group, i, e, &mut current)?;
         }
         Ok((group, StoredRecords(current)))
@@ -455,20 +457,33 @@ impl<S: KvStore> EventStore<S> {
         Ok(())
     }
 
-    /// Adds the records event `e` creates; one a later event of the group updates becomes the
-    /// base of that update.
+    /// Adds the records event `e` (index `i` of the group, of `partition`) creates; one a
+    /// later event of the group updates becomes the base of that update. With the PLog in
+    /// segment files each is written as a reference to the event (whose bytes are in
+    /// `group.event_bytes`): the record is stored once, in the event; an update writes it whole.
     fn push_created(
         &self,
         group: &mut GroupBatch,
-        i: usize,
+        (partition, i): (PartitionId, usize),
         e: &Event,
         updated: &HashSet<(WsId, RecordId)>,
         current: &mut HashMap<(WsId, RecordId), Record>,
     ) {
         let op = self.trust.new_record_op();
-        for r in &e.created {
+        let crc = event_crc(&group.event_bytes).unwrap_or_default();
+        for (index, r) in e.created.iter().enumerate() {
             group.record_bytes.clear();
-            encode_record_value(&mut group.record_bytes, r);
+            if group.to_segments {
+                RecordRef {
+                    partition,
+                    plog_offset: e.plog_offset,
+                    index: u32::try_from(index).unwrap_or(u32::MAX),
+                    event_crc: crc,
+                }
+                .encode_into(&mut group.record_bytes);
+            } else {
+                encode_record_value(&mut group.record_bytes, r);
+            }
             let key = record_key(self.app, e.ws, r.id);
             let slot = Slot::Record { ws: e.ws, id: r.id };
             group.push(op, key.as_key(), Some(Value::Record), (i, slot));
@@ -667,8 +682,14 @@ impl<S: KvStore> EventStore<S> {
         let values = self.kv.get_many(&keys)?;
         for (&(ws, id), value) in wanted.iter().zip(values) {
             if let Some(bytes) = value {
-                let record = decode_record_value(&bytes)
-                    .map_err(|source| AppendError::CorruptRecord { ws, id, source })?;
+                let record = match decode_record_value(&bytes)
+                    .map_err(|source| AppendError::CorruptRecord { ws, id, source })?
+                {
+                    RecordValue::Full(record) => record,
+                    RecordValue::Ref(r) => self
+                        .resolve_record(ws, id, r)
+                        .map_err(|e| unreadable_record(ws, id, e))?,
+                };
                 found.insert((ws, id), record);
             }
         }
@@ -918,8 +939,12 @@ impl<S: KvStore> EventStore<S> {
             return Ok(None);
         };
         let slot = Slot::Record { ws, id };
-        let record =
-            decode_record_value(&bytes).map_err(|source| ReadError::Corrupt { slot, source })?;
+        let record = match decode_record_value(&bytes)
+            .map_err(|source| ReadError::Corrupt { slot, source })?
+        {
+            RecordValue::Full(record) => record,
+            RecordValue::Ref(r) => return self.resolve_record(ws, id, r).map(Some),
+        };
         if record.id != id {
             return Err(ReadError::Misplaced {
                 slot,
@@ -1093,6 +1118,17 @@ impl GroupBatch {
                 source: None,
             }),
         }
+    }
+}
+
+/// The append error of a stored record that an update merges into but that cannot be read.
+fn unreadable_record(ws: WsId, id: RecordId, e: ReadError) -> AppendError {
+    match e {
+        ReadError::Storage(e) => AppendError::Storage(e),
+        ReadError::Corrupt { source, .. } => AppendError::CorruptRecord { ws, id, source },
+        e => AppendError::Storage(KvError::Corrupted {
+            message: e.to_string(),
+        }),
     }
 }
 

@@ -16,9 +16,10 @@ use monoseq_kv::{
 };
 use monoseq_store::{
     AppId, AppendError, CRECORD_ID_SEQUENCE, DataDir, DataDirError, Event, EventStore,
-    FORMAT_VERSION, Field, Gap, Identity, KEY_LAYOUT, KEY_LAYOUT_SEGMENTS, Mark, Marks, OpenPolicy,
-    PLOG_DIR, PageItem, PartitionId, Record, RecordId, RecordKind, Segments, Slot, StoredRecords,
-    TrustLevel, WLogOffset, open_data_dir, retired_ranges,
+    FORMAT_VERSION, FORMAT_VERSION_RECORD_REF, Field, Gap, Identity, KEY_LAYOUT,
+    KEY_LAYOUT_SEGMENTS, Mark, Marks, OpenPolicy, PLOG_DIR, PageItem, PartitionId, ReadError,
+    Record, RecordId, RecordKind, RecordRef, Segments, Slot, StoredRecords, TrustLevel, WLogOffset,
+    open_data_dir, retired_ranges,
 };
 
 const APP: AppId = AppId(1);
@@ -770,6 +771,19 @@ fn redo_rebuilds_the_entries_and_records_of_a_store_that_lost_its_last_batches()
         "the copy lacks the last batches"
     );
     assert_eq!(restarted.redo(false).expect("redo") as usize, lost + 9);
+    // Byte for byte as the appends wrote them: references to the creating events, and the
+    // merged record where an update followed, in the same group or a later one.
+    let mut forms = (0, 0);
+    for (ws, n) in t.work.record_ids() {
+        let value = raw_record(&restarted, ws, n);
+        assert_eq!(value, raw_record(&t.segmented, ws, n), "record {n} of {ws}");
+        if value[0] == FORMAT_VERSION_RECORD_REF {
+            forms.0 += 1;
+        } else {
+            forms.1 += 1;
+        }
+    }
+    assert!(forms.0 > 0 && forms.1 > 0, "{forms:?}");
     assert_same_reads(&restarted, &t.segmented, &t.work);
     assert_same_reads(&restarted, &t.kv_layout, &t.work);
     assert_eq!(restarted.redo(false).expect("redo"), 0);
@@ -1338,4 +1352,188 @@ fn an_accepted_loss_interrupted_before_its_retirement_opens_again_without_accept
     store
         .append(P0, &[creating(11, 900, 1, 1_000)])
         .expect("the offset after the mark");
+}
+
+/// The stored value of record `n` of `ws`, as the key-value store holds it.
+fn raw_record<S: KvStore>(store: &EventStore<S>, ws: u64, n: u64) -> Vec<u8> {
+    let key = store.record_key(WsId(ws), id(n));
+    store
+        .kv()
+        .get(key.as_key())
+        .expect("get")
+        .expect("the record's key")
+}
+
+/// Puts `value` as the stored value of record `n` of `ws`.
+fn put_raw_record<S: KvStore>(store: &EventStore<S>, ws: u64, n: u64, value: &[u8]) {
+    let mut batch = monoseq_kv::WriteBatch::new();
+    batch.put(store.record_key(WsId(ws), id(n)).as_key(), value);
+    store.kv().write(&batch).expect("the store takes the write");
+}
+
+/// The reference to created record `index` of `event` in partition `p`.
+fn reference(p: PartitionId, event: &Event, index: u32) -> RecordRef {
+    let bytes = event.encode().expect("encodes");
+    RecordRef {
+        partition: p,
+        plog_offset: event.plog_offset,
+        index,
+        event_crc: monoseq_store::event_crc(&bytes).expect("a header"),
+    }
+}
+
+#[test]
+fn a_created_record_is_stored_as_a_reference_to_its_event_until_updated() {
+    let t = Twins::new(TrustLevel::Level0);
+    let mut two = creating(1, 7, 1, 1);
+    two.created.push(record(2, vec![field("name", "second")]));
+    let group = [
+        two.clone(),
+        creating(2, 7, 2, 3),
+        updating(3, 7, 3, 3, vec![field("b", "1")]),
+    ];
+    for store in [&t.segmented as &dyn AppendTo, &t.kv_layout] {
+        store.append_group(P0, &group);
+    }
+    for (n, index) in [(1, 0), (2, 1)] {
+        let value = raw_record(&t.segmented, 7, n);
+        let mut want = Vec::new();
+        reference(P0, &two, index).encode_into(&mut want);
+        assert_eq!(value, want, "record {n}: a reference to its event");
+        assert!(value.len() < 20, "{} bytes", value.len());
+        assert_eq!(
+            raw_record(&t.kv_layout, 7, n)[0],
+            FORMAT_VERSION,
+            "layout 3 keeps it whole"
+        );
+    }
+    assert_eq!(
+        raw_record(&t.segmented, 7, 3)[0],
+        FORMAT_VERSION,
+        "record 3, updated in its creating group, is stored merged"
+    );
+    let later = [updating(
+        4,
+        7,
+        4,
+        2,
+        vec![field("name", "changed"), field("c", "2")],
+    )];
+    t.segmented.append(P0, &later).expect("the update");
+    t.kv_layout.append(P0, &later).expect("the update");
+    assert_eq!(
+        raw_record(&t.segmented, 7, 2),
+        raw_record(&t.kv_layout, 7, 2),
+        "now whole"
+    );
+    assert_eq!(raw_record(&t.segmented, 7, 1)[0], FORMAT_VERSION_RECORD_REF);
+    for n in 1..=3 {
+        let read = t.segmented.read_record(WsId(7), id(n)).expect("record");
+        assert!(read.is_some());
+        assert_eq!(
+            read,
+            t.kv_layout.read_record(WsId(7), id(n)).expect("record"),
+            "{n}"
+        );
+    }
+    // The same update of record 1, merged into the record its reference resolves to.
+    let again = [updating(5, 7, 5, 1, vec![field("at", "5")])];
+    t.segmented.append(P0, &again).expect("the update");
+    t.kv_layout.append(P0, &again).expect("the update");
+    assert_eq!(
+        raw_record(&t.segmented, 7, 1),
+        raw_record(&t.kv_layout, 7, 1)
+    );
+    // Absence checks see the key either way: level 0 refuses to create record 1 again.
+    let (seg, kv) = t.refuse(P0, &[creating(6, 7, 6, 1)]);
+    assert_eq!(violation(&seg), violation(&kv));
+}
+
+/// An append through either store type, for a loop over both.
+trait AppendTo {
+    fn append_group(&self, p: PartitionId, group: &[Event]);
+}
+
+impl<S: KvStore> AppendTo for EventStore<S> {
+    fn append_group(&self, p: PartitionId, group: &[Event]) {
+        self.append(p, group).expect("the group");
+    }
+}
+
+#[test]
+fn a_reference_to_a_damaged_event_is_a_read_error_not_a_record() {
+    let t = Twins::new(TrustLevel::Level0);
+    let first = creating(1, 7, 1, 1);
+    let group = [first.clone(), creating(2, 7, 2, 2), creating(3, 7, 3, 3)];
+    t.segmented.append(P0, &group).expect("the group");
+    t.segments
+        .retire_to(P1, 4)
+        .expect("offsets of partition 1 retired");
+    let dangling = |n: u64, r: RecordRef, found: &str| {
+        let mut value = Vec::new();
+        r.encode_into(&mut value);
+        put_raw_record(&t.segmented, 7, n, &value);
+        let err = t.segmented.read_record(WsId(7), id(n)).expect_err("damage");
+        let message = err.to_string();
+        assert!(matches!(err, ReadError::Dangling { .. }), "{err:?}");
+        let place = format!("PLog offset {} of partition {}", r.plog_offset, r.partition);
+        assert!(message.contains(&place), "{message}");
+        assert!(
+            message.contains(found) && message.contains("restore"),
+            "{message}"
+        );
+        // An update of it is refused, and writes nothing.
+        let update = [updating(4, 7, 4, n, vec![field("x", "1")])];
+        let refused = t.segmented.append(P0, &update).expect_err("refused");
+        assert!(
+            refused.to_string().contains("damaged") || monoseq_kv::chain(&refused).contains(&place),
+            "{refused}"
+        );
+        assert_eq!(t.segments.end(P0).expect("end"), 4);
+    };
+    let mut r = reference(P0, &first, 0);
+    r.event_crc ^= 1;
+    dangling(1, r, "checksum differs");
+    dangling(
+        1,
+        RecordRef {
+            plog_offset: PLogOffset(99),
+            ..reference(P0, &first, 0)
+        },
+        "no event",
+    );
+    dangling(
+        2,
+        RecordRef {
+            partition: P1,
+            plog_offset: PLogOffset(2),
+            ..reference(P0, &first, 0)
+        },
+        "accepted loss",
+    );
+    dangling(3, reference(P0, &first, 1), "does not create");
+    dangling(3, reference(P0, &first, 0), "does not create");
+    // A frame damaged in its segment file: the log's own check refuses it (a reopened log
+    // cuts it, when above its durable end, and the reference dangles as above).
+    let mut value = Vec::new();
+    reference(P0, &first, 0).encode_into(&mut value);
+    put_raw_record(&t.segmented, 7, 1, &value);
+    let bytes = first.encode().expect("encodes");
+    let mut damaged = false;
+    for (path, mut file) in log_bytes(t.segments.dir()) {
+        if let Some(at) = file
+            .windows(bytes.len())
+            .position(|w| w == bytes.as_slice())
+        {
+            file[at + bytes.len() - 2] ^= 0x40;
+            std::fs::write(&path, &file).expect("damaged");
+            damaged = true;
+        }
+    }
+    assert!(damaged, "the event's frame is in a segment file");
+    let err = t.segmented.read_record(WsId(7), id(1));
+    assert!(
+        matches!(err, Err(ReadError::Storage(KvError::Corrupted { .. }))),
+        "{err:?}"
+    );
 }

@@ -1,13 +1,13 @@
 //! The passes after the PLogs, block by block in key order: the WLogs (entries no event names), the
-//! records table (every record created or updated exists, decodes and matches its event; no record
-//! without an event) and the numbers table (invariants 4 and 5 of docs/invariants.md: stored
+//! records table (every record created or updated exists, decodes and matches its event, or is a
+//! reference that resolves to it; no record without an event) and the numbers table (invariants 4 and 5 of docs/invariants.md: stored
 //! numbers cover every event before the checkpoint and are never ahead of the PLog).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
 
 use monoseq_kv::{KvError, KvStore, Order};
-use monoseq_store::{DecodeError, Mark, RecordKind, WLogTarget};
+use monoseq_store::{DecodeError, Mark, RecordKind, RecordRef, WLogTarget};
 
 use crate::keys;
 use crate::plog::{PROGRESS_EVERY, Source, describe_entry};
@@ -188,15 +188,17 @@ pub(crate) fn records<S: KvStore>(
             next += 1;
         }
         let run = expected.get(start..next).unwrap_or_default();
-        check_block(state, ws, run, &stored, problems);
+        let refs_allowed = src.segments.is_some();
+        check_block(state, (ws, refs_allowed), run, &stored, problems);
         report(progress, Stage::Records, done as u64 + 1, total);
     }
 }
 
-/// Merges one block's stored records with the expected ones (both sorted by ID).
+/// Merges one block's stored records with the expected ones (both sorted by ID) of `ws`, in a
+/// store that may hold record references (key layout 4) when `refs_allowed`.
 fn check_block(
     state: &State,
-    ws: u64,
+    (ws, refs_allowed): (u64, bool),
     run: &[((u64, u64), RecordState)],
     stored: &[(u64, Result<StoredRecord, DecodeError>)],
     problems: &mut Problems,
@@ -204,6 +206,12 @@ fn check_block(
     let retired = state.retired_of(ws);
     let partition = state.workspaces.get(&ws).map_or(0, |w| w.partition);
     let part = state.partitions.get(partition as usize);
+    let at = Place {
+        ws,
+        partition,
+        plog_last: part.map_or(0, |p| p.plog_last),
+        refs_allowed,
+    };
     let mut s = stored.iter().peekable();
     let mut e = run.iter().peekable();
     loop {
@@ -211,7 +219,7 @@ fn check_block(
             (None, None) => break,
             (Some(&&(id, ref got)), exp) if exp.is_none_or(|&&((_, eid), _)| id < eid) => {
                 s.next();
-                stored_without_event(ws, id, got, &retired, problems);
+                stored_without_event(&at, id, got, &retired, problems);
             }
             (stored_now, Some(&&((_, id), rs))) if stored_now.is_none_or(|&&(sid, _)| id < sid) => {
                 e.next();
@@ -231,22 +239,33 @@ fn check_block(
             (Some(&&(id, ref got)), Some(&&(_, rs))) => {
                 s.next();
                 e.next();
-                compare_record(ws, id, got, rs, problems);
+                compare_record(&at, id, got, rs, problems);
             }
             _ => break,
         }
     }
 }
 
-/// A stored record no event created: fine only below a retired mark (an accepted loss took
-/// its event); a record that does not decode is corrupt either way.
-fn stored_without_event(
+/// The workspace whose records are checked, its partition and the last offset of its PLog,
+/// and whether the store may hold record references (key layout 4).
+struct Place {
     ws: u64,
+    partition: u32,
+    plog_last: u64,
+    refs_allowed: bool,
+}
+
+/// A stored record no event created: fine only below a retired mark (an accepted loss took
+/// its event, and a reference to it with it); a record that does not decode is corrupt either
+/// way.
+fn stored_without_event(
+    at: &Place,
     id: u64,
     got: &Result<StoredRecord, DecodeError>,
     retired: &Mark,
     problems: &mut Problems,
 ) {
+    let ws = at.ws;
     let below =
         |kind: RecordKind| slot(kind.id_sequence()).is_some_and(|i| id <= mark_of(retired, i));
     match got {
@@ -255,46 +274,117 @@ fn stored_without_event(
             id,
             error: error.clone(),
         }),
-        Ok(r) if !below(r.kind) => problems.push(Problem::RecordOrphan { ws, id }),
-        Ok(_) => {}
+        Ok(StoredRecord::Ref(_)) if below(RecordKind::CRecord) || below(RecordKind::WRecord) => {}
+        Ok(StoredRecord::Ref(r)) => check_reference(at, id, r, None, problems),
+        Ok(StoredRecord::Whole { kind, .. }) if !below(*kind) => {
+            problems.push(Problem::RecordOrphan { ws, id });
+        }
+        Ok(StoredRecord::Whole { .. }) => {}
     }
 }
 
 /// A stored record against the one its event created or updated: it decodes, names its own ID
-/// and has the created kind.
+/// and has the created kind, or is a reference that resolves to it.
 fn compare_record(
-    ws: u64,
+    at: &Place,
     id: u64,
     got: &Result<StoredRecord, DecodeError>,
     expected: RecordState,
     problems: &mut Problems,
 ) {
-    match got {
-        Err(error) => problems.push(Problem::RecordCorrupt {
+    let ws = at.ws;
+    let (kind, stored_id) = match got {
+        Err(error) => {
+            return problems.push(Problem::RecordCorrupt {
+                ws,
+                id,
+                error: error.clone(),
+            });
+        }
+        Ok(StoredRecord::Ref(r)) => return check_reference(at, id, r, Some(expected), problems),
+        Ok(StoredRecord::Whole { kind, id }) => (*kind, *id),
+    };
+    if stored_id != id {
+        problems.push(Problem::RecordMismatch {
             ws,
             id,
-            error: error.clone(),
-        }),
-        Ok(r) if r.id != id => problems.push(Problem::RecordMismatch {
+            detail: format!("says it is record {stored_id}"),
+        });
+    } else if expected.kind != 0 && kind.code() != expected.kind {
+        problems.push(Problem::RecordMismatch {
             ws,
             id,
-            detail: format!("says it is record {}", r.id),
-        }),
-        Ok(r) if expected.kind != 0 && r.kind.code() != expected.kind => {
-            problems.push(Problem::RecordMismatch {
+            detail: format!(
+                "is a {kind:?}, but the event at PLog offset {} created a {}",
+                expected.offset,
+                RecordKind::from_code(expected.kind)
+                    .map_or_else(|| expected.kind.to_string(), |k| format!("{k:?}"))
+            ),
+        });
+    }
+}
+
+/// A record reference against the event that created the record (`expected`, as the PLog pass
+/// found it; `None`: no event did): it names that event (partition, offset, checksum) and the
+/// record's place among its created records, and no later event updated the record (an update
+/// stores it whole).
+fn check_reference(
+    at: &Place,
+    id: u64,
+    r: &RecordRef,
+    expected: Option<RecordState>,
+    problems: &mut Problems,
+) {
+    let (ws, partition) = (at.ws, at.partition);
+    if !at.refs_allowed {
+        return problems.push(Problem::RecordMismatch {
+            ws,
+            id,
+            detail: "is a record reference, which a key layout 3 store never holds".into(),
+        });
+    }
+    let index = u16::try_from(r.index).unwrap_or(u16::MAX);
+    let found = match expected {
+        _ if r.partition.0 != partition => {
+            format!("no event of the workspace (its events are in partition {partition})")
+        }
+        _ if r.plog_offset.0 == 0 || r.plog_offset.0 > at.plog_last => "no event".to_owned(),
+        Some(e) if e.kind != 0 && e.offset != r.plog_offset.0 => {
+            format!(
+                "another event (the record's was at PLog offset {})",
+                e.offset
+            )
+        }
+        Some(e) if e.kind != 0 && e.crc != r.event_crc => {
+            "another event (its checksum differs)".to_owned()
+        }
+        Some(e) if e.kind != 0 && e.index != index => {
+            format!(
+                "an event whose created record {} is another record",
+                r.index
+            )
+        }
+        Some(e) if e.kind != 0 && e.updated => {
+            return problems.push(Problem::RecordMismatch {
                 ws,
                 id,
                 detail: format!(
-                    "is a {:?}, but the event at PLog offset {} created a {}",
-                    r.kind,
-                    expected.offset,
-                    RecordKind::from_code(expected.kind)
-                        .map_or_else(|| expected.kind.to_string(), |k| format!("{k:?}"))
+                    "is stored as the event at PLog offset {} created it, but a later event \
+                     updated it: the update is lost",
+                    e.offset
                 ),
             });
         }
-        Ok(_) => {}
-    }
+        Some(e) if e.kind != 0 => return,
+        _ => "no event that creates the record".to_owned(),
+    };
+    problems.push(Problem::RecordDangling {
+        ws,
+        id,
+        partition: r.partition.0,
+        offset: r.plog_offset.0,
+        found,
+    });
 }
 
 /// Stored numbers of one numbers block, by workspace and sequence slot.

@@ -267,10 +267,10 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
             });
             return;
         }
+        let crc = event_crc(value).unwrap_or_default();
         self.numbers(&event);
-        self.records(&event);
+        self.records(&event, crc);
         if let Some(w) = self.state.workspaces.get_mut(&event.ws.0) {
-            let crc = event_crc(value).unwrap_or_default();
             w.wlog_digest =
                 w.wlog_digest
                     .wrapping_add(entry_hash(event.wlog_offset.0, partition, offset, crc));
@@ -367,28 +367,34 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
         }
     }
 
-    /// Remembers the records the event creates and updates.
-    fn records(&mut self, event: &Event) {
+    /// Remembers the records the event (whose header holds checksum `crc`) creates and
+    /// updates.
+    fn records(&mut self, event: &Event, crc: u32) {
         let ws = event.ws.0;
         let offset = event.plog_offset.0;
-        for r in &event.created {
+        for (index, r) in event.created.iter().enumerate() {
             let e = self
                 .state
                 .records
                 .entry((ws, r.id.0))
-                .or_insert(RecordState { offset, kind: 0 });
+                .or_insert(RecordState::named_at(offset));
             if e.kind == 0 {
                 *e = RecordState {
                     offset,
+                    crc,
+                    index: u16::try_from(index).unwrap_or(u16::MAX),
                     kind: r.kind.code(),
+                    updated: false,
                 };
             }
         }
         for r in &event.updated {
-            self.state
+            let e = self
+                .state
                 .records
                 .entry((ws, r.id.0))
-                .or_insert(RecordState { offset, kind: 0 });
+                .or_insert(RecordState::named_at(offset));
+            e.updated |= e.kind != 0;
         }
     }
 

@@ -480,6 +480,24 @@ pub enum Problem {
         /// The record ID.
         id: u64,
     },
+    /// A record stored as a reference to the event that created it (key layout 4) whose
+    /// reference does not resolve to the record: the event is not there, is another event,
+    /// or does not create the record where the reference says.
+    #[error(
+        "workspace {ws}: record {id} refers to PLog offset {offset} of partition {partition},          which holds {found}: the record cannot be read; restore the data directory from a          backup"
+    )]
+    RecordDangling {
+        /// The workspace.
+        ws: u64,
+        /// The record ID.
+        id: u64,
+        /// The partition the reference names.
+        partition: u32,
+        /// The PLog offset it names.
+        offset: u64,
+        /// What that place holds instead.
+        found: String,
+    },
 }
 
 impl Problem {
@@ -521,6 +539,7 @@ impl Problem {
             Problem::RecordMismatch { .. } => "record-mismatch",
             Problem::RecordMissing { .. } => "record-missing",
             Problem::RecordOrphan { .. } => "record-orphan",
+            Problem::RecordDangling { .. } => "record-dangling",
         }
     }
 }

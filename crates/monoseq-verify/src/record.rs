@@ -1,16 +1,22 @@
 //! Decoding a records-table value ("Record value, format version 1" in `docs/format.md`):
-//! version, CRC-32 of the rest, then kind, ID, name and fields, ending exactly at the end.
+//! version, CRC-32 of the rest, then kind, ID, name and fields, ending exactly at the end; or
+//! (key layout 4) a record reference, "format version 4", which the store's decoder reads.
 //! `monoseq-store` keeps its decoder private and its public reader looks one key up at a time,
 //! so the records pass, which scans whole blocks, decodes here. A unit test checks it against
 //! values the event store writes.
 
-use monoseq_store::{DecodeError, FORMAT_VERSION, RecordKind};
+use monoseq_store::{
+    DecodeError, FORMAT_VERSION, FORMAT_VERSION_RECORD_REF, RecordKind, RecordRef,
+};
 
-/// What the checks need of a stored record.
+/// What the checks need of a stored record: its kind and ID, or where the event that created
+/// it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct StoredRecord {
-    pub(crate) kind: RecordKind,
-    pub(crate) id: u64,
+pub(crate) enum StoredRecord {
+    /// A record stored whole.
+    Whole { kind: RecordKind, id: u64 },
+    /// A reference to the event that created it.
+    Ref(RecordRef),
 }
 
 struct Reader<'a> {
@@ -72,6 +78,9 @@ impl Reader<'_> {
 
 /// Decodes and fully checks a stored record value.
 pub(crate) fn decode_record(buf: &[u8]) -> Result<StoredRecord, DecodeError> {
+    if buf.first() == Some(&FORMAT_VERSION_RECORD_REF) {
+        return RecordRef::decode(buf).map(StoredRecord::Ref);
+    }
     let version = *buf.first().ok_or(DecodeError::Truncated {
         what: "version",
         at: 0,
@@ -109,7 +118,7 @@ pub(crate) fn decode_record(buf: &[u8]) -> Result<StoredRecord, DecodeError> {
         r.bytes("field value")?;
     }
     match buf.len() - r.pos {
-        0 => Ok(StoredRecord { kind, id }),
+        0 => Ok(StoredRecord::Whole { kind, id }),
         extra => Err(DecodeError::TrailingBytes { extra }),
     }
 }
@@ -156,7 +165,7 @@ mod tests {
         let value = kv.get(key.as_key()).expect("get").expect("present");
         assert_eq!(
             decode_record(&value),
-            Ok(StoredRecord {
+            Ok(StoredRecord::Whole {
                 kind: RecordKind::CRecord,
                 id: id.0
             })

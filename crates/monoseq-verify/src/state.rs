@@ -107,13 +107,34 @@ pub(crate) fn entry_hash(wlog: u64, partition: u32, plog: u64, crc: u32) -> u64 
     h.finish()
 }
 
-/// A record some event created or updated.
+/// A record some event created or updated (16 bytes).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RecordState {
     /// The PLog offset of the event that created it (or first updated it).
     pub(crate) offset: u64,
+    /// The checksum in the creating event's header (what a record reference names).
+    pub(crate) crc: u32,
+    /// The record's position among the creating event's created records (`u16::MAX` for
+    /// any position from there on).
+    pub(crate) index: u16,
     /// The created kind's code; 0 when only updates name it.
     pub(crate) kind: u8,
+    /// Whether an event updated it after the one that created it: then it is stored whole,
+    /// never as a reference to its creating event.
+    pub(crate) updated: bool,
+}
+
+impl RecordState {
+    /// A record an event at `offset` names, not created yet.
+    pub(crate) fn named_at(offset: u64) -> RecordState {
+        RecordState {
+            offset,
+            crc: 0,
+            index: 0,
+            kind: 0,
+            updated: false,
+        }
+    }
 }
 
 /// One partition.

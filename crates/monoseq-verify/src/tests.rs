@@ -12,8 +12,8 @@ use monoseq_kv::{
 };
 use monoseq_store::{
     AcceptedLoss, AppId, ArgObject, Event, EventStore, FORMAT_VERSION, Field, Identity, KEY_LAYOUT,
-    KEY_LAYOUT_SEGMENTS, Mark, PLOG_DIR, PartitionId, Record, RecordId, RecordKind, Segments,
-    TrustLevel, WLogOffset, WLogRef,
+    KEY_LAYOUT_SEGMENTS, Mark, PLOG_DIR, PartitionId, Record, RecordId, RecordKind, RecordRef,
+    Segments, TrustLevel, WLogOffset, WLogRef,
 };
 
 use crate::{DirFiles, PartitionList, Problem, Report, Verifier, keys};
@@ -1312,6 +1312,119 @@ fn a_wlog_entry_that_differs_from_its_event_in_a_segment_file_is_named() {
                 ..
             }]
         ),
+        "{problems:#?}"
+    );
+}
+
+/// The stored record reference of record `id` of `ws`, with its key.
+fn stored_ref(f: &Fixture, ws: u64, id: u64) -> (monoseq_kv::KeyBuf, RecordRef) {
+    let key = f.store.record_key(WsId(ws), RecordId(id));
+    let value = f.kv.get(key.as_key()).unwrap().expect("the record");
+    (key, RecordRef::decode(&value).expect("a record reference"))
+}
+
+fn put_ref(f: &Fixture, key: &monoseq_kv::KeyBuf, r: &RecordRef) {
+    let mut value = Vec::new();
+    r.encode_into(&mut value);
+    f.put(key.clone(), &value);
+}
+
+#[test]
+fn record_references_that_do_not_resolve_are_dangling() {
+    let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
+    let id = CRECORD_FIRST + 1;
+    let (key, good) = stored_ref(&f, 2, id);
+    assert_eq!(
+        (good.partition, good.plog_offset, good.index),
+        (PartitionId(0), PLogOffset(3), 0),
+        "workspace 2's second record, created at offset 3"
+    );
+    let cases = [
+        (
+            RecordRef {
+                event_crc: good.event_crc ^ 1,
+                ..good
+            },
+            "checksum differs",
+        ),
+        (
+            RecordRef {
+                plog_offset: PLogOffset(99),
+                ..good
+            },
+            "no event",
+        ),
+        (
+            RecordRef {
+                plog_offset: PLogOffset(1),
+                ..good
+            },
+            "another event",
+        ),
+        (RecordRef { index: 1, ..good }, "another record"),
+        (
+            RecordRef {
+                partition: PartitionId(1),
+                ..good
+            },
+            "in partition 0",
+        ),
+    ];
+    for (r, why) in cases {
+        put_ref(&f, &key, &r);
+        let problems = f.verify_both(None);
+        assert!(
+            matches!(problems.as_slice(),
+                [p @ Problem::RecordDangling { ws: 2, id: i, partition, offset, found }]
+                if *i == id && *partition == r.partition.0 && *offset == r.plog_offset.0
+                    && found.contains(why) && p.kind() == "record-dangling"),
+            "{r:?}: {problems:#?}"
+        );
+    }
+    put_ref(&f, &key, &good);
+    assert_eq!(f.verify_both(None), vec![]);
+    // A reference where no event created a record: dangling too.
+    let orphan = f.store.record_key(WsId(2), RecordId(CRECORD_FIRST + 9));
+    put_ref(&f, &orphan, &good);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(), [Problem::RecordDangling { ws: 2, found, .. }] if found.contains("no event that creates")),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_record_reference_to_a_record_updated_since_or_in_key_layout_3_is_a_mismatch() {
+    let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
+    // Workspace 2's first record, created at offset 1 and updated by its later events, is
+    // stored whole; a reference to its creating event would lose the updates.
+    let key = f.store.record_key(WsId(2), RecordId(CRECORD_FIRST));
+    let created = f
+        .store
+        .read_event(PartitionId(0), PLogOffset(1))
+        .unwrap()
+        .unwrap();
+    let r = RecordRef {
+        partition: PartitionId(0),
+        plog_offset: PLogOffset(1),
+        index: 0,
+        event_crc: monoseq_store::event_crc(&created.encode().unwrap()).unwrap(),
+    };
+    put_ref(&f, &key, &r);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(), [Problem::RecordMismatch { ws: 2, detail, .. }] if detail.contains("update is lost")),
+        "{problems:#?}"
+    );
+    let f3 = Fixture::good();
+    put_ref(
+        &f3,
+        &f3.store.record_key(WsId(2), RecordId(CRECORD_FIRST + 1)),
+        &r,
+    );
+    let problems = f3.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(), [Problem::RecordMismatch { ws: 2, detail, .. }] if detail.contains("key layout 3")),
         "{problems:#?}"
     );
 }
