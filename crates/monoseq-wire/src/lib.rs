@@ -26,6 +26,7 @@ mod batch;
 mod codes;
 mod command;
 mod consume;
+mod events_bin;
 mod groups;
 mod marks;
 mod positions;
@@ -48,6 +49,10 @@ pub use command::{
 pub use consume::{
     GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT, SSE_GAP,
     SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX,
+};
+pub use events_bin::{
+    EVENTS_BINARY, EVENTS_HEADER_BYTES, EVENTS_MAGIC, EVENTS_VERSION, EventsEntry, EventsPage,
+    EventsPageError, EventsPageWriter,
 };
 pub use groups::{
     AssignedBody, AssignedPartitionBody, CommitBody, CommitPositionBody, GroupBody,
