@@ -1,5 +1,6 @@
 //! monoseq-wire: the JSON bodies of monoseq's HTTP API, shared by the server (`monoseq serve`)
-//! and its client (`monoseq-client`). Owns the wire format — field names, defaults, which
+//! and its client (`monoseq-client`), and the binary encoding of a PLog page (`events_bin`:
+//! each event as the bytes the server stores for it). Owns the wire format — field names, defaults, which
 //! request fields are refused — and nothing else: no HTTP, no I/O, no domain logic. The server
 //! converts these to and from the command processor's types, so the wire can change without
 //! touching the domain, and the domain without breaking clients.

@@ -321,7 +321,7 @@ async fn local_page_stored(
     let retired = retired_ranges(&(st.losses)(), p);
     let timer = st.metrics.latency.page_read.clone();
     let asked = || format!("PLog of partition {p} from offset {from}");
-    let body = read_blocking(st, asked, move || {
+    read_blocking(st, asked, move || {
         let mut failed = None;
         let next = super::super::metrics::timed(&timer, || {
             store.visit_plog_page_stored(
@@ -343,8 +343,7 @@ async fn local_page_stored(
             Some(e) => Err(ConsumeError::internal(e)),
         })
     })
-    .await?;
-    body
+    .await?
 }
 
 /// Partition `p`'s page from `from` read from this node's store below this node's end (with
