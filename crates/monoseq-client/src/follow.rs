@@ -1,5 +1,6 @@
 //! The consumer side through the client: page reads of a partition's PLog
-//! ([`Client::read_partition`], with a long-poll form), live tails of a partition or a
+//! ([`Client::read_partition`], with a long-poll form; [`Client::read_partition_stored`], the
+//! binary page of each event's stored bytes), live tails of a partition or a
 //! workspace ([`Client::follow`], [`Client::follow_wlog`]) as a `Stream` that parses the
 //! server's Server-Sent Events itself and resumes by itself, and consumer positions
 //! ([`Client::consumer_position`], [`Client::store_consumer_position`]).

@@ -63,7 +63,7 @@ impl EventsPageWriter {
     /// Appends a retired range `from..=to` and why it was retired (`accepted_loss`,
     /// `restore`; at most 255 bytes, longer is cut).
     pub fn gap(&mut self, from: u64, to: u64, reason: &str) {
-        let reason = &reason.as_bytes()[..reason.len().min(255)];
+        let reason = &reason.as_bytes()[..reason.len().min(usize::from(u8::MAX))];
         self.buf.push(KIND_GAP);
         self.buf.extend_from_slice(&from.to_le_bytes());
         self.buf.extend_from_slice(&to.to_le_bytes());
