@@ -1,5 +1,6 @@
 //! The consumer side through the client: page reads of a partition's PLog
-//! ([`Client::read_partition`], with a long-poll form), live tails of a partition or a
+//! ([`Client::read_partition`], with a long-poll form; [`Client::read_partition_stored`], the
+//! binary page of each event's stored bytes), live tails of a partition or a
 //! workspace ([`Client::follow`], [`Client::follow_wlog`]) as a `Stream` that parses the
 //! server's Server-Sent Events itself and resumes by itself, and consumer positions
 //! ([`Client::consumer_position`], [`Client::store_consumer_position`]).
@@ -14,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::Stream;
 use monoseq_wire::{
-    ErrorBody, ErrorCode, EventBody, GapBody, PlogPageBody, SSE_EVENT, SSE_GAP, SSE_SLOW_FOLLOWER,
-    SlowFollowerBody, WAIT_MS_MAX,
+    EVENTS_BINARY, ErrorBody, ErrorCode, EventBody, EventsEntry, EventsPage, GapBody, PlogPageBody,
+    SSE_EVENT, SSE_GAP, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX,
 };
 use reqwest::{StatusCode, header};
 
@@ -38,6 +39,76 @@ pub enum FollowItem {
     /// Offsets that were retired (an operator's accepted loss, a restored backup): no event
     /// is, or will ever be, there. `from` is the next offset owed.
     Gap(GapBody),
+}
+
+/// A page of a partition's PLog in the binary encoding ([`Client::read_partition_stored`]):
+/// the entries of [`PlogPageBody`], each event as the bytes the server stores for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPage {
+    /// The partition read.
+    pub partition: u32,
+    /// The offset asked for.
+    pub from: u64,
+    /// The offset to ask for next: after the last entry, or the asked one.
+    pub next: u64,
+    /// The partition's end: the next offset to be written; every offset below it is final.
+    pub end: u64,
+    /// The events and gaps, in offset order.
+    pub entries: Vec<StoredEntry>,
+}
+
+/// An entry of a [`StoredPage`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredEntry {
+    /// The event at `offset`: its encoded bytes as stored (docs/format.md, "Event"), their
+    /// CRC-32 and offset checked.
+    Event {
+        /// Its PLog offset.
+        offset: u64,
+        /// Its encoded bytes (a slice of the page's body, not a copy).
+        bytes: bytes::Bytes,
+    },
+    /// Offsets that were retired (an accepted loss, a restored backup): no event is there.
+    Gap(GapBody),
+}
+
+impl StoredPage {
+    /// Reads a binary page's body ([`EventsPage::decode`]: every event's CRC-32 and offset
+    /// checked), keeping each event's bytes as a slice of `body`.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Protocol`] naming what does not read (a cut or damaged body, a JSON one).
+    pub fn decode(body: bytes::Bytes) -> Result<StoredPage, ClientError> {
+        let page = EventsPage::decode(&body)
+            .map_err(|e| ClientError::Protocol(format!("binary PLog page: {e}")))?;
+        let entries = page
+            .entries
+            .into_iter()
+            .map(|e| match e {
+                EventsEntry::Event { offset, bytes } => StoredEntry::Event {
+                    offset,
+                    bytes: body.slice_ref(bytes),
+                },
+                EventsEntry::Gap(gap) => StoredEntry::Gap(gap),
+            })
+            .collect();
+        Ok(StoredPage {
+            partition: page.partition,
+            from: page.from,
+            next: page.next,
+            end: page.end,
+            entries,
+        })
+    }
+
+    /// Each event's offset and stored bytes, in order (gaps left out).
+    pub fn events(&self) -> impl Iterator<Item = (u64, &bytes::Bytes)> + '_ {
+        self.entries.iter().filter_map(|e| match e {
+            StoredEntry::Event { offset, bytes } => Some((*offset, bytes)),
+            StoredEntry::Gap(_) => None,
+        })
+    }
 }
 
 /// Which log a tail follows.
@@ -90,16 +161,46 @@ impl Client {
         limit: usize,
         wait: Duration,
     ) -> Result<PlogPageBody, ClientError> {
+        let body = self.page_body(p, (from, limit, wait), None).await?;
+        decode(&body)
+    }
+
+    /// As [`Client::read_partition_wait`], in the binary encoding
+    /// ([`monoseq_wire::EVENTS_BINARY`]): each event as the bytes the server stores for it
+    /// (the event encoding of docs/format.md), sent without decoding them; checked here
+    /// (structure, each event's CRC-32 and the offset it names), not decoded into fields.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::read_partition`]; [`ClientError::Protocol`] for a page that does not read
+    /// whole (cut, damaged, or a server that answered JSON because it predates the encoding).
+    pub async fn read_partition_stored(
+        &self,
+        p: u32,
+        from: u64,
+        limit: usize,
+        wait: Duration,
+    ) -> Result<StoredPage, ClientError> {
+        let body = self
+            .page_body(p, (from, limit, wait), Some(EVENTS_BINARY))
+            .await?;
+        StoredPage::decode(body)
+    }
+
+    /// The body of partition `p`'s page read, in the media type `accept` names (JSON: `None`).
+    async fn page_body(
+        &self,
+        p: u32,
+        (from, limit, wait): (u64, usize, Duration),
+        accept: Option<&str>,
+    ) -> Result<bytes::Bytes, ClientError> {
         let wait_ms = wait.as_millis();
         let path = format!("/v1/partitions/{p}/events?from={from}&limit={limit}&wait_ms={wait_ms}");
         let node = self.inner.view.node_for(Some(p));
         let answer = self
-            .get_retried(&node, &path, self.inner.request_timeout + wait)
+            .get_retried(&node, &path, self.inner.request_timeout + wait, accept)
             .await?;
-        match answer {
-            Some(body) => decode(&body),
-            None => Err(ClientError::Protocol(format!("{path} answered 404"))),
-        }
+        answer.ok_or_else(|| ClientError::Protocol(format!("{path} answered 404")))
     }
 
     /// The last offset consumer `name` stored for partition `p` (`None` when it stored none):
@@ -187,18 +288,21 @@ impl Client {
         node: &str,
         path: &str,
         timeout: Duration,
+        accept: Option<&str>,
     ) -> Result<Option<bytes::Bytes>, ClientError> {
         let started = Instant::now();
         let mut failures = 0u32;
         let mut node = node.to_owned();
         loop {
-            let sent = self
+            let mut request = self
                 .inner
                 .http
                 .get(format!("{node}{path}"))
-                .timeout(timeout)
-                .send()
-                .await;
+                .timeout(timeout);
+            if let Some(accept) = accept {
+                request = request.header(header::ACCEPT, accept);
+            }
+            let sent = request.send().await;
             let (error, floor) = match sent {
                 Ok(r) => {
                     let status = r.status();

@@ -50,14 +50,14 @@ pub use builder::{
 };
 pub use client::{BACKUP_TIMEOUT, Client, Submitted};
 pub use error::ClientError;
-pub use follow::{FOLLOW_IDLE_MAX, FollowItem, SSE_MESSAGE_MAX};
+pub use follow::{FOLLOW_IDLE_MAX, FollowItem, SSE_MESSAGE_MAX, StoredEntry, StoredPage};
 pub use group::{GroupCommitter, GroupConsumer, GroupItem, GroupOptions};
 pub use key::new_idempotency_key;
 pub use monoseq_wire::{
     ArgBody, BATCH_COMMANDS_MAX, BackupBody, BackupRequestBody, BatchCommandBody, BatchResultBody,
-    ClusterBody, CommandBody, ErrorBody, ErrorCode, EventBody, GapBody, InfoBody, KindBody,
-    NewArgBody, NewRecordBody, OutcomeBody, PlogEntryBody, PlogPageBody, RecordBody,
-    RecordUpdateBody, StoredKindBody,
+    ClusterBody, CommandBody, EVENTS_BINARY, ErrorBody, ErrorCode, EventBody, EventsPageError,
+    GapBody, InfoBody, KindBody, NewArgBody, NewRecordBody, OutcomeBody, PlogEntryBody,
+    PlogPageBody, RecordBody, RecordUpdateBody, StoredKindBody,
 };
 pub use monoseq_wire::{
     AssignedBody, AssignedPartitionBody, GroupBody, JoinedBody, ProgressBody, RevokedBody,

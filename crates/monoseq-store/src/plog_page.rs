@@ -3,13 +3,15 @@
 //! every range of numbers retired by an accepted loss or a restore given as an explicit
 //! [`Gap`], so a reader never mistakes a retired range for silence, nor silence for a gap.
 
+use std::ops::{Bound, ControlFlow};
+
 use monoseq_core::PLogOffset;
-use monoseq_kv::KvStore;
+use monoseq_kv::{KvError, KvStore, Order};
 
 use crate::Event;
 use crate::codec::EventPeek;
 use crate::identity::{AcceptedLoss, LossCause};
-use crate::keys::PartitionId;
+use crate::keys::{self, LOG_BLOCK_EVENTS, PartitionId};
 use crate::store::{EventStore, ReadError};
 
 /// Most items (events and gaps) one page read returns.
@@ -116,52 +118,175 @@ impl<S: KvStore> EventStore<S> {
         retired: &[Gap],
         keep: Option<&dyn Fn(&EventPeek<'_>) -> bool>,
     ) -> Result<PlogPage, ReadError> {
-        let limit = (limit.min(PLOG_PAGE_ITEMS_MAX)) as u64;
-        let mut page = PlogPage {
-            items: Vec::new(),
-            next: from,
-            dropped: 0,
-        };
-        let (mut read, mut next) = (0u64, from.max(1));
-        while read < limit && next < end {
-            if let Some(gap) = retired.iter().find(|g| g.from <= next && next <= g.to) {
-                page.items.push(PageItem::Gap(Gap { from: next, ..*gap }));
-                read += 1;
-                next = gap.to.saturating_add(1);
-                page.next = next;
-                continue;
+        let (mut items, mut dropped) = (Vec::new(), 0);
+        let next = walk_page((from, limit, end), retired, &mut |step| match step {
+            Step::Gap(gap) => {
+                items.push(PageItem::Gap(gap));
+                Ok(0)
             }
-            // Events up to the next retired range, the end or the page's size.
-            let bound = retired
-                .iter()
-                .filter(|g| g.from > next)
-                .map(|g| g.from)
-                .min()
-                .unwrap_or(u64::MAX)
-                .min(end)
-                .min(next.saturating_add(limit - read));
-            let first = next;
-            self.scan_events(
-                partition,
-                (PLogOffset(next), PLogOffset(bound)),
-                keep,
-                &mut |offset, e| {
-                    match e {
-                        Some(e) => page.items.push(PageItem::Event(Box::new(e))),
-                        None => page.dropped += 1,
+            Step::Events(first, bound) => {
+                let mut next = first;
+                self.scan_events(
+                    partition,
+                    (PLogOffset(first), PLogOffset(bound)),
+                    keep,
+                    &mut |offset, e| {
+                        match e {
+                            Some(e) => items.push(PageItem::Event(Box::new(e))),
+                            None => dropped += 1,
+                        }
+                        next = offset + 1;
+                    },
+                )?;
+                Ok(next)
+            }
+        })?;
+        Ok(PlogPage {
+            items,
+            next,
+            dropped,
+        })
+    }
+
+    /// The page [`EventStore::read_plog_page`] reads, each event given to `visit` as the
+    /// bytes stored for it (the event encoding, from the segment files or the key-value
+    /// store), neither decoded nor checked: for a reader that checks them itself (each
+    /// carries its CRC-32). Answers the offset the next page starts at (`from` when nothing
+    /// was read). [`RETIRED_PAYLOAD`](crate::RETIRED_PAYLOAD) frames are no event: they lie
+    /// in the retired ranges, given as gaps.
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError`] when storage fails.
+    pub fn visit_plog_page_stored(
+        &self,
+        partition: PartitionId,
+        (from, limit, end): (u64, usize, u64),
+        retired: &[Gap],
+        visit: &mut dyn FnMut(StoredItem<'_>),
+    ) -> Result<u64, ReadError> {
+        walk_page((from, limit, end), retired, &mut |step| match step {
+            Step::Gap(gap) => {
+                visit(StoredItem::Gap(gap));
+                Ok(0)
+            }
+            Step::Events(first, bound) => {
+                let mut next = first;
+                let mut each = |offset: u64, bytes: &[u8]| {
+                    if offset != next || offset >= bound {
+                        return ControlFlow::Break(());
                     }
-                    next = offset + 1;
+                    visit(StoredItem::Event { offset, bytes });
+                    next += 1;
+                    ControlFlow::Continue(())
+                };
+                match &self.segments {
+                    Some(segments) => Self::visit_logged(segments, partition, first, &mut each)?,
+                    None => self.visit_kv_plog(partition, first, &mut each)?,
+                }
+                Ok(next)
+            }
+        })
+    }
+
+    /// Calls `visit` with every value of `partition`'s PLog in the key-value store (key
+    /// layout 3) from offset `from` on, in offset order, until it breaks or the log ends.
+    fn visit_kv_plog(
+        &self,
+        partition: PartitionId,
+        from: u64,
+        visit: &mut dyn FnMut(u64, &[u8]) -> ControlFlow<()>,
+    ) -> Result<(), KvError> {
+        let mut block_start = from;
+        loop {
+            let block_first = block_start / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS;
+            let lower = keys::block_position(block_start, LOG_BLOCK_EVENTS);
+            let part = keys::plog_partition(self.app(), partition, PLogOffset(block_start));
+            let (mut last, mut stopped) = (None, false);
+            self.kv.scan(
+                part.as_bytes(),
+                Bound::Included(&lower),
+                Bound::Unbounded,
+                Order::Ascending,
+                &mut |clustering, value| {
+                    let offset = keys::from_block_position(block_first, clustering).unwrap_or(0);
+                    last = Some(offset);
+                    let flow = visit(offset, value);
+                    stopped = flow.is_break();
+                    flow
                 },
             )?;
-            read += next - first;
-            if next > first {
-                page.next = next;
-            }
-            if next < bound {
-                // A hole below the end that no loss retired: stop rather than skip it.
-                break;
+            // A block not read to its last offset is the log's last one.
+            let block_last = block_first.saturating_add(LOG_BLOCK_EVENTS - 1);
+            match (last, block_last.checked_add(1)) {
+                (Some(l), Some(next)) if !stopped && l >= block_last => block_start = next,
+                _ => return Ok(()),
             }
         }
-        Ok(page)
     }
+}
+
+/// One item of a page read as stored ([`EventStore::visit_plog_page_stored`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoredItem<'a> {
+    /// The bytes stored for the event at `offset` (the event encoding, not checked).
+    Event {
+        /// Its PLog offset.
+        offset: u64,
+        /// Its encoded bytes.
+        bytes: &'a [u8],
+    },
+    /// A retired range, in its place in offset order.
+    Gap(Gap),
+}
+
+/// What a page read does next ([`walk_page`]).
+enum Step {
+    /// Deliver this retired range.
+    Gap(Gap),
+    /// Read the events from the first offset on, below the second, stopping at the first
+    /// offset holding none; answer the offset after the last one read.
+    Events(u64, u64),
+}
+
+/// The steps of a page read of up to `limit` items from `from` below `end` (see
+/// [`EventStore::read_plog_page`]): each retired range of `retired` as one gap, the events
+/// between them; stops at an offset below `end` that holds no event and is not retired (a
+/// hole: never skipped silently). Answers where the next page starts.
+fn walk_page(
+    (from, limit, end): (u64, usize, u64),
+    retired: &[Gap],
+    step: &mut dyn FnMut(Step) -> Result<u64, ReadError>,
+) -> Result<u64, ReadError> {
+    let limit = (limit.min(PLOG_PAGE_ITEMS_MAX)) as u64;
+    let (mut read, mut next, mut page_next) = (0u64, from.max(1), from);
+    while read < limit && next < end {
+        if let Some(gap) = retired.iter().find(|g| g.from <= next && next <= g.to) {
+            step(Step::Gap(Gap { from: next, ..*gap }))?;
+            read += 1;
+            next = gap.to.saturating_add(1);
+            page_next = next;
+            continue;
+        }
+        // Events up to the next retired range, the end or the page's size.
+        let bound = retired
+            .iter()
+            .filter(|g| g.from > next)
+            .map(|g| g.from)
+            .min()
+            .unwrap_or(u64::MAX)
+            .min(end)
+            .min(next.saturating_add(limit - read));
+        let first = next;
+        next = step(Step::Events(first, bound))?;
+        read += next - first;
+        if next > first {
+            page_next = next;
+        }
+        if next < bound {
+            // A hole below the end that no loss retired: stop rather than skip it.
+            break;
+        }
+    }
+    Ok(page_next)
 }

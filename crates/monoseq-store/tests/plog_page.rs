@@ -1,7 +1,8 @@
 //! Ordered page reads of a PLog for consumers: offset order, nothing at or beyond the end,
 //! retired ranges as explicit gaps, a page that stops at a hole no loss retired, and pages
 //! across several log blocks; pages through a filter hold only the events it keeps, say how far
-//! they read, and report a damaged or misplaced event the filter would drop.
+//! they read, and report a damaged or misplaced event the filter would drop; pages of the
+//! stored bytes hold what decoded pages hold, in the key-value store and in segment files.
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use monoseq_kv::{KvStore, MemoryStore};
 use monoseq_store::{
     AcceptedLoss, AppId, ArgObject, DecodeError, Event, EventPeek, EventStore, Field, Gap,
     LOG_BLOCK_EVENTS, LossCause, Mark, PageItem, PartitionId, PlogPage, ReadError, Record,
-    RecordId, RecordKind, Slot, TrustLevel, WLogOffset, retired_ranges,
+    RecordId, RecordKind, Segments, Slot, StoredItem, TrustLevel, WLogOffset, retired_ranges,
 };
 
 const P: PartitionId = PartitionId(2);
@@ -164,6 +165,81 @@ fn pages_cross_log_blocks_without_losing_an_event() {
         }
     }
     assert_eq!(seen, last);
+}
+
+/// The page from `from` read as stored bytes, each event decoded here (and checked to name the
+/// offset it was read at), and where the next page starts.
+fn stored_page(
+    s: &EventStore<Arc<MemoryStore>>,
+    (from, limit, end): (u64, usize, u64),
+    retired: &[Gap],
+) -> (Vec<PageItem>, u64) {
+    let mut items = Vec::new();
+    let next = s
+        .visit_plog_page_stored(P, (from, limit, end), retired, &mut |item| {
+            items.push(match item {
+                StoredItem::Event { offset, bytes } => {
+                    let e = Event::decode(bytes).expect("the stored bytes are an event");
+                    assert_eq!(e.plog_offset.0, offset);
+                    PageItem::Event(Box::new(e))
+                }
+                StoredItem::Gap(gap) => PageItem::Gap(gap),
+            });
+        })
+        .expect("read");
+    (items, next)
+}
+
+/// Every page from a spread of offsets and sizes below `end`: the stored bytes' page is the
+/// decoded page.
+fn assert_stored_pages_alike(s: &EventStore<Arc<MemoryStore>>, end: u64, retired: &[Gap]) {
+    for from in [1, 3, 4, 5, 7, 10, LOG_BLOCK_EVENTS, end - 1, end, end + 5] {
+        for limit in [1, 2, 999, 10_000] {
+            let decoded = s
+                .read_plog_page_where(P, (from, limit, end), retired, None)
+                .expect("read");
+            let stored = stored_page(s, (from, limit, end), retired);
+            assert_eq!(
+                stored,
+                (decoded.items, decoded.next),
+                "from {from}, limit {limit}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_page_of_stored_bytes_holds_what_a_decoded_page_holds_in_the_kv_store_and_segment_files() {
+    let last = LOG_BLOCK_EVENTS * 2 + 7;
+    let retired = retired_ranges(&[loss(5, 9, LossCause::AcceptedLoss)], P.0);
+    let kv = store();
+    append(&kv, 1..=4);
+    append(&kv, 10..=last);
+    assert_stored_pages_alike(&kv, last + 1, &retired);
+    let dir = tempfile::tempdir().expect("a directory");
+    let segments = Arc::new(Segments::open(dir.path(), P.0 + 1, &|_| 1).expect("open"));
+    let logged = EventStore::with_segments(
+        Arc::new(MemoryStore::new()),
+        AppId(9),
+        TrustLevel::Level0,
+        Arc::clone(&segments),
+    );
+    append(&logged, 1..=4);
+    // The retired offsets hold the one byte `00` in the log: no event, inside the gap.
+    segments.retire_to(P, 9).expect("retire");
+    append(&logged, 10..=last);
+    assert_stored_pages_alike(&logged, last + 1, &retired);
+    let whole = stored_page(&logged, (1, 10_000, last + 1), &retired);
+    assert_eq!(
+        shape(&whole.0)[..6],
+        [(1, 1), (2, 2), (3, 3), (4, 4), (5, 9), (10, 10)]
+    );
+    // A hole no loss retired stops the page, as it stops a decoded one.
+    let holed = store();
+    append(&holed, 1..=3);
+    append(&holed, 5..=6);
+    assert_eq!(stored_page(&holed, (1, 100, 7), &[]).1, 4);
+    assert_eq!(stored_page(&holed, (4, 100, 7), &[]), (vec![], 4));
 }
 
 /// The command a filter keeps in the filtered page tests.

@@ -1,5 +1,6 @@
 //! monoseq-wire: the JSON bodies of monoseq's HTTP API, shared by the server (`monoseq serve`)
-//! and its client (`monoseq-client`). Owns the wire format — field names, defaults, which
+//! and its client (`monoseq-client`), and the binary encoding of a PLog page (`events_bin`:
+//! each event as the bytes the server stores for it). Owns the wire format — field names, defaults, which
 //! request fields are refused — and nothing else: no HTTP, no I/O, no domain logic. The server
 //! converts these to and from the command processor's types, so the wire can change without
 //! touching the domain, and the domain without breaking clients.
@@ -26,6 +27,7 @@ mod batch;
 mod codes;
 mod command;
 mod consume;
+mod events_bin;
 mod groups;
 mod marks;
 mod positions;
@@ -48,6 +50,10 @@ pub use command::{
 pub use consume::{
     GapBody, HeartbeatBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody, SSE_EVENT, SSE_GAP,
     SSE_HEARTBEAT, SSE_SLOW_FOLLOWER, SlowFollowerBody, WAIT_MS_MAX,
+};
+pub use events_bin::{
+    EVENTS_BINARY, EVENTS_HEADER_BYTES, EVENTS_MAGIC, EVENTS_VERSION, EventsEntry, EventsPage,
+    EventsPageError, EventsPageWriter,
 };
 pub use groups::{
     AssignedBody, AssignedPartitionBody, CommitBody, CommitPositionBody, GroupBody,

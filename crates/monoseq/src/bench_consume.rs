@@ -99,6 +99,10 @@ pub enum Mode {
         /// Pages in flight (1: one page at a time).
         #[arg(long, default_value_t = CATCH_UP_DEPTH_DEFAULT, value_parser = clap::value_parser!(u64).range(1..=64))]
         depth: u64,
+        /// Ask for the binary page (`Accept: application/vnd.monoseq.events`: each event's
+        /// stored bytes, CRC-checked here) instead of JSON.
+        #[arg(long)]
+        binary: bool,
     },
     /// Attach `--followers` live tails, spread over `--partitions` (a comma-separated list;
     /// followers go round-robin), write `--rate` commands/s (0: as fast as `--clients` go) to
@@ -187,7 +191,8 @@ pub async fn run(args: ConsumeBenchArgs) -> anyhow::Result<()> {
             from,
             limit,
             depth,
-        } => catch_up(&tool, partition, from, limit, depth).await,
+            binary,
+        } => catch_up(&tool, partition, (from, limit, depth), binary).await,
         Mode::Tail {
             followers,
             partitions: followed,
@@ -302,16 +307,69 @@ async fn fill(tool: &Tool, ws: &Workspaces, events: u64, marked_every: u64) -> a
     Ok(())
 }
 
-/// One page of partition `p` from `from`.
+/// What `catch-up` counts of a page: events below `end`, gaps, where the next page starts.
+struct PageCount {
+    events: u64,
+    gaps: u64,
+    next: u64,
+    end: u64,
+}
+
+/// Partition `p`'s page from `at`, JSON or `binary`, counted (events at or above `end`, when
+/// given, are not).
+async fn page_count(
+    tool: &Tool,
+    p: u32,
+    (at, size, end): (u64, usize, Option<u64>),
+    binary: bool,
+) -> anyhow::Result<PageCount> {
+    let below = |offset: u64| end.is_none_or(|end| offset < end);
+    if binary {
+        let page = tool
+            .client
+            .read_partition_stored(p, at, size, Duration::ZERO)
+            .await?;
+        let events = page.events().filter(|(o, _)| below(*o)).count() as u64;
+        let gaps = page.entries.len() as u64 - page.events().count() as u64;
+        return Ok(PageCount {
+            events,
+            gaps,
+            next: page.next,
+            end: page.end,
+        });
+    }
+    let page = tool.client.read_partition(p, at, size).await?;
+    let (mut events, mut gaps) = (0, 0);
+    for entry in &page.events {
+        match entry {
+            PlogEntryBody::Event(e) if below(e.plog_offset) => events += 1,
+            PlogEntryBody::Event(_) => {}
+            PlogEntryBody::Gap { .. } => gaps += 1,
+        }
+    }
+    Ok(PageCount {
+        events,
+        gaps,
+        next: page.next,
+        end: page.end,
+    })
+}
+
 /// Reads partition `p` from `from` up to the end its first page named, through the client's
-/// page read, `depth` pages in flight.
-async fn catch_up(tool: &Tool, p: u32, from: u64, limit: u64, depth: u64) -> anyhow::Result<()> {
+/// page read (JSON, or `binary`), `depth` pages in flight.
+async fn catch_up(
+    tool: &Tool,
+    p: u32,
+    (from, limit, depth): (u64, u64, u64),
+    binary: bool,
+) -> anyhow::Result<()> {
     let began = Instant::now();
     let size = usize::try_from(limit)?;
-    let read = |at: u64| async move { (at, tool.client.read_partition(p, at, size).await) };
-    let (mut next, mut events, mut gaps, mut pages, mut dropped) = (from, 0u64, 0u64, 0u64, 0u64);
-    let first = tool.client.read_partition(p, from, size).await?;
+    let first = page_count(tool, p, (from, size, None), binary).await?;
     let end = first.end;
+    let read =
+        |at: u64| async move { (at, page_count(tool, p, (at, size, Some(end)), binary).await) };
+    let (mut next, mut events, mut gaps, mut pages, mut dropped) = (from, 0u64, 0u64, 0u64, 0u64);
     let mut answer = Some((from, first));
     let mut in_flight = FuturesOrdered::new();
     let mut ask = from;
@@ -322,13 +380,8 @@ async fn catch_up(tool: &Tool, p: u32, from: u64, limit: u64, depth: u64) -> any
                 dropped += 1;
             } else {
                 pages += 1;
-                for entry in &got.events {
-                    match entry {
-                        PlogEntryBody::Event(e) if e.plog_offset < end => events += 1,
-                        PlogEntryBody::Event(_) => {}
-                        PlogEntryBody::Gap { .. } => gaps += 1,
-                    }
-                }
+                events += got.events;
+                gaps += got.gaps;
                 if got.next <= next {
                     bail!("the page from {next} did not advance (next {})", got.next);
                 }
@@ -357,7 +410,7 @@ async fn catch_up(tool: &Tool, p: u32, from: u64, limit: u64, depth: u64) -> any
     let seconds = began.elapsed().as_secs_f64();
     println!(
         "consume: mode=catch-up events={events} gaps={gaps} pages={pages} dropped={dropped} \
-         depth={depth} seconds={seconds:.3} rate={:.0}",
+         depth={depth} binary={binary} seconds={seconds:.3} rate={:.0}",
         events as f64 / seconds
     );
     Ok(())

@@ -251,7 +251,7 @@ impl Forwarder {
         target: &str,
         timeout: Duration,
     ) -> Result<T, Response> {
-        let bytes = self.read_raw(target, timeout).await?;
+        let bytes = self.read_raw(target, None, timeout).await?;
         serde_json::from_slice(&bytes).map_err(|e| {
             crate::base::error(
                 StatusCode::BAD_GATEWAY,
@@ -262,18 +262,27 @@ impl Forwarder {
     }
 
     /// The body of the owner's successful answer to a read (`target`: its full URL), as it
-    /// came: a node that only passes a page on neither decodes nor encodes it.
+    /// came (in the media type `accept` names, JSON when `None`): a node that only passes a
+    /// page on neither decodes nor encodes it.
     ///
     /// # Errors
     ///
     /// The answer to give the reader: the owner's own error answer, `owner_unreachable`, or
     /// `node_unauthorized` when the owner refused this node's token.
-    pub async fn read_raw(&self, target: &str, timeout: Duration) -> Result<Bytes, Response> {
+    pub async fn read_raw(
+        &self,
+        target: &str,
+        accept: Option<&'static str>,
+        timeout: Duration,
+    ) -> Result<Bytes, Response> {
         let mut request = self
             .reads
             .get(target)
             .timeout(timeout)
             .header(FORWARDED_BY, self.node_id.clone());
+        if let Some(accept) = accept {
+            request = request.header(header::ACCEPT, accept);
+        }
         if let Some(auth) = &self.authorization {
             request = request.header(header::AUTHORIZATION, auth.clone());
         }

@@ -463,6 +463,60 @@ async fn cluster_status_names_every_owner_and_with_redirect_a_node_points_to_the
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_page_read_through_a_node_that_does_not_own_the_partition_is_the_owners() {
+    let db = Backend::postgres_url();
+    let dir = tempfile::tempdir().unwrap();
+    let http = client();
+    let nodes = together(&db, &["a", "b"], dir.path(), &[]);
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let owners_now = balanced(&http, &a.url, &["a", "b"]).await;
+    let (&p, _) = owners_now.iter().find(|(_, (o, _))| o == "b").unwrap();
+    for n in 0..5 {
+        let answer = http
+            .post(format!("{}/v1/commands", b.url))
+            .json(&command(ws_of(p, 0), n))
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(answer.status(), 200);
+    }
+    let read = |url: String| {
+        let request = http
+            .get(format!("{url}/v1/partitions/{p}/events?from=1"))
+            .header("accept", monoseq_client::EVENTS_BINARY);
+        async move {
+            let r = request.send().await.expect("answer");
+            let kind = r.headers()["content-type"].to_str().unwrap().to_owned();
+            (r.status().as_u16(), kind, r.bytes().await.unwrap())
+        }
+    };
+    let owners = read(b.url.clone()).await;
+    assert_eq!(
+        (owners.0, owners.1.as_str()),
+        (200, monoseq_client::EVENTS_BINARY)
+    );
+    // A relays the owner's page as it came, asking for the same encoding (503 until its view
+    // of the owners follows the database).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let relayed = loop {
+        let got = read(a.url.clone()).await;
+        if got.0 != 503 || Instant::now() > deadline {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(relayed, owners);
+    let page = monoseq_client::StoredPage::decode(relayed.2).expect("a binary page");
+    assert_eq!(
+        page.events().map(|(o, _)| o).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5]
+    );
+    for n in nodes {
+        n.terminate(Duration::from_secs(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_failover_to_its_synchronous_standby_loses_nothing_and_nodes_reconnect_alone() {
     let pair = tokio::task::spawn_blocking(|| {
         monoseq_pg::testing::PgPair::start().unwrap_or_else(|e| panic!("{e}"))

@@ -2,15 +2,19 @@
 //! a partition with its end, the long poll, live tails of a partition and of a workspace as
 //! Server-Sent Events (stored first, then live, resumed with `Last-Event-ID`, heartbeats), the
 //! follower cap, a slow follower cut with `slow_follower`, numbers retired by a restore as a gap
-//! entry, and bad input.
+//! entry, the binary page (`Accept: application/vnd.monoseq.events`) against the JSON one, and
+//! bad input.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use common::Server;
 use common::sse::{Message, Sse, parse};
+use common::{Backend, Server};
+use monoseq_client::{
+    Client, ClientError, EVENTS_BINARY, PlogEntryBody, PlogPageBody, StoredEntry, StoredPage,
+};
 use serde_json::{Value, json};
 
 const PARTITIONS: u64 = 4;
@@ -101,6 +105,142 @@ async fn a_page_read_gives_the_partitions_events_in_order_with_its_end() {
     assert_eq!(beyond["end"], 13, "a reader beyond the end learns the end");
     let (_, empty) = get(&client, &format!("{url}/v1/partitions/2/events")).await;
     assert_eq!(empty, json!({"events": [], "next": 1, "end": 1}));
+}
+
+/// Checks that the binary page holds the JSON page's entries: the same offsets and gaps, each
+/// event's bytes decoding (monoseq-store's codec) to the event the JSON page gives.
+fn assert_same_page(json: &PlogPageBody, binary: &StoredPage) {
+    assert_eq!((binary.next, binary.end), (json.next, json.end));
+    assert_eq!(binary.entries.len(), json.events.len(), "{binary:?}");
+    for (b, j) in binary.entries.iter().zip(&json.events) {
+        match (b, j) {
+            (StoredEntry::Event { offset, bytes }, PlogEntryBody::Event(j)) => {
+                let e = monoseq_store::Event::decode(bytes).expect("the stored event decodes");
+                assert_eq!((*offset, e.plog_offset.0), (j.plog_offset, j.plog_offset));
+                assert_eq!((e.ws.0, e.ws_kind.0), (j.ws, j.ws_kind));
+                assert_eq!(e.wlog_offset.0, j.wlog_offset);
+                assert_eq!(e.registered_at_ms, j.registered_at_ms);
+                assert_eq!(e.command, j.command);
+                let arg = e.argument.expect("an argument");
+                let j_arg = j.argument.as_ref().expect("an argument");
+                assert_eq!((arg.id.0, &arg.name), (j_arg.id, &j_arg.name));
+                assert_eq!(arg.fields.len(), j_arg.fields.len());
+            }
+            (StoredEntry::Gap(b), PlogEntryBody::Gap { gap }) => assert_eq!(b, gap),
+            other => panic!("the pages differ: {other:?}"),
+        }
+    }
+}
+
+async fn binary_page_holds_the_json_pages_events_as_stored(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let mut args: Vec<String> = vec!["--partitions".into(), "4".into()];
+    args.extend(backend.args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = Server::start_ready(dir.path(), &args, &http).await;
+    let url = &server.url;
+    for i in 0..12 {
+        post(&http, url, 1 + PARTITIONS * (i % 3)).await;
+    }
+    let client = Client::builder([url.clone()]).build().unwrap();
+    for (from, limit) in [(1, 1000), (1, 5), (6, 1000), (40, 10)] {
+        let json = client.read_partition(1, from, limit).await.unwrap();
+        let binary = client
+            .read_partition_stored(1, from, limit, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_same_page(&json, &binary);
+        assert_eq!((binary.partition, binary.from), (1, from));
+    }
+    let whole = client
+        .read_partition_stored(1, 1, 1000, Duration::ZERO)
+        .await
+        .unwrap();
+    let offsets: Vec<u64> = whole.events().map(|(o, _)| o).collect();
+    assert_eq!(offsets, (1..=12).collect::<Vec<_>>());
+    assert_eq!((whole.next, whole.end), (13, 13));
+    // The body as sent: its media type, and a cut or damaged copy refused by the decoder.
+    let answer = http
+        .get(format!("{url}/v1/partitions/1/events?from=1"))
+        .header("accept", format!("text/html, {EVENTS_BINARY}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["content-type"], EVENTS_BINARY);
+    let body = answer.bytes().await.unwrap();
+    assert_eq!(StoredPage::decode(body.clone()).unwrap(), whole);
+    let cut = StoredPage::decode(body.slice(..body.len() - 3)).unwrap_err();
+    assert!(
+        matches!(&cut, ClientError::Protocol(m) if m.contains("cut on the way")),
+        "{cut}"
+    );
+    let mut damaged = body.to_vec();
+    let (_, last) = whole.events().last().unwrap();
+    let at = body.len() - last.len() + 10; // inside the last event's body, past its CRC
+    damaged[at] ^= 0x20;
+    let bad = StoredPage::decode(damaged.into()).unwrap_err();
+    assert!(
+        matches!(&bad, ClientError::Protocol(m) if m.contains("offset 12 fails its CRC-32")),
+        "{bad}"
+    );
+    refusals_and_fallbacks(&http, url).await;
+}
+
+/// What a binary page read answers in JSON: any other `Accept`, and every error.
+async fn refusals_and_fallbacks(http: &reqwest::Client, url: &str) {
+    let ask = |path: String, accept: &'static str| {
+        let request = http.get(format!("{url}{path}")).header("accept", accept);
+        async move {
+            let r = request.send().await.unwrap();
+            let kind = r.headers()["content-type"].to_str().unwrap().to_owned();
+            (r.status().as_u16(), kind, r.bytes().await.unwrap())
+        }
+    };
+    let refused_binary = format!("{EVENTS_BINARY};q=0, application/json").leak();
+    for accept in ["application/xml", "*/*", refused_binary] {
+        let (status, kind, body) = ask("/v1/partitions/1/events".into(), accept).await;
+        assert_eq!(
+            (status, kind.as_str()),
+            (200, "application/json"),
+            "{accept}"
+        );
+        let page: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(page["end"], 13, "{accept}");
+    }
+    // A page read takes no filter, in either encoding: a filter's parameter is refused.
+    let (status, kind, body) = ask(
+        "/v1/partitions/1/events?command=app.Note".into(),
+        EVENTS_BINARY,
+    )
+    .await;
+    assert_eq!((status, kind.as_str()), (400, "application/json"));
+    let error: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(error["code"], "bad_request");
+    assert!(
+        error["message"].as_str().unwrap().contains("`command`"),
+        "{error}"
+    );
+    for (path, code) in [
+        ("/v1/partitions/9/events", "no_such_partition"),
+        ("/v1/partitions/1/events?from=0", "bad_request"),
+    ] {
+        let (status, kind, body) = ask(path.into(), EVENTS_BINARY).await;
+        assert_eq!(kind, "application/json", "{path}: {status}");
+        let error: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(error["code"], code, "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binary_page_holds_the_json_pages_events_as_stored_in_segment_files() {
+    binary_page_holds_the_json_pages_events_as_stored(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_binary_page_holds_the_json_pages_events_as_stored() {
+    binary_page_holds_the_json_pages_events_as_stored(Backend::postgres()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -565,6 +705,22 @@ async fn numbers_retired_by_a_restore_are_one_gap_entry_in_pages_and_tails() {
         json!({"from": 6, "to": after - 1, "reason": "restore"})
     );
     assert_eq!(events[6]["plog_offset"], after);
+    // The binary page leaves the retired offsets out as the JSON page does: one gap entry.
+    let reader = Client::builder([restored.url.clone()]).build().unwrap();
+    for from in [1, 4, 6, 7, after] {
+        let json = reader.read_partition(1, from, 1000).await.unwrap();
+        let binary = reader
+            .read_partition_stored(1, from, 1000, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_same_page(&json, &binary);
+    }
+    let binary = reader
+        .read_partition_stored(1, 1, 1000, Duration::ZERO)
+        .await
+        .unwrap();
+    let offsets: Vec<u64> = binary.events().map(|(o, _)| o).collect();
+    assert_eq!(offsets, vec![1, 2, 3, 4, 5, after]);
     let mut tail = Sse::open(
         &client,
         &format!("{}/v1/partitions/1/events/stream?from=4", restored.url),

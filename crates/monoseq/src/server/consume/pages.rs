@@ -11,8 +11,10 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, BytesMut};
 use monoseq_core::WsId;
-use monoseq_store::{EventPeek, PageItem, PartitionId, WLogOffset, retired_ranges};
-use monoseq_wire::{EventBody, GapBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody};
+use monoseq_store::{EventPeek, PageItem, PartitionId, StoredItem, WLogOffset, retired_ranges};
+use monoseq_wire::{
+    EVENTS_BINARY, EventBody, EventsPageWriter, GapBody, PLOG_PAGE_MAX, PlogEntryBody, PlogPageBody,
+};
 
 use super::super::AppState;
 use super::super::answers::read_failure;
@@ -21,6 +23,9 @@ use super::error::ConsumeError;
 use super::hub::hub_end;
 use super::params::{ReadQuery, Start, check_partition, path_error, read_query};
 use super::{EVENT_JSON_BYTES, OFFSET_READ_MAX};
+
+/// Room a binary page sets aside per entry (an event's stored bytes and its entry header).
+const EVENT_STORED_BYTES: usize = 256;
 use crate::forward::Forwarder;
 use crate::json::StoredEvent;
 use crate::query;
@@ -28,38 +33,87 @@ use crate::query;
 /// Time a relayed page read may take beyond its own wait.
 const RELAY_GRACE: Duration = Duration::from_secs(5);
 
-/// `GET /v1/partitions/{p}/events?from=N&limit=L&wait_ms=W`.
+/// `GET /v1/partitions/{p}/events?from=N&limit=L&wait_ms=W`: JSON, or with
+/// `Accept: application/vnd.monoseq.events` the binary page ([`Encoding::Stored`]).
 pub(in crate::server) async fn read_partition(
     State(st): State<Arc<AppState>>,
     path: Result<Path<u32>, PathRejection>,
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    match page_answer(&st, path, &headers, raw.as_deref()).await {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+    let encoding = Encoding::asked(&headers);
+    match page_answer(&st, path, &headers, raw.as_deref(), encoding).await {
+        Ok(body) => ([(header::CONTENT_TYPE, encoding.media_type())], body).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
-/// The JSON of the page read a request asks for.
+/// How a page read is answered; an error is always the JSON error body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    /// [`PlogPageBody`] as JSON: each event decoded and written as JSON.
+    Json,
+    /// The binary page ([`EventsPageWriter`]): each event's stored bytes, never decoded.
+    Stored,
+}
+
+impl Encoding {
+    /// [`Encoding::Stored`] when `Accept` names [`EVENTS_BINARY`] (with a `q` above 0), else
+    /// JSON (any other or no `Accept`, as before the binary page).
+    fn asked(headers: &HeaderMap) -> Encoding {
+        let binary = headers
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|range| {
+                let mut parts = range.split(';').map(str::trim);
+                parts
+                    .next()
+                    .is_some_and(|t| t.eq_ignore_ascii_case(EVENTS_BINARY))
+                    && !parts.any(|p| {
+                        p.strip_prefix("q=")
+                            .is_some_and(|q| q.trim().parse::<f32>().is_ok_and(|q| q <= 0.0))
+                    })
+            });
+        if binary {
+            Encoding::Stored
+        } else {
+            Encoding::Json
+        }
+    }
+
+    fn media_type(self) -> &'static str {
+        match self {
+            Encoding::Json => "application/json",
+            Encoding::Stored => EVENTS_BINARY,
+        }
+    }
+}
+
+/// The body of the page read a request asks for, in `encoding`.
 async fn page_answer(
     st: &Arc<AppState>,
     path: Result<Path<u32>, PathRejection>,
     headers: &HeaderMap,
     raw: Option<&str>,
+    encoding: Encoding,
 ) -> Result<Bytes, ConsumeError> {
     let Path(partition) = path.map_err(|e| path_error(&e))?;
     check_partition(st, partition)?;
     let q = read_query(raw, query::PAGE_PARAMS, PLOG_PAGE_MAX)?;
     match owner_elsewhere(st, partition, Forwarder::was_forwarded(headers))? {
         // Passed on as the owner wrote it: this node neither decodes nor encodes the page.
-        Some(relay) => relay_raw(&relay, partition, &q).await,
+        Some(relay) => relay_raw(&relay, partition, &q, encoding).await,
         None => {
             let from = match q.from {
                 Start::At(from) => from,
                 Start::End => st.cp.plog_end(partition),
             };
-            local_page_json(st, partition, from, q.limit, q.wait).await
+            match encoding {
+                Encoding::Json => local_page_json(st, partition, from, q.limit, q.wait).await,
+                Encoding::Stored => local_page_stored(st, partition, (from, q.limit), q.wait).await,
+            }
         }
     }
 }
@@ -249,6 +303,49 @@ async fn local_page_json(
     read_local(st, p, (from, limit), None, |page| encode_page(&page)).await?
 }
 
+/// A page read from this node's store as its binary answer: each event's stored bytes copied
+/// into the page as they are (never decoded; the reader checks each event's CRC-32).
+async fn local_page_stored(
+    st: &Arc<AppState>,
+    p: u32,
+    (from, limit): (u64, usize),
+    wait: Duration,
+) -> Result<Bytes, ConsumeError> {
+    wait_for_event(st, p, from, wait).await;
+    let end = st.cp.plog_end(p);
+    let mut page = EventsPageWriter::new(p, from, end, limit * EVENT_STORED_BYTES);
+    if from > OFFSET_READ_MAX || from >= end {
+        return Ok(Bytes::from(page.finish(from)));
+    }
+    let store = st.cp.store().clone();
+    let retired = retired_ranges(&(st.losses)(), p);
+    let timer = st.metrics.latency.page_read.clone();
+    let asked = || format!("PLog of partition {p} from offset {from}");
+    read_blocking(st, asked, move || {
+        let mut failed = None;
+        let next = super::super::metrics::timed(&timer, || {
+            store.visit_plog_page_stored(
+                PartitionId(p),
+                (from, limit, end),
+                &retired,
+                &mut |item| match item {
+                    StoredItem::Event { offset, bytes } => {
+                        if let Err(e) = page.event(offset, bytes) {
+                            failed.get_or_insert(e);
+                        }
+                    }
+                    StoredItem::Gap(g) => page.gap(g.from, g.to, g.cause.as_str()),
+                },
+            )
+        })?;
+        Ok(match failed {
+            None => Ok(Bytes::from(page.finish(next))),
+            Some(e) => Err(ConsumeError::internal(e)),
+        })
+    })
+    .await?
+}
+
 /// Partition `p`'s page from `from` read from this node's store below this node's end (with
 /// `keep`, of the events it passes), and what `then` makes of it on the reading thread.
 async fn read_local<T: Send + 'static>(
@@ -316,11 +413,18 @@ fn entry(item: PageItem) -> PlogEntryBody<PageEvent> {
 }
 
 /// The body of partition `p`'s page read `q` answered by its owner (through `relay`).
-async fn relay_raw(relay: &Relay<'_>, p: u32, q: &ReadQuery) -> Result<Bytes, ConsumeError> {
+async fn relay_raw(
+    relay: &Relay<'_>,
+    p: u32,
+    q: &ReadQuery,
+    encoding: Encoding,
+) -> Result<Bytes, ConsumeError> {
+    let accept = (encoding == Encoding::Stored).then_some(EVENTS_BINARY);
     relay
         .forwarder
         .read_raw(
             &relay_target(&relay.url, p, q.from, q.limit, q.wait),
+            accept,
             q.wait + RELAY_GRACE,
         )
         .await
