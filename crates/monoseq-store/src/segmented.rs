@@ -280,18 +280,20 @@ impl<S: KvStore> EventStore<S> {
     /// Record `id` of `ws` as the event that reference `r` names created it: the event's frame
     /// read from its partition's log, checked to be the event the reference names (checksum,
     /// offset, workspace), and its created record at the reference's index, checked to be `id`.
+    /// `None` when an accepted loss retired the event's offset: the record was lost with its
+    /// event, as the event's WLog entry is (reads leave both out).
     ///
     /// # Errors
     ///
-    /// [`ReadError::Dangling`] when the frame is missing, retired by an accepted loss or
-    /// another event, or the event does not create the record there; [`ReadError::Corrupt`]
-    /// when it does not decode; [`ReadError::Storage`] when the log cannot be read.
+    /// [`ReadError::Dangling`] when the frame is missing or another event, or the event does
+    /// not create the record there; [`ReadError::Corrupt`] when it does not decode;
+    /// [`ReadError::Storage`] when the log cannot be read.
     pub(crate) fn resolve_record(
         &self,
         ws: WsId,
         id: RecordId,
         r: RecordRef,
-    ) -> Result<Record, ReadError> {
+    ) -> Result<Option<Record>, ReadError> {
         let slot = Slot::Record { ws, id };
         let target = Slot::PLog {
             partition: r.partition,
@@ -311,9 +313,7 @@ impl<S: KvStore> EventStore<S> {
             return Err(dangling("no event"));
         };
         if bytes == RETIRED_PAYLOAD {
-            return Err(dangling(
-                "no event (an accepted loss retired the offset: the record was lost with it)",
-            ));
+            return Ok(None);
         }
         if event_crc(&bytes) != Some(r.event_crc) {
             return Err(dangling("another event (its checksum differs)"));
@@ -333,7 +333,7 @@ impl<S: KvStore> EventStore<S> {
                 r.index
             )));
         }
-        Ok(created.swap_remove(index))
+        Ok(Some(created.swap_remove(index)))
     }
 }
 

@@ -685,12 +685,16 @@ impl<S: KvStore> EventStore<S> {
                 let record = match decode_record_value(&bytes)
                     .map_err(|source| AppendError::CorruptRecord { ws, id, source })?
                 {
-                    RecordValue::Full(record) => record,
+                    RecordValue::Full(record) => Some(record),
+                    // `None`: lost with its event in an accepted loss; an update of it is
+                    // refused as of an unknown record.
                     RecordValue::Ref(r) => self
                         .resolve_record(ws, id, r)
                         .map_err(|e| unreadable_record(ws, id, e))?,
                 };
-                found.insert((ws, id), record);
+                if let Some(record) = record {
+                    found.insert((ws, id), record);
+                }
             }
         }
         Ok(StoredRecords(found))
@@ -943,7 +947,7 @@ impl<S: KvStore> EventStore<S> {
             .map_err(|source| ReadError::Corrupt { slot, source })?
         {
             RecordValue::Full(record) => record,
-            RecordValue::Ref(r) => return self.resolve_record(ws, id, r).map(Some),
+            RecordValue::Ref(r) => return self.resolve_record(ws, id, r),
         };
         if record.id != id {
             return Err(ReadError::Misplaced {

@@ -1461,7 +1461,7 @@ impl<S: KvStore> AppendTo for EventStore<S> {
 }
 
 #[test]
-fn a_reference_to_a_damaged_event_is_a_read_error_not_a_record() {
+fn a_reference_to_a_damaged_event_is_a_read_error_and_to_a_retired_one_no_record() {
     let t = Twins::new(TrustLevel::Level0);
     let first = creating(1, 7, 1, 1);
     let group = [first.clone(), creating(2, 7, 2, 2), creating(3, 7, 3, 3)];
@@ -1502,15 +1502,28 @@ fn a_reference_to_a_damaged_event_is_a_read_error_not_a_record() {
         },
         "no event",
     );
-    dangling(
-        2,
-        RecordRef {
-            partition: P1,
-            plog_offset: PLogOffset(2),
-            ..reference(P0, &first, 0)
-        },
-        "accepted loss",
+    // A reference to an offset an accepted loss retired: the record was lost with its event,
+    // read as absent (as the event's WLog entry is left out), and an update of it is refused
+    // as of an unknown record, with nothing written.
+    let mut value = Vec::new();
+    RecordRef {
+        partition: P1,
+        plog_offset: PLogOffset(2),
+        ..reference(P0, &first, 0)
+    }
+    .encode_into(&mut value);
+    put_raw_record(&t.segmented, 7, 2, &value);
+    assert_eq!(
+        t.segmented.read_record(WsId(7), id(2)).expect("a read"),
+        None
     );
+    let update = [updating(4, 7, 4, 2, vec![field("x", "1")])];
+    let refused = t.segmented.append(P0, &update).expect_err("refused");
+    assert!(
+        matches!(refused, AppendError::UnknownRecord { .. }),
+        "{refused:?}"
+    );
+    assert_eq!(t.segments.end(P0).expect("end"), 4);
     dangling(3, reference(P0, &first, 1), "does not create");
     dangling(3, reference(P0, &first, 0), "does not create");
     // A frame damaged in its segment file: the log's own check refuses it (a reopened log
