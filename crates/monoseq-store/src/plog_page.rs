@@ -3,15 +3,15 @@
 //! every range of numbers retired by an accepted loss or a restore given as an explicit
 //! [`Gap`], so a reader never mistakes a retired range for silence, nor silence for a gap.
 
-use std::ops::{Bound, ControlFlow};
+use std::ops::ControlFlow;
 
 use monoseq_core::PLogOffset;
-use monoseq_kv::{KvError, KvStore, Order};
+use monoseq_kv::{KvError, KvStore};
 
 use crate::Event;
 use crate::codec::EventPeek;
 use crate::identity::{AcceptedLoss, LossCause};
-use crate::keys::{self, LOG_BLOCK_EVENTS, PartitionId};
+use crate::keys::{self, PartitionId};
 use crate::store::{EventStore, ReadError};
 
 /// Most items (events and gaps) one page read returns.
@@ -197,32 +197,12 @@ impl<S: KvStore> EventStore<S> {
         from: u64,
         visit: &mut dyn FnMut(u64, &[u8]) -> ControlFlow<()>,
     ) -> Result<(), KvError> {
-        let mut block_start = from;
-        loop {
-            let block_first = block_start / LOG_BLOCK_EVENTS * LOG_BLOCK_EVENTS;
-            let lower = keys::block_position(block_start, LOG_BLOCK_EVENTS);
-            let part = keys::plog_partition(self.app(), partition, PLogOffset(block_start));
-            let (mut last, mut stopped) = (None, false);
-            self.kv.scan(
-                part.as_bytes(),
-                Bound::Included(&lower),
-                Bound::Unbounded,
-                Order::Ascending,
-                &mut |clustering, value| {
-                    let offset = keys::from_block_position(block_first, clustering).unwrap_or(0);
-                    last = Some(offset);
-                    let flow = visit(offset, value);
-                    stopped = flow.is_break();
-                    flow
-                },
-            )?;
-            // A block not read to its last offset is the log's last one.
-            let block_last = block_first.saturating_add(LOG_BLOCK_EVENTS - 1);
-            match (last, block_last.checked_add(1)) {
-                (Some(l), Some(next)) if !stopped && l >= block_last => block_start = next,
-                _ => return Ok(()),
-            }
-        }
+        let app = self.app();
+        self.scan_log(
+            from,
+            &|block| keys::plog_partition(app, partition, PLogOffset(block)),
+            visit,
+        )
     }
 }
 

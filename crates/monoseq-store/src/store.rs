@@ -899,7 +899,7 @@ impl<S: KvStore> EventStore<S> {
     /// Visits a log (PLog or WLog, split into blocks of [`LOG_BLOCK_EVENTS`] whose partition
     /// keys `part` gives for a block's first offset) from offset `from` on, in offset order,
     /// until `visit` breaks or a block is not full (offsets are contiguous: it is the last).
-    fn scan_log(
+    pub(crate) fn scan_log(
         &self,
         from: u64,
         part: &dyn Fn(u64) -> keys::PartKey,
