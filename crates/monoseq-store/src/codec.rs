@@ -435,6 +435,22 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A varint that must fit a `u32`.
+    fn varint_u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        let at = self.pos;
+        u32::try_from(self.varint(what)?).map_err(|_| DecodeError::OutOfRange { what, at })
+    }
+
+    /// A little-endian `u32` of four bytes.
+    fn u32_le(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        let at = self.pos;
+        let word = self.buf.get(at..at + 4).and_then(|b| b.try_into().ok());
+        let word = word.map(u32::from_le_bytes);
+        let word = word.ok_or(DecodeError::Truncated { what, at })?;
+        self.pos += 4;
+        Ok(word)
+    }
+
     /// A count of items that each take at least one byte: bounded by the bytes left, so a
     /// damaged count can neither over-allocate nor loop long.
     #[inline]
@@ -882,21 +898,9 @@ impl WLogRef {
     /// [`DecodeError`] when the bytes are not a whole, undamaged reference.
     pub fn decode(bytes: &[u8]) -> Result<WLogRef, DecodeError> {
         let mut r = Reader::open_versions(bytes, &[FORMAT_VERSION_WLOG_REF])?;
-        let at = r.pos;
-        let partition =
-            u32::try_from(r.varint("partition")?).map_err(|_| DecodeError::OutOfRange {
-                what: "partition",
-                at,
-            })?;
+        let partition = r.varint_u32("partition")?;
         let plog_offset = PLogOffset(r.varint("PLog offset")?);
-        let crc = r.buf.get(r.pos..r.pos + 4).and_then(|b| b.try_into().ok());
-        let Some(crc) = crc.map(u32::from_le_bytes) else {
-            return Err(DecodeError::Truncated {
-                what: "event checksum",
-                at: r.pos,
-            });
-        };
-        r.pos += 4;
+        let crc = r.u32_le("event checksum")?;
         r.end()?;
         Ok(WLogRef {
             partition: PartitionId(partition),
@@ -1076,21 +1080,10 @@ impl RecordRef {
     /// [`DecodeError`] when the bytes are not a whole, undamaged reference.
     pub fn decode(bytes: &[u8]) -> Result<RecordRef, DecodeError> {
         let mut r = Reader::open_versions(bytes, &[FORMAT_VERSION_RECORD_REF])?;
-        let u32_of = |r: &mut Reader<'_>, what: &'static str| {
-            let at = r.pos;
-            u32::try_from(r.varint(what)?).map_err(|_| DecodeError::OutOfRange { what, at })
-        };
-        let partition = u32_of(&mut r, "partition")?;
+        let partition = r.varint_u32("partition")?;
         let plog_offset = PLogOffset(r.varint("PLog offset")?);
-        let index = u32_of(&mut r, "created record index")?;
-        let crc = r.buf.get(r.pos..r.pos + 4).and_then(|b| b.try_into().ok());
-        let Some(crc) = crc.map(u32::from_le_bytes) else {
-            return Err(DecodeError::Truncated {
-                what: "event checksum",
-                at: r.pos,
-            });
-        };
-        r.pos += 4;
+        let index = r.varint_u32("created record index")?;
+        let crc = r.u32_le("event checksum")?;
         r.end()?;
         Ok(RecordRef {
             partition: PartitionId(partition),
