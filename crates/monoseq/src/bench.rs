@@ -7,8 +7,9 @@
 //! server keeps its marks, always).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -80,9 +81,10 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with = "url")]
     pub no_marks: bool,
     /// With --url: commands per second to offer in all, spread evenly over the clients, each
-    /// sending on a fixed schedule; latencies are then measured from when a request was due,
-    /// so that a stall of the server counts in full. Without it each client sends its next
-    /// request as soon as the last is answered.
+    /// sending on a fixed schedule whether or not its earlier requests were answered (up to 64
+    /// in flight each); latencies are then measured from when a request was due, so that a
+    /// stall of the server counts in full. Without it each client sends its next request as
+    /// soon as the last is answered.
     #[arg(long, requires = "url", value_parser = clap::value_parser!(u64).range(1..=RATE_MAX))]
     pub rate: Option<u64>,
 }
@@ -92,6 +94,13 @@ const SERVER_ERROR_STATUS_MIN: u16 = 500;
 
 /// Largest `--rate`, commands per second.
 pub const RATE_MAX: u64 = 100_000_000;
+
+/// Under `--rate`, the most requests one client has in flight. A paced client sends each
+/// request when it is due, answered or not (an open loop, as a population of users sends), so
+/// that its latency from the due time is the server's answer and not a queue inside the client
+/// behind its own previous request; past this many it waits for an answer first (counted as
+/// `held`), and that wait counts in the latency too.
+pub const PACED_IN_FLIGHT_MAX: usize = 64;
 
 /// The schedule of one client under `--rate`: a request every `clients × commands per
 /// request ÷ rate` seconds. A request that falls behind is sent at once (the schedule does not
@@ -106,6 +115,10 @@ impl Pace {
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
             interval
         }))
+    }
+
+    fn paced(&self) -> bool {
+        self.0.is_some()
     }
 
     /// Waits until the next request is due and answers when it was due (now, unpaced).
@@ -188,6 +201,8 @@ struct Tally {
     conflicts: u64,
     /// Commands answered with a 5xx status (busy ones included).
     server_errors: u64,
+    /// Paced requests that waited for an answer because [`PACED_IN_FLIGHT_MAX`] were out.
+    held: u64,
     latency_us: Histogram<u64>,
 }
 
@@ -199,6 +214,7 @@ impl Tally {
             failed: 0,
             conflicts: 0,
             server_errors: 0,
+            held: 0,
             latency_us: Histogram::new_with_bounds(1, crate::bench_consume::LATENCY_US_MAX, 3)
                 .expect("valid bounds"),
         }
@@ -210,7 +226,30 @@ impl Tally {
         self.failed += other.failed;
         self.conflicts += other.conflicts;
         self.server_errors += other.server_errors;
+        self.held += other.held;
         let _ = self.latency_us.add(&other.latency_us);
+    }
+
+    /// Counts one command's answer, and its latency from `began` when it succeeded; a busy
+    /// answer (503) apart from a failure.
+    fn count_one(&mut self, answer: Result<(), monoseq_client::ClientError>, began: Instant) {
+        match answer {
+            Ok(()) => {
+                self.ok += 1;
+                let _ = self.latency_us.record(began.elapsed().as_micros() as u64);
+            }
+            Err(e) => self.count_refused(e.status()),
+        }
+    }
+
+    /// Counts a command answered with an error of `status`: busy (503) or failed.
+    fn count_refused(&mut self, status: Option<u16>) {
+        self.count_server_error(status);
+        if status == Some(503) {
+            self.busy += 1;
+        } else {
+            self.failed += 1;
+        }
     }
 
     /// Counts a command answered with `status`, when it is a 5xx.
@@ -306,11 +345,14 @@ fn print_results(
         (None, _) => "2",
     };
     let h = &tally.latency_us;
-    let conflicts = if args.expected_wlog_offset {
+    let mut conflicts = if args.expected_wlog_offset {
         format!(" conflicts={}", tally.conflicts)
     } else {
         String::new()
     };
+    if args.rate.is_some() {
+        conflicts.push_str(&format!(" held={}", tally.held));
+    }
     let mix = if args.updates { "updates" } else { "creates" };
     println!(
         "bench: mode={mode} trust={trust} mix={mix} partitions={} clients={} ok={} busy={} \
@@ -469,7 +511,7 @@ async fn http_batch_load(
         let (workspaces, keys) = (args.workspaces, args.idempotency_keys);
         let mut pace = Pace::new(args, size);
         tasks.push(tokio::spawn(async move {
-            let mut t = Tally::new();
+            let mut sends = Sends::new(pace.paced());
             let mut i = c;
             let template = monoseq_client::BatchCommandBody::new(command(1), None);
             let mut by_node: HashMap<String, Vec<monoseq_client::BatchCommandBody>> =
@@ -485,15 +527,18 @@ async fn http_batch_load(
                 if batch.len() >= size {
                     let batch = std::mem::take(batch);
                     let due = pace.due().await;
-                    submit_batch(&client, &batch, due, &mut t).await;
+                    let (client, tally) = (client.clone(), sends.tally());
+                    sends
+                        .send(async move { submit_batch(&client, &batch, due, &tally).await })
+                        .await?;
                 }
             }
-            t
+            sends.finish().await
         }));
     }
     let mut all = Tally::new();
     for task in tasks {
-        all.merge(&task.await?);
+        all.merge(&task.await??);
     }
     Ok(all)
 }
@@ -504,21 +549,16 @@ async fn submit_batch(
     client: &monoseq_client::Client,
     batch: &[monoseq_client::BatchCommandBody],
     due: Instant,
-    t: &mut Tally,
+    tally: &Mutex<Tally>,
 ) {
-    match client.submit_batch(batch).await {
+    let answer = client.submit_batch(batch).await;
+    let mut t = lock(tally);
+    match answer {
         Ok(results) => {
             for result in results {
                 match result {
                     Ok(_) => t.ok += 1,
-                    Err(e) => {
-                        t.count_server_error(e.status());
-                        if e.status() == Some(503) {
-                            t.busy += 1;
-                        } else {
-                            t.failed += 1;
-                        }
-                    }
+                    Err(e) => t.count_refused(e.status()),
                 }
             }
             let _ = t.latency_us.record(due.elapsed().as_micros() as u64);
@@ -544,40 +584,172 @@ async fn http_load(
         let keys = args.idempotency_keys;
         let mut pace = Pace::new(args, 1);
         tasks.push(tokio::spawn(async move {
-            let mut t = Tally::new();
+            let mut sends = Sends::new(pace.paced());
             let mut i = c;
             let mut command = command(1);
             while Instant::now() < deadline {
                 command.ws = i % workspaces + 1;
                 i += 7919;
                 let began = pace.due().await;
-                let answer = if keys {
-                    client.submit(&command).await
-                } else {
-                    client.submit_unkeyed(&command).await
-                };
-                match answer {
-                    Ok(_) => {
-                        t.ok += 1;
-                        let _ = t.latency_us.record(began.elapsed().as_micros() as u64);
-                    }
-                    Err(e) if e.status() == Some(503) => {
-                        t.count_server_error(e.status());
-                        t.busy += 1;
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
-                    Err(e) => {
-                        t.count_server_error(e.status());
-                        t.failed += 1;
-                    }
-                }
+                let (client, command, tally) = (client.clone(), command.clone(), sends.tally());
+                sends
+                    .send(async move {
+                        let answer = if keys {
+                            client.submit(&command).await
+                        } else {
+                            client.submit_unkeyed(&command).await
+                        };
+                        let busy = matches!(&answer, Err(e) if e.status() == Some(503));
+                        lock(&tally).count_one(answer.map(|_| ()), began);
+                        if busy {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    })
+                    .await?;
             }
-            t
+            sends.finish().await
         }));
     }
     let mut all = Tally::new();
     for task in tasks {
-        all.merge(&task.await?);
+        all.merge(&task.await??);
     }
     Ok(all)
+}
+
+/// One client's requests: under `--rate` each is a task of its own, sent when due whether or
+/// not the ones before were answered (at most [`PACED_IN_FLIGHT_MAX`] at once); unpaced, each
+/// is awaited before the next. Every request counts its answer into the client's tally.
+struct Sends {
+    tally: Arc<Mutex<Tally>>,
+    in_flight: Option<tokio::task::JoinSet<()>>,
+    held: u64,
+}
+
+impl Sends {
+    fn new(paced: bool) -> Sends {
+        Sends {
+            tally: Arc::new(Mutex::new(Tally::new())),
+            in_flight: paced.then(tokio::task::JoinSet::new),
+            held: 0,
+        }
+    }
+
+    /// The tally a request counts its answer into.
+    fn tally(&self) -> Arc<Mutex<Tally>> {
+        Arc::clone(&self.tally)
+    }
+
+    async fn send(
+        &mut self,
+        request: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let Some(in_flight) = &mut self.in_flight else {
+            request.await;
+            return Ok(());
+        };
+        if in_flight.len() >= PACED_IN_FLIGHT_MAX {
+            self.held += 1;
+            if let Some(done) = in_flight.join_next().await {
+                done.context("a paced request failed")?;
+            }
+        }
+        in_flight.spawn(request);
+        Ok(())
+    }
+
+    /// Waits for every request still in flight; answers the client's tally.
+    async fn finish(mut self) -> anyhow::Result<Tally> {
+        if let Some(in_flight) = &mut self.in_flight {
+            while let Some(done) = in_flight.join_next().await {
+                done.context("a paced request failed")?;
+            }
+        }
+        let mut tally = std::mem::replace(&mut *lock(&self.tally), Tally::new());
+        tally.held = self.held;
+        Ok(tally)
+    }
+}
+
+fn lock(tally: &Mutex<Tally>) -> std::sync::MutexGuard<'_, Tally> {
+    tally
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A paced client must not hold a due request behind the answer of the one before it: its
+    /// latency would then be its own queue's, not the server's.
+    #[tokio::test]
+    async fn a_paced_client_sends_when_due_without_waiting_for_the_answer_before() {
+        let mut sends = Sends::new(true);
+        let (answer, answered) = tokio::sync::oneshot::channel::<()>();
+        let (first, second) = (sends.tally(), sends.tally());
+        let done = tokio::time::timeout(Duration::from_secs(30), async move {
+            sends
+                .send(async move {
+                    // Answered only once the next request has been sent.
+                    answered.await.unwrap();
+                    lock(&first).ok += 1;
+                })
+                .await
+                .unwrap();
+            sends
+                .send(async move {
+                    answer.send(()).unwrap();
+                    lock(&second).ok += 1;
+                })
+                .await
+                .unwrap();
+            sends.finish().await.unwrap()
+        })
+        .await
+        .expect("the second request was held behind the first one's answer");
+        assert_eq!((done.ok, done.held), (2, 0));
+    }
+
+    #[tokio::test]
+    async fn a_paced_client_past_its_in_flight_limit_waits_for_an_answer_and_counts_it_held() {
+        let mut sends = Sends::new(true);
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        for _ in 0..=PACED_IN_FLIGHT_MAX {
+            let (tally, release) = (sends.tally(), Arc::clone(&release));
+            if sends.in_flight.as_ref().unwrap().len() == PACED_IN_FLIGHT_MAX {
+                // Every slot is taken: let one request be answered.
+                release.add_permits(1);
+            }
+            sends
+                .send(async move {
+                    release.acquire().await.unwrap().forget();
+                    lock(&tally).ok += 1;
+                })
+                .await
+                .unwrap();
+        }
+        assert_eq!(sends.in_flight.as_ref().unwrap().len(), PACED_IN_FLIGHT_MAX);
+        release.add_permits(PACED_IN_FLIGHT_MAX);
+        let done = sends.finish().await.unwrap();
+        assert_eq!((done.ok, done.held), (PACED_IN_FLIGHT_MAX as u64 + 1, 1));
+    }
+
+    #[tokio::test]
+    async fn an_unpaced_client_sends_its_next_request_once_the_last_is_answered() {
+        let mut sends = Sends::new(false);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        for n in 0..3 {
+            let answered = Arc::clone(&order);
+            sends
+                .send(async move {
+                    tokio::task::yield_now().await;
+                    answered.lock().unwrap().push(n);
+                })
+                .await
+                .unwrap();
+            assert_eq!(order.lock().unwrap().len(), n + 1);
+        }
+        assert_eq!(sends.finish().await.unwrap().held, 0);
+    }
 }
