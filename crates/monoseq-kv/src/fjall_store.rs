@@ -34,6 +34,10 @@ const KEYSPACE: &str = "kv";
 /// a whole memtable without growing (`vendor/fjall/PATCHES.md`). Stored with the keyspace:
 /// a data directory created by an earlier build keeps its own.
 pub const MEMTABLE_BYTES: u64 = 32 * 1024 * 1024;
+/// The niceness of fjall's compacting workers (all but the one kept for flushes, on a machine
+/// of two or more CPUs): compactions take the CPU the partitions and the HTTP server leave
+/// instead of a fair share beside them (DESIGN.md, "What stalls a durable write …").
+pub const COMPACTION_WORKER_NICE: i32 = 10;
 /// fjall's version marker in its directory: present once a database was created there.
 const VERSION_FILE: &str = "version";
 /// fjall's folder of keyspaces in its directory.
@@ -222,6 +226,7 @@ impl FjallFiles {
             Database::builder(path)
                 .cache_size(options.cache_bytes)
                 .journal_compression(CompressionType::None)
+                .compaction_worker_nice(COMPACTION_WORKER_NICE)
                 .open()
         })
         .map_err(|panic| {

@@ -40,7 +40,7 @@ pub use error::{CasError, KvError, OpenError, POISONED, WriteError, chain, is_po
 #[cfg(feature = "testing")]
 pub use faulty::{FaultOp, FaultyStore};
 #[cfg(feature = "fjall")]
-pub use fjall_store::{CopyStats, FjallStore};
+pub use fjall_store::{COMPACTION_WORKER_NICE, CopyStats, FjallStore};
 /// The default embedded durable backend (chosen by measurement; see DESIGN.md, "Storage
 /// engine").
 #[cfg(feature = "fjall")]

@@ -2,14 +2,43 @@
 //! (`vendor/fjall/PATCHES.md`). Linux only: thread states come from `/proc`.
 #![cfg(all(feature = "fjall", target_os = "linux"))]
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use fjall::{Database, KeyspaceCreateOptions};
+use monoseq_kv::{COMPACTION_WORKER_NICE, FjallStore, Options};
+
+/// Held by each test while its database runs, so that the workers a test sees are its own.
+static ONE_DATABASE: Mutex<()> = Mutex::new(());
 
 /// The state letter (`R` running or runnable, `S` asleep, `D` in I/O, …) of each of this
 /// process's threads named `fjall:worker`.
 fn worker_states() -> Vec<char> {
-    let mut states = Vec::new();
+    worker_stats()
+        .values()
+        .filter_map(|fields| fields.first()?.chars().next())
+        .collect()
+}
+
+/// The niceness of each of this process's threads named `fjall:worker`, by thread ID.
+fn worker_nices() -> BTreeMap<String, i32> {
+    worker_stats()
+        .into_iter()
+        // Field 19 of `stat`, the 17th after the name.
+        .map(|(tid, fields)| {
+            (
+                tid,
+                fields[16].parse().expect("a thread's niceness is a number"),
+            )
+        })
+        .collect()
+}
+
+/// The fields after the name in `stat` of each of this process's threads named
+/// `fjall:worker`, by thread ID.
+fn worker_stats() -> BTreeMap<String, Vec<String>> {
+    let mut stats = BTreeMap::new();
     for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task lists the threads") {
         let Ok(task) = task else { continue };
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
@@ -19,13 +48,61 @@ fn worker_states() -> Vec<char> {
         let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
             continue;
         };
-        if &stat[open + 1..close] == "fjall:worker"
-            && let Some(state) = stat[close + 1..].trim_start().chars().next()
-        {
-            states.push(state);
+        if &stat[open + 1..close] == "fjall:worker" {
+            let fields = stat[close + 1..].split_whitespace().map(str::to_owned);
+            stats.insert(
+                task.file_name().to_string_lossy().into_owned(),
+                fields.collect(),
+            );
         }
     }
-    states
+    stats
+}
+
+/// The store's compactions are background work: on a machine of two or more CPUs, every fjall
+/// worker but the one kept for flushes runs at a lower priority, so that a compaction takes
+/// the CPU the partitions leave rather than a fair share beside them.
+#[test]
+fn the_stores_compacting_workers_run_at_a_lower_priority_than_its_flush_worker() {
+    let _alone = ONE_DATABASE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let before = worker_nices();
+    let _store = FjallStore::open(dir.path(), Options::default()).expect("a new store opens");
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    // The store's own workers, once each has set its niceness as it starts.
+    let ours = || {
+        let mut nices: Vec<i32> = worker_nices()
+            .into_iter()
+            .filter(|(tid, _)| !before.contains_key(tid))
+            .map(|(_, nice)| nice)
+            .collect();
+        nices.sort_unstable();
+        nices
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut nices = ours();
+    while Instant::now() < deadline && nices.iter().filter(|&&n| n == 0).count() != 1 {
+        std::thread::sleep(Duration::from_millis(10));
+        nices = ours();
+    }
+    let workers = nices.len();
+    assert!(workers >= 1, "the store runs no fjall worker");
+    if cpus < 2 || workers < 2 {
+        assert_eq!(
+            nices,
+            vec![0; workers],
+            "a lone worker flushes: it keeps its priority"
+        );
+        return;
+    }
+    let mut expected = vec![COMPACTION_WORKER_NICE; workers];
+    expected[0] = 0;
+    assert_eq!(
+        nices, expected,
+        "the flush worker must keep niceness 0 and every compacting worker have {COMPACTION_WORKER_NICE}"
+    );
 }
 
 /// fjall keeps worker 0 for memtable flushes: a compaction request it receives it hands back
@@ -33,6 +110,9 @@ fn worker_states() -> Vec<char> {
 /// another worker compacted. It must sleep instead.
 #[test]
 fn the_flush_worker_sleeps_instead_of_spinning_while_another_worker_compacts() {
+    let _alone = ONE_DATABASE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().expect("a temporary directory");
     let db = Database::builder(dir.path())
         .worker_threads(2)

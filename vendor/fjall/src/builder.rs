@@ -83,6 +83,20 @@ impl<O: Openable> Builder<O> {
         self.worker_threads_unchecked(n)
     }
 
+    /// Sets the niceness (Linux: 0 to 19, higher yields more) of the workers that compact, the
+    /// workers other than worker 0, which is kept for flushes, while there are several; on other
+    /// systems it does nothing (monoseq patch).
+    ///
+    /// Compactions are background work: at a lower priority they take the CPU that writers and
+    /// readers leave, instead of a fair share beside them.
+    ///
+    /// Default = 0 (as every other thread)
+    #[must_use]
+    pub fn compaction_worker_nice(mut self, nice: i32) -> Self {
+        self.inner.compaction_worker_nice = nice;
+        self
+    }
+
     #[doc(hidden)]
     #[must_use]
     pub fn worker_threads_unchecked(mut self, n: usize) -> Self {

@@ -41,6 +41,10 @@ pub struct Config {
     /// Number of concurrent worker threads
     pub(crate) worker_threads: usize,
 
+    /// Niceness of the workers other than worker 0 (kept for flushes) while there are several:
+    /// 0 leaves them as every other thread (monoseq patch).
+    pub(crate) compaction_worker_nice: i32,
+
     pub(crate) journal_compression_type: CompressionType,
 
     pub(crate) journal_compression_threshold: usize,
@@ -76,6 +80,7 @@ impl Config {
             max_write_buffer_size_in_bytes: None,
             max_journaling_size_in_bytes: /* 512 MiB */ 512 * 1_024 * 1_024,
             worker_threads,
+            compaction_worker_nice: 0,
             // journal_recovery_mode: RecoveryMode::default(),
             manual_journal_persist: false,
 

@@ -90,6 +90,11 @@ impl WorkerPool {
                     let poison_dart = poison_dart.clone();
 
                     move || {
+                        let nice = worker_state.supervisor.db_config.compaction_worker_nice;
+                        if pool_size > 1 && i > 0 && nice != 0 {
+                            lower_priority(nice);
+                        }
+
                         // The counter must drop on *every* way out of this
                         // thread, not just the graceful one: `Database::drop`
                         // spins on it (`while counter > 0`), so a worker that
@@ -121,6 +126,20 @@ impl WorkerPool {
         Ok(())
     }
 }
+
+/// Gives the calling thread the niceness `nice` (monoseq patch): a compacting worker yields
+/// the CPU to writers and readers. A refusal leaves the thread as it was, logged.
+#[cfg(target_os = "linux")]
+fn lower_priority(nice: i32) {
+    // On Linux a thread ID names that one thread for `setpriority(PRIO_PROCESS, …)`.
+    let thread = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(thread), nice) {
+        log::warn!("could not give a compaction worker niceness {nice}: {e}");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lower_priority(_nice: i32) {}
 
 /// Claims one slot in the active thread counter per worker, immediately before
 /// that worker is spawned, and hands the slot straight back if the spawn fails.
