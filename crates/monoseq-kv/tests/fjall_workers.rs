@@ -3,7 +3,7 @@
 #![cfg(all(feature = "fjall", target_os = "linux"))]
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use fjall::{Database, KeyspaceCreateOptions};
@@ -11,6 +11,14 @@ use monoseq_kv::{COMPACTION_WORKER_NICE, FjallStore, Options};
 
 /// Held by each test while its database runs, so that the workers a test sees are its own.
 static ONE_DATABASE: Mutex<()> = Mutex::new(());
+
+/// This test's turn to run a database ([`ONE_DATABASE`]), and a directory for it.
+fn alone() -> (MutexGuard<'static, ()>, tempfile::TempDir) {
+    let turn = ONE_DATABASE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    (turn, tempfile::tempdir().expect("a temporary directory"))
+}
 
 /// The state letter (`R` running or runnable, `S` asleep, `D` in I/O, …) of each of this
 /// process's threads named `fjall:worker`.
@@ -64,10 +72,7 @@ fn worker_stats() -> BTreeMap<String, Vec<String>> {
 /// the CPU the partitions leave rather than a fair share beside them.
 #[test]
 fn the_stores_compacting_workers_run_at_a_lower_priority_than_its_flush_worker() {
-    let _alone = ONE_DATABASE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (_alone, dir) = alone();
     let before = worker_nices();
     let _store = FjallStore::open(dir.path(), Options::default()).expect("a new store opens");
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
@@ -110,10 +115,7 @@ fn the_stores_compacting_workers_run_at_a_lower_priority_than_its_flush_worker()
 /// another worker compacted. It must sleep instead.
 #[test]
 fn the_flush_worker_sleeps_instead_of_spinning_while_another_worker_compacts() {
-    let _alone = ONE_DATABASE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (_alone, dir) = alone();
     let db = Database::builder(dir.path())
         .worker_threads(2)
         .open()
