@@ -360,6 +360,10 @@ impl<S: KvStore> KvStore for FaultyStore<S> {
         }
         self.inner.sync()
     }
+
+    fn engine_stats(&self) -> Option<crate::EngineStats> {
+        self.inner.engine_stats()
+    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use crate::error::{CasError, KvError, OpenError, WriteError};
 use crate::key::Key;
 use crate::memory::is_empty_range;
 use crate::options::{Durability, Options};
-use crate::store::{KvStore, Order, Visitor};
+use crate::store::{EngineStats, KvStore, Order, Visitor};
 
 mod copy;
 mod listing;
@@ -466,6 +466,24 @@ impl KvStore for FjallStore {
 
     fn sync(&self) -> Result<(), KvError> {
         self.store.shared.sync()
+    }
+
+    fn engine_stats(&self) -> Option<EngineStats> {
+        let FjallFiles { db, kv } = self.files();
+        let count = |n: usize| n as u64;
+        Some(EngineStats {
+            memtable_bytes: db.write_buffer_size(),
+            sealed_memtables: count(kv.sealed_memtable_count()),
+            cache_bytes: db.cache_size(),
+            cache_capacity_bytes: db.cache_capacity(),
+            tables: count(kv.table_count()),
+            level0_tables: count(kv.l0_table_count()),
+            flushes_pending: count(db.outstanding_flushes()),
+            compactions_running: count(db.active_compactions()),
+            compactions_completed: count(db.compactions_completed()),
+            compaction_seconds: db.time_compacting().as_secs_f64(),
+            journals: count(db.journal_count()),
+        })
     }
 }
 

@@ -165,6 +165,12 @@ pub trait KvStore: Send + Sync + 'static {
     /// A [`KvError`] when flushing failed; the writes stay visible but may not be durable.
     fn sync(&self) -> Result<(), KvError>;
 
+    /// What the backend's storage engine holds in memory and does in the background now, for
+    /// an operator's metrics; `None` for a backend without such an engine of its own.
+    fn engine_stats(&self) -> Option<EngineStats> {
+        None
+    }
+
     /// Writes `value` at `key`, replacing any (a one-item [`write`](KvStore::write)).
     ///
     /// # Errors
@@ -197,6 +203,34 @@ pub trait KvStore: Send + Sync + 'static {
         batch.delete(key);
         self.write(&batch)
     }
+}
+
+/// An embedded engine's memory and background work at one moment ([`KvStore::engine_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    /// Bytes the engine counts in its memtables, the active one and those sealed and waiting
+    /// for their flush.
+    pub memtable_bytes: u64,
+    /// Memtables sealed and waiting for their flush to a table file.
+    pub sealed_memtables: u64,
+    /// Bytes its block cache holds.
+    pub cache_bytes: u64,
+    /// The most its block cache may hold, in bytes.
+    pub cache_capacity_bytes: u64,
+    /// Table files.
+    pub tables: u64,
+    /// Table files in level 0: flushed and not compacted yet.
+    pub level0_tables: u64,
+    /// Memtable flushes queued or running.
+    pub flushes_pending: u64,
+    /// Compactions running now.
+    pub compactions_running: u64,
+    /// Compactions completed since the store was opened.
+    pub compactions_completed: u64,
+    /// Time every compaction since the store was opened took, in seconds.
+    pub compaction_seconds: f64,
+    /// Journal files on disk.
+    pub journals: u64,
 }
 
 fn key_len(key: Key<'_>) -> usize {
@@ -248,6 +282,10 @@ macro_rules! forward_kv_store {
 
             fn sync(&self) -> Result<(), KvError> {
                 (**self).sync()
+            }
+
+            fn engine_stats(&self) -> Option<EngineStats> {
+                (**self).engine_stats()
             }
         }
     };

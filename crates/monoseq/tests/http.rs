@@ -109,6 +109,10 @@ async fn acknowledged_read_back_and_restarted(backend: Backend) {
     ] {
         assert!(metrics.contains(name), "metrics lack {name}:\n{metrics}");
     }
+    if let Backend::Postgres(_) = backend {
+        // PostgreSQL has no engine of ours to show.
+        assert!(!metrics.contains("monoseq_engine_"), "{metrics}");
+    }
 
     // SIGTERM: a clean, bounded exit; a restart continues every sequence.
     let status = server.terminate(Duration::from_secs(15));
@@ -138,6 +142,57 @@ async fn acknowledged_read_back_and_restarted(backend: Backend) {
         "{}",
         String::from_utf8_lossy(&verify.stdout)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_show_what_the_embedded_engine_holds_in_memory_and_does_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "1"], &client).await;
+    let (status, _) = post(&client, &server.url, &order(1)).await;
+    assert_eq!(status, 200);
+    let metrics = client
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| {
+        metrics.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')
+                .map(|v| v.parse::<f64>().unwrap())
+        })
+    };
+    // The command's WLog entry and record sit in the active memtable.
+    assert!(
+        value("monoseq_engine_memtable_bytes").unwrap() > 0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        value("monoseq_engine_cache_capacity_bytes"),
+        Some(monoseq_kv::CACHE_BYTES_DEFAULT as f64)
+    );
+    for name in [
+        "monoseq_engine_sealed_memtables",
+        "monoseq_engine_cache_bytes",
+        "monoseq_engine_tables",
+        "monoseq_engine_level0_tables",
+        "monoseq_engine_flushes_pending",
+        "monoseq_engine_compactions_running",
+        "monoseq_engine_compactions",
+        "monoseq_engine_compaction_seconds",
+        "monoseq_engine_journals",
+    ] {
+        assert!(value(name).is_some(), "metrics lack {name}:\n{metrics}");
+    }
+    assert!(
+        value("monoseq_engine_journals").unwrap() >= 1.0,
+        "{metrics}"
+    );
+    server.terminate(Duration::from_secs(15));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

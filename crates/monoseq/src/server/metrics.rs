@@ -41,6 +41,8 @@ pub(super) struct Metrics {
     pub(super) consumer_lag_truncated: Gauge,
     /// The latency histograms.
     pub(super) latency: Latency,
+    /// The embedded engine's gauges, when the store has such an engine.
+    engine: Option<EngineGauges>,
 }
 
 /// Smallest upper bound of the duration histograms' buckets, in seconds (100 µs).
@@ -291,7 +293,13 @@ impl Metrics {
             consumer_lag,
             consumer_lag_truncated,
             latency,
+            engine: None,
         }
+    }
+
+    /// Registers the embedded engine's series (`monoseq_engine_*`), for a store that has one.
+    pub(super) fn register_engine(&mut self) {
+        self.engine = Some(EngineGauges::register(&mut self.registry));
     }
 
     /// Registers the consumer side's series (the same counters its tails raise).
@@ -330,6 +338,9 @@ impl Metrics {
     /// OpenMetrics text.
     pub(super) fn render(&self, cp: &CommandProcessor<Store>) -> Result<String, std::fmt::Error> {
         self.state.refresh(cp);
+        if let (Some(gauges), Some(stats)) = (&self.engine, cp.store().kv().engine_stats()) {
+            gauges.set(&stats);
+        }
         let mut text = String::new();
         encode(&mut text, &self.registry)?;
         Ok(text)
@@ -452,5 +463,89 @@ impl StateGauges {
         }
         self.checkpoint_lag.set(lag as i64);
         self.actualization_seconds.set(longest as f64 / 1e6);
+    }
+}
+
+/// The embedded engine's memory and background work (`monoseq_kv::EngineStats`), set when
+/// `/metrics` is read.
+struct EngineGauges {
+    memtable_bytes: Gauge,
+    sealed_memtables: Gauge,
+    cache_bytes: Gauge,
+    cache_capacity_bytes: Gauge,
+    tables: Gauge,
+    level0_tables: Gauge,
+    flushes_pending: Gauge,
+    compactions_running: Gauge,
+    compactions: Gauge,
+    compaction_seconds: FloatGauge,
+    journals: Gauge,
+}
+
+impl EngineGauges {
+    fn register(r: &mut Registry) -> EngineGauges {
+        EngineGauges {
+            memtable_bytes: gauge(
+                r,
+                "engine_memtable_bytes",
+                "Bytes the embedded engine counts in its memtables: the active one and those \
+                 sealed and waiting for their flush",
+            ),
+            sealed_memtables: gauge(
+                r,
+                "engine_sealed_memtables",
+                "Memtables sealed and waiting for their flush to a table file (writes halt at 4)",
+            ),
+            cache_bytes: gauge(
+                r,
+                "engine_cache_bytes",
+                "Bytes the engine's block cache holds",
+            ),
+            cache_capacity_bytes: gauge(
+                r,
+                "engine_cache_capacity_bytes",
+                "The most the engine's block cache may hold, in bytes",
+            ),
+            tables: gauge(r, "engine_tables", "Table files of the embedded engine"),
+            level0_tables: gauge(
+                r,
+                "engine_level0_tables",
+                "Table files in level 0: flushed and not compacted yet (writes slow past 20)",
+            ),
+            flushes_pending: gauge(
+                r,
+                "engine_flushes_pending",
+                "Memtable flushes queued or running",
+            ),
+            compactions_running: gauge(r, "engine_compactions_running", "Compactions running now"),
+            compactions: gauge(
+                r,
+                "engine_compactions",
+                "Compactions completed since the store was opened",
+            ),
+            compaction_seconds: float_gauge(
+                r,
+                "engine_compaction_seconds",
+                "Time every compaction since the store was opened took, in seconds",
+            ),
+            journals: gauge(r, "engine_journals", "Journal files of the embedded engine"),
+        }
+    }
+
+    fn set(&self, s: &monoseq_kv::EngineStats) {
+        let set = |g: &Gauge, v: u64| {
+            g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        };
+        set(&self.memtable_bytes, s.memtable_bytes);
+        set(&self.sealed_memtables, s.sealed_memtables);
+        set(&self.cache_bytes, s.cache_bytes);
+        set(&self.cache_capacity_bytes, s.cache_capacity_bytes);
+        set(&self.tables, s.tables);
+        set(&self.level0_tables, s.level0_tables);
+        set(&self.flushes_pending, s.flushes_pending);
+        set(&self.compactions_running, s.compactions_running);
+        set(&self.compactions, s.compactions_completed);
+        self.compaction_seconds.set(s.compaction_seconds);
+        set(&self.journals, s.journals);
     }
 }

@@ -57,6 +57,9 @@ pub(super) fn router(
             .with_cache(named_cache);
     let mut metrics = Metrics::new();
     metrics.register_follow(&follow.counts);
+    if cp.store().kv().engine_stats().is_some() {
+        metrics.register_engine();
+    }
     cp.observe_groups(metrics.latency.group_observer());
     let node = cluster
         .as_ref()

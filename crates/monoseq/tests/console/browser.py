@@ -18,6 +18,7 @@ Prints one line per check and per figure; exits non-zero on the first failed che
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -351,6 +352,10 @@ def other_views(page):
     page.wait_for_timeout(2_200)
     p50 = page.inner_text("td[data-latency='commands (ok)']")
     check("the health view shows p50 from the histograms", p50 not in ("—", ""), p50)
+    if api("GET", "/v1/info", READ)[1]["storage"] == "embedded":
+        engine = page.inner_text("#engine-memtables")
+        shown = re.fullmatch(r"\d+\.\d [KM]iB, \d+ waiting for their flush", engine)
+        check("the health view shows the embedded engine's memtables", shown, engine)
     shot(page, "health")
 
 

@@ -590,6 +590,22 @@ function parseMetrics(text) {
   return out;
 }
 
+// The embedded engine's memory and background work (none on PostgreSQL).
+function engineRows(ms) {
+  if (!ms.has('monoseq_engine_memtable_bytes')) return [];
+  const mib = (name) => {
+    const v = sum(ms, name);
+    return v < 1048576 ? `${(v / 1024).toFixed(1)} KiB` : `${(v / 1048576).toFixed(1)} MiB`;
+  };
+  return [
+    ['embedded engine: memtables', h('td', { id: 'engine-memtables' },
+      `${mib('monoseq_engine_memtable_bytes')}, ${sum(ms, 'monoseq_engine_sealed_memtables')} waiting for their flush`)],
+    ['embedded engine: block cache', `${mib('monoseq_engine_cache_bytes')} of ${mib('monoseq_engine_cache_capacity_bytes')}`],
+    ['embedded engine: tables', `${sum(ms, 'monoseq_engine_tables')}, ${sum(ms, 'monoseq_engine_level0_tables')} in level 0; `
+      + `${sum(ms, 'monoseq_engine_compactions_running')} compactions running`],
+  ];
+}
+
 function sum(ms, name, pred) {
   return (ms.get(name) || []).filter((s) => !pred || pred(s.labels)).reduce((a, s) => a + s.value, 0);
 }
@@ -673,6 +689,7 @@ function health() {
         ['readiness', ready.ready ? 'ready' : ready.message],
         ['unflushed sequence values', num(sum(ms, 'monoseq_backlog_values'))],
         ['live tails', num(sum(ms, 'monoseq_followers'))],
+        ...engineRows(ms),
       ]),
       h('h3', {}, 'Latency (from the /metrics histograms)'),
       table(['', 'p50', 'p99', 'count', 'over'], rows),
