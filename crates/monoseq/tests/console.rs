@@ -53,6 +53,30 @@ fn browse(env: &[(&str, String)]) -> String {
     text
 }
 
+/// A server the browser script is told of by its PID: killed when dropped, also when a check
+/// fails and the test unwinds.
+struct Spawned(std::process::Child);
+
+impl Spawned {
+    /// `argv` (from [`serve_argv`]) started, its output dropped.
+    fn serve(argv: &[String]) -> Spawned {
+        let child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn monoseq serve");
+        Spawned(child)
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `monoseq serve` as the browser script starts it again after killing it: same data, same
 /// address, same answer log.
 fn serve_argv(dir: &Path, port: u16, tokens: &Path, log: &Path) -> Vec<String> {
@@ -85,12 +109,7 @@ fn the_console_in_a_browser_shows_live_events_escapes_values_and_survives_its_no
     let port = free_port();
     let answers = AnswerLog::new();
     let argv = serve_argv(&data, port, &tokens, &answers.path());
-    let mut server = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn monoseq serve");
+    let server = Spawned::serve(&argv);
     let url = format!("http://127.0.0.1:{port}");
     let out = browse(&[
         ("CONSOLE_MODE", "single".into()),
@@ -98,11 +117,10 @@ fn the_console_in_a_browser_shows_live_events_escapes_values_and_survives_its_no
         ("CONSOLE_WRITE", WRITE.into()),
         ("CONSOLE_READ", READ.into()),
         ("CONSOLE_PARTITIONS", PARTITIONS.into()),
-        ("CONSOLE_PID", server.id().to_string()),
+        ("CONSOLE_PID", server.0.id().to_string()),
         ("CONSOLE_RESTART", serde_json::to_string(&argv).unwrap()),
     ]);
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     assert!(out.contains("passed"), "{out}");
     answers.assert_conforms();
 }
@@ -132,26 +150,20 @@ fn numbers_lost_with_a_restore_show_as_a_gap_in_the_live_view_and_in_a_page() {
         .into_iter()
         .chain([backup.display().to_string(), "--token".into(), ADMIN.into()])
         .collect::<Vec<_>>();
-    let mut server = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn monoseq serve");
+    let server = Spawned::serve(&argv);
     let out = browse(&[
         ("CONSOLE_MODE", "gap".into()),
         ("CONSOLE_URL", url),
         ("CONSOLE_WRITE", WRITE.into()),
         ("CONSOLE_READ", READ.into()),
-        ("CONSOLE_PID", server.id().to_string()),
+        ("CONSOLE_PID", server.0.id().to_string()),
         (
             "CONSOLE_BACKUP",
             serde_json::to_string(&backup_argv).unwrap(),
         ),
         ("CONSOLE_RESTORE", serde_json::to_string(&restore).unwrap()),
     ]);
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     assert!(out.contains("one gap row"), "{out}");
     answers.assert_conforms();
 }
