@@ -25,6 +25,19 @@ pub struct Opened {
     pub report: monoseq_store::OpenReport,
     /// The PLogs' segment files (a data directory in key layout 4).
     pub segments: Option<Arc<monoseq_store::Segments>>,
+    /// How long opening the embedded storage took, by step.
+    pub took: Option<OpenTook>,
+}
+
+/// How long opening an embedded data directory took, by step (named in the "store opened"
+/// line, so a slow start says where its time went).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenTook {
+    /// The engine's own open and recovery (fjall's journal and tables).
+    pub engine: Duration,
+    /// The rest: identity, high-water marks, the PLogs' segment logs (their tails checked)
+    /// and the redo that brings the engine up to them.
+    pub data_dir: Duration,
 }
 
 impl Opened {
@@ -45,7 +58,7 @@ impl Opened {
 pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
     match settings.storage.clone() {
         Storage::Embedded => {
-            let (kv, dir) = open_data_dir(settings)?;
+            let (kv, dir, took) = open_data_dir(settings)?;
             Ok(Opened {
                 kv: kv.clone(),
                 embedded: Some(kv),
@@ -54,6 +67,7 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
                 marks: Some(dir.marks),
                 report: dir.report,
                 segments: dir.segments,
+                took: Some(took),
             })
         }
         Storage::Postgres(url) => {
@@ -77,6 +91,7 @@ pub fn open_storage(settings: &mut Settings) -> anyhow::Result<Opened> {
                 marks: None,
                 report: monoseq_store::OpenReport::default(),
                 segments: None,
+                took: None,
             })
         }
     }
@@ -177,10 +192,13 @@ pub fn open_store(dir: &Path) -> anyhow::Result<Arc<EmbeddedStore>> {
 /// Opens the data directory for serving: the engine, then its identity and high-water marks
 /// (`monoseq_store::open_data_dir`), which refuse a store that lost or damaged acknowledged
 /// data unless `settings.accept_loss`. Settles `settings.partitions` on the store's count.
+/// Answers how long each step took, too.
 pub fn open_data_dir(
     settings: &mut Settings,
-) -> anyhow::Result<(Arc<EmbeddedStore>, monoseq_store::DataDir)> {
+) -> anyhow::Result<(Arc<EmbeddedStore>, monoseq_store::DataDir, OpenTook)> {
+    let began = std::time::Instant::now();
     let kv = open_store(&settings.data_dir)?;
+    let engine = began.elapsed();
     let policy = monoseq_store::OpenPolicy {
         partitions: settings
             .partitions_configured
@@ -191,7 +209,11 @@ pub fn open_data_dir(
     };
     let dir = monoseq_store::open_data_dir(&settings.data_dir, &kv, APP, &policy)?;
     settings.partitions = dir.identity.partitions;
-    Ok((kv, dir))
+    let took = OpenTook {
+        engine,
+        data_dir: began.elapsed().saturating_sub(engine),
+    };
+    Ok((kv, dir, took))
 }
 
 /// Applies `--marks-gather-us` (benchmarks only) to the marks, if both are there.
@@ -217,13 +239,13 @@ mod tests {
         args.storage.data_dir = Some(dir.path().join("data"));
         args.store.partitions = Some(4);
         let mut settings = args.resolve().expect("settings");
-        let (kv, opened) = open_data_dir(&mut settings).expect("first start");
+        let (kv, opened, _) = open_data_dir(&mut settings).expect("first start");
         assert!(opened.report.created);
         monoseq_store::recorded_partitions(&*kv, dir.path()).expect("recorded layout passes");
         drop((kv, opened));
         settings.partitions_configured = false;
         settings.partitions = 8;
-        let (_kv, opened) = open_data_dir(&mut settings).expect("second start");
+        let (_kv, opened, _) = open_data_dir(&mut settings).expect("second start");
         assert!(!opened.report.created);
         assert_eq!(
             settings.partitions, 4,

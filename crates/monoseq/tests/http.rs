@@ -457,6 +457,35 @@ async fn named_next_with_a_cache_skips_the_unused_block_after_a_crash() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_opened_line_says_how_long_the_engine_and_the_data_directory_took_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("server.log");
+    let data = dir.path().join("data");
+    let server = Server::try_start(&data, &["--partitions", "2"], &log).expect("started");
+    server.ready(&reqwest::Client::new()).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("store opened"))
+        .unwrap_or_else(|| panic!("no store opened line:\n{text}"));
+    for field in ["engine_open_ms=", "data_dir_open_ms="] {
+        let ms = line
+            .split(field)
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no {field} in {line}"));
+        let (whole, decimals) = ms
+            .split_once('.')
+            .unwrap_or_else(|| panic!("{ms} in {line}"));
+        assert!(
+            whole.parse::<u64>().is_ok() && decimals.len() == 1,
+            "{ms} in {line}"
+        );
+    }
+    server.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_actualization_log_line_names_its_partition_and_durations_have_fixed_precision() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("server.log");

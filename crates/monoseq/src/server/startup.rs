@@ -397,6 +397,11 @@ async fn join_cluster(
     Ok(Some((members, forwarder)))
 }
 
+/// Milliseconds with one decimal, as the other durations of the log.
+fn ms(d: std::time::Duration) -> tracing::field::DisplayValue<String> {
+    tracing::field::display(format!("{:.1}", d.as_secs_f64() * 1e3))
+}
+
 /// One line for the opened store, then one per loss accepted or partition moved past one.
 fn log_opened(settings: &Settings, dir: &crate::storage::Opened) {
     let id = &dir.identity;
@@ -414,6 +419,8 @@ fn log_opened(settings: &Settings, dir: &crate::storage::Opened) {
         created = r.created,
         adopted = r.adopted,
         accepted_losses = id.losses.len(),
+        engine_open_ms = dir.took.map(|t| ms(t.engine)),
+        data_dir_open_ms = dir.took.map(|t| ms(t.data_dir)),
         recovery_policy,
         "store opened"
     );
