@@ -456,24 +456,37 @@ async fn named_next_with_a_cache_skips_the_unused_block_after_a_crash() {
     server.terminate(Duration::from_secs(15));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_store_opened_line_says_how_long_the_engine_and_the_data_directory_took_to_open() {
+/// The log of a server started on `partitions` partitions, read once it is ready; the server is
+/// killed.
+async fn startup_log(partitions: u32) -> String {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("server.log");
     let data = dir.path().join("data");
-    let server = Server::try_start(&data, &["--partitions", "2"], &log).expect("started");
+    let partitions = partitions.to_string();
+    let server = Server::try_start(&data, &["--partitions", &partitions], &log).expect("started");
     server.ready(&reqwest::Client::new()).await;
     let text = std::fs::read_to_string(&log).unwrap();
+    server.kill();
+    text
+}
+
+/// The value of `field` (its name with `=`) in a log line.
+fn log_field<'a>(line: &'a str, field: &str) -> &'a str {
+    line.split(field)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no {field} in {line}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_opened_line_says_how_long_the_engine_and_the_data_directory_took_to_open() {
+    let text = startup_log(2).await;
     let line = text
         .lines()
         .find(|l| l.contains("store opened"))
         .unwrap_or_else(|| panic!("no store opened line:\n{text}"));
     for field in ["engine_open_ms=", "data_dir_open_ms="] {
-        let ms = line
-            .split(field)
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no {field} in {line}"));
+        let ms = log_field(line, field);
         let (whole, decimals) = ms
             .split_once('.')
             .unwrap_or_else(|| panic!("{ms} in {line}"));
@@ -482,17 +495,11 @@ async fn the_store_opened_line_says_how_long_the_engine_and_the_data_directory_t
             "{ms} in {line}"
         );
     }
-    server.kill();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_actualization_log_line_names_its_partition_and_durations_have_fixed_precision() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("server.log");
-    let data = dir.path().join("data");
-    let server = Server::try_start(&data, &["--partitions", "4"], &log).expect("started");
-    server.ready(&reqwest::Client::new()).await;
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = startup_log(4).await;
     let started: Vec<&str> = text
         .lines()
         .filter(|l| l.contains("sequencer actualization started"))
@@ -512,15 +519,10 @@ async fn every_actualization_log_line_names_its_partition_and_durations_have_fix
         .collect();
     assert_eq!(ended.len(), 4, "{text}");
     for line in ended {
-        let ms = line
-            .split("duration_ms=")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no duration in {line}"));
+        let ms = log_field(line, "duration_ms=");
         let decimals = ms.split('.').nth(1).map_or(0, str::len);
         assert_eq!(decimals, 1, "duration {ms} in {line}");
     }
-    server.kill();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
