@@ -10,7 +10,7 @@
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
-use fjall::config::CompressionPolicy;
+use fjall::config::{CompressionPolicy, PartitioningPolicy};
 use fjall::{CompressionType, Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
 use crate::batch::{Op, WriteBatch};
@@ -21,7 +21,7 @@ use crate::error::{CasError, KvError, OpenError, WriteError};
 use crate::key::Key;
 use crate::memory::is_empty_range;
 use crate::options::{Durability, Options};
-use crate::store::{EngineStats, KvStore, Order, Visitor};
+use crate::store::{BlockReads, EngineStats, KvStore, Order, Visitor};
 
 mod copy;
 mod listing;
@@ -257,12 +257,21 @@ impl FjallFiles {
 
 /// The options of the keyspace a new data directory (or a backup's copy) is created with
 /// (`docs/format.md`, "The embedded engine's files"): fjall's defaults but for data blocks
-/// compressed with LZ4 on every level and [`MEMTABLE_BYTES`]. fjall stores them with the
-/// keyspace and a directory keeps those it was created with: one written before reads as it
-/// is (uncompressed blocks carry their own type, as compressed ones do).
+/// compressed with LZ4 on every level, [`MEMTABLE_BYTES`], and every table's Bloom filter and
+/// index written in partitions of 4 KiB under a small top-level block kept in memory. fjall's
+/// default writes them whole above its fourth level, so a point read of a key (the numbers of
+/// a workspace a restarted sequencer first touches) loaded its table's whole filter, about
+/// 3.7 MiB, through a 64 MiB cache that cannot hold them all: after a restart on 4 GiB the
+/// first second read 1.9 GB of filters and a command waited up to 1.3 s
+/// (`docs/benchmarks/soak.md`). fjall stores the options with the keyspace and a directory
+/// keeps those it was created with: one written before reads as it is (uncompressed blocks
+/// carry their own type, as compressed ones do; a table says whether its filter and index are
+/// partitioned).
 pub(crate) fn keyspace_options() -> KeyspaceCreateOptions {
     KeyspaceCreateOptions::default()
         .data_block_compression_policy(CompressionPolicy::all(CompressionType::Lz4))
+        .filter_block_partitioning_policy(PartitioningPolicy::all(true))
+        .index_block_partitioning_policy(PartitioningPolicy::all(true))
         .max_memtable_size(MEMTABLE_BYTES)
 }
 
@@ -471,6 +480,7 @@ impl KvStore for FjallStore {
     fn engine_stats(&self) -> Option<EngineStats> {
         let FjallFiles { db, kv } = self.files();
         let count = |n: usize| n as u64;
+        let m = kv.metrics();
         Some(EngineStats {
             memtable_bytes: db.write_buffer_size(),
             sealed_memtables: count(kv.sealed_memtable_count()),
@@ -483,7 +493,32 @@ impl KvStore for FjallStore {
             compactions_completed: count(db.compactions_completed()),
             compaction_seconds: db.time_compacting().as_secs_f64(),
             journals: count(db.journal_count()),
+            data_blocks: block_reads(
+                m.data_block_load_count(),
+                m.data_block_load_cached_count(),
+                m.data_block_io(),
+            ),
+            index_blocks: block_reads(
+                m.index_block_load_count(),
+                m.index_block_load_cached_count(),
+                m.index_block_io(),
+            ),
+            filter_blocks: block_reads(
+                m.filter_block_load_count(),
+                m.filter_block_load_cached_count(),
+                m.filter_block_io(),
+            ),
         })
+    }
+}
+
+/// One kind of block's reads from fjall's counters: every load and those from its cache (read
+/// one after the other, so a load between them is clamped, not negative).
+fn block_reads(loads: usize, cached: usize, file_bytes: u64) -> BlockReads {
+    BlockReads {
+        cached: cached as u64,
+        from_file: loads.saturating_sub(cached) as u64,
+        file_bytes,
     }
 }
 

@@ -50,4 +50,4 @@ pub use memory::MemoryStore;
 pub use options::{CACHE_BYTES_DEFAULT, Durability, GROUP_COMMIT_DELAY_MAX, Options};
 #[cfg(feature = "redb")]
 pub use redb_store::RedbStore;
-pub use store::{EngineStats, KvStore, Order, Swap, Visitor};
+pub use store::{BlockReads, EngineStats, KvStore, Order, Swap, Visitor};

@@ -231,6 +231,24 @@ pub struct EngineStats {
     pub compaction_seconds: f64,
     /// Journal files on disk.
     pub journals: u64,
+    /// Blocks of its tables' data read since the store was opened.
+    pub data_blocks: BlockReads,
+    /// Blocks of its tables' indexes read since the store was opened.
+    pub index_blocks: BlockReads,
+    /// Blocks of its tables' Bloom filters read since the store was opened (a lookup of an
+    /// absent key reads one per table it may be in, unless the filter is pinned in memory).
+    pub filter_blocks: BlockReads,
+}
+
+/// Reads of one kind of table block since the store was opened ([`EngineStats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockReads {
+    /// Blocks found in the engine's block cache.
+    pub cached: u64,
+    /// Blocks read from their table file (the OS's page cache or the disk).
+    pub from_file: u64,
+    /// Bytes of the blocks read from their table files.
+    pub file_bytes: u64,
 }
 
 fn key_len(key: Key<'_>) -> usize {

@@ -192,6 +192,15 @@ async fn the_metrics_show_what_the_embedded_engine_holds_in_memory_and_does_in_t
         value("monoseq_engine_journals").unwrap() >= 1.0,
         "{metrics}"
     );
+    // Table block reads, by kind and source (counted in crates/monoseq-kv/tests/fjall_filters.rs).
+    for block in ["data", "index", "filter"] {
+        for from in ["cache", "file"] {
+            let name = format!("monoseq_engine_block_reads{{block=\"{block}\",from=\"{from}\"}}");
+            assert!(value(&name).is_some(), "metrics lack {name}:\n{metrics}");
+        }
+        let name = format!("monoseq_engine_block_read_bytes{{block=\"{block}\"}}");
+        assert!(value(&name).is_some(), "metrics lack {name}:\n{metrics}");
+    }
     server.terminate(Duration::from_secs(15));
 }
 

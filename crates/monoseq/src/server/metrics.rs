@@ -353,6 +353,16 @@ fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
     c
 }
 
+fn gauge_family(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+) -> Family<Vec<(String, String)>, Gauge> {
+    let f = Family::default();
+    registry.register(name, help, f.clone());
+    f
+}
+
 fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
     let g = Gauge::default();
     registry.register(name, help, g.clone());
@@ -480,6 +490,10 @@ struct EngineGauges {
     compactions: Gauge,
     compaction_seconds: FloatGauge,
     journals: Gauge,
+    /// Table blocks read, by `block` (data, index, filter) and `from` (cache, file).
+    block_reads: Family<Vec<(String, String)>, Gauge>,
+    /// Bytes of table blocks read from their files, by `block`.
+    block_read_bytes: Family<Vec<(String, String)>, Gauge>,
 }
 
 impl EngineGauges {
@@ -529,6 +543,18 @@ impl EngineGauges {
                 "Time every compaction since the store was opened took, in seconds",
             ),
             journals: gauge(r, "engine_journals", "Journal files of the embedded engine"),
+            block_reads: gauge_family(
+                r,
+                "engine_block_reads",
+                "Blocks of the engine's tables read since the store was opened, by block (data, \
+                 index, filter) and from (cache: its block cache; file: the table's file)",
+            ),
+            block_read_bytes: gauge_family(
+                r,
+                "engine_block_read_bytes",
+                "Bytes of table blocks read from their files since the store was opened, by \
+                 block (data, index, filter)",
+            ),
         }
     }
 
@@ -547,5 +573,20 @@ impl EngineGauges {
         set(&self.compactions, s.compactions_completed);
         self.compaction_seconds.set(s.compaction_seconds);
         set(&self.journals, s.journals);
+        for (block, reads) in [
+            ("data", &s.data_blocks),
+            ("index", &s.index_blocks),
+            ("filter", &s.filter_blocks),
+        ] {
+            for (from, n) in [("cache", reads.cached), ("file", reads.from_file)] {
+                let labels = vec![("block".into(), block.into()), ("from".into(), from.into())];
+                set(&self.block_reads.get_or_create(&labels), n);
+            }
+            let labels = vec![("block".into(), block.into())];
+            set(
+                &self.block_read_bytes.get_or_create(&labels),
+                reads.file_bytes,
+            );
+        }
     }
 }
