@@ -30,6 +30,14 @@ pub const FORMAT_VERSION_WLOG_REF: u8 = 3;
 /// holding the record (`docs/format.md`, "Record reference"; key layout 4 only): the record as
 /// that event created it, not updated since.
 pub const FORMAT_VERSION_RECORD_REF: u8 = 4;
+/// The version byte of a WLog reference without a checksum of its own (`docs/format.md`, "WLog
+/// entry"; key layout 4 writes it): the fields of version [`FORMAT_VERSION_WLOG_REF`]. The
+/// embedded engine checksums the blocks it stores, and a reader checks the event it names.
+pub const FORMAT_VERSION_WLOG_REF_BARE: u8 = 5;
+/// The version byte of a record reference without a checksum of its own (`docs/format.md`,
+/// "Record reference"; key layout 4 writes it): the fields of version
+/// [`FORMAT_VERSION_RECORD_REF`].
+pub const FORMAT_VERSION_RECORD_REF_BARE: u8 = 6;
 /// Most nesting levels of an argument object (the root is level 1).
 pub const ARG_DEPTH_MAX: usize = 16;
 /// Largest encoded event, in bytes: the largest value the key-value contract stores.
@@ -72,7 +80,7 @@ pub enum EncodeError {
 pub enum DecodeError {
     /// The version byte names a format this code does not read.
     #[error(
-        "event format version {0} is not supported (this build reads versions {FORMAT_VERSION} and {FORMAT_VERSION_KEYED}, and {FORMAT_VERSION_WLOG_REF} in the WLog); upgrade monoseq or check the bytes are an event"
+        "event format version {0} is not supported (this build reads versions {FORMAT_VERSION} and {FORMAT_VERSION_KEYED}, {FORMAT_VERSION_WLOG_REF} and {FORMAT_VERSION_WLOG_REF_BARE} in the WLog, {FORMAT_VERSION_RECORD_REF} and {FORMAT_VERSION_RECORD_REF_BARE} in the records); upgrade monoseq or check the bytes are an event"
     )]
     UnsupportedVersion(u8),
     /// The body's checksum does not match: the bytes were damaged.
@@ -401,6 +409,23 @@ impl<'a> Reader<'a> {
             pos: HEADER_BYTES,
             version,
         })
+    }
+
+    /// Positions the reader after the version byte of a value that carries no checksum of its
+    /// own (a bare reference, whose reader checks the event it names).
+    fn open_bare(buf: &'a [u8], version: u8) -> Result<Reader<'a>, DecodeError> {
+        match buf.first() {
+            None => Err(DecodeError::Truncated {
+                what: "version",
+                at: 0,
+            }),
+            Some(&v) if v != version => Err(DecodeError::UnsupportedVersion(v)),
+            Some(_) => Ok(Reader {
+                buf,
+                pos: 1,
+                version,
+            }),
+        }
     }
 
     #[inline]
@@ -879,25 +904,53 @@ pub fn event_crc(event: &[u8]) -> Option<u32> {
 }
 
 impl WLogRef {
-    /// Encodes the reference, appending to `out`.
+    /// Encodes the reference with a checksum of its own (version [`FORMAT_VERSION_WLOG_REF`],
+    /// which key layout 3, a database's among them, writes), appending to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.push(FORMAT_VERSION_WLOG_REF);
         out.extend_from_slice(&[0; 4]);
-        put_varint(out, u64::from(self.partition.0));
-        put_varint(out, self.plog_offset.0);
-        out.extend_from_slice(&self.event_crc.to_le_bytes());
+        self.encode_fields(out);
         let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
         out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
     }
 
-    /// Decodes a WLog entry of version [`FORMAT_VERSION_WLOG_REF`].
+    /// Encodes the reference without a checksum of its own (version
+    /// [`FORMAT_VERSION_WLOG_REF_BARE`], which key layout 4 writes), appending to `out`.
+    pub fn encode_bare_into(&self, out: &mut Vec<u8>) {
+        out.push(FORMAT_VERSION_WLOG_REF_BARE);
+        self.encode_fields(out);
+    }
+
+    fn encode_fields(&self, out: &mut Vec<u8>) {
+        put_varint(out, u64::from(self.partition.0));
+        put_varint(out, self.plog_offset.0);
+        out.extend_from_slice(&self.event_crc.to_le_bytes());
+    }
+
+    /// Whether a stored WLog entry is a reference (of either version) rather than a copy of
+    /// the event, by its version byte.
+    #[must_use]
+    pub fn is_ref(bytes: &[u8]) -> bool {
+        matches!(
+            bytes.first(),
+            Some(&(FORMAT_VERSION_WLOG_REF | FORMAT_VERSION_WLOG_REF_BARE))
+        )
+    }
+
+    /// Decodes a WLog entry of version [`FORMAT_VERSION_WLOG_REF`] or
+    /// [`FORMAT_VERSION_WLOG_REF_BARE`].
     ///
     /// # Errors
     ///
-    /// [`DecodeError`] when the bytes are not a whole, undamaged reference.
+    /// [`DecodeError`] when the bytes are not a whole reference (of version 3: an undamaged
+    /// one).
     pub fn decode(bytes: &[u8]) -> Result<WLogRef, DecodeError> {
-        let mut r = Reader::open_versions(bytes, &[FORMAT_VERSION_WLOG_REF])?;
+        let mut r = if bytes.first() == Some(&FORMAT_VERSION_WLOG_REF_BARE) {
+            Reader::open_bare(bytes, FORMAT_VERSION_WLOG_REF_BARE)?
+        } else {
+            Reader::open_versions(bytes, &[FORMAT_VERSION_WLOG_REF])?
+        };
         let partition = r.varint_u32("partition")?;
         let plog_offset = PLogOffset(r.varint("PLog offset")?);
         let crc = r.u32_le("event checksum")?;
@@ -927,7 +980,7 @@ impl WLogEntry {
     ///
     /// [`DecodeError`] when the bytes are neither an undamaged reference nor an undamaged event.
     pub fn decode(bytes: &[u8]) -> Result<WLogEntry, DecodeError> {
-        if bytes.first() == Some(&FORMAT_VERSION_WLOG_REF) {
+        if WLogRef::is_ref(bytes) {
             WLogRef::decode(bytes).map(WLogEntry::Ref)
         } else {
             Event::decode(bytes).map(|e| WLogEntry::Copy(Box::new(e)))
@@ -943,7 +996,7 @@ impl WLogTarget {
     ///
     /// [`DecodeError`] when the bytes are neither an undamaged reference nor an undamaged event.
     pub fn decode(bytes: &[u8]) -> Result<WLogTarget, DecodeError> {
-        if bytes.first() == Some(&FORMAT_VERSION_WLOG_REF) {
+        if WLogRef::is_ref(bytes) {
             let r = WLogRef::decode(bytes)?;
             return Ok(WLogTarget {
                 partition: Some(r.partition),
@@ -1031,7 +1084,7 @@ pub(crate) enum RecordValue {
 
 /// Decodes the stored value of a record, of either form (told apart by the version byte).
 pub(crate) fn decode_record_value(bytes: &[u8]) -> Result<RecordValue, DecodeError> {
-    if bytes.first() == Some(&FORMAT_VERSION_RECORD_REF) {
+    if RecordRef::is_ref(bytes) {
         return RecordRef::decode(bytes).map(RecordValue::Ref);
     }
     let mut r = Reader::open(bytes)?;
@@ -1060,26 +1113,55 @@ pub struct RecordRef {
 }
 
 impl RecordRef {
-    /// Encodes the reference, appending to `out`.
+    /// Encodes the reference with a checksum of its own (version
+    /// [`FORMAT_VERSION_RECORD_REF`], as builds before [`FORMAT_VERSION_RECORD_REF_BARE`]
+    /// wrote it), appending to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.push(FORMAT_VERSION_RECORD_REF);
         out.extend_from_slice(&[0; 4]);
-        put_varint(out, u64::from(self.partition.0));
-        put_varint(out, self.plog_offset.0);
-        put_varint(out, u64::from(self.index));
-        out.extend_from_slice(&self.event_crc.to_le_bytes());
+        self.encode_fields(out);
         let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
         out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
     }
 
-    /// Decodes a record value of version [`FORMAT_VERSION_RECORD_REF`].
+    /// Encodes the reference without a checksum of its own (version
+    /// [`FORMAT_VERSION_RECORD_REF_BARE`], which key layout 4 writes), appending to `out`.
+    pub fn encode_bare_into(&self, out: &mut Vec<u8>) {
+        out.push(FORMAT_VERSION_RECORD_REF_BARE);
+        self.encode_fields(out);
+    }
+
+    fn encode_fields(&self, out: &mut Vec<u8>) {
+        put_varint(out, u64::from(self.partition.0));
+        put_varint(out, self.plog_offset.0);
+        put_varint(out, u64::from(self.index));
+        out.extend_from_slice(&self.event_crc.to_le_bytes());
+    }
+
+    /// Whether a stored record value is a reference (of either version) rather than the
+    /// record, by its version byte.
+    #[must_use]
+    pub fn is_ref(bytes: &[u8]) -> bool {
+        matches!(
+            bytes.first(),
+            Some(&(FORMAT_VERSION_RECORD_REF | FORMAT_VERSION_RECORD_REF_BARE))
+        )
+    }
+
+    /// Decodes a record value of version [`FORMAT_VERSION_RECORD_REF`] or
+    /// [`FORMAT_VERSION_RECORD_REF_BARE`].
     ///
     /// # Errors
     ///
-    /// [`DecodeError`] when the bytes are not a whole, undamaged reference.
+    /// [`DecodeError`] when the bytes are not a whole reference (of version 4: an undamaged
+    /// one).
     pub fn decode(bytes: &[u8]) -> Result<RecordRef, DecodeError> {
-        let mut r = Reader::open_versions(bytes, &[FORMAT_VERSION_RECORD_REF])?;
+        let mut r = if bytes.first() == Some(&FORMAT_VERSION_RECORD_REF_BARE) {
+            Reader::open_bare(bytes, FORMAT_VERSION_RECORD_REF_BARE)?
+        } else {
+            Reader::open_versions(bytes, &[FORMAT_VERSION_RECORD_REF])?
+        };
         let partition = r.varint_u32("partition")?;
         let plog_offset = PLogOffset(r.varint("PLog offset")?);
         let index = r.varint_u32("created record index")?;
@@ -1115,6 +1197,51 @@ mod tests {
             assert!(decode_record_value(&bad).is_err(), "byte {i} flipped");
         }
         assert!(decode_record_value(&bytes[..bytes.len() - 1]).is_err());
+
+        // The bare version holds the same fields in four bytes less; its damage is found where
+        // the event it names is checked (`segments.rs`), but a cut one does not decode.
+        let mut bare = Vec::new();
+        r.encode_bare_into(&mut bare);
+        assert_eq!(bare.len() + 4, bytes.len());
+        assert_eq!(bare[0], FORMAT_VERSION_RECORD_REF_BARE);
+        assert_eq!(decode_record_value(&bare), Ok(RecordValue::Ref(r)));
+        for cut in 0..bare.len() {
+            assert!(decode_record_value(&bare[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = bare.clone();
+        longer.push(0);
+        assert!(decode_record_value(&longer).is_err());
+    }
+
+    #[test]
+    fn a_wlog_reference_decodes_as_encoded_in_either_version() {
+        let r = WLogRef {
+            partition: PartitionId(7),
+            plog_offset: PLogOffset(1 << 33),
+            event_crc: 0x0bad_cafe,
+        };
+        let (mut checked, mut bare) = (Vec::new(), Vec::new());
+        r.encode_into(&mut checked);
+        r.encode_bare_into(&mut bare);
+        assert_eq!(bare.len() + 4, checked.len());
+        for bytes in [&checked, &bare] {
+            assert!(WLogRef::is_ref(bytes));
+            assert_eq!(WLogEntry::decode(bytes), Ok(WLogEntry::Ref(r)));
+            let target = WLogTarget::decode(bytes).expect("a reference");
+            assert_eq!(target.partition, Some(r.partition));
+            assert_eq!(
+                (target.plog_offset, target.event_crc),
+                (r.plog_offset, r.event_crc)
+            );
+            for cut in 0..bytes.len() {
+                assert!(WLogRef::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            }
+        }
+        for i in 0..checked.len() {
+            let mut bad = checked.clone();
+            bad[i] ^= 0x21;
+            assert_ne!(WLogRef::decode(&bad), Ok(r), "byte {i} flipped");
+        }
     }
 
     #[test]

@@ -35,8 +35,9 @@ pub use builtin::{
 };
 pub use codec::{
     ARG_DEPTH_MAX, DecodeError, EVENT_BYTES_MAX, EncodeError, EventHead, EventPeek, FORMAT_VERSION,
-    FORMAT_VERSION_KEYED, FORMAT_VERSION_RECORD_REF, FORMAT_VERSION_WLOG_REF, RecordRef, WLogEntry,
-    WLogRef, WLogTarget, decode_event_if, decode_numbers, event_crc,
+    FORMAT_VERSION_KEYED, FORMAT_VERSION_RECORD_REF, FORMAT_VERSION_RECORD_REF_BARE,
+    FORMAT_VERSION_WLOG_REF, FORMAT_VERSION_WLOG_REF_BARE, RecordRef, WLogEntry, WLogRef,
+    WLogTarget, decode_event_if, decode_numbers, event_crc,
 };
 pub use datadir::{
     DataDir, DataDirError, Loss, OpenPolicy, OpenReport, SettleError, ensure_retired, find_losses,

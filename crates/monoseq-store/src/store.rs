@@ -441,13 +441,20 @@ impl<S: KvStore> EventStore<S> {
         }
         // The WLog entry names the PLog event (about 12 bytes) instead of copying it, so each
         // event is written, flushed and compacted once.
+        // Key layout 4 writes it without a checksum of its own (the engine checksums its
+        // blocks; a reader checks the event it names); layout 3 (a database's, and a directory
+        // an older build may read) with one.
         group.ref_bytes.clear();
-        WLogRef {
+        let r = WLogRef {
             partition,
             plog_offset: e.plog_offset,
             event_crc: event_crc(&group.event_bytes).unwrap_or_default(),
+        };
+        if group.to_segments {
+            r.encode_bare_into(&mut group.ref_bytes);
+        } else {
+            r.encode_into(&mut group.ref_bytes);
         }
-        .encode_into(&mut group.ref_bytes);
         let wlog = wlog_key(self.app, e.ws, e.wlog_offset);
         let slot = Slot::WLog {
             ws: e.ws,
@@ -480,7 +487,7 @@ impl<S: KvStore> EventStore<S> {
                     index: u32::try_from(index).unwrap_or(u32::MAX),
                     event_crc: crc,
                 }
-                .encode_into(&mut group.record_bytes);
+                .encode_bare_into(&mut group.record_bytes);
             } else {
                 encode_record_value(&mut group.record_bytes, r);
             }

@@ -4,9 +4,10 @@
 
 use monoseq_core::{Number, PLogOffset, SeqValue, WsId, WsKind};
 use monoseq_store::{
-    ARG_DEPTH_MAX, ArgObject, CRECORD_ID_SEQUENCE, DecodeError, EncodeError, Event, Field,
-    Idempotency, OWRECORD_ID_SEQUENCE, Record, RecordId, RecordKind, WLOG_OFFSET_SEQUENCE,
-    WLogOffset, WLogRef, WLogTarget, decode_event_if, decode_numbers,
+    ARG_DEPTH_MAX, ArgObject, CRECORD_ID_SEQUENCE, DecodeError, EncodeError, Event,
+    FORMAT_VERSION_WLOG_REF_BARE, Field, Idempotency, OWRECORD_ID_SEQUENCE, Record, RecordId,
+    RecordKind, WLOG_OFFSET_SEQUENCE, WLogOffset, WLogRef, WLogTarget, decode_event_if,
+    decode_numbers,
 };
 use proptest::prelude::*;
 
@@ -212,6 +213,38 @@ proptest! {
     }
 
     #[test]
+    fn a_bare_wlog_reference_decodes_as_encoded_and_a_cut_one_does_not(
+        partition in any::<u32>(),
+        plog in any::<u64>(),
+        event_crc in any::<u32>(),
+        at in any::<prop::sample::Index>(),
+    ) {
+        let r = WLogRef {
+            partition: monoseq_store::PartitionId(partition),
+            plog_offset: PLogOffset(plog),
+            event_crc,
+        };
+        let mut bytes = Vec::new();
+        r.encode_bare_into(&mut bytes);
+        prop_assert!((7..=20).contains(&bytes.len()), "{} bytes", bytes.len());
+        prop_assert_eq!(WLogRef::decode(&bytes).unwrap(), r);
+        let target = WLogTarget::decode(&bytes).unwrap();
+        prop_assert_eq!(
+            (target.partition, target.plog_offset, target.event_crc),
+            (Some(r.partition), r.plog_offset, event_crc)
+        );
+        prop_assert_eq!(
+            Event::decode(&bytes).unwrap_err(),
+            DecodeError::UnsupportedVersion(FORMAT_VERSION_WLOG_REF_BARE)
+        );
+        let i = at.index(bytes.len());
+        prop_assert!(WLogRef::decode(&bytes[..i]).is_err());
+        prop_assert!(WLogTarget::decode(&bytes[..i]).is_err());
+        bytes.push(0);
+        prop_assert!(WLogRef::decode(&bytes).is_err());
+    }
+
+    #[test]
     fn a_wlog_reference_whose_version_byte_says_event_is_no_wlog_entry(
         partition in 0u32..128,
         plog in 0u64..128,
@@ -235,8 +268,13 @@ proptest! {
     fn random_bytes_are_no_wlog_entry_without_a_valid_checksum(
         bytes in proptest::collection::vec(any::<u8>(), 0..64)
     ) {
-        // Never a panic; a reference or a copy only with a checksum that holds.
+        // Never a panic; a reference or a copy only with a checksum that holds, or a bare
+        // reference (version 5), whose reader checks the event it names.
         if let Ok(t) = WLogTarget::decode(&bytes) {
+            if bytes[0] == FORMAT_VERSION_WLOG_REF_BARE {
+                prop_assert!(t.partition.is_some());
+                return Ok(());
+            }
             let crc = u32::from_le_bytes(bytes[1..5].try_into().unwrap());
             prop_assert_eq!(crc, crc32fast::hash(&bytes[5..]));
             prop_assert!(t.partition.is_some() || Event::decode(&bytes).is_ok());

@@ -16,10 +16,10 @@ use monoseq_kv::{
 };
 use monoseq_store::{
     AppId, AppendError, CRECORD_ID_SEQUENCE, DataDir, DataDirError, Event, EventStore,
-    FORMAT_VERSION, FORMAT_VERSION_RECORD_REF, Field, Gap, Identity, KEY_LAYOUT,
+    FORMAT_VERSION, FORMAT_VERSION_RECORD_REF_BARE, Field, Gap, Identity, KEY_LAYOUT,
     KEY_LAYOUT_SEGMENTS, Mark, Marks, OpenPolicy, PLOG_DIR, PageItem, PartitionId, ReadError,
     Record, RecordId, RecordKind, RecordRef, Segments, Slot, StoredRecords, TrustLevel, WLogOffset,
-    open_data_dir, retired_ranges,
+    WLogRef, open_data_dir, retired_ranges,
 };
 
 const APP: AppId = AppId(1);
@@ -777,7 +777,7 @@ fn redo_rebuilds_the_entries_and_records_of_a_store_that_lost_its_last_batches()
     for (ws, n) in t.work.record_ids() {
         let value = raw_record(&restarted, ws, n);
         assert_eq!(value, raw_record(&t.segmented, ws, n), "record {n} of {ws}");
-        if value[0] == FORMAT_VERSION_RECORD_REF {
+        if value[0] == FORMAT_VERSION_RECORD_REF_BARE {
             forms.0 += 1;
         } else {
             forms.1 += 1;
@@ -1383,6 +1383,44 @@ fn reference(p: PartitionId, event: &Event, index: u32) -> RecordRef {
 }
 
 #[test]
+fn a_wlog_entry_names_its_event_without_a_checksum_of_its_own_in_segment_layout_only() {
+    let mut t = Twins::new(TrustLevel::Level0);
+    let group = t.append(P0, 20);
+    let raw = |store: &dyn KvStore, e: &Event| {
+        let key = t.segmented.wlog_key(e.ws, e.wlog_offset);
+        store.get(key.as_key()).expect("get").expect("the entry")
+    };
+    let mut earlier = monoseq_kv::WriteBatch::new();
+    for e in &group {
+        let r = WLogRef {
+            partition: P0,
+            plog_offset: e.plog_offset,
+            event_crc: monoseq_store::event_crc(&e.encode().expect("encodes")).expect("a header"),
+        };
+        let (mut bare, mut checked) = (Vec::new(), Vec::new());
+        r.encode_bare_into(&mut bare);
+        r.encode_into(&mut checked);
+        let segmented = raw(t.segmented.kv(), e);
+        assert_eq!(segmented, bare, "key layout 4 writes version 5");
+        assert_eq!(
+            raw(t.kv_layout.kv(), e),
+            checked,
+            "key layout 3 keeps version 3"
+        );
+        assert_eq!(segmented.len() + 4, checked.len());
+        let key = t.segmented.wlog_key(e.ws, e.wlog_offset);
+        earlier.put(key.as_key(), &checked);
+    }
+    assert_same_reads(&t.segmented, &t.kv_layout, &t.work);
+    // Version 3 entries in a layout 4 store (as earlier builds wrote them) read as ever.
+    t.segmented
+        .kv()
+        .write(&earlier)
+        .expect("the store takes the write");
+    assert_same_reads(&t.segmented, &t.kv_layout, &t.work);
+}
+
+#[test]
 fn a_created_record_is_stored_as_a_reference_to_its_event_until_updated() {
     let t = Twins::new(TrustLevel::Level0);
     let mut two = creating(1, 7, 1, 1);
@@ -1398,9 +1436,9 @@ fn a_created_record_is_stored_as_a_reference_to_its_event_until_updated() {
     for (n, index) in [(1, 0), (2, 1)] {
         let value = raw_record(&t.segmented, 7, n);
         let mut want = Vec::new();
-        reference(P0, &two, index).encode_into(&mut want);
+        reference(P0, &two, index).encode_bare_into(&mut want);
         assert_eq!(value, want, "record {n}: a reference to its event");
-        assert!(value.len() < 20, "{} bytes", value.len());
+        assert!(value.len() < 16, "{} bytes", value.len());
         assert_eq!(
             raw_record(&t.kv_layout, 7, n)[0],
             FORMAT_VERSION,
@@ -1426,7 +1464,10 @@ fn a_created_record_is_stored_as_a_reference_to_its_event_until_updated() {
         raw_record(&t.kv_layout, 7, 2),
         "now whole"
     );
-    assert_eq!(raw_record(&t.segmented, 7, 1)[0], FORMAT_VERSION_RECORD_REF);
+    assert_eq!(
+        raw_record(&t.segmented, 7, 1)[0],
+        FORMAT_VERSION_RECORD_REF_BARE
+    );
     for n in 1..=3 {
         let read = t.segmented.read_record(WsId(7), id(n)).expect("record");
         assert!(read.is_some());
@@ -1469,9 +1510,13 @@ fn a_reference_to_a_damaged_event_is_a_read_error_and_to_a_retired_one_no_record
     t.segments
         .retire_to(P1, 4)
         .expect("offsets of partition 1 retired");
-    let dangling = |n: u64, r: RecordRef, found: &str| {
+    let dangling_as = |n: u64, r: RecordRef, found: &str, bare: bool| {
         let mut value = Vec::new();
-        r.encode_into(&mut value);
+        if bare {
+            r.encode_bare_into(&mut value);
+        } else {
+            r.encode_into(&mut value);
+        }
         put_raw_record(&t.segmented, 7, n, &value);
         let err = t.segmented.read_record(WsId(7), id(n)).expect_err("damage");
         let message = err.to_string();
@@ -1490,6 +1535,13 @@ fn a_reference_to_a_damaged_event_is_a_read_error_and_to_a_retired_one_no_record
             "{refused}"
         );
         assert_eq!(t.segments.end(P0).expect("end"), 4);
+    };
+    // Each in both versions: with a checksum of its own (4, as earlier builds wrote it) and
+    // without (6, as this build writes it): a damaged one dangles either way.
+    let dangling = |n: u64, r: RecordRef, found: &str| {
+        for bare in [false, true] {
+            dangling_as(n, r, found, bare);
+        }
     };
     let mut r = reference(P0, &first, 0);
     r.event_crc ^= 1;

@@ -15,9 +15,7 @@ use std::ops::{Bound, ControlFlow};
 use std::path::Path;
 
 use monoseq_kv::{Key, KvStore, Order};
-use monoseq_store::{
-    AppId, Event, FORMAT_VERSION_WLOG_REF, LOG_BLOCK_EVENTS, Mark, WLogEntry, WLogRef, event_crc,
-};
+use monoseq_store::{AppId, Event, LOG_BLOCK_EVENTS, Mark, WLogEntry, WLogRef, event_crc};
 
 use crate::keys;
 use crate::listing::PartitionList;
@@ -466,7 +464,7 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
 /// Whether WLog entry `entry` names the event `plog` (its bytes) at PLog offset `offset` of
 /// `partition`: as a reference to exactly that event, or as a copy of its bytes.
 fn names_event(entry: &[u8], partition: u32, offset: u64, plog: &[u8]) -> bool {
-    if entry.first() != Some(&FORMAT_VERSION_WLOG_REF) {
+    if !WLogRef::is_ref(entry) {
         return entry == plog;
     }
     WLogRef::decode(entry).is_ok_and(|r| {

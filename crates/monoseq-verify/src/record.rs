@@ -1,13 +1,11 @@
 //! Decoding a records-table value ("Record value, format version 1" in `docs/format.md`):
 //! version, CRC-32 of the rest, then kind, ID, name and fields, ending exactly at the end; or
-//! (key layout 4) a record reference, "format version 4", which the store's decoder reads.
+//! (key layout 4) a record reference, "format version 4" or 6, which the store's decoder reads.
 //! `monoseq-store` keeps its decoder private and its public reader looks one key up at a time,
 //! so the records pass, which scans whole blocks, decodes here. A unit test checks it against
 //! values the event store writes.
 
-use monoseq_store::{
-    DecodeError, FORMAT_VERSION, FORMAT_VERSION_RECORD_REF, RecordKind, RecordRef,
-};
+use monoseq_store::{DecodeError, FORMAT_VERSION, RecordKind, RecordRef};
 
 /// What the checks need of a stored record: its kind and ID, or where the event that created
 /// it is.
@@ -78,7 +76,7 @@ impl Reader<'_> {
 
 /// Decodes and fully checks a stored record value.
 pub(crate) fn decode_record(buf: &[u8]) -> Result<StoredRecord, DecodeError> {
-    if buf.first() == Some(&FORMAT_VERSION_RECORD_REF) {
+    if RecordRef::is_ref(buf) {
         return RecordRef::decode(buf).map(StoredRecord::Ref);
     }
     let version = *buf.first().ok_or(DecodeError::Truncated {
