@@ -34,6 +34,16 @@ const KEYSPACE: &str = "kv";
 /// a whole memtable without growing (`vendor/fjall/PATCHES.md`). Stored with the keyspace:
 /// a data directory created by an earlier build keeps its own.
 pub const MEMTABLE_BYTES: u64 = 32 * 1024 * 1024;
+/// How many level-0 tables fjall's leveled compaction gathers before merging them into level 1
+/// (fjall's default: 4). Each flushed table holds keys of every workspace, so each merge
+/// rewrites all of level 1: gathering 16 rewrites it a quarter as often. Level 1 keeps its size
+/// (this times [`COMPACTION_TABLE_BYTES`], 256 MiB as by default); writes slow at 20 level-0
+/// tables, so 4 flushes of room are left. Replaying the soak's keys into fjall, the engine
+/// wrote 16 % fewer bytes and compacted 34 % shorter (`docs/benchmarks/soak.md`, "Compaction
+/// settings").
+pub const COMPACTION_LEVEL0_TABLES: u8 = 16;
+/// The size of the tables fjall's compactions write (fjall's default: 64 MiB).
+pub const COMPACTION_TABLE_BYTES: u64 = 16 * 1024 * 1024;
 /// The niceness of fjall's compacting workers (all but the one kept for flushes, on a machine
 /// of two or more CPUs): compactions take the CPU the partitions and the HTTP server leave
 /// instead of a fair share beside them (DESIGN.md, "What stalls a durable write …").
@@ -257,7 +267,8 @@ impl FjallFiles {
 
 /// The options of the keyspace a new data directory (or a backup's copy) is created with
 /// (`docs/format.md`, "The embedded engine's files"): fjall's defaults but for data blocks
-/// compressed with LZ4 on every level, [`MEMTABLE_BYTES`], and every table's Bloom filter and
+/// compressed with LZ4 on every level, [`MEMTABLE_BYTES`], level 1 merged from
+/// [`COMPACTION_LEVEL0_TABLES`] tables of level 0, and every table's Bloom filter and
 /// index written in partitions of 4 KiB under a small top-level block kept in memory. fjall's
 /// default writes them whole above its fourth level, so a point read of a key (the numbers of
 /// a workspace a restarted sequencer first touches) loaded its table's whole filter, about
@@ -267,12 +278,17 @@ impl FjallFiles {
 /// keeps those it was created with: one written before reads as it is (uncompressed blocks
 /// carry their own type, as compressed ones do; a table says whether its filter and index are
 /// partitioned).
-pub(crate) fn keyspace_options() -> KeyspaceCreateOptions {
+pub fn keyspace_options() -> KeyspaceCreateOptions {
     KeyspaceCreateOptions::default()
         .data_block_compression_policy(CompressionPolicy::all(CompressionType::Lz4))
         .filter_block_partitioning_policy(PartitioningPolicy::all(true))
         .index_block_partitioning_policy(PartitioningPolicy::all(true))
         .max_memtable_size(MEMTABLE_BYTES)
+        .compaction_strategy(std::sync::Arc::new(
+            fjall::compaction::Leveled::default()
+                .with_l0_threshold(COMPACTION_LEVEL0_TABLES)
+                .with_table_target_size(COMPACTION_TABLE_BYTES),
+        ))
 }
 
 impl FjallFiles {
