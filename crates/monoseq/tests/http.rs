@@ -192,7 +192,7 @@ async fn the_metrics_show_what_the_embedded_engine_holds_in_memory_and_does_in_t
         value("monoseq_engine_journals").unwrap() >= 1.0,
         "{metrics}"
     );
-    // Table block reads, by kind and source (counted in crates/monoseq-kv/tests/fjall_filters.rs).
+    // Table block reads, by kind and source (counted in crates/monoseq-kv/tests/fjall_settings.rs).
     for block in ["data", "index", "filter"] {
         for from in ["cache", "file"] {
             let name = format!("monoseq_engine_block_reads{{block=\"{block}\",from=\"{from}\"}}");
