@@ -440,10 +440,9 @@ impl<S: KvStore> EventStore<S> {
             group.push(op, plog.as_key(), None, (i, slot));
         }
         // The WLog entry names the PLog event (about 12 bytes) instead of copying it, so each
-        // event is written, flushed and compacted once.
-        // Key layout 4 writes it without a checksum of its own (the engine checksums its
-        // blocks; a reader checks the event it names); layout 3 (a database's, and a directory
-        // an older build may read) with one.
+        // event is written, flushed and compacted once. Key layout 4 writes it without a
+        // checksum of its own (the engine checksums its blocks; a reader checks the event it
+        // names); layout 3 (a database's, and a directory an older build may read) with one.
         group.ref_bytes.clear();
         let r = WLogRef {
             partition,
