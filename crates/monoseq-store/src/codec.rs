@@ -411,21 +411,18 @@ impl<'a> Reader<'a> {
         })
     }
 
-    /// Positions the reader after the version byte of a value that carries no checksum of its
-    /// own (a bare reference, whose reader checks the event it names).
-    fn open_bare(buf: &'a [u8], version: u8) -> Result<Reader<'a>, DecodeError> {
-        match buf.first() {
-            None => Err(DecodeError::Truncated {
-                what: "version",
-                at: 0,
-            }),
-            Some(&v) if v != version => Err(DecodeError::UnsupportedVersion(v)),
-            Some(_) => Ok(Reader {
-                buf,
-                pos: 1,
-                version,
-            }),
+    /// Opens a reference of version `checked` (checksum checked, as [`Reader::open_versions`])
+    /// or `bare` (no checksum of its own: its reader checks the event it names), positioned at
+    /// its fields.
+    fn open_reference(buf: &'a [u8], checked: u8, bare: u8) -> Result<Reader<'a>, DecodeError> {
+        if buf.first() != Some(&bare) {
+            return Reader::open_versions(buf, &[checked]);
         }
+        Ok(Reader {
+            buf,
+            pos: 1,
+            version: bare,
+        })
     }
 
     #[inline]
@@ -907,12 +904,7 @@ impl WLogRef {
     /// Encodes the reference with a checksum of its own (version [`FORMAT_VERSION_WLOG_REF`],
     /// which key layout 3, a database's among them, writes), appending to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.push(FORMAT_VERSION_WLOG_REF);
-        out.extend_from_slice(&[0; 4]);
-        self.encode_fields(out);
-        let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
-        out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+        put_checksummed(out, FORMAT_VERSION_WLOG_REF, |out| self.encode_fields(out));
     }
 
     /// Encodes the reference without a checksum of its own (version
@@ -946,11 +938,8 @@ impl WLogRef {
     /// [`DecodeError`] when the bytes are not a whole reference (of version 3: an undamaged
     /// one).
     pub fn decode(bytes: &[u8]) -> Result<WLogRef, DecodeError> {
-        let mut r = if bytes.first() == Some(&FORMAT_VERSION_WLOG_REF_BARE) {
-            Reader::open_bare(bytes, FORMAT_VERSION_WLOG_REF_BARE)?
-        } else {
-            Reader::open_versions(bytes, &[FORMAT_VERSION_WLOG_REF])?
-        };
+        let mut r =
+            Reader::open_reference(bytes, FORMAT_VERSION_WLOG_REF, FORMAT_VERSION_WLOG_REF_BARE)?;
         let partition = r.varint_u32("partition")?;
         let plog_offset = PLogOffset(r.varint("PLog offset")?);
         let crc = r.u32_le("event checksum")?;
@@ -1065,10 +1054,16 @@ pub(crate) fn merged_record_value_len(stored: &Record, changes: &[Field]) -> usi
 /// Encodes the stored value of a record (layout in `docs/format.md`, "Record value"), appending
 /// to `out`.
 pub(crate) fn encode_record_value(out: &mut Vec<u8>, r: &Record) {
+    put_checksummed(out, FORMAT_VERSION, |out| put_record(out, r));
+}
+
+/// Appends `version`, the CRC-32 of what `body` appends, and that body: the header of every
+/// value that carries its own checksum.
+fn put_checksummed(out: &mut Vec<u8>, version: u8, body: impl FnOnce(&mut Vec<u8>)) {
     let start = out.len();
-    out.push(FORMAT_VERSION);
+    out.push(version);
     out.extend_from_slice(&[0; 4]);
-    put_record(out, r);
+    body(out);
     let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
     out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
 }
@@ -1117,12 +1112,9 @@ impl RecordRef {
     /// [`FORMAT_VERSION_RECORD_REF`], as builds before [`FORMAT_VERSION_RECORD_REF_BARE`]
     /// wrote it), appending to `out`.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.push(FORMAT_VERSION_RECORD_REF);
-        out.extend_from_slice(&[0; 4]);
-        self.encode_fields(out);
-        let crc = crc32fast::hash(&out[start + HEADER_BYTES..]);
-        out[start + 1..start + HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+        put_checksummed(out, FORMAT_VERSION_RECORD_REF, |out| {
+            self.encode_fields(out)
+        });
     }
 
     /// Encodes the reference without a checksum of its own (version
@@ -1157,11 +1149,11 @@ impl RecordRef {
     /// [`DecodeError`] when the bytes are not a whole reference (of version 4: an undamaged
     /// one).
     pub fn decode(bytes: &[u8]) -> Result<RecordRef, DecodeError> {
-        let mut r = if bytes.first() == Some(&FORMAT_VERSION_RECORD_REF_BARE) {
-            Reader::open_bare(bytes, FORMAT_VERSION_RECORD_REF_BARE)?
-        } else {
-            Reader::open_versions(bytes, &[FORMAT_VERSION_RECORD_REF])?
-        };
+        let mut r = Reader::open_reference(
+            bytes,
+            FORMAT_VERSION_RECORD_REF,
+            FORMAT_VERSION_RECORD_REF_BARE,
+        )?;
         let partition = r.varint_u32("partition")?;
         let plog_offset = PLogOffset(r.varint("PLog offset")?);
         let index = r.varint_u32("created record index")?;
