@@ -267,7 +267,7 @@ impl FjallFiles {
 
 /// The options of the keyspace a new data directory (or a backup's copy) is created with
 /// (`docs/format.md`, "The embedded engine's files"): fjall's defaults but for data blocks
-/// compressed with LZ4 on every level, [`MEMTABLE_BYTES`], level 1 merged from
+/// compressed with LZ4 on every level, a memtable of `MEMTABLE_BYTES`, level 1 merged from
 /// [`COMPACTION_LEVEL0_TABLES`] tables of level 0, and every table's Bloom filter and
 /// index written in partitions of 4 KiB under a small top-level block kept in memory. fjall's
 /// default writes them whole above its fourth level, so a point read of a key (the numbers of
