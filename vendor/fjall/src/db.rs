@@ -646,6 +646,7 @@ impl Database {
             journal_manager: Arc::new(RwLock::new(journal_manager)),
             backpressure_lock: Mutex::default(),
             retired_memtables: Mutex::default(),
+            retired_versions: Mutex::default(),
             seqno,
         });
 
@@ -923,6 +924,7 @@ impl Database {
             journal_manager: Arc::new(RwLock::new(JournalManager::new())),
             backpressure_lock: Mutex::default(),
             retired_memtables: Mutex::default(),
+            retired_versions: Mutex::default(),
             seqno,
         });
 

@@ -259,12 +259,16 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                 crate::journal::writer::Writer::sync_handle(&file, crate::PersistMode::SyncAll)?;
             }
 
-            run_flush(
+            let flushed = run_flush(
                 &task,
                 &ctx.supervisor.write_buffer_size,
                 &ctx.supervisor.snapshot_tracker,
                 &ctx.stats,
-            )?;
+            );
+            // What rotations retired is dropped here, where waiting holds up no writer
+            // (monoseq patch).
+            ctx.supervisor.drop_retired_versions();
+            flushed?;
 
             for _ in 0..ctx.pool_size {
                 ctx.sender

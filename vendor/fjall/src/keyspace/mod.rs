@@ -769,14 +769,18 @@ impl Keyspace {
                 .expect("lock is poisoned")
                 .values()
             {
-                if let Err(e) = keyspace.tree.get_version_history_lock().maintenance(
+                // The history's lock is released at the end of this statement; the versions
+                // taken out are dropped by the flush worker (monoseq patch).
+                let retired = keyspace.tree.get_version_history_lock().maintenance(
                     keyspace.path(),
                     self.supervisor.snapshot_tracker.get_seqno_safe_to_gc(),
-                ) {
-                    log::warn!(
+                );
+                match retired {
+                    Ok(retired) => self.supervisor.retire_versions(retired),
+                    Err(e) => log::warn!(
                         "Version history GC failed for keyspace {:?}: {e:?}",
                         keyspace.name,
-                    );
+                    ),
                 }
             }
         }
