@@ -92,6 +92,9 @@ pub struct Writer {
     linked_blob_files: Vec<LinkedFile>,
 
     initial_level: u8,
+
+    /// Where the last background writeback was started ([`crate::file::start_writeback`]).
+    writeback_at: u64,
 }
 
 impl Writer {
@@ -140,6 +143,8 @@ impl Writer {
             previous_item: None,
 
             linked_blob_files: Vec::new(),
+
+            writeback_at: 0,
         })
     }
 
@@ -338,6 +343,11 @@ impl Writer {
 
         // Adjust metadata
         self.meta.file_pos += u64::from(bytes_written);
+        if *self.meta.file_pos - self.writeback_at >= crate::file::BYTES_PER_WRITEBACK {
+            // What the buffer holds is not in the file yet; it goes with the next start.
+            crate::file::start_writeback(self.file_writer.get_mut().inner_mut().get_ref())?;
+            self.writeback_at = *self.meta.file_pos;
+        }
         self.meta.item_count += self.chunk.len();
         self.meta.data_block_count += 1;
 
