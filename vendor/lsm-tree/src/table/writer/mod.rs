@@ -344,8 +344,16 @@ impl Writer {
         // Adjust metadata
         self.meta.file_pos += u64::from(bytes_written);
         if *self.meta.file_pos - self.writeback_at >= crate::file::BYTES_PER_WRITEBACK {
-            // What the buffer holds is not in the file yet; it goes with the next start.
-            crate::file::start_writeback(self.file_writer.get_mut().inner_mut().get_ref())?;
+            // What the buffer holds is not in the file yet; it goes with the next start. The
+            // start is advice: a failed one is left to the final `fsync`, which reports any
+            // write error of the file itself.
+            let file = self.file_writer.get_mut().inner_mut().get_ref();
+            if let Err(e) = crate::file::start_writeback(file) {
+                log::debug!(
+                    "Could not start the writeback of {}: {e}",
+                    self.path.display()
+                );
+            }
             self.writeback_at = *self.meta.file_pos;
         }
         self.meta.item_count += self.chunk.len();
