@@ -56,6 +56,12 @@ fn cachestat(file: &File) -> Cachestat {
     stat
 }
 
+/// A new directory on the disk the tests build on, not on a tmpfs, whose pages are never
+/// written back.
+fn on_disk() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temporary directory")
+}
+
 /// Waits, at most 15 s, until `done` holds of `file`'s page-cache counts; panics naming `what`
 /// with the last counts otherwise.
 fn wait_for(file: &File, what: &str, done: impl Fn(&Cachestat) -> bool) {
@@ -74,7 +80,7 @@ fn wait_for(file: &File, what: &str, done: impl Fn(&Cachestat) -> bool) {
 
 #[test]
 fn a_table_being_written_has_its_pages_written_back_before_its_fsync() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temporary directory");
+    let dir = on_disk();
     let path = dir.path().join("1");
     let mut writer = lsm_tree::table::Writer::new(path.clone(), 1, 0).expect("a table writer");
     // About 4.6 MiB of data blocks: 40 000 entries of a 8-byte key and a 100-byte value.
@@ -108,8 +114,7 @@ fn a_table_being_written_has_its_pages_written_back_before_its_fsync() {
 
 #[test]
 fn starting_writeback_sends_a_files_dirty_pages_to_the_disk_without_an_fsync() {
-    // On the disk the tests build on, not a tmpfs, whose pages are never written back.
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temporary directory");
+    let dir = on_disk();
     let path = dir.path().join("table");
     let mut file = File::create_new(&path).expect("a new file");
     file.write_all(&vec![7u8; 8 << 20]).expect("8 MiB written");
