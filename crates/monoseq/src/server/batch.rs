@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::join_all;
@@ -35,8 +35,7 @@ use crate::forward::Forwarder;
 /// answers their results.
 pub(super) async fn submit_batch(
     State(st): State<Arc<AppState>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    Sent { headers, body }: Sent,
 ) -> Response {
     let began = std::time::Instant::now();
     let body = match body {
@@ -155,10 +154,36 @@ pub(super) fn is_json(headers: &HeaderMap) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .is_some_and(|mime| {
-            let mime = mime.trim().to_ascii_lowercase();
-            mime == "application/json"
-                || (mime.starts_with("application/") && mime.ends_with("+json"))
+            let mime = mime.trim();
+            let (start, end) = (
+                mime.get(..12),
+                mime.len().checked_sub(5).and_then(|at| mime.get(at..)),
+            );
+            mime.eq_ignore_ascii_case("application/json")
+                || (start.is_some_and(|s| s.eq_ignore_ascii_case("application/"))
+                    && end.is_some_and(|e| e.eq_ignore_ascii_case("+json")))
         })
+}
+
+/// A request's headers and its body read whole, for the handlers that need both: the headers
+/// are moved out of the request (axum's `HeaderMap` extractor clones them, an allocation per
+/// header on every command).
+pub(super) struct Sent {
+    pub(super) headers: HeaderMap,
+    /// The body, or why it could not be read (too large, cut off).
+    pub(super) body: Result<Bytes, BytesRejection>,
+}
+
+impl<S: Send + Sync> FromRequest<S> for Sent {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request(mut request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let headers = std::mem::take(request.headers_mut());
+        Ok(Sent {
+            headers,
+            body: Bytes::from_request(request, state).await,
+        })
+    }
 }
 
 /// Runs the commands of a batch and answers each: those of partitions served here through
@@ -328,4 +353,41 @@ fn internal(message: impl Into<String>) -> BatchResultBody {
 /// The answer to a batch that was run: 200 with one result per command.
 fn answer(results: Vec<BatchResultBody>) -> Response {
     axum::Json(BatchAnswerBody { results }).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn typed(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, value.parse().expect("a header value"));
+        headers
+    }
+
+    #[test]
+    fn a_json_media_type_is_recognised_in_any_case_with_parameters_and_as_a_json_suffix() {
+        for json in [
+            "application/json",
+            "Application/JSON",
+            " application/json ; charset=utf-8",
+            "application/problem+json",
+            "APPLICATION/VND.API+JSON;v=1",
+        ] {
+            assert!(is_json(&typed(json)), "{json:?} is JSON");
+        }
+        for other in [
+            "text/plain",
+            "application/jsonl",
+            "application/json-seq",
+            "text/json",
+            "json",
+            "application",
+            "",
+            "application/x+jsonp",
+        ] {
+            assert!(!is_json(&typed(other)), "{other:?} is not JSON");
+        }
+        assert!(!is_json(&HeaderMap::new()), "no content type is not JSON");
+    }
 }

@@ -216,8 +216,7 @@ fn path_error(rejection: &PathRejection) -> Response {
 
 async fn submit(
     State(st): State<Arc<AppState>>,
-    headers: axum::http::HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    super::batch::Sent { headers, body }: super::batch::Sent,
 ) -> Response {
     let began = std::time::Instant::now();
     let (cmd, body) = match command_body(&headers, body) {
