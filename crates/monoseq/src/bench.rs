@@ -80,9 +80,10 @@ pub struct BenchArgs {
     /// keeps them).
     #[arg(long, conflicts_with = "url")]
     pub no_marks: bool,
-    /// With --url: commands per second to offer in all, spread evenly over the clients, each
-    /// sending on a fixed schedule whether or not its earlier requests were answered (up to 64
-    /// in flight each); latencies are then measured from when a request was due, so that a
+    /// With --url: commands per second to offer in all, spread evenly over the clients and
+    /// over time (the clients' schedules staggered), each sending on a fixed schedule whether
+    /// or not its earlier requests were answered (up to 64 in flight each; `held` counts the
+    /// waits past that); latencies are then measured from when a request was due, so that a
     /// stall of the server counts in full. Without it each client sends its next request as
     /// soon as the last is answered.
     #[arg(long, requires = "url", value_parser = clap::value_parser!(u64).range(1..=RATE_MAX))]
@@ -103,15 +104,22 @@ pub const RATE_MAX: u64 = 100_000_000;
 pub const PACED_IN_FLIGHT_MAX: usize = 64;
 
 /// The schedule of one client under `--rate`: a request every `clients × commands per
-/// request ÷ rate` seconds. A request that falls behind is sent at once (the schedule does not
-/// move), so the latency of what was held up includes the hold-up.
+/// request ÷ rate` seconds, client `c` of `clients` starting `c ÷ clients` of a period after
+/// the first, so that the clients' requests arrive evenly spread over each period and not all
+/// at once (a burst of every client's request that the last one in it waits through). A
+/// request that falls behind is sent at once (the schedule does not move), so the latency of
+/// what was held up includes the hold-up.
 struct Pace(Option<tokio::time::Interval>);
 
 impl Pace {
-    fn new(args: &BenchArgs, per_request: usize) -> Pace {
+    fn new(args: &BenchArgs, per_request: usize, client: u64) -> Pace {
         Pace(args.rate.map(|rate| {
-            let period = Duration::from_secs_f64((args.clients * per_request) as f64 / rate as f64);
-            let mut interval = tokio::time::interval(period.max(Duration::from_micros(1)));
+            let clients = args.clients.max(1);
+            let period = Duration::from_secs_f64((clients * per_request) as f64 / rate as f64)
+                .max(Duration::from_micros(1));
+            let offset = period.mul_f64((client % clients as u64) as f64 / clients as f64);
+            let start = tokio::time::Instant::now() + offset;
+            let mut interval = tokio::time::interval_at(start, period);
             interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
             interval
         }))
@@ -509,7 +517,7 @@ async fn http_batch_load(
     for c in 0..args.clients as u64 {
         let client = client.clone();
         let (workspaces, keys) = (args.workspaces, args.idempotency_keys);
-        let mut pace = Pace::new(args, size);
+        let mut pace = Pace::new(args, size, c);
         tasks.push(tokio::spawn(async move {
             let mut sends = Sends::new(pace.paced());
             let mut i = c;
@@ -582,7 +590,7 @@ async fn http_load(
         let client = client.clone();
         let workspaces = args.workspaces;
         let keys = args.idempotency_keys;
-        let mut pace = Pace::new(args, 1);
+        let mut pace = Pace::new(args, 1, c);
         tasks.push(tokio::spawn(async move {
             let mut sends = Sends::new(pace.paced());
             let mut i = c;
@@ -648,6 +656,11 @@ impl Sends {
             request.await;
             return Ok(());
         };
+        // Answered requests leave the set first: `len` counts them until they are joined, so
+        // without this every request past the first PACED_IN_FLIGHT_MAX would count as held.
+        while let Some(done) = in_flight.try_join_next() {
+            done.context("a paced request failed")?;
+        }
         if in_flight.len() >= PACED_IN_FLIGHT_MAX {
             self.held += 1;
             if let Some(done) = in_flight.join_next().await {
@@ -680,6 +693,50 @@ fn lock(tally: &Mutex<Tally>) -> std::sync::MutexGuard<'_, Tally> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    /// Paced clients spread their requests over each period: all sent at the same instants,
+    /// every client's request would arrive in one burst that the last of them waits through,
+    /// and the measured latency would be that burst's, not the server's under an even load.
+    #[tokio::test]
+    async fn paced_clients_send_their_requests_spread_evenly_over_the_period_not_at_once() {
+        let flags = Flags::parse_from([
+            "bench",
+            "--url",
+            "http://127.0.0.1:1",
+            "--clients",
+            "4",
+            "--rate",
+            "4000",
+        ]);
+        // 4 clients × 100 commands a request ÷ 4 000 commands/s: a request every 100 ms each.
+        let period = Duration::from_millis(100);
+        let mut paces: Vec<Pace> = (0..4).map(|c| Pace::new(&flags.bench, 100, c)).collect();
+        let mut first = Vec::new();
+        for pace in &mut paces {
+            first.push(pace.due().await);
+        }
+        for (c, due) in first.iter().enumerate().skip(1) {
+            let gap = due.duration_since(first[c - 1]);
+            let (low, high) = (
+                period / 4 - Duration::from_millis(2),
+                period / 4 + period / 50,
+            );
+            assert!(
+                gap >= low && gap <= high,
+                "client {c} is due {gap:?} after client {}, not a quarter of {period:?}",
+                c - 1
+            );
+        }
+        let next = paces[3].due().await;
+        assert_eq!(next.duration_since(first[3]), period, "the schedule moved");
+    }
 
     /// A paced client must not hold a due request behind the answer of the one before it: its
     /// latency would then be its own queue's, not the server's.
@@ -733,6 +790,30 @@ mod tests {
         release.add_permits(PACED_IN_FLIGHT_MAX);
         let done = sends.finish().await.unwrap();
         assert_eq!((done.ok, done.held), (PACED_IN_FLIGHT_MAX as u64 + 1, 1));
+    }
+
+    /// `held` counts the waits for an answer, so a paced client whose requests are all
+    /// answered before its next is due holds none, however many it sends.
+    #[tokio::test]
+    async fn a_paced_client_whose_requests_are_answered_in_time_counts_none_held() {
+        let mut sends = Sends::new(true);
+        let sent = 3 * PACED_IN_FLIGHT_MAX as u64;
+        for _ in 0..sent {
+            let tally = sends.tally();
+            let (answered, is_answered) = tokio::sync::oneshot::channel::<()>();
+            sends
+                .send(async move {
+                    lock(&tally).ok += 1;
+                    let _ = answered.send(());
+                })
+                .await
+                .unwrap();
+            // The request is answered before the next one is due.
+            is_answered.await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        let done = sends.finish().await.unwrap();
+        assert_eq!((done.ok, done.held), (sent, 0));
     }
 
     #[tokio::test]
