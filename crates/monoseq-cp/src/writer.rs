@@ -663,8 +663,10 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
 
     /// Makes a group durable before anyone is told: appends it, syncs the store, then raises
     /// the partition's high-water mark (the marks' cycle runs the store's sync first, so a
-    /// mark never reaches the disk before the events it covers). Answers the updated records
-    /// as written and when the append ended (the sync and the raise follow it).
+    /// mark never reaches the disk before the events it covers), then writes what the append
+    /// deferred until its events were durable ([`EventStore::append_deferred`]). Answers the
+    /// updated records as written and when the append ended (the sync and the raise follow
+    /// it).
     fn write(
         &self,
         events: &[Event],
@@ -673,7 +675,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         begun: Option<GroupBegun<'_>>,
         clock: &impl Clock,
     ) -> Result<(StoredRecords, Instant), AppendError> {
-        let records = self.store.append_onto(self.partition, events, stored)?;
+        let records = self.store.append_deferred(self.partition, events, stored)?;
         let appended = clock.now();
         let raised = match begun {
             Some(group) => group.raise_after(self.partition.0, &mark, || self.store.sync()),
@@ -683,6 +685,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             MarksError::Store(e) => AppendError::Storage(e),
             e => AppendError::Storage(KvError::backend("raising the high-water mark failed", e)),
         })?;
+        self.store.apply_deferred(self.partition)?;
         Ok((records, appended))
     }
 

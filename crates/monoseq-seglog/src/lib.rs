@@ -113,3 +113,4 @@ pub use log::{
 };
 pub use page::Page;
 pub use recover::Tail;
+pub use segment::overwrites_in_place;

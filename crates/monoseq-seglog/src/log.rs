@@ -273,6 +273,25 @@ impl SegLog {
             .map_err(|e| self.poison("sync", e))
     }
 
+    /// Sends every frame appended to the disk and waits until it took them, without asking it
+    /// to flush its cache: `sync_file_range` (wait for writeback under way, write, wait) over
+    /// the active segment. The frames are durable once the disk's cache is flushed afterwards,
+    /// by an `fdatasync` of any file on the same file system: their blocks were allocated and
+    /// written (zero-filled) and that fill synced before, so overwriting them in place needs no
+    /// metadata, where the file system overwrites in place (ext4; not a copy-on-write one).
+    /// Elsewhere than Linux it is [`SegLog::sync`].
+    ///
+    /// # Errors
+    ///
+    /// As [`SegLog::sync`]: a failed write poisons the log.
+    pub fn write_back(&self) -> Result<(), SegError> {
+        self.check_poisoned()?;
+        let active = self.active()?;
+        crate::segment::write_back(&active.file)
+            .map_err(crate::error::io("writing back", &active.path))
+            .map_err(|e| self.poison("write back", e))
+    }
+
     /// Up to `max_events` frames from offset `from` on, in offset order, their bytes at most
     /// `max_bytes` (but the first frame's, which is always returned; none when `max_events`
     /// is 0), each frame's length and

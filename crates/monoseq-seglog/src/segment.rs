@@ -67,6 +67,72 @@ pub(crate) fn parse_name(name: &str) -> Option<u64> {
 }
 
 /// Syncs the directory `dir`, so the entries created in it are durable.
+/// Writes the file's dirty pages to the disk and waits for them ([`crate::SegLog::write_back`]);
+/// elsewhere than Linux, `fdatasync`.
+pub(crate) fn write_back(file: &File) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+
+        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+            | libc::SYNC_FILE_RANGE_WRITE
+            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+        // SAFETY: `sync_file_range` reads and writes no memory of the caller: its arguments are
+        // a file descriptor borrowed from a `File` that is open for the whole call, two
+        // integers (0, 0: the whole file) and flags. A bad descriptor or argument makes it
+        // fail with an error code, which is returned.
+        #[expect(unsafe_code, reason = "see safety")]
+        let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    file.sync_data()
+}
+
+/// Whether the file system holding `dir` overwrites a file's written blocks in place, so that
+/// bytes written over them ([`crate::SegLog::write_back`]) are durable once the disk's cache is
+/// flushed, with no metadata of their own to sync: ext4 (the one file system known here to do
+/// so; a copy-on-write one writes new blocks). `false` when it cannot be told.
+#[must_use]
+pub fn overwrites_in_place(dir: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+
+        /// `EXT4_SUPER_MAGIC` (ext2 and ext3 mounted by the ext4 driver report it too).
+        const EXT4: i64 = 0xEF53;
+        let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+            return false;
+        };
+        let mut stat = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+        // SAFETY: `statfs` reads the NUL-terminated `path`, alive for the call, and writes one
+        // `struct statfs` into `stat`, a zeroed value of that type borrowed for the call; it
+        // touches no other memory. The value is read only when it answered 0 (written).
+        #[expect(unsafe_code, reason = "see safety")]
+        let rc = unsafe { libc::statfs(path.as_ptr(), stat.as_mut_ptr()) };
+        if rc != 0 {
+            return false;
+        }
+        // SAFETY: written by the successful call above (and zeroed before it in any case).
+        #[expect(unsafe_code, reason = "see safety")]
+        let stat = unsafe { stat.assume_init() };
+        #[allow(
+            clippy::unnecessary_cast,
+            reason = "f_type's width differs by architecture"
+        )]
+        let kind = stat.f_type as i64;
+        kind == EXT4
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dir;
+        false
+    }
+}
+
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), SegError> {
     File::open(dir)
         .and_then(|d| d.sync_all())

@@ -31,6 +31,11 @@ pub(crate) const SCAN_PAGE_BYTES: usize = 1 << 20;
 pub struct Segments {
     dir: PathBuf,
     logs: Vec<PartitionLog>,
+    /// `plog/` itself, open, when every log lies on one ext4 file system: then a group's
+    /// frames are only written back ([`SegLog::write_back`]) and the marks cycle's one
+    /// [`Segments::flush`] makes every partition's durable at once; `None`: each group syncs
+    /// its own segment.
+    shared_flush: Option<std::fs::File>,
 }
 
 /// One partition's log, and how far the key-value store has applied it.
@@ -41,6 +46,10 @@ pub(crate) struct PartitionLog {
     /// `None` until read from the store. Held through a group's append and a redo, so a
     /// partition's groups reach the store in log order.
     pub(crate) applied: Mutex<Option<u64>>,
+    /// With a shared flush, the key-value batch of the group last appended, and the applied
+    /// ends before and after it, written once the flush made the group's frames durable
+    /// ([`crate::EventStore::apply_deferred`]).
+    pub(crate) deferred: Mutex<Option<(monoseq_kv::WriteBatch, u64, u64)>>,
 }
 
 impl Segments {
@@ -79,10 +88,40 @@ impl Segments {
                 Ok(PartitionLog {
                     log: RwLock::new(log),
                     applied: Mutex::new(None),
+                    deferred: Mutex::new(None),
                 })
             })
             .collect::<Result<Vec<_>, SegError>>()?;
-        Ok(Segments { dir, logs })
+        let shared_flush = shared_flush(&dir, partitions);
+        Ok(Segments {
+            dir,
+            logs,
+            shared_flush,
+        })
+    }
+
+    /// Whether the logs share one flush per marks cycle (`Segments::shared_flush`).
+    #[must_use]
+    pub fn shares_flush(&self) -> bool {
+        self.shared_flush.is_some()
+    }
+
+    /// Makes every frame written back so far, of every partition, durable: one `fdatasync`
+    /// (of `plog/`), which flushes the disk's cache. With no shared flush, nothing to do (each
+    /// group synced its segment).
+    ///
+    /// # Errors
+    ///
+    /// [`KvError::Io`] when the sync failed: nothing written back since the last flush may be
+    /// durable.
+    pub fn flush(&self) -> Result<(), KvError> {
+        match &self.shared_flush {
+            None => Ok(()),
+            Some(dir) => dir.sync_data().map_err(|source| KvError::Io {
+                context: "flushing the PLog segments' writes (fdatasync of plog/)",
+                source,
+            }),
+        }
     }
 
     /// Opens `partition`'s log in data directory `dir` for reading only, as it is
@@ -220,6 +259,70 @@ impl Segments {
     }
 }
 
+/// `plog/` open, when a group's frames may be written back and made durable by one flush per
+/// marks cycle: on Linux, with `plog/` on ext4 ([`monoseq_seglog::overwrites_in_place`]) and
+/// every partition's log on the same device as it (a flush covers one device). Logged once.
+fn shared_flush(dir: &Path, partitions: u32) -> Option<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+
+    let device = |d: &Path| std::fs::metadata(d).map(|m| m.dev()).ok();
+    let plog = device(dir)?;
+    let one_device = (0..partitions).all(|p| device(&dir.join(p.to_string())) == Some(plog));
+    let shared = one_device
+        && monoseq_seglog::overwrites_in_place(dir)
+        && !journals_data(
+            plog,
+            &std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+        );
+    let opened = if shared {
+        std::fs::File::open(dir)
+            .inspect_err(|e| tracing::warn!("could not open {} to flush it: {e}", dir.display()))
+            .ok()
+    } else {
+        None
+    };
+    match opened {
+        Some(_) => tracing::info!(
+            dir = %dir.display(),
+            "the PLog segments share one flush per marks cycle (ext4, one device): a group's \
+             frames are written back, and one fdatasync makes every partition's durable"
+        ),
+        None => tracing::info!(
+            dir = %dir.display(),
+            "each group syncs its own PLog segment (the segments are not all on one ext4 \
+             device, where one flush would make every partition's writes durable)"
+        ),
+    }
+    opened
+}
+
+/// Whether a mount of the device `dev` (`st_dev`) in `mountinfo` (`/proc/self/mountinfo`'s
+/// text) writes file data through its journal (ext4's `data=journal`): then written-back
+/// bytes are durable only once the journal commits, which a flush of another file may not do.
+/// A device that mounts cannot be found is taken as journalling data (no shared flush).
+fn journals_data(dev: u64, mountinfo: &str) -> bool {
+    // Linux's encoding of a device number (`new_encode_dev`): major and minor split over it.
+    let (major, minor) = (
+        (dev >> 8) & 0xfff | (dev >> 32) & !0xfff,
+        dev & 0xff | (dev >> 12) & !0xff,
+    );
+    let id = format!("{major}:{minor}");
+    let mut found = false;
+    for line in mountinfo.lines() {
+        let mut fields = line.split(' ');
+        if fields.nth(2) != Some(id.as_str()) {
+            continue;
+        }
+        found = true;
+        // The super block's options are the last field, after the " - " separator.
+        let options = line.rsplit(' ').next().unwrap_or_default();
+        if options.split(',').any(|o| o == "data=journal") {
+            return true;
+        }
+    }
+    !found
+}
+
 /// Makes a directory's entries durable.
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
@@ -247,6 +350,15 @@ pub(crate) fn applied(log: &PartitionLog) -> MutexGuard<'_, Option<u64>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The group of a partition kept for [`crate::EventStore::apply_deferred`].
+pub(crate) fn deferred(
+    log: &PartitionLog,
+) -> MutexGuard<'_, Option<(monoseq_kv::WriteBatch, u64, u64)>> {
+    log.deferred
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A segment log's error as the key-value contract's: damage stays damage.
 pub(crate) fn seg_error(e: SegError) -> KvError {
     match e {
@@ -261,5 +373,28 @@ pub(crate) fn seg_error(e: SegError) -> KvError {
             message: e.to_string(),
         },
         e => KvError::backend("the PLog's segment log failed", e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::journals_data;
+
+    const MOUNTINFO: &str = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
+        27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard\n\
+        28 1 254:16 / /data rw,relatime - ext4 /dev/vdb rw,data=journal\n";
+
+    #[test]
+    fn only_a_mount_writing_data_through_its_journal_or_none_found_is_taken_as_journalling() {
+        // 254:0 and 254:16 as `st_dev` numbers.
+        assert!(!journals_data(254 << 8, MOUNTINFO), "an ordered ext4 mount");
+        assert!(
+            journals_data((254 << 8) | 16, MOUNTINFO),
+            "a data=journal mount"
+        );
+        assert!(
+            journals_data((253 << 8) | 1, MOUNTINFO),
+            "a device with no mount found"
+        );
     }
 }

@@ -22,15 +22,24 @@ impl<S: KvStore> EventStore<S> {
     /// end in one batch, which needs no sync of its own (a restart writes it again from the
     /// log). A group whose batch failed after its log was synced is written again before the
     /// partition's next group, and answers [`KvError::OutcomeUnknown`]: its events are stored.
+    ///
+    /// With `defer` and a shared flush ([`Segments::shares_flush`]) the frames are only
+    /// written back, and the batch is kept for [`EventStore::apply_deferred`], to be written
+    /// once [`EventStore::sync`] made the frames durable: the store must never hold the effect
+    /// of an event its log may lose.
     pub(crate) fn append_to_segments(
         &self,
         segments: &Segments,
         partition: PartitionId,
         events: &[Event],
         stored: StoredRecords,
+        defer: bool,
     ) -> Result<StoredRecords, AppendError> {
         let log = segments.log(partition)?;
         let mut applied = plog::applied(log);
+        // A group deferred and never applied (its raise failed) is written again from the log
+        // below, as its applied end was not moved.
+        plog::deferred(log).take();
         let mut stored = stored;
         let redone = self
             .redo_held(segments, partition, &mut applied, false)
@@ -57,18 +66,59 @@ impl<S: KvStore> EventStore<S> {
         plog::write_log(log)
             .append(end, &group.payloads())
             .map_err(fatal)?;
-        plog::read_log(log).sync().map_err(fatal)?;
-        if let Err(e) = self.kv.write(&group.batch) {
-            return Err(match e {
-                // Nothing more is written to the store until it is opened again, which redoes
-                // the group from the log.
-                WriteError::Storage(e) if e.is_poisoned() => AppendError::Storage(e),
-                WriteError::Storage(e) => outcome_unknown(partition, end, next, &e),
-                e => outcome_unknown(partition, end, next, &e),
-            });
+        if defer && segments.shares_flush() {
+            plog::read_log(log).write_back().map_err(fatal)?;
+            *plog::deferred(log) = Some((group.batch, end, next));
+            return Ok(current);
         }
+        plog::read_log(log).sync().map_err(fatal)?;
+        self.write_applied(partition, &group.batch, end, next)?;
         *applied = Some(next);
         Ok(current)
+    }
+
+    /// Writes the key-value batch of the group [`EventStore::append_deferred`] kept for
+    /// `partition`, once [`EventStore::sync`] made its frames durable. Nothing to do when no
+    /// group is kept (none was deferred, or the store is not on a shared flush).
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError::Storage`] with [`KvError::OutcomeUnknown`] when the batch failed: the
+    /// group's events are stored, and its batch is written again from the log before the
+    /// partition's next group.
+    pub fn apply_deferred(&self, partition: PartitionId) -> Result<(), AppendError> {
+        let Some(segments) = &self.segments else {
+            return Ok(());
+        };
+        let log = segments.log(partition)?;
+        let mut applied = plog::applied(log);
+        let Some((batch, end, next)) = plog::deferred(log).take() else {
+            return Ok(());
+        };
+        if *applied != Some(end) {
+            // Redone from the log meanwhile, or to be.
+            return Ok(());
+        }
+        self.write_applied(partition, &batch, end, next)?;
+        *applied = Some(next);
+        Ok(())
+    }
+
+    /// Writes the batch of a group of offsets `end..next` whose frames are durable.
+    fn write_applied(
+        &self,
+        partition: PartitionId,
+        batch: &WriteBatch,
+        end: u64,
+        next: u64,
+    ) -> Result<(), AppendError> {
+        self.kv.write(batch).map_err(|e| match e {
+            // Nothing more is written to the store until it is opened again, which redoes
+            // the group from the log.
+            WriteError::Storage(e) if e.is_poisoned() => AppendError::Storage(e),
+            WriteError::Storage(e) => outcome_unknown(partition, end, next, &e),
+            e => outcome_unknown(partition, end, next, &e),
+        })
     }
 
     /// Brings the key-value store up to every partition's log (at start, before anything is

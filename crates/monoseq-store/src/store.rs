@@ -379,8 +379,38 @@ impl<S: KvStore> EventStore<S> {
         events: &[Event],
         stored: StoredRecords,
     ) -> Result<StoredRecords, AppendError> {
+        self.append_group(partition, events, stored, false)
+    }
+
+    /// [`EventStore::append_onto`] for a caller that raises a high-water mark after it (a
+    /// partition's writer): where the PLog's segments share one flush
+    /// ([`Segments::shares_flush`]), the group's frames are only written back, and its WLog
+    /// entries and records wait for [`EventStore::apply_deferred`], which the caller runs
+    /// once [`EventStore::sync`] (the marks cycle's, run by whichever partition leads it)
+    /// made the frames durable. Until then neither the group's events nor its records may be
+    /// acknowledged. Elsewhere it is [`EventStore::append_onto`].
+    ///
+    /// # Errors
+    ///
+    /// As [`EventStore::append`].
+    pub fn append_deferred(
+        &self,
+        partition: PartitionId,
+        events: &[Event],
+        stored: StoredRecords,
+    ) -> Result<StoredRecords, AppendError> {
+        self.append_group(partition, events, stored, true)
+    }
+
+    fn append_group(
+        &self,
+        partition: PartitionId,
+        events: &[Event],
+        stored: StoredRecords,
+        defer: bool,
+    ) -> Result<StoredRecords, AppendError> {
         if let Some(segments) = &self.segments {
-            return self.append_to_segments(segments, partition, events, stored);
+            return self.append_to_segments(segments, partition, events, stored, defer);
         }
         let (group, current) = self.build_group(partition, events, stored, false)?;
         self.kv.write(&group.batch).map_err(|e| group.refusal(e))?;
@@ -707,15 +737,17 @@ impl<S: KvStore> EventStore<S> {
     }
 
     /// Makes every group appended before this call durable. With the PLogs in segment files
-    /// there is nothing left to do: each group's log was synced before its batch was written,
-    /// and the batch needs no sync (a restart writes it again from the log).
+    /// each group's log was synced before its batch was written, and the batch needs no sync
+    /// (a restart writes it again from the log); only the frames of groups
+    /// [`EventStore::append_deferred`] wrote back wait for this flush, one for every
+    /// partition's ([`Segments::flush`]).
     ///
     /// # Errors
     ///
     /// A [`KvError`] when flushing failed.
     pub fn sync(&self) -> Result<(), KvError> {
         match &self.segments {
-            Some(_) => Ok(()),
+            Some(segments) => segments.flush(),
             None => self.kv.sync(),
         }
     }

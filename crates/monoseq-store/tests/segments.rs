@@ -1602,3 +1602,58 @@ fn a_reference_to_a_damaged_event_is_a_read_error_and_to_a_retired_one_no_record
         "{err:?}"
     );
 }
+
+/// A writer's group on segments that share one flush ([`Segments::shares_flush`], ext4):
+/// its WLog entries and records reach the key-value store only once a sync made its frames
+/// durable, so the store never holds what the log may lose; a group never applied (its mark's
+/// raise failed) is written from the log before the partition's next group.
+#[test]
+fn a_deferred_groups_entries_and_records_wait_for_the_flush_and_an_unapplied_one_is_redone() {
+    // On the disk the tests build on (ext4 here), where one flush covers every partition.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a directory");
+    let segments = open_segments(dir.path(), 2);
+    if !segments.shares_flush() {
+        eprintln!(
+            "skipped: {} is not on ext4 (no shared flush)",
+            dir.path().display()
+        );
+        return;
+    }
+    let kv = faulty();
+    let store = EventStore::with_segments(Arc::clone(&kv), APP, TrustLevel::Level0, segments);
+    let first = vec![creating(1, 7, 1, 1), creating(2, 7, 2, 2)];
+    store
+        .append_deferred(P0, &first, StoredRecords::default())
+        .expect("the group is written back");
+    let wlog =
+        |store: &EventStore<Faulty>| store.read_wlog(WsId(7), WLogOffset(1), 10).expect("a read");
+    assert!(
+        wlog(&store).is_empty(),
+        "the WLog entries reached the store before the flush"
+    );
+    assert_eq!(store.read_record(WsId(7), id(1)).expect("a read"), None);
+    store.sync().expect("the flush");
+    store.apply_deferred(P0).expect("the batch");
+    assert_eq!(wlog(&store).len(), 2);
+    assert!(store.read_record(WsId(7), id(2)).expect("a read").is_some());
+    // Never applied: the next group writes it from the log first.
+    let second = vec![creating(3, 7, 3, 3)];
+    store
+        .append_deferred(P0, &second, StoredRecords::default())
+        .expect("the group is written back");
+    let third = vec![creating(4, 7, 4, 4)];
+    store
+        .append_deferred(P0, &third, StoredRecords::default())
+        .expect("the group is written back");
+    store.sync().expect("the flush");
+    store.apply_deferred(P0).expect("the batch");
+    let events = wlog(&store);
+    assert_eq!(
+        events.iter().map(|e| e.plog_offset.0).collect::<Vec<_>>(),
+        [1, 2, 3, 4],
+        "the unapplied group's entries are missing"
+    );
+    assert!(store.read_record(WsId(7), id(3)).expect("a read").is_some());
+    // Applying again finds nothing kept.
+    store.apply_deferred(P0).expect("nothing to apply");
+}
