@@ -1,7 +1,8 @@
 //! [`Segments`]: the PLogs of a data directory kept in segment files (`monoseq-seglog`), one
 //! log per partition in `plog/{partition}` (key layout 4). A group's events are appended to
-//! their partition's log and synced first; only then do its WLog entries and records reach
-//! the key-value store, with the partition's applied end in the same batch. So the store
+//! their partition's log and made durable first (synced, or on one ext4 device written back
+//! and flushed once for every partition: [`Segments::flush`]); only then do its WLog entries
+//! and records reach the key-value store, with the partition's applied end in the same batch. So the store
 //! never holds the effect of an event the log lost, and a restart brings the store up to the
 //! log again ("redo", [`crate::EventStore::redo`]) from that applied end.
 
@@ -301,11 +302,11 @@ fn shared_flush(dir: &Path, partitions: u32) -> Option<std::fs::File> {
 /// bytes are durable only once the journal commits, which a flush of another file may not do.
 /// A device that mounts cannot be found is taken as journalling data (no shared flush).
 fn journals_data(dev: u64, mountinfo: &str) -> bool {
-    // Linux's encoding of a device number (`new_encode_dev`): major and minor split over it.
-    let (major, minor) = (
-        (dev >> 8) & 0xfff | (dev >> 32) & !0xfff,
-        dev & 0xff | (dev >> 12) & !0xff,
-    );
+    // Linux's encoding of a device number (glibc's `major`, `minor`): the minor's low 8 bits,
+    // the major's low 12, the minor's rest, the major's rest.
+    let mask = |bits: u32| (1u64 << bits) - 1;
+    let major = (dev >> 8) & mask(12) | (dev >> 32) & !mask(12);
+    let minor = dev & mask(8) | (dev >> 12) & !mask(8);
     let id = format!("{major}:{minor}");
     let mut found = false;
     for line in mountinfo.lines() {

@@ -1,5 +1,5 @@
 //! The event store with its PLogs in segment files ([`Segments`], key layout 4): a group's
-//! append (the log first, synced, then the key-value store), the redo that brings the
+//! append (the log first, made durable, then the key-value store), the redo that brings the
 //! key-value store up to the logs, and the PLog's reads there.
 
 use std::collections::HashMap;
