@@ -5,11 +5,14 @@
 //! (`monoseq_store::backup`).
 //!
 //! The copy is consistent without holding commands: the marks are read first, then the
-//! engine's instant is fixed by one snapshot. A mark is raised only after its group was written
-//! to the engine, so every mark read is covered by the snapshot, and the snapshot is a state a
-//! crash at that instant could have left (each batch whole), which the store recovers from.
-//! The PLogs' segment files are copied after that instant, each log whole up to its end then:
-//! every event the copied engine applied, and more, which the copy's first start applies.
+//! engine's instant is fixed by one snapshot, a state a crash at that instant could have left
+//! (each batch whole), which the store recovers from. With the PLog in the engine a mark is
+//! raised only after its group was written there, so the snapshot covers every mark read.
+//! With segment files a mark is raised once its group's frames are durable in their log (the
+//! engine may still lack the group's batch, written after the raise on a shared flush), and
+//! the segment files are copied after the engine's instant, each log whole up to its end then:
+//! every event the marks cover and the copied engine applied, and more, which the copy's first
+//! start applies to its engine.
 
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
@@ -401,8 +404,8 @@ impl Backups {
             };
             stamp.write(to)?;
             let mut stats = self.kv.copy_to(to).context("copying the engine")?;
-            // After the engine's instant: each log holds at least what the engine applied
-            // (a restart writes the rest into the copy's engine again).
+            // After the engine's instant: each log holds at least what the engine applied and
+            // the marks cover (a restart writes the rest into the copy's engine again).
             if let Some(segments) = &self.segments {
                 stats.bytes += segments
                     .copy_to(to)
