@@ -101,6 +101,25 @@ impl Segments {
         })
     }
 
+    /// The logs made to share one flush per marks cycle whatever their file system, for tests
+    /// of the write order it brings on a file system the check does not take (a tmpfs). Not
+    /// for data: where a file system writes new blocks or journals data, a flush of `plog/`
+    /// does not make frames written back durable.
+    ///
+    /// # Errors
+    ///
+    /// [`KvError::Io`] when `plog/` cannot be opened.
+    pub fn with_shared_flush(mut self) -> Result<Segments, KvError> {
+        if self.shared_flush.is_none() {
+            let dir = std::fs::File::open(&self.dir).map_err(|source| KvError::Io {
+                context: "opening plog/ to flush it",
+                source,
+            })?;
+            self.shared_flush = Some(dir);
+        }
+        Ok(self)
+    }
+
     /// Whether the logs share one flush per marks cycle (`Segments::shared_flush`).
     #[must_use]
     pub fn shares_flush(&self) -> bool {

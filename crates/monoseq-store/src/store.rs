@@ -684,11 +684,13 @@ impl<S: KvStore> EventStore<S> {
     }
 
     /// Reads the stored records that `events` update and that no earlier event of the group
-    /// creates, in one `get_many`.
-    pub(crate) fn read_updated_records(
-        &self,
-        events: &[Event],
-    ) -> Result<StoredRecords, AppendError> {
+    /// creates, in one `get_many`: what [`EventStore::append_onto`] and
+    /// [`EventStore::append_deferred`] take as `stored`.
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError::Storage`] when the store cannot be read.
+    pub fn read_updated_records(&self, events: &[Event]) -> Result<StoredRecords, AppendError> {
         if events.iter().all(|e| e.updated.is_empty()) {
             return Ok(StoredRecords::default());
         }

@@ -12,7 +12,10 @@
 //!   level 0 must refuse with nothing written to the store or the log;
 //! - crashes, after which the key-value store holds only a prefix of its writes since it last
 //!   synced (as fjall's journal keeps them), and each partition's active segment ends in a torn
-//!   frame or garbage after its data, where an append was cut short.
+//!   frame or garbage after its data, where an append was cut short;
+//! - half the groups written as a partition's writer writes them on a shared flush: frames
+//!   written back, the flush, then the batch, which one in ten never gets (its mark's raise
+//!   failed) and the partition's next group must write from the log.
 //!
 //! The contract checked at each group: an answered group is in the log whole, and so is one
 //! that answers `OutcomeUnknown`; any other error wrote nothing to it. After every restart
@@ -236,6 +239,8 @@ struct Stats {
     refused: u64,
     crashes: u64,
     redone: u64,
+    /// Groups written back whose batch was never applied (their raise failed).
+    unapplied: u64,
 }
 
 /// A temporary directory in memory where there is one (the simulation is about what the store
@@ -264,7 +269,9 @@ impl Sim {
         let kv: Kv = Arc::new(FaultyStore::new(Arc::clone(&journal)));
         let segments = Arc::new(
             Segments::open_with(dir.path(), partitions, &|_| 1, options.clone())
-                .expect("new logs open"),
+                .expect("new logs open")
+                .with_shared_flush()
+                .expect("plog/ opens"),
         );
         let store = EventStore::with_segments(
             Arc::clone(&kv),
@@ -324,7 +331,26 @@ impl Sim {
         let (events, numbers) = self.next_group(p);
         self.arm_fault();
         let before = self.end(p);
-        let answer = self.store.append(PartitionId(p), &events);
+        let mut unapplied = false;
+        let answer = if self.rng.random_bool(0.5) {
+            self.store.append(PartitionId(p), &events)
+        } else {
+            // A writer's group: written back, the flush, then its batch, unless its mark's
+            // raise failed (its batch is then never applied).
+            let raise_fails = self.rng.random_bool(0.1);
+            self.store
+                .read_updated_records(&events)
+                .and_then(|stored| self.store.append_deferred(PartitionId(p), &events, stored))
+                .and_then(|_| self.store.sync().map_err(AppendError::Storage))
+                .and_then(|()| {
+                    unapplied = raise_fails;
+                    if raise_fails {
+                        Ok(())
+                    } else {
+                        self.store.apply_deferred(PartitionId(p))
+                    }
+                })
+        };
         self.kv.heal();
         let fate = match self.end(p) - before {
             0 => Fate::NotStored,
@@ -332,6 +358,11 @@ impl Sim {
             n => panic!("a group of {} events added {n} to the log", events.len()),
         };
         match &answer {
+            Ok(()) if unapplied => {
+                assert_eq!(fate, Fate::Stored, "a group written back is not in the log");
+                self.stats.unapplied += 1;
+                self.behind[p as usize] = true;
+            }
             Ok(()) => {
                 assert_eq!(fate, Fate::Stored, "an answered group is not in the log");
                 self.stats.stored += 1;
@@ -440,7 +471,9 @@ impl Sim {
                 &|p| ends[p as usize],
                 self.options.clone(),
             )
-            .expect("the logs open at their durable ends"),
+            .expect("the logs open at their durable ends")
+            .with_shared_flush()
+            .expect("plog/ opens"),
         );
         self.store = EventStore::with_segments(
             Arc::clone(&self.kv),
@@ -649,6 +682,7 @@ fn simulated_crashes_and_store_faults_on_segment_files_lose_nothing_stored_and_r
         total.refused += stats.refused;
         total.crashes += stats.crashes;
         total.redone += stats.redone;
+        total.unapplied += stats.unapplied;
     }
     eprintln!("simulation on segment files: {total:?}");
     // Every fault path ran: groups stored with unknown outcomes, refused, and redone.
@@ -658,6 +692,7 @@ fn simulated_crashes_and_store_faults_on_segment_files_lose_nothing_stored_and_r
             && total.not_stored > 0
             && total.refused > 0
             && total.crashes > 0
+            && total.unapplied > 0
             && total.redone > 0,
         "{total:?}"
     );
