@@ -1,8 +1,9 @@
 //! Segment log benchmarks: durable appends of groups of 100 events of ~120 bytes, one sync
 //! per group (64 MiB segments, zero-filled 1 MiB ahead, as by default), beside the floor:
 //! the same bytes written with one `pwrite` into a file written ahead, and an `fdatasync`;
-//! appends without a sync (the log's own cost); and a sequential read of 100 000 events in
-//! pages of 1 000.
+//! appends without a sync (the log's own cost); a sequential read of 100 000 events in
+//! pages of 1 000; and a page of 1 000 read from a sealed segment kept open against one
+//! reopened from its file and footer (a log keeps only the last `OPEN_SEALED_MAX` open).
 //!
 //! Run: `cargo bench -p monoseq-seglog --bench append`. Throughput is printed in events per
 //! second ("elem/s"). `MONOSEQ_BENCH_DIR` picks the directory the logs are written in (by
@@ -13,7 +14,7 @@
 use std::os::unix::fs::FileExt;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use monoseq_seglog::{SegLog, SegOptions};
+use monoseq_seglog::{OPEN_SEALED_MAX, SegLog, SegOptions};
 
 const GROUP_EVENTS: usize = 100;
 const EVENT_BYTES: usize = 120;
@@ -116,5 +117,39 @@ fn read_sequential(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, append_durable, read_sequential);
+/// Pages of 1 000 events from sealed 64 MiB segments: cycling over more segments than the
+/// log keeps open (every read reopens one: the file, its header and its footer's index of
+/// about 10 000 entries) against reading one segment over and over (kept open).
+fn read_reopened(c: &mut Criterion) {
+    let dir = temp_dir();
+    let mut log = SegLog::open(dir.path(), 0, SegOptions::default(), 1).expect("open");
+    let mut firsts = vec![log.end()];
+    while firsts.len() <= OPEN_SEALED_MAX + 2 {
+        let (at, segments) = (log.end(), log.segments());
+        log.append(at, &group(at)).expect("append");
+        if log.segments() > segments {
+            firsts.push(log.end() - GROUP_EVENTS as u64);
+        }
+    }
+    log.sync().expect("sync");
+    // Sealed segments only: the last first offset is the active segment's.
+    firsts.pop();
+    let read = |from: u64| {
+        let page = log.read(from, PAGE_EVENTS, usize::MAX).expect("read");
+        page.payloads().map(<[u8]>::len).sum::<usize>()
+    };
+    let mut g = c.benchmark_group("read_sealed_page");
+    g.throughput(Throughput::Elements(PAGE_EVENTS as u64));
+    g.bench_function("kept_open", |b| b.iter(|| read(firsts[0])));
+    let mut i = 0;
+    g.bench_function("reopened", |b| {
+        b.iter(|| {
+            i = (i + 1) % firsts.len();
+            read(firsts[i])
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, append_durable, read_sequential, read_reopened);
 criterion_main!(benches);

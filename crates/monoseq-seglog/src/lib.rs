@@ -71,10 +71,13 @@
 //!
 //! # Memory
 //!
-//! The sparse index alone: 8 bytes per 64 frames (a `u64` byte position; the offset is
-//! implied), about 0.13 byte per event; 1 MiB of index covers 8.4 million events. One open
-//! file per segment; an append's frames are encoded into one buffer kept between appends;
-//! a read holds one block of 256 KiB (more for a longer frame) and the page it returns.
+//! Bounded, whatever the log's length. The sparse index takes 8 bytes per 64 frames (a `u64`
+//! byte position; the offset is implied), about 0.13 byte per event, but only the active
+//! segment's and those of the last [`OPEN_SEALED_MAX`] sealed segments sealed or read are in
+//! memory, each with its file open; the others are closed (a path and four integers each)
+//! and reopened from their footers when read again, their footers checked against what the
+//! open found. An append's frames are encoded into one buffer kept between appends; a read
+//! holds one block of 256 KiB (more for a longer frame) and the page it returns.
 //!
 //! # Example
 //!
@@ -108,8 +111,8 @@ mod segment;
 pub use error::{Fault, SegError};
 pub use layout::{FORMAT_VERSION, FRAME_HEAD_BYTES, HEADER_BYTES, INDEX_EVERY, PAYLOAD_BYTES_MAX};
 pub use log::{
-    PREALLOCATE_BYTES_DEFAULT, SEGMENT_BYTES_DEFAULT, SEGMENT_BYTES_MAX, START_OFFSET_DEFAULT,
-    SegLog, SegOptions,
+    OPEN_SEALED_MAX, PREALLOCATE_BYTES_DEFAULT, SEGMENT_BYTES_DEFAULT, SEGMENT_BYTES_MAX,
+    START_OFFSET_DEFAULT, SegLog, SegOptions,
 };
 pub use page::Page;
 pub use recover::Tail;

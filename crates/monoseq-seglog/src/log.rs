@@ -1,15 +1,16 @@
 //! `SegLog`: one partition's log in its directory: open (restart), append, sync, read; and
 //! `SegOptions`, how it lays out its segments.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use crate::error::SegError;
 use crate::frames::Frames;
 use crate::layout::{HEADER_BYTES, INDEX_EVERY, PAYLOAD_BYTES_MAX, put_frame};
 use crate::page::Page;
 use crate::recover::{Place, Tail, open_segments};
-use crate::segment::Segment;
+use crate::segment::{Open, Segment};
 
 /// A segment is sealed once its data passes this many bytes, by default.
 pub const SEGMENT_BYTES_DEFAULT: u64 = 64 << 20;
@@ -19,6 +20,10 @@ pub const SEGMENT_BYTES_MAX: u64 = 1 << 30;
 pub const PREALLOCATE_BYTES_DEFAULT: u64 = 1 << 20;
 /// The first offset of a new log, by default (a PLog's first offset).
 pub const START_OFFSET_DEFAULT: u64 = 1;
+/// Sealed segments a log keeps open (their file descriptor and sparse index) after they were
+/// read or sealed, the latest; the others are reopened when read. So a log of any length holds
+/// a bounded number of descriptors and index entries.
+pub const OPEN_SEALED_MAX: usize = 8;
 
 /// How a segment log lays out its segments.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +89,9 @@ pub struct SegLog {
     positions: Vec<u64>,
     /// What failed first, once a write or sync failed.
     poisoned: OnceLock<&'static str>,
+    /// The first offsets of the sealed segments whose files are open, the latest opened
+    /// last: at most [`OPEN_SEALED_MAX`].
+    kept_open: Mutex<VecDeque<u64>>,
     /// Opened by [`SegLog::open_read_only`]: takes no append or sync.
     read_only: bool,
     /// What a read-only open found after the data, when not zeros.
@@ -159,6 +167,7 @@ impl SegLog {
             buf: Vec::new(),
             positions: Vec::new(),
             poisoned: OnceLock::new(),
+            kept_open: Mutex::new(VecDeque::new()),
             read_only,
             tail: opened.tail,
         })
@@ -208,7 +217,14 @@ impl SegLog {
     /// How many sparse index entries the log keeps in memory (8 bytes each).
     #[must_use]
     pub fn index_entries(&self) -> usize {
-        self.segments.iter().map(|s| s.index.len()).sum()
+        self.segments.iter().map(Segment::index_entries).sum()
+    }
+
+    /// How many of the log's segment files are open: the active one, and the sealed ones
+    /// read lately (at most [`OPEN_SEALED_MAX`]).
+    #[must_use]
+    pub fn open_files(&self) -> usize {
+        self.segments.iter().filter(|s| s.is_open()).count()
     }
 
     /// Appends `payloads` as the frames of offsets `first_offset`, `first_offset + 1`, …
@@ -267,7 +283,7 @@ impl SegLog {
         self.check_poisoned()?;
         let active = self.active()?;
         active
-            .file
+            .held_file()?
             .sync_data()
             .map_err(crate::error::io("syncing", &active.path))
             .map_err(|e| self.poison("sync", e))
@@ -287,7 +303,7 @@ impl SegLog {
     pub fn write_back(&self) -> Result<(), SegError> {
         self.check_poisoned()?;
         let active = self.active()?;
-        crate::segment::write_back(&active.file)
+        crate::segment::write_back(active.held_file()?)
             .map_err(crate::error::io("writing back", &active.path))
             .map_err(|e| self.poison("write back", e))
     }
@@ -316,7 +332,11 @@ impl SegLog {
             if page.end() >= segment.next {
                 continue;
             }
-            if !read_segment(segment, &mut page, max_events, max_bytes)? {
+            let (open, reopened) = segment.open()?;
+            if reopened {
+                self.keep_open(segment.first);
+            }
+            if !read_segment(segment, &open, &mut page, max_events, max_bytes)? {
                 break;
             }
         }
@@ -347,7 +367,8 @@ impl SegLog {
     fn roll(&mut self) -> Result<(), SegError> {
         let active = self.active_mut()?;
         active.seal()?;
-        let next = active.next;
+        let (first, next) = (active.first, active.next);
+        self.keep_open(first);
         let segment = Segment::create(
             &self.dir,
             self.partition,
@@ -356,6 +377,25 @@ impl SegLog {
         )?;
         self.segments.push(segment);
         Ok(())
+    }
+
+    /// Counts the sealed segment starting at `first` among the ones kept open, the latest
+    /// opened; closes the one opened longest ago past [`OPEN_SEALED_MAX`].
+    fn keep_open(&self, first: u64) {
+        let mut kept = self
+            .kept_open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.retain(|&f| f != first);
+        kept.push_back(first);
+        while kept.len() > OPEN_SEALED_MAX {
+            let Some(oldest) = kept.pop_front() else {
+                break;
+            };
+            if let Ok(i) = self.segments.binary_search_by_key(&oldest, |s| s.first) {
+                self.segments[i].close();
+            }
+        }
     }
 
     fn active(&self) -> Result<&Segment, SegError> {
@@ -396,13 +436,14 @@ impl SegLog {
 /// full.
 fn read_segment(
     segment: &Segment,
+    open: &Open,
     page: &mut Page,
     max_events: usize,
     max_bytes: usize,
 ) -> Result<bool, SegError> {
     let from = page.end();
-    let (pos, offset) = segment.indexed(from);
-    let mut frames = Frames::new(&segment.file, &segment.path, pos, offset, segment.data_end);
+    let (pos, offset) = open.indexed(segment.first, from);
+    let mut frames = Frames::new(&open.file, &segment.path, pos, offset, segment.data_end);
     if max_events <= INDEX_EVERY as usize {
         frames = frames.small();
     }

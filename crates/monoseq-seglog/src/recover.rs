@@ -155,9 +155,7 @@ fn open_inner(at: &Place<'_>, path: PathBuf, first: u64, next: u64) -> Result<Se
                 frames = scan.next - first,
                 "a sealed segment's footer is damaged; its index was rebuilt from its frames"
             );
-            let mut segment = Segment::active(path, file, first, len, scan);
-            segment.sealed = true;
-            segment
+            Segment::active(path, file, first, len, scan).closed()
         }
     };
     match segment.next {

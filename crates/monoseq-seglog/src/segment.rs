@@ -5,6 +5,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::error::{Fault, SegError, io};
 use crate::frames::Frames;
@@ -24,19 +25,54 @@ const NAME_DIGITS: usize = 20;
 #[derive(Debug)]
 pub(crate) struct Segment {
     pub(crate) path: PathBuf,
-    pub(crate) file: File,
     /// Its first offset.
     pub(crate) first: u64,
     /// One past its last offset (`first` when it holds no frame).
     pub(crate) next: u64,
     /// Byte position after its last frame.
     pub(crate) data_end: u64,
-    /// Byte position of frame `first + i * INDEX_EVERY`, for every such frame it holds.
-    pub(crate) index: Vec<u64>,
     /// Whether it ends with a footer (it then takes no frame).
     pub(crate) sealed: bool,
     /// The file's length: the zero-filled room of an active segment ends there.
     pub(crate) allocated: u64,
+    /// The open file and the sparse index.
+    body: Body,
+}
+
+/// A segment's open file and its sparse index: the byte position of frame
+/// `first + i * INDEX_EVERY`, for every such frame it holds.
+#[derive(Debug)]
+pub(crate) struct Open {
+    pub(crate) file: File,
+    pub(crate) index: Vec<u64>,
+}
+
+/// Where a segment's [`Open`] file and index are.
+#[derive(Debug)]
+enum Body {
+    /// Held for good: the active segment's, and a read-only log's last one's.
+    Held(Open),
+    /// A sealed segment's, while its log keeps it among the last read (`None`: closed, and
+    /// reopened from the file when read again), so that a log of any length holds a bounded
+    /// number of descriptors and index entries.
+    Kept(Mutex<Option<Arc<Open>>>),
+}
+
+/// A segment's file and index, open for a read.
+pub(crate) enum Opened<'a> {
+    Held(&'a Open),
+    Kept(Arc<Open>),
+}
+
+impl std::ops::Deref for Opened<'_> {
+    type Target = Open;
+
+    fn deref(&self) -> &Open {
+        match self {
+            Opened::Held(open) => open,
+            Opened::Kept(open) => open,
+        }
+    }
 }
 
 /// What a scan of a segment's frames found.
@@ -159,16 +195,19 @@ impl Segment {
             .map_err(io("writing the header of", &path))?;
         let mut segment = Segment {
             path,
-            file,
             first,
             next: first,
             data_end: HEADER_BYTES,
-            index: Vec::new(),
             sealed: false,
             allocated: HEADER_BYTES,
+            body: Body::Held(Open {
+                file,
+                index: Vec::new(),
+            }),
         };
         segment.zero_fill_to(HEADER_BYTES + preallocate)?;
         segment
+            .held()?
             .file
             .sync_all()
             .map_err(io("syncing", &segment.path))?;
@@ -221,7 +260,8 @@ impl Segment {
         }
     }
 
-    /// The sealed segment in `file` (`len` bytes) whose footer is `footer`.
+    /// The sealed segment in `file` (`len` bytes) whose footer is `footer`, closed: its file
+    /// and index are read again when it is read ([`Segment::open`]).
     pub(crate) fn sealed(
         path: PathBuf,
         file: File,
@@ -229,16 +269,120 @@ impl Segment {
         len: u64,
         footer: Footer,
     ) -> Segment {
+        drop(file);
         let at = len - footer_bytes(footer.index.len());
         Segment {
             path,
-            file,
             first,
             next: footer.last + 1,
             data_end: at,
-            index: footer.index,
             sealed: true,
             allocated: len,
+            body: Body::Kept(Mutex::new(None)),
+        }
+    }
+
+    /// The segment taken as sealed, closed (one whose footer is damaged, read whole from its
+    /// frames): its file and index are read again when it is read ([`Segment::open`]).
+    pub(crate) fn closed(mut self) -> Segment {
+        self.sealed = true;
+        self.body = Body::Kept(Mutex::new(None));
+        self
+    }
+
+    /// The file and index of the segment for a read, and whether they were just reopened (a
+    /// sealed segment closed before): from its footer, or from its frames when the footer is
+    /// damaged, checked against what the log knows of the segment.
+    ///
+    /// # Errors
+    ///
+    /// [`SegError::Io`]; [`SegError::Damaged`] when the file no longer holds the frames it
+    /// held when the log was opened.
+    pub(crate) fn open(&self) -> Result<(Opened<'_>, bool), SegError> {
+        let kept = match &self.body {
+            Body::Held(open) => return Ok((Opened::Held(open), false)),
+            Body::Kept(kept) => kept,
+        };
+        let mut kept = lock(kept);
+        if let Some(open) = &*kept {
+            return Ok((Opened::Kept(Arc::clone(open)), false));
+        }
+        let open = Arc::new(self.reopen()?);
+        *kept = Some(Arc::clone(&open));
+        Ok((Opened::Kept(open), true))
+    }
+
+    /// Closes a sealed segment's file and drops its index (until [`Segment::open`]); readers
+    /// holding them keep them until they are done.
+    pub(crate) fn close(&self) {
+        if let Body::Kept(kept) = &self.body {
+            lock(kept).take();
+        }
+    }
+
+    /// Whether the segment's file is open.
+    pub(crate) fn is_open(&self) -> bool {
+        match &self.body {
+            Body::Held(_) => true,
+            Body::Kept(kept) => lock(kept).is_some(),
+        }
+    }
+
+    /// The entries of the segment's index in memory (none while closed).
+    pub(crate) fn index_entries(&self) -> usize {
+        match &self.body {
+            Body::Held(open) => open.index.len(),
+            Body::Kept(kept) => lock(kept).as_ref().map_or(0, |o| o.index.len()),
+        }
+    }
+
+    /// A closed sealed segment's file and index, read again: the footer's, or the frames'
+    /// when the footer is damaged (as the log's open found them).
+    fn reopen(&self) -> Result<Open, SegError> {
+        let (file, len, _) = Segment::open_file(&self.path, false)?;
+        let changed = |fault, position| SegError::Damaged {
+            path: self.path.clone(),
+            offset: self.first,
+            position,
+            fault,
+            needed: self.next,
+        };
+        let index = match Segment::footer(&self.path, &file, self.first, len)? {
+            Some(footer)
+                if footer.last + 1 == self.next
+                    && len - footer_bytes(footer.index.len()) == self.data_end =>
+            {
+                footer.index
+            }
+            Some(_) => return Err(changed(Fault::Checksum, len)),
+            None => {
+                let scan = Segment::scan(&self.path, &file, self.first, len)?;
+                if scan.next < self.next {
+                    return Err(changed(scan.fault, scan.data_end));
+                }
+                scan.index
+            }
+        };
+        Ok(Open { file, index })
+    }
+
+    /// The file of a segment whose file is held (the active one's).
+    ///
+    /// # Errors
+    ///
+    /// [`SegError::Poisoned`] for a sealed segment (an append or sync after a failed seal).
+    pub(crate) fn held_file(&self) -> Result<&File, SegError> {
+        match &self.body {
+            Body::Held(open) => Ok(&open.file),
+            Body::Kept(_) => Err(SegError::Poisoned { what: "seal" }),
+        }
+    }
+
+    /// The held file and index (an active segment's).
+    fn held(&mut self) -> Result<&mut Open, SegError> {
+        match &mut self.body {
+            Body::Held(open) => Ok(open),
+            Body::Kept(_) => Err(SegError::Poisoned { what: "seal" }),
         }
     }
 
@@ -296,25 +440,32 @@ impl Segment {
     pub(crate) fn active(path: PathBuf, file: File, first: u64, len: u64, scan: Scan) -> Segment {
         Segment {
             path,
-            file,
             first,
             next: scan.next,
             data_end: scan.data_end,
-            index: scan.index,
             sealed: false,
             allocated: len,
+            body: Body::Held(Open {
+                file,
+                index: scan.index,
+            }),
         }
     }
 
     /// Cuts everything after the data (a torn tail): truncates the file there, zero-fills
     /// `preallocate` bytes again, syncs.
     pub(crate) fn cut(&mut self, preallocate: u64) -> Result<(), SegError> {
-        self.file
-            .set_len(self.data_end)
+        let data_end = self.data_end;
+        self.held()?
+            .file
+            .set_len(data_end)
             .map_err(io("truncating", &self.path))?;
-        self.allocated = self.data_end;
-        self.zero_fill_to(self.data_end + preallocate)?;
-        self.file.sync_data().map_err(io("syncing", &self.path))
+        self.allocated = data_end;
+        self.zero_fill_to(data_end + preallocate)?;
+        self.held()?
+            .file
+            .sync_data()
+            .map_err(io("syncing", &self.path))
     }
 
     /// Appends `frames` (whole frames from offset [`Segment::next`] on, frame `i` at byte
@@ -331,17 +482,23 @@ impl Segment {
         if end > self.allocated {
             let chunks = (end - self.allocated).div_ceil(preallocate);
             self.zero_fill_to(self.allocated + chunks * preallocate)?;
-            self.file
+            self.held()?
+                .file
                 .sync_data()
                 .map_err(io("syncing the zero-filled room of", &self.path))?;
         }
-        self.file
-            .write_all_at(frames, self.data_end)
+        let (first, next, data_end) = (self.first, self.next, self.data_end);
+        let open = match &mut self.body {
+            Body::Held(open) => open,
+            Body::Kept(_) => return Err(SegError::Poisoned { what: "seal" }),
+        };
+        open.file
+            .write_all_at(frames, data_end)
             .map_err(io("appending to", &self.path))?;
         for (i, relative) in positions.iter().enumerate() {
-            let offset = self.next + i as u64;
-            if (offset - self.first).is_multiple_of(INDEX_EVERY) {
-                self.index.push(self.data_end + relative);
+            let offset = next + i as u64;
+            if (offset - first).is_multiple_of(INDEX_EVERY) {
+                open.index.push(data_end + relative);
             }
         }
         self.next += positions.len() as u64;
@@ -356,19 +513,23 @@ impl Segment {
             self.next > self.first,
             "only a segment holding frames is sealed"
         );
+        let (first, last, data_end) = (self.first, self.next - 1, self.data_end);
+        let path = self.path.clone();
+        let open = self.held()?;
         let f = Footer {
-            index: self.index.clone(),
-            last: self.next - 1,
+            index: open.index.clone(),
+            last,
         };
-        let bytes = footer(self.first, &f);
-        self.file
-            .write_all_at(&bytes, self.data_end)
-            .map_err(io("writing the footer of", &self.path))?;
-        let len = self.data_end + bytes.len() as u64;
-        self.file
-            .set_len(len)
-            .map_err(io("truncating", &self.path))?;
-        self.file.sync_data().map_err(io("syncing", &self.path))?;
+        let bytes = footer(first, &f);
+        open.file
+            .write_all_at(&bytes, data_end)
+            .map_err(io("writing the footer of", &path))?;
+        let len = data_end + bytes.len() as u64;
+        open.file.set_len(len).map_err(io("truncating", &path))?;
+        open.file.sync_data().map_err(io("syncing", &path))?;
+        if let Body::Held(open) = std::mem::replace(&mut self.body, Body::Kept(Mutex::new(None))) {
+            self.body = Body::Kept(Mutex::new(Some(Arc::new(open))));
+        }
         self.sealed = true;
         self.allocated = len;
         tracing::debug!(
@@ -380,25 +541,35 @@ impl Segment {
         Ok(())
     }
 
-    /// The byte position and offset of the indexed frame at or below `offset` (which the
-    /// segment holds).
-    pub(crate) fn indexed(&self, offset: u64) -> (u64, u64) {
-        let i = ((offset - self.first) / INDEX_EVERY) as usize;
-        let i = i.min(self.index.len().saturating_sub(1));
-        let pos = self.index.get(i).copied().unwrap_or(HEADER_BYTES);
-        (pos, self.first + i as u64 * INDEX_EVERY)
-    }
-
     /// Writes zeros from the zero-filled room's end to byte `to`.
     fn zero_fill_to(&mut self, to: u64) -> Result<(), SegError> {
         let zeros = vec![0u8; to.saturating_sub(self.allocated).min(ZERO_BLOCK_BYTES) as usize];
         while self.allocated < to {
             let n = (to - self.allocated).min(zeros.len() as u64) as usize;
-            self.file
-                .write_all_at(&zeros[..n], self.allocated)
+            let at = self.allocated;
+            self.held()?
+                .file
+                .write_all_at(&zeros[..n], at)
                 .map_err(io("zero-filling", &self.path))?;
             self.allocated += n as u64;
         }
         Ok(())
     }
+}
+
+impl Open {
+    /// The byte position and offset of the indexed frame at or below `offset` (which the
+    /// segment starting at `first` holds).
+    pub(crate) fn indexed(&self, first: u64, offset: u64) -> (u64, u64) {
+        let i = ((offset - first) / INDEX_EVERY) as usize;
+        let i = i.min(self.index.len().saturating_sub(1));
+        let pos = self.index.get(i).copied().unwrap_or(HEADER_BYTES);
+        (pos, first + i as u64 * INDEX_EVERY)
+    }
+}
+
+/// A segment's kept body, locked (a poisoned lock holds a sound value: it is only ever set
+/// whole).
+fn lock(kept: &Mutex<Option<Arc<Open>>>) -> MutexGuard<'_, Option<Arc<Open>>> {
+    kept.lock().unwrap_or_else(PoisonError::into_inner)
 }
