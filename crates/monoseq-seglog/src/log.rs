@@ -220,6 +220,23 @@ impl SegLog {
         self.segments.iter().map(Segment::index_entries).sum()
     }
 
+    /// Every segment file of the log, in offset order, with how many of its first bytes hold
+    /// the log's data now: a sealed segment's whole file, the active one's header and frames
+    /// (not its zero-filled room). Those bytes never change once written (an append writes
+    /// after them, a seal its footer after the data), so copying them, with no hold on the
+    /// log meanwhile, copies the log as it stood at this call: whole frames, ending at
+    /// [`SegLog::end`] as it was.
+    #[must_use]
+    pub fn data_files(&self) -> Vec<(PathBuf, u64)> {
+        self.segments
+            .iter()
+            .map(|s| {
+                let bytes = if s.sealed { s.allocated } else { s.data_end };
+                (s.path.clone(), bytes)
+            })
+            .collect()
+    }
+
     /// How many of the log's segment files are open: the active one, and the sealed ones
     /// read lately (at most [`OPEN_SEALED_MAX`]).
     #[must_use]

@@ -6,6 +6,7 @@
 //! never holds the effect of an event the log lost, and a restart brings the store up to the
 //! log again ("redo", [`crate::EventStore::redo`]) from that applied end.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, RwLock};
 
@@ -215,33 +216,36 @@ impl Segments {
     }
 
     /// Copies every partition's log into `dest/plog` (a new data directory's), each file
-    /// synced; answers the bytes copied. A log is held against appends while it is copied, so
-    /// each copy ends with whole frames: at least every event acknowledged before the call.
+    /// synced; answers the bytes copied. Each log is held against appends only while its files
+    /// are listed ([`SegLog::data_files`]): the copy holds the log as it stood then, whole
+    /// frames, at least every event acknowledged before the call, while the partition goes on
+    /// appending.
     ///
     /// # Errors
     ///
     /// A [`KvError::Io`] naming what failed; the copy must then be discarded.
     pub fn copy_to(&self, dest: &Path) -> Result<u64, KvError> {
+        self.copy_logs(dest, &mut |_| {})
+    }
+
+    /// [`Segments::copy_to`], calling `copied` with a partition's log after each of its files.
+    fn copy_logs(
+        &self,
+        dest: &Path,
+        copied: &mut dyn FnMut(&PartitionLog),
+    ) -> Result<u64, KvError> {
         let io = |context: &'static str| move |source| KvError::Io { context, source };
         let mut bytes = 0;
         for (p, log) in self.logs.iter().enumerate() {
             let to = dest.join(PLOG_DIR).join(p.to_string());
             std::fs::create_dir_all(&to).map_err(io("creating a copy's PLog directory"))?;
-            let held = read_log(log);
-            let mut files: Vec<_> = std::fs::read_dir(held.dir())
-                .map_err(io("listing a PLog's segment files"))?
-                .collect::<Result<_, _>>()
-                .map_err(io("listing a PLog's segment files"))?;
-            files.sort_by_key(std::fs::DirEntry::file_name);
-            for file in files {
-                let target = to.join(file.file_name());
-                bytes += std::fs::copy(file.path(), &target)
+            let files = read_log(log).data_files();
+            for (path, len) in files {
+                let name = path.file_name().unwrap_or_default();
+                bytes += copy_prefix(&path, &to.join(name), len)
                     .map_err(io("copying a PLog's segment file"))?;
-                std::fs::File::open(&target)
-                    .and_then(|f| f.sync_all())
-                    .map_err(io("syncing a copied segment file"))?;
+                copied(log);
             }
-            drop(held);
             sync_dir(&to).map_err(io("syncing a copy's PLog directory"))?;
         }
         sync_dir(&dest.join(PLOG_DIR)).map_err(io("syncing a copy's PLog directory"))?;
@@ -343,6 +347,21 @@ fn journals_data(dev: u64, mountinfo: &str) -> bool {
     !found
 }
 
+/// Copies the first `len` bytes of `from` into a new file `to` and syncs it; answers `len`.
+fn copy_prefix(from: &Path, to: &Path, len: u64) -> std::io::Result<u64> {
+    let mut source = std::fs::File::open(from)?.take(len);
+    let mut target = std::fs::File::create_new(to)?;
+    let copied = std::io::copy(&mut source, &mut target)?;
+    if copied != len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("{} ended after {copied} of {len} bytes", from.display()),
+        ));
+    }
+    target.sync_all()?;
+    Ok(copied)
+}
+
 /// Makes a directory's entries durable.
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
@@ -398,7 +417,65 @@ pub(crate) fn seg_error(e: SegError) -> KvError {
 
 #[cfg(test)]
 mod tests {
-    use super::journals_data;
+    use super::{Segments, journals_data, read_log, write_log};
+
+    /// A copy of the logs (a backup's) holds no log against appends while it copies its
+    /// files: the partition appends between them, and the copy ends where the log ended
+    /// when its files were listed, frame for frame.
+    #[test]
+    fn a_copy_of_the_logs_holds_no_log_against_appends_and_ends_where_they_ended() {
+        use monoseq_seglog::{SegLog, SegOptions};
+
+        let dir = tempfile::tempdir().expect("a directory");
+        let options = SegOptions {
+            segment_bytes: 4 << 10,
+            preallocate_bytes: 1 << 10,
+            ..SegOptions::default()
+        };
+        let segments =
+            Segments::open_with(dir.path(), 1, &|_| 1, options.clone()).expect("the logs open");
+        let log = &segments.logs[0];
+        for at in (1..400).step_by(10) {
+            let payloads: Vec<Vec<u8>> = (at..at + 10).map(|o| vec![o as u8; 100]).collect();
+            write_log(log).append(at, &payloads).expect("an append");
+        }
+        let listed = read_log(log).end();
+        assert!(read_log(log).segments() > 3, "several segments to copy");
+        let dest = tempfile::tempdir().expect("a directory");
+        let mut appended = 0;
+        segments
+            .copy_logs(dest.path(), &mut |log| {
+                let mut held = log
+                    .log
+                    .try_write()
+                    .expect("the copy holds the log against appends");
+                let end = held.end();
+                held.append(end, &[vec![0xAB; 300]]).expect("an append");
+                appended += 1;
+            })
+            .expect("the copy");
+        assert!(appended > 3);
+        assert_eq!(read_log(log).end(), listed + appended);
+        let copy = SegLog::open_read_only(dest.path().join(super::PLOG_DIR).join("0"), 0, options)
+            .expect("the copy opens");
+        assert_eq!(
+            copy.end(),
+            listed,
+            "the copy ends where the log did when listed"
+        );
+        assert!(copy.tail().is_none(), "the copy ends with whole frames");
+        let (a, b) = (
+            copy.read(1, 1000, usize::MAX).expect("the copy reads"),
+            read_log(log)
+                .read(1, 1000, usize::MAX)
+                .expect("the log reads"),
+        );
+        assert!(
+            a.payloads().eq(b.payloads().take(a.len())),
+            "the copy's frames differ"
+        );
+        assert_eq!(a.len() as u64, listed - 1);
+    }
 
     const MOUNTINFO: &str = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
         27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard\n\
