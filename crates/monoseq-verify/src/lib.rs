@@ -323,11 +323,36 @@ impl<'a, S: KvStore> Verifier<'a, S> {
                 });
             }
         }
+        if let Some(dir) = known.segments {
+            for p in segment_logs_past(dir, n) {
+                problems.push(Problem::PLogUnknownPartition {
+                    partition: p,
+                    partitions: n,
+                });
+            }
+        }
         State {
             partitions,
             ..State::default()
         }
     }
+}
+
+/// The partitions past the store's `partitions` whose log directory `dir/plog/` holds (a
+/// directory named by a partition number), in order; none when `plog/` cannot be listed (the
+/// logs' own reads report what they miss).
+fn segment_logs_past(dir: &Path, partitions: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir(dir.join(monoseq_store::PLOG_DIR)) else {
+        return Vec::new();
+    };
+    let mut past: Vec<u32> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| p >= partitions)
+        .collect();
+    past.sort_unstable();
+    past
 }
 
 /// What the files and the engine's metadata say before any log is read.

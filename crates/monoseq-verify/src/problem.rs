@@ -202,7 +202,8 @@ pub enum Problem {
     },
     /// A PLog of a partition the store does not have.
     #[error(
-        "a PLog block of partition {partition} exists, but the store has {partitions} partitions"
+        "a PLog of partition {partition} exists (a block in the engine, or a directory of \
+         segment files under plog/), but the store has {partitions} partitions"
     )]
     PLogUnknownPartition {
         /// The partition.

@@ -1040,6 +1040,34 @@ fn a_store_with_its_plogs_in_segment_files_verifies_clean() {
     );
 }
 
+/// A log directory under `plog/` for a partition the store does not have (a copy of another
+/// store's, or a partition count lowered by hand) is reported, not passed by.
+#[test]
+fn a_segment_log_of_a_partition_past_the_count_is_reported() {
+    let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
+    let plog = f
+        .dir
+        .as_ref()
+        .expect("a data directory")
+        .path()
+        .join(PLOG_DIR);
+    std::fs::create_dir(plog.join("7")).unwrap();
+    std::fs::copy(
+        f.segment_file(1),
+        plog.join("7").join(format!("{:020}.seg", 1)),
+    )
+    .unwrap();
+    // Not a partition's directory: passed by.
+    std::fs::create_dir(plog.join("lost+found")).unwrap();
+    assert_eq!(
+        f.verify_both(None),
+        [Problem::PLogUnknownPartition {
+            partition: 7,
+            partitions: PARTITIONS
+        }]
+    );
+}
+
 #[test]
 fn key_layouts_other_than_3_and_4_or_disagreeing_are_reported() {
     let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
