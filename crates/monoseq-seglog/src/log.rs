@@ -89,7 +89,7 @@ pub struct SegLog {
     positions: Vec<u64>,
     /// What failed first, once a write or sync failed.
     poisoned: OnceLock<&'static str>,
-    /// The first offsets of the sealed segments whose files are open, the latest opened
+    /// The first offsets of the sealed segments whose files are open, the one read latest
     /// last: at most [`OPEN_SEALED_MAX`].
     kept_open: Mutex<VecDeque<u64>>,
     /// Opened by [`SegLog::open_read_only`]: takes no append or sync.
@@ -349,8 +349,8 @@ impl SegLog {
             if page.end() >= segment.next {
                 continue;
             }
-            let (open, reopened) = segment.open()?;
-            if reopened {
+            let open = segment.open()?;
+            if segment.sealed {
                 self.keep_open(segment.first);
             }
             if !read_segment(segment, &open, &mut page, max_events, max_bytes)? {
@@ -396,8 +396,8 @@ impl SegLog {
         Ok(())
     }
 
-    /// Counts the sealed segment starting at `first` among the ones kept open, the latest
-    /// opened; closes the one opened longest ago past [`OPEN_SEALED_MAX`].
+    /// Counts the sealed segment starting at `first` among the ones kept open, the one read or
+    /// sealed latest; closes the one read longest ago past [`OPEN_SEALED_MAX`].
     fn keep_open(&self, first: u64) {
         let mut kept = self
             .kept_open

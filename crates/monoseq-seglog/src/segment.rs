@@ -290,26 +290,26 @@ impl Segment {
         self
     }
 
-    /// The file and index of the segment for a read, and whether they were just reopened (a
-    /// sealed segment closed before): from its footer, or from its frames when the footer is
-    /// damaged, checked against what the log knows of the segment.
+    /// The file and index of the segment for a read: a closed sealed segment's are read again
+    /// from its footer, or from its frames when the footer is damaged, and checked against
+    /// what the log knows of the segment.
     ///
     /// # Errors
     ///
     /// [`SegError::Io`]; [`SegError::Damaged`] when the file no longer holds the frames it
     /// held when the log was opened.
-    pub(crate) fn open(&self) -> Result<(Opened<'_>, bool), SegError> {
+    pub(crate) fn open(&self) -> Result<Opened<'_>, SegError> {
         let kept = match &self.body {
-            Body::Held(open) => return Ok((Opened::Held(open), false)),
+            Body::Held(open) => return Ok(Opened::Held(open)),
             Body::Kept(kept) => kept,
         };
         let mut kept = lock(kept);
         if let Some(open) = &*kept {
-            return Ok((Opened::Kept(Arc::clone(open)), false));
+            return Ok(Opened::Kept(Arc::clone(open)));
         }
         let open = Arc::new(self.reopen()?);
         *kept = Some(Arc::clone(&open));
-        Ok((Opened::Kept(open), true))
+        Ok(Opened::Kept(open))
     }
 
     /// Closes a sealed segment's file and drops its index (until [`Segment::open`]); readers

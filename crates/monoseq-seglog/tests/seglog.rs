@@ -584,11 +584,7 @@ fn readers_share_the_log_with_its_writer_behind_a_read_write_lock() {
 
 /// The descriptors this process holds open on files in `dir` (from `/proc/self/fd`).
 fn descriptors_in(dir: &Path) -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|target| target.starts_with(dir))
-        .count()
+    open_names(dir).len()
 }
 
 /// A log of many segments keeps only the last [`OPEN_SEALED_MAX`] sealed ones it sealed or
@@ -637,6 +633,42 @@ fn a_long_log_keeps_a_bounded_number_of_sealed_segments_open_and_reopens_the_oth
     let first = log.read(1, 10, usize::MAX).expect("read");
     assert_eq!(first.payloads().next(), Some(payload(1).as_slice()));
     assert_eq!(log.open_files(), bound);
+    // The one closed next is the one read longest ago, not the one opened first: read the
+    // oldest kept open again, then open another closed one.
+    let sealed = sealed_firsts(dir.path());
+    let oldest_kept = sealed[sealed.len() - OPEN_SEALED_MAX + 1];
+    let next_oldest = sealed[sealed.len() - OPEN_SEALED_MAX + 2];
+    log.read(oldest_kept, 1, usize::MAX).expect("read");
+    log.read(sealed[1], 1, usize::MAX).expect("read");
+    let open = open_names(dir.path());
+    assert!(open.contains(&segment(dir.path(), oldest_kept)), "{open:?}");
+    assert!(
+        !open.contains(&segment(dir.path(), next_oldest)),
+        "{open:?}"
+    );
+}
+
+/// The first offsets of the sealed segments in `dir` (all but the last), in order.
+fn sealed_firsts(dir: &Path) -> Vec<u64> {
+    let mut firsts: Vec<u64> = std::fs::read_dir(dir)
+        .expect("list")
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            name.strip_suffix(".seg")?.parse().ok()
+        })
+        .collect();
+    firsts.sort_unstable();
+    firsts.pop();
+    firsts
+}
+
+/// The files in `dir` this process holds open.
+fn open_names(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.starts_with(dir))
+        .collect()
 }
 
 /// A sealed segment closed after the log was opened, then damaged on the disk, is refused
