@@ -58,6 +58,16 @@ enum Body {
     Kept(Mutex<Option<Arc<Open>>>),
 }
 
+impl Body {
+    /// The held file and index (an active segment's); a sealed segment takes no write.
+    fn held(&mut self) -> Result<&mut Open, SegError> {
+        match self {
+            Body::Held(open) => Ok(open),
+            Body::Kept(_) => Err(SegError::Poisoned { what: "seal" }),
+        }
+    }
+}
+
 /// A segment's file and index, open for a read.
 pub(crate) enum Opened<'a> {
     Held(&'a Open),
@@ -380,10 +390,7 @@ impl Segment {
 
     /// The held file and index (an active segment's).
     fn held(&mut self) -> Result<&mut Open, SegError> {
-        match &mut self.body {
-            Body::Held(open) => Ok(open),
-            Body::Kept(_) => Err(SegError::Poisoned { what: "seal" }),
-        }
+        self.body.held()
     }
 
     /// The footer of the segment in `file` (`len` bytes, starting at offset `first`) when it
@@ -488,10 +495,7 @@ impl Segment {
                 .map_err(io("syncing the zero-filled room of", &self.path))?;
         }
         let (first, next, data_end) = (self.first, self.next, self.data_end);
-        let open = match &mut self.body {
-            Body::Held(open) => open,
-            Body::Kept(_) => return Err(SegError::Poisoned { what: "seal" }),
-        };
+        let open = self.body.held()?;
         open.file
             .write_all_at(frames, data_end)
             .map_err(io("appending to", &self.path))?;
@@ -514,8 +518,8 @@ impl Segment {
             "only a segment holding frames is sealed"
         );
         let (first, last, data_end) = (self.first, self.next - 1, self.data_end);
-        let path = self.path.clone();
-        let open = self.held()?;
+        let path = &self.path;
+        let open = self.body.held()?;
         let f = Footer {
             index: open.index.clone(),
             last,
@@ -523,10 +527,10 @@ impl Segment {
         let bytes = footer(first, &f);
         open.file
             .write_all_at(&bytes, data_end)
-            .map_err(io("writing the footer of", &path))?;
+            .map_err(io("writing the footer of", path))?;
         let len = data_end + bytes.len() as u64;
-        open.file.set_len(len).map_err(io("truncating", &path))?;
-        open.file.sync_data().map_err(io("syncing", &path))?;
+        open.file.set_len(len).map_err(io("truncating", path))?;
+        open.file.sync_data().map_err(io("syncing", path))?;
         if let Body::Held(open) = std::mem::replace(&mut self.body, Body::Kept(Mutex::new(None))) {
             self.body = Body::Kept(Mutex::new(Some(Arc::new(open))));
         }
