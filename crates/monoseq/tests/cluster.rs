@@ -361,6 +361,24 @@ async fn nodes_forward_over_https_with_their_own_token_and_a_refused_token_write
     let body: Value = answer.json().await.unwrap_or(Value::Null);
     assert_eq!(status, 502, "{body}");
     assert_eq!(body["code"], "node_unauthorized", "{body}");
+    // Reads that C relays to B are refused alike, a stream before it begins: 502
+    // `node_unauthorized` (C's answers are checked against docs/openapi.json with the rest).
+    let p_b = ws_b % common::node::PARTITIONS;
+    for path in [
+        format!("/v1/partitions/{p_b}/events?from=1"),
+        format!("/v1/partitions/{p_b}/events/stream?from=end"),
+        format!("/v1/workspaces/{ws_b}/wlog/stream?from=end"),
+    ] {
+        let answer = writer
+            .get(format!("{}{path}", c.url))
+            .send()
+            .await
+            .expect("answer");
+        let status = answer.status().as_u16();
+        let body: Value = answer.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, 502, "{path}: {body}");
+        assert_eq!(body["code"], "node_unauthorized", "{path}: {body}");
+    }
     // C says why it is not ready (its peers refuse its token), and logs it once per peer.
     let why = refused_token_readiness(&writer, &c.url).await;
     assert!(why.contains(&a.url) || why.contains(&b.url), "{why}");
