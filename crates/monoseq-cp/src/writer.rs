@@ -317,6 +317,11 @@ pub(crate) type FoundKey = (String, u64, u64);
 /// The idempotency keys of the events at PLog offsets `from..to`, with the read's result (the
 /// keys read before an error are given too). Offsets up to `floor` were retired by an accepted
 /// loss: the PLog has a gap below it, so the part above it is read on its own.
+///
+/// The store is first brought up to the partition's log ([`EventStore::redo_partition`]): a
+/// group whose key-value batch failed after its log was made durable is stored, and a retry
+/// answered from the keys found here must find its WLog entries and records, whether or not
+/// another group is ever appended.
 pub(crate) fn read_keys<S: KvStore + Clone>(
     store: &EventStore<S>,
     partition: PartitionId,
@@ -324,6 +329,13 @@ pub(crate) fn read_keys<S: KvStore + Clone>(
     from: u64,
     to: u64,
 ) -> (Vec<FoundKey>, Result<(), StepError>) {
+    if let Err(e) = store.redo_partition(partition) {
+        let why = format!(
+            "writing the key-value store up to the PLog: {}",
+            monoseq_kv::chain(&e)
+        );
+        return (Vec::new(), Err(StepError::Read(why)));
+    }
     let mut keys = Vec::new();
     let mut read = |from: u64, to: u64| {
         store.for_each_event(

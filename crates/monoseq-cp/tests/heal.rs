@@ -653,3 +653,53 @@ async fn a_groups_mark_reaches_the_marks_file_only_after_the_store_sync_covering
     let partition = cp.partition_of(WsId(2));
     assert_eq!(marks.get(partition).expect("mark").plog, last);
 }
+
+/// The WLog entries' table tag (`docs/format.md`).
+const TAG_WLOG: u8 = 0x02;
+
+/// With the PLogs in segment files a group's log is made durable before its WLog entries and
+/// records are written to the key-value store. When that write fails, the group's events are
+/// stored, and a retry of one of its commands is answered from the log (the read-back finds
+/// its key). Its WLog entry and created record must then be readable too: the store is
+/// brought up to the log before the partition serves again, not at its next append (which may
+/// never come).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_answered_from_the_log_after_a_failed_store_write_finds_its_wlog_entry_and_record()
+{
+    use monoseq_store::{Marks, Segments};
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = open(&dir.path().join("engine"));
+    let segments = Segments::open(dir.path(), 1, &|_| 1).expect("the segment logs");
+    let store = EventStore::with_segments(
+        Arc::clone(&kv),
+        AppId(1),
+        TrustLevel::Level0,
+        Arc::new(segments),
+    );
+    let marks = Marks::create(dir.path(), 1).expect("marks");
+    let config = Config {
+        marks: Some(Arc::new(marks)),
+        ..config(1)
+    };
+    let cp = CommandProcessor::start(store, config).expect("start");
+    ready(&cp).await;
+    let first = cp.submit_keyed(order(7, 0), key("a")).await.expect("first");
+
+    // The next batch of WLog entries is lost on its way: the group's frames are in its log.
+    kv.lose_only(|b| b.iter().any(|i| i.key.partition.first() == Some(&TAG_WLOG)));
+    kv.lose_requests_next(1);
+    let lost = cp.submit_keyed(order(7, 1), key("b")).await.unwrap_err();
+    assert!(lost.is_transient(), "{lost}");
+    kv.clear_hooks();
+    let again = submit_until_answered(&cp, || order(7, 1), "b").await;
+    assert!(again.replayed, "the retry is answered from the log");
+    assert_eq!(again.plog_offset, first.plog_offset + 1);
+
+    assert_eq!(wlog_len(&cp, 7), 2, "the acknowledged event is in its WLog");
+    let id = *again.ids.values().next().expect("a created record");
+    let record = cp
+        .store()
+        .read_record(WsId(7), RecordId(id))
+        .expect("read the record");
+    assert!(record.is_some(), "the acknowledged record {id} reads back");
+}

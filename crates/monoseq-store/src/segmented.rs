@@ -143,6 +143,26 @@ impl<S: KvStore> EventStore<S> {
         Ok(redone)
     }
 
+    /// Brings the key-value store up to `partition`'s log: writes again the WLog entries and
+    /// records of the events the log holds above the store's applied end (a group whose
+    /// batch failed after its log was made durable, or that was deferred and never applied);
+    /// answers how many. Nothing to do with the PLogs in the store.
+    ///
+    /// # Errors
+    ///
+    /// [`AppendError`] when the store cannot be read or written, or holds more of the log than
+    /// the log does.
+    pub fn redo_partition(&self, partition: PartitionId) -> Result<u64, AppendError> {
+        let Some(segments) = &self.segments else {
+            return Ok(0);
+        };
+        let log = segments.log(partition)?;
+        let mut applied = plog::applied(log);
+        // A deferred group is written below from the log, as its applied end was not moved.
+        plog::deferred(log).take();
+        self.redo_held(segments, partition, &mut applied, false)
+    }
+
     /// Writes the WLog entries and records of the events of `partition`'s log above
     /// `applied` (read from the store when `None`), with `applied` held; answers how many.
     /// A store ahead of the log is an error, or with `ahead_ok` taken from the log's end on.
