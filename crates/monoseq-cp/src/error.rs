@@ -231,6 +231,10 @@ pub enum StepError {
     /// The partition's writer was lost (a group's thread was).
     #[error("the writer was lost")]
     WriterLost,
+    /// The storage failed fatally (a poisoned store or PLog: no write can succeed until the
+    /// server is restarted), with the causes.
+    #[error("{0}")]
+    Fatal(String),
 }
 
 /// A command refused before it took any number because its event or records would not fit

@@ -626,6 +626,17 @@ impl Lifecycle {
         self.phase = Phase::Serving;
     }
 
+    /// The storage failed fatally (`causes`, whose error says what to do: check the disk,
+    /// restart the server): the partition stops.
+    fn failed_fatally(&mut self, causes: &str) {
+        let reason = format!(
+            "the storage failed fatally: {causes}. Partition {} writes nothing more until the \
+             server is restarted",
+            self.partition
+        );
+        self.stop(End::Failed { reason });
+    }
+
     fn ran(&mut self, event: Input) {
         let Input::Ran(outcome) = event else {
             return;
@@ -633,15 +644,7 @@ impl Lifecycle {
         match outcome {
             GroupOutcome::Answered => {}
             GroupOutcome::Fenced => self.stop(End::Fenced),
-            GroupOutcome::Fatal { causes } => {
-                // The store's error says what to do (check the disk, restart the server).
-                let reason = format!(
-                    "the storage failed fatally: {causes}. Partition {} writes nothing more \
-                     until the server is restarted",
-                    self.partition
-                );
-                self.stop(End::Failed { reason });
-            }
+            GroupOutcome::Fatal { causes } => self.failed_fatally(&causes),
             GroupOutcome::Lost { what } => self.stop(End::Lost {
                 reason: what.to_string(),
             }),
@@ -788,6 +791,9 @@ impl Lifecycle {
                 // What landed of the failed write is stored and read back: acknowledged, so
                 // that followers see it without waiting for the next group.
                 self.phase = Phase::Check(Then::CoverAndServe);
+            }
+            (true, Input::ReadBack(Err(StepError::Fatal(causes)))) => {
+                self.failed_fatally(&causes);
             }
             (true, Input::ReadBack(Err(_))) => {
                 self.pause = Some((
@@ -1133,6 +1139,26 @@ mod tests {
                 attempt: 1
             }
         );
+    }
+
+    /// A read-back that finds the storage failed fatally (the PLog poisoned by a failed flush
+    /// of another partition's cycle) stops the partition as failed, as a fatal group write
+    /// does, rather than retrying a read-back that cannot succeed until a restart.
+    #[test]
+    fn a_read_back_that_finds_the_storage_failed_fatally_stops_the_partition() {
+        let mut lc = serving();
+        lc.feed(Input::Ran(GroupOutcome::Unwritten {
+            unresolved_from: 7,
+            retry: false,
+        }));
+        lc.feed(Input::Actualized(Actualization::Ready));
+        assert!(matches!(lc.action(), Action::ReadBack { .. }));
+        lc.feed(Input::ReadBack(Err(StepError::Fatal("poisoned".into()))));
+        let Action::Stop(End::Failed { reason }) = lc.action() else {
+            panic!("a fatal read-back stops the partition: {:?}", lc.action());
+        };
+        assert!(reason.contains("poisoned"), "{reason}");
+        assert!(reason.contains("restarted"), "{reason}");
     }
 
     #[test]

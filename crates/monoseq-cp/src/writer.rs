@@ -334,7 +334,12 @@ pub(crate) fn read_keys<S: KvStore + Clone>(
             "writing the key-value store up to the PLog: {}",
             monoseq_kv::chain(&e)
         );
-        return (Vec::new(), Err(StepError::Read(why)));
+        let step = if monoseq_kv::is_poisoned(&e) {
+            StepError::Fatal(why)
+        } else {
+            StepError::Read(why)
+        };
+        return (Vec::new(), Err(step));
     }
     let mut keys = Vec::new();
     let mut read = |from: u64, to: u64| {

@@ -441,6 +441,21 @@ impl SegLog {
         }
     }
 
+    /// Marks the log poisoned by `what`, a failure outside it that may have dropped frames it
+    /// wrote (a flush of the directory holding it): every later append, sync or write-back
+    /// answers [`SegError::Poisoned`].
+    pub fn poison_by(&self, what: &'static str) {
+        if self.poisoned.set(what).is_ok() {
+            tracing::error!(dir = %self.dir.display(), "segment log poisoned by a failed {what}");
+        }
+    }
+
+    /// What poisoned the log, if anything did ([`SegError::Poisoned`]).
+    #[must_use]
+    pub fn poisoned(&self) -> Option<&'static str> {
+        self.poisoned.get().copied()
+    }
+
     /// Marks the log poisoned by a failed `what`; returns `e`.
     fn poison(&self, what: &'static str, e: SegError) -> SegError {
         let _ = self.poisoned.set(what);

@@ -54,6 +54,9 @@ pub(crate) struct PartitionLog {
     pub(crate) deferred: Mutex<Option<(monoseq_kv::WriteBatch, u64, u64)>>,
 }
 
+/// What a failed shared flush is called where it poisons the logs.
+const FLUSH: &str = "flush of the PLog segments' writes (fdatasync of plog/)";
+
 impl Segments {
     /// Opens (or creates) the logs of partitions `0..partitions` in `dir/plog`, each with the
     /// durable end `durable_end` gives it (one past its highest acknowledged offset): frames
@@ -133,16 +136,20 @@ impl Segments {
     ///
     /// # Errors
     ///
-    /// [`KvError::Io`] when the sync failed: nothing written back since the last flush may be
-    /// durable.
+    /// A poisoned [`KvError`] when the sync failed: nothing written back since the last flush
+    /// may be durable (a failed `fdatasync` may have dropped the pages, and a later one would
+    /// not say so), so every log is poisoned as a failed sync of its own segment poisons it:
+    /// nothing more is appended, and the store must be opened again.
     pub fn flush(&self) -> Result<(), KvError> {
-        match &self.shared_flush {
-            None => Ok(()),
-            Some(dir) => dir.sync_data().map_err(|source| KvError::Io {
-                context: "flushing the PLog segments' writes (fdatasync of plog/)",
-                source,
-            }),
-        }
+        let Some(dir) = &self.shared_flush else {
+            return Ok(());
+        };
+        dir.sync_data().map_err(|e| {
+            for log in &self.logs {
+                read_log(log).poison_by(FLUSH);
+            }
+            KvError::poisoned(format!("{FLUSH}: {e}"))
+        })
     }
 
     /// Opens `partition`'s log in data directory `dir` for reading only, as it is
@@ -418,6 +425,48 @@ pub(crate) fn seg_error(e: SegError) -> KvError {
 #[cfg(test)]
 mod tests {
     use super::{Segments, journals_data, read_log, write_log};
+
+    /// A failed flush of `plog/` poisons every partition's log: the frames written back since
+    /// the last good flush may be lost, and a later flush would not say so. Nothing more is
+    /// appended, and no redo writes their effect to the key-value store.
+    #[test]
+    fn a_failed_shared_flush_poisons_every_log_and_refuses_the_redo() {
+        use std::sync::Arc;
+
+        use crate::{AppId, AppendError, EventStore, PartitionId, TrustLevel};
+
+        let dir = tempfile::tempdir().expect("a directory");
+        let mut segments = Segments::open(dir.path(), 2, &|_| 1).expect("the logs open");
+        // `fdatasync` of a procfs file fails (EINVAL): a flush that fails.
+        segments.shared_flush = Some(std::fs::File::open("/proc/self/stat").expect("procfs"));
+        write_log(&segments.logs[0])
+            .append(1, &[vec![1u8; 50]])
+            .expect("an append");
+        read_log(&segments.logs[0])
+            .write_back()
+            .expect("written back");
+        let e = segments.flush().expect_err("the flush fails");
+        assert!(e.is_poisoned(), "{e}");
+        for log in &segments.logs {
+            let end = read_log(log).end();
+            let refused = write_log(log).append(end, &[vec![2u8; 50]]);
+            assert!(
+                matches!(refused, Err(monoseq_seglog::SegError::Poisoned { .. })),
+                "{refused:?}"
+            );
+        }
+        let store = EventStore::with_segments(
+            monoseq_kv::MemoryStore::new(),
+            AppId(1),
+            TrustLevel::Level0,
+            Arc::new(segments),
+        );
+        let redo = store.redo_partition(PartitionId(0));
+        assert!(
+            matches!(&redo, Err(AppendError::Storage(e)) if e.is_poisoned()),
+            "{redo:?}"
+        );
+    }
 
     /// A copy of the logs (a backup's) holds no log against appends while it copies its
     /// files: the partition appends between them, and the copy ends where the log ended

@@ -157,6 +157,14 @@ impl<S: KvStore> EventStore<S> {
             return Ok(0);
         };
         let log = segments.log(partition)?;
+        if let Some(what) = plog::read_log(log).poisoned() {
+            // Its frames since the last good flush may not be on disk: the store must never
+            // hold the effect of an event its log may lose.
+            return Err(AppendError::Storage(KvError::poisoned(format!(
+                "partition {partition}'s PLog is poisoned by a failed {what}: restart the \
+                 server, which reads the log back from its files"
+            ))));
+        }
         let mut applied = plog::applied(log);
         // A deferred group is written below from the log, as its applied end was not moved.
         plog::deferred(log).take();
