@@ -379,6 +379,28 @@ async fn nodes_forward_over_https_with_their_own_token_and_a_refused_token_write
         assert_eq!(status, 502, "{path}: {body}");
         assert_eq!(body["code"], "node_unauthorized", "{path}: {body}");
     }
+    // A tail from an offset waits meanwhile (its hub asks the owner again every 200 ms): the
+    // refusals are logged at most once per 10 s with their count, not once per attempt.
+    let tail = writer
+        .get(format!(
+            "{}/v1/partitions/{p_b}/events/stream?from=1",
+            c.url
+        ))
+        .send()
+        .await
+        .expect("a tail");
+    assert_eq!(tail.status(), 200);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(tail);
+    let refusals = c
+        .log()
+        .matches("the partition's owner refused this node's token")
+        .count();
+    assert!(
+        (1..=2).contains(&refusals),
+        "{refusals} lines in:\n{}",
+        c.log()
+    );
     // C says why it is not ready (its peers refuse its token), and logs it once per peer.
     let why = refused_token_readiness(&writer, &c.url).await;
     assert!(why.contains(&a.url) || why.contains(&b.url), "{why}");
