@@ -704,6 +704,7 @@ impl Database {
                 let reader = db.supervisor.journal.get_reader()?;
 
                 let mut persisted_seqnos: HashMap<_, _> = HashMap::default();
+                let mut resolved = HashMap::default();
 
                 for batch in reader {
                     let batch = batch?;
@@ -712,7 +713,7 @@ impl Database {
                         highest_encountered_keyspace_id =
                             highest_encountered_keyspace_id.max(item.keyspace_id);
 
-                        let Some(keyspace_name) = db.meta_keyspace.resolve_id(item.keyspace_id)?
+                        let Some(keyspace_name) = db.meta_keyspace.resolve_id_once(&mut resolved, item.keyspace_id)?
                         else {
                             continue;
                         };
@@ -750,7 +751,7 @@ impl Database {
                     }
 
                     for keyspace_id in &batch.cleared_keyspaces {
-                        let Some(keyspace_name) = db.meta_keyspace.resolve_id(*keyspace_id)? else {
+                        let Some(keyspace_name) = db.meta_keyspace.resolve_id_once(&mut resolved, *keyspace_id)? else {
                             continue;
                         };
 
