@@ -157,14 +157,6 @@ impl<S: KvStore> EventStore<S> {
             return Ok(0);
         };
         let log = segments.log(partition)?;
-        if let Some(what) = plog::read_log(log).poisoned() {
-            // Its frames since the last good flush may not be on disk: the store must never
-            // hold the effect of an event its log may lose.
-            return Err(AppendError::Storage(KvError::poisoned(format!(
-                "partition {partition}'s PLog is poisoned by a failed {what}: restart the \
-                 server, which reads the log back from its files"
-            ))));
-        }
         let mut applied = plog::applied(log);
         // A deferred group is written below from the log, as its applied end was not moved.
         plog::deferred(log).take();
@@ -173,6 +165,7 @@ impl<S: KvStore> EventStore<S> {
 
     /// Writes the WLog entries and records of the events of `partition`'s log above
     /// `applied` (read from the store when `None`), with `applied` held; answers how many.
+    /// A poisoned log is refused (poisoned): nothing of it is written to the store.
     /// A store ahead of the log is an error, or with `ahead_ok` taken from the log's end on.
     fn redo_held(
         &self,
@@ -184,6 +177,14 @@ impl<S: KvStore> EventStore<S> {
         let log = segments.log(partition)?;
         let (start, end) = {
             let log = plog::read_log(log);
+            if let Some(what) = log.poisoned() {
+                // Its frames since the last good flush may not be on disk: the store must
+                // never hold the effect of an event its log may lose.
+                return Err(AppendError::Storage(KvError::poisoned(format!(
+                    "partition {partition}'s PLog is poisoned by a failed {what}: restart the \
+                     server, which reads the log back from its files"
+                ))));
+            }
             (log.start(), log.end())
         };
         let mut from = match *applied {
