@@ -174,19 +174,7 @@ impl<S: KvStore> EventStore<S> {
         applied: &mut Option<u64>,
         ahead_ok: bool,
     ) -> Result<u64, AppendError> {
-        let log = segments.log(partition)?;
-        let (start, end) = {
-            let log = plog::read_log(log);
-            if let Some(what) = log.poisoned() {
-                // Its frames since the last good flush may not be on disk: the store must
-                // never hold the effect of an event its log may lose.
-                return Err(AppendError::Storage(KvError::poisoned(format!(
-                    "partition {partition}'s PLog is poisoned by a failed {what}: restart the \
-                     server, which reads the log back from its files"
-                ))));
-            }
-            (log.start(), log.end())
-        };
+        let (start, end) = unpoisoned_bounds(segments, partition)?;
         let mut from = match *applied {
             Some(at) => at,
             None => self.read_applied(partition)?.unwrap_or(start),
@@ -218,6 +206,28 @@ impl<S: KvStore> EventStore<S> {
                 ),
             }));
         }
+        let at = self.rewrite_from_log(segments, partition, from, end)?;
+        if at > from {
+            tracing::info!(
+                partition = partition.0,
+                "brought the store up to the PLog: wrote the WLog entries and records of \
+                 offsets {from} to {} again",
+                at - 1
+            );
+        }
+        *applied = Some(at);
+        Ok(at - from)
+    }
+
+    /// Writes the WLog entries and records of `partition`'s PLog offsets `from..end` into
+    /// the store, a page at a time, each page with its applied end; answers the end reached.
+    fn rewrite_from_log(
+        &self,
+        segments: &Segments,
+        partition: PartitionId,
+        from: u64,
+        end: u64,
+    ) -> Result<u64, AppendError> {
         let mut at = from;
         while at < end {
             let page = segments.read(partition, at, SCAN_PAGE_EVENTS, SCAN_PAGE_BYTES)?;
@@ -233,16 +243,7 @@ impl<S: KvStore> EventStore<S> {
             self.kv.write(&group.batch).map_err(|e| group.refusal(e))?;
             at = page.end();
         }
-        if at > from {
-            tracing::info!(
-                partition = partition.0,
-                "brought the store up to the PLog: wrote the WLog entries and records of \
-                 offsets {from} to {} again",
-                at - 1
-            );
-        }
-        *applied = Some(at);
-        Ok(at - from)
+        Ok(at)
     }
 
     /// The applied end the store records for `partition`, if any.
@@ -353,6 +354,23 @@ impl<S: KvStore> EventStore<S> {
             at = page.end();
         }
     }
+}
+
+/// The start and end of `partition`'s PLog, or a poisoned error when a failed sync poisoned it:
+/// its frames since the last good flush may not be on disk, and the store must never hold the
+/// effect of an event its log may lose.
+fn unpoisoned_bounds(
+    segments: &Segments,
+    partition: PartitionId,
+) -> Result<(u64, u64), AppendError> {
+    let log = plog::read_log(segments.log(partition)?);
+    if let Some(what) = log.poisoned() {
+        return Err(AppendError::Storage(KvError::poisoned(format!(
+            "partition {partition}'s PLog is poisoned by a failed {what}: restart the server, \
+             which reads the log back from its files"
+        ))));
+    }
+    Ok((log.start(), log.end()))
 }
 
 impl<S: KvStore> EventStore<S> {
