@@ -8,6 +8,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock};
 
 use monoseq_kv::KvError;
@@ -54,6 +55,42 @@ pub(crate) struct PartitionLog {
     pub(crate) deferred: Mutex<Option<(monoseq_kv::WriteBatch, u64, u64)>>,
 }
 
+/// `open(p)` for every partition `0..partitions`, on as many threads at once as the machine
+/// has cores: a log's open reads and checks its active segment through (tens of MiB after a
+/// crash), so the logs' reads overlap and their checks share the cores. The results in
+/// partition order.
+fn each_partition<T: Send>(partitions: u32, open: impl Fn(u32) -> T + Sync) -> Vec<T> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .min(partitions as usize);
+    if threads <= 1 {
+        return (0..partitions).map(open).collect();
+    }
+    let next = AtomicU32::new(0);
+    let mut opened: Vec<(u32, T)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let p = next.fetch_add(1, Ordering::Relaxed);
+                        if p >= partitions {
+                            return mine;
+                        }
+                        mine.push((p, open(p)));
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    opened.sort_unstable_by_key(|(p, _)| *p);
+    opened.into_iter().map(|(_, t)| t).collect()
+}
+
 /// What a failed shared flush is called where it poisons the logs.
 const FLUSH: &str = "flush of the PLog segments' writes (fdatasync of plog/)";
 
@@ -86,17 +123,22 @@ impl Segments {
         options: SegOptions,
     ) -> Result<Segments, SegError> {
         let dir = dir.join(PLOG_DIR);
-        let logs = (0..partitions)
-            .map(|p| {
-                let log =
-                    SegLog::open(dir.join(p.to_string()), p, options.clone(), durable_end(p))?;
-                Ok(PartitionLog {
-                    log: RwLock::new(log),
-                    applied: Mutex::new(None),
-                    deferred: Mutex::new(None),
-                })
+        let ends: Vec<u64> = (0..partitions).map(durable_end).collect();
+        let logs = each_partition(partitions, |p| {
+            let log = SegLog::open(
+                dir.join(p.to_string()),
+                p,
+                options.clone(),
+                ends[p as usize],
+            )?;
+            Ok(PartitionLog {
+                log: RwLock::new(log),
+                applied: Mutex::new(None),
+                deferred: Mutex::new(None),
             })
-            .collect::<Result<Vec<_>, SegError>>()?;
+        })
+        .into_iter()
+        .collect::<Result<Vec<_>, SegError>>()?;
         let shared_flush = shared_flush(&dir, partitions);
         Ok(Segments {
             dir,
@@ -466,6 +508,49 @@ mod tests {
             matches!(&redo, Err(AppendError::Storage(e)) if e.is_poisoned()),
             "{redo:?}"
         );
+    }
+
+    /// The logs open side by side, on as many threads as there are cores, yet each lands in
+    /// its own partition's place, and of two logs that do not open the error is the lower
+    /// partition's, as when they opened one after another.
+    #[test]
+    fn logs_opened_side_by_side_keep_their_partitions_and_the_lowest_error() {
+        let dir = tempfile::tempdir().expect("a directory");
+        {
+            let segments = Segments::open(dir.path(), 8, &|_| 1).expect("the logs open");
+            for (p, log) in segments.logs.iter().enumerate() {
+                let payloads: Vec<Vec<u8>> = (0..=p).map(|_| vec![p as u8 + 1; 40]).collect();
+                write_log(log).append(1, &payloads).expect("an append");
+                write_log(log).sync().expect("synced");
+            }
+        }
+        for _ in 0..5 {
+            let segments = Segments::open(dir.path(), 8, &|p| p as u64 + 2).expect("reopened");
+            for (p, log) in segments.logs.iter().enumerate() {
+                let log = read_log(log);
+                assert_eq!(log.end(), p as u64 + 2, "partition {p}'s log");
+                let page = log.read(1, 100, 1 << 20).expect("a page");
+                assert!(
+                    page.payloads()
+                        .all(|e| e == vec![p as u8 + 1; 40].as_slice()),
+                    "partition {p} reads its own events"
+                );
+            }
+            // Partitions 2 and 5 must hold more than they do: each log's open refuses.
+            let short = |p: u32| {
+                if p == 2 || p == 5 {
+                    50
+                } else {
+                    u64::from(p) + 2
+                }
+            };
+            let e = Segments::open(dir.path(), 8, &short).expect_err("two logs lack events");
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("plog{}2", std::path::MAIN_SEPARATOR)),
+                "the lower partition's error: {text}"
+            );
+        }
     }
 
     /// A copy of the logs (a backup's) holds no log against appends while it copies its
