@@ -185,3 +185,69 @@ fn a_half_prepared_journal_file_is_removed_at_open_and_prepared_again() {
         JOURNAL_BYTES
     );
 }
+
+/// Opens the database in `dir` with its keyspace "logs".
+fn open_logs(dir: &Path) -> (Database, fjall::Keyspace) {
+    let db = Database::builder(dir).open().expect("the database opens");
+    let tree = db
+        .keyspace("logs", KeyspaceCreateOptions::default)
+        .expect("the keyspace opens");
+    (db, tree)
+}
+
+/// Inserts keys `first..first + count` (small values) and syncs the journal.
+fn write_synced(db: &Database, tree: &fjall::Keyspace, first: u32, count: u32) {
+    for key in first..first + count {
+        tree.insert(key.to_be_bytes(), key.to_le_bytes())
+            .expect("an insert");
+    }
+    db.persist(PersistMode::SyncData)
+        .expect("the journal syncs");
+}
+
+/// The replay counts the journal's bytes itself (`vendor/fjall/PATCHES.md`, "The journal's
+/// position counted, not asked of the file"): a torn entry at its end (a crash mid-write) is
+/// cut exactly where the last whole one ended, so what is written after the recovery follows
+/// it and is recovered at the next open, with everything before.
+#[test]
+fn a_torn_journal_entry_is_cut_at_open_and_batches_written_after_it_are_recovered() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let (db, tree) = open_logs(dir.path());
+    write_synced(&db, &tree, 0, 500);
+    drop((tree, db));
+    // A replay cuts the journal where its entries end (its zeros after them too).
+    drop(open_logs(dir.path()));
+    let journal = active_journal(dir.path());
+    let bytes = std::fs::read(&journal).expect("the journal reads");
+    assert!(
+        bytes.len() > 16 && bytes[bytes.len() - 1] != 0,
+        "the journal ends at its last entry ({} bytes)",
+        bytes.len()
+    );
+    // A torn entry: the first 7 bytes of the journal's first one (its start, cut inside its
+    // sequence number), appended.
+    let torn = bytes[..7].to_vec();
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)
+        .expect("the journal opens");
+    std::io::Write::write_all(&mut file, &torn).expect("appended");
+    drop(file);
+
+    let (db, tree) = open_logs(dir.path());
+    assert_eq!(
+        std::fs::metadata(&journal).expect("the journal").len(),
+        bytes.len() as u64,
+        "the torn entry was cut where the last whole entry ended"
+    );
+    write_synced(&db, &tree, 500, 500);
+    drop((tree, db));
+    let (_db, tree) = open_logs(dir.path());
+    for key in [0_u32, 499, 500, 999] {
+        assert_eq!(
+            tree.get(key.to_be_bytes()).expect("a read").as_deref(),
+            Some(&key.to_le_bytes()[..]),
+            "key {key} recovered"
+        );
+    }
+}
