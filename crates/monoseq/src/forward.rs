@@ -221,10 +221,12 @@ impl Forwarder {
     async fn send(&self, url: &str, request: reqwest::RequestBuilder) -> Response {
         tokio::select! {
             sent = request.send() => match sent {
-                Ok(answer) => relay(answer).await,
-                Err(e) => owner_unreachable(url, &crate::base::chain(&e)),
+                Ok(answer) => relay(answer, Asked::Write).await,
+                Err(e) => owner_unreachable(url, &crate::base::chain(&e), Asked::Write),
             },
-            why = self.liveness.gone(url) => owner_unreachable(url, &why.to_string()),
+            why = self.liveness.gone(url) => {
+                owner_unreachable(url, &why.to_string(), Asked::Write)
+            }
         }
     }
 
@@ -288,15 +290,21 @@ impl Forwarder {
         }
         let answer = match request.send().await {
             Ok(answer) => answer,
-            Err(e) => return Err(owner_unreachable(target, &crate::base::chain(&e))),
+            Err(e) => {
+                return Err(owner_unreachable(
+                    target,
+                    &crate::base::chain(&e),
+                    Asked::Read,
+                ));
+            }
         };
         if !answer.status().is_success() {
-            return Err(relay(answer).await);
+            return Err(relay(answer, Asked::Read).await);
         }
         answer
             .bytes()
             .await
-            .map_err(|e| owner_unreachable(target, &crate::base::chain(&e)))
+            .map_err(|e| owner_unreachable(target, &crate::base::chain(&e), Asked::Read))
     }
 
     /// The answer of the node at `url` to a batch whose `body` (`{"commands":[…]}`) is relayed
@@ -406,24 +414,56 @@ impl LogThrottle {
     }
 }
 
+/// What a relayed request asked of the owner, so that its failures say what became of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Asked {
+    /// A command, a batch or a consumer group's call: something to write.
+    Write,
+    /// A read: a page, a stream's start, a consumer's position.
+    Read,
+}
+
+impl Asked {
+    /// What a refused request left behind, and what to do.
+    fn refused(self) -> &'static str {
+        match self {
+            Asked::Write => "nothing was written",
+            Asked::Read => "nothing was read; read through another node meanwhile",
+        }
+    }
+
+    /// What to do when the owner did not answer.
+    fn retry(self) -> &'static str {
+        match self {
+            Asked::Write => {
+                "retry (with the same Idempotency-Key, the command is applied at most once)"
+            }
+            Asked::Read => "retry the read",
+        }
+    }
+}
+
 /// The owner's answer, status, body and the headers a client needs, unchanged; but the
 /// owner refusing this node's own token is this node's misconfiguration, not the client's.
-pub(crate) async fn relay(answer: reqwest::Response) -> Response {
+pub(crate) async fn relay(answer: reqwest::Response, asked: Asked) -> Response {
     let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
         if let Some(refusals) = REFUSALS.note() {
             tracing::error!(
                 status = status.as_u16(),
                 refusals,
-                "the partition's owner refused this node's token; nothing was written: \
-                 {NODE_TOKEN_HINT}"
+                "the partition's owner refused this node's token; {}: {NODE_TOKEN_HINT}",
+                asked.refused()
             );
         }
         return crate::base::error(
             StatusCode::BAD_GATEWAY,
             ErrorCode::NodeUnauthorized,
-            "the node owning the partition refused this node's token (a configuration error \
-             of the cluster); nothing was written",
+            format!(
+                "the node owning the partition refused this node's token (a configuration \
+                 error of the cluster); {}",
+                asked.refused()
+            ),
         );
     }
     let mut headers = HeaderMap::new();
@@ -441,20 +481,23 @@ pub(crate) async fn relay(answer: reqwest::Response) -> Response {
             *r.headers_mut() = headers;
             r
         }
-        Err(e) => owner_unreachable("the owner", &crate::base::chain(&e)),
+        Err(e) => owner_unreachable("the owner", &crate::base::chain(&e), asked),
     }
 }
 
-/// The owner could not be reached or did not answer in time (`why`). The command may have been
+/// The owner could not be reached or did not answer in time (`why`). A command may have been
 /// applied if the request reached it: a retry with the same `Idempotency-Key` is safe.
-fn owner_unreachable(url: &str, why: &str) -> Response {
-    tracing::warn!(owner = %url, "forwarding a command failed: {why}");
+fn owner_unreachable(url: &str, why: &str, asked: Asked) -> Response {
+    match asked {
+        Asked::Write => tracing::warn!(owner = %url, "forwarding a command failed: {why}"),
+        Asked::Read => tracing::warn!(owner = %url, "relaying a read failed: {why}"),
+    }
     let mut r = crate::base::error(
         StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::OwnerUnreachable,
         format!(
-            "the node owning the partition ({url}) did not answer: {why}; retry (with the same \
-             Idempotency-Key, the command is applied at most once)"
+            "the node owning the partition ({url}) did not answer: {why}; {}",
+            asked.retry()
         ),
     );
     r.headers_mut()
@@ -478,6 +521,45 @@ mod tests {
         throttle.state.lock().unwrap().1 = Instant::now().checked_sub(REFUSAL_LOG_INTERVAL);
         assert_eq!(throttle.note(), Some(6));
         assert_eq!(throttle.note(), None);
+    }
+
+    /// The error body of `answer`.
+    async fn error_body(answer: Response) -> ErrorBody {
+        let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
+            .await
+            .expect("the body");
+        serde_json::from_slice(&body).expect("an error body")
+    }
+
+    /// An owner refusing this node's token is a 502 `node_unauthorized` whose message says
+    /// what became of the request: nothing written for a write, nothing read for a read
+    /// (whose client has nothing to retry with a key); an owner not answering says how to
+    /// retry each.
+    #[tokio::test]
+    async fn a_relayed_failure_says_what_became_of_a_write_and_of_a_read() {
+        for (asked, says, never) in [
+            (Asked::Write, "nothing was written", "nothing was read"),
+            (Asked::Read, "nothing was read", "nothing was written"),
+        ] {
+            let refusal = axum::http::Response::builder()
+                .status(StatusCode::UNAUTHORIZED)
+                .body("refused")
+                .expect("a response");
+            let answer = relay(reqwest::Response::from(refusal), asked).await;
+            assert_eq!(answer.status(), StatusCode::BAD_GATEWAY);
+            let body = error_body(answer).await;
+            assert_eq!(body.code, ErrorCode::NodeUnauthorized);
+            assert!(body.message.contains(says), "{asked:?}: {}", body.message);
+            assert!(!body.message.contains(never), "{asked:?}: {}", body.message);
+        }
+        let read = error_body(owner_unreachable("http://b", "refused", Asked::Read)).await;
+        assert!(read.message.ends_with("retry the read"), "{}", read.message);
+        let write = error_body(owner_unreachable("http://b", "refused", Asked::Write)).await;
+        assert!(
+            write.message.contains("Idempotency-Key"),
+            "{}",
+            write.message
+        );
     }
 
     /// A node at `127.0.0.1:<port>` answering `/healthz` at once and every command after
@@ -535,10 +617,7 @@ mod tests {
             .await;
         let waited = began.elapsed();
         assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
-            .await
-            .expect("the body");
-        let body: ErrorBody = serde_json::from_slice(&body).expect("an error body");
+        let body = error_body(answer).await;
         assert_eq!(body.code, ErrorCode::OwnerUnreachable);
         assert!(body.message.contains("/healthz"), "{}", body.message);
         assert!(

@@ -361,6 +361,8 @@ async fn nodes_forward_over_https_with_their_own_token_and_a_refused_token_write
     let body: Value = answer.json().await.unwrap_or(Value::Null);
     assert_eq!(status, 502, "{body}");
     assert_eq!(body["code"], "node_unauthorized", "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("nothing was written"), "{body}");
     // Reads that C relays to B are refused alike, a stream before it begins: 502
     // `node_unauthorized` (C's answers are checked against docs/openapi.json with the rest).
     let p_b = ws_b % common::node::PARTITIONS;
@@ -378,6 +380,8 @@ async fn nodes_forward_over_https_with_their_own_token_and_a_refused_token_write
         let body: Value = answer.json().await.unwrap_or(Value::Null);
         assert_eq!(status, 502, "{path}: {body}");
         assert_eq!(body["code"], "node_unauthorized", "{path}: {body}");
+        let message = body["message"].as_str().unwrap_or_default();
+        assert!(message.contains("nothing was read"), "{path}: {body}");
     }
     // A tail from an offset waits meanwhile (its hub asks the owner again every 200 ms): the
     // refusals are logged at most once per 10 s with their count, not once per attempt.

@@ -370,13 +370,18 @@ async fn relay_to_host(
     let Some(target) = member_url(&host, g, &relayed.segments) else {
         return host_unreachable(g, id, &host, "its URL does not take a path");
     };
+    let asked = if relayed.method == reqwest::Method::GET {
+        crate::forward::Asked::Read
+    } else {
+        crate::forward::Asked::Write
+    };
     let mut request = forwarder.to_peer(relayed.method, &target);
     if let Some(body) = relayed.body {
         request = request.header(axum::http::header::CONTENT_TYPE, "application/json");
         request = request.body(body);
     }
     match request.timeout(RELAY_TIMEOUT).send().await {
-        Ok(answer) => crate::forward::relay(answer).await,
+        Ok(answer) => crate::forward::relay(answer, asked).await,
         Err(e) => host_unreachable(g, id, &host, &crate::base::chain(&e)),
     }
 }
