@@ -379,40 +379,9 @@ fn redirect(target: &str) -> Response {
 
 /// Owners' refusals of this node's token: logged at most once per [`REFUSAL_LOG_INTERVAL`]
 /// (a live tail's hub asks its owner again every 200 ms while it is refused).
-static REFUSALS: LogThrottle = LogThrottle::new();
+static REFUSALS: crate::base::LogThrottle = crate::base::LogThrottle::new(REFUSAL_LOG_INTERVAL);
 /// At most one line per this interval about the owners' refusals of this node's token.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
-
-/// Counts occurrences of a condition and says when one is to be logged: the first, then at
-/// most one per [`REFUSAL_LOG_INTERVAL`], each with the count since the last one logged.
-struct LogThrottle {
-    /// Occurrences not yet logged, and when one was last logged.
-    state: Mutex<(u64, Option<Instant>)>,
-}
-
-impl LogThrottle {
-    const fn new() -> LogThrottle {
-        LogThrottle {
-            state: Mutex::new((0, None)),
-        }
-    }
-
-    /// Counts one occurrence; `Some(count)` (this one included) when it is to be logged.
-    fn note(&self) -> Option<u64> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state.0 += 1;
-        let now = Instant::now();
-        if state
-            .1
-            .is_some_and(|at| now.duration_since(at) < REFUSAL_LOG_INTERVAL)
-        {
-            return None;
-        }
-        let count = std::mem::take(&mut state.0);
-        state.1 = Some(now);
-        Some(count)
-    }
-}
 
 /// What a relayed request asked of the owner, so that its failures say what became of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -508,20 +477,6 @@ fn owner_unreachable(url: &str, why: &str, asked: Asked) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The first occurrence is logged, the next ones only once the interval has passed since,
-    /// with the count of all of them.
-    #[test]
-    fn a_throttled_log_line_comes_once_per_interval_with_the_count_since() {
-        let throttle = LogThrottle::new();
-        assert_eq!(throttle.note(), Some(1));
-        for _ in 0..5 {
-            assert_eq!(throttle.note(), None);
-        }
-        throttle.state.lock().unwrap().1 = Instant::now().checked_sub(REFUSAL_LOG_INTERVAL);
-        assert_eq!(throttle.note(), Some(6));
-        assert_eq!(throttle.note(), None);
-    }
 
     /// The error body of `answer`.
     async fn error_body(answer: Response) -> ErrorBody {

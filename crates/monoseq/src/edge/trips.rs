@@ -1,14 +1,14 @@
 //! The edge's metrics and the logging of its limits: which limit tripped, how often, and one
 //! log line per limit per [`TRIP_LOG_INTERVAL`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
 use super::{EdgeLimits, TRIP_LOG_INTERVAL};
+use crate::base::LogThrottle;
 
 /// Which limit tripped (the `limit` label of the metric, and the setting's name).
 #[derive(Debug, Clone, Copy)]
@@ -46,9 +46,8 @@ pub struct EdgeMetrics {
     trips: Family<Vec<(String, String)>, Counter>,
     pub(super) connections: Gauge,
     pub(super) requests: Gauge,
-    /// Per limit: trips not yet logged, and when one was last logged.
-    unlogged: [AtomicU64; 5],
-    logged_at: std::sync::Mutex<[Option<Instant>; 5]>,
+    /// Per limit: its trips' log lines, at most one per [`TRIP_LOG_INTERVAL`].
+    logged: [LogThrottle; 5],
 }
 
 /// The process's edge metrics.
@@ -64,8 +63,7 @@ pub fn metrics() -> &'static EdgeMetrics {
             trips,
             connections: Gauge::default(),
             requests: Gauge::default(),
-            unlogged: Default::default(),
-            logged_at: std::sync::Mutex::default(),
+            logged: [const { LogThrottle::new(TRIP_LOG_INTERVAL) }; 5],
         }
     })
 }
@@ -94,16 +92,9 @@ impl EdgeMetrics {
         self.trips
             .get_or_create(&vec![("limit".into(), limit.name().into())])
             .inc();
-        let i = limit as usize;
-        let unlogged = self.unlogged[i].fetch_add(1, Ordering::Relaxed) + 1;
-        let now = Instant::now();
-        let mut logged_at = self.logged_at.lock().unwrap_or_else(|p| p.into_inner());
-        if logged_at[i].is_some_and(|at| now.duration_since(at) < TRIP_LOG_INTERVAL) {
+        let Some(unlogged) = self.logged[limit as usize].note() else {
             return;
-        }
-        logged_at[i] = Some(now);
-        drop(logged_at);
-        self.unlogged[i].fetch_sub(unlogged, Ordering::Relaxed);
+        };
         let (setting, value) = match limit {
             Limit::HeaderReadTimeout => {
                 ("--header-read-timeout-ms", ms(limits.header_read_timeout))
