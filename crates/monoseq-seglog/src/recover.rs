@@ -138,7 +138,7 @@ fn open_inner(at: &Place<'_>, path: PathBuf, first: u64, next: u64) -> Result<Se
     let (file, len, head) = Segment::open_file(&path, !at.read_only)?;
     Segment::check_header(&path, head, at.partition, first)?;
     let segment = match Segment::footer(&path, &file, first, len)? {
-        Some(footer) => Segment::sealed(path, file, first, len, footer),
+        Some(footer) => Segment::sealed(path, first, len, footer),
         None => {
             let scan = Segment::scan(&path, &file, first, len)?;
             if scan.next < next {
@@ -190,7 +190,7 @@ fn open_last(at: &Place<'_>, path: PathBuf, first: u64) -> Result<Vec<Segment>, 
     }
     Segment::check_header(&path, head, at.partition, first)?;
     if let Some(footer) = Segment::footer(&path, &file, first, len)? {
-        let sealed = Segment::sealed(path, file, first, len, footer);
+        let sealed = Segment::sealed(path, first, len, footer);
         if sealed.next < at.durable_end {
             return Err(missing(at.dir, sealed.next, at.durable_end));
         }
@@ -233,7 +233,7 @@ fn open_last_read_only(
     let (file, len, head) = Segment::open_file(&path, false)?;
     Segment::check_header(&path, head, at.partition, first)?;
     if let Some(footer) = Segment::footer(&path, &file, first, len)? {
-        return Ok((Segment::sealed(path, file, first, len, footer), None));
+        return Ok((Segment::sealed(path, first, len, footer), None));
     }
     let scan = Segment::scan(&path, &file, first, len)?;
     let tail = (!scan.clean).then(|| Tail {

@@ -270,16 +270,9 @@ impl Segment {
         }
     }
 
-    /// The sealed segment in `file` (`len` bytes) whose footer is `footer`, closed: its file
+    /// The sealed segment at `path` (`len` bytes) whose footer is `footer`, closed: its file
     /// and index are read again when it is read ([`Segment::open`]).
-    pub(crate) fn sealed(
-        path: PathBuf,
-        file: File,
-        first: u64,
-        len: u64,
-        footer: Footer,
-    ) -> Segment {
-        drop(file);
+    pub(crate) fn sealed(path: PathBuf, first: u64, len: u64, footer: Footer) -> Segment {
         let at = len - footer_bytes(footer.index.len());
         Segment {
             path,
