@@ -554,7 +554,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_owner_that_accepts_connections_but_never_answers_is_unreachable_within_a_second() {
+    async fn an_owner_that_accepts_connections_but_never_answers_is_unreachable_long_before_the_forward_timeout()
+     {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -575,8 +576,10 @@ mod tests {
         let body = error_body(answer).await;
         assert_eq!(body.code, ErrorCode::OwnerUnreachable);
         assert!(body.message.contains("/healthz"), "{}", body.message);
+        // About a second (the silence, then the liveness check's timeout), with slack for a
+        // loaded machine; without the liveness check it is the whole forward timeout (10 s).
         assert!(
-            waited < FORWARD_SILENCE + LIVENESS_TIMEOUT + Duration::from_millis(300),
+            waited >= FORWARD_SILENCE && waited < FORWARD_TIMEOUT / 3,
             "answered after {waited:?}"
         );
     }
