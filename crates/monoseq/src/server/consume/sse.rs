@@ -157,7 +157,10 @@ async fn start_tail(
 }
 
 /// Where a tail for `who` starts: an offset, `end` resolved to the owner's end (of the
-/// partition, or of the workspace's WLog).
+/// partition, or of the workspace's WLog). A tail from an offset asks the partition's end
+/// too (its owner's, through this node's own token, when another node owns it), so that a
+/// refusal comes before the stream begins, as for `end`: a stream that began would wait in
+/// silence, its reads refused.
 async fn tail_start(
     st: &Arc<AppState>,
     who: &Follower,
@@ -165,7 +168,7 @@ async fn tail_start(
     headers: &HeaderMap,
 ) -> Result<u64, ConsumeError> {
     match (stream_from(raw, headers)?, who.followed) {
-        (Start::At(from), _) => Ok(from),
+        (Start::At(from), _) => partition_end(st, who.partition).await.map(|_| from),
         (Start::End, Followed::Plog) => partition_end(st, who.partition).await,
         (Start::End, Followed::Wlog(ws)) => wlog_end(st, who.partition, ws).await,
     }
