@@ -37,7 +37,7 @@ pub use lifecycle::{
     REBUILD_DELAY_MAX, REBUILD_DELAY_MIN, RETRY_WAIT,
 };
 #[cfg(feature = "simulation")]
-pub use manual::{Answer, ManualPartition};
+pub use manual::{Answer, ManualPartition, operation_command, operation_key};
 pub use outcome::{GroupObserver, Outcome};
 pub use processor::{
     BACKLOG_VALUES_MAX_DEFAULT, CommandProcessor, Config, FLUSH_DELAY_DEFAULT,

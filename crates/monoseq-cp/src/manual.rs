@@ -14,7 +14,7 @@ use monoseq_kv::KvStore;
 use monoseq_store::{EventStore, Mark, PartitionId};
 use tokio::sync::oneshot;
 
-use crate::command::Command;
+use crate::command::{Command, KindName, NewRecord};
 use crate::error::{CommandError, ConfigError, StepError};
 use crate::idempotency::IdempotencyKey;
 use crate::lifecycle::{Action, Actualization, End, GroupOutcome, Input, Lifecycle};
@@ -22,6 +22,33 @@ use crate::outcome::{Counters, Outcome};
 use crate::partition::actualization;
 use crate::processor::{Config, prepare, sequencer_params};
 use crate::writer::{Clock, Job, Storage, Writer, WriterTemplate, next_group, read_keys};
+
+/// The idempotency key of a simulated client's operation `op` on workspace `ws`: one key
+/// per operation, the same on every retry of it.
+#[must_use]
+pub fn operation_key(ws: u64, op: u64) -> String {
+    format!("k{ws}-{op}")
+}
+
+/// The command of a simulated client's operation `op` on workspace `ws`: one created record,
+/// so that a read-back checks its ID too.
+#[must_use]
+pub fn operation_command(ws: u64, op: u64) -> Command {
+    Command {
+        ws,
+        ws_kind: 1,
+        command: format!("sim.Op{op}"),
+        create: vec![NewRecord {
+            raw_id: 1,
+            kind: KindName::CDoc,
+            name: "sim.Doc".to_owned(),
+            fields: Default::default(),
+        }],
+        update: Vec::new(),
+        argument: None,
+        expected_wlog_offset: None,
+    }
+}
 
 /// Most steps of the lifecycle one [`ManualPartition::advance`] performs (it stops earlier
 /// at a wait, or after one group).

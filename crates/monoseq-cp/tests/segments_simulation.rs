@@ -19,7 +19,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use monoseq_core::{PLogOffset, WsId};
-use monoseq_cp::{Command, Config, IdempotencyKey, KindName, ManualPartition, NewRecord, Outcome};
+use monoseq_cp::{
+    Config, IdempotencyKey, ManualPartition, Outcome, operation_command, operation_key,
+};
 use monoseq_kv::{FaultOp, FaultyStore, MemoryStore};
 use monoseq_store::{
     AppId, EventStore, Mark, PartitionId, RecordId, Segments, TrustLevel, WLogOffset,
@@ -71,27 +73,6 @@ struct Stats {
     faults: u32,
     /// A hash of every key's answer: one seed, one history.
     digest: u64,
-}
-
-fn key_of(ws: u64, op: u64) -> String {
-    format!("k{ws}-{op}")
-}
-
-fn command(ws: u64, op: u64) -> Command {
-    Command {
-        ws,
-        ws_kind: 1,
-        command: format!("sim.Op{op}"),
-        create: vec![NewRecord {
-            raw_id: 1,
-            kind: KindName::CDoc,
-            name: "sim.Doc".to_owned(),
-            fields: Default::default(),
-        }],
-        update: Vec::new(),
-        argument: None,
-        expected_wlog_offset: None,
-    }
 }
 
 fn config() -> Config {
@@ -203,8 +184,8 @@ fn run_seed(seed: u64) -> Stats {
             let tag = run.next_tag;
             run.next_tag += 1;
             run.tags.insert(tag, (i, c.op));
-            let key = IdempotencyKey::new(&key_of(c.ws, c.op)).expect("a valid key");
-            run.parts[p as usize].submit(tag, command(c.ws, c.op), Some(key), now);
+            let key = IdempotencyKey::new(&operation_key(c.ws, c.op)).expect("a valid key");
+            run.parts[p as usize].submit(tag, operation_command(c.ws, c.op), Some(key), now);
             c.sent_at = Some(now);
         }
         for (p, part) in run.parts.iter_mut().enumerate() {
@@ -226,7 +207,7 @@ fn run_seed(seed: u64) -> Stats {
                     }
                     continue;
                 };
-                let key = key_of(c.ws, op);
+                let key = operation_key(c.ws, op);
                 match answered.get(&key) {
                     Some(first) => assert_eq!(
                         (first.plog_offset, first.wlog_offset, &first.ids),

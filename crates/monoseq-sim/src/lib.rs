@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use monoseq_core::WsId;
-use monoseq_cp::{Command, CommandError, KindName, NewRecord, Outcome};
+use monoseq_cp::{CommandError, Outcome, operation_command, operation_key};
 use monoseq_membership::{Route, Unplaced};
 use monoseq_store::{AcceptedLoss, AppId, EventStore, PartitionId, TrustLevel};
 use rand::{RngExt, SeedableRng};
@@ -260,28 +260,6 @@ fn cp_config(partitions: u32) -> monoseq_cp::Config {
     }
 }
 
-fn key_of(ws: u64, op: u64) -> String {
-    format!("k{ws}-{op}")
-}
-
-/// The command of a client's operation: one record, so that its ID is checked too.
-fn command(ws: u64, op: u64) -> Command {
-    Command {
-        ws,
-        ws_kind: 1,
-        command: format!("sim.Op{op}"),
-        create: vec![NewRecord {
-            raw_id: 1,
-            kind: KindName::CDoc,
-            name: "sim.Doc".to_owned(),
-            fields: Default::default(),
-        }],
-        update: Vec::new(),
-        argument: None,
-        expected_wlog_offset: None,
-    }
-}
-
 impl Sim {
     /// The cluster of `seed`, running `plan`.
     #[must_use]
@@ -406,8 +384,8 @@ impl Sim {
                 client: c,
                 op: client.op,
                 ws: client.ws,
-                cmd: command(client.ws, client.op),
-                key: key_of(client.ws, client.op),
+                cmd: operation_command(client.ws, client.op),
+                key: operation_key(client.ws, client.op),
             };
             let p = WsId(request.ws).partition(self.plan.partitions);
             let owner = (0..self.nodes.len())
@@ -673,8 +651,8 @@ impl Sim {
                     client: c,
                     op: client.op,
                     ws: client.ws,
-                    cmd: command(client.ws, client.op),
-                    key: key_of(client.ws, client.op),
+                    cmd: operation_command(client.ws, client.op),
+                    key: operation_key(client.ws, client.op),
                 });
             }
         }
