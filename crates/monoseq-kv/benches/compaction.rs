@@ -15,13 +15,20 @@
 //! `/proc/self/io`), its CPU time, fjall's time compacting, and the tables' bytes per command
 //! once compactions have settled. Run: `cargo bench -p monoseq-kv --bench compaction --
 //! [--commands N] [--workspaces N]` (or `scripts/bench compaction`).
+//!
+//! `--memtable-mib N` and `--level0-tables N` (either or both) run this build's variant alone,
+//! then the same with its memtable or its level-0 trigger changed: the figures behind the
+//! memtable size the server keeps (`docs/benchmarks/soak.md`, "Memtables of 64 MiB").
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fjall::{CompressionType, Database};
-use monoseq_kv::{COMPACTION_LEVEL0_TABLES, COMPACTION_WORKER_NICE, fjall_keyspace_options};
+use monoseq_kv::{
+    COMPACTION_LEVEL0_TABLES, COMPACTION_TABLE_BYTES, COMPACTION_WORKER_NICE, MEMTABLE_BYTES,
+    fjall_keyspace_options,
+};
 
 /// Commands per batch, as the soak's load sends them.
 const BATCH: u64 = 100;
@@ -32,6 +39,21 @@ struct Variant {
     name: &'static str,
     fjall_default_compaction: bool,
     checksummed_refs: bool,
+}
+
+/// This build's settings changed: its memtable's bytes, the level-0 tables that trigger a
+/// merge.
+#[derive(Clone, Copy)]
+struct Settings {
+    memtable_bytes: u64,
+    level0_tables: u8,
+}
+
+impl Settings {
+    const BUILD: Settings = Settings {
+        memtable_bytes: MEMTABLE_BYTES,
+        level0_tables: COMPACTION_LEVEL0_TABLES,
+    };
 }
 
 const VARIANTS: [Variant; 3] = [
@@ -54,6 +76,7 @@ const VARIANTS: [Variant; 3] = [
 
 fn main() {
     let (mut commands, mut workspaces) = (30_000_000u64, 1_000u64);
+    let mut changed = None::<Settings>;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut number = || {
@@ -64,6 +87,13 @@ fn main() {
         match arg.as_str() {
             "--commands" => commands = number(),
             "--workspaces" => workspaces = number(),
+            "--memtable-mib" => {
+                changed.get_or_insert(Settings::BUILD).memtable_bytes = number() << 20;
+            }
+            "--level0-tables" => {
+                let tables = u8::try_from(number()).expect("at most 255 level-0 tables");
+                changed.get_or_insert(Settings::BUILD).level0_tables = tables;
+            }
             _ => {} // `cargo bench` passes `--bench`.
         }
     }
@@ -71,14 +101,34 @@ fn main() {
         "| variant | commands | commands/s written | CPU s | MiB written (all files) | written ÷ before | compacting s | table bytes per command |"
     );
     println!("|---|---|---|---|---|---|---|---|");
+    let this_build = &VARIANTS[2];
+    let runs: Vec<(String, &Variant, Settings)> = match changed {
+        None => VARIANTS
+            .iter()
+            .map(|v| (v.name.to_owned(), v, Settings::BUILD))
+            .collect(),
+        Some(c) => vec![
+            (this_build.name.to_owned(), this_build, Settings::BUILD),
+            (
+                format!(
+                    "{}, {} MiB memtables, level 0 merged at {}",
+                    this_build.name,
+                    c.memtable_bytes >> 20,
+                    c.level0_tables
+                ),
+                this_build,
+                c,
+            ),
+        ],
+    };
     let mut before_written = None;
-    for v in &VARIANTS {
+    for (name, v, settings) in &runs {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let r = replay(dir.path(), v, commands, workspaces);
+        let r = replay(dir.path(), v, *settings, (commands, workspaces));
         let base = *before_written.get_or_insert(r.written);
         println!(
             "| {} | {commands} | {:.0} | {:.1} | {:.0} | {:.2} | {:.1} | {:.1} |",
-            v.name,
+            name,
             commands as f64 / r.ingest_seconds,
             r.cpu_seconds,
             r.written as f64 / f64::from(1 << 20),
@@ -97,7 +147,12 @@ struct Replayed {
     table_bytes: u64,
 }
 
-fn replay(dir: &Path, v: &Variant, commands: u64, workspaces: u64) -> Replayed {
+fn replay(
+    dir: &Path,
+    v: &Variant,
+    settings: Settings,
+    (commands, workspaces): (u64, u64),
+) -> Replayed {
     let db = Database::builder(dir)
         .cache_size(CACHE_BYTES)
         .journal_compression(CompressionType::None)
@@ -107,11 +162,15 @@ fn replay(dir: &Path, v: &Variant, commands: u64, workspaces: u64) -> Replayed {
     let default_compaction = v.fjall_default_compaction;
     let kv = db
         .keyspace("kv", move || {
-            let options = fjall_keyspace_options();
+            let options = fjall_keyspace_options().max_memtable_size(settings.memtable_bytes);
             if default_compaction {
                 options.compaction_strategy(Arc::new(fjall::compaction::Leveled::default()))
             } else {
-                options
+                options.compaction_strategy(Arc::new(
+                    fjall::compaction::Leveled::default()
+                        .with_l0_threshold(settings.level0_tables)
+                        .with_table_target_size(COMPACTION_TABLE_BYTES),
+                ))
             }
         })
         .expect("the keyspace opens");
@@ -158,7 +217,7 @@ fn replay(dir: &Path, v: &Variant, commands: u64, workspaces: u64) -> Replayed {
     let level0_due = if default_compaction {
         4
     } else {
-        COMPACTION_LEVEL0_TABLES
+        settings.level0_tables
     };
     settle(&db, &kv, usize::from(level0_due));
     Replayed {
