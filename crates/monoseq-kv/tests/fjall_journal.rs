@@ -152,6 +152,60 @@ fn the_journal_a_rotation_opens_is_written_whole_before_its_first_batch() {
     );
 }
 
+/// Least time a journal file's preparation takes with its pauses (64 pieces of 1 MiB, 20 ms
+/// after each), with room for a first piece written before the watcher saw the file.
+const PREPARE_PACED_MIN: Duration = Duration::from_secs(1);
+
+#[test]
+fn a_journal_file_is_prepared_in_paced_pieces_not_in_one_burst() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let db = Database::builder(dir.path())
+        .open()
+        .expect("a new database opens");
+    let tree = db
+        .keyspace("logs", KeyspaceCreateOptions::default)
+        .expect("a keyspace opens");
+    // Watches the preparation from beside it: when its file first appears, the sizes it
+    // passes through, and when it is whole.
+    let watched = dir.path().to_path_buf();
+    let watcher = std::thread::spawn(move || {
+        let began = Instant::now();
+        let mut first_seen = None;
+        let mut sizes = std::collections::BTreeSet::new();
+        while began.elapsed() < PREPARE_WAIT_MAX {
+            if let Some(ready) = files_ending(&watched, ".jnl.zeroed").pop() {
+                return (first_seen, Instant::now(), sizes, ready);
+            }
+            if let Some(partial) = files_ending(&watched, ".jnl.zeroing").pop()
+                && let Ok(meta) = std::fs::metadata(&partial)
+            {
+                first_seen.get_or_insert_with(Instant::now);
+                sizes.insert(meta.len());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        panic!("no prepared journal file appeared in {PREPARE_WAIT_MAX:?}");
+    });
+    write_and_flush(&db, &tree, 0, 40);
+    let (first_seen, whole_at, sizes, ready) = watcher.join().expect("the watcher ends");
+    let first_seen = first_seen.expect("the file being prepared was seen before it was whole");
+    let took = whole_at.saturating_duration_since(first_seen);
+    assert!(
+        took >= PREPARE_PACED_MIN,
+        "the 64 MiB journal file was prepared in {took:?}: in a burst that every other \
+         file's sync queues behind, not paced"
+    );
+    assert!(
+        sizes.len() >= 16,
+        "the prepared file grew in {} steps ({sizes:?}): not in pieces of 1 MiB",
+        sizes.len()
+    );
+    assert_eq!(
+        std::fs::metadata(&ready).expect("prepared file").len(),
+        JOURNAL_BYTES
+    );
+}
+
 #[test]
 fn a_half_prepared_journal_file_is_removed_at_open_and_prepared_again() {
     let dir = tempfile::tempdir().expect("a temporary directory");
