@@ -159,12 +159,7 @@ const PREPARE_PACED_MIN: Duration = Duration::from_secs(1);
 #[test]
 fn a_journal_file_is_prepared_in_paced_pieces_not_in_one_burst() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let db = Database::builder(dir.path())
-        .open()
-        .expect("a new database opens");
-    let tree = db
-        .keyspace("logs", KeyspaceCreateOptions::default)
-        .expect("a keyspace opens");
+    let (db, tree) = open_logs(dir.path());
     // Watches the preparation from beside it: when its file first appears, the sizes it
     // passes through, and when it is whole.
     let watched = dir.path().to_path_buf();
