@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use fjall::{CompressionType, Database};
 use monoseq_kv::{
-    COMPACTION_LEVEL0_TABLES, COMPACTION_TABLE_BYTES, COMPACTION_WORKER_NICE, MEMTABLE_BYTES,
-    fjall_keyspace_options,
+    COMPACTION_LEVEL0_TABLES, COMPACTION_WORKER_NICE, MEMTABLE_BYTES, fjall_keyspace_options,
+    leveled_compaction,
 };
 
 /// Commands per batch, as the soak's load sends them.
@@ -166,11 +166,7 @@ fn replay(
             if default_compaction {
                 options.compaction_strategy(Arc::new(fjall::compaction::Leveled::default()))
             } else {
-                options.compaction_strategy(Arc::new(
-                    fjall::compaction::Leveled::default()
-                        .with_l0_threshold(settings.level0_tables)
-                        .with_table_target_size(COMPACTION_TABLE_BYTES),
-                ))
+                options.compaction_strategy(Arc::new(leveled_compaction(settings.level0_tables)))
             }
         })
         .expect("the keyspace opens");

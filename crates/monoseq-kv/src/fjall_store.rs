@@ -284,11 +284,18 @@ pub fn keyspace_options() -> KeyspaceCreateOptions {
         .filter_block_partitioning_policy(PartitioningPolicy::all(true))
         .index_block_partitioning_policy(PartitioningPolicy::all(true))
         .max_memtable_size(MEMTABLE_BYTES)
-        .compaction_strategy(std::sync::Arc::new(
-            fjall::compaction::Leveled::default()
-                .with_l0_threshold(COMPACTION_LEVEL0_TABLES)
-                .with_table_target_size(COMPACTION_TABLE_BYTES),
-        ))
+        .compaction_strategy(std::sync::Arc::new(leveled_compaction(
+            COMPACTION_LEVEL0_TABLES,
+        )))
+}
+
+/// The leveled compaction a new data directory's keyspace takes, level 1 merged from
+/// `level0_tables` tables of level 0 (the build's is [`COMPACTION_LEVEL0_TABLES`]; the
+/// compaction bench tries others).
+pub fn leveled_compaction(level0_tables: u8) -> fjall::compaction::Leveled {
+    fjall::compaction::Leveled::default()
+        .with_l0_threshold(level0_tables)
+        .with_table_target_size(COMPACTION_TABLE_BYTES)
 }
 
 impl FjallFiles {

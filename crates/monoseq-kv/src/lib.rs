@@ -42,7 +42,7 @@ pub use faulty::{FaultOp, FaultyStore};
 #[cfg(feature = "fjall")]
 pub use fjall_store::{
     COMPACTION_LEVEL0_TABLES, COMPACTION_TABLE_BYTES, COMPACTION_WORKER_NICE, CopyStats,
-    FjallStore, MEMTABLE_BYTES, keyspace_options as fjall_keyspace_options,
+    FjallStore, MEMTABLE_BYTES, keyspace_options as fjall_keyspace_options, leveled_compaction,
 };
 /// The default embedded durable backend (chosen by measurement; see DESIGN.md, "Storage
 /// engine").
