@@ -153,7 +153,7 @@ fn the_journal_a_rotation_opens_is_written_whole_before_its_first_batch() {
 }
 
 /// Least time a journal file's preparation takes with its pauses (64 pieces of 1 MiB, 20 ms
-/// after each), with room for a first piece written before the watcher saw the file.
+/// between two), with room for a first piece written before the watcher saw the file.
 const PREPARE_PACED_MIN: Duration = Duration::from_secs(1);
 
 #[test]
