@@ -30,7 +30,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 /// mimalloc: the server allocates per command from many threads; measured faster than the
 /// system allocator under `monoseq bench`. Built with `no_thp`: it does not ask for
 /// transparent huge pages, whose 2 MiB zeroing after each purge cost a quarter of the CPU
-/// (see DESIGN.md, "Why mimalloc without transparent huge pages?").
+/// (see DESIGN.md, "Why mimalloc without huge pages, and one codegen unit?").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
