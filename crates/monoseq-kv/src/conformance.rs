@@ -91,6 +91,10 @@ impl<S: KvStore, G: Send + Sync + 'static> KvStore for WithGuard<S, G> {
         self.store.first_present(keys)
     }
 
+    fn expect_inserts(&self, partitions: &[&[u8]]) -> Result<(), KvError> {
+        self.store.expect_inserts(partitions)
+    }
+
     fn sync(&self) -> Result<(), KvError> {
         self.store.sync()
     }

@@ -95,6 +95,24 @@ impl<S: WriteSession> Bounded<'_, S> {
     }
 }
 
+impl<S: WriteSession> Bounded<'_, S> {
+    /// `KvStore::expect_inserts` under the write lock: learns the bound of each of
+    /// `partitions` not known yet, whatever its visits so far.
+    ///
+    /// # Errors
+    ///
+    /// A storage fault of learning a bound (those learned before it stay learned).
+    pub(crate) fn learn(&mut self, partitions: &[&[u8]]) -> Result<(), KvError> {
+        for &partition in partitions {
+            if !self.bounds.knows(partition) {
+                let highest = self.session.highest_clustering(partition)?;
+                self.bounds.learn(partition, highest.as_deref());
+            }
+        }
+        Ok(())
+    }
+}
+
 impl<S: WriteSession> WriteSession for Bounded<'_, S> {
     fn contains(&mut self, key: Key<'_>) -> Result<bool, KvError> {
         if self.bounds.above(key.partition, key.clustering) {

@@ -325,6 +325,12 @@ impl<S: KvStore> KvStore for FaultyStore<S> {
         self.inner.first_present(keys)
     }
 
+    fn expect_inserts(&self, partitions: &[&[u8]]) -> Result<(), KvError> {
+        self.check(FaultOp::Read)?;
+        self.before_read(&mut partitions.iter().copied());
+        self.inner.expect_inserts(partitions)
+    }
+
     fn scan(
         &self,
         partition: &[u8],

@@ -448,6 +448,21 @@ impl KvStore for FjallStore {
             .first_present(keys)
     }
 
+    /// One seek from the end of each partition whose bound is not known yet, under the write
+    /// lock, which guards the bounds. Each is run once before without the lock, its answer
+    /// dropped: the table blocks it reads stay in the block cache, so the seek every writer
+    /// waits for reads none from file.
+    fn expect_inserts(&self, partitions: &[&[u8]]) -> Result<(), KvError> {
+        if partitions.is_empty() {
+            return Ok(());
+        }
+        for partition in partitions {
+            self.files().highest_clustering(partition)?;
+        }
+        self.session(self.prepare(std::iter::empty()))?
+            .learn(partitions)
+    }
+
     fn scan(
         &self,
         partition: &[u8],
@@ -586,5 +601,26 @@ impl WriteSession for FjallSession<'_> {
 
     fn highest_clustering(&mut self, partition: &[u8]) -> Result<Option<Vec<u8>>, KvError> {
         self.files.highest_clustering(partition)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announced_partitions_have_their_bounds_learned_at_once() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = FjallStore::open(dir.path(), Options::default()).expect("open");
+        store.put(Key::new(b"full", &[3]), b"x").expect("put");
+        store
+            .expect_inserts(&[b"full", b"empty"])
+            .expect("expect_inserts");
+        let bounds = store.store.shared.write_lock().expect("write lock");
+        assert!(bounds.knows(b"full") && bounds.knows(b"empty"));
+        assert!(!bounds.above(b"full", &[3]), "the stored key is the bound");
+        assert!(bounds.above(b"full", &[4]));
+        assert!(bounds.above(b"empty", &[0]), "nothing is stored there");
+        assert!(!bounds.knows(b"other"), "only announced ones are learned");
     }
 }

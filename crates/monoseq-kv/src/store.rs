@@ -157,6 +157,22 @@ pub trait KvStore: Send + Sync + 'static {
         Ok(self.get_many(keys)?.iter().position(Option::is_some))
     }
 
+    /// Says that keys are about to be inserted into `partitions`, which their writer fills
+    /// in clustering order (a sequencer's next block of numbers): fjall's store learns their
+    /// bounds now, so that the absence of those keys is answered without a lookup when they
+    /// come. Writers that announce their partitions at different moments spread those reads
+    /// out, instead of every writer learning a new block's bound at its first keys, under the
+    /// write lock that all of them wait for. Only a hint: no answer of the store changes; the
+    /// other backends ignore it.
+    ///
+    /// # Errors
+    ///
+    /// A [`KvError`] when storage cannot be read.
+    fn expect_inserts(&self, partitions: &[&[u8]]) -> Result<(), KvError> {
+        let _ = partitions;
+        Ok(())
+    }
+
     /// Makes every write that returned `Ok` before this call durable. Concurrent callers may
     /// share one flush. A backend whose writes are durable on return does nothing.
     ///
@@ -296,6 +312,10 @@ macro_rules! forward_kv_store {
 
             fn first_present(&self, keys: &[Key<'_>]) -> Result<Option<usize>, KvError> {
                 (**self).first_present(keys)
+            }
+
+            fn expect_inserts(&self, partitions: &[&[u8]]) -> Result<(), KvError> {
+                (**self).expect_inserts(partitions)
             }
 
             fn sync(&self) -> Result<(), KvError> {

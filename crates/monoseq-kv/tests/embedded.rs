@@ -6,7 +6,7 @@ use std::ops::{Bound, ControlFlow};
 use std::path::Path;
 use std::time::Duration;
 
-use monoseq_kv::{Durability, Key, KvStore, OpenError, Options, Order, WriteBatch};
+use monoseq_kv::{Durability, Key, KvStore, OpenError, Options, Order, WriteBatch, WriteError};
 
 type Open = fn(&Path, Options) -> Result<Box<dyn KvStore>, OpenError>;
 
@@ -126,6 +126,56 @@ fn insert_if_absent_after_reopen_finds_keys_written_before_it() {
         assert!(
             !conflicts(&*store, 5),
             "{engine}: a key below the highest conflicted"
+        );
+    }
+}
+
+#[test]
+fn announcing_inserts_changes_no_answer() {
+    let key = |n: u64| n.to_be_bytes();
+    for (engine, open) in engines() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let store = open(dir.path(), options(Durability::Manual)).expect("open");
+        let first = |partition: &[u8], ns: &[u64]| {
+            let keys: Vec<[u8; 8]> = ns.iter().map(|&n| key(n)).collect();
+            let keys: Vec<Key<'_>> = keys.iter().map(|k| Key::new(partition, k)).collect();
+            store.first_present(&keys).expect("first_present")
+        };
+        for n in 1..=10 {
+            store.put(Key::new(b"block1", &key(n)), b"x").expect("put");
+        }
+        store
+            .expect_inserts(&[b"block1", b"block2"])
+            .expect("expect_inserts");
+        assert_eq!(
+            first(b"block1", &[11, 12]),
+            None,
+            "{engine}: above the highest"
+        );
+        assert_eq!(
+            first(b"block1", &[11, 4]),
+            Some(1),
+            "{engine}: a stored key"
+        );
+        assert_eq!(
+            first(b"block2", &[1, 2]),
+            None,
+            "{engine}: an empty partition"
+        );
+        store.put(Key::new(b"block2", &key(2)), b"x").expect("put");
+        assert_eq!(
+            first(b"block2", &[1, 2]),
+            Some(1),
+            "{engine}: a key written after the announcement"
+        );
+        let mut batch = WriteBatch::new();
+        batch.insert_if_absent(Key::new(b"block2", &key(2)), b"y");
+        assert!(
+            matches!(
+                store.write(&batch),
+                Err(WriteError::Conflict { index: 0, .. })
+            ),
+            "{engine}: an insert onto a key written after the announcement"
         );
     }
 }

@@ -128,6 +128,17 @@ pub(crate) fn block_position(n: u64, block: u64) -> [u8; 2] {
     ((n % block) as u16).to_be_bytes()
 }
 
+/// The number of a workspace's block (of `block` WLog offsets or record IDs) at which the store
+/// announces the workspace's next block to the key-value store, so that its bound is learned
+/// before the block's first keys ([`monoseq_kv::KvStore::expect_inserts`]). Spread over the
+/// block by the workspace's number: workspaces written at one pace reach their blocks' ends
+/// together, and would otherwise all have their next block's bound learned at once.
+pub(crate) fn announces_next_block(ws: WsId, n: u64, block: u64) -> bool {
+    // Fibonacci hashing: consecutive workspaces land far apart in the block.
+    let at = (ws.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % block;
+    n % block == at
+}
+
 /// The number whose position in the block starting at `block_first` is `clustering`; `None`
 /// unless `clustering` is 2 bytes (or the number is past `u64::MAX`).
 pub(crate) fn from_block_position(block_first: u64, clustering: &[u8]) -> Option<u64> {
@@ -334,6 +345,25 @@ mod tests {
         assert_eq!(b.partition.as_bytes(), &[1, 1, 2, 1]);
         assert_eq!(from_block_position(4096, &c.clustering), Some(4097));
         assert_eq!(from_block_position(4096, &[0, 0, 1]), None);
+    }
+
+    #[test]
+    fn workspaces_announce_their_next_blocks_spread_over_the_block() {
+        let block = LOG_BLOCK_EVENTS;
+        let mut per_sixteenth = [0_u32; 16];
+        for ws in 0..1000 {
+            let at: Vec<u64> = (0..block)
+                .filter(|&n| announces_next_block(WsId(ws), n, block))
+                .collect();
+            assert_eq!(at.len(), 1, "workspace {ws}: once a block");
+            assert!(announces_next_block(WsId(ws), at[0] + 5 * block, block));
+            per_sixteenth[(at[0] * 16 / block) as usize] += 1;
+        }
+        // 1 000 workspaces numbered in a row: 62.5 a sixteenth on average.
+        assert!(
+            per_sixteenth.iter().all(|&n| (40..=90).contains(&n)),
+            "{per_sixteenth:?}"
+        );
     }
 
     #[test]

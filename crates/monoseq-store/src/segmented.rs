@@ -57,6 +57,7 @@ impl<S: KvStore> EventStore<S> {
             return Ok(current);
         }
         group.batch.check_limits().map_err(|e| group.refusal(e))?;
+        group.announce(&self.kv)?;
         self.check_absent(&group)?;
         let next = end + events.len() as u64;
         put_applied(&mut group.batch, self, partition, next);

@@ -16,8 +16,8 @@ use crate::codec::{
 };
 use crate::event::{Event, Field, Record, RecordId, WLogOffset};
 use crate::keys::{
-    self, AppId, LOG_BLOCK_EVENTS, PartitionId, Slot, block_position, plog_key, record_key,
-    wlog_key, wlog_partition,
+    self, AppId, LOG_BLOCK_EVENTS, PartKey, PartitionId, RECORD_BLOCK_IDS, Slot,
+    announces_next_block, block_position, plog_key, record_key, wlog_key, wlog_partition,
 };
 use crate::plog::{RETIRED_PAYLOAD, Segments};
 use crate::seqstore::PLogSeqStorage;
@@ -413,6 +413,7 @@ impl<S: KvStore> EventStore<S> {
             return self.append_to_segments(segments, partition, events, stored, defer);
         }
         let (group, current) = self.build_group(partition, events, stored, false)?;
+        group.announce(&self.kv)?;
         self.kv.write(&group.batch).map_err(|e| group.refusal(e))?;
         Ok(current)
     }
@@ -490,6 +491,11 @@ impl<S: KvStore> EventStore<S> {
             offset: e.wlog_offset,
         };
         group.push(op, wlog.as_key(), Some(Value::Ref), (i, slot));
+        if op == Op::InsertIfAbsent && announces_next_block(e.ws, e.wlog_offset.0, LOG_BLOCK_EVENTS)
+        {
+            let next = WLogOffset(e.wlog_offset.0.saturating_add(LOG_BLOCK_EVENTS));
+            group.ahead.push(wlog_partition(self.app, e.ws, next));
+        }
         Ok(())
     }
 
@@ -523,6 +529,10 @@ impl<S: KvStore> EventStore<S> {
             let key = record_key(self.app, e.ws, r.id);
             let slot = Slot::Record { ws: e.ws, id: r.id };
             group.push(op, key.as_key(), Some(Value::Record), (i, slot));
+            if op == Op::InsertIfAbsent && announces_next_block(e.ws, r.id.0, RECORD_BLOCK_IDS) {
+                let next = RecordId(r.id.0.saturating_add(RECORD_BLOCK_IDS));
+                group.ahead.push(record_key(self.app, e.ws, next).partition);
+            }
             if updated.contains(&(e.ws, r.id)) {
                 current.insert((e.ws, r.id), r.clone());
             }
@@ -1088,6 +1098,9 @@ pub(crate) struct GroupBatch {
     pub(crate) payloads: Vec<u8>,
     pub(crate) payload_ends: Vec<usize>,
     pub(crate) checks: Vec<usize>,
+    /// The next blocks of WLogs and records this group's inserts announce
+    /// ([`announces_next_block`]).
+    pub(crate) ahead: Vec<PartKey>,
 }
 
 /// Which of the group's buffers holds a write's value.
@@ -1119,6 +1132,15 @@ impl GroupBatch {
         };
         self.batch.push(op, key, bytes);
         self.slots.push(slot);
+    }
+
+    /// Announces the partitions in [`GroupBatch::ahead`] to `kv`.
+    pub(crate) fn announce(&self, kv: &impl KvStore) -> Result<(), AppendError> {
+        if self.ahead.is_empty() {
+            return Ok(());
+        }
+        let partitions: Vec<&[u8]> = self.ahead.iter().map(PartKey::as_bytes).collect();
+        Ok(kv.expect_inserts(&partitions)?)
     }
 
     /// The events' bytes, one slice each.
@@ -1275,6 +1297,46 @@ mod tests {
         assert_eq!(
             written.into_records().collect::<Vec<_>>(),
             vec![(ws, stored)]
+        );
+    }
+
+    #[test]
+    fn a_workspace_announces_its_next_wlog_and_records_blocks_once_a_block() {
+        let announced = |trust: TrustLevel| {
+            let store = EventStore::new(
+                std::sync::Arc::new(monoseq_kv::MemoryStore::new()),
+                AppId(1),
+                trust,
+            );
+            let mut announced = Vec::new();
+            for n in 1..=2 * LOG_BLOCK_EVENTS {
+                let created = Record {
+                    id: RecordId(n),
+                    ..record(vec![])
+                };
+                let events = [event(n, vec![created], vec![])];
+                let (group, _) = store
+                    .build_group(PartitionId(0), &events, StoredRecords::new(), true)
+                    .expect("a valid group");
+                if !group.ahead.is_empty() {
+                    announced.push((n, group.ahead));
+                }
+            }
+            announced
+        };
+        let at_level0 = announced(TrustLevel::Level0);
+        assert_eq!(at_level0.len(), 2, "once in each of two blocks");
+        for (n, ahead) in at_level0 {
+            let next_wlog = wlog_partition(AppId(1), WS, WLogOffset(n + LOG_BLOCK_EVENTS));
+            let next_records = record_key(AppId(1), WS, RecordId(n + RECORD_BLOCK_IDS)).partition;
+            assert_eq!(ahead, vec![next_wlog, next_records], "at {n}");
+        }
+        let at_level1 = announced(TrustLevel::Level1);
+        assert_eq!(at_level1.len(), 2, "level 1 checks events, not records");
+        assert!(at_level1.iter().all(|(_, ahead)| ahead.len() == 1));
+        assert!(
+            announced(TrustLevel::Level2).is_empty(),
+            "level 2 checks nothing, so learns no bound"
         );
     }
 
