@@ -450,8 +450,8 @@ impl KvStore for FjallStore {
 
     /// One seek from the end of each partition whose bound is not known yet, under the write
     /// lock, which guards the bounds. Each is run once before without the lock, its answer
-    /// dropped: the table blocks it reads stay in the block cache, so the seek every writer
-    /// waits for reads none from file.
+    /// dropped: the table blocks it reads stay in the block cache, where the seek every writer
+    /// waits for finds them.
     fn expect_inserts(&self, partitions: &[&[u8]]) -> Result<(), KvError> {
         if partitions.is_empty() {
             return Ok(());

@@ -130,17 +130,20 @@ fn insert_if_absent_after_reopen_finds_keys_written_before_it() {
     }
 }
 
+/// `first_present` of the big-endian keys `ns` of `partition`.
+fn first_present_of(store: &dyn KvStore, partition: &[u8], ns: &[u64]) -> Option<usize> {
+    let keys: Vec<[u8; 8]> = ns.iter().map(|n| n.to_be_bytes()).collect();
+    let keys: Vec<Key<'_>> = keys.iter().map(|k| Key::new(partition, k)).collect();
+    store.first_present(&keys).expect("first_present")
+}
+
 #[test]
 fn announcing_inserts_changes_no_answer() {
     let key = |n: u64| n.to_be_bytes();
     for (engine, open) in engines() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = open(dir.path(), options(Durability::Manual)).expect("open");
-        let first = |partition: &[u8], ns: &[u64]| {
-            let keys: Vec<[u8; 8]> = ns.iter().map(|&n| key(n)).collect();
-            let keys: Vec<Key<'_>> = keys.iter().map(|k| Key::new(partition, k)).collect();
-            store.first_present(&keys).expect("first_present")
-        };
+        let first = |partition: &[u8], ns: &[u64]| first_present_of(&*store, partition, ns);
         for n in 1..=10 {
             store.put(Key::new(b"block1", &key(n)), b"x").expect("put");
         }
@@ -186,11 +189,7 @@ fn first_present_finds_every_stored_key_whatever_the_bounds_learned() {
     for (engine, open) in engines() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = open(dir.path(), options(Durability::Manual)).expect("open");
-        let first = |ns: &[u64]| {
-            let keys: Vec<[u8; 8]> = ns.iter().map(|&n| key(n)).collect();
-            let keys: Vec<Key<'_>> = keys.iter().map(|k| Key::new(b"wlog", k)).collect();
-            store.first_present(&keys).expect("first_present")
-        };
+        let first = |ns: &[u64]| first_present_of(&*store, b"wlog", ns);
         for n in 1..=10 {
             store.put(Key::new(b"wlog", &key(n)), b"x").expect("put");
         }
