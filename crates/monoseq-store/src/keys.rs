@@ -128,11 +128,12 @@ pub(crate) fn block_position(n: u64, block: u64) -> [u8; 2] {
     ((n % block) as u16).to_be_bytes()
 }
 
-/// The number of a workspace's block (of `block` WLog offsets or record IDs) at which the store
-/// announces the workspace's next block to the key-value store, so that its bound is learned
-/// before the block's first keys ([`monoseq_kv::KvStore::expect_inserts`]). Spread over the
-/// block by the workspace's number: workspaces written at one pace reach their blocks' ends
-/// together, and would otherwise all have their next block's bound learned at once.
+/// Whether `n`, a WLog offset or record ID of `ws`, is where the store announces the
+/// workspace's next block (of `block` numbers) to the key-value store, so that its bound is
+/// learned before the block's first keys ([`monoseq_kv::KvStore::expect_inserts`]): one
+/// position a block, spread over the block by the workspace's number, since workspaces written
+/// at one pace reach their blocks' ends together and would otherwise all have their next
+/// block's bound learned at once.
 pub(crate) fn announces_next_block(ws: WsId, n: u64, block: u64) -> bool {
     // Fibonacci hashing: consecutive workspaces land far apart in the block.
     let at = (ws.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % block;
