@@ -62,17 +62,11 @@ impl<S: WriteSession> Bounded<'_, S> {
     /// [`WriteError::Conflict`] with the item's index and key; a storage fault of a lookup.
     pub(crate) fn apply_checked(&mut self, batch: &WriteBatch) -> Result<(), WriteError> {
         for item in batch.iter().filter(|i| i.op == Op::InsertIfAbsent) {
-            let partition = item.key.partition;
-            if !self.bounds.knows(partition) && self.bounds.worth_learning(partition) {
-                let highest = self.session.highest_clustering(partition)?;
-                self.bounds.learn(partition, highest.as_deref());
-            }
+            self.visit(item.key.partition)?;
         }
         apply_checked(self, batch)
     }
-}
 
-impl<S: WriteSession> Bounded<'_, S> {
     /// `KvStore::first_present` under the write lock: a key above its partition's bound is
     /// absent without a lookup; a partition's bound is learned from its second visit on, as
     /// for an insert-if-absent.
@@ -82,20 +76,14 @@ impl<S: WriteSession> Bounded<'_, S> {
     /// A storage fault of a lookup or of learning a bound.
     pub(crate) fn first_present(&mut self, keys: &[Key<'_>]) -> Result<Option<usize>, KvError> {
         for (index, &key) in keys.iter().enumerate() {
-            let partition = key.partition;
-            if !self.bounds.knows(partition) && self.bounds.worth_learning(partition) {
-                let highest = self.session.highest_clustering(partition)?;
-                self.bounds.learn(partition, highest.as_deref());
-            }
+            self.visit(key.partition)?;
             if self.contains(key)? {
                 return Ok(Some(index));
             }
         }
         Ok(None)
     }
-}
 
-impl<S: WriteSession> Bounded<'_, S> {
     /// `KvStore::expect_inserts` under the write lock: learns the bound of each of
     /// `partitions` not known yet, whatever its visits so far.
     ///
@@ -105,10 +93,24 @@ impl<S: WriteSession> Bounded<'_, S> {
     pub(crate) fn learn(&mut self, partitions: &[&[u8]]) -> Result<(), KvError> {
         for &partition in partitions {
             if !self.bounds.knows(partition) {
-                let highest = self.session.highest_clustering(partition)?;
-                self.bounds.learn(partition, highest.as_deref());
+                self.learn_bound(partition)?;
             }
         }
+        Ok(())
+    }
+
+    /// A check of absence in `partition`: learns its bound if unknown, from its second visit.
+    fn visit(&mut self, partition: &[u8]) -> Result<(), KvError> {
+        if !self.bounds.knows(partition) && self.bounds.worth_learning(partition) {
+            self.learn_bound(partition)?;
+        }
+        Ok(())
+    }
+
+    /// Learns the bound of `partition` from the stored data: one seek from its end.
+    fn learn_bound(&mut self, partition: &[u8]) -> Result<(), KvError> {
+        let highest = self.session.highest_clustering(partition)?;
+        self.bounds.learn(partition, highest.as_deref());
         Ok(())
     }
 }
