@@ -150,7 +150,17 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         } else {
             None
         };
-        let jobs = next_group(retry, first, self.group_max, || rx.try_recv().ok());
+        let mut jobs = next_group(retry, first, self.group_max, || rx.try_recv().ok());
+        // The rest of a batch's share is being queued right now: the group takes it too.
+        while jobs.len() < self.group_max && jobs.last().is_some_and(|j| j.more) {
+            let Some(next) = rx.recv().await else { break };
+            jobs.push(next);
+            while jobs.len() < self.group_max
+                && let Ok(j) = rx.try_recv()
+            {
+                jobs.push(j);
+            }
+        }
         let (outcome, jobs) = self.group(jobs).await;
         *retry = jobs;
         Input::Ran(outcome)

@@ -7,6 +7,7 @@
 //! in full (validity, sizes, encodability) before it is queued, so a bad command never costs
 //! its partition an actualization.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -153,6 +154,13 @@ pub struct ProcessorStats {
     pub cache_misses: u64,
     /// Storage failing on some partition.
     pub storage_failing: bool,
+}
+
+/// A command of a batch ([`CommandProcessor::submit_all`]): answered already (refused before
+/// it was queued), or waiting for its partition's answer.
+enum Answer {
+    Done(Result<Outcome, CommandError>),
+    Waiting(oneshot::Receiver<Result<Outcome, CommandError>>),
 }
 
 /// A partition this processor serves now.
@@ -476,23 +484,123 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         key: Option<IdempotencyKey>,
     ) -> Result<Outcome, CommandError> {
         let (job, answer) = prepare(&self.inner.config, &self.inner.store, cmd, key)?;
+        self.queue(job)?;
+        answer.await.unwrap_or(Err(CommandError::ShuttingDown))
+    }
+
+    /// Runs several commands (a batch), each as [`submit_keyed`](Self::submit_keyed) would,
+    /// and answers each in the order given. Every command is checked and encoded first; then
+    /// each partition's share is queued at once, in the batch's order, and its partition's
+    /// next group takes all of it (up to [`Config::group_commands_max`]) instead of starting
+    /// on the first command while the others are still being encoded and leaving them to the
+    /// group after: a batch waits for its slowest partition, so that would cost it a whole
+    /// group commit more. A share the partition's queue has no room for is refused whole
+    /// ([`CommandError::Busy`]).
+    pub async fn submit_all(
+        &self,
+        cmds: Vec<(Command, Option<IdempotencyKey>)>,
+    ) -> Vec<Result<Outcome, CommandError>> {
+        let mut answers = Vec::with_capacity(cmds.len());
+        let mut shares: BTreeMap<u32, (Vec<usize>, Vec<Job>)> = BTreeMap::new();
+        for (i, (cmd, key)) in cmds.into_iter().enumerate() {
+            match prepare(&self.inner.config, &self.inner.store, cmd, key) {
+                Ok((job, answer)) => {
+                    let share = shares.entry(self.partition_of(job.plan.ws)).or_default();
+                    share.0.push(i);
+                    share.1.push(job);
+                    answers.push(Answer::Waiting(answer));
+                }
+                Err(e) => answers.push(Answer::Done(Err(e))),
+            }
+        }
+        for (partition, (places, jobs)) in shares {
+            if let Err(e) = self.queue_share(partition, jobs) {
+                for i in places {
+                    answers[i] = Answer::Done(Err(e.clone()));
+                }
+            }
+        }
+        // The partitions run them all meanwhile: awaited in order, the answers are all in as
+        // soon as the slowest is.
+        let mut out = Vec::with_capacity(answers.len());
+        for answer in answers {
+            out.push(match answer {
+                Answer::Done(done) => done,
+                Answer::Waiting(answer) => answer.await.unwrap_or(Err(CommandError::ShuttingDown)),
+            });
+        }
+        out
+    }
+
+    /// Queues a batch's share for `partition` in one go: room for all of it is reserved
+    /// first, then each command is queued, marked as followed by the next
+    /// ([`Job::more`](crate::writer::Job)) but the last.
+    ///
+    /// # Errors
+    ///
+    /// As [`queue`](Self::queue), for the whole share.
+    fn queue_share(&self, partition: u32, jobs: Vec<Job>) -> Result<(), CommandError> {
+        let count = jobs.len();
+        // `Err(true)`: no room; `Err(false)`: the partition's task ended.
+        let sent = self.inner.partitions.admit(partition, |p| {
+            let permits = p
+                .queue
+                .try_reserve_many(count)
+                .map_err(|e| matches!(e, mpsc::error::TrySendError::Full(())))?;
+            for (n, (mut job, permit)) in jobs.into_iter().zip(permits).enumerate() {
+                job.more = n + 1 < count;
+                permit.send(job);
+            }
+            Ok(())
+        })?;
+        self.queued(partition, sent, count, || {
+            format!(
+                "the partition's queue has no room for the batch's {count} commands for it \
+                 (none of them was queued)"
+            )
+        })
+    }
+
+    /// Queues a prepared command on its partition.
+    ///
+    /// # Errors
+    ///
+    /// [`CommandError::Busy`] when the partition's queue is full, [`CommandError::NotOwner`]
+    /// when this processor does not serve the partition (or its task ended).
+    fn queue(&self, job: Job) -> Result<(), CommandError> {
         let partition = self.partition_of(job.plan.ws);
-        let not_owner = || CommandError::NotOwner { partition };
         // `Err(true)`: the queue is full; `Err(false)`: the partition's task ended.
         let sent = self.inner.partitions.admit(partition, |p| {
             p.queue
                 .try_send(job)
                 .map_err(|e| matches!(e, mpsc::error::TrySendError::Full(_)))
         })?;
+        self.queued(partition, sent, 1, || {
+            "the partition's queue is full".to_owned()
+        })
+    }
+
+    /// What queueing `commands` on `partition` came to: `Err(true)` when its queue had no
+    /// room (busy, as `busy` says), `Err(false)` when the partition's task ended.
+    fn queued(
+        &self,
+        partition: u32,
+        sent: Result<(), bool>,
+        commands: usize,
+        busy: impl FnOnce() -> String,
+    ) -> Result<(), CommandError> {
         match sent {
-            Ok(()) => {}
+            Ok(()) => Ok(()),
             Err(true) => {
-                self.inner.counters.busy.fetch_add(1, Ordering::Relaxed);
-                return Err(CommandError::Busy("the partition's queue is full".into()));
+                let commands = u64::try_from(commands).unwrap_or(u64::MAX);
+                self.inner
+                    .counters
+                    .busy
+                    .fetch_add(commands, Ordering::Relaxed);
+                Err(CommandError::Busy(busy()))
             }
-            Err(false) => return Err(not_owner()),
+            Err(false) => Err(CommandError::NotOwner { partition }),
         }
-        answer.await.unwrap_or(Err(CommandError::ShuttingDown))
     }
 
     /// Whether every partition serves and has finished actualizing.
@@ -637,6 +745,7 @@ pub(crate) fn prepare<S: KvStore + Clone>(
         key: key.map(|k| (k, fingerprint)),
         reply,
         queued_at: std::time::Instant::now(),
+        more: false,
     };
     Ok((job, answer))
 }

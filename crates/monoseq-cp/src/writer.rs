@@ -52,6 +52,10 @@ pub(crate) struct Job {
     pub(crate) reply: oneshot::Sender<Result<Outcome, CommandError>>,
     /// When the command was queued.
     pub(crate) queued_at: Instant,
+    /// More commands of the same batch follow this one on the partition's queue at once
+    /// ([`CommandProcessor::submit_all`](crate::CommandProcessor::submit_all) queues them one
+    /// after another, their room reserved first): a group that took this one waits for them.
+    pub(crate) more: bool,
 }
 
 /// Groups whose oldest command took longer than [`SLOW_COMMAND`], for the rate-limited log.

@@ -354,6 +354,67 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
     assert_eq!(cp.submit(order(1)).await.unwrap().plog_offset, 1);
 }
 
+/// A batch's commands are answered in its order, each as it would be alone; a partition's
+/// share that its queue has no room for is refused busy whole and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_is_answered_in_order_and_a_share_with_no_room_is_refused_busy_whole() {
+    let (cp, store) = processor(Config {
+        partitions: 2,
+        queue_commands_max: 4,
+        ..Config::default()
+    });
+    ready(&cp).await;
+    let bad = || cmd(json!({"ws": 2, "ws_kind": 9, "command": "c"}));
+    // Five commands for partition 1 (no room for them in its queue of 4), two for partition 0
+    // and a refused one between them.
+    let batch = vec![
+        (order(1), None),
+        (order(2), None),
+        (bad(), None),
+        (order(3), None),
+        (order(5), None),
+        (order(7), None),
+        (order(4), None),
+        (order(9), None),
+    ];
+    let answers = cp.submit_all(batch).await;
+    let codes: Vec<String> = answers
+        .iter()
+        .map(|a| match a {
+            Ok(out) => format!("p{}", out.partition),
+            Err(CommandError::Busy(_)) => "busy".to_owned(),
+            Err(e) => format!("{e:?}").split('(').next().unwrap().to_owned(),
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            "busy",
+            "p0",
+            "UnknownWsKind",
+            "busy",
+            "busy",
+            "busy",
+            "p0",
+            "busy"
+        ]
+    );
+    assert_eq!(
+        store.read_event(PartitionId(1), PLogOffset(1)).unwrap(),
+        None,
+        "the refused share wrote nothing"
+    );
+    // A share that fits is written, in the batch's order.
+    let answers = cp
+        .submit_all((0..4).map(|n| (order(2 * n + 1), None)).collect())
+        .await;
+    let offsets: Vec<u64> = answers
+        .into_iter()
+        .map(|a| a.unwrap().plog_offset)
+        .collect();
+    assert_eq!(offsets, [1, 2, 3, 4]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_commands_are_group_committed_with_contiguous_offsets() {
     let (cp, _store) = processor(Config {

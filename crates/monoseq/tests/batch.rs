@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::Server;
+use common::{Server, metric, metrics};
 use monoseq_client::{BatchCommandBody, Client, CommandBody, KindBody, NewRecordBody};
 use serde_json::{Value, json};
 
@@ -78,6 +78,38 @@ async fn each_command_of_a_batch_runs_alone_and_a_bad_one_fails_only_itself() {
             event_count(&http, &server.url, partition).await,
             0,
             "a refused command wrote nothing"
+        );
+    }
+}
+
+/// A batch waits for the slowest partition it touches: its commands for one partition go in one
+/// group commit, not split between a group its first command started and the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batchs_commands_for_one_partition_are_written_in_one_group_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::new();
+    let server = Server::start_ready(dir.path(), &["--partitions", "4"], &http).await;
+    let groups = async || {
+        metric(
+            &metrics(&http, &server.url).await,
+            "monoseq_group_commands_count",
+        )
+    };
+    for round in 0..5 {
+        // 100 commands, all in workspaces of partition 1, its queue empty before.
+        let commands: Vec<Value> = (0..100).map(|n| command(4 * n + 1, round)).collect();
+        let before = groups().await;
+        let (status, answer) = post_batch(&http, &server.url, &json!({"commands": commands})).await;
+        assert_eq!(status, 200, "{answer}");
+        let results = answer["results"].as_array().unwrap();
+        assert!(
+            results.iter().all(|r| r["status"] == 200),
+            "every command is written: {answer}"
+        );
+        assert_eq!(
+            groups().await - before,
+            1,
+            "round {round}: the batch's 100 commands went in one group commit"
         );
     }
 }

@@ -4,8 +4,10 @@
 //! batch, too many commands) wrote nothing.
 //!
 //! The commands a batch carries for partitions this node serves go to the command processor
-//! together, so they share its group commits; those for partitions another node owns are
-//! relayed to that node as one batch per owner, each command's text as the client wrote it.
+//! together (`CommandProcessor::submit_all`): each partition's share is queued at once and
+//! written in one group commit (a share its partition's queue has no room for is refused
+//! whole, busy); those for partitions another node owns are relayed to that node as one batch
+//! per owner, each command's text as the client wrote it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -209,11 +211,18 @@ async fn run(st: &AppState, headers: &HeaderMap, commands: &[&RawValue]) -> Vec<
             Route::Answered(result) => results[i] = Some(result),
         }
     }
-    let cp = &st.cp;
-    let local = join_all(here.into_iter().map(|(i, key, command)| async move {
-        let answer = cp.submit_keyed(crate::wire::command(command), key).await;
-        (i, answer.map_or_else(|e| refused(&e), |o| ok(&o)))
-    }));
+    let (places, commands): (Vec<usize>, Vec<_>) = here
+        .into_iter()
+        .map(|(i, key, command)| (i, (crate::wire::command(command), key)))
+        .unzip();
+    let local = async {
+        let answers = st.cp.submit_all(commands).await;
+        places
+            .into_iter()
+            .zip(answers)
+            .map(|(i, answer)| (i, answer.map_or_else(|e| refused(&e), |o| ok(&o))))
+            .collect::<Vec<_>>()
+    };
     let relayed = join_all(
         owners
             .into_values()
