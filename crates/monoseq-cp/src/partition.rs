@@ -161,7 +161,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
                 jobs.push(j);
             }
         }
-        let (outcome, jobs) = self.group(jobs).await;
+        let (outcome, mut jobs) = self.group(jobs).await;
+        // Retried after a failed group, with the rest of their share taken already (answered,
+        // or retried beside them): the group that retries them waits for nothing more.
+        for j in &mut jobs {
+            j.more = false;
+        }
         *retry = jobs;
         Input::Ran(outcome)
     }

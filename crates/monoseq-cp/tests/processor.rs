@@ -513,6 +513,39 @@ async fn a_taken_record_id_is_a_sequence_violation_naming_the_key_at_level_0() {
     assert_eq!(ok.plog_offset, 2);
 }
 
+/// A batch's command retried after its group failed because of the next command of its share
+/// is written once the partition has actualized: the retrying group does not wait for the
+/// rest of a share it took already.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batchs_command_retried_after_its_group_failed_waits_for_nothing_more() {
+    let (cp, store) = processor(Config {
+        partitions: 1,
+        trust: TrustLevel::Level0,
+        ..Config::default()
+    });
+    ready(&cp).await;
+    let first = cp.submit(order(3)).await.unwrap();
+    // Something already sits at workspace 3's next CRecord ID.
+    let next = RecordId(first.ids[&1] + 1);
+    let key = store.record_key(WsId(3), next);
+    let mut batch = WriteBatch::new();
+    batch.put(key.as_key(), b"x");
+    store.kv().write(&batch).unwrap();
+    // Workspace 5's command is marked as followed by workspace 3's, which fails the group.
+    let answers = tokio::time::timeout(
+        Duration::from_secs(20),
+        cp.submit_all(vec![(order(5), None), (order(3), None)]),
+    )
+    .await
+    .expect("both commands are answered without another arriving");
+    assert_eq!(answers[0].as_ref().unwrap().plog_offset, 2);
+    assert!(
+        matches!(answers[1], Err(CommandError::SequenceViolation(_))),
+        "{:?}",
+        answers[1]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn level_2_overwrites_a_taken_record_id() {
     let (cp, store) = processor(Config {
