@@ -482,21 +482,28 @@ async fn a_thousand_partitions_run_in_one_process() {
     assert!(cp.shutdown(Duration::from_secs(30)).await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_taken_record_id_is_a_sequence_violation_naming_the_key_at_level_0() {
+/// A processor of one partition at level 0 whose workspace `ws` wrote one order, with
+/// something already stored at that workspace's next CRecord ID (corrupt storage).
+async fn next_crecord_taken(ws: u64) -> (CommandProcessor<Mem>, EventStore<Mem>) {
     let (cp, store) = processor(Config {
         partitions: 1,
         trust: TrustLevel::Level0,
         ..Config::default()
     });
     ready(&cp).await;
-    let first = cp.submit(order(3)).await.unwrap();
-    // Corrupt storage: something already sits at the next CRecord ID.
+    let first = cp.submit(order(ws)).await.unwrap();
     let next = RecordId(first.ids[&1] + 1);
-    let key = store.record_key(WsId(3), next);
+    let key = store.record_key(WsId(ws), next);
     let mut batch = WriteBatch::new();
     batch.put(key.as_key(), b"x");
     store.kv().write(&batch).unwrap();
+    (cp, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_record_id_is_a_sequence_violation_naming_the_key_at_level_0() {
+    // Corrupt storage: something already sits at the next CRecord ID.
+    let (cp, store) = next_crecord_taken(3).await;
     let err = cp.submit(order(3)).await.unwrap_err();
     assert!(matches!(err, CommandError::SequenceViolation(_)), "{err}");
     assert!(err.to_string().contains("sequence violation"), "{err}");
@@ -518,19 +525,8 @@ async fn a_taken_record_id_is_a_sequence_violation_naming_the_key_at_level_0() {
 /// rest of a share it took already.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batchs_command_retried_after_its_group_failed_waits_for_nothing_more() {
-    let (cp, store) = processor(Config {
-        partitions: 1,
-        trust: TrustLevel::Level0,
-        ..Config::default()
-    });
-    ready(&cp).await;
-    let first = cp.submit(order(3)).await.unwrap();
     // Something already sits at workspace 3's next CRecord ID.
-    let next = RecordId(first.ids[&1] + 1);
-    let key = store.record_key(WsId(3), next);
-    let mut batch = WriteBatch::new();
-    batch.put(key.as_key(), b"x");
-    store.kv().write(&batch).unwrap();
+    let (cp, _store) = next_crecord_taken(3).await;
     // Workspace 5's command is marked as followed by workspace 3's, which fails the group.
     let answers = tokio::time::timeout(
         Duration::from_secs(20),
