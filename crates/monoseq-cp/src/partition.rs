@@ -154,12 +154,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         // The rest of a batch's share is being queued right now: the group takes it too.
         while jobs.len() < self.group_max && jobs.last().is_some_and(|j| j.more) {
             let Some(next) = rx.recv().await else { break };
-            jobs.push(next);
-            while jobs.len() < self.group_max
-                && let Ok(j) = rx.try_recv()
-            {
-                jobs.push(j);
-            }
+            jobs = next_group(&mut jobs, Some(next), self.group_max, || rx.try_recv().ok());
         }
         let (outcome, mut jobs) = self.group(jobs).await;
         // Retried after a failed group, with the rest of their share taken already (answered,
