@@ -1,12 +1,14 @@
-//! Crash test: the server runs as a child process under concurrent load and is killed with
-//! SIGKILL at random moments, many times, restarting each time. Afterwards `verify` passes,
-//! every PLog offset is contiguous, every acknowledged event is stored as acknowledged and is in
-//! its workspace's WLog, and no offset or record ID acknowledged to a client was ever handed out
-//! twice.
+//! Crash test: the server runs as a child process under concurrent load, one command per
+//! request and batches (`POST /v1/commands/batch`, whose shares of a partition go in one group
+//! commit), and is killed with SIGKILL at random moments, many times, restarting each time.
+//! Afterwards `verify` passes, every PLog offset is contiguous, every acknowledged event is
+//! stored as acknowledged and is in its workspace's WLog, and no offset or record ID
+//! acknowledged to a client was ever handed out twice.
 
 mod common;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +22,10 @@ const ROUNDS: usize = 10;
 const CLIENTS: usize = 12;
 const WORKSPACES: u64 = 30;
 const PARTITIONS: &str = "3";
+/// Every `BATCH_EVERY`th client sends batches of `BATCH_COMMANDS` commands instead of one
+/// command per request: with 3 partitions, most batches give a partition several commands.
+const BATCH_EVERY: u64 = 3;
+const BATCH_COMMANDS: u64 = 8;
 
 /// Every acknowledged event is in its workspace's WLog at its WLog offset, read back through
 /// the WLog (whose entries name the PLog events), and each workspace's WLog has no gap.
@@ -78,7 +84,17 @@ fn command(ws: u64, n: u64) -> Value {
     })
 }
 
-async fn load(url: String, acks: Arc<Mutex<Vec<Ack>>>, client_no: u64) {
+/// Sends one client's commands until the server is gone, recording each acknowledgement: one
+/// command per request, or batches for every [`BATCH_EVERY`]th client.
+async fn load(url: String, acks: Arc<Mutex<Vec<Ack>>>, batched: Arc<AtomicUsize>, client_no: u64) {
+    if client_no.is_multiple_of(BATCH_EVERY) {
+        load_batches(url, acks, batched, client_no).await;
+    } else {
+        load_commands(url, acks, client_no).await;
+    }
+}
+
+async fn load_commands(url: String, acks: Arc<Mutex<Vec<Ack>>>, client_no: u64) {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
@@ -109,6 +125,62 @@ async fn load(url: String, acks: Arc<Mutex<Vec<Ack>>>, client_no: u64) {
     }
 }
 
+/// Batches of [`BATCH_COMMANDS`] commands over as many workspaces; each command's result is its
+/// own: acknowledged (200), or refused for now (503 while a partition starts, 429 when busy).
+async fn load_batches(
+    url: String,
+    acks: Arc<Mutex<Vec<Ack>>>,
+    batched: Arc<AtomicUsize>,
+    client_no: u64,
+) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut n = client_no;
+    loop {
+        let mut sent_ws = Vec::new();
+        let mut commands = Vec::new();
+        for _ in 0..BATCH_COMMANDS {
+            let ws = n % WORKSPACES + 1;
+            n += CLIENTS as u64;
+            sent_ws.push(ws);
+            commands.push(command(ws, n));
+        }
+        let sent = std::time::Instant::now();
+        let Ok(r) = client
+            .post(format!("{url}/v1/commands/batch"))
+            .json(&json!({ "commands": commands }))
+            .send()
+            .await
+        else {
+            return; // the server is gone
+        };
+        if r.status() == 503 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
+        let status = r.status();
+        let Ok(body) = r.json::<Value>().await else {
+            return;
+        };
+        assert_eq!(status, 200, "{body}");
+        let results = body["results"].as_array().expect("a result per command");
+        assert_eq!(results.len(), sent_ws.len(), "{body}");
+        for (ws, result) in sent_ws.into_iter().zip(results) {
+            match result["status"].as_u64() {
+                Some(200) => {
+                    let ack = Ack::of("", ws, &result["outcome"], sent);
+                    acks.lock().unwrap().push(ack);
+                    batched.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(429 | 503) => {}
+                _ => panic!("a batch's command got a wrong answer: {result}"),
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_moments_loses_no_acknowledged_event_and_reuses_no_number() {
     crash_rounds(Backend::Embedded).await;
@@ -131,6 +203,7 @@ async fn crash_rounds(backend: Backend) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
+    let batched: Arc<AtomicUsize> = Arc::default();
     let probe = reqwest::Client::new();
     for round in 0..ROUNDS {
         let server = Server::start_ready(dir.path(), &args, &probe).await;
@@ -139,6 +212,7 @@ async fn crash_rounds(backend: Backend) {
                 tokio::spawn(load(
                     server.url.clone(),
                     Arc::clone(&acks),
+                    Arc::clone(&batched),
                     c + round as u64,
                 ))
             })
@@ -150,8 +224,13 @@ async fn crash_rounds(backend: Backend) {
         }
     }
     let acks = acks.lock().unwrap().clone();
+    let batched = batched.load(Ordering::Relaxed);
     assert!(acks.len() > 30, "too little load: {} acks", acks.len());
-    eprintln!("{ROUNDS} crashes, {} acknowledged commands", acks.len());
+    assert!(batched > 30, "too few batched commands: {batched} acks");
+    eprintln!(
+        "{ROUNDS} crashes, {} acknowledged commands ({batched} of them in batches)",
+        acks.len()
+    );
 
     // No offset or number acknowledged twice.
     assert_once(&acks);
