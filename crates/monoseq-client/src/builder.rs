@@ -36,6 +36,9 @@ pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
 /// Default of [`ClientBuilder::request_timeout`]: one attempt. A command is answered once its
 /// event is durable (milliseconds); a forwarded one within the server's 30 s forwarding bound.
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Default of [`ClientBuilder::idle_timeout`]: half the server's default `--idle-timeout-ms`
+/// (60 s), so that the client lets an unused connection go before the server closes it.
+pub const IDLE_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// Default of [`ClientBuilder::retry_timeout`]: every attempt of one call together.
 pub const RETRY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(30);
 /// Default first delay of the jittered backoff between attempts.
@@ -56,6 +59,7 @@ pub struct ClientBuilder {
     ca_pem: Option<Vec<u8>>,
     connect_timeout: Duration,
     request_timeout: Duration,
+    idle_timeout: Duration,
     retry_timeout: Duration,
     backoff: Backoff,
     view_max_age: Duration,
@@ -69,6 +73,7 @@ impl ClientBuilder {
             ca_pem: None,
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             request_timeout: REQUEST_TIMEOUT_DEFAULT,
+            idle_timeout: IDLE_TIMEOUT_DEFAULT,
             retry_timeout: RETRY_TIMEOUT_DEFAULT,
             backoff: Backoff::new(BACKOFF_FIRST_DEFAULT, BACKOFF_MAX_DEFAULT),
             view_max_age: VIEW_MAX_AGE_DEFAULT,
@@ -102,6 +107,16 @@ impl ClientBuilder {
     #[must_use]
     pub fn request_timeout(mut self, timeout: Duration) -> ClientBuilder {
         self.request_timeout = timeout;
+        self
+    }
+
+    /// How long a connection is kept unused for the next request before the client closes it
+    /// [default: [`IDLE_TIMEOUT_DEFAULT`]]. Keep it below the server's `--idle-timeout-ms`
+    /// (and any proxy's): a request sent on a connection the server is closing gets no
+    /// answer, and a command without a key is not sent again (it may have been applied).
+    #[must_use]
+    pub fn idle_timeout(mut self, timeout: Duration) -> ClientBuilder {
+        self.idle_timeout = timeout;
         self
     }
 
@@ -177,6 +192,7 @@ impl ClientBuilder {
         // reqwest would drop the token on a redirect to another port.
         let mut http = reqwest::Client::builder()
             .connect_timeout(self.connect_timeout)
+            .pool_idle_timeout(self.idle_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .default_headers(headers);
         if let Some(pem) = &self.ca_pem {

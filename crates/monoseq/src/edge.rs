@@ -33,6 +33,11 @@ pub const HEADER_READ_TIMEOUT_DEFAULT_MS: u64 = 10_000;
 pub const BODY_READ_TIMEOUT_DEFAULT_MS: u64 = 30_000;
 /// Default of `--idle-timeout-ms`.
 pub const IDLE_TIMEOUT_DEFAULT_MS: u64 = 60_000;
+
+// The client, and a node forwarding to its peers, let a kept-alive connection go before a
+// server with the default closes it: a request sent on a connection being closed gets no answer.
+const _: () =
+    assert!(monoseq_client::IDLE_TIMEOUT_DEFAULT.as_millis() < IDLE_TIMEOUT_DEFAULT_MS as u128);
 /// Default of `--connections-max`.
 pub const CONNECTIONS_MAX_DEFAULT: usize = 8_192;
 /// Default of `--requests-max`.

@@ -159,7 +159,8 @@ impl Forwarder {
                     .timeout(FORWARD_TIMEOUT)
                     .connect_timeout(FORWARD_CONNECT_TIMEOUT)
                     .tcp_keepalive(FORWARD_KEEPALIVE)
-                    .pool_idle_timeout(Duration::from_secs(60)),
+                    // Let go before the peer's idle timeout closes it (`edge.rs`).
+                    .pool_idle_timeout(monoseq_client::IDLE_TIMEOUT_DEFAULT),
             )
         };
         let fresh = with_tls(

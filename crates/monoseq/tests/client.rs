@@ -1,11 +1,14 @@
 //! The Rust client (`monoseq-client`) against the real binary: a command and its retry with
 //! the same key, reading it back (event, record, WLog as a stream of pages), the server's
-//! info and cluster view, a named sequence, and a bearer token over TLS with a CA.
+//! info and cluster view, a named sequence, a bearer token over TLS with a CA, and kept-alive
+//! connections let go before the server's idle timeout closes them.
 
 mod common;
 mod security;
 
-use common::Server;
+use std::time::Duration;
+
+use common::{Server, metric, metrics};
 use futures_util::TryStreamExt;
 use monoseq_client::{Client, CommandBody, KindBody, NewRecordBody};
 
@@ -180,5 +183,50 @@ async fn the_client_routes_each_workspace_to_the_partition_the_server_runs_it_in
                 "workspace {ws} among {partitions} partitions"
             );
         }
+    }
+}
+
+/// A connection the server closes for idleness while the client picks it for a request gets
+/// no answer, and a command without a key is not sent again: the client lets its unused
+/// connections go first. One whose idle timeout outlasts the server's leaves the server to
+/// close its connection (counted), which shows the count would catch it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_closes_an_unused_connection_before_the_servers_idle_timeout_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let server = Server::start_ready(dir.path(), &["--idle-timeout-ms", "2000"], &http).await;
+    let idle_closes = async || {
+        metric(
+            &metrics(&http, &server.url).await,
+            "monoseq_edge_limit_trips_total{limit=\"idle_timeout\"}",
+        )
+    };
+    for (client_idle, server_closes) in [
+        (Duration::from_millis(300), 0),
+        (Duration::from_secs(60), 1),
+    ] {
+        let client = Client::builder([server.url.clone()])
+            .idle_timeout(client_idle)
+            .build()
+            .unwrap();
+        let before = idle_closes().await;
+        client
+            .submit_unkeyed(&order(3, 1))
+            .await
+            .expect("a command");
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        assert_eq!(
+            idle_closes().await - before,
+            server_closes,
+            "connections the server closed for idleness, the client's idle timeout {client_idle:?}"
+        );
+        client
+            .submit_unkeyed(&order(3, 2))
+            .await
+            .expect("a command after the pause");
+        drop(client);
     }
 }
