@@ -1,8 +1,9 @@
 //! Safe retries over HTTP (invariant 12 of docs/invariants.md) against the real binary: a client
 //! whose request timed out while the server was stopped (SIGSTOP) retries with the same
 //! `Idempotency-Key`, and clients whose server was killed (SIGKILL) under load, some between
-//! writing an event and answering it, retry after the restart. Every key ends up in exactly one
-//! event, and a retry of an answered command gets the same answer again.
+//! writing an event and answering it, retry after the restart (half of them sent their keyed
+//! commands in batches, each retried alone). Every key ends up in exactly one event, and a
+//! retry of an answered command gets the same answer again.
 
 mod common;
 
@@ -146,6 +147,9 @@ async fn a_retry_after_the_server_was_stopped_past_the_client_timeout_applies_on
 type Sent = Arc<Mutex<Vec<(String, Value, Option<Value>)>>>;
 
 async fn client_load(url: String, sent: Sent, client_no: u64, round: u64) {
+    if client_no % 2 == 1 {
+        return batch_load(url, sent, client_no, round).await;
+    }
     let client = quick_client(Duration::from_secs(3));
     for n in 0.. {
         let key = format!("r{round}-c{client_no}-{n}");
@@ -157,6 +161,50 @@ async fn client_load(url: String, sent: Sent, client_no: u64, round: u64) {
                 sent.lock().unwrap().push((key, body, None));
                 return; // the server is gone
             }
+        }
+    }
+}
+
+/// [`client_load`] with its keyed commands sent 4 to a batch (the key in each command of the
+/// body): each command's result is its own answer, or none.
+async fn batch_load(url: String, sent: Sent, client_no: u64, round: u64) {
+    let client = quick_client(Duration::from_secs(3));
+    for first in (0..).step_by(4) {
+        let commands: Vec<(String, Value)> = (first..first + 4)
+            .map(|n| {
+                let key = format!("r{round}-b{client_no}-{n}");
+                (key, command(n % WORKSPACES + 1, n))
+            })
+            .collect();
+        let batch: Vec<Value> = commands
+            .iter()
+            .map(|(key, body)| {
+                let mut keyed = body.clone();
+                keyed["idempotency_key"] = json!(key);
+                keyed
+            })
+            .collect();
+        let answered = async {
+            let r = client
+                .post(format!("{url}/v1/commands/batch"))
+                .json(&json!({ "commands": batch }))
+                .send()
+                .await?;
+            r.json::<Value>().await
+        }
+        .await;
+        let mut sent = sent.lock().unwrap();
+        let Ok(answer) = answered else {
+            sent.extend(commands.into_iter().map(|(key, body)| (key, body, None)));
+            return; // the server is gone
+        };
+        let results = answer["results"].as_array().cloned().unwrap_or_default();
+        for (i, (key, body)) in commands.into_iter().enumerate() {
+            let outcome = results
+                .get(i)
+                .filter(|r| r["status"] == 200)
+                .map(|r| r["outcome"].clone());
+            sent.push((key, body, outcome));
         }
     }
 }
@@ -181,6 +229,11 @@ async fn retries_after_a_crash_between_write_and_answer_apply_once() {
     let sent = sent.lock().unwrap().clone();
     let unanswered = sent.iter().filter(|s| s.2.is_none()).count();
     assert!(unanswered > 0, "the crashes cut some commands off");
+    let batched = sent
+        .iter()
+        .filter(|s| s.0.contains("-b") && s.2.is_some())
+        .count();
+    assert!(batched > 0, "commands sent in batches were answered");
     for (key, body, answer) in &sent {
         let (status, replayed, again) = send_until_answered(&client, &server.url, key, body).await;
         assert_eq!(status, 200, "{key}: {again}");
