@@ -5,14 +5,18 @@
 //! writes whose answer is lost after they were applied, writes lost before, and crashes (every
 //! object dropped, the files kept as a killed process leaves them in the page cache; the next
 //! run opens the logs against its marks and redoes the store up to them, as a start does).
-//! Clients send keyed commands and retry each with its key until answered.
+//! Clients send keyed commands and retry each with its key until answered: each creates a
+//! record, then updates the record it created, and so on; store syncs fail too (a group whose
+//! frames are in the log fails to raise its mark).
 //!
 //! Checked as the run goes and at its end:
 //! - every answer to a key is the answer it first got (a retry is never written twice);
+//! - no command is refused for good (an update finds the record its client's earlier command
+//!   created, whatever failed in between);
 //! - no PLog offset is acknowledged to two keys (numbers are never issued twice);
 //! - once the faults stop, every acknowledged command's event, WLog entry and created record
 //!   read back from the store, with no further command needed to bring the store up to the
-//!   log.
+//!   log, and each updated record holds its client's last acknowledged update.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,7 +24,8 @@ use std::sync::Arc;
 
 use monoseq_core::{PLogOffset, WsId};
 use monoseq_cp::{
-    Config, IdempotencyKey, ManualPartition, Outcome, operation_command, operation_key,
+    Command, Config, IdempotencyKey, ManualPartition, Outcome, RecordUpdate, operation_command,
+    operation_key,
 };
 use monoseq_kv::{FaultOp, FaultyStore, MemoryStore};
 use monoseq_store::{
@@ -49,12 +54,34 @@ const CRASH_PER_MILLE: u32 = 5;
 const FAULT_PER_MILLE: u32 = 80;
 
 /// One client: its workspace, its current operation, and when it last sent it; once the
-/// faults stop, the last operation it sends.
+/// faults stop, the last operation it sends; the record its last create made, and the last
+/// update of it acknowledged.
 struct Client {
     ws: u64,
     op: u64,
     sent_at: Option<u64>,
     last: Option<u64>,
+    record: Option<u64>,
+    updated: Option<(u64, u64)>,
+}
+
+impl Client {
+    /// Its current operation: an even one creates a record, an odd one updates the record the
+    /// operation before it created (the same body on every retry).
+    fn command(&self) -> Command {
+        match self.record {
+            Some(id) if self.op % 2 == 1 => {
+                let mut fields = serde_json::Map::new();
+                fields.insert("n".into(), self.op.into());
+                Command {
+                    update: vec![RecordUpdate { id, fields }],
+                    create: Vec::new(),
+                    ..operation_command(self.ws, self.op)
+                }
+            }
+            _ => operation_command(self.ws, self.op),
+        }
+    }
 }
 
 /// The server's state that a crash loses.
@@ -111,11 +138,12 @@ fn start(dir: &Path, kv: &Kv, acked: &[Mark]) -> Run {
 }
 
 /// Makes the next store write fail, lose its answer after it was applied, or lose its
-/// request.
+/// request; or the next store sync fail.
 fn inject(kv: &Kv, rng: &mut ChaCha8Rng) {
-    match rng.random_range(0..3u32) {
+    match rng.random_range(0..4u32) {
         0 => kv.fail_next(FaultOp::Write, 1),
         1 => kv.lose_answers_next(1),
+        2 => kv.fail_next(FaultOp::Sync, 1),
         _ => kv.lose_requests_next(1),
     }
 }
@@ -142,6 +170,8 @@ fn run_seed(seed: u64) -> Stats {
             op: 0,
             sent_at: None,
             last: None,
+            record: None,
+            updated: None,
         })
         .collect();
     // Every key's first answer, and the key each PLog offset was acknowledged to.
@@ -185,7 +215,7 @@ fn run_seed(seed: u64) -> Stats {
             run.next_tag += 1;
             run.tags.insert(tag, (i, c.op));
             let key = IdempotencyKey::new(&operation_key(c.ws, c.op)).expect("a valid key");
-            run.parts[p as usize].submit(tag, operation_command(c.ws, c.op), Some(key), now);
+            run.parts[p as usize].submit(tag, c.command(), Some(key), now);
             c.sent_at = Some(now);
         }
         for (p, part) in run.parts.iter_mut().enumerate() {
@@ -200,14 +230,22 @@ fn run_seed(seed: u64) -> Stats {
                     continue;
                 };
                 let c = &mut clients[i];
-                let Ok(out) = answer else {
-                    // Refused: sent again at the client's next try.
-                    if c.op == op {
-                        c.sent_at = None;
+                let out = match answer {
+                    Ok(out) => out,
+                    Err(e) => {
+                        assert!(
+                            e.is_transient(),
+                            "seed {seed}: client {i}'s operation {op} refused for good: {e}"
+                        );
+                        // Refused for now: sent again at the client's next try.
+                        if c.op == op {
+                            c.sent_at = None;
+                        }
+                        continue;
                     }
-                    continue;
                 };
                 let key = operation_key(c.ws, op);
+                let created = out.ids.get(&1).copied();
                 match answered.get(&key) {
                     Some(first) => assert_eq!(
                         (first.plog_offset, first.wlog_offset, &first.ids),
@@ -227,6 +265,10 @@ fn run_seed(seed: u64) -> Stats {
                     }
                 }
                 if c.op == op {
+                    match created {
+                        Some(id) => c.record = Some(id),
+                        None => c.updated = c.record.map(|id| (id, op)),
+                    }
                     c.op += 1;
                     c.sent_at = None;
                 }
@@ -286,6 +328,24 @@ fn run_seed(seed: u64) -> Stats {
                 .expect("the record reads");
             assert!(record.is_some(), "seed {seed}: {key}'s record {id}");
         }
+    }
+    for c in &clients {
+        let Some((id, op)) = c.updated else { continue };
+        let record = store
+            .read_record(WsId(c.ws), RecordId(id))
+            .expect("the record reads")
+            .expect("an updated record is stored");
+        let n = record
+            .fields
+            .iter()
+            .find(|f| f.name == "n")
+            .map(|f| &f.value[..]);
+        assert_eq!(
+            n,
+            Some(op.to_string().as_bytes()),
+            "seed {seed}: record {id} of workspace {} holds its last acknowledged update {op}",
+            c.ws
+        );
     }
     stats
 }
