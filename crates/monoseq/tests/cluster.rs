@@ -56,6 +56,13 @@ async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_i
     let before = balanced(&client, &n1.url, &["n1", "n2", "n3"]).await;
     let urls = keyed::urls(&[&n1.url, &n2.url, &n3.url]);
     let load = Load::start(&urls, 6, "load");
+    // Keyed batches to each node in turn: each relays the shares of partitions others own.
+    let batches = Plan {
+        through: Through::Turns(keyed::client(keyed::ANSWER_TIMEOUT)),
+        batch: 8,
+        ..Plan::default()
+    };
+    let batch_load = Load::start_with(&urls, 2, "batch", batches);
     tokio::time::sleep(Duration::from_millis(1_500)).await;
 
     let moved: Vec<u64> = before
@@ -80,6 +87,13 @@ async fn a_killed_nodes_partitions_move_to_the_others_and_nothing_acknowledged_i
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let (mut acks, _) = load.stop().await;
     acks.extend(probes);
+    let (batched, _) = batch_load.stop().await;
+    assert!(
+        batched.len() > 50,
+        "too few batched commands: {}",
+        batched.len()
+    );
+    acks.extend(batched);
 
     let after = owners(&client, &n1.url).await;
     for p in &moved {

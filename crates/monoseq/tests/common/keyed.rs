@@ -349,6 +349,10 @@ pub struct Plan {
     pub give_up: Option<Duration>,
     /// Codes retried besides 503s and no answer.
     pub retried: &'static [&'static str],
+    /// Commands a client sends in one `POST /v1/commands/batch` (with [`Through::Turns`]: to
+    /// the next node in turn, which relays the shares of partitions others own); 0, one
+    /// command a request.
+    pub batch: u64,
 }
 
 impl Default for Plan {
@@ -358,6 +362,88 @@ impl Default for Plan {
             partition: None,
             give_up: None,
             retried: &[],
+            batch: 0,
+        }
+    }
+}
+
+/// Client `c` of a [`Load`] sending keyed batches of `plan.batch` commands, each to the next
+/// node in turn, until `stop`: a command refused for now (503, a code `plan.retried` names, or
+/// no answer) goes again in the next batch with its key, until acknowledged or
+/// [`COMMAND_DEADLINE`] passes; any other answer fails the test.
+async fn batch_client(
+    (urls, http): (Urls, reqwest::Client),
+    (c, tag, plan): (u64, String, Plan),
+    acks: Arc<Mutex<Vec<Ack>>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut n = 0;
+    let mut turn = c as usize;
+    while !stop.load(Ordering::SeqCst) && n < COMMANDS_PER_CLIENT_MAX {
+        let mut pending: Vec<(u64, String, u64, Instant)> = (0..plan.batch)
+            .map(|_| {
+                n += 1;
+                let ws = (c * 7 + n) % LOAD_WORKSPACES + 1;
+                (ws, format!("{tag}-c{c}-{n}"), n, Instant::now())
+            })
+            .collect();
+        let began = Instant::now();
+        while !pending.is_empty() {
+            assert!(
+                began.elapsed() < COMMAND_DEADLINE,
+                "commands {pending:?} were never acknowledged"
+            );
+            turn += 1;
+            let url = {
+                let now = urls.lock().unwrap();
+                now[turn % now.len()].clone()
+            };
+            let commands: Vec<Value> = pending
+                .iter()
+                .map(|(ws, key, n, _)| {
+                    let mut keyed = command(*ws, *n);
+                    keyed["idempotency_key"] = json!(key);
+                    keyed
+                })
+                .collect();
+            let answer = async {
+                let r = http
+                    .post(format!("{url}/v1/commands/batch"))
+                    .json(&json!({ "commands": commands }))
+                    .send()
+                    .await?;
+                Ok::<_, reqwest::Error>((r.status().as_u16(), r.json::<Value>().await?))
+            }
+            .await;
+            let results = match answer {
+                Ok((200, body)) => body["results"].as_array().cloned().unwrap_or_default(),
+                Ok((503, _)) | Err(_) => Vec::new(),
+                Ok((status, body)) => {
+                    panic!("{url} gave a wrong answer {status} to a batch: {body}")
+                }
+            };
+            let mut left = Vec::new();
+            for (i, (ws, key, n, sent)) in pending.into_iter().enumerate() {
+                let Some(result) = results.get(i) else {
+                    left.push((ws, key, n, sent));
+                    continue;
+                };
+                let code = result["error"]["code"].as_str().unwrap_or("none");
+                match result["status"].as_u64() {
+                    Some(200) => {
+                        acks.lock()
+                            .unwrap()
+                            .push(Ack::of(&key, ws, &result["outcome"], sent))
+                    }
+                    Some(503) => left.push((ws, key, n, sent)),
+                    _ if plan.retried.contains(&code) => left.push((ws, key, n, sent)),
+                    _ => panic!("{url} gave a wrong answer to {key} in a batch: {result}"),
+                }
+            }
+            pending = left;
+            if !pending.is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
     }
 }
@@ -384,6 +470,16 @@ impl Load {
         let stop = Arc::new(AtomicBool::new(false));
         let tasks = (0..clients)
             .map(|c| {
+                if let (Through::Turns(http), true) = (&plan.through, plan.batch > 0) {
+                    let to = (Arc::clone(urls), http.clone());
+                    let (acks, stop) = (Arc::clone(&acks), Arc::clone(&stop));
+                    return tokio::spawn(batch_client(
+                        to,
+                        (c, tag.to_owned(), plan.clone()),
+                        acks,
+                        stop,
+                    ));
+                }
                 let mut sender = Sender::new(urls, plan.through.clone())
                     .tally(&answers)
                     .retrying(plan.retried)
