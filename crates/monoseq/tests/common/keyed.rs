@@ -349,9 +349,9 @@ pub struct Plan {
     pub give_up: Option<Duration>,
     /// Codes retried besides 503s and no answer.
     pub retried: &'static [&'static str],
-    /// Commands a client sends in one `POST /v1/commands/batch` (with [`Through::Turns`]: to
-    /// the next node in turn, which relays the shares of partitions others own); 0, one
-    /// command a request.
+    /// Commands a client sends in one `POST /v1/commands/batch`, each batch to the next node
+    /// in turn, which relays the shares of partitions others own (with [`Through::Turns`]
+    /// only); 0, one command a request.
     pub batch: u64,
 }
 
@@ -468,6 +468,10 @@ impl Load {
         let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
         let answers: Arc<Answers> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
+        assert!(
+            plan.batch == 0 || matches!(plan.through, Through::Turns(_)),
+            "batches go to the nodes in turn"
+        );
         let tasks = (0..clients)
             .map(|c| {
                 if let (Through::Turns(http), true) = (&plan.through, plan.batch > 0) {
