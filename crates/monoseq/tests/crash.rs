@@ -87,56 +87,70 @@ fn command(ws: u64, n: u64) -> Value {
 /// Sends one client's commands until the server is gone, recording each acknowledgement: one
 /// command per request, or batches for every [`BATCH_EVERY`]th client.
 async fn load(url: String, acks: Arc<Mutex<Vec<Ack>>>, batched: Arc<AtomicUsize>, client_no: u64) {
-    if client_no.is_multiple_of(BATCH_EVERY) {
-        load_batches(url, acks, batched, client_no).await;
-    } else {
-        load_commands(url, acks, client_no).await;
-    }
-}
-
-async fn load_commands(url: String, acks: Arc<Mutex<Vec<Ack>>>, client_no: u64) {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
+    if client_no.is_multiple_of(BATCH_EVERY) {
+        load_batches((client, url), acks, batched, client_no).await;
+    } else {
+        load_commands((client, url), acks, client_no).await;
+    }
+}
+
+async fn load_commands(
+    (client, url): (reqwest::Client, String),
+    acks: Arc<Mutex<Vec<Ack>>>,
+    client_no: u64,
+) {
     let mut n = client_no;
     loop {
         let ws = n % WORKSPACES + 1;
         n += CLIENTS as u64;
         let sent = std::time::Instant::now();
-        let Ok(r) = client
-            .post(format!("{url}/v1/commands"))
-            .json(&command(ws, n))
-            .send()
-            .await
-        else {
-            return; // the server is gone
+        let body = match post(&client, &format!("{url}/v1/commands"), &command(ws, n)).await {
+            Posted::Answered(body) => body,
+            Posted::Unavailable => continue,
+            Posted::Gone => return,
         };
-        if r.status() == 503 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            continue;
-        }
-        let status = r.status();
-        let Ok(body) = r.json::<Value>().await else {
-            return;
-        };
-        assert_eq!(status, 200, "{body}");
         acks.lock().unwrap().push(Ack::of("", ws, &body, sent));
     }
+}
+
+/// What a POST came to while the server may be killed at any moment.
+enum Posted {
+    /// 200, with its body (any other answer fails the test).
+    Answered(Value),
+    /// 503 (a partition starting): try again.
+    Unavailable,
+    /// No answer: the server is gone.
+    Gone,
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: &Value) -> Posted {
+    let Ok(r) = client.post(url).json(body).send().await else {
+        return Posted::Gone;
+    };
+    if r.status() == 503 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        return Posted::Unavailable;
+    }
+    let status = r.status();
+    let Ok(body) = r.json::<Value>().await else {
+        return Posted::Gone;
+    };
+    assert_eq!(status, 200, "{body}");
+    Posted::Answered(body)
 }
 
 /// Batches of [`BATCH_COMMANDS`] commands over as many workspaces; each command's result is its
 /// own: acknowledged (200), or refused for now (503 while a partition starts, 429 when busy).
 async fn load_batches(
-    url: String,
+    (client, url): (reqwest::Client, String),
     acks: Arc<Mutex<Vec<Ack>>>,
     batched: Arc<AtomicUsize>,
     client_no: u64,
 ) {
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
     let mut n = client_no;
     loop {
         let mut sent_ws = Vec::new();
@@ -148,23 +162,12 @@ async fn load_batches(
             commands.push(command(ws, n));
         }
         let sent = std::time::Instant::now();
-        let Ok(r) = client
-            .post(format!("{url}/v1/commands/batch"))
-            .json(&json!({ "commands": commands }))
-            .send()
-            .await
-        else {
-            return; // the server is gone
+        let batch = json!({ "commands": commands });
+        let body = match post(&client, &format!("{url}/v1/commands/batch"), &batch).await {
+            Posted::Answered(body) => body,
+            Posted::Unavailable => continue,
+            Posted::Gone => return,
         };
-        if r.status() == 503 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            continue;
-        }
-        let status = r.status();
-        let Ok(body) = r.json::<Value>().await else {
-            return;
-        };
-        assert_eq!(status, 200, "{body}");
         let results = body["results"].as_array().expect("a result per command");
         assert_eq!(results.len(), sent_ws.len(), "{body}");
         for (ws, result) in sent_ws.into_iter().zip(results) {
