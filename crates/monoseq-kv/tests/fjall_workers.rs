@@ -110,9 +110,28 @@ fn the_stores_compacting_workers_run_at_a_lower_priority_than_its_flush_worker()
     );
 }
 
-/// fjall keeps worker 0 for memtable flushes: a compaction request it receives it hands back
-/// to the queue. Taken again at once, the request made it spin on a whole core for as long as
-/// another worker compacted. It must sleep instead.
+/// Voluntary context switches (wake-ups after a wait) of each of this process's threads named
+/// `fjall:worker`, summed.
+fn worker_wakeups() -> u64 {
+    worker_stats()
+        .keys()
+        .filter_map(|tid| {
+            let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// fjall keeps worker 0 for memtable flushes: a compaction request it receives it passes on
+/// to the other workers. Handed back to the shared queue and taken again at once, the request
+/// made it spin on a whole core for as long as another worker compacted; sleeping a
+/// millisecond between takes still woke it a thousand times a second. It must wait until
+/// there is a flush instead.
 #[test]
 fn the_flush_worker_sleeps_instead_of_spinning_while_another_worker_compacts() {
     let (_alone, dir) = alone();
@@ -142,6 +161,7 @@ fn the_flush_worker_sleeps_instead_of_spinning_while_another_worker_compacts() {
     assert_eq!(worker_states().len(), 2, "the database runs two workers");
 
     // Sample both workers' states until the compaction has merged level 0.
+    let (began, woken) = (Instant::now(), worker_wakeups());
     let deadline = Instant::now() + Duration::from_secs(120);
     let (mut compacting, mut both_running) = (0_u32, 0_u32);
     while tree.l0_table_count() > 0 && Instant::now() < deadline {
@@ -167,5 +187,15 @@ fn the_flush_worker_sleeps_instead_of_spinning_while_another_worker_compacts() {
         both_running * 4 < compacting,
         "both workers were running in {both_running} of the {compacting} samples taken while a \
          compaction ran: the flush worker spins instead of waiting"
+    );
+    // The compacting worker waits for its reads and writes now and then; a flush worker taking
+    // the request back every millisecond would add a thousand wake-ups a second.
+    let (took, wakeups) = (began.elapsed(), worker_wakeups() - woken);
+    let per_second = wakeups as f64 / took.as_secs_f64();
+    eprintln!("the workers woke {wakeups} times in the {took:?} of a compaction");
+    assert!(
+        per_second < 200.0,
+        "the workers woke {wakeups} times in the {took:?} of a compaction ({per_second:.0} a \
+         second): the flush worker polls instead of waiting"
     );
 }

@@ -72,12 +72,19 @@ impl Drop for DatabaseInner {
             > 0
         {
             let _ = self.worker_pool.rx.drain().count();
+            let _ = self.worker_pool.compactions.drain().count();
             let _ = self.worker_pool.sender.try_send(WorkerMessage::Close);
+            // The compacting workers take only their own queue (monoseq patch).
+            let _ = self
+                .worker_pool
+                .compaction_sender
+                .try_send(WorkerMessage::Close);
             std::thread::sleep(std::time::Duration::from_micros(10));
         }
 
         // Drain again after threads are closed
         let _ = self.worker_pool.rx.drain().count();
+        let _ = self.worker_pool.compactions.drain().count();
 
         // IMPORTANT: Break cyclic Arcs
         self.supervisor.flush_manager.clear();

@@ -39,25 +39,29 @@ impl std::fmt::Debug for WorkerMessage {
     }
 }
 
-/// How long worker 0, kept for flushes, waits after handing a compaction request back.
-const COMPACTION_HAND_BACK_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
-
 type WorkerHandle = JoinHandle<Result<(), crate::Error>>;
 
 pub struct WorkerPool {
     thread_handles: Mutex<Vec<WorkerHandle>>,
     pub(crate) rx: flume::Receiver<WorkerMessage>,
     pub(crate) sender: flume::Sender<WorkerMessage>,
+    /// Compaction requests worker 0 (kept for flushes) passed on to the other workers, the
+    /// only queue they take from (monoseq patch).
+    pub(crate) compactions: flume::Receiver<WorkerMessage>,
+    pub(crate) compaction_sender: flume::Sender<WorkerMessage>,
 }
 
 impl WorkerPool {
     pub fn prepare() -> Self {
         let (sender, rx) = flume::bounded(1_000);
+        let (compaction_sender, compactions) = flume::bounded(1_000);
 
         Self {
             thread_handles: Mutex::default(),
             rx,
             sender,
+            compactions,
+            compaction_sender,
         }
     }
 
@@ -84,6 +88,8 @@ impl WorkerPool {
                         supervisor: supervisor.clone(),
                         stats: stats.clone(),
                         sender: self.sender.clone(),
+                        compactions: self.compactions.clone(),
+                        compaction_sender: self.compaction_sender.clone(),
                     };
 
                     let thread_counter = thread_counter.clone();
@@ -185,11 +191,21 @@ struct WorkerState {
     supervisor: Supervisor,
     rx: flume::Receiver<WorkerMessage>,
     sender: flume::Sender<WorkerMessage>,
+    compactions: flume::Receiver<WorkerMessage>,
+    compaction_sender: flume::Sender<WorkerMessage>,
     stats: Arc<Stats>,
 }
 
 fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
-    let Ok(item) = ctx.rx.recv() else {
+    // With two or more workers, worker 0 takes the shared queue (flushes, rotations, and
+    // compaction requests it passes on) and the others take only the compactions it passed on
+    // (monoseq patch).
+    let queue = if ctx.pool_size > 1 && ctx.worker_id > 0 {
+        &ctx.compactions
+    } else {
+        &ctx.rx
+    };
+    let Ok(item) = queue.recv() else {
         return Ok(true);
     };
 
@@ -285,12 +301,13 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
         WorkerMessage::Compact(keyspace) => {
             // NOTE: Let one worker prioritize flushing if there are pending flushes
             if ctx.pool_size > 1 && ctx.worker_id == 0 {
-                ctx.sender.try_send(WorkerMessage::Compact(keyspace)).ok();
-                // Handing the request back and taking it again at once spun this worker on a
-                // whole core for as long as another one compacted. Waiting a millisecond first
-                // delays a flush queued meanwhile by at most that, and costs one wake-up per
-                // millisecond instead of a core.
-                std::thread::sleep(COMPACTION_HAND_BACK_PAUSE);
+                // Handed back to the shared queue, the request was taken again at once: this
+                // worker spun, or woke every millisecond, for as long as another one
+                // compacted. Passed on to the compacting workers' own queue, it leaves this
+                // worker asleep until the next message (monoseq patch).
+                ctx.compaction_sender
+                    .try_send(WorkerMessage::Compact(keyspace))
+                    .ok();
                 return Ok(false);
             }
 
