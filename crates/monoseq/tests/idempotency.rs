@@ -176,25 +176,12 @@ async fn batch_load(url: String, sent: Sent, client_no: u64, round: u64) {
                 (key, command(n % WORKSPACES + 1, n))
             })
             .collect();
-        let batch: Vec<Value> = commands
+        let batch = commands
             .iter()
-            .map(|(key, body)| {
-                let mut keyed = body.clone();
-                keyed["idempotency_key"] = json!(key);
-                keyed
-            })
-            .collect();
-        let answered = async {
-            let r = client
-                .post(format!("{url}/v1/commands/batch"))
-                .json(&json!({ "commands": batch }))
-                .send()
-                .await?;
-            r.json::<Value>().await
-        }
-        .await;
+            .map(|(key, body)| (key.as_str(), body.clone()));
+        let answered = common::keyed::post_keyed_batch(&client, &url, batch).await;
         let mut sent = sent.lock().unwrap();
-        let Ok(answer) = answered else {
+        let Ok((_, answer)) = answered else {
             sent.extend(commands.into_iter().map(|(key, body)| (key, body, None)));
             return; // the server is gone
         };

@@ -367,6 +367,28 @@ impl Default for Plan {
     }
 }
 
+/// `POST /v1/commands/batch` to `url` of `commands`, each with its key (carried in the command
+/// as `idempotency_key`): the answer's status and body.
+pub async fn post_keyed_batch<'a>(
+    http: &reqwest::Client,
+    url: &str,
+    commands: impl IntoIterator<Item = (&'a str, Value)>,
+) -> Result<(u16, Value), reqwest::Error> {
+    let commands: Vec<Value> = commands
+        .into_iter()
+        .map(|(key, mut command)| {
+            command["idempotency_key"] = json!(key);
+            command
+        })
+        .collect();
+    let r = http
+        .post(format!("{url}/v1/commands/batch"))
+        .json(&json!({ "commands": commands }))
+        .send()
+        .await?;
+    Ok((r.status().as_u16(), r.json::<Value>().await?))
+}
+
 /// Client `c` of a [`Load`] sending keyed batches of `plan.batch` commands, each to the next
 /// node in turn, until `stop`: a command refused for now (503, a code `plan.retried` names, or
 /// no answer) goes again in the next batch with its key, until acknowledged or
@@ -398,23 +420,10 @@ async fn batch_client(
                 let now = urls.lock().unwrap();
                 now[turn % now.len()].clone()
             };
-            let commands: Vec<Value> = pending
+            let commands = pending
                 .iter()
-                .map(|(ws, key, n, _)| {
-                    let mut keyed = command(*ws, *n);
-                    keyed["idempotency_key"] = json!(key);
-                    keyed
-                })
-                .collect();
-            let answer = async {
-                let r = http
-                    .post(format!("{url}/v1/commands/batch"))
-                    .json(&json!({ "commands": commands }))
-                    .send()
-                    .await?;
-                Ok::<_, reqwest::Error>((r.status().as_u16(), r.json::<Value>().await?))
-            }
-            .await;
+                .map(|(ws, key, n, _)| (key.as_str(), command(*ws, *n)));
+            let answer = post_keyed_batch(&http, &url, commands).await;
             let results = match answer {
                 Ok((200, body)) => body["results"].as_array().cloned().unwrap_or_default(),
                 Ok((503, _)) | Err(_) => Vec::new(),
