@@ -66,6 +66,14 @@ impl Drop for DatabaseInner {
 
         self.stop_signal.send();
 
+        // A merge under way is abandoned rather than finished: the drop would otherwise wait
+        // for it, seconds to minutes on a large level (monoseq patch).
+        if let Ok(keyspaces) = self.supervisor.keyspaces.read() {
+            for keyspace in keyspaces.values() {
+                keyspace.tree.stop_compactions();
+            }
+        }
+
         while self
             .active_thread_counter
             .load(std::sync::atomic::Ordering::Relaxed)

@@ -15,3 +15,16 @@ pub enum AnyTree {
     /// Key-value separated LSM-tree, see [`BlobTree`]
     Blob(BlobTree),
 }
+
+impl AnyTree {
+    /// Stops this tree's compactions (monoseq patch): a merge under way is abandoned at its
+    /// next look at the stop signal (every 4 096 items merged), its input tables kept and its
+    /// unfinished output left as orphans that the next recovery deletes; later ones do not
+    /// start. For a database that is closing.
+    pub fn stop_compactions(&self) {
+        match self {
+            Self::Standard(tree) => tree.stop_signal.send(),
+            Self::Blob(tree) => tree.index.stop_signal.send(),
+        }
+    }
+}

@@ -330,6 +330,11 @@ fn pick_blob_files_to_rewrite(
     Ok(linked_blob_files.into_iter().cloned().collect::<Vec<_>>())
 }
 
+/// How many merged items a compaction writes between two looks at its stop signal (monoseq
+/// patch; was 1 000 000): a closing database waits for a merge under way only as long as
+/// these take to merge.
+pub const STOP_CHECK_ITEMS: usize = 4_096;
+
 fn hidden_guard<T>(
     payload: &CompactionPayload,
     opts: &Options,
@@ -510,20 +515,37 @@ fn merge_tables(
     // IMPORTANT: Unlock exclusive compaction lock as we are now doing the actual (CPU-intensive) compaction
     drop(compaction_state);
 
-    hidden_guard(payload, opts, || {
+    // Whether every item was merged: a stop amidst the merge abandons it (monoseq patch).
+    let merged = hidden_guard(payload, opts, || {
         for (idx, item) in merge_iter.enumerate() {
             let item = item?;
 
             compactor.write(item)?;
 
-            if idx % 1_000_000 == 0 && opts.stop_signal.is_stopped() {
-                log::debug!("Stopping amidst compaction because of stop signal");
-                return Ok(());
+            if idx % STOP_CHECK_ITEMS == 0 && opts.stop_signal.is_stopped() {
+                return Ok(false);
             }
         }
 
-        Ok(())
+        Ok(true)
     })?;
+
+    if !merged {
+        // The output holds only the items merged so far: installed, it would replace every
+        // input table and lose the rest. The inputs stay as they are; the unfinished output
+        // files, in no version, are orphans the next recovery deletes (monoseq patch).
+        log::debug!("Abandoning compaction because of stop signal; its inputs are kept");
+        drop(compactor);
+
+        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+        opts.compaction_state
+            .lock()
+            .expect("lock is poisoned")
+            .hidden_set_mut()
+            .show(payload.table_ids.iter().copied());
+
+        return Ok(());
+    }
 
     if let Some(filter) = compaction_filter {
         filter.finish();
