@@ -2,10 +2,9 @@
 //! (`vendor/fjall/PATCHES.md`, "A merge under way abandoned at close").
 #![cfg(feature = "fjall")]
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fjall::{Database, KeyspaceCreateOptions};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions};
 
 /// Keys of each level-0 table; every table holds all of them, so the tables must be merged.
 const KEYS: u32 = 60_000;
@@ -19,34 +18,10 @@ fn value(round: u32) -> [u8; 96] {
     v
 }
 
-/// The folders of table files under a database's directory.
-fn table_folders(dir: &Path) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                if path.file_name().is_some_and(|n| n == "tables") {
-                    found.push(path.clone());
-                }
-                todo.push(path);
-            }
-        }
-    }
-    found
-}
-
-/// The most table files any one table folder holds.
-fn most_table_files(dir: &Path) -> usize {
-    table_folders(dir)
-        .iter()
-        .map(|f| std::fs::read_dir(f).map_or(0, Iterator::count))
-        .max()
-        .unwrap_or(0)
+/// How many table files the keyspace's folder holds (those of its tables, and any a merge is
+/// writing).
+fn table_files(keyspace: &Keyspace) -> usize {
+    std::fs::read_dir(keyspace.path().join("tables")).map_or(0, Iterator::count)
 }
 
 /// A database dropped while a merge is writing its output must not wait for the merge to end
@@ -86,11 +61,11 @@ fn closing_the_database_abandons_a_merge_under_way_and_keeps_every_key() {
     // holds (the first flush's table was moved below level 0, so they are one more).
     let held = tree.table_count();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while most_table_files(dir.path()) <= held && Instant::now() < deadline {
+    while table_files(&tree) <= held && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert!(
-        most_table_files(dir.path()) > held && tree.l0_table_count() == TABLES,
+        table_files(&tree) > held && tree.l0_table_count() == TABLES,
         "no merge of the {TABLES} tables was seen writing within a minute"
     );
     let closing = Instant::now();
@@ -127,7 +102,7 @@ fn closing_the_database_abandons_a_merge_under_way_and_keeps_every_key() {
          as it got, before the database closed in {took:?}) instead of being abandoned"
     );
     assert_eq!(
-        most_table_files(dir.path()),
+        table_files(&tree),
         held,
         "the abandoned merge's output files were not removed at the open after it"
     );
