@@ -3,10 +3,11 @@
 #![cfg(all(feature = "fjall", target_os = "linux"))]
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fjall::{Database, KeyspaceCreateOptions};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions};
 use monoseq_kv::{COMPACTION_WORKER_NICE, FjallStore, Options};
 
 /// Held by each test while its database runs, so that the workers a test sees are its own.
@@ -18,6 +19,62 @@ fn alone() -> (MutexGuard<'static, ()>, tempfile::TempDir) {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     (turn, tempfile::tempdir().expect("a temporary directory"))
+}
+
+/// The database in `dir` run by `workers` workers (0: nothing is flushed or merged but on
+/// request), and its keyspace `logs`.
+fn open_logs(dir: &Path, workers: usize) -> (Database, Keyspace) {
+    let db = Database::builder(dir)
+        .worker_threads_unchecked(workers)
+        .open()
+        .expect("the database opens");
+    let tree = db
+        .keyspace("logs", KeyspaceCreateOptions::default)
+        .expect("the keyspace opens");
+    (db, tree)
+}
+
+/// Keys of each level-0 table [`four_tables_over_the_same_keys`] writes.
+const KEYS: u32 = 60_000;
+/// Level-0 tables that start a merge under fjall's default leveled compaction.
+const TABLES: usize = 4;
+
+/// The value `round` wrote for every key: the round first, then filler.
+fn value(round: u32) -> [u8; 96] {
+    let mut v = [7_u8; 96];
+    v[..4].copy_from_slice(&round.to_le_bytes());
+    v
+}
+
+/// Writes tables over the same keys, a round each, until level 0 holds [`TABLES`]: the flush
+/// of the last sends the workers a compaction request, and the tables must be merged, not
+/// moved. The last round written.
+fn four_tables_over_the_same_keys(tree: &Keyspace) -> u32 {
+    let mut last = 0;
+    for round in 0_u32..12 {
+        for key in 0..KEYS {
+            tree.insert(key.to_be_bytes(), value(round))
+                .expect("an insert");
+        }
+        tree.rotate_memtable_and_wait()
+            .expect("the memtable is flushed");
+        last = round;
+        if tree.l0_table_count() >= TABLES {
+            break;
+        }
+    }
+    assert_eq!(
+        tree.l0_table_count(),
+        TABLES,
+        "level 0 holds the tables written"
+    );
+    last
+}
+
+/// How many table files the keyspace's folder holds (those of its tables, and any a merge is
+/// writing).
+fn table_files(keyspace: &Keyspace) -> usize {
+    std::fs::read_dir(keyspace.path().join("tables")).map_or(0, Iterator::count)
 }
 
 /// The state letter (`R` running or runnable, `S` asleep, `D` in I/O, …) of each of this
@@ -135,29 +192,8 @@ fn worker_wakeups() -> u64 {
 #[test]
 fn the_flush_worker_sleeps_instead_of_spinning_while_another_worker_compacts() {
     let (_alone, dir) = alone();
-    let db = Database::builder(dir.path())
-        .worker_threads(2)
-        .open()
-        .expect("a new database opens");
-    let tree = db
-        .keyspace("logs", KeyspaceCreateOptions::default)
-        .expect("a keyspace opens");
-
-    // Tables over the same keys until level 0 holds four: the flush of the fourth sends both
-    // workers a compaction request, and the tables must be merged, not moved.
-    let value = [7_u8; 96];
-    for round in 0_u32..12 {
-        for key in 0_u32..60_000 {
-            let mut stored = value;
-            stored[..4].copy_from_slice(&round.to_le_bytes());
-            tree.insert(key.to_be_bytes(), stored).expect("an insert");
-        }
-        tree.rotate_memtable_and_wait()
-            .expect("the memtable is flushed");
-        if tree.l0_table_count() >= 4 {
-            break;
-        }
-    }
+    let (_db, tree) = open_logs(dir.path(), 2);
+    four_tables_over_the_same_keys(&tree);
     assert_eq!(worker_states().len(), 2, "the database runs two workers");
 
     // Sample both workers' states until the compaction has merged level 0.
@@ -197,5 +233,60 @@ fn the_flush_worker_sleeps_instead_of_spinning_while_another_worker_compacts() {
         per_second < 200.0,
         "the workers woke {wakeups} times in the {took:?} of a compaction ({per_second:.0} a \
          second): the flush worker polls instead of waiting"
+    );
+}
+
+/// A database dropped while a merge is writing its output must not wait for the merge to end
+/// (seconds to minutes on a large level, while the server has already said it stopped) nor
+/// install the part it wrote (which would replace every input table and lose the rest): the
+/// merge is abandoned, its inputs kept whole, and done again after the next open.
+#[test]
+fn closing_the_database_abandons_a_merge_under_way_and_keeps_every_key() {
+    let (_alone, dir) = alone();
+    let (db, tree) = open_logs(dir.path(), 2);
+    let last = four_tables_over_the_same_keys(&tree);
+
+    // The merge is under way once its first output file sits beside the tables the tree
+    // holds (the first flush's table was moved below level 0, so they are one more).
+    let held = tree.table_count();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while table_files(&tree) <= held && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        table_files(&tree) > held && tree.l0_table_count() == TABLES,
+        "no merge of the {TABLES} tables was seen writing within a minute"
+    );
+    let closing = Instant::now();
+    drop(tree);
+    drop(db);
+    let took = closing.elapsed();
+    eprintln!("the database closed in {took:?} while merging");
+
+    // Opened again without workers, so nothing merges meanwhile.
+    let (_db, tree) = open_logs(dir.path(), 0);
+    for key in 0..KEYS {
+        let got = tree
+            .get(key.to_be_bytes())
+            .expect("a read")
+            .unwrap_or_else(|| {
+                panic!("key {key} was lost: the part of a merge written before close was installed")
+            });
+        assert_eq!(
+            got[..4],
+            last.to_le_bytes(),
+            "key {key} holds an older value than the last written"
+        );
+    }
+    assert_eq!(
+        tree.l0_table_count(),
+        TABLES,
+        "the merge under way at close replaced its input tables (finished, or installed as far \
+         as it got, before the database closed in {took:?}) instead of being abandoned"
+    );
+    assert_eq!(
+        table_files(&tree),
+        held,
+        "the abandoned merge's output files were not removed at the open after it"
     );
 }
