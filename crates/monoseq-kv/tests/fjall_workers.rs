@@ -238,8 +238,8 @@ fn the_flush_worker_sleeps_instead_of_spinning_while_another_worker_compacts() {
 
 /// A database dropped while a merge is writing its output must not wait for the merge to end
 /// (seconds to minutes on a large level, while the server has already said it stopped) nor
-/// install the part it wrote (which would replace every input table and lose the rest): the
-/// merge is abandoned, its inputs kept whole, and done again after the next open.
+/// install the part it wrote (which would replace every input table with a part of their
+/// keys): the merge is abandoned, its inputs kept whole, and done again after the next open.
 #[test]
 fn closing_the_database_abandons_a_merge_under_way_and_keeps_every_key() {
     let (_alone, dir) = alone();

@@ -333,7 +333,17 @@ fn pick_blob_files_to_rewrite(
 /// How many merged items a compaction writes between two looks at its stop signal (monoseq
 /// patch; was 1 000 000): a closing database waits for a merge under way only as long as
 /// these take to merge.
-pub const STOP_CHECK_ITEMS: usize = 4_096;
+const STOP_CHECK_ITEMS: usize = 4_096;
+
+/// Shows the payload's tables to compactions again: its merge failed or was abandoned.
+fn show_again(payload: &CompactionPayload, opts: &Options) {
+    #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
+    let mut compaction_state = opts.compaction_state.lock().expect("lock is poisoned");
+
+    compaction_state
+        .hidden_set_mut()
+        .show(payload.table_ids.iter().copied());
+}
 
 fn hidden_guard<T>(
     payload: &CompactionPayload,
@@ -344,12 +354,7 @@ fn hidden_guard<T>(
         log::error!("Compaction failed: {e:?}");
 
         // IMPORTANT: We need to show tables again on error
-        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        let mut compaction_state = opts.compaction_state.lock().expect("lock is poisoned");
-
-        compaction_state
-            .hidden_set_mut()
-            .show(payload.table_ids.iter().copied());
+        show_again(payload, opts);
     })
 }
 
@@ -532,17 +537,11 @@ fn merge_tables(
 
     if !merged {
         // The output holds only the items merged so far: installed, it would replace every
-        // input table and lose the rest. The inputs stay as they are; the unfinished output
-        // files, in no version, are orphans the next recovery deletes (monoseq patch).
+        // input table with a part of their keys. The inputs stay as they are; the unfinished
+        // output files, in no version, are orphans the next recovery deletes (monoseq patch).
         log::debug!("Abandoning compaction because of stop signal; its inputs are kept");
         drop(compactor);
-
-        #[expect(clippy::expect_used, reason = "lock is expected to not be poisoned")]
-        opts.compaction_state
-            .lock()
-            .expect("lock is poisoned")
-            .hidden_set_mut()
-            .show(payload.table_ids.iter().copied());
+        show_again(payload, opts);
 
         return Ok(());
     }
