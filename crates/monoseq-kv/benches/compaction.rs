@@ -19,6 +19,20 @@
 //! `--memtable-mib N` and `--level0-tables N` (either or both) run this build's variant alone,
 //! then the same with its memtable or its level-0 trigger changed: the figures behind the
 //! memtable size the server keeps (`docs/benchmarks/soak.md`, "Memtables of 64 MiB").
+//!
+//! Three more changes, each weighed the same way (this build's variant, then with it), none of
+//! them the server's (`docs/benchmarks/soak.md`, "The stored layout weighed by the replay"):
+//!
+//! - `--blocks-first N`: the WLog's and records' partition keys lead with the block of `N`
+//!   offsets or IDs (`tag ‖ app ‖ block:be64 ‖ ws:varint`), so that the keys a memtable
+//!   collects lie past those merged before while the workspaces' logs grow at one pace;
+//! - `--block-kib N`: data blocks of `N` KiB instead of fjall's 4;
+//! - `--chunked N`: every `N` commands, each workspace's WLog entries and created records'
+//!   references since the last time written as one key each (PLog offsets as differences,
+//!   every event's checksum kept), as a WLog index kept in chunks would write them.
+//!
+//! `--hot-share P` sends P % of the commands to `HOT_WORKSPACES` of the workspaces (the rest
+//! to all of them in turn): a load whose workspaces do not keep pace.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -34,6 +48,11 @@ use monoseq_kv::{
 const BATCH: u64 = 100;
 /// The block cache, as the server's default.
 const CACHE_BYTES: u64 = 64 << 20;
+/// A created record's first ID, as a workspace kind's initial value might be (each
+/// workspace's records counted from it, as its WLog from 1).
+const FIRST_RECORD_ID: u64 = 322_685_000_131_072;
+/// Workspaces that take `--hot-share` of the commands.
+const HOT_WORKSPACES: u64 = 10;
 
 struct Variant {
     name: &'static str,
@@ -47,13 +66,51 @@ struct Variant {
 struct Settings {
     memtable_bytes: u64,
     level0_tables: u8,
+    /// Commands between two writes of every workspace's WLog and records as one key each
+    /// (0: a key per entry, as this build).
+    chunk_commands: u64,
+    /// Data blocks' size (0: fjall's 4 KiB, as this build).
+    block_bytes: u32,
+    /// The leading block's events (0: the workspace first, as this build).
+    blocks_first: u64,
 }
 
 impl Settings {
     const BUILD: Settings = Settings {
         memtable_bytes: MEMTABLE_BYTES,
         level0_tables: COMPACTION_LEVEL0_TABLES,
+        blocks_first: 0,
+        block_bytes: 0,
+        chunk_commands: 0,
     };
+
+    /// What these settings change, for the table.
+    fn label(&self) -> String {
+        let mut label = format!(
+            "{} MiB memtables, level 0 merged at {}",
+            self.memtable_bytes >> 20,
+            self.level0_tables
+        );
+        if self.blocks_first > 0 {
+            label += &format!(", blocks of {} first", self.blocks_first);
+        }
+        if self.block_bytes > 0 {
+            label += &format!(", data blocks of {} KiB", self.block_bytes >> 10);
+        }
+        if self.chunk_commands > 0 {
+            label += &format!(", chunks every {} commands", self.chunk_commands);
+        }
+        label
+    }
+}
+
+/// The load: how many commands, over how many workspaces, and the share (per cent) of them
+/// sent to the first `HOT_WORKSPACES`.
+#[derive(Clone, Copy)]
+struct Load {
+    commands: u64,
+    workspaces: u64,
+    hot_share: u64,
 }
 
 const VARIANTS: [Variant; 3] = [
@@ -75,7 +132,11 @@ const VARIANTS: [Variant; 3] = [
 ];
 
 fn main() {
-    let (mut commands, mut workspaces) = (30_000_000u64, 1_000u64);
+    let mut load = Load {
+        commands: 30_000_000,
+        workspaces: 1_000,
+        hot_share: 0,
+    };
     let mut changed = None::<Settings>;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -85,8 +146,15 @@ fn main() {
                 .unwrap_or_else(|| panic!("{arg} needs a number"))
         };
         match arg.as_str() {
-            "--commands" => commands = number(),
-            "--workspaces" => workspaces = number(),
+            "--commands" => load.commands = number(),
+            "--workspaces" => load.workspaces = number(),
+            "--block-kib" => {
+                changed.get_or_insert(Settings::BUILD).block_bytes =
+                    u32::try_from(number() << 10).expect("a block size")
+            }
+            "--chunked" => changed.get_or_insert(Settings::BUILD).chunk_commands = number(),
+            "--hot-share" => load.hot_share = number().min(100),
+            "--blocks-first" => changed.get_or_insert(Settings::BUILD).blocks_first = number(),
             "--memtable-mib" => {
                 changed.get_or_insert(Settings::BUILD).memtable_bytes = number() << 20;
             }
@@ -109,32 +177,24 @@ fn main() {
             .collect(),
         Some(c) => vec![
             (this_build.name.to_owned(), this_build, Settings::BUILD),
-            (
-                format!(
-                    "{}, {} MiB memtables, level 0 merged at {}",
-                    this_build.name,
-                    c.memtable_bytes >> 20,
-                    c.level0_tables
-                ),
-                this_build,
-                c,
-            ),
+            (format!("{}, {}", this_build.name, c.label()), this_build, c),
         ],
     };
     let mut before_written = None;
     for (name, v, settings) in &runs {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let r = replay(dir.path(), v, *settings, (commands, workspaces));
+        let r = replay(dir.path(), v, *settings, load);
         let base = *before_written.get_or_insert(r.written);
         println!(
-            "| {} | {commands} | {:.0} | {:.1} | {:.0} | {:.2} | {:.1} | {:.1} |",
+            "| {} | {} | {:.0} | {:.1} | {:.0} | {:.2} | {:.1} | {:.1} |",
             name,
-            commands as f64 / r.ingest_seconds,
+            load.commands,
+            load.commands as f64 / r.ingest_seconds,
             r.cpu_seconds,
             r.written as f64 / f64::from(1 << 20),
             r.written as f64 / base as f64,
             r.compacting_seconds,
-            r.table_bytes as f64 / commands as f64
+            r.table_bytes as f64 / load.commands as f64
         );
     }
 }
@@ -147,12 +207,7 @@ struct Replayed {
     table_bytes: u64,
 }
 
-fn replay(
-    dir: &Path,
-    v: &Variant,
-    settings: Settings,
-    (commands, workspaces): (u64, u64),
-) -> Replayed {
+fn replay(dir: &Path, v: &Variant, settings: Settings, load: Load) -> Replayed {
     let db = Database::builder(dir)
         .cache_size(CACHE_BYTES)
         .journal_compression(CompressionType::None)
@@ -162,7 +217,12 @@ fn replay(
     let default_compaction = v.fjall_default_compaction;
     let kv = db
         .keyspace("kv", move || {
-            let options = fjall_keyspace_options().max_memtable_size(settings.memtable_bytes);
+            let mut options = fjall_keyspace_options().max_memtable_size(settings.memtable_bytes);
+            if settings.block_bytes > 0 {
+                options = options.data_block_size_policy(fjall::config::BlockSizePolicy::all(
+                    settings.block_bytes,
+                ));
+            }
             if default_compaction {
                 options.compaction_strategy(Arc::new(fjall::compaction::Leveled::default()))
             } else {
@@ -179,15 +239,40 @@ fn replay(
         rng
     };
     let (mut key, mut value) = (Vec::new(), Vec::new());
-    for first in (0..commands).step_by(BATCH as usize) {
+    // Each workspace's last WLog offset.
+    let mut wlogs = vec![0u64; usize::try_from(load.workspaces).expect("workspaces")];
+    let (mut turn, mut hot) = (0u64, 0u64);
+    // With `chunk_commands`: per workspace, the PLog offsets of its events since its last
+    // chunk.
+    let mut pending: Vec<Vec<u64>> = vec![Vec::new(); wlogs.len()];
+    for first in (0..load.commands).step_by(BATCH as usize) {
         let mut batch = db.batch();
-        for n in first..(first + BATCH).min(commands) {
-            // Workspace IDs as the server hands them out (above 2^40), in turn.
-            let ws = (1 << 40) + n % workspaces;
-            let (wlog, plog) = (n / workspaces + 1, n + 1);
-            let record = (ws << 8) | wlog;
+        for n in first..(first + BATCH).min(load.commands) {
+            // Workspace IDs as the server hands them out (above 2^40): the hot ones their
+            // share of the commands (spread evenly), the others in turn.
+            let index = if load.hot_share > 0
+                && n * load.hot_share / 100 != (n + 1) * load.hot_share / 100
+            {
+                hot += 1;
+                hot % HOT_WORKSPACES.min(load.workspaces)
+            } else {
+                turn += 1;
+                turn % load.workspaces
+            };
+            let ws = (1 << 40) + index;
+            let wlog = &mut wlogs[usize::try_from(index).expect("an index")];
+            *wlog += 1;
+            let (wlog, plog) = (*wlog, n + 1);
+            let record = FIRST_RECORD_ID + wlog - 1;
+            if settings.chunk_commands > 0 {
+                pending[usize::try_from(index).expect("an index")].push(plog);
+                if (n + 1) % settings.chunk_commands == 0 {
+                    write_chunks(&mut batch, &kv, &mut pending, &wlogs, &mut random);
+                }
+                continue;
+            }
             for (tag, at) in [(2u8, wlog), (3, record)] {
-                entry_key(&mut key, tag, ws, at);
+                entry_key(&mut key, tag, ws, at, settings.blocks_first);
                 value.clear();
                 value.push(match (tag, v.checksummed_refs) {
                     (2, true) => 3,
@@ -225,6 +310,43 @@ fn replay(
     }
 }
 
+/// Every workspace's pending events as one WLog key and one records key: per event its PLog
+/// offset as a difference from the one before and its checksum (a record also its index in
+/// its event), under the key of the chunk's first WLog offset or record ID.
+fn write_chunks(
+    batch: &mut fjall::OwnedWriteBatch,
+    kv: &fjall::Keyspace,
+    pending: &mut [Vec<u64>],
+    wlogs: &[u64],
+    random: &mut impl FnMut() -> u64,
+) {
+    let (mut key, mut value) = (Vec::new(), Vec::new());
+    for (index, events) in pending.iter_mut().enumerate() {
+        if events.is_empty() {
+            continue;
+        }
+        let ws = (1 << 40) + index as u64;
+        let first = wlogs[index] + 1 - events.len() as u64;
+        for (tag, at) in [(2u8, first), (3, FIRST_RECORD_ID + first - 1)] {
+            entry_key(&mut key, tag, ws, at, 0);
+            value.clear();
+            value.push(7);
+            varint(&mut value, 1);
+            let mut before = 0;
+            for &plog in events.iter() {
+                varint(&mut value, plog - before);
+                before = plog;
+                if tag == 3 {
+                    varint(&mut value, 0);
+                }
+                value.extend_from_slice(&(random() as u32).to_le_bytes());
+            }
+            batch.insert(kv, key.clone(), value.clone());
+        }
+        events.clear();
+    }
+}
+
 /// Waits until no compaction runs or is due (fewer than `level0_due` tables in level 0), then
 /// has fjall drop the tables compactions replaced (it does at a memtable's rotation).
 fn settle(db: &Database, kv: &fjall::Keyspace, level0_due: usize) {
@@ -243,12 +365,18 @@ fn settle(db: &Database, kv: &fjall::Keyspace, level0_due: usize) {
 }
 
 /// A key as `monoseq-kv` encodes it (`len:be16 ‖ partition key ‖ clustering`, layout in
-/// `docs/format.md`): tag, application 1, workspace, block; the position in the block.
-fn entry_key(out: &mut Vec<u8>, tag: u8, ws: u64, at: u64) {
+/// `docs/format.md`): tag, application 1, workspace, block (or, with `blocks_first` above 0,
+/// the block of that many as `be64` before the workspace); the position in the block.
+fn entry_key(out: &mut Vec<u8>, tag: u8, ws: u64, at: u64, blocks_first: u64) {
     out.clear();
     out.extend_from_slice(&[0, 0, tag, 1]);
-    varint(out, ws);
-    varint(out, at / 4096);
+    if let Some(block) = at.checked_div(blocks_first) {
+        out.extend_from_slice(&block.to_be_bytes());
+        varint(out, ws);
+    } else {
+        varint(out, ws);
+        varint(out, at / 4096);
+    }
     let len = u16::try_from(out.len() - 2).expect("a short key");
     out[..2].copy_from_slice(&len.to_be_bytes());
     out.extend_from_slice(&u16::try_from(at % 4096).expect("a position").to_be_bytes());
