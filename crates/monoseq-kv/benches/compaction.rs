@@ -29,7 +29,8 @@
 //! - `--block-kib N`: data blocks of `N` KiB instead of fjall's 4;
 //! - `--chunked N`: every `N` commands, each workspace's WLog entries and created records'
 //!   references since the last time written as one key each (PLog offsets as differences,
-//!   every event's checksum kept), as a WLog index kept in chunks would write them.
+//!   every event's checksum kept), as a WLog index kept in chunks would write them (the
+//!   last `N` commands' are held, not written: a server would keep them in memory).
 //!
 //! `--hot-share P` sends P % of the commands to `HOT_WORKSPACES` of the workspaces (the rest
 //! to all of them in turn): a load whose workspaces do not keep pace.
