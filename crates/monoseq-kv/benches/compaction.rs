@@ -249,8 +249,8 @@ fn replay(dir: &Path, v: &Variant, settings: Settings, load: Load) -> Replayed {
     for first in (0..load.commands).step_by(BATCH as usize) {
         let mut batch = db.batch();
         for n in first..(first + BATCH).min(load.commands) {
-            // Workspace IDs as the server hands them out (above 2^40): the hot ones their
-            // share of the commands (spread evenly), the others in turn.
+            // The hot workspaces their share of the commands (spread evenly), the others in
+            // turn.
             let index = if load.hot_share > 0
                 && n * load.hot_share / 100 != (n + 1) * load.hot_share / 100
             {
@@ -260,13 +260,12 @@ fn replay(dir: &Path, v: &Variant, settings: Settings, load: Load) -> Replayed {
                 turn += 1;
                 turn % load.workspaces
             };
-            let ws = (1 << 40) + index;
-            let wlog = &mut wlogs[usize::try_from(index).expect("an index")];
-            *wlog += 1;
-            let (wlog, plog) = (*wlog, n + 1);
-            let record = FIRST_RECORD_ID + wlog - 1;
+            let (ws, slot) = (workspace(index), usize::try_from(index).expect("an index"));
+            wlogs[slot] += 1;
+            let (wlog, plog) = (wlogs[slot], n + 1);
+            let record = record_id(wlog);
             if settings.chunk_commands > 0 {
-                pending[usize::try_from(index).expect("an index")].push(plog);
+                pending[slot].push(plog);
                 if (n + 1) % settings.chunk_commands == 0 {
                     write_chunks(&mut batch, &kv, &mut pending, &wlogs, &mut random);
                 }
@@ -311,6 +310,17 @@ fn replay(dir: &Path, v: &Variant, settings: Settings, load: Load) -> Replayed {
     }
 }
 
+/// The ID of workspace `index` (as the server hands them out, above 2^40).
+fn workspace(index: u64) -> u64 {
+    (1 << 40) + index
+}
+
+/// The ID of the record a workspace's event at WLog offset `wlog` creates (its records counted
+/// from a kind's initial value as its WLog from 1).
+fn record_id(wlog: u64) -> u64 {
+    FIRST_RECORD_ID + wlog - 1
+}
+
 /// Every workspace's pending events as one WLog key and one records key: per event its PLog
 /// offset as a difference from the one before and its checksum (a record also its index in
 /// its event), under the key of the chunk's first WLog offset or record ID.
@@ -326,9 +336,9 @@ fn write_chunks(
         if events.is_empty() {
             continue;
         }
-        let ws = (1 << 40) + index as u64;
+        let ws = workspace(index as u64);
         let first = wlogs[index] + 1 - events.len() as u64;
-        for (tag, at) in [(2u8, first), (3, FIRST_RECORD_ID + first - 1)] {
+        for (tag, at) in [(2u8, first), (3, record_id(first))] {
             entry_key(&mut key, tag, ws, at, 0);
             value.clear();
             value.push(7);
