@@ -35,6 +35,23 @@ impl MemoryStore {
     pub fn new() -> MemoryStore {
         MemoryStore::default()
     }
+
+    /// Every key stored, in order (for tests that look at what a writer stored).
+    pub fn keys(&self) -> Vec<crate::KeyBuf> {
+        let partitions = self
+            .partitions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        partitions
+            .iter()
+            .flat_map(|(p, rows)| {
+                rows.keys().map(|c| crate::KeyBuf {
+                    partition: p.clone(),
+                    clustering: c.clone(),
+                })
+            })
+            .collect()
+    }
 }
 
 fn lookup<'m>(partitions: &'m BTreeMap<Vec<u8>, Partition>, key: Key<'_>) -> Option<&'m Vec<u8>> {

@@ -38,6 +38,12 @@ pub const FORMAT_VERSION_WLOG_REF_BARE: u8 = 5;
 /// "Record reference"; key layout 4 writes it): the fields of version
 /// [`FORMAT_VERSION_RECORD_REF`].
 pub const FORMAT_VERSION_RECORD_REF_BARE: u8 = 6;
+/// The version byte of a WLog chunk (`docs/format.md`, "Index chunks"; key layout 5): where
+/// the events of a run of one workspace's WLog offsets are, one key for the run.
+pub const FORMAT_VERSION_WLOG_CHUNK: u8 = 7;
+/// The version byte of a records chunk (`docs/format.md`, "Index chunks"; key layout 5): which
+/// events created a run of one workspace's records, one key for the run.
+pub const FORMAT_VERSION_RECORD_CHUNK: u8 = 8;
 /// Most nesting levels of an argument object (the root is level 1).
 pub const ARG_DEPTH_MAX: usize = 16;
 /// Largest encoded event, in bytes: the largest value the key-value contract stores.
@@ -455,6 +461,45 @@ impl<'a> Reader<'a> {
             }
             shift += 7;
         }
+    }
+
+    /// Opens a value of version `version` that has no checksum of its own, positioned after
+    /// the version byte.
+    fn open_bare(buf: &'a [u8], version: u8) -> Result<Reader<'a>, DecodeError> {
+        match buf.first() {
+            Some(&v) if v == version => Ok(Reader {
+                buf,
+                pos: 1,
+                version,
+            }),
+            Some(&v) => Err(DecodeError::UnsupportedVersion(v)),
+            None => Err(DecodeError::Truncated {
+                what: "version",
+                at: 0,
+            }),
+        }
+    }
+
+    /// A count of items of at least `least` bytes each: at least 1, and no more than the
+    /// bytes left could hold (so a damaged count allocates nothing).
+    fn items(&mut self, what: &'static str, least: usize) -> Result<usize, DecodeError> {
+        let at = self.pos;
+        let n = self.varint(what)?;
+        let left = (self.buf.len() - self.pos) / least;
+        match usize::try_from(n) {
+            Ok(n) if n >= 1 && n <= left => Ok(n),
+            _ => Err(DecodeError::OutOfRange { what, at }),
+        }
+    }
+
+    /// A number stored as its difference from `before`, which it must exceed.
+    fn ascending(&mut self, before: u64, what: &'static str) -> Result<u64, DecodeError> {
+        let at = self.pos;
+        let step = self.varint(what)?;
+        before
+            .checked_add(step)
+            .filter(|_| step > 0)
+            .ok_or(DecodeError::OutOfRange { what, at })
     }
 
     /// A varint that must fit a `u32`.
@@ -1166,6 +1211,144 @@ impl RecordRef {
             event_crc: crc,
         })
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Index chunks (key layout 5)
+
+/// Where the event at one WLog offset is, as a WLog chunk holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ChunkedWLog {
+    /// The WLog offset.
+    pub(crate) offset: u64,
+    /// The event's PLog offset, in the chunk's partition.
+    pub(crate) plog: u64,
+    /// The checksum in the event's header.
+    pub(crate) crc: u32,
+}
+
+/// Which event created one record, as a records chunk holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ChunkedRecord {
+    /// The record's ID.
+    pub(crate) id: u64,
+    /// The creating event's PLog offset, in the chunk's partition.
+    pub(crate) plog: u64,
+    /// The record's position among the event's created records.
+    pub(crate) index: u32,
+    /// The checksum in the event's header.
+    pub(crate) crc: u32,
+}
+
+/// Encodes a WLog chunk of `partition` (`entries` in ascending WLog and PLog offsets, at least
+/// one), appending to `out`: the version, the partition, the count, then each entry's WLog
+/// and PLog offsets (the first whole, the others as the difference from the one before) and
+/// its event's checksum.
+pub(crate) fn encode_wlog_chunk(
+    out: &mut Vec<u8>,
+    partition: PartitionId,
+    entries: &[ChunkedWLog],
+) {
+    out.push(FORMAT_VERSION_WLOG_CHUNK);
+    put_varint(out, u64::from(partition.0));
+    put_varint(out, entries.len() as u64);
+    let (mut offset, mut plog) = (0, 0);
+    for e in entries {
+        debug_assert!(e.offset > offset && e.plog > plog);
+        put_varint(out, e.offset - offset);
+        put_varint(out, e.plog - plog);
+        out.extend_from_slice(&e.crc.to_le_bytes());
+        (offset, plog) = (e.offset, e.plog);
+    }
+}
+
+/// Decodes a WLog chunk: its partition and entries.
+///
+/// # Errors
+///
+/// [`DecodeError`] when the bytes are not a whole chunk, or its offsets do not ascend.
+pub(crate) fn decode_wlog_chunk(
+    bytes: &[u8],
+) -> Result<(PartitionId, Vec<ChunkedWLog>), DecodeError> {
+    let mut r = Reader::open_bare(bytes, FORMAT_VERSION_WLOG_CHUNK)?;
+    let partition = PartitionId(r.varint_u32("partition")?);
+    let count = r.items("WLog chunk entries", 1 + 1 + 4)?;
+    let mut entries = Vec::with_capacity(count);
+    let (mut offset, mut plog) = (0u64, 0u64);
+    for _ in 0..count {
+        offset = r.ascending(offset, "WLog offset")?;
+        plog = r.ascending(plog, "PLog offset")?;
+        let crc = r.u32_le("event checksum")?;
+        entries.push(ChunkedWLog { offset, plog, crc });
+    }
+    r.end()?;
+    Ok((partition, entries))
+}
+
+/// Encodes a records chunk of `partition` (`entries` in ascending IDs and not descending PLog
+/// offsets, at least one), appending to `out`: the version, the partition, the count, then each
+/// record's ID and its event's PLog offset (the first whole, the others as the difference from
+/// the one before), its index among the event's created records, and its event's checksum
+/// unless it is the event of the record before.
+pub(crate) fn encode_record_chunk(
+    out: &mut Vec<u8>,
+    partition: PartitionId,
+    entries: &[ChunkedRecord],
+) {
+    out.push(FORMAT_VERSION_RECORD_CHUNK);
+    put_varint(out, u64::from(partition.0));
+    put_varint(out, entries.len() as u64);
+    let (mut id, mut plog) = (0, 0);
+    for e in entries {
+        debug_assert!(e.id > id && e.plog >= plog && e.plog > 0);
+        put_varint(out, e.id - id);
+        put_varint(out, e.plog - plog);
+        put_varint(out, u64::from(e.index));
+        if e.plog != plog {
+            out.extend_from_slice(&e.crc.to_le_bytes());
+        }
+        (id, plog) = (e.id, e.plog);
+    }
+}
+
+/// Decodes a records chunk: its partition and entries.
+///
+/// # Errors
+///
+/// [`DecodeError`] when the bytes are not a whole chunk, or its IDs do not ascend.
+pub(crate) fn decode_record_chunk(
+    bytes: &[u8],
+) -> Result<(PartitionId, Vec<ChunkedRecord>), DecodeError> {
+    let mut r = Reader::open_bare(bytes, FORMAT_VERSION_RECORD_CHUNK)?;
+    let partition = PartitionId(r.varint_u32("partition")?);
+    let count = r.items("records chunk entries", 1 + 1 + 1)?;
+    let mut entries = Vec::with_capacity(count);
+    let (mut id, mut plog, mut crc) = (0u64, 0u64, 0u32);
+    for _ in 0..count {
+        id = r.ascending(id, "record ID")?;
+        let at = r.pos;
+        let step = r.varint("PLog offset")?;
+        let next = plog
+            .checked_add(step)
+            .filter(|&p| p > 0)
+            .ok_or(DecodeError::OutOfRange {
+                what: "PLog offset",
+                at,
+            })?;
+        let index = r.varint_u32("created record index")?;
+        if next != plog {
+            crc = r.u32_le("event checksum")?;
+        }
+        plog = next;
+        entries.push(ChunkedRecord {
+            id,
+            plog,
+            index,
+            crc,
+        });
+    }
+    r.end()?;
+    Ok((partition, entries))
 }
 
 #[cfg(test)]

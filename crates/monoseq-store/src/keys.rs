@@ -16,6 +16,18 @@ pub const KEY_LAYOUT: u32 = 3;
 /// which segment files beside the key-value store hold ([`crate::Segments`]), and an applied
 /// end per partition. Builds before it refuse such a directory (they read layout 3 only).
 pub const KEY_LAYOUT_SEGMENTS: u32 = 4;
+/// Layout 4 with the WLog entries and created records' references of a partition's events
+/// held in memory and written in chunks, one key per workspace (and records bucket) for every
+/// [`CHUNK_EVENTS`] events of the partition ([`crate::EventStore::with_chunks`]), instead of a
+/// key per entry: a workspace's WLog and records keep growing at their ends only.
+pub const KEY_LAYOUT_CHUNKS: u32 = 5;
+/// Events of a partition whose WLog entries and created records' references are held in
+/// memory before they are written as one chunk per workspace (key layout 5); a restart reads
+/// them back from the segment files, so they bound its work too.
+pub const CHUNK_EVENTS: usize = 8192;
+/// A records chunk holds IDs that agree above their low 32 bits (a bucket): each of the
+/// built-in ID sequences counts in its own bucket, so each ascends in its own chunks.
+pub(crate) const RECORD_BUCKET_BITS: u32 = 32;
 
 /// Events per PLog partition key (and per WLog partition key): logs are split into blocks so
 /// that no storage partition grows without bound (a Cassandra or DynamoDB partition must stay
@@ -55,6 +67,9 @@ pub(crate) const TAG_CHECKPOINT: u8 = 0x05;
 pub(crate) const TAG_POSITION: u8 = 0x06;
 pub(crate) const TAG_GROUP: u8 = 0x07;
 pub(crate) const TAG_APPLIED: u8 = 0x08;
+pub(crate) const TAG_WLOG_CHUNK: u8 = 0x09;
+pub(crate) const TAG_RECORD_CHUNK: u8 = 0x0a;
+pub(crate) const TAG_INDEXED: u8 = 0x0b;
 
 /// Ends a consumer name in a position's clustering columns: below every byte a name may hold
 /// (printable ASCII), so one consumer's positions are contiguous and ordered by partition.
@@ -246,6 +261,32 @@ pub(crate) fn checkpoint_partition(app: AppId, partition: PartitionId) -> PartKe
 /// and records the store holds.
 pub(crate) fn applied_partition(app: AppId, partition: PartitionId) -> PartKey {
     PartKey::new(TAG_APPLIED, app).push(u64::from(partition.0))
+}
+
+/// WLog chunks (key layout 5): partition `09 app ws` (varints), clustering the chunk's first
+/// WLog offset (`be64`). A workspace's chunks hold disjoint runs of offsets, so the chunk that
+/// may hold an offset is the last one starting at or below it.
+pub(crate) fn wlog_chunk_partition(app: AppId, ws: WsId) -> PartKey {
+    PartKey::new(TAG_WLOG_CHUNK, app).push(ws.0)
+}
+
+/// Records chunks (key layout 5): partition `0a app ws bucket` (varints; bucket = ID >> 32),
+/// clustering the chunk's first record ID (`be64`); disjoint runs, as WLog chunks'.
+pub(crate) fn record_chunk_partition(app: AppId, ws: WsId, bucket: u64) -> PartKey {
+    PartKey::new(TAG_RECORD_CHUNK, app).push(ws.0).push(bucket)
+}
+
+/// The records bucket of `id` ([`RECORD_BUCKET_BITS`]).
+pub(crate) fn record_bucket(id: RecordId) -> u64 {
+    id.0 >> RECORD_BUCKET_BITS
+}
+
+/// Indexed end (key layout 5): partition `0b app partition` (varints), empty clustering, value
+/// `be64`: one past the last PLog offset whose WLog entry and created records' references are
+/// in chunks; the events above it are indexed in memory only, and read again from the
+/// segment files at start.
+pub(crate) fn indexed_partition(app: AppId, partition: PartitionId) -> PartKey {
+    PartKey::new(TAG_INDEXED, app).push(u64::from(partition.0))
 }
 
 /// Consumer positions: partition `06 app:varint` (every consumer of the application in one

@@ -10,6 +10,7 @@
 
 mod backup;
 mod builtin;
+mod chunks;
 mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -53,7 +54,8 @@ pub use groups::{
 };
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError, LossCause};
 pub use keys::{
-    AppId, KEY_LAYOUT, KEY_LAYOUT_SEGMENTS, LOG_BLOCK_EVENTS, PartitionId, RECORD_BLOCK_IDS, Slot,
+    AppId, CHUNK_EVENTS, KEY_LAYOUT, KEY_LAYOUT_CHUNKS, KEY_LAYOUT_SEGMENTS, LOG_BLOCK_EVENTS,
+    PartitionId, RECORD_BLOCK_IDS, Slot,
 };
 pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError, start_mark};
 pub use plog::{PLOG_DIR, RETIRED_PAYLOAD, Segments};

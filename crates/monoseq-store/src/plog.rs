@@ -52,7 +52,7 @@ pub(crate) struct PartitionLog {
     /// With a shared flush, the key-value batch of the group last appended, and the applied
     /// ends before and after it, written once the flush made the group's frames durable
     /// ([`crate::EventStore::apply_deferred`]).
-    pub(crate) deferred: Mutex<Option<(monoseq_kv::WriteBatch, u64, u64)>>,
+    pub(crate) deferred: Mutex<Option<Deferred>>,
 }
 
 /// `open(p)` for every partition `0..partitions`, on as many threads at once as the machine
@@ -438,10 +438,18 @@ pub(crate) fn applied(log: &PartitionLog) -> MutexGuard<'_, Option<u64>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A group whose frames wait for the shared flush: its key-value batch, what it adds to the
+/// index in chunks (key layout 5), and the applied ends before and after it.
+#[derive(Debug)]
+pub(crate) struct Deferred {
+    pub(crate) batch: monoseq_kv::WriteBatch,
+    pub(crate) index: crate::chunks::GroupIndex,
+    pub(crate) end: u64,
+    pub(crate) next: u64,
+}
+
 /// The group of a partition kept for [`crate::EventStore::apply_deferred`].
-pub(crate) fn deferred(
-    log: &PartitionLog,
-) -> MutexGuard<'_, Option<(monoseq_kv::WriteBatch, u64, u64)>> {
+pub(crate) fn deferred(log: &PartitionLog) -> MutexGuard<'_, Option<Deferred>> {
     log.deferred
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -9,10 +9,13 @@ use monoseq_kv::{Key, KvError, KvStore, WriteBatch, WriteError};
 
 use monoseq_core::WsId;
 
+use crate::chunks::{GroupIndex, RecordPlace};
+use crate::codec::{ChunkedRecord, ChunkedWLog};
 use crate::codec::{RecordRef, event_crc};
 use crate::event::{Event, Record, RecordId};
+use crate::keys::record_key;
 use crate::keys::{PartitionId, Slot, applied_partition};
-use crate::plog::{self, RETIRED_PAYLOAD, SCAN_PAGE_BYTES, SCAN_PAGE_EVENTS, Segments};
+use crate::plog::{self, Deferred, RETIRED_PAYLOAD, SCAN_PAGE_BYTES, SCAN_PAGE_EVENTS, Segments};
 use crate::store::{AppendError, EventStore, GroupBatch, ReadError, StoredRecords};
 
 impl<S: KvStore> EventStore<S> {
@@ -69,11 +72,16 @@ impl<S: KvStore> EventStore<S> {
             .map_err(fatal)?;
         if defer && segments.shares_flush() {
             plog::read_log(log).write_back().map_err(fatal)?;
-            *plog::deferred(log) = Some((group.batch, end, next));
+            *plog::deferred(log) = Some(Deferred {
+                batch: group.batch,
+                index: group.index,
+                end,
+                next,
+            });
             return Ok(current);
         }
         plog::read_log(log).sync().map_err(fatal)?;
-        self.write_applied(partition, &group.batch, end, next)?;
+        self.write_applied(partition, &group.batch, &group.index, end, next)?;
         *applied = Some(next);
         Ok(current)
     }
@@ -93,14 +101,15 @@ impl<S: KvStore> EventStore<S> {
         };
         let log = segments.log(partition)?;
         let mut applied = plog::applied(log);
-        let Some((batch, end, next)) = plog::deferred(log).take() else {
+        let Some(group) = plog::deferred(log).take() else {
             return Ok(());
         };
-        if *applied != Some(end) {
+        if *applied != Some(group.end) {
             // Redone from the log meanwhile, or to be.
             return Ok(());
         }
-        self.write_applied(partition, &batch, end, next)?;
+        let next = group.next;
+        self.write_applied(partition, &group.batch, &group.index, group.end, next)?;
         *applied = Some(next);
         Ok(())
     }
@@ -110,16 +119,43 @@ impl<S: KvStore> EventStore<S> {
         &self,
         partition: PartitionId,
         batch: &WriteBatch,
+        index: &GroupIndex,
         end: u64,
         next: u64,
     ) -> Result<(), AppendError> {
-        self.kv.write(batch).map_err(|e| match e {
-            // Nothing more is written to the store until it is opened again, which redoes
-            // the group from the log.
-            WriteError::Storage(e) if e.is_poisoned() => AppendError::Storage(e),
-            WriteError::Storage(e) => outcome_unknown(partition, end, next, &e),
-            e => outcome_unknown(partition, end, next, &e),
-        })
+        self.write_indexed(partition, batch, index, next)
+            .map_err(|e| match e {
+                // Nothing more is written to the store until it is opened again, which redoes
+                // the group from the log.
+                WriteError::Storage(e) if e.is_poisoned() => AppendError::Storage(e),
+                WriteError::Storage(e) => outcome_unknown(partition, end, next, &e),
+                e => outcome_unknown(partition, end, next, &e),
+            })
+    }
+
+    /// Writes `batch` of a group of `partition` ending before `next`, with what it adds to the
+    /// index in chunks (key layout 5): held after the batch is written, or, when the group
+    /// closes the partition's chunk, written in it with everything held and the indexed end.
+    fn write_indexed(
+        &self,
+        partition: PartitionId,
+        batch: &WriteBatch,
+        index: &GroupIndex,
+        next: u64,
+    ) -> Result<(), WriteError> {
+        let Some(chunks) = &self.chunks else {
+            return self.kv.write(batch);
+        };
+        if !chunks.closes(partition, index.events)? {
+            self.kv.write(batch)?;
+            chunks.hold(partition, index)?;
+            return Ok(());
+        }
+        let mut full = batch.clone();
+        chunks.write_chunks(&self.kv, partition, index, next, &mut full)?;
+        self.kv.write(&full)?;
+        chunks.release(partition)?;
+        Ok(())
     }
 
     /// Brings the key-value store up to every partition's log (at start, before anything is
@@ -178,7 +214,11 @@ impl<S: KvStore> EventStore<S> {
         let (start, end) = unpoisoned_bounds(segments, partition)?;
         let mut from = match *applied {
             Some(at) => at,
-            None => self.read_applied(partition)?.unwrap_or(start),
+            None => {
+                let at = self.read_applied(partition)?.unwrap_or(start);
+                self.rebuild_held(segments, partition, at.min(end))?;
+                at
+            }
         };
         if from > end && ahead_ok {
             tracing::warn!(
@@ -220,6 +260,82 @@ impl<S: KvStore> EventStore<S> {
         Ok(at - from)
     }
 
+    /// Holds again, in key layout 5, the WLog entries and created records' references of
+    /// `partition`'s events from its indexed end to `to` (its applied end), as they were held
+    /// when the store was last closed: a record under its own key is left there.
+    fn rebuild_held(
+        &self,
+        segments: &Segments,
+        partition: PartitionId,
+        to: u64,
+    ) -> Result<(), AppendError> {
+        let Some(chunks) = &self.chunks else {
+            return Ok(());
+        };
+        let start = plog::read_log(segments.log(partition)?).start();
+        let mut at = chunks
+            .read_indexed(&self.kv, partition)?
+            .unwrap_or(start)
+            .max(start);
+        let from = at;
+        while at < to {
+            let page = segments.read(partition, at, SCAN_PAGE_EVENTS, SCAN_PAGE_BYTES)?;
+            if page.is_empty() {
+                break;
+            }
+            let mut index = GroupIndex::default();
+            for (i, payload) in page.payloads().enumerate() {
+                let offset = page.first() + i as u64;
+                if offset >= to {
+                    break;
+                }
+                index.events += 1;
+                if payload == RETIRED_PAYLOAD {
+                    continue;
+                }
+                let event = decode_logged(partition, offset, payload)?;
+                let crc = event_crc(payload).unwrap_or_default();
+                index.wlog.push((
+                    event.ws,
+                    ChunkedWLog {
+                        offset: event.wlog_offset.0,
+                        plog: offset,
+                        crc,
+                    },
+                ));
+                for (n, r) in event.created.iter().enumerate() {
+                    let entry = ChunkedRecord {
+                        id: r.id.0,
+                        plog: offset,
+                        index: u32::try_from(n).unwrap_or(u32::MAX),
+                        crc,
+                    };
+                    let place =
+                        chunks.record_place(&self.kv, event.ws, partition, entry, &index)?;
+                    let own = place == RecordPlace::Own
+                        && self
+                            .kv
+                            .get(record_key(self.app(), event.ws, r.id).as_key())?
+                            .is_some();
+                    if !own {
+                        index.records.push((event.ws, entry));
+                    }
+                }
+            }
+            chunks.hold(partition, &index)?;
+            at = page.end().min(to);
+        }
+        if at > from {
+            tracing::info!(
+                partition = partition.0,
+                "read back the WLog entries and created records of PLog offsets {from} to {} \
+                 from the segment files into the index held in memory",
+                at - 1
+            );
+        }
+        Ok(())
+    }
+
     /// Writes the WLog entries and records of `partition`'s PLog offsets `from..end` into
     /// the store, a page at a time, each page with its applied end; answers the end reached.
     fn rewrite_from_log(
@@ -241,7 +357,8 @@ impl<S: KvStore> EventStore<S> {
             let stored = self.read_updated_records(&events)?;
             let (mut group, _) = self.build_group(partition, &events, stored, true)?;
             put_applied(&mut group.batch, self, partition, page.end());
-            self.kv.write(&group.batch).map_err(|e| group.refusal(e))?;
+            self.write_indexed(partition, &group.batch, &group.index, page.end())
+                .map_err(|e| group.refusal(e))?;
             at = page.end();
         }
         Ok(at)

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use monoseq_core::{PLogOffset, WsId};
 use monoseq_kv::{KeyBuf, KvError, KvStore, Op, Order, Oversized, WriteBatch, WriteError};
 
+use crate::chunks::{ChunkError, Chunks, GroupIndex, RecordPlace, chunk_storage};
 use crate::codec::{
-    DecodeError, EncodeError, EventPeek, RecordRef, RecordValue, WLogEntry, WLogRef,
-    decode_event_if, decode_record_value, encode_record_value, event_crc, merged_record_value_len,
-    record_value_len,
+    ChunkedRecord, ChunkedWLog, DecodeError, EncodeError, EventPeek, RecordRef, RecordValue,
+    WLogEntry, WLogRef, decode_event_if, decode_record_value, encode_record_value, event_crc,
+    merged_record_value_len, record_value_len,
 };
 use crate::event::{Event, Field, Record, RecordId, WLogOffset};
 use crate::keys::{
@@ -261,6 +262,9 @@ pub struct EventStore<S> {
     trust: TrustLevel,
     /// The PLogs in segment files (key layout 4); `None`: in `kv` (layout 3).
     pub(crate) segments: Option<Arc<Segments>>,
+    /// The WLog entries and created records' references held and written in chunks (key
+    /// layout 5, with `segments`); `None`: a key each.
+    pub(crate) chunks: Option<Arc<Chunks>>,
 }
 
 impl<S: KvStore> EventStore<S> {
@@ -271,6 +275,7 @@ impl<S: KvStore> EventStore<S> {
             app,
             trust,
             segments: None,
+            chunks: None,
         }
     }
 
@@ -288,7 +293,36 @@ impl<S: KvStore> EventStore<S> {
             app,
             trust,
             segments: Some(segments),
+            chunks: None,
         }
+    }
+
+    /// The event store of `app` on `kv` in key layout 5: its PLogs in `segments`, as
+    /// [`EventStore::with_segments`], and each partition's WLog entries and created records'
+    /// references held in memory and written every `chunk_events` events (normally
+    /// [`crate::CHUNK_EVENTS`]) as one key per workspace, records bucket and run. Run
+    /// [`EventStore::redo`] before anything is read: it reads back from the segment files
+    /// what was held when the store was last closed.
+    pub fn with_chunks(
+        kv: S,
+        app: AppId,
+        trust: TrustLevel,
+        segments: Arc<Segments>,
+        chunk_events: usize,
+    ) -> EventStore<S> {
+        let chunks = Chunks::new(app, segments.partitions(), chunk_events);
+        EventStore {
+            kv,
+            app,
+            trust,
+            segments: Some(segments),
+            chunks: Some(Arc::new(chunks)),
+        }
+    }
+
+    /// Whether the store is in key layout 5 ([`EventStore::with_chunks`]).
+    pub fn is_chunked(&self) -> bool {
+        self.chunks.is_some()
     }
 
     /// The event store of `app` on `kv`, writing with `trust`, its PLogs in `segments` when
@@ -304,6 +338,7 @@ impl<S: KvStore> EventStore<S> {
             app,
             trust,
             segments,
+            chunks: None,
         }
     }
 
@@ -434,10 +469,11 @@ impl<S: KvStore> EventStore<S> {
             to_segments,
             ..GroupBatch::default()
         };
+        group.index.events = events.len();
         for (i, e) in events.iter().enumerate() {
             check_offsets(i, e)?;
             self.push_logs(&mut group, partition, i, e)?;
-            self.push_created(&mut group, (partition, i), e, &updated, &mut current);
+            self.push_created(&mut group, (partition, i), e, &updated, &mut current)?;
             self.push_updated(&mut group, i, e, &mut current)?;
         }
         Ok((group, StoredRecords(current)))
@@ -480,6 +516,28 @@ impl<S: KvStore> EventStore<S> {
             plog_offset: e.plog_offset,
             event_crc: event_crc(&group.event_bytes).unwrap_or_default(),
         };
+        if let Some(chunks) = self.chunks.as_deref().filter(|_| group.to_segments) {
+            let entry = ChunkedWLog {
+                offset: e.wlog_offset.0,
+                plog: e.plog_offset.0,
+                crc: r.event_crc,
+            };
+            match chunks.wlog_takes(&self.kv, e.ws, partition, entry, &group.index)? {
+                Ok(true) => group.index.wlog.push((e.ws, entry)),
+                Ok(false) => {}
+                Err(()) => {
+                    return Err(AppendError::SequenceViolation {
+                        event_index: i,
+                        slot: Slot::WLog {
+                            ws: e.ws,
+                            offset: e.wlog_offset,
+                        },
+                        key: chunks.wlog_chunk_key(e.ws, e.wlog_offset.0),
+                    });
+                }
+            }
+            return Ok(());
+        }
         if group.to_segments {
             r.encode_bare_into(&mut group.ref_bytes);
         } else {
@@ -510,10 +568,44 @@ impl<S: KvStore> EventStore<S> {
         e: &Event,
         updated: &HashSet<(WsId, RecordId)>,
         current: &mut HashMap<(WsId, RecordId), Record>,
-    ) {
+    ) -> Result<(), AppendError> {
         let op = self.trust.new_record_op();
         let crc = event_crc(&group.event_bytes).unwrap_or_default();
         for (index, r) in e.created.iter().enumerate() {
+            if updated.contains(&(e.ws, r.id)) {
+                current.insert((e.ws, r.id), r.clone());
+            }
+            if let Some(chunks) = self.chunks.as_deref().filter(|_| group.to_segments) {
+                let entry = ChunkedRecord {
+                    id: r.id.0,
+                    plog: e.plog_offset.0,
+                    index: u32::try_from(index).unwrap_or(u32::MAX),
+                    crc,
+                };
+                match chunks.record_place(&self.kv, e.ws, partition, entry, &group.index)? {
+                    RecordPlace::Chunk => {
+                        group.index.records.push((e.ws, entry));
+                        continue;
+                    }
+                    RecordPlace::Held => continue,
+                    RecordPlace::Own if op == Op::InsertIfAbsent => {
+                        let taken = group.index.record(e.ws, r.id.0).is_some()
+                            || chunks.held_record(e.ws, r.id).is_some()
+                            || chunks
+                                .stored_record(&self.kv, e.ws, r.id)
+                                .map_err(|e| AppendError::Storage(chunk_storage(e)))?
+                                .is_some();
+                        if taken {
+                            return Err(AppendError::SequenceViolation {
+                                event_index: i,
+                                slot: Slot::Record { ws: e.ws, id: r.id },
+                                key: record_key(self.app, e.ws, r.id).as_key().to_owned(),
+                            });
+                        }
+                    }
+                    RecordPlace::Own => {}
+                }
+            }
             group.record_bytes.clear();
             if group.to_segments {
                 RecordRef {
@@ -533,10 +625,8 @@ impl<S: KvStore> EventStore<S> {
                 let next = RecordId(r.id.0.saturating_add(RECORD_BLOCK_IDS));
                 group.ahead.push(record_key(self.app, e.ws, next).partition);
             }
-            if updated.contains(&(e.ws, r.id)) {
-                current.insert((e.ws, r.id), r.clone());
-            }
         }
+        Ok(())
     }
 
     /// Merges the updates of event `e` into the current records and puts the results.
@@ -729,6 +819,13 @@ impl<S: KvStore> EventStore<S> {
         let keys: Vec<_> = stored.iter().map(keys::BlockKey::as_key).collect();
         let values = self.kv.get_many(&keys)?;
         for (&(ws, id), value) in wanted.iter().zip(values) {
+            if value.is_none()
+                && let Some(record) = self
+                    .chunked_record(ws, id)
+                    .map_err(|e| unreadable_record(ws, id, e))?
+            {
+                found.insert((ws, id), record);
+            }
             if let Some(bytes) = value {
                 let record = match decode_record_value(&bytes)
                     .map_err(|source| AppendError::CorruptRecord { ws, id, source })?
@@ -811,6 +908,10 @@ impl<S: KvStore> EventStore<S> {
         if limit == 0 {
             return Ok(Vec::new());
         }
+        if let Some(chunks) = &self.chunks {
+            let entries = self.chunked_wlog(chunks, ws, from, limit)?;
+            return self.resolve_wlog(ws, entries);
+        }
         // Entries in offset order: a copy of the event (written before WLog references) or
         // where the event is; the references are resolved in one read of the PLog below.
         let mut entries: Vec<(WLogOffset, WLogEntry)> = Vec::new();
@@ -846,6 +947,99 @@ impl<S: KvStore> EventStore<S> {
             return Err(e);
         }
         self.resolve_wlog(ws, entries)
+    }
+
+    /// Up to `limit` WLog entries of `ws` from `from` on, in key layout 5: those held (read
+    /// first, so an entry written to a chunk meanwhile is found there), then the chunk that
+    /// may hold `from` and the ones after it.
+    fn chunked_wlog(
+        &self,
+        chunks: &Chunks,
+        ws: WsId,
+        from: WLogOffset,
+        limit: usize,
+    ) -> Result<Vec<(WLogOffset, WLogEntry)>, ReadError> {
+        let held = chunks.held_wlog(ws, from.0);
+        let mut found = WLogFound::new();
+        let take = |found: &mut WLogFound, first: u64, partition, entries: Vec<ChunkedWLog>| {
+            if entries.first().is_some_and(|e| e.offset != first) {
+                return Err(ReadError::Misplaced {
+                    slot: Slot::WLog {
+                        ws,
+                        offset: WLogOffset(first),
+                    },
+                    found: entries[0].offset,
+                });
+            }
+            for e in entries.into_iter().filter(|e| e.offset >= from.0) {
+                found.insert(e.offset, chunked_wlog_ref(partition, e));
+            }
+            Ok(())
+        };
+        let at = chunks
+            .wlog_chunk_at(&self.kv, ws, from.0)
+            .map_err(|e| chunk_read(ws, e))?;
+        if let Some((first, partition, entries)) = at {
+            take(&mut found, first, partition, entries)?;
+        }
+        let mut failure = None;
+        chunks
+            .wlog_chunks_after(&self.kv, ws, from.0, &mut |first, partition, entries| {
+                if let Err(e) = take(&mut found, first, partition, entries) {
+                    failure = Some(e);
+                    return ControlFlow::Break(());
+                }
+                if found.len() >= limit {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .map_err(|e| chunk_read(ws, e))?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        for (partition, e) in held {
+            found.insert(e.offset, chunked_wlog_ref(partition, e));
+        }
+        Ok(found
+            .into_iter()
+            .take(limit)
+            .map(|(offset, r)| (WLogOffset(offset), WLogEntry::Ref(r)))
+            .collect())
+    }
+
+    /// Record `id` of `ws` as created, in key layout 5: from the reference held or in its
+    /// chunk (its own key, read before, holds it when updated since or not in a chunk).
+    fn chunked_record(&self, ws: WsId, id: RecordId) -> Result<Option<Record>, ReadError> {
+        let Some(chunks) = &self.chunks else {
+            return Ok(None);
+        };
+        let found = match chunks.held_record(ws, id) {
+            Some(held) => Some(held),
+            None => chunks
+                .stored_record(&self.kv, ws, id)
+                .map_err(|e| match e {
+                    ChunkError::Damaged { first, source, .. } => ReadError::Corrupt {
+                        slot: Slot::Record {
+                            ws,
+                            id: RecordId(first),
+                        },
+                        source,
+                    },
+                    ChunkError::Storage(e) => ReadError::Storage(e),
+                })?,
+        };
+        let Some((partition, r)) = found else {
+            return Ok(None);
+        };
+        let r = RecordRef {
+            partition,
+            plog_offset: PLogOffset(r.plog),
+            index: r.index,
+            event_crc: r.crc,
+        };
+        self.resolve_record(ws, id, r)
     }
 
     /// The events of WLog entries of `ws` (in order), reading the events that references name
@@ -990,7 +1184,7 @@ impl<S: KvStore> EventStore<S> {
     pub fn read_record(&self, ws: WsId, id: RecordId) -> Result<Option<Record>, ReadError> {
         let key = record_key(self.app, ws, id);
         let Some(bytes) = self.kv.get(key.as_key())? else {
-            return Ok(None);
+            return self.chunked_record(ws, id);
         };
         let slot = Slot::Record { ws, id };
         let record = match decode_record_value(&bytes)
@@ -1101,6 +1295,8 @@ pub(crate) struct GroupBatch {
     /// The next blocks of WLogs and records this group's inserts announce
     /// ([`announces_next_block`]).
     pub(crate) ahead: Vec<PartKey>,
+    /// What the group adds to the index in chunks (key layout 5).
+    pub(crate) index: GroupIndex,
 }
 
 /// Which of the group's buffers holds a write's value.
@@ -1205,6 +1401,32 @@ fn merge_fields(stored: &mut Vec<Field>, changes: &[Field]) {
             Some(f) => f.value.clone_from(&c.value),
             None => stored.push(c.clone()),
         }
+    }
+}
+
+/// WLog references found, by offset.
+type WLogFound = std::collections::BTreeMap<u64, WLogRef>;
+
+/// The WLog reference of a chunk's entry of `partition`.
+fn chunked_wlog_ref(partition: PartitionId, e: ChunkedWLog) -> WLogRef {
+    WLogRef {
+        partition,
+        plog_offset: PLogOffset(e.plog),
+        event_crc: e.crc,
+    }
+}
+
+/// A WLog chunk's read error as a read error.
+fn chunk_read(ws: WsId, e: ChunkError) -> ReadError {
+    match e {
+        ChunkError::Damaged { first, source, .. } => ReadError::Corrupt {
+            slot: Slot::WLog {
+                ws,
+                offset: WLogOffset(first),
+            },
+            source,
+        },
+        ChunkError::Storage(e) => ReadError::Storage(e),
     }
 }
 

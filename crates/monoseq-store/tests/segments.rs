@@ -268,17 +268,27 @@ struct Twins {
 
 impl Twins {
     fn new(trust: TrustLevel) -> Twins {
+        Twins::in_layout(trust, None)
+    }
+
+    /// Twins whose segmented store is in key layout 5, writing its chunks every
+    /// `chunk_events` events of a partition.
+    fn chunked(trust: TrustLevel, chunk_events: usize) -> Twins {
+        Twins::in_layout(trust, Some(chunk_events))
+    }
+
+    fn in_layout(trust: TrustLevel, chunk_events: Option<usize>) -> Twins {
         let dir = tempfile::tempdir().expect("temporary directory");
         let segments = open_segments(dir.path(), 2);
         let kv = faulty();
+        let (s, k) = (Arc::clone(&segments), Arc::clone(&kv));
+        let segmented = match chunk_events {
+            None => EventStore::with_segments(k, APP, trust, s),
+            Some(n) => EventStore::with_chunks(k, APP, trust, s, n),
+        };
         Twins {
             kv_layout: EventStore::new(Arc::new(MemoryStore::new()), APP, trust),
-            segmented: EventStore::with_segments(
-                Arc::clone(&kv),
-                APP,
-                trust,
-                Arc::clone(&segments),
-            ),
+            segmented,
             kv,
             segments,
             work: Workload::default(),
@@ -1666,4 +1676,322 @@ fn a_deferred_groups_entries_and_records_wait_for_the_flush_and_an_unapplied_one
     assert!(store.read_record(WsId(7), id(3)).expect("a read").is_some());
     // Applying again finds nothing kept.
     store.apply_deferred(P0).expect("nothing to apply");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Key layout 5: the WLog entries and created records' references held and written in chunks
+
+/// The stored keys of `kv` whose partition key starts with `tag`.
+fn keys_tagged(kv: &MemoryStore, tag: u8) -> usize {
+    kv.keys()
+        .iter()
+        .filter(|k| k.partition.first() == Some(&tag))
+        .count()
+}
+
+/// A chunked store over `kv` and the segment files of `t`'s directory, opened again as a
+/// restart opens them, its held index read back from the files.
+fn restarted_chunked<S: KvStore>(t: &Twins, kv: S, chunk_events: usize) -> EventStore<S> {
+    let dir = t.segments.dir().parent().expect("the data directory");
+    let reopened = open_segments(dir, 2);
+    let store = EventStore::with_chunks(kv, APP, TrustLevel::Level0, reopened, chunk_events);
+    store.redo(false).expect("redo");
+    store
+}
+
+#[test]
+fn chunked_appends_read_as_the_kv_layout_whether_held_or_in_chunks() {
+    let mut t = Twins::chunked(TrustLevel::Level0, 7);
+    for (round, len) in [2, 3, 2, 6, 1, 9, 4, 1, 1, 12, 5].into_iter().enumerate() {
+        t.append(P0, len);
+        t.append(P1, (len + round as u64) % 5 + 1);
+        assert_same_reads(&t.segmented, &t.kv_layout, &t.work);
+    }
+    let kv = t.kv.inner();
+    assert_eq!(
+        keys_tagged(kv, 0x02),
+        0,
+        "no WLog entry under a key of its own"
+    );
+    assert!(keys_tagged(kv, 0x09) > 0, "WLog chunks");
+    assert!(keys_tagged(kv, 0x0a) > 0, "records chunks");
+    let entries: usize = t.work.wlog.values().map(|&n| n as usize).sum();
+    assert!(
+        keys_tagged(kv, 0x09) * 2 < entries,
+        "{} WLog chunks for {entries} entries",
+        keys_tagged(kv, 0x09)
+    );
+}
+
+#[test]
+fn a_restart_reads_the_held_index_back_from_the_segment_files() {
+    let mut t = Twins::chunked(TrustLevel::Level0, 10);
+    for len in [4, 9, 3, 2] {
+        t.append(P0, len);
+        t.append(P1, len + 1);
+    }
+    let restarted = restarted_chunked(&t, Arc::clone(&t.kv), 10);
+    assert_same_reads(&restarted, &t.kv_layout, &t.work);
+    // It goes on from the logs' ends, closing chunks that began before the restart.
+    for len in [5, 8, 1] {
+        let group = t.work.group(P0, len);
+        restarted.append(P0, &group).expect("the next group");
+        t.kv_layout.append(P0, &group).expect("kv layout");
+    }
+    assert_same_reads(&restarted, &t.kv_layout, &t.work);
+    let again = restarted_chunked(&t, Arc::clone(&t.kv), 10);
+    assert_same_reads(&again, &t.kv_layout, &t.work);
+}
+
+#[test]
+fn a_restart_after_the_engine_lost_its_last_batches_writes_their_chunks_again() {
+    let mut t = Twins::chunked(TrustLevel::Level0, 6);
+    let copy = Arc::new(MemoryStore::new());
+    let copying = Arc::new(AtomicBool::new(true));
+    let (to, on) = (Arc::clone(&copy), Arc::clone(&copying));
+    t.kv.on_write(move |batch| {
+        if on.load(Ordering::SeqCst) {
+            to.write(batch).expect("the copy takes the batch");
+        }
+    });
+    for len in [3, 1, 8] {
+        t.append(P0, len);
+        t.append(P1, len);
+    }
+    copying.store(false, Ordering::SeqCst);
+    for len in [4, 1, 9, 2] {
+        t.append(P0, len);
+    }
+    assert!(keys_tagged(&copy, 0x09) < keys_tagged(t.kv.inner(), 0x09));
+    let restarted = restarted_chunked(&t, Arc::clone(&copy), 6);
+    assert_same_reads(&restarted, &t.kv_layout, &t.work);
+    let next = t.work.group(P0, 7);
+    restarted.append(P0, &next).expect("the next group");
+    t.kv_layout.append(P0, &next).expect("kv layout");
+    assert_same_reads(&restarted, &t.kv_layout, &t.work);
+}
+
+#[test]
+fn a_chunk_closing_write_that_failed_is_written_again_before_the_next_group() {
+    let mut t = Twins::chunked(TrustLevel::Level0, 5);
+    t.append(P0, 3);
+    let closing = t.work.group(P0, 4);
+    t.kv_layout.append(P0, &closing).expect("kv layout");
+    t.kv.fail_next(FaultOp::Write, 1);
+    let err = t
+        .segmented
+        .append(P0, &closing)
+        .expect_err("the write fails");
+    assert!(outcome_unknown(&err), "{err:?}");
+    let before = keys_tagged(t.kv.inner(), 0x09);
+    t.append(P0, 2);
+    assert!(
+        keys_tagged(t.kv.inner(), 0x09) > before,
+        "the chunks written"
+    );
+    assert_same_reads(&t.segmented, &t.kv_layout, &t.work);
+    let restarted = restarted_chunked(&t, Arc::clone(&t.kv), 5);
+    assert_same_reads(&restarted, &t.kv_layout, &t.work);
+}
+
+#[test]
+fn level0_refuses_a_wlog_offset_or_record_id_held_or_in_a_chunk_and_writes_nothing() {
+    let mut t = Twins::chunked(TrustLevel::Level0, 4);
+    t.append(P0, 4);
+    t.append(P0, 2);
+    // In chunks: events 1 to 4 (workspace 101's WLog offset 1, workspace 102's record 2);
+    // held: events 5 and 6 (workspace 100's record 5, workspace 101's WLog offset 2).
+    let wlog_chunked = [creating(7, 101, 1, 90)];
+    let wlog_held = [creating(7, 101, 2, 91)];
+    let record_chunked = [creating(7, 102, 2, 2)];
+    let record_held = [creating(7, 100, 2, 5)];
+    let in_group = [creating(7, 101, 3, 92), creating(8, 101, 4, 92)];
+    for (group, slot) in [
+        (
+            &wlog_chunked[..],
+            Slot::WLog {
+                ws: WsId(101),
+                offset: WLogOffset(1),
+            },
+        ),
+        (
+            &wlog_held[..],
+            Slot::WLog {
+                ws: WsId(101),
+                offset: WLogOffset(2),
+            },
+        ),
+        (
+            &record_chunked[..],
+            Slot::Record {
+                ws: WsId(102),
+                id: id(2),
+            },
+        ),
+        (
+            &record_held[..],
+            Slot::Record {
+                ws: WsId(100),
+                id: id(5),
+            },
+        ),
+    ] {
+        let err = t.refuse_segmented(P0, group);
+        assert_eq!(violation(&err), (0, slot), "{err}");
+    }
+    let err = t.refuse_segmented(P0, &in_group);
+    assert_eq!(
+        violation(&err),
+        (
+            1,
+            Slot::Record {
+                ws: WsId(101),
+                id: id(92)
+            }
+        ),
+        "{err}"
+    );
+    assert_same_reads(&t.segmented, &t.kv_layout, &t.work);
+    // The next numbers are taken.
+    t.segmented
+        .append(P0, &[creating(7, 101, 3, 93)])
+        .expect("the next WLog offset and a new record");
+}
+
+#[test]
+fn levels_1_and_2_put_a_record_created_again_under_its_own_key_and_refuse_a_wlog_offset_taken() {
+    for trust in [TrustLevel::Level1, TrustLevel::Level2] {
+        let mut t = Twins::chunked(trust, 4);
+        t.append(P0, 6);
+        // Record 1 of workspace 101, in a chunk, created again by a later event.
+        let mut again = creating(7, 101, 3, 1);
+        again.created[0].fields = vec![field("name", "again")];
+        t.segmented.append(P0, &[again.clone()]).expect("put");
+        t.kv_layout.append(P0, &[again.clone()]).expect("put");
+        t.work.plog.insert(0, 7);
+        t.work.wlog.insert(101, 3);
+        assert_eq!(
+            t.segmented.read_record(WsId(101), id(1)).expect("read"),
+            Some(again.created[0].clone()),
+            "{trust:?}"
+        );
+        assert_same_reads(&t.segmented, &t.kv_layout, &t.work);
+        let restarted = restarted_chunked(&t, Arc::clone(&t.kv), 4).with_trust(trust);
+        assert_same_reads(&restarted, &t.kv_layout, &t.work);
+        let err = t.refuse_segmented(P0, &[creating(8, 101, 2, 95)]);
+        assert_eq!(
+            violation(&err),
+            (
+                0,
+                Slot::WLog {
+                    ws: WsId(101),
+                    offset: WLogOffset(2)
+                }
+            ),
+            "a workspace's WLog grows at its end only, at {trust:?}"
+        );
+    }
+}
+
+#[test]
+fn a_workspace_moving_between_partitions_keeps_its_chunks_apart() {
+    // Workspace 7 writes on P0, then P1, then P0 again, each partition closing its chunks
+    // in its own time: every chunk holds a run no other chunk's range crosses.
+    let t = Twins::chunked(TrustLevel::Level0, 6);
+    let (mut plog, mut wlog) = ([0u64; 2], 0u64);
+    let mut all = Vec::new();
+    for (p, len) in [
+        (0, 2),
+        (1, 3),
+        (0, 2),
+        (1, 4),
+        (0, 3),
+        (1, 2),
+        (0, 5),
+        (1, 1),
+    ] {
+        let group: Vec<Event> = (0..len)
+            .map(|_| {
+                plog[p] += 1;
+                wlog += 1;
+                creating(plog[p], 7, wlog, wlog)
+            })
+            .collect();
+        let partition = PartitionId(p as u32);
+        t.segmented.append(partition, &group).expect("segmented");
+        t.kv_layout.append(partition, &group).expect("kv layout");
+        all.extend(group);
+    }
+    let check = |store: &EventStore<Faulty>, last: u64| {
+        for from in 1..=last {
+            assert_eq!(
+                store
+                    .read_wlog(WsId(7), WLogOffset(from), 1_000)
+                    .expect("WLog"),
+                t.kv_layout
+                    .read_wlog(WsId(7), WLogOffset(from), 1_000)
+                    .expect("WLog"),
+                "from {from}"
+            );
+        }
+        for n in 1..=last {
+            assert_eq!(
+                store.read_record(WsId(7), id(n)).expect("record"),
+                t.kv_layout.read_record(WsId(7), id(n)).expect("record"),
+                "record {n}"
+            );
+        }
+    };
+    check(&t.segmented, wlog);
+    assert_eq!(all.len() as u64, wlog);
+    let restarted = restarted_chunked(&t, Arc::clone(&t.kv), 6);
+    check(&restarted, wlog);
+    // Both partitions go on until everything is in chunks.
+    for p in [P0, P1, P0, P1] {
+        let i = p.0 as usize;
+        plog[i] += 1;
+        wlog += 1;
+        let group: Vec<Event> = (0..6)
+            .map(|k| creating(plog[i] + k, 7, wlog + k, wlog + k))
+            .collect();
+        plog[i] += 5;
+        wlog += 5;
+        restarted.append(p, &group).expect("segmented");
+        t.kv_layout.append(p, &group).expect("kv layout");
+    }
+    check(&restarted, wlog);
+}
+
+#[test]
+fn a_damaged_chunk_is_a_read_error_naming_it() {
+    let mut t = Twins::chunked(TrustLevel::Level0, 3);
+    t.append(P0, 9);
+    let kv = t.kv.inner();
+    let chunk = kv
+        .keys()
+        .into_iter()
+        .find(|k| k.partition.first() == Some(&0x09))
+        .expect("a WLog chunk");
+    let mut value = kv.get(chunk.as_key()).expect("get").expect("the chunk");
+    value.truncate(value.len() - 2);
+    let mut batch = monoseq_kv::WriteBatch::new();
+    batch.put(chunk.as_key(), &value);
+    kv.write(&batch).expect("write");
+    let damaged = t
+        .work
+        .workspaces()
+        .into_iter()
+        .find_map(|ws| t.segmented.read_wlog(WsId(ws), WLogOffset(1), 100).err())
+        .expect("a read of the damaged chunk fails");
+    assert!(
+        matches!(
+            damaged,
+            ReadError::Corrupt {
+                slot: Slot::WLog { .. },
+                ..
+            }
+        ),
+        "{damaged:?}"
+    );
+    assert!(damaged.to_string().contains("damaged"), "{damaged}");
 }

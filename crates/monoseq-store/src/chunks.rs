@@ -1,0 +1,710 @@
+//! Key layout 5's index in chunks: a partition's WLog entries and created records' references
+//! are held in memory ([`Chunks`]) until the partition has written [`CHUNK_EVENTS`] events, then
+//! written as one key per workspace (and records bucket) and run, with the partition's indexed
+//! end, in one batch. A chunk's key is the first offset or ID of its run; a workspace's runs
+//! are disjoint, so the chunk that may hold an offset is the last one starting at or below it.
+//!
+//! What keeps runs disjoint: a workspace's WLog takes offsets above every offset it holds
+//! (refused otherwise, at every trust level), and a created record's ID goes to a chunk only
+//! when it is above every ID of its bucket (otherwise it is written under its own key, as in
+//! layout 4). A run is the entries one partition holds between two of another partition's (a
+//! workspace that moved), and a run is split at every chunk already stored inside its range
+//! (what a restart, rebuilding the held part from the segment files, cannot tell apart).
+
+use std::collections::{HashMap, HashSet};
+use std::ops::{Bound, ControlFlow};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use monoseq_core::WsId;
+use monoseq_kv::{Key, KeyBuf, KvError, KvStore, Order, WriteBatch};
+
+use crate::codec::{
+    ChunkedRecord, ChunkedWLog, DecodeError, decode_record_chunk, decode_wlog_chunk,
+    encode_record_chunk, encode_wlog_chunk,
+};
+use crate::event::RecordId;
+use crate::keys::{
+    AppId, PartKey, PartitionId, indexed_partition, record_bucket, record_chunk_partition,
+    wlog_chunk_partition,
+};
+
+/// Shards of the held entries, by workspace: a reader locks one shard, not a partition.
+const SHARDS: usize = 64;
+/// Workspaces a shard keeps with nothing held (their learned bounds) before it forgets them.
+const IDLE_KEPT: usize = 4096;
+
+/// A number an entry is ordered by: a WLog offset or a record ID.
+pub(crate) trait Numbered: Copy {
+    fn number(&self) -> u64;
+}
+
+impl Numbered for ChunkedWLog {
+    fn number(&self) -> u64 {
+        self.offset
+    }
+}
+
+impl Numbered for ChunkedRecord {
+    fn number(&self) -> u64 {
+        self.id
+    }
+}
+
+/// Entries one partition holds for a workspace, ascending, with no other partition's between.
+#[derive(Debug)]
+struct Run<T> {
+    partition: PartitionId,
+    entries: Vec<T>,
+}
+
+/// A workspace's held runs of one kind (its WLog, or one records bucket), ascending, and the
+/// highest number its stored chunks hold, once learned.
+#[derive(Debug)]
+struct Held<T> {
+    runs: Vec<Run<T>>,
+    bound: Option<u64>,
+}
+
+impl<T> Default for Held<T> {
+    fn default() -> Held<T> {
+        Held {
+            runs: Vec::new(),
+            bound: None,
+        }
+    }
+}
+
+impl<T: Numbered> Held<T> {
+    /// The highest number held.
+    fn last(&self) -> Option<u64> {
+        self.runs
+            .iter()
+            .filter_map(|r| r.entries.last())
+            .map(Numbered::number)
+            .max()
+    }
+
+    /// The entry held for `n`.
+    fn find(&self, n: u64) -> Option<(PartitionId, T)> {
+        self.runs.iter().find_map(|r| {
+            let at = r.entries.binary_search_by_key(&n, Numbered::number).ok()?;
+            Some((r.partition, r.entries[at]))
+        })
+    }
+
+    /// Holds `entry` of `partition` (above every number held), unless it is held already.
+    fn hold(&mut self, partition: PartitionId, entry: T) {
+        if self.find(entry.number()).is_some() {
+            return;
+        }
+        match self.runs.last_mut() {
+            Some(run) if run.partition == partition => run.entries.push(entry),
+            _ => self.runs.push(Run {
+                partition,
+                entries: vec![entry],
+            }),
+        }
+    }
+
+    /// Takes `partition`'s runs out.
+    fn take(&mut self, partition: PartitionId) -> Vec<Vec<T>> {
+        let (taken, kept) = std::mem::take(&mut self.runs)
+            .into_iter()
+            .partition(|r| r.partition == partition);
+        self.runs = kept;
+        taken.into_iter().map(|r: Run<T>| r.entries).collect()
+    }
+
+    /// Where the runs of partitions other than `partition` start.
+    fn others(&self, partition: PartitionId) -> Vec<u64> {
+        self.runs
+            .iter()
+            .filter(|r| r.partition != partition)
+            .filter_map(|r| r.entries.first().map(Numbered::number))
+            .collect()
+    }
+
+    /// `partition`'s runs, copied.
+    fn copied(&self, partition: PartitionId) -> Vec<Vec<T>> {
+        self.runs
+            .iter()
+            .filter(|r| r.partition == partition)
+            .map(|r| r.entries.clone())
+            .collect()
+    }
+}
+
+/// What one workspace has held.
+#[derive(Debug, Default)]
+struct HeldWs {
+    wlog: Held<ChunkedWLog>,
+    records: HashMap<u64, Held<ChunkedRecord>>,
+}
+
+impl HeldWs {
+    fn is_idle(&self) -> bool {
+        self.wlog.runs.is_empty() && self.records.values().all(|h| h.runs.is_empty())
+    }
+}
+
+/// What a partition holds: how many events, and whose entries.
+#[derive(Debug, Default)]
+struct PartHeld {
+    events: usize,
+    workspaces: HashSet<WsId>,
+}
+
+/// The entries a group of events adds to the index, in the group's order.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct GroupIndex {
+    pub(crate) wlog: Vec<(WsId, ChunkedWLog)>,
+    pub(crate) records: Vec<(WsId, ChunkedRecord)>,
+    pub(crate) events: usize,
+}
+
+impl GroupIndex {
+    /// The highest WLog offset of `ws` this group adds.
+    fn wlog_last(&self, ws: WsId) -> Option<u64> {
+        self.wlog
+            .iter()
+            .filter(|(w, _)| *w == ws)
+            .map(|(_, e)| e.offset)
+            .max()
+    }
+
+    /// The reference to record `id` of `ws` this group adds.
+    pub(crate) fn record(&self, ws: WsId, id: u64) -> Option<ChunkedRecord> {
+        self.records
+            .iter()
+            .find(|(w, r)| *w == ws && r.id == id)
+            .map(|&(_, r)| r)
+    }
+
+    /// The highest record ID of `ws` in `bucket` this group adds.
+    fn record_last(&self, ws: WsId, bucket: u64) -> Option<u64> {
+        self.records
+            .iter()
+            .filter(|(w, r)| *w == ws && record_bucket(RecordId(r.id)) == bucket)
+            .map(|(_, r)| r.id)
+            .max()
+    }
+}
+
+/// Where a created record goes in key layout 5.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecordPlace {
+    /// Into the index (above every ID of its bucket).
+    Chunk,
+    /// Under its own key, as in layout 4 (at or below an ID its bucket holds).
+    Own,
+    /// Held already, with this very reference: the group is written again (a redo).
+    Held,
+}
+
+/// The index of a store in key layout 5: what every partition holds, by workspace.
+#[derive(Debug)]
+pub(crate) struct Chunks {
+    app: AppId,
+    events: usize,
+    shards: Box<[Mutex<HashMap<WsId, HeldWs>>]>,
+    parts: Box<[Mutex<PartHeld>]>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Chunks {
+    /// The index of `app` over `partitions` partitions, each writing its chunks every `events`
+    /// events.
+    pub(crate) fn new(app: AppId, partitions: u32, events: usize) -> Chunks {
+        Chunks {
+            app,
+            events: events.max(1),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            parts: (0..partitions).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    fn shard(&self, ws: WsId) -> MutexGuard<'_, HashMap<WsId, HeldWs>> {
+        let at = (ws.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS;
+        lock(&self.shards[at])
+    }
+
+    fn part(&self, partition: PartitionId) -> Result<MutexGuard<'_, PartHeld>, KvError> {
+        self.parts
+            .get(partition.0 as usize)
+            .map(lock)
+            .ok_or_else(|| KvError::Backend {
+                message: format!(
+                    "partition {partition} has no index: the store has {} partitions",
+                    self.parts.len()
+                ),
+                source: None,
+            })
+    }
+
+    /// Whether `ws`'s WLog may take `offset`: `Ok(true)` above every offset it holds, stored
+    /// or held (and above `group_last`, the group's own); `Ok(false)` when exactly `entry` of
+    /// `partition` is held (a group written again); an error names a conflict otherwise.
+    pub(crate) fn wlog_takes(
+        &self,
+        kv: &impl KvStore,
+        ws: WsId,
+        partition: PartitionId,
+        entry: ChunkedWLog,
+        group: &GroupIndex,
+    ) -> Result<Result<bool, ()>, KvError> {
+        let bound = self.wlog_bound(kv, ws)?;
+        let mut shard = self.shard(ws);
+        let held = &mut shard.entry(ws).or_default().wlog;
+        if held.find(entry.offset) == Some((partition, entry)) {
+            return Ok(Ok(false));
+        }
+        let high = [bound, held.last(), group.wlog_last(ws)]
+            .into_iter()
+            .flatten()
+            .max();
+        Ok(if high.is_none_or(|h| entry.offset > h) {
+            Ok(true)
+        } else {
+            Err(())
+        })
+    }
+
+    /// Where record `entry` of `ws` goes (see [`RecordPlace`]).
+    pub(crate) fn record_place(
+        &self,
+        kv: &impl KvStore,
+        ws: WsId,
+        partition: PartitionId,
+        entry: ChunkedRecord,
+        group: &GroupIndex,
+    ) -> Result<RecordPlace, KvError> {
+        let bucket = record_bucket(RecordId(entry.id));
+        let bound = self.record_bound(kv, ws, bucket)?;
+        let mut shard = self.shard(ws);
+        let held = shard
+            .entry(ws)
+            .or_default()
+            .records
+            .entry(bucket)
+            .or_default();
+        if held.find(entry.id) == Some((partition, entry)) {
+            return Ok(RecordPlace::Held);
+        }
+        let high = [bound, held.last(), group.record_last(ws, bucket)]
+            .into_iter()
+            .flatten()
+            .max();
+        Ok(if high.is_none_or(|h| entry.id > h) {
+            RecordPlace::Chunk
+        } else {
+            RecordPlace::Own
+        })
+    }
+
+    /// The highest WLog offset of `ws` in stored chunks, learned once.
+    fn wlog_bound(&self, kv: &impl KvStore, ws: WsId) -> Result<Option<u64>, KvError> {
+        if let Some(held) = self.shard(ws).get(&ws)
+            && let Some(b) = held.wlog.bound
+        {
+            return Ok(Some(b));
+        }
+        let part = wlog_chunk_partition(self.app, ws);
+        let last = last_chunk(kv, &part, u64::MAX)?
+            .map(|(first, value)| {
+                decode_wlog_chunk(&value)
+                    .map(|(_, e)| e.last().map_or(first, |e| e.offset))
+                    .map_err(|e| damaged_chunk("WLog chunk", ws, first, &e))
+            })
+            .transpose()?;
+        let mut shard = self.shard(ws);
+        let held = &mut shard.entry(ws).or_default().wlog;
+        held.bound = held.bound.max(last).or(Some(0));
+        Ok(held.bound.filter(|&b| b > 0))
+    }
+
+    /// The highest ID of `ws`'s `bucket` in stored chunks, learned once.
+    fn record_bound(
+        &self,
+        kv: &impl KvStore,
+        ws: WsId,
+        bucket: u64,
+    ) -> Result<Option<u64>, KvError> {
+        if let Some(held) = self.shard(ws).get(&ws)
+            && let Some(b) = held.records.get(&bucket).and_then(|h| h.bound)
+        {
+            return Ok(Some(b).filter(|&b| b > 0));
+        }
+        let part = record_chunk_partition(self.app, ws, bucket);
+        let last = last_chunk(kv, &part, u64::MAX)?
+            .map(|(first, value)| {
+                decode_record_chunk(&value)
+                    .map(|(_, e)| e.last().map_or(first, |e| e.id))
+                    .map_err(|e| damaged_chunk("records chunk", ws, first, &e))
+            })
+            .transpose()?;
+        let mut shard = self.shard(ws);
+        let held = shard
+            .entry(ws)
+            .or_default()
+            .records
+            .entry(bucket)
+            .or_default();
+        held.bound = held.bound.max(last).or(Some(0));
+        Ok(held.bound.filter(|&b| b > 0))
+    }
+
+    /// Whether a group of `events` events closes `partition`'s chunk.
+    pub(crate) fn closes(&self, partition: PartitionId, events: usize) -> Result<bool, KvError> {
+        Ok(self.part(partition)?.events + events >= self.events)
+    }
+
+    /// Holds `group`'s entries, written by `partition` (entries held already stay as they are).
+    pub(crate) fn hold(&self, partition: PartitionId, group: &GroupIndex) -> Result<(), KvError> {
+        let mut part = self.part(partition)?;
+        part.events += group.events;
+        for &(ws, e) in &group.wlog {
+            part.workspaces.insert(ws);
+            self.shard(ws)
+                .entry(ws)
+                .or_default()
+                .wlog
+                .hold(partition, e);
+        }
+        for &(ws, r) in &group.records {
+            part.workspaces.insert(ws);
+            let bucket = record_bucket(RecordId(r.id));
+            let mut shard = self.shard(ws);
+            let held = shard
+                .entry(ws)
+                .or_default()
+                .records
+                .entry(bucket)
+                .or_default();
+            held.hold(partition, r);
+        }
+        Ok(())
+    }
+
+    /// Adds to `batch` the chunks of everything `partition` holds with `group` (held first),
+    /// and its indexed end `next`; [`Chunks::release`] follows once the batch is written.
+    pub(crate) fn write_chunks(
+        &self,
+        kv: &impl KvStore,
+        partition: PartitionId,
+        group: &GroupIndex,
+        next: u64,
+        batch: &mut WriteBatch,
+    ) -> Result<(), KvError> {
+        self.hold(partition, group)?;
+        let workspaces: Vec<WsId> = self.part(partition)?.workspaces.iter().copied().collect();
+        let mut value = Vec::new();
+        for ws in workspaces {
+            let (wlog, records) = {
+                let shard = self.shard(ws);
+                let Some(held) = shard.get(&ws) else { continue };
+                let records: Vec<_> = held
+                    .records
+                    .iter()
+                    .map(|(&b, h)| (b, h.copied(partition), h.others(partition)))
+                    .collect();
+                let wlog = (held.wlog.copied(partition), held.wlog.others(partition));
+                (wlog, records)
+            };
+            let part = wlog_chunk_partition(self.app, ws);
+            for run in split_runs(kv, &part, wlog.0, &wlog.1)? {
+                value.clear();
+                encode_wlog_chunk(&mut value, partition, &run);
+                batch.put(
+                    Key::new(part.as_bytes(), &run[0].offset.to_be_bytes()),
+                    &value,
+                );
+            }
+            for (bucket, runs, others) in records {
+                let part = record_chunk_partition(self.app, ws, bucket);
+                for run in split_runs(kv, &part, runs, &others)? {
+                    value.clear();
+                    encode_record_chunk(&mut value, partition, &run);
+                    batch.put(Key::new(part.as_bytes(), &run[0].id.to_be_bytes()), &value);
+                }
+            }
+        }
+        let part = indexed_partition(self.app, partition);
+        batch.put(Key::new(part.as_bytes(), &[]), &next.to_be_bytes());
+        Ok(())
+    }
+
+    /// Forgets what `partition` held, now in stored chunks, raising the workspaces' bounds.
+    pub(crate) fn release(&self, partition: PartitionId) -> Result<(), KvError> {
+        let mut part = self.part(partition)?;
+        part.events = 0;
+        for ws in std::mem::take(&mut part.workspaces) {
+            let mut shard = self.shard(ws);
+            let Some(held) = shard.get_mut(&ws) else {
+                continue;
+            };
+            raise(&mut held.wlog, partition);
+            for h in held.records.values_mut() {
+                raise(h, partition);
+            }
+            if held.is_idle() && shard.len() > IDLE_KEPT {
+                shard.remove(&ws);
+            }
+        }
+        Ok(())
+    }
+
+    /// The WLog entries of `ws` held at `from` and above, ascending.
+    pub(crate) fn held_wlog(&self, ws: WsId, from: u64) -> Vec<(PartitionId, ChunkedWLog)> {
+        let shard = self.shard(ws);
+        let Some(held) = shard.get(&ws) else {
+            return Vec::new();
+        };
+        let mut out: Vec<_> = held
+            .wlog
+            .runs
+            .iter()
+            .flat_map(|r| r.entries.iter().map(move |e| (r.partition, *e)))
+            .filter(|(_, e)| e.offset >= from)
+            .collect();
+        out.sort_unstable_by_key(|(_, e)| e.offset);
+        out
+    }
+
+    /// The reference to record `id` of `ws` held.
+    pub(crate) fn held_record(
+        &self,
+        ws: WsId,
+        id: RecordId,
+    ) -> Option<(PartitionId, ChunkedRecord)> {
+        let shard = self.shard(ws);
+        shard.get(&ws)?.records.get(&record_bucket(id))?.find(id.0)
+    }
+
+    /// The WLog chunk of `ws` that may hold `offset` (the last starting at or below it):
+    /// its first offset, partition and entries.
+    pub(crate) fn wlog_chunk_at(
+        &self,
+        kv: &impl KvStore,
+        ws: WsId,
+        offset: u64,
+    ) -> Result<Option<(u64, PartitionId, Vec<ChunkedWLog>)>, ChunkError> {
+        let part = wlog_chunk_partition(self.app, ws);
+        let Some((first, value)) = last_chunk(kv, &part, offset)? else {
+            return Ok(None);
+        };
+        let (partition, entries) =
+            decode_wlog_chunk(&value).map_err(|source| ChunkError::Damaged {
+                what: "WLog chunk",
+                ws,
+                first,
+                source,
+            })?;
+        Ok(Some((first, partition, entries)))
+    }
+
+    /// The WLog chunks of `ws` starting above `after`, ascending, until `visit` breaks.
+    pub(crate) fn wlog_chunks_after(
+        &self,
+        kv: &impl KvStore,
+        ws: WsId,
+        after: u64,
+        visit: &mut dyn FnMut(u64, PartitionId, Vec<ChunkedWLog>) -> ControlFlow<()>,
+    ) -> Result<(), ChunkError> {
+        let part = wlog_chunk_partition(self.app, ws);
+        let from = after.to_be_bytes();
+        let mut failure = None;
+        kv.scan(
+            part.as_bytes(),
+            Bound::Excluded(&from),
+            Bound::Unbounded,
+            Order::Ascending,
+            &mut |clustering, value| {
+                let first = crate::keys::be64(clustering).unwrap_or(0);
+                match decode_wlog_chunk(value) {
+                    Ok((partition, entries)) => visit(first, partition, entries),
+                    Err(source) => {
+                        failure = Some(ChunkError::Damaged {
+                            what: "WLog chunk",
+                            ws,
+                            first,
+                            source,
+                        });
+                        ControlFlow::Break(())
+                    }
+                }
+            },
+        )?;
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// The reference to record `id` of `ws` in a stored chunk.
+    pub(crate) fn stored_record(
+        &self,
+        kv: &impl KvStore,
+        ws: WsId,
+        id: RecordId,
+    ) -> Result<Option<(PartitionId, ChunkedRecord)>, ChunkError> {
+        let part = record_chunk_partition(self.app, ws, record_bucket(id));
+        let Some((first, value)) = last_chunk(kv, &part, id.0)? else {
+            return Ok(None);
+        };
+        let (partition, entries) =
+            decode_record_chunk(&value).map_err(|source| ChunkError::Damaged {
+                what: "records chunk",
+                ws,
+                first,
+                source,
+            })?;
+        Ok(entries
+            .binary_search_by_key(&id.0, |r| r.id)
+            .ok()
+            .map(|at| (partition, entries[at])))
+    }
+
+    /// The key a WLog chunk of `ws` starting at `offset` would have (names a conflict).
+    pub(crate) fn wlog_chunk_key(&self, ws: WsId, offset: u64) -> KeyBuf {
+        let part = wlog_chunk_partition(self.app, ws);
+        Key::new(part.as_bytes(), &offset.to_be_bytes()).to_owned()
+    }
+
+    /// The indexed end `kv` records for `partition`, if any.
+    pub(crate) fn read_indexed(
+        &self,
+        kv: &impl KvStore,
+        partition: PartitionId,
+    ) -> Result<Option<u64>, KvError> {
+        let part = indexed_partition(self.app, partition);
+        let Some(bytes) = kv.get(Key::new(part.as_bytes(), &[]))? else {
+            return Ok(None);
+        };
+        crate::keys::be64(&bytes)
+            .map(Some)
+            .ok_or_else(|| KvError::Corrupted {
+                message: format!(
+                    "the indexed end of partition {partition} is {} bytes, not 8",
+                    bytes.len()
+                ),
+            })
+    }
+}
+
+/// Raises `held`'s learned bound over `partition`'s runs, and forgets them.
+fn raise<T: Numbered>(held: &mut Held<T>, partition: PartitionId) {
+    let top = held
+        .take(partition)
+        .iter()
+        .filter_map(|r| r.last())
+        .map(Numbered::number)
+        .max();
+    if let Some(b) = held.bound.as_mut() {
+        *b = (*b).max(top.unwrap_or(0));
+    }
+}
+
+/// `runs` split where a chunk stored in `part`, or another partition's run (`others`, their
+/// first numbers), starts inside one (see the module's note).
+fn split_runs<T: Numbered>(
+    kv: &impl KvStore,
+    part: &PartKey,
+    runs: Vec<Vec<T>>,
+    others: &[u64],
+) -> Result<Vec<Vec<T>>, KvError> {
+    let mut out = Vec::with_capacity(runs.len());
+    for run in runs {
+        let (Some(first), Some(last)) = (run.first(), run.last()) else {
+            continue;
+        };
+        let mut starts = Vec::new();
+        let (from, to) = (first.number().to_be_bytes(), last.number().to_be_bytes());
+        kv.scan(
+            part.as_bytes(),
+            Bound::Excluded(&from),
+            Bound::Included(&to),
+            Order::Ascending,
+            &mut |clustering, _| {
+                starts.extend(crate::keys::be64(clustering));
+                ControlFlow::Continue(())
+            },
+        )?;
+        starts.extend(
+            others
+                .iter()
+                .filter(|&&o| o > first.number() && o <= last.number()),
+        );
+        starts.sort_unstable();
+        let mut piece = Vec::new();
+        let mut next = starts.into_iter().peekable();
+        for e in run {
+            if next.peek().is_some_and(|&s| e.number() >= s) {
+                while next.peek().is_some_and(|&s| e.number() >= s) {
+                    next.next();
+                }
+                if !piece.is_empty() {
+                    out.push(std::mem::take(&mut piece));
+                }
+            }
+            piece.push(e);
+        }
+        if !piece.is_empty() {
+            out.push(piece);
+        }
+    }
+    Ok(out)
+}
+
+/// The last chunk of `part` starting at or below `at`: its first number and value.
+fn last_chunk(
+    kv: &impl KvStore,
+    part: &PartKey,
+    at: u64,
+) -> Result<Option<(u64, Vec<u8>)>, KvError> {
+    let to = at.to_be_bytes();
+    let mut found = None;
+    kv.scan(
+        part.as_bytes(),
+        Bound::Unbounded,
+        Bound::Included(&to),
+        Order::Descending,
+        &mut |clustering, value| {
+            found = Some((crate::keys::be64(clustering).unwrap_or(0), value.to_vec()));
+            ControlFlow::Break(())
+        },
+    )?;
+    Ok(found)
+}
+
+fn damaged_chunk(what: &str, ws: WsId, first: u64, e: &DecodeError) -> KvError {
+    KvError::Corrupted {
+        message: format!("the {what} of workspace {ws} starting at {first} is damaged: {e}"),
+    }
+}
+
+/// Why a chunk could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ChunkError {
+    /// A stored chunk does not decode.
+    #[error("the {what} of workspace {ws} starting at {first} is damaged")]
+    Damaged {
+        what: &'static str,
+        ws: WsId,
+        first: u64,
+        #[source]
+        source: DecodeError,
+    },
+    /// Storage failed.
+    #[error(transparent)]
+    Storage(#[from] KvError),
+}
+
+/// A chunk's read error as a storage error (damage stays damage).
+pub(crate) fn chunk_storage(e: ChunkError) -> KvError {
+    match e {
+        ChunkError::Storage(e) => e,
+        e => KvError::Corrupted {
+            message: monoseq_kv::chain(&e),
+        },
+    }
+}
