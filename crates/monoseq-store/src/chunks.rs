@@ -13,6 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use monoseq_core::WsId;
@@ -152,6 +153,8 @@ impl HeldWs {
 struct PartHeld {
     events: usize,
     workspaces: HashSet<WsId>,
+    /// Its held part was read back from the segment files.
+    loaded: bool,
 }
 
 /// The entries a group of events adds to the index, in the group's order.
@@ -208,6 +211,10 @@ pub(crate) struct Chunks {
     events: usize,
     shards: Box<[Mutex<HashMap<WsId, HeldWs>>]>,
     parts: Box<[Mutex<PartHeld>]>,
+    /// Every partition's held part read back from its segment files (after a start).
+    loaded: AtomicBool,
+    /// Held through reading a partition's held part back, so that it is read once.
+    loading: Box<[Mutex<()>]>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -223,6 +230,8 @@ impl Chunks {
             events: events.max(1),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             parts: (0..partitions).map(|_| Mutex::default()).collect(),
+            loaded: AtomicBool::new(false),
+            loading: (0..partitions).map(|_| Mutex::default()).collect(),
         }
     }
 
@@ -354,6 +363,33 @@ impl Chunks {
             .or_default();
         held.bound = held.bound.max(last).or(Some(0));
         Ok(held.bound.filter(|&b| b > 0))
+    }
+
+    /// Whether every partition's held part was read back from its segment files.
+    pub(crate) fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
+    }
+
+    /// Records that every partition's held part was read back.
+    pub(crate) fn set_loaded(&self) {
+        self.loaded.store(true, Ordering::Release);
+    }
+
+    /// Held while `partition`'s held part is read back (taken after a partition's applied end
+    /// by a writer, never before it).
+    pub(crate) fn loading(&self, partition: PartitionId) -> Option<MutexGuard<'_, ()>> {
+        self.loading.get(partition.0 as usize).map(lock)
+    }
+
+    /// Whether `partition`'s held part was read back from its segment files.
+    pub(crate) fn is_part_loaded(&self, partition: PartitionId) -> Result<bool, KvError> {
+        Ok(self.part(partition)?.loaded)
+    }
+
+    /// Records that `partition`'s held part was read back.
+    pub(crate) fn set_part_loaded(&self, partition: PartitionId) -> Result<(), KvError> {
+        self.part(partition)?.loaded = true;
+        Ok(())
     }
 
     /// Whether a group of `events` events closes `partition`'s chunk.

@@ -16,7 +16,7 @@ use crate::builtin::{
 };
 use crate::codec::FORMAT_VERSION;
 use crate::identity::{AcceptedLoss, Identity, IdentityError, now_ms};
-use crate::keys::{AppId, KEY_LAYOUT, KEY_LAYOUT_SEGMENTS, PartitionId};
+use crate::keys::{AppId, KEY_LAYOUT, KEY_LAYOUT_CHUNKS, KEY_LAYOUT_SEGMENTS, PartitionId};
 use crate::marks::{Mark, Marks, MarksError};
 use crate::plog::Segments;
 use crate::store::{EventStore, TrustLevel};
@@ -195,9 +195,9 @@ pub enum DataDirError {
     /// Data in a key layout this build does not read.
     #[error(
         "the event store uses key layout {stored}, this build reads layout {KEY_LAYOUT} in a \
-         database and layouts {KEY_LAYOUT} and {KEY_LAYOUT_SEGMENTS} in a data directory \
-         (docs/format.md); run the monoseq version that wrote it, or start with an empty data \
-         directory"
+         database and layouts {KEY_LAYOUT}, {KEY_LAYOUT_SEGMENTS} and {KEY_LAYOUT_CHUNKS} in a \
+         data directory (docs/format.md); run the monoseq version that wrote it, or start with \
+         an empty data directory"
     )]
     KeyLayout {
         /// The stored layout.
@@ -342,7 +342,7 @@ pub fn recorded_partitions(kv: &impl KvStore, place: &Path) -> Result<Option<u32
 }
 
 /// The key layouts a data directory may be in.
-const DATA_DIR_LAYOUTS: &[u32] = &[KEY_LAYOUT, KEY_LAYOUT_SEGMENTS];
+const DATA_DIR_LAYOUTS: &[u32] = &[KEY_LAYOUT, KEY_LAYOUT_SEGMENTS, KEY_LAYOUT_CHUNKS];
 
 /// Fails unless the store is empty or in one of the `accepted` key layouts.
 fn check_layout(meta: &EngineMeta, accepted: &[u32]) -> Result<(), DataDirError> {
@@ -436,7 +436,7 @@ fn open_segments(
     identity: &Identity,
     marks: Option<&Marks>,
 ) -> Result<Option<Arc<Segments>>, DataDirError> {
-    if identity.key_layout != KEY_LAYOUT_SEGMENTS {
+    if !crate::plog::keeps_segments(identity.key_layout) {
         return Ok(None);
     }
     let required = |p: u32| durable_end(identity, marks, p);
@@ -452,7 +452,7 @@ fn open_segments(
         opened => opened,
     };
     opened
-        .map(|s| Some(Arc::new(s)))
+        .map(|s| Some(Arc::new(s.in_layout(identity.key_layout))))
         .map_err(|source| DataDirError::Segments {
             dir: dir.to_path_buf(),
             source,
@@ -502,10 +502,11 @@ fn create_or_adopt<S: KvStore + Clone>(
     } else {
         report.created = true;
     }
-    // A new directory keeps its PLogs in segment files; one written before identity files
-    // existed keeps them where they are.
+    // A new directory keeps its PLogs in segment files and its WLog entries and records'
+    // references in chunks; one written before identity files existed keeps them where they
+    // are.
     let layout = if report.created {
-        KEY_LAYOUT_SEGMENTS
+        KEY_LAYOUT_CHUNKS
     } else {
         meta.key_layout.unwrap_or(KEY_LAYOUT)
     };

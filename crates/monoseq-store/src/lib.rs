@@ -58,7 +58,7 @@ pub use keys::{
     PartitionId, RECORD_BLOCK_IDS, Slot,
 };
 pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError, start_mark};
-pub use plog::{PLOG_DIR, RETIRED_PAYLOAD, Segments};
+pub use plog::{PLOG_DIR, RETIRED_PAYLOAD, Segments, keeps_segments};
 pub use plog_page::{Gap, PLOG_PAGE_ITEMS_MAX, PageItem, PlogPage, StoredItem, retired_ranges};
 pub use positions::{
     CONSUMER_NAME_BYTES_MAX, ConsumerName, ConsumerPosition, InvalidConsumerName,

@@ -39,6 +39,11 @@ pub struct Segments {
     /// [`Segments::flush`] makes every partition's durable at once; `None`: each group syncs
     /// its own segment.
     shared_flush: Option<std::fs::File>,
+    /// Key layout 5: each partition's WLog entries and created records' references are held
+    /// and written in chunks of this many events; `None`: a key each (layout 4).
+    chunk_events: Option<usize>,
+    /// That index, shared by every event store on these logs (made by the first).
+    index: std::sync::OnceLock<std::sync::Arc<crate::chunks::Chunks>>,
 }
 
 /// One partition's log, and how far the key-value store has applied it.
@@ -94,7 +99,49 @@ fn each_partition<T: Send>(partitions: u32, open: impl Fn(u32) -> T + Sync) -> V
 /// What a failed shared flush is called where it poisons the logs.
 const FLUSH: &str = "flush of the PLog segments' writes (fdatasync of plog/)";
 
+/// Whether a data directory in key `layout` keeps its PLogs in segment files (layouts 4 and 5).
+#[must_use]
+pub fn keeps_segments(layout: u32) -> bool {
+    layout == crate::KEY_LAYOUT_SEGMENTS || layout == crate::KEY_LAYOUT_CHUNKS
+}
+
 impl Segments {
+    /// These logs as a data directory in key `layout` keeps them: in layout 5 with the index
+    /// in chunks of [`crate::CHUNK_EVENTS`] events ([`Segments::with_chunks`]).
+    #[must_use]
+    pub fn in_layout(self, layout: u32) -> Segments {
+        if layout == crate::KEY_LAYOUT_CHUNKS {
+            self.with_chunks(crate::CHUNK_EVENTS)
+        } else {
+            self
+        }
+    }
+
+    /// These logs in key layout 5: each partition's WLog entries and created records'
+    /// references are held in memory and written every `events` events (normally
+    /// [`crate::CHUNK_EVENTS`]) as one key per workspace, records bucket and run, by every
+    /// event store on them. Such a store's [`crate::EventStore::redo`] must run before
+    /// anything is read: it reads back from these files what was held when it last closed.
+    #[must_use]
+    pub fn with_chunks(mut self, events: usize) -> Segments {
+        self.chunk_events = Some(events.max(1));
+        self
+    }
+
+    /// The events a chunk holds (key layout 5), or `None` (layout 4).
+    pub fn chunk_events(&self) -> Option<usize> {
+        self.chunk_events
+    }
+
+    /// The index in chunks of `app` on these logs (key layout 5), made by the first caller.
+    pub(crate) fn index(&self, app: crate::AppId) -> Option<std::sync::Arc<crate::chunks::Chunks>> {
+        let events = self.chunk_events?;
+        let index = self.index.get_or_init(|| {
+            std::sync::Arc::new(crate::chunks::Chunks::new(app, self.partitions(), events))
+        });
+        Some(std::sync::Arc::clone(index))
+    }
+
     /// Opens (or creates) the logs of partitions `0..partitions` in `dir/plog`, each with the
     /// durable end `durable_end` gives it (one past its highest acknowledged offset): frames
     /// above it that do not read whole are cut, data missing or damaged below it is an error.
@@ -144,6 +191,8 @@ impl Segments {
             dir,
             logs,
             shared_flush,
+            chunk_events: None,
+            index: std::sync::OnceLock::new(),
         })
     }
 

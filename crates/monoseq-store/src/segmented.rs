@@ -215,9 +215,8 @@ impl<S: KvStore> EventStore<S> {
         let mut from = match *applied {
             Some(at) => at,
             None => {
-                let at = self.read_applied(partition)?.unwrap_or(start);
-                self.rebuild_held(segments, partition, at.min(end))?;
-                at
+                self.rebuild_held(segments, partition)?;
+                self.read_applied(partition)?.unwrap_or(start)
             }
         };
         if from > end && ahead_ok {
@@ -261,18 +260,21 @@ impl<S: KvStore> EventStore<S> {
     }
 
     /// Holds again, in key layout 5, the WLog entries and created records' references of
-    /// `partition`'s events from its indexed end to `to` (its applied end), as they were held
-    /// when the store was last closed: a record under its own key is left there.
-    fn rebuild_held(
-        &self,
-        segments: &Segments,
-        partition: PartitionId,
-        to: u64,
-    ) -> Result<(), AppendError> {
+    /// `partition`'s events from its indexed end to its applied end, as they were held when
+    /// the store was last closed (a record under its own key is left there); once.
+    fn rebuild_held(&self, segments: &Segments, partition: PartitionId) -> Result<(), AppendError> {
         let Some(chunks) = &self.chunks else {
             return Ok(());
         };
-        let start = plog::read_log(segments.log(partition)?).start();
+        let _loading = chunks.loading(partition);
+        if chunks.is_part_loaded(partition)? {
+            return Ok(());
+        }
+        let (start, end) = {
+            let log = plog::read_log(segments.log(partition)?);
+            (log.start(), log.end())
+        };
+        let to = self.read_applied(partition)?.unwrap_or(start).min(end);
         let mut at = chunks
             .read_indexed(&self.kv, partition)?
             .unwrap_or(start)
@@ -325,6 +327,7 @@ impl<S: KvStore> EventStore<S> {
             chunks.hold(partition, &index)?;
             at = page.end().min(to);
         }
+        chunks.set_part_loaded(partition)?;
         if at > from {
             tracing::info!(
                 partition = partition.0,
@@ -333,6 +336,22 @@ impl<S: KvStore> EventStore<S> {
                 at - 1
             );
         }
+        Ok(())
+    }
+
+    /// Reads back every partition's held part of the index in chunks (key layout 5) where
+    /// it was not yet (a store only read, by a tool, never redone): before the first read.
+    pub(crate) fn load_index(&self) -> Result<(), AppendError> {
+        let (Some(segments), Some(chunks)) = (&self.segments, &self.chunks) else {
+            return Ok(());
+        };
+        if chunks.is_loaded() {
+            return Ok(());
+        }
+        for p in 0..segments.partitions() {
+            self.rebuild_held(segments, PartitionId(p))?;
+        }
+        chunks.set_loaded();
         Ok(())
     }
 

@@ -292,35 +292,12 @@ impl<S: KvStore> EventStore<S> {
             kv,
             app,
             trust,
+            chunks: segments.index(app),
             segments: Some(segments),
-            chunks: None,
         }
     }
 
-    /// The event store of `app` on `kv` in key layout 5: its PLogs in `segments`, as
-    /// [`EventStore::with_segments`], and each partition's WLog entries and created records'
-    /// references held in memory and written every `chunk_events` events (normally
-    /// [`crate::CHUNK_EVENTS`]) as one key per workspace, records bucket and run. Run
-    /// [`EventStore::redo`] before anything is read: it reads back from the segment files
-    /// what was held when the store was last closed.
-    pub fn with_chunks(
-        kv: S,
-        app: AppId,
-        trust: TrustLevel,
-        segments: Arc<Segments>,
-        chunk_events: usize,
-    ) -> EventStore<S> {
-        let chunks = Chunks::new(app, segments.partitions(), chunk_events);
-        EventStore {
-            kv,
-            app,
-            trust,
-            segments: Some(segments),
-            chunks: Some(Arc::new(chunks)),
-        }
-    }
-
-    /// Whether the store is in key layout 5 ([`EventStore::with_chunks`]).
+    /// Whether the store is in key layout 5 ([`Segments::with_chunks`]).
     pub fn is_chunked(&self) -> bool {
         self.chunks.is_some()
     }
@@ -337,8 +314,8 @@ impl<S: KvStore> EventStore<S> {
             kv,
             app,
             trust,
+            chunks: segments.as_ref().and_then(|s| s.index(app)),
             segments,
-            chunks: None,
         }
     }
 
@@ -909,6 +886,7 @@ impl<S: KvStore> EventStore<S> {
             return Ok(Vec::new());
         }
         if let Some(chunks) = &self.chunks {
+            self.load_index().map_err(index_unloaded)?;
             let entries = self.chunked_wlog(chunks, ws, from, limit)?;
             return self.resolve_wlog(ws, entries);
         }
@@ -1015,6 +993,7 @@ impl<S: KvStore> EventStore<S> {
         let Some(chunks) = &self.chunks else {
             return Ok(None);
         };
+        self.load_index().map_err(index_unloaded)?;
         let found = match chunks.held_record(ws, id) {
             Some(held) => Some(held),
             None => chunks
@@ -1413,6 +1392,16 @@ fn chunked_wlog_ref(partition: PartitionId, e: ChunkedWLog) -> WLogRef {
         partition,
         plog_offset: PLogOffset(e.plog),
         event_crc: e.crc,
+    }
+}
+
+/// The read error of an index in chunks whose held part could not be read back.
+fn index_unloaded(e: AppendError) -> ReadError {
+    match e {
+        AppendError::Storage(e) => ReadError::Storage(e),
+        e => ReadError::Storage(KvError::Corrupted {
+            message: monoseq_kv::chain(&e),
+        }),
     }
 }
 

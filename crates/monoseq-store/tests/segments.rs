@@ -84,6 +84,12 @@ fn open_segments(dir: &Path, partitions: u32) -> Arc<Segments> {
     Arc::new(Segments::open(dir, partitions, &|_| 1).expect("the segment logs open"))
 }
 
+/// Segment logs of 2 partitions in `dir` in key layout 5, a chunk every `events` events.
+fn open_chunked(dir: &Path, events: usize) -> Arc<Segments> {
+    let segments = Segments::open(dir, 2, &|_| 1).expect("the segment logs open");
+    Arc::new(segments.with_chunks(events))
+}
+
 fn faulty() -> Faulty {
     Arc::new(FaultyStore::new(MemoryStore::new()))
 }
@@ -279,13 +285,13 @@ impl Twins {
 
     fn in_layout(trust: TrustLevel, chunk_events: Option<usize>) -> Twins {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let segments = open_segments(dir.path(), 2);
-        let kv = faulty();
-        let (s, k) = (Arc::clone(&segments), Arc::clone(&kv));
-        let segmented = match chunk_events {
-            None => EventStore::with_segments(k, APP, trust, s),
-            Some(n) => EventStore::with_chunks(k, APP, trust, s, n),
+        let segments = match chunk_events {
+            None => open_segments(dir.path(), 2),
+            Some(n) => open_chunked(dir.path(), n),
         };
+        let kv = faulty();
+        let segmented =
+            EventStore::with_segments(Arc::clone(&kv), APP, trust, Arc::clone(&segments));
         Twins {
             kv_layout: EventStore::new(Arc::new(MemoryStore::new()), APP, trust),
             segmented,
@@ -1693,8 +1699,8 @@ fn keys_tagged(kv: &MemoryStore, tag: u8) -> usize {
 /// restart opens them, its held index read back from the files.
 fn restarted_chunked<S: KvStore>(t: &Twins, kv: S, chunk_events: usize) -> EventStore<S> {
     let dir = t.segments.dir().parent().expect("the data directory");
-    let reopened = open_segments(dir, 2);
-    let store = EventStore::with_chunks(kv, APP, TrustLevel::Level0, reopened, chunk_events);
+    let reopened = open_chunked(dir, chunk_events);
+    let store = EventStore::with_segments(kv, APP, TrustLevel::Level0, reopened);
     store.redo(false).expect("redo");
     store
 }

@@ -143,8 +143,10 @@ pub fn tool_segments(
         return Ok(None);
     };
     let dir = &settings.data_dir;
-    let identity = monoseq_store::Identity::read(dir)?;
-    if identity.is_none_or(|i| i.key_layout != monoseq_store::KEY_LAYOUT_SEGMENTS) {
+    let Some(identity) = monoseq_store::Identity::read(dir)? else {
+        return Ok(None);
+    };
+    if !monoseq_store::keeps_segments(identity.key_layout) {
         return Ok(None);
     }
     let marks = monoseq_store::Marks::open(dir, partitions).ok().flatten();
@@ -156,7 +158,7 @@ pub fn tool_segments(
     };
     let segments = monoseq_store::Segments::open(dir, partitions, &durable)
         .with_context(|| format!("opening the PLog's segment files in {}", dir.display()))?;
-    Ok(Some(Arc::new(segments)))
+    Ok(Some(Arc::new(segments.in_layout(identity.key_layout))))
 }
 
 /// Longest time a write of the sequence projection may wait for its flush. Events are never
