@@ -17,9 +17,9 @@ use monoseq_kv::{
 use monoseq_store::{
     AppId, AppendError, CRECORD_ID_SEQUENCE, DataDir, DataDirError, Event, EventStore,
     FORMAT_VERSION, FORMAT_VERSION_RECORD_REF_BARE, Field, Gap, Identity, KEY_LAYOUT,
-    KEY_LAYOUT_SEGMENTS, Mark, Marks, OpenPolicy, PLOG_DIR, PageItem, PartitionId, ReadError,
-    Record, RecordId, RecordKind, RecordRef, Segments, Slot, StoredRecords, TrustLevel, WLogOffset,
-    WLogRef, open_data_dir, retired_ranges,
+    KEY_LAYOUT_CHUNKS, KEY_LAYOUT_SEGMENTS, Mark, Marks, OpenPolicy, PLOG_DIR, PageItem,
+    PartitionId, ReadError, Record, RecordId, RecordKind, RecordRef, Segments, Slot, StoredRecords,
+    TrustLevel, WLogOffset, WLogRef, open_data_dir, retired_ranges,
 };
 
 const APP: AppId = AppId(1);
@@ -940,7 +940,8 @@ fn twin() -> EventStore<Arc<MemoryStore>> {
 }
 
 #[test]
-fn a_new_data_directory_keeps_its_plogs_in_segment_files_and_serves_them_after_a_reopen() {
+fn a_new_data_directory_keeps_its_plogs_in_segment_files_its_index_in_chunks_and_serves_them_after_a_reopen()
+ {
     let tmp = tempfile::tempdir().expect("temporary directory");
     let path = tmp.path().join("data");
     let (twin, mut work) = (twin(), Workload::default());
@@ -948,7 +949,7 @@ fn a_new_data_directory_keeps_its_plogs_in_segment_files_and_serves_them_after_a
         let kv = embedded(&path);
         let dir = open_data_dir(&path, &kv, APP, &policy(false)).expect("a new directory");
         assert!(dir.report.created);
-        assert_eq!(dir.identity.key_layout, KEY_LAYOUT_SEGMENTS);
+        assert_eq!(dir.identity.key_layout, KEY_LAYOUT_CHUNKS);
         let segments = dir.segments.as_ref().expect("segment files");
         assert_eq!(segments.dir(), path.join(PLOG_DIR));
         for p in 0..2 {
@@ -973,13 +974,20 @@ fn a_new_data_directory_keeps_its_plogs_in_segment_files_and_serves_them_after_a
             None,
             "the engine holds no PLog event"
         );
+        assert!(store.is_chunked());
+        let wlog = store.wlog_key(WsId(101), WLogOffset(1));
+        assert_eq!(
+            kv.get(wlog.as_key()).expect("get"),
+            None,
+            "the engine holds no WLog entry under a key of its own"
+        );
     }
     let kv = embedded(&path);
     let dir = open_data_dir(&path, &kv, APP, &policy(false)).expect("reopened");
     assert!(!dir.report.created && dir.report.accepted.is_empty());
-    assert_eq!(dir.identity.key_layout, KEY_LAYOUT_SEGMENTS);
+    assert_eq!(dir.identity.key_layout, KEY_LAYOUT_CHUNKS);
     let store = dir.event_store(Arc::clone(&kv), APP, TrustLevel::Level0);
-    assert!(store.segments().is_some());
+    assert!(store.segments().is_some() && store.is_chunked());
     assert_same_reads(&store, &twin, &work);
     write_acknowledged(&dir, &store, &twin, &mut work, &[(P0, 3), (P1, 3)]);
     assert_same_reads(&store, &twin, &work);
@@ -1178,6 +1186,52 @@ fn write_layout_3_meta(kv: &impl KvStore, store_id: &str) {
     meta(b"partitions", &2u32.to_be_bytes());
     meta(b"key_layout", &KEY_LAYOUT.to_be_bytes());
     meta(b"store_id", store_id.as_bytes());
+}
+
+#[test]
+fn a_data_directory_in_key_layout_4_keeps_a_key_per_wlog_entry_and_serves_as_before() {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let path = tmp.path().join("data");
+    let (twin, mut work) = (twin(), Workload::default());
+    {
+        // What a build of layout 4 left: its records in the engine, the identity, marks,
+        // segment files and a WLog entry a key.
+        let kv = embedded(&path);
+        write_layout_3_meta(&*kv, "layout-4-store");
+        kv.put(
+            Key::new(b"monoseq/meta", b"key_layout"),
+            &KEY_LAYOUT_SEGMENTS.to_be_bytes(),
+        )
+        .expect("meta");
+        let mut identity = Identity::new(2, KEY_LAYOUT_SEGMENTS, FORMAT_VERSION);
+        identity.store_id = "layout-4-store".into();
+        identity.write(&path).expect("identity");
+        let marks = Marks::create(&path, 2).expect("marks");
+        let segments = open_segments(&path, 2);
+        let old = EventStore::with_segments(Arc::clone(&kv), APP, TrustLevel::Level0, segments);
+        for (p, len) in [(P0, 5), (P1, 3)] {
+            let group = work.group(p, len);
+            old.append(p, &group).expect("append");
+            twin.append(p, &group).expect("append");
+            marks.raise(p.0, &mark_of(&group)).expect("raise");
+        }
+        kv.sync().expect("sync");
+    }
+    for _ in 0..2 {
+        let kv = embedded(&path);
+        let dir = open_data_dir(&path, &kv, APP, &policy(false)).expect("layout 4 opens");
+        assert_eq!(dir.identity.key_layout, KEY_LAYOUT_SEGMENTS);
+        let store = dir.event_store(Arc::clone(&kv), APP, TrustLevel::Level0);
+        assert!(store.segments().is_some() && !store.is_chunked());
+        assert_same_reads(&store, &twin, &work);
+        write_acknowledged(&dir, &store, &twin, &mut work, &[(P0, 2)]);
+        let last = work.wlog[&101];
+        let wlog = store.wlog_key(WsId(101), WLogOffset(last));
+        assert!(
+            kv.get(wlog.as_key()).expect("get").is_some(),
+            "a WLog entry a key, as layout 4 writes it"
+        );
+    }
 }
 
 #[test]
