@@ -444,13 +444,17 @@ impl Chunks {
                 let records: Vec<_> = held
                     .records
                     .iter()
-                    .map(|(&b, h)| (b, h.copied(partition), h.others(partition)))
+                    .map(|(&b, h)| (b, h.copied(partition), h.others(partition), h.bound))
                     .collect();
-                let wlog = (held.wlog.copied(partition), held.wlog.others(partition));
+                let wlog = (
+                    held.wlog.copied(partition),
+                    held.wlog.others(partition),
+                    held.wlog.bound,
+                );
                 (wlog, records)
             };
             let part = wlog_chunk_partition(self.app, ws);
-            for run in split_runs(kv, &part, wlog.0, &wlog.1)? {
+            for run in split_runs(kv, &part, wlog.0, &wlog.1, wlog.2)? {
                 value.clear();
                 encode_wlog_chunk(&mut value, partition, &run);
                 batch.put(
@@ -458,9 +462,9 @@ impl Chunks {
                     &value,
                 );
             }
-            for (bucket, runs, others) in records {
+            for (bucket, runs, others, bound) in records {
                 let part = record_chunk_partition(self.app, ws, bucket);
-                for run in split_runs(kv, &part, runs, &others)? {
+                for run in split_runs(kv, &part, runs, &others, bound)? {
                     value.clear();
                     encode_record_chunk(&mut value, partition, &run);
                     batch.put(Key::new(part.as_bytes(), &run[0].id.to_be_bytes()), &value);
@@ -469,6 +473,15 @@ impl Chunks {
         }
         let part = indexed_partition(self.app, partition);
         batch.put(Key::new(part.as_bytes(), &[]), &next.to_be_bytes());
+        Ok(())
+    }
+
+    /// Takes back the count of `events` events of a group [`Chunks::write_chunks`] held but
+    /// whose write failed: its entries stay held (a redo holds them once), its events are
+    /// counted again when it is written again.
+    pub(crate) fn uncount(&self, partition: PartitionId, events: usize) -> Result<(), KvError> {
+        let mut part = self.part(partition)?;
+        part.events = part.events.saturating_sub(events);
         Ok(())
     }
 
@@ -594,6 +607,15 @@ impl Chunks {
                 first,
                 source,
             })?;
+        let starts = entries.first().map(|r| r.id);
+        let last = entries.last().map_or(first, |r| r.id);
+        if starts != Some(first) || record_bucket(RecordId(last)) != record_bucket(id) {
+            return Err(ChunkError::Misplaced {
+                ws,
+                first,
+                found: starts.unwrap_or(first),
+            });
+        }
         Ok(entries
             .binary_search_by_key(&id.0, |r| r.id)
             .ok()
@@ -641,12 +663,14 @@ fn raise<T: Numbered>(held: &mut Held<T>, partition: PartitionId) {
 }
 
 /// `runs` split where a chunk stored in `part`, or another partition's run (`others`, their
-/// first numbers), starts inside one (see the module's note).
+/// first numbers), starts inside one (see the module's note). A run above `bound`, the
+/// highest number stored chunks hold when learned, has none inside it: no read.
 fn split_runs<T: Numbered>(
     kv: &impl KvStore,
     part: &PartKey,
     runs: Vec<Vec<T>>,
     others: &[u64],
+    bound: Option<u64>,
 ) -> Result<Vec<Vec<T>>, KvError> {
     let mut out = Vec::with_capacity(runs.len());
     for run in runs {
@@ -655,16 +679,18 @@ fn split_runs<T: Numbered>(
         };
         let mut starts = Vec::new();
         let (from, to) = (first.number().to_be_bytes(), last.number().to_be_bytes());
-        kv.scan(
-            part.as_bytes(),
-            Bound::Excluded(&from),
-            Bound::Included(&to),
-            Order::Ascending,
-            &mut |clustering, _| {
-                starts.extend(crate::keys::be64(clustering));
-                ControlFlow::Continue(())
-            },
-        )?;
+        if bound.is_none_or(|b| first.number() <= b) {
+            kv.scan(
+                part.as_bytes(),
+                Bound::Excluded(&from),
+                Bound::Included(&to),
+                Order::Ascending,
+                &mut |clustering, _| {
+                    starts.extend(crate::keys::be64(clustering));
+                    ControlFlow::Continue(())
+                },
+            )?;
+        }
         starts.extend(
             others
                 .iter()
@@ -730,6 +756,13 @@ pub(crate) enum ChunkError {
         #[source]
         source: DecodeError,
     },
+    /// A records chunk does not hold the run its key names (it starts elsewhere, or reaches
+    /// past its bucket).
+    #[error(
+        "the records chunk of workspace {ws} under ID {first} holds the run from ID {found} \
+         (or past its bucket): the chunk is misplaced; restore the store from a backup"
+    )]
+    Misplaced { ws: WsId, first: u64, found: u64 },
     /// Storage failed.
     #[error(transparent)]
     Storage(#[from] KvError),
@@ -742,5 +775,132 @@ pub(crate) fn chunk_storage(e: ChunkError) -> KvError {
         e => KvError::Corrupted {
             message: monoseq_kv::chain(&e),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wlog(offset: u64, plog: u64) -> ChunkedWLog {
+        ChunkedWLog {
+            offset,
+            plog,
+            crc: (offset as u32).wrapping_mul(2_654_435_761),
+        }
+    }
+
+    fn record(id: u64, plog: u64, index: u32) -> ChunkedRecord {
+        ChunkedRecord {
+            id,
+            plog,
+            index,
+            crc: (plog as u32).wrapping_mul(2_246_822_519),
+        }
+    }
+
+    #[test]
+    fn chunks_decode_as_encoded_with_gaps_and_records_sharing_an_event() {
+        let entries = [
+            wlog(1, 7),
+            wlog(2, 9),
+            wlog(40, 10),
+            wlog(u64::MAX, u64::MAX),
+        ];
+        let mut bytes = Vec::new();
+        encode_wlog_chunk(&mut bytes, PartitionId(3), &entries);
+        assert_eq!(
+            decode_wlog_chunk(&bytes).expect("decodes"),
+            (PartitionId(3), entries.to_vec())
+        );
+        let records = [
+            record(322_685_000_131_073, 5, 0),
+            record(322_685_000_131_074, 5, 1),
+            record(322_685_000_131_080, 6, 0),
+        ];
+        let mut bytes = Vec::new();
+        encode_record_chunk(&mut bytes, PartitionId(0), &records);
+        // Three IDs, steps and indexes, and two checksums: the second record shares its event.
+        assert_eq!(
+            bytes.len(),
+            1 + 1 + 1 + (7 + 1 + 1) + (1 + 1 + 1) + (1 + 1 + 1) + 2 * 4
+        );
+        assert_eq!(
+            decode_record_chunk(&bytes).expect("decodes"),
+            (PartitionId(0), records.to_vec())
+        );
+    }
+
+    #[test]
+    fn a_damaged_chunk_is_an_error_not_a_panic_nor_an_allocation() {
+        let mut wlog_bytes = Vec::new();
+        encode_wlog_chunk(&mut wlog_bytes, PartitionId(1), &[wlog(5, 5), wlog(6, 8)]);
+        let mut record_bytes = Vec::new();
+        encode_record_chunk(
+            &mut record_bytes,
+            PartitionId(1),
+            &[record(9, 5, 0), record(10, 5, 1)],
+        );
+        for cut in 0..wlog_bytes.len() {
+            assert!(
+                decode_wlog_chunk(&wlog_bytes[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        for cut in 0..record_bytes.len() {
+            assert!(
+                decode_record_chunk(&record_bytes[..cut]).is_err(),
+                "cut at {cut}"
+            );
+        }
+        // A count no bytes could hold, a step of 0, a trailing byte, another version.
+        let huge_count = [7u8, 1, 0xff, 0xff, 0xff, 0xff, 0x0f];
+        assert!(matches!(
+            decode_wlog_chunk(&huge_count),
+            Err(DecodeError::OutOfRange { .. })
+        ));
+        let zero_step = [7u8, 1, 1, 0, 1, 0, 0, 0, 0];
+        assert!(matches!(
+            decode_wlog_chunk(&zero_step),
+            Err(DecodeError::OutOfRange { .. })
+        ));
+        let mut trailing = wlog_bytes.clone();
+        trailing.push(0);
+        assert!(matches!(
+            decode_wlog_chunk(&trailing),
+            Err(DecodeError::TrailingBytes { .. })
+        ));
+        assert!(matches!(
+            decode_wlog_chunk(&record_bytes),
+            Err(DecodeError::UnsupportedVersion(8))
+        ));
+        let mut no_event = Vec::new();
+        encode_record_chunk(&mut no_event, PartitionId(1), &[record(9, 5, 0)]);
+        no_event[4] = 0; // the first record's PLog offset: 0 names no event
+        assert!(decode_record_chunk(&no_event).is_err());
+    }
+
+    #[test]
+    fn held_entries_form_a_run_per_partition_stretch_and_are_held_once() {
+        let mut held = Held::<ChunkedWLog>::default();
+        held.hold(PartitionId(0), wlog(1, 1));
+        held.hold(PartitionId(0), wlog(2, 2));
+        held.hold(PartitionId(1), wlog(3, 1));
+        held.hold(PartitionId(0), wlog(4, 3));
+        held.hold(PartitionId(0), wlog(2, 2));
+        assert_eq!(held.last(), Some(4));
+        assert_eq!(held.find(3), Some((PartitionId(1), wlog(3, 1))));
+        let numbers = |runs: Vec<Vec<ChunkedWLog>>| -> Vec<Vec<u64>> {
+            runs.iter()
+                .map(|r| r.iter().map(|e| e.offset).collect())
+                .collect()
+        };
+        assert_eq!(numbers(held.copied(PartitionId(0))), [vec![1, 2], vec![4]]);
+        assert_eq!(held.others(PartitionId(0)), [3]);
+        held.bound = Some(0);
+        raise(&mut held, PartitionId(0));
+        assert_eq!(held.bound, Some(4), "the bound rises over what was written");
+        assert_eq!(numbers(held.copied(PartitionId(1))), [vec![3]]);
+        assert!(held.copied(PartitionId(0)).is_empty());
     }
 }

@@ -1218,37 +1218,33 @@ impl RecordRef {
 
 /// Where the event at one WLog offset is, as a WLog chunk holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ChunkedWLog {
+pub struct ChunkedWLog {
     /// The WLog offset.
-    pub(crate) offset: u64,
+    pub offset: u64,
     /// The event's PLog offset, in the chunk's partition.
-    pub(crate) plog: u64,
+    pub plog: u64,
     /// The checksum in the event's header.
-    pub(crate) crc: u32,
+    pub crc: u32,
 }
 
 /// Which event created one record, as a records chunk holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ChunkedRecord {
+pub struct ChunkedRecord {
     /// The record's ID.
-    pub(crate) id: u64,
+    pub id: u64,
     /// The creating event's PLog offset, in the chunk's partition.
-    pub(crate) plog: u64,
+    pub plog: u64,
     /// The record's position among the event's created records.
-    pub(crate) index: u32,
+    pub index: u32,
     /// The checksum in the event's header.
-    pub(crate) crc: u32,
+    pub crc: u32,
 }
 
 /// Encodes a WLog chunk of `partition` (`entries` in ascending WLog and PLog offsets, at least
 /// one), appending to `out`: the version, the partition, the count, then each entry's WLog
 /// and PLog offsets (the first whole, the others as the difference from the one before) and
 /// its event's checksum.
-pub(crate) fn encode_wlog_chunk(
-    out: &mut Vec<u8>,
-    partition: PartitionId,
-    entries: &[ChunkedWLog],
-) {
+pub fn encode_wlog_chunk(out: &mut Vec<u8>, partition: PartitionId, entries: &[ChunkedWLog]) {
     out.push(FORMAT_VERSION_WLOG_CHUNK);
     put_varint(out, u64::from(partition.0));
     put_varint(out, entries.len() as u64);
@@ -1267,9 +1263,7 @@ pub(crate) fn encode_wlog_chunk(
 /// # Errors
 ///
 /// [`DecodeError`] when the bytes are not a whole chunk, or its offsets do not ascend.
-pub(crate) fn decode_wlog_chunk(
-    bytes: &[u8],
-) -> Result<(PartitionId, Vec<ChunkedWLog>), DecodeError> {
+pub fn decode_wlog_chunk(bytes: &[u8]) -> Result<(PartitionId, Vec<ChunkedWLog>), DecodeError> {
     let mut r = Reader::open_bare(bytes, FORMAT_VERSION_WLOG_CHUNK)?;
     let partition = PartitionId(r.varint_u32("partition")?);
     let count = r.items("WLog chunk entries", 1 + 1 + 4)?;
@@ -1290,11 +1284,7 @@ pub(crate) fn decode_wlog_chunk(
 /// record's ID and its event's PLog offset (the first whole, the others as the difference from
 /// the one before), its index among the event's created records, and its event's checksum
 /// unless it is the event of the record before.
-pub(crate) fn encode_record_chunk(
-    out: &mut Vec<u8>,
-    partition: PartitionId,
-    entries: &[ChunkedRecord],
-) {
+pub fn encode_record_chunk(out: &mut Vec<u8>, partition: PartitionId, entries: &[ChunkedRecord]) {
     out.push(FORMAT_VERSION_RECORD_CHUNK);
     put_varint(out, u64::from(partition.0));
     put_varint(out, entries.len() as u64);
@@ -1316,9 +1306,7 @@ pub(crate) fn encode_record_chunk(
 /// # Errors
 ///
 /// [`DecodeError`] when the bytes are not a whole chunk, or its IDs do not ascend.
-pub(crate) fn decode_record_chunk(
-    bytes: &[u8],
-) -> Result<(PartitionId, Vec<ChunkedRecord>), DecodeError> {
+pub fn decode_record_chunk(bytes: &[u8]) -> Result<(PartitionId, Vec<ChunkedRecord>), DecodeError> {
     let mut r = Reader::open_bare(bytes, FORMAT_VERSION_RECORD_CHUNK)?;
     let partition = PartitionId(r.varint_u32("partition")?);
     let count = r.items("records chunk entries", 1 + 1 + 1)?;

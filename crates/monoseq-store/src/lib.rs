@@ -35,10 +35,12 @@ pub use builtin::{
     built_in_params_above, workspace_sequences,
 };
 pub use codec::{
-    ARG_DEPTH_MAX, DecodeError, EVENT_BYTES_MAX, EncodeError, EventHead, EventPeek, FORMAT_VERSION,
-    FORMAT_VERSION_KEYED, FORMAT_VERSION_RECORD_REF, FORMAT_VERSION_RECORD_REF_BARE,
+    ARG_DEPTH_MAX, ChunkedRecord, ChunkedWLog, DecodeError, EVENT_BYTES_MAX, EncodeError,
+    EventHead, EventPeek, FORMAT_VERSION, FORMAT_VERSION_KEYED, FORMAT_VERSION_RECORD_CHUNK,
+    FORMAT_VERSION_RECORD_REF, FORMAT_VERSION_RECORD_REF_BARE, FORMAT_VERSION_WLOG_CHUNK,
     FORMAT_VERSION_WLOG_REF, FORMAT_VERSION_WLOG_REF_BARE, RecordRef, WLogEntry, WLogRef,
-    WLogTarget, decode_event_if, decode_numbers, event_crc,
+    WLogTarget, decode_event_if, decode_numbers, decode_record_chunk, decode_wlog_chunk,
+    encode_record_chunk, encode_wlog_chunk, event_crc,
 };
 pub use datadir::{
     DataDir, DataDirError, Loss, OpenPolicy, OpenReport, SettleError, ensure_retired, find_losses,

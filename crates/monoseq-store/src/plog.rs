@@ -42,8 +42,9 @@ pub struct Segments {
     /// Key layout 5: each partition's WLog entries and created records' references are held
     /// and written in chunks of this many events; `None`: a key each (layout 4).
     chunk_events: Option<usize>,
-    /// That index, shared by every event store on these logs (made by the first).
-    index: std::sync::OnceLock<std::sync::Arc<crate::chunks::Chunks>>,
+    /// That index by application, shared by every event store on these logs (made by the
+    /// first).
+    index: Mutex<Vec<(crate::AppId, std::sync::Arc<crate::chunks::Chunks>)>>,
 }
 
 /// One partition's log, and how far the key-value store has applied it.
@@ -136,10 +137,17 @@ impl Segments {
     /// The index in chunks of `app` on these logs (key layout 5), made by the first caller.
     pub(crate) fn index(&self, app: crate::AppId) -> Option<std::sync::Arc<crate::chunks::Chunks>> {
         let events = self.chunk_events?;
-        let index = self.index.get_or_init(|| {
-            std::sync::Arc::new(crate::chunks::Chunks::new(app, self.partitions(), events))
-        });
-        Some(std::sync::Arc::clone(index))
+        let mut index = self
+            .index
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, chunks)) = index.iter().find(|(a, _)| *a == app) {
+            return Some(std::sync::Arc::clone(chunks));
+        }
+        let chunks =
+            std::sync::Arc::new(crate::chunks::Chunks::new(app, self.partitions(), events));
+        index.push((app, std::sync::Arc::clone(&chunks)));
+        Some(chunks)
     }
 
     /// Opens (or creates) the logs of partitions `0..partitions` in `dir/plog`, each with the
@@ -192,7 +200,7 @@ impl Segments {
             logs,
             shared_flush,
             chunk_events: None,
-            index: std::sync::OnceLock::new(),
+            index: Mutex::default(),
         })
     }
 

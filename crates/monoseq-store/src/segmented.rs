@@ -153,7 +153,10 @@ impl<S: KvStore> EventStore<S> {
         }
         let mut full = batch.clone();
         chunks.write_chunks(&self.kv, partition, index, next, &mut full)?;
-        self.kv.write(&full)?;
+        if let Err(e) = self.kv.write(&full) {
+            chunks.uncount(partition, index.events)?;
+            return Err(e);
+        }
         chunks.release(partition)?;
         Ok(())
     }

@@ -1006,6 +1006,13 @@ impl<S: KvStore> EventStore<S> {
                         },
                         source,
                     },
+                    ChunkError::Misplaced { first, found, .. } => ReadError::Misplaced {
+                        slot: Slot::Record {
+                            ws,
+                            id: RecordId(first),
+                        },
+                        found,
+                    },
                     ChunkError::Storage(e) => ReadError::Storage(e),
                 })?,
         };
@@ -1415,6 +1422,7 @@ fn chunk_read(ws: WsId, e: ChunkError) -> ReadError {
             },
             source,
         },
+        e @ ChunkError::Misplaced { .. } => ReadError::Storage(chunk_storage(e)),
         ChunkError::Storage(e) => ReadError::Storage(e),
     }
 }

@@ -2055,3 +2055,40 @@ fn a_damaged_chunk_is_a_read_error_naming_it() {
     );
     assert!(damaged.to_string().contains("damaged"), "{damaged}");
 }
+
+#[test]
+fn a_records_chunk_under_another_key_than_its_run_is_a_read_error() {
+    let mut t = Twins::chunked(TrustLevel::Level0, 30);
+    t.append(P0, 60);
+    let kv = t.kv.inner();
+    let chunk = kv
+        .keys()
+        .into_iter()
+        .find(|k| k.partition.first() == Some(&0x0a))
+        .expect("a records chunk");
+    let first = u64::from_be_bytes(chunk.clustering.as_slice().try_into().expect("be64"));
+    let value = kv.get(chunk.as_key()).expect("get").expect("the chunk");
+    let mut batch = monoseq_kv::WriteBatch::new();
+    batch.put(
+        Key::new(&chunk.partition, &(first + 1).to_be_bytes()),
+        &value,
+    );
+    kv.write(&batch).expect("write");
+    let misplaced = t
+        .work
+        .record_ids()
+        .into_iter()
+        .filter(|&(_, n)| id(n).0 > first + 1)
+        .find_map(|(ws, n)| t.segmented.read_record(WsId(ws), id(n)).err())
+        .expect("a read through the misplaced chunk fails");
+    assert!(
+        matches!(
+            misplaced,
+            ReadError::Misplaced {
+                slot: Slot::Record { .. },
+                ..
+            }
+        ),
+        "{misplaced:?}"
+    );
+}

@@ -1,6 +1,7 @@
-//! Seeded simulation of the event store with its PLogs in segment files (key layout 4), checked
-//! against an oracle: the same groups in the key-value layout (layout 3), given every group the
-//! segmented store stored.
+//! Seeded simulation of the event store with its PLogs in segment files (key layout 4, or
+//! layout 5 with its index in chunks of a few events, half the seeds each), checked against an
+//! oracle: the same groups in the key-value layout (layout 3), given every group the segmented
+//! store stored.
 //!
 //! Each seed runs groups of creates and updates (of records created earlier, in the same group
 //! or in one whose store write failed) on a few partitions, with segments sealed every few
@@ -218,6 +219,8 @@ struct Sim {
     partitions: u32,
     workspaces: u64,
     options: SegOptions,
+    /// Key layout 5's events a chunk; `None`: layout 4.
+    chunk_events: Option<usize>,
     journal: Arc<Journaled>,
     kv: Kv,
     segments: Arc<Segments>,
@@ -233,6 +236,8 @@ struct Sim {
 
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
 struct Stats {
+    /// Seeds in key layout 5.
+    chunked: u64,
     stored: u64,
     unknown: u64,
     not_stored: u64,
@@ -265,14 +270,14 @@ impl Sim {
             preallocate_bytes: rng.random_range(64..=2_048),
             ..SegOptions::default()
         };
+        let chunk_events = rng.random_bool(0.5).then(|| rng.random_range(2..=12));
         let journal = Arc::new(Journaled::default());
         let kv: Kv = Arc::new(FaultyStore::new(Arc::clone(&journal)));
-        let segments = Arc::new(
-            Segments::open_with(dir.path(), partitions, &|_| 1, options.clone())
-                .expect("new logs open")
-                .with_shared_flush()
-                .expect("plog/ opens"),
-        );
+        let segments = Segments::open_with(dir.path(), partitions, &|_| 1, options.clone())
+            .expect("new logs open")
+            .with_shared_flush()
+            .expect("plog/ opens");
+        let segments = Arc::new(in_layout(segments, chunk_events));
         let store = EventStore::with_segments(
             Arc::clone(&kv),
             APP,
@@ -285,6 +290,7 @@ impl Sim {
             dir,
             partitions,
             options,
+            chunk_events,
             journal,
             kv,
             segments,
@@ -293,7 +299,10 @@ impl Sim {
             numbers: Numbers::default(),
             behind: vec![false; partitions as usize],
             poisoned: false,
-            stats: Stats::default(),
+            stats: Stats {
+                chunked: u64::from(chunk_events.is_some()),
+                ..Stats::default()
+            },
         }
     }
 
@@ -464,17 +473,16 @@ impl Sim {
         }
         self.journal = journal;
         self.kv = Arc::new(FaultyStore::new(Arc::clone(&self.journal)));
-        self.segments = Arc::new(
-            Segments::open_with(
-                self.dir.path(),
-                self.partitions,
-                &|p| ends[p as usize],
-                self.options.clone(),
-            )
-            .expect("the logs open at their durable ends")
-            .with_shared_flush()
-            .expect("plog/ opens"),
-        );
+        let segments = Segments::open_with(
+            self.dir.path(),
+            self.partitions,
+            &|p| ends[p as usize],
+            self.options.clone(),
+        )
+        .expect("the logs open at their durable ends")
+        .with_shared_flush()
+        .expect("plog/ opens");
+        self.segments = Arc::new(in_layout(segments, self.chunk_events));
         self.store = EventStore::with_segments(
             Arc::clone(&self.kv),
             APP,
@@ -646,6 +654,14 @@ fn tear_active_segment(rng: &mut ChaCha8Rng, plog: &Path, p: u32) {
     file.write_all(&torn).expect("the torn bytes are written");
 }
 
+/// `segments` in key layout 5 with chunks of `chunk_events` events, or as they are.
+fn in_layout(segments: Segments, chunk_events: Option<usize>) -> Segments {
+    match chunk_events {
+        Some(n) => segments.with_chunks(n),
+        None => segments,
+    }
+}
+
 fn run_seed(seed: u64) -> Stats {
     Sim::new(seed).run()
 }
@@ -676,6 +692,7 @@ fn simulated_crashes_and_store_faults_on_segment_files_lose_nothing_stored_and_r
                  cargo test -p monoseq-store --test segments_simulation"
             )
         });
+        total.chunked += stats.chunked;
         total.stored += stats.stored;
         total.unknown += stats.unknown;
         total.not_stored += stats.not_stored;
@@ -687,7 +704,8 @@ fn simulated_crashes_and_store_faults_on_segment_files_lose_nothing_stored_and_r
     eprintln!("simulation on segment files: {total:?}");
     // Every fault path ran: groups stored with unknown outcomes, refused, and redone.
     assert!(
-        total.stored > 0
+        total.chunked > 0
+            && total.stored > 0
             && total.unknown > 0
             && total.not_stored > 0
             && total.refused > 0

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use monoseq_kv::{Key, KvStore};
 use monoseq_store::{
-    FORMAT_VERSION, Identity, IdentityError, KEY_LAYOUT, KEY_LAYOUT_SEGMENTS, Mark, Marks,
-    MarksError,
+    FORMAT_VERSION, Identity, IdentityError, KEY_LAYOUT, KEY_LAYOUT_CHUNKS, KEY_LAYOUT_SEGMENTS,
+    Mark, Marks, MarksError,
 };
 
 use crate::keys;
@@ -106,13 +106,13 @@ fn inconsistent(
     }
 }
 
-/// The key layouts this build reads: 3 (the PLog in the key-value store) and 4 (the PLog in
-/// segment files).
-const LAYOUTS_READ: &str = "3 or 4";
+/// The key layouts this build reads: 3 (the PLog in the key-value store), 4 (the PLog in
+/// segment files) and 5 (as 4, the WLog entries and created records' references in chunks).
+const LAYOUTS_READ: &str = "3, 4 or 5";
 
 /// Whether this build reads key layout `layout`.
 fn reads(layout: u32) -> bool {
-    layout == KEY_LAYOUT || layout == KEY_LAYOUT_SEGMENTS
+    layout == KEY_LAYOUT || layout == KEY_LAYOUT_SEGMENTS || layout == KEY_LAYOUT_CHUNKS
 }
 
 /// Whether the engine's data is in a key layout this build reads; reports it if not (then
@@ -135,7 +135,9 @@ pub(crate) fn check_layout(meta: &EngineMeta, problems: &mut Problems) -> bool {
 
 /// The key layout to read the store in: the engine's, else the identity's, else 4 when the
 /// store's segment files were given (`segments`), else 3; `None` when it is one this build
-/// does not read (reported by [`check_layout`] or [`check_identity`]).
+/// does not read (reported by [`check_layout`] or [`check_identity`]). A layout 5 store that
+/// records its layout nowhere is read as layout 4: its chunks are not read, and its WLog
+/// entries and created records are reported missing.
 pub(crate) fn layout(
     meta: &EngineMeta,
     identity: Option<&Identity>,

@@ -1,8 +1,9 @@
-//! The event store's key layouts 3 and 4 as `docs/format.md` documents them, rebuilt here
+//! The event store's key layouts 3, 4 and 5 as `docs/format.md` documents them, rebuilt here
 //! because `monoseq-store` keeps its partition keys private: building the partition key of a
-//! PLog, WLog, records or numbers block, the checkpoint, applied-end (layout 4) and
-//! server-metadata keys, and parsing a listed partition key back into its table and columns.
-//! A unit test checks every key against the ones `monoseq_store::EventStore` writes.
+//! PLog, WLog, records or numbers block, the checkpoint, applied-end (layouts 4 and 5), WLog
+//! chunks, records chunks and indexed-end (layout 5) and server-metadata keys, and parsing a
+//! listed partition key back into its table and columns. Unit tests check every key against
+//! the ones `monoseq_store::EventStore` writes.
 
 use monoseq_store::{AppId, LOG_BLOCK_EVENTS, RECORD_BLOCK_IDS};
 
@@ -15,6 +16,12 @@ pub(crate) const TAG_RECORD: u8 = 0x03;
 pub(crate) const TAG_NUMBERS: u8 = 0x04;
 const TAG_CHECKPOINT: u8 = 0x05;
 const TAG_APPLIED: u8 = 0x08;
+const TAG_WLOG_CHUNK: u8 = 0x09;
+const TAG_RECORD_CHUNK: u8 = 0x0a;
+const TAG_INDEXED: u8 = 0x0b;
+
+/// A records chunk (key layout 5) holds IDs that agree above their low 32 bits: its bucket.
+const RECORD_BUCKET_BITS: u32 = 32;
 
 /// The server's metadata partition and its clustering keys ("Other keys" in
 /// `docs/format.md`; `store_id` is written by `monoseq_store::open_data_dir`).
@@ -93,6 +100,36 @@ pub(crate) fn applied(app: AppId, partition: u32) -> Vec<u8> {
     partition_key(TAG_APPLIED, app, &[u64::from(partition)])
 }
 
+/// The partition key of workspace `ws`'s WLog chunks (key layout 5; clustering: the first WLog
+/// offset of the chunk's run, `be64`).
+pub(crate) fn wlog_chunks(app: AppId, ws: u64) -> Vec<u8> {
+    partition_key(TAG_WLOG_CHUNK, app, &[ws])
+}
+
+/// The partition key of workspace `ws`'s records chunks of bucket `bucket` (key layout 5;
+/// clustering: the first record ID of the chunk's run, `be64`).
+pub(crate) fn record_chunks(app: AppId, ws: u64, bucket: u64) -> Vec<u8> {
+    partition_key(TAG_RECORD_CHUNK, app, &[ws, bucket])
+}
+
+/// The partition key of `partition`'s indexed end (key layout 5; empty clustering, value
+/// `be64`: one past the last PLog offset whose WLog entries and created records' references
+/// are in chunks).
+pub(crate) fn indexed(app: AppId, partition: u32) -> Vec<u8> {
+    partition_key(TAG_INDEXED, app, &[u64::from(partition)])
+}
+
+/// The records bucket of record ID `id`: the partition key of the records chunks that may
+/// hold it.
+pub(crate) fn record_bucket(id: u64) -> u64 {
+    id >> RECORD_BUCKET_BITS
+}
+
+/// The first number of a chunk's run, from its clustering; `None` unless it is 8 bytes.
+pub(crate) fn chunk_start(clustering: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(clustering.try_into().ok()?))
+}
+
 /// The clustering column of `n` inside its block of the logs or records: `n mod 4096`, be16.
 pub(crate) fn position(n: u64) -> [u8; 2] {
     ((n % LOG_BLOCK_EVENTS) as u16).to_be_bytes()
@@ -135,17 +172,30 @@ pub(crate) enum Listed {
     Record(u64, u64),
     /// A numbers block.
     Numbers(u64),
-    /// A partition's applied end (key layout 4).
+    /// A partition's applied end (key layouts 4 and 5).
     Applied(u32),
+    /// A workspace's WLog chunks (key layout 5).
+    WLogChunks(u64),
+    /// A workspace's records chunks of one bucket (key layout 5): workspace, bucket.
+    RecordChunks(u64, u64),
+    /// A partition's indexed end (key layout 5).
+    Indexed(u32),
 }
 
-/// Parses a partition key of the logs, records, numbers or applied ends of `app`; `None` for
-/// keys of other tables or applications, or keys that do not parse.
+/// Parses a partition key of the logs, records, numbers, applied ends, chunks or indexed ends
+/// of `app`; `None` for keys of other tables or applications, or keys that do not parse.
 pub(crate) fn parse(app: AppId, key: &[u8]) -> Option<Listed> {
     let (&tag, mut rest) = key.split_first()?;
     if !matches!(
         tag,
-        TAG_PLOG | TAG_WLOG | TAG_RECORD | TAG_NUMBERS | TAG_APPLIED
+        TAG_PLOG
+            | TAG_WLOG
+            | TAG_RECORD
+            | TAG_NUMBERS
+            | TAG_APPLIED
+            | TAG_WLOG_CHUNK
+            | TAG_RECORD_CHUNK
+            | TAG_INDEXED
     ) {
         return None;
     }
@@ -153,14 +203,8 @@ pub(crate) fn parse(app: AppId, key: &[u8]) -> Option<Listed> {
         return None;
     }
     let a = read_varint(&mut rest)?;
-    match tag {
-        TAG_NUMBERS => return rest.is_empty().then_some(Listed::Numbers(a)),
-        TAG_APPLIED => {
-            return rest
-                .is_empty()
-                .then_some(Listed::Applied(u32::try_from(a).ok()?));
-        }
-        _ => {}
+    if rest.is_empty() {
+        return parse_one_column(tag, a);
     }
     let b = read_varint(&mut rest)?;
     if !rest.is_empty() {
@@ -169,7 +213,20 @@ pub(crate) fn parse(app: AppId, key: &[u8]) -> Option<Listed> {
     match tag {
         TAG_PLOG => Some(Listed::PLog(u32::try_from(a).ok()?, b)),
         TAG_WLOG => Some(Listed::WLog(a, b)),
-        _ => Some(Listed::Record(a, b)),
+        TAG_RECORD => Some(Listed::Record(a, b)),
+        TAG_RECORD_CHUNK => Some(Listed::RecordChunks(a, b)),
+        _ => None,
+    }
+}
+
+/// A partition key of table `tag` whose only column (after the application) is `a`.
+fn parse_one_column(tag: u8, a: u64) -> Option<Listed> {
+    match tag {
+        TAG_NUMBERS => Some(Listed::Numbers(a)),
+        TAG_APPLIED => Some(Listed::Applied(u32::try_from(a).ok()?)),
+        TAG_WLOG_CHUNK => Some(Listed::WLogChunks(a)),
+        TAG_INDEXED => Some(Listed::Indexed(u32::try_from(a).ok()?)),
+        _ => None,
     }
 }
 
@@ -219,6 +276,25 @@ mod tests {
         );
         assert_eq!(parse(app, &numbers_block(app, 5)), Some(Listed::Numbers(5)));
         assert_eq!(parse(app, &applied(app, 300)), Some(Listed::Applied(300)));
+        assert_eq!(
+            parse(app, &wlog_chunks(app, 1 << 47)),
+            Some(Listed::WLogChunks(1 << 47))
+        );
+        assert_eq!(
+            parse(app, &record_chunks(app, 9, 75_131)),
+            Some(Listed::RecordChunks(9, 75_131))
+        );
+        assert_eq!(parse(app, &indexed(app, 2)), Some(Listed::Indexed(2)));
+        // A column too many or too few.
+        assert_eq!(
+            parse(app, &partition_key(TAG_WLOG_CHUNK, app, &[9, 1])),
+            None
+        );
+        assert_eq!(
+            parse(app, &partition_key(TAG_RECORD_CHUNK, app, &[9])),
+            None
+        );
+        assert_eq!(parse(app, &partition_key(TAG_PLOG, app, &[3])), None);
         assert_eq!(parse(AppId(2), &plog_block(app, 3, 9)), None);
         assert_eq!(parse(app, &checkpoint(app, 3)), None);
         assert_eq!(parse(app, META_PARTITION), None);

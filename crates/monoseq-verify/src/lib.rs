@@ -1,11 +1,15 @@
 //! monoseq-verify: reads a whole monoseq store and reports every broken invariant, changing
 //! nothing. [`Verifier`] works on any [`KvStore`]: the engine's metadata and the data directory's
 //! identity and marks ([`DirFiles`]), every PLog block of every partition (past gaps), or in key
-//! layout 4 every page of its segment files and its applied end ([`Verifier::segments_in`]),
-//! the numbers each event uses (invariants 1–5 and 10 of docs/invariants.md), each event's WLog
-//! entry, the records table and the stored projection. [`verify_data_dir`] does it for a data
-//! directory of the embedded engine without ever opening the engine on it: it works on a
-//! [`Snapshot`] copy.
+//! layouts 4 and 5 every page of its segment files and its applied end
+//! ([`Verifier::segments_in`]), the numbers each event uses (invariants 1–5 and 10 of
+//! docs/invariants.md), each event's WLog entry, the records table and the stored projection.
+//! In key layout 5 (the index in chunks) the WLog entries and created records' references are
+//! read from their chunks, each chunk checked to decode and hold the run its key names, each
+//! entry against its event as a layout 4 entry or reference is; the events at or above a
+//! partition's indexed end (at most its applied end) are expected in no chunk, as the server
+//! holds their entries in memory only. [`verify_data_dir`] does it for a data directory of the
+//! embedded engine without ever opening the engine on it: it works on a [`Snapshot`] copy.
 //!
 //! # Example
 //!
@@ -47,6 +51,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 #![cfg_attr(not(test), warn(clippy::expect_used))]
 
+mod chunks;
 mod files;
 mod keys;
 mod listing;
@@ -63,12 +68,12 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use monoseq_kv::{FjallStore, Key, KvStore};
-use monoseq_store::{AppId, Identity, KEY_LAYOUT_SEGMENTS, Mark};
+use monoseq_store::{AppId, Identity, KEY_LAYOUT_CHUNKS, Mark, keeps_segments};
 
 pub use files::DirFiles;
 pub use listing::{ListError, PartitionList};
 pub use plog::PLOG_EMPTY_BLOCKS_PROBED;
-pub use problem::{DirFile, Problem, Sequence};
+pub use problem::{ChunkTable, DirFile, Problem, Sequence};
 pub use snapshot::{Snapshot, SnapshotError};
 
 use crate::plog::{PLogPass, Source};
@@ -88,9 +93,11 @@ pub enum Stage {
         /// How many there are.
         partitions: u32,
     },
-    /// Reading WLog blocks for entries no event names; `done` counts blocks.
+    /// Reading WLog blocks for entries no event names; `done` counts blocks (in key layout 5,
+    /// workspaces whose WLog chunks were read).
     WLog,
-    /// Reading records blocks; `done` counts blocks.
+    /// Reading records blocks; `done` counts blocks (in key layout 5, first the workspaces'
+    /// buckets whose records chunks were read, then the blocks).
     Records,
     /// Reading numbers blocks; `done` counts blocks.
     Numbers,
@@ -180,10 +187,10 @@ impl<'a, S: KvStore> Verifier<'a, S> {
         self
     }
 
-    /// The data directory the store is in: a store in key layout 4
-    /// ([`monoseq_store::KEY_LAYOUT_SEGMENTS`]) keeps its PLogs in segment files under its
-    /// `plog/`, read from there (opened read-only: nothing is cut or created). A store in
-    /// layout 3 is read from the key-value store alone.
+    /// The data directory the store is in: a store in key layout 4 or 5
+    /// ([`monoseq_store::KEY_LAYOUT_SEGMENTS`], [`monoseq_store::KEY_LAYOUT_CHUNKS`]) keeps its
+    /// PLogs in segment files under its `plog/`, read from there (opened read-only: nothing
+    /// is cut or created). A store in layout 3 is read from the key-value store alone.
     #[must_use]
     pub fn segments_in(mut self, dir: &'a Path) -> Self {
         self.segments = Some(dir);
@@ -222,6 +229,7 @@ impl<'a, S: KvStore> Verifier<'a, S> {
             app: self.app,
             list: self.list,
             segments: known.segments,
+            chunked: known.chunked,
         };
         let mut state = self.initial_state(&known, &mut problems);
         for p in 0..known.partitions {
@@ -231,13 +239,20 @@ impl<'a, S: KvStore> Verifier<'a, S> {
         if src.segments.is_some() {
             plog::check_applied(&state, &mut problems);
         }
+        if src.chunked {
+            chunks::check_indexed(&state, &mut problems);
+        }
         if let Some(marks) = known.marks {
             files::check_against_marks(marks, &state.partitions, &mut problems);
         }
         report.events = state.events;
         report.workspaces = state.workspaces.len() as u64;
         report.records = state.records.len() as u64;
-        let differing = passes::wlog_entries(&src, &mut state, &mut problems, progress);
+        let differing = if src.chunked {
+            chunks::wlog_chunks(&src, &mut state, &mut problems, progress)
+        } else {
+            passes::wlog_entries(&src, &mut state, &mut problems, progress)
+        };
         if !differing.is_empty() {
             let parts: BTreeSet<u32> = differing
                 .iter()
@@ -270,18 +285,19 @@ impl<'a, S: KvStore> Verifier<'a, S> {
             .files
             .and_then(|f| files::check_marks(f, identity, &meta, problems));
         let layout = files::layout(&meta, identity, self.segments.is_some())?;
-        let segments = match (layout, self.segments) {
-            (KEY_LAYOUT_SEGMENTS, None) => {
+        let segments = match (keeps_segments(layout), self.segments) {
+            (true, None) => {
                 problems.push(Problem::Unreadable {
                     what: "the PLogs".into(),
-                    message: "the store keeps them in segment files (key layout 4), and no data \
-                              directory was given to read them from"
-                        .into(),
+                    message: format!(
+                        "the store keeps them in segment files (key layout {layout}), and no \
+                         data directory was given to read them from"
+                    ),
                 });
                 return None;
             }
-            (KEY_LAYOUT_SEGMENTS, dir) => dir,
-            _ => None,
+            (true, dir) => dir,
+            (false, _) => None,
         };
         let Some(partitions) = meta
             .partitions
@@ -296,6 +312,7 @@ impl<'a, S: KvStore> Verifier<'a, S> {
             identity,
             marks,
             segments,
+            chunked: layout == KEY_LAYOUT_CHUNKS,
         })
     }
 
@@ -305,14 +322,24 @@ impl<'a, S: KvStore> Verifier<'a, S> {
         let n = known.partitions;
         let identity = known.identity;
         let partitions = (0..n)
-            .map(|p| PartitionState {
-                checkpoint: read_checkpoint(self.kv, self.app, p, problems),
-                losses: identity.map_or_else(Vec::new, |i| i.losses_of(p).copied().collect()),
-                retired: identity.map(|i| i.retired(p)).unwrap_or_default(),
-                applied: known
+            .map(|p| {
+                let checkpoint = read_checkpoint(self.kv, self.app, p, problems);
+                let applied = known
                     .segments
-                    .and_then(|_| plog::read_applied(self.kv, self.app, p, problems)),
-                ..PartitionState::default()
+                    .and_then(|_| plog::read_applied(self.kv, self.app, p, problems));
+                // `None` outside key layout 5; `Some(None)` when damaged or unreadable.
+                let indexed = known
+                    .chunked
+                    .then(|| chunks::read_indexed(self.kv, self.app, p, problems));
+                PartitionState {
+                    checkpoint,
+                    losses: identity.map_or_else(Vec::new, |i| i.losses_of(p).copied().collect()),
+                    retired: identity.map(|i| i.retired(p)).unwrap_or_default(),
+                    applied,
+                    indexed: indexed.flatten(),
+                    indexed_unknown: indexed.is_some_and(|i| i.is_none()),
+                    ..PartitionState::default()
+                }
             })
             .collect();
         if let Some(list) = self.list {
@@ -360,8 +387,10 @@ struct Known<'f> {
     partitions: u32,
     identity: Option<&'f Identity>,
     marks: Option<&'f [Mark]>,
-    /// The data directory whose segment files hold the PLogs (key layout 4).
+    /// The data directory whose segment files hold the PLogs (key layouts 4 and 5).
     segments: Option<&'f Path>,
+    /// Key layout 5: the WLog entries and created records' references are in chunks.
+    chunked: bool,
 }
 
 impl Known<'_> {
@@ -435,9 +464,9 @@ pub enum VerifyDirError {
 /// Verifies data directory `dir` of the embedded engine (fjall) for `app`, reading a
 /// [`Snapshot`] copy so that no byte of `dir` changes, opened once and read-only through the kv
 /// crate (the same open a server's reads go through), with a [`PartitionList`] of the copy so
-/// that every block is read, and in key layout 4 the copy's segment files. When the engine's
-/// keys cannot all be read (damaged files), that is a problem and verification goes on
-/// without the list, reporting what each read finds.
+/// that every block is read, and in key layouts 4 and 5 the copy's segment files. When the
+/// engine's keys cannot all be read (damaged files), that is a problem and verification goes
+/// on without the list, reporting what each read finds.
 /// `partitions` is used only when neither the engine nor the identity records a partition
 /// count.
 ///

@@ -1,10 +1,11 @@
-//! [`PartitionList`]: which blocks of the logs, records and numbers a store holds. The
-//! key-value contract has no way to list partitions (a scan stays inside one), so without a
-//! list verification finds only what the PLogs lead to; with one it also finds WLog entries,
-//! records and numbers of workspaces no event names, and PLog blocks past a gap or of unknown
-//! partitions. A list comes from the engine's own listing ([`PartitionList::from_store`]) or
-//! from known partition keys ([`PartitionList::from_keys`]); only `keys.rs` knows the layout
-//! of a partition key, and only the kv crate how the engine stores one.
+//! [`PartitionList`]: which blocks of the logs, records and numbers (and in key layout 5 which
+//! workspaces' WLog and records chunks) a store holds. The key-value contract has no way to
+//! list partitions (a scan stays inside one), so without a list verification finds only what
+//! the PLogs lead to; with one it also finds WLog entries, records, chunks and numbers of
+//! workspaces no event names, and PLog blocks past a gap or of unknown partitions. A list comes
+//! from the engine's own listing ([`PartitionList::from_store`]) or from known partition keys
+//! ([`PartitionList::from_keys`]); only `keys.rs` knows the layout of a partition key, and only
+//! the kv crate how the engine stores one.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -21,6 +22,10 @@ pub struct PartitionList {
     pub(crate) wlog: Vec<(u64, u64)>,
     pub(crate) records: Vec<(u64, u64)>,
     pub(crate) numbers: Vec<u64>,
+    /// Key layout 5: the workspaces with WLog chunks.
+    pub(crate) wlog_chunks: Vec<u64>,
+    /// Key layout 5: the (workspace, bucket) pairs with records chunks.
+    pub(crate) record_chunks: Vec<(u64, u64)>,
 }
 
 /// Why listing an engine's partitions failed.
@@ -75,8 +80,10 @@ impl PartitionList {
             Some(Listed::WLog(ws, block)) => self.wlog.push((ws, block)),
             Some(Listed::Record(ws, block)) => self.records.push((ws, block)),
             Some(Listed::Numbers(block)) => self.numbers.push(block),
-            // An applied end (key layout 4) is one key, read by partition, not a block.
-            Some(Listed::Applied(_)) | None => {}
+            Some(Listed::WLogChunks(ws)) => self.wlog_chunks.push(ws),
+            Some(Listed::RecordChunks(ws, bucket)) => self.record_chunks.push((ws, bucket)),
+            // An applied or indexed end is one key, read by partition, not a block.
+            Some(Listed::Applied(_) | Listed::Indexed(_)) | None => {}
         }
     }
 
@@ -89,17 +96,23 @@ impl PartitionList {
             v.sort_unstable();
             v.dedup();
         }
-        self.numbers.sort_unstable();
-        self.numbers.dedup();
+        for v in [&mut self.numbers, &mut self.wlog_chunks] {
+            v.sort_unstable();
+            v.dedup();
+        }
+        self.record_chunks.sort_unstable();
+        self.record_chunks.dedup();
     }
 
-    /// How many blocks the list holds, over all tables.
+    /// How many blocks (and partitions of chunks) the list holds, over all tables.
     #[must_use]
     pub fn blocks(&self) -> usize {
         self.plog.values().map(Vec::len).sum::<usize>()
             + self.wlog.len()
             + self.records.len()
             + self.numbers.len()
+            + self.wlog_chunks.len()
+            + self.record_chunks.len()
     }
 }
 
@@ -118,6 +131,10 @@ mod tests {
             keys::record_block(app, 9, 78),
             keys::numbers_block(app, 0),
             keys::applied(app, 2),
+            keys::wlog_chunks(app, 9),
+            keys::wlog_chunks(app, 9),
+            keys::record_chunks(app, 9, 75_131),
+            keys::indexed(app, 2),
             keys::plog_block(AppId(2), 0, 0),
             keys::META_PARTITION.to_vec(),
         ];
@@ -126,6 +143,8 @@ mod tests {
         assert_eq!(list.wlog, vec![(9, 0)]);
         assert_eq!(list.records, vec![(9, 78)]);
         assert_eq!(list.numbers, vec![0]);
-        assert_eq!(list.blocks(), 5);
+        assert_eq!(list.wlog_chunks, vec![9]);
+        assert_eq!(list.record_chunks, vec![(9, 75_131)]);
+        assert_eq!(list.blocks(), 7);
     }
 }

@@ -1,7 +1,9 @@
-//! The passes after the PLogs, block by block in key order: the WLogs (entries no event names), the
-//! records table (every record created or updated exists, decodes and matches its event, or is a
-//! reference that resolves to it; no record without an event) and the numbers table (invariants 4 and 5 of docs/invariants.md: stored
-//! numbers cover every event before the checkpoint and are never ahead of the PLog).
+//! The passes after the PLogs, block by block in key order: the WLogs (entries no event names;
+//! in key layout 5 their chunks, [`crate::chunks`]), the records table (every record created
+//! or updated exists, decodes and matches its event, or is a reference that resolves to it, or
+//! in key layout 5 is in a records chunk that does; no record without an event) and the
+//! numbers table (invariants 4 and 5 of docs/invariants.md: stored numbers cover every event
+//! before the checkpoint and are never ahead of the PLog).
 
 use std::collections::{HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
@@ -9,15 +11,18 @@ use std::ops::{Bound, ControlFlow};
 use monoseq_kv::{KvError, KvStore, Order};
 use monoseq_store::{DecodeError, Mark, RecordKind, RecordRef, WLogTarget};
 
+use crate::chunks::{self, InChunk};
 use crate::keys;
 use crate::plog::{PROGRESS_EVERY, Source, describe_entry};
 use crate::problem::Problem;
 use crate::record::{StoredRecord, decode_record};
-use crate::state::{Problems, RecordState, SEQUENCES, State, entry_hash, initial, mark_of, slot};
+use crate::state::{
+    PartitionState, Problems, RecordState, SEQUENCES, State, entry_hash, initial, mark_of, slot,
+};
 use crate::{Progress, Stage};
 
 /// Reads a whole partition, calling `visit` with each entry's clustering and value.
-fn scan_all<S: KvStore>(
+pub(crate) fn scan_all<S: KvStore>(
     kv: &S,
     partition: &[u8],
     visit: &mut dyn FnMut(&[u8], &[u8]),
@@ -35,14 +40,18 @@ fn scan_all<S: KvStore>(
 }
 
 /// The sorted union of two sorted sequences, each element once.
-fn union<T: Ord + Copy>(a: impl IntoIterator<Item = T>, b: impl IntoIterator<Item = T>) -> Vec<T> {
+pub(crate) fn union<T: Ord + Copy>(
+    a: impl IntoIterator<Item = T>,
+    b: impl IntoIterator<Item = T>,
+) -> Vec<T> {
     let mut all: Vec<T> = a.into_iter().chain(b).collect();
     all.sort_unstable();
     all.dedup();
     all
 }
 
-fn report(progress: &mut dyn FnMut(Progress), stage: Stage, done: u64, total: u64) {
+/// Reports `done` items of `total` of `stage` every few thousand items and at the end.
+pub(crate) fn report(progress: &mut dyn FnMut(Progress), stage: Stage, done: u64, total: u64) {
     if done.is_multiple_of(PROGRESS_EVERY) || done == total {
         progress(Progress {
             stage,
@@ -110,6 +119,12 @@ pub(crate) fn wlog_entries<S: KvStore>(
         }
         report(progress, Stage::WLog, done as u64 + 1, total);
     }
+    differing(state)
+}
+
+/// The workspaces whose WLog digests do not come to 0: an entry of theirs is missing or
+/// differs from its event.
+pub(crate) fn differing(state: &State) -> HashSet<u64> {
     state
         .workspaces
         .iter()
@@ -134,17 +149,25 @@ fn wlog_blocks<S: KvStore>(src: &Source<'_, S>, state: &State) -> Vec<(u64, u64)
         .collect()
 }
 
-/// The records table against the records the events created and updated. Consumes the
-/// records map.
+/// A record some event created or updated: its workspace and ID, and what the PLog pass found.
+pub(crate) type ExpectedRecord = ((u64, u64), RecordState);
+
+/// The records table against the records the events created and updated (in key layout 5,
+/// the records chunks first). Consumes the records map.
 pub(crate) fn records<S: KvStore>(
     src: &Source<'_, S>,
     state: &mut State,
     problems: &mut Problems,
     progress: &mut dyn FnMut(Progress),
 ) {
-    let mut expected: Vec<((u64, u64), RecordState)> = state.records.drain().collect();
+    let mut expected: Vec<ExpectedRecord> = state.records.drain().collect();
     expected.shrink_to_fit();
     expected.sort_unstable_by_key(|(k, _)| *k);
+    let in_chunks = if src.chunked {
+        chunks::record_chunks(src, state, &expected, problems, progress)
+    } else {
+        Vec::new()
+    };
     let derived = expected
         .iter()
         .map(|&((ws, id), _)| (ws, keys::record_block_of(id)));
@@ -188,71 +211,102 @@ pub(crate) fn records<S: KvStore>(
             next += 1;
         }
         let run = expected.get(start..next).unwrap_or_default();
-        let refs_allowed = src.segments.is_some();
-        check_block(state, (ws, refs_allowed), run, &stored, problems);
+        let run_in_chunks = in_chunks.get(start..next).unwrap_or_default();
+        let at = Place::of(state, ws, src.segments.is_some());
+        check_block(state, &at, (run, run_in_chunks), &stored, problems);
         report(progress, Stage::Records, done as u64 + 1, total);
     }
 }
 
-/// Merges one block's stored records with the expected ones (both sorted by ID) of `ws`, in a
-/// store that may hold record references (key layout 4) when `refs_allowed`.
+/// Merges one block's stored records with the expected ones (both sorted by ID) of workspace
+/// `at.ws`; `run_in_chunks` says (key layout 5) which of the expected ones the records chunks
+/// hold (empty: none).
 fn check_block(
     state: &State,
-    (ws, refs_allowed): (u64, bool),
-    run: &[((u64, u64), RecordState)],
+    at: &Place,
+    (run, run_in_chunks): (&[ExpectedRecord], &[InChunk]),
     stored: &[(u64, Result<StoredRecord, DecodeError>)],
     problems: &mut Problems,
 ) {
+    let ws = at.ws;
     let retired = state.retired_of(ws);
-    let partition = state.workspaces.get(&ws).map_or(0, |w| w.partition);
-    let part = state.partitions.get(partition as usize);
-    let at = Place {
-        ws,
-        partition,
-        plog_last: part.map_or(0, |p| p.plog_last),
-        refs_allowed,
-    };
+    let part = state.partitions.get(at.partition as usize);
     let mut s = stored.iter().peekable();
-    let mut e = run.iter().peekable();
+    let mut e = run.iter().enumerate().peekable();
     loop {
         match (s.peek(), e.peek()) {
             (None, None) => break,
-            (Some(&&(id, ref got)), exp) if exp.is_none_or(|&&((_, eid), _)| id < eid) => {
+            (Some(&&(id, ref got)), exp) if exp.is_none_or(|&(_, &((_, eid), _))| id < eid) => {
                 s.next();
-                stored_without_event(&at, id, got, &retired, problems);
+                stored_without_event(at, id, got, &retired, problems);
             }
-            (stored_now, Some(&&((_, id), rs))) if stored_now.is_none_or(|&&(sid, _)| id < sid) => {
+            (stored_now, Some(&(i, &((_, id), rs))))
+                if stored_now.is_none_or(|&&(sid, _)| id < sid) =>
+            {
                 e.next();
                 let below = [1usize, 2].iter().any(|&i| id <= mark_of(&retired, i));
-                // Below a retired mark (an accepted loss took it), or not applied yet.
-                let excused = (rs.kind == 0 && below) || part.is_some_and(|p| p.lags(rs.offset));
-                if !excused {
+                let in_chunk = run_in_chunks.get(i).copied().unwrap_or_default();
+                if !missing_excused(part, rs, below, in_chunk) {
                     problems.push(Problem::RecordMissing {
                         ws,
                         id,
-                        partition,
+                        partition: at.partition,
                         offset: rs.offset,
                         verb: if rs.kind == 0 { "updated" } else { "created" },
                     });
                 }
             }
-            (Some(&&(id, ref got)), Some(&&(_, rs))) => {
+            (Some(&&(id, ref got)), Some(&(_, &(_, rs)))) => {
                 s.next();
                 e.next();
-                compare_record(&at, id, got, rs, problems);
+                compare_record(at, id, got, rs, problems);
             }
             _ => break,
         }
     }
 }
 
+/// Whether a record its own key does not hold may be missing there: below a retired mark
+/// (`below_retired`: an accepted loss took it), not applied yet, or (key layout 5) created and
+/// not updated since, and either in a records chunk (`in_chunk`, checked there) or held in
+/// memory only (its event is at or above the indexed end, or the indexed end is unknown). A
+/// record updated since is stored whole under its own key: a chunk's reference to its creating
+/// event would lose the update.
+fn missing_excused(
+    part: Option<&PartitionState>,
+    rs: RecordState,
+    below_retired: bool,
+    in_chunk: InChunk,
+) -> bool {
+    let created_only = rs.kind != 0 && !rs.updated;
+    (rs.kind == 0 && below_retired)
+        || part.is_some_and(|p| p.lags(rs.offset))
+        || (created_only
+            && (in_chunk != InChunk::Absent
+                || part.is_some_and(|p| p.may_lack_chunk_entry(rs.offset))))
+}
+
 /// The workspace whose records are checked, its partition and the last offset of its PLog,
-/// and whether the store may hold record references (key layout 4).
-struct Place {
-    ws: u64,
-    partition: u32,
-    plog_last: u64,
-    refs_allowed: bool,
+/// and whether the store may hold record references (key layouts 4 and 5).
+pub(crate) struct Place {
+    pub(crate) ws: u64,
+    pub(crate) partition: u32,
+    pub(crate) plog_last: u64,
+    pub(crate) refs_allowed: bool,
+}
+
+impl Place {
+    /// The place of workspace `ws`'s records (partition 0 for a workspace no event names).
+    pub(crate) fn of(state: &State, ws: u64, refs_allowed: bool) -> Place {
+        let partition = state.workspaces.get(&ws).map_or(0, |w| w.partition);
+        let part = state.partitions.get(partition as usize);
+        Place {
+            ws,
+            partition,
+            plog_last: part.map_or(0, |p| p.plog_last),
+            refs_allowed,
+        }
+    }
 }
 
 /// A stored record no event created: fine only below a retired mark (an accepted loss took
@@ -335,7 +389,7 @@ fn check_reference(
     expected: Option<RecordState>,
     problems: &mut Problems,
 ) {
-    let (ws, partition) = (at.ws, at.partition);
+    let ws = at.ws;
     if !at.refs_allowed {
         return problems.push(Problem::RecordMismatch {
             ws,
@@ -343,48 +397,61 @@ fn check_reference(
             detail: "is a record reference, which a key layout 3 store never holds".into(),
         });
     }
+    match (reference_found(at, r, expected), expected) {
+        (Some(found), _) => problems.push(Problem::RecordDangling {
+            ws,
+            id,
+            partition: r.partition.0,
+            offset: r.plog_offset.0,
+            found,
+        }),
+        (None, Some(e)) if e.updated => problems.push(Problem::RecordMismatch {
+            ws,
+            id,
+            detail: format!(
+                "is stored as the event at PLog offset {} created it, but a later event \
+                 updated it: the update is lost",
+                e.offset
+            ),
+        }),
+        (None, _) => {}
+    }
+}
+
+/// What the place reference `r` names holds instead of the event that created the record of
+/// workspace `at.ws` (`expected`, as the PLog pass found it; `None`: no event did); `None`
+/// when it is that event (its partition, PLog offset and checksum) and the record sits where
+/// the reference says among its created records. Used for the references stored under a
+/// record's own key (key layouts 4 and 5) and those in records chunks (key layout 5).
+pub(crate) fn reference_found(
+    at: &Place,
+    r: &RecordRef,
+    expected: Option<RecordState>,
+) -> Option<String> {
+    let partition = at.partition;
     let index = u16::try_from(r.index).unwrap_or(u16::MAX);
-    let found = match expected {
+    let created = expected.filter(|e| e.kind != 0);
+    Some(match created {
         _ if r.partition.0 != partition => {
             format!("no event of the workspace (its events are in partition {partition})")
         }
         _ if r.plog_offset.0 == 0 || r.plog_offset.0 > at.plog_last => "no event".to_owned(),
-        Some(e) if e.kind != 0 && e.offset != r.plog_offset.0 => {
+        Some(e) if e.offset != r.plog_offset.0 => {
             format!(
                 "another event (the record's was at PLog offset {})",
                 e.offset
             )
         }
-        Some(e) if e.kind != 0 && e.crc != r.event_crc => {
-            "another event (its checksum differs)".to_owned()
-        }
-        Some(e) if e.kind != 0 && e.index != index => {
+        Some(e) if e.crc != r.event_crc => "another event (its checksum differs)".to_owned(),
+        Some(e) if e.index != index => {
             format!(
                 "an event whose created record {} is another record",
                 r.index
             )
         }
-        Some(e) if e.kind != 0 && e.updated => {
-            return problems.push(Problem::RecordMismatch {
-                ws,
-                id,
-                detail: format!(
-                    "is stored as the event at PLog offset {} created it, but a later event \
-                     updated it: the update is lost",
-                    e.offset
-                ),
-            });
-        }
-        Some(e) if e.kind != 0 => return,
-        _ => "no event that creates the record".to_owned(),
-    };
-    problems.push(Problem::RecordDangling {
-        ws,
-        id,
-        partition: r.partition.0,
-        offset: r.plog_offset.0,
-        found,
-    });
+        Some(_) => return None,
+        None => "no event that creates the record".to_owned(),
+    })
 }
 
 /// Stored numbers of one numbers block, by workspace and sequence slot.

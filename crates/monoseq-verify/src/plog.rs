@@ -1,12 +1,13 @@
 //! The PLog pass: reads every PLog block of a partition (past gaps, unlike replay, which stops at
-//! the first block that is not full), or every page of its segment files in key layout 4
+//! the first block that is not full), or every page of its segment files in key layouts 4 and 5
 //! ([`segments`]), decodes every event, checks it sits at its own offset and
 //! that offsets are contiguous except at accepted losses, checks the numbers it uses (invariants
 //! 1–3 and 10 of docs/invariants.md), and remembers per workspace and per record what the later
 //! passes need, among them a digest of the workspace's events that the WLog pass compares with its
-//! entries. The same pass, in comparison mode, reads the PLog again for the few workspaces whose
-//! digests differ and compares their WLog entries byte for byte, to name each entry that is missing
-//! or different.
+//! entries (in key layout 5 of the events below the indexed end only: no chunk holds the others).
+//! The same pass, in comparison mode, reads the PLog again for the few workspaces whose digests
+//! differ and compares their WLog entries byte for byte (in key layout 5, their chunks' entries
+//! field by field, [`crate::chunks`]), to name each entry that is missing or different.
 
 mod segments;
 
@@ -17,6 +18,7 @@ use std::path::Path;
 use monoseq_kv::{Key, KvStore, Order};
 use monoseq_store::{AppId, Event, LOG_BLOCK_EVENTS, Mark, WLogEntry, WLogRef, event_crc};
 
+use crate::chunks::{self, EventAt, WLogCursor};
 use crate::keys;
 use crate::listing::PartitionList;
 use crate::problem::Problem;
@@ -43,8 +45,10 @@ pub(crate) struct Source<'a, S> {
     pub(crate) kv: &'a S,
     pub(crate) app: AppId,
     pub(crate) list: Option<&'a PartitionList>,
-    /// Key layout 4: the data directory whose segment files hold the PLogs.
+    /// Key layouts 4 and 5: the data directory whose segment files hold the PLogs.
     pub(crate) segments: Option<&'a Path>,
+    /// Key layout 5: the WLog entries and created records' references are in chunks.
+    pub(crate) chunked: bool,
 }
 
 /// An event whose WLog entry is yet to be compared.
@@ -69,6 +73,8 @@ pub(crate) struct PLogPass<'s, 'a, S> {
     next: u64,
     pending: Vec<Pending>,
     pending_bytes: Vec<u8>,
+    /// Key layout 5, comparison mode: the WLog chunk last read of each workspace compared.
+    cursors: HashMap<u64, WLogCursor>,
 }
 
 impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
@@ -91,6 +97,7 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
             next: 1,
             pending: Vec::new(),
             pending_bytes: Vec::new(),
+            cursors: HashMap::new(),
         }
     }
 
@@ -233,7 +240,11 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
                 && e.plog_offset.0 == offset
                 && workspaces.contains(&e.ws.0)
             {
-                self.push_pending(e.ws.0, e.wlog_offset.0, offset, value);
+                if self.src.chunked {
+                    self.compare_in_chunks(e.ws.0, e.wlog_offset.0, offset, value);
+                } else {
+                    self.push_pending(e.ws.0, e.wlog_offset.0, offset, value);
+                }
             }
             return;
         }
@@ -268,11 +279,37 @@ impl<'s, 'a, S: KvStore> PLogPass<'s, 'a, S> {
         let crc = event_crc(value).unwrap_or_default();
         self.numbers(&event);
         self.records(&event, crc);
-        if let Some(w) = self.state.workspaces.get_mut(&event.ws.0) {
+        let unindexed = self
+            .state
+            .partitions
+            .get(partition as usize)
+            .is_some_and(|p| p.unindexed(offset));
+        // In key layout 5 the entry of an event at or above the indexed end is in no chunk:
+        // it counts as present (the event itself holds it).
+        if let Some(w) = self.state.workspaces.get_mut(&event.ws.0)
+            && !unindexed
+        {
             w.wlog_digest =
                 w.wlog_digest
                     .wrapping_add(entry_hash(event.wlog_offset.0, partition, offset, crc));
         }
+    }
+
+    /// Key layout 5: compares the WLog entry the chunks hold for the event at `offset` (its
+    /// bytes `value`) of workspace `ws`, at WLog offset `wlog`, with the event.
+    fn compare_in_chunks(&mut self, ws: u64, wlog: u64, offset: u64, value: &[u8]) {
+        let at = EventAt {
+            ws,
+            wlog,
+            partition: self.partition,
+            offset,
+            crc: event_crc(value).unwrap_or_default(),
+        };
+        let cursor = self
+            .cursors
+            .entry(ws)
+            .or_insert_with(|| WLogCursor::new(ws));
+        chunks::compare_event(self.src, cursor, &self.state.partitions, &at, self.problems);
     }
 
     fn push_pending(&mut self, ws: u64, wlog: u64, offset: u64, value: &[u8]) {

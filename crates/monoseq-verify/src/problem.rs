@@ -25,6 +25,35 @@ impl std::fmt::Display for Sequence {
     }
 }
 
+/// Which table of the index in chunks (key layout 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ChunkTable {
+    /// WLog chunks: where the events of a run of one workspace's WLog offsets are.
+    WLog,
+    /// Records chunks: which events created a run of one workspace's records.
+    Records,
+}
+
+impl ChunkTable {
+    /// What one entry of a chunk of this table is numbered by, for messages.
+    pub(crate) fn item(self) -> &'static str {
+        match self {
+            ChunkTable::WLog => "WLog offset",
+            ChunkTable::Records => "record",
+        }
+    }
+}
+
+impl std::fmt::Display for ChunkTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ChunkTable::WLog => "WLog",
+            ChunkTable::Records => "records",
+        })
+    }
+}
+
 /// Which file of the data directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -244,7 +273,7 @@ pub enum Problem {
         /// What follows the log's data in its last segment, when not zeros.
         tail: Option<String>,
     },
-    /// An applied end (key layout 4) does not decode.
+    /// An applied end (key layouts 4 and 5) does not decode.
     #[error("partition {partition}: the applied end is damaged ({len} bytes where 8 belong)")]
     AppliedDamaged {
         /// The partition.
@@ -481,11 +510,14 @@ pub enum Problem {
         /// The record ID.
         id: u64,
     },
-    /// A record stored as a reference to the event that created it (key layout 4) whose
+    /// A record stored as a reference to the event that created it (under its own key in key
+    /// layouts 4 and 5, or in a records chunk in layout 5) whose
     /// reference does not resolve to the record: the event is not there, is another event,
     /// or does not create the record where the reference says.
     #[error(
-        "workspace {ws}: record {id} refers to PLog offset {offset} of partition {partition},          which holds {found}: the record cannot be read; restore the data directory from a          backup"
+        "workspace {ws}: record {id} refers to PLog offset {offset} of partition {partition}, \
+         which holds {found}: the record cannot be read; restore the data directory from a \
+         backup"
     )]
     RecordDangling {
         /// The workspace.
@@ -498,6 +530,79 @@ pub enum Problem {
         offset: u64,
         /// What that place holds instead.
         found: String,
+    },
+
+    // -- The index in chunks (key layout 5) ---------------------------------------------------
+    /// A WLog or records chunk does not decode, or does not hold the run its key names (its
+    /// first entry is elsewhere, an entry is outside its records bucket, or its run reaches
+    /// into the next chunk's): the entries of its run cannot be read, or are read from no
+    /// chunk.
+    #[error(
+        "workspace {ws}: the {table} chunk whose run starts at {} {first} is damaged ({detail}): \
+         the engine cannot read the entries of its run (reads of them fail, or miss them); \
+         restore the data directory from a backup",
+        table.item()
+    )]
+    ChunkDamaged {
+        /// Which table.
+        table: ChunkTable,
+        /// The workspace.
+        ws: u64,
+        /// The WLog offset or record ID its key names.
+        first: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A chunk holds the entry of an event at or above its partition's indexed end: the chunks
+    /// and the indexed end, written in one batch, disagree.
+    #[error(
+        "workspace {ws}: a {table} chunk holds {} {number}, whose event at PLog offset {offset} \
+         of partition {partition} is at or above the partition's indexed end {indexed}: chunks \
+         hold only events below it, so the engine's keys disagree with each other (the indexed \
+         end went back, or the chunk was written by something else); restore the data \
+         directory from a backup",
+        table.item()
+    )]
+    ChunkAhead {
+        /// Which table.
+        table: ChunkTable,
+        /// The workspace.
+        ws: u64,
+        /// The WLog offset or record ID.
+        number: u64,
+        /// The partition of the event.
+        partition: u32,
+        /// The event's PLog offset.
+        offset: u64,
+        /// The partition's indexed end.
+        indexed: u64,
+    },
+    /// A partition's indexed end is above its applied end: it says chunks hold the WLog
+    /// entries and records of events the engine never applied.
+    #[error(
+        "partition {partition}: the indexed end {indexed} is above the applied end {applied}: it \
+         says chunks hold the WLog entries and created records of events the engine never \
+         applied, and a restart reads none of the events below it back from the segment files; \
+         restore the data directory from a backup"
+    )]
+    IndexedAhead {
+        /// The partition.
+        partition: u32,
+        /// The indexed end the engine records.
+        indexed: u64,
+        /// The applied end it records (1 when none).
+        applied: u64,
+    },
+    /// A partition's indexed end does not decode.
+    #[error(
+        "partition {partition}: the indexed end is damaged ({len} bytes where 8 belong): the \
+         engine does not start on it"
+    )]
+    IndexedDamaged {
+        /// The partition.
+        partition: u32,
+        /// Its length.
+        len: usize,
     },
 }
 
@@ -541,6 +646,10 @@ impl Problem {
             Problem::RecordMissing { .. } => "record-missing",
             Problem::RecordOrphan { .. } => "record-orphan",
             Problem::RecordDangling { .. } => "record-dangling",
+            Problem::ChunkDamaged { .. } => "chunk-damaged",
+            Problem::ChunkAhead { .. } => "chunk-ahead",
+            Problem::IndexedAhead { .. } => "indexed-ahead",
+            Problem::IndexedDamaged { .. } => "indexed-damaged",
         }
     }
 }

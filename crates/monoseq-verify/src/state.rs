@@ -1,8 +1,8 @@
 //! What verification remembers between its passes, bounded per key and never whole events:
 //! per workspace its partition and, per numbered sequence, the last number its events used
 //! and the last one before the checkpoint; per record its creating (or first updating) event;
-//! per partition its PLog end, checkpoint and accepted losses. Also the sink that keeps the
-//! first problems and counts the rest.
+//! per partition its PLog end, checkpoint, accepted losses and (key layouts 4 and 5) applied
+//! and indexed ends. Also the sink that keeps the first problems and counts the rest.
 
 use std::collections::HashMap;
 
@@ -159,10 +159,21 @@ pub(crate) struct PartitionState {
     pub(crate) log_end: Option<u64>,
     /// Key layout 4: what follows the data of its last segment when that is not zeros.
     pub(crate) tail: Option<String>,
-    /// Key layout 4: the applied end the engine records (1 when it records none): one past
-    /// the last PLog offset whose WLog entries and records it holds. Those of later events
-    /// may be missing, as a crash leaves them: the server writes them again at its start.
+    /// Key layouts 4 and 5: the applied end the engine records (1 when it records none): one
+    /// past the last PLog offset whose WLog entries and records it holds. Those of later
+    /// events may be missing, as a crash leaves them: the server writes them again at its
+    /// start.
     pub(crate) applied: Option<u64>,
+    /// Key layout 5: the indexed end the engine records (1 when it records none): one past
+    /// the last PLog offset whose WLog entries and created records' references are in chunks.
+    /// Those of later events are held in memory only while the server runs (a restart reads
+    /// them back from the segment files), so no chunk holds them. `None` in layouts 3 and 4,
+    /// or when it is unknown.
+    pub(crate) indexed: Option<u64>,
+    /// Key layout 5: the indexed end is damaged or unreadable (reported), so which events
+    /// the chunks hold is unknown: an entry a chunk holds must match its event, but none is
+    /// required.
+    pub(crate) indexed_unknown: bool,
 }
 
 impl PartitionState {
@@ -178,6 +189,19 @@ impl PartitionState {
     /// yet (key layout 4: it is at or above the applied end).
     pub(crate) fn lags(&self, offset: u64) -> bool {
         self.applied.is_some_and(|applied| offset >= applied)
+    }
+
+    /// Whether no chunk may hold the WLog entry and created records of the event at `offset`
+    /// (key layout 5: it is at or above the indexed end).
+    pub(crate) fn unindexed(&self, offset: u64) -> bool {
+        self.indexed.is_some_and(|indexed| offset >= indexed)
+    }
+
+    /// Whether the engine need not hold the WLog entry and created records of the event at
+    /// `offset` in chunks, or at all: not applied yet, at or above the indexed end (key layout
+    /// 5: held in memory only), or the indexed end is unknown.
+    pub(crate) fn may_lack_chunk_entry(&self, offset: u64) -> bool {
+        self.lags(offset) || self.unindexed(offset) || self.indexed_unknown
     }
 
     /// The accepted loss that contains `offset`, if any.

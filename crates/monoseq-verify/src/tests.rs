@@ -11,18 +11,23 @@ use monoseq_kv::{
     CasError, Key, KvError, KvStore, MemoryStore, Op, Order, Visitor, WriteBatch, WriteError,
 };
 use monoseq_store::{
-    AcceptedLoss, AppId, ArgObject, Event, EventStore, FORMAT_VERSION, Field, Identity, KEY_LAYOUT,
-    KEY_LAYOUT_SEGMENTS, Mark, PLOG_DIR, PartitionId, Record, RecordId, RecordKind, RecordRef,
-    Segments, TrustLevel, WLogOffset, WLogRef,
+    AcceptedLoss, AppId, ArgObject, ChunkedRecord, ChunkedWLog, Event, EventStore, FORMAT_VERSION,
+    Field, Identity, KEY_LAYOUT, KEY_LAYOUT_CHUNKS, KEY_LAYOUT_SEGMENTS, Mark, PLOG_DIR,
+    PartitionId, Record, RecordId, RecordKind, RecordRef, Segments, TrustLevel, WLogOffset,
+    WLogRef,
 };
 
-use crate::{DirFiles, PartitionList, Problem, Report, Verifier, keys};
+use crate::{ChunkTable, DirFiles, PartitionList, Problem, Report, Verifier, keys};
 
 const APP: AppId = AppId(1);
 const PARTITIONS: u32 = 2;
 const STORE_ID: &str = "0123456789abcdef0123456789abcdef";
 const CRECORD_FIRST: u64 = 322_685_000_131_072;
 const OWRECORD_FIRST: u64 = 322_680_000_131_072;
+/// Key layout 5: events of a partition per chunk, small so that [`Fixture::good_in`] writes
+/// partition 0's first four events in chunks and holds its last two, and holds all three of
+/// partition 1's.
+const CHUNK_EVENTS: usize = 4;
 
 /// The in-memory store, remembering every partition key written, so tests can list them.
 #[derive(Debug, Default)]
@@ -84,7 +89,7 @@ struct Fixture {
     next: HashMap<u64, [u64; 3]>,
     first_record: HashMap<u64, u64>,
     plog_next: [u64; PARTITIONS as usize],
-    /// Key layout 4: the data directory whose segment files hold the PLogs.
+    /// Key layouts 4 and 5: the data directory whose segment files hold the PLogs.
     dir: Option<tempfile::TempDir>,
 }
 
@@ -94,12 +99,15 @@ impl Fixture {
     }
 
     /// An empty store in key layout `layout`: 3, or 4 with its PLogs in segment files in a
-    /// temporary data directory.
+    /// temporary data directory, or 5 as 4 with its index in chunks of [`CHUNK_EVENTS`].
     fn with_layout(layout: u32) -> Fixture {
         let kv = Arc::new(Recording::default());
-        let (store, dir) = if layout == KEY_LAYOUT_SEGMENTS {
+        let (store, dir) = if monoseq_store::keeps_segments(layout) {
             let dir = tempfile::tempdir().unwrap();
-            let segments = Segments::open(dir.path(), PARTITIONS, &|_| 1).unwrap();
+            let mut segments = Segments::open(dir.path(), PARTITIONS, &|_| 1).unwrap();
+            if layout == KEY_LAYOUT_CHUNKS {
+                segments = segments.with_chunks(CHUNK_EVENTS);
+            }
             let store = EventStore::with_segments(
                 Arc::clone(&kv),
                 APP,
@@ -1069,7 +1077,7 @@ fn a_segment_log_of_a_partition_past_the_count_is_reported() {
 }
 
 #[test]
-fn key_layouts_other_than_3_and_4_or_disagreeing_are_reported() {
+fn key_layouts_other_than_3_to_5_or_disagreeing_are_reported() {
     let f = Fixture::good_in(KEY_LAYOUT_SEGMENTS);
     let files = files(identity_in(KEY_LAYOUT, vec![]), marks_of_good());
     let problems = f.verify_both(Some(&files));
@@ -1085,12 +1093,18 @@ fn key_layouts_other_than_3_and_4_or_disagreeing_are_reported() {
     assert_eq!(report.events, 0);
     f.kv.put(
         Key::new(keys::META_PARTITION, keys::META_KEY_LAYOUT),
-        &5u32.to_be_bytes(),
+        &6u32.to_be_bytes(),
     )
     .unwrap();
     let report = f.verify(None, false);
     assert_eq!(kinds(&report.problems), ["inconsistent"]);
+    assert!(report.problems[0].to_string().contains("3, 4 or 5"));
     assert_eq!(report.events, 0);
+    // Nor a layout 5 store's.
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let report = Verifier::new(&f.kv, APP).run(&mut |_| {});
+    assert_eq!(kinds(&report.problems), ["unreadable"]);
+    assert!(report.problems[0].to_string().contains("key layout 5"));
 }
 
 #[test]
@@ -1262,8 +1276,11 @@ fn a_damaged_frame_in_a_sealed_segment_is_reported_and_read_around() {
     assert_eq!(report.events, 49 + (261 - next));
 }
 
+/// A data directory this build creates is in key layout 5; with far fewer events than a
+/// chunk, every event's entries are held (in memory, lost when the store closes): none is in a
+/// chunk, and there is no indexed end.
 #[test]
-fn a_data_directory_in_key_layout_4_verifies_through_its_snapshot() {
+fn a_data_directory_in_key_layout_5_verifies_through_its_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let mut events = Fixture::new();
     {
@@ -1276,7 +1293,7 @@ fn a_data_directory_in_key_layout_4_verifies_through_its_snapshot() {
             ..monoseq_store::OpenPolicy::default()
         };
         let data = monoseq_store::open_data_dir(dir.path(), &kv, APP, &policy).unwrap();
-        assert_eq!(data.identity.key_layout, KEY_LAYOUT_SEGMENTS);
+        assert_eq!(data.identity.key_layout, KEY_LAYOUT_CHUNKS);
         let store = data.event_store(Arc::clone(&kv), APP, TrustLevel::Level0);
         for _ in 0..3 {
             let group = [events.event(2), events.event(4)];
@@ -1454,5 +1471,420 @@ fn a_record_reference_to_a_record_updated_since_or_in_key_layout_3_is_a_mismatch
     assert!(
         matches!(problems.as_slice(), [Problem::RecordMismatch { ws: 2, detail, .. }] if detail.contains("key layout 3")),
         "{problems:#?}"
+    );
+}
+
+// -- Key layout 5: the index in chunks -----------------------------------------------------------
+
+/// The records bucket of the fixture's created records (CRecord IDs).
+const CRECORD_BUCKET: u64 = CRECORD_FIRST >> 32;
+
+impl Fixture {
+    fn get(&self, key: &monoseq_kv::KeyBuf) -> Option<Vec<u8>> {
+        self.kv.get(key.as_key()).unwrap()
+    }
+
+    /// The key of workspace `ws`'s WLog chunk whose run starts at `first`.
+    fn wlog_chunk_key(ws: u64, first: u64) -> monoseq_kv::KeyBuf {
+        monoseq_kv::KeyBuf {
+            partition: keys::wlog_chunks(APP, ws),
+            clustering: first.to_be_bytes().to_vec(),
+        }
+    }
+
+    /// The key of workspace `ws`'s records chunk whose run starts at record `first`.
+    fn record_chunk_key(ws: u64, first: u64) -> monoseq_kv::KeyBuf {
+        monoseq_kv::KeyBuf {
+            partition: keys::record_chunks(APP, ws, keys::record_bucket(first)),
+            clustering: first.to_be_bytes().to_vec(),
+        }
+    }
+
+    /// The key of partition `p`'s indexed end.
+    fn indexed_key(p: u32) -> monoseq_kv::KeyBuf {
+        monoseq_kv::KeyBuf {
+            partition: keys::indexed(APP, p),
+            clustering: vec![],
+        }
+    }
+
+    /// The stored WLog chunk of `ws` whose run starts at `first`, decoded.
+    fn wlog_chunk(&self, ws: u64, first: u64) -> (PartitionId, Vec<ChunkedWLog>) {
+        let value = self.get(&Fixture::wlog_chunk_key(ws, first));
+        monoseq_store::decode_wlog_chunk(&value.expect("a WLog chunk")).unwrap()
+    }
+
+    /// Stores `entries` as the WLog chunk of `ws` whose run starts at `first`.
+    fn put_wlog_chunk(&self, ws: u64, first: u64, p: PartitionId, entries: &[ChunkedWLog]) {
+        let mut value = Vec::new();
+        monoseq_store::encode_wlog_chunk(&mut value, p, entries);
+        self.put(Fixture::wlog_chunk_key(ws, first), &value);
+    }
+
+    /// The stored records chunk of `ws` whose run starts at record `first`, decoded.
+    fn record_chunk(&self, ws: u64, first: u64) -> (PartitionId, Vec<ChunkedRecord>) {
+        let value = self.get(&Fixture::record_chunk_key(ws, first));
+        monoseq_store::decode_record_chunk(&value.expect("a records chunk")).unwrap()
+    }
+
+    /// Stores `entries` as the records chunk of `ws` whose run starts at record `first`.
+    fn put_record_chunk(&self, ws: u64, first: u64, p: PartitionId, entries: &[ChunkedRecord]) {
+        let mut value = Vec::new();
+        monoseq_store::encode_record_chunk(&mut value, p, entries);
+        self.put(Fixture::record_chunk_key(ws, first), &value);
+    }
+}
+
+#[test]
+fn a_store_with_its_index_in_chunks_verifies_clean_with_its_held_part() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    // Partition 0's first four events are in chunks and its last two held; partition 1's
+    // three are held, and it has no indexed end.
+    assert_eq!(
+        f.get(&Fixture::indexed_key(0)),
+        Some(5u64.to_be_bytes().to_vec())
+    );
+    assert_eq!(f.get(&Fixture::indexed_key(1)), None);
+    let (p, entries) = f.wlog_chunk(2, 1);
+    let at: Vec<(u64, u64)> = entries.iter().map(|e| (e.offset, e.plog)).collect();
+    assert_eq!((p, at), (PartitionId(0), vec![(1, 1), (2, 3)]));
+    let (_, records) = f.record_chunk(2, CRECORD_FIRST);
+    let ids: Vec<u64> = records.iter().map(|r| r.id).collect();
+    assert_eq!(ids, [CRECORD_FIRST, CRECORD_FIRST + 1]);
+
+    assert_eq!(f.verify_both(None), vec![]);
+    let files = files(identity_in(KEY_LAYOUT_CHUNKS, vec![]), marks_of_good());
+    assert_eq!(f.verify_both(Some(&files)), vec![]);
+    let report = f.verify(Some(&files), true);
+    assert_eq!(
+        (report.events, report.workspaces, report.records),
+        (9, 3, 9)
+    );
+}
+
+#[test]
+fn chunk_keys_match_the_ones_a_chunked_store_writes() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let parts = f.kv.parts.lock().unwrap().clone();
+    for part in [
+        keys::wlog_chunks(APP, 2),
+        keys::wlog_chunks(APP, 4),
+        keys::record_chunks(APP, 2, keys::record_bucket(CRECORD_FIRST)),
+        keys::record_chunks(APP, 4, CRECORD_BUCKET),
+        keys::indexed(APP, 0),
+    ] {
+        assert!(parts.contains(&part), "{part:x?} not written");
+    }
+    assert!(
+        parts.iter().all(|p| p.first() != Some(&0x02)),
+        "no WLog entry under a key of its own"
+    );
+    let list = f.list();
+    assert_eq!(list.wlog_chunks, [2, 4]);
+    assert_eq!(
+        list.record_chunks,
+        [(2, CRECORD_BUCKET), (4, CRECORD_BUCKET)]
+    );
+}
+
+#[test]
+fn a_wlog_chunk_that_does_not_decode_is_damaged_and_its_entries_are_not_reported_again() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let key = Fixture::wlog_chunk_key(4, 1);
+    let mut value = f.get(&key).unwrap();
+    value.truncate(value.len() - 2);
+    f.put(key, &value);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(),
+            [p @ Problem::ChunkDamaged { table: ChunkTable::WLog, ws: 4, first: 1, detail }]
+            if detail.contains("does not decode") && p.kind() == "chunk-damaged"),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_wlog_chunk_not_holding_the_run_its_key_names_is_damaged() {
+    // Under another key than its first entry's offset: the store's reads refuse it.
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let value = f.get(&Fixture::wlog_chunk_key(4, 1)).unwrap();
+    f.delete(Fixture::wlog_chunk_key(4, 1));
+    f.put(Fixture::wlog_chunk_key(4, 2), &value);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(),
+            [Problem::ChunkDamaged { table: ChunkTable::WLog, ws: 4, first: 2, detail },
+             Problem::WLogMissing { ws: 4, wlog: 1, partition: 0, offset: 2 }]
+            if detail.contains("first entry is WLog offset 1")),
+        "{problems:#?}"
+    );
+    // Reaching into the next chunk's run: the store looks offset 2 up in the next chunk.
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let (p, entries) = f.wlog_chunk(4, 1);
+    f.put_wlog_chunk(4, 2, p, &entries[1..]);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(),
+            [Problem::ChunkDamaged { table: ChunkTable::WLog, ws: 4, first: 1, detail }]
+            if detail.contains("past 2")),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_deleted_wlog_chunk_leaves_its_entries_missing() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    f.delete(Fixture::wlog_chunk_key(2, 1));
+    let missing = |wlog, offset| Problem::WLogMissing {
+        ws: 2,
+        wlog,
+        partition: 0,
+        offset,
+    };
+    assert_eq!(f.verify_both(None), [missing(1, 1), missing(2, 3)]);
+}
+
+#[test]
+fn a_wlog_chunk_entry_with_another_checksum_differs_from_its_event() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let (p, mut entries) = f.wlog_chunk(4, 1);
+    entries[1].crc ^= 1;
+    f.put_wlog_chunk(4, 1, p, &entries);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(),
+            [Problem::WLogDiffers { ws: 4, wlog: 2, partition: 0, offset: 4, detail }]
+            if detail.contains("another checksum")),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_wlog_chunk_entry_no_event_names_is_an_orphan() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let (p, mut entries) = f.wlog_chunk(2, 1);
+    entries.push(ChunkedWLog {
+        offset: 9,
+        plog: 4,
+        crc: 0,
+    });
+    f.put_wlog_chunk(2, 1, p, &entries);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(),
+            [Problem::WLogOrphan { ws: 2, wlog: 9, detail }]
+            if detail.contains("refers to PLog offset 4 of partition 0")),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_wlog_entry_under_a_key_of_its_own_in_key_layout_5_is_an_orphan() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let (_, entries) = f.wlog_chunk(2, 1);
+    let r = WLogRef {
+        partition: PartitionId(0),
+        plog_offset: PLogOffset(1),
+        event_crc: entries[0].crc,
+    };
+    f.put_wlog_ref(2, 1, &r);
+    let listed = f.verify(None, true).problems;
+    assert!(
+        matches!(listed.as_slice(),
+            [Problem::WLogOrphan { ws: 2, wlog: 1, detail }] if detail.contains("never writes")),
+        "{listed:#?}"
+    );
+    // FIXME: without a list the key-value contract cannot find keys the events do not lead to.
+    assert!(f.verify(None, false).is_ok());
+}
+
+#[test]
+fn a_records_chunk_entry_with_another_checksum_is_dangling() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let (p, mut records) = f.record_chunk(2, CRECORD_FIRST);
+    records[1].crc ^= 1;
+    f.put_record_chunk(2, CRECORD_FIRST, p, &records);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(),
+            [p @ Problem::RecordDangling { ws: 2, id, partition: 0, offset: 3, found }]
+            if *id == CRECORD_FIRST + 1 && found.contains("checksum differs")
+                && p.kind() == "record-dangling"),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_records_chunk_entry_no_created_record_matches_is_dangling() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let (p, mut records) = f.record_chunk(2, CRECORD_FIRST);
+    records.push(ChunkedRecord {
+        id: CRECORD_FIRST + 9,
+        ..records[1]
+    });
+    f.put_record_chunk(2, CRECORD_FIRST, p, &records);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(),
+            [Problem::RecordDangling { ws: 2, id, found, .. }]
+            if *id == CRECORD_FIRST + 9 && found.contains("no event that creates")),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_deleted_records_chunk_leaves_its_created_records_missing_but_not_updated_ones() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    // Record CRECORD_FIRST, updated since, is whole under its own key; CRECORD_FIRST + 1 is
+    // in the chunk only.
+    f.delete(Fixture::record_chunk_key(2, CRECORD_FIRST));
+    assert_eq!(
+        f.verify_both(None),
+        [Problem::RecordMissing {
+            ws: 2,
+            id: CRECORD_FIRST + 1,
+            partition: 0,
+            offset: 3,
+            verb: "created"
+        }]
+    );
+}
+
+#[test]
+fn a_record_updated_since_is_missing_without_its_own_key_though_a_chunk_holds_its_creation() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    // The chunk's reference to the event that created record CRECORD_FIRST would lose the
+    // updates of the later events.
+    f.delete(f.store.record_key(WsId(2), RecordId(CRECORD_FIRST)));
+    assert_eq!(
+        f.verify_both(None),
+        [Problem::RecordMissing {
+            ws: 2,
+            id: CRECORD_FIRST,
+            partition: 0,
+            offset: 1,
+            verb: "created"
+        }]
+    );
+}
+
+#[test]
+fn a_records_chunk_holding_a_record_outside_its_bucket_is_damaged() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let (p, mut records) = f.record_chunk(2, CRECORD_FIRST);
+    let outside = (CRECORD_BUCKET + 1) << 32;
+    records.push(ChunkedRecord {
+        id: outside,
+        ..records[1]
+    });
+    f.put_record_chunk(2, CRECORD_FIRST, p, &records);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(),
+            [Problem::ChunkDamaged { table: ChunkTable::Records, ws: 2, first, detail }]
+            if *first == CRECORD_FIRST && detail.contains(&format!("record {outside}"))),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn a_records_chunk_that_does_not_decode_is_damaged_and_its_records_are_not_reported_again() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    let key = Fixture::record_chunk_key(2, CRECORD_FIRST);
+    let mut value = f.get(&key).unwrap();
+    value.push(0);
+    f.put(key, &value);
+    let problems = f.verify_both(None);
+    assert!(
+        matches!(problems.as_slice(),
+            [Problem::ChunkDamaged { table: ChunkTable::Records, ws: 2, first, detail }]
+            if *first == CRECORD_FIRST && detail.contains("does not decode")),
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn an_indexed_end_above_the_applied_end_is_reported() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    f.put(Fixture::indexed_key(1), &9u64.to_be_bytes());
+    let problems = f.verify_both(None);
+    assert_eq!(
+        problems.first(),
+        Some(&Problem::IndexedAhead {
+            partition: 1,
+            indexed: 9,
+            applied: 4
+        }),
+        "{problems:#?}"
+    );
+    // It says chunks hold partition 1's events, which no chunk holds.
+    assert_eq!(
+        kinds(&problems),
+        [
+            "indexed-ahead",
+            "wlog-missing",
+            "wlog-missing",
+            "wlog-missing",
+            "record-missing",
+            "record-missing"
+        ],
+        "{problems:#?}"
+    );
+}
+
+#[test]
+fn chunk_entries_of_events_at_or_above_the_indexed_end_are_ahead() {
+    let ahead = |table, ws, number, offset| Problem::ChunkAhead {
+        table,
+        ws,
+        number,
+        partition: 0,
+        offset,
+        indexed: 3,
+    };
+    let wlog_2 = ahead(ChunkTable::WLog, 2, 2, 3);
+    let wlog_4 = ahead(ChunkTable::WLog, 4, 2, 4);
+    let records = [
+        ahead(ChunkTable::Records, 2, CRECORD_FIRST + 1, 3),
+        ahead(ChunkTable::Records, 4, CRECORD_FIRST + 1, 4),
+    ];
+    // Partition 0's chunks hold its events 1 to 4; an indexed end of 3 says 3 and 4 are held.
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    f.put(Fixture::indexed_key(0), &3u64.to_be_bytes());
+    let problems = f.verify_both(None);
+    let expected = [wlog_2.clone(), wlog_4.clone()]
+        .into_iter()
+        .chain(records.clone());
+    assert_eq!(problems, expected.collect::<Vec<_>>());
+    // Entries for event 3 naming an event below the indexed end are ahead too.
+    let (p, mut entries) = f.wlog_chunk(2, 1);
+    entries[1].plog = 2;
+    f.put_wlog_chunk(2, 1, p, &entries);
+    let (p, mut chunk) = f.record_chunk(2, CRECORD_FIRST);
+    chunk[1].plog = 2;
+    f.put_record_chunk(2, CRECORD_FIRST, p, &chunk);
+    let problems = f.verify_both(None);
+    let expected = [wlog_4, wlog_2].into_iter().chain(records);
+    assert_eq!(problems, expected.collect::<Vec<_>>());
+}
+
+#[test]
+fn a_damaged_indexed_end_is_reported_and_no_entry_is_then_required_in_a_chunk() {
+    let f = Fixture::good_in(KEY_LAYOUT_CHUNKS);
+    f.put(Fixture::indexed_key(0), &[1, 2, 3]);
+    assert_eq!(
+        f.verify_both(None),
+        [Problem::IndexedDamaged {
+            partition: 0,
+            len: 3
+        }]
+    );
+    // The entries chunks hold are still checked.
+    let (p, mut entries) = f.wlog_chunk(4, 1);
+    entries[1].crc ^= 1;
+    f.put_wlog_chunk(4, 1, p, &entries);
+    assert_eq!(
+        kinds(&f.verify_both(None)),
+        ["indexed-damaged", "wlog-differs"]
     );
 }

@@ -1,5 +1,5 @@
-//! The PLog pass over a partition whose PLog is in segment files (key layout 4): its log opened
-//! read-only as it was left (nothing cut or created), read page by page in offset order;
+//! The PLog pass over a partition whose PLog is in segment files (key layouts 4 and 5): its log
+//! opened read-only as it was left (nothing cut or created), read page by page in offset order;
 //! frames that fail their check are reported and read around (from the next segment on);
 //! offsets holding [`RETIRED_PAYLOAD`] hold no event, as missing offsets in the key-value
 //! PLog. Then each partition's applied end, read before ([`read_applied`]), against its log's
@@ -105,8 +105,8 @@ impl<S: KvStore> PLogPass<'_, '_, S> {
     }
 }
 
-/// The applied end the engine records for `partition` (key layout 4): 1 when it records none
-/// (the server then writes the WLog entries and records of every event of the log again);
+/// The applied end the engine records for `partition` (key layouts 4 and 5): 1 when it records
+/// none (the server then writes the WLog entries and records of every event of the log again);
 /// `None`, reported, when it cannot be read or is damaged.
 pub(crate) fn read_applied(
     kv: &impl KvStore,
@@ -134,8 +134,8 @@ pub(crate) fn read_applied(
     }
 }
 
-/// Each partition's applied end (key layout 4) against the end of its log: the engine holding
-/// WLog entries and records of offsets the log does not hold means the log lost them.
+/// Each partition's applied end (key layouts 4 and 5) against the end of its log: the engine
+/// holding WLog entries and records of offsets the log does not hold means the log lost them.
 pub(crate) fn check_applied(state: &State, problems: &mut Problems) {
     for (p, part) in state.partitions.iter().enumerate() {
         let partition = p as u32;
