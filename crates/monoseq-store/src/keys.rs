@@ -27,7 +27,7 @@ pub const KEY_LAYOUT_CHUNKS: u32 = 5;
 pub const CHUNK_EVENTS: usize = 8192;
 /// A records chunk holds IDs that agree above their low 32 bits (a bucket): each of the
 /// built-in ID sequences counts in its own bucket, so each ascends in its own chunks.
-pub(crate) const RECORD_BUCKET_BITS: u32 = 32;
+pub const RECORD_BUCKET_BITS: u32 = u64::BITS / 2;
 
 /// Events per PLog partition key (and per WLog partition key): logs are split into blocks so
 /// that no storage partition grows without bound (a Cassandra or DynamoDB partition must stay

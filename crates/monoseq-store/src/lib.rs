@@ -57,7 +57,7 @@ pub use groups::{
 pub use identity::{AcceptedLoss, IDENTITY_FILE, Identity, IdentityError, LossCause};
 pub use keys::{
     AppId, CHUNK_EVENTS, KEY_LAYOUT, KEY_LAYOUT_CHUNKS, KEY_LAYOUT_SEGMENTS, LOG_BLOCK_EVENTS,
-    PartitionId, RECORD_BLOCK_IDS, Slot,
+    PartitionId, RECORD_BLOCK_IDS, RECORD_BUCKET_BITS, Slot,
 };
 pub use marks::{GATHER_MAX, GroupBegun, MARKS_FILE, Mark, Marks, MarksError, start_mark};
 pub use plog::{PLOG_DIR, RETIRED_PAYLOAD, Segments, keeps_segments};

@@ -9,7 +9,7 @@ use monoseq_kv::{Key, KvError, KvStore, WriteBatch, WriteError};
 
 use monoseq_core::WsId;
 
-use crate::chunks::{GroupIndex, RecordPlace};
+use crate::chunks::{Chunks, GroupIndex, RecordPlace};
 use crate::codec::{ChunkedRecord, ChunkedWLog};
 use crate::codec::{RecordRef, event_crc};
 use crate::event::{Event, Record, RecordId};
@@ -288,45 +288,7 @@ impl<S: KvStore> EventStore<S> {
             if page.is_empty() {
                 break;
             }
-            let mut index = GroupIndex::default();
-            for (i, payload) in page.payloads().enumerate() {
-                let offset = page.first() + i as u64;
-                if offset >= to {
-                    break;
-                }
-                index.events += 1;
-                if payload == RETIRED_PAYLOAD {
-                    continue;
-                }
-                let event = decode_logged(partition, offset, payload)?;
-                let crc = event_crc(payload).unwrap_or_default();
-                index.wlog.push((
-                    event.ws,
-                    ChunkedWLog {
-                        offset: event.wlog_offset.0,
-                        plog: offset,
-                        crc,
-                    },
-                ));
-                for (n, r) in event.created.iter().enumerate() {
-                    let entry = ChunkedRecord {
-                        id: r.id.0,
-                        plog: offset,
-                        index: u32::try_from(n).unwrap_or(u32::MAX),
-                        crc,
-                    };
-                    let place =
-                        chunks.record_place(&self.kv, event.ws, partition, entry, &index)?;
-                    let own = place == RecordPlace::Own
-                        && self
-                            .kv
-                            .get(record_key(self.app(), event.ws, r.id).as_key())?
-                            .is_some();
-                    if !own {
-                        index.records.push((event.ws, entry));
-                    }
-                }
-            }
+            let index = self.held_of_page(chunks, partition, &page, to)?;
             chunks.hold(partition, &index)?;
             at = page.end().min(to);
         }
@@ -340,6 +302,54 @@ impl<S: KvStore> EventStore<S> {
             );
         }
         Ok(())
+    }
+
+    /// The index entries of `partition`'s events in `page` below `to`, as a restart holds
+    /// them again: every WLog entry, and every created record not stored under its own key.
+    fn held_of_page(
+        &self,
+        chunks: &Chunks,
+        partition: PartitionId,
+        page: &monoseq_seglog::Page,
+        to: u64,
+    ) -> Result<GroupIndex, AppendError> {
+        let mut index = GroupIndex::default();
+        for (i, payload) in page.payloads().enumerate() {
+            let offset = page.first() + i as u64;
+            if offset >= to {
+                break;
+            }
+            index.events += 1;
+            if payload == RETIRED_PAYLOAD {
+                continue;
+            }
+            let event = decode_logged(partition, offset, payload)?;
+            let crc = event_crc(payload).unwrap_or_default();
+            let wlog = ChunkedWLog {
+                offset: event.wlog_offset.0,
+                plog: offset,
+                crc,
+            };
+            index.wlog.push((event.ws, wlog));
+            for (n, r) in event.created.iter().enumerate() {
+                let entry = ChunkedRecord {
+                    id: r.id.0,
+                    plog: offset,
+                    index: u32::try_from(n).unwrap_or(u32::MAX),
+                    crc,
+                };
+                let place = chunks.record_place(&self.kv, event.ws, partition, entry, &index)?;
+                let own = place == RecordPlace::Own
+                    && self
+                        .kv
+                        .get(record_key(self.app(), event.ws, r.id).as_key())?
+                        .is_some();
+                if !own {
+                    index.records.push((event.ws, entry));
+                }
+            }
+        }
+        Ok(index)
     }
 
     /// Reads back every partition's held part of the index in chunks (key layout 5) where

@@ -494,26 +494,7 @@ impl<S: KvStore> EventStore<S> {
             event_crc: event_crc(&group.event_bytes).unwrap_or_default(),
         };
         if let Some(chunks) = self.chunks.as_deref().filter(|_| group.to_segments) {
-            let entry = ChunkedWLog {
-                offset: e.wlog_offset.0,
-                plog: e.plog_offset.0,
-                crc: r.event_crc,
-            };
-            match chunks.wlog_takes(&self.kv, e.ws, partition, entry, &group.index)? {
-                Ok(true) => group.index.wlog.push((e.ws, entry)),
-                Ok(false) => {}
-                Err(()) => {
-                    return Err(AppendError::SequenceViolation {
-                        event_index: i,
-                        slot: Slot::WLog {
-                            ws: e.ws,
-                            offset: e.wlog_offset,
-                        },
-                        key: chunks.wlog_chunk_key(e.ws, e.wlog_offset.0),
-                    });
-                }
-            }
-            return Ok(());
+            return self.push_chunked_wlog(chunks, group, (partition, i), e, r.event_crc);
         }
         if group.to_segments {
             r.encode_bare_into(&mut group.ref_bytes);
@@ -530,6 +511,39 @@ impl<S: KvStore> EventStore<S> {
         {
             let next = WLogOffset(e.wlog_offset.0.saturating_add(LOG_BLOCK_EVENTS));
             group.ahead.push(wlog_partition(self.app, e.ws, next));
+        }
+        Ok(())
+    }
+
+    /// Adds event `e`'s WLog entry (index `i` of the group, of `partition`, its checksum
+    /// `crc`) to the group's index in chunks (key layout 5): at an offset above every offset
+    /// its workspace holds, or held already with this very entry (the group written again).
+    fn push_chunked_wlog(
+        &self,
+        chunks: &Chunks,
+        group: &mut GroupBatch,
+        (partition, i): (PartitionId, usize),
+        e: &Event,
+        crc: u32,
+    ) -> Result<(), AppendError> {
+        let entry = ChunkedWLog {
+            offset: e.wlog_offset.0,
+            plog: e.plog_offset.0,
+            crc,
+        };
+        match chunks.wlog_takes(&self.kv, e.ws, partition, entry, &group.index)? {
+            Ok(true) => group.index.wlog.push((e.ws, entry)),
+            Ok(false) => {}
+            Err(()) => {
+                return Err(AppendError::SequenceViolation {
+                    event_index: i,
+                    slot: Slot::WLog {
+                        ws: e.ws,
+                        offset: e.wlog_offset,
+                    },
+                    key: chunks.wlog_chunk_key(e.ws, e.wlog_offset.0),
+                });
+            }
         }
         Ok(())
     }

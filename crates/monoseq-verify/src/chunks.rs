@@ -24,16 +24,16 @@ use std::ops::{Bound, ControlFlow, Range};
 use monoseq_core::PLogOffset;
 use monoseq_kv::{Key, KvError, KvStore, Order};
 use monoseq_store::{
-    AppId, ChunkedRecord, ChunkedWLog, LOG_BLOCK_EVENTS, PartitionId, RecordRef,
-    decode_record_chunk, decode_wlog_chunk,
+    AppId, ChunkedRecord, ChunkedWLog, LOG_BLOCK_EVENTS, PartitionId, RECORD_BUCKET_BITS,
+    RecordRef, decode_record_chunk, decode_wlog_chunk,
 };
 
 use crate::keys;
 use crate::listing::PartitionList;
-use crate::passes::{ExpectedRecord, Place, differing, reference_found, report, scan_all, union};
-use crate::plog::{Source, describe_entry};
 use crate::problem::{ChunkTable, Problem};
-use crate::state::{PartitionState, Problems, RecordState, State, entry_hash, mark_of};
+use crate::record::{ExpectedRecord, Place, reference_found};
+use crate::source::{Source, describe_entry, report, scan_all, union};
+use crate::state::{PartitionState, Problems, RecordState, State, differing, entry_hash, mark_of};
 use crate::{Progress, Stage};
 
 // -- Indexed ends ---------------------------------------------------------------------------------
@@ -452,6 +452,43 @@ fn first_in<S: KvStore>(
     Ok(found)
 }
 
+/// The entry the chunks hold for the event `at` (its chunk's first offset and partition with
+/// it), `Some(None)` when none does; `None` when the chunk that would is damaged (reported
+/// already) or cannot be read (reported here).
+fn chunk_entry<S: KvStore>(
+    src: &Source<'_, S>,
+    cursor: &mut WLogCursor,
+    at: &EventAt,
+    problems: &mut Problems,
+) -> Option<Option<(u64, u32, ChunkedWLog)>> {
+    let covering = match cursor.at(src.kv, src.app, at.wlog) {
+        Ok(covering) => covering,
+        Err(e) => {
+            let what = format!(
+                "the WLog chunk of workspace {} that may hold WLog offset {}",
+                at.ws, at.wlog
+            );
+            problems.unreadable(what, &e);
+            return None;
+        }
+    };
+    match covering {
+        Covering::Damaged => None,
+        Covering::None => Some(None),
+        Covering::Chunk {
+            first,
+            partition,
+            entries,
+        } => Some(
+            entries
+                .binary_search_by_key(&at.wlog, |e| e.offset)
+                .ok()
+                .and_then(|i| entries.get(i))
+                .map(|&e| (*first, *partition, e)),
+        ),
+    }
+}
+
 /// Compares the entry the chunks hold for the event `at` with it (comparison mode, for a
 /// workspace whose digest differs): an event below its partition's indexed end has an entry
 /// naming it (partition, PLog offset, checksum), unless its chunk is damaged (reported
@@ -463,28 +500,8 @@ pub(crate) fn compare_event<S: KvStore>(
     at: &EventAt,
     problems: &mut Problems,
 ) {
-    let covering = match cursor.at(src.kv, src.app, at.wlog) {
-        Ok(covering) => covering,
-        Err(e) => {
-            let what = format!(
-                "the WLog chunk of workspace {} that may hold WLog offset {}",
-                at.ws, at.wlog
-            );
-            return problems.unreadable(what, &e);
-        }
-    };
-    let entry = match covering {
-        Covering::Damaged => return,
-        Covering::None => None,
-        Covering::Chunk {
-            first,
-            partition,
-            entries,
-        } => entries
-            .binary_search_by_key(&at.wlog, |e| e.offset)
-            .ok()
-            .and_then(|i| entries.get(i))
-            .map(|&e| (*first, *partition, e)),
+    let Some(entry) = chunk_entry(src, cursor, at, problems) else {
+        return;
     };
     let part = partitions.get(at.partition as usize);
     match (entry, part.and_then(|p| p.indexed)) {
@@ -599,7 +616,7 @@ impl BucketCheck<'_> {
     fn chunk(&mut self, chunk: &Chunk<'_>, problems: &mut Problems) {
         let (ws, bucket) = (self.at.ws, self.bucket);
         let Some(first) = keys::chunk_start(chunk.clustering) else {
-            let first = bucket.saturating_mul(1 << 32);
+            let first = bucket.saturating_mul(1 << RECORD_BUCKET_BITS);
             return problems.push(bad_key(
                 ChunkTable::Records,
                 ws,
@@ -615,7 +632,9 @@ impl BucketCheck<'_> {
                     first,
                     detail,
                 });
-                let bucket_end = bucket.saturating_add(1).saturating_mul(1 << 32);
+                let bucket_end = bucket
+                    .saturating_add(1)
+                    .saturating_mul(1 << RECORD_BUCKET_BITS);
                 let end = chunk.next.unwrap_or(bucket_end);
                 self.mark(first..end, InChunk::Reported);
             }

@@ -5,7 +5,7 @@
 //! listed partition key back into its table and columns. Unit tests check every key against
 //! the ones `monoseq_store::EventStore` writes.
 
-use monoseq_store::{AppId, LOG_BLOCK_EVENTS, RECORD_BLOCK_IDS};
+use monoseq_store::{AppId, LOG_BLOCK_EVENTS, RECORD_BLOCK_IDS, RECORD_BUCKET_BITS};
 
 /// Workspaces per numbers block (`NUMBERS_BLOCK_WS` in `docs/format.md`).
 pub(crate) const NUMBERS_BLOCK_WS: u64 = 4096;
@@ -19,9 +19,6 @@ const TAG_APPLIED: u8 = 0x08;
 const TAG_WLOG_CHUNK: u8 = 0x09;
 const TAG_RECORD_CHUNK: u8 = 0x0a;
 const TAG_INDEXED: u8 = 0x0b;
-
-/// A records chunk (key layout 5) holds IDs that agree above their low 32 bits: its bucket.
-const RECORD_BUCKET_BITS: u32 = 32;
 
 /// The server's metadata partition and its clustering keys ("Other keys" in
 /// `docs/format.md`; `store_id` is written by `monoseq_store::open_data_dir`).

@@ -60,6 +60,7 @@ mod plog;
 mod problem;
 mod record;
 mod snapshot;
+mod source;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -76,7 +77,8 @@ pub use plog::PLOG_EMPTY_BLOCKS_PROBED;
 pub use problem::{ChunkTable, DirFile, Problem, Sequence};
 pub use snapshot::{Snapshot, SnapshotError};
 
-use crate::plog::{PLogPass, Source};
+use crate::plog::PLogPass;
+use crate::source::Source;
 use crate::state::{PartitionState, Problems, State};
 
 /// Problems a [`Report`] lists by default; the rest are only counted.

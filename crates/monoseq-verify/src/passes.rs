@@ -6,60 +6,20 @@
 //! before the checkpoint and are never ahead of the PLog).
 
 use std::collections::{HashMap, HashSet};
-use std::ops::{Bound, ControlFlow};
 
-use monoseq_kv::{KvError, KvStore, Order};
+use monoseq_kv::KvStore;
 use monoseq_store::{DecodeError, Mark, RecordKind, RecordRef, WLogTarget};
 
 use crate::chunks::{self, InChunk};
 use crate::keys;
-use crate::plog::{PROGRESS_EVERY, Source, describe_entry};
 use crate::problem::Problem;
-use crate::record::{StoredRecord, decode_record};
+use crate::record::{ExpectedRecord, Place, StoredRecord, decode_record, reference_found};
+use crate::source::{Source, describe_entry, report, scan_all, union};
 use crate::state::{
-    PartitionState, Problems, RecordState, SEQUENCES, State, entry_hash, initial, mark_of, slot,
+    PartitionState, Problems, RecordState, SEQUENCES, State, differing, entry_hash, initial,
+    mark_of, slot,
 };
 use crate::{Progress, Stage};
-
-/// Reads a whole partition, calling `visit` with each entry's clustering and value.
-pub(crate) fn scan_all<S: KvStore>(
-    kv: &S,
-    partition: &[u8],
-    visit: &mut dyn FnMut(&[u8], &[u8]),
-) -> Result<(), KvError> {
-    kv.scan(
-        partition,
-        Bound::Unbounded,
-        Bound::Unbounded,
-        Order::Ascending,
-        &mut |c, v| {
-            visit(c, v);
-            ControlFlow::Continue(())
-        },
-    )
-}
-
-/// The sorted union of two sorted sequences, each element once.
-pub(crate) fn union<T: Ord + Copy>(
-    a: impl IntoIterator<Item = T>,
-    b: impl IntoIterator<Item = T>,
-) -> Vec<T> {
-    let mut all: Vec<T> = a.into_iter().chain(b).collect();
-    all.sort_unstable();
-    all.dedup();
-    all
-}
-
-/// Reports `done` items of `total` of `stage` every few thousand items and at the end.
-pub(crate) fn report(progress: &mut dyn FnMut(Progress), stage: Stage, done: u64, total: u64) {
-    if done.is_multiple_of(PROGRESS_EVERY) || done == total {
-        progress(Progress {
-            stage,
-            done,
-            total: Some(total),
-        });
-    }
-}
 
 /// Reads the WLogs: in the blocks up to (and one past) each workspace's last WLog offset, or
 /// in every listed WLog block. Reports entries no PLog event names, and subtracts the entries
@@ -122,17 +82,6 @@ pub(crate) fn wlog_entries<S: KvStore>(
     differing(state)
 }
 
-/// The workspaces whose WLog digests do not come to 0: an entry of theirs is missing or
-/// differs from its event.
-pub(crate) fn differing(state: &State) -> HashSet<u64> {
-    state
-        .workspaces
-        .iter()
-        .filter(|(_, w)| w.wlog_digest != 0)
-        .map(|(&ws, _)| ws)
-        .collect()
-}
-
 /// The WLog blocks to read, as (workspace, block): every listed one, or those up to (and one
 /// past) each workspace's last WLog offset.
 fn wlog_blocks<S: KvStore>(src: &Source<'_, S>, state: &State) -> Vec<(u64, u64)> {
@@ -148,9 +97,6 @@ fn wlog_blocks<S: KvStore>(src: &Source<'_, S>, state: &State) -> Vec<(u64, u64)
         })
         .collect()
 }
-
-/// A record some event created or updated: its workspace and ID, and what the PLog pass found.
-pub(crate) type ExpectedRecord = ((u64, u64), RecordState);
 
 /// The records table against the records the events created and updated (in key layout 5,
 /// the records chunks first). Consumes the records map.
@@ -286,29 +232,6 @@ fn missing_excused(
                 || part.is_some_and(|p| p.may_lack_chunk_entry(rs.offset))))
 }
 
-/// The workspace whose records are checked, its partition and the last offset of its PLog,
-/// and whether the store may hold record references (key layouts 4 and 5).
-pub(crate) struct Place {
-    pub(crate) ws: u64,
-    pub(crate) partition: u32,
-    pub(crate) plog_last: u64,
-    pub(crate) refs_allowed: bool,
-}
-
-impl Place {
-    /// The place of workspace `ws`'s records (partition 0 for a workspace no event names).
-    pub(crate) fn of(state: &State, ws: u64, refs_allowed: bool) -> Place {
-        let partition = state.workspaces.get(&ws).map_or(0, |w| w.partition);
-        let part = state.partitions.get(partition as usize);
-        Place {
-            ws,
-            partition,
-            plog_last: part.map_or(0, |p| p.plog_last),
-            refs_allowed,
-        }
-    }
-}
-
 /// A stored record no event created: fine only below a retired mark (an accepted loss took
 /// its event, and a reference to it with it); a record that does not decode is corrupt either
 /// way.
@@ -416,42 +339,6 @@ fn check_reference(
         }),
         (None, _) => {}
     }
-}
-
-/// What the place reference `r` names holds instead of the event that created the record of
-/// workspace `at.ws` (`expected`, as the PLog pass found it; `None`: no event did); `None`
-/// when it is that event (its partition, PLog offset and checksum) and the record sits where
-/// the reference says among its created records. Used for the references stored under a
-/// record's own key (key layouts 4 and 5) and those in records chunks (key layout 5).
-pub(crate) fn reference_found(
-    at: &Place,
-    r: &RecordRef,
-    expected: Option<RecordState>,
-) -> Option<String> {
-    let partition = at.partition;
-    let index = u16::try_from(r.index).unwrap_or(u16::MAX);
-    let created = expected.filter(|e| e.kind != 0);
-    Some(match created {
-        _ if r.partition.0 != partition => {
-            format!("no event of the workspace (its events are in partition {partition})")
-        }
-        _ if r.plog_offset.0 == 0 || r.plog_offset.0 > at.plog_last => "no event".to_owned(),
-        Some(e) if e.offset != r.plog_offset.0 => {
-            format!(
-                "another event (the record's was at PLog offset {})",
-                e.offset
-            )
-        }
-        Some(e) if e.crc != r.event_crc => "another event (its checksum differs)".to_owned(),
-        Some(e) if e.index != index => {
-            format!(
-                "an event whose created record {} is another record",
-                r.index
-            )
-        }
-        Some(_) => return None,
-        None => "no event that creates the record".to_owned(),
-    })
 }
 
 /// Stored numbers of one numbers block, by workspace and sequence slot.

@@ -13,15 +13,14 @@ mod segments;
 
 use std::collections::{HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
-use std::path::Path;
 
 use monoseq_kv::{Key, KvStore, Order};
-use monoseq_store::{AppId, Event, LOG_BLOCK_EVENTS, Mark, WLogEntry, WLogRef, event_crc};
+use monoseq_store::{Event, LOG_BLOCK_EVENTS, Mark, WLogRef, event_crc};
 
 use crate::chunks::{self, EventAt, WLogCursor};
 use crate::keys;
-use crate::listing::PartitionList;
 use crate::problem::Problem;
+use crate::source::{PROGRESS_EVERY, Source, describe_entry};
 use crate::state::{
     Problems, RecordState, SEQUENCES, State, WsState, entry_hash, initial, mark_of, slot,
 };
@@ -37,19 +36,6 @@ pub const PLOG_EMPTY_BLOCKS_PROBED: u64 = 4;
 const WLOG_COMPARE_EVENTS_MAX: usize = 1024;
 /// Most event bytes held for one WLog comparison.
 const WLOG_COMPARE_BYTES_MAX: usize = 4 << 20;
-/// Events between two progress reports.
-pub(crate) const PROGRESS_EVERY: u64 = 4096;
-
-/// What the passes read from.
-pub(crate) struct Source<'a, S> {
-    pub(crate) kv: &'a S,
-    pub(crate) app: AppId,
-    pub(crate) list: Option<&'a PartitionList>,
-    /// Key layouts 4 and 5: the data directory whose segment files hold the PLogs.
-    pub(crate) segments: Option<&'a Path>,
-    /// Key layout 5: the WLog entries and created records' references are in chunks.
-    pub(crate) chunked: bool,
-}
 
 /// An event whose WLog entry is yet to be compared.
 struct Pending {
@@ -509,21 +495,6 @@ fn names_event(entry: &[u8], partition: u32, offset: u64, plog: &[u8]) -> bool {
             && r.plog_offset.0 == offset
             && Some(r.event_crc) == event_crc(plog)
     })
-}
-
-/// What a log entry that is not the expected event holds, for messages.
-pub(crate) fn describe_entry(bytes: &[u8]) -> String {
-    match WLogEntry::decode(bytes) {
-        Ok(WLogEntry::Ref(r)) => format!(
-            "it refers to PLog offset {} of partition {}",
-            r.plog_offset, r.partition
-        ),
-        Ok(WLogEntry::Copy(e)) => format!(
-            "it holds the event of PLog offset {} of workspace {} at WLog offset {}",
-            e.plog_offset, e.ws, e.wlog_offset
-        ),
-        Err(e) => format!("it does not decode: {e}"),
-    }
 }
 
 const _: () = assert!(LOG_BLOCK_EVENTS <= 1 << 16);

@@ -7,6 +7,8 @@
 
 use monoseq_store::{DecodeError, FORMAT_VERSION, RecordKind, RecordRef};
 
+use crate::state::{RecordState, State};
+
 /// What the checks need of a stored record: its kind and ID, or where the event that created
 /// it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +121,68 @@ pub(crate) fn decode_record(buf: &[u8]) -> Result<StoredRecord, DecodeError> {
         0 => Ok(StoredRecord::Whole { kind, id }),
         extra => Err(DecodeError::TrailingBytes { extra }),
     }
+}
+
+/// A record some event created or updated: its workspace and ID, and what the PLog pass found.
+pub(crate) type ExpectedRecord = ((u64, u64), RecordState);
+
+/// The workspace whose records are checked, its partition and the last offset of its PLog,
+/// and whether the store may hold record references (key layouts 4 and 5).
+pub(crate) struct Place {
+    pub(crate) ws: u64,
+    pub(crate) partition: u32,
+    pub(crate) plog_last: u64,
+    pub(crate) refs_allowed: bool,
+}
+
+impl Place {
+    /// The place of workspace `ws`'s records (partition 0 for a workspace no event names).
+    pub(crate) fn of(state: &State, ws: u64, refs_allowed: bool) -> Place {
+        let partition = state.workspaces.get(&ws).map_or(0, |w| w.partition);
+        let part = state.partitions.get(partition as usize);
+        Place {
+            ws,
+            partition,
+            plog_last: part.map_or(0, |p| p.plog_last),
+            refs_allowed,
+        }
+    }
+}
+
+/// What the place reference `r` names holds instead of the event that created the record of
+/// workspace `at.ws` (`expected`, as the PLog pass found it; `None`: no event did); `None`
+/// when it is that event (its partition, PLog offset and checksum) and the record sits where
+/// the reference says among its created records. Used for the references stored under a
+/// record's own key (key layouts 4 and 5) and those in records chunks (key layout 5).
+pub(crate) fn reference_found(
+    at: &Place,
+    r: &RecordRef,
+    expected: Option<RecordState>,
+) -> Option<String> {
+    let partition = at.partition;
+    let index = u16::try_from(r.index).unwrap_or(u16::MAX);
+    let created = expected.filter(|e| e.kind != 0);
+    Some(match created {
+        _ if r.partition.0 != partition => {
+            format!("no event of the workspace (its events are in partition {partition})")
+        }
+        _ if r.plog_offset.0 == 0 || r.plog_offset.0 > at.plog_last => "no event".to_owned(),
+        Some(e) if e.offset != r.plog_offset.0 => {
+            format!(
+                "another event (the record's was at PLog offset {})",
+                e.offset
+            )
+        }
+        Some(e) if e.crc != r.event_crc => "another event (its checksum differs)".to_owned(),
+        Some(e) if e.index != index => {
+            format!(
+                "an event whose created record {} is another record",
+                r.index
+            )
+        }
+        Some(_) => return None,
+        None => "no event that creates the record".to_owned(),
+    })
 }
 
 #[cfg(test)]

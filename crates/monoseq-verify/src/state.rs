@@ -4,7 +4,7 @@
 //! per partition its PLog end, checkpoint, accepted losses and (key layouts 4 and 5) applied
 //! and indexed ends. Also the sink that keeps the first problems and counts the rest.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use monoseq_core::SeqId;
 use monoseq_store::{
@@ -270,4 +270,15 @@ impl Problems {
             message: e.to_string(),
         });
     }
+}
+
+/// The workspaces whose WLog digests do not come to 0: an entry of theirs is missing or
+/// differs from its event.
+pub(crate) fn differing(state: &State) -> HashSet<u64> {
+    state
+        .workspaces
+        .iter()
+        .filter(|(_, w)| w.wlog_digest != 0)
+        .map(|(&ws, _)| ws)
+        .collect()
 }
