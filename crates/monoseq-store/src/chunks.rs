@@ -157,22 +157,36 @@ struct PartHeld {
     loaded: bool,
 }
 
-/// The entries a group of events adds to the index, in the group's order.
+/// The entries a group of events adds to the index, in the group's order, with the highest
+/// WLog offset of each workspace and record ID of each bucket among them.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct GroupIndex {
     pub(crate) wlog: Vec<(WsId, ChunkedWLog)>,
     pub(crate) records: Vec<(WsId, ChunkedRecord)>,
     pub(crate) events: usize,
+    wlog_last: HashMap<WsId, u64>,
+    records_last: HashMap<(WsId, u64), u64>,
 }
 
 impl GroupIndex {
+    /// Adds `ws`'s WLog entry `e`.
+    pub(crate) fn push_wlog(&mut self, ws: WsId, e: ChunkedWLog) {
+        let last = self.wlog_last.entry(ws).or_default();
+        *last = (*last).max(e.offset);
+        self.wlog.push((ws, e));
+    }
+
+    /// Adds `ws`'s created record reference `r`.
+    pub(crate) fn push_record(&mut self, ws: WsId, r: ChunkedRecord) {
+        let bucket = record_bucket(RecordId(r.id));
+        let last = self.records_last.entry((ws, bucket)).or_default();
+        *last = (*last).max(r.id);
+        self.records.push((ws, r));
+    }
+
     /// The highest WLog offset of `ws` this group adds.
     fn wlog_last(&self, ws: WsId) -> Option<u64> {
-        self.wlog
-            .iter()
-            .filter(|(w, _)| *w == ws)
-            .map(|(_, e)| e.offset)
-            .max()
+        self.wlog_last.get(&ws).copied()
     }
 
     /// The reference to record `id` of `ws` this group adds.
@@ -185,11 +199,7 @@ impl GroupIndex {
 
     /// The highest record ID of `ws` in `bucket` this group adds.
     fn record_last(&self, ws: WsId, bucket: u64) -> Option<u64> {
-        self.records
-            .iter()
-            .filter(|(w, r)| *w == ws && record_bucket(RecordId(r.id)) == bucket)
-            .map(|(_, r)| r.id)
-            .max()
+        self.records_last.get(&(ws, bucket)).copied()
     }
 }
 

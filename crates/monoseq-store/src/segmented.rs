@@ -330,7 +330,7 @@ impl<S: KvStore> EventStore<S> {
                 plog: offset,
                 crc,
             };
-            index.wlog.push((event.ws, wlog));
+            index.push_wlog(event.ws, wlog);
             for (n, r) in event.created.iter().enumerate() {
                 let entry = ChunkedRecord {
                     id: r.id.0,
@@ -345,7 +345,7 @@ impl<S: KvStore> EventStore<S> {
                         .get(record_key(self.app(), event.ws, r.id).as_key())?
                         .is_some();
                 if !own {
-                    index.records.push((event.ws, entry));
+                    index.push_record(event.ws, entry);
                 }
             }
         }

@@ -532,7 +532,7 @@ impl<S: KvStore> EventStore<S> {
             crc,
         };
         match chunks.wlog_takes(&self.kv, e.ws, partition, entry, &group.index)? {
-            Ok(true) => group.index.wlog.push((e.ws, entry)),
+            Ok(true) => group.index.push_wlog(e.ws, entry),
             Ok(false) => {}
             Err(()) => {
                 return Err(AppendError::SequenceViolation {
@@ -575,7 +575,7 @@ impl<S: KvStore> EventStore<S> {
                 };
                 match chunks.record_place(&self.kv, e.ws, partition, entry, &group.index)? {
                     RecordPlace::Chunk => {
-                        group.index.records.push((e.ws, entry));
+                        group.index.push_record(e.ws, entry);
                         continue;
                     }
                     RecordPlace::Held => continue,
