@@ -744,10 +744,9 @@ fn redo_writes_a_failed_groups_entries_and_records_from_the_log() {
     assert_redone(&mut t);
 }
 
-#[test]
-fn redo_rebuilds_the_entries_and_records_of_a_store_that_lost_its_last_batches() {
-    let mut t = Twins::new(TrustLevel::Level0);
-    // A copy of the store that stops taking its writes: what a crash leaves of unsynced batches.
+/// A copy of `t`'s store taking its writes until the flag is cleared: what a crash leaves of
+/// the batches since the last sync.
+fn copy_of_writes(t: &Twins) -> (Arc<MemoryStore>, Arc<AtomicBool>) {
     let copy = Arc::new(MemoryStore::new());
     let copying = Arc::new(AtomicBool::new(true));
     let (to, on) = (Arc::clone(&copy), Arc::clone(&copying));
@@ -756,6 +755,13 @@ fn redo_rebuilds_the_entries_and_records_of_a_store_that_lost_its_last_batches()
             to.write(batch).expect("the copy takes the batch");
         }
     });
+    (copy, copying)
+}
+
+#[test]
+fn redo_rebuilds_the_entries_and_records_of_a_store_that_lost_its_last_batches() {
+    let mut t = Twins::new(TrustLevel::Level0);
+    let (copy, copying) = copy_of_writes(&t);
     for len in [3, 1, 8] {
         t.append(P0, len);
         t.append(P1, len);
@@ -1806,14 +1812,7 @@ fn a_restart_reads_the_held_index_back_from_the_segment_files() {
 #[test]
 fn a_restart_after_the_engine_lost_its_last_batches_writes_their_chunks_again() {
     let mut t = Twins::chunked(TrustLevel::Level0, 6);
-    let copy = Arc::new(MemoryStore::new());
-    let copying = Arc::new(AtomicBool::new(true));
-    let (to, on) = (Arc::clone(&copy), Arc::clone(&copying));
-    t.kv.on_write(move |batch| {
-        if on.load(Ordering::SeqCst) {
-            to.write(batch).expect("the copy takes the batch");
-        }
-    });
+    let (copy, copying) = copy_of_writes(&t);
     for len in [3, 1, 8] {
         t.append(P0, len);
         t.append(P1, len);
