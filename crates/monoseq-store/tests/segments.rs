@@ -1194,6 +1194,28 @@ fn write_layout_3_meta(kv: &impl KvStore, store_id: &str) {
     meta(b"store_id", store_id.as_bytes());
 }
 
+/// What a build of an older `layout` left in `path` through `old`: the identity
+/// ("layout-N-store"), marks, and two groups (given to `twin` too), synced.
+fn write_old_directory<S: KvStore + Clone>(
+    path: &Path,
+    layout: u32,
+    old: &EventStore<S>,
+    twin: &EventStore<Arc<MemoryStore>>,
+    work: &mut Workload,
+) {
+    let mut identity = Identity::new(2, layout, FORMAT_VERSION);
+    identity.store_id = format!("layout-{layout}-store");
+    identity.write(path).expect("identity");
+    let marks = Marks::create(path, 2).expect("marks");
+    for (p, len) in [(P0, 5), (P1, 3)] {
+        let group = work.group(p, len);
+        old.append(p, &group).expect("append");
+        twin.append(p, &group).expect("append");
+        marks.raise(p.0, &mark_of(&group)).expect("raise");
+    }
+    old.kv().sync().expect("sync");
+}
+
 #[test]
 fn a_data_directory_in_key_layout_4_keeps_a_key_per_wlog_entry_and_serves_as_before() {
     let tmp = tempfile::tempdir().expect("temporary directory");
@@ -1209,19 +1231,9 @@ fn a_data_directory_in_key_layout_4_keeps_a_key_per_wlog_entry_and_serves_as_bef
             &KEY_LAYOUT_SEGMENTS.to_be_bytes(),
         )
         .expect("meta");
-        let mut identity = Identity::new(2, KEY_LAYOUT_SEGMENTS, FORMAT_VERSION);
-        identity.store_id = "layout-4-store".into();
-        identity.write(&path).expect("identity");
-        let marks = Marks::create(&path, 2).expect("marks");
         let segments = open_segments(&path, 2);
         let old = EventStore::with_segments(Arc::clone(&kv), APP, TrustLevel::Level0, segments);
-        for (p, len) in [(P0, 5), (P1, 3)] {
-            let group = work.group(p, len);
-            old.append(p, &group).expect("append");
-            twin.append(p, &group).expect("append");
-            marks.raise(p.0, &mark_of(&group)).expect("raise");
-        }
-        kv.sync().expect("sync");
+        write_old_directory(&path, KEY_LAYOUT_SEGMENTS, &old, &twin, &mut work);
     }
     for _ in 0..2 {
         let kv = embedded(&path);
@@ -1249,18 +1261,8 @@ fn a_data_directory_in_key_layout_3_keeps_its_plogs_in_the_engine() {
         // What a build of layout 3 left: the engine's records, the identity, marks, events.
         let kv = embedded(&path);
         write_layout_3_meta(&*kv, "layout-3-store");
-        let mut identity = Identity::new(2, KEY_LAYOUT, FORMAT_VERSION);
-        identity.store_id = "layout-3-store".into();
-        identity.write(&path).expect("identity");
-        let marks = Marks::create(&path, 2).expect("marks");
         let old = EventStore::new(Arc::clone(&kv), APP, TrustLevel::Level0);
-        for (p, len) in [(P0, 5), (P1, 3)] {
-            let group = work.group(p, len);
-            old.append(p, &group).expect("append");
-            twin.append(p, &group).expect("append");
-            marks.raise(p.0, &mark_of(&group)).expect("raise");
-        }
-        kv.sync().expect("sync");
+        write_old_directory(&path, KEY_LAYOUT, &old, &twin, &mut work);
     }
     for _ in 0..2 {
         let kv = embedded(&path);
