@@ -18,7 +18,7 @@ pub const KEY_LAYOUT: u32 = 3;
 pub const KEY_LAYOUT_SEGMENTS: u32 = 4;
 /// Layout 4 with the WLog entries and created records' references of a partition's events
 /// held in memory and written in chunks, one key per workspace (and records bucket) for every
-/// [`CHUNK_EVENTS`] events of the partition ([`crate::EventStore::with_chunks`]), instead of a
+/// [`CHUNK_EVENTS`] events of the partition ([`crate::Segments::with_chunks`]), instead of a
 /// key per entry: a workspace's WLog and records keep growing at their ends only.
 pub const KEY_LAYOUT_CHUNKS: u32 = 5;
 /// Events of a partition whose WLog entries and created records' references are held in
