@@ -325,23 +325,20 @@ impl Chunks {
 
     /// The highest WLog offset of `ws` in stored chunks, learned once.
     fn wlog_bound(&self, kv: &impl KvStore, ws: WsId) -> Result<Option<u64>, KvError> {
-        if let Some(held) = self.shard(ws).get(&ws)
-            && let Some(b) = held.wlog.bound
-        {
-            return Ok(Some(b));
-        }
-        let part = wlog_chunk_partition(self.app, ws);
-        let last = last_chunk(kv, &part, u64::MAX)?
-            .map(|(first, value)| {
-                decode_wlog_chunk(&value)
-                    .map(|(_, e)| e.last().map_or(first, |e| e.offset))
-                    .map_err(|e| damaged_chunk("WLog chunk", ws, first, &e))
-            })
-            .transpose()?;
-        let mut shard = self.shard(ws);
-        let held = &mut shard.entry(ws).or_default().wlog;
-        held.bound = held.bound.max(last).or(Some(0));
-        Ok(held.bound.filter(|&b| b > 0))
+        self.learned_bound(
+            ws,
+            |held| &mut held.wlog.bound,
+            || {
+                let part = wlog_chunk_partition(self.app, ws);
+                last_chunk(kv, &part, u64::MAX)?
+                    .map(|(first, value)| {
+                        decode_wlog_chunk(&value)
+                            .map(|(_, e)| e.last().map_or(first, |e| e.offset))
+                            .map_err(|e| damaged_chunk("WLog chunk", ws, first, &e))
+                    })
+                    .transpose()
+            },
+        )
     }
 
     /// The highest ID of `ws`'s `bucket` in stored chunks, learned once.
@@ -351,28 +348,39 @@ impl Chunks {
         ws: WsId,
         bucket: u64,
     ) -> Result<Option<u64>, KvError> {
-        if let Some(held) = self.shard(ws).get(&ws)
-            && let Some(b) = held.records.get(&bucket).and_then(|h| h.bound)
-        {
+        self.learned_bound(
+            ws,
+            |held| &mut held.records.entry(bucket).or_default().bound,
+            || {
+                let part = record_chunk_partition(self.app, ws, bucket);
+                last_chunk(kv, &part, u64::MAX)?
+                    .map(|(first, value)| {
+                        decode_record_chunk(&value)
+                            .map(|(_, e)| e.last().map_or(first, |e| e.id))
+                            .map_err(|e| damaged_chunk("records chunk", ws, first, &e))
+                    })
+                    .transpose()
+            },
+        )
+    }
+
+    /// The bound `slot` of `ws` keeps: read with `read_last` (the last number its stored
+    /// chunks hold) the first time, kept from then on (0 for none); `None` while no chunk is
+    /// stored.
+    fn learned_bound(
+        &self,
+        ws: WsId,
+        slot: impl Fn(&mut HeldWs) -> &mut Option<u64>,
+        read_last: impl FnOnce() -> Result<Option<u64>, KvError>,
+    ) -> Result<Option<u64>, KvError> {
+        if let Some(b) = *slot(self.shard(ws).entry(ws).or_default()) {
             return Ok(Some(b).filter(|&b| b > 0));
         }
-        let part = record_chunk_partition(self.app, ws, bucket);
-        let last = last_chunk(kv, &part, u64::MAX)?
-            .map(|(first, value)| {
-                decode_record_chunk(&value)
-                    .map(|(_, e)| e.last().map_or(first, |e| e.id))
-                    .map_err(|e| damaged_chunk("records chunk", ws, first, &e))
-            })
-            .transpose()?;
+        let last = read_last()?;
         let mut shard = self.shard(ws);
-        let held = shard
-            .entry(ws)
-            .or_default()
-            .records
-            .entry(bucket)
-            .or_default();
-        held.bound = held.bound.max(last).or(Some(0));
-        Ok(held.bound.filter(|&b| b > 0))
+        let bound = slot(shard.entry(ws).or_default());
+        *bound = (*bound).max(last).or(Some(0));
+        Ok(bound.filter(|&b| b > 0))
     }
 
     /// Whether every partition's held part was read back from its segment files.
