@@ -330,13 +330,7 @@ impl Chunks {
             |held| &mut held.wlog.bound,
             || {
                 let part = wlog_chunk_partition(self.app, ws);
-                last_chunk(kv, &part, u64::MAX)?
-                    .map(|(first, value)| {
-                        decode_wlog_chunk(&value)
-                            .map(|(_, e)| e.last().map_or(first, |e| e.offset))
-                            .map_err(|e| damaged_chunk("WLog chunk", ws, first, &e))
-                    })
-                    .transpose()
+                stored_last(kv, &part, ("WLog chunk", ws), decode_wlog_chunk)
             },
         )
     }
@@ -353,13 +347,7 @@ impl Chunks {
             |held| &mut held.records.entry(bucket).or_default().bound,
             || {
                 let part = record_chunk_partition(self.app, ws, bucket);
-                last_chunk(kv, &part, u64::MAX)?
-                    .map(|(first, value)| {
-                        decode_record_chunk(&value)
-                            .map(|(_, e)| e.last().map_or(first, |e| e.id))
-                            .map_err(|e| damaged_chunk("records chunk", ws, first, &e))
-                    })
-                    .transpose()
+                stored_last(kv, &part, ("records chunk", ws), decode_record_chunk)
             },
         )
     }
@@ -733,6 +721,26 @@ fn split_runs<T: Numbered>(
         }
     }
     Ok(out)
+}
+
+/// A chunk's decoder: the partition that wrote it and its entries.
+type DecodeChunk<T> = fn(&[u8]) -> Result<(PartitionId, Vec<T>), DecodeError>;
+
+/// The last number held by the last stored chunk of `part` (a `what` of `ws`, decoded with
+/// `decode`), if one is stored.
+fn stored_last<T: Numbered>(
+    kv: &impl KvStore,
+    part: &PartKey,
+    (what, ws): (&str, WsId),
+    decode: DecodeChunk<T>,
+) -> Result<Option<u64>, KvError> {
+    last_chunk(kv, part, u64::MAX)?
+        .map(|(first, value)| {
+            decode(&value)
+                .map(|(_, e)| e.last().map_or(first, Numbered::number))
+                .map_err(|e| damaged_chunk(what, ws, first, &e))
+        })
+        .transpose()
 }
 
 /// The last chunk of `part` starting at or below `at`: its first number and value.
