@@ -174,6 +174,7 @@ impl<S: KvStore> EventStore<S> {
         let Some(segments) = &self.segments else {
             return Ok(0);
         };
+        self.read_back_held(segments)?;
         let mut redone = 0;
         for p in 0..segments.partitions() {
             let partition = PartitionId(p);
@@ -338,12 +339,14 @@ impl<S: KvStore> EventStore<S> {
                     index: u32::try_from(n).unwrap_or(u32::MAX),
                     crc,
                 };
-                let place = chunks.record_place(&self.kv, event.ws, partition, entry, &index)?;
-                let own = place == RecordPlace::Own
-                    && self
-                        .kv
-                        .get(record_key(self.app(), event.ws, r.id).as_key())?
-                        .is_some();
+                // Its own key first: a record without one was held (and learning its bucket's
+                // bound, a reverse read of the engine, is left to the first write needing it).
+                let own = self
+                    .kv
+                    .get(record_key(self.app(), event.ws, r.id).as_key())?
+                    .is_some()
+                    && chunks.record_place(&self.kv, event.ws, partition, entry, &index)?
+                        == RecordPlace::Own;
                 if !own {
                     index.push_record(event.ws, entry);
                 }
@@ -361,9 +364,22 @@ impl<S: KvStore> EventStore<S> {
         if chunks.is_loaded() {
             return Ok(());
         }
-        for p in 0..segments.partitions() {
-            self.rebuild_held(segments, PartitionId(p))?;
-        }
+        self.read_back_held(segments)
+    }
+
+    /// Reads back every partition's held part (key layout 5), several partitions at once:
+    /// a partition's read-back waits on its segment files and the engine's blocks, and
+    /// partitions share nothing but the index's shard locks. The first partition's error
+    /// in partition order, if any.
+    fn read_back_held(&self, segments: &Segments) -> Result<(), AppendError> {
+        let Some(chunks) = &self.chunks else {
+            return Ok(());
+        };
+        plog::each_partition(segments.partitions(), |p| {
+            self.rebuild_held(segments, PartitionId(p))
+        })
+        .into_iter()
+        .collect::<Result<(), _>>()?;
         chunks.set_loaded();
         Ok(())
     }
