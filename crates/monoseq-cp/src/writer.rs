@@ -347,15 +347,11 @@ pub(crate) fn read_keys<S: KvStore + Clone>(
     }
     let mut keys = Vec::new();
     let mut read = |from: u64, to: u64| {
-        store.for_each_event(
+        store.for_each_key(
             partition,
             monoseq_core::PLogOffset(from),
             monoseq_core::PLogOffset(to),
-            &mut |e: Event| {
-                if let Some(i) = e.idempotency {
-                    keys.push((i.key, e.ws.0, e.plog_offset.0));
-                }
-            },
+            &mut |head, i| keys.push((i.key, head.ws.0, head.plog_offset.0)),
         )
     };
     let below = if from <= floor {

@@ -679,6 +679,18 @@ impl<'a> Reader<'a> {
         ws: WsId,
         out: &mut impl Numbers,
     ) -> Result<(), DecodeError> {
+        self.records_after_command(ws, out)?;
+        self.skip_idempotency()?;
+        self.end()
+    }
+
+    /// The argument object and the created and updated records after an event's command
+    /// name, their structure checked and their sequence numbers given to `out`.
+    fn records_after_command(
+        &mut self,
+        ws: WsId,
+        out: &mut impl Numbers,
+    ) -> Result<(), DecodeError> {
         if self.flag("argument flag")? {
             self.scan_arg(1, ws, out)?;
         }
@@ -697,8 +709,7 @@ impl<'a> Reader<'a> {
             self.bytes("record name")?;
             self.skip_fields()?;
         }
-        self.skip_idempotency()?;
-        self.end()
+        Ok(())
     }
 
     /// Reads past the idempotency section of a keyed event (version 2), checking it as
@@ -888,6 +899,49 @@ pub fn decode_event_if(
     })?;
     let event = Event::decode_after_command(&mut r, head, registered_at_ms, command)?;
     Ok((head, Some(event)))
+}
+
+/// Reads an event's place and its idempotency section (`None` for an event sent without a
+/// key) without building the event: what a partition's idempotency window needs of each event
+/// it reads back at start. Checks version, checksum and structure as [`decode_numbers`] does.
+///
+/// # Errors
+///
+/// [`DecodeError`] as [`Event::decode`].
+///
+/// # Example
+///
+/// ```
+/// use monoseq_core::{PLogOffset, WsId, WsKind};
+/// use monoseq_store::{Event, Idempotency, WLogOffset, decode_idempotency};
+///
+/// let mut event = Event {
+///     plog_offset: PLogOffset(1),
+///     ws: WsId(7),
+///     ws_kind: WsKind(1),
+///     wlog_offset: WLogOffset(1),
+///     registered_at_ms: 0,
+///     command: "app.Ping".into(),
+///     argument: None,
+///     created: vec![],
+///     updated: vec![],
+///     idempotency: None,
+/// };
+/// let (head, key) = decode_idempotency(&event.encode().unwrap()).unwrap();
+/// assert_eq!((head.ws, key), (WsId(7), None));
+/// let sent = Idempotency { key: "k-1".into(), fingerprint: 9, raw_ids: vec![(1, 2)] };
+/// event.idempotency = Some(sent.clone());
+/// let (_, key) = decode_idempotency(&event.encode().unwrap()).unwrap();
+/// assert_eq!(key, Some(sent));
+/// ```
+pub fn decode_idempotency(bytes: &[u8]) -> Result<(EventHead, Option<Idempotency>), DecodeError> {
+    let mut r = Reader::open(bytes)?;
+    let (head, _) = r.head()?;
+    r.bytes("command")?;
+    r.records_after_command(head.ws, &mut NoNumbers)?;
+    let key = r.idempotency()?;
+    r.end()?;
+    Ok((head, key))
 }
 
 /// Where [`Reader::numbers_after_command`] puts the sequence numbers it reads.

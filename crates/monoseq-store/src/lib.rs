@@ -39,8 +39,8 @@ pub use codec::{
     EventHead, EventPeek, FORMAT_VERSION, FORMAT_VERSION_KEYED, FORMAT_VERSION_RECORD_CHUNK,
     FORMAT_VERSION_RECORD_REF, FORMAT_VERSION_RECORD_REF_BARE, FORMAT_VERSION_WLOG_CHUNK,
     FORMAT_VERSION_WLOG_REF, FORMAT_VERSION_WLOG_REF_BARE, RecordRef, WLogEntry, WLogRef,
-    WLogTarget, decode_event_if, decode_numbers, decode_record_chunk, decode_wlog_chunk,
-    encode_record_chunk, encode_wlog_chunk, event_crc,
+    WLogTarget, decode_event_if, decode_idempotency, decode_numbers, decode_record_chunk,
+    decode_wlog_chunk, encode_record_chunk, encode_wlog_chunk, event_crc,
 };
 pub use datadir::{
     DataDir, DataDirError, Loss, OpenPolicy, OpenReport, SettleError, ensure_retired, find_losses,

@@ -11,11 +11,11 @@ use monoseq_kv::{KeyBuf, KvError, KvStore, Op, Order, Oversized, WriteBatch, Wri
 
 use crate::chunks::{ChunkError, Chunks, GroupIndex, RecordPlace, chunk_storage};
 use crate::codec::{
-    ChunkedRecord, ChunkedWLog, DecodeError, EncodeError, EventPeek, RecordRef, RecordValue,
-    WLogEntry, WLogRef, decode_event_if, decode_record_value, encode_record_value, event_crc,
-    merged_record_value_len, record_value_len,
+    ChunkedRecord, ChunkedWLog, DecodeError, EncodeError, EventHead, EventPeek, RecordRef,
+    RecordValue, WLogEntry, WLogRef, decode_event_if, decode_idempotency, decode_record_value,
+    encode_record_value, event_crc, merged_record_value_len, record_value_len,
 };
-use crate::event::{Event, Field, Record, RecordId, WLogOffset};
+use crate::event::{Event, Field, Idempotency, Record, RecordId, WLogOffset};
 use crate::keys::{
     self, AppId, LOG_BLOCK_EVENTS, PartKey, PartitionId, RECORD_BLOCK_IDS, Slot,
     announces_next_block, block_position, plog_key, record_key, wlog_key, wlog_partition,
@@ -737,6 +737,47 @@ impl<S: KvStore> EventStore<S> {
         keep: Option<&dyn Fn(&EventPeek<'_>) -> bool>,
         visit: &mut dyn FnMut(u64, Option<Event>),
     ) -> Result<(), ReadError> {
+        let decode = |value: &[u8]| match keep {
+            None => Event::decode(value).map(|e| (e.plog_offset, Some(e))),
+            Some(keep) => decode_event_if(value, keep).map(|(h, e)| (h.plog_offset, e)),
+        };
+        self.scan_decoded(partition, (from, to), decode, visit)
+    }
+
+    /// Calls `visit` with the place and idempotency key of every event of `partition`'s PLog
+    /// from offset `from` to `to` (exclusive) sent with a key, in offset order, reading as
+    /// [`EventStore::for_each_event`] does but building no event ([`decode_idempotency`]).
+    ///
+    /// # Errors
+    ///
+    /// [`ReadError`] as [`EventStore::for_each_event`].
+    pub fn for_each_key(
+        &self,
+        partition: PartitionId,
+        from: PLogOffset,
+        to: PLogOffset,
+        visit: &mut dyn FnMut(EventHead, Idempotency),
+    ) -> Result<(), ReadError> {
+        let decode = |value: &[u8]| {
+            decode_idempotency(value).map(|(h, key)| (h.plog_offset, key.map(|k| (h, k))))
+        };
+        self.scan_decoded(partition, (from, to), decode, &mut |_, found| {
+            if let Some((head, key)) = found {
+                visit(head, key);
+            }
+        })
+    }
+
+    /// Reads `partition`'s PLog from `from` to `to` (exclusive) in offset order, each event
+    /// by `decode` (its place and what is kept of it), checked to be at its offset, and
+    /// given to `visit`; stops at the first missing offset.
+    fn scan_decoded<T>(
+        &self,
+        partition: PartitionId,
+        (from, to): (PLogOffset, PLogOffset),
+        decode: impl Fn(&[u8]) -> Result<(PLogOffset, T), DecodeError>,
+        visit: &mut dyn FnMut(u64, T),
+    ) -> Result<(), ReadError> {
         let mut next = from.0.max(1);
         if next >= to.0 {
             return Ok(());
@@ -750,11 +791,7 @@ impl<S: KvStore> EventStore<S> {
                 partition,
                 offset: PLogOffset(offset),
             };
-            let read = match keep {
-                None => Event::decode(value).map(|e| (e.plog_offset, Some(e))),
-                Some(keep) => decode_event_if(value, keep).map(|(h, e)| (h.plog_offset, e)),
-            };
-            match read {
+            match decode(value) {
                 Ok((at, e)) if at.0 == offset => visit(offset, e),
                 Ok((at, _)) => {
                     failure = Some(ReadError::Misplaced { slot, found: at.0 });

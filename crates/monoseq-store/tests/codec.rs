@@ -7,7 +7,7 @@ use monoseq_store::{
     ARG_DEPTH_MAX, ArgObject, CRECORD_ID_SEQUENCE, DecodeError, EncodeError, Event,
     FORMAT_VERSION_WLOG_REF_BARE, Field, Idempotency, OWRECORD_ID_SEQUENCE, Record, RecordId,
     RecordKind, WLOG_OFFSET_SEQUENCE, WLogOffset, WLogRef, WLogTarget, decode_event_if,
-    decode_numbers,
+    decode_idempotency, decode_numbers,
 };
 use proptest::prelude::*;
 
@@ -124,6 +124,7 @@ proptest! {
         prop_assert_eq!(peeked, head);
         prop_assert_eq!(kept, Some(e.clone()));
         prop_assert_eq!(decode_event_if(&bytes, |_| false).unwrap(), (head, None));
+        prop_assert_eq!(decode_idempotency(&bytes).unwrap(), (head, e.idempotency.clone()));
     }
 
     #[test]
@@ -168,6 +169,7 @@ proptest! {
         prop_assert!(decode_numbers(&bytes, &mut Vec::new()).is_err());
         prop_assert!(decode_event_if(&bytes, |_| false).is_err(), "dropped or not, damage is seen");
         prop_assert!(decode_event_if(&bytes, |_| true).is_err());
+        prop_assert!(decode_idempotency(&bytes).is_err());
     }
 
     #[test]
@@ -178,6 +180,7 @@ proptest! {
         prop_assert!(decode_numbers(cut, &mut Vec::new()).is_err());
         prop_assert!(decode_event_if(cut, |_| false).is_err());
         prop_assert!(decode_event_if(cut, |_| true).is_err());
+        prop_assert!(decode_idempotency(cut).is_err());
     }
 
     #[test]
@@ -304,9 +307,18 @@ proptest! {
 }
 
 /// [`decode_event_if`] on `bytes`: an event it keeps is what [`Event::decode`] gives (or both
-/// fail), and one it drops is checked as [`decode_numbers`] checks it.
+/// fail), and one it drops is checked as [`decode_numbers`] checks it; [`decode_idempotency`]
+/// checks as [`decode_numbers`] does, and its key is the decoded event's.
 fn agrees_with_decoding(bytes: &[u8]) -> Result<(), TestCaseError> {
     let full = Event::decode(bytes);
+    let keyed = decode_idempotency(bytes);
+    prop_assert_eq!(
+        keyed.as_ref().map(|(head, _)| *head).ok(),
+        decode_numbers(bytes, &mut Vec::new()).ok()
+    );
+    if let Ok(e) = &full {
+        prop_assert_eq!(keyed.map(|(_, key)| key).ok(), Some(e.idempotency.clone()));
+    }
     let kept = decode_event_if(bytes, |_| true).map(|(_, e)| e.expect("kept"));
     prop_assert_eq!(kept, full);
     let dropped = decode_event_if(bytes, |_| false);
