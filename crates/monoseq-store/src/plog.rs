@@ -65,7 +65,7 @@ pub(crate) struct PartitionLog {
 /// has cores: a log's open reads and checks its active segment through (tens of MiB after a
 /// crash), so the logs' reads overlap and their checks share the cores. The results in
 /// partition order.
-pub(crate) fn each_partition<T: Send>(partitions: u32, open: impl Fn(u32) -> T + Sync) -> Vec<T> {
+fn each_partition<T: Send>(partitions: u32, open: impl Fn(u32) -> T + Sync) -> Vec<T> {
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)
         .min(partitions as usize);

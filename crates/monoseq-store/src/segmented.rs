@@ -367,19 +367,18 @@ impl<S: KvStore> EventStore<S> {
         self.read_back_held(segments)
     }
 
-    /// Reads back every partition's held part (key layout 5), several partitions at once:
-    /// a partition's read-back waits on its segment files and the engine's blocks, and
-    /// partitions share nothing but the index's shard locks. The first partition's error
-    /// in partition order, if any.
+    /// Reads back every partition's held part (key layout 5), one partition after another
+    /// in partition order: a workspace that moved between partitions has held runs in
+    /// several, and the order they are held in decides how its chunks are split, so it must
+    /// not depend on which partition's read finishes first
+    /// (`a_workspace_moving_between_partitions_keeps_its_chunks_apart`).
     fn read_back_held(&self, segments: &Segments) -> Result<(), AppendError> {
         let Some(chunks) = &self.chunks else {
             return Ok(());
         };
-        plog::each_partition(segments.partitions(), |p| {
-            self.rebuild_held(segments, PartitionId(p))
-        })
-        .into_iter()
-        .collect::<Result<(), _>>()?;
+        for p in 0..segments.partitions() {
+            self.rebuild_held(segments, PartitionId(p))?;
+        }
         chunks.set_loaded();
         Ok(())
     }
