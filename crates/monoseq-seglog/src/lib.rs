@@ -105,6 +105,8 @@ mod frames;
 mod layout;
 mod log;
 mod page;
+#[cfg(all(feature = "testing", target_os = "linux"))]
+pub mod page_cache;
 mod recover;
 mod segment;
 

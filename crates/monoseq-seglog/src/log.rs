@@ -325,6 +325,22 @@ impl SegLog {
             .map_err(|e| self.poison("write back", e))
     }
 
+    /// Starts sending every frame appended to the disk, without waiting for it: the
+    /// [`SegLog::write_back`] that must follow waits. Several logs' writes started one after
+    /// another reach the disk together, where each log's whole write-back in turn would wait
+    /// for the disk once a log. Elsewhere than Linux it does nothing (the write-back syncs).
+    ///
+    /// # Errors
+    ///
+    /// As [`SegLog::sync`]: a failed write poisons the log.
+    pub fn start_write_back(&self) -> Result<(), SegError> {
+        self.check_poisoned()?;
+        let active = self.active()?;
+        crate::segment::start_write_back(active.held_file()?)
+            .map_err(crate::error::io("writing back", &active.path))
+            .map_err(|e| self.poison("write back", e))
+    }
+
     /// Up to `max_events` frames from offset `from` on, in offset order, their bytes at most
     /// `max_bytes` (but the first frame's, which is always returned; none when `max_events`
     /// is 0), each frame's length and

@@ -118,24 +118,47 @@ pub(crate) fn parse_name(name: &str) -> Option<u64> {
 pub(crate) fn write_back(file: &File) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     {
-        use std::os::fd::AsRawFd;
-
-        let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-            | libc::SYNC_FILE_RANGE_WRITE
-            | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-        // SAFETY: `sync_file_range` reads and writes no memory of the caller: its arguments are
-        // a file descriptor borrowed from a `File` that is open for the whole call, two
-        // integers (0, 0: the whole file) and flags. A bad descriptor or argument makes it
-        // fail with an error code, which is returned.
-        #[expect(unsafe_code, reason = "see safety")]
-        let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+        sync_file_range(
+            file,
+            libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+        )
     }
     #[cfg(not(target_os = "linux"))]
     file.sync_data()
+}
+
+/// Starts writing the file's dirty pages to the disk without waiting for them
+/// ([`crate::SegLog::start_write_back`]); elsewhere than Linux, nothing (the
+/// [`write_back`] that follows syncs).
+pub(crate) fn start_write_back(file: &File) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        sync_file_range(file, libc::SYNC_FILE_RANGE_WRITE)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = file;
+        Ok(())
+    }
+}
+
+/// `sync_file_range(2)` over the whole of `file` with `flags`.
+#[cfg(target_os = "linux")]
+fn sync_file_range(file: &File, flags: std::ffi::c_uint) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+
+    // SAFETY: `sync_file_range` reads and writes no memory of the caller: its arguments are a
+    // file descriptor borrowed from a `File` that is open for the whole call, two integers
+    // (0, 0: the whole file) and flags. A bad descriptor or argument makes it fail with an
+    // error code, which is returned.
+    #[expect(unsafe_code, reason = "see safety")]
+    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Whether the file system holding `dir` overwrites a file's written blocks in place, so that

@@ -4,38 +4,13 @@
 #![cfg(target_os = "linux")]
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 
+use monoseq_seglog::page_cache::{PageCounts, page_counts};
 use monoseq_seglog::{SegLog, SegOptions};
 
-/// `struct cachestat_range` and `struct cachestat` of `cachestat(2)`.
-#[repr(C)]
-struct Range(u64, u64);
-#[repr(C)]
-#[derive(Debug, Default)]
-struct Pages {
-    cached: u64,
-    dirty: u64,
-    writeback: u64,
-    evicted: u64,
-    recently_evicted: u64,
-}
-
 /// The page cache's counts of `file`'s pages.
-fn pages(file: &File) -> Pages {
-    let (range, mut pages) = (Range(0, 0), Pages::default());
-    // SAFETY: system call 451 (`cachestat`, one number on every architecture) reads `range`
-    // and writes `pages`, live `#[repr(C)]` values of the kernel's layout borrowed for the
-    // call; the descriptor belongs to a `File` open for the call.
-    #[allow(unsafe_code)]
-    let rc = unsafe { libc::syscall(451, file.as_raw_fd(), &raw const range, &raw mut pages, 0) };
-    assert_eq!(
-        rc,
-        0,
-        "cachestat(2) failed (Linux 6.5 or later): {}",
-        std::io::Error::last_os_error()
-    );
-    pages
+fn pages(file: &File) -> PageCounts {
+    page_counts(file).expect("cachestat(2) (Linux 6.5 or later)")
 }
 
 #[test]

@@ -8,7 +8,7 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock};
 
 use monoseq_kv::KvError;
@@ -59,6 +59,10 @@ pub(crate) struct PartitionLog {
     /// ends before and after it, written once the flush made the group's frames durable
     /// ([`crate::EventStore::apply_deferred`]).
     pub(crate) deferred: Mutex<Option<Deferred>>,
+    /// With a shared flush, frames were appended since the last [`Segments::flush`] took this
+    /// log: the next flush writes them back before it syncs. Set after the append, so a flush
+    /// that finds it set finds the frames in the page cache.
+    pub(crate) unflushed: AtomicBool,
 }
 
 /// `open(p)` for every partition `0..partitions`, on as many threads at once as the machine
@@ -98,7 +102,8 @@ fn each_partition<T: Send>(partitions: u32, open: impl Fn(u32) -> T + Sync) -> V
 }
 
 /// What a failed shared flush is called where it poisons the logs.
-const FLUSH: &str = "flush of the PLog segments' writes (fdatasync of plog/)";
+const FLUSH: &str =
+    "flush of the PLog segments' writes (their write-back and the fdatasync of plog/)";
 
 /// Whether a data directory in key `layout` keeps its PLogs in segment files (layouts 4 and 5).
 #[must_use]
@@ -190,6 +195,7 @@ impl Segments {
                 log: RwLock::new(log),
                 applied: Mutex::new(None),
                 deferred: Mutex::new(None),
+                unflushed: AtomicBool::new(false),
             })
         })
         .into_iter()
@@ -229,26 +235,39 @@ impl Segments {
         self.shared_flush.is_some()
     }
 
-    /// Makes every frame written back so far, of every partition, durable: one `fdatasync`
-    /// (of `plog/`), which flushes the disk's cache. With no shared flush, nothing to do (each
-    /// group synced its segment).
+    /// Makes every frame appended with a deferred sync so far, of every partition, durable:
+    /// writes back each log appended to since the last flush ([`PartitionLog::unflushed`]),
+    /// all started before any is waited for, so the disk takes them together, then one
+    /// `fdatasync` (of `plog/`), which flushes the disk's cache. With no shared flush,
+    /// nothing to do (each group synced its segment).
     ///
     /// # Errors
     ///
-    /// A poisoned [`KvError`] when the sync failed: nothing written back since the last flush
-    /// may be durable (a failed `fdatasync` may have dropped the pages, and a later one would
-    /// not say so), so every log is poisoned as a failed sync of its own segment poisons it:
-    /// nothing more is appended, and the store must be opened again.
+    /// A poisoned [`KvError`] when a write-back or the sync failed: nothing written back since
+    /// the last flush may be durable (a failed `fdatasync` may have dropped the pages, and a
+    /// later one would not say so), so every log is poisoned as a failed sync of its own
+    /// segment poisons it: nothing more is appended, and the store must be opened again.
     pub fn flush(&self) -> Result<(), KvError> {
         let Some(dir) = &self.shared_flush else {
             return Ok(());
         };
-        dir.sync_data().map_err(|e| {
+        let taken: Vec<&PartitionLog> = self
+            .logs
+            .iter()
+            .filter(|log| log.unflushed.swap(false, Ordering::AcqRel))
+            .collect();
+        let written = taken
+            .iter()
+            .try_for_each(|log| read_log(log).start_write_back())
+            .and_then(|()| taken.iter().try_for_each(|log| read_log(log).write_back()));
+        let poison = |what: String| {
             for log in &self.logs {
                 read_log(log).poison_by(FLUSH);
             }
-            KvError::poisoned(format!("{FLUSH}: {e}"))
-        })
+            KvError::poisoned(format!("{FLUSH}: {what}"))
+        };
+        written.map_err(|e| poison(monoseq_kv::chain(&e)))?;
+        dir.sync_data().map_err(|e| poison(e.to_string()))
     }
 
     /// Opens `partition`'s log in data directory `dir` for reading only, as it is

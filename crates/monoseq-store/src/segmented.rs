@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;
+use std::sync::atomic::Ordering;
 
 use monoseq_kv::{Key, KvError, KvStore, WriteBatch, WriteError};
 
@@ -26,8 +27,8 @@ impl<S: KvStore> EventStore<S> {
     /// log). A group whose batch failed after its log was synced is written again before the
     /// partition's next group, and answers [`KvError::OutcomeUnknown`]: its events are stored.
     ///
-    /// With `defer` and a shared flush ([`Segments::shares_flush`]) the frames are only
-    /// written back, and the batch is kept for [`EventStore::apply_deferred`], to be written
+    /// With `defer` and a shared flush ([`Segments::shares_flush`]) the frames are left for
+    /// the next [`Segments::flush`] to write back and sync, and the batch is kept for [`EventStore::apply_deferred`], to be written
     /// once [`EventStore::sync`] made the frames durable: the store must never hold the effect
     /// of an event its log may lose.
     pub(crate) fn append_to_segments(
@@ -71,7 +72,8 @@ impl<S: KvStore> EventStore<S> {
             .append(end, &group.payloads())
             .map_err(fatal)?;
         if defer && segments.shares_flush() {
-            plog::read_log(log).write_back().map_err(fatal)?;
+            // Written back by the flush, with every other partition's frames.
+            log.unflushed.store(true, Ordering::Release);
             *plog::deferred(log) = Some(Deferred {
                 batch: group.batch,
                 index: group.index,

@@ -1746,6 +1746,65 @@ fn a_deferred_groups_entries_and_records_wait_for_the_flush_and_an_unapplied_one
     store.apply_deferred(P0).expect("nothing to apply");
 }
 
+/// The page cache's counts of the pages of `partition`'s segment files in data directory `dir`,
+/// summed.
+#[cfg(target_os = "linux")]
+fn segment_pages(dir: &Path, partition: u32) -> monoseq_seglog::page_cache::PageCounts {
+    let log = dir.join(PLOG_DIR).join(partition.to_string());
+    let mut sum = monoseq_seglog::page_cache::PageCounts::default();
+    for entry in std::fs::read_dir(&log).expect("the log's directory") {
+        let path = entry.expect("an entry").path();
+        if path.extension().is_some_and(|e| e == "seg") {
+            let file = std::fs::File::open(&path).expect("a segment");
+            let counts = monoseq_seglog::page_cache::page_counts(&file)
+                .expect("cachestat(2) (Linux 6.5 or later)");
+            sum.dirty += counts.dirty;
+            sum.writeback += counts.writeback;
+        }
+    }
+    sum
+}
+
+/// On a shared flush a deferred group's append leaves its frames in the page cache, and the
+/// flush ([`EventStore::sync`]) writes back every partition's before it flushes the disk's
+/// cache: none of their pages is dirty or still under writeback when it returns.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_shared_flush_writes_back_every_partitions_deferred_frames_before_it_returns() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a directory");
+    let segments = open_segments(dir.path(), 2);
+    if !segments.shares_flush() {
+        eprintln!(
+            "skipped: {} is not on ext4 (no shared flush)",
+            dir.path().display()
+        );
+        return;
+    }
+    let store = EventStore::with_segments(faulty(), APP, TrustLevel::Level0, segments);
+    for (partition, ws) in [(P0, 7), (P1, 8)] {
+        let group: Vec<Event> = (1..=20).map(|n| creating(n, ws, n, n)).collect();
+        store
+            .append_deferred(partition, &group, StoredRecords::default())
+            .expect("the group is appended");
+    }
+    for p in 0..2 {
+        let pages = segment_pages(dir.path(), p);
+        assert!(
+            pages.dirty > 0,
+            "partition {p}'s frames were written back at its append, not by the flush: {pages:?}"
+        );
+    }
+    store.sync().expect("the flush");
+    for p in 0..2 {
+        let pages = segment_pages(dir.path(), p);
+        assert_eq!(
+            (pages.dirty, pages.writeback),
+            (0, 0),
+            "partition {p}'s frames are not all on the disk after the flush"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Key layout 5: the WLog entries and created records' references held and written in chunks
 
