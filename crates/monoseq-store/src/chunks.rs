@@ -93,17 +93,67 @@ impl<T: Numbered> Held<T> {
         })
     }
 
-    /// Holds `entry` of `partition` (above every number held), unless it is held already.
+    /// Holds `entry` of `partition` where its number goes, unless it is held already. A
+    /// writer's entry is above every number held; a start reads the partitions' held parts
+    /// back one partition after another, so a workspace that moved has its later runs held
+    /// before its earlier ones. Held below a number, an entry joins the run of its own
+    /// partition next to it, or splits the run of another partition it falls inside: the runs
+    /// are the same whatever order the partitions were read back in.
     fn hold(&mut self, partition: PartitionId, entry: T) {
-        if self.find(entry.number()).is_some() {
+        let n = entry.number();
+        let above = self
+            .runs
+            .last()
+            .and_then(|r| r.entries.last())
+            .is_none_or(|e| e.number() < n);
+        if above {
+            match self.runs.last_mut() {
+                Some(run) if run.partition == partition => run.entries.push(entry),
+                _ => self.runs.push(Run {
+                    partition,
+                    entries: vec![entry],
+                }),
+            }
             return;
         }
-        match self.runs.last_mut() {
-            Some(run) if run.partition == partition => run.entries.push(entry),
-            _ => self.runs.push(Run {
-                partition,
-                entries: vec![entry],
-            }),
+        if self.find(n).is_some() {
+            return;
+        }
+        // The runs before `at` start below `n`.
+        let at = self
+            .runs
+            .partition_point(|r| r.entries.first().is_some_and(|e| e.number() < n));
+        if let Some(before) = at.checked_sub(1).map(|i| &mut self.runs[i]) {
+            let inside = before.entries.partition_point(|e| e.number() < n);
+            if before.partition == partition {
+                before.entries.insert(inside, entry);
+                return;
+            }
+            if inside < before.entries.len() {
+                let rest = Run {
+                    partition: before.partition,
+                    entries: before.entries.split_off(inside),
+                };
+                self.runs.insert(at, rest);
+                self.runs.insert(
+                    at,
+                    Run {
+                        partition,
+                        entries: vec![entry],
+                    },
+                );
+                return;
+            }
+        }
+        match self.runs.get_mut(at) {
+            Some(run) if run.partition == partition => run.entries.insert(0, entry),
+            _ => self.runs.insert(
+                at,
+                Run {
+                    partition,
+                    entries: vec![entry],
+                },
+            ),
         }
     }
 
@@ -928,5 +978,53 @@ mod tests {
         assert_eq!(held.bound, Some(4), "the bound rises over what was written");
         assert_eq!(numbers(held.copied(PartitionId(1))), [vec![3]]);
         assert!(held.copied(PartitionId(0)).is_empty());
+    }
+
+    /// Each run's partition and numbers, in order.
+    fn shape(held: &Held<ChunkedWLog>) -> Vec<(u32, Vec<u64>)> {
+        held.runs
+            .iter()
+            .map(|r| (r.partition.0, r.entries.iter().map(|e| e.offset).collect()))
+            .collect()
+    }
+
+    proptest::proptest! {
+        /// A workspace's entries spread over partitions (`owners[i]` wrote offset `i + 1`) and
+        /// held in any order that keeps each partition's own ascending (as a start reads each
+        /// partition's log back, one partition after another or interleaved by `picks`) form
+        /// the runs they form held in ascending order, as the writers held them.
+        #[test]
+        fn held_runs_do_not_depend_on_the_order_partitions_are_read_back_in(
+            owners in proptest::collection::vec(0u32..3, 1..40),
+            picks in proptest::collection::vec(0usize..3, 0..120),
+        ) {
+            let entries: Vec<(PartitionId, ChunkedWLog)> = (1u64..)
+                .zip(&owners)
+                .map(|(n, &p)| (PartitionId(p), wlog(n, n)))
+                .collect();
+            let mut written = Held::default();
+            for &(p, e) in &entries {
+                written.hold(p, e);
+            }
+            let mut queues: Vec<std::collections::VecDeque<_>> = (0..3)
+                .map(|p| entries.iter().filter(|(q, _)| q.0 == p).copied().collect())
+                .collect();
+            let mut read_back = Held::default();
+            for pick in picks {
+                if let Some((p, e)) = queues[pick].pop_front() {
+                    read_back.hold(p, e);
+                }
+            }
+            for queue in queues.iter_mut().rev() {
+                for (p, e) in queue.drain(..) {
+                    read_back.hold(p, e);
+                }
+            }
+            // Held twice: nothing changes.
+            for &(p, e) in &entries {
+                read_back.hold(p, e);
+            }
+            proptest::prop_assert_eq!(shape(&read_back), shape(&written));
+        }
     }
 }

@@ -370,10 +370,11 @@ impl<S: KvStore> EventStore<S> {
     }
 
     /// Reads back every partition's held part (key layout 5), one partition after another
-    /// in partition order: a workspace that moved between partitions has held runs in
-    /// several, and the order they are held in decides how its chunks are split, so it must
-    /// not depend on which partition's read finishes first
-    /// (`a_workspace_moving_between_partitions_keeps_its_chunks_apart`).
+    /// in partition order. A workspace that moved between partitions has held runs in
+    /// several; they are held where their numbers go whatever the order they are read back in
+    /// (`a_workspace_moving_to_a_lower_partition_keeps_its_chunks_apart`), but where a
+    /// created record with its own key goes ([`Chunks::record_place`], asked while reading
+    /// back) still depends on what is held before it, so the order is kept fixed.
     fn read_back_held(&self, segments: &Segments) -> Result<(), AppendError> {
         let Some(chunks) = &self.chunks else {
             return Ok(());

@@ -2017,18 +2017,31 @@ fn levels_1_and_2_put_a_record_created_again_under_its_own_key_and_refuse_a_wlog
 fn a_workspace_moving_between_partitions_keeps_its_chunks_apart() {
     // Workspace 7 writes on P0, then P1, then P0 again, each partition closing its chunks
     // in its own time: every chunk holds a run no other chunk's range crosses.
+    moving_workspace_keeps_its_chunks_apart([0, 1]);
+}
+
+/// As above, the workspace starting on the higher partition: a start reads the partitions'
+/// held parts back in partition order, so its later runs are held before its earlier ones.
+#[test]
+fn a_workspace_moving_to_a_lower_partition_keeps_its_chunks_apart() {
+    moving_workspace_keeps_its_chunks_apart([1, 0]);
+}
+
+/// Workspace 7 writes on `first`, then `then`, alternately, each partition closing its chunks
+/// in its own time, with a restart in the middle: every read answers as the key-value layout.
+fn moving_workspace_keeps_its_chunks_apart([first, then]: [usize; 2]) {
     let t = Twins::chunked(TrustLevel::Level0, 6);
     let (mut plog, mut wlog) = ([0u64; 2], 0u64);
     let mut all = Vec::new();
     for (p, len) in [
-        (0, 2),
-        (1, 3),
-        (0, 2),
-        (1, 4),
-        (0, 3),
-        (1, 2),
-        (0, 5),
-        (1, 1),
+        (first, 2),
+        (then, 3),
+        (first, 2),
+        (then, 4),
+        (first, 3),
+        (then, 2),
+        (first, 5),
+        (then, 1),
     ] {
         let group: Vec<Event> = (0..len)
             .map(|_| {
@@ -2067,7 +2080,8 @@ fn a_workspace_moving_between_partitions_keeps_its_chunks_apart() {
     let restarted = restarted_chunked(&t, Arc::clone(&t.kv), 6);
     check(&restarted, wlog);
     // Both partitions go on until everything is in chunks.
-    for p in [P0, P1, P0, P1] {
+    let (first, then) = (PartitionId(first as u32), PartitionId(then as u32));
+    for p in [first, then, first, then] {
         let i = p.0 as usize;
         plog[i] += 1;
         wlog += 1;
