@@ -318,11 +318,7 @@ impl SegLog {
     ///
     /// As [`SegLog::sync`]: a failed write poisons the log.
     pub fn write_back(&self) -> Result<(), SegError> {
-        self.check_poisoned()?;
-        let active = self.active()?;
-        crate::segment::write_back(active.held_file()?)
-            .map_err(crate::error::io("writing back", &active.path))
-            .map_err(|e| self.poison("write back", e))
+        self.write_back_with(crate::segment::write_back)
     }
 
     /// Starts sending every frame appended to the disk, without waiting for it: the
@@ -334,9 +330,18 @@ impl SegLog {
     ///
     /// As [`SegLog::sync`]: a failed write poisons the log.
     pub fn start_write_back(&self) -> Result<(), SegError> {
+        self.write_back_with(crate::segment::start_write_back)
+    }
+
+    /// Runs `write` (a write-back, or its start) on the active segment's file; a failure
+    /// poisons the log.
+    fn write_back_with(
+        &self,
+        write: fn(&std::fs::File) -> std::io::Result<()>,
+    ) -> Result<(), SegError> {
         self.check_poisoned()?;
         let active = self.active()?;
-        crate::segment::start_write_back(active.held_file()?)
+        write(active.held_file()?)
             .map_err(crate::error::io("writing back", &active.path))
             .map_err(|e| self.poison("write back", e))
     }

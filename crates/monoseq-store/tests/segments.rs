@@ -1691,13 +1691,10 @@ fn a_reference_to_a_damaged_event_is_a_read_error_and_to_a_retired_one_no_record
     );
 }
 
-/// A writer's group on segments that share one flush ([`Segments::shares_flush`], ext4):
-/// its WLog entries and records reach the key-value store only once a sync made its frames
-/// durable, so the store never holds what the log may lose; a group never applied (its mark's
-/// raise failed) is written from the log before the partition's next group.
-#[test]
-fn a_deferred_groups_entries_and_records_wait_for_the_flush_and_an_unapplied_one_is_redone() {
-    // On the disk the tests build on (ext4 here), where one flush covers every partition.
+/// Segment logs of 2 partitions in a new directory on the disk the tests build on (ext4 here),
+/// where one flush covers every partition ([`Segments::shares_flush`]); `None` (the test is
+/// skipped, and says so) elsewhere.
+fn shared_flush_segments() -> Option<(tempfile::TempDir, Arc<Segments>)> {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a directory");
     let segments = open_segments(dir.path(), 2);
     if !segments.shares_flush() {
@@ -1705,8 +1702,20 @@ fn a_deferred_groups_entries_and_records_wait_for_the_flush_and_an_unapplied_one
             "skipped: {} is not on ext4 (no shared flush)",
             dir.path().display()
         );
-        return;
+        return None;
     }
+    Some((dir, segments))
+}
+
+/// A writer's group on segments that share one flush ([`Segments::shares_flush`], ext4):
+/// its WLog entries and records reach the key-value store only once a sync made its frames
+/// durable, so the store never holds what the log may lose; a group never applied (its mark's
+/// raise failed) is written from the log before the partition's next group.
+#[test]
+fn a_deferred_groups_entries_and_records_wait_for_the_flush_and_an_unapplied_one_is_redone() {
+    let Some((_dir, segments)) = shared_flush_segments() else {
+        return;
+    };
     let kv = faulty();
     let store = EventStore::with_segments(Arc::clone(&kv), APP, TrustLevel::Level0, segments);
     let first = vec![creating(1, 7, 1, 1), creating(2, 7, 2, 2)];
@@ -1771,15 +1780,9 @@ fn segment_pages(dir: &Path, partition: u32) -> monoseq_seglog::page_cache::Page
 #[cfg(target_os = "linux")]
 #[test]
 fn the_shared_flush_writes_back_every_partitions_deferred_frames_before_it_returns() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a directory");
-    let segments = open_segments(dir.path(), 2);
-    if !segments.shares_flush() {
-        eprintln!(
-            "skipped: {} is not on ext4 (no shared flush)",
-            dir.path().display()
-        );
+    let Some((dir, segments)) = shared_flush_segments() else {
         return;
-    }
+    };
     let store = EventStore::with_segments(faulty(), APP, TrustLevel::Level0, segments);
     for (partition, ws) in [(P0, 7), (P1, 8)] {
         let group: Vec<Event> = (1..=20).map(|n| creating(n, ws, n, n)).collect();
