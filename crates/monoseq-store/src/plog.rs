@@ -236,7 +236,7 @@ impl Segments {
     }
 
     /// Makes every frame appended with a deferred sync so far, of every partition, durable:
-    /// writes back each log appended to since the last flush ([`PartitionLog::unflushed`]),
+    /// writes back each log appended to since the last flush (marked by its append),
     /// all started before any is waited for, so the disk takes them together, then one
     /// `fdatasync` (of `plog/`), which flushes the disk's cache. With no shared flush,
     /// nothing to do (each group synced its segment).
