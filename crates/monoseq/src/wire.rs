@@ -58,12 +58,12 @@ fn kind(k: KindBody) -> KindName {
 }
 
 /// The answer body of a command's outcome.
-pub fn outcome(o: &Outcome) -> OutcomeBody {
+pub fn outcome(o: Outcome) -> OutcomeBody {
     OutcomeBody {
         partition: o.partition,
         plog_offset: o.plog_offset,
         wlog_offset: o.wlog_offset,
-        ids: o.ids.clone(),
+        ids: o.ids,
     }
 }
 

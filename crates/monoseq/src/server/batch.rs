@@ -220,7 +220,7 @@ async fn run(st: &AppState, headers: &HeaderMap, commands: &[&RawValue]) -> Vec<
         places
             .into_iter()
             .zip(answers)
-            .map(|(i, answer)| (i, answer.map_or_else(|e| refused(&e), |o| ok(&o))))
+            .map(|(i, answer)| (i, answer.map_or_else(|e| refused(&e), ok)))
             .collect::<Vec<_>>()
     };
     let relayed = join_all(
@@ -315,8 +315,9 @@ fn fail_all(
         .collect()
 }
 
-fn ok(outcome: &monoseq_cp::Outcome) -> BatchResultBody {
-    BatchResultBody::ok(crate::wire::outcome(outcome), outcome.replayed)
+fn ok(outcome: monoseq_cp::Outcome) -> BatchResultBody {
+    let replayed = outcome.replayed;
+    BatchResultBody::ok(crate::wire::outcome(outcome), replayed)
 }
 
 /// The result of a refused command: the status and body `POST /v1/commands` would answer.

@@ -244,7 +244,7 @@ async fn submit(
             st.metrics.commands_ok.inc();
             st.metrics.latency.command("ok", began);
             let replayed = out.replayed;
-            let mut r = axum::Json(crate::wire::outcome(&out)).into_response();
+            let mut r = axum::Json(crate::wire::outcome(out)).into_response();
             if replayed {
                 r.headers_mut()
                     .insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
