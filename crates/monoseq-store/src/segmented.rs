@@ -28,9 +28,9 @@ impl<S: KvStore> EventStore<S> {
     /// partition's next group, and answers [`KvError::OutcomeUnknown`]: its events are stored.
     ///
     /// With `defer` and a shared flush ([`Segments::shares_flush`]) the frames are left for
-    /// the next [`Segments::flush`] to write back and sync, and the batch is kept for [`EventStore::apply_deferred`], to be written
-    /// once [`EventStore::sync`] made the frames durable: the store must never hold the effect
-    /// of an event its log may lose.
+    /// the next [`Segments::flush`] to write back and sync, and the batch is kept for
+    /// [`EventStore::apply_deferred`], to be written once [`EventStore::sync`] made the frames
+    /// durable: the store must never hold the effect of an event its log may lose.
     pub(crate) fn append_to_segments(
         &self,
         segments: &Segments,
