@@ -58,6 +58,16 @@ struct Run<T> {
     entries: Vec<T>,
 }
 
+impl<T> Run<T> {
+    /// A run of one entry.
+    fn of(partition: PartitionId, entry: T) -> Run<T> {
+        Run {
+            partition,
+            entries: vec![entry],
+        }
+    }
+}
+
 /// A workspace's held runs of one kind (its WLog, or one records bucket), ascending, and the
 /// highest number its stored chunks hold, once learned.
 #[derive(Debug)]
@@ -101,30 +111,28 @@ impl<T: Numbered> Held<T> {
     /// are the same whatever order the partitions were read back in.
     fn hold(&mut self, partition: PartitionId, entry: T) {
         let n = entry.number();
+        // A writer's entry: after every run, with no search.
         let above = self
             .runs
             .last()
             .and_then(|r| r.entries.last())
             .is_none_or(|e| e.number() < n);
-        if above {
-            match self.runs.last_mut() {
-                Some(run) if run.partition == partition => run.entries.push(entry),
-                _ => self.runs.push(Run {
-                    partition,
-                    entries: vec![entry],
-                }),
-            }
-            return;
-        }
-        if self.find(n).is_some() {
+        if !above && self.find(n).is_some() {
             return;
         }
         // The runs before `at` start below `n`.
-        let at = self
-            .runs
-            .partition_point(|r| r.entries.first().is_some_and(|e| e.number() < n));
+        let at = if above {
+            self.runs.len()
+        } else {
+            self.runs
+                .partition_point(|r| r.entries.first().is_some_and(|e| e.number() < n))
+        };
         if let Some(before) = at.checked_sub(1).map(|i| &mut self.runs[i]) {
-            let inside = before.entries.partition_point(|e| e.number() < n);
+            let inside = if above {
+                before.entries.len()
+            } else {
+                before.entries.partition_point(|e| e.number() < n)
+            };
             if before.partition == partition {
                 before.entries.insert(inside, entry);
                 return;
@@ -134,26 +142,13 @@ impl<T: Numbered> Held<T> {
                     partition: before.partition,
                     entries: before.entries.split_off(inside),
                 };
-                self.runs.insert(at, rest);
-                self.runs.insert(
-                    at,
-                    Run {
-                        partition,
-                        entries: vec![entry],
-                    },
-                );
+                self.runs.splice(at..at, [Run::of(partition, entry), rest]);
                 return;
             }
         }
         match self.runs.get_mut(at) {
             Some(run) if run.partition == partition => run.entries.insert(0, entry),
-            _ => self.runs.insert(
-                at,
-                Run {
-                    partition,
-                    entries: vec![entry],
-                },
-            ),
+            _ => self.runs.insert(at, Run::of(partition, entry)),
         }
     }
 

@@ -397,10 +397,11 @@ impl<S: KvStore> EventStore<S> {
     /// [`EventStore::append_onto`] for a caller that raises a high-water mark after it (a
     /// partition's writer): where the PLog's segments share one flush
     /// ([`Segments::shares_flush`]), the group's frames are only appended (the flush writes
-    /// them back with every partition's), and its WLog entries and records wait for [`EventStore::apply_deferred`], which the caller runs
-    /// once [`EventStore::sync`] (the marks cycle's, run by whichever partition leads it)
-    /// made the frames durable. Until then neither the group's events nor its records may be
-    /// acknowledged. Elsewhere it is [`EventStore::append_onto`].
+    /// them back with every partition's), and its WLog entries and records wait for
+    /// [`EventStore::apply_deferred`], which the caller runs once [`EventStore::sync`] (the
+    /// marks cycle's, run by whichever partition leads it) made the frames durable. Until
+    /// then neither the group's events nor its records may be acknowledged. Elsewhere it is
+    /// [`EventStore::append_onto`].
     ///
     /// # Errors
     ///
