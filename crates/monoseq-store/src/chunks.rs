@@ -103,6 +103,26 @@ impl<T: Numbered> Held<T> {
         })
     }
 
+    /// Where `entry` of `partition` goes against what is held and `others`, the highest
+    /// numbers known elsewhere (stored chunks, the group's own entries).
+    fn place(&self, partition: PartitionId, entry: T, others: [Option<u64>; 2]) -> Place
+    where
+        T: PartialEq,
+    {
+        let n = entry.number();
+        let last = self.last();
+        // Above every number held, it is not held: no search (a writer's entry, always).
+        if last.is_some_and(|l| n <= l) && self.find(n) == Some((partition, entry)) {
+            return Place::Held;
+        }
+        let high = others.into_iter().chain([last]).flatten().max();
+        if high.is_none_or(|h| n > h) {
+            Place::Above
+        } else {
+            Place::Below
+        }
+    }
+
     /// Holds `entry` of `partition` where its number goes, unless it is held already. A
     /// writer's entry is above every number held; a start reads the partitions' held parts
     /// back one partition after another, so a workspace that moved has its later runs held
@@ -178,6 +198,17 @@ impl<T: Numbered> Held<T> {
             .map(|r| r.entries.clone())
             .collect()
     }
+}
+
+/// Where an entry goes against what is held ([`Held::place`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Above every number held or known elsewhere.
+    Above,
+    /// Held already, with this very entry.
+    Held,
+    /// At or below a number held or known elsewhere, and not this very entry.
+    Below,
 }
 
 /// What one workspace has held.
@@ -319,20 +350,23 @@ impl Chunks {
         entry: ChunkedWLog,
         group: &GroupIndex,
     ) -> Result<Result<bool, ()>, KvError> {
-        let bound = self.wlog_bound(kv, ws)?;
         let mut shard = self.shard(ws);
-        let held = &mut shard.entry(ws).or_default().wlog;
-        if held.find(entry.offset) == Some((partition, entry)) {
-            return Ok(Ok(false));
-        }
-        let high = [bound, held.last(), group.wlog_last(ws)]
-            .into_iter()
-            .flatten()
-            .max();
-        Ok(if high.is_none_or(|h| entry.offset > h) {
-            Ok(true)
+        let known = shard.get(&ws).is_some_and(|h| h.wlog.bound.is_some());
+        let learned = if known {
+            None
         } else {
-            Err(())
+            drop(shard);
+            let bound = self.wlog_bound(kv, ws)?;
+            shard = self.shard(ws);
+            Some(bound)
+        };
+        let held = &shard.entry(ws).or_default().wlog;
+        let bound = learned.unwrap_or_else(|| held.bound.filter(|&b| b > 0));
+        let place = held.place(partition, entry, [bound, group.wlog_last(ws)]);
+        Ok(match place {
+            Place::Above => Ok(true),
+            Place::Held => Ok(false),
+            Place::Below => Err(()),
         })
     }
 
@@ -346,25 +380,31 @@ impl Chunks {
         group: &GroupIndex,
     ) -> Result<RecordPlace, KvError> {
         let bucket = record_bucket(RecordId(entry.id));
-        let bound = self.record_bound(kv, ws, bucket)?;
         let mut shard = self.shard(ws);
+        let known = shard
+            .get(&ws)
+            .and_then(|h| h.records.get(&bucket))
+            .is_some_and(|h| h.bound.is_some());
+        let learned = if known {
+            None
+        } else {
+            drop(shard);
+            let bound = self.record_bound(kv, ws, bucket)?;
+            shard = self.shard(ws);
+            Some(bound)
+        };
         let held = shard
             .entry(ws)
             .or_default()
             .records
             .entry(bucket)
             .or_default();
-        if held.find(entry.id) == Some((partition, entry)) {
-            return Ok(RecordPlace::Held);
-        }
-        let high = [bound, held.last(), group.record_last(ws, bucket)]
-            .into_iter()
-            .flatten()
-            .max();
-        Ok(if high.is_none_or(|h| entry.id > h) {
-            RecordPlace::Chunk
-        } else {
-            RecordPlace::Own
+        let bound = learned.unwrap_or_else(|| held.bound.filter(|&b| b > 0));
+        let place = held.place(partition, entry, [bound, group.record_last(ws, bucket)]);
+        Ok(match place {
+            Place::Above => RecordPlace::Chunk,
+            Place::Held => RecordPlace::Held,
+            Place::Below => RecordPlace::Own,
         })
     }
 
