@@ -34,6 +34,12 @@ const SHARDS: usize = 64;
 /// Workspaces a shard keeps with nothing held (their learned bounds) before it forgets them.
 const IDLE_KEPT: usize = 4096;
 
+/// Events a partition's applied end in the store may lag its log by, in groups that add
+/// nothing to the store but index entries held in memory: such a group leaves its applied end
+/// out of the store (no engine write at all) until this many events went unrecorded. A
+/// restart redoes them from the log, which it reads from the indexed end anyway.
+pub const APPLIED_LAG_MAX: usize = 1024;
+
 /// A number an entry is ordered by: a WLog offset or a record ID.
 pub(crate) trait Numbered: Copy {
     fn number(&self) -> u64;
@@ -104,8 +110,11 @@ impl<T: Numbered> Held<T> {
     }
 
     /// Where `entry` of `partition` goes against what is held and `others`, the highest
-    /// numbers known elsewhere (stored chunks, the group's own entries).
-    fn place(&self, partition: PartitionId, entry: T, others: [Option<u64>; 2]) -> Place
+    /// numbers known elsewhere (stored chunks, the group's own entries). A redo counts only
+    /// what `partition` holds: its entry was placed when it was written, before another
+    /// partition held the entries above it (a workspace that moved), and is held where its
+    /// number goes.
+    fn place(&self, partition: PartitionId, entry: T, others: [Option<u64>; 2], redo: bool) -> Place
     where
         T: PartialEq,
     {
@@ -115,12 +124,23 @@ impl<T: Numbered> Held<T> {
         if last.is_some_and(|l| n <= l) && self.find(n) == Some((partition, entry)) {
             return Place::Held;
         }
+        let last = if redo { self.last_of(partition) } else { last };
         let high = others.into_iter().chain([last]).flatten().max();
         if high.is_none_or(|h| n > h) {
             Place::Above
         } else {
             Place::Below
         }
+    }
+
+    /// The highest number `partition` holds.
+    fn last_of(&self, partition: PartitionId) -> Option<u64> {
+        self.runs
+            .iter()
+            .filter(|r| r.partition == partition)
+            .filter_map(|r| r.entries.last())
+            .map(Numbered::number)
+            .max()
     }
 
     /// Holds `entry` of `partition` where its number goes, unless it is held already. A
@@ -228,6 +248,9 @@ impl HeldWs {
 #[derive(Debug, Default)]
 struct PartHeld {
     events: usize,
+    /// Events written since the store last recorded the applied end (under
+    /// [`APPLIED_LAG_MAX`]).
+    unrecorded: usize,
     workspaces: HashSet<WsId>,
     /// Its held part was read back from the segment files.
     loaded: bool,
@@ -341,7 +364,10 @@ impl Chunks {
 
     /// Whether `ws`'s WLog may take `offset`: `Ok(true)` above every offset it holds, stored
     /// or held (and above `group_last`, the group's own); `Ok(false)` when exactly `entry` of
-    /// `partition` is held (a group written again); an error names a conflict otherwise.
+    /// `partition` is held (a group written again); an error names a conflict otherwise. A
+    /// `redo` of an event from `partition`'s log counts only the offsets `partition` holds and
+    /// the group's: the log is what was written (the stored chunks above it, another
+    /// partition's, were written after it).
     pub(crate) fn wlog_takes(
         &self,
         kv: &impl KvStore,
@@ -349,6 +375,7 @@ impl Chunks {
         partition: PartitionId,
         entry: ChunkedWLog,
         group: &GroupIndex,
+        redo: bool,
     ) -> Result<Result<bool, ()>, KvError> {
         let mut shard = self.shard(ws);
         let known = shard.get(&ws).is_some_and(|h| h.wlog.bound.is_some());
@@ -362,7 +389,8 @@ impl Chunks {
         };
         let held = &shard.entry(ws).or_default().wlog;
         let bound = learned.unwrap_or_else(|| held.bound.filter(|&b| b > 0));
-        let place = held.place(partition, entry, [bound, group.wlog_last(ws)]);
+        let bound = bound.filter(|_| !redo);
+        let place = held.place(partition, entry, [bound, group.wlog_last(ws)], redo);
         Ok(match place {
             Place::Above => Ok(true),
             Place::Held => Ok(false),
@@ -370,7 +398,8 @@ impl Chunks {
         })
     }
 
-    /// Where record `entry` of `ws` goes (see [`RecordPlace`]).
+    /// Where record `entry` of `ws` goes (see [`RecordPlace`]); a `redo` of an event from
+    /// `partition`'s log counts only the IDs `partition` holds among those held.
     pub(crate) fn record_place(
         &self,
         kv: &impl KvStore,
@@ -378,6 +407,7 @@ impl Chunks {
         partition: PartitionId,
         entry: ChunkedRecord,
         group: &GroupIndex,
+        redo: bool,
     ) -> Result<RecordPlace, KvError> {
         let bucket = record_bucket(RecordId(entry.id));
         let mut shard = self.shard(ws);
@@ -400,7 +430,12 @@ impl Chunks {
             .entry(bucket)
             .or_default();
         let bound = learned.unwrap_or_else(|| held.bound.filter(|&b| b > 0));
-        let place = held.place(partition, entry, [bound, group.record_last(ws, bucket)]);
+        let place = held.place(
+            partition,
+            entry,
+            [bound, group.record_last(ws, bucket)],
+            redo,
+        );
         Ok(match place {
             Place::Above => RecordPlace::Chunk,
             Place::Held => RecordPlace::Held,
@@ -486,6 +521,28 @@ impl Chunks {
     /// Whether a group of `events` events closes `partition`'s chunk.
     pub(crate) fn closes(&self, partition: PartitionId, events: usize) -> Result<bool, KvError> {
         Ok(self.part(partition)?.events + events >= self.events)
+    }
+
+    /// Whether a group of `events` events of `partition` that writes nothing to the store but
+    /// its applied end leaves that out too: while the store's applied end lags the log by
+    /// fewer than [`APPLIED_LAG_MAX`] events with it. Counted as unrecorded if so.
+    pub(crate) fn skips_applied(
+        &self,
+        partition: PartitionId,
+        events: usize,
+    ) -> Result<bool, KvError> {
+        let mut part = self.part(partition)?;
+        let skips = part.unrecorded + events < APPLIED_LAG_MAX;
+        if skips {
+            part.unrecorded += events;
+        }
+        Ok(skips)
+    }
+
+    /// The store recorded `partition`'s applied end, at the log's applied end.
+    pub(crate) fn applied_recorded(&self, partition: PartitionId) -> Result<(), KvError> {
+        self.part(partition)?.unrecorded = 0;
+        Ok(())
     }
 
     /// Holds `group`'s entries, written by `partition` (entries held already stay as they are).

@@ -34,6 +34,7 @@ pub use builtin::{
     PLOG_OFFSET_SEQUENCE, WLOG_OFFSET_SEQUENCE, built_in_initial, built_in_params,
     built_in_params_above, workspace_sequences,
 };
+pub use chunks::APPLIED_LAG_MAX;
 pub use codec::{
     ARG_DEPTH_MAX, ChunkedRecord, ChunkedWLog, DecodeError, EVENT_BYTES_MAX, EncodeError,
     EventHead, EventPeek, FORMAT_VERSION, FORMAT_VERSION_KEYED, FORMAT_VERSION_RECORD_CHUNK,

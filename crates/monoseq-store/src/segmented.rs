@@ -56,7 +56,7 @@ impl<S: KvStore> EventStore<S> {
         }
         let end = plog::read_log(log).end();
         check_continues(events, end)?;
-        let (mut group, current) = self.build_group(partition, events, stored, true)?;
+        let (mut group, current) = self.build_group(partition, events, stored, true, false)?;
         if events.is_empty() {
             return Ok(current);
         }
@@ -64,7 +64,6 @@ impl<S: KvStore> EventStore<S> {
         group.announce(&self.kv)?;
         self.check_absent(&group)?;
         let next = end + events.len() as u64;
-        put_applied(&mut group.batch, self, partition, next);
         // A failed append or sync leaves frames that may or may not be in the log after a
         // restart: the log stops taking writes (poisoned), as a failed engine flush stops it.
         let fatal = |e: monoseq_seglog::SegError| KvError::poisoned(monoseq_kv::chain(&e));
@@ -83,7 +82,7 @@ impl<S: KvStore> EventStore<S> {
             return Ok(current);
         }
         plog::read_log(log).sync().map_err(fatal)?;
-        self.write_applied(partition, &group.batch, &group.index, end, next)?;
+        self.write_applied(partition, &mut group.batch, &group.index, end, next)?;
         *applied = Some(next);
         Ok(current)
     }
@@ -103,7 +102,7 @@ impl<S: KvStore> EventStore<S> {
         };
         let log = segments.log(partition)?;
         let mut applied = plog::applied(log);
-        let Some(group) = plog::deferred(log).take() else {
+        let Some(mut group) = plog::deferred(log).take() else {
             return Ok(());
         };
         if *applied != Some(group.end) {
@@ -111,7 +110,7 @@ impl<S: KvStore> EventStore<S> {
             return Ok(());
         }
         let next = group.next;
-        self.write_applied(partition, &group.batch, &group.index, group.end, next)?;
+        self.write_applied(partition, &mut group.batch, &group.index, group.end, next)?;
         *applied = Some(next);
         Ok(())
     }
@@ -120,7 +119,7 @@ impl<S: KvStore> EventStore<S> {
     fn write_applied(
         &self,
         partition: PartitionId,
-        batch: &WriteBatch,
+        batch: &mut WriteBatch,
         index: &GroupIndex,
         end: u64,
         next: u64,
@@ -135,30 +134,42 @@ impl<S: KvStore> EventStore<S> {
             })
     }
 
-    /// Writes `batch` of a group of `partition` ending before `next`, with what it adds to the
-    /// index in chunks (key layout 5): held after the batch is written, or, when the group
-    /// closes the partition's chunk, written in it with everything held and the indexed end.
+    /// Writes `batch` of a group of `partition` ending before `next`, with the partition's
+    /// applied end `next` and what the group adds to the index in chunks (key layout 5): held
+    /// after the batch is written, or, when the group closes the partition's chunk, written in
+    /// it with everything held and the indexed end. A group with nothing else to write leaves
+    /// the applied end out too, while the store's lags by fewer than
+    /// [`APPLIED_LAG_MAX`](crate::chunks::APPLIED_LAG_MAX)
+    /// events: the group is only held, and a restart redoes it from the log.
     fn write_indexed(
         &self,
         partition: PartitionId,
-        batch: &WriteBatch,
+        batch: &mut WriteBatch,
         index: &GroupIndex,
         next: u64,
     ) -> Result<(), WriteError> {
         let Some(chunks) = &self.chunks else {
+            put_applied(batch, self, partition, next);
             return self.kv.write(batch);
         };
         if !chunks.closes(partition, index.events)? {
+            if batch.is_empty() && chunks.skips_applied(partition, index.events)? {
+                chunks.hold(partition, index)?;
+                return Ok(());
+            }
+            put_applied(batch, self, partition, next);
             self.kv.write(batch)?;
+            chunks.applied_recorded(partition)?;
             chunks.hold(partition, index)?;
             return Ok(());
         }
-        let mut full = batch.clone();
-        chunks.write_chunks(&self.kv, partition, index, next, &mut full)?;
-        if let Err(e) = self.kv.write(&full) {
+        put_applied(batch, self, partition, next);
+        chunks.write_chunks(&self.kv, partition, index, next, batch)?;
+        if let Err(e) = self.kv.write(batch) {
             chunks.uncount(partition, index.events)?;
             return Err(e);
         }
+        chunks.applied_recorded(partition)?;
         chunks.release(partition)?;
         Ok(())
     }
@@ -347,7 +358,7 @@ impl<S: KvStore> EventStore<S> {
                     .kv
                     .get(record_key(self.app(), event.ws, r.id).as_key())?
                     .is_some()
-                    && chunks.record_place(&self.kv, event.ws, partition, entry, &index)?
+                    && chunks.record_place(&self.kv, event.ws, partition, entry, &index, true)?
                         == RecordPlace::Own;
                 if !own {
                     index.push_record(event.ws, entry);
@@ -405,9 +416,8 @@ impl<S: KvStore> EventStore<S> {
                 }
             }
             let stored = self.read_updated_records(&events)?;
-            let (mut group, _) = self.build_group(partition, &events, stored, true)?;
-            put_applied(&mut group.batch, self, partition, page.end());
-            self.write_indexed(partition, &group.batch, &group.index, page.end())
+            let (mut group, _) = self.build_group(partition, &events, stored, true, true)?;
+            self.write_indexed(partition, &mut group.batch, &group.index, page.end())
                 .map_err(|e| group.refusal(e))?;
             at = page.end();
         }

@@ -425,7 +425,7 @@ impl<S: KvStore> EventStore<S> {
         if let Some(segments) = &self.segments {
             return self.append_to_segments(segments, partition, events, stored, defer);
         }
-        let (group, current) = self.build_group(partition, events, stored, false)?;
+        let (group, current) = self.build_group(partition, events, stored, false, false)?;
         group.announce(&self.kv)?;
         self.kv.write(&group.batch).map_err(|e| group.refusal(e))?;
         Ok(current)
@@ -440,11 +440,13 @@ impl<S: KvStore> EventStore<S> {
         events: &[Event],
         stored: StoredRecords,
         to_segments: bool,
+        redo: bool,
     ) -> Result<(GroupBatch, StoredRecords), AppendError> {
         let updated = updated_keys(events);
         let mut current = stored.0;
         let mut group = GroupBatch {
             to_segments,
+            redo,
             ..GroupBatch::default()
         };
         group.index.events = events.len();
@@ -532,7 +534,7 @@ impl<S: KvStore> EventStore<S> {
             plog: e.plog_offset.0,
             crc,
         };
-        match chunks.wlog_takes(&self.kv, e.ws, partition, entry, &group.index)? {
+        match chunks.wlog_takes(&self.kv, e.ws, partition, entry, &group.index, group.redo)? {
             Ok(true) => group.index.push_wlog(e.ws, entry),
             Ok(false) => {}
             Err(()) => {
@@ -574,7 +576,8 @@ impl<S: KvStore> EventStore<S> {
                     index: u32::try_from(index).unwrap_or(u32::MAX),
                     crc,
                 };
-                match chunks.record_place(&self.kv, e.ws, partition, entry, &group.index)? {
+                let redo = group.redo;
+                match chunks.record_place(&self.kv, e.ws, partition, entry, &group.index, redo)? {
                     RecordPlace::Chunk => {
                         group.index.push_record(e.ws, entry);
                         continue;
@@ -1327,6 +1330,8 @@ pub(crate) struct GroupBatch {
     /// ending at its `payload_ends` entry), and an insert-if-absent is written as a put whose
     /// key's absence is checked before (its index in `checks`).
     to_segments: bool,
+    /// The group is written again from its partition's log ([`Chunks::wlog_takes`]).
+    redo: bool,
     pub(crate) payloads: Vec<u8>,
     pub(crate) payload_ends: Vec<usize>,
     pub(crate) checks: Vec<usize>,
@@ -1587,7 +1592,7 @@ mod tests {
                 };
                 let events = [event(n, vec![created], vec![])];
                 let (group, _) = store
-                    .build_group(PartitionId(0), &events, StoredRecords::new(), true)
+                    .build_group(PartitionId(0), &events, StoredRecords::new(), true, false)
                     .expect("a valid group");
                 if !group.ahead.is_empty() {
                     announced.push((n, group.ahead));

@@ -15,8 +15,8 @@ use monoseq_kv::{
     Durability, EmbeddedStore, FaultOp, FaultyStore, Key, KvError, KvStore, MemoryStore, Options,
 };
 use monoseq_store::{
-    AppId, AppendError, CRECORD_ID_SEQUENCE, DataDir, DataDirError, Event, EventStore,
-    FORMAT_VERSION, FORMAT_VERSION_RECORD_REF_BARE, Field, Gap, Identity, KEY_LAYOUT,
+    APPLIED_LAG_MAX, AppId, AppendError, CRECORD_ID_SEQUENCE, DataDir, DataDirError, Event,
+    EventStore, FORMAT_VERSION, FORMAT_VERSION_RECORD_REF_BARE, Field, Gap, Identity, KEY_LAYOUT,
     KEY_LAYOUT_CHUNKS, KEY_LAYOUT_SEGMENTS, Mark, Marks, OpenPolicy, PLOG_DIR, PageItem,
     PartitionId, ReadError, Record, RecordId, RecordKind, RecordRef, Segments, Slot, StoredRecords,
     TrustLevel, WLogOffset, WLogRef, open_data_dir, retired_ranges,
@@ -1892,6 +1892,86 @@ fn a_restart_after_the_engine_lost_its_last_batches_writes_their_chunks_again() 
     restarted.append(P0, &next).expect("the next group");
     t.kv_layout.append(P0, &next).expect("kv layout");
     assert_same_reads(&restarted, &t.kv_layout, &t.work);
+}
+
+/// Events `from..from + len` of workspace 7 (PLog and WLog offsets and record IDs alike), each
+/// creating a record: nothing for the engine but index entries, held in memory.
+fn only_creating(from: u64, len: u64) -> Vec<Event> {
+    (from..from + len).map(|n| creating(n, 7, n, n)).collect()
+}
+
+#[test]
+fn groups_adding_only_to_the_held_index_write_nothing_to_the_engine_until_their_applied_end_lags() {
+    let t = Twins::chunked(TrustLevel::Level0, 100_000);
+    let append = |group: &[Event]| {
+        t.segmented.append(P0, group).expect("segmented");
+        t.kv_layout.append(P0, group).expect("kv layout");
+    };
+    let writes = || t.kv.calls(FaultOp::Write);
+    let before = writes();
+    let lag = APPLIED_LAG_MAX as u64;
+    let mut next = 1;
+    while next - 1 + 100 < lag {
+        append(&only_creating(next, 100));
+        next += 100;
+    }
+    assert_eq!(
+        writes(),
+        before,
+        "groups held only, their applied end left out"
+    );
+    append(&only_creating(next, 100));
+    next += 100;
+    assert_eq!(
+        writes(),
+        before + 1,
+        "the applied end recorded at the lag bound"
+    );
+    // An update is the engine's to keep: written at once, with the applied end.
+    append(&[updating(next, 7, next, 3, vec![field("name", "second")])]);
+    next += 1;
+    assert_eq!(writes(), before + 2, "the update written");
+    for _ in 0..3 {
+        append(&only_creating(next, 10));
+        next += 10;
+    }
+    assert_eq!(writes(), before + 2, "held only again");
+    // A restart (a crash: nothing was closed) redoes the events whose applied end the engine
+    // does not hold, and reads as the key-value layout.
+    let dir = t.segments.dir().parent().expect("the data directory");
+    let reopened = open_chunked(dir, 100_000);
+    let restarted = EventStore::with_segments(Arc::clone(&t.kv), APP, TrustLevel::Level0, reopened);
+    assert_eq!(
+        restarted.redo(false).expect("redo"),
+        30,
+        "the last three groups"
+    );
+    let reads = |store: &EventStore<Faulty>| {
+        let wlog = store
+            .read_wlog(WsId(7), WLogOffset(1), 10_000)
+            .expect("WLog");
+        let records: Vec<_> = (1..next)
+            .map(|n| store.read_record(WsId(7), id(n)).expect("record"))
+            .collect();
+        (wlog, records)
+    };
+    let (wlog, records) = reads(&restarted);
+    assert_eq!(wlog.len() as u64, next - 1);
+    assert_eq!(
+        (wlog, records),
+        (
+            t.kv_layout
+                .read_wlog(WsId(7), WLogOffset(1), 10_000)
+                .expect("WLog"),
+            (1..next)
+                .map(|n| t.kv_layout.read_record(WsId(7), id(n)).expect("record"))
+                .collect()
+        )
+    );
+    assert_eq!(restarted.redo(false).expect("redo"), 0, "once");
+    restarted
+        .append(P0, &only_creating(next, 5))
+        .expect("it goes on from the log's end");
 }
 
 #[test]
