@@ -267,8 +267,8 @@ impl<S: KvStore> EventStore<S> {
         if at > from {
             tracing::info!(
                 partition = partition.0,
-                "brought the store up to the PLog: wrote the WLog entries and records of \
-                 offsets {from} to {} again",
+                "brought the store up to the PLog: redid offsets {from} to {} from the log \
+                 (their WLog entries and records written again, or held in memory)",
                 at - 1
             );
         }
