@@ -231,6 +231,9 @@ enum Place {
     Below,
 }
 
+/// A shard of [`Chunks`]' workspaces, locked.
+type Shard<'a> = MutexGuard<'a, HashMap<WsId, HeldWs>>;
+
 /// What one workspace has held.
 #[derive(Debug, Default)]
 struct HeldWs {
@@ -344,7 +347,7 @@ impl Chunks {
         }
     }
 
-    fn shard(&self, ws: WsId) -> MutexGuard<'_, HashMap<WsId, HeldWs>> {
+    fn shard(&self, ws: WsId) -> Shard<'_> {
         let at = (ws.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS;
         lock(&self.shards[at])
     }
@@ -377,18 +380,8 @@ impl Chunks {
         group: &GroupIndex,
         redo: bool,
     ) -> Result<Result<bool, ()>, KvError> {
-        let mut shard = self.shard(ws);
-        let known = shard.get(&ws).is_some_and(|h| h.wlog.bound.is_some());
-        let learned = if known {
-            None
-        } else {
-            drop(shard);
-            let bound = self.wlog_bound(kv, ws)?;
-            shard = self.shard(ws);
-            Some(bound)
-        };
+        let (mut shard, bound) = self.wlog_bound(kv, ws)?;
         let held = &shard.entry(ws).or_default().wlog;
-        let bound = learned.unwrap_or_else(|| held.bound.filter(|&b| b > 0));
         let bound = bound.filter(|_| !redo);
         let place = held.place(partition, entry, [bound, group.wlog_last(ws)], redo);
         Ok(match place {
@@ -410,26 +403,13 @@ impl Chunks {
         redo: bool,
     ) -> Result<RecordPlace, KvError> {
         let bucket = record_bucket(RecordId(entry.id));
-        let mut shard = self.shard(ws);
-        let known = shard
-            .get(&ws)
-            .and_then(|h| h.records.get(&bucket))
-            .is_some_and(|h| h.bound.is_some());
-        let learned = if known {
-            None
-        } else {
-            drop(shard);
-            let bound = self.record_bound(kv, ws, bucket)?;
-            shard = self.shard(ws);
-            Some(bound)
-        };
+        let (mut shard, bound) = self.record_bound(kv, ws, bucket)?;
         let held = shard
             .entry(ws)
             .or_default()
             .records
             .entry(bucket)
             .or_default();
-        let bound = learned.unwrap_or_else(|| held.bound.filter(|&b| b > 0));
         let place = held.place(
             partition,
             entry,
@@ -443,8 +423,8 @@ impl Chunks {
         })
     }
 
-    /// The highest WLog offset of `ws` in stored chunks, learned once.
-    fn wlog_bound(&self, kv: &impl KvStore, ws: WsId) -> Result<Option<u64>, KvError> {
+    /// The highest WLog offset of `ws` in stored chunks, learned once, with `ws`'s shard held.
+    fn wlog_bound(&self, kv: &impl KvStore, ws: WsId) -> Result<(Shard<'_>, Option<u64>), KvError> {
         self.learned_bound(
             ws,
             |held| &mut held.wlog.bound,
@@ -455,13 +435,13 @@ impl Chunks {
         )
     }
 
-    /// The highest ID of `ws`'s `bucket` in stored chunks, learned once.
+    /// The highest ID of `ws`'s `bucket` in stored chunks, learned once, with `ws`'s shard held.
     fn record_bound(
         &self,
         kv: &impl KvStore,
         ws: WsId,
         bucket: u64,
-    ) -> Result<Option<u64>, KvError> {
+    ) -> Result<(Shard<'_>, Option<u64>), KvError> {
         self.learned_bound(
             ws,
             |held| &mut held.records.entry(bucket).or_default().bound,
@@ -474,21 +454,24 @@ impl Chunks {
 
     /// The bound `slot` of `ws` keeps: read with `read_last` (the last number its stored
     /// chunks hold) the first time, kept from then on (0 for none); `None` while no chunk is
-    /// stored.
+    /// stored. With `ws`'s shard held, locked once when the bound is known.
     fn learned_bound(
         &self,
         ws: WsId,
         slot: impl Fn(&mut HeldWs) -> &mut Option<u64>,
         read_last: impl FnOnce() -> Result<Option<u64>, KvError>,
-    ) -> Result<Option<u64>, KvError> {
-        if let Some(b) = *slot(self.shard(ws).entry(ws).or_default()) {
-            return Ok(Some(b).filter(|&b| b > 0));
+    ) -> Result<(Shard<'_>, Option<u64>), KvError> {
+        let mut shard = self.shard(ws);
+        if let Some(b) = *slot(shard.entry(ws).or_default()) {
+            return Ok((shard, Some(b).filter(|&b| b > 0)));
         }
+        drop(shard);
         let last = read_last()?;
         let mut shard = self.shard(ws);
         let bound = slot(shard.entry(ws).or_default());
         *bound = (*bound).max(last).or(Some(0));
-        Ok(bound.filter(|&b| b > 0))
+        let bound = bound.filter(|&b| b > 0);
+        Ok((shard, bound))
     }
 
     /// Whether every partition's held part was read back from its segment files.

@@ -152,18 +152,18 @@ impl<S: KvStore> EventStore<S> {
             put_applied(batch, self, partition, next);
             return self.kv.write(batch);
         };
-        if !chunks.closes(partition, index.events)? {
-            if batch.is_empty() && chunks.skips_applied(partition, index.events)? {
-                chunks.hold(partition, index)?;
-                return Ok(());
-            }
-            put_applied(batch, self, partition, next);
+        let closes = chunks.closes(partition, index.events)?;
+        if !closes && batch.is_empty() && chunks.skips_applied(partition, index.events)? {
+            chunks.hold(partition, index)?;
+            return Ok(());
+        }
+        put_applied(batch, self, partition, next);
+        if !closes {
             self.kv.write(batch)?;
             chunks.applied_recorded(partition)?;
             chunks.hold(partition, index)?;
             return Ok(());
         }
-        put_applied(batch, self, partition, next);
         chunks.write_chunks(&self.kv, partition, index, next, batch)?;
         if let Err(e) = self.kv.write(batch) {
             chunks.uncount(partition, index.events)?;
