@@ -22,6 +22,7 @@ mod partition;
 mod processor;
 mod recent;
 mod table;
+mod threads;
 mod writer;
 
 pub use command::{
@@ -42,7 +43,7 @@ pub use outcome::{GroupObserver, Outcome};
 pub use processor::{
     BACKLOG_VALUES_MAX_DEFAULT, CommandProcessor, Config, FLUSH_DELAY_DEFAULT,
     GROUP_COMMANDS_MAX_DEFAULT, PARTITION_THREADS_MAX_DEFAULT, PARTITIONS_MAX, ProcessorStats,
-    QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS, Unready,
+    QUEUE_COMMANDS_MAX_DEFAULT, RETRY_AFTER_SECS, Unready, writer_threads_default,
 };
 pub use recent::RECENT_RECORDS_BYTES_DEFAULT;
 pub use table::{Held, Partitions};

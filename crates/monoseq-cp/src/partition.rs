@@ -15,7 +15,10 @@ use tokio::sync::mpsc;
 use crate::error::{CommandError, StepError};
 pub(crate) use crate::lifecycle::PartitionState;
 use crate::lifecycle::{Action, Actualization, End, GroupOutcome, Input, Lifecycle};
-use crate::writer::{Job, Storage, SystemClock, Writer, WriterTemplate, next_group, read_keys};
+use crate::threads::Raises;
+use crate::writer::{
+    Appending, Job, Storage, SystemClock, Writer, WriterTemplate, next_group, read_keys,
+};
 
 /// What the processor and a partition's task share.
 pub(crate) struct PartitionShared<S: KvStore + Clone> {
@@ -63,6 +66,9 @@ pub(crate) struct PartitionTask<S: KvStore + Clone> {
     /// The task runs on a thread of its own (`Handle::block_on`): its groups run in place
     /// rather than on the runtime's blocking pool.
     pub(crate) own_thread: bool,
+    /// The task runs on a writer thread shared with other partitions: its groups run in
+    /// place and their marks are raised with those of the thread's other groups.
+    pub(crate) raises: Option<Arc<Raises>>,
 }
 
 impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
@@ -311,8 +317,8 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         }
     }
 
-    /// Runs one group in place on the partition's own thread, else on a blocking thread; how
-    /// it ended, and the jobs to retry.
+    /// Runs one group in place on the partition's own thread or its shared writer thread,
+    /// else on a blocking thread; how it ended, and the jobs to retry.
     async fn group(&mut self, jobs: Vec<Job>) -> (GroupOutcome, Vec<Job>) {
         let failed = |why: &str| GroupOutcome::Failed {
             why: why.into(),
@@ -321,18 +327,22 @@ impl<S: KvStore + Clone + Send + Sync + 'static> PartitionTask<S> {
         let Some(writer) = self.writer.take() else {
             return (failed("a group's thread was lost"), jobs);
         };
-        let run = move |mut writer: Writer<S>| {
-            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                writer.run_group(jobs, &SystemClock)
-            }));
-            (writer, ran)
-        };
-        let (writer, ran) = if self.own_thread {
-            run(writer)
+        let (writer, ran) = if let Some(raises) = &self.raises {
+            run_shared(writer, jobs, raises).await
         } else {
-            match tokio::task::spawn_blocking(move || run(writer)).await {
-                Ok(ran) => ran,
-                Err(_) => return (failed("a group's thread was lost"), Vec::new()),
+            let run = move |mut writer: Writer<S>| {
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    writer.run_group(jobs, &SystemClock)
+                }));
+                (writer, ran)
+            };
+            if self.own_thread {
+                run(writer)
+            } else {
+                match tokio::task::spawn_blocking(move || run(writer)).await {
+                    Ok(ran) => ran,
+                    Err(_) => return (failed("a group's thread was lost"), Vec::new()),
+                }
             }
         };
         self.writer = Some(writer);
@@ -429,4 +439,29 @@ async fn drain(rx: &mut mpsc::Receiver<Job>, error: &(dyn Fn() -> CommandError +
     while let Some(j) = rx.recv().await {
         let _ = j.reply.send(Err(error()));
     }
+}
+
+/// Runs one group on a writer thread shared with other partitions: appends it, waits for
+/// the thread's raise of its mark with those of the thread's other groups, then answers it.
+/// The writer comes back with how the group ran (`Err`: it panicked).
+async fn run_shared<S: KvStore + Clone + Send + Sync + 'static>(
+    mut writer: Writer<S>,
+    jobs: Vec<Job>,
+    raises: &Raises,
+) -> (Writer<S>, std::thread::Result<(GroupOutcome, Vec<Job>)>) {
+    let partition = writer.partition.0;
+    let appending = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        writer.append_group(jobs, &SystemClock)
+    }));
+    let ran = match appending {
+        Err(panic) => Err(panic),
+        Ok(Appending::Done(ended)) => Ok(ended),
+        Ok(Appending::Appended(appended)) => {
+            let raised = raises.raise(partition, appended.mark).await;
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                writer.finish_group(appended, raised, &SystemClock)
+            }))
+        }
+    };
+    (writer, ran)
 }

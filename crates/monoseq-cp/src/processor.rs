@@ -3,7 +3,9 @@
 //! and writes groups of queued commands (group commit) and only then tells the clients.
 //! Partitions are tasks on the shared runtime, so a process hosts thousands of them without a
 //! thread each; up to [`Config::partition_threads_max`] (256 by default) run on a thread of
-//! their own instead, woken by the commands they queue. A command is checked
+//! their own instead, woken by the commands they queue. With high-water marks (a data
+//! directory) they share [`Config::writer_threads`] writer threads instead (`threads.rs`),
+//! whose groups wait for one raise of their marks together. A command is checked
 //! in full (validity, sizes, encodability) before it is queued, so a bad command never costs
 //! its partition an actualization.
 
@@ -28,6 +30,7 @@ use crate::outcome::{Counters, Outcome};
 use crate::partition::{PartitionShared, PartitionState, PartitionTask};
 use crate::recent::RECENT_RECORDS_BYTES_DEFAULT;
 use crate::table::{Held, Partitions};
+use crate::threads::{SyncStore, Task, WriterThreads};
 use crate::writer::{Job, WriterTemplate};
 
 /// Most partitions one processor hosts.
@@ -52,6 +55,14 @@ pub const FLUSH_DELAY_DEFAULT: Duration = Duration::from_millis(500);
 /// [`Config::partition_threads_max`]). In-process it gave 1.11× the commands/s at 64 clients,
 /// over HTTP 0.76–0.85× the server CPU per command (docs/benchmarks/http.md).
 pub const PARTITION_THREADS_MAX_DEFAULT: usize = 256;
+/// The writer threads partitions share by default ([`Config::writer_threads`]): half this
+/// machine's cores (at least one), the other half left to the runtime that takes the
+/// commands. Over HTTP at 8 partitions on two cores, one thread cost 0.82× the server CPU per
+/// command of a thread per partition, two threads 0.89× (docs/benchmarks/http.md).
+#[must_use]
+pub fn writer_threads_default() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
 /// Suggested client back-off when the answer is busy.
 pub const RETRY_AFTER_SECS: u64 = 1;
 
@@ -88,6 +99,10 @@ pub struct Config {
     /// queue wake them and each group runs in place; the partitions acquired beyond it run as
     /// tasks on the runtime, each group handed to its blocking pool.
     pub partition_threads_max: usize,
+    /// With high-water marks, the partitions share this many writer threads (0: each runs
+    /// on a thread of its own as without marks): the groups of one thread's partitions wait
+    /// for one raise of their marks together.
+    pub writer_threads: usize,
     /// Bytes of lately written records kept, all partitions together (each gets its share):
     /// an update of one of them is not read from the store again.
     pub recent_records_bytes: usize,
@@ -109,6 +124,7 @@ impl Default for Config {
             retired: Vec::new(),
             idempotency_window_events: IDEMPOTENCY_WINDOW_EVENTS_DEFAULT,
             partition_threads_max: PARTITION_THREADS_MAX_DEFAULT,
+            writer_threads: writer_threads_default(),
             recent_records_bytes: RECENT_RECORDS_BYTES_DEFAULT,
         }
     }
@@ -203,6 +219,8 @@ struct Inner<S: KvStore + Clone> {
     acked: Vec<Arc<Acked>>,
     /// Partitions running on a thread of their own now.
     threads: Arc<AtomicUsize>,
+    /// The writer threads the partitions share ([`Config::writer_threads`]).
+    writer_threads: Option<WriterThreads>,
 }
 
 impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
@@ -261,6 +279,14 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         let runtime = Runtime::from_handle(tokio::runtime::Handle::current());
         let partitions = Partitions::new(config.partitions);
         let acked = (0..config.partitions).map(|_| Arc::default()).collect();
+        let writer_threads = match (&config.marks, config.writer_threads) {
+            (Some(marks), n) if n > 0 => {
+                let synced = store.clone();
+                let sync: SyncStore = Arc::new(move || synced.sync());
+                Some(WriterThreads::new(n, Arc::clone(marks), sync))
+            }
+            _ => None,
+        };
         Ok(CommandProcessor {
             inner: Arc::new(Inner {
                 config,
@@ -270,6 +296,7 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
                 counters: Arc::new(Counters::default()),
                 acked,
                 threads: Arc::default(),
+                writer_threads,
             }),
         })
     }
@@ -313,6 +340,28 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
         rx: mpsc::Receiver<Job>,
     ) -> Result<oneshot::Receiver<()>, ConfigError> {
         let (ended, task_ended) = oneshot::channel::<()>();
+        if let Some(shared) = &self.inner.writer_threads {
+            match shared.place(p, &tokio::runtime::Handle::current()) {
+                Ok((raises, thread)) => {
+                    task.own_thread = true;
+                    task.raises = Some(raises);
+                    let run: Task = Box::pin(async move {
+                        let _ended = ended;
+                        task.run(rx).await;
+                    });
+                    if let Err(refused) = thread.send(run) {
+                        // The thread is gone: the task runs on the runtime instead.
+                        tokio::spawn(refused.0);
+                    }
+                    return Ok(task_ended);
+                }
+                Err(error) => tracing::warn!(
+                    partition = p,
+                    "the system refused a writer thread ({error}); the partition runs on a \
+                     thread of its own or on the runtime instead"
+                ),
+            }
+        }
         let threads = Arc::clone(&self.inner.threads);
         let (mut task, rx, ended) =
             if threads.fetch_add(1, Ordering::AcqRel) >= self.inner.config.partition_threads_max {
@@ -943,6 +992,7 @@ fn start_partition<S: KvStore + Clone + Send + Sync + 'static>(
         window_events: config.idempotency_window_events,
         template,
         own_thread: false,
+        raises: None,
     };
     Ok((task, shared))
 }

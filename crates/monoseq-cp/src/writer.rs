@@ -17,7 +17,7 @@ use monoseq_core::{
 };
 use monoseq_kv::{KvError, KvStore};
 use monoseq_store::{
-    AppendError, CRECORD_ID_SEQUENCE, Event, EventStore, GroupBegun, Mark, Marks, MarksError,
+    AppendError, CRECORD_ID_SEQUENCE, Event, EventStore, Mark, Marks, MarksError,
     OWRECORD_ID_SEQUENCE, PLogSeqStorage, PartitionId, ReadError, RecordKind, StoredRecords,
     WLOG_OFFSET_SEQUENCE, WLogOffset,
 };
@@ -241,6 +241,27 @@ impl Group {
     }
 }
 
+/// How [`Writer::append_group`] left a group.
+pub(crate) enum Appending {
+    /// Nothing waits: how the group ended, and the commands to retry.
+    Done((GroupOutcome, Vec<Job>)),
+    /// Appended: it waits for its mark's raise, then [`Writer::finish_group`].
+    Appended(Box<Appended>),
+}
+
+/// A group appended and not yet durable: acknowledged only once the mark covering it is
+/// raised after the store's sync.
+pub(crate) struct Appended {
+    group: Group,
+    /// The mark that covers the group.
+    pub(crate) mark: Mark,
+    /// The updated records as written.
+    records: StoredRecords,
+    commands: usize,
+    /// When its oldest command was queued, the group began, its append began and ended.
+    times: (Instant, Instant, Instant, Instant),
+}
+
 /// What a partition needs to build a writer again: everything but its sequencer and window.
 #[derive(Clone)]
 pub(crate) struct WriterTemplate<S: KvStore + Clone> {
@@ -433,10 +454,28 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
         jobs: Vec<Job>,
         clock: &impl Clock,
     ) -> (GroupOutcome, Vec<Job>) {
-        let began = clock.now();
         // Announced before sequencing: a marks cycle starting meanwhile waits for this group.
         let marks = self.marks.clone();
         let begun = marks.as_deref().map(Marks::begin_group);
+        let appended = match self.append_group(jobs, clock) {
+            Appending::Done(ended) => return ended,
+            Appending::Appended(appended) => appended,
+        };
+        let raised = match begun {
+            Some(group) => {
+                group.raise_after(self.partition.0, &appended.mark, || self.store.sync())
+            }
+            None => self.raise_synced(appended.mark),
+        };
+        self.finish_group(appended, raised, clock)
+    }
+
+    /// The first half of [`Writer::run_group`]: sequences the group and appends its events
+    /// without waiting for them to be durable. Done already when nothing was appended (every
+    /// command answered, or the append failed); else the group waits for its mark's raise
+    /// (after the store's sync) and [`Writer::finish_group`].
+    pub(crate) fn append_group(&mut self, jobs: Vec<Job>, clock: &impl Clock) -> Appending {
+        let began = clock.now();
         let oldest = jobs.iter().map(|j| j.queued_at).min().unwrap_or(began);
         let commands = jobs.len();
         let now_ms = clock.unix_ms();
@@ -450,38 +489,76 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             if !group.replays.is_empty() {
                 self.answer_replays(std::mem::take(&mut group.replays), replayed);
             }
-            return (group.trouble.outcome(false), Vec::new());
+            return Appending::Done((group.trouble.outcome(false), Vec::new()));
         }
         let mark = group_mark(replayed, &group.events);
         let writing = clock.now();
         let stored = std::mem::take(&mut group.stored);
-        match self.write(&group.events, stored, mark, begun, clock) {
-            Ok((records, appended)) => {
-                self.recent.keep(records);
-                let written = clock.now();
-                let write = written.saturating_duration_since(writing);
-                let append = appended.saturating_duration_since(writing);
-                let sync = written.saturating_duration_since(appended);
-                self.counters.group_written(commands, append, sync);
-                let Group {
-                    accepted,
-                    events,
-                    followers,
-                    replays,
-                    conflicts,
-                    trouble,
-                    ..
-                } = group;
-                // Kept for followers before the end that covers the group is published.
-                self.acked.keep(events);
-                self.written_group(mark, accepted, followers, replays);
-                self.answer_conflicts(conflicts);
-                self.slow
-                    .note(self.partition, commands, (oldest, began, written), write);
-                (trouble.outcome(false), Vec::new())
-            }
-            Err(e) => self.unwritten(&e, group),
+        match self
+            .store
+            .append_deferred(self.partition, &group.events, stored)
+        {
+            Ok(records) => Appending::Appended(Box::new(Appended {
+                group,
+                mark,
+                records,
+                commands,
+                times: (oldest, began, writing, clock.now()),
+            })),
+            Err(e) => Appending::Done(self.unwritten(&e, group)),
         }
+    }
+
+    /// The second half of [`Writer::run_group`], once the raise of the group's mark after the
+    /// store's sync answered `raised`: writes what the append deferred until its events were
+    /// durable ([`EventStore::append_deferred`]) and answers the group's commands, or fails
+    /// the group (a mark not raised leaves its events unacknowledged).
+    pub(crate) fn finish_group(
+        &mut self,
+        appended: Box<Appended>,
+        raised: Result<(), MarksError>,
+        clock: &impl Clock,
+    ) -> (GroupOutcome, Vec<Job>) {
+        let Appended {
+            group,
+            mark,
+            records,
+            commands,
+            times: (oldest, began, writing, appended),
+        } = *appended;
+        let durable = raised
+            .map_err(|e| match e {
+                MarksError::Store(e) => AppendError::Storage(e),
+                e => {
+                    AppendError::Storage(KvError::backend("raising the high-water mark failed", e))
+                }
+            })
+            .and_then(|()| self.store.apply_deferred(self.partition));
+        if let Err(e) = durable {
+            return self.unwritten(&e, group);
+        }
+        self.recent.keep(records);
+        let written = clock.now();
+        let write = written.saturating_duration_since(writing);
+        let append = appended.saturating_duration_since(writing);
+        let sync = written.saturating_duration_since(appended);
+        self.counters.group_written(commands, append, sync);
+        let Group {
+            accepted,
+            events,
+            followers,
+            replays,
+            conflicts,
+            trouble,
+            ..
+        } = group;
+        // Kept for followers before the end that covers the group is published.
+        self.acked.keep(events);
+        self.written_group(mark, accepted, followers, replays);
+        self.answer_conflicts(conflicts);
+        self.slow
+            .note(self.partition, commands, (oldest, began, written), write);
+        (trouble.outcome(false), Vec::new())
     }
 
     /// The group's write failed (`e`): what was written is unknown, so the window forgets its
@@ -676,34 +753,6 @@ impl<S: KvStore + Clone + Send + Sync + 'static> Writer<S> {
             }
         }
         retry
-    }
-
-    /// Makes a group durable before anyone is told: appends it, syncs the store, then raises
-    /// the partition's high-water mark (the marks' cycle runs the store's sync first, so a
-    /// mark never reaches the disk before the events it covers), then writes what the append
-    /// deferred until its events were durable ([`EventStore::append_deferred`]). Answers the
-    /// updated records as written and when the append ended (the sync and the raise follow
-    /// it).
-    fn write(
-        &self,
-        events: &[Event],
-        stored: StoredRecords,
-        mark: Mark,
-        begun: Option<GroupBegun<'_>>,
-        clock: &impl Clock,
-    ) -> Result<(StoredRecords, Instant), AppendError> {
-        let records = self.store.append_deferred(self.partition, events, stored)?;
-        let appended = clock.now();
-        let raised = match begun {
-            Some(group) => group.raise_after(self.partition.0, &mark, || self.store.sync()),
-            None => self.raise_synced(mark),
-        };
-        raised.map_err(|e| match e {
-            MarksError::Store(e) => AppendError::Storage(e),
-            e => AppendError::Storage(KvError::backend("raising the high-water mark failed", e)),
-        })?;
-        self.store.apply_deferred(self.partition)?;
-        Ok((records, appended))
     }
 
     /// Syncs the store and raises the partition's high-water mark to `mark` after it (only

@@ -1,7 +1,8 @@
 //! Where partitions run: up to `partition_threads_max` on a thread of their own (named
 //! `monoseq-p<N>`), the others as tasks on the runtime. Both serve alike, and a released
-//! partition's thread ends and is reused. A test binary of its own, so that the process's
-//! threads are this test's alone.
+//! partition's thread ends and is reused. With high-water marks they share writer threads
+//! (`monoseq-w<N>`) instead. A test binary of its own, so that the process's threads are this
+//! test's alone.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -76,4 +77,91 @@ async fn partitions_beyond_the_thread_limit_run_as_tasks_and_a_released_ones_thr
         partition_threads().is_empty()
     })
     .await;
+}
+
+/// The names of this process's shared writer threads, sorted.
+fn writer_threads() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .expect("the process's threads")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| name.starts_with("monoseq-w"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// With high-water marks the partitions share writer threads: four partitions run on one
+/// (`monoseq-w0`), none on a thread of its own. The groups the thread appended wait for one
+/// raise of their marks, and each command is answered only once the marks file on disk covers
+/// its event, whichever partition it went to. A released partition comes back to the same
+/// thread, which ends with the processor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_sharing_a_writer_thread_answer_only_once_the_marks_on_disk_cover_their_events()
+{
+    use monoseq_kv::FaultyStore;
+    use monoseq_store::Marks;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kv = Arc::new(FaultyStore::new(MemoryStore::new()));
+    // Each store sync, the first step of a raise, takes a while: an answer given before its
+    // raise ended would find the marks file behind it.
+    kv.on_sync(|| std::thread::sleep(Duration::from_millis(5)));
+    let store = EventStore::new(Arc::clone(&kv), AppId(1), TrustLevel::Level0);
+    let marks = Arc::new(Marks::create(dir.path(), 4).expect("marks"));
+    let config = Config {
+        partitions: 4,
+        marks: Some(Arc::clone(&marks)),
+        writer_threads: 1,
+        ..Config::default()
+    };
+    let cp = CommandProcessor::start(store.clone(), config).expect("start");
+    until("ready", || cp.ready()).await;
+    assert_eq!(writer_threads(), ["monoseq-w0"]);
+    assert!(partition_threads().is_empty(), "{:?}", partition_threads());
+
+    let path = Marks::path(dir.path());
+    let mut answers = tokio::task::JoinSet::new();
+    for ws in 1..=64u64 {
+        let (cp, path) = (cp.clone(), path.clone());
+        answers.spawn(async move {
+            let outcome = cp.submit(order(ws)).await.expect("applied");
+            let on_disk = Marks::read_file(&path, 4).expect("read the marks file");
+            (outcome, on_disk)
+        });
+    }
+    let mut served = [0u32; 4];
+    while let Some(answer) = answers.join_next().await {
+        let (outcome, on_disk) = answer.expect("task");
+        let p = outcome.partition as usize;
+        served[p] += 1;
+        assert!(
+            on_disk[p].plog >= outcome.plog_offset,
+            "partition {p}'s offset {} was answered while the marks file said {}",
+            outcome.plog_offset,
+            on_disk[p].plog
+        );
+    }
+    assert_eq!(served, [16; 4], "every partition served its workspaces");
+
+    assert!(
+        cp.release(0, Duration::from_secs(10)).await,
+        "released in time"
+    );
+    cp.acquire(0, store).expect("acquire again");
+    until("ready again", || cp.ready()).await;
+    assert_eq!(
+        writer_threads(),
+        ["monoseq-w0"],
+        "the same thread serves it"
+    );
+    let again = cp
+        .submit(order(68))
+        .await
+        .expect("partition 0 serves again");
+    assert!(marks.get(0).expect("partition 0").plog >= again.plog_offset);
+    assert!(
+        cp.shutdown(Duration::from_secs(10)).await,
+        "stopped in time"
+    );
+    until("the writer thread ends", || writer_threads().is_empty()).await;
 }

@@ -102,6 +102,12 @@ pub struct ProcessorArgs {
         "Partitions that run on a thread of their own; those past it run as tasks on the \
          runtime (0: all) [default: {}]", monoseq_cp::PARTITION_THREADS_MAX_DEFAULT))]
     pub partition_threads_max: Option<usize>,
+    #[arg(long, env = "MONOSEQ_WRITER_THREADS", help = format!(
+        "Writer threads the partitions share on the embedded storage, where the groups of \
+         one thread's partitions wait for one durable raise of their marks together; at most \
+         one per partition (0: each partition runs on a thread of its own) [default: {}, \
+         half this machine's cores]", monoseq_cp::writer_threads_default()))]
+    pub writer_threads: Option<usize>,
     #[arg(long, env = "MONOSEQ_RECORD_CACHE_MIB", value_name = "MIB", help = format!(
         "Memory for the records the partitions' writers wrote lately, so that an update of \
          one reads nothing from the store; shared by the partitions, MiB (0: none) \
@@ -151,6 +157,7 @@ struct SettingsFile {
     shutdown_timeout_secs: Option<u64>,
     idempotency_window_events: Option<u64>,
     partition_threads_max: Option<usize>,
+    writer_threads: Option<usize>,
     record_cache_mib: Option<u64>,
     named_cache: Option<u64>,
     backup_root: Option<PathBuf>,
@@ -177,6 +184,8 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     pub idempotency_window_events: u64,
     pub partition_threads_max: usize,
+    /// Writer threads the partitions share on the embedded storage (`--writer-threads`).
+    pub writer_threads: usize,
     /// Memory for the writers' lately written records, MiB (`--record-cache-mib`).
     pub record_cache_mib: u64,
     /// Numbers of a named sequence one durable write reserves (`--named-cache`; 1: none).
@@ -262,6 +271,10 @@ pub fn resolve(
             .partition_threads_max
             .or(file.partition_threads_max)
             .unwrap_or(monoseq_cp::PARTITION_THREADS_MAX_DEFAULT),
+        writer_threads: processor
+            .writer_threads
+            .or(file.writer_threads)
+            .unwrap_or_else(monoseq_cp::writer_threads_default),
         record_cache_mib: processor
             .record_cache_mib
             .or(file.record_cache_mib)
@@ -415,6 +428,12 @@ impl Settings {
             flush_delay: self.flush_delay,
             idempotency_window_events: self.idempotency_window_events,
             partition_threads_max: self.partition_threads_max,
+            // A PostgreSQL write waits for the database: partitions sharing a thread would
+            // wait in turn.
+            writer_threads: match self.storage {
+                Storage::Embedded => self.writer_threads,
+                Storage::Postgres(_) => 0,
+            },
             // `validate` bounds it to 1 TiB.
             recent_records_bytes: usize::try_from(self.record_cache_mib * MIB)
                 .unwrap_or(usize::MAX),
@@ -603,6 +622,33 @@ mod tests {
         args.processor.partition_threads_max = Some(0);
         let from_flag = args.resolve().expect("flag resolves");
         assert_eq!(from_flag.cp_config().partition_threads_max, 0);
+    }
+
+    #[test]
+    fn writer_threads_come_from_the_flag_over_the_file_over_half_the_cores() {
+        let defaults = ServeArgs::default().resolve().expect("defaults resolve");
+        assert_eq!(
+            defaults.cp_config().writer_threads,
+            monoseq_cp::writer_threads_default()
+        );
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let file = dir.path().join("monoseq.toml");
+        std::fs::write(&file, "writer_threads = 3\n").expect("write config");
+        let mut args = ServeArgs::default();
+        args.storage.config = Some(file);
+        let from_file = args.resolve().expect("file resolves");
+        assert_eq!(from_file.cp_config().writer_threads, 3);
+        args.processor.writer_threads = Some(0);
+        let from_flag = args.resolve().expect("flag resolves");
+        assert_eq!(from_flag.cp_config().writer_threads, 0);
+        args.processor.writer_threads = Some(2);
+        args.storage.storage = Some("postgres://localhost/monoseq".to_owned());
+        let on_postgres = args.resolve().expect("PostgreSQL resolves");
+        assert_eq!(
+            on_postgres.cp_config().writer_threads,
+            0,
+            "a thread per partition on PostgreSQL"
+        );
     }
 
     #[test]

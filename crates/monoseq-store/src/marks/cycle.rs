@@ -75,7 +75,8 @@ impl GroupBegun<'_> {
         sync_store: impl FnOnce() -> Result<(), KvError>,
     ) -> Result<(), MarksError> {
         self.settled = true;
-        self.marks.raise_cycle(partition, mark, sync_store, true)
+        self.marks
+            .raise_cycle(&[(partition, *mark)], sync_store, true)
     }
 }
 
@@ -136,7 +137,22 @@ impl Marks {
         mark: &Mark,
         sync_store: impl FnOnce() -> Result<(), KvError>,
     ) -> Result<(), MarksError> {
-        self.raise_cycle(partition, mark, sync_store, false)
+        self.raise_cycle(&[(partition, *mark)], sync_store, false)
+    }
+
+    /// [`Marks::raise_after`] for several partitions at once, as one caller: the raises of
+    /// the groups of the partitions that share a writer thread (one wait for all of them).
+    ///
+    /// # Errors
+    ///
+    /// As [`Marks::raise_after`]; [`MarksError::NoSuchPartition`] (raising nothing) when a
+    /// partition is outside the file.
+    pub fn raise_all_after(
+        &self,
+        raises: &[(u32, Mark)],
+        sync_store: impl FnOnce() -> Result<(), KvError>,
+    ) -> Result<(), MarksError> {
+        self.raise_cycle(raises, sync_store, false)
     }
 
     /// Announces a group that will raise soon (through the answer's
@@ -161,13 +177,12 @@ impl Marks {
     /// [`Marks::raise_after`], settling an announced group first when `settles`.
     fn raise_cycle(
         &self,
-        partition: u32,
-        mark: &Mark,
+        raises: &[(u32, Mark)],
         sync_store: impl FnOnce() -> Result<(), KvError>,
         settles: bool,
     ) -> Result<(), MarksError> {
         let partitions = self.partitions();
-        if partition >= partitions {
+        if let Some(&(partition, _)) = raises.iter().find(|(p, _)| *p >= partitions) {
             if settles {
                 self.settle(&mut self.cycles());
             }
@@ -177,9 +192,10 @@ impl Marks {
             });
         }
         let mut cycles = self.cycles();
+        // One ticket for the caller: the raises are taken by one cycle together.
         cycles.requested += 1;
         let ticket = cycles.requested;
-        cycles.waiting.push((partition, *mark));
+        cycles.waiting.extend_from_slice(raises);
         // The next cycle to take raises takes this one: its end wakes this caller.
         let ended = &self.cycle_ended[parity(cycles.taking)];
         if settles {
@@ -391,6 +407,40 @@ mod tests {
         );
         let on_disk = Marks::read_file(&Marks::path(dir.path()), 8).expect("read");
         assert_eq!(on_disk, (1..=8).map(mark).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn raising_several_partitions_at_once_takes_one_store_sync_and_refuses_an_unknown_one_whole() {
+        use std::cell::Cell;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let marks = Marks::create(dir.path(), 4).expect("create");
+        let syncs = Cell::new(0);
+        let raises = [(0, mark(3)), (2, mark(5)), (3, mark(7)), (2, mark(4))];
+        marks
+            .raise_all_after(&raises, || {
+                syncs.set(syncs.get() + 1);
+                Ok(())
+            })
+            .expect("raised");
+        assert_eq!(syncs.get(), 1, "one store sync for every partition");
+        let on_disk = Marks::read_file(&Marks::path(dir.path()), 4).expect("read");
+        assert_eq!(on_disk, vec![mark(3), Mark::default(), mark(5), mark(7)]);
+        let refused = marks.raise_all_after(&[(1, mark(9)), (4, mark(9))], || {
+            syncs.set(syncs.get() + 1);
+            Ok(())
+        });
+        assert!(
+            matches!(
+                refused,
+                Err(MarksError::NoSuchPartition {
+                    partition: 4,
+                    partitions: 4
+                })
+            ),
+            "{refused:?}"
+        );
+        assert_eq!(syncs.get(), 1, "nothing synced for a refused raise");
+        assert_eq!(marks.get(1).expect("partition 1"), Mark::default());
     }
 
     /// New marks of two partitions in `dir` whose cycles wait at most `bound` for groups.
