@@ -237,6 +237,7 @@ pub fn resolve(
     let (backlog_values_max, flush_delay) = numbers_flush(processor, &file, &storage_kind);
     let listen_text = listen.listen.as_deref().or(file.listen.as_deref());
     let shutdown_timeout = shutdown_timeout(processor, &file);
+    let (partition_threads_max, writer_threads) = threads_of(processor, &file);
     let settings = Settings {
         storage: storage_kind,
         data_dir: storage
@@ -267,14 +268,8 @@ pub fn resolve(
             .idempotency_window_events
             .or(file.idempotency_window_events)
             .unwrap_or(monoseq_cp::IDEMPOTENCY_WINDOW_EVENTS_DEFAULT),
-        partition_threads_max: processor
-            .partition_threads_max
-            .or(file.partition_threads_max)
-            .unwrap_or(monoseq_cp::PARTITION_THREADS_MAX_DEFAULT),
-        writer_threads: processor
-            .writer_threads
-            .or(file.writer_threads)
-            .unwrap_or_else(monoseq_cp::writer_threads_default),
+        partition_threads_max,
+        writer_threads,
         record_cache_mib: processor
             .record_cache_mib
             .or(file.record_cache_mib)
@@ -295,6 +290,20 @@ pub fn resolve(
     };
     settings.validate()?;
     Ok(settings)
+}
+
+/// The partitions' threads of their own at most, and the writer threads they share: the flags
+/// over the file over the defaults.
+fn threads_of(processor: &ProcessorArgs, file: &SettingsFile) -> (usize, usize) {
+    let own = processor
+        .partition_threads_max
+        .or(file.partition_threads_max)
+        .unwrap_or(monoseq_cp::PARTITION_THREADS_MAX_DEFAULT);
+    let shared = processor
+        .writer_threads
+        .or(file.writer_threads)
+        .unwrap_or_else(monoseq_cp::writer_threads_default);
+    (own, shared)
 }
 
 /// The backlog bound and the flush delay of the sequence numbers: the flags over the file over
