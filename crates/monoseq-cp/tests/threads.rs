@@ -1,8 +1,8 @@
 //! Where partitions run: up to `partition_threads_max` on a thread of their own (named
 //! `monoseq-p<N>`), the others as tasks on the runtime. Both serve alike, and a released
 //! partition's thread ends and is reused. With high-water marks they share writer threads
-//! (`monoseq-w<N>`) instead. A test binary of its own, so that the process's threads are this
-//! test's alone.
+//! (`monoseq-w<N>`) instead. A test binary of its own, its tests one at a time, so that the
+//! process's threads are the running test's alone.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +32,14 @@ fn partition_threads() -> Vec<String> {
     names
 }
 
+/// Held by each test for its whole run: `cargo test` runs a binary's tests side by side, and
+/// each counts the process's threads.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !done() {
@@ -42,6 +50,7 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_beyond_the_thread_limit_run_as_tasks_and_a_released_ones_thread_is_reused() {
+    let _alone = alone();
     let store = EventStore::new(Arc::new(MemoryStore::new()), AppId(1), TrustLevel::Level0);
     let config = Config {
         partitions: 4,
@@ -99,6 +108,7 @@ fn writer_threads() -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_sharing_a_writer_thread_answer_only_once_the_marks_on_disk_cover_their_events()
 {
+    let _alone = alone();
     use monoseq_kv::FaultyStore;
     use monoseq_store::Marks;
     let dir = tempfile::tempdir().expect("temporary directory");
