@@ -34,11 +34,7 @@ fn partition_threads() -> Vec<String> {
 
 /// Held by each test for its whole run: `cargo test` runs a binary's tests side by side, and
 /// each counts the process's threads.
-static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn alone() -> std::sync::MutexGuard<'static, ()> {
-    ALONE.lock().unwrap_or_else(|e| e.into_inner())
-}
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -50,7 +46,7 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_beyond_the_thread_limit_run_as_tasks_and_a_released_ones_thread_is_reused() {
-    let _alone = alone();
+    let _alone = ALONE.lock().await;
     let store = EventStore::new(Arc::new(MemoryStore::new()), AppId(1), TrustLevel::Level0);
     let config = Config {
         partitions: 4,
@@ -108,7 +104,7 @@ fn writer_threads() -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_sharing_a_writer_thread_answer_only_once_the_marks_on_disk_cover_their_events()
 {
-    let _alone = alone();
+    let _alone = ALONE.lock().await;
     use monoseq_kv::FaultyStore;
     use monoseq_store::Marks;
     let dir = tempfile::tempdir().expect("temporary directory");
