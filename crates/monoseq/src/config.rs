@@ -99,8 +99,9 @@ pub struct ProcessorArgs {
         monoseq_cp::IDEMPOTENCY_WINDOW_EVENTS_DEFAULT))]
     pub idempotency_window_events: Option<u64>,
     #[arg(long, env = "MONOSEQ_PARTITION_THREADS_MAX", help = format!(
-        "Partitions that run on a thread of their own; those past it run as tasks on the \
-         runtime (0: all) [default: {}]", monoseq_cp::PARTITION_THREADS_MAX_DEFAULT))]
+        "Partitions that run on a thread of their own where they share no writer thread \
+         (PostgreSQL, or --writer-threads 0); those past it run as tasks on the runtime (0: \
+         all) [default: {}]", monoseq_cp::PARTITION_THREADS_MAX_DEFAULT))]
     pub partition_threads_max: Option<usize>,
     #[arg(long, env = "MONOSEQ_WRITER_THREADS", help = format!(
         "Writer threads the partitions share on the embedded storage, where the groups of \
