@@ -20,16 +20,21 @@ fn order(ws: u64) -> Command {
     .expect("command")
 }
 
-/// The names of this process's partition threads, sorted.
-fn partition_threads() -> Vec<String> {
+/// The names of this process's threads that start with `prefix`, sorted.
+fn threads_named(prefix: &str) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
         .expect("the process's threads")
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
         .map(|name| name.trim().to_owned())
-        .filter(|name| name.starts_with("monoseq-p"))
+        .filter(|name| name.starts_with(prefix))
         .collect();
     names.sort();
     names
+}
+
+/// The names of this process's partition threads, sorted.
+fn partition_threads() -> Vec<String> {
+    threads_named("monoseq-p")
 }
 
 /// Held by each test for its whole run: `cargo test` runs a binary's tests side by side, and
@@ -86,14 +91,7 @@ async fn partitions_beyond_the_thread_limit_run_as_tasks_and_a_released_ones_thr
 
 /// The names of this process's shared writer threads, sorted.
 fn writer_threads() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir("/proc/self/task")
-        .expect("the process's threads")
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .map(|name| name.trim().to_owned())
-        .filter(|name| name.starts_with("monoseq-w"))
-        .collect();
-    names.sort();
-    names
+    threads_named("monoseq-w")
 }
 
 /// With high-water marks the partitions share writer threads: four partitions run on one
