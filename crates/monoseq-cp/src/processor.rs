@@ -349,9 +349,15 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
                         let _ended = ended;
                         task.run(rx).await;
                     });
-                    if let Err(refused) = thread.send(run) {
-                        // The thread is gone: the task runs on the runtime instead.
-                        tokio::spawn(refused.0);
+                    // The thread outlives every task sent to it (a task's panic ends that task
+                    // alone), and `place` starts it again if it is gone: only a thread that
+                    // ended in between refuses the task, which then never starts.
+                    if thread.send(run).is_err() {
+                        tracing::error!(
+                            partition = p,
+                            "the partition's writer thread ended as the partition started; \
+                             it does not serve here: release and acquire it again, or restart"
+                        );
                     }
                     return Ok(task_ended);
                 }
