@@ -283,7 +283,12 @@ impl<S: KvStore + Clone + Send + Sync + 'static> CommandProcessor<S> {
             (Some(marks), n) if n > 0 => {
                 let synced = store.clone();
                 let sync: SyncStore = Arc::new(move || synced.sync());
-                Some(WriterThreads::new(n, Arc::clone(marks), sync))
+                Some(WriterThreads::new(
+                    n,
+                    config.partitions,
+                    Arc::clone(marks),
+                    sync,
+                ))
             }
             _ => None,
         };

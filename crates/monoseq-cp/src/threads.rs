@@ -11,11 +11,10 @@
 //! that raised its mark (`finish_group`).
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
-
-use std::panic::AssertUnwindSafe;
 
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
@@ -60,7 +59,7 @@ impl Raises {
             return false;
         }
         let raises: Vec<(u32, Mark)> = waiting.iter().map(|(p, m, _)| (*p, *m)).collect();
-        let raised = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let raised = std::panic::catch_unwind(AssertUnwindSafe(|| {
             marks.raise_all_after(&raises, || sync())
         }))
         .unwrap_or_else(|_| {
@@ -105,9 +104,15 @@ pub(crate) struct WriterThreads {
 }
 
 impl WriterThreads {
-    /// `count` threads (at least one) raising `marks` after `sync`.
-    pub(crate) fn new(count: usize, marks: Arc<Marks>, sync: SyncStore) -> WriterThreads {
-        let count = count.max(1);
+    /// `count` threads raising `marks` after `sync`: at least one, at most one for each of
+    /// the `partitions` (a larger count would start no more threads).
+    pub(crate) fn new(
+        count: usize,
+        partitions: u32,
+        marks: Arc<Marks>,
+        sync: SyncStore,
+    ) -> WriterThreads {
+        let count = count.clamp(1, partitions.max(1) as usize);
         WriterThreads {
             count,
             marks,
@@ -117,7 +122,7 @@ impl WriterThreads {
     }
 
     /// The raises of partition `p`'s thread, and a way to run its task there (started if
-    /// it is not running yet); `Err` with the task when the system refused the thread.
+    /// it is not running yet); `Err` when the system refused the thread.
     pub(crate) fn place(
         &self,
         p: u32,
@@ -186,4 +191,20 @@ async fn serve(
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_writer_thread_count_beyond_the_partitions_keeps_one_slot_per_partition() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let marks = Arc::new(Marks::create(dir.path(), 2).expect("marks"));
+        let sync: SyncStore = Arc::new(|| Ok(()));
+        let threads = WriterThreads::new(usize::MAX, 2, Arc::clone(&marks), Arc::clone(&sync));
+        assert_eq!(threads.count, 2);
+        let threads = WriterThreads::new(0, 2, marks, sync);
+        assert_eq!(threads.count, 1, "at least one");
+    }
 }
